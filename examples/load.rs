@@ -1,0 +1,213 @@
+//! Loads a checkpoint and prints how each file was read.
+//!
+//! ```text
+//! cargo run --release --example load                       # a built-in demo checkpoint
+//! cargo run --release --example load -- PATH [--disable-mmap | --mmap] [--threads N] [--io N] [--json]
+//! ```
+//!
+//! With no PATH it writes a small sharded demo checkpoint (several dtypes,
+//! three shards) to a temporary directory and loads that.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use safeload::{Dtype, Loader};
+use safetensors::tensor::TensorView;
+
+struct Args {
+    path: Option<PathBuf>,
+    disable_mmap: Option<bool>,
+    threads: Option<usize>,
+    io: Option<usize>,
+    json: bool,
+}
+
+const USAGE: &str = "usage: load [PATH] [--disable-mmap | --mmap] [--threads N] [--io N] [--json]";
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        path: None,
+        disable_mmap: None,
+        threads: None,
+        io: None,
+        json: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut number = |flag: &str| -> Result<usize, String> {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("{flag} needs a number\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--disable-mmap" => args.disable_mmap = Some(true),
+            "--mmap" => args.disable_mmap = Some(false),
+            "--threads" => args.threads = Some(number("--threads")?),
+            "--io" => args.io = Some(number("--io")?),
+            "--json" => args.json = true,
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}\n{USAGE}")),
+            path if args.path.is_none() => args.path = Some(PathBuf::from(path)),
+            extra => return Err(format!("unexpected argument {extra}\n{USAGE}")),
+        }
+    }
+    Ok(args)
+}
+
+/// Writes a three-shard checkpoint of about 48 MiB with F32, BF16, F16, I64,
+/// U8 and BOOL tensors, a scalar and an empty tensor, plus its index.
+fn write_demo(dir: &std::path::Path) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    let layers: [(&str, Dtype, Vec<usize>); 6] = [
+        ("attn.qkv.weight", Dtype::BF16, vec![1536, 2048]),
+        ("mlp.up.weight", Dtype::F16, vec![2048, 1024]),
+        ("norm.weight", Dtype::F32, vec![2048]),
+        ("rotary.positions", Dtype::I64, vec![4096]),
+        ("tokenizer.bytes", Dtype::U8, vec![65536]),
+        ("mask", Dtype::BOOL, vec![64, 64]),
+    ];
+    let mut weight_map = serde_json::Map::new();
+    let mut total = 0usize;
+    for shard in 0..3 {
+        let name = format!("model-{:05}-of-00003.safetensors", shard + 1);
+        let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+        for (layer, dtype, shape) in &layers {
+            let n: usize = shape.iter().product::<usize>() * dtype.bitsize() / 8;
+            let data = (0..n)
+                .map(|i| {
+                    ((i * 31 + shard * 7) % 251) as u8
+                        & if *dtype == Dtype::BOOL { 1 } else { 0xff }
+                })
+                .collect();
+            tensors.push((
+                format!("model.layers.{shard}.{layer}"),
+                *dtype,
+                shape.clone(),
+                data,
+            ));
+        }
+        if shard == 0 {
+            tensors.push((
+                "model.scale".into(),
+                Dtype::F32,
+                vec![],
+                0.125f32.to_le_bytes().to_vec(),
+            ));
+            tensors.push(("model.unused".into(), Dtype::F16, vec![0], vec![]));
+        }
+        let views = tensors
+            .iter()
+            .map(|(n, d, s, b)| Ok((n.clone(), TensorView::new(*d, s.clone(), b)?)))
+            .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
+        for (n, _, _, b) in &tensors {
+            weight_map.insert(n.clone(), name.clone().into());
+            total += b.len();
+        }
+        let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+        safetensors::serialize_to_file(views, Some(meta), &dir.join(&name))?;
+    }
+    let index = dir.join("model.safetensors.index.json");
+    let body = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+    std::fs::write(&index, serde_json::to_vec_pretty(&body)?)?;
+    Ok(index)
+}
+
+fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let demo = tempfile::tempdir()?;
+    let path = match &args.path {
+        Some(path) => path.clone(),
+        None => {
+            let index = write_demo(demo.path())?;
+            if !args.json {
+                println!(
+                    "no path given: wrote a demo checkpoint to {}",
+                    demo.path().display()
+                );
+            }
+            index
+        }
+    };
+    let mut loader = Loader::new();
+    if let Some(disable) = args.disable_mmap {
+        loader = loader.disable_mmap(disable);
+    }
+    if let Some(threads) = args.threads {
+        loader = loader.threads(threads);
+    }
+    if let Some(io) = args.io {
+        loader = loader.io_concurrency(io);
+    }
+    let start = Instant::now();
+    let sd = loader.load(&path)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let bytes = sd.total_bytes();
+    let gib_s = if seconds > 0.0 {
+        bytes as f64 / (1u64 << 30) as f64 / seconds
+    } else {
+        0.0
+    };
+
+    if args.json {
+        let files: Vec<_> = sd
+            .report()
+            .files()
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "path": f.path(),
+                    "size": f.size(),
+                    "tensors": f.tensors(),
+                    "strategy": f.strategy().as_str(),
+                    "reason": f.reason(),
+                    "filesystem": f.mount().map(|m| m.kind.as_str()),
+                    "seconds": f.elapsed().as_secs_f64(),
+                })
+            })
+            .collect();
+        let out = serde_json::json!({
+            "path": path,
+            "tensors": sd.len(),
+            "bytes": bytes,
+            "seconds": seconds,
+            "gib_per_s": gib_s,
+            "files": files,
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "{} tensors, {} bytes in {seconds:.3} s ({gib_s:.2} GiB/s)",
+            sd.len(),
+            bytes
+        );
+        print!("{}", sd.report());
+        for (name, tensor) in sd.iter().take(8) {
+            println!("  {name}: {} {:?}", tensor.dtype(), tensor.shape());
+        }
+        if sd.len() > 8 {
+            println!("  ... and {} more", sd.len() - 8);
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            let mut source = e.source();
+            while let Some(cause) = source {
+                eprintln!("  caused by: {cause}");
+                source = cause.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Load safetensors checkpoints as fast as the storage under them allows, on any filesystem.
+//!
+//! `safeload` loads a single `.safetensors` file or a sharded checkpoint
+//! (`model.safetensors.index.json`) into zero-copy [`Tensor`] views. Each file
+//! is either memory-mapped or read into one aligned buffer ("buffered"); by
+//! default the choice is made per file from the filesystem it lives on, since
+//! mmap is free on a local disk but stalls on FUSE mounts such as `hf-mount`.
+//! The [`LoadReport`] says what was chosen, why, and how fast each file went.
+//!
+//! # Loading
+//!
+//! The one-liner takes a path and `disable_mmap: Option<bool>` (`None`
+//! decides for you):
+//!
+//! ```
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("model.safetensors");
+//! # let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+//! # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 2], &data)?;
+//! # safetensors::serialize_to_file([("model.embed.weight", view)], None, &path)?;
+//! let sd = safeload::load_state_dict(&path, None)?;
+//!
+//! for (name, tensor) in sd.iter() {                 // file order, deterministic
+//!     println!("{name}: {} {:?}, {} bytes", tensor.dtype(), tensor.shape(), tensor.as_bytes().len());
+//! }
+//! let w: &[f32] = sd.get("model.embed.weight").unwrap().as_slice()?; // zero-copy, checked
+//! assert_eq!(w, [1.0, 2.0, 3.0, 4.0]);
+//! eprintln!("{}", sd.report());                    // per file: filesystem, strategy, why, time
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! `path` may be a `.safetensors` file, a `*.safetensors.index.json`, or a
+//! directory holding `model.safetensors`, `model.safetensors.index.json` or
+//! exactly one `*.safetensors` file.
+//!
+//! The [`Loader`] builder sets everything else, as one expression:
+//!
+//! ```
+//! # let dir = tempfile::tempdir()?;
+//! # let data = vec![0u8; 8];
+//! # for (i, name) in ["model.layers.0.w", "model.layers.1.w"].iter().enumerate() {
+//! #     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![4], &data)?;
+//! #     safetensors::serialize_to_file([(*name, view)], None, &dir.path().join(format!("s{i}.safetensors")))?;
+//! # }
+//! # std::fs::write(dir.path().join("model.safetensors.index.json"),
+//! #     r#"{"weight_map": {"model.layers.0.w": "s0.safetensors", "model.layers.1.w": "s1.safetensors"}}"#)?;
+//! use safeload::Loader;
+//!
+//! let sd = Loader::new()
+//!     .disable_mmap(true)          // read into memory; false maps; unset decides per file
+//!     .threads(8)                  // files opened and parsed at once
+//!     .io_concurrency(8)           // reads in flight for buffered files
+//!     .filter(|name| name.starts_with("model.layers.0."))
+//!     .load(dir.path())?;          // a directory with an index: shards load in parallel
+//!
+//! let w = sd.get("model.layers.0.w").unwrap();
+//! let as_f32: Vec<f32> = w.to_f32()?;          // BF16 -> f32 with `half`
+//! assert_eq!(as_f32.len(), 4);
+//! assert_eq!(sd.report().files().len(), 1);     // the other shard was never opened
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Choosing mmap or buffered
+//!
+//! | `disable_mmap` | `SAFELOAD_DISABLE_MMAP` | strategy |
+//! |---|---|---|
+//! | `Some(true)` / `.disable_mmap(true)` | ignored | buffered |
+//! | `Some(false)` / `.disable_mmap(false)` | ignored | mmap |
+//! | `None` / unset | `1` | buffered |
+//! | `None` / unset | `0` | mmap |
+//! | `None` / unset | unset | per file, from its filesystem (see [`mount`]) |
+//!
+//! If mapping a file fails (some FUSE filesystems answer `ENODEV`), that file
+//! is read buffered instead and the report says so.
+//!
+//! # Memory
+//!
+//! Tensors hold an [`Arc`](std::sync::Arc) of their file's storage and a byte
+//! range: nothing is copied after the read. A buffered load therefore peaks at
+//! about one copy of the selected tensors; the header is read first and only
+//! the tensors' bytes are allocated, each at an offset aligned for its dtype
+//! (also for files written without alignment), so [`Tensor::as_slice`] works
+//! on every buffered tensor. A mapped load costs page cache, shared with every
+//! other process mapping the same files.
+//!
+//! # Threads
+//!
+//! Opening and parsing files runs in the caller's rayon pool: wrap a load in
+//! `pool.install(|| ...)` to bound it, and [`Loader::threads`] bounds how many
+//! files are handled at once. Buffered reads are issued by
+//! [`Loader::io_concurrency`] reader threads of their own, because they block
+//! on storage and a slow network mount must not starve the caller's pool.
+//!
+//! # Safety and limits
+//!
+//! Every file is treated as hostile: the header length is checked against the
+//! file size and a 100 MB cap before anything is allocated; the header is
+//! parsed by the `safetensors` crate, which checks dtypes, shapes, offsets and
+//! byte lengths with checked arithmetic; duplicate tensor names, truncated
+//! files and trailing bytes are refused; an index may only name plain files
+//! in its own directory. Each of these is a typed [`ErrorKind`] naming the
+//! file, never a panic.
+//!
+//! What is not checked: a mapped file that another process truncates *after*
+//! the load can make the process receive `SIGBUS` when a tensor's missing page
+//! is touched (the contract of every file map). Where files may change under
+//! you, load buffered.
+//!
+//! # Crate features
+//!
+//! None: the crate has no optional features. Mount detection works on Linux;
+//! elsewhere every filesystem is "unknown" and files are mapped.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+mod checkpoint;
+mod error;
+mod header;
+mod loader;
+mod memory;
+pub mod mount;
+mod read;
+mod state_dict;
+mod storage;
+mod strategy;
+mod sys;
+mod tensor;
+
+use std::path::Path;
+
+pub use error::{Error, ErrorKind, Result};
+pub use header::MAX_HEADER_LEN;
+pub use loader::Loader;
+pub use mount::{MountKind, is_on_hf_mount};
+pub use safetensors::Dtype;
+pub use state_dict::{FileReport, LoadReport, StateDict};
+pub use storage::Strategy;
+pub use strategy::{DISABLE_MMAP_ENV, ReadMode};
+pub use tensor::{Element, Tensor};
+
+/// Loads a checkpoint: a `.safetensors` file, a `*.safetensors.index.json`,
+/// or a directory holding one of them.
+///
+/// `disable_mmap`: `Some(true)` reads every file into memory, `Some(false)`
+/// maps every file, `None` decides per file from its filesystem (and the
+/// `SAFELOAD_DISABLE_MMAP` environment variable). The same as
+/// `Loader::new().disable_mmap(..).load(path)`.
+pub fn load_state_dict(path: impl AsRef<Path>, disable_mmap: Option<bool>) -> Result<StateDict> {
+    Loader::new()
+        .read_mode_opt(disable_mmap.map(|d| ReadMode::from_disable_mmap(Some(d))))
+        .load(path)
+}
+
+/// Drops every file of a checkpoint from the page cache
+/// (`posix_fadvise(POSIX_FADV_DONTNEED)`), for honest cold-cache benchmarks
+/// and tests. Pages that some process still maps, or that are dirty, stay. A
+/// no-op off Linux.
+pub fn evict(path: impl AsRef<Path>) -> Result<()> {
+    let checkpoint = checkpoint::resolve(path.as_ref())?;
+    let files = checkpoint
+        .shards
+        .iter()
+        .map(|s| s.path.clone())
+        .chain(checkpoint.index_path);
+    for path in files {
+        let file = std::fs::File::open(&path).map_err(|e| Error::io("opening", &path, None, e))?;
+        sys::evict(&file).map_err(|e| Error::io("evicting from the page cache", &path, None, e))?;
+    }
+    Ok(())
+}

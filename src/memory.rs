@@ -1,0 +1,175 @@
+//! How much memory a load may take: `MemAvailable`, and what the process's cgroup (v2 or v1) still allows.
+
+use std::path::{Path, PathBuf};
+
+/// Memory a buffered read or a prefetch may use, in bytes: the smaller of
+/// the kernel's `MemAvailable` estimate and, for each cgroup from the
+/// process's own up to the root, its limit minus its usage. `None` where
+/// neither can be read (non-Linux targets).
+pub(crate) fn available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let mem_available = meminfo.as_deref().and_then(parse_meminfo_available);
+    let cgroup_room = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|text| cgroup_room(&text, Path::new("/sys/fs/cgroup")));
+    match (mem_available, cgroup_room) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in bytes (see proc(5)).
+pub(crate) fn parse_meminfo_available(text: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix("MemAvailable:")?;
+        let mut words = rest.split_whitespace();
+        let value: u64 = words.next()?.parse().ok()?;
+        match words.next() {
+            Some("kB") => value.checked_mul(1024),
+            None => Some(value),
+            Some(_) => None,
+        }
+    })
+}
+
+/// The cgroup paths of this process: the v2 path (`0::/path`) and the v1
+/// memory controller's path (`N:memory:/path`), from `/proc/self/cgroup`.
+pub(crate) fn parse_proc_cgroup(text: &str) -> (Option<String>, Option<String>) {
+    let mut v2 = None;
+    let mut v1_memory = None;
+    for line in text.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if id == "0" && controllers.is_empty() {
+            v2 = Some(path.to_string());
+        } else if controllers.split(',').any(|c| c == "memory") {
+            v1_memory = Some(path.to_string());
+        }
+    }
+    (v2, v1_memory)
+}
+
+/// A limit file's value; `max` (v2) and the page-rounded `i64::MAX` that v1
+/// writes for "no limit" are no limit.
+pub(crate) fn parse_limit(text: &str) -> Option<u64> {
+    let text = text.trim();
+    if text == "max" {
+        return None;
+    }
+    text.parse::<u64>().ok().filter(|&v| v < 1 << 60)
+}
+
+/// The smallest `limit - usage` over the cgroup and its ancestors, under
+/// `root` (normally `/sys/fs/cgroup`).
+fn cgroup_room(proc_cgroup: &str, root: &Path) -> Option<u64> {
+    let (v2, v1) = parse_proc_cgroup(proc_cgroup);
+    let mut candidates: Vec<(PathBuf, &str, &str)> = Vec::new();
+    if let Some(path) = &v1 {
+        candidates.push((
+            join(&root.join("memory"), path),
+            "memory.limit_in_bytes",
+            "memory.usage_in_bytes",
+        ));
+    }
+    if let Some(path) = &v2 {
+        // cgroup2 is mounted at the root, or at `unified` next to v1 controllers.
+        for base in [root.to_path_buf(), root.join("unified")] {
+            candidates.push((join(&base, path), "memory.max", "memory.current"));
+        }
+    }
+    let mut room: Option<u64> = None;
+    for (dir, limit_file, usage_file) in candidates {
+        // In a container the path may name a cgroup outside the namespace's
+        // view; walking up reaches the directories that do exist.
+        let mut dir = Some(dir.as_path());
+        while let Some(d) = dir {
+            let limit = std::fs::read_to_string(d.join(limit_file))
+                .ok()
+                .as_deref()
+                .and_then(parse_limit);
+            let usage = std::fs::read_to_string(d.join(usage_file))
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok());
+            if let (Some(limit), Some(usage)) = (limit, usage) {
+                let here = limit.saturating_sub(usage);
+                room = Some(room.map_or(here, |r| r.min(here)));
+            }
+            if d == root || !d.starts_with(root) {
+                break;
+            }
+            dir = d.parent();
+        }
+    }
+    room
+}
+
+fn join(base: &Path, cgroup_path: &str) -> PathBuf {
+    base.join(cgroup_path.trim_start_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo() {
+        let text = "MemTotal:       24683656 kB\nMemFree:        22000000 kB\nMemAvailable:   24000636 kB\n";
+        assert_eq!(parse_meminfo_available(text), Some(24000636 * 1024));
+        assert_eq!(parse_meminfo_available("MemFree: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn proc_cgroup_v1_and_v2() {
+        // As this machine's /proc/self/cgroup shows a hybrid hierarchy.
+        let text = "9:name=systemd:/\n4:memory:/process_api/e156\n1:cpu:/\n0::/\n";
+        assert_eq!(
+            parse_proc_cgroup(text),
+            (Some("/".into()), Some("/process_api/e156".into()))
+        );
+        // A pure cgroup2 system.
+        assert_eq!(
+            parse_proc_cgroup("0::/user.slice/session-1.scope\n")
+                .0
+                .as_deref(),
+            Some("/user.slice/session-1.scope")
+        );
+    }
+
+    #[test]
+    fn limits() {
+        assert_eq!(parse_limit("max\n"), None);
+        assert_eq!(parse_limit("9223372036854771712\n"), None);
+        assert_eq!(parse_limit("1073741824\n"), Some(1 << 30));
+        assert_eq!(parse_limit("garbage"), None);
+    }
+
+    #[test]
+    fn room_walks_up_to_the_tightest_limit() {
+        let root = tempfile::tempdir().unwrap();
+        let parent = root.path().join("memory/job");
+        let leaf = parent.join("rank0");
+        std::fs::create_dir_all(&leaf).unwrap();
+        std::fs::write(parent.join("memory.limit_in_bytes"), "1000\n").unwrap();
+        std::fs::write(parent.join("memory.usage_in_bytes"), "900\n").unwrap();
+        std::fs::write(leaf.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        std::fs::write(leaf.join("memory.usage_in_bytes"), "10\n").unwrap();
+        assert_eq!(cgroup_room("4:memory:/job/rank0\n", root.path()), Some(100));
+
+        let v2 = root.path().join("app");
+        std::fs::create_dir_all(&v2).unwrap();
+        std::fs::write(v2.join("memory.max"), "5000\n").unwrap();
+        std::fs::write(v2.join("memory.current"), "2000\n").unwrap();
+        assert_eq!(cgroup_room("0::/app\n", root.path()), Some(3000));
+        assert_eq!(cgroup_room("0::/\n", root.path()), None);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn this_machine_has_some() {
+        assert!(available().is_some_and(|b| b > 0));
+    }
+}

@@ -1,0 +1,288 @@
+//! The bytes of one file: a read-only memory map, or an aligned buffer laid out so every tensor is aligned for its dtype.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use memmap2::{Mmap, MmapMut, MmapOptions};
+
+use crate::header::{Header, dtype_align};
+use crate::sys::DIRECT_ALIGN;
+
+/// How a file's bytes are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// A read-only shared memory map of the file: pages come from the page
+    /// cache on first touch, and are shared with every other process mapping
+    /// the file.
+    Mmap,
+    /// The tensors' bytes read into one private, page-aligned allocation with
+    /// large positional reads; no page faults on the file afterwards.
+    Buffered,
+}
+
+impl Strategy {
+    /// `"mmap"` or `"buffered"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Mmap => "mmap",
+            Strategy::Buffered => "buffered",
+        }
+    }
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The bytes of one file, shared by its tensors through an `Arc`.
+///
+/// Both strategies end in a read-only [`Mmap`]: the file's own map, or an
+/// anonymous one (page-aligned, so aligned for every dtype) that the read
+/// engine filled and then made read-only.
+pub(crate) struct Storage {
+    map: Mmap,
+    path: PathBuf,
+}
+
+impl Storage {
+    pub(crate) fn new(map: Mmap, path: PathBuf) -> Storage {
+        Storage { map, path }
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Maps a whole file read-only.
+///
+/// The safety contract of a file map: the bytes may change, or the process may
+/// receive SIGBUS on access, if another process truncates or rewrites the file
+/// while it is mapped. The loader checks the file's length against its header
+/// before any tensor is handed out; what it cannot prevent is a later
+/// truncation, which the crate docs state ("Safety and limits").
+pub(crate) fn map_file(file: &File) -> io::Result<Mmap> {
+    // SAFETY: the map is read-only and private to the `Storage` that owns it;
+    // the remaining hazard (the file truncated by someone else later) is the
+    // documented contract of mapped loading, see above.
+    unsafe { MmapOptions::new().map(file) }
+}
+
+/// An anonymous, zero-filled, page-aligned allocation for a buffered read.
+/// The kernel backs it lazily, so a never-written page costs nothing; large
+/// ones are offered transparent huge pages.
+pub(crate) fn alloc_buffer(len: usize) -> io::Result<MmapMut> {
+    let map = MmapMut::map_anon(len)?;
+    #[cfg(target_os = "linux")]
+    if len >= 2 << 20 {
+        // A hint: without THP the kernel answers EINVAL and nothing changes.
+        let _ = map.advise(memmap2::Advice::HugePage);
+    }
+    Ok(map)
+}
+
+/// Where each selected tensor lands in a buffer, and which runs of the file
+/// fill it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct BufferLayout {
+    /// For each tensor of the header (in order): its offset in the buffer, or
+    /// `None` when the filter left it out.
+    pub placements: Vec<Option<u64>>,
+    /// Contiguous copies from the file into the buffer, in increasing order
+    /// of both offsets.
+    pub segments: Vec<Segment>,
+    /// The buffer's length.
+    pub len: u64,
+    /// Whether the buffer is an image of the file from a 4 KiB boundary on,
+    /// with every offset and length a multiple of 4 KiB: what direct I/O
+    /// needs.
+    pub image: bool,
+}
+
+/// One contiguous run: `len` bytes at file offset `src` go to `dst` in the
+/// buffer; the first `required` of them must exist (the rest round a direct
+/// read up to a whole block past the end of the file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Segment {
+    pub src: u64,
+    pub dst: u64,
+    pub len: u64,
+    pub required: u64,
+}
+
+impl BufferLayout {
+    /// The layout for a file: an image of the file when every tensor is
+    /// selected and aligned at its file offset (as the `safetensors`
+    /// serializer writes them), so it reads as one run in whole blocks;
+    /// otherwise the selected tensors packed with alignment padding.
+    pub(crate) fn for_file(header: &Header, selected: &[bool]) -> BufferLayout {
+        let all = selected.iter().all(|&s| s);
+        let aligned = header
+            .tensors
+            .iter()
+            .all(|t| (header.data_start + t.start) % dtype_align(t.dtype) == 0);
+        if all && aligned && !header.tensors.is_empty() {
+            BufferLayout::image(header)
+        } else {
+            BufferLayout::packed(header, |i| selected.get(i).copied().unwrap_or(false))
+        }
+    }
+
+    /// The file from the 4 KiB boundary at or before its data section to its
+    /// end, rounded up to a whole block; tensors keep their file offsets'
+    /// alignment.
+    pub(crate) fn image(header: &Header) -> BufferLayout {
+        let base = header.data_start - header.data_start % DIRECT_ALIGN;
+        let required = header.file_len() - base;
+        let len = required.next_multiple_of(DIRECT_ALIGN);
+        BufferLayout {
+            placements: header
+                .tensors
+                .iter()
+                .map(|t| Some(header.data_start - base + t.start))
+                .collect(),
+            segments: vec![Segment {
+                src: base,
+                dst: 0,
+                len,
+                required,
+            }],
+            len,
+            image: true,
+        }
+    }
+
+    /// Lays out the selected tensors back to back, each at an offset aligned
+    /// for its dtype; runs of tensors adjacent in the file and in the buffer
+    /// read as one segment. A packed file (MLX writes tensors back to back)
+    /// gets padding where its offsets are misaligned.
+    pub(crate) fn packed(header: &Header, selected: impl Fn(usize) -> bool) -> BufferLayout {
+        let mut layout = BufferLayout::default();
+        let mut cursor = 0u64;
+        let mut open: Option<Segment> = None;
+        for (i, tensor) in header.tensors.iter().enumerate() {
+            if !selected(i) {
+                layout.placements.push(None);
+                continue;
+            }
+            let align = dtype_align(tensor.dtype);
+            let len = tensor.end - tensor.start;
+            let src = header.data_start + tensor.start;
+            let continues = open.is_some_and(|s| s.src + s.len == src) && cursor % align == 0;
+            if !continues {
+                layout.segments.extend(open.take().filter(|s| s.len > 0));
+                cursor = cursor.next_multiple_of(align);
+                open = Some(Segment {
+                    src,
+                    dst: cursor,
+                    len: 0,
+                    required: 0,
+                });
+            }
+            if let Some(segment) = open.as_mut() {
+                segment.len += len;
+                segment.required += len;
+            }
+            layout.placements.push(Some(cursor));
+            cursor += len;
+        }
+        layout.segments.extend(open.filter(|s| s.len > 0));
+        layout.len = cursor;
+        layout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::header::TensorEntry;
+    use safetensors::Dtype;
+
+    fn header(data_start: u64, tensors: &[(Dtype, u64, u64)]) -> Header {
+        Header {
+            data_start,
+            tensors: tensors
+                .iter()
+                .map(|&(dtype, start, end)| TensorEntry {
+                    name: format!("t{start}"),
+                    dtype,
+                    shape: vec![],
+                    start,
+                    end,
+                })
+                .collect(),
+            metadata: None,
+        }
+    }
+
+    fn seg(src: u64, dst: u64, len: u64) -> Segment {
+        Segment {
+            src,
+            dst,
+            len,
+            required: len,
+        }
+    }
+
+    #[test]
+    fn aligned_file_is_an_image_in_whole_blocks() {
+        let h = header(
+            4104,
+            &[
+                (Dtype::F32, 0, 16),
+                (Dtype::F16, 16, 20),
+                (Dtype::U8, 20, 23),
+            ],
+        );
+        let layout = BufferLayout::for_file(&h, &[true; 3]);
+        assert!(layout.image);
+        // From the 4 KiB boundary before the data (4096) to the end (4127), rounded up.
+        assert_eq!(
+            layout.segments,
+            [Segment {
+                src: 4096,
+                dst: 0,
+                len: 4096,
+                required: 31
+            }]
+        );
+        assert_eq!(layout.placements, [Some(8), Some(24), Some(28)]);
+        assert_eq!(layout.len, 4096);
+    }
+
+    #[test]
+    fn packed_file_gets_padding() {
+        // A U8 of 3 bytes then two F32s: packed, the first F32 sits at offset 3.
+        let h = header(
+            16,
+            &[(Dtype::U8, 0, 3), (Dtype::F32, 3, 11), (Dtype::F32, 11, 15)],
+        );
+        let layout = BufferLayout::for_file(&h, &[true; 3]);
+        assert!(!layout.image);
+        assert_eq!(layout.placements, [Some(0), Some(4), Some(12)]);
+        assert_eq!(layout.segments, [seg(16, 0, 3), seg(19, 4, 12)]);
+        assert_eq!(layout.len, 16);
+    }
+
+    #[test]
+    fn filter_reads_only_selected() {
+        let h = header(
+            8,
+            &[
+                (Dtype::F32, 0, 16),
+                (Dtype::F32, 16, 32),
+                (Dtype::F32, 32, 48),
+            ],
+        );
+        let layout = BufferLayout::for_file(&h, &[true, false, true]);
+        assert_eq!(layout.placements, [Some(0), None, Some(16)]);
+        assert_eq!(layout.segments, [seg(8, 0, 16), seg(40, 16, 16)]);
+    }
+}

@@ -1,0 +1,190 @@
+//! The read policy: the caller's choice, the environment and the file's filesystem decide mmap or buffered, with the reason in words.
+
+use crate::mount::{Mount, MountKind};
+use crate::storage::Strategy;
+
+/// How the caller wants files read.
+///
+/// `load_state_dict(path, disable_mmap)` maps onto it: `None` is `Auto`,
+/// `Some(true)` is `Buffered`, `Some(false)` is `Mmap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ReadMode {
+    /// Decide per file from its filesystem (see the crate docs' policy table).
+    #[default]
+    Auto,
+    /// Map every file.
+    Mmap,
+    /// Read every file into memory.
+    Buffered,
+}
+
+impl ReadMode {
+    /// The mode a `disable_mmap: Option<bool>` argument asks for.
+    pub fn from_disable_mmap(disable_mmap: Option<bool>) -> ReadMode {
+        match disable_mmap {
+            None => ReadMode::Auto,
+            Some(true) => ReadMode::Buffered,
+            Some(false) => ReadMode::Mmap,
+        }
+    }
+}
+
+/// The environment variable that overrides the auto choice: `1` reads
+/// buffered, `0` maps. An explicit builder call overrides it.
+pub const DISABLE_MMAP_ENV: &str = "SAFELOAD_DISABLE_MMAP";
+
+/// Where the effective mode came from, for the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    Caller,
+    Environment,
+    Default,
+}
+
+/// The caller's mode if set, else the environment's, else auto.
+pub(crate) fn effective_mode(caller: Option<ReadMode>, env: Option<&str>) -> (ReadMode, Origin) {
+    if let Some(mode) = caller {
+        return (mode, Origin::Caller);
+    }
+    match env.map(str::trim).map(str::to_ascii_lowercase).as_deref() {
+        Some("1" | "true" | "yes" | "on") => (ReadMode::Buffered, Origin::Environment),
+        Some("0" | "false" | "no" | "off") => (ReadMode::Mmap, Origin::Environment),
+        _ => (ReadMode::Auto, Origin::Default),
+    }
+}
+
+/// A strategy and why it was chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Choice {
+    pub strategy: Strategy,
+    pub reason: String,
+}
+
+/// Decides how to read one file.
+pub(crate) fn choose(mode: ReadMode, origin: Origin, mount: Option<&Mount>) -> Choice {
+    let strategy = match mode {
+        ReadMode::Mmap => Strategy::Mmap,
+        ReadMode::Buffered => Strategy::Buffered,
+        ReadMode::Auto => auto_strategy(mount.map(|m| m.kind).unwrap_or(MountKind::Unknown)),
+    };
+    let reason = match (mode, origin) {
+        (ReadMode::Auto, _) => auto_reason(mount),
+        (_, Origin::Environment) => format!(
+            "{DISABLE_MMAP_ENV}={} is set{}",
+            if mode == ReadMode::Buffered { 1 } else { 0 },
+            located(mount)
+        ),
+        (_, _) => format!(
+            "disable_mmap({}) was requested{}",
+            mode == ReadMode::Buffered,
+            located(mount)
+        ),
+    };
+    Choice { strategy, reason }
+}
+
+/// Whether buffered reads use `O_DIRECT` by default on a filesystem.
+/// NOTE: decided by the `load` benchmark (BENCHMARKS.md).
+pub(crate) fn default_direct_io(kind: Option<MountKind>) -> bool {
+    let _ = kind;
+    false
+}
+
+/// Reads in flight by default, for the filesystems a load touches: FUSE
+/// needs many requests in flight to hide each one's latency (within the
+/// kernel's default of 12 background requests per mount); a network
+/// filesystem likes several streams; a local disk is saturated by a few.
+/// NOTE: values set by the `load` benchmark (BENCHMARKS.md).
+pub(crate) fn default_io_concurrency(kinds: impl Iterator<Item = MountKind>) -> usize {
+    kinds
+        .map(|kind| match kind {
+            MountKind::HfMount | MountKind::Fuse => 12,
+            MountKind::Network => 8,
+            _ => 4,
+        })
+        .max()
+        .unwrap_or(4)
+}
+
+fn auto_strategy(kind: MountKind) -> Strategy {
+    match kind {
+        MountKind::HfMount | MountKind::Fuse => Strategy::Buffered,
+        _ => Strategy::Mmap,
+    }
+}
+
+fn auto_reason(mount: Option<&Mount>) -> String {
+    let Some(mount) = mount else {
+        return "filesystem unknown — mapping is the default".to_string();
+    };
+    let at = describe(mount);
+    match mount.kind {
+        MountKind::HfMount => format!("{at} — mmap page faults stall on hf-mount"),
+        MountKind::Fuse => format!("{at} — mmap page faults stall on FUSE"),
+        MountKind::Network => format!("{at} — mapped; pages shared through the page cache"),
+        MountKind::Local => format!("{at} — mapping a local file costs no copy"),
+        _ => format!("{at} — filesystem unknown, mapping is the default"),
+    }
+}
+
+/// `on hf-mount (fuse) at /mnt/hub`.
+fn describe(mount: &Mount) -> String {
+    let kind = match mount.kind {
+        MountKind::HfMount => "hf-mount".to_string(),
+        MountKind::Fuse => "FUSE".to_string(),
+        MountKind::Network => "network filesystem".to_string(),
+        MountKind::Local => "local filesystem".to_string(),
+        _ => "filesystem".to_string(),
+    };
+    if mount.mount_point.as_os_str().is_empty() {
+        format!("on {kind} ({})", mount.fs_type)
+    } else {
+        format!(
+            "on {kind} ({}) at {}",
+            mount.fs_type,
+            mount.mount_point.display()
+        )
+    }
+}
+
+fn located(mount: Option<&Mount>) -> String {
+    mount
+        .map(|m| format!(" ({})", describe(m)))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caller_beats_environment_beats_auto() {
+        assert_eq!(
+            effective_mode(Some(ReadMode::Mmap), Some("1")),
+            (ReadMode::Mmap, Origin::Caller)
+        );
+        assert_eq!(
+            effective_mode(None, Some("1")),
+            (ReadMode::Buffered, Origin::Environment)
+        );
+        assert_eq!(
+            effective_mode(None, Some(" 0 ")),
+            (ReadMode::Mmap, Origin::Environment)
+        );
+        assert_eq!(
+            effective_mode(None, Some("maybe")),
+            (ReadMode::Auto, Origin::Default)
+        );
+        assert_eq!(
+            effective_mode(None, None),
+            (ReadMode::Auto, Origin::Default)
+        );
+    }
+
+    #[test]
+    fn disable_mmap_maps_onto_modes() {
+        assert_eq!(ReadMode::from_disable_mmap(None), ReadMode::Auto);
+        assert_eq!(ReadMode::from_disable_mmap(Some(true)), ReadMode::Buffered);
+        assert_eq!(ReadMode::from_disable_mmap(Some(false)), ReadMode::Mmap);
+    }
+}

@@ -119,7 +119,10 @@ fn auto_reason(mount: Option<&Mount>) -> String {
     };
     let at = describe(mount);
     match mount.kind {
-        MountKind::HfMount => format!("{at} — mmap page faults stall on hf-mount"),
+        MountKind::HfMount if mount.fs_type.starts_with("nfs") => {
+            format!("{at} — served by a userspace server on loopback, where mmap page faults stall")
+        }
+        MountKind::HfMount => format!("{at} — mmap page faults stall on FUSE"),
         MountKind::Fuse => format!("{at} — mmap page faults stall on FUSE"),
         MountKind::Network => format!("{at} — mapped; pages shared through the page cache"),
         MountKind::Local => format!("{at} — mapping a local file costs no copy"),

@@ -1,0 +1,48 @@
+//! `SAFELOAD_DISABLE_MMAP` overrides the auto choice, and an explicit builder
+//! call overrides it. Alone in its binary: it changes the process environment,
+//! which every load reads.
+
+mod common;
+
+use common::*;
+use safeload::mount::MountTable;
+use safeload::{DISABLE_MMAP_ENV, Loader, Strategy};
+use tempfile::tempdir;
+
+fn table(line: &str) -> MountTable {
+    MountTable::parse(line)
+}
+
+#[test]
+fn environment_overrides_auto_and_the_builder_overrides_it() {
+    let dir = tempdir().unwrap();
+    write_single(dir.path(), &every_dtype());
+    let fuse = "36 25 0:50 / / ro - fuse hf-mount ro,user_id=0,group_id=0";
+    let strategy = |loader: Loader| {
+        let sd = loader.mount_table(table(fuse)).load(dir.path()).unwrap();
+        let file = &sd.report().files()[0];
+        (file.strategy(), file.reason().to_string())
+    };
+
+    // SAFETY: this binary has one test, so no other thread reads or writes
+    // the environment while these calls run.
+    unsafe { std::env::set_var(DISABLE_MMAP_ENV, "0") };
+    let (s, why) = strategy(Loader::new());
+    assert_eq!(s, Strategy::Mmap);
+    assert!(why.contains("SAFELOAD_DISABLE_MMAP=0"), "{why}");
+    let (s, why) = strategy(Loader::new().disable_mmap(true));
+    assert_eq!(s, Strategy::Buffered, "the builder wins");
+    assert!(why.contains("disable_mmap(true)"), "{why}");
+
+    // SAFETY: as above.
+    unsafe { std::env::set_var(DISABLE_MMAP_ENV, "1") };
+    let (s, _) =
+        strategy(Loader::new().mount_table(table("36 25 254:0 / / rw - ext4 /dev/vda rw")));
+    assert_eq!(s, Strategy::Buffered);
+
+    // SAFETY: as above.
+    unsafe { std::env::remove_var(DISABLE_MMAP_ENV) };
+    let (s, why) = strategy(Loader::new());
+    assert_eq!(s, Strategy::Buffered);
+    assert!(why.contains("on hf-mount"), "{why}");
+}

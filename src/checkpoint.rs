@@ -161,7 +161,7 @@ fn resolve_index(index_path: &Path) -> Result<Checkpoint> {
 /// Reads a whole small file, refusing one larger than `limit` before
 /// allocating for it.
 fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>> {
-    let file = fs::File::open(path).map_err(|e| Error::io("opening", path, None, e))?;
+    let file = crate::sys::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
     let len = file
         .metadata()
         .map_err(|e| Error::io("reading metadata of", path, None, e))?
@@ -198,10 +198,17 @@ pub(crate) fn is_plain_file_name(name: &str) -> bool {
 /// Parses the bytes of an index file. Pure: no I/O.
 ///
 /// Errors (as a message) on anything that is not
-/// `{"metadata": {...}?, "weight_map": {"tensor": "shard", ...}}`, and on a
-/// tensor written twice in `weight_map` (which a plain map would silently
-/// collapse to its last entry).
+/// `{"metadata": {...}?, "weight_map": {"tensor": "shard", ...}}`. A tensor
+/// written twice in `weight_map` is kept twice, for the caller to refuse.
 pub(crate) fn parse_index(bytes: &[u8]) -> std::result::Result<Index, String> {
+    // JSON text is UTF-8 (RFC 8259 §8.1); the parser checks only what it
+    // keeps, so check all of it.
+    std::str::from_utf8(bytes)
+        .map_err(|e| format!("not UTF-8, as JSON text must be (unicode, RFC 8259): {e}"))?;
+    // A derived struct would also accept a JSON array of its fields.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err("expected a JSON object".to_string());
+    }
     let raw: RawIndex = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
     let weight_map = raw
         .weight_map
@@ -220,8 +227,9 @@ struct RawIndex {
     weight_map: Option<OrderedPairs>,
 }
 
-/// A JSON object of string values kept in written order, refusing duplicate
-/// keys.
+/// A JSON object of string values kept in written order, duplicates
+/// included (a plain map would silently keep the last of two entries; the
+/// caller refuses them by name).
 struct OrderedPairs(Vec<(String, String)>);
 
 impl<'de> serde::Deserialize<'de> for OrderedPairs {
@@ -237,14 +245,8 @@ impl<'de> serde::Deserialize<'de> for OrderedPairs {
                 mut map: A,
             ) -> std::result::Result<Self::Value, A::Error> {
                 let mut pairs: Vec<(String, String)> = Vec::new();
-                let mut seen = std::collections::HashSet::new();
-                while let Some((key, value)) = map.next_entry::<String, String>()? {
-                    if !seen.insert(key.clone()) {
-                        return Err(de::Error::custom(format!(
-                            "tensor {key:?} appears twice in \"weight_map\""
-                        )));
-                    }
-                    pairs.push((key, value));
+                while let Some(pair) = map.next_entry::<String, String>()? {
+                    pairs.push(pair);
                 }
                 Ok(OrderedPairs(pairs))
             }
@@ -307,8 +309,9 @@ mod tests {
             vec![("b".into(), "2".into()), ("a".into(), "1".into())]
         );
         assert!(index.metadata.is_some());
-        let err = parse_index(br#"{"weight_map":{"a":"1","a":"2"}}"#).unwrap_err();
-        assert!(err.contains("twice"), "{err}");
+        let twice = parse_index(br#"{"weight_map":{"a":"1","a":"2"}}"#).unwrap();
+        assert_eq!(twice.weight_map.len(), 2);
+        assert!(parse_index(br#"[null, {"a":"1"}]"#).is_err());
         assert!(parse_index(b"{}").unwrap_err().contains("weight_map"));
         assert!(parse_index(b"[1]").is_err());
         assert!(parse_index(br#"{"weight_map":{"a":1}}"#).is_err());

@@ -6,7 +6,8 @@
 use std::collections::HashMap;
 
 use safetensors::Dtype;
-use safetensors::tensor::Metadata;
+use safetensors::tensor::{Metadata, TensorInfo};
+use serde::Deserialize;
 
 use crate::checkpoint::UniqueKeys;
 use crate::error::ErrorKind;
@@ -76,7 +77,7 @@ pub(crate) fn parse(json: &[u8], file_len: u64) -> Result<Header, ErrorKind> {
     serde_json::from_str::<UniqueKeys>(text).map_err(|e| invalid(e.to_string()))?;
     // `Metadata`'s deserializer validates dtypes, shapes, contiguous offsets and
     // byte lengths with checked arithmetic.
-    let metadata: Metadata = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
+    let metadata: Metadata = serde_json::from_str(text).map_err(|e| invalid(explain(text, e)))?;
 
     let data_start = PREFIX_LEN + json.len() as u64;
     let mut tensors = Vec::new();
@@ -110,6 +111,73 @@ pub(crate) fn parse(json: &[u8], file_len: u64) -> Result<Header, ErrorKind> {
         });
     }
     Ok(header)
+}
+
+/// The reason for a header the `safetensors` parser refused, made
+/// deterministic: that parser orders tensors through a hash map, so when
+/// several entries are wrong the one it names varies from run to run. Here
+/// the entries are checked in a fixed order (by offsets, then name), with
+/// the same rules, and the first that breaks one is named.
+fn explain(text: &str, error: serde_json::Error) -> String {
+    let message = error.to_string();
+    let Ok(entries) =
+        serde_json::from_str::<std::collections::BTreeMap<String, serde_json::Value>>(text)
+    else {
+        return message;
+    };
+    let mut tensors: Vec<(String, TensorInfo)> = Vec::new();
+    for (name, value) in entries {
+        if name == "__metadata__" {
+            continue;
+        }
+        match TensorInfo::deserialize(&value) {
+            Ok(info) => tensors.push((name, info)),
+            // An entry that does not parse: the parser's message names no
+            // tensor, so it is the same on every run.
+            Err(_) => return message,
+        }
+    }
+    tensors.sort_by(|(a, x), (b, y)| (x.data_offsets, a).cmp(&(y.data_offsets, b)));
+    let mut end = 0usize;
+    for (name, info) in &tensors {
+        let (start, stop) = info.data_offsets;
+        if start != end || stop < start {
+            return format!(
+                "invalid offset for tensor {name:?}: data_offsets [{start}, {stop}], expected to start at \
+                 {end} (tensors must be contiguous, in order, without gaps or overlaps)"
+            );
+        }
+        end = stop;
+        let bits = info
+            .shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .and_then(|n| n.checked_mul(info.dtype.bitsize()));
+        let Some(bits) = bits else {
+            return format!(
+                "overflow computing buffer size from shape and/or element type: tensor {name:?} of shape {:?}",
+                info.shape
+            );
+        };
+        if bits % 8 != 0 {
+            return format!(
+                "tensor {name:?} of {} elements of {} does not end on a byte boundary",
+                bits / info.dtype.bitsize().max(1),
+                info.dtype
+            );
+        }
+        if stop - start != bits / 8 {
+            return format!(
+                "invalid shape, data type, or offset for tensor {name:?}: dtype {} and shape {:?} need {} \
+                 bytes, its data_offsets give {}",
+                info.dtype,
+                info.shape,
+                bits / 8,
+                stop - start
+            );
+        }
+    }
+    message
 }
 
 /// Parses a whole safetensors file held in memory. Pure; used by tests and

@@ -91,6 +91,47 @@
 //! [`Loader::io_concurrency`] reader threads of their own, because they block
 //! on storage and a slow network mount must not starve the caller's pool.
 //!
+//! # Prefetch
+//!
+//! On a cold network filesystem, faulting a map in tensor by tensor reads far
+//! below what the storage sustains; a few large sequential readers per
+//! process, warming the page cache first, make the load run at streaming
+//! speed and leave one shared page-cache copy per node. [`Loader::prefetch`]
+//! (or `SAFELOAD_PREFETCH=<streams>`, or `HF_SHARD_PREFETCH`) turns it on;
+//! [`prefetch()`] does it alone, for a job script that warms, waits at a
+//! barrier, then loads:
+//!
+//! ```
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("model.safetensors");
+//! # let data = vec![0u8; 1 << 16];
+//! # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 16], &data)?;
+//! # safetensors::serialize_to_file([("w", view)], None, &path)?;
+//! use safeload::{Loader, PrefetchOptions};
+//!
+//! let sd = Loader::new().prefetch(4).load(&path)?;        // warm with 4 streams, then load
+//! eprintln!("{}", sd.report().prefetch().unwrap());       // what it warmed, skipped, and why
+//!
+//! let report = safeload::prefetch(&path, &PrefetchOptions::new().streams(8))?;
+//! assert_eq!(report.total_bytes(), std::fs::metadata(&path)?.len());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! - The processes of a job on one node (from `LOCAL_RANK`/`LOCAL_WORLD_SIZE`,
+//!   `SLURM_LOCALID`/`SLURM_NTASKS_PER_NODE`, Open MPI's or MPICH's local
+//!   rank variables, or [`Loader::local_rank`]) split the bytes, never by
+//!   global rank, through one queue of chunks in a small file in `/dev/shm`:
+//!   a process that finishes early takes chunks from a slower one, one that
+//!   dies has its chunks taken over, and no chunk is read twice on a node.
+//! - Chunks already in the page cache are not read (`mincore(2)`), so a warm
+//!   load pays for a check; what did not land is read once more.
+//! - The memory guard warms at most 90 % of the memory available (the
+//!   smaller of `MemAvailable` and the cgroup's room), counting what is
+//!   resident; what it leaves cold, and why, is in the [`PrefetchReport`].
+//! - With prefetch unset, the auto policy turns it on (4 streams) for files
+//!   on a kernel network filesystem that will be mapped, when they are not
+//!   already resident and fit the guard.
+//!
 //! # Safety and limits
 //!
 //! Every file is treated as hostile: the header length is checked against the
@@ -126,6 +167,7 @@ mod header;
 mod loader;
 mod memory;
 pub mod mount;
+mod prefetch;
 mod read;
 mod state_dict;
 mod storage;
@@ -139,6 +181,9 @@ pub use error::{Error, ErrorKind, Result};
 pub use header::MAX_HEADER_LEN;
 pub use loader::Loader;
 pub use mount::{MountKind, is_on_hf_mount};
+pub use prefetch::{
+    HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod, PrefetchOptions, PrefetchReport, prefetch,
+};
 pub use safetensors::Dtype;
 pub use state_dict::{FileReport, LoadReport, StateDict};
 pub use storage::Strategy;
@@ -170,7 +215,7 @@ pub fn evict(path: impl AsRef<Path>) -> Result<()> {
         .map(|s| s.path.clone())
         .chain(checkpoint.index_path);
     for path in files {
-        let file = std::fs::File::open(&path).map_err(|e| Error::io("opening", &path, None, e))?;
+        let file = sys::open_regular(&path).map_err(|e| Error::io("opening", &path, None, e))?;
         sys::evict(&file).map_err(|e| Error::io("evicting from the page cache", &path, None, e))?;
     }
     Ok(())

@@ -16,6 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::header::{self, Header, PREFIX_LEN};
 use crate::memory;
 use crate::mount::{self, Mount, MountTable};
+use crate::prefetch::{self, PrefetchOptions};
 use crate::read::{self, Tagged};
 use crate::state_dict::{FileReport, LoadReport, StateDict, human_bytes};
 use crate::storage::{self, BufferLayout, Storage, Strategy};
@@ -60,6 +61,8 @@ pub struct Loader {
     populate: bool,
     direct_io: Option<bool>,
     memory_available: Option<u64>,
+    prefetch: Option<PrefetchOptions>,
+    local_rank: Option<(usize, usize)>,
 }
 
 impl fmt::Debug for Loader {
@@ -73,6 +76,8 @@ impl fmt::Debug for Loader {
             .field("populate", &self.populate)
             .field("direct_io", &self.direct_io)
             .field("memory_available", &self.memory_available)
+            .field("prefetch", &self.prefetch)
+            .field("local_rank", &self.local_rank)
             .finish_non_exhaustive()
     }
 }
@@ -165,6 +170,33 @@ impl Loader {
         self
     }
 
+    /// Warms the page cache with the files before loading them, with
+    /// `streams` readers in this process; `0` turns prefetch off, also where
+    /// the auto policy would turn it on. Overrides `SAFELOAD_PREFETCH` (and
+    /// `HF_SHARD_PREFETCH`). The job's processes on this node share the
+    /// work (see [`prefetch`](crate::prefetch())); resident chunks are not
+    /// read, and the memory guard caps what is warmed. The report says what
+    /// it did ([`LoadReport::prefetch`](crate::LoadReport::prefetch)).
+    pub fn prefetch(mut self, streams: usize) -> Loader {
+        self.prefetch = Some(self.prefetch.take().unwrap_or_default().streams(streams));
+        self
+    }
+
+    /// Prefetch as [`prefetch`](Self::prefetch), with every option of
+    /// [`PrefetchOptions`].
+    pub fn prefetch_with(mut self, options: PrefetchOptions) -> Loader {
+        self.prefetch = Some(options);
+        self
+    }
+
+    /// This process's rank among the job's processes on this node, and their
+    /// number, for prefetch, instead of the launcher's variables
+    /// (`LOCAL_RANK`/`LOCAL_WORLD_SIZE`, `SLURM_LOCALID`, ...).
+    pub fn local_rank(mut self, rank: usize, size: usize) -> Loader {
+        self.local_rank = Some((rank, size));
+        self
+    }
+
     /// Decides filesystems from this mount table instead of the process's own
     /// (for tests, and for reasoning about another machine's mounts).
     pub fn mount_table(mut self, table: MountTable) -> Loader {
@@ -205,12 +237,38 @@ impl Loader {
         let mut opened = parallel_map(&shards, threads, |shard| open_shard(shard, &plan))?;
         check_tensors(&checkpoint, &opened)?;
 
-        // 2. Make sure buffered files fit in memory, then allocate them.
-        let available = self.memory_available.or_else(memory::available);
+        // 2. Warm the page cache, where asked or where the auto policy says
+        //    so (mapped files on a network filesystem), before any tensor
+        //    byte is touched.
+        let files: Vec<prefetch::LoadFile<'_>> = opened
+            .iter()
+            .map(|s| prefetch::LoadFile {
+                path: &s.path,
+                file: &s.file,
+                mount: s.mount.as_ref(),
+                mapped: matches!(s.body, Body::Mapped(_)),
+            })
+            .collect();
+        let prefetched = prefetch::before_load(
+            &files,
+            &prefetch::LoadRequest {
+                caller: self.prefetch.as_ref(),
+                local_rank: self.local_rank,
+                memory_available: self.memory_available,
+            },
+        )?;
+        drop(files);
+
+        // 3. Make sure buffered files fit in memory, then allocate them.
+        // Asking the kernel and the cgroup costs more than a small mapped load.
+        let any_pending = opened.iter().any(|s| matches!(s.body, Body::Pending(_)));
+        let available = self
+            .memory_available
+            .or_else(|| any_pending.then(memory::available).flatten());
         guard_memory(&mut opened, available, path)?;
         allocate(&mut opened)?;
 
-        // 3. Read every buffered file (and populate mapped ones) through one
+        // 4. Read every buffered file (and populate mapped ones) through one
         //    job queue.
         let io_concurrency = self.io_concurrency.unwrap_or_else(|| {
             strategy::default_io_concurrency(
@@ -222,8 +280,10 @@ impl Loader {
         let chunk = self.chunk_size.unwrap_or(read::DEFAULT_CHUNK);
         run_io(&mut opened, io_concurrency, chunk, self.populate, clock)?;
 
-        // 4. Hand out tensors.
-        assemble(&checkpoint, opened, clock, threads, io_concurrency)
+        // 5. Hand out tensors.
+        let mut state_dict = assemble(&checkpoint, opened, clock, threads, io_concurrency)?;
+        state_dict.report.prefetch = prefetched;
+        Ok(state_dict)
     }
 
     fn shards_to_open<'a>(&self, checkpoint: &'a Checkpoint) -> Vec<&'a ShardFile> {
@@ -294,6 +354,9 @@ enum Body {
     Taken,
 }
 
+/// How much of a buffer one prefault call covers.
+const PREFAULT_PIECE: usize = 32 << 20;
+
 fn since(clock: Instant) -> u64 {
     u64::try_from(clock.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
@@ -301,7 +364,7 @@ fn since(clock: Instant) -> u64 {
 fn open_shard(shard: &ShardFile, plan: &Plan<'_>) -> Result<OpenedShard> {
     let path = &shard.path;
     let opened_at = since(plan.clock);
-    let file = File::open(path).map_err(|e| Error::io("opening", path, None, e))?;
+    let file = sys::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
     let size = file_len(&file, path)?;
     let header = read_header(&file, path, size)?;
 
@@ -335,9 +398,12 @@ fn open_shard(shard: &ShardFile, plan: &Plan<'_>) -> Result<OpenedShard> {
 
     let mut direct = None;
     if let Body::Pending(layout) = &body {
-        let wanted = plan
-            .direct_io
-            .unwrap_or_else(|| strategy::default_direct_io(mount.as_ref().map(|m| m.kind)));
+        // Direct reads skip the page cache: a win for a file that is not
+        // there, a loss for one that is (it would be read from storage again).
+        let wanted = plan.direct_io.unwrap_or_else(|| {
+            strategy::default_direct_io(mount.as_ref().map(|m| m.kind))
+                && !mostly_cached(&file, size)
+        });
         if wanted && layout.image {
             match sys::open_direct(path) {
                 Ok(file) => direct = Some(file),
@@ -360,6 +426,13 @@ fn open_shard(shard: &ShardFile, plan: &Plan<'_>) -> Result<OpenedShard> {
         opened_at,
         finished_at,
     })
+}
+
+/// Whether at least half of a file's pages are in the page cache (by
+/// `cachestat(2)`); false where that cannot be told.
+fn mostly_cached(file: &File, size: u64) -> bool {
+    let pages = size.div_ceil(sys::page_size());
+    sys::cached_pages(file, 0, 0).is_ok_and(|cached| cached.saturating_mul(2) >= pages)
 }
 
 enum MapError {
@@ -563,6 +636,16 @@ fn run_io(
     populate: bool,
     clock: Instant,
 ) -> Result<()> {
+    if std::env::var_os("SAFELOAD_EXP_PREFAULT").is_some() {
+        let buffers: Vec<&MmapMut> = opened
+            .iter()
+            .filter_map(|s| match &s.body {
+                Body::Buffered { buffer, .. } => Some(buffer),
+                _ => None,
+            })
+            .collect();
+        read::prefault(&buffers, readers, PREFAULT_PIECE);
+    }
     let mut jobs: Vec<Tagged<'_>> = Vec::new();
     let mut finished: Vec<&AtomicU64> = Vec::with_capacity(opened.len());
     for (file_index, shard) in opened.iter_mut().enumerate() {
@@ -746,6 +829,7 @@ fn assemble(
             elapsed: clock.elapsed(),
             threads,
             io_concurrency,
+            prefetch: None,
         },
     })
 }

@@ -172,6 +172,41 @@ pub(crate) fn run(
     }
 }
 
+/// Faults fresh anonymous buffers in before they are read into, `readers`
+/// pieces at a time (`MADV_POPULATE_WRITE`, Linux 5.14+; a no-op elsewhere),
+/// so that zeroing their pages runs in parallel rather than inside each
+/// read's copy. Failure is harmless: the reads fault the pages instead.
+pub(crate) fn prefault(buffers: &[&memmap2::MmapMut], readers: usize, piece: usize) {
+    let mut pieces: Vec<(&memmap2::MmapMut, usize, usize)> = Vec::new();
+    for buffer in buffers {
+        let mut offset = 0;
+        while offset < buffer.len() {
+            let len = piece.max(1).min(buffer.len() - offset);
+            pieces.push((buffer, offset, len));
+            offset += len;
+        }
+    }
+    let cursor = AtomicUsize::new(0);
+    let work = || {
+        while let Some(&(buffer, offset, len)) = pieces.get(cursor.fetch_add(1, Ordering::Relaxed))
+        {
+            sys::populate_write(buffer, offset, len);
+        }
+    };
+    let readers = readers.clamp(1, pieces.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 1..readers {
+            let spawned = std::thread::Builder::new()
+                .name("safeload-prefault".into())
+                .spawn_scoped(scope, work);
+            if spawned.is_err() {
+                break;
+            }
+        }
+        work();
+    });
+}
+
 fn execute(job: Job<'_>) -> Result<(), (u64, io::Error)> {
     match job {
         Job::Read {

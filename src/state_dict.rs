@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::mount::Mount;
+use crate::prefetch::PrefetchReport;
 use crate::storage::Strategy;
 use crate::tensor::Tensor;
 
@@ -105,6 +106,7 @@ pub struct LoadReport {
     pub(crate) elapsed: Duration,
     pub(crate) threads: usize,
     pub(crate) io_concurrency: usize,
+    pub(crate) prefetch: Option<PrefetchReport>,
 }
 
 impl LoadReport {
@@ -126,6 +128,14 @@ impl LoadReport {
     /// Reads in flight at once for buffered files.
     pub fn io_concurrency(&self) -> usize {
         self.io_concurrency
+    }
+
+    /// What the page-cache prefetch before the load did and why: `Some`
+    /// where it was asked for ([`Loader::prefetch`](crate::Loader::prefetch),
+    /// `SAFELOAD_PREFETCH`) or considered by the auto policy (files on a
+    /// network filesystem), also when it decided not to run.
+    pub fn prefetch(&self) -> Option<&PrefetchReport> {
+        self.prefetch.as_ref()
     }
 
     /// Bytes read into memory (buffered files).
@@ -245,6 +255,9 @@ impl fmt::Display for LoadReport {
             self.threads,
             self.io_concurrency,
         )?;
+        if let Some(prefetch) = &self.prefetch {
+            writeln!(f, "  {prefetch}")?;
+        }
         for file in &self.files {
             writeln!(
                 f,

@@ -197,10 +197,14 @@ fn index_and_shards_must_agree() {
         r#"{"weight_map": {"x": "a.safetensors", "x": "b.safetensors"}}"#,
     )
     .unwrap();
-    assert!(matches!(
+    let index = dir.path().join("model.safetensors.index.json");
+    assert_eq!(
         kind_of(dir.path(), true),
-        ErrorKind::InvalidIndex { .. }
-    ));
+        ErrorKind::DuplicateTensor {
+            tensor: "x".into(),
+            first: index
+        }
+    );
 
     // Not JSON, and JSON of the wrong shape.
     for text in [

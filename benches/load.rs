@@ -27,24 +27,7 @@ use std::time::{Duration, Instant};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
-const ARMS: [&str; 16] = [
-    "safeload-prefetch",
-    "safeload-prefetch-static",
-    "safeload-buffered-prefault",
-    "limit",
-    "limit-direct",
-    "safeload-auto",
-    "safeload-mmap",
-    "safeload-buffered",
-    "safeload-buffered-direct",
-    "safeload-populate",
-    "memmap2",
-    "memmap2-4t",
-    "fs-read",
-    "fs-read-4t",
-    "safeload-auto-io1",
-    "safeload-auto-io32",
-];
+/// The arms run by default.
 const DEFAULT_ARMS: [&str; 12] = [
     "limit",
     "limit-direct",
@@ -58,6 +41,12 @@ const DEFAULT_ARMS: [&str; 12] = [
     "memmap2-4t",
     "fs-read",
     "fs-read-4t",
+];
+/// Arms for tuning, run when named with `--arms`.
+const EXTRA_ARMS: [&str; 3] = [
+    "safeload-prefetch-static",
+    "safeload-auto-io1",
+    "safeload-auto-io32",
 ];
 const SCENARIOS: [&str; 5] = ["warm", "cold", "fuse", "fuse-serial", "cold-3ranks"];
 /// Local ranks in the multi-process scenario.
@@ -119,8 +108,10 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         }
     }
     for a in &o.arms {
-        if !ARMS.contains(&a.as_str()) {
-            return Err(format!("unknown arm {a}; known: {ARMS:?}"));
+        if !DEFAULT_ARMS.contains(&a.as_str()) && !EXTRA_ARMS.contains(&a.as_str()) {
+            return Err(format!(
+                "unknown arm {a}; known: {DEFAULT_ARMS:?} and {EXTRA_ARMS:?}"
+            ));
         }
     }
     Ok(o)
@@ -233,6 +224,8 @@ struct Sample {
     /// Bytes this arm's process(es) caused to be read from storage
     /// (`read_bytes` of /proc/self/io, summed over ranks).
     read_bytes: u64,
+    /// What safeload said of the files (strategies, direct I/O).
+    note: Option<String>,
     error: Option<String>,
 }
 
@@ -288,11 +281,16 @@ fn parent(o: &Options) -> Result<(), String> {
                     run_child(&exe, o, scenario, arm, round, &path)
                 };
                 eprintln!(
-                    "  {scenario:<11} round {round} {arm:<26} {:>8.3} s {:>7.2} GiB/s {:>7} MiB RSS {:>7} MiB read{}",
+                    "  {scenario:<11} round {round} {arm:<26} {:>8.3} s {:>7.2} GiB/s {:>7} MiB RSS {:>7} MiB read{}{}",
                     sample.seconds,
                     gib_s(sample.bytes, sample.seconds),
                     sample.maxrss_kib >> 10,
                     sample.read_bytes >> 20,
+                    sample
+                        .note
+                        .as_deref()
+                        .map(|n| format!("  ({n})"))
+                        .unwrap_or_default(),
                     sample
                         .error
                         .as_deref()
@@ -395,6 +393,7 @@ fn run_child_env(
         checksum: 0,
         maxrss_kib: 0,
         read_bytes: 0,
+        note: None,
         error: None,
     };
     let mut command = Command::new(exe);
@@ -420,9 +419,6 @@ fn run_child_env(
         command
             .env("LOCAL_RANK", rank.to_string())
             .env("LOCAL_WORLD_SIZE", RANKS.to_string());
-    }
-    if arm == "safeload-buffered-prefault" {
-        command.env("SAFELOAD_EXP_PREFAULT", "1");
     }
     let child = command
         .stdout(Stdio::piped())
@@ -460,6 +456,10 @@ fn run_child_env(
         }
     };
     let stdout = String::from_utf8_lossy(&out.stdout);
+    sample.note = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .find(|l| l.contains("files buffered"))
+        .map(str::to_string);
     match stdout
         .lines()
         .last()
@@ -525,9 +525,9 @@ fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
     );
     let _ = writeln!(
         out,
-        "| scenario | arm | seconds | GiB/s | x limit | peak RSS MiB |"
+        "| scenario | arm | seconds | GiB/s | x limit | peak RSS MiB | read from storage MiB |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for scenario in &o.scenarios {
         let of = |arm: &str| -> Vec<&Sample> {
             samples
@@ -657,30 +657,30 @@ fn maxrss_kib() -> u64 {
     }
 }
 
-/// Sums a byte slice as little-endian u64 words (wrapping), on the current
-/// rayon pool in 4 MiB pieces. Order-independent, so every arm agrees.
+/// Sums a byte slice as little-endian u64 words (wrapping). Order-independent,
+/// so every arm agrees however it splits the bytes (on 8-byte boundaries).
 fn checksum(bytes: &[u8]) -> u64 {
-    use rayon::prelude::*;
-    bytes
-        .par_chunks(4 << 20)
-        .map(|piece| {
-            let mut words = piece.chunks_exact(8);
-            let mut sum = 0u64;
-            for w in &mut words {
-                sum = sum.wrapping_add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
-            }
-            for (i, b) in words.remainder().iter().enumerate() {
-                sum = sum.wrapping_add((*b as u64) << (8 * i));
-            }
-            sum
-        })
-        .reduce(|| 0, u64::wrapping_add)
+    let mut words = bytes.chunks_exact(8);
+    let mut sum = 0u64;
+    for w in &mut words {
+        sum = sum.wrapping_add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+    }
+    for (i, b) in words.remainder().iter().enumerate() {
+        sum = sum.wrapping_add((*b as u64) << (8 * i));
+    }
+    sum
 }
 
+/// Bytes and checksum of tensors, on the current rayon pool: every tensor
+/// cut into 4 MiB pieces, all pieces in parallel, so that many small tensors
+/// and a few large ones keep every thread busy alike.
 fn sum_tensors<'a>(tensors: impl Iterator<Item = &'a [u8]>) -> (u64, u64) {
-    tensors.fold((0, 0), |(b, c), t| {
-        (b + t.len() as u64, c.wrapping_add(checksum(t)))
-    })
+    use rayon::prelude::*;
+    let pieces: Vec<&[u8]> = tensors.flat_map(|t| t.chunks(4 << 20)).collect();
+    pieces
+        .par_iter()
+        .map(|p| (p.len() as u64, checksum(p)))
+        .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1.wrapping_add(b.1)))
 }
 
 type ArmResult = Result<(u64, u64), String>;
@@ -705,7 +705,6 @@ fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
                     safeload::Loader::new().disable_mmap(true).direct_io(true)
                 }
                 "safeload-populate" => safeload::Loader::new().disable_mmap(false).populate(true),
-                "safeload-buffered-prefault" => safeload::Loader::new().disable_mmap(true),
                 "safeload-prefetch" => safeload::Loader::new().disable_mmap(false).prefetch(4),
                 "safeload-prefetch-static" => {
                     safeload::Loader::new().disable_mmap(false).prefetch_with(
@@ -717,6 +716,16 @@ fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
                 other => return Err(format!("unknown arm {other}")),
             };
             let sd = loader.load(path).map_err(|e| e.to_string())?;
+            let files = sd.report().files();
+            let direct = files.iter().filter(|f| f.direct_io()).count();
+            let buffered = files
+                .iter()
+                .filter(|f| f.strategy() == safeload::Strategy::Buffered)
+                .count();
+            eprintln!(
+                "{buffered}/{} files buffered, {direct} with O_DIRECT",
+                files.len()
+            );
             Ok(sum_tensors(sd.tensors().iter().map(|t| t.as_bytes())))
         }
     }

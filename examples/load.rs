@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release --example load                       # a built-in demo checkpoint
-//! cargo run --release --example load -- PATH [--disable-mmap | --mmap] [--threads N] [--io N] [--json]
+//! cargo run --release --example load -- PATH [--disable-mmap | --mmap] [--threads N] [--io N] [--chunk-mib N] [--json]
 //! ```
 //!
 //! With no PATH it writes a small sharded demo checkpoint (several dtypes,
@@ -20,10 +20,12 @@ struct Args {
     disable_mmap: Option<bool>,
     threads: Option<usize>,
     io: Option<usize>,
+    chunk_mib: Option<usize>,
     json: bool,
 }
 
-const USAGE: &str = "usage: load [PATH] [--disable-mmap | --mmap] [--threads N] [--io N] [--json]";
+const USAGE: &str =
+    "usage: load [PATH] [--disable-mmap | --mmap] [--threads N] [--io N] [--chunk-mib N] [--json]";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
@@ -31,6 +33,7 @@ fn parse_args() -> Result<Args, String> {
         disable_mmap: None,
         threads: None,
         io: None,
+        chunk_mib: None,
         json: false,
     };
     let mut it = std::env::args().skip(1);
@@ -45,6 +48,7 @@ fn parse_args() -> Result<Args, String> {
             "--mmap" => args.disable_mmap = Some(false),
             "--threads" => args.threads = Some(number("--threads")?),
             "--io" => args.io = Some(number("--io")?),
+            "--chunk-mib" => args.chunk_mib = Some(number("--chunk-mib")?),
             "--json" => args.json = true,
             "-h" | "--help" => return Err(USAGE.to_string()),
             flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}\n{USAGE}")),
@@ -137,6 +141,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(io) = args.io {
         loader = loader.io_concurrency(io);
     }
+    if let Some(mib) = args.chunk_mib {
+        loader = loader.chunk_size(mib << 20);
+    }
     let start = Instant::now();
     let sd = loader.load(&path)?;
     let seconds = start.elapsed().as_secs_f64();
@@ -158,6 +165,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     "size": f.size(),
                     "tensors": f.tensors(),
                     "strategy": f.strategy().as_str(),
+                    "direct_io": f.direct_io(),
                     "reason": f.reason(),
                     "filesystem": f.mount().map(|m| m.kind.as_str()),
                     "seconds": f.elapsed().as_secs_f64(),

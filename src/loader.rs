@@ -120,8 +120,11 @@ impl Loader {
         self
     }
 
-    /// How many reads of buffered files are in flight at once (default: 4).
-    /// Zero is taken as one.
+    /// How many reads of buffered files (and populate calls of mapped ones)
+    /// are in flight at once. Default: 12 when a file is on FUSE (enough
+    /// requests in flight to hide each one's latency, within the kernel's
+    /// default of 12 background requests per mount), 8 otherwise. Zero is
+    /// taken as one.
     pub fn io_concurrency(mut self, readers: usize) -> Loader {
         self.io_concurrency = Some(readers.max(1));
         self
@@ -354,9 +357,6 @@ enum Body {
     Taken,
 }
 
-/// How much of a buffer one prefault call covers.
-const PREFAULT_PIECE: usize = 32 << 20;
-
 fn since(clock: Instant) -> u64 {
     u64::try_from(clock.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
@@ -495,6 +495,18 @@ fn read_error(
     offset: u64,
     error: std::io::Error,
 ) -> Error {
+    read_error_of("reading", file, path, expected, offset, error)
+}
+
+/// [`read_error`] for any operation of the read engine.
+fn read_error_of(
+    operation: &'static str,
+    file: &File,
+    path: &Path,
+    expected: u64,
+    offset: u64,
+    error: std::io::Error,
+) -> Error {
     if error.kind() == std::io::ErrorKind::UnexpectedEof {
         if let Ok(actual) = file_len(file, path) {
             if actual < expected {
@@ -502,7 +514,7 @@ fn read_error(
             }
         }
     }
-    Error::io("reading", path, Some(offset), error)
+    Error::io(operation, path, Some(offset), error)
 }
 
 /// Refuses a checkpoint whose shards disagree with each other or with the
@@ -636,16 +648,6 @@ fn run_io(
     populate: bool,
     clock: Instant,
 ) -> Result<()> {
-    if std::env::var_os("SAFELOAD_EXP_PREFAULT").is_some() {
-        let buffers: Vec<&MmapMut> = opened
-            .iter()
-            .filter_map(|s| match &s.body {
-                Body::Buffered { buffer, .. } => Some(buffer),
-                _ => None,
-            })
-            .collect();
-        read::prefault(&buffers, readers, PREFAULT_PIECE);
-    }
     let mut jobs: Vec<Tagged<'_>> = Vec::new();
     let mut finished: Vec<&AtomicU64> = Vec::with_capacity(opened.len());
     for (file_index, shard) in opened.iter_mut().enumerate() {
@@ -712,7 +714,8 @@ fn run_io(
         if let Err(failure) = result {
             let shard = opened.get(failure.file_index);
             return Err(match shard {
-                Some(s) => read_error(
+                Some(s) => read_error_of(
+                    failure.operation,
                     &s.file,
                     &s.path,
                     s.header.file_len(),
@@ -720,7 +723,7 @@ fn run_io(
                     failure.error,
                 ),
                 None => Error::without_path(ErrorKind::Io {
-                    operation: "reading",
+                    operation: failure.operation,
                     offset: Some(failure.offset),
                 }),
             });

@@ -78,20 +78,6 @@ pub(crate) fn populate_read(map: &Mmap, offset: usize, len: usize) -> io::Result
     }
 }
 
-/// Faults `len` bytes of an anonymous map in for writing at `offset`
-/// (`MADV_POPULATE_WRITE`, Linux 5.14+, see madvise(2)). Best effort: where
-/// the kernel lacks it, the pages are faulted by their first write instead.
-pub(crate) fn populate_write(map: &memmap2::MmapMut, offset: usize, len: usize) {
-    #[cfg(target_os = "linux")]
-    {
-        let _ = map.advise_range(memmap2::Advice::PopulateWrite, offset, len);
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (map, offset, len);
-    }
-}
-
 /// Opens `path` for reading, refusing anything but a regular file (after
 /// symlinks): a FIFO or a device named by a hostile checkpoint must not block
 /// the open or read as endless data. The open itself does not block

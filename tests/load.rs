@@ -105,20 +105,44 @@ fn engine_settings_match_the_naive_reader() {
     let naive = naive_load(&files);
     for chunk_size in [chunk, 3 * chunk + 1, 8 << 20] {
         for readers in [1, 2, 5] {
-            for threads in [1, 3] {
+            for direct in [false, true] {
                 let sd = Loader::new()
                     .disable_mmap(true)
+                    .direct_io(direct)
                     .chunk_size(chunk_size)
                     .io_concurrency(readers)
-                    .threads(threads)
+                    .threads(1 + readers % 3)
                     .load(&index)
                     .unwrap();
-                assert_eq!(
-                    loaded(&sd),
-                    naive,
-                    "chunk {chunk_size}, readers {readers}, threads {threads}"
-                );
+                let what = format!("chunk {chunk_size}, readers {readers}, direct {direct}");
+                assert_eq!(loaded(&sd), naive, "{what}");
+                if direct {
+                    // Direct reads where the filesystem takes them (ext4, xfs;
+                    // not tmpfs, which refuses O_DIRECT and falls back).
+                    let refused = sd
+                        .report()
+                        .files()
+                        .iter()
+                        .any(|f| f.reason().contains("O_DIRECT refused"));
+                    assert!(
+                        refused || sd.report().files().iter().all(|f| f.direct_io()),
+                        "{what}"
+                    );
+                }
             }
+            // Mapped and populated in parallel by the same engine.
+            let sd = Loader::new()
+                .disable_mmap(false)
+                .populate(true)
+                .chunk_size(chunk_size)
+                .io_concurrency(readers)
+                .load(&index)
+                .unwrap();
+            assert_eq!(
+                loaded(&sd),
+                naive,
+                "populate, chunk {chunk_size}, readers {readers}"
+            );
         }
     }
 }

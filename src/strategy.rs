@@ -86,13 +86,15 @@ pub(crate) fn choose(mode: ReadMode, origin: Origin, mount: Option<&Mount>) -> C
 /// Whether buffered reads use `O_DIRECT` by default on a filesystem (for a
 /// file that is not already in the page cache).
 ///
-/// NOTE: measured with `cargo bench --bench load` (BENCHMARKS.md). On FUSE,
-/// page-cache reads reach the daemon as requests of at most 128 KiB (the
-/// kernel caps FUSE read-ahead) while direct reads go out as 1 MiB requests:
-/// at 2 ms per request the direct arm ran 1.5x faster (0.70 s against 1.04 s
-/// for 0.5 GiB, medians of 3). On the local ext4 virtio disk, cold, direct
-/// reads into huge-page buffers ran 2-3x faster than page-cache reads. Kernel
-/// network filesystems are not measured here, so they keep plain reads.
+/// NOTE: measured with `cargo bench --bench load` (BENCHMARKS.md, 2.2 GiB,
+/// medians of 3). On FUSE, page-cache reads reach the daemon as requests of
+/// at most 128 KiB (the kernel caps FUSE read-ahead) while direct reads go
+/// out as 1 MiB requests: at 2 ms per request, 3.04 s direct against 5.61 s
+/// through the page cache; serialized, 2.24 s against 12.0 s (0.62 GiB). On
+/// the local ext4 virtio disk, cold, direct reads into huge-page buffers took
+/// 1.40 s against 3.33 s. Warm files are read through the page cache (the
+/// caller checks residency first). Kernel network filesystems are not
+/// measured here, so they keep plain reads.
 pub(crate) fn default_direct_io(kind: Option<MountKind>) -> bool {
     matches!(
         kind,

@@ -278,7 +278,7 @@ fn parent(o: &Options) -> Result<(), String> {
                 let sample = if scenario == "cold-3ranks" {
                     run_ranks(&exe, o, scenario, arm, round, &path)
                 } else {
-                    run_child(&exe, o, scenario, arm, round, &path)
+                    run_child_env(&exe, o, scenario, arm, round, &path, None)
                 };
                 eprintln!(
                     "  {scenario:<11} round {round} {arm:<26} {:>8.3} s {:>7.2} GiB/s {:>7} MiB RSS {:>7} MiB read{}{}",
@@ -362,17 +362,6 @@ fn run_ranks(
     merged.maxrss_kib = samples.iter().map(|s| s.maxrss_kib).max().unwrap_or(0);
     merged.error = samples.iter().find_map(|s| s.error.clone());
     merged
-}
-
-fn run_child(
-    exe: &Path,
-    o: &Options,
-    scenario: &str,
-    arm: &str,
-    round: usize,
-    path: &Path,
-) -> Sample {
-    run_child_env(exe, o, scenario, arm, round, path, None)
 }
 
 fn run_child_env(

@@ -354,13 +354,7 @@ fn check_damaged_file(bytes: &[u8]) -> Result<(), TestCaseError> {
                 );
             }
         }
-        (buffered, mapped) => {
-            return Err(TestCaseError::fail(format!(
-                "the strategies disagree: buffered {:?}, mapped {:?}",
-                buffered.map(|sd| sd.len()),
-                mapped.map(|sd| sd.len())
-            )));
-        }
+        (buffered, mapped) => return Err(disagree(buffered, mapped)),
     }
     Ok(())
 }
@@ -520,13 +514,7 @@ proptest! {
                     buffered
                 );
             }
-            (buffered, mapped) => {
-                return Err(TestCaseError::fail(format!(
-                    "the strategies disagree: buffered {:?}, mapped {:?}",
-                    buffered.map(|sd| sd.len()),
-                    mapped.map(|sd| sd.len())
-                )));
-            }
+            (buffered, mapped) => return Err(disagree(buffered, mapped)),
         }
     }
 
@@ -733,4 +721,16 @@ fn check_outcome(
         }
     }
     Ok(())
+}
+
+/// The failure of a case where one strategy loads and the other refuses.
+fn disagree(
+    buffered: Result<safeload::StateDict, safeload::Error>,
+    mapped: Result<safeload::StateDict, safeload::Error>,
+) -> TestCaseError {
+    TestCaseError::fail(format!(
+        "the strategies disagree: buffered {:?}, mapped {:?}",
+        buffered.map(|sd| sd.len()),
+        mapped.map(|sd| sd.len())
+    ))
 }

@@ -237,11 +237,11 @@ pub(crate) fn mincore_pages(
         let pages = len.div_ceil(page);
         vec.clear();
         vec.resize(pages, 0);
-        // SAFETY: `offset..offset + len` lies within the map (checked above),
-        // so the address is inside a live mapping owned by `map`, which is
-        // borrowed for the call; `offset` is page-aligned and the map's base
-        // is, so the address is too; `vec` holds one byte per page of the
-        // range, as mincore(2) writes.
+        // `offset..offset + len` lies within the map (checked above), so the
+        // address is inside a live mapping owned by `map`, borrowed for the
+        // call; `offset` and the map's base are page-aligned.
+        // SAFETY: a page-aligned range of a live mapping, and `vec` holds one
+        // byte per page of it, as mincore(2) writes.
         let rc = unsafe {
             libc::mincore(
                 map.as_ptr().add(offset) as *mut libc::c_void,
@@ -421,10 +421,10 @@ impl SharedWords {
         if len == 0 || len % 8 != 0 {
             return Err(io::Error::from(io::ErrorKind::InvalidData));
         }
-        // SAFETY: a shared read-write map of a regular file; its contents
-        // are only ever accessed as atomics (`words`), so concurrent writers
-        // in other processes cannot cause a data race; truncation by another
-        // process is the documented hazard above.
+        // Its contents are only ever accessed as atomics (`words`), so
+        // writers in other processes cannot cause a data race.
+        // SAFETY: a shared map of a regular file accessed only atomically;
+        // truncation by another process is the documented hazard above.
         let map = unsafe { memmap2::MmapOptions::new().map_mut(file)? };
         Ok(SharedWords { map })
     }
@@ -432,11 +432,10 @@ impl SharedWords {
     /// The words of the map.
     pub(crate) fn words(&self) -> &[std::sync::atomic::AtomicU64] {
         let len = self.map.len() / 8;
-        // SAFETY: the map is page-aligned, hence aligned for `AtomicU64`, and
-        // holds `len` whole words; it lives as long as `self`, which the
-        // returned slice borrows; `AtomicU64` has the layout of `u64` and
-        // every bit pattern is valid; all access goes through atomic
-        // operations, so sharing with other processes is not a data race.
+        // The map is page-aligned, hence aligned for `AtomicU64`, and holds
+        // `len` whole words; `AtomicU64` has the layout of `u64`, every bit
+        // pattern is valid, and all access is atomic, also across processes.
+        // SAFETY: aligned, in bounds, valid for the borrow of `self`.
         unsafe {
             std::slice::from_raw_parts(
                 self.map.as_ptr() as *const std::sync::atomic::AtomicU64,

@@ -247,6 +247,7 @@ impl Loader {
             .iter()
             .map(|s| prefetch::LoadFile {
                 path: &s.path,
+                canonical: &s.canonical,
                 file: &s.file,
                 mount: s.mount.as_ref(),
                 mapped: matches!(s.body, Body::Mapped(_)),
@@ -322,6 +323,8 @@ struct Plan<'a> {
 /// A file whose header is parsed and whose strategy is decided.
 struct OpenedShard {
     path: PathBuf,
+    /// `path` with symlinks resolved (the path itself where that fails).
+    canonical: PathBuf,
     file: File,
     /// A second descriptor opened with `O_DIRECT`, for buffered reads that
     /// use it.
@@ -373,10 +376,10 @@ fn open_shard(shard: &ShardFile, plan: &Plan<'_>) -> Result<OpenedShard> {
         .iter()
         .map(|t| plan.filter.is_none_or(|keep| keep(&t.name)))
         .collect();
-    let mount = plan.table.and_then(|table| {
-        let canonical = std::fs::canonicalize(path).ok()?;
-        mount::lookup_file_in(table, &file, &canonical).ok()
-    });
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+    let mount = plan
+        .table
+        .and_then(|table| mount::lookup_file_in(table, &file, &canonical).ok());
     let mut choice = strategy::choose(plan.mode, plan.origin, mount.as_ref());
     let switchable = plan.mode == ReadMode::Auto && choice.strategy == Strategy::Buffered;
 
@@ -414,6 +417,7 @@ fn open_shard(shard: &ShardFile, plan: &Plan<'_>) -> Result<OpenedShard> {
     let finished_at = AtomicU64::new(since(plan.clock));
     Ok(OpenedShard {
         path: path.clone(),
+        canonical,
         file,
         direct,
         size,

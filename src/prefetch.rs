@@ -596,6 +596,8 @@ pub(crate) struct LoadRequest<'a> {
 /// neither opens nor looks it up again.
 pub(crate) struct LoadFile<'a> {
     pub path: &'a Path,
+    /// `path` with symlinks resolved, as the loader found it.
+    pub canonical: &'a Path,
     /// The loader's descriptor: the same file the header was read from,
     /// whatever happened to the path since.
     pub file: &'a File,
@@ -610,7 +612,12 @@ impl LoadFile<'_> {
             .file
             .try_clone()
             .map_err(|e| Error::io("duplicating the descriptor of", self.path, None, e))?;
-        target_from(self.path.to_path_buf(), file, self.mount.cloned())
+        target_from(
+            self.path.to_path_buf(),
+            self.canonical,
+            file,
+            self.mount.cloned(),
+        )
     }
 }
 
@@ -1460,18 +1467,22 @@ fn open_targets(paths: &[PathBuf], table: Option<&MountTable>) -> Result<Vec<Tar
             let file = sys::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
             let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
             let mount = table.and_then(|t| mount::lookup_file_in(t, &file, &canonical).ok());
-            target_from(path.clone(), file, mount)
+            target_from(path.clone(), &canonical, file, mount)
         })
         .collect()
 }
 
 /// A target from an open file: its identity for the queue's key (canonical
 /// path, size, mtime, device, inode) and how its residency can be seen.
-fn target_from(path: PathBuf, file: File, mount: Option<Mount>) -> Result<Target> {
+fn target_from(
+    path: PathBuf,
+    canonical: &Path,
+    file: File,
+    mount: Option<Mount>,
+) -> Result<Target> {
     let meta = file
         .metadata()
         .map_err(|e| Error::io("reading metadata of", &path, None, e))?;
-    let canonical = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
     let mut identity = canonical.as_os_str().as_encoded_bytes().to_vec();
     identity.push(0);
     identity.extend_from_slice(&meta.len().to_le_bytes());

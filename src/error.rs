@@ -136,6 +136,24 @@ pub enum ErrorKind {
         /// Bytes available.
         available: u64,
     },
+    /// A dtype conversion between these two types is not supported.
+    UnsupportedConversion {
+        /// The tensor's name, where one is involved (empty otherwise).
+        tensor: String,
+        /// The source dtype.
+        from: Dtype,
+        /// The requested dtype.
+        to: Dtype,
+    },
+    /// A destination buffer does not have the length the data needs.
+    LengthMismatch {
+        /// The tensor's name, where one is involved (empty otherwise).
+        tensor: String,
+        /// The bytes needed.
+        expected: u64,
+        /// The bytes given.
+        actual: u64,
+    },
 }
 
 impl Error {
@@ -269,6 +287,27 @@ impl fmt::Display for ErrorKind {
             ErrorKind::InsufficientMemory { needed, available } => write!(
                 f,
                 "a buffered read needs {needed} bytes but only {available} are available"
+            ),
+            ErrorKind::UnsupportedConversion { tensor, from, to } if tensor.is_empty() => {
+                write!(f, "cannot convert {from} to {to}")
+            }
+            ErrorKind::UnsupportedConversion { tensor, from, to } => {
+                write!(f, "cannot convert tensor {tensor:?} from {from} to {to}")
+            }
+            ErrorKind::LengthMismatch {
+                tensor,
+                expected,
+                actual,
+            } if tensor.is_empty() => {
+                write!(f, "buffer of {actual} bytes given where {expected} are needed")
+            }
+            ErrorKind::LengthMismatch {
+                tensor,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "buffer of {actual} bytes given for tensor {tensor:?}, which needs {expected}"
             ),
         }
     }

@@ -161,7 +161,7 @@ fn resolve_index(index_path: &Path) -> Result<Checkpoint> {
 /// Reads a whole small file, refusing one larger than `limit` before
 /// allocating for it.
 fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>> {
-    let file = crate::sys::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
+    let file = crate::os::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
     let len = file
         .metadata()
         .map_err(|e| Error::io("reading metadata of", path, None, e))?

@@ -299,7 +299,10 @@ impl fmt::Display for ErrorKind {
                 expected,
                 actual,
             } if tensor.is_empty() => {
-                write!(f, "buffer of {actual} bytes given where {expected} are needed")
+                write!(
+                    f,
+                    "buffer of {actual} bytes given where {expected} are needed"
+                )
             }
             ErrorKind::LengthMismatch {
                 tensor,

@@ -167,13 +167,15 @@ mod header;
 mod loader;
 mod memory;
 pub mod mount;
+mod os;
+mod policy;
 mod prefetch;
 mod read;
+mod report;
 mod state_dict;
 mod storage;
-mod strategy;
-mod sys;
 mod tensor;
+mod workers;
 
 use std::path::Path;
 
@@ -181,13 +183,11 @@ pub use error::{Error, ErrorKind, Result};
 pub use header::MAX_HEADER_LEN;
 pub use loader::Loader;
 pub use mount::{MountKind, is_on_hf_mount};
-pub use prefetch::{
-    HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod, PrefetchOptions, PrefetchReport, prefetch,
-};
+pub use policy::{DISABLE_MMAP_ENV, PrefetchMethod, ReadMode, Strategy};
+pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchOptions, prefetch};
+pub use report::{FileReport, LoadReport, PrefetchReport};
 pub use safetensors::Dtype;
-pub use state_dict::{FileReport, LoadReport, StateDict};
-pub use storage::Strategy;
-pub use strategy::{DISABLE_MMAP_ENV, ReadMode};
+pub use state_dict::StateDict;
 pub use tensor::{Element, Tensor};
 
 /// Loads a checkpoint: a `.safetensors` file, a `*.safetensors.index.json`,
@@ -215,8 +215,8 @@ pub fn evict(path: impl AsRef<Path>) -> Result<()> {
         .map(|s| s.path.clone())
         .chain(checkpoint.index_path);
     for path in files {
-        let file = sys::open_regular(&path).map_err(|e| Error::io("opening", &path, None, e))?;
-        sys::evict(&file).map_err(|e| Error::io("evicting from the page cache", &path, None, e))?;
+        let file = os::open_regular(&path).map_err(|e| Error::io("opening", &path, None, e))?;
+        os::evict(&file).map_err(|e| Error::io("evicting from the page cache", &path, None, e))?;
     }
     Ok(())
 }

@@ -4,25 +4,26 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use memmap2::{Mmap, MmapMut};
-use rayon::prelude::*;
 
 use crate::checkpoint::{self, Checkpoint, ShardFile};
 use crate::error::{Error, ErrorKind, Result};
 use crate::header::{self, Header, PREFIX_LEN};
 use crate::memory;
 use crate::mount::{self, Mount, MountTable};
+use crate::os::{self, DIRECT_ALIGN};
+use crate::policy::{self, Choice, DISABLE_MMAP_ENV, Origin, ReadMode, Strategy};
 use crate::prefetch::{self, PrefetchOptions};
 use crate::read::{self, Tagged};
-use crate::state_dict::{FileReport, LoadReport, StateDict, human_bytes};
-use crate::storage::{self, BufferLayout, Storage, Strategy};
-use crate::strategy::{self, Choice, DISABLE_MMAP_ENV, Origin, ReadMode};
-use crate::sys::{self, DIRECT_ALIGN};
+use crate::report::{FileReport, LoadReport, human_bytes};
+use crate::state_dict::StateDict;
+use crate::storage::{self, BufferLayout, Storage};
 use crate::tensor::Tensor;
+use crate::workers;
 
 type Filter = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
@@ -218,15 +219,12 @@ impl Loader {
         let shards = self.shards_to_open(&checkpoint);
 
         let env = std::env::var(DISABLE_MMAP_ENV).ok();
-        let (mode, origin) = strategy::effective_mode(self.mode, env.as_deref());
+        let (mode, origin) = policy::effective_mode(self.mode, env.as_deref());
         let table = match &self.mount_table {
             Some(table) => Some(table.clone()),
             None => MountTable::current().ok(),
         };
-        let threads = self
-            .threads
-            .unwrap_or_else(rayon::current_num_threads)
-            .max(1);
+        let threads = self.threads.unwrap_or_else(workers::default_width).max(1);
         let plan = Plan {
             mode,
             origin,
@@ -237,7 +235,9 @@ impl Loader {
         };
 
         // 1. Open every file, parse its header, decide its strategy.
-        let mut opened = parallel_map(&shards, threads, |shard| open_shard(shard, &plan))?;
+        let mut opened = workers::map(&shards, threads, "safeload-open", |shard| {
+            open_shard(shard, &plan)
+        })?;
         check_tensors(&checkpoint, &opened)?;
 
         // 2. Warm the page cache, where asked or where the auto policy says
@@ -275,7 +275,7 @@ impl Loader {
         // 4. Read every buffered file (and populate mapped ones) through one
         //    job queue.
         let io_concurrency = self.io_concurrency.unwrap_or_else(|| {
-            strategy::default_io_concurrency(
+            policy::default_io_concurrency(
                 opened
                     .iter()
                     .filter_map(|s| s.mount.as_ref().map(|m| m.kind)),
@@ -367,7 +367,7 @@ fn since(clock: Instant) -> u64 {
 fn open_shard(shard: &ShardFile, plan: &Plan<'_>) -> Result<OpenedShard> {
     let path = &shard.path;
     let opened_at = since(plan.clock);
-    let file = sys::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
+    let file = os::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
     let size = file_len(&file, path)?;
     let header = read_header(&file, path, size)?;
 
@@ -380,7 +380,7 @@ fn open_shard(shard: &ShardFile, plan: &Plan<'_>) -> Result<OpenedShard> {
     let mount = plan
         .table
         .and_then(|table| mount::lookup_file_in(table, &file, &canonical).ok());
-    let mut choice = strategy::choose(plan.mode, plan.origin, mount.as_ref());
+    let mut choice = policy::choose(plan.mode, plan.origin, mount.as_ref());
     let switchable = plan.mode == ReadMode::Auto && choice.strategy == Strategy::Buffered;
 
     let body = match choice.strategy {
@@ -404,11 +404,10 @@ fn open_shard(shard: &ShardFile, plan: &Plan<'_>) -> Result<OpenedShard> {
         // Direct reads skip the page cache: a win for a file that is not
         // there, a loss for one that is (it would be read from storage again).
         let wanted = plan.direct_io.unwrap_or_else(|| {
-            strategy::default_direct_io(mount.as_ref().map(|m| m.kind))
-                && !mostly_cached(&file, size)
+            policy::default_direct_io(mount.as_ref().map(|m| m.kind)) && !mostly_cached(&file, size)
         });
         if wanted && layout.image {
-            match sys::open_direct(path) {
+            match os::open_direct(path) {
                 Ok(file) => direct = Some(file),
                 Err(e) => choice.reason.push_str(&format!("; O_DIRECT refused ({e})")),
             }
@@ -435,8 +434,8 @@ fn open_shard(shard: &ShardFile, plan: &Plan<'_>) -> Result<OpenedShard> {
 /// Whether at least half of a file's pages are in the page cache (by
 /// `cachestat(2)`); false where that cannot be told.
 fn mostly_cached(file: &File, size: u64) -> bool {
-    let pages = size.div_ceil(sys::page_size());
-    sys::cached_pages(file, 0, 0).is_ok_and(|cached| cached.saturating_mul(2) >= pages)
+    let pages = size.div_ceil(os::page_size());
+    os::cached_pages(file, 0, 0).is_ok_and(|cached| cached.saturating_mul(2) >= pages)
 }
 
 enum MapError {
@@ -480,12 +479,12 @@ fn read_header(file: &File, path: &Path, size: u64) -> Result<Header> {
         return Err(Error::new(ErrorKind::FileTooSmall { len: size }, path));
     }
     let mut prefix = [0u8; PREFIX_LEN as usize];
-    sys::read_exact_at(file, &mut prefix, 0)
+    os::read_exact_at(file, &mut prefix, 0)
         .map_err(|(at, e)| read_error(file, path, size, at, e))?;
     let len = header::header_len(&prefix, size).map_err(|kind| Error::new(kind, path))?;
     // Bounded by the limit and by the file's size, both checked above.
     let mut json = vec![0u8; usize::try_from(len).unwrap_or(0)];
-    sys::read_exact_at(file, &mut json, PREFIX_LEN)
+    os::read_exact_at(file, &mut json, PREFIX_LEN)
         .map_err(|(at, e)| read_error(file, path, size, at, e))?;
     header::parse(&json, size).map_err(|kind| Error::new(kind, path))
 }
@@ -839,42 +838,4 @@ fn assemble(
             prefetch: None,
         },
     })
-}
-
-/// Runs `f` over `items` with at most `width` at once in the current rayon
-/// pool, pulling from one cursor so uneven items keep workers busy. Results
-/// keep the items' order; on failure, the error of the earliest failed item.
-fn parallel_map<T: Sync, R: Send>(
-    items: &[T],
-    width: usize,
-    f: impl Fn(&T) -> Result<R> + Sync,
-) -> Result<Vec<R>> {
-    let slots: Vec<Mutex<Option<Result<R>>>> = items.iter().map(|_| Mutex::new(None)).collect();
-    let cursor = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let width = width.clamp(1, items.len().max(1));
-    (0..width).into_par_iter().for_each(|_| {
-        while !failed.load(Ordering::Relaxed) {
-            let i = cursor.fetch_add(1, Ordering::Relaxed);
-            let (Some(item), Some(slot)) = (items.get(i), slots.get(i)) else {
-                break;
-            };
-            let result = f(item);
-            if result.is_err() {
-                failed.store(true, Ordering::Relaxed);
-            }
-            if let Ok(mut slot) = slot.lock() {
-                *slot = Some(result);
-            }
-        }
-    });
-    let mut out = Vec::with_capacity(items.len());
-    for slot in slots {
-        match slot.into_inner().ok().flatten() {
-            Some(Ok(r)) => out.push(r),
-            Some(Err(e)) => return Err(e),
-            None => {} // skipped after a failure, which is returned above
-        }
-    }
-    Ok(out)
 }

@@ -861,16 +861,7 @@ fn decoded_string(field: &[u8]) -> String {
 }
 
 fn decoded_path(field: &[u8]) -> PathBuf {
-    let bytes = decode_escapes(field).into_owned();
-    #[cfg(unix)]
-    {
-        use std::os::unix::ffi::OsStringExt;
-        PathBuf::from(std::ffi::OsString::from_vec(bytes))
-    }
-    #[cfg(not(unix))]
-    {
-        PathBuf::from(String::from_utf8_lossy(&bytes).into_owned())
-    }
+    crate::os::path_from_bytes(decode_escapes(field).into_owned())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1129,26 +1120,20 @@ const _: fn() = || {
     assert_send_sync::<Mount>();
 };
 
-// ---------------------------------------------------------------------------------------------
-// Platform code: the only place that differs between Linux and elsewhere.
-// ---------------------------------------------------------------------------------------------
-
-#[cfg(target_os = "linux")]
+/// The filesystem parts of the OS layer this module uses.
 mod os {
-    use std::ffi::CString;
     use std::fs::{File, Metadata};
     use std::io;
-    use std::mem::MaybeUninit;
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::MetadataExt;
-    use std::os::unix::io::AsRawFd;
     use std::path::Path;
 
     use super::{MountTable, split_device_number};
 
-    pub(super) const SUPPORTED: bool = true;
+    pub(super) const SUPPORTED: bool = crate::os::MOUNT_DETECTION;
 
     pub(super) fn read_mount_table() -> io::Result<MountTable> {
+        if !SUPPORTED {
+            return Ok(MountTable::default());
+        }
         // mountinfo has device numbers and ids; /proc/mounts is the fallback for kernels
         // before 2.6.26 and for sandboxes that hide mountinfo.
         let mountinfo = std::fs::read("/proc/self/mountinfo");
@@ -1168,73 +1153,15 @@ mod os {
     }
 
     pub(super) fn device_of(metadata: &Metadata) -> Option<(u32, u32)> {
-        Some(split_device_number(metadata.dev()))
+        crate::os::device_number(metadata).map(split_device_number)
     }
 
     pub(super) fn filesystem_magic(path: &Path) -> io::Result<u64> {
-        let c_path = CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
-        let mut buf = MaybeUninit::<libc::statfs>::zeroed();
-        // SAFETY: `c_path` is a NUL-terminated string that lives across the call, and `buf`
-        // is writable memory of the size and alignment of `struct statfs`, which statfs(2)
-        // fills on success and leaves alone otherwise.
-        let rc = unsafe { libc::statfs(c_path.as_ptr(), buf.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `struct statfs` holds only integers, so its zeroed bytes (overwritten by
-        // the kernel on success) are a valid value.
-        let buf = unsafe { buf.assume_init() };
-        Ok(magic_of(&buf))
+        crate::os::filesystem_magic(path)
     }
 
     pub(super) fn filesystem_magic_of(file: &File) -> io::Result<u64> {
-        let mut buf = MaybeUninit::<libc::statfs>::zeroed();
-        // SAFETY: the descriptor is open for as long as `file` is borrowed, and `buf` is
-        // writable memory of the size and alignment of `struct statfs`, which fstatfs(2)
-        // fills on success and leaves alone otherwise.
-        let rc = unsafe { libc::fstatfs(file.as_raw_fd(), buf.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `struct statfs` holds only integers, so its zeroed bytes (overwritten by
-        // the kernel on success) are a valid value.
-        let buf = unsafe { buf.assume_init() };
-        Ok(magic_of(&buf))
-    }
-
-    /// `f_type` is a signed word on most targets; magic numbers are 32-bit, so a sign
-    /// extended one (`0xFF534D42` in an `i32`) is brought back to its 32 bits.
-    #[allow(clippy::unnecessary_cast)] // The type of `f_type` differs between targets.
-    fn magic_of(buf: &libc::statfs) -> u64 {
-        (buf.f_type as u64) & 0xFFFF_FFFF
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-mod os {
-    use std::fs::{File, Metadata};
-    use std::io;
-    use std::path::Path;
-
-    use super::MountTable;
-
-    pub(super) const SUPPORTED: bool = false;
-
-    pub(super) fn read_mount_table() -> io::Result<MountTable> {
-        Ok(MountTable::default())
-    }
-
-    pub(super) fn device_of(_metadata: &Metadata) -> Option<(u32, u32)> {
-        None
-    }
-
-    pub(super) fn filesystem_magic(_path: &Path) -> io::Result<u64> {
-        Err(io::ErrorKind::Unsupported.into())
-    }
-
-    pub(super) fn filesystem_magic_of(_file: &File) -> io::Result<u64> {
-        Err(io::ErrorKind::Unsupported.into())
+        crate::os::filesystem_magic_of(file)
     }
 }
 

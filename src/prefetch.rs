@@ -80,11 +80,12 @@ use crate::checkpoint;
 use crate::error::{Error, Result};
 use crate::memory;
 use crate::mount::{self, Mount, MountKind, MountTable};
+use crate::os;
+use crate::policy::{self, PrefetchMethod};
 use crate::read::DEFAULT_CHUNK;
-use crate::state_dict::human_bytes;
+use crate::report::{PrefetchReport, human_bytes};
 use crate::storage;
-use crate::strategy;
-use crate::sys;
+use crate::workers;
 
 /// The environment variable that turns prefetch on with this many streams
 /// per rank (`0` turns it off, also where the auto policy would turn it on).
@@ -136,81 +137,6 @@ const SCRATCH: u64 = 8 << 20;
 /// to 2.7-3.1 ms against 119-129 ms, 2.2-2.4 % (`examples/prefetch_methods.rs`,
 /// its "warm" line, 2026-11-29).
 const SAMPLES: u64 = 16;
-
-// NOTE: which method warms fastest (`default_method`). Measured 2026-11-29
-// on this project's 2-core VM (Linux 6.18; / is ext4 on a virtio disk with
-// read_ahead_kb 8192; the FUSE mount is safeload-testfs with 2 ms per READ
-// and read_ahead_kb 128, serving a file on that ext4), a 1 GiB file evicted
-// with posix_fadvise(DONTNEED) before every run (on the mount and the source
-// under it), arms interleaved with their order alternating by round, medians:
-//
-//     cargo run --release --example prefetch_methods -- --size-mib 1024 \
-//         --rounds 3 --streams 1,4 --dir /var/tmp
-//
-//     | filesystem | method   | streams | median s | GiB/s | runs (s)            |
-//     |------------|----------|---------|----------|-------|---------------------|
-//     | local ext4 | pread    | 1       | 1.667    | 0.60  | 1.67, 1.82, 1.63    |
-//     | local ext4 | willneed | 1       | 1.900    | 0.53  | 2.04, 1.90, 1.88    |
-//     | local ext4 | pread    | 4       | 1.987    | 0.50  | 2.22, 1.99, 1.50    |
-//     | local ext4 | willneed | 4       | 1.368    | 0.73  | 1.37, 0.56, 2.36    |
-//     | FUSE 2 ms  | pread    | 1       | 12.863   | 0.08  | 11.81, 12.86, 13.58 |
-//     | FUSE 2 ms  | willneed | 1       | 2.070    | 0.48  | 2.07, 1.66, 2.26    |
-//     | FUSE 2 ms  | pread    | 4       | 4.548    | 0.22  | 3.32, 4.55, 5.36    |
-//     | FUSE 2 ms  | willneed | 4       | 1.595    | 0.63  | 1.60, 3.22, 1.27    |
-//
-// Two more runs agreed: `--rounds 3 --streams 1,4` gave local 2.36/2.10 s
-// (pread/willneed, 1 stream) and 1.86/1.33 s (4 streams), FUSE 12.6/1.72 s
-// and 3.74/1.65 s; `--rounds 5 --streams 4` gave local 1.86/1.70 s and FUSE
-// 4.28/2.00 s. The local disk is shared with other VMs and noisy (one run
-// took 0.56 s, another 2.6 s): there the two methods are within noise of
-// each other. On FUSE, `WILLNEED` wins by 2-3x with 4 streams and 6-7x with
-// one: each call queues read-ahead requests that the kernel sends
-// asynchronously (up to `max_background` in flight), where a `pread` waits
-// on one read-ahead window at a time. `WILLNEED` also copies nothing into
-// user space, and reads exactly the range asked (no read-ahead into a chunk
-// the memory guard skips). So it is the default wherever `mincore` can show
-// the pages land; elsewhere reads are the only way to know. Kernel network
-// filesystems (NFS, Lustre, ...) could not be measured here; they share
-// FUSE's latency-bound shape, and the fallback read covers what a
-// `WILLNEED` does not bring in.
-
-/// How a chunk is brought into the page cache.
-///
-/// ```
-/// assert_eq!(safeload::PrefetchMethod::Pread.to_string(), "pread");
-/// ```
-#[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum PrefetchMethod {
-    /// Chosen per filesystem kind from the measurements in the source (see
-    /// the `NOTE:` in `src/prefetch.rs`).
-    #[default]
-    Auto,
-    /// Large positional reads into a reused per-reader buffer.
-    Pread,
-    /// `posix_fadvise(POSIX_FADV_WILLNEED)` over the chunk in read-ahead
-    /// sized pieces, then waiting until the pages are resident, and reading
-    /// what did not arrive. Needs residency to be visible (see
-    /// [`PrefetchReport::residency_known`]); where it is not, reads instead.
-    WillNeed,
-}
-
-impl PrefetchMethod {
-    /// `"auto"`, `"pread"` or `"willneed"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PrefetchMethod::Auto => "auto",
-            PrefetchMethod::Pread => "pread",
-            PrefetchMethod::WillNeed => "willneed",
-        }
-    }
-}
-
-impl fmt::Display for PrefetchMethod {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 type ChunkCallback = Arc<dyn Fn(&Path, Range<u64>) + Send + Sync>;
 
@@ -346,202 +272,6 @@ impl PrefetchOptions {
     }
 }
 
-/// What a prefetch did, for this process: the rank split, what was already
-/// in the page cache, what this process warmed, what the memory guard left
-/// cold and why. `Display` prints it as one line.
-#[derive(Debug, Clone, Default)]
-pub struct PrefetchReport {
-    pub(crate) ran: bool,
-    pub(crate) reason: String,
-    pub(crate) rank: usize,
-    pub(crate) local_size: usize,
-    pub(crate) rank_source: String,
-    pub(crate) streams: usize,
-    pub(crate) method: PrefetchMethod,
-    pub(crate) queue_path: Option<PathBuf>,
-    pub(crate) queue_note: Option<String>,
-    pub(crate) files: usize,
-    pub(crate) total_bytes: u64,
-    pub(crate) chunk_size: u64,
-    pub(crate) chunks: usize,
-    pub(crate) chunks_handled: usize,
-    pub(crate) resident_before: u64,
-    pub(crate) warmed: u64,
-    pub(crate) reread: u64,
-    pub(crate) skipped: u64,
-    pub(crate) skip_reasons: Vec<String>,
-    pub(crate) resident_after: Option<u64>,
-    pub(crate) residency_known: bool,
-    pub(crate) elapsed: Duration,
-}
-
-impl PrefetchReport {
-    /// Whether anything was warmed or checked; `false` when prefetch was
-    /// considered and not done (see [`reason`](Self::reason)).
-    pub fn ran(&self) -> bool {
-        self.ran
-    }
-
-    /// Why prefetch ran, or why not, in words.
-    pub fn reason(&self) -> &str {
-        &self.reason
-    }
-
-    /// This process's rank among the job's processes on this node.
-    pub fn rank(&self) -> usize {
-        self.rank
-    }
-
-    /// The number of the job's processes on this node.
-    pub fn local_size(&self) -> usize {
-        self.local_size
-    }
-
-    /// Where the rank came from, e.g. `LOCAL_RANK=1 LOCAL_WORLD_SIZE=8 (torchrun)`.
-    pub fn rank_source(&self) -> &str {
-        &self.rank_source
-    }
-
-    /// Readers in this process.
-    pub fn streams(&self) -> usize {
-        self.streams
-    }
-
-    /// How chunks were warmed (of the first file, where files differ).
-    pub fn method(&self) -> PrefetchMethod {
-        self.method
-    }
-
-    /// Whether the ranks shared one queue (else each warmed a fixed share).
-    pub fn shared_queue(&self) -> bool {
-        self.queue_path.is_some()
-    }
-
-    /// The shared queue's file, where one was used.
-    pub fn queue_path(&self) -> Option<&Path> {
-        self.queue_path.as_deref()
-    }
-
-    /// Why the queue was not shared, or what was replaced to share it.
-    pub fn queue_note(&self) -> Option<&str> {
-        self.queue_note.as_deref()
-    }
-
-    /// Files prefetched.
-    pub fn files(&self) -> usize {
-        self.files
-    }
-
-    /// Their total size, in bytes.
-    pub fn total_bytes(&self) -> u64 {
-        self.total_bytes
-    }
-
-    /// The chunk size used, in bytes.
-    pub fn chunk_size(&self) -> u64 {
-        self.chunk_size
-    }
-
-    /// Chunks in the checkpoint.
-    pub fn chunks(&self) -> usize {
-        self.chunks
-    }
-
-    /// Chunks this process claimed and handled (resident or not).
-    pub fn chunks_handled(&self) -> usize {
-        self.chunks_handled
-    }
-
-    /// Bytes already in the page cache before warming began (when the queue
-    /// was made, for a shared queue).
-    pub fn resident_before(&self) -> u64 {
-        self.resident_before
-    }
-
-    /// Bytes this process brought into the page cache.
-    pub fn warmed(&self) -> u64 {
-        self.warmed
-    }
-
-    /// Bytes this process found missing after warming and read again.
-    pub fn reread(&self) -> u64 {
-        self.reread
-    }
-
-    /// Bytes left cold on this node: by the memory guard, or because a rank
-    /// holding them stopped making progress.
-    pub fn skipped(&self) -> u64 {
-        self.skipped
-    }
-
-    /// Why bytes were skipped, in words.
-    pub fn skip_reasons(&self) -> &[String] {
-        &self.skip_reasons
-    }
-
-    /// Bytes in the page cache when this process finished, where residency
-    /// can be checked.
-    pub fn resident_after(&self) -> Option<u64> {
-        self.resident_after
-    }
-
-    /// Whether page-cache residency could be checked. The kernel hides it
-    /// for files the caller neither owns nor may write (`cachestat(2)`,
-    /// `mincore(2)`); every chunk is then read, which costs a copy where
-    /// the pages are already cached.
-    pub fn residency_known(&self) -> bool {
-        self.residency_known
-    }
-
-    /// Wall time of this process's prefetch.
-    pub fn elapsed(&self) -> Duration {
-        self.elapsed
-    }
-}
-
-impl fmt::Display for PrefetchReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if !self.ran {
-            write!(f, "not prefetched: {}", self.reason)?;
-            if !self.skip_reasons.is_empty() {
-                write!(f, "; {}", self.skip_reasons.join("; "))?;
-            }
-            return Ok(());
-        }
-        let queue = match (&self.queue_path, &self.queue_note) {
-            (Some(path), _) => format!("shared queue {}", path.display()),
-            (None, Some(note)) => note.clone(),
-            (None, None) => "one process".to_string(),
-        };
-        write!(
-            f,
-            "prefetched: {}; rank {} of {} ({}), {} stream(s), {}, {}; {} in {} file(s): {} already resident, {} warmed here ({} of {} chunks), {} re-read, {} skipped",
-            self.reason,
-            self.rank,
-            self.local_size,
-            self.rank_source,
-            self.streams,
-            self.method,
-            queue,
-            human_bytes(self.total_bytes),
-            self.files,
-            human_bytes(self.resident_before),
-            human_bytes(self.warmed),
-            self.chunks_handled,
-            self.chunks,
-            human_bytes(self.reread),
-            human_bytes(self.skipped),
-        )?;
-        if !self.skip_reasons.is_empty() {
-            write!(f, " ({})", self.skip_reasons.join("; "))?;
-        }
-        if !self.residency_known {
-            write!(f, ", residency not visible (every chunk read)")?;
-        }
-        write!(f, "; {:.3} s", self.elapsed.as_secs_f64())
-    }
-}
-
 /// Warms the page cache with the files of the checkpoint at `path` (a
 /// `.safetensors` file, an index, or a directory holding one), for a job
 /// script that warms, waits at a barrier, then loads.
@@ -672,7 +402,7 @@ fn auto(files: &[LoadFile<'_>], request: &LoadRequest<'_>) -> Result<Option<Pref
     let mut targets = Vec::new();
     for f in files {
         let kind = f.mount.map_or(MountKind::Unknown, |m| m.kind);
-        if let (true, Some(n)) = (f.mapped, strategy::auto_prefetch_streams(kind)) {
+        if let (true, Some(n)) = (f.mapped, policy::auto_prefetch_streams(kind)) {
             streams = streams.max(n);
             targets.push(f.target()?);
         }
@@ -687,7 +417,7 @@ fn auto(files: &[LoadFile<'_>], request: &LoadRequest<'_>) -> Result<Option<Pref
         .unwrap_or_default();
     let options = with_loader_settings(PrefetchOptions::new().streams(streams), request);
     let total: u64 = targets.iter().map(|t| t.len).sum();
-    let page = sys::page_size();
+    let page = os::page_size();
     let chunk_size = effective_chunk(total, DEFAULT_CHUNK as u64, page);
     let lens: Vec<u64> = targets.iter().map(|t| t.len).collect();
     let chunks = plan_chunks(&lens, chunk_size);
@@ -1109,7 +839,7 @@ impl Owner {
     /// Whether the process still runs: it exists, is not a zombie, and has
     /// the start time it had when it claimed.
     fn alive(self) -> bool {
-        if !sys::pid_exists(self.pid) {
+        if !os::pid_exists(self.pid) {
             return false;
         }
         let Ok(text) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
@@ -1381,7 +1111,7 @@ impl Target {
     /// checkpoint is checked with one call per chunk, not a lookup per page.
     fn resident(&self, offset: u64, len: u64, scratch: &mut Vec<u8>) -> Option<u64> {
         if self.probe.cachestat {
-            let cached = sys::cached_pages(&self.file, offset, len).ok()?;
+            let cached = os::cached_pages(&self.file, offset, len).ok()?;
             return Some(pages_to_bytes(cached, len));
         }
         self.landed(offset, len, scratch)
@@ -1394,7 +1124,7 @@ impl Target {
     /// [`SAMPLES`]); a page missed between samples is read by the load's
     /// own page fault, as without prefetch.
     fn resident_quick(&self, offset: u64, len: u64, scratch: &mut Vec<u8>) -> Option<u64> {
-        let page = sys::page_size();
+        let page = os::page_size();
         let pages = len.div_ceil(page);
         let samples = SAMPLES.min(pages).max(1);
         for k in 0..samples {
@@ -1418,7 +1148,7 @@ impl Target {
         };
         let offset = usize::try_from(offset).ok()?;
         let n = usize::try_from(len).ok()?;
-        let pages = sys::mincore_pages(map, offset, n, scratch).ok()?;
+        let pages = os::mincore_pages(map, offset, n, scratch).ok()?;
         Some(pages_to_bytes(pages, len))
     }
 
@@ -1428,8 +1158,8 @@ impl Target {
     fn bounded(&self) -> &File {
         self.bounded
             .get_or_init(|| {
-                let file = sys::open_regular(&self.path).ok()?;
-                sys::advise_random(&file).ok()?;
+                let file = os::open_regular(&self.path).ok()?;
+                os::advise_random(&file).ok()?;
                 Some(file)
             })
             .as_ref()
@@ -1452,7 +1182,7 @@ impl Target {
 /// `pages` whole pages of a range of `len` bytes, in bytes: all of them
 /// when every page is counted (the last one may be partial).
 fn pages_to_bytes(pages: u64, len: u64) -> u64 {
-    let page = sys::page_size();
+    let page = os::page_size();
     if pages >= len.div_ceil(page) {
         len
     } else {
@@ -1464,7 +1194,7 @@ fn open_targets(paths: &[PathBuf], table: Option<&MountTable>) -> Result<Vec<Tar
     paths
         .iter()
         .map(|path| {
-            let file = sys::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
+            let file = os::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
             let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
             let mount = table.and_then(|t| mount::lookup_file_in(t, &file, &canonical).ok());
             target_from(path.clone(), &canonical, file, mount)
@@ -1492,11 +1222,9 @@ fn target_from(
         .and_then(|m| m.duration_since(UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos());
     identity.extend_from_slice(&modified.to_le_bytes());
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        identity.extend_from_slice(&meta.dev().to_le_bytes());
-        identity.extend_from_slice(&meta.ino().to_le_bytes());
+    if let Some((dev, ino)) = os::file_id(&meta) {
+        identity.extend_from_slice(&dev.to_le_bytes());
+        identity.extend_from_slice(&ino.to_le_bytes());
     }
     let probe = probe_for(&file, &path, &meta);
     let advice_piece = advice_piece(&meta);
@@ -1522,7 +1250,7 @@ fn probe_for(file: &File, path: &Path, meta: &std::fs::Metadata) -> Probe {
     if meta.len() == 0 {
         return Probe::HIDDEN;
     }
-    let cachestat = match sys::cached_pages(file, 0, 1) {
+    let cachestat = match os::cached_pages(file, 0, 1) {
         Ok(_) => true,
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Probe::HIDDEN,
         Err(_) if !visible_to_mincore(path, meta) => return Probe::HIDDEN,
@@ -1535,17 +1263,8 @@ fn probe_for(file: &File, path: &Path, meta: &std::fs::Metadata) -> Probe {
 }
 
 fn visible_to_mincore(path: &Path, meta: &std::fs::Metadata) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        let euid = sys::effective_uid();
-        euid == Some(0) || euid == Some(meta.uid()) || sys::may_write(path)
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (path, meta);
-        false
-    }
+    let euid = os::effective_uid();
+    euid.is_some() && (euid == Some(0) || euid == os::file_owner(meta) || os::may_write(path))
 }
 
 /// The largest `WILLNEED` the kernel honours in one call for this file: the
@@ -1554,38 +1273,9 @@ fn visible_to_mincore(path: &Path, meta: &std::fs::Metadata) -> bool {
 /// kernel's default window, where unknown.
 fn advice_piece(meta: &std::fs::Metadata) -> u64 {
     const DEFAULT: u64 = 128 << 10;
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::fs::MetadataExt;
-        let (major, minor) = mount::split_device_number(meta.dev());
-        let read_kb = |path: String| -> Option<u64> {
-            std::fs::read_to_string(path)
-                .ok()?
-                .trim()
-                .parse::<u64>()
-                .ok()
-        };
-        let window = read_kb(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"));
-        let request = read_kb(format!(
-            "/sys/dev/block/{major}:{minor}/queue/max_sectors_kb"
-        ))
-        .or_else(|| {
-            read_kb(format!(
-                "/sys/dev/block/{major}:{minor}/../queue/max_sectors_kb"
-            ))
-        });
-        let kb = window.max(request).unwrap_or(0);
-        if kb == 0 {
-            DEFAULT
-        } else {
-            (kb << 10).max(4096)
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = meta;
-        DEFAULT
-    }
+    os::device_number(meta)
+        .and_then(os::readahead_limit)
+        .unwrap_or(DEFAULT)
 }
 
 /// The method for a file: the caller's, else the measured winner for its
@@ -1640,7 +1330,7 @@ fn initial_states(targets: &[Target], chunks: &[Chunk], available: Option<u64>) 
 struct SharedQueue {
     path: PathBuf,
     file: File,
-    words: sys::SharedWords,
+    words: os::SharedWords,
     layout: Layout,
     slot: Option<usize>,
     replaced: Option<Invalid>,
@@ -1657,17 +1347,17 @@ impl SharedQueue {
     ) -> io::Result<SharedQueue> {
         let mut replaced = None;
         for _ in 0..8 {
-            let file = open_queue_file(path)?;
-            sys::flock(&file, true)?;
-            if !names_file(path, &file) {
+            let file = os::open_private_rw(path)?;
+            os::flock(&file, true)?;
+            if !os::names_file(path, &file) {
                 continue; // replaced while we waited for the lock
             }
             let len = file.metadata()?.len();
             if len == 0 {
                 file.set_len(layout.bytes())?;
-                let words = sys::SharedWords::map(&file)?;
+                let words = os::SharedWords::map(&file)?;
                 init_words(words.words(), layout, &make(), Some(me));
-                sys::flock(&file, false)?;
+                os::flock(&file, false)?;
                 return Ok(SharedQueue {
                     path: path.to_path_buf(),
                     file,
@@ -1680,7 +1370,7 @@ impl SharedQueue {
             let verdict = if len != layout.bytes() {
                 Err(Invalid::Size)
             } else {
-                let words = sys::SharedWords::map(&file)?;
+                let words = os::SharedWords::map(&file)?;
                 match validate(words.words(), layout) {
                     Ok(()) if live_attached(words.words(), layout, &Owner::alive) == 0 => {
                         Err(Invalid::Stale)
@@ -1695,7 +1385,7 @@ impl SharedQueue {
                         w.compare_exchange(0, me.word(), Ordering::AcqRel, Ordering::Acquire)
                             .is_ok()
                     });
-                    sys::flock(&file, false)?;
+                    os::flock(&file, false)?;
                     return Ok(SharedQueue {
                         path: path.to_path_buf(),
                         file,
@@ -1722,7 +1412,7 @@ impl SharedQueue {
 
 impl Drop for SharedQueue {
     fn drop(&mut self) {
-        if sys::flock(&self.file, true).is_err() {
+        if os::flock(&self.file, true).is_err() {
             return;
         }
         let words = self.words.words();
@@ -1734,58 +1424,11 @@ impl Drop for SharedQueue {
             slot.store(word | TERMINAL, Ordering::Release);
         }
         if live_attached(words, &self.layout, &Owner::alive) == 0
-            && names_file(&self.path, &self.file)
+            && os::names_file(&self.path, &self.file)
         {
             let _ = std::fs::remove_file(&self.path);
         }
-        let _ = sys::flock(&self.file, false);
-    }
-}
-
-/// Opens (creating, empty) the queue file: never through a symlink, and
-/// only if it is this user's own regular file.
-fn open_queue_file(path: &Path) -> io::Result<File> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?;
-        let meta = file.metadata()?;
-        if !meta.is_file() || sys::effective_uid() != Some(meta.uid()) {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "the queue file belongs to another user",
-            ));
-        }
-        Ok(file)
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = path;
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-}
-
-/// Whether `path` still names the open `file`.
-fn names_file(path: &Path, file: &File) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        match (std::fs::symlink_metadata(path), file.metadata()) {
-            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-            _ => false,
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (path, file);
-        false
+        let _ = os::flock(&self.file, false);
     }
 }
 
@@ -1830,7 +1473,7 @@ fn run(targets: Vec<Target>, options: &PrefetchOptions, reason: String) -> Resul
     let rank = local_rank_of(options);
     let streams = options.streams;
     let total: u64 = targets.iter().map(|t| t.len).sum();
-    let page = sys::page_size();
+    let page = os::page_size();
     let chunk_size = effective_chunk(
         total,
         options
@@ -1874,7 +1517,7 @@ fn run(targets: Vec<Target>, options: &PrefetchOptions, reason: String) -> Resul
         key_material.extend_from_slice(&t.identity);
     }
     key_material.extend_from_slice(&chunk_size.to_le_bytes());
-    key_material.extend_from_slice(job_key(env, sys::parent_pid()).as_bytes());
+    key_material.extend_from_slice(job_key(env, os::parent_pid()).as_bytes());
     let layout = Layout {
         key: 0,
         chunk_size,
@@ -2009,20 +1652,13 @@ impl Work<'_> {
                 }
             }
         };
-        let (first, rest) = match starts.split_first() {
-            Some((first, rest)) => (*first, rest),
-            None => return,
-        };
-        std::thread::scope(|scope| {
-            for &start in rest {
-                let spawned = std::thread::Builder::new()
-                    .name("safeload-prefetch".into())
-                    .spawn_scoped(scope, move || reader(start));
-                if spawned.is_err() {
-                    break; // the others, at least this thread, drain the queue
-                }
+        if starts.is_empty() {
+            return;
+        }
+        workers::run(starts.len(), "safeload-prefetch", |i| {
+            if let Some(&start) = starts.get(i) {
+                reader(start);
             }
-            reader(first);
         });
     }
 
@@ -2280,7 +1916,7 @@ fn read_chunk(target: &Target, file: &File, chunk: Chunk, scratch: &mut Vec<u8>)
         let Some(buf) = scratch.get_mut(..len) else {
             break;
         };
-        sys::read_at_least(file, buf, 0, offset)
+        os::read_at_least(file, buf, 0, offset)
             .map_err(|(at, e)| Error::io("prefetching", &target.path, Some(at), e))?;
         offset += len as u64;
     }
@@ -2301,7 +1937,7 @@ fn advise_and_wait(
     let mut offset = chunk.offset;
     while offset < end {
         let len = piece.min(end - offset);
-        if sys::advise_willneed(&target.file, offset, len).is_err() {
+        if os::advise_willneed(&target.file, offset, len).is_err() {
             return read_chunk(target, &target.file, chunk, scratch);
         }
         offset += len;
@@ -2780,17 +2416,17 @@ mod tests {
         let t = &targets[0];
         assert!(t.probe.cachestat && t.probe.map.is_some());
         let mut scratch = Vec::new();
-        sys::evict(&t.file).unwrap();
+        os::evict(&t.file).unwrap();
         assert_eq!(t.resident_quick(0, 1 << 20, &mut scratch), Some(0));
         // All but the first page: the first sample misses, the count is exact.
         let mut buf = vec![0u8; (1 << 20) - 4096];
-        sys::read_exact_at(&t.file, &mut buf, 4096).unwrap();
+        os::read_exact_at(&t.file, &mut buf, 4096).unwrap();
         assert_eq!(
             t.resident_quick(0, 1 << 20, &mut scratch),
             Some((1 << 20) - 4096)
         );
         assert_eq!(t.landed(0, 1 << 20, &mut scratch), Some((1 << 20) - 4096));
-        sys::read_exact_at(&t.file, &mut buf[..4096], 0).unwrap();
+        os::read_exact_at(&t.file, &mut buf[..4096], 0).unwrap();
         assert_eq!(t.resident_quick(0, 1 << 20, &mut scratch), Some(1 << 20));
         assert_eq!(t.resident_total(256 << 10, &mut scratch), Some(1 << 20));
     }
@@ -2802,16 +2438,16 @@ mod tests {
         std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
         let file = File::open(&path).unwrap();
         file.sync_all().unwrap();
-        sys::evict(&file).unwrap();
+        os::evict(&file).unwrap();
         let mut buf = vec![0u8; 256 << 10];
-        sys::read_exact_at(&file, &mut buf, 512 << 10).unwrap();
+        os::read_exact_at(&file, &mut buf, 512 << 10).unwrap();
         let map = storage::map_file(&file).unwrap();
         let mut scratch = Vec::new();
-        let cached = sys::cached_pages(&file, 0, 1 << 20).unwrap();
-        let mincore = sys::mincore_pages(&map, 0, 1 << 20, &mut scratch).unwrap();
+        let cached = os::cached_pages(&file, 0, 1 << 20).unwrap();
+        let mincore = os::mincore_pages(&map, 0, 1 << 20, &mut scratch).unwrap();
         assert_eq!(cached, mincore);
-        assert!(cached >= (256 << 10) / sys::page_size(), "{cached}");
-        let in_read = sys::cached_pages(&file, 512 << 10, 256 << 10).unwrap();
-        assert_eq!(in_read, (256 << 10) / sys::page_size());
+        assert!(cached >= (256 << 10) / os::page_size(), "{cached}");
+        let in_read = os::cached_pages(&file, 512 << 10, 256 << 10).unwrap();
+        assert_eq!(in_read, (256 << 10) / os::page_size());
     }
 }

@@ -7,10 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use memmap2::Mmap;
 
-use crate::sys;
-
-/// `EINVAL`: what a filesystem answers a direct read it does not support.
-const EINVAL: i32 = 22;
+use crate::os;
+use crate::workers;
 
 /// The default chunk size. NOTE: set by the `load` benchmark (BENCHMARKS.md):
 /// large enough that per-request overhead vanishes and a FUSE mount sees
@@ -156,7 +154,7 @@ pub(crate) fn run(
         }
     };
 
-    with_workers(readers, "safeload-read", work);
+    workers::run(readers, "safeload-read", |_| work());
     match first_error.into_inner().ok().flatten() {
         Some((_, error)) => Err(error),
         None => Ok(()),
@@ -171,28 +169,6 @@ pub(crate) fn run(
 // their destinations in parallel, each its own chunk, while the reads of the
 // others are in flight; a separate pass only adds a serial phase.
 
-/// Runs `work` on `workers` threads, the calling thread being one of them,
-/// and returns when all are done. If the OS refuses a thread, the others (at
-/// least the caller) do the work: `work` must drain a shared queue.
-fn with_workers(workers: usize, name: &str, work: impl Fn() + Sync) {
-    if workers <= 1 {
-        work();
-        return;
-    }
-    let work = &work;
-    std::thread::scope(|scope| {
-        for _ in 1..workers {
-            let spawned = std::thread::Builder::new()
-                .name(name.into())
-                .spawn_scoped(scope, work);
-            if spawned.is_err() {
-                break;
-            }
-        }
-        work();
-    });
-}
-
 fn execute(job: Job<'_>) -> Result<(), (u64, io::Error)> {
     match job {
         Job::Read {
@@ -201,14 +177,14 @@ fn execute(job: Job<'_>) -> Result<(), (u64, io::Error)> {
             offset,
             dst,
             required,
-        } => match (sys::read_at_least(file, dst, required, offset), fallback) {
-            (Err((_, e)), Some(plain)) if e.raw_os_error() == Some(EINVAL) => {
-                sys::read_at_least(plain, dst, required, offset)
+        } => match (os::read_at_least(file, dst, required, offset), fallback) {
+            (Err((_, e)), Some(plain)) if e.raw_os_error() == Some(os::EINVAL) => {
+                os::read_at_least(plain, dst, required, offset)
             }
             (result, _) => result,
         },
         Job::Populate { map, offset, len } => {
-            sys::populate_read(map, offset, len).map_err(|e| (offset as u64, e))
+            os::populate_read(map, offset, len).map_err(|e| (offset as u64, e))
         }
     }
 }

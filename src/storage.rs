@@ -7,35 +7,7 @@ use std::path::{Path, PathBuf};
 use memmap2::{Mmap, MmapMut, MmapOptions};
 
 use crate::header::{Header, dtype_align};
-use crate::sys::DIRECT_ALIGN;
-
-/// How a file's bytes are held.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Strategy {
-    /// A read-only shared memory map of the file: pages come from the page
-    /// cache on first touch, and are shared with every other process mapping
-    /// the file.
-    Mmap,
-    /// The tensors' bytes read into one private, page-aligned allocation with
-    /// large positional reads; no page faults on the file afterwards.
-    Buffered,
-}
-
-impl Strategy {
-    /// `"mmap"` or `"buffered"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Strategy::Mmap => "mmap",
-            Strategy::Buffered => "buffered",
-        }
-    }
-}
-
-impl std::fmt::Display for Strategy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::os::DIRECT_ALIGN;
 
 /// The bytes of one file, shared by its tensors through an `Arc`.
 ///
@@ -80,10 +52,8 @@ pub(crate) fn map_file(file: &File) -> io::Result<Mmap> {
 /// ones are offered transparent huge pages.
 pub(crate) fn alloc_buffer(len: usize) -> io::Result<MmapMut> {
     let map = MmapMut::map_anon(len)?;
-    #[cfg(target_os = "linux")]
     if len >= 2 << 20 {
-        // A hint: without THP the kernel answers EINVAL and nothing changes.
-        let _ = map.advise(memmap2::Advice::HugePage);
+        crate::os::advise_huge_pages(&map);
     }
     Ok(map)
 }

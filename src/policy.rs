@@ -1,7 +1,111 @@
-//! The read policy: the caller's choice, the environment and the file's filesystem decide mmap or buffered, with the reason in words.
+//! Every automatic decision of a load, made from facts passed in: how each file is read, whether with direct I/O, prefetch and its method; each with a typed reason, rendered to words here.
+
+use std::fmt;
 
 use crate::mount::{Mount, MountKind};
-use crate::storage::Strategy;
+
+/// How a file's bytes are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// A read-only shared memory map of the file: pages come from the page
+    /// cache on first touch, and are shared with every other process mapping
+    /// the file.
+    Mmap,
+    /// The tensors' bytes read into one private, page-aligned allocation with
+    /// large positional reads; no page faults on the file afterwards.
+    Buffered,
+}
+
+impl Strategy {
+    /// `"mmap"` or `"buffered"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Mmap => "mmap",
+            Strategy::Buffered => "buffered",
+        }
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// NOTE: which method warms fastest (`default_method`). Measured 2026-11-29
+// on this project's 2-core VM (Linux 6.18; / is ext4 on a virtio disk with
+// read_ahead_kb 8192; the FUSE mount is safeload-testfs with 2 ms per READ
+// and read_ahead_kb 128, serving a file on that ext4), a 1 GiB file evicted
+// with posix_fadvise(DONTNEED) before every run (on the mount and the source
+// under it), arms interleaved with their order alternating by round, medians:
+//
+//     cargo run --release --example prefetch_methods -- --size-mib 1024 \
+//         --rounds 3 --streams 1,4 --dir /var/tmp
+//
+//     | filesystem | method   | streams | median s | GiB/s | runs (s)            |
+//     |------------|----------|---------|----------|-------|---------------------|
+//     | local ext4 | pread    | 1       | 1.667    | 0.60  | 1.67, 1.82, 1.63    |
+//     | local ext4 | willneed | 1       | 1.900    | 0.53  | 2.04, 1.90, 1.88    |
+//     | local ext4 | pread    | 4       | 1.987    | 0.50  | 2.22, 1.99, 1.50    |
+//     | local ext4 | willneed | 4       | 1.368    | 0.73  | 1.37, 0.56, 2.36    |
+//     | FUSE 2 ms  | pread    | 1       | 12.863   | 0.08  | 11.81, 12.86, 13.58 |
+//     | FUSE 2 ms  | willneed | 1       | 2.070    | 0.48  | 2.07, 1.66, 2.26    |
+//     | FUSE 2 ms  | pread    | 4       | 4.548    | 0.22  | 3.32, 4.55, 5.36    |
+//     | FUSE 2 ms  | willneed | 4       | 1.595    | 0.63  | 1.60, 3.22, 1.27    |
+//
+// Two more runs agreed: `--rounds 3 --streams 1,4` gave local 2.36/2.10 s
+// (pread/willneed, 1 stream) and 1.86/1.33 s (4 streams), FUSE 12.6/1.72 s
+// and 3.74/1.65 s; `--rounds 5 --streams 4` gave local 1.86/1.70 s and FUSE
+// 4.28/2.00 s. The local disk is shared with other VMs and noisy (one run
+// took 0.56 s, another 2.6 s): there the two methods are within noise of
+// each other. On FUSE, `WILLNEED` wins by 2-3x with 4 streams and 6-7x with
+// one: each call queues read-ahead requests that the kernel sends
+// asynchronously (up to `max_background` in flight), where a `pread` waits
+// on one read-ahead window at a time. `WILLNEED` also copies nothing into
+// user space, and reads exactly the range asked (no read-ahead into a chunk
+// the memory guard skips). So it is the default wherever `mincore` can show
+// the pages land; elsewhere reads are the only way to know. Kernel network
+// filesystems (NFS, Lustre, ...) could not be measured here; they share
+// FUSE's latency-bound shape, and the fallback read covers what a
+// `WILLNEED` does not bring in.
+
+/// How a chunk is brought into the page cache.
+///
+/// ```
+/// assert_eq!(safeload::PrefetchMethod::Pread.to_string(), "pread");
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PrefetchMethod {
+    /// Chosen per filesystem kind from the measurements in the source (see
+    /// the `NOTE:` in `src/prefetch.rs`).
+    #[default]
+    Auto,
+    /// Large positional reads into a reused per-reader buffer.
+    Pread,
+    /// `posix_fadvise(POSIX_FADV_WILLNEED)` over the chunk in read-ahead
+    /// sized pieces, then waiting until the pages are resident, and reading
+    /// what did not arrive. Needs residency to be visible (see
+    /// [`PrefetchReport::residency_known`]); where it is not, reads instead.
+    WillNeed,
+}
+
+impl PrefetchMethod {
+    /// `"auto"`, `"pread"` or `"willneed"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefetchMethod::Auto => "auto",
+            PrefetchMethod::Pread => "pread",
+            PrefetchMethod::WillNeed => "willneed",
+        }
+    }
+}
+
+impl fmt::Display for PrefetchMethod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// How the caller wants files read.
 ///

@@ -1,0 +1,188 @@
+//! The OS layer where there is no Linux: reads through the standard library, every hint a no-op, every Linux-only question answered "unsupported".
+
+use std::fs::{File, Metadata};
+use std::io;
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+
+use memmap2::{Mmap, MmapMut};
+
+/// Whether this platform has a mount table and filesystem magic numbers.
+pub(crate) const MOUNT_DETECTION: bool = false;
+
+fn unsupported<T>() -> io::Result<T> {
+    Err(io::Error::from(io::ErrorKind::Unsupported))
+}
+
+/// One positional read; may return fewer bytes than asked.
+pub(crate) fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::read_at(file, buf, offset)
+    }
+    #[cfg(windows)]
+    {
+        std::os::windows::fs::FileExt::seek_read(file, buf, offset)
+    }
+    #[cfg(not(any(unix, windows)))]
+    {
+        let _ = (file, buf, offset);
+        unsupported()
+    }
+}
+
+/// Opens `path` for reading, refusing anything but a regular file.
+pub(crate) fn open_regular(path: &Path) -> io::Result<File> {
+    let file = File::open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
+}
+
+/// No direct I/O here.
+pub(crate) fn open_direct(_path: &Path) -> io::Result<File> {
+    unsupported()
+}
+
+/// No populate advice here: the map stays lazy.
+pub(crate) fn populate_read(_map: &Mmap, _offset: usize, _len: usize) -> io::Result<()> {
+    Ok(())
+}
+
+/// No huge pages here.
+pub(crate) fn advise_huge_pages(_map: &MmapMut) {}
+
+/// No page-cache eviction here.
+pub(crate) fn evict(_file: &File) -> io::Result<()> {
+    Ok(())
+}
+
+/// No read-ahead advice here.
+pub(crate) fn advise_willneed(_file: &File, _offset: u64, _len: u64) -> io::Result<()> {
+    Ok(())
+}
+
+/// No read-ahead advice here.
+pub(crate) fn advise_random(_file: &File) -> io::Result<()> {
+    Ok(())
+}
+
+/// 4 KiB, the common page size.
+pub(crate) fn page_size() -> u64 {
+    4096
+}
+
+/// Residency cannot be seen here.
+pub(crate) fn cached_pages(_file: &File, _offset: u64, _len: u64) -> io::Result<u64> {
+    unsupported()
+}
+
+/// Residency cannot be seen here.
+pub(crate) fn mincore_pages(
+    _map: &Mmap,
+    _offset: usize,
+    _len: usize,
+    _vec: &mut Vec<u8>,
+) -> io::Result<u64> {
+    unsupported()
+}
+
+/// No advisory locks here.
+pub(crate) fn flock(_file: &File, _exclusive: bool) -> io::Result<()> {
+    unsupported()
+}
+
+/// Liveness cannot be asked here: every process is taken to exist.
+pub(crate) fn pid_exists(_pid: u32) -> bool {
+    true
+}
+
+/// Unknown here.
+pub(crate) fn parent_pid() -> u32 {
+    0
+}
+
+/// Unknown here.
+pub(crate) fn effective_uid() -> Option<u32> {
+    None
+}
+
+/// Unknown here.
+pub(crate) fn file_owner(_meta: &Metadata) -> Option<u32> {
+    None
+}
+
+/// Unknown here.
+pub(crate) fn file_id(_meta: &Metadata) -> Option<(u64, u64)> {
+    None
+}
+
+/// Unknown here.
+pub(crate) fn device_number(_meta: &Metadata) -> Option<u64> {
+    None
+}
+
+/// Unknown here: taken as not writable.
+pub(crate) fn may_write(_path: &Path) -> bool {
+    false
+}
+
+/// No `statfs` here.
+pub(crate) fn filesystem_magic(_path: &Path) -> io::Result<u64> {
+    unsupported()
+}
+
+/// No `fstatfs` here.
+pub(crate) fn filesystem_magic_of(_file: &File) -> io::Result<u64> {
+    unsupported()
+}
+
+/// Unknown here.
+pub(crate) fn readahead_limit(_dev: u64) -> Option<u64> {
+    None
+}
+
+/// No shared queue files here.
+pub(crate) fn open_private_rw(_path: &Path) -> io::Result<File> {
+    unsupported()
+}
+
+/// Unknown here: never the same.
+pub(crate) fn names_file(_path: &Path, _file: &File) -> bool {
+    false
+}
+
+/// No shared maps here: [`SharedWords::map`] always fails, and prefetch
+/// splits the work statically.
+pub(crate) struct SharedWords {
+    _never: (),
+}
+
+impl SharedWords {
+    /// Always unsupported here.
+    pub(crate) fn map(_file: &File) -> io::Result<SharedWords> {
+        unsupported()
+    }
+
+    /// Never reached: no value of this type is made here.
+    pub(crate) fn words(&self) -> &[AtomicU64] {
+        &[]
+    }
+}
+
+/// A path from bytes: exact on Unix, UTF-8 (lossy) elsewhere.
+pub(crate) fn path_from_bytes(bytes: Vec<u8>) -> std::path::PathBuf {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStringExt;
+        std::path::PathBuf::from(std::ffi::OsString::from_vec(bytes))
+    }
+    #[cfg(not(unix))]
+    {
+        std::path::PathBuf::from(String::from_utf8_lossy(&bytes).into_owned())
+    }
+}

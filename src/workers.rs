@@ -1,0 +1,179 @@
+//! The one bounded worker pool: threads of the crate's own for work that blocks on storage (opening files, reads, prefetch streams), each a drain of a shared queue.
+//!
+//! Blocking reads wait on a disk or a network, so they do not run in the
+//! caller's rayon pool, where a slow mount would starve the CPU work of the
+//! whole process. Every caller here hands [`run`] a closure that pulls work
+//! from a queue it shares with the other workers until the queue is empty;
+//! so when the OS refuses a thread (`EAGAIN` under `RLIMIT_NPROC` or a
+//! cgroup's `pids.max`), the threads that did start, at least the calling
+//! one, do all of the work, and the caller learns how many ran.
+
+use std::io;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crate::error::Result;
+
+/// How many workers ran a [`run`] call, and why fewer than asked.
+#[derive(Debug)]
+pub(crate) struct Started {
+    /// Workers asked for.
+    pub requested: usize,
+    /// Workers that ran, the calling thread included (at least 1).
+    pub started: usize,
+    /// Why the OS refused the first thread it refused, if any.
+    pub refused: Option<io::Error>,
+}
+
+impl Started {
+    /// "3 of 8 threads (the OS refused more: ...)" where some were refused.
+    pub(crate) fn shortfall(&self) -> Option<String> {
+        self.refused.as_ref().map(|e| {
+            format!(
+                "{} of {} threads ran, the OS refused more ({e})",
+                self.started, self.requested
+            )
+        })
+    }
+}
+
+/// Runs `work(i)` on `workers` threads, `i` in `0..workers`, the calling
+/// thread being worker 0, and returns when all are done.
+///
+/// A thread the OS refuses is not retried and no later one is asked for: the
+/// workers that run must together finish the job (every caller's `work`
+/// drains a shared queue, and worker 0 always runs).
+pub(crate) fn run(workers: usize, name: &str, work: impl Fn(usize) + Sync) -> Started {
+    let requested = workers.max(1);
+    let mut started = 1;
+    let mut refused = None;
+    if requested == 1 {
+        work(0);
+    } else {
+        let work = &work;
+        std::thread::scope(|scope| {
+            for i in 1..requested {
+                let spawned = std::thread::Builder::new()
+                    .name(name.into())
+                    .spawn_scoped(scope, move || work(i));
+                match spawned {
+                    Ok(_) => started += 1,
+                    Err(e) => {
+                        refused = Some(e);
+                        break;
+                    }
+                }
+            }
+            work(0);
+        });
+    }
+    Started {
+        requested,
+        started,
+        refused,
+    }
+}
+
+/// Runs `f` over `items` with at most `width` at once, on the pool's
+/// threads, pulling from one cursor so that uneven items keep every worker
+/// busy. Results keep the items' order; on failure, the error of the
+/// earliest failed item, and no item is started after a failure.
+pub(crate) fn map<T: Sync, R: Send>(
+    items: &[T],
+    width: usize,
+    name: &str,
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    let slots: Vec<Mutex<Option<Result<R>>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    let cursor = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let width = width.clamp(1, items.len().max(1));
+    run(width, name, |_| {
+        while !failed.load(Ordering::Relaxed) {
+            let i = cursor.fetch_add(1, Ordering::Relaxed);
+            let (Some(item), Some(slot)) = (items.get(i), slots.get(i)) else {
+                break;
+            };
+            let result = f(item);
+            if result.is_err() {
+                failed.store(true, Ordering::Relaxed);
+            }
+            if let Ok(mut slot) = slot.lock() {
+                *slot = Some(result);
+            }
+        }
+    });
+    let mut out = Vec::with_capacity(items.len());
+    for slot in slots {
+        match slot.into_inner().ok().flatten() {
+            Some(Ok(r)) => out.push(r),
+            Some(Err(e)) => return Err(e),
+            None => {} // skipped after a failure, which is returned above
+        }
+    }
+    Ok(out)
+}
+
+/// The number of workers to use by default for `width` units of work: the
+/// machine's parallelism (the current rayon pool's size when called from
+/// inside one, so that `pool.install(..)` bounds it), never more than
+/// `width`.
+///
+/// NOTE: `rayon::current_num_threads` outside a pool would create rayon's
+/// global pool, which panics when the OS refuses its threads; this asks the
+/// standard library instead.
+pub(crate) fn default_width() -> usize {
+    if rayon::current_thread_index().is_some() {
+        rayon::current_num_threads()
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{Error, ErrorKind};
+
+    #[test]
+    fn every_worker_runs_once() {
+        let seen = Mutex::new(Vec::new());
+        let started = run(4, "test", |i| seen.lock().unwrap().push(i));
+        assert_eq!(started.started, 4);
+        assert!(started.refused.is_none());
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort();
+        assert_eq!(seen, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn map_keeps_order_and_returns_the_earliest_error() {
+        let items: Vec<usize> = (0..100).collect();
+        let out = map(&items, 7, "test", |&i| Ok(i * 2)).unwrap();
+        assert_eq!(out, items.iter().map(|i| i * 2).collect::<Vec<_>>());
+
+        let err = map(&items, 1, "test", |&i| {
+            if i >= 10 {
+                Err(Error::without_path(ErrorKind::Io {
+                    operation: "testing",
+                    offset: Some(i as u64),
+                }))
+            } else {
+                Ok(i)
+            }
+        })
+        .unwrap_err();
+        assert_eq!(
+            err.kind(),
+            &ErrorKind::Io {
+                operation: "testing",
+                offset: Some(10)
+            }
+        );
+        assert!(
+            map(&[] as &[usize], 4, "test", |&i| Ok(i))
+                .unwrap()
+                .is_empty()
+        );
+    }
+}

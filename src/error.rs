@@ -24,19 +24,41 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// assert!(matches!(err.kind(), ErrorKind::Io { .. }));
 /// assert_eq!(err.path().unwrap(), std::path::Path::new("/no/such/checkpoint"));
 /// ```
+#[derive(thiserror::Error)]
+#[error(transparent)]
 pub struct Error(Box<Inner>);
 
+/// Boxed so that `Result<T, Error>` stays one pointer wide.
+#[derive(thiserror::Error, Debug)]
+#[error("{}{kind}", Prefix(path.as_deref()))]
 struct Inner {
     kind: ErrorKind,
     path: Option<PathBuf>,
+    #[source]
     source: Option<io::Error>,
 }
 
+/// `"<path>: "` where there is a path, nothing otherwise.
+struct Prefix<'a>(Option<&'a Path>);
+
+impl fmt::Display for Prefix<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(path) => write!(f, "{}: ", path.display()),
+            None => Ok(()),
+        }
+    }
+}
+
 /// What went wrong. Match on it; new kinds may be added.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// `Display` gives this layer's message, lowercase and without the path or
+/// the cause (those are [`Error`]'s).
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorKind {
     /// An I/O call failed; the `io::Error` is the [`source`](std::error::Error::source).
+    #[error("I/O error while {operation}{}", at_offset(*offset))]
     Io {
         /// What was being done: "opening", "reading", "mapping", ...
         operation: &'static str,
@@ -45,17 +67,20 @@ pub enum ErrorKind {
     },
     /// The path is a directory that holds no checkpoint this crate can pick
     /// without guessing.
+    #[error("{}", no_checkpoint(found))]
     NoCheckpoint {
         /// What the directory holds that looked relevant (safetensors files
         /// and index files), sorted; empty when it holds none.
         found: Vec<String>,
     },
     /// The file is shorter than the 8 bytes that give the header length.
+    #[error("file of {len} bytes is too small to be safetensors (at least 8 bytes)")]
     FileTooSmall {
         /// The file's length in bytes.
         len: u64,
     },
     /// The header length field exceeds the format's limit.
+    #[error("header length {len} exceeds the limit of {limit} bytes")]
     HeaderTooLarge {
         /// The header length the file claims.
         len: u64,
@@ -63,6 +88,7 @@ pub enum ErrorKind {
         limit: u64,
     },
     /// The header length field points past the end of the file.
+    #[error("header length {len} runs past the end of the {file_len}-byte file")]
     HeaderOutOfBounds {
         /// The header length the file claims.
         len: u64,
@@ -71,12 +97,14 @@ pub enum ErrorKind {
     },
     /// The header is not a valid safetensors header (not UTF-8, not JSON, bad
     /// tensor entries, inconsistent offsets, duplicate names, ...).
+    #[error("invalid safetensors header: {reason}")]
     InvalidHeader {
         /// What is wrong with it.
         reason: String,
     },
     /// The file's length is not what its header describes: it was truncated,
     /// has bytes after the tensor data, or changed while it was being read.
+    #[error("{}", size_mismatch(*expected, *actual))]
     SizeMismatch {
         /// The length the header implies.
         expected: u64,
@@ -84,6 +112,7 @@ pub enum ErrorKind {
         actual: u64,
     },
     /// The sharded index (`*.safetensors.index.json`) is malformed.
+    #[error("invalid checkpoint index: {reason}")]
     InvalidIndex {
         /// What is wrong with it.
         reason: String,
@@ -91,11 +120,13 @@ pub enum ErrorKind {
     /// The index names a shard that escapes the checkpoint directory (an
     /// absolute name, `..`, a path separator, an empty name, a NUL). It is
     /// never opened.
+    #[error("index names shard {name:?}, which is not a plain file name in the checkpoint directory")]
     UnsafeShardName {
         /// The name as written in the index.
         name: String,
     },
     /// The index maps a tensor to a shard whose header lacks it.
+    #[error("index maps tensor {tensor:?} to shard {shard:?}, which does not contain it")]
     TensorNotInShard {
         /// The tensor's name.
         tensor: String,
@@ -103,6 +134,7 @@ pub enum ErrorKind {
         shard: String,
     },
     /// The same tensor name appears in two shards, or twice in the index.
+    #[error("tensor {tensor:?} appears twice (first in {})", first.display())]
     DuplicateTensor {
         /// The tensor's name.
         tensor: String,
@@ -111,6 +143,7 @@ pub enum ErrorKind {
     },
     /// A typed view or conversion asked for a type that does not match the
     /// tensor's dtype.
+    #[error("tensor {tensor:?} has dtype {actual}, which cannot be viewed as {requested}")]
     DtypeMismatch {
         /// The tensor's name.
         tensor: String,
@@ -122,6 +155,10 @@ pub enum ErrorKind {
     /// A zero-copy view was asked of a tensor whose bytes are not aligned for
     /// its type (only possible for memory-mapped files written without
     /// alignment; the converting accessors copy instead).
+    #[error(
+        "tensor {tensor:?} is not aligned to {align} bytes in the mapped file; \
+         load buffered or use a converting accessor"
+    )]
     Misaligned {
         /// The tensor's name.
         tensor: String,
@@ -130,6 +167,7 @@ pub enum ErrorKind {
     },
     /// A buffered read would need more memory than the machine (or the
     /// cgroup) has available.
+    #[error("a buffered read needs {needed} bytes but only {available} are available")]
     InsufficientMemory {
         /// Bytes the read would allocate.
         needed: u64,
@@ -137,6 +175,7 @@ pub enum ErrorKind {
         available: u64,
     },
     /// A dtype conversion between these two types is not supported.
+    #[error("cannot convert {}from {from} to {to}", of_tensor(tensor))]
     UnsupportedConversion {
         /// The tensor's name, where one is involved (empty otherwise).
         tensor: String,
@@ -146,6 +185,7 @@ pub enum ErrorKind {
         to: Dtype,
     },
     /// A destination buffer does not have the length the data needs.
+    #[error("buffer of {actual} bytes given {}where {expected} are needed", for_tensor(tensor))]
     LengthMismatch {
         /// The tensor's name, where one is involved (empty otherwise).
         tensor: String,
@@ -213,115 +253,44 @@ impl Error {
     }
 }
 
-impl fmt::Display for ErrorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ErrorKind::Io {
-                operation,
-                offset: Some(offset),
-            } => write!(f, "I/O error while {operation} at offset {offset}"),
-            ErrorKind::Io {
-                operation,
-                offset: None,
-            } => write!(f, "I/O error while {operation}"),
-            ErrorKind::NoCheckpoint { found } if found.is_empty() => write!(
-                f,
-                "no checkpoint found: expected model.safetensors, \
-                 model.safetensors.index.json or a single *.safetensors file"
-            ),
-            ErrorKind::NoCheckpoint { found } => write!(
-                f,
-                "cannot tell which checkpoint to load: expected model.safetensors, \
-                 model.safetensors.index.json or a single *.safetensors file, found {}",
-                found.join(", ")
-            ),
-            ErrorKind::FileTooSmall { len } => write!(
-                f,
-                "file of {len} bytes is too small to be safetensors (at least 8 bytes)"
-            ),
-            ErrorKind::HeaderTooLarge { len, limit } => {
-                write!(f, "header length {len} exceeds the limit of {limit} bytes")
-            }
-            ErrorKind::HeaderOutOfBounds { len, file_len } => write!(
-                f,
-                "header length {len} runs past the end of the {file_len}-byte file"
-            ),
-            ErrorKind::InvalidHeader { reason } => {
-                write!(f, "invalid safetensors header: {reason}")
-            }
-            ErrorKind::SizeMismatch { expected, actual } if actual < expected => write!(
-                f,
-                "file is truncated: the header describes {expected} bytes, the file has {actual}"
-            ),
-            ErrorKind::SizeMismatch { expected, actual } => write!(
-                f,
-                "file size mismatch: the header describes {expected} bytes, the file has {actual}"
-            ),
-            ErrorKind::InvalidIndex { reason } => write!(f, "invalid checkpoint index: {reason}"),
-            ErrorKind::UnsafeShardName { name } => write!(
-                f,
-                "index names shard {name:?}, which is not a plain file name in the checkpoint directory"
-            ),
-            ErrorKind::TensorNotInShard { tensor, shard } => write!(
-                f,
-                "index maps tensor {tensor:?} to shard {shard:?}, which does not contain it"
-            ),
-            ErrorKind::DuplicateTensor { tensor, first } => write!(
-                f,
-                "tensor {tensor:?} appears twice (first in {})",
-                first.display()
-            ),
-            ErrorKind::DtypeMismatch {
-                tensor,
-                actual,
-                requested,
-            } => write!(
-                f,
-                "tensor {tensor:?} has dtype {actual}, which cannot be viewed as {requested}"
-            ),
-            ErrorKind::Misaligned { tensor, align } => write!(
-                f,
-                "tensor {tensor:?} is not aligned to {align} bytes in the mapped file; \
-                 load buffered or use a converting accessor"
-            ),
-            ErrorKind::InsufficientMemory { needed, available } => write!(
-                f,
-                "a buffered read needs {needed} bytes but only {available} are available"
-            ),
-            ErrorKind::UnsupportedConversion { tensor, from, to } if tensor.is_empty() => {
-                write!(f, "cannot convert {from} to {to}")
-            }
-            ErrorKind::UnsupportedConversion { tensor, from, to } => {
-                write!(f, "cannot convert tensor {tensor:?} from {from} to {to}")
-            }
-            ErrorKind::LengthMismatch {
-                tensor,
-                expected,
-                actual,
-            } if tensor.is_empty() => {
-                write!(
-                    f,
-                    "buffer of {actual} bytes given where {expected} are needed"
-                )
-            }
-            ErrorKind::LengthMismatch {
-                tensor,
-                expected,
-                actual,
-            } => write!(
-                f,
-                "buffer of {actual} bytes given for tensor {tensor:?}, which needs {expected}"
-            ),
-        }
+fn at_offset(offset: Option<u64>) -> String {
+    offset.map(|o| format!(" at offset {o}")).unwrap_or_default()
+}
+
+fn no_checkpoint(found: &[String]) -> String {
+    const EXPECTED: &str =
+        "expected model.safetensors, model.safetensors.index.json or a single *.safetensors file";
+    if found.is_empty() {
+        format!("no checkpoint found: {EXPECTED}")
+    } else {
+        format!(
+            "cannot tell which checkpoint to load: {EXPECTED}, found {}",
+            found.join(", ")
+        )
     }
 }
 
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0.path {
-            Some(path) => write!(f, "{}: {}", path.display(), self.0.kind),
-            None => fmt::Display::fmt(&self.0.kind, f),
-        }
+fn size_mismatch(expected: u64, actual: u64) -> String {
+    if actual < expected {
+        format!("file is truncated: the header describes {expected} bytes, the file has {actual}")
+    } else {
+        format!("file size mismatch: the header describes {expected} bytes, the file has {actual}")
+    }
+}
+
+fn of_tensor(tensor: &str) -> String {
+    if tensor.is_empty() {
+        String::new()
+    } else {
+        format!("tensor {tensor:?} ")
+    }
+}
+
+fn for_tensor(tensor: &str) -> String {
+    if tensor.is_empty() {
+        String::new()
+    } else {
+        format!("for tensor {tensor:?} ")
     }
 }
 
@@ -332,14 +301,5 @@ impl fmt::Debug for Error {
             .field("path", &self.0.path)
             .field("source", &self.0.source)
             .finish()
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0
-            .source
-            .as_ref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }

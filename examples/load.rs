@@ -142,7 +142,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         loader = loader.io_concurrency(io);
     }
     if let Some(mib) = args.chunk_mib {
-        loader = loader.chunk_size(mib << 20);
+        loader = loader.read_size(mib << 20);
     }
     let start = Instant::now();
     let sd = loader.load(&path)?;

@@ -120,7 +120,9 @@ pub enum ErrorKind {
     /// The index names a shard that escapes the checkpoint directory (an
     /// absolute name, `..`, a path separator, an empty name, a NUL). It is
     /// never opened.
-    #[error("index names shard {name:?}, which is not a plain file name in the checkpoint directory")]
+    #[error(
+        "index names shard {name:?}, which is not a plain file name in the checkpoint directory"
+    )]
     UnsafeShardName {
         /// The name as written in the index.
         name: String,
@@ -185,7 +187,10 @@ pub enum ErrorKind {
         to: Dtype,
     },
     /// A destination buffer does not have the length the data needs.
-    #[error("buffer of {actual} bytes given {}where {expected} are needed", for_tensor(tensor))]
+    #[error(
+        "buffer of {actual} bytes given {}where {expected} are needed",
+        for_tensor(tensor)
+    )]
     LengthMismatch {
         /// The tensor's name, where one is involved (empty otherwise).
         tensor: String,
@@ -254,7 +259,9 @@ impl Error {
 }
 
 fn at_offset(offset: Option<u64>) -> String {
-    offset.map(|o| format!(" at offset {o}")).unwrap_or_default()
+    offset
+        .map(|o| format!(" at offset {o}"))
+        .unwrap_or_default()
 }
 
 fn no_checkpoint(found: &[String]) -> String {

@@ -163,14 +163,13 @@
 
 mod checkpoint;
 mod error;
-mod header;
-mod loader;
+mod format;
+mod load;
 mod memory;
 pub mod mount;
 mod os;
 mod policy;
 mod prefetch;
-mod read;
 mod report;
 mod state_dict;
 mod storage;
@@ -180,8 +179,8 @@ mod workers;
 use std::path::Path;
 
 pub use error::{Error, ErrorKind, Result};
-pub use header::MAX_HEADER_LEN;
-pub use loader::Loader;
+pub use format::header::MAX_HEADER_LEN;
+pub use load::Loader;
 pub use mount::{MountKind, is_on_hf_mount};
 pub use policy::{DISABLE_MMAP_ENV, PrefetchMethod, ReadMode, Strategy};
 pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchOptions, prefetch};
@@ -199,7 +198,7 @@ pub use tensor::{Element, Tensor};
 /// `Loader::new().disable_mmap(..).load(path)`.
 pub fn load_state_dict(path: impl AsRef<Path>, disable_mmap: Option<bool>) -> Result<StateDict> {
     Loader::new()
-        .read_mode_opt(disable_mmap.map(|d| ReadMode::from_disable_mmap(Some(d))))
+        .read_mode(ReadMode::from_disable_mmap(disable_mmap))
         .load(path)
 }
 

@@ -78,11 +78,11 @@ use memmap2::Mmap;
 
 use crate::checkpoint;
 use crate::error::{Error, Result};
+use crate::load::DEFAULT_READ_SIZE as DEFAULT_CHUNK;
 use crate::memory;
 use crate::mount::{self, Mount, MountKind, MountTable};
 use crate::os;
 use crate::policy::{self, PrefetchMethod};
-use crate::read::DEFAULT_CHUNK;
 use crate::report::{PrefetchReport, human_bytes};
 use crate::storage;
 use crate::workers;

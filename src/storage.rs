@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{Mmap, MmapMut, MmapOptions};
 
-use crate::header::{Header, dtype_align};
+use crate::format::header::{Header, dtype_align};
 use crate::os::DIRECT_ALIGN;
 
 /// The bytes of one file, shared by its tensors through an `Arc`.
@@ -172,7 +172,7 @@ impl BufferLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::header::TensorEntry;
+    use crate::format::header::TensorEntry;
     use safetensors::Dtype;
 
     fn header(data_start: u64, tensors: &[(Dtype, u64, u64)]) -> Header {

@@ -105,7 +105,7 @@ impl Tensor {
     /// buffered loads; for mapped files, true unless the file was written
     /// without alignment.
     pub fn is_aligned(&self) -> bool {
-        let align = crate::header::dtype_align(self.dtype) as usize;
+        let align = crate::format::header::dtype_align(self.dtype) as usize;
         self.as_bytes().as_ptr() as usize % align == 0
     }
 

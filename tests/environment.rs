@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use safeload::mount::MountTable;
-use safeload::{DISABLE_MMAP_ENV, Loader, Strategy};
+use safeload::{DISABLE_MMAP_ENV, Loader, ReadMode, Strategy};
 use tempfile::tempdir;
 
 fn table(line: &str) -> MountTable {
@@ -33,6 +33,10 @@ fn environment_overrides_auto_and_the_builder_overrides_it() {
     let (s, why) = strategy(Loader::new().disable_mmap(true));
     assert_eq!(s, Strategy::Buffered, "the builder wins");
     assert!(why.contains("disable_mmap(true)"), "{why}");
+    // An explicit `ReadMode::Auto` is the same as leaving the mode unset.
+    let (s, why) = strategy(Loader::new().read_mode(ReadMode::Auto));
+    assert_eq!(s, Strategy::Mmap);
+    assert!(why.contains("SAFELOAD_DISABLE_MMAP=0"), "{why}");
 
     // SAFETY: as above.
     unsafe { std::env::set_var(DISABLE_MMAP_ENV, "1") };

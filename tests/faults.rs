@@ -44,7 +44,7 @@ fn short_reads_are_retried_until_done() {
             let sd = Loader::new()
                 .disable_mmap(true)
                 .direct_io(direct)
-                .chunk_size(chunk)
+                .read_size(chunk)
                 .load(fs.path())
                 .unwrap();
             assert_eq!(
@@ -86,7 +86,7 @@ fn eio_names_the_file_and_the_offset() {
     for chunk in [4096, 1 << 20] {
         let err = Loader::new()
             .disable_mmap(true)
-            .chunk_size(chunk)
+            .read_size(chunk)
             .load(fs.path())
             .unwrap_err();
         match err.kind() {
@@ -158,7 +158,7 @@ fn truncated_while_read_buffered_is_detected() {
     let truncation = truncate_later(source, Duration::from_millis(60));
     let err = Loader::new()
         .disable_mmap(true)
-        .chunk_size(4096)
+        .read_size(4096)
         .io_concurrency(1)
         .load(fs.path())
         .unwrap_err();
@@ -206,7 +206,7 @@ fn populating_a_map_that_lost_its_pages_is_an_error_not_sigbus() {
     let result = Loader::new()
         .disable_mmap(false)
         .populate(true)
-        .chunk_size(4096)
+        .read_size(4096)
         .io_concurrency(1)
         .load(fs.path());
     truncation.join().unwrap();

@@ -109,7 +109,7 @@ fn engine_settings_match_the_naive_reader() {
                 let sd = Loader::new()
                     .disable_mmap(true)
                     .direct_io(direct)
-                    .chunk_size(chunk_size)
+                    .read_size(chunk_size)
                     .io_concurrency(readers)
                     .threads(1 + readers % 3)
                     .load(&index)
@@ -134,7 +134,7 @@ fn engine_settings_match_the_naive_reader() {
             let sd = Loader::new()
                 .disable_mmap(false)
                 .populate(true)
-                .chunk_size(chunk_size)
+                .read_size(chunk_size)
                 .io_concurrency(readers)
                 .load(&index)
                 .unwrap();

@@ -9,8 +9,8 @@ use safetensors::Dtype;
 use safetensors::tensor::{Metadata, TensorInfo};
 use serde::Deserialize;
 
-use crate::checkpoint::UniqueKeys;
 use crate::error::ErrorKind;
+use crate::format::index::UniqueKeys;
 
 /// The largest header accepted, in bytes; the same limit as the `safetensors`
 /// crate, checked here before anything is allocated.

@@ -1,19 +1,17 @@
-//! The read engine: a load's I/O as one queue of (file, offset, length) jobs, pulled by a bounded set of readers that read each straight into its final place.
+//! The read engine: a load's I/O as one queue of (file, offset, length) jobs, pulled by a bounded set of readers that read each straight into its final place, then each buffer sealed read-only.
 
 use std::fs::File;
 use std::io;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
 
 use memmap2::Mmap;
 
-use crate::os;
+use crate::error::{Error, ErrorKind, Result};
+use crate::load::open::{Body, OpenFile, file_len, read_error, since, size_mismatch};
+use crate::os::{self, DIRECT_ALIGN};
 use crate::workers;
-
-/// The default chunk size. NOTE: set by the `load` benchmark (BENCHMARKS.md):
-/// large enough that per-request overhead vanishes and a FUSE mount sees
-/// requests in flight, small enough that readers stay balanced at the tail.
-pub(crate) const DEFAULT_CHUNK: usize = 8 << 20;
 
 /// One unit of I/O.
 pub(crate) enum Job<'a> {
@@ -159,6 +157,116 @@ pub(crate) fn run(
         Some((_, error)) => Err(error),
         None => Ok(()),
     }
+}
+
+/// Reads every buffered file, and populates mapped ones when asked, through
+/// one queue of jobs; then seals each buffer read-only and checks that no
+/// file changed size meanwhile.
+pub(crate) fn read_all(
+    opened: &mut [OpenFile],
+    readers: usize,
+    chunk: usize,
+    populate: bool,
+    clock: Instant,
+) -> Result<()> {
+    let mut jobs: Vec<Tagged<'_>> = Vec::new();
+    let mut finished: Vec<&AtomicU64> = Vec::with_capacity(opened.len());
+    for (file_index, shard) in opened.iter_mut().enumerate() {
+        let OpenFile {
+            body,
+            file,
+            direct,
+            finished_at,
+            ..
+        } = shard;
+        finished.push(&*finished_at);
+        let buffer_and_layout = match body {
+            Body::Buffered { buffer, layout } => (buffer, layout),
+            Body::Mapped(map) => {
+                if populate {
+                    split_populate(&mut jobs, file_index, map, chunk);
+                }
+                continue;
+            }
+            _ => continue,
+        };
+        let (buffer, layout) = buffer_and_layout;
+        // Direct reads need whole blocks: round the chunk down to one.
+        let source: &File = direct.as_ref().unwrap_or(file);
+        let chunk = if direct.is_some() {
+            (chunk as u64 - chunk as u64 % DIRECT_ALIGN).max(DIRECT_ALIGN) as usize
+        } else {
+            chunk
+        };
+        let mut rest: &mut [u8] = &mut buffer[..];
+        let mut at = 0u64;
+        for segment in &layout.segments {
+            let skip = usize::try_from(segment.dst - at).unwrap_or(usize::MAX);
+            let len = usize::try_from(segment.len).unwrap_or(usize::MAX);
+            let Some((_, tail)) = rest.split_at_mut_checked(skip) else {
+                break;
+            };
+            let Some((dst, tail)) = tail.split_at_mut_checked(len) else {
+                break;
+            };
+            rest = tail;
+            at = segment.dst + segment.len;
+            let required = usize::try_from(segment.required).unwrap_or(len);
+            let fallback = direct.is_some().then_some(&*file);
+            split_read(
+                &mut jobs,
+                file_index,
+                (source, fallback),
+                segment.src,
+                dst,
+                required,
+                chunk,
+            );
+        }
+    }
+    if !jobs.is_empty() {
+        let done = |file_index: usize| {
+            if let Some(f) = finished.get(file_index) {
+                f.fetch_max(since(clock), Ordering::Relaxed);
+            }
+        };
+        let result = run(jobs, readers, &done);
+        drop(finished);
+        if let Err(failure) = result {
+            let shard = opened.get(failure.file_index);
+            return Err(match shard {
+                Some(s) => read_error(
+                    failure.operation,
+                    &s.file,
+                    &s.path,
+                    s.header.file_len(),
+                    failure.offset,
+                    failure.error,
+                ),
+                None => Error::without_path(ErrorKind::Io {
+                    operation: failure.operation,
+                    offset: Some(failure.offset),
+                }),
+            });
+        }
+    }
+    for shard in opened.iter_mut() {
+        if !matches!(shard.body, Body::Buffered { .. }) {
+            continue;
+        }
+        // The file may have been truncated or grown during the read.
+        let now = file_len(&shard.file, &shard.path)?;
+        if now != shard.header.file_len() {
+            return Err(size_mismatch(&shard.path, shard.header.file_len(), now));
+        }
+        if let Body::Buffered { buffer, layout } = std::mem::replace(&mut shard.body, Body::Taken) {
+            let map = buffer
+                .make_read_only()
+                .map_err(|e| Error::io("sealing the buffer of", &shard.path, None, e))?;
+            shard.body = Body::Read { map, layout };
+        }
+    }
+    Ok(())
 }
 
 // NOTE: prefaulting fresh buffers in a parallel pass before reading into them

@@ -1,0 +1,103 @@
+//! Assembling a load's result: every selected tensor a view of its file's storage, in file order, with the merged metadata and the report.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::checkpoint::Checkpoint;
+use crate::error::Result;
+use crate::load::open::{Body, OpenFile, size_mismatch};
+use crate::report::{FileReport, LoadReport};
+use crate::state_dict::StateDict;
+use crate::storage::Storage;
+use crate::tensor::Tensor;
+
+pub(crate) fn assemble(
+    checkpoint: &Checkpoint,
+    opened: Vec<OpenFile>,
+    clock: Instant,
+    threads: usize,
+    io_concurrency: usize,
+) -> Result<StateDict> {
+    let mut tensors = Vec::new();
+    let mut by_name = HashMap::new();
+    let mut metadata = BTreeMap::new();
+    let mut files = Vec::with_capacity(opened.len());
+    for shard in opened {
+        let (map, layout) = match shard.body {
+            Body::Mapped(map) => (map, None),
+            Body::Read { map, layout } => (map, Some(layout)),
+            // `run_io` seals every buffer, or fails.
+            Body::Pending(_) | Body::Buffered { .. } | Body::Taken => continue,
+        };
+        let buffered = layout.is_some();
+        let storage = Arc::new(Storage::new(map, shard.path.clone()));
+        let mut count = 0;
+        let mut bytes = 0u64;
+        for (i, entry) in shard.header.tensors.iter().enumerate() {
+            if !shard.selected.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            let start = match &layout {
+                Some(layout) => layout.placements.get(i).copied().flatten(),
+                None => Some(shard.header.data_start + entry.start),
+            };
+            let len = entry.end - entry.start;
+            let range = start.and_then(|s| {
+                let s = usize::try_from(s).ok()?;
+                let e = s.checked_add(usize::try_from(len).ok()?)?;
+                (e <= storage.bytes().len()).then_some(s..e)
+            });
+            let Some(range) = range else {
+                return Err(size_mismatch(
+                    &shard.path,
+                    shard.header.file_len(),
+                    shard.size,
+                ));
+            };
+            by_name.insert(entry.name.clone(), tensors.len());
+            tensors.push(Tensor::new(
+                Arc::from(entry.name.as_str()),
+                entry.dtype,
+                entry.shape.clone(),
+                Arc::clone(&storage),
+                range,
+            ));
+            count += 1;
+            bytes += len;
+        }
+        if let Some(meta) = &shard.header.metadata {
+            for (k, v) in meta {
+                metadata.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        let finished = shard.finished_at.load(Ordering::Relaxed);
+        files.push(FileReport {
+            path: shard.path,
+            size: shard.size,
+            tensors: count,
+            tensor_bytes: bytes,
+            bytes_read: if buffered { bytes } else { 0 },
+            direct_io: shard.decision.direct_io(),
+            strategy: shard.decision.strategy,
+            reason: shard.decision.to_string(),
+            mount: shard.mount,
+            elapsed: Duration::from_nanos(finished.saturating_sub(shard.opened_at)),
+            metadata: shard.header.metadata,
+        });
+    }
+    Ok(StateDict {
+        tensors,
+        by_name,
+        metadata,
+        index_metadata: checkpoint.index.as_ref().and_then(|i| i.metadata.clone()),
+        report: LoadReport {
+            files,
+            elapsed: clock.elapsed(),
+            threads,
+            io_concurrency,
+            prefetch: None,
+        },
+    })
+}

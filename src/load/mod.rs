@@ -1,0 +1,351 @@
+//! `Loader`: the options of a load, and the load itself as a few plain steps — resolve, open, prefetch, fit in memory, read, assemble.
+
+mod assemble;
+pub(crate) mod engine;
+pub(crate) mod open;
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::checkpoint::{self, Checkpoint, ShardFile};
+use crate::error::{Error, ErrorKind, Result};
+use crate::memory;
+use crate::mount::MountTable;
+use crate::policy::{self, Environment, ReadMode};
+use crate::prefetch::{self, PrefetchOptions};
+use crate::state_dict::StateDict;
+use crate::workers;
+use open::{Body, Context, Filter, OpenFile};
+
+/// The default size of one read of a buffered file.
+///
+/// NOTE: set by the `load` benchmark (BENCHMARKS.md): large enough that
+/// per-request overhead vanishes and a FUSE mount sees requests in flight,
+/// small enough that readers stay balanced at the tail.
+pub(crate) const DEFAULT_READ_SIZE: usize = 8 << 20;
+
+/// Loads checkpoints; the options of a load, set as one expression.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("model.safetensors");
+/// # let data = vec![0u8; 16];
+/// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &data)?;
+/// # safetensors::serialize_to_file([("model.layers.0.w", view.clone()), ("lm_head", view)], None, &path)?;
+/// let sd = safeload::Loader::new()
+///     .disable_mmap(true)                       // read into memory; false maps; unset decides
+///     .threads(4)                               // files opened and parsed at once
+///     .filter(|name| name.starts_with("model.layers.0."))
+///     .load(&path)?;
+/// assert_eq!(sd.names().collect::<Vec<_>>(), ["model.layers.0.w"]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Threads
+///
+/// Opening files and parsing headers, buffered reads and prefetch streams
+/// block on storage, so they run on threads of the crate's own, never in the
+/// caller's rayon pool (a slow network mount must not starve the process's
+/// CPU work): [`threads`](Self::threads) files are opened at once, and
+/// [`io_concurrency`](Self::io_concurrency) reads are in flight. Where the OS
+/// refuses a thread, the threads that started (at least the calling one) do
+/// the work.
+#[derive(Clone, Default)]
+pub struct Loader {
+    mode: ReadMode,
+    threads: Option<usize>,
+    io_concurrency: Option<usize>,
+    read_size: Option<usize>,
+    filter: Option<Arc<Filter>>,
+    mount_table: Option<MountTable>,
+    populate: bool,
+    direct_io: Option<bool>,
+    memory_available: Option<u64>,
+    prefetch: Option<PrefetchOptions>,
+    local_rank: Option<(usize, usize)>,
+}
+
+impl fmt::Debug for Loader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Loader")
+            .field("mode", &self.mode)
+            .field("threads", &self.threads)
+            .field("io_concurrency", &self.io_concurrency)
+            .field("read_size", &self.read_size)
+            .field("filter", &self.filter.as_ref().map(|_| "<fn>"))
+            .field("populate", &self.populate)
+            .field("direct_io", &self.direct_io)
+            .field("memory_available", &self.memory_available)
+            .field("prefetch", &self.prefetch)
+            .field("local_rank", &self.local_rank)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Loader {
+    /// A loader with every option at its default: auto strategy, all
+    /// tensors.
+    pub fn new() -> Loader {
+        Loader::default()
+    }
+
+    /// `true` reads every file into memory ("buffered"); `false` maps every
+    /// file. Unset, each file's strategy is decided from its filesystem (and
+    /// the `SAFELOAD_DISABLE_MMAP` environment variable, which this call
+    /// overrides).
+    pub fn disable_mmap(self, disable: bool) -> Loader {
+        self.read_mode(if disable {
+            ReadMode::Buffered
+        } else {
+            ReadMode::Mmap
+        })
+    }
+
+    /// Sets the read mode. [`ReadMode::Auto`], the default, is the same as
+    /// leaving it unset: `SAFELOAD_DISABLE_MMAP` is honoured, then each
+    /// file's filesystem decides.
+    pub fn read_mode(mut self, mode: ReadMode) -> Loader {
+        self.mode = mode;
+        self
+    }
+
+    /// How many files are opened and parsed at once (default: the machine's
+    /// parallelism, or the current rayon pool's size when called from inside
+    /// one). Zero is taken as one.
+    pub fn threads(mut self, threads: usize) -> Loader {
+        self.threads = Some(threads.max(1));
+        self
+    }
+
+    /// How many reads of buffered files (and populate calls of mapped ones)
+    /// are in flight at once. Default: 12 when a file is on FUSE (enough
+    /// requests in flight to hide each one's latency, within the kernel's
+    /// default of 12 background requests per mount), 8 otherwise. Zero is
+    /// taken as one.
+    pub fn io_concurrency(mut self, readers: usize) -> Loader {
+        self.io_concurrency = Some(readers.max(1));
+        self
+    }
+
+    /// The size of one read of a buffered file (default: 8 MiB); direct
+    /// reads round it down to whole 4 KiB blocks. Values below 4 KiB are
+    /// raised to it. (Prefetch cuts files into chunks of its own size,
+    /// [`PrefetchOptions::chunk_size`].)
+    pub fn read_size(mut self, bytes: usize) -> Loader {
+        self.read_size = Some(bytes.max(4096));
+        self
+    }
+
+    /// Loads only the tensors whose name passes `keep`. A buffered load reads
+    /// only their bytes; a sharded load opens only the shards the index says
+    /// hold them.
+    pub fn filter(mut self, keep: impl Fn(&str) -> bool + Send + Sync + 'static) -> Loader {
+        self.filter = Some(Arc::new(keep));
+        self
+    }
+
+    /// Faults mapped files in eagerly, in parallel, before returning
+    /// (`MADV_POPULATE_READ`, which reports an I/O error or a truncated file
+    /// as an error instead of `SIGBUS`). Default `false`: mapped loads stay
+    /// lazy, and pages arrive when tensors are first touched.
+    pub fn populate(mut self, populate: bool) -> Loader {
+        self.populate = populate;
+        self
+    }
+
+    /// Whether buffered reads bypass the page cache with `O_DIRECT`. Unset,
+    /// the default suits the filesystem (see the crate docs). Where a file or
+    /// its filesystem refuses direct reads, plain reads are used. Direct reads
+    /// apply to files read whole; a filtered or packed file is read plainly.
+    pub fn direct_io(mut self, direct: bool) -> Loader {
+        self.direct_io = Some(direct);
+        self
+    }
+
+    /// Takes `bytes` as the memory available to buffered reads, instead of
+    /// asking the kernel (`MemAvailable`) and the cgroup (limit minus usage).
+    /// Where buffered files need more, files the auto policy would read are
+    /// mapped instead, and an explicit `disable_mmap(true)` load fails with
+    /// [`ErrorKind::InsufficientMemory`].
+    pub fn memory_available(mut self, bytes: u64) -> Loader {
+        self.memory_available = Some(bytes);
+        self
+    }
+
+    /// Warms the page cache with the files before loading them, with
+    /// `streams` readers in this process; `0` turns prefetch off, also where
+    /// the auto policy would turn it on. Overrides `SAFELOAD_PREFETCH` (and
+    /// `HF_SHARD_PREFETCH`). The job's processes on this node share the
+    /// work (see [`prefetch`](crate::prefetch())); resident chunks are not
+    /// read, and the memory guard caps what is warmed. The report says what
+    /// it did ([`LoadReport::prefetch`](crate::LoadReport::prefetch)).
+    pub fn prefetch(mut self, streams: usize) -> Loader {
+        self.prefetch = Some(self.prefetch.take().unwrap_or_default().streams(streams));
+        self
+    }
+
+    /// Prefetch as [`prefetch`](Self::prefetch), with every option of
+    /// [`PrefetchOptions`].
+    pub fn prefetch_with(mut self, options: PrefetchOptions) -> Loader {
+        self.prefetch = Some(options);
+        self
+    }
+
+    /// This process's rank among the job's processes on this node, and their
+    /// number, for prefetch, instead of the launcher's variables
+    /// (`LOCAL_RANK`/`LOCAL_WORLD_SIZE`, `SLURM_LOCALID`, ...).
+    pub fn local_rank(mut self, rank: usize, size: usize) -> Loader {
+        self.local_rank = Some((rank, size));
+        self
+    }
+
+    /// Decides filesystems from this mount table instead of the process's own
+    /// (for tests, and for reasoning about another machine's mounts).
+    pub fn mount_table(mut self, table: MountTable) -> Loader {
+        self.mount_table = Some(table);
+        self
+    }
+
+    /// Loads the checkpoint at `path`: a `.safetensors` file, a
+    /// `*.safetensors.index.json`, or a directory holding
+    /// `model.safetensors`, `model.safetensors.index.json` or exactly one
+    /// `*.safetensors` file.
+    pub fn load(&self, path: impl AsRef<Path>) -> Result<StateDict> {
+        let path = path.as_ref();
+        let clock = Instant::now();
+        let env = Environment::from_process();
+        let checkpoint = checkpoint::resolve(path)?;
+        let shards = self.shards_to_open(&checkpoint);
+        let (mode, origin) = policy::effective_mode(self.mode, &env);
+        let table = match &self.mount_table {
+            Some(table) => Some(table.clone()),
+            None => MountTable::current().ok(),
+        };
+        let threads = self.threads.unwrap_or_else(workers::default_width).max(1);
+        let ctx = Context {
+            mode,
+            origin,
+            table: table.as_ref(),
+            filter: self.filter.as_deref(),
+            direct_io: self.direct_io,
+            clock,
+        };
+
+        // 1. Open every file, parse its header, decide its strategy.
+        let mut files = workers::map(&shards, threads, "safeload-open", |shard| {
+            open::open(shard, &ctx)
+        })?;
+        let headers: Vec<_> = files
+            .iter()
+            .map(|f| (f.path.as_path(), &f.header))
+            .collect();
+        checkpoint.check_headers(&headers)?;
+
+        // 2. Warm the page cache, where asked or where the auto policy says
+        //    so (mapped files on a network filesystem), before any tensor
+        //    byte is touched.
+        let prefetched = self.prefetch_before(&files)?;
+
+        // 3. Make sure buffered files fit in memory, then allocate them.
+        self.fit_in_memory(&mut files, path)?;
+        for file in &mut files {
+            file.allocate()?;
+        }
+
+        // 4. Read every buffered file (and populate mapped ones) through one
+        //    job queue.
+        let io_concurrency = self.io_concurrency.unwrap_or_else(|| {
+            policy::default_io_concurrency(
+                files
+                    .iter()
+                    .filter_map(|f| f.mount.as_ref().map(|m| m.kind)),
+            )
+        });
+        let read_size = self.read_size.unwrap_or(DEFAULT_READ_SIZE);
+        engine::read_all(&mut files, io_concurrency, read_size, self.populate, clock)?;
+
+        // 5. Hand out tensors.
+        let mut state_dict =
+            assemble::assemble(&checkpoint, files, clock, threads, io_concurrency)?;
+        state_dict.report.prefetch = prefetched;
+        Ok(state_dict)
+    }
+
+    /// The shards a load opens: all of them, or with a filter and an index,
+    /// those the index says hold a tensor the filter keeps.
+    fn shards_to_open<'a>(&self, checkpoint: &'a Checkpoint) -> Vec<&'a ShardFile> {
+        match (&self.filter, &checkpoint.index) {
+            (Some(keep), Some(index)) => {
+                let wanted: std::collections::HashSet<&str> = index
+                    .weight_map
+                    .iter()
+                    .filter(|(tensor, _)| keep(tensor))
+                    .map(|(_, shard)| shard.as_str())
+                    .collect();
+                checkpoint
+                    .shards
+                    .iter()
+                    .filter(|s| wanted.contains(s.name.as_str()))
+                    .collect()
+            }
+            _ => checkpoint.shards.iter().collect(),
+        }
+    }
+
+    /// Prefetches the opened files when asked to or when the auto policy
+    /// says so; `None` when prefetch was not considered.
+    fn prefetch_before(&self, files: &[OpenFile]) -> Result<Option<crate::report::PrefetchReport>> {
+        let handed: Vec<prefetch::LoadFile<'_>> = files
+            .iter()
+            .map(|f| prefetch::LoadFile {
+                path: &f.path,
+                canonical: &f.canonical,
+                file: &f.file,
+                mount: f.mount.as_ref(),
+                mapped: matches!(f.body, Body::Mapped(_)),
+            })
+            .collect();
+        prefetch::before_load(
+            &handed,
+            &prefetch::LoadRequest {
+                caller: self.prefetch.as_ref(),
+                local_rank: self.local_rank,
+                memory_available: self.memory_available,
+            },
+        )
+    }
+
+    /// The memory guard: buffered files that do not fit in the memory
+    /// available are mapped instead where the auto policy chose buffered;
+    /// where the caller asked for buffered, the load fails with the numbers
+    /// instead of meeting the OOM killer.
+    fn fit_in_memory(&self, files: &mut [OpenFile], checkpoint: &Path) -> Result<()> {
+        // Asking the kernel and the cgroup costs more than a small mapped load.
+        let any_pending = files.iter().any(|f| f.pending_bytes() > 0);
+        let available = self
+            .memory_available
+            .or_else(|| any_pending.then(memory::available).flatten());
+        let Some(available) = available else {
+            return Ok(());
+        };
+        let pending: Vec<(u64, bool)> = files
+            .iter()
+            .map(|f| (f.pending_bytes(), f.decision.switchable()))
+            .collect();
+        let verdict = policy::memory_guard(&pending, Some(available));
+        for (file, map) in files.iter_mut().zip(verdict.map_instead) {
+            if map {
+                file.map_instead(verdict.needed, available);
+            }
+        }
+        let still: u64 = files.iter().map(OpenFile::pending_bytes).sum();
+        policy::memory_fits(still, Some(available)).map_err(|(needed, available)| {
+            Error::new(
+                ErrorKind::InsufficientMemory { needed, available },
+                checkpoint,
+            )
+        })
+    }
+}

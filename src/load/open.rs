@@ -1,0 +1,257 @@
+//! Opening one file of a load: its descriptor, its header read and checked, its mount looked up, and how it will be read (a checked map, or a buffer layout, with or without direct I/O).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use memmap2::{Mmap, MmapMut};
+
+use crate::checkpoint::ShardFile;
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::header::{self, Header, PREFIX_LEN};
+use crate::mount::{self, Mount, MountTable};
+use crate::os;
+use crate::policy::{self, Direct, FileDecision, Origin, ReadMode, Strategy};
+use crate::storage::{self, BufferLayout};
+
+/// A filter on tensor names.
+pub(crate) type Filter = dyn Fn(&str) -> bool + Send + Sync;
+
+/// What the opening of every file of a load shares.
+pub(crate) struct Context<'a> {
+    pub mode: ReadMode,
+    pub origin: Origin,
+    pub table: Option<&'a MountTable>,
+    pub filter: Option<&'a Filter>,
+    pub direct_io: Option<bool>,
+    pub clock: Instant,
+}
+
+/// A file whose header is parsed and whose strategy is decided.
+pub(crate) struct OpenFile {
+    pub path: PathBuf,
+    /// `path` with symlinks resolved (the path itself where that fails).
+    pub canonical: PathBuf,
+    pub file: File,
+    /// A second descriptor opened with `O_DIRECT`, for buffered reads that
+    /// use it.
+    pub direct: Option<File>,
+    pub size: u64,
+    pub header: Header,
+    /// Per tensor of the header: whether the filter keeps it.
+    pub selected: Vec<bool>,
+    pub decision: FileDecision,
+    pub mount: Option<Mount>,
+    pub body: Body,
+    /// Nanoseconds since the load started: when the file was opened, and
+    /// when its last byte arrived.
+    pub opened_at: u64,
+    pub finished_at: AtomicU64,
+}
+
+/// The bytes of a file, as a load goes on.
+pub(crate) enum Body {
+    /// The file's own map.
+    Mapped(Mmap),
+    /// To be read into a buffer laid out so.
+    Pending(BufferLayout),
+    /// A buffer to be filled by the read engine.
+    Buffered {
+        buffer: MmapMut,
+        layout: BufferLayout,
+    },
+    /// A filled buffer made read-only.
+    Read { map: Mmap, layout: BufferLayout },
+    /// Moved out while changing state.
+    Taken,
+}
+
+impl OpenFile {
+    /// Bytes a buffered read of this file still has to allocate.
+    pub(crate) fn pending_bytes(&self) -> u64 {
+        match &self.body {
+            Body::Pending(layout) => layout.len,
+            _ => 0,
+        }
+    }
+
+    /// Maps the file instead of reading it, as the memory guard decided;
+    /// `false` (and nothing changes) where the map is refused.
+    pub(crate) fn map_instead(&mut self, needed: u64, available: u64) -> bool {
+        match map_checked(&self.file, &self.path, &self.header) {
+            Ok(map) => {
+                self.body = Body::Mapped(map);
+                self.direct = None;
+                self.decision.memory_guard(needed, available);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Allocates the buffer of a pending file.
+    pub(crate) fn allocate(&mut self) -> Result<()> {
+        let Body::Pending(layout) = &self.body else {
+            return Ok(());
+        };
+        let len = usize::try_from(layout.len).unwrap_or(usize::MAX);
+        let buffer = storage::alloc_buffer(len)
+            .map_err(|e| Error::io("allocating a buffer for", &self.path, None, e))?;
+        if let Body::Pending(layout) = std::mem::replace(&mut self.body, Body::Taken) {
+            self.body = Body::Buffered { buffer, layout };
+        }
+        Ok(())
+    }
+}
+
+/// Nanoseconds since `clock`, saturating.
+pub(crate) fn since(clock: Instant) -> u64 {
+    u64::try_from(clock.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Opens one shard: reads and checks its header, looks up its mount, decides
+/// how to read it, and maps it or lays out its buffer.
+pub(crate) fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenFile> {
+    let path = &shard.path;
+    let opened_at = since(ctx.clock);
+    let file = os::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
+    let size = file_len(&file, path)?;
+    let header = read_header(&file, path, size)?;
+
+    let selected: Vec<bool> = header
+        .tensors
+        .iter()
+        .map(|t| ctx.filter.is_none_or(|keep| keep(&t.name)))
+        .collect();
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+    let mount = ctx
+        .table
+        .and_then(|table| mount::lookup_file_in(table, &file, &canonical).ok());
+    let mut decision = policy::choose(ctx.mode, ctx.origin, mount.as_ref());
+
+    let body = match decision.strategy {
+        Strategy::Mmap => match map_checked(&file, path, &header) {
+            Ok(map) => Body::Mapped(map),
+            Err(MapError::Checked(e)) => return Err(e),
+            Err(MapError::Refused(e)) => {
+                // Some FUSE filesystems refuse mmap (ENODEV); reading works.
+                decision.mmap_refused(&e);
+                Body::Pending(BufferLayout::for_file(&header, &selected))
+            }
+        },
+        Strategy::Buffered => Body::Pending(BufferLayout::for_file(&header, &selected)),
+    };
+
+    let mut direct = None;
+    if let Body::Pending(layout) = &body {
+        // Direct reads skip the page cache: a win for a file that is not
+        // there, a loss for one that is (it would be read from storage again).
+        let kind = mount.as_ref().map(|m| m.kind);
+        if policy::wants_direct_io(ctx.direct_io, kind, layout.image, || {
+            mostly_cached(&file, size)
+        }) {
+            match os::open_direct(path) {
+                Ok(file) => {
+                    direct = Some(file);
+                    decision.set_direct(Direct::On);
+                }
+                Err(e) => decision.set_direct(Direct::Refused(e.to_string())),
+            }
+        }
+    }
+    let finished_at = AtomicU64::new(since(ctx.clock));
+    Ok(OpenFile {
+        path: path.clone(),
+        canonical,
+        file,
+        direct,
+        size,
+        header,
+        selected,
+        decision,
+        mount,
+        body,
+        opened_at,
+        finished_at,
+    })
+}
+
+/// Whether at least half of a file's pages are in the page cache (by
+/// `cachestat(2)`); false where that cannot be told.
+fn mostly_cached(file: &File, size: u64) -> bool {
+    let pages = size.div_ceil(os::page_size());
+    os::cached_pages(file, 0, 0).is_ok_and(|cached| cached.saturating_mul(2) >= pages)
+}
+
+enum MapError {
+    /// The map was made but the file is not what its header says.
+    Checked(Error),
+    /// The filesystem refused the map.
+    Refused(std::io::Error),
+}
+
+/// Maps a file and checks the map's length against the header, before any
+/// tensor can be handed out.
+fn map_checked(file: &File, path: &Path, header: &Header) -> std::result::Result<Mmap, MapError> {
+    let map = storage::map_file(file).map_err(MapError::Refused)?;
+    let mapped = map.len() as u64;
+    if mapped != header.file_len() {
+        // The file changed between fstat and mmap.
+        return Err(MapError::Checked(size_mismatch(
+            path,
+            header.file_len(),
+            mapped,
+        )));
+    }
+    Ok(map)
+}
+
+/// The length of an open file, by `fstat`.
+pub(crate) fn file_len(file: &File, path: &Path) -> Result<u64> {
+    Ok(file
+        .metadata()
+        .map_err(|e| Error::io("reading metadata of", path, None, e))?
+        .len())
+}
+
+pub(crate) fn size_mismatch(path: &Path, expected: u64, actual: u64) -> Error {
+    Error::new(ErrorKind::SizeMismatch { expected, actual }, path)
+}
+
+/// Reads the 8-byte length, checks it against the limit and the file size,
+/// then reads and parses exactly that many bytes of header.
+fn read_header(file: &File, path: &Path, size: u64) -> Result<Header> {
+    if size < PREFIX_LEN {
+        return Err(Error::new(ErrorKind::FileTooSmall { len: size }, path));
+    }
+    let mut prefix = [0u8; PREFIX_LEN as usize];
+    os::read_exact_at(file, &mut prefix, 0)
+        .map_err(|(at, e)| read_error("reading", file, path, size, at, e))?;
+    let len = header::header_len(&prefix, size).map_err(|kind| Error::new(kind, path))?;
+    // Bounded by the limit and by the file's size, both checked above.
+    let mut json = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    os::read_exact_at(file, &mut json, PREFIX_LEN)
+        .map_err(|(at, e)| read_error("reading", file, path, size, at, e))?;
+    header::parse(&json, size).map_err(|kind| Error::new(kind, path))
+}
+
+/// The error of a failed read (`operation` says of what); a read that ended
+/// early means the file shrank, which is reported as such.
+pub(crate) fn read_error(
+    operation: &'static str,
+    file: &File,
+    path: &Path,
+    expected: u64,
+    offset: u64,
+    error: std::io::Error,
+) -> Error {
+    if error.kind() == std::io::ErrorKind::UnexpectedEof {
+        if let Ok(actual) = file_len(file, path) {
+            if actual < expected {
+                return size_mismatch(path, expected, actual);
+            }
+        }
+    }
+    Error::io(operation, path, Some(offset), error)
+}

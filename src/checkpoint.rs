@@ -1,14 +1,15 @@
 //! A path to the checkpoint's files: a `.safetensors` file, an index, or a directory resolved to its shard files, and the shards' headers checked against the index.
 
 use std::collections::{BTreeSet, HashMap};
-
-use crate::format::header::Header;
-use std::fs;
-use std::io::Read;
+use std::fs::{self, File};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::format::header::Header;
 use crate::format::index::{Index, is_plain_file_name, parse_index};
+use crate::os;
 
 /// The file name of a single-file checkpoint in a directory.
 pub(crate) const SINGLE_FILE: &str = "model.safetensors";
@@ -38,6 +39,11 @@ pub(crate) struct Checkpoint {
     pub index: Option<Index>,
     /// The index file's path, for a sharded checkpoint.
     pub index_path: Option<PathBuf>,
+    /// The checkpoint directory, opened once: the index and every shard are
+    /// opened through it, so that one load sees one revision even while a
+    /// symlink on the way to it (`current -> snapshots/<rev>`) is flipped.
+    /// `None` for a single file named by its own path.
+    dir: Option<Arc<os::Dir>>,
 }
 
 /// Resolves `path` (a `.safetensors` file, an index, or a directory holding one
@@ -45,10 +51,16 @@ pub(crate) struct Checkpoint {
 pub(crate) fn resolve(path: &Path) -> Result<Checkpoint> {
     let meta = fs::metadata(path).map_err(|e| Error::io("reading metadata of", path, None, e))?;
     if meta.is_dir() {
-        return resolve_dir(path);
+        let dir = os::Dir::open(path).map_err(|e| Error::io("opening", path, None, e))?;
+        return resolve_dir(path, Arc::new(dir));
     }
-    if is_index_name(path) {
-        return resolve_index(path);
+    if let Some(index_name) = index_name(path) {
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let dir = os::Dir::open(parent).map_err(|e| Error::io("opening", parent, None, e))?;
+        return resolve_index(parent, Arc::new(dir), index_name);
     }
     let name = path
         .file_name()
@@ -61,57 +73,74 @@ pub(crate) fn resolve(path: &Path) -> Result<Checkpoint> {
         }],
         index: None,
         index_path: None,
+        dir: None,
     })
 }
 
-fn is_index_name(path: &Path) -> bool {
+/// The file name of an index (`*.safetensors.index.json`), if `path` names one.
+fn index_name(path: &Path) -> Option<&str> {
     path.file_name()
         .and_then(|n| n.to_str())
-        .is_some_and(|n| n.ends_with(".safetensors.index.json"))
+        .filter(|n| n.ends_with(".safetensors.index.json"))
 }
 
-fn resolve_dir(dir: &Path) -> Result<Checkpoint> {
+fn resolve_dir(path: &Path, dir: Arc<os::Dir>) -> Result<Checkpoint> {
     // The same order of preference as the Hugging Face loaders: the single
     // file first, then the index.
-    let single = dir.join(SINGLE_FILE);
-    if single.is_file() {
-        return resolve(&single);
+    if dir.is_file(SINGLE_FILE) {
+        return Ok(single_in(path, dir, SINGLE_FILE));
     }
-    let index = dir.join(INDEX_FILE);
-    if index.is_file() {
-        return resolve_index(&index);
+    if dir.is_file(INDEX_FILE) {
+        return resolve_index(path, dir, INDEX_FILE);
     }
-    let entries = fs::read_dir(dir).map_err(|e| Error::io("listing", dir, None, e))?;
+    let names = dir
+        .names()
+        .map_err(|e| Error::io("listing", path, None, e))?;
     let mut safetensors = BTreeSet::new();
     let mut indexes = BTreeSet::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::io("listing", dir, None, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
+    for name in names {
         if name.ends_with(".safetensors.index.json") {
             indexes.insert(name);
-        } else if name.ends_with(".safetensors") && entry.path().is_file() {
+        } else if name.ends_with(".safetensors") && dir.is_file(&name) {
             safetensors.insert(name);
         }
     }
     if indexes.is_empty() && safetensors.len() == 1 {
         if let Some(name) = safetensors.first() {
-            return resolve(&dir.join(name));
+            return Ok(single_in(path, dir, name));
         }
     }
     if indexes.len() == 1 && safetensors.len() > 1 {
         if let Some(name) = indexes.first() {
-            return resolve_index(&dir.join(name));
+            return resolve_index(path, dir, name);
         }
     }
     let found = indexes.into_iter().chain(safetensors).collect();
-    Err(Error::new(ErrorKind::NoCheckpoint { found }, dir))
+    Err(Error::new(ErrorKind::NoCheckpoint { found }, path))
 }
 
-fn resolve_index(index_path: &Path) -> Result<Checkpoint> {
-    let bytes = read_capped(index_path, MAX_INDEX_BYTES)?;
+/// The single file `name` of the directory at `path`.
+fn single_in(path: &Path, dir: Arc<os::Dir>, name: &str) -> Checkpoint {
+    Checkpoint {
+        shards: vec![ShardFile {
+            name: name.to_string(),
+            path: path.join(name),
+        }],
+        index: None,
+        index_path: None,
+        dir: Some(dir),
+    }
+}
+
+fn resolve_index(dir_path: &Path, dir: Arc<os::Dir>, name: &str) -> Result<Checkpoint> {
+    let index_path = dir_path.join(name);
+    let index_path = index_path.as_path();
+    let file = dir
+        .open_regular(name)
+        .map_err(|e| Error::io("opening", index_path, None, e))?;
+    let bytes = read_capped(&file, index_path, MAX_INDEX_BYTES)?;
     let index = parse_index(&bytes)
         .map_err(|reason| Error::new(ErrorKind::InvalidIndex { reason }, index_path))?;
-    let dir = index_path.parent().unwrap_or(Path::new("."));
 
     let mut seen_tensors: HashMap<&str, ()> = HashMap::with_capacity(index.weight_map.len());
     let mut names = BTreeSet::new();
@@ -139,17 +168,37 @@ fn resolve_index(index_path: &Path) -> Result<Checkpoint> {
         .into_iter()
         .map(|name| ShardFile {
             name: name.to_string(),
-            path: dir.join(name),
+            path: dir_path.join(name),
         })
         .collect();
     Ok(Checkpoint {
         shards,
         index: Some(index),
         index_path: Some(index_path.to_path_buf()),
+        dir: Some(dir),
     })
 }
 
 impl Checkpoint {
+    /// Opens a shard for reading: through the checkpoint directory opened at
+    /// resolution, or by its own path for a single file.
+    pub(crate) fn open(&self, shard: &ShardFile) -> io::Result<File> {
+        match &self.dir {
+            Some(dir) => dir.open_regular(&shard.name),
+            None => os::open_regular(&shard.path),
+        }
+    }
+
+    /// Opens the index file (when there is one) through the same directory,
+    /// for callers that need its descriptor (eviction).
+    pub(crate) fn open_index(&self) -> Option<io::Result<File>> {
+        let name = self.index_path.as_deref()?.file_name()?.to_str()?;
+        Some(match &self.dir {
+            Some(dir) => dir.open_regular(name),
+            None => os::open_regular(self.index_path.as_deref()?),
+        })
+    }
+
     /// Refuses a checkpoint whose opened shards (path, parsed header) disagree
     /// with each other or with the index: a tensor in two shards, or an index
     /// entry whose shard lacks it. Shards not opened (a filter needs nothing
@@ -209,9 +258,9 @@ impl Checkpoint {
 }
 
 /// Reads a whole small file, refusing one larger than `limit` before
-/// allocating for it.
-fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>> {
-    let file = crate::os::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
+/// allocating for it; a file that ends before the length `fstat` gave (it
+/// shrank while read) is a truncated file, not bad JSON.
+fn read_capped(file: &File, path: &Path, limit: u64) -> Result<Vec<u8>> {
     let len = file
         .metadata()
         .map_err(|e| Error::io("reading metadata of", path, None, e))?
@@ -229,5 +278,15 @@ fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>> {
     file.take(limit)
         .read_to_end(&mut bytes)
         .map_err(|e| Error::io("reading", path, None, e))?;
+    let read = bytes.len() as u64;
+    if read < len {
+        return Err(Error::new(
+            ErrorKind::SizeMismatch {
+                expected: len,
+                actual: read,
+            },
+            path,
+        ));
+    }
     Ok(bytes)
 }

@@ -208,14 +208,17 @@ pub fn load_state_dict(path: impl AsRef<Path>, disable_mmap: Option<bool>) -> Re
 /// no-op off Linux.
 pub fn evict(path: impl AsRef<Path>) -> Result<()> {
     let checkpoint = checkpoint::resolve(path.as_ref())?;
-    let files = checkpoint
+    let shards = checkpoint
         .shards
         .iter()
-        .map(|s| s.path.clone())
-        .chain(checkpoint.index_path);
-    for path in files {
-        let file = os::open_regular(&path).map_err(|e| Error::io("opening", &path, None, e))?;
-        os::evict(&file).map_err(|e| Error::io("evicting from the page cache", &path, None, e))?;
+        .map(|s| (s.path.as_path(), checkpoint.open(s)));
+    let index = checkpoint
+        .index_path
+        .as_deref()
+        .zip(checkpoint.open_index());
+    for (path, file) in shards.chain(index) {
+        let file = file.map_err(|e| Error::io("opening", path, None, e))?;
+        os::evict(&file).map_err(|e| Error::io("evicting from the page cache", path, None, e))?;
     }
     Ok(())
 }

@@ -225,6 +225,7 @@ impl Loader {
         };
         let threads = self.threads.unwrap_or_else(workers::default_width).max(1);
         let ctx = Context {
+            checkpoint: &checkpoint,
             mode,
             origin,
             table: table.as_ref(),

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use memmap2::{Mmap, MmapMut};
 
-use crate::checkpoint::ShardFile;
+use crate::checkpoint::{Checkpoint, ShardFile};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::header::{self, Header, PREFIX_LEN};
 use crate::mount::{self, Mount, MountTable};
@@ -20,6 +20,7 @@ pub(crate) type Filter = dyn Fn(&str) -> bool + Send + Sync;
 
 /// What the opening of every file of a load shares.
 pub(crate) struct Context<'a> {
+    pub checkpoint: &'a Checkpoint,
     pub mode: ReadMode,
     pub origin: Origin,
     pub table: Option<&'a MountTable>,
@@ -115,7 +116,10 @@ pub(crate) fn since(clock: Instant) -> u64 {
 pub(crate) fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenFile> {
     let path = &shard.path;
     let opened_at = since(ctx.clock);
-    let file = os::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
+    let file = ctx
+        .checkpoint
+        .open(shard)
+        .map_err(|e| Error::io("opening", path, None, e))?;
     let size = file_len(&file, path)?;
     let header = read_header(&file, path, size)?;
 
@@ -124,7 +128,11 @@ pub(crate) fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenFile> {
         .iter()
         .map(|t| ctx.filter.is_none_or(|keep| keep(&t.name)))
         .collect();
-    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+    // The file as opened, symlinks resolved then (a Hugging Face cache
+    // snapshot links every file into `blobs/`, maybe on another mount).
+    let canonical = os::path_of(&file)
+        .or_else(|| std::fs::canonicalize(path).ok())
+        .unwrap_or_else(|| path.clone());
     let mount = ctx
         .table
         .and_then(|table| mount::lookup_file_in(table, &file, &canonical).ok());
@@ -151,7 +159,8 @@ pub(crate) fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenFile> {
         if policy::wants_direct_io(ctx.direct_io, kind, layout.image, || {
             mostly_cached(&file, size)
         }) {
-            match os::open_direct(path) {
+            // The same open file again, never whatever the path names now.
+            match os::reopen_direct(&file, path) {
                 Ok(file) => {
                     direct = Some(file);
                     decision.set_direct(Direct::On);

@@ -36,14 +36,6 @@ pub(crate) fn open_regular(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
-/// Opens `path` for direct I/O (`O_DIRECT`, bypassing the page cache).
-pub(crate) fn open_direct(path: &Path) -> io::Result<File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags((OFlags::DIRECT | OFlags::NONBLOCK).bits() as i32)
-        .open(path)
-}
-
 /// Faults `len` bytes of a file map in at `offset` with
 /// `MADV_POPULATE_READ` (Linux 5.14+, see madvise(2)), which reports an I/O
 /// error or a truncated file as an error instead of raising `SIGBUS`. Where
@@ -369,4 +361,100 @@ impl SharedWords {
 pub(crate) fn path_from_bytes(bytes: Vec<u8>) -> std::path::PathBuf {
     use std::os::unix::ffi::OsStringExt;
     std::path::PathBuf::from(std::ffi::OsString::from_vec(bytes))
+}
+
+/// A directory opened once: files opened through it come from the directory
+/// it was when opened, whatever happens to the path that named it (a
+/// `current -> snapshots/<rev>` symlink flipped to another revision).
+#[derive(Debug)]
+pub(crate) struct Dir {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Dir {
+    /// Opens the directory at `path` (following symlinks, once).
+    pub(crate) fn open(path: &Path) -> io::Result<Dir> {
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        Ok(Dir { fd })
+    }
+
+    /// Opens `name` in this directory for reading, refusing anything but a
+    /// regular file, without blocking (as [`open_regular`]).
+    pub(crate) fn open_regular(&self, name: &str) -> io::Result<File> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        let file = File::from(fd);
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        Ok(file)
+    }
+
+    /// Whether `name` in this directory is a regular file (after symlinks).
+    pub(crate) fn is_file(&self, name: &str) -> bool {
+        rustix::fs::statat(&self.fd, name, AtFlags::empty()).is_ok_and(|stat| {
+            rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile
+        })
+    }
+
+    /// The names of the entries, `.` and `..` left out.
+    pub(crate) fn names(&self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in rustix::fs::Dir::read_from(&self.fd)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name != "." && name != ".." {
+                names.push(name);
+            }
+        }
+        Ok(names)
+    }
+}
+
+/// A second descriptor of the same open file, with `O_DIRECT`: reopened
+/// through `/proc/self/fd` (the open file itself, not whatever its path
+/// names now), else by `path`; either way checked to be the same file
+/// (device and inode), so that a file replaced by `rename` between the two
+/// opens is never read half from each version.
+pub(crate) fn reopen_direct(file: &File, path: &Path) -> io::Result<File> {
+    use std::os::fd::AsRawFd;
+    let flags = (OFlags::DIRECT | OFlags::NONBLOCK | OFlags::CLOEXEC).bits() as i32;
+    let open = |p: &Path| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(flags)
+            .open(p)
+    };
+    let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let direct = match open(Path::new(&proc_path)) {
+        Ok(direct) => direct,
+        // No /proc (a sandbox): the path, checked below.
+        Err(e) if e.raw_os_error() != Some(super::EINVAL) => open(path)?,
+        Err(e) => return Err(e),
+    };
+    let (a, b) = (file.metadata()?, direct.metadata()?);
+    if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
+        return Err(io::Error::other(
+            "the path now names another file (replaced during the load)",
+        ));
+    }
+    Ok(direct)
+}
+
+/// The path of an open file, as the kernel knows it (`/proc/self/fd`):
+/// symlinks resolved at the time it was opened, whatever they name now.
+pub(crate) fn path_of(file: &File) -> Option<std::path::PathBuf> {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
 }

@@ -43,11 +43,6 @@ pub(crate) fn open_regular(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
-/// No direct I/O here.
-pub(crate) fn open_direct(_path: &Path) -> io::Result<File> {
-    unsupported()
-}
-
 /// No populate advice here: the map stays lazy.
 pub(crate) fn populate_read(_map: &Mmap, _offset: usize, _len: usize) -> io::Result<()> {
     Ok(())
@@ -185,4 +180,53 @@ pub(crate) fn path_from_bytes(bytes: Vec<u8>) -> std::path::PathBuf {
     {
         std::path::PathBuf::from(String::from_utf8_lossy(&bytes).into_owned())
     }
+}
+
+/// A directory resolved once (its canonical path): files opened through it
+/// come from that directory, though a symlink flipped between the opens of
+/// a load can still be seen where there is no `openat`.
+#[derive(Debug)]
+pub(crate) struct Dir {
+    path: std::path::PathBuf,
+}
+
+impl Dir {
+    /// Resolves the directory at `path`.
+    pub(crate) fn open(path: &Path) -> io::Result<Dir> {
+        let path = std::fs::canonicalize(path)?;
+        if !path.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a directory",
+            ));
+        }
+        Ok(Dir { path })
+    }
+
+    /// Opens `name` in this directory, refusing anything but a regular file.
+    pub(crate) fn open_regular(&self, name: &str) -> io::Result<File> {
+        open_regular(&self.path.join(name))
+    }
+
+    /// Whether `name` in this directory is a regular file.
+    pub(crate) fn is_file(&self, name: &str) -> bool {
+        self.path.join(name).is_file()
+    }
+
+    /// The names of the entries.
+    pub(crate) fn names(&self) -> io::Result<Vec<String>> {
+        std::fs::read_dir(&self.path)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect()
+    }
+}
+
+/// No direct I/O here.
+pub(crate) fn reopen_direct(_file: &File, _path: &Path) -> io::Result<File> {
+    unsupported()
+}
+
+/// Unknown here.
+pub(crate) fn path_of(_file: &File) -> Option<std::path::PathBuf> {
+    None
 }

@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
+#[path = "../tests/common/random.rs"]
+mod random;
+
 /// The arms run by default.
 const DEFAULT_ARMS: [&str; 12] = [
     "limit",
@@ -51,6 +54,23 @@ const EXTRA_ARMS: [&str; 3] = [
 const SCENARIOS: [&str; 5] = ["warm", "cold", "fuse", "fuse-serial", "cold-3ranks"];
 /// Local ranks in the multi-process scenario.
 const RANKS: usize = 3;
+/// The version of the bytes `generate` writes, part of the cached
+/// checkpoint's directory name: bump it when they change, so that a
+/// checkpoint cached by an earlier version is written again instead of being
+/// measured as the current one. Version 1 (directories named without a
+/// version) was one xorshift stream over all tensors, a 64-bit word per step;
+/// version 2 fills each tensor with `random::bytes_for` of its name.
+const DATA_VERSION: u32 = 2;
+
+fn usage() -> String {
+    format!(
+        "usage: cargo bench --bench load -- [--size-gib 2] [--shards 8] [--rounds 3] \
+         [--scenarios a,b,..] [--arms a,b,..] [--checksum-threads 4] [--limit-threads 8] \
+         [--dir bench-data] [--json bench-data/load.json] [--timeout 600]\n\
+         scenarios: {SCENARIOS:?} (all by default)\n\
+         arms: {DEFAULT_ARMS:?} by default, and {EXTRA_ARMS:?}"
+    )
+}
 
 struct Options {
     size_gib: f64,
@@ -99,7 +119,11 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
             "--dir" => o.dir = PathBuf::from(value()?),
             "--json" => o.json = PathBuf::from(value()?),
             "--bench" => {} // passed by `cargo bench`
-            other => return Err(format!("unknown argument {other}")),
+            "-h" | "--help" => {
+                println!("{}", usage());
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other}\n{}", usage())),
         }
     }
     for s in &o.scenarios {
@@ -139,9 +163,10 @@ fn main() {
 
 /// Writes `shards` files of about `size / shards` bytes each, with BF16 and
 /// F32 tensors of a few sizes (uneven shards: the last is half as large), and
-/// the index. Kept between runs, keyed by size and shard count.
+/// the index. Kept between runs, keyed by size, shard count and
+/// `DATA_VERSION`.
 fn generate(dir: &Path, size: u64, shards: usize) -> std::io::Result<PathBuf> {
-    let root = dir.join(format!("ckpt-{}mib-{}", size >> 20, shards));
+    let root = dir.join(format!("ckpt-{}mib-{}-v{DATA_VERSION}", size >> 20, shards));
     let index = root.join("model.safetensors.index.json");
     if index.exists() {
         return Ok(root);
@@ -149,7 +174,6 @@ fn generate(dir: &Path, size: u64, shards: usize) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(&root)?;
     let per_shard = size / shards as u64;
     let mut weight_map = serde_json::Map::new();
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
     for s in 0..shards {
         let name = format!("model-{:05}-of-{:05}.safetensors", s + 1, shards);
         let target = if s + 1 == shards {
@@ -170,14 +194,9 @@ fn generate(dir: &Path, size: u64, shards: usize) -> std::io::Result<PathBuf> {
             };
             let cols = 4096;
             let len = rows * cols * dtype.bitsize() / 8;
-            let mut data = vec![0u8; len];
-            for word in data.chunks_exact_mut(8) {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                word.copy_from_slice(&state.to_le_bytes());
-            }
-            tensors.push((format!("layers.{s}.t{i}"), dtype, vec![rows, cols], data));
+            let tensor = format!("layers.{s}.t{i}");
+            let data = random::bytes_for(&tensor, len);
+            tensors.push((tensor, dtype, vec![rows, cols], data));
             bytes += len as u64;
             i += 1;
         }

@@ -778,6 +778,7 @@ fn one_tensor_physically_in_two_shards() {
             first: dir.path().join("a.safetensors")
         }
     );
+    assert_eq!(err.tensor(), Some("x"));
 }
 
 /// Names that leave the checkpoint directory are refused before anything is
@@ -806,6 +807,7 @@ fn index_names_a_shard_outside_the_directory() {
         "sub\\inner.safetensors",
         "",
         "a.safetensors\0",
+        "a\0b",
         "\0",
         ".",
         "..",
@@ -863,6 +865,23 @@ fn index_names_a_directory() {
             std::io::ErrorKind::InvalidInput | std::io::ErrorKind::IsADirectory
         ),
         "{err:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// A path that names nothing: an I/O error naming it, the cause in `source()`.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn checkpoint_path_that_does_not_exist() {
+    let dir = tempdir().unwrap();
+    let path = dir.path().join("absent.safetensors");
+    let err = refused(&path, &path);
+    assert!(matches!(err.kind(), ErrorKind::Io { .. }), "{err:?}");
+    assert_eq!(err.io_error().unwrap().kind(), std::io::ErrorKind::NotFound);
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the io::Error is the source: {err:?}"
     );
 }
 

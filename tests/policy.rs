@@ -1,6 +1,7 @@
 //! The auto policy from injected mount tables (no FUSE needed), and the memory
 //! guard. The environment override has its own test binary
-//! (`tests/environment.rs`), since every load reads the environment.
+//! (`tests/environment.rs`), since every load reads the environment; the
+//! policy on a real FUSE mount is in `tests/fuse_policy.rs`.
 
 mod common;
 

@@ -1,6 +1,18 @@
 //! Builders of checkpoints in temporary directories, written with the
 //! `safetensors` crate's own serializer, and a naive reference loader.
+//!
+//! Every test binary includes this module (`mod common;`) and uses what it
+//! needs of it; the submodules serve the few that need more:
+//! `random` (the bytes of every generated tensor, shared with the
+//! benchmarks), `residency` (page-cache residency by `mincore(2)`) and
+//! `child` (the test binary run again as a child process).
 #![allow(dead_code)]
+
+#[cfg(unix)]
+pub mod residency;
+
+pub mod child;
+pub mod random;
 
 use std::collections::HashMap;
 use std::fs;
@@ -8,6 +20,8 @@ use std::path::{Path, PathBuf};
 
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
+
+pub use random::bytes_for;
 
 /// One tensor to write.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,21 +58,8 @@ pub const ALL_DTYPES: [Dtype; 22] = [
     Dtype::U64,
 ];
 
-/// Deterministic bytes that differ by name and position.
-pub fn bytes_for(name: &str, len: usize) -> Vec<u8> {
-    let mut state = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    });
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
-
+/// A tensor `name` of `dtype` and `shape`, its bytes `bytes_for(name, ..)`
+/// (for BOOL, each byte's lowest bit, so that every value is 0 or 1).
 pub fn spec(name: &str, dtype: Dtype, shape: &[usize]) -> Spec {
     let bits: usize = shape.iter().product::<usize>() * dtype.bitsize();
     assert_eq!(bits % 8, 0, "{name}: whole bytes");
@@ -147,6 +148,7 @@ pub fn shard_name(i: usize, n: usize) -> String {
     format!("model-{:05}-of-{:05}.safetensors", i + 1, n)
 }
 
+/// Writes `index` as `model.safetensors.index.json` in `dir`. Returns its path.
 pub fn write_index(dir: &Path, index: serde_json::Value) -> PathBuf {
     let path = dir.join("model.safetensors.index.json");
     fs::write(&path, serde_json::to_vec_pretty(&index).unwrap()).unwrap();
@@ -160,6 +162,39 @@ pub fn write_raw(path: &Path, header: &str, data: &[u8]) {
     bytes.extend_from_slice(header.as_bytes());
     bytes.extend_from_slice(data);
     fs::write(path, bytes).unwrap();
+}
+
+/// A sharded checkpoint of about 3.3 MiB in three shards of uneven size, none
+/// a whole number of pages, for the prefetch tests. Returns the index path.
+pub fn write_uneven_shards(dir: &Path) -> PathBuf {
+    let specs = [
+        spec("a", Dtype::U8, &[1_500_001]),
+        spec("b", Dtype::U8, &[700_003]),
+        spec("c", Dtype::U8, &[900_007]),
+        spec("d", Dtype::U8, &[123_457]),
+        spec("e", Dtype::F32, &[12_345]),
+    ];
+    write_sharded(dir, &specs, 3)
+}
+
+/// The chunk size the prefetch tests use: small, so that the few MiB of
+/// `write_uneven_shards` make many chunks.
+pub const PREFETCH_CHUNK: usize = 128 << 10;
+
+/// The `*.safetensors` files directly in `dir`, sorted.
+pub fn shards_of(dir: &Path) -> Vec<PathBuf> {
+    let mut shards: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    shards.sort();
+    shards
+}
+
+/// The sizes of `files` added up.
+pub fn total_size(files: &[PathBuf]) -> u64 {
+    files.iter().map(|f| fs::metadata(f).unwrap().len()).sum()
 }
 
 /// The naive reference: read the whole file, parse it with the `safetensors`

@@ -245,26 +245,3 @@ fn an_ordinary_load_through_faulty_mounts_still_chooses_buffered() {
     let sd = Loader::new().load(fs.path()).unwrap();
     assert_eq!(sd.report().files()[0].strategy(), Strategy::Buffered);
 }
-
-#[test]
-fn many_threads_load_one_checkpoint_at_once() {
-    let dir = tempdir().unwrap();
-    let specs = every_dtype();
-    let index = write_sharded(dir.path(), &specs, 3);
-    let expected = sorted(&specs);
-    std::thread::scope(|scope| {
-        for t in 0..8 {
-            let (index, expected) = (&index, &expected);
-            scope.spawn(move || {
-                for round in 0..4 {
-                    let sd = Loader::new()
-                        .disable_mmap((t + round) % 2 == 0)
-                        .io_concurrency(1 + t % 3)
-                        .load(index)
-                        .unwrap();
-                    assert_eq!(&loaded(&sd), expected);
-                }
-            });
-        }
-    });
-}

@@ -2,6 +2,9 @@
 //! hf-mount and other FUSE mounts buffered, says why, and loads the same tensors
 //! as from local disk. Needs root and /dev/fuse: skipped (loudly) where they are
 //! missing, a failure under `SAFELOAD_REQUIRE_FUSE=1` (as in CI).
+//!
+//! The policy for every kind of filesystem, from injected mount tables:
+//! `tests/policy.rs`.
 
 mod common;
 

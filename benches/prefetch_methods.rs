@@ -5,9 +5,12 @@
 //! arms interleaved (their order alternates by round), medians of the rounds.
 //!
 //! ```text
-//! cargo run --release --example prefetch_methods -- [--size-mib 1024] [--rounds 3]
+//! cargo bench --bench prefetch_methods -- [--size-mib 1024] [--rounds 3]
 //!     [--streams 4] [--dir /var/tmp] [--latency-ms 2]
 //! ```
+//!
+//! `--dir` defaults to the temporary directory, which is a tmpfs on many
+//! systems, where nothing can be evicted: give a directory on the disk.
 //!
 //! It ends with the cost of prefetch on a warm file (everything already in
 //! the page cache) against a warm mapped load that faults every page in.
@@ -20,6 +23,12 @@ use std::time::{Duration, Instant};
 
 use safeload::{PrefetchMethod, PrefetchOptions, prefetch};
 use safeload_testfs::{Mount, Options, fuse_available};
+
+#[path = "../tests/common/random.rs"]
+mod random;
+
+const USAGE: &str = "usage: cargo bench --bench prefetch_methods -- [--size-mib 1024] [--rounds 3] \
+     [--streams 4] [--dir DIR] [--latency-ms 2]";
 
 struct Args {
     size_mib: u64,
@@ -39,7 +48,18 @@ fn args() -> Args {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            // What `cargo bench` passes to a bench without the test harness.
+            "--bench" => continue,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            _ => {}
+        }
+        let value = it
+            .next()
+            .unwrap_or_else(|| panic!("{flag} needs a value\n{USAGE}"));
         match flag.as_str() {
             "--size-mib" => args.size_mib = value.parse().expect("a number"),
             "--rounds" => args.rounds = value.parse().expect("a number"),
@@ -51,7 +71,7 @@ fn args() -> Args {
             }
             "--dir" => args.dir = PathBuf::from(value),
             "--latency-ms" => args.latency_ms = value.parse().expect("a number"),
-            other => panic!("unknown flag {other}"),
+            other => panic!("unknown flag {other}\n{USAGE}"),
         }
     }
     args
@@ -80,7 +100,10 @@ fn write_checkpoint(dir: &Path, size: u64) -> PathBuf {
     file.write_all(&(header.len() as u64).to_le_bytes())
         .unwrap();
     file.write_all(header.as_bytes()).unwrap();
-    let block: Vec<u8> = (0..8 << 20).map(|i| (i * 31 % 251) as u8).collect();
+    // 8 MiB of the tensor's bytes, repeated to the file's size: the page
+    // cache does not care what they are, and a byte per generator step for
+    // the whole file would add seconds to every run.
+    let block = random::bytes_for("w", 8 << 20);
     let mut left = data_len;
     while left > 0 {
         let n = left.min(block.len() as u64) as usize;

@@ -1,17 +1,16 @@
-//! The filesystem: a read-only passthrough of a source directory, with reads served by a
-//! bounded pool of worker threads where latency, short reads and `EIO` are injected.
+//! The filesystem: a read-only passthrough of a source directory whose `READ`s go to the
+//! worker pool ([`crate::pool`]); everything else is answered here, on the session thread.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::{File, Metadata};
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -21,16 +20,11 @@ use fuser::{
     ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
+use crate::pool::{Pool, ReadJob};
 use crate::{Options, Shared};
 
 /// How long the kernel may cache names and attributes.
 const TTL: Duration = Duration::from_secs(1);
-/// Read workers when `max_concurrent_reads` is `None`.
-const DEFAULT_READ_WORKERS: usize = 64;
-/// Asynchronous requests (readahead) the kernel keeps in flight; fuser's default is 16.
-const MAX_BACKGROUND: u16 = 64;
-/// Read workers only copy between a file and a buffer.
-const WORKER_STACK: usize = 256 * 1024;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -47,6 +41,8 @@ pub(crate) struct TestFs {
     dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
     next_fh: AtomicU64,
     pool: Arc<Pool>,
+    /// Asked for in `INIT`; see [`Options::max_background`].
+    max_background: u16,
 }
 
 /// Node ids (the inode numbers the mount shows) and the source paths behind them.
@@ -74,6 +70,8 @@ impl Inodes {
 struct OpenFile {
     file: Arc<File>,
     path: Arc<Path>,
+    /// Its size at open, for the fetch blocks past the end (none).
+    len: u64,
     direct_io: bool,
 }
 
@@ -91,14 +89,11 @@ impl TestFs {
             ids: HashMap::new(),
         };
         inodes.id(&md, Path::new(""));
-        let workers = options
-            .max_concurrent_reads
-            .unwrap_or(DEFAULT_READ_WORKERS)
-            .max(1);
         Ok(Self {
             root: root.to_owned(),
             direct_io: options.direct_io,
-            pool: Arc::new(Pool::new(workers, options.latency, Arc::clone(&shared))),
+            pool: Pool::start(options, Arc::clone(&shared))?,
+            max_background: options.effective_max_background(),
             shared,
             inodes: Mutex::new(inodes),
             files: Mutex::new(HashMap::new()),
@@ -208,9 +203,12 @@ fn attr(ino: u64, md: &Metadata) -> FileAttr {
 
 impl Filesystem for TestFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        // Errors here only say the kernel wants a different value; the defaults then stay.
-        let _ = config.set_max_background(MAX_BACKGROUND);
-        let _ = config.set_congestion_threshold(MAX_BACKGROUND / 4 * 3);
+        // Errors here only say the value is 0 (rejected before mounting); the defaults then
+        // stay. The kernel takes any u16 from a daemon with CAP_SYS_ADMIN, and caps others at
+        // /sys/module/fuse/parameters/max_user_bgreq and max_user_congthresh
+        // (fs/fuse/inode.c, process_init_limits).
+        let _ = config.set_max_background(self.max_background);
+        let _ = config.set_congestion_threshold((self.max_background / 4 * 3).max(1));
         // Without it, mmap(MAP_SHARED) of a file opened with FOPEN_DIRECT_IO fails (ENODEV).
         if config
             .capabilities()
@@ -252,9 +250,10 @@ impl Filesystem for TestFs {
         }
         let result = self.path(ino).and_then(|path| {
             let file = File::open(self.source(&path))?;
-            Ok((path, file))
+            let len = file.metadata()?.len();
+            Ok((path, file, len))
         });
-        let (path, file) = match result {
+        let (path, file, len) = match result {
             Ok(opened) => opened,
             Err(e) => return reply.error(e),
         };
@@ -265,6 +264,7 @@ impl Filesystem for TestFs {
             OpenFile {
                 file: Arc::new(file),
                 path,
+                len,
                 direct_io,
             },
         );
@@ -288,14 +288,15 @@ impl Filesystem for TestFs {
         reply: ReplyData,
     ) {
         let job = match lock(&self.files).get(&fh.0) {
-            Some(open) => ReadJob {
-                file: Arc::clone(&open.file),
-                path: Arc::clone(&open.path),
-                direct_io: open.direct_io,
+            Some(open) => ReadJob::new(
+                Arc::clone(&open.file),
+                Arc::clone(&open.path),
+                open.len,
+                open.direct_io,
                 offset,
                 size,
                 reply,
-            },
+            ),
             None => return reply.error(Errno::EBADF),
         };
         self.pool.submit(job);
@@ -558,153 +559,4 @@ fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
     // SAFETY: statvfs succeeded and filled `st`; it was all zeroes before, a valid value of
     // this plain C struct, in any field it might have left alone.
     Ok(unsafe { st.assume_init() })
-}
-
-/// One `READ` request on its way to a worker.
-struct ReadJob {
-    file: Arc<File>,
-    path: Arc<Path>,
-    direct_io: bool,
-    offset: u64,
-    size: u32,
-    reply: ReplyData,
-}
-
-/// Worker threads serving `READ`s, at most `limit` at once, spawned as the load needs them.
-/// Dropping a job (a worker panic, a closed pool) answers `EIO`, through `ReplyData`'s drop.
-struct Pool {
-    state: Mutex<PoolState>,
-    wake: Condvar,
-    limit: usize,
-    latency: Option<Duration>,
-    shared: Arc<Shared>,
-}
-
-struct PoolState {
-    queue: VecDeque<ReadJob>,
-    /// Workers alive.
-    workers: usize,
-    /// Workers waiting for a job.
-    idle: usize,
-    closed: bool,
-}
-
-impl Pool {
-    fn new(limit: usize, latency: Option<Duration>, shared: Arc<Shared>) -> Self {
-        Self {
-            state: Mutex::new(PoolState {
-                queue: VecDeque::new(),
-                workers: 0,
-                idle: 0,
-                closed: false,
-            }),
-            wake: Condvar::new(),
-            limit,
-            latency,
-            shared,
-        }
-    }
-
-    fn submit(self: &Arc<Self>, job: ReadJob) {
-        let mut state = lock(&self.state);
-        state.queue.push_back(job);
-        if state.queue.len() > state.idle && state.workers < self.limit {
-            let pool = Arc::clone(self);
-            let spawned = thread::Builder::new()
-                .name("safeload-testfs-read".to_owned())
-                .stack_size(WORKER_STACK)
-                .spawn(move || pool.work());
-            match spawned {
-                Ok(_) => state.workers += 1,
-                Err(e) => {
-                    eprintln!("safeload-testfs: cannot start a read worker: {e}");
-                    if state.workers == 0 {
-                        // Nobody would ever serve them: answer EIO.
-                        state.queue.clear();
-                    }
-                }
-            }
-        } else {
-            self.wake.notify_one();
-        }
-    }
-
-    fn close(&self) {
-        lock(&self.state).closed = true;
-        self.wake.notify_all();
-    }
-
-    fn work(&self) {
-        let mut buf = Vec::new();
-        loop {
-            let job = {
-                let mut state = lock(&self.state);
-                loop {
-                    if let Some(job) = state.queue.pop_front() {
-                        break job;
-                    }
-                    if state.closed {
-                        state.workers -= 1;
-                        return;
-                    }
-                    state.idle += 1;
-                    state = self
-                        .wake
-                        .wait(state)
-                        .unwrap_or_else(PoisonError::into_inner);
-                    state.idle -= 1;
-                }
-            };
-            self.serve(job, &mut buf);
-        }
-    }
-
-    fn serve(&self, job: ReadJob, buf: &mut Vec<u8>) {
-        let s = &*self.shared;
-        s.read_requests.fetch_add(1, Ordering::Relaxed);
-        s.max_request_bytes
-            .fetch_max(u64::from(job.size), Ordering::Relaxed);
-        let in_flight = s.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        s.max_in_flight.fetch_max(in_flight, Ordering::Relaxed);
-
-        if let Some(latency) = self.latency {
-            thread::sleep(latency);
-        }
-        let result = if s.fails(&job.path, job.offset, u64::from(job.size)) {
-            Err(Errno::EIO)
-        } else {
-            let mut want = job.size as usize;
-            if job.direct_io && s.short_reads.load(Ordering::Relaxed) {
-                want = (want / 2).max(1);
-            }
-            if buf.len() < want {
-                buf.resize(want, 0);
-            }
-            read_full(&job.file, &mut buf[..want], job.offset).map_err(Errno::from)
-        };
-
-        // Served: out of flight before the answer lets the kernel send the next request.
-        s.in_flight.fetch_sub(1, Ordering::Relaxed);
-        match result {
-            Ok(n) => {
-                s.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
-                job.reply.data(&buf[..n]);
-            }
-            Err(e) => job.reply.error(e),
-        }
-    }
-}
-
-/// Positional read until `buf` is full or the file ends; the number of bytes read.
-fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }

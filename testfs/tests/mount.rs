@@ -5,7 +5,7 @@
 
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -15,17 +15,19 @@ use safeload_testfs::{Mount, Options, skip_without_fuse};
 
 const MIB: usize = 1024 * 1024;
 
-/// Deterministic, incompressible-looking bytes (xorshift), different per seed.
+/// Deterministic, incompressible-looking bytes (xorshift, eight bytes a step, so that tests
+/// can make tens of MiB quickly in debug builds), different per seed.
 fn bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
 }
 
 /// A source tree:
@@ -575,6 +577,32 @@ fn invalid_options_are_rejected() {
     )
     .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    for options in [
+        Options {
+            daemon_threads: Some(0),
+            ..Options::default()
+        },
+        Options {
+            daemon_threads: Some(4),
+            max_concurrent_reads: Some(4),
+            ..Options::default()
+        },
+        Options {
+            bandwidth_bytes_per_sec: Some(0),
+            ..Options::default()
+        },
+        Options {
+            fetch_block: 0,
+            ..Options::default()
+        },
+        Options {
+            max_background: Some(0),
+            ..Options::default()
+        },
+    ] {
+        let err = Mount::new(tree.path(), options.clone()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{options:?}");
+    }
     let err = Mount::new(&tree.path().join("missing"), Options::default()).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
     assert!(err.to_string().contains("missing"), "{err}");
@@ -628,4 +656,454 @@ fn large_directory_lists_fully() {
 fn mount_is_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Mount>();
+}
+
+/// A page-aligned buffer of `len` bytes inside `storage`: an `O_DIRECT` read into an
+/// unaligned buffer reaches the filesystem as two `READ`s, split where the buffer's pages
+/// fall, so that counts of requests would be off.
+fn aligned(storage: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    storage.resize(len + 4096, 0);
+    let start = storage.as_ptr().align_offset(4096);
+    &mut storage[start..start + len]
+}
+
+/// `clients` threads, started together, each read `per_client` chunks of 1 MiB of `path`
+/// with `O_DIRECT` (so one `READ` each, never served from the page cache), chunk
+/// `(client * per_client + k) % chunks`, and check them against `want`, the file's bytes.
+/// Returns how long they took.
+fn read_direct_chunks(
+    path: &Path,
+    want: &Arc<Vec<u8>>,
+    clients: usize,
+    per_client: usize,
+) -> Duration {
+    let chunks = want.len() / MIB;
+    let barrier = Arc::new(Barrier::new(clients + 1));
+    let threads: Vec<_> = (0..clients)
+        .map(|c| {
+            let (barrier, path, want) = (Arc::clone(&barrier), path.to_owned(), Arc::clone(want));
+            thread::spawn(move || {
+                let f = fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(path)
+                    .unwrap();
+                let mut storage = Vec::new();
+                let buf = aligned(&mut storage, MIB);
+                barrier.wait();
+                for k in 0..per_client {
+                    let chunk = (c * per_client + k) % chunks;
+                    f.read_exact_at(buf, (chunk * MIB) as u64).unwrap();
+                    assert!(buf[..] == want[chunk * MIB..][..MIB], "chunk {chunk}");
+                }
+            })
+        })
+        .collect();
+    // Taken before the readers are let go, so that no read can start before it: lower bounds
+    // on the time hold exactly.
+    let start = Instant::now();
+    barrier.wait();
+    for t in threads {
+        t.join().unwrap();
+    }
+    start.elapsed()
+}
+
+/// A source tree with `chunks.bin` of `mib` MiB; its bytes.
+fn chunks_file(tree: &Tree, mib: usize) -> Arc<Vec<u8>> {
+    let want = bytes(mib * MIB, 7);
+    fs::write(tree.path().join("chunks.bin"), &want).unwrap();
+    Arc::new(want)
+}
+
+/// The kernel's view of a FUSE connection, from the fusectl filesystem
+/// (`/sys/fs/fuse/connections/<device>/`, see the kernel's
+/// Documentation/filesystems/fuse.rst); `None` when fusectl is not mounted.
+fn connection_setting(mount: &Mount, name: &str) -> Option<u32> {
+    let dev = fs::metadata(mount.path()).unwrap().dev();
+    // The directory is named after the kernel's dev_t: major << 20 | minor.
+    let id = (libc::major(dev) << 20) | libc::minor(dev);
+    let text = fs::read_to_string(format!("/sys/fs/fuse/connections/{id}/{name}")).ok()?;
+    Some(text.trim().parse().unwrap())
+}
+
+/// With `threads` daemon threads and `latency`, `2 * threads` clients reading 1 MiB
+/// chunks see exactly `threads` requests served at once, the rest queued in the daemon, and
+/// take at least `requests / threads * latency`, less than serialized. The latency is long
+/// next to the copy of 1 MiB (under a millisecond), so that a busy machine still keeps every
+/// thread fed.
+fn check_daemon_threads(threads: usize, latency: Duration, requests: usize) {
+    let tree = Tree::new();
+    let want = chunks_file(&tree, 8);
+    let mount = Mount::new(
+        tree.path(),
+        Options {
+            latency: Some(latency),
+            daemon_threads: Some(threads),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let clients = 2 * threads;
+    let elapsed = read_direct_chunks(
+        &mount.path().join("chunks.bin"),
+        &want,
+        clients,
+        requests / clients,
+    );
+    let stats = mount.stats();
+    assert_eq!(stats.read_requests, requests as u64, "{stats:?}");
+    assert_eq!(stats.max_request_bytes, MIB as u64, "{stats:?}");
+    assert_eq!(stats.max_in_flight, threads as u64, "{stats:?}");
+    // The kernel had more requests out than there are threads: they waited in the daemon.
+    assert!(stats.max_queued > 0, "{stats:?}");
+    // Each thread serves its share one after another, each taking the latency.
+    let rounds = requests.div_ceil(threads) as u32;
+    assert!(
+        elapsed >= latency * rounds,
+        "{elapsed:?} for {rounds} rounds"
+    );
+    // `max_in_flight` shows the threads at work together; the time, loosely (the machine
+    // may be busy copying), agrees: less than one thread would take.
+    assert!(elapsed < latency * requests as u32, "{elapsed:?}");
+    // Enough asynchronous requests for every thread, and one queued behind each.
+    if let Some(max_background) = connection_setting(&mount, "max_background") {
+        assert!(max_background as usize >= 2 * threads, "{max_background}");
+    }
+}
+
+#[test]
+fn daemon_threads_8_bound_requests_in_flight() {
+    if skip_without_fuse() {
+        return;
+    }
+    check_daemon_threads(8, Duration::from_millis(20), 64);
+}
+
+#[test]
+fn daemon_threads_32_bound_requests_in_flight() {
+    if skip_without_fuse() {
+        return;
+    }
+    check_daemon_threads(32, Duration::from_millis(20), 128);
+}
+
+#[test]
+fn one_daemon_thread_serializes() {
+    if skip_without_fuse() {
+        return;
+    }
+    let tree = Tree::new();
+    let want = chunks_file(&tree, 4);
+    let latency = Duration::from_millis(5);
+    let mount = Mount::new(
+        tree.path(),
+        Options {
+            latency: Some(latency),
+            daemon_threads: Some(1),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let elapsed = read_direct_chunks(&mount.path().join("chunks.bin"), &want, 4, 4);
+    let stats = mount.stats();
+    assert_eq!(stats.max_in_flight, 1, "{stats:?}");
+    assert_eq!(stats.read_requests, 16, "{stats:?}");
+    assert!(elapsed >= latency * 16, "{elapsed:?}");
+}
+
+/// The `max_background` asked for in `INIT` is what the kernel applies (read back from
+/// fusectl, where it is mounted), twice the daemon threads by default when that is above 64.
+#[test]
+fn max_background_reaches_the_kernel() {
+    if skip_without_fuse() {
+        return;
+    }
+    let tree = Tree::new();
+    let mount = |daemon_threads, max_background| {
+        Mount::new(
+            tree.path(),
+            Options {
+                daemon_threads,
+                max_background,
+                ..Options::default()
+            },
+        )
+        .unwrap()
+    };
+    let cases = [
+        (None, None, 64),
+        (Some(32), None, 64),
+        (Some(100), None, 200),
+        (Some(8), Some(8), 8),
+        (None, Some(256), 256),
+    ];
+    for (daemon_threads, max_background, want) in cases {
+        let mount = mount(daemon_threads, max_background);
+        let Some(set) = connection_setting(&mount, "max_background") else {
+            eprintln!("SKIPPED: fusectl is not mounted at /sys/fs/fuse/connections");
+            return;
+        };
+        assert_eq!(set, want, "{daemon_threads:?} {max_background:?}");
+        assert_eq!(
+            connection_setting(&mount, "congestion_threshold"),
+            Some(want / 4 * 3)
+        );
+    }
+}
+
+/// Reads through the page cache are readahead, asynchronous requests, which the kernel holds
+/// to `max_background`: with the default for 32 threads, 32 readers keep all of them busy.
+#[test]
+fn readahead_keeps_32_daemon_threads_busy() {
+    if skip_without_fuse() {
+        return;
+    }
+    let tree = Tree::new();
+    let want = chunks_file(&tree, 8);
+    // Long enough for 32 readers to be all in, even on a busy machine.
+    let mount = Mount::new(
+        tree.path(),
+        Options {
+            latency: Some(Duration::from_millis(50)),
+            daemon_threads: Some(32),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let piece = 256 * 1024;
+    let barrier = Arc::new(Barrier::new(32));
+    let threads: Vec<_> = (0..32)
+        .map(|i| {
+            let (barrier, want) = (Arc::clone(&barrier), Arc::clone(&want));
+            let path = mount.path().join("chunks.bin");
+            thread::spawn(move || {
+                let f = File::open(path).unwrap();
+                let mut buf = vec![0; piece];
+                barrier.wait();
+                f.read_exact_at(&mut buf, (i * piece) as u64).unwrap();
+                assert!(buf[..] == want[i * piece..][..piece]);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let stats = mount.stats();
+    assert_eq!(stats.max_in_flight, 32, "{stats:?}");
+}
+
+#[test]
+fn bandwidth_caps_throughput() {
+    if skip_without_fuse() {
+        return;
+    }
+    let tree = Tree::new();
+    let want = chunks_file(&tree, 8);
+    let rate = 64 * MIB as u64;
+    let mount = Mount::new(
+        tree.path(),
+        Options {
+            daemon_threads: Some(8),
+            bandwidth_bytes_per_sec: Some(rate),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    // 32 MiB from 8 clients at once.
+    let elapsed = read_direct_chunks(&mount.path().join("chunks.bin"), &want, 8, 4);
+    let stats = mount.stats();
+    assert_eq!(stats.bytes_read, 32 * MIB as u64, "{stats:?}");
+    // The link carries 32 MiB in 0.5 s, and no answer leaves before its last byte crossed.
+    assert!(elapsed >= Duration::from_millis(500), "{elapsed:?}");
+    // And it carries about that much rather than idling (loosely: the machine may be busy).
+    assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
+}
+
+/// One 64 KiB `O_DIRECT` read at `offset`; how long it took.
+fn timed_read(f: &File, offset: u64) -> Duration {
+    let mut storage = Vec::new();
+    let buf = aligned(&mut storage, 64 * 1024);
+    let start = Instant::now();
+    f.read_exact_at(buf, offset).unwrap();
+    start.elapsed()
+}
+
+#[test]
+fn first_byte_delay_is_paid_once_per_block() {
+    if skip_without_fuse() {
+        return;
+    }
+    let tree = Tree::new();
+    fs::write(tree.path().join("blocks.bin"), bytes(8 * MIB, 3)).unwrap();
+    let delay = Duration::from_millis(60);
+    let mount = Mount::new(
+        tree.path(),
+        Options {
+            daemon_threads: Some(4),
+            first_byte_delay: Some(delay),
+            fetch_block: MIB as u64,
+            direct_io: true,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let f = File::open(mount.path().join("blocks.bin")).unwrap();
+    let block = MIB as u64;
+    for i in 0..3 {
+        assert!(timed_read(&f, i * block) >= delay, "block {i}");
+        // The rest of a fetched block is there: same count, whatever the time.
+        timed_read(&f, i * block + block / 2);
+        timed_read(&f, i * block + block - 64 * 1024);
+    }
+    let stats = mount.stats();
+    assert_eq!(stats.fetches, 3, "{stats:?}");
+    assert_eq!(stats.read_requests, 9, "{stats:?}");
+    assert_eq!(stats.joined_fetches, 0, "{stats:?}");
+    // Across blocks 2 and 3: only block 3 is fetched.
+    assert!(timed_read(&f, 3 * block - 4096) >= delay);
+    assert_eq!(mount.stats().fetches, 4);
+    let file = mount.file_stats("blocks.bin");
+    assert_eq!(file.fetches, 4, "{file:?}");
+    assert_eq!(file.read_requests, 10, "{file:?}");
+    assert_eq!(file.bytes_read, 10 * 64 * 1024, "{file:?}");
+    assert_eq!(mount.file_stats(mount.path().join("blocks.bin")), file);
+    assert_eq!(mount.file_stats("big.bin"), Default::default());
+
+    // Cold again: block 0 pays its fetch once more.
+    mount.forget_fetched();
+    assert!(timed_read(&f, 0) >= delay);
+    assert_eq!(mount.stats().fetches, 5);
+    timed_read(&f, 4096);
+    assert_eq!(mount.stats().fetches, 5);
+
+    mount.reset_stats();
+    assert_eq!(mount.stats(), safeload_testfs::Stats::default());
+    assert_eq!(mount.file_stats("blocks.bin"), Default::default());
+    // Counters reset, blocks still fetched.
+    timed_read(&f, 0);
+    assert_eq!(mount.stats().fetches, 0);
+}
+
+#[test]
+fn concurrent_readers_of_a_block_share_one_fetch() {
+    if skip_without_fuse() {
+        return;
+    }
+    let tree = Tree::new();
+    fs::write(tree.path().join("blocks.bin"), bytes(8 * MIB, 3)).unwrap();
+    let delay = Duration::from_millis(200);
+    let mount = Mount::new(
+        tree.path(),
+        Options {
+            daemon_threads: Some(2),
+            first_byte_delay: Some(delay),
+            fetch_block: 4 * MIB as u64,
+            direct_io: true,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let barrier = Arc::new(Barrier::new(9));
+    let threads: Vec<_> = (0..8u64)
+        .map(|i| {
+            let barrier = Arc::clone(&barrier);
+            let path = mount.path().join("blocks.bin");
+            thread::spawn(move || {
+                let f = File::open(path).unwrap();
+                barrier.wait();
+                // Eight places in block 1.
+                timed_read(&f, 4 * MIB as u64 + i * 256 * 1024);
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    barrier.wait();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let elapsed = start.elapsed();
+    let stats = mount.stats();
+    assert_eq!(stats.fetches, 1, "{stats:?}");
+    assert_eq!(stats.read_requests, 8, "{stats:?}");
+    // Readers that arrive during the fetch join it (usually all seven others); one the
+    // scheduler holds back past the fetch finds the block fetched. Either way, no second
+    // fetch, and all of them are done in about one delay.
+    assert!(stats.joined_fetches >= 1, "{stats:?}");
+    assert!(elapsed >= delay, "{elapsed:?}");
+    assert!(elapsed < delay * 2, "{elapsed:?}");
+}
+
+/// A request waiting for the remote leaves its daemon thread free: one thread, four cold
+/// blocks at once, and the four fetches overlap.
+#[test]
+fn fetches_in_flight_hold_no_daemon_thread() {
+    if skip_without_fuse() {
+        return;
+    }
+    let tree = Tree::new();
+    fs::write(tree.path().join("blocks.bin"), bytes(4 * MIB, 3)).unwrap();
+    let delay = Duration::from_millis(250);
+    let mount = Mount::new(
+        tree.path(),
+        Options {
+            daemon_threads: Some(1),
+            latency: Some(Duration::from_millis(1)),
+            first_byte_delay: Some(delay),
+            fetch_block: MIB as u64,
+            direct_io: true,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let barrier = Arc::new(Barrier::new(5));
+    let threads: Vec<_> = (0..4u64)
+        .map(|i| {
+            let barrier = Arc::clone(&barrier);
+            let path = mount.path().join("blocks.bin");
+            thread::spawn(move || {
+                let f = File::open(path).unwrap();
+                barrier.wait();
+                timed_read(&f, i * MIB as u64)
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    for t in threads {
+        assert!(t.join().unwrap() >= delay);
+    }
+    let elapsed = start.elapsed();
+    let stats = mount.stats();
+    assert_eq!(stats.fetches, 4, "{stats:?}");
+    assert_eq!(stats.max_in_flight, 1, "{stats:?}");
+    // Fetches one after another would take 4 delays.
+    assert!(elapsed < delay * 2, "{elapsed:?}");
+}
+
+/// Through the page cache, the kernel's readahead requests of a cold block share its fetch
+/// too, and the bytes come back unchanged.
+#[test]
+fn first_byte_delay_through_the_page_cache() {
+    if skip_without_fuse() {
+        return;
+    }
+    let tree = Tree::new();
+    let want = bytes(6 * MIB + 5, 4);
+    fs::write(tree.path().join("blocks.bin"), &want).unwrap();
+    let mount = Mount::new(
+        tree.path(),
+        Options {
+            daemon_threads: Some(8),
+            first_byte_delay: Some(Duration::from_millis(20)),
+            fetch_block: 2 * MIB as u64,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(fs::read(mount.path().join("blocks.bin")).unwrap(), want);
+    let stats = mount.stats();
+    // Blocks 0, 1, 2 and the 5 bytes of block 3.
+    assert_eq!(stats.fetches, 4, "{stats:?}");
+    assert_eq!(mount.file_stats("blocks.bin").fetches, 4);
 }

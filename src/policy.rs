@@ -40,7 +40,7 @@ impl fmt::Display for Strategy {
 // with posix_fadvise(DONTNEED) before every run (on the mount and the source
 // under it), arms interleaved with their order alternating by round, medians:
 //
-//     cargo run --release --example prefetch_methods -- --size-mib 1024 \
+//     cargo bench --bench prefetch_methods -- --size-mib 1024 \
 //         --rounds 3 --streams 1,4 --dir /var/tmp
 //
 //     | filesystem | method   | streams | median s | GiB/s | runs (s)            |

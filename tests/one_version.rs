@@ -57,10 +57,8 @@ fn versions_seen(sd: &StateDict) -> Vec<u8> {
 /// A directory on the build's own filesystem (a disk, where `O_DIRECT`
 /// works), not a tmpfs.
 fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "one-version-{name}-{}",
-        std::process::id()
-    ));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("one-version-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -118,7 +116,10 @@ fn a_file_replaced_by_rename_during_buffered_loads_never_mixes() {
             (versions_seen(&sd), direct_used)
         });
         let mixed = results.iter().filter(|(v, _)| v.len() != 1).count();
-        assert_eq!(mixed, 0, "direct_io({direct}): {mixed} of {LOADS} loads mixed two versions");
+        assert_eq!(
+            mixed, 0,
+            "direct_io({direct}): {mixed} of {LOADS} loads mixed two versions"
+        );
         if direct {
             // Otherwise the race above never met the second descriptor.
             let used = results.iter().filter(|(_, d)| *d).count();
@@ -139,7 +140,10 @@ fn write_revision(dir: &Path, marker: u8) {
             .map(|i| {
                 let tensor = format!("layer{shard}.t{i}");
                 weight_map.insert(tensor.clone(), name.clone().into());
-                (tensor, TensorView::new(Dtype::U8, vec![64 << 10], &data).unwrap())
+                (
+                    tensor,
+                    TensorView::new(Dtype::U8, vec![64 << 10], &data).unwrap(),
+                )
             })
             .collect();
         let meta = HashMap::from([("version".to_string(), format!("{marker:03}"))]);
@@ -162,7 +166,11 @@ fn a_directory_symlink_flipped_during_sharded_loads_never_mixes_revisions() {
     std::os::unix::fs::symlink("snapshots/r1", &current).unwrap();
     // An atomic flip: a new link beside the old, renamed over it.
     let publish = |round: usize| {
-        let target = if round % 2 == 0 { "snapshots/r2" } else { "snapshots/r1" };
+        let target = if round % 2 == 0 {
+            "snapshots/r2"
+        } else {
+            "snapshots/r1"
+        };
         let tmp = dir.join("current.tmp");
         let _ = std::fs::remove_file(&tmp);
         std::os::unix::fs::symlink(target, &tmp).unwrap();
@@ -172,15 +180,24 @@ fn a_directory_symlink_flipped_during_sharded_loads_never_mixes_revisions() {
         let loader = Loader::new().disable_mmap(buffered);
         let results = race(publish, || versions_seen(&loader.load(&current).unwrap()));
         let mixed = results.iter().filter(|v| v.len() != 1).count();
-        assert_eq!(mixed, 0, "disable_mmap({buffered}): {mixed} of {LOADS} loads mixed revisions");
+        assert_eq!(
+            mixed, 0,
+            "disable_mmap({buffered}): {mixed} of {LOADS} loads mixed revisions"
+        );
         // Both revisions were seen across loads: the flips did happen.
         let firsts: std::collections::HashSet<u8> = results.iter().map(|v| v[0]).collect();
-        assert_eq!(firsts.len(), 2, "the symlink never flipped during the loads");
+        assert_eq!(
+            firsts.len(),
+            2,
+            "the symlink never flipped during the loads"
+        );
     }
     // Through the index path, too.
     let index = current.join("model.safetensors.index.json");
     let started = Instant::now();
-    let results = race(publish, || versions_seen(&Loader::new().load(&index).unwrap()));
+    let results = race(publish, || {
+        versions_seen(&Loader::new().load(&index).unwrap())
+    });
     assert!(results.iter().all(|v| v.len() == 1));
     assert!(started.elapsed() < Duration::from_secs(60));
     std::fs::remove_dir_all(&dir).unwrap();

@@ -336,17 +336,24 @@ impl Loader {
             .map(|f| (f.pending_bytes(), f.decision.switchable()))
             .collect();
         let verdict = policy::memory_guard(&pending, Some(available));
-        for (file, map) in files.iter_mut().zip(verdict.map_instead) {
-            if map {
-                file.map_instead(verdict.needed, available);
+        for (file, map) in files.iter_mut().zip(&verdict.map_instead) {
+            if *map {
+                // A refused map leaves the file buffered, checked below.
+                file.map_instead(&verdict, available);
             }
         }
-        let still: u64 = files.iter().map(OpenFile::pending_bytes).sum();
-        policy::memory_fits(still, Some(available)).map_err(|(needed, available)| {
-            Error::new(
-                ErrorKind::InsufficientMemory { needed, available },
-                checkpoint,
-            )
-        })
+        let still: Vec<u64> = files
+            .iter()
+            .map(OpenFile::pending_bytes)
+            .filter(|&n| n > 0)
+            .collect();
+        policy::memory_fits(still.len(), still.iter().sum(), Some(available)).map_err(
+            |(needed, available)| {
+                Error::new(
+                    ErrorKind::InsufficientMemory { needed, available },
+                    checkpoint,
+                )
+            },
+        )
     }
 }

@@ -12,7 +12,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::format::header::{self, Header, PREFIX_LEN};
 use crate::mount::{self, Mount, MountTable};
 use crate::os;
-use crate::policy::{self, Direct, FileDecision, Origin, ReadMode, Strategy};
+use crate::policy::{self, Direct, FileDecision, MemoryVerdict, Origin, ReadMode, Strategy};
 use crate::storage::{self, BufferLayout};
 
 /// A filter on tensor names.
@@ -79,12 +79,12 @@ impl OpenFile {
 
     /// Maps the file instead of reading it, as the memory guard decided;
     /// `false` (and nothing changes) where the map is refused.
-    pub(crate) fn map_instead(&mut self, needed: u64, available: u64) -> bool {
+    pub(crate) fn map_instead(&mut self, verdict: &MemoryVerdict, available: u64) -> bool {
         match map_checked(&self.file, &self.path, &self.header) {
             Ok(map) => {
                 self.body = Body::Mapped(map);
                 self.direct = None;
-                self.decision.memory_guard(needed, available);
+                self.decision.memory_guard(verdict, available);
                 true
             }
             Err(_) => false,

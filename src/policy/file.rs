@@ -1,0 +1,517 @@
+//! The decisions about one file of a load: mapped or read, with direct I/O or not, how many reads in flight, and whether it fits in memory; with the reason in words.
+
+use std::fmt;
+
+use super::{DISABLE_MMAP_ENV, Origin, ReadMode, Strategy, describe};
+use crate::mount::{Mount, MountKind};
+use crate::report::human_bytes;
+
+/// How one file is read, and why: the rule that chose, what changed the
+/// choice afterwards, and whether direct I/O was used. Rendered to words
+/// by its `Display`, once, for the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FileDecision {
+    pub strategy: Strategy,
+    origin: Origin,
+    mode: ReadMode,
+    mount: Option<Mount>,
+    fallback: Option<Fallback>,
+    direct: Direct,
+}
+
+/// What overrode the first choice of a file's strategy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fallback {
+    /// The filesystem refused the map; the file is read instead.
+    MmapRefused(String),
+    /// Buffered reads of all the load's files would not fit in memory
+    /// (`needed`, margin included); `kept` of its `files` buffered files
+    /// are read, this one is mapped instead.
+    MemoryGuard {
+        needed: u64,
+        available: u64,
+        kept: usize,
+        files: usize,
+    },
+}
+
+/// Direct I/O for a buffered file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Direct {
+    /// Not asked for, or not applicable (mapped, or not laid out in blocks).
+    Off,
+    /// Reads bypass the page cache.
+    On,
+    /// Asked for, refused by the file or its filesystem.
+    Refused(String),
+}
+
+impl FileDecision {
+    /// Whether the memory guard may map this file instead of reading it:
+    /// only where the auto policy chose to read it.
+    pub(crate) fn switchable(&self) -> bool {
+        self.mode == ReadMode::Auto
+            && self.strategy == Strategy::Buffered
+            && self.fallback.is_none()
+    }
+
+    /// The map was refused: read the file instead.
+    pub(crate) fn mmap_refused(&mut self, error: &std::io::Error) {
+        self.strategy = Strategy::Buffered;
+        self.fallback = Some(Fallback::MmapRefused(error.to_string()));
+    }
+
+    /// The memory guard maps the file instead of reading it.
+    pub(crate) fn memory_guard(&mut self, verdict: &MemoryVerdict, available: u64) {
+        self.strategy = Strategy::Mmap;
+        self.fallback = Some(Fallback::MemoryGuard {
+            needed: verdict.needed,
+            available,
+            kept: verdict.kept,
+            files: verdict.map_instead.len(),
+        });
+        self.direct = Direct::Off;
+    }
+
+    /// Whether direct I/O was used, or why not.
+    pub(crate) fn set_direct(&mut self, direct: Direct) {
+        self.direct = direct;
+    }
+
+    /// Whether reads of this file bypass the page cache.
+    pub(crate) fn direct_io(&self) -> bool {
+        self.direct == Direct::On
+    }
+}
+
+impl fmt::Display for FileDecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.fallback {
+            Some(Fallback::MmapRefused(e)) => write!(f, "mmap failed ({e}), read instead; ")?,
+            Some(Fallback::MemoryGuard {
+                needed,
+                available,
+                kept,
+                files,
+            }) => write!(
+                f,
+                "buffered reads would need {} (margin included) but {} of memory is available, \
+                 mapped instead ({kept} of {files} files read); ",
+                human_bytes(*needed),
+                human_bytes(*available)
+            )?,
+            None => {}
+        }
+        let located = self
+            .mount
+            .as_ref()
+            .map(|m| format!(" ({})", describe(m)))
+            .unwrap_or_default();
+        match (self.mode, self.origin) {
+            (ReadMode::Auto, _) => f.write_str(&auto_reason(self.mount.as_ref()))?,
+            (mode, Origin::Environment) => write!(
+                f,
+                "{DISABLE_MMAP_ENV}={} is set{located}",
+                u8::from(mode == ReadMode::Buffered)
+            )?,
+            (mode, _) => write!(
+                f,
+                "disable_mmap({}) was requested{located}",
+                mode == ReadMode::Buffered
+            )?,
+        }
+        if let Direct::Refused(e) = &self.direct {
+            write!(f, "; O_DIRECT refused ({e})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Decides how to read one file, from the effective mode and its mount.
+pub(crate) fn choose(mode: ReadMode, origin: Origin, mount: Option<&Mount>) -> FileDecision {
+    let strategy = match mode {
+        ReadMode::Mmap => Strategy::Mmap,
+        ReadMode::Buffered => Strategy::Buffered,
+        ReadMode::Auto => match mount.map_or(MountKind::Unknown, |m| m.kind) {
+            MountKind::HfMount | MountKind::Fuse => Strategy::Buffered,
+            _ => Strategy::Mmap,
+        },
+    };
+    FileDecision {
+        strategy,
+        origin,
+        mode,
+        mount: mount.cloned(),
+        fallback: None,
+        direct: Direct::Off,
+    }
+}
+
+/// Whether a buffered file's reads bypass the page cache: the caller's
+/// choice, else the filesystem's default for a file that is not already
+/// mostly in the page cache (`mostly_cached` is asked only then). Direct
+/// reads need a buffer laid out in whole blocks (`image`).
+///
+/// NOTE: measured with `cargo bench --bench load` (BENCHMARKS.md, 2.2 GiB,
+/// medians of 3). On FUSE, page-cache reads reach the daemon as requests of
+/// at most 128 KiB (the kernel caps FUSE read-ahead) while direct reads go
+/// out as 1 MiB requests: at 2 ms per request, 3.04 s direct against 5.61 s
+/// through the page cache; serialized, 2.24 s against 12.0 s (0.62 GiB). On
+/// the local ext4 virtio disk, cold, direct reads into huge-page buffers took
+/// 1.40 s against 3.33 s. Warm files are read through the page cache (the
+/// residency check). Kernel network filesystems are not measured here, so
+/// they keep plain reads.
+pub(crate) fn wants_direct_io(
+    caller: Option<bool>,
+    kind: Option<MountKind>,
+    image: bool,
+    mostly_cached: impl FnOnce() -> bool,
+) -> bool {
+    let by_default = || {
+        matches!(
+            kind,
+            Some(MountKind::HfMount | MountKind::Fuse | MountKind::Local)
+        ) && !mostly_cached()
+    };
+    image && caller.unwrap_or_else(by_default)
+}
+
+/// Reads in flight by default, for the filesystems a load touches: FUSE
+/// needs many requests in flight to hide each one's latency (within the
+/// kernel's default of 12 background requests per mount); elsewhere 8.
+///
+/// NOTE: on the local virtio disk, 2.2 GiB buffered, 3 interleaved runs
+/// (2026-11-29): 8 readers of 8 MiB took 1.08-1.65 s cold and 0.95-1.22 s
+/// warm, 4 readers 1.47-1.68 s and 1.37-2.08 s; 16 MiB chunks were within
+/// the noise of 8 MiB.
+pub(crate) fn default_io_concurrency(kinds: impl Iterator<Item = MountKind>) -> usize {
+    kinds
+        .map(|kind| match kind {
+            MountKind::HfMount | MountKind::Fuse => 12,
+            _ => 8,
+        })
+        .max()
+        .unwrap_or(8)
+}
+
+/// Memory a load keeps free beyond the bytes its buffers take, for
+/// `files` buffered files of `bytes` in all: what the process itself needs
+/// meanwhile (headers, reader threads, page tables of the buffers, what other
+/// threads allocate), so that the guard's answer is a fallback or
+/// [`InsufficientMemory`](crate::ErrorKind::InsufficientMemory), never the
+/// OOM killer.
+///
+/// NOTE: measured 2026-12-01 on the development VM (cgroup v1, limit set to
+/// the tensor bytes plus an extra, `examples/load --disable-mmap` of 512 MiB
+/// in 4 files, warm and cold/O_DIRECT): an extra of 2 MiB or more loaded,
+/// 1 MiB was OOM-killed; the cgroup's peak was 513-515 MiB. Beyond that
+/// process's 1-2 MiB, a transparent huge page can round each buffer up by
+/// 2 MiB, page tables take 1/512 of the bytes (8 bytes per 4 KiB page), and
+/// the caller's process has threads of its own: hence 32 MiB, plus 2 MiB per
+/// file, plus 1/512 of the bytes.
+pub(crate) fn memory_margin(files: usize, bytes: u64) -> u64 {
+    const FIXED: u64 = 32 << 20;
+    const PER_FILE: u64 = 2 << 20;
+    FIXED
+        .saturating_add(PER_FILE.saturating_mul(files as u64))
+        .saturating_add(bytes / 512)
+}
+
+/// What the memory guard does with the buffered files of a load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MemoryVerdict {
+    /// Per file: map it instead of reading it.
+    pub map_instead: Vec<bool>,
+    /// Bytes all the buffered files would need, margin included.
+    pub needed: u64,
+    /// Buffered files that stay buffered.
+    pub kept: usize,
+}
+
+/// The memory guard, first half. Files the caller asked to read
+/// (`switchable` false) stay buffered; the others (the auto policy chose to
+/// read them) stay buffered in load order while they fit in `available`
+/// with the margin ([`memory_margin`]), and the rest are mapped instead.
+/// Files of `needed` 0 are not buffered and do not count.
+pub(crate) fn memory_guard(files: &[(u64, bool)], available: Option<u64>) -> MemoryVerdict {
+    let buffered = files.iter().filter(|&&(n, _)| n > 0);
+    let total: u64 = buffered.clone().map(|&(n, _)| n).sum();
+    let count = buffered.count();
+    let needed = total.saturating_add(memory_margin(count, total));
+    let Some(available) = available.filter(|&a| needed > a) else {
+        return MemoryVerdict {
+            map_instead: vec![false; files.len()],
+            needed,
+            kept: count,
+        };
+    };
+    let fits =
+        |files: usize, bytes: u64| bytes.saturating_add(memory_margin(files, bytes)) <= available;
+    // What cannot be mapped instead comes first.
+    let (mut kept, mut bytes) = files
+        .iter()
+        .filter(|&&(n, switchable)| n > 0 && !switchable)
+        .fold((0usize, 0u64), |(c, b), &(n, _)| (c + 1, b + n));
+    let map_instead = files
+        .iter()
+        .map(|&(n, switchable)| {
+            if n == 0 || !switchable {
+                return false;
+            }
+            if fits(kept + 1, bytes + n) {
+                kept += 1;
+                bytes += n;
+                false
+            } else {
+                true
+            }
+        })
+        .collect();
+    MemoryVerdict {
+        map_instead,
+        needed,
+        kept,
+    }
+}
+
+/// The memory guard, second half: the `files` buffered files of `bytes`
+/// still to be read after the switch must fit with the margin, else the
+/// load fails with the numbers (`Err((needed, available))`, margin
+/// included) rather than meet the OOM killer.
+pub(crate) fn memory_fits(
+    files: usize,
+    bytes: u64,
+    available: Option<u64>,
+) -> Result<(), (u64, u64)> {
+    if files == 0 {
+        return Ok(());
+    }
+    let needed = bytes.saturating_add(memory_margin(files, bytes));
+    match available {
+        Some(a) if needed > a => Err((needed, a)),
+        _ => Ok(()),
+    }
+}
+
+fn auto_reason(mount: Option<&Mount>) -> String {
+    let Some(mount) = mount else {
+        return "filesystem unknown — mapping is the default".to_string();
+    };
+    let at = describe(mount);
+    match mount.kind {
+        MountKind::HfMount if mount.fs_type.starts_with("nfs") => {
+            format!("{at} — served by a userspace server on loopback, where mmap page faults stall")
+        }
+        MountKind::HfMount | MountKind::Fuse => format!("{at} — mmap page faults stall on FUSE"),
+        MountKind::Network => format!("{at} — mapped; pages shared through the page cache"),
+        MountKind::Local => format!("{at} — mapping a local file costs no copy"),
+        _ => format!("{at} — filesystem unknown, mapping is the default"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mount::MountTable;
+
+    /// A mount of `kind` as a lookup would give it, from a one-line table.
+    fn mount(line: &str) -> Mount {
+        let table = MountTable::parse(line);
+        let entry = table.entries().first().cloned();
+        let entry = entry.unwrap_or_else(|| panic!("unparsable fixture {line}"));
+        Mount {
+            source: entry.source().to_string(),
+            mount_point: entry.mount_point().to_path_buf(),
+            fs_type: entry.fs_type().to_string(),
+            kind: entry.kind(),
+            detected_by: crate::mount::Detection::Device,
+        }
+    }
+
+    const HF: &str = "hf-mount /mnt/hub fuse rw,user_id=0,group_id=0 0 0\n";
+    const NFS_LOOPBACK: &str = "127.0.0.1:/ /mnt/hub nfs4 rw,addr=127.0.0.1 0 0\n";
+    const S3FS: &str = "s3fs /mnt/s3 fuse.s3fs rw 0 0\n";
+    const NFS: &str = "server:/export /mnt/nfs nfs4 rw,addr=10.0.0.5 0 0\n";
+    const EXT4: &str = "/dev/vda / ext4 rw 0 0\n";
+    const AUTOFS: &str = "systemd-1 /net autofs rw 0 0\n";
+
+    #[test]
+    fn auto_strategy_and_reason_per_filesystem() {
+        let table = [
+            (
+                HF,
+                Strategy::Buffered,
+                "on hf-mount (fuse) at /mnt/hub — mmap page faults stall on FUSE",
+            ),
+            (
+                NFS_LOOPBACK,
+                Strategy::Buffered,
+                "on hf-mount (nfs4) at /mnt/hub — served by a userspace server on loopback",
+            ),
+            (
+                S3FS,
+                Strategy::Buffered,
+                "on FUSE (fuse.s3fs) at /mnt/s3 — mmap page faults stall on FUSE",
+            ),
+            (
+                NFS,
+                Strategy::Mmap,
+                "on network filesystem (nfs4) at /mnt/nfs — mapped; pages shared",
+            ),
+            (
+                EXT4,
+                Strategy::Mmap,
+                "on local filesystem (ext4) at / — mapping a local file costs no copy",
+            ),
+            (
+                AUTOFS,
+                Strategy::Mmap,
+                "on filesystem (autofs) at /net — filesystem unknown, mapping is the default",
+            ),
+        ];
+        for (line, strategy, words) in table {
+            let m = mount(line);
+            let d = choose(ReadMode::Auto, Origin::Default, Some(&m));
+            assert_eq!(d.strategy, strategy, "{line}");
+            assert!(d.to_string().starts_with(words), "{line}: {d}");
+            assert_eq!(d.switchable(), strategy == Strategy::Buffered);
+        }
+        let d = choose(ReadMode::Auto, Origin::Default, None);
+        assert_eq!(d.strategy, Strategy::Mmap);
+        assert_eq!(d.to_string(), "filesystem unknown — mapping is the default");
+    }
+
+    #[test]
+    fn explicit_modes_say_who_asked() {
+        let m = mount(HF);
+        let d = choose(ReadMode::Mmap, Origin::Caller, Some(&m));
+        assert_eq!(d.strategy, Strategy::Mmap);
+        assert_eq!(
+            d.to_string(),
+            "disable_mmap(false) was requested (on hf-mount (fuse) at /mnt/hub)"
+        );
+        assert!(!d.switchable());
+        let d = choose(ReadMode::Buffered, Origin::Environment, None);
+        assert_eq!(d.strategy, Strategy::Buffered);
+        assert_eq!(d.to_string(), "SAFELOAD_DISABLE_MMAP=1 is set");
+        assert!(
+            !d.switchable(),
+            "the guard never overrides an explicit mode"
+        );
+    }
+
+    #[test]
+    fn fallbacks_and_direct_io_are_part_of_the_reason() {
+        let m = mount(EXT4);
+        let mut d = choose(ReadMode::Auto, Origin::Default, Some(&m));
+        d.mmap_refused(&std::io::Error::from_raw_os_error(19));
+        assert_eq!(d.strategy, Strategy::Buffered);
+        assert!(d.to_string().starts_with("mmap failed ("), "{d}");
+        assert!(
+            d.to_string().ends_with(
+                "; on local filesystem (ext4) at / — mapping a local file costs no copy"
+            ),
+            "{d}"
+        );
+        assert!(!d.switchable(), "a refused map is not tried again");
+        d.set_direct(Direct::Refused("Invalid argument".into()));
+        assert!(
+            d.to_string()
+                .ends_with("; O_DIRECT refused (Invalid argument)"),
+            "{d}"
+        );
+        assert!(!d.direct_io());
+
+        let mut d = choose(ReadMode::Auto, Origin::Default, Some(&mount(HF)));
+        d.set_direct(Direct::On);
+        assert!(d.direct_io());
+        let verdict = memory_guard(&[(3 << 30, true), (1 << 20, true)], Some(1 << 30));
+        d.memory_guard(&verdict, 1 << 30);
+        assert_eq!(d.strategy, Strategy::Mmap);
+        assert!(!d.direct_io());
+        assert!(
+            d.to_string().starts_with(
+                "buffered reads would need 3.04 GiB (margin included) but 1.00 GiB of memory is \
+                 available, mapped instead (1 of 2 files read); on hf-mount"
+            ),
+            "{d}"
+        );
+    }
+
+    #[test]
+    fn direct_io_by_filesystem_and_residency() {
+        use MountKind::*;
+        let table = [
+            // caller, kind, image, mostly cached -> direct
+            (None, Some(HfMount), true, false, true),
+            (None, Some(Fuse), true, false, true),
+            (None, Some(Local), true, false, true),
+            (None, Some(Local), true, true, false),
+            (None, Some(Network), true, false, false),
+            (None, None, true, false, false),
+            (None, Some(Local), false, false, false),
+            (Some(true), Some(Network), true, true, true),
+            (Some(true), Some(Local), false, false, false),
+            (Some(false), Some(HfMount), true, false, false),
+        ];
+        for (caller, kind, image, cached, expected) in table {
+            assert_eq!(
+                wants_direct_io(caller, kind, image, || cached),
+                expected,
+                "{caller:?} {kind:?} image={image} cached={cached}"
+            );
+        }
+    }
+
+    #[test]
+    fn io_concurrency_by_filesystem() {
+        use MountKind::*;
+        assert_eq!(default_io_concurrency([Local, Network].into_iter()), 8);
+        assert_eq!(default_io_concurrency([Local, Fuse].into_iter()), 12);
+        assert_eq!(default_io_concurrency([HfMount].into_iter()), 12);
+        assert_eq!(default_io_concurrency(std::iter::empty()), 8);
+    }
+
+    #[test]
+    fn memory_guard_keeps_a_margin_and_fills_what_fits() {
+        const MIB: u64 = 1 << 20;
+        let margin = |files, bytes| memory_margin(files, bytes);
+        assert_eq!(margin(1, 512 * MIB), 32 * MIB + 2 * MIB + MIB);
+        // Enough room: everything stays buffered.
+        let files = [(100 * MIB, true), (50 * MIB, false), (0, true)];
+        let v = memory_guard(&files, Some(1 << 30));
+        assert_eq!(v.map_instead, [false, false, false]);
+        assert_eq!(v.kept, 2);
+        assert_eq!(v.needed, 150 * MIB + margin(2, 150 * MIB));
+        assert_eq!(memory_guard(&files, None).map_instead, [false; 3]);
+        // The bytes fit but not with the margin: the switchable file maps.
+        let v = memory_guard(&files, Some(150 * MIB + MIB));
+        assert_eq!(v.map_instead, [true, false, false]);
+        assert_eq!(v.kept, 1);
+        // Eight files of 256 MiB under 1 GiB: the first three are read, the
+        // rest mapped (not all or nothing).
+        let eight = [(256 * MIB, true); 8];
+        let v = memory_guard(&eight, Some(1 << 30));
+        assert_eq!(
+            v.map_instead,
+            [false, false, false, true, true, true, true, true]
+        );
+        assert_eq!(v.kept, 3);
+        assert!(3 * 256 * MIB + margin(3, 3 * 256 * MIB) <= 1 << 30);
+        assert!(4 * 256 * MIB + margin(4, 4 * 256 * MIB) > 1 << 30);
+        // Files the caller asked to read are counted first.
+        let v = memory_guard(&[(512 * MIB, true), (512 * MIB, false)], Some(600 * MIB));
+        assert_eq!(v.map_instead, [true, false]);
+
+        // Then what is still buffered must fit with the margin.
+        assert_eq!(memory_fits(1, 50 * MIB, Some(120 * MIB)), Ok(()));
+        let needed = 100 * MIB + margin(1, 100 * MIB);
+        assert_eq!(
+            memory_fits(1, 100 * MIB, Some(101 * MIB)),
+            Err((needed, 101 * MIB)),
+            "1 MiB above the bytes is not enough"
+        );
+        assert_eq!(memory_fits(0, 0, Some(0)), Ok(()), "nothing buffered");
+        assert_eq!(memory_fits(3, u64::MAX, None), Ok(()));
+    }
+}

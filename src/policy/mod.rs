@@ -1,0 +1,232 @@
+//! Every automatic decision of a load, made from facts passed in: how each file is read, whether with direct I/O, prefetch and its method; each with a typed reason, rendered to words here.
+//!
+//! `mod.rs` holds the modes a caller sets and the environment read once per
+//! load; `file.rs` the decisions about one file (strategy, direct I/O, reads
+//! in flight, the memory guard); `prefetch.rs` whether and how the page cache
+//! is warmed. Nothing here does I/O: the facts (mount, residency, memory) are
+//! passed in, so every rule is tested by tables.
+
+use std::fmt;
+
+use crate::mount::{Mount, MountKind};
+
+mod file;
+mod prefetch;
+
+pub(crate) use file::*;
+pub use prefetch::PrefetchMethod;
+pub(crate) use prefetch::{
+    AutoPrefetchSkip, PrefetchAsk, auto_prefetch_runs, auto_prefetch_streams, prefetch_ask,
+    prefetch_method,
+};
+
+/// How a file's bytes are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// A read-only shared memory map of the file: pages come from the page
+    /// cache on first touch, and are shared with every other process mapping
+    /// the file.
+    Mmap,
+    /// The tensors' bytes read into one private, page-aligned allocation with
+    /// large positional reads; no page faults on the file afterwards.
+    Buffered,
+}
+
+impl Strategy {
+    /// `"mmap"` or `"buffered"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Mmap => "mmap",
+            Strategy::Buffered => "buffered",
+        }
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the caller wants files read.
+///
+/// `load_state_dict(path, disable_mmap)` maps onto it: `None` is `Auto`,
+/// `Some(true)` is `Buffered`, `Some(false)` is `Mmap`. `Auto` is exactly the
+/// same as leaving the mode unset: `SAFELOAD_DISABLE_MMAP` is honoured, then
+/// each file's filesystem decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ReadMode {
+    /// `SAFELOAD_DISABLE_MMAP` if set, else decide per file from its
+    /// filesystem (see the crate docs' policy table).
+    #[default]
+    Auto,
+    /// Map every file.
+    Mmap,
+    /// Read every file into memory.
+    Buffered,
+}
+
+impl ReadMode {
+    /// The mode a `disable_mmap: Option<bool>` argument asks for.
+    pub fn from_disable_mmap(disable_mmap: Option<bool>) -> ReadMode {
+        match disable_mmap {
+            None => ReadMode::Auto,
+            Some(true) => ReadMode::Buffered,
+            Some(false) => ReadMode::Mmap,
+        }
+    }
+}
+
+/// The environment variable that overrides the auto choice: `1` reads
+/// buffered, `0` maps. An explicit builder call overrides it.
+pub const DISABLE_MMAP_ENV: &str = "SAFELOAD_DISABLE_MMAP";
+
+/// The environment, read once at the top of a load (or a prefetch) so that
+/// every decision of it sees the same values.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Environment {
+    vars: Vec<(&'static str, String)>,
+}
+
+/// Every variable a decision reads: the read mode, prefetch, the launchers'
+/// local ranks and job ids.
+const VARIABLES: &[&str] = &[
+    DISABLE_MMAP_ENV,
+    crate::prefetch::PREFETCH_ENV,
+    crate::prefetch::HF_SHARD_PREFETCH_ENV,
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "SLURM_JOBID",
+    "SLURM_STEP_ID",
+    "SLURM_STEPID",
+    "OMPI_MCA_ess_base_jobid",
+];
+
+impl Environment {
+    /// This process's values of the variables decisions read.
+    pub(crate) fn from_process() -> Environment {
+        Environment {
+            vars: VARIABLES
+                .iter()
+                .filter_map(|&name| std::env::var(name).ok().map(|v| (name, v)))
+                .collect(),
+        }
+    }
+
+    /// An environment of these pairs only (tests).
+    #[cfg(test)]
+    pub(crate) fn from_pairs(pairs: &[(&'static str, &str)]) -> Environment {
+        Environment {
+            vars: pairs.iter().map(|&(k, v)| (k, v.to_string())).collect(),
+        }
+    }
+
+    /// The value of `name`, if set.
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
+        self.vars
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The lookup closure the launcher detection takes.
+    pub(crate) fn lookup(&self) -> impl Fn(&str) -> Option<String> + '_ {
+        |name| self.get(name).map(str::to_owned)
+    }
+}
+
+/// Where the effective mode came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// `disable_mmap(..)` / `read_mode(..)` with `Mmap` or `Buffered`.
+    Caller,
+    /// `SAFELOAD_DISABLE_MMAP`.
+    Environment,
+    /// Neither: each file's filesystem decides.
+    Default,
+}
+
+/// The caller's mode if it is `Mmap` or `Buffered`, else the environment's,
+/// else auto.
+pub(crate) fn effective_mode(caller: ReadMode, env: &Environment) -> (ReadMode, Origin) {
+    if caller != ReadMode::Auto {
+        return (caller, Origin::Caller);
+    }
+    let value = env
+        .get(DISABLE_MMAP_ENV)
+        .map(|v| v.trim().to_ascii_lowercase());
+    match value.as_deref() {
+        Some("1" | "true" | "yes" | "on") => (ReadMode::Buffered, Origin::Environment),
+        Some("0" | "false" | "no" | "off") => (ReadMode::Mmap, Origin::Environment),
+        _ => (ReadMode::Auto, Origin::Default),
+    }
+}
+
+/// `on hf-mount (fuse) at /mnt/hub`: a mount in words, for reasons.
+pub(crate) fn describe(mount: &Mount) -> String {
+    let kind = match mount.kind {
+        MountKind::HfMount => "hf-mount",
+        MountKind::Fuse => "FUSE",
+        MountKind::Network => "network filesystem",
+        MountKind::Local => "local filesystem",
+        _ => "filesystem",
+    };
+    if mount.mount_point.as_os_str().is_empty() {
+        format!("on {kind} ({})", mount.fs_type)
+    } else {
+        format!(
+            "on {kind} ({}) at {}",
+            mount.fs_type,
+            mount.mount_point.display()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caller_beats_environment_beats_auto() {
+        let env1 = Environment::from_pairs(&[(DISABLE_MMAP_ENV, "1")]);
+        let env0 = Environment::from_pairs(&[(DISABLE_MMAP_ENV, " 0 ")]);
+        let junk = Environment::from_pairs(&[(DISABLE_MMAP_ENV, "maybe")]);
+        let none = Environment::default();
+        let table = [
+            (ReadMode::Mmap, &env1, (ReadMode::Mmap, Origin::Caller)),
+            (
+                ReadMode::Buffered,
+                &env0,
+                (ReadMode::Buffered, Origin::Caller),
+            ),
+            // Auto is the same as unset: the environment is honoured.
+            (
+                ReadMode::Auto,
+                &env1,
+                (ReadMode::Buffered, Origin::Environment),
+            ),
+            (ReadMode::Auto, &env0, (ReadMode::Mmap, Origin::Environment)),
+            (ReadMode::Auto, &junk, (ReadMode::Auto, Origin::Default)),
+            (ReadMode::Auto, &none, (ReadMode::Auto, Origin::Default)),
+        ];
+        for (caller, env, expected) in table {
+            assert_eq!(effective_mode(caller, env), expected, "{caller:?} {env:?}");
+        }
+    }
+
+    #[test]
+    fn disable_mmap_maps_onto_modes() {
+        assert_eq!(ReadMode::from_disable_mmap(None), ReadMode::Auto);
+        assert_eq!(ReadMode::from_disable_mmap(Some(true)), ReadMode::Buffered);
+        assert_eq!(ReadMode::from_disable_mmap(Some(false)), ReadMode::Mmap);
+    }
+}

@@ -1,0 +1,265 @@
+//! Whether the page cache is warmed before a load, with how many streams and which method: the caller, the environment, then the auto rule.
+
+use std::fmt;
+
+use super::Environment;
+use crate::mount::MountKind;
+
+// NOTE: which method warms fastest (`default_method`). Measured 2026-11-29
+// on this project's 2-core VM (Linux 6.18; / is ext4 on a virtio disk with
+// read_ahead_kb 8192; the FUSE mount is safeload-testfs with 2 ms per READ
+// and read_ahead_kb 128, serving a file on that ext4), a 1 GiB file evicted
+// with posix_fadvise(DONTNEED) before every run (on the mount and the source
+// under it), arms interleaved with their order alternating by round, medians:
+//
+//     cargo bench --bench prefetch_methods -- --size-mib 1024 \
+//         --rounds 3 --streams 1,4 --dir /var/tmp
+//
+//     | filesystem | method   | streams | median s | GiB/s | runs (s)            |
+//     |------------|----------|---------|----------|-------|---------------------|
+//     | local ext4 | pread    | 1       | 1.667    | 0.60  | 1.67, 1.82, 1.63    |
+//     | local ext4 | willneed | 1       | 1.900    | 0.53  | 2.04, 1.90, 1.88    |
+//     | local ext4 | pread    | 4       | 1.987    | 0.50  | 2.22, 1.99, 1.50    |
+//     | local ext4 | willneed | 4       | 1.368    | 0.73  | 1.37, 0.56, 2.36    |
+//     | FUSE 2 ms  | pread    | 1       | 12.863   | 0.08  | 11.81, 12.86, 13.58 |
+//     | FUSE 2 ms  | willneed | 1       | 2.070    | 0.48  | 2.07, 1.66, 2.26    |
+//     | FUSE 2 ms  | pread    | 4       | 4.548    | 0.22  | 3.32, 4.55, 5.36    |
+//     | FUSE 2 ms  | willneed | 4       | 1.595    | 0.63  | 1.60, 3.22, 1.27    |
+//
+// Two more runs agreed: `--rounds 3 --streams 1,4` gave local 2.36/2.10 s
+// (pread/willneed, 1 stream) and 1.86/1.33 s (4 streams), FUSE 12.6/1.72 s
+// and 3.74/1.65 s; `--rounds 5 --streams 4` gave local 1.86/1.70 s and FUSE
+// 4.28/2.00 s. The local disk is shared with other VMs and noisy (one run
+// took 0.56 s, another 2.6 s): there the two methods are within noise of
+// each other. On FUSE, `WILLNEED` wins by 2-3x with 4 streams and 6-7x with
+// one: each call queues read-ahead requests that the kernel sends
+// asynchronously (up to `max_background` in flight), where a `pread` waits
+// on one read-ahead window at a time. `WILLNEED` also copies nothing into
+// user space, and reads exactly the range asked (no read-ahead into a chunk
+// the memory guard skips). So it is the default wherever `mincore` can show
+// the pages land; elsewhere reads are the only way to know. Kernel network
+// filesystems (NFS, Lustre, ...) could not be measured here; they share
+// FUSE's latency-bound shape, and the fallback read covers what a
+// `WILLNEED` does not bring in.
+
+/// How a chunk is brought into the page cache.
+///
+/// ```
+/// assert_eq!(safeload::PrefetchMethod::Pread.to_string(), "pread");
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PrefetchMethod {
+    /// Chosen per filesystem kind from the measurements in the source (see
+    /// the `NOTE:` in `src/prefetch.rs`).
+    #[default]
+    Auto,
+    /// Large positional reads into a reused per-reader buffer.
+    Pread,
+    /// `posix_fadvise(POSIX_FADV_WILLNEED)` over the chunk in read-ahead
+    /// sized pieces, then waiting until the pages are resident, and reading
+    /// what did not arrive. Needs residency to be visible (see
+    /// [`PrefetchReport::residency_known`]); where it is not, reads instead.
+    WillNeed,
+}
+
+impl PrefetchMethod {
+    /// `"auto"`, `"pread"` or `"willneed"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefetchMethod::Auto => "auto",
+            PrefetchMethod::Pread => "pread",
+            PrefetchMethod::WillNeed => "willneed",
+        }
+    }
+}
+
+impl fmt::Display for PrefetchMethod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How prefetch was asked for, strongest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PrefetchAsk {
+    /// `Loader::prefetch(n)` / `prefetch_with`.
+    Caller(usize),
+    /// `SAFELOAD_PREFETCH=n` (else `HF_SHARD_PREFETCH=n`): the streams and
+    /// the setting in words.
+    Environment(usize, String),
+    /// Neither: the auto policy decides.
+    Unset,
+}
+
+impl PrefetchAsk {
+    /// The reason a requested prefetch runs, in words; `None` for `Unset`.
+    pub(crate) fn reason(&self) -> Option<String> {
+        match self {
+            PrefetchAsk::Caller(streams) => Some(format!("prefetch({streams}) was requested")),
+            PrefetchAsk::Environment(_, setting) => Some(format!("{setting} is set")),
+            PrefetchAsk::Unset => None,
+        }
+    }
+}
+
+/// The caller's prefetch streams if set, else the environment's
+/// (`SAFELOAD_PREFETCH`, then `HF_SHARD_PREFETCH`; a value that is not a
+/// number is ignored), else unset.
+pub(crate) fn prefetch_ask(caller: Option<usize>, env: &Environment) -> PrefetchAsk {
+    if let Some(streams) = caller {
+        return PrefetchAsk::Caller(streams);
+    }
+    [
+        crate::prefetch::PREFETCH_ENV,
+        crate::prefetch::HF_SHARD_PREFETCH_ENV,
+    ]
+    .into_iter()
+    .find_map(|name| {
+        let streams = env.get(name)?.trim().parse::<usize>().ok()?;
+        Some(PrefetchAsk::Environment(
+            streams,
+            format!("{name}={streams}"),
+        ))
+    })
+    .unwrap_or(PrefetchAsk::Unset)
+}
+
+/// Prefetch streams the auto policy uses for a file that will be mapped
+/// (the caller checks that), from its filesystem, when the caller and the environment leave prefetch
+/// unset; `None` leaves it off. On a kernel network filesystem, faulting a
+/// cold map in tensor by tensor reads far below what a few large sequential
+/// readers get (reference/004: 0.26 GiB/s against 8.5 GiB/s on Lustre, a
+/// cold 57 GB load 369 s -> 144 s with 4 streams per rank), and the files
+/// are then mapped, one page-cache copy per node. Prefetch itself still
+/// skips resident files and checkpoints that do not fit the memory guard
+/// ([`auto_prefetch_runs`]).
+pub(crate) fn auto_prefetch_streams(kind: MountKind) -> Option<usize> {
+    match kind {
+        MountKind::Network => Some(4),
+        _ => None,
+    }
+}
+
+/// Why the auto policy, having picked files to prefetch, does not run it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AutoPrefetchSkip {
+    /// Every byte is already in the page cache.
+    Resident,
+    /// The memory guard would leave part of the checkpoint cold.
+    DoesNotFit,
+}
+
+/// The auto policy's last word: prefetch runs unless everything is known to
+/// be resident, or the guard would leave some of it cold (a partial warm of
+/// a checkpoint that will be mapped whole only evicts itself).
+pub(crate) fn auto_prefetch_runs(
+    residency_known: bool,
+    needed: u64,
+    guard_skipped: u64,
+) -> Result<(), AutoPrefetchSkip> {
+    if residency_known && needed == 0 {
+        Err(AutoPrefetchSkip::Resident)
+    } else if guard_skipped > 0 {
+        Err(AutoPrefetchSkip::DoesNotFit)
+    } else {
+        Ok(())
+    }
+}
+
+/// The prefetch method for a file: the caller's, else the measured winner
+/// for its filesystem (the `NOTE:` on [`PrefetchMethod`]: `WillNeed`
+/// everywhere measured). `WillNeed` needs to see pages land (`mincore`,
+/// `pages_visible`); where it cannot, chunks are read.
+pub(crate) fn prefetch_method(
+    requested: PrefetchMethod,
+    kind: MountKind,
+    pages_visible: bool,
+) -> PrefetchMethod {
+    let method = match requested {
+        PrefetchMethod::Auto => {
+            let _ = kind; // the same winner on every kind measured
+            PrefetchMethod::WillNeed
+        }
+        other => other,
+    };
+    match method {
+        PrefetchMethod::WillNeed if pages_visible => PrefetchMethod::WillNeed,
+        _ => PrefetchMethod::Pread,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefetch_asked_by_caller_then_environment() {
+        let env = Environment::from_pairs(&[
+            (crate::prefetch::PREFETCH_ENV, "3"),
+            (crate::prefetch::HF_SHARD_PREFETCH_ENV, "5"),
+        ]);
+        assert_eq!(prefetch_ask(Some(2), &env), PrefetchAsk::Caller(2));
+        assert_eq!(
+            prefetch_ask(None, &env),
+            PrefetchAsk::Environment(3, "SAFELOAD_PREFETCH=3".into())
+        );
+        let hf = Environment::from_pairs(&[
+            (crate::prefetch::PREFETCH_ENV, "lots"),
+            (crate::prefetch::HF_SHARD_PREFETCH_ENV, " 5 "),
+        ]);
+        assert_eq!(
+            prefetch_ask(None, &hf),
+            PrefetchAsk::Environment(5, "HF_SHARD_PREFETCH=5".into())
+        );
+        assert_eq!(
+            prefetch_ask(None, &Environment::default()),
+            PrefetchAsk::Unset
+        );
+        assert_eq!(
+            PrefetchAsk::Caller(4).reason().unwrap(),
+            "prefetch(4) was requested"
+        );
+    }
+
+    #[test]
+    fn auto_prefetch_for_cold_mapped_network_files_that_fit() {
+        use MountKind::*;
+        assert_eq!(auto_prefetch_streams(Network), Some(4));
+        for kind in [HfMount, Fuse, Local, Unknown] {
+            assert_eq!(auto_prefetch_streams(kind), None, "{kind:?}");
+        }
+        assert_eq!(
+            auto_prefetch_runs(true, 0, 0),
+            Err(AutoPrefetchSkip::Resident)
+        );
+        assert_eq!(
+            auto_prefetch_runs(false, 0, 0),
+            Ok(()),
+            "unknown residency: warm"
+        );
+        assert_eq!(
+            auto_prefetch_runs(true, 10, 5),
+            Err(AutoPrefetchSkip::DoesNotFit)
+        );
+        assert_eq!(auto_prefetch_runs(true, 10, 0), Ok(()));
+    }
+
+    #[test]
+    fn prefetch_method_needs_visible_pages_for_willneed() {
+        use PrefetchMethod::*;
+        let table = [
+            (Auto, true, WillNeed),
+            (Auto, false, Pread),
+            (WillNeed, false, Pread),
+            (WillNeed, true, WillNeed),
+            (Pread, true, Pread),
+        ];
+        for (requested, visible, expected) in table {
+            assert_eq!(
+                prefetch_method(requested, MountKind::Fuse, visible),
+                expected
+            );
+        }
+    }
+}

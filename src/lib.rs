@@ -162,6 +162,7 @@
 )]
 
 mod checkpoint;
+pub mod convert;
 mod error;
 mod format;
 mod load;

@@ -16,6 +16,7 @@ pub struct LoadReport {
     pub(crate) threads: usize,
     pub(crate) io_concurrency: usize,
     pub(crate) prefetch: Option<PrefetchReport>,
+    pub(crate) notes: Vec<String>,
 }
 
 impl LoadReport {
@@ -45,6 +46,13 @@ impl LoadReport {
     /// network filesystem), also when it decided not to run.
     pub fn prefetch(&self) -> Option<&PrefetchReport> {
         self.prefetch.as_ref()
+    }
+
+    /// What the load could not do as planned and did otherwise, in words:
+    /// e.g. fewer reader threads than asked because the OS refused more
+    /// (`RLIMIT_NPROC`, a cgroup's `pids.max`). Empty when all went to plan.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 
     /// Bytes read into memory (buffered files).
@@ -166,6 +174,9 @@ impl fmt::Display for LoadReport {
         )?;
         if let Some(prefetch) = &self.prefetch {
             writeln!(f, "  {prefetch}")?;
+        }
+        for note in &self.notes {
+            writeln!(f, "  note: {note}")?;
         }
         for file in &self.files {
             writeln!(

@@ -26,7 +26,8 @@ pub(crate) struct Started {
 }
 
 impl Started {
-    /// "3 of 8 threads (the OS refused more: ...)" where some were refused.
+    /// "3 of 8 threads ran, the OS refused more (...)" where some were
+    /// refused.
     pub(crate) fn shortfall(&self) -> Option<String> {
         self.refused.as_ref().map(|e| {
             format!(
@@ -83,12 +84,12 @@ pub(crate) fn map<T: Sync, R: Send>(
     width: usize,
     name: &str,
     f: impl Fn(&T) -> Result<R> + Sync,
-) -> Result<Vec<R>> {
+) -> Result<(Vec<R>, Started)> {
     let slots: Vec<Mutex<Option<Result<R>>>> = items.iter().map(|_| Mutex::new(None)).collect();
     let cursor = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let width = width.clamp(1, items.len().max(1));
-    run(width, name, |_| {
+    let started = run(width, name, |_| {
         while !failed.load(Ordering::Relaxed) {
             let i = cursor.fetch_add(1, Ordering::Relaxed);
             let (Some(item), Some(slot)) = (items.get(i), slots.get(i)) else {
@@ -111,7 +112,7 @@ pub(crate) fn map<T: Sync, R: Send>(
             None => {} // skipped after a failure, which is returned above
         }
     }
-    Ok(out)
+    Ok((out, started))
 }
 
 /// The number of workers to use by default for `width` units of work: the
@@ -149,7 +150,8 @@ mod tests {
     #[test]
     fn map_keeps_order_and_returns_the_earliest_error() {
         let items: Vec<usize> = (0..100).collect();
-        let out = map(&items, 7, "test", |&i| Ok(i * 2)).unwrap();
+        let (out, started) = map(&items, 7, "test", |&i| Ok(i * 2)).unwrap();
+        assert_eq!(started.started, 7);
         assert_eq!(out, items.iter().map(|i| i * 2).collect::<Vec<_>>());
 
         let err = map(&items, 1, "test", |&i| {

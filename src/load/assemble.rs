@@ -98,6 +98,7 @@ pub(crate) fn assemble(
             threads,
             io_concurrency,
             prefetch: None,
+            notes: Vec::new(),
         },
     })
 }

@@ -30,6 +30,8 @@ pub(crate) enum Job<'a> {
     /// Faulting a range of a file map in, so that later accesses do not wait.
     Populate {
         map: &'a Mmap,
+        /// The mapped file, read to learn why a range failed to populate.
+        file: &'a File,
         offset: usize,
         len: usize,
     },
@@ -84,7 +86,7 @@ pub(crate) fn split_read<'a>(
 pub(crate) fn split_populate<'a>(
     out: &mut Vec<Tagged<'a>>,
     file_index: usize,
-    map: &'a Mmap,
+    (map, file): (&'a Mmap, &'a File),
     chunk: usize,
 ) {
     let chunk = chunk.max(1);
@@ -93,7 +95,12 @@ pub(crate) fn split_populate<'a>(
         let len = chunk.min(map.len() - offset);
         out.push(Tagged {
             file_index,
-            job: Job::Populate { map, offset, len },
+            job: Job::Populate {
+                map,
+                file,
+                offset,
+                len,
+            },
         });
         offset += len;
     }
@@ -110,7 +117,7 @@ pub(crate) fn run(
     jobs: Vec<Tagged<'_>>,
     readers: usize,
     done: &(dyn Fn(usize) + Sync),
-) -> Result<(), JobError> {
+) -> (Result<(), JobError>, workers::Started) {
     let readers = readers.clamp(1, jobs.len().max(1));
     let queue: Vec<Mutex<Option<Tagged<'_>>>> =
         jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
@@ -127,7 +134,7 @@ pub(crate) fn run(
             };
             let operation = match tagged.job {
                 Job::Read { .. } => "reading",
-                Job::Populate { .. } => "populating the map of",
+                Job::Populate { .. } => "populating the map",
             };
             match execute(tagged.job) {
                 Ok(()) => done(tagged.file_index),
@@ -152,23 +159,26 @@ pub(crate) fn run(
         }
     };
 
-    workers::run(readers, "safeload-read", |_| work());
-    match first_error.into_inner().ok().flatten() {
+    let started = workers::run(readers, "safeload-read", |_| work());
+    let result = match first_error.into_inner().ok().flatten() {
         Some((_, error)) => Err(error),
         None => Ok(()),
-    }
+    };
+    (result, started)
 }
 
 /// Reads every buffered file, and populates mapped ones when asked, through
 /// one queue of jobs; then seals each buffer read-only and checks that no
-/// file changed size meanwhile.
+/// file changed size meanwhile. Returns, where the OS refused some reader
+/// threads, how many ran, for the report.
 pub(crate) fn read_all(
     opened: &mut [OpenFile],
     readers: usize,
     chunk: usize,
     populate: bool,
     clock: Instant,
-) -> Result<()> {
+) -> Result<Option<String>> {
+    let mut shortfall = None;
     let mut jobs: Vec<Tagged<'_>> = Vec::new();
     let mut finished: Vec<&AtomicU64> = Vec::with_capacity(opened.len());
     for (file_index, shard) in opened.iter_mut().enumerate() {
@@ -184,7 +194,7 @@ pub(crate) fn read_all(
             Body::Buffered { buffer, layout } => (buffer, layout),
             Body::Mapped(map) => {
                 if populate {
-                    split_populate(&mut jobs, file_index, map, chunk);
+                    split_populate(&mut jobs, file_index, (map, file), chunk);
                 }
                 continue;
             }
@@ -230,7 +240,8 @@ pub(crate) fn read_all(
                 f.fetch_max(since(clock), Ordering::Relaxed);
             }
         };
-        let result = run(jobs, readers, &done);
+        let (result, started) = run(jobs, readers, &done);
+        shortfall = started.shortfall();
         drop(finished);
         if let Err(failure) = result {
             let shard = opened.get(failure.file_index);
@@ -266,7 +277,7 @@ pub(crate) fn read_all(
             shard.body = Body::Read { map, layout };
         }
     }
-    Ok(())
+    Ok(shortfall)
 }
 
 // NOTE: prefaulting fresh buffers in a parallel pass before reading into them
@@ -276,6 +287,34 @@ pub(crate) fn read_all(
 // 1.43-2.76 s with it and 0.96-1.08 s without. The readers already fault
 // their destinations in parallel, each its own chunk, while the reads of the
 // others are in flight; a separate pass only adds a serial phase.
+
+/// The real cause of a failed populate. `MADV_POPULATE_READ` answers
+/// `EFAULT` for a page it could not bring in, whatever the reason (EIO, a
+/// truncated file, a dead FUSE daemon); reading the range with `pread`
+/// gives the error, and its offset, that the filesystem gave. Where the
+/// read succeeds (the failure was transient), the populate's own error.
+fn why_populate_failed(file: &File, offset: u64, len: usize, error: io::Error) -> (u64, io::Error) {
+    const EFAULT: i32 = 14;
+    if error.raw_os_error() != Some(EFAULT) {
+        return (offset, error);
+    }
+    let mut scratch = vec![0u8; len.min(1 << 20)];
+    let end = offset + len as u64;
+    let mut at = offset;
+    while at < end {
+        let n = usize::try_from(end - at)
+            .unwrap_or(usize::MAX)
+            .min(scratch.len());
+        let Some(buf) = scratch.get_mut(..n) else {
+            break;
+        };
+        if let Err(failure) = os::read_exact_at(file, buf, at) {
+            return failure;
+        }
+        at += n as u64;
+    }
+    (offset, error)
+}
 
 fn execute(job: Job<'_>) -> Result<(), (u64, io::Error)> {
     match job {
@@ -291,8 +330,12 @@ fn execute(job: Job<'_>) -> Result<(), (u64, io::Error)> {
             }
             (result, _) => result,
         },
-        Job::Populate { map, offset, len } => {
-            os::populate_read(map, offset, len).map_err(|e| (offset as u64, e))
-        }
+        Job::Populate {
+            map,
+            file,
+            offset,
+            len,
+        } => os::populate_read(map, offset, len)
+            .map_err(|e| why_populate_failed(file, offset as u64, len, e)),
     }
 }

@@ -235,9 +235,14 @@ impl Loader {
         };
 
         // 1. Open every file, parse its header, decide its strategy.
-        let mut files = workers::map(&shards, threads, "safeload-open", |shard| {
+        let (mut files, openers) = workers::map(&shards, threads, "safeload-open", |shard| {
             open::open(shard, &ctx)
         })?;
+        let mut notes: Vec<String> = openers
+            .shortfall()
+            .map(|s| format!("opening files: {s}"))
+            .into_iter()
+            .collect();
         let headers: Vec<_> = files
             .iter()
             .map(|f| (f.path.as_path(), &f.header))
@@ -265,12 +270,15 @@ impl Loader {
             )
         });
         let read_size = self.read_size.unwrap_or(DEFAULT_READ_SIZE);
-        engine::read_all(&mut files, io_concurrency, read_size, self.populate, clock)?;
+        let readers =
+            engine::read_all(&mut files, io_concurrency, read_size, self.populate, clock)?;
+        notes.extend(readers.map(|s| format!("reading: {s}")));
 
         // 5. Hand out tensors.
         let mut state_dict =
             assemble::assemble(&checkpoint, files, clock, threads, io_concurrency)?;
         state_dict.report.prefetch = prefetched;
+        state_dict.report.notes = notes;
         Ok(state_dict)
     }
 

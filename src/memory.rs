@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use procfs_core::{FromBufRead, ProcessCGroups};
+
 /// Memory a buffered read or a prefetch may use, in bytes: the smaller of
 /// the kernel's `MemAvailable` estimate and, for each cgroup from the
 /// process's own up to the root, its limit minus its usage. `None` where
@@ -19,6 +21,13 @@ pub(crate) fn available() -> Option<u64> {
 }
 
 /// `MemAvailable` from `/proc/meminfo`, in bytes (see proc(5)).
+///
+/// NOTE: by hand, because `procfs_core::Meminfo` fails the whole file unless all of seventeen
+/// fields are there, and gVisor's sandbox kernel writes neither `Slab`, `Committed_AS` nor
+/// the three `Vmalloc*` lines, and spells `SwapCached` as `SwapCache`
+/// (`tests/data/meminfo-gvisor.txt`): through procfs, a load there would not know the memory
+/// it may use. It also fails the file on one line it cannot read. One field is wanted; its
+/// line is found here, wherever it is and whatever the rest says.
 pub(crate) fn parse_meminfo_available(text: &str) -> Option<u64> {
     text.lines().find_map(|line| {
         let rest = line.strip_prefix("MemAvailable:")?;
@@ -33,21 +42,22 @@ pub(crate) fn parse_meminfo_available(text: &str) -> Option<u64> {
 }
 
 /// The cgroup paths of this process: the v2 path (`0::/path`) and the v1
-/// memory controller's path (`N:memory:/path`), from `/proc/self/cgroup`.
+/// memory controller's path (`N:memory:/path`), from `/proc/self/cgroup`,
+/// read with procfs.
 pub(crate) fn parse_proc_cgroup(text: &str) -> (Option<String>, Option<String>) {
     let mut v2 = None;
     let mut v1_memory = None;
-    for line in text.lines() {
-        let mut fields = line.splitn(3, ':');
-        let (Some(id), Some(controllers), Some(path)) =
-            (fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        if id == "0" && controllers.is_empty() {
-            v2 = Some(path.to_string());
-        } else if controllers.split(',').any(|c| c == "memory") {
-            v1_memory = Some(path.to_string());
+    // NOTE: one line at a time, because procfs fails the whole file on one line it cannot
+    // read (`ProcessCGroups: FromBufRead`), where that line alone is skipped here.
+    let groups = text
+        .lines()
+        .filter_map(|line| ProcessCGroups::from_buf_read(line.as_bytes()).ok())
+        .flat_map(|ProcessCGroups(groups)| groups);
+    for group in groups {
+        if group.hierarchy == 0 && group.controllers.is_empty() {
+            v2 = Some(group.pathname);
+        } else if group.controllers.iter().any(|c| c == "memory") {
+            v1_memory = Some(group.pathname);
         }
     }
     (v2, v1_memory)
@@ -115,11 +125,33 @@ fn join(base: &Path, cgroup_path: &str) -> PathBuf {
 mod tests {
     use super::*;
 
+    /// A fixture under `tests/data/` without its first line, which says where it came from.
+    fn fixture(file: &'static str) -> &'static str {
+        let (comment, text) = file.split_once('\n').unwrap();
+        assert!(comment.starts_with("# "));
+        text
+    }
+
     #[test]
     fn meminfo() {
         let text = "MemTotal:       24683656 kB\nMemFree:        22000000 kB\nMemAvailable:   24000636 kB\n";
         assert_eq!(parse_meminfo_available(text), Some(24000636 * 1024));
         assert_eq!(parse_meminfo_available("MemFree: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn meminfo_of_a_kernel_and_of_a_sandbox() {
+        // This machine's: procfs and the line search agree.
+        let this_machine = fixture(include_str!("../tests/data/meminfo-this-machine.txt"));
+        let procfs = procfs_core::Meminfo::from_buf_read(this_machine.as_bytes()).unwrap();
+        assert_eq!(procfs.mem_available, Some(23703860 * 1024));
+        assert_eq!(parse_meminfo_available(this_machine), procfs.mem_available);
+        // gVisor's, and the three lines above: procfs fails for want of fields.
+        let gvisor = fixture(include_str!("../tests/data/meminfo-gvisor.txt"));
+        assert!(procfs_core::Meminfo::from_buf_read(gvisor.as_bytes()).is_err());
+        assert_eq!(parse_meminfo_available(gvisor), Some(7340032 * 1024));
+        let three_lines = "MemTotal: 2 kB\nMemFree: 1 kB\nMemAvailable: 1 kB\n";
+        assert!(procfs_core::Meminfo::from_buf_read(three_lines.as_bytes()).is_err());
     }
 
     #[test]
@@ -137,6 +169,10 @@ mod tests {
                 .as_deref(),
             Some("/user.slice/session-1.scope")
         );
+        // A line procfs cannot read fails its whole file, and only itself here.
+        let with_a_bad_line = format!("{text}memory\n");
+        assert!(ProcessCGroups::from_buf_read(with_a_bad_line.as_bytes()).is_err());
+        assert_eq!(parse_proc_cgroup(&with_a_bad_line), parse_proc_cgroup(text));
     }
 
     #[test]

@@ -1,0 +1,538 @@
+//! The mount table: reading it, finding the mount a path lives on, and classifying its filesystem.
+//!
+//! The loader picks mmap or buffered reads per file from the filesystem under it
+//! (see the crate docs). This module answers "what is this file on?" in three layers:
+//!
+//! 1. **Pure parsing and classification**, tested on every platform:
+//!    [`MountTable::parse`] reads the text of `/proc/<pid>/mountinfo` or `/proc/mounts`,
+//!    [`classify`](fn@classify) turns a filesystem type, source and options into a [`MountKind`], and
+//!    [`MountTable::find`] picks the mount of a canonical path, given its device number.
+//! 2. **Lookups against a table** ([`lookup_in`], [`lookup_file_in`]): resolve a path (or
+//!    `fstat` an open file) and find its mount in a table read once per load, falling back
+//!    to the filesystem magic of `statfs(2)` when the table has no answer.
+//! 3. **Convenience lookups** ([`lookup`], [`lookup_file`], [`is_on_hf_mount`]) that read the
+//!    current process's table first.
+//!
+//! Off Linux there is no mount table to read: [`MountTable::current`] is empty and every
+//! lookup answers [`MountKind::Unknown`] with [`Detection::Unsupported`], never an error.
+//!
+//! # Examples
+//!
+//! Classify a mount from its fields:
+//!
+//! ```
+//! use safeload::mount::{classify, MountKind};
+//!
+//! assert_eq!(classify("fuse", "hf-mount", "rw,user_id=0,group_id=0"), MountKind::HfMount);
+//! assert_eq!(classify("nfs4", "fileserver:/export", "rw,addr=10.0.0.5"), MountKind::Network);
+//! assert_eq!(classify("ext4", "/dev/nvme0n1p1", "rw,relatime"), MountKind::Local);
+//! ```
+//!
+//! Reason about a table captured on another machine:
+//!
+//! ```
+//! use std::path::Path;
+//! use safeload::mount::{MountKind, MountTable};
+//!
+//! let table = MountTable::parse(
+//!     "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n\
+//!      612 27 0:58 / /mnt/hub rw,nosuid,nodev,relatime - fuse hf-mount rw,user_id=0,group_id=0\n",
+//! );
+//! let shard = Path::new("/mnt/hub/org/model/model-00001-of-00002.safetensors");
+//! let entry = table.find(shard, None).unwrap();
+//! assert_eq!(entry.mount_point(), Path::new("/mnt/hub"));
+//! assert_eq!(entry.kind(), MountKind::HfMount);
+//! ```
+//!
+//! Look up the files of a load against one reading of the table:
+//!
+//! ```
+//! use safeload::mount::{lookup_in, MountTable};
+//!
+//! let table = MountTable::current()?;
+//! let mount = lookup_in(&table, &std::env::temp_dir())?;
+//! let _ = (mount.kind, mount.detected_by);
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! # Formats
+//!
+//! `/proc/<pid>/mountinfo` (proc(5); kernel `Documentation/filesystems/proc.rst`, 3.5):
+//!
+//! ```text
+//! 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
+//! (1)(2)(3)   (4)   (5)      (6)       (7)   (8) (9)     (10)        (11)
+//! ```
+//!
+//! mount id, parent id, `major:minor`, root of the mount in its filesystem, mount point,
+//! per-mount options, optional fields ended by `-`, filesystem type, source, superblock
+//! options. `/proc/mounts` (fstab(5) layout) has source, mount point, type, options (per-mount
+//! and superblock merged), and two zeros. The kernel writes space, tab, newline and backslash
+//! inside a field as `\040`, `\011`, `\012` and `\134` (`fs/proc_namespace.c`); this module
+//! decodes every `\ooo` escape in the root, mount point, type and source. Options are kept as
+//! the kernel writes them, so that splitting them on `,` stays unambiguous (a comma inside an
+//! option value is `\054`); [`MountEntry::option`] decodes one value.
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+// One job a file: `classify` (kinds, magic numbers), `escape` (the kernel's octal escapes),
+// `parse` (a line of text to an entry: `mountinfo` through procfs-core with the fixes it
+// needs, `/proc/mounts` and fstab by hand), `table` (entries, tables, `find`). This file holds
+// the lookups, the only code that touches the filesystem, and reads `/proc` where the OS layer
+// says there is a mount table.
+mod classify;
+mod escape;
+mod parse;
+mod table;
+#[cfg(test)]
+mod test_util;
+
+pub use classify::{MountKind, classify};
+pub use table::{MountEntry, MountTable, split_device_number};
+
+/// How a lookup found the mount of a path, for reports.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Detection {
+    /// A mount table entry with the file's device number and a mount point containing its path.
+    Device,
+    /// The mount table entry with the longest mount point containing the path, no entry having
+    /// the file's device number.
+    PathPrefix,
+    /// No mount table entry matched (or none could be read): the filesystem magic number that
+    /// `statfs(2)` reports for the file.
+    Statfs,
+    /// This platform has no mount table; the kind is [`MountKind::Unknown`].
+    Unsupported,
+}
+
+impl Detection {
+    /// A short lowercase name: `"device"`, `"path prefix"`, `"statfs"` or `"unsupported"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Detection::Device => "device",
+            Detection::PathPrefix => "path prefix",
+            Detection::Statfs => "statfs",
+            Detection::Unsupported => "unsupported",
+        }
+    }
+}
+
+impl fmt::Display for Detection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a path lives on: the answer of a lookup.
+///
+/// Found in the mount table ([`Detection::Device`], [`Detection::PathPrefix`]), every field is
+/// the entry's. Found by `statfs(2)` ([`Detection::Statfs`]), `fs_type` names the magic number
+/// and `source` and `mount_point` are empty. Off Linux ([`Detection::Unsupported`]), all three
+/// are empty and the kind is [`MountKind::Unknown`].
+///
+/// ```
+/// use safeload::mount::{lookup, Detection, MountKind};
+///
+/// let mount = lookup(std::env::temp_dir())?;
+/// if cfg!(target_os = "linux") {
+///     assert_ne!(mount.detected_by, Detection::Unsupported);
+/// } else {
+///     assert_eq!(mount.kind, MountKind::Unknown);
+/// }
+/// // For example `local: ext4 "/dev/vda" at / (found by device)`.
+/// let report_line = mount.to_string();
+/// assert!(report_line.starts_with(mount.kind.as_str()));
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// The mount source (`hf-mount`, `server:/export`, `/dev/nvme0n1p1`); empty when not found
+    /// in the mount table, and possibly empty in it.
+    pub source: String,
+    /// The mount point; empty when not found in the mount table.
+    pub mount_point: PathBuf,
+    /// The filesystem type: the table's (`fuse.hf-mount`, `nfs4`), or the name of the `statfs`
+    /// magic number (`ext2/ext3/ext4`; the number in hex when unknown); empty off Linux.
+    pub fs_type: String,
+    /// The kind of filesystem.
+    pub kind: MountKind,
+    /// How the mount was found.
+    pub detected_by: Detection,
+}
+
+impl Mount {
+    fn from_entry(entry: &MountEntry, detected_by: Detection) -> Mount {
+        Mount {
+            source: entry.source.clone(),
+            mount_point: entry.mount_point.clone(),
+            fs_type: entry.fs_type.clone(),
+            kind: entry.kind,
+            detected_by,
+        }
+    }
+
+    fn from_magic(magic: u64) -> Mount {
+        let (fs_type, kind) = match classify::filesystem_by_magic(magic) {
+            Some((name, kind)) => (name.to_owned(), kind),
+            None => (format!("{magic:#x}"), MountKind::Unknown),
+        };
+        Mount {
+            source: String::new(),
+            mount_point: PathBuf::new(),
+            fs_type,
+            kind,
+            detected_by: Detection::Statfs,
+        }
+    }
+
+    fn unsupported() -> Mount {
+        Mount {
+            source: String::new(),
+            mount_point: PathBuf::new(),
+            fs_type: String::new(),
+            kind: MountKind::Unknown,
+            detected_by: Detection::Unsupported,
+        }
+    }
+}
+
+impl fmt::Display for Mount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Mount {
+            source,
+            mount_point,
+            fs_type,
+            kind,
+            detected_by,
+        } = self;
+        match detected_by {
+            Detection::Unsupported => {
+                write!(
+                    f,
+                    "{kind}: mount detection is not supported on this platform"
+                )
+            }
+            Detection::Statfs => write!(f, "{kind}: {fs_type} (found by {detected_by})"),
+            _ => write!(
+                f,
+                "{kind}: {fs_type} {source:?} at {} (found by {detected_by})",
+                mount_point.display()
+            ),
+        }
+    }
+}
+
+/// What `path` lives on, found in `table`.
+///
+/// The path is canonicalized (symlinks resolved: a Hugging Face cache snapshot links its files
+/// into `../../blobs/`, which may be on another mount) and stat'ed for its device number, then
+/// looked up with [`MountTable::find`]. When no entry matches, the `statfs(2)` magic number of
+/// the file decides ([`Detection::Statfs`]). Off Linux, answers [`MountKind::Unknown`] without
+/// touching the path.
+///
+/// Read the table once ([`MountTable::current`]) and look up every file of a load against it.
+///
+/// # Errors
+///
+/// The error of canonicalizing, `stat`ing or `statfs`ing the path; the caller names the path.
+///
+/// ```
+/// use safeload::mount::{lookup_in, MountKind, MountTable};
+///
+/// // A table from text: every path is under its `/`, here claimed by hf-mount.
+/// let table = MountTable::parse("hf-mount / fuse rw,user_id=0,group_id=0 0 0\n");
+/// let mount = lookup_in(&table, &std::env::temp_dir())?;
+/// if cfg!(target_os = "linux") {
+///     assert_eq!(mount.kind, MountKind::HfMount);
+/// }
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn lookup_in(table: &MountTable, path: &Path) -> io::Result<Mount> {
+    if !os::SUPPORTED {
+        return Ok(Mount::unsupported());
+    }
+    let canonical = std::fs::canonicalize(path)?;
+    let metadata = std::fs::metadata(&canonical)?;
+    match table.locate(&canonical, os::device_of(&metadata)) {
+        Some((entry, detected_by)) => Ok(Mount::from_entry(entry, detected_by)),
+        None => os::filesystem_magic(&canonical).map(Mount::from_magic),
+    }
+}
+
+/// What `path` lives on, found in this process's mount table ([`lookup_in`] with
+/// [`MountTable::current`]; a table that cannot be read leaves the answer to `statfs(2)`).
+///
+/// # Errors
+///
+/// As [`lookup_in`].
+///
+/// ```
+/// let mount = safeload::mount::lookup(std::env::temp_dir())?;
+/// assert_ne!(mount.kind, safeload::mount::MountKind::HfMount);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn lookup(path: impl AsRef<Path>) -> io::Result<Mount> {
+    lookup_in(&current_or_empty(), path.as_ref())
+}
+
+/// What an open file lives on, found in `table`: [`lookup_in`] without resolving the path again.
+///
+/// The device number comes from `fstat` on `file`, the `statfs` fallback from `fstatfs`;
+/// `canonical_path` (the path `file` was opened from, canonicalized) is only used to match
+/// mount points.
+///
+/// # Errors
+///
+/// The error of `fstat` or `fstatfs` on the file.
+///
+/// ```
+/// use std::fs::File;
+/// use safeload::mount::{lookup_file_in, MountTable};
+///
+/// let table = MountTable::current()?;
+/// let exe = std::env::current_exe()?.canonicalize()?;
+/// let file = File::open(&exe)?;
+/// let mount = lookup_file_in(&table, &file, &exe)?;
+/// let _ = mount.kind;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn lookup_file_in(table: &MountTable, file: &File, canonical_path: &Path) -> io::Result<Mount> {
+    if !os::SUPPORTED {
+        return Ok(Mount::unsupported());
+    }
+    let metadata = file.metadata()?;
+    match table.locate(canonical_path, os::device_of(&metadata)) {
+        Some((entry, detected_by)) => Ok(Mount::from_entry(entry, detected_by)),
+        None => os::filesystem_magic_of(file).map(Mount::from_magic),
+    }
+}
+
+/// [`lookup_file_in`] with this process's mount table.
+///
+/// # Errors
+///
+/// As [`lookup_file_in`].
+pub fn lookup_file(file: &File, canonical_path: &Path) -> io::Result<Mount> {
+    lookup_file_in(&current_or_empty(), file, canonical_path)
+}
+
+/// Whether `path` lives on an hf-mount mount (FUSE or its loopback NFS mode). `false` when
+/// the lookup fails, and off Linux.
+///
+/// ```
+/// assert!(!safeload::mount::is_on_hf_mount(std::env::temp_dir()));
+/// ```
+pub fn is_on_hf_mount(path: impl AsRef<Path>) -> bool {
+    lookup(path).is_ok_and(|mount| mount.kind == MountKind::HfMount)
+}
+
+fn current_or_empty() -> MountTable {
+    MountTable::current().unwrap_or_default()
+}
+
+// Lookups are shared across the loader's threads.
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<MountKind>();
+    assert_send_sync::<MountEntry>();
+    assert_send_sync::<MountTable>();
+    assert_send_sync::<Detection>();
+    assert_send_sync::<Mount>();
+};
+
+/// The filesystem parts of the OS layer this module uses.
+mod os {
+    use std::fs::{File, Metadata};
+    use std::io;
+    use std::path::Path;
+
+    use super::{MountTable, split_device_number};
+
+    pub(super) const SUPPORTED: bool = crate::os::MOUNT_DETECTION;
+
+    pub(super) fn read_mount_table() -> io::Result<MountTable> {
+        if !SUPPORTED {
+            return Ok(MountTable::default());
+        }
+        // mountinfo has device numbers and ids; /proc/mounts is the fallback for kernels
+        // before 2.6.26 and for sandboxes that hide mountinfo.
+        //
+        // NOTE: read as bytes and parsed here, not with the `procfs` crate's
+        // `Process::mountinfo()`, which reads the file as UTF-8 lines and fails it whole on
+        // one line it cannot parse; see `parse.rs` for the fixes on top of its line parser.
+        let mountinfo = std::fs::read("/proc/self/mountinfo");
+        if let Ok(bytes) = &mountinfo {
+            let table = MountTable::parse_bytes(bytes);
+            if !table.entries().is_empty() {
+                return Ok(table);
+            }
+        }
+        match std::fs::read("/proc/mounts") {
+            Ok(bytes) => Ok(MountTable::parse_bytes(&bytes)),
+            Err(mounts_error) => match mountinfo {
+                Ok(_) => Err(mounts_error),
+                Err(mountinfo_error) => Err(mountinfo_error),
+            },
+        }
+    }
+
+    pub(super) fn device_of(metadata: &Metadata) -> Option<(u32, u32)> {
+        crate::os::device_number(metadata).map(split_device_number)
+    }
+
+    pub(super) fn filesystem_magic(path: &Path) -> io::Result<u64> {
+        crate::os::filesystem_magic(path)
+    }
+
+    pub(super) fn filesystem_magic_of(file: &File) -> io::Result<u64> {
+        crate::os::filesystem_magic_of(file)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_util::{escape_field, write_file};
+    use super::*;
+
+    #[test]
+    fn kind_and_detection_names() {
+        let kinds = [
+            (MountKind::HfMount, "hf-mount", true),
+            (MountKind::Fuse, "fuse", true),
+            (MountKind::Network, "network", false),
+            (MountKind::Local, "local", false),
+            (MountKind::Unknown, "unknown", false),
+        ];
+        for (kind, name, fuse_like) in kinds {
+            assert_eq!(kind.as_str(), name);
+            assert_eq!(kind.to_string(), name);
+            assert_eq!(kind.is_fuse_like(), fuse_like);
+        }
+        assert_eq!(Detection::Device.to_string(), "device");
+        assert_eq!(Detection::PathPrefix.to_string(), "path prefix");
+        assert_eq!(Detection::Statfs.to_string(), "statfs");
+        assert_eq!(Detection::Unsupported.to_string(), "unsupported");
+    }
+
+    #[test]
+    fn the_current_table_reads_and_knows_the_root() {
+        let table = MountTable::current().unwrap();
+        if cfg!(target_os = "linux") {
+            assert!(!table.entries().is_empty());
+            assert!(table.find(Path::new("/"), None).is_some());
+            let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            assert_eq!(MountTable::parse(&text), MountTable::parse_mountinfo(&text));
+        } else {
+            assert!(table.entries().is_empty());
+        }
+    }
+
+    #[test]
+    fn a_temp_file_is_found_and_is_not_on_hf_mount() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = write_file(dir.path(), "model.safetensors");
+        let mount = lookup(&file).unwrap();
+        assert!(!is_on_hf_mount(&file));
+        if cfg!(target_os = "linux") {
+            assert_ne!(mount.kind, MountKind::Unknown, "{mount}");
+            assert!(
+                matches!(mount.detected_by, Detection::Device | Detection::PathPrefix),
+                "{mount}"
+            );
+            assert!(!mount.mount_point.as_os_str().is_empty());
+            // The open file finds the same mount.
+            let canonical = file.canonicalize().unwrap();
+            let open = File::open(&file).unwrap();
+            assert_eq!(lookup_file(&open, &canonical).unwrap(), mount);
+        } else {
+            assert_eq!(mount.kind, MountKind::Unknown);
+            assert_eq!(mount.detected_by, Detection::Unsupported);
+        }
+    }
+
+    #[test]
+    fn the_running_test_binary_is_found() {
+        let mount = lookup("/proc/self/exe");
+        if cfg!(target_os = "linux") {
+            let mount = mount.unwrap();
+            assert_ne!(mount.kind, MountKind::Unknown, "{mount}");
+            assert!(mount.to_string().contains("found by"));
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn lookups_on_linux_use_the_table_then_statfs() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = write_file(dir.path(), "model.safetensors");
+        let canonical = file.canonicalize().unwrap();
+        let open = File::open(&file).unwrap();
+
+        // An empty table leaves the answer to statfs.
+        let by_statfs = lookup_in(&MountTable::default(), &file).unwrap();
+        assert_eq!(by_statfs.detected_by, Detection::Statfs);
+        assert!(!by_statfs.fs_type.is_empty());
+        assert_eq!(by_statfs.mount_point, PathBuf::new());
+        assert_eq!(
+            lookup_file_in(&MountTable::default(), &open, &canonical).unwrap(),
+            by_statfs
+        );
+
+        // An injected table is believed: here it claims `/` is hf-mount.
+        let hf_root = MountTable::parse("hf-mount / fuse rw,user_id=0,group_id=0 0 0\n");
+        let mount = lookup_in(&hf_root, &file).unwrap();
+        assert_eq!(mount.kind, MountKind::HfMount);
+        assert_eq!(mount.detected_by, Detection::PathPrefix);
+        assert_eq!(mount.source, "hf-mount");
+        assert_eq!(mount.mount_point, Path::new("/"));
+        assert_eq!(
+            mount.to_string(),
+            "hf-mount: fuse \"hf-mount\" at / (found by path prefix)"
+        );
+
+        // A missing path is an error, not a guess.
+        let missing = lookup_in(&hf_root, &dir.path().join("missing.safetensors")).unwrap_err();
+        assert_eq!(missing.kind(), io::ErrorKind::NotFound);
+        assert!(!is_on_hf_mount(dir.path().join("missing.safetensors")));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn lookups_follow_symlinks_like_a_hub_cache_snapshot() {
+        // A Hugging Face cache: snapshots/<rev>/model.safetensors -> ../../blobs/<sha>.
+        // Pretend (with an injected table) that blobs/ is an hf-mount mount: only the
+        // resolved path is under it.
+        let dir = tempfile::tempdir().unwrap();
+        let blob = write_file(dir.path(), "blobs/0123abcd");
+        let snapshot = dir.path().join("snapshots/rev/model.safetensors");
+        std::fs::create_dir_all(snapshot.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink("../../blobs/0123abcd", &snapshot).unwrap();
+
+        use std::os::unix::ffi::OsStrExt;
+        let blobs = blob.parent().unwrap().canonicalize().unwrap();
+        let table = MountTable::parse(&format!(
+            "/dev/vda / ext4 rw 0 0\nhf-mount {} fuse rw,user_id=0,group_id=0 0 0\n",
+            escape_field(blobs.as_os_str().as_bytes()),
+        ));
+        let mount = lookup_in(&table, &snapshot).unwrap();
+        assert_eq!(mount.kind, MountKind::HfMount, "{mount}");
+        assert_eq!(mount.mount_point, blobs);
+        assert!(!is_on_hf_mount(&snapshot)); // the real table knows better
+
+        // With the device of the real file, an entry that carries it wins by device.
+        let metadata = std::fs::metadata(&blob).unwrap();
+        let (major, minor) = split_device_number(std::os::unix::fs::MetadataExt::dev(&metadata));
+        let table = MountTable::parse(&format!(
+            "27 1 {major}:{minor} / / rw - ext4 /dev/vda rw\n60 27 0:99999 / {} rw - fuse hf-mount rw\n",
+            escape_field(blobs.as_os_str().as_bytes()),
+        ));
+        let mount = lookup_in(&table, &snapshot).unwrap();
+        assert_eq!(mount.kind, MountKind::Local);
+        assert_eq!(mount.detected_by, Detection::Device);
+    }
+}

@@ -177,7 +177,7 @@ pub enum ErrorKind {
         available: u64,
     },
     /// A dtype conversion between these two types is not supported.
-    #[error("cannot convert {}from {from} to {to}", of_tensor(tensor))]
+    #[error("cannot convert {}{from} to {to}", of_tensor(tensor))]
     UnsupportedConversion {
         /// The tensor's name, where one is involved (empty otherwise).
         tensor: String,
@@ -289,7 +289,7 @@ fn of_tensor(tensor: &str) -> String {
     if tensor.is_empty() {
         String::new()
     } else {
-        format!("tensor {tensor:?} ")
+        format!("tensor {tensor:?} from ")
     }
 }
 

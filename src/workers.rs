@@ -175,6 +175,7 @@ mod tests {
         assert!(
             map(&[] as &[usize], 4, "test", |&i| Ok(i))
                 .unwrap()
+                .0
                 .is_empty()
         );
     }

@@ -11,6 +11,7 @@
 #[cfg(unix)]
 pub mod residency;
 
+pub mod cgroup;
 pub mod child;
 pub mod random;
 

@@ -1,20 +1,23 @@
 //! Page-cache prefetch shared by the local ranks of a job: ranks are separate
 //! processes (this test binary run again, see `child`), with the launchers'
-//! variables set, warming a checkpoint served by the FUSE test filesystem so
-//! that every byte fetched from "storage" is counted. Residency is checked
+//! variables set (or `local_rank()`), warming a checkpoint served by the FUSE
+//! test filesystem so that every byte fetched from "storage" is counted; one
+//! of them killed, or stopped. Residency is checked
 //! with this file's own `mincore(2)`, independently of the crate's
 //! `cachestat(2)`. FUSE tests need root and /dev/fuse: skipped (loudly)
 //! where they are missing.
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
+use rustix::process::{Pid, Signal, kill_process};
 use safeload::mount::MountTable;
 use safeload::{Dtype, Loader, PrefetchMethod, PrefetchOptions, PrefetchReport, prefetch};
 use safeload_testfs::{Mount, Options, skip_without_fuse};
@@ -27,8 +30,19 @@ const PATH: &str = "SAFELOAD_TEST_PREFETCH_PATH";
 const SLOW_MS: &str = "SAFELOAD_TEST_PREFETCH_SLOW_MS";
 /// Create this file at the first chunk, then hang (a rank to kill).
 const HANG_MARKER: &str = "SAFELOAD_TEST_PREFETCH_HANG_MARKER";
+/// Write the first chunk's line (see `LOG`) to this file, then linger in
+/// the callback, holding the chunk's claim, for a second (a rank to stop).
+const STOP_MARKER: &str = "SAFELOAD_TEST_PREFETCH_STOP_MARKER";
+/// Append a line `offset len path` to this file for each chunk handled.
+const LOG: &str = "SAFELOAD_TEST_PREFETCH_LOG";
+/// `rank/size`: set them with `local_rank()` instead of the launcher's
+/// variables.
+const LOCAL_RANK: &str = "SAFELOAD_TEST_PREFETCH_LOCAL_RANK";
 /// Set: each rank warms a fixed share (`shared_queue(false)`).
 const STATIC: &str = "SAFELOAD_TEST_PREFETCH_STATIC";
+/// Set: the child refuses itself `cachestat(2)` with `EPERM` (a seccomp
+/// filter, as a container runtime's that does not know the call).
+const NO_CACHESTAT: &str = "SAFELOAD_TEST_PREFETCH_NO_CACHESTAT";
 /// The chunk size the ranks use: small, so a few MiB make many chunks.
 const CHUNK: usize = 128 << 10;
 
@@ -64,6 +78,7 @@ fn child() {
     match role.as_str() {
         "rank" => act_as_rank(),
         "env" => settings_from_the_environment(),
+        "probe" => probe_residency(),
         other => panic!("unknown role {other}"),
     }
 }
@@ -74,11 +89,28 @@ fn act_as_rank() {
         .ok()
         .map(|ms| Duration::from_millis(ms.parse().unwrap()));
     let marker = std::env::var(HANG_MARKER).ok().map(PathBuf::from);
-    let options = PrefetchOptions::new()
+    let stop_marker = std::env::var(STOP_MARKER).ok().map(PathBuf::from);
+    let log = std::env::var(LOG).ok().map(|log| {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log);
+        std::sync::Mutex::new(file.unwrap())
+    });
+    let mut options = PrefetchOptions::new()
         .streams(2)
         .chunk_size(CHUNK)
         .shared_queue(std::env::var_os(STATIC).is_none())
-        .on_chunk(move |_, _| {
+        .on_chunk(move |path, range| {
+            let line = format!(
+                "{} {} {}",
+                range.start,
+                range.end - range.start,
+                path.display()
+            );
+            if let Some(log) = &log {
+                writeln!(log.lock().unwrap(), "{line}").unwrap();
+            }
             if let Some(pause) = slow {
                 std::thread::sleep(pause);
             }
@@ -86,15 +118,34 @@ fn act_as_rank() {
                 let _ = std::fs::write(marker, b"claimed");
                 std::thread::sleep(Duration::from_secs(60));
             }
+            // The first chunk of either reader only (`create_new`).
+            let first = stop_marker.as_ref().filter(|m| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(m.with_extension("tmp"))
+                    .and_then(|mut f| f.write_all(line.as_bytes()))
+                    .is_ok()
+            });
+            if let Some(marker) = first {
+                std::fs::rename(marker.with_extension("tmp"), marker).unwrap();
+                std::thread::sleep(Duration::from_secs(1));
+            }
         });
+    if let Ok(given) = std::env::var(LOCAL_RANK) {
+        let (rank, size) = given.split_once('/').unwrap();
+        options = options.local_rank(rank.parse().unwrap(), size.parse().unwrap());
+    }
     let report = prefetch(&path, &options).unwrap();
     println!(
-        "PREFETCH-REPORT {} {} {} {} {} {}",
+        "PREFETCH-REPORT {} {} {} {} {} {} {} {}",
         report.rank(),
         report.local_size(),
         report.chunks_handled(),
         report.chunks(),
         report.warmed(),
+        report.skipped(),
+        report.skip_reasons().len(),
         report
             .queue_path()
             .map_or("-".to_string(), |p| p.display().to_string()),
@@ -127,6 +178,86 @@ fn settings_from_the_environment() {
     println!("ENV-OK");
 }
 
+/// Prefetches one file as one rank and prints what it saw of the page
+/// cache: whether residency was known, bytes resident before, bytes warmed,
+/// the method.
+fn probe_residency() {
+    let path = PathBuf::from(std::env::var(PATH).unwrap());
+    if std::env::var_os(NO_CACHESTAT).is_some() {
+        if let Err(why) = refuse_cachestat() {
+            println!("PROBE-SKIP {why}");
+            return;
+        }
+    }
+    let report = prefetch(&path, &PrefetchOptions::new().local_rank(0, 1)).unwrap();
+    println!(
+        "PROBE-REPORT {} {} {} {}",
+        report.residency_known(),
+        report.resident_before(),
+        report.warmed(),
+        report.method(),
+    );
+}
+
+/// Installs a seccomp filter on this thread (inherited by the threads it
+/// starts) that answers `cachestat(2)` with `EPERM` and allows the rest,
+/// then checks that it does.
+fn refuse_cachestat() -> Result<(), String> {
+    // The same number on every architecture (include/uapi/asm-generic/unistd.h).
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let op = |code: u32, k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let filter = [
+        // The syscall number: `seccomp_data.nr`, the first word.
+        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+        op(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            SYS_CACHESTAT as u32,
+            0,
+            1,
+        ),
+        op(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+            0,
+            0,
+        ),
+        op(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW, 0, 0),
+    ];
+    let program = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl(2) with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(format!("no_new_privs: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: `program` points at `filter`, both alive for the call, which
+    // copies the filter into the kernel.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &program as *const libc::sock_fprog,
+        )
+    };
+    if rc != 0 {
+        return Err(format!("seccomp: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: a syscall with null pointers, which the filter answers before
+    // the kernel would read them.
+    let rc = unsafe { libc::syscall(SYS_CACHESTAT, 0, 0, 0, 0) };
+    let errno = std::io::Error::last_os_error().raw_os_error();
+    match (rc, errno) {
+        (-1, Some(libc::EPERM)) => Ok(()),
+        _ => Err(format!("cachestat still answers: {rc}, {errno:?}")),
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The parent side.
 
@@ -135,6 +266,8 @@ enum Launcher {
     Torchrun,
     Slurm,
     OpenMpi,
+    /// `local_rank()` in the child, the job from `TORCHELASTIC_RUN_ID`.
+    Builder,
 }
 
 static JOBS: AtomicUsize = AtomicUsize::new(0);
@@ -187,6 +320,10 @@ fn spawn_rank(
                 .env("OMPI_COMM_WORLD_LOCAL_SIZE", s)
                 .env("OMPI_MCA_ess_base_jobid", job);
         }
+        Launcher::Builder => {
+            cmd.env(LOCAL_RANK, format!("{r}/{s}"))
+                .env("TORCHELASTIC_RUN_ID", job);
+        }
     }
     for (k, v) in extra {
         cmd.env(k, v);
@@ -202,18 +339,27 @@ struct RankReport {
     handled: usize,
     chunks: usize,
     warmed: u64,
+    skipped: u64,
+    skip_reasons: usize,
     queue: Option<PathBuf>,
 }
 
 /// Waits (at most 60 s) for a rank, checks it succeeded, and reads its report.
 fn finish(mut child: Child) -> RankReport {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    finish_by(&mut child, Instant::now() + Duration::from_secs(60)).unwrap_or_else(|| {
+        child.kill().unwrap();
+        panic!("a rank did not finish in 60 s");
+    })
+}
+
+/// Waits until `deadline` for a rank to exit, checks it succeeded, and
+/// reads its report; `None` if it still runs.
+fn finish_by(child: &mut Child, deadline: Instant) -> Option<RankReport> {
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("a rank did not finish in 60 s");
+            return None;
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(5));
     }
     let stdout = child.stdout.take().unwrap();
     let status = child.wait().unwrap();
@@ -224,14 +370,16 @@ fn finish(mut child: Child) -> RankReport {
         .find_map(|l| l.split_once("PREFETCH-REPORT ").map(|(_, r)| r.to_string()))
         .expect("a report line");
     let f: Vec<&str> = line.split(' ').collect();
-    RankReport {
+    Some(RankReport {
         rank: f[0].parse().unwrap(),
         size: f[1].parse().unwrap(),
         handled: f[2].parse().unwrap(),
         chunks: f[3].parse().unwrap(),
         warmed: f[4].parse().unwrap(),
-        queue: (f[5] != "-").then(|| PathBuf::from(f[5])),
-    }
+        skipped: f[5].parse().unwrap(),
+        skip_reasons: f[6].parse().unwrap(),
+        queue: (f[7] != "-").then(|| PathBuf::from(f[7])),
+    })
 }
 
 /// A sharded checkpoint of about 3.3 MiB in three shards of uneven size, none
@@ -443,6 +591,19 @@ fn a_slow_rank_leaves_its_chunks_to_the_others() {
     );
 }
 
+/// Waits (at most 20 s) for a victim rank to create `marker` from its
+/// first chunk's callback.
+fn wait_for_claim(marker: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !marker.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the victim never claimed a chunk"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn a_killed_rank_is_finished_by_the_others() {
     if skip_without_fuse() {
@@ -459,14 +620,7 @@ fn a_killed_rank_is_finished_by_the_others() {
         &job,
         &[(HANG_MARKER, marker.display().to_string())],
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !marker.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the victim never claimed a chunk"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_claim(&marker);
     // It holds claimed chunks (and hangs): start the others, then kill it,
     // leaving it a zombie until they are done.
     let others: Vec<Child> = [0, 2]
@@ -486,6 +640,140 @@ fn a_killed_rank_is_finished_by_the_others() {
             queue.display()
         );
     }
+}
+
+/// Ranks that are killed (after a `SIGCONT`, in case one is stopped) if
+/// the test fails before they exit.
+struct Ranks(Vec<Option<Child>>);
+
+impl Ranks {
+    fn signal(&self, rank: usize, signal: Signal) {
+        let child = self.0[rank].as_ref().expect("running");
+        let pid = Pid::from_raw(child.id() as i32).unwrap();
+        kill_process(pid, signal).unwrap();
+    }
+
+    /// The report of `rank` if it exits by `deadline`.
+    fn finish_by(&mut self, rank: usize, deadline: Instant) -> Option<RankReport> {
+        let report = finish_by(self.0[rank].as_mut().expect("running"), deadline)?;
+        self.0[rank] = None;
+        Some(report)
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for child in self.0.iter_mut().flatten() {
+            if let Some(pid) = Pid::from_raw(child.id() as i32) {
+                let _ = kill_process(pid, Signal::CONT);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The chunks a rank logged, as `offset len path` lines.
+fn logged(log: &Path) -> BTreeSet<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// A rank stopped with `SIGSTOP` (a debugger, a cgroup freezer, a node
+/// short of memory) while it holds claimed chunks: the other two take them
+/// over and finish within seconds instead of waiting out the 60 s stall
+/// guard; resumed, it finishes cleanly, and the last to leave removes the
+/// queue file.
+#[test]
+fn a_stopped_rank_is_taken_over_within_seconds() {
+    if skip_without_fuse() {
+        return;
+    }
+    // Each FUSE read takes 10 ms, so chunks take time as on a network mount.
+    let setup = on_fuse(Some(Duration::from_millis(10)));
+    let total = total_size(&setup.shards);
+    let job = job_id();
+    let work = tempdir().unwrap();
+    let log = |rank: usize| work.path().join(format!("rank{rank}.log"));
+    let marker = work.path().join("claimed");
+    let victim = 1;
+    let mut ranks = Ranks(
+        (0..3)
+            .map(|r| {
+                let mut extra = vec![(LOG, log(r).display().to_string())];
+                if r == victim {
+                    extra.push((STOP_MARKER, marker.display().to_string()));
+                }
+                Some(spawn_rank(
+                    &setup.index,
+                    (r, 3),
+                    Launcher::Builder,
+                    &job,
+                    &extra,
+                ))
+            })
+            .collect(),
+    );
+
+    // Stop the victim inside its first chunk's callback: it holds that
+    // chunk's claim (read, not yet marked done), and maybe its other
+    // reader's.
+    wait_for_claim(&marker);
+    ranks.signal(victim, Signal::STOP);
+    let stopped = Instant::now();
+    let held = std::fs::read_to_string(&marker).unwrap();
+
+    // The others finish within a few seconds, every chunk done, none given
+    // up on.
+    let mut reports = Vec::new();
+    for r in [0, 2] {
+        let report = ranks.finish_by(r, stopped + Duration::from_secs(5));
+        reports.push(report.unwrap_or_else(|| {
+            panic!(
+                "rank {r} still waiting {:.1} s after rank {victim} was stopped",
+                stopped.elapsed().as_secs_f64()
+            )
+        }));
+    }
+    eprintln!(
+        "the other ranks finished {:.3} s after the stop",
+        stopped.elapsed().as_secs_f64()
+    );
+    for r in &reports {
+        assert_eq!(
+            (r.skipped, r.skip_reasons),
+            (0, 0),
+            "nothing given up: {r:?}"
+        );
+    }
+    assert_all_resident(&setup.shards);
+    // The chunk the victim held was taken over: handled by another rank.
+    let others: BTreeSet<String> = [0, 2].into_iter().flat_map(|r| logged(&log(r))).collect();
+    assert!(others.contains(&held), "{held:?} taken over: {others:?}");
+    let every = others.union(&logged(&log(victim))).count();
+    assert_eq!(every, reports[0].chunks, "every chunk handled by someone");
+    // At worst the chunks the victim's two readers held are read twice.
+    let read = setup.fs.stats().bytes_read;
+    assert!(
+        read <= total + 2 * CHUNK as u64,
+        "{read} bytes read for {total}"
+    );
+    let queue = reports[0].queue.clone().expect("a shared queue");
+    assert!(queue.exists(), "the stopped rank is still attached");
+
+    // Resumed, the victim finishes cleanly (its claims are someone else's
+    // now) and, the last to leave, removes the queue file.
+    ranks.signal(victim, Signal::CONT);
+    let report = ranks
+        .finish_by(victim, Instant::now() + Duration::from_secs(20))
+        .expect("the resumed rank finishes");
+    assert_eq!(report.queue.as_ref(), Some(&queue));
+    assert_eq!((report.skipped, report.skip_reasons), (0, 0), "{report:?}");
+    assert!(report.handled >= 1, "{report:?}");
+    assert!(!queue.exists(), "the last rank removed {}", queue.display());
 }
 
 #[test]
@@ -675,6 +963,89 @@ fn auto_policy_prefetches_a_cold_network_checkpoint_then_maps_it() {
     let local = MountTable::parse("36 25 254:0 / / rw,relatime - ext4 /dev/vda rw");
     let sd = Loader::new().mount_table(local).load(&index).unwrap();
     assert!(sd.report().prefetch().is_none());
+}
+
+/// What a `probe` child saw: residency known, bytes resident before, bytes
+/// warmed, the method; `None` if it could not refuse itself cachestat(2).
+fn probe(mut cmd: Command) -> Option<(bool, u64, u64, String)> {
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let after = |tag: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.split_once(tag).map(|(_, rest)| rest.to_string()))
+    };
+    if let Some(why) = after("PROBE-SKIP ") {
+        eprintln!("SKIPPED: {why}");
+        return None;
+    }
+    let line = after("PROBE-REPORT ").expect("a report line");
+    let f: Vec<&str> = line.split(' ').collect();
+    Some((
+        f[0].parse().unwrap(),
+        f[1].parse().unwrap(),
+        f[2].parse().unwrap(),
+        f[3].to_string(),
+    ))
+}
+
+/// A checkpoint of one 1 MiB file in a directory anyone may read; its size.
+fn readable_checkpoint() -> (tempfile::TempDir, PathBuf, u64) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = write_single(dir.path(), &[spec("w", Dtype::U8, &[1 << 20])]);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    sync(std::slice::from_ref(&path));
+    let size = total_size(std::slice::from_ref(&path));
+    (dir, path, size)
+}
+
+#[test]
+fn when_cachestat_is_refused_mincore_tells_residency() {
+    let (_dir, path, size) = readable_checkpoint();
+    let run = || {
+        let mut cmd = child_command("probe", &path);
+        cmd.env(NO_CACHESTAT, "1");
+        probe(cmd)
+    };
+    // Warm: seen through mincore(2), nothing read.
+    std::fs::read(&path).unwrap();
+    let Some((known, resident, warmed, method)) = run() else {
+        return;
+    };
+    assert!(known, "residency seen without cachestat(2)");
+    assert_eq!((resident, warmed), (size, 0));
+    assert_eq!(method, "willneed", "mincore(2) watches the pages land");
+    // Cold: mincore(2) says so (it is not "every page present"), and the
+    // file is warmed.
+    safeload::evict(&path).unwrap();
+    let (known, resident, warmed, _) = run().unwrap();
+    assert!(known);
+    assert_eq!((resident, warmed), (0, size));
+    assert_all_resident(std::slice::from_ref(&path));
+}
+
+#[test]
+fn a_file_the_user_may_not_write_is_warmed_without_residency() {
+    use std::os::unix::process::CommandExt;
+    if rustix::process::geteuid().as_raw() != 0 {
+        eprintln!("SKIPPED: needs root, to run a child as nobody on a file root owns");
+        return;
+    }
+    // Root's file, mode 0644: `nobody` may read it, not write it, so
+    // cachestat(2) answers EPERM and mincore(2) would report every page
+    // present. Cold, it must still be warmed.
+    let (_dir, path, size) = readable_checkpoint();
+    safeload::evict(&path).unwrap();
+    let mut cmd = child_command("probe", &path);
+    cmd.uid(65534).gid(65534);
+    let (known, resident, warmed, method) = probe(cmd).unwrap();
+    assert!(!known, "hidden, not guessed");
+    assert_eq!((resident, warmed), (0, size), "every byte read");
+    assert_eq!(method, "pread", "nothing to watch pages land with");
+    assert_all_resident(std::slice::from_ref(&path));
 }
 
 #[test]

@@ -13,7 +13,8 @@
 //! compare-and-swap, so a rank that finishes early goes on with the chunks
 //! of a slower one and no chunk is read twice on a node. When no chunk is
 //! free, a reader takes over the chunks of claimers that have died
-//! (`owner.rs`) and waits for those of live ones (`worker.rs`).
+//! (`owner.rs`) or stopped (below), and waits for those of the others
+//! (`worker.rs`).
 //!
 //! The first rank creates the queue file, checks residency and applies the
 //! memory guard while holding its lock, then publishes it; the others
@@ -29,6 +30,23 @@
 //! they block on storage. They do not go through the read engine itself,
 //! which runs a list of jobs fixed in advance, because here a chunk is only
 //! known to be this rank's when its claim succeeds.
+//!
+//! # When a rank stops
+//!
+//! A rank that is stopped (`SIGSTOP`, a debugger, a cgroup freezer, a node
+//! short of memory) keeps the chunks it claimed, but not for long: every
+//! rank beats a heartbeat in the queue as its readers make progress, and a
+//! rank that has nothing left to claim takes over a chunk whose holder's
+//! heartbeat has not moved for `clamp(8 × t, 500 ms, 2 s)`, `t` being the
+//! mean time the taking rank needed to read a chunk (2 s before it has read
+//! one). A chunk is taken over this way at most once, so at worst it is
+//! read twice; the stopped rank, resumed, finds its claims gone and carries
+//! on. A healthy read is never taken over: a chunk of 8 MiB reads in tens
+//! of milliseconds, and a rank beats at every chunk and, while it waits,
+//! every 2 ms. Whatever this rule leaves (a holder that keeps beating but
+//! never finishes, a rank past the queue's 256 slots) waits for the 60 s
+//! stall guard, then is reported as not warmed. The details and the
+//! measurements behind the numbers are in `takeover.rs`.
 //!
 //! # Where the pieces are
 //!
@@ -46,6 +64,7 @@ mod queue;
 mod queue_file;
 mod residency;
 mod run;
+mod takeover;
 mod worker;
 
 use std::path::{Path, PathBuf};

@@ -1,9 +1,10 @@
 //! Who holds a claim: a process's owner word (pid and start-time tag), and whether that process still runs, from `/proc/<pid>/stat`.
 //!
-//! An owner is `tag << 32 | pid`, the tag being the low 31 bits of the
+//! An owner is `tag << 32 | pid`, the tag being the low 30 bits of the
 //! process's start time, so that a reused pid is not taken for the rank that
-//! died. A process is dead when `kill(pid, 0)` says `ESRCH`, when it is a
-//! zombie, or when its start time differs.
+//! died (the two bits above are the queue's: `queue.rs`). A process is dead
+//! when `kill(pid, 0)` says `ESRCH`, when it is a zombie, or when its start
+//! time differs.
 //!
 //! Liveness needs the ranks to share a pid namespace, as the processes one
 //! launcher starts on a node do; where they do not, a live rank may be taken
@@ -12,16 +13,21 @@
 use procfs_core::FromRead;
 use procfs_core::process::Stat;
 
-use super::queue::TERMINAL;
 use crate::os;
 
-const TAG_MASK: u32 = 0x7FFF_FFFF;
+/// 30 bits of start time: at 100 clock ticks a second, a pid reused within
+/// 124 days of its last use still gets another tag.
+const TAG_MASK: u32 = 0x3FFF_FFFF;
+
+/// Bits 62 and 63, which the queue uses to mark words: never part of an
+/// owner.
+const MARK_BITS: u64 = 0b11 << 62;
 
 /// A process that claims chunks: its pid and a tag from its start time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct Owner {
     pub pid: u32,
-    /// The low 31 bits of the start time; 0 when unknown.
+    /// The low 30 bits of the start time; 0 when unknown.
     pub tag: u32,
 }
 
@@ -31,10 +37,10 @@ impl Owner {
         (u64::from(self.tag & TAG_MASK) << 32) | u64::from(self.pid)
     }
 
-    /// The owner a word stands for; `None` for a terminal word or pid 0.
+    /// The owner a word stands for; `None` for a marked word or pid 0.
     pub(super) fn from_word(word: u64) -> Option<Owner> {
         let pid = (word & 0xFFFF_FFFF) as u32;
-        (word & TERMINAL == 0 && pid != 0).then_some(Owner {
+        (word & MARK_BITS == 0 && pid != 0).then_some(Owner {
             pid,
             tag: (word >> 32) as u32,
         })
@@ -136,10 +142,11 @@ mod tests {
     fn owner_words_round_trip() {
         let owner = Owner {
             pid: 4_000_000,
-            tag: 0x7FFF_FFFF,
+            tag: 0x3FFF_FFFF,
         };
         assert_eq!(Owner::from_word(owner.word()), Some(owner));
-        assert_eq!(Owner::from_word(owner.word() | TERMINAL), None);
+        assert_eq!(Owner::from_word(owner.word() | 1 << 63), None);
+        assert_eq!(Owner::from_word(owner.word() | 1 << 62), None);
         assert_eq!(Owner::from_word(5 << 32), None, "a tag without a pid");
         assert!(Owner::current().alive());
     }

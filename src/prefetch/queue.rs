@@ -7,7 +7,7 @@
 //! | words | content |
 //! |---|---|
 //! | 0 | magic `b"SLPFQUE1"`, stored last when the file is initialized |
-//! | 1 | format version (1) |
+//! | 1 | format version (2; 1 had no heartbeats and 31-bit tags) |
 //! | 2 | a second hash of the key, checked on attach |
 //! | 3, 4, 5 | chunk size, chunk count, total bytes |
 //! | 6 | number of rank slots (256) |
@@ -18,10 +18,13 @@
 //! | 13 | 1 when residency could be checked |
 //! | 14, 15 | reserved (0) |
 //! | 16 .. 16+slots | rank slots: 0 empty, an owner (attached), or bit 63 and an owner (finished) |
-//! | then, one per chunk | 0 free, an owner (claimed), `1<<63 \| 1` done, `1<<63 \| 2` skipped by the guard |
+//! | then, one per slot | the slot's heartbeat: a count its rank's readers bump as they go (0 while the slot is empty) |
+//! | then, one per chunk | 0 free, an owner (claimed), bit 62 and an owner (claimed by taking it over from a holder that made no progress), `1<<63 \| 1` done, `1<<63 \| 2` skipped by the guard |
 //!
 //! An owner is a process's word (`owner.rs`): its pid and a tag from its
-//! start time.
+//! start time, bits 62 and 63 clear. The version is also part of the queue
+//! file's name, so ranks of two versions never take each other's file for
+//! invalid.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -30,7 +33,7 @@ use super::owner::Owner;
 use super::plan::Init;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SLPFQUE1");
-const VERSION: u64 = 1;
+pub(super) const VERSION: u64 = 2;
 pub(super) const HEADER_WORDS: usize = 16;
 pub(super) const SHARED_SLOTS: usize = 256;
 
@@ -57,6 +60,9 @@ pub(super) const FREE: u64 = 0;
 /// The bit of a word that no rank changes again: a finished slot, or a
 /// chunk done or skipped.
 pub(super) const TERMINAL: u64 = 1 << 63;
+/// The bit of a claim that says it was taken over from a holder that made
+/// no progress: such a claim is not taken over again for that reason.
+pub(super) const TAKEN_OVER: u64 = 1 << 62;
 pub(super) const DONE: u64 = TERMINAL | 1;
 pub(super) const SKIPPED: u64 = TERMINAL | 2;
 
@@ -64,9 +70,24 @@ pub(super) const SKIPPED: u64 = TERMINAL | 2;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ChunkState {
     Free,
-    Claimed(Owner),
+    Claimed(Claim),
     Done,
     Skipped,
+}
+
+/// Who holds a claimed chunk, and how they got it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Claim {
+    pub owner: Owner,
+    /// Taken over from a holder that made no progress.
+    pub taken_over: bool,
+}
+
+impl Claim {
+    /// The chunk word of this claim.
+    pub(super) fn word(self) -> u64 {
+        self.owner.word() | if self.taken_over { TAKEN_OVER } else { 0 }
+    }
 }
 
 pub(super) fn chunk_state(word: u64) -> Option<ChunkState> {
@@ -74,7 +95,12 @@ pub(super) fn chunk_state(word: u64) -> Option<ChunkState> {
         FREE => Some(ChunkState::Free),
         DONE => Some(ChunkState::Done),
         SKIPPED => Some(ChunkState::Skipped),
-        w => Owner::from_word(w).map(ChunkState::Claimed),
+        w => Owner::from_word(w & !TAKEN_OVER).map(|owner| {
+            ChunkState::Claimed(Claim {
+                owner,
+                taken_over: w & TAKEN_OVER != 0,
+            })
+        }),
     }
 }
 
@@ -108,7 +134,7 @@ pub(super) struct Layout {
 
 impl Layout {
     pub(super) fn words(&self) -> usize {
-        HEADER_WORDS + self.slots + self.chunks
+        HEADER_WORDS + 2 * self.slots + self.chunks
     }
 
     pub(super) fn bytes(&self) -> u64 {
@@ -157,7 +183,14 @@ fn store(words: &[AtomicU64], i: usize, value: u64) {
 }
 
 pub(super) fn chunk_words<'a>(words: &'a [AtomicU64], layout: &Layout) -> &'a [AtomicU64] {
-    words.get(HEADER_WORDS + layout.slots..).unwrap_or(&[])
+    words.get(HEADER_WORDS + 2 * layout.slots..).unwrap_or(&[])
+}
+
+/// One heartbeat per slot, in slot order.
+pub(super) fn heartbeat_words<'a>(words: &'a [AtomicU64], layout: &Layout) -> &'a [AtomicU64] {
+    words
+        .get(HEADER_WORDS + layout.slots..HEADER_WORDS + 2 * layout.slots)
+        .unwrap_or(&[])
 }
 
 pub(super) fn slot_words<'a>(words: &'a [AtomicU64], layout: &Layout) -> &'a [AtomicU64] {
@@ -185,13 +218,21 @@ pub(super) fn validate(words: &[AtomicU64], layout: &Layout) -> std::result::Res
     if !same {
         return Err(Invalid::Layout);
     }
+    let reserved_ok = (at::KNOWN + 1..HEADER_WORDS).all(|i| load(words, i) == 0);
+    // Only a rank that holds a slot bumps its heartbeat, and slots are taken
+    // under the lock this runs under: an empty slot's heartbeat is 0.
     let slots_ok = slot_words(words, layout)
         .iter()
-        .all(|w| slot_state(w.load(Ordering::Acquire)).is_some());
+        .zip(heartbeat_words(words, layout))
+        .all(|(w, beat)| match slot_state(w.load(Ordering::Acquire)) {
+            Some(SlotState::Empty) => beat.load(Ordering::Acquire) == 0,
+            Some(_) => true,
+            None => false,
+        });
     let chunks_ok = chunk_words(words, layout)
         .iter()
         .all(|w| chunk_state(w.load(Ordering::Acquire)).is_some());
-    if !(slots_ok && chunks_ok) {
+    if !(reserved_ok && slots_ok && chunks_ok) {
         return Err(Invalid::Word);
     }
     Ok(())
@@ -264,9 +305,20 @@ mod tests {
     fn words_round_trip() {
         let owner = Owner {
             pid: 4_000_000,
-            tag: 0x7FFF_FFFF,
+            tag: 0x3FFF_FFFF,
         };
-        assert_eq!(chunk_state(owner.word()), Some(ChunkState::Claimed(owner)));
+        let claim = Claim {
+            owner,
+            taken_over: false,
+        };
+        assert_eq!(chunk_state(claim.word()), Some(ChunkState::Claimed(claim)));
+        let taken = Claim {
+            owner,
+            taken_over: true,
+        };
+        assert_eq!(taken.word(), owner.word() | TAKEN_OVER);
+        assert_eq!(chunk_state(taken.word()), Some(ChunkState::Claimed(taken)));
+        assert_eq!(chunk_state(TAKEN_OVER), None, "taken over by nobody");
         assert_eq!(chunk_state(FREE), Some(ChunkState::Free));
         assert_eq!(chunk_state(DONE), Some(ChunkState::Done));
         assert_eq!(chunk_state(SKIPPED), Some(ChunkState::Skipped));
@@ -278,5 +330,6 @@ mod tests {
             slot_state(owner.word() | TERMINAL),
             Some(SlotState::Finished)
         );
+        assert_eq!(slot_state(owner.word() | TAKEN_OVER), None, "chunks only");
     }
 }

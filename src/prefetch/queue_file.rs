@@ -2,7 +2,8 @@
 //!
 //! The file is `safeload-prefetch-<hash>.queue`, where the hash covers the
 //! files' canonical paths, devices, inodes, sizes and modification times,
-//! the chunk size and the job (the launcher's job id, else the parent pid).
+//! the chunk size, the job (the launcher's job id, else the parent pid) and
+//! the format version.
 //! It is created `0600`, in `/dev/shm` unless the caller says otherwise.
 //!
 //! Creating, attaching and leaving happen under `flock(2)` on the file. The
@@ -21,7 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::owner::Owner;
 use super::plan::Init;
 use super::queue::{
-    Invalid, Layout, SHARED_SLOTS, TERMINAL, init_words, live_attached, slot_words, validate,
+    Invalid, Layout, SHARED_SLOTS, TERMINAL, VERSION, heartbeat_words, init_words, live_attached,
+    slot_words, validate,
 };
 use crate::os;
 
@@ -197,6 +199,8 @@ impl Queue {
         me: Owner,
         make: &mut dyn FnMut() -> Init,
     ) -> Queue {
+        let key_material = [key_material, &VERSION.to_le_bytes()].concat();
+        let key_material = key_material.as_slice();
         let shared_layout = Layout {
             key: fnv1a(0x6c62_272e_07bb_0142, key_material),
             slots: SHARED_SLOTS,
@@ -241,13 +245,21 @@ impl Queue {
     pub(super) fn layout(&self) -> &Layout {
         &self.layout
     }
+
+    /// This rank's heartbeat, where it holds a slot of a shared queue.
+    pub(super) fn heartbeat(&self) -> Option<&AtomicU64> {
+        let Store::Shared(queue) = &self.store else {
+            return None;
+        };
+        heartbeat_words(queue.words(), &self.layout).get(queue.slot?)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::prefetch::plan::{guard, plan_chunks};
-    use crate::prefetch::queue::{DONE, FREE, HEADER_WORDS, at, chunk_words, load};
+    use crate::prefetch::queue::{DONE, FREE, HEADER_WORDS, TAKEN_OVER, at, chunk_words, load};
 
     fn layout() -> Layout {
         Layout {
@@ -326,7 +338,8 @@ mod tests {
             w
         };
         let slot0 = HEADER_WORDS;
-        let chunk0 = HEADER_WORDS + SHARED_SLOTS;
+        let beat0 = HEADER_WORDS + SHARED_SLOTS;
+        let chunk0 = HEADER_WORDS + 2 * SHARED_SLOTS;
         let dead = Owner::dead();
         let cases: Vec<(Vec<u64>, Invalid)> = vec![
             (good[..good.len() - 1].to_vec(), Invalid::Size),
@@ -334,8 +347,16 @@ mod tests {
             (corrupt(&|w| w[at::VERSION] = 99), Invalid::Version),
             (corrupt(&|w| w[at::KEY] ^= 1), Invalid::Layout),
             (corrupt(&|w| w[at::CHUNK_SIZE] = 8192), Invalid::Layout),
+            (corrupt(&|w| w[at::VERSION] = 1), Invalid::Version),
             (corrupt(&|w| w[chunk0 + 2] = TERMINAL | 7), Invalid::Word),
+            (
+                corrupt(&|w| w[chunk0 + 2] = DONE | TAKEN_OVER),
+                Invalid::Word,
+            ),
             (corrupt(&|w| w[slot0] = 3 << 32), Invalid::Word),
+            (corrupt(&|w| w[slot0] |= TAKEN_OVER), Invalid::Word),
+            (corrupt(&|w| w[beat0 + 1] = 5), Invalid::Word),
+            (corrupt(&|w| w[15] = 1), Invalid::Word),
             // Left by an earlier run whose ranks are gone, some chunks
             // still claimed by one of them.
             (
@@ -374,6 +395,6 @@ mod tests {
         }
         let late = SharedQueue::open(&path, &layout(), me, &mut fresh_init).unwrap();
         assert_eq!(late.replaced, None);
-        assert_eq!(load(late.words(), HEADER_WORDS + SHARED_SLOTS), DONE);
+        assert_eq!(load(late.words(), HEADER_WORDS + 2 * SHARED_SLOTS), DONE);
     }
 }

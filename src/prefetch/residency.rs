@@ -28,8 +28,8 @@ use crate::storage;
 /// its "warm" line, 2026-11-29).
 const SAMPLES: u64 = 16;
 
-/// How residency of a file's pages is found. Neither way: the kernel does
-/// not let this process see it.
+/// How residency of a file's pages is found ([`Sight`]). Neither way: the
+/// kernel does not let this process see it.
 pub(super) struct Probe {
     /// `cachestat(2)` (Linux 6.5+) works: one call counts the pages present
     /// in a range, also those whose read is still in flight. Cheap.
@@ -201,28 +201,60 @@ pub(super) fn target_from(
     })
 }
 
-/// `mincore(2)` on a map of the file, where the kernel shows this process
-/// the page cache: the caller owns or may write the file (or is root), the
-/// rule of `can_do_mincore` in mm/mincore.c; elsewhere `mincore` silently
-/// reports cached pages as absent. `cachestat(2)` applies the same rule but
-/// says so (`EPERM`), so it decides where it exists; and it counts pages
-/// where the file cannot be mapped.
+/// Which calls show this process a file's page cache, from what
+/// `cachestat(2)` answered and whether `mincore(2)` can see the file's pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sight {
+    /// `cachestat(2)` counts, and `mincore(2)` on a map tells what landed.
+    Both,
+    /// `cachestat(2)` only: `mincore(2)` would report every page present.
+    Cachestat,
+    /// `mincore(2)` only: `cachestat(2)` is missing (`ENOSYS` before Linux
+    /// 6.5) or refused.
+    Mincore,
+    /// Neither: residency is unknown, and every chunk is read.
+    Hidden,
+}
+
+/// The decision behind [`Sight`]. Each call is used where it answers truly:
+/// `cachestat(2)` where it succeeds, `mincore(2)` where the kernel shows
+/// this process the file's pages ([`visible_to_mincore`]). `EPERM` from
+/// `cachestat(2)` is no different from any other failure: it comes from its
+/// own permission check (`can_do_cachestat` in mm/filemap.c, the rule of
+/// `mincore(2)`, since Linux 6.14), where the rule below says no too, or
+/// from a seccomp filter or security module that does not know the call,
+/// which leaves `mincore(2)` working.
+pub(super) fn sight(cachestat: Result<(), io::ErrorKind>, visible_to_mincore: bool) -> Sight {
+    match (cachestat, visible_to_mincore) {
+        (Ok(()), true) => Sight::Both,
+        (Ok(()), false) => Sight::Cachestat,
+        (Err(_), true) => Sight::Mincore,
+        (Err(_), false) => Sight::Hidden,
+    }
+}
+
+/// How this process sees the page cache of `file` (see [`sight`]).
 fn probe_for(file: &File, path: &Path, meta: &std::fs::Metadata) -> Probe {
     if meta.len() == 0 {
         return Probe::HIDDEN;
     }
-    let cachestat = match os::cached_pages(file, 0, 1) {
-        Ok(_) => true,
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Probe::HIDDEN,
-        Err(_) if !visible_to_mincore(path, meta) => return Probe::HIDDEN,
-        Err(_) => false,
-    };
+    let cachestat = os::cached_pages(file, 0, 1).map(drop).map_err(|e| e.kind());
+    let sight = sight(cachestat, visible_to_mincore(path, meta));
+    let map = matches!(sight, Sight::Both | Sight::Mincore)
+        .then(|| storage::map_file(file).ok())
+        .flatten();
     Probe {
-        cachestat,
-        map: storage::map_file(file).ok(),
+        cachestat: matches!(sight, Sight::Both | Sight::Cachestat),
+        map,
     }
 }
 
+/// Whether `mincore(2)` shows this process the page cache of a file: the
+/// caller is root, owns the file or may write it, the rule of
+/// `can_do_mincore` in mm/mincore.c. For any other file Linux 5.0+ reports
+/// every page of the range present, cached or not (measured on 6.18: a
+/// cold 4 MiB file of root's, mode 0644, read 1024 of 1024 pages present by
+/// `nobody`, and 0 by root), so its answer there must not be used.
 fn visible_to_mincore(path: &Path, meta: &std::fs::Metadata) -> bool {
     let euid = os::effective_uid();
     euid.is_some() && (euid == Some(0) || euid == os::file_owner(meta) || os::may_write(path))
@@ -286,6 +318,24 @@ pub(super) fn initial_states(targets: &[Target], chunks: &[Chunk], available: Op
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_call_is_used_where_it_tells_the_truth() {
+        use io::ErrorKind::{PermissionDenied, Unsupported};
+        assert_eq!(sight(Ok(()), true), Sight::Both);
+        // Kernels before cachestat(2) checked permissions (6.5 to 6.13)
+        // answer it for anyone; mincore(2) would still report every page of
+        // a file this user may not write.
+        assert_eq!(sight(Ok(()), false), Sight::Cachestat);
+        // EPERM where mincore(2) can see (a seccomp filter that does not
+        // know the call): mincore(2), as on a kernel without cachestat(2).
+        assert_eq!(sight(Err(PermissionDenied), true), Sight::Mincore);
+        assert_eq!(sight(Err(Unsupported), true), Sight::Mincore);
+        // A user who neither owns nor may write the file: hidden, not
+        // "every page present".
+        assert_eq!(sight(Err(PermissionDenied), false), Sight::Hidden);
+        assert_eq!(sight(Err(Unsupported), false), Sight::Hidden);
+    }
 
     #[test]
     fn a_sampled_check_counts_exactly_when_a_sample_is_missing() {

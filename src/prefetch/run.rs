@@ -6,7 +6,7 @@ use super::launcher::{LocalRank, job_key};
 use super::options::PrefetchOptions;
 use super::owner::Owner;
 use super::plan::{ChunkPlan, Init, reader_plan};
-use super::queue::{Layout, chunk_words, init_from_header};
+use super::queue::{Layout, chunk_words, heartbeat_words, init_from_header, slot_words};
 use super::queue_file::{Queue, default_queue_dir};
 use super::residency::{Target, initial_states, resolve_method};
 use super::worker::{Tally, Work};
@@ -155,6 +155,9 @@ pub(super) fn run(plan: Plan, options: &PrefetchOptions, reason: String) -> Resu
         shared,
         claimable,
         on_chunk: options.on_chunk.as_ref(),
+        slots: slot_words(words, queue.layout()),
+        heartbeats: heartbeat_words(words, queue.layout()),
+        heartbeat: queue.heartbeat(),
         tally: Tally::default(),
     };
     let outcome = work.run(&starts)?;

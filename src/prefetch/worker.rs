@@ -1,4 +1,4 @@
-//! A rank's readers: claim a free chunk, else take over a dead rank's or wait for a live one's; warm it by reading or by `WILLNEED`; then check that what they warmed landed.
+//! A rank's readers: claim a free chunk, else take over a chunk whose holder died or stopped (`takeover.rs`) or wait for it; warm it by reading or by `WILLNEED`, beating the rank's heartbeat as they go; then check that what they warmed landed.
 
 use std::fs::File;
 use std::ops::Range;
@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use super::options::ChunkCallback;
 use super::owner::Owner;
 use super::plan::Chunk;
-use super::queue::{ChunkState, DONE, FREE, SKIPPED, chunk_state};
+use super::queue::{ChunkState, DONE, FREE, SKIPPED, SlotState, chunk_state, slot_state};
 use super::residency::Target;
+use super::takeover::{self, Verdict, Watch};
 use crate::error::{Error, Result};
 use crate::os;
 use crate::policy::PrefetchMethod;
@@ -21,6 +22,8 @@ const POLL: Duration = Duration::from_millis(2);
 
 /// A reader stops waiting for chunks claimed by live ranks when no chunk of
 /// the queue has finished for this long, and reports them as not warmed.
+/// The last resort, for what the take-over rule leaves alone (see
+/// `takeover.rs`): a stopped rank's chunks are taken over within 2 s.
 const STALL: Duration = Duration::from_secs(60);
 
 /// After `WILLNEED`, the residency of a chunk is polled this often, and the
@@ -42,6 +45,12 @@ pub(super) struct Work<'a> {
     pub shared: bool,
     pub claimable: Range<usize>,
     pub on_chunk: Option<&'a ChunkCallback>,
+    /// The queue's rank slots and their heartbeats (empty for a queue of
+    /// this process's own).
+    pub slots: &'a [AtomicU64],
+    pub heartbeats: &'a [AtomicU64],
+    /// This rank's heartbeat, where it holds a slot.
+    pub heartbeat: Option<&'a AtomicU64>,
     /// What the readers did so far ([`Tally::default`] to start).
     pub tally: Tally,
 }
@@ -57,6 +66,19 @@ pub(super) struct Tally {
     /// Bumped whenever a chunk of this rank finishes (for stall detection
     /// along with the queue's own states).
     progress: AtomicUsize,
+    /// Chunks this rank had to read, and the nanoseconds they took: the
+    /// expected read time of the take-over rule.
+    reads: AtomicU64,
+    read_nanos: AtomicU64,
+}
+
+impl Tally {
+    /// The mean time this rank took to warm a chunk that was not resident.
+    fn mean_read(&self) -> Option<Duration> {
+        let reads = self.reads.load(Ordering::Relaxed);
+        let nanos = self.read_nanos.load(Ordering::Relaxed);
+        (reads > 0).then(|| Duration::from_nanos(nanos / reads))
+    }
 }
 
 /// What a rank's readers did, once they are done.
@@ -114,19 +136,23 @@ impl Work<'_> {
         let mut scratch = Vec::new();
         let mut pages = Vec::new();
         let mut cursor = start;
+        // Kept across waits: a holder quiet since this reader first looked
+        // stays quiet while the reader handles the chunk it took over.
+        let mut watch = Watch::default();
         while !self.tally.failed.load(Ordering::Relaxed) {
             let next = match self.claim_free(&mut cursor) {
-                Some(i) => Some(i),
-                None if self.shared => self.wait_or_take_over(),
+                Some(i) => Some((i, self.me.word())),
+                None if self.shared => self.wait_or_take_over(&mut watch),
                 None => None,
             };
-            let Some(i) = next else {
+            let Some((i, claim)) = next else {
                 return Ok(());
             };
-            if let Err(e) = self.handle(i, &mut scratch, &mut pages) {
+            self.beat();
+            if let Err(e) = self.handle(i, claim, &mut scratch, &mut pages) {
                 // Let another rank try it.
                 if let Some(w) = self.states.get(i) {
-                    swap(w, self.me.word(), FREE);
+                    swap(w, claim, FREE);
                 }
                 return Err(e);
             }
@@ -154,46 +180,81 @@ impl Work<'_> {
         None
     }
 
-    /// With nothing free: takes over a chunk whose claimer died, or waits
-    /// for live claimers; `None` when every chunk is finished, or when
-    /// nothing has finished for [`STALL`] (recorded in `stalled`).
-    fn wait_or_take_over(&self) -> Option<usize> {
+    /// This rank runs: other ranks watch the count to tell a stopped rank
+    /// from a busy one.
+    fn beat(&self) {
+        if let Some(beat) = self.heartbeat {
+            beat.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The heartbeat of `owner`: the sum over the slots it is attached to
+    /// (one, unless a process runs two prefetches of the same checkpoint);
+    /// `None` when it holds no slot.
+    fn beat_of(&self, owner: Owner) -> Option<u64> {
+        let mut found: Option<u64> = None;
+        for (slot, beat) in self.slots.iter().zip(self.heartbeats) {
+            if slot_state(slot.load(Ordering::Acquire)) == Some(SlotState::Attached(owner)) {
+                let beat = beat.load(Ordering::Relaxed);
+                found = Some(found.unwrap_or(0).wrapping_add(beat));
+            }
+        }
+        found
+    }
+
+    /// With nothing free: takes over a chunk whose holder died or made no
+    /// progress for a while (the rule of `takeover.rs`), or waits for the
+    /// holders; the chunk and the claim written, or `None` when every chunk
+    /// is finished, or when nothing has finished for [`STALL`] (recorded in
+    /// `stalled`).
+    fn wait_or_take_over(&self, watch: &mut Watch) -> Option<(usize, u64)> {
         let mut last_seen = (usize::MAX, 0usize);
         let mut last_change = Instant::now();
         loop {
             if self.tally.failed.load(Ordering::Relaxed) {
                 return None;
             }
+            self.beat();
+            let patience = takeover::patience(self.tally.mean_read());
+            let now = Instant::now();
             let mut terminal = 0usize;
             let mut waiting: Vec<(usize, Owner)> = Vec::new();
-            let mut verdicts: Vec<(Owner, bool)> = Vec::new();
+            // Per holder, looked up once a pass: alive, and quiet for how long.
+            let mut holders: Vec<(Owner, bool, Option<Duration>)> = Vec::new();
             for i in self.claimable.clone() {
                 let Some(word) = self.states.get(i) else {
                     continue;
                 };
-                let now = word.load(Ordering::Acquire);
-                match chunk_state(now) {
-                    Some(ChunkState::Free) if swap(word, FREE, self.me.word()) => return Some(i),
-                    Some(ChunkState::Free) => {}
-                    Some(ChunkState::Claimed(owner)) if owner == self.me => {
-                        waiting.push((i, owner))
+                let seen = word.load(Ordering::Acquire);
+                let claim = match chunk_state(seen) {
+                    Some(ChunkState::Free) if swap(word, FREE, self.me.word()) => {
+                        return Some((i, self.me.word()));
                     }
-                    Some(ChunkState::Claimed(owner)) => {
-                        let alive = match verdicts.iter().find(|(o, _)| *o == owner) {
-                            Some(&(_, alive)) => alive,
-                            None => {
-                                let alive = owner.alive();
-                                verdicts.push((owner, alive));
-                                alive
-                            }
-                        };
-                        if alive {
-                            waiting.push((i, owner));
-                        } else if swap(word, now, self.me.word()) {
-                            return Some(i);
-                        }
+                    Some(ChunkState::Claimed(claim)) => claim,
+                    Some(ChunkState::Free) => continue,
+                    _ => {
+                        terminal += 1;
+                        continue;
                     }
-                    _ => terminal += 1,
+                };
+                let owner = claim.owner;
+                let (alive, quiet) = match holders.iter().find(|h| h.0 == owner) {
+                    Some(&(_, alive, quiet)) => (alive, quiet),
+                    None if owner == self.me => (true, None),
+                    None => {
+                        let alive = owner.alive();
+                        let quiet = self.beat_of(owner).map(|b| watch.quiet(owner, b, now));
+                        holders.push((owner, alive, quiet));
+                        (alive, quiet)
+                    }
+                };
+                match takeover::verdict(claim, self.me, alive, quiet, patience) {
+                    Verdict::TakeOver(mine) if swap(word, seen, mine.word()) => {
+                        return Some((i, mine.word()));
+                    }
+                    // Lost the race to another taker, or to the holder.
+                    Verdict::TakeOver(_) => {}
+                    Verdict::Wait => waiting.push((i, owner)),
                 }
             }
             if waiting.is_empty() {
@@ -231,8 +292,15 @@ impl Work<'_> {
         }
     }
 
-    /// Warms chunk `i`, claimed by this rank, and marks it done.
-    fn handle(&self, i: usize, scratch: &mut Vec<u8>, pages: &mut Vec<u8>) -> Result<()> {
+    /// Warms chunk `i`, claimed by this rank with the word `claim`, and
+    /// marks it done.
+    fn handle(
+        &self,
+        i: usize,
+        claim: u64,
+        scratch: &mut Vec<u8>,
+        pages: &mut Vec<u8>,
+    ) -> Result<()> {
         let (Some(&chunk), Some(word)) = (self.chunks.get(i), self.states.get(i)) else {
             return Ok(());
         };
@@ -246,6 +314,7 @@ impl Work<'_> {
         }
         let resident = target.resident_quick(chunk.offset, chunk.len, pages);
         if resident != Some(chunk.len) {
+            let started = Instant::now();
             self.tally
                 .warmed
                 .fetch_add(chunk.len - resident.unwrap_or(0), Ordering::Relaxed);
@@ -256,18 +325,23 @@ impl Work<'_> {
             };
             match (method, resident) {
                 (PrefetchMethod::WillNeed, Some(_)) => {
-                    advise_and_wait(target, chunk, scratch, pages)?
+                    advise_and_wait(target, chunk, scratch, pages, &|| self.beat())?
                 }
                 _ => read_chunk(target, file, chunk, scratch)?,
             }
+            let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.tally.read_nanos.fetch_add(nanos, Ordering::Relaxed);
+            self.tally.reads.fetch_add(1, Ordering::Relaxed);
+            self.beat();
         }
         if let Some(f) = self.on_chunk {
             f(&target.path, chunk.offset..chunk.offset + chunk.len);
         }
         // Fails only if another rank took the chunk over, taking this
-        // process for dead; it is warm either way.
-        swap(word, self.me.word(), DONE);
+        // process for dead or stopped; it is warm either way.
+        swap(word, claim, DONE);
         self.tally.progress.fetch_add(1, Ordering::Relaxed);
+        self.beat();
         Ok(())
     }
 
@@ -353,13 +427,15 @@ fn read_chunk(target: &Target, file: &File, chunk: Chunk, scratch: &mut Vec<u8>)
 }
 
 /// Asks for a chunk with `WILLNEED` in pieces the kernel honours whole,
-/// waits while its pages arrive, and reads what has not arrived once
-/// nothing has for a while (the kernel may drop read-ahead under load).
+/// waits while its pages arrive (calling `progress` as they do), and reads
+/// what has not arrived once nothing has for a while (the kernel may drop
+/// read-ahead under load).
 fn advise_and_wait(
     target: &Target,
     chunk: Chunk,
     scratch: &mut Vec<u8>,
     pages: &mut Vec<u8>,
+    progress: &dyn Fn(),
 ) -> Result<()> {
     let end = chunk.offset + chunk.len;
     let piece = target.advice_piece.max(1);
@@ -379,10 +455,111 @@ fn advise_and_wait(
             Some(r) if r > last => {
                 last = r;
                 last_change = Instant::now();
+                progress();
             }
             Some(_) if last_change.elapsed() < WILLNEED_IDLE => {}
             _ => return read_chunk(target, &target.file, chunk, scratch),
         }
         std::thread::sleep(WILLNEED_POLL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prefetch::plan::{guard, plan_chunks};
+    use crate::prefetch::queue::{Layout, chunk_words, heartbeat_words, init_words, slot_words};
+    use crate::prefetch::residency::{open_targets, resolve_method};
+
+    /// One reader of this process against a queue of two slots, on a cold
+    /// file of four chunks, the last claimed by a live process that is not
+    /// this one (the parent: alive, and never beating on its own). `beat`
+    /// plays the holder from a thread. Returns chunks handled, the last
+    /// chunk's word, and how long the reader took.
+    fn race(beat: impl FnOnce(&AtomicU64, &AtomicU64) + Send) -> (usize, u64, Duration) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![3u8; 4 << 16]).unwrap();
+        let targets = open_targets(&[path], None).unwrap();
+        targets[0].file.sync_all().unwrap();
+        os::evict(&targets[0].file).unwrap();
+        let chunks = plan_chunks(&[4 << 16], 1 << 16);
+        let layout = Layout {
+            key: 1,
+            chunk_size: 1 << 16,
+            chunks: 4,
+            total: 4 << 16,
+            slots: 2,
+        };
+        let words: Vec<AtomicU64> = (0..layout.words()).map(|_| AtomicU64::new(0)).collect();
+        let me = Owner::current();
+        init_words(
+            &words,
+            &layout,
+            &guard(&chunks, &[0; 4], None, true),
+            Some(me),
+        );
+        let holder = Owner {
+            pid: os::parent_pid(),
+            tag: 0,
+        };
+        let (slots, beats) = (
+            slot_words(&words, &layout),
+            heartbeat_words(&words, &layout),
+        );
+        slots[1].store(holder.word(), Ordering::Relaxed);
+        let states = chunk_words(&words, &layout);
+        states[3].store(holder.word(), Ordering::Relaxed);
+        let methods: Vec<_> = targets
+            .iter()
+            .map(|t| resolve_method(PrefetchMethod::Pread, t))
+            .collect();
+        let work = Work {
+            targets: &targets,
+            methods: &methods,
+            chunks: &chunks,
+            states,
+            me,
+            shared: true,
+            claimable: 0..4,
+            on_chunk: None,
+            slots,
+            heartbeats: beats,
+            heartbeat: beats.first(),
+            tally: Tally::default(),
+        };
+        let clock = Instant::now();
+        let outcome = std::thread::scope(|s| {
+            s.spawn(|| beat(&beats[1], &states[3]));
+            work.run(&[0]).unwrap()
+        });
+        (
+            outcome.handled,
+            states[3].load(Ordering::Relaxed),
+            clock.elapsed(),
+        )
+    }
+
+    #[test]
+    fn a_quiet_live_holder_loses_its_chunk() {
+        let (handled, last, took) = race(|_, _| {});
+        assert_eq!((handled, last), (4, DONE), "taken over and done");
+        // Its own reads of 64 KiB were quick: the rule waits its floor, 500 ms.
+        assert!(took >= Duration::from_millis(500), "{took:?}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+    }
+
+    #[test]
+    fn a_beating_holder_keeps_its_chunk() {
+        let (handled, last, took) = race(|beat, chunk| {
+            let until = Instant::now() + Duration::from_millis(1200);
+            while Instant::now() < until {
+                beat.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            chunk.store(DONE, Ordering::Release); // finished it itself
+        });
+        assert_eq!((handled, last), (3, DONE), "left to its holder");
+        assert!(took >= Duration::from_millis(1200), "{took:?}");
     }
 }

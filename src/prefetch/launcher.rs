@@ -1,0 +1,235 @@
+//! Which local rank this process is, from the launchers' variables (torchrun, Slurm, Open MPI, MPICH), and the job key that keeps one job's queue apart from another's.
+
+/// This process's place among the job's processes on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LocalRank {
+    pub rank: usize,
+    pub size: usize,
+    /// Where it came from, in words.
+    pub source: String,
+}
+
+impl LocalRank {
+    /// The caller's local rank and size where set
+    /// ([`PrefetchOptions::local_rank`](crate::PrefetchOptions::local_rank)),
+    /// else the launcher's.
+    pub(crate) fn from_setting(setting: Option<(usize, usize)>) -> LocalRank {
+        match setting {
+            Some((rank, size)) => LocalRank::checked(rank, size, "local_rank() was set".into()),
+            None => detect_local_rank(|name| std::env::var(name).ok()),
+        }
+    }
+
+    fn single(source: impl Into<String>) -> LocalRank {
+        LocalRank {
+            rank: 0,
+            size: 1,
+            source: source.into(),
+        }
+    }
+
+    fn checked(rank: usize, size: usize, source: String) -> LocalRank {
+        if size == 0 || rank >= size {
+            return LocalRank::single(format!("{source}: invalid, taken as one process"));
+        }
+        LocalRank { rank, size, source }
+    }
+}
+
+/// The launchers' variables: the local rank, then the local size (the first
+/// that is set), and the launcher's name. torchrun comes first: under Slurm
+/// or MPI, torchrun's own variables describe its worker processes.
+const LAUNCHERS: [(&str, &[&str], &str); 4] = [
+    ("LOCAL_RANK", &["LOCAL_WORLD_SIZE"], "torchrun"),
+    (
+        "SLURM_LOCALID",
+        &["SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"],
+        "Slurm",
+    ),
+    (
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        &["OMPI_COMM_WORLD_LOCAL_SIZE"],
+        "Open MPI",
+    ),
+    ("MPI_LOCALRANKID", &["MPI_LOCALNRANKS"], "MPICH/Intel MPI"),
+];
+
+/// The local rank and size from the launcher's environment variables, read
+/// through `env`. The first launcher whose rank and size are both set
+/// decides; values that are not numbers, or a rank not below the size, make
+/// this process a single rank.
+pub(crate) fn detect_local_rank(env: impl Fn(&str) -> Option<String>) -> LocalRank {
+    for (rank_var, size_vars, launcher) in LAUNCHERS {
+        let Some(rank_text) = env(rank_var) else {
+            continue;
+        };
+        let Some((size_var, size_text)) = size_vars
+            .iter()
+            .find_map(|&name| env(name).map(|value| (name, value)))
+        else {
+            continue;
+        };
+        let source = format!(
+            "{rank_var}={} {size_var}={} ({launcher})",
+            rank_text.trim(),
+            size_text.trim()
+        );
+        let rank = rank_text.trim().parse::<usize>().ok();
+        let size = leading_number(&size_text);
+        return match (rank, size) {
+            (Some(rank), Some(size)) => LocalRank::checked(rank, size, source),
+            _ => LocalRank::single(format!("{source}: not numbers, taken as one process")),
+        };
+    }
+    LocalRank::single("no launcher variables")
+}
+
+/// The number a count starts with: Slurm writes `4(x2)` for "4 tasks on
+/// each of 2 nodes", and `4,2(x3)` for uneven nodes.
+fn leading_number(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    text.get(..end)?.parse().ok()
+}
+
+/// What identifies the job, so that its ranks share a queue and other jobs
+/// do not: the launcher's job id, else the parent process (the ranks of one
+/// launcher on a node are its children).
+pub(crate) fn job_key(env: impl Fn(&str) -> Option<String>, parent_pid: u32) -> String {
+    let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+    if let Some(id) = set("TORCHELASTIC_RUN_ID") {
+        return format!("torchelastic:{id}");
+    }
+    if let Some(job) = set("SLURM_JOB_ID").or_else(|| set("SLURM_JOBID")) {
+        let step = set("SLURM_STEP_ID")
+            .or_else(|| set("SLURM_STEPID"))
+            .unwrap_or_default();
+        return format!("slurm:{job}.{step}");
+    }
+    if let Some(id) = set("OMPI_MCA_ess_base_jobid") {
+        return format!("ompi:{id}");
+    }
+    format!("parent:{parent_pid}")
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// An environment of these variables only, for the functions that read
+    /// it through a closure.
+    pub(in crate::prefetch) fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    fn rank_of(pairs: &[(&str, &str)]) -> (usize, usize) {
+        let r = detect_local_rank(env_of(pairs));
+        (r.rank, r.size)
+    }
+
+    #[test]
+    fn rank_from_each_launcher() {
+        assert_eq!(
+            rank_of(&[("LOCAL_RANK", "3"), ("LOCAL_WORLD_SIZE", "8")]),
+            (3, 8)
+        );
+        assert_eq!(
+            rank_of(&[("SLURM_LOCALID", "1"), ("SLURM_NTASKS_PER_NODE", "4")]),
+            (1, 4)
+        );
+        // Slurm's compressed form: 4 tasks on each of 2 nodes.
+        assert_eq!(
+            rank_of(&[("SLURM_LOCALID", "2"), ("SLURM_NTASKS_PER_NODE", "4(x2)")]),
+            (2, 4)
+        );
+        // Without --ntasks-per-node, Slurm sets only SLURM_TASKS_PER_NODE.
+        assert_eq!(
+            rank_of(&[("SLURM_LOCALID", "1"), ("SLURM_TASKS_PER_NODE", "2(x3),1")]),
+            (1, 2)
+        );
+        assert_eq!(
+            rank_of(&[
+                ("OMPI_COMM_WORLD_LOCAL_RANK", "5"),
+                ("OMPI_COMM_WORLD_LOCAL_SIZE", "6")
+            ]),
+            (5, 6)
+        );
+        assert_eq!(
+            rank_of(&[("MPI_LOCALRANKID", "0"), ("MPI_LOCALNRANKS", "2")]),
+            (0, 2)
+        );
+        let r = detect_local_rank(env_of(&[("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")]));
+        assert_eq!(r.source, "LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 (torchrun)");
+    }
+
+    #[test]
+    fn torchrun_under_slurm_wins() {
+        // torchrun started by srun: one Slurm task per node, 8 torchrun workers.
+        let pairs = [
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_NTASKS_PER_NODE", "1"),
+            ("LOCAL_RANK", "6"),
+            ("LOCAL_WORLD_SIZE", "8"),
+        ];
+        assert_eq!(rank_of(&pairs), (6, 8));
+    }
+
+    #[test]
+    fn invalid_or_missing_is_one_process() {
+        assert_eq!(rank_of(&[]), (0, 1));
+        assert_eq!(rank_of(&[("LOCAL_RANK", "2")]), (0, 1), "no size");
+        assert_eq!(
+            rank_of(&[("LOCAL_RANK", "4"), ("LOCAL_WORLD_SIZE", "4")]),
+            (0, 1)
+        );
+        assert_eq!(
+            rank_of(&[("LOCAL_RANK", "x"), ("LOCAL_WORLD_SIZE", "4")]),
+            (0, 1)
+        );
+        assert_eq!(
+            rank_of(&[("LOCAL_RANK", "-1"), ("LOCAL_WORLD_SIZE", "4")]),
+            (0, 1)
+        );
+        assert_eq!(
+            rank_of(&[("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "0")]),
+            (0, 1)
+        );
+        assert_eq!(
+            rank_of(&[("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "")]),
+            (0, 1)
+        );
+        let r = detect_local_rank(env_of(&[("LOCAL_RANK", "9"), ("LOCAL_WORLD_SIZE", "4")]));
+        assert!(r.source.contains("invalid"), "{}", r.source);
+    }
+
+    #[test]
+    fn job_key_from_each_launcher() {
+        assert_eq!(
+            job_key(env_of(&[("TORCHELASTIC_RUN_ID", "abc")]), 7),
+            "torchelastic:abc"
+        );
+        assert_eq!(
+            job_key(env_of(&[("SLURM_JOB_ID", "42"), ("SLURM_STEP_ID", "3")]), 7),
+            "slurm:42.3"
+        );
+        assert_eq!(
+            job_key(env_of(&[("SLURM_JOBID", "42"), ("SLURM_STEPID", "0")]), 7),
+            "slurm:42.0"
+        );
+        assert_eq!(
+            job_key(env_of(&[("OMPI_MCA_ess_base_jobid", "1234")]), 7),
+            "ompi:1234"
+        );
+        assert_eq!(
+            job_key(env_of(&[("TORCHELASTIC_RUN_ID", " ")]), 7),
+            "parent:7"
+        );
+    }
+}

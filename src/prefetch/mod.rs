@@ -1,0 +1,115 @@
+//! Page-cache warming before a load: the local ranks of a job stream a checkpoint's bytes into the page cache through one shared chunk queue, skipping what is resident and staying within the memory guard.
+//!
+//! # How the work is shared
+//!
+//! The files are cut into chunks (8 MiB by default) in checkpoint order
+//! (`plan.rs`). The local ranks of a job (the processes of one node:
+//! `LOCAL_RANK` / `LOCAL_WORLD_SIZE` and their Slurm and MPI equivalents,
+//! `launcher.rs`) share one queue of chunk states, a small file in `/dev/shm`
+//! that every rank maps (`queue.rs` for its words, `queue_file.rs` for the
+//! file). Each of a rank's `streams` readers starts at its own byte offset
+//! (the checkpoint's bytes split evenly over ranks × streams, never by global
+//! rank, so every node warms every byte) and claims free chunks onward with a
+//! compare-and-swap, so a rank that finishes early goes on with the chunks
+//! of a slower one and no chunk is read twice on a node. When no chunk is
+//! free, a reader takes over the chunks of claimers that have died
+//! (`owner.rs`) or stopped (below), and waits for those of the others
+//! (`worker.rs`).
+//!
+//! The first rank creates the queue file, checks residency and applies the
+//! memory guard while holding its lock, then publishes it; the others
+//! validate what they find and replace a file that fails, or that no live
+//! rank is attached to (a stale file from an earlier run). The last live
+//! rank to leave removes it.
+//!
+//! Residency is checked before each chunk is read (`residency.rs`), so a
+//! stale "done" costs nothing but a check, and after a rank's chunks are done
+//! it checks what landed and reads what did not, once.
+//!
+//! Readers are threads of the crate's worker pool, like the read engine's:
+//! they block on storage. They do not go through the read engine itself,
+//! which runs a list of jobs fixed in advance, because here a chunk is only
+//! known to be this rank's when its claim succeeds.
+//!
+//! # When a rank stops
+//!
+//! A rank that is stopped (`SIGSTOP`, a debugger, a cgroup freezer, a node
+//! short of memory) keeps the chunks it claimed, but not for long: every
+//! rank beats a heartbeat in the queue as its readers make progress, and a
+//! rank that has nothing left to claim takes over a chunk whose holder's
+//! heartbeat has not moved for `clamp(8 × t, 500 ms, 2 s)`, `t` being the
+//! mean time the taking rank needed to read a chunk (2 s before it has read
+//! one). A chunk is taken over this way at most once, so at worst it is
+//! read twice; the stopped rank, resumed, finds its claims gone and carries
+//! on. A healthy read is never taken over: a chunk of 8 MiB reads in tens
+//! of milliseconds, and a rank beats at every chunk and, while it waits,
+//! every 2 ms. Whatever this rule leaves (a holder that keeps beating but
+//! never finishes, a rank past the queue's 256 slots) waits for the 60 s
+//! stall guard, then is reported as not warmed. The details and the
+//! measurements behind the numbers are in `takeover.rs`.
+//!
+//! # Where the pieces are
+//!
+//! [`prefetch()`] and the loader's side (`load.rs`) resolve files and decide
+//! whether to run; `run.rs` plans the chunks once, opens the queue and hands
+//! the readers (`worker.rs`) their start offsets; `options.rs` holds the
+//! public builder.
+
+mod launcher;
+mod load;
+mod options;
+mod owner;
+mod plan;
+mod queue;
+mod queue_file;
+mod residency;
+mod run;
+mod takeover;
+mod worker;
+
+use std::path::{Path, PathBuf};
+
+use crate::checkpoint;
+use crate::error::Result;
+use crate::mount::MountTable;
+use crate::report::PrefetchReport;
+
+pub(crate) use load::{LoadFile, LoadRequest, before_load};
+pub use options::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchOptions};
+
+/// Warms the page cache with the files of the checkpoint at `path` (a
+/// `.safetensors` file, an index, or a directory holding one), for a job
+/// script that warms, waits at a barrier, then loads.
+///
+/// Run it in every local rank: they split the bytes between them through a
+/// shared queue (see the crate docs, "Prefetch"), and each returns once
+/// every chunk is warm or skipped. Chunks already in the page cache are
+/// not read; the memory guard warms at most 90 % of the memory available.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("model.safetensors");
+/// # let data = vec![0u8; 1 << 20];
+/// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 20], &data)?;
+/// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+/// use safeload::{PrefetchOptions, prefetch};
+///
+/// let report = prefetch(&path, &PrefetchOptions::new().streams(2))?;
+/// assert_eq!(report.total_bytes(), std::fs::metadata(&path)?.len());
+/// eprintln!("{report}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// When the checkpoint cannot be resolved, a file cannot be opened, or a
+/// read fails (with the file and offset). Problems with the shared queue
+/// are not errors: the ranks then split the bytes statically.
+pub fn prefetch(path: impl AsRef<Path>, options: &PrefetchOptions) -> Result<PrefetchReport> {
+    let checkpoint = checkpoint::resolve(path.as_ref())?;
+    let paths: Vec<PathBuf> = checkpoint.shards.into_iter().map(|s| s.path).collect();
+    let table = MountTable::current().ok();
+    let targets = residency::open_targets(&paths, table.as_ref())?;
+    let reason = format!("prefetch() with {} stream(s)", options.streams);
+    run::run(run::Plan::new(targets, options), options, reason)
+}

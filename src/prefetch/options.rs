@@ -1,0 +1,155 @@
+//! The public options of a prefetch (`PrefetchOptions`) and the environment variables that turn it on.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::policy::PrefetchMethod;
+
+/// The environment variable that turns prefetch on with this many streams
+/// per rank (`0` turns it off, also where the auto policy would turn it on).
+/// [`Loader::prefetch`](crate::Loader::prefetch) overrides it.
+pub const PREFETCH_ENV: &str = "SAFELOAD_PREFETCH";
+
+/// Read as [`PREFETCH_ENV`] when that is unset, for jobs that already set it
+/// for `transformers`.
+pub const HF_SHARD_PREFETCH_ENV: &str = "HF_SHARD_PREFETCH";
+
+/// Readers per rank when prefetch is on and no number is given.
+pub(crate) const DEFAULT_STREAMS: usize = 4;
+
+/// What [`PrefetchOptions::on_chunk`] calls, shared by the readers.
+pub(super) type ChunkCallback = Arc<dyn Fn(&Path, Range<u64>) + Send + Sync>;
+
+/// The options of a prefetch, set as one expression.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("model.safetensors");
+/// # let data = vec![0u8; 1 << 16];
+/// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 16], &data)?;
+/// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+/// use safeload::{Loader, PrefetchMethod, PrefetchOptions};
+///
+/// let options = PrefetchOptions::new()
+///     .streams(8)                      // readers in this process
+///     .local_rank(0, 1)                // instead of LOCAL_RANK / LOCAL_WORLD_SIZE, ...
+///     .method(PrefetchMethod::Pread)   // instead of the measured default
+///     .on_chunk(|path, range| eprintln!("{}: {range:?} warm", path.display()));
+/// let report = safeload::prefetch(&path, &options)?;
+/// assert_eq!((report.streams(), report.method()), (8, PrefetchMethod::Pread));
+///
+/// let sd = Loader::new().prefetch_with(options).load(&path)?; // the same, then load
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct PrefetchOptions {
+    pub(super) streams: usize,
+    pub(super) local_rank: Option<(usize, usize)>,
+    pub(super) memory_available: Option<u64>,
+    pub(super) method: PrefetchMethod,
+    pub(super) chunk_size: Option<usize>,
+    pub(super) shared_queue: bool,
+    pub(super) queue_dir: Option<PathBuf>,
+    pub(super) on_chunk: Option<ChunkCallback>,
+}
+
+impl Default for PrefetchOptions {
+    fn default() -> Self {
+        PrefetchOptions {
+            streams: DEFAULT_STREAMS,
+            local_rank: None,
+            memory_available: None,
+            method: PrefetchMethod::Auto,
+            chunk_size: None,
+            shared_queue: true,
+            queue_dir: None,
+            on_chunk: None,
+        }
+    }
+}
+
+impl fmt::Debug for PrefetchOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PrefetchOptions")
+            .field("streams", &self.streams)
+            .field("local_rank", &self.local_rank)
+            .field("memory_available", &self.memory_available)
+            .field("method", &self.method)
+            .field("chunk_size", &self.chunk_size)
+            .field("shared_queue", &self.shared_queue)
+            .field("queue_dir", &self.queue_dir)
+            .field("on_chunk", &self.on_chunk.as_ref().map(|_| "<fn>"))
+            .finish()
+    }
+}
+
+impl PrefetchOptions {
+    /// Four streams per rank, rank from the launcher, method by filesystem,
+    /// 8 MiB chunks, the shared queue in `/dev/shm`.
+    pub fn new() -> PrefetchOptions {
+        PrefetchOptions::default()
+    }
+
+    /// Readers in this process (default 4). Zero turns prefetch off.
+    pub fn streams(mut self, streams: usize) -> PrefetchOptions {
+        self.streams = streams;
+        self
+    }
+
+    /// This process's rank among the processes of the job on this node, and
+    /// their number, instead of the launcher's variables. `rank >= size`
+    /// is taken as a single process.
+    pub fn local_rank(mut self, rank: usize, size: usize) -> PrefetchOptions {
+        self.local_rank = Some((rank, size));
+        self
+    }
+
+    /// Takes this many bytes as the memory available to the memory guard,
+    /// instead of the smaller of `MemAvailable` and the cgroup's room
+    /// (within a load, [`Loader::memory_available`](crate::Loader::memory_available)
+    /// where this is unset).
+    pub fn memory_available(mut self, bytes: u64) -> PrefetchOptions {
+        self.memory_available = Some(bytes);
+        self
+    }
+
+    /// How chunks are warmed (default: by filesystem kind).
+    pub fn method(mut self, method: PrefetchMethod) -> PrefetchOptions {
+        self.method = method;
+        self
+    }
+
+    /// The unit of work shared between readers and ranks (default 8 MiB),
+    /// rounded up to a multiple of the page size and to at least 64 KiB; a
+    /// checkpoint of more than 4 Mi chunks gets larger ones. Every rank of a
+    /// job must use the same value to share one queue.
+    pub fn chunk_size(mut self, bytes: usize) -> PrefetchOptions {
+        self.chunk_size = Some(bytes);
+        self
+    }
+
+    /// Whether the local ranks share one queue file (default `true`). With
+    /// `false`, or where the file cannot be made, each rank warms a fixed
+    /// share of the bytes.
+    pub fn shared_queue(mut self, shared: bool) -> PrefetchOptions {
+        self.shared_queue = shared;
+        self
+    }
+
+    /// Where the queue file lives (default `/dev/shm`, else the temporary
+    /// directory). All ranks of a job must agree.
+    pub fn queue_dir(mut self, dir: impl Into<PathBuf>) -> PrefetchOptions {
+        self.queue_dir = Some(dir.into());
+        self
+    }
+
+    /// Calls `f(path, byte range)` from a reader thread as each chunk this
+    /// process handled is warm, before the chunk is marked done for the
+    /// other ranks (progress reporting; a slow `f` delays them).
+    pub fn on_chunk(mut self, f: impl Fn(&Path, Range<u64>) + Send + Sync + 'static) -> Self {
+        self.on_chunk = Some(Arc::new(f));
+        self
+    }
+}

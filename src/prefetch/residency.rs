@@ -1,0 +1,385 @@
+//! The files to warm and what the kernel shows of their page cache: `cachestat(2)` or `mincore(2)` per file, sampled residency per chunk, and the warming method each file gets.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::UNIX_EPOCH;
+
+use memmap2::Mmap;
+
+use super::plan::{Chunk, Init, guard};
+use crate::error::{Error, Result};
+use crate::mount::{self, Mount, MountKind, MountTable};
+use crate::os;
+use crate::policy::PrefetchMethod;
+use crate::storage;
+
+/// Pages sampled per chunk before a chunk is taken as resident.
+///
+/// NOTE: counting a chunk's cached pages costs a page-cache lookup per page
+/// in the kernel, for `cachestat(2)` and `mincore(2)` alike: 16 ms per GiB on
+/// this project's VM (`perf`: all of it in `filemap_cachestat`); two full
+/// passes made a warm 1 GiB prefetch take 32 ms where a warm mapped load with
+/// `populate(true)` took 88-125 ms (26-36 %). Sampling 16 pages per chunk
+/// (one per 512 KiB of an 8 MiB chunk), counting exactly only where a sample
+/// is missing, and skipping the final count when nothing was read, brings it
+/// to 2.7-3.1 ms against 119-129 ms, 2.2-2.4 % (`examples/prefetch_methods.rs`,
+/// its "warm" line, 2026-11-29).
+const SAMPLES: u64 = 16;
+
+/// How residency of a file's pages is found ([`Sight`]). Neither way: the
+/// kernel does not let this process see it.
+pub(super) struct Probe {
+    /// `cachestat(2)` (Linux 6.5+) works: one call counts the pages present
+    /// in a range, also those whose read is still in flight. Cheap.
+    cachestat: bool,
+    /// A read-only shared map of the file, for `mincore(2)`: counts the
+    /// pages that hold their data (up to date), one byte per page.
+    map: Option<Mmap>,
+}
+
+impl Probe {
+    const HIDDEN: Probe = Probe {
+        cachestat: false,
+        map: None,
+    };
+}
+
+/// One file to warm.
+pub(super) struct Target {
+    pub(super) path: PathBuf,
+    pub(super) file: File,
+    pub(super) len: u64,
+    pub(super) identity: Vec<u8>,
+    pub(super) mount: Option<Mount>,
+    probe: Probe,
+    /// `WILLNEED` pieces: the most the kernel reads for one call.
+    pub(super) advice_piece: u64,
+    /// A second descriptor with read-ahead off, opened on first use.
+    bounded: OnceLock<Option<File>>,
+}
+
+impl Target {
+    /// Bytes of `[offset, offset + len)` in the page cache, counting pages
+    /// still being read (they will not be read again); `None` where
+    /// residency cannot be seen. `cachestat` where the kernel has it: a warm
+    /// checkpoint is checked with one call per chunk, not a lookup per page.
+    fn resident(&self, offset: u64, len: u64, scratch: &mut Vec<u8>) -> Option<u64> {
+        if self.probe.cachestat {
+            let cached = os::cached_pages(&self.file, offset, len).ok()?;
+            return Some(pages_to_bytes(cached, len));
+        }
+        self.landed(offset, len, scratch)
+    }
+
+    /// [`resident`](Self::resident), sampled first: `len` when
+    /// [`SAMPLES`] pages spread over the range are all present, else the
+    /// exact count. A warm checkpoint then costs a few calls per chunk
+    /// instead of a page-cache lookup per page (see the `NOTE:` on
+    /// [`SAMPLES`]); a page missed between samples is read by the load's
+    /// own page fault, as without prefetch.
+    pub(super) fn resident_quick(
+        &self,
+        offset: u64,
+        len: u64,
+        scratch: &mut Vec<u8>,
+    ) -> Option<u64> {
+        let page = os::page_size();
+        let pages = len.div_ceil(page);
+        let samples = SAMPLES.min(pages).max(1);
+        for k in 0..samples {
+            let at = offset + (k * pages / samples) * page;
+            let one = page.min(offset + len - at);
+            if self.resident(at, one, scratch)? < one {
+                return self.resident(offset, len, scratch);
+            }
+        }
+        Some(len)
+    }
+
+    /// Bytes of `[offset, offset + len)` whose pages hold their data, by
+    /// `mincore`; as [`resident`](Self::resident) where the file has no map.
+    pub(super) fn landed(&self, offset: u64, len: u64, scratch: &mut Vec<u8>) -> Option<u64> {
+        let Some(map) = &self.probe.map else {
+            return match self.probe.cachestat {
+                true => self.resident(offset, len, scratch),
+                false => None,
+            };
+        };
+        let offset = usize::try_from(offset).ok()?;
+        let n = usize::try_from(len).ok()?;
+        let pages = os::mincore_pages(map, offset, n, scratch).ok()?;
+        Some(pages_to_bytes(pages, len))
+    }
+
+    /// A descriptor whose reads bring in what they ask for and no more, for
+    /// the chunk before one the memory guard skips: the kernel's read-ahead
+    /// on the plain descriptor would warm part of the skipped one.
+    pub(super) fn bounded(&self) -> &File {
+        self.bounded
+            .get_or_init(|| {
+                let file = os::open_regular(&self.path).ok()?;
+                os::advise_random(&file).ok()?;
+                Some(file)
+            })
+            .as_ref()
+            .unwrap_or(&self.file)
+    }
+
+    /// Bytes of the whole file in the page cache, chunk by chunk, sampled.
+    pub(super) fn resident_total(&self, chunk: u64, scratch: &mut Vec<u8>) -> Option<u64> {
+        let mut sum = 0;
+        let mut offset = 0;
+        while offset < self.len {
+            let len = chunk.min(self.len - offset);
+            sum += self.resident_quick(offset, len, scratch)?;
+            offset += len;
+        }
+        Some(sum)
+    }
+}
+
+/// `pages` whole pages of a range of `len` bytes, in bytes: all of them
+/// when every page is counted (the last one may be partial).
+fn pages_to_bytes(pages: u64, len: u64) -> u64 {
+    let page = os::page_size();
+    if pages >= len.div_ceil(page) {
+        len
+    } else {
+        pages.saturating_mul(page).min(len)
+    }
+}
+
+pub(super) fn open_targets(paths: &[PathBuf], table: Option<&MountTable>) -> Result<Vec<Target>> {
+    paths
+        .iter()
+        .map(|path| {
+            let file = os::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
+            let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+            let mount = table.and_then(|t| mount::lookup_file_in(t, &file, &canonical).ok());
+            target_from(path.clone(), &canonical, file, mount)
+        })
+        .collect()
+}
+
+/// A target from an open file: its identity for the queue's key (canonical
+/// path, size, mtime, device, inode) and how its residency can be seen.
+pub(super) fn target_from(
+    path: PathBuf,
+    canonical: &Path,
+    file: File,
+    mount: Option<Mount>,
+) -> Result<Target> {
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io("reading metadata of", &path, None, e))?;
+    let mut identity = canonical.as_os_str().as_encoded_bytes().to_vec();
+    identity.push(0);
+    identity.extend_from_slice(&meta.len().to_le_bytes());
+    let modified = meta
+        .modified()
+        .ok()
+        .and_then(|m| m.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    identity.extend_from_slice(&modified.to_le_bytes());
+    if let Some((dev, ino)) = os::file_id(&meta) {
+        identity.extend_from_slice(&dev.to_le_bytes());
+        identity.extend_from_slice(&ino.to_le_bytes());
+    }
+    let probe = probe_for(&file, &path, &meta);
+    let advice_piece = advice_piece(&meta);
+    Ok(Target {
+        path,
+        file,
+        len: meta.len(),
+        identity,
+        mount,
+        probe,
+        advice_piece,
+        bounded: OnceLock::new(),
+    })
+}
+
+/// Which calls show this process a file's page cache, from what
+/// `cachestat(2)` answered and whether `mincore(2)` can see the file's pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sight {
+    /// `cachestat(2)` counts, and `mincore(2)` on a map tells what landed.
+    Both,
+    /// `cachestat(2)` only: `mincore(2)` would report every page present.
+    Cachestat,
+    /// `mincore(2)` only: `cachestat(2)` is missing (`ENOSYS` before Linux
+    /// 6.5) or refused.
+    Mincore,
+    /// Neither: residency is unknown, and every chunk is read.
+    Hidden,
+}
+
+/// The decision behind [`Sight`]. Each call is used where it answers truly:
+/// `cachestat(2)` where it succeeds, `mincore(2)` where the kernel shows
+/// this process the file's pages ([`visible_to_mincore`]). `EPERM` from
+/// `cachestat(2)` is no different from any other failure: it comes from its
+/// own permission check (`can_do_cachestat` in mm/filemap.c, the rule of
+/// `mincore(2)`, since Linux 6.14), where the rule below says no too, or
+/// from a seccomp filter or security module that does not know the call,
+/// which leaves `mincore(2)` working.
+pub(super) fn sight(cachestat: Result<(), io::ErrorKind>, visible_to_mincore: bool) -> Sight {
+    match (cachestat, visible_to_mincore) {
+        (Ok(()), true) => Sight::Both,
+        (Ok(()), false) => Sight::Cachestat,
+        (Err(_), true) => Sight::Mincore,
+        (Err(_), false) => Sight::Hidden,
+    }
+}
+
+/// How this process sees the page cache of `file` (see [`sight`]).
+fn probe_for(file: &File, path: &Path, meta: &std::fs::Metadata) -> Probe {
+    if meta.len() == 0 {
+        return Probe::HIDDEN;
+    }
+    let cachestat = os::cached_pages(file, 0, 1).map(drop).map_err(|e| e.kind());
+    let sight = sight(cachestat, visible_to_mincore(path, meta));
+    let map = matches!(sight, Sight::Both | Sight::Mincore)
+        .then(|| storage::map_file(file).ok())
+        .flatten();
+    Probe {
+        cachestat: matches!(sight, Sight::Both | Sight::Cachestat),
+        map,
+    }
+}
+
+/// Whether `mincore(2)` shows this process the page cache of a file: the
+/// caller is root, owns the file or may write it, the rule of
+/// `can_do_mincore` in mm/mincore.c. For any other file Linux 5.0+ reports
+/// every page of the range present, cached or not (measured on 6.18: a
+/// cold 4 MiB file of root's, mode 0644, read 1024 of 1024 pages present by
+/// `nobody`, and 0 by root), so its answer there must not be used.
+fn visible_to_mincore(path: &Path, meta: &std::fs::Metadata) -> bool {
+    let euid = os::effective_uid();
+    euid.is_some() && (euid == Some(0) || euid == os::file_owner(meta) || os::may_write(path))
+}
+
+/// The largest `WILLNEED` the kernel honours in one call for this file: the
+/// larger of its device's read-ahead window and largest request
+/// (`force_page_cache_ra` in mm/readahead.c), from sysfs; 128 KiB, the
+/// kernel's default window, where unknown.
+fn advice_piece(meta: &std::fs::Metadata) -> u64 {
+    const DEFAULT: u64 = 128 << 10;
+    os::device_number(meta)
+        .and_then(os::readahead_limit)
+        .unwrap_or(DEFAULT)
+}
+
+/// The method for a file: the caller's, else the measured winner for its
+/// filesystem kind. `WillNeed` needs to see pages land (`mincore`).
+pub(super) fn resolve_method(requested: PrefetchMethod, target: &Target) -> PrefetchMethod {
+    let method = match requested {
+        PrefetchMethod::Auto => {
+            let kind = target.mount.as_ref().map_or(MountKind::Unknown, |m| m.kind);
+            default_method(kind)
+        }
+        other => other,
+    };
+    match (method, &target.probe) {
+        (PrefetchMethod::WillNeed, Probe { map: Some(_), .. }) | (PrefetchMethod::Pread, _) => {
+            method
+        }
+        _ => PrefetchMethod::Pread,
+    }
+}
+
+/// The measured winner per filesystem kind (see the `NOTE:` on methods in
+/// `src/policy.rs`): the same on every kind measured.
+fn default_method(kind: MountKind) -> PrefetchMethod {
+    let _ = kind;
+    PrefetchMethod::WillNeed
+}
+
+/// Residency of every chunk, then the guard.
+pub(super) fn initial_states(targets: &[Target], chunks: &[Chunk], available: Option<u64>) -> Init {
+    let mut scratch = Vec::new();
+    let mut known = !targets.is_empty();
+    let resident: Vec<u64> = chunks
+        .iter()
+        .map(|c| {
+            let r = targets
+                .get(c.file)
+                .and_then(|t| t.resident_quick(c.offset, c.len, &mut scratch));
+            if r.is_none() {
+                known = false;
+            }
+            r.unwrap_or(0)
+        })
+        .collect();
+    guard(chunks, &resident, available, known)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_call_is_used_where_it_tells_the_truth() {
+        use io::ErrorKind::{PermissionDenied, Unsupported};
+        assert_eq!(sight(Ok(()), true), Sight::Both);
+        // Kernels before cachestat(2) checked permissions (6.5 to 6.13)
+        // answer it for anyone; mincore(2) would still report every page of
+        // a file this user may not write.
+        assert_eq!(sight(Ok(()), false), Sight::Cachestat);
+        // EPERM where mincore(2) can see (a seccomp filter that does not
+        // know the call): mincore(2), as on a kernel without cachestat(2).
+        assert_eq!(sight(Err(PermissionDenied), true), Sight::Mincore);
+        assert_eq!(sight(Err(Unsupported), true), Sight::Mincore);
+        // A user who neither owns nor may write the file: hidden, not
+        // "every page present".
+        assert_eq!(sight(Err(PermissionDenied), false), Sight::Hidden);
+        assert_eq!(sight(Err(Unsupported), false), Sight::Hidden);
+    }
+
+    #[test]
+    fn a_sampled_check_counts_exactly_when_a_sample_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
+        File::open(&path).unwrap().sync_all().unwrap();
+        let paths = [path.clone()];
+        let targets = open_targets(&paths, None).unwrap();
+        let t = &targets[0];
+        assert!(t.probe.cachestat && t.probe.map.is_some());
+        let mut scratch = Vec::new();
+        os::evict(&t.file).unwrap();
+        assert_eq!(t.resident_quick(0, 1 << 20, &mut scratch), Some(0));
+        // All but the first page: the first sample misses, the count is exact.
+        let mut buf = vec![0u8; (1 << 20) - 4096];
+        os::read_exact_at(&t.file, &mut buf, 4096).unwrap();
+        assert_eq!(
+            t.resident_quick(0, 1 << 20, &mut scratch),
+            Some((1 << 20) - 4096)
+        );
+        assert_eq!(t.landed(0, 1 << 20, &mut scratch), Some((1 << 20) - 4096));
+        os::read_exact_at(&t.file, &mut buf[..4096], 0).unwrap();
+        assert_eq!(t.resident_quick(0, 1 << 20, &mut scratch), Some(1 << 20));
+        assert_eq!(t.resident_total(256 << 10, &mut scratch), Some(1 << 20));
+    }
+
+    #[test]
+    fn cachestat_and_mincore_agree() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
+        let file = File::open(&path).unwrap();
+        file.sync_all().unwrap();
+        os::evict(&file).unwrap();
+        let mut buf = vec![0u8; 256 << 10];
+        os::read_exact_at(&file, &mut buf, 512 << 10).unwrap();
+        let map = storage::map_file(&file).unwrap();
+        let mut scratch = Vec::new();
+        let cached = os::cached_pages(&file, 0, 1 << 20).unwrap();
+        let mincore = os::mincore_pages(&map, 0, 1 << 20, &mut scratch).unwrap();
+        assert_eq!(cached, mincore);
+        assert!(cached >= (256 << 10) / os::page_size(), "{cached}");
+        let in_read = os::cached_pages(&file, 512 << 10, 256 << 10).unwrap();
+        assert_eq!(in_read, (256 << 10) / os::page_size());
+    }
+}

@@ -1,0 +1,184 @@
+//! One prefetch from open files to its report: the chunks planned once, the queue opened (shared or this process's own), the readers started, what landed counted.
+
+use std::time::Instant;
+
+use super::launcher::{LocalRank, job_key};
+use super::options::PrefetchOptions;
+use super::owner::Owner;
+use super::plan::{ChunkPlan, Init, reader_plan};
+use super::queue::{Layout, chunk_words, heartbeat_words, init_from_header, slot_words};
+use super::queue_file::{Queue, default_queue_dir};
+use super::residency::{Target, initial_states, resolve_method};
+use super::worker::{Tally, Work};
+use crate::error::Result;
+use crate::memory;
+use crate::os;
+use crate::policy::PrefetchMethod;
+use crate::read::DEFAULT_CHUNK;
+use crate::report::PrefetchReport;
+
+/// A prefetch planned: the files, their chunks, this process's rank, and
+/// the first residency check where one was made. Planned once, whether the
+/// auto policy looks at it first or not.
+pub(super) struct Plan {
+    pub targets: Vec<Target>,
+    pub chunks: ChunkPlan,
+    pub rank: LocalRank,
+    /// Residency of every chunk and the memory guard's decision, once
+    /// checked: by the auto policy before it decides, else by the rank that
+    /// creates the queue.
+    checked: Option<Init>,
+}
+
+impl Plan {
+    /// The chunks of these files at the options' chunk size, and the rank
+    /// from the options or the launcher.
+    pub(super) fn new(targets: Vec<Target>, options: &PrefetchOptions) -> Plan {
+        let lens: Vec<u64> = targets.iter().map(|t| t.len).collect();
+        let requested = options
+            .chunk_size
+            .map_or(DEFAULT_CHUNK as u64, |c| c as u64);
+        Plan {
+            chunks: ChunkPlan::new(&lens, requested, os::page_size()),
+            rank: LocalRank::from_setting(options.local_rank),
+            targets,
+            checked: None,
+        }
+    }
+
+    /// Residency of every chunk, then the memory guard within `available`
+    /// bytes; checked once, and handed on to [`run`].
+    pub(super) fn check(&mut self, available: Option<u64>) -> &Init {
+        self.checked
+            .get_or_insert_with(|| initial_states(&self.targets, &self.chunks.chunks, available))
+    }
+
+    /// A report of this plan before anything ran.
+    pub(super) fn report(
+        &self,
+        streams: usize,
+        method: PrefetchMethod,
+        reason: String,
+    ) -> PrefetchReport {
+        PrefetchReport {
+            reason,
+            rank: self.rank.rank,
+            local_size: self.rank.size,
+            rank_source: self.rank.source.clone(),
+            streams,
+            method,
+            files: self.targets.len(),
+            total_bytes: self.chunks.total,
+            chunk_size: self.chunks.chunk_size,
+            chunks: self.chunks.chunks.len(),
+            ..PrefetchReport::default()
+        }
+    }
+}
+
+/// Warms the plan's files with `options.streams` readers, sharing the chunks
+/// with the other local ranks where there are any.
+pub(super) fn run(plan: Plan, options: &PrefetchOptions, reason: String) -> Result<PrefetchReport> {
+    let clock = Instant::now();
+    let methods: Vec<PrefetchMethod> = plan
+        .targets
+        .iter()
+        .map(|t| resolve_method(options.method, t))
+        .collect();
+    let method = methods.first().copied().unwrap_or(PrefetchMethod::Pread);
+    let mut report = plan.report(options.streams, method, reason);
+    if options.streams == 0 {
+        report.reason = "streams(0): prefetch is off".to_string();
+        return Ok(report);
+    }
+    report.ran = true;
+    let Plan {
+        targets,
+        chunks: ChunkPlan {
+            total,
+            chunk_size,
+            chunks,
+        },
+        rank,
+        mut checked,
+    } = plan;
+    let me = Owner::current();
+    let mut make = || {
+        checked.take().unwrap_or_else(|| {
+            let available = options.memory_available.or_else(memory::available);
+            initial_states(&targets, &chunks, available)
+        })
+    };
+
+    // The queue: shared where there are other ranks, else this process's.
+    // Its name and key cover the files, the chunk size and the job.
+    let layout = Layout {
+        key: 0,
+        chunk_size,
+        chunks: chunks.len(),
+        total,
+        slots: 0,
+    };
+    let queue = if rank.size > 1 && !options.shared_queue {
+        let note = "shared_queue(false): a fixed share of the bytes".to_string();
+        Queue::local(layout, &mut make, Some(note))
+    } else if rank.size > 1 {
+        let mut key_material = Vec::new();
+        for t in &targets {
+            key_material.extend_from_slice(&t.identity);
+        }
+        key_material.extend_from_slice(&chunk_size.to_le_bytes());
+        let job = job_key(|name| std::env::var(name).ok(), os::parent_pid());
+        key_material.extend_from_slice(job.as_bytes());
+        let dir = options.queue_dir.clone().unwrap_or_else(default_queue_dir);
+        Queue::shared(&dir, &key_material, layout, me, &mut make)
+    } else {
+        Queue::local(layout, &mut make, None)
+    };
+    report.queue_note = queue.note.clone();
+    report.queue_path = queue.path.clone();
+    let shared = queue.is_shared();
+    let words = queue.words();
+    let init = init_from_header(words);
+    report.resident_before = init.resident;
+    report.residency_known = init.known;
+    report.skipped = init.skipped;
+    report.skip_reasons.extend(init.guard_reason(total));
+
+    let (claimable, starts) = reader_plan(&chunks, &rank, options.streams, shared);
+    let work = Work {
+        targets: &targets,
+        methods: &methods,
+        chunks: &chunks,
+        states: chunk_words(words, queue.layout()),
+        me,
+        shared,
+        claimable,
+        on_chunk: options.on_chunk.as_ref(),
+        slots: slot_words(words, queue.layout()),
+        heartbeats: heartbeat_words(words, queue.layout()),
+        heartbeat: queue.heartbeat(),
+        tally: Tally::default(),
+    };
+    let outcome = work.run(&starts)?;
+    report.chunks_handled = outcome.handled;
+    report.warmed = outcome.warmed;
+    report.reread = outcome.reread;
+    if let Some((bytes, why)) = outcome.stalled {
+        report.skipped += bytes;
+        report.skip_reasons.push(why);
+    }
+    report.resident_after = if !shared && outcome.handled == 0 && init.known {
+        // Nothing changed since the check a moment ago, in this process.
+        Some(init.resident)
+    } else {
+        let mut scratch = Vec::new();
+        targets
+            .iter()
+            .map(|t| t.resident_total(chunk_size, &mut scratch))
+            .sum()
+    };
+    drop(queue);
+    report.elapsed = clock.elapsed();
+    Ok(report)
+}

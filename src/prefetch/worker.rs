@@ -1,0 +1,565 @@
+//! A rank's readers: claim a free chunk, else take over a chunk whose holder died or stopped (`takeover.rs`) or wait for it; warm it by reading or by `WILLNEED`, beating the rank's heartbeat as they go; then check that what they warmed landed.
+
+use std::fs::File;
+use std::ops::Range;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::options::ChunkCallback;
+use super::owner::Owner;
+use super::plan::Chunk;
+use super::queue::{ChunkState, DONE, FREE, SKIPPED, SlotState, chunk_state, slot_state};
+use super::residency::Target;
+use super::takeover::{self, Verdict, Watch};
+use crate::error::{Error, Result};
+use crate::os;
+use crate::policy::PrefetchMethod;
+use crate::workers;
+
+/// How often a reader with nothing to claim looks at the queue again.
+const POLL: Duration = Duration::from_millis(2);
+
+/// A reader stops waiting for chunks claimed by live ranks when no chunk of
+/// the queue has finished for this long, and reports them as not warmed.
+/// The last resort, for what the take-over rule leaves alone (see
+/// `takeover.rs`): a stopped rank's chunks are taken over within 2 s.
+const STALL: Duration = Duration::from_secs(60);
+
+/// After `WILLNEED`, the residency of a chunk is polled this often, and the
+/// rest is read when nothing has landed for `WILLNEED_IDLE`.
+const WILLNEED_POLL: Duration = Duration::from_micros(500);
+const WILLNEED_IDLE: Duration = Duration::from_millis(50);
+
+/// The largest read of the `Pread` method: one scratch buffer per reader.
+const SCRATCH: u64 = 8 << 20;
+
+/// What the readers of one rank work from.
+pub(super) struct Work<'a> {
+    pub targets: &'a [Target],
+    pub methods: &'a [PrefetchMethod],
+    pub chunks: &'a [Chunk],
+    pub states: &'a [AtomicU64],
+    pub me: Owner,
+    /// Whether other processes claim from the same states.
+    pub shared: bool,
+    pub claimable: Range<usize>,
+    pub on_chunk: Option<&'a ChunkCallback>,
+    /// The queue's rank slots and their heartbeats (empty for a queue of
+    /// this process's own).
+    pub slots: &'a [AtomicU64],
+    pub heartbeats: &'a [AtomicU64],
+    /// This rank's heartbeat, where it holds a slot.
+    pub heartbeat: Option<&'a AtomicU64>,
+    /// What the readers did so far ([`Tally::default`] to start).
+    pub tally: Tally,
+}
+
+/// What a rank's readers did so far, updated as they go.
+#[derive(Default)]
+pub(super) struct Tally {
+    warmed: AtomicU64,
+    handled: Mutex<Vec<usize>>,
+    stalled: Mutex<Option<(u64, String)>>,
+    failed: AtomicBool,
+    error: Mutex<Option<Error>>,
+    /// Bumped whenever a chunk of this rank finishes (for stall detection
+    /// along with the queue's own states).
+    progress: AtomicUsize,
+    /// Chunks this rank had to read, and the nanoseconds they took: the
+    /// expected read time of the take-over rule.
+    reads: AtomicU64,
+    read_nanos: AtomicU64,
+}
+
+impl Tally {
+    /// The mean time this rank took to warm a chunk that was not resident.
+    fn mean_read(&self) -> Option<Duration> {
+        let reads = self.reads.load(Ordering::Relaxed);
+        let nanos = self.read_nanos.load(Ordering::Relaxed);
+        (reads > 0).then(|| Duration::from_nanos(nanos / reads))
+    }
+}
+
+/// What a rank's readers did, once they are done.
+pub(super) struct Outcome {
+    /// Chunks this rank claimed and handled.
+    pub handled: usize,
+    /// Bytes this rank found missing and warmed.
+    pub warmed: u64,
+    /// Bytes read again because they had not landed.
+    pub reread: u64,
+    /// Bytes given up on after waiting [`STALL`], and why.
+    pub stalled: Option<(u64, String)>,
+}
+
+impl Work<'_> {
+    /// Runs one reader per start, then checks that what they warmed landed.
+    pub(super) fn run(&self, starts: &[usize]) -> Result<Outcome> {
+        self.run_readers(starts);
+        let tally = &self.tally;
+        if let Some(error) = tally.error.lock().ok().and_then(|mut e| e.take()) {
+            return Err(error);
+        }
+        let handled = tally.handled.lock().map(|h| h.clone()).unwrap_or_default();
+        let reread = self.verify(&handled)?;
+        Ok(Outcome {
+            handled: handled.len(),
+            warmed: tally.warmed.load(Ordering::Relaxed),
+            reread,
+            stalled: tally.stalled.lock().ok().and_then(|mut s| s.take()),
+        })
+    }
+
+    /// Runs one reader per start, on threads of their own: they block on
+    /// storage, and must not occupy the caller's rayon pool.
+    fn run_readers(&self, starts: &[usize]) {
+        let reader = |start: usize| {
+            if let Err(e) = self.reader(start) {
+                self.tally.failed.store(true, Ordering::Relaxed);
+                if let Ok(mut slot) = self.tally.error.lock() {
+                    slot.get_or_insert(e);
+                }
+            }
+        };
+        if starts.is_empty() {
+            return;
+        }
+        workers::run(starts.len(), "safeload-prefetch", |i| {
+            if let Some(&start) = starts.get(i) {
+                reader(start);
+            }
+        });
+    }
+
+    fn reader(&self, start: usize) -> Result<()> {
+        let mut scratch = Vec::new();
+        let mut pages = Vec::new();
+        let mut cursor = start;
+        // Kept across waits: a holder quiet since this reader first looked
+        // stays quiet while the reader handles the chunk it took over.
+        let mut watch = Watch::default();
+        while !self.tally.failed.load(Ordering::Relaxed) {
+            let next = match self.claim_free(&mut cursor) {
+                Some(i) => Some((i, self.me.word())),
+                None if self.shared => self.wait_or_take_over(&mut watch),
+                None => None,
+            };
+            let Some((i, claim)) = next else {
+                return Ok(());
+            };
+            self.beat();
+            if let Err(e) = self.handle(i, claim, &mut scratch, &mut pages) {
+                // Let another rank try it.
+                if let Some(w) = self.states.get(i) {
+                    swap(w, claim, FREE);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims the next free chunk at or after `cursor` in the claimable
+    /// range, wrapping around.
+    fn claim_free(&self, cursor: &mut usize) -> Option<usize> {
+        let range = self.claimable.clone();
+        if range.is_empty() {
+            return None;
+        }
+        let from = (*cursor).clamp(range.start, range.end);
+        for i in (from..range.end).chain(range.start..from) {
+            let Some(word) = self.states.get(i) else {
+                continue;
+            };
+            if word.load(Ordering::Relaxed) == FREE && swap(word, FREE, self.me.word()) {
+                *cursor = i + 1;
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// This rank runs: other ranks watch the count to tell a stopped rank
+    /// from a busy one.
+    fn beat(&self) {
+        if let Some(beat) = self.heartbeat {
+            beat.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The heartbeat of `owner`: the sum over the slots it is attached to
+    /// (one, unless a process runs two prefetches of the same checkpoint);
+    /// `None` when it holds no slot.
+    fn beat_of(&self, owner: Owner) -> Option<u64> {
+        let mut found: Option<u64> = None;
+        for (slot, beat) in self.slots.iter().zip(self.heartbeats) {
+            if slot_state(slot.load(Ordering::Acquire)) == Some(SlotState::Attached(owner)) {
+                let beat = beat.load(Ordering::Relaxed);
+                found = Some(found.unwrap_or(0).wrapping_add(beat));
+            }
+        }
+        found
+    }
+
+    /// With nothing free: takes over a chunk whose holder died or made no
+    /// progress for a while (the rule of `takeover.rs`), or waits for the
+    /// holders; the chunk and the claim written, or `None` when every chunk
+    /// is finished, or when nothing has finished for [`STALL`] (recorded in
+    /// `stalled`).
+    fn wait_or_take_over(&self, watch: &mut Watch) -> Option<(usize, u64)> {
+        let mut last_seen = (usize::MAX, 0usize);
+        let mut last_change = Instant::now();
+        loop {
+            if self.tally.failed.load(Ordering::Relaxed) {
+                return None;
+            }
+            self.beat();
+            let patience = takeover::patience(self.tally.mean_read());
+            let now = Instant::now();
+            let mut terminal = 0usize;
+            let mut waiting: Vec<(usize, Owner)> = Vec::new();
+            // Per holder, looked up once a pass: alive, and quiet for how long.
+            let mut holders: Vec<(Owner, bool, Option<Duration>)> = Vec::new();
+            for i in self.claimable.clone() {
+                let Some(word) = self.states.get(i) else {
+                    continue;
+                };
+                let seen = word.load(Ordering::Acquire);
+                let claim = match chunk_state(seen) {
+                    Some(ChunkState::Free) if swap(word, FREE, self.me.word()) => {
+                        return Some((i, self.me.word()));
+                    }
+                    Some(ChunkState::Claimed(claim)) => claim,
+                    Some(ChunkState::Free) => continue,
+                    _ => {
+                        terminal += 1;
+                        continue;
+                    }
+                };
+                let owner = claim.owner;
+                let (alive, quiet) = match holders.iter().find(|h| h.0 == owner) {
+                    Some(&(_, alive, quiet)) => (alive, quiet),
+                    None if owner == self.me => (true, None),
+                    None => {
+                        let alive = owner.alive();
+                        let quiet = self.beat_of(owner).map(|b| watch.quiet(owner, b, now));
+                        holders.push((owner, alive, quiet));
+                        (alive, quiet)
+                    }
+                };
+                match takeover::verdict(claim, self.me, alive, quiet, patience) {
+                    Verdict::TakeOver(mine) if swap(word, seen, mine.word()) => {
+                        return Some((i, mine.word()));
+                    }
+                    // Lost the race to another taker, or to the holder.
+                    Verdict::TakeOver(_) => {}
+                    Verdict::Wait => waiting.push((i, owner)),
+                }
+            }
+            if waiting.is_empty() {
+                return None;
+            }
+            let seen = (terminal, self.tally.progress.load(Ordering::Relaxed));
+            if seen != last_seen {
+                last_seen = seen;
+                last_change = Instant::now();
+            } else if last_change.elapsed() >= STALL {
+                self.record_stall(&waiting);
+                return None;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    fn record_stall(&self, waiting: &[(usize, Owner)]) {
+        let bytes: u64 = waiting
+            .iter()
+            .filter_map(|&(i, _)| self.chunks.get(i))
+            .map(|c| c.len)
+            .sum();
+        let mut pids: Vec<u32> = waiting.iter().map(|&(_, o)| o.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        let why = format!(
+            "stopped waiting after {} s without progress for {} chunk(s) claimed by pid {:?}",
+            STALL.as_secs(),
+            waiting.len(),
+            pids
+        );
+        if let Ok(mut slot) = self.tally.stalled.lock() {
+            slot.get_or_insert((bytes, why));
+        }
+    }
+
+    /// Warms chunk `i`, claimed by this rank with the word `claim`, and
+    /// marks it done.
+    fn handle(
+        &self,
+        i: usize,
+        claim: u64,
+        scratch: &mut Vec<u8>,
+        pages: &mut Vec<u8>,
+    ) -> Result<()> {
+        let (Some(&chunk), Some(word)) = (self.chunks.get(i), self.states.get(i)) else {
+            return Ok(());
+        };
+        let (Some(target), Some(&method)) =
+            (self.targets.get(chunk.file), self.methods.get(chunk.file))
+        else {
+            return Ok(());
+        };
+        if let Ok(mut handled) = self.tally.handled.lock() {
+            handled.push(i);
+        }
+        let resident = target.resident_quick(chunk.offset, chunk.len, pages);
+        if resident != Some(chunk.len) {
+            let started = Instant::now();
+            self.tally
+                .warmed
+                .fetch_add(chunk.len - resident.unwrap_or(0), Ordering::Relaxed);
+            let file = if self.skipped_ahead(i, target) {
+                target.bounded()
+            } else {
+                &target.file
+            };
+            match (method, resident) {
+                (PrefetchMethod::WillNeed, Some(_)) => {
+                    advise_and_wait(target, chunk, scratch, pages, &|| self.beat())?
+                }
+                _ => read_chunk(target, file, chunk, scratch)?,
+            }
+            let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.tally.read_nanos.fetch_add(nanos, Ordering::Relaxed);
+            self.tally.reads.fetch_add(1, Ordering::Relaxed);
+            self.beat();
+        }
+        if let Some(f) = self.on_chunk {
+            f(&target.path, chunk.offset..chunk.offset + chunk.len);
+        }
+        // Fails only if another rank took the chunk over, taking this
+        // process for dead or stopped; it is warm either way.
+        swap(word, claim, DONE);
+        self.tally.progress.fetch_add(1, Ordering::Relaxed);
+        self.beat();
+        Ok(())
+    }
+
+    /// Whether the memory guard skipped a chunk of the same file that the
+    /// kernel's read-ahead for chunk `i` could reach (two read-ahead windows
+    /// on, the most it keeps ahead of a sequential reader).
+    fn skipped_ahead(&self, i: usize, target: &Target) -> bool {
+        let Some(chunk) = self.chunks.get(i) else {
+            return false;
+        };
+        let reach = chunk.offset + chunk.len + 2 * target.advice_piece;
+        (i + 1..self.chunks.len())
+            .map_while(|j| {
+                let next = self.chunks.get(j)?;
+                (next.file == chunk.file && next.offset < reach).then_some(j)
+            })
+            .any(|j| {
+                self.states
+                    .get(j)
+                    .is_some_and(|w| w.load(Ordering::Relaxed) == SKIPPED)
+            })
+    }
+
+    /// Checks that the chunks this rank handled are resident, and reads
+    /// what is not, once. Returns the bytes read again.
+    fn verify(&self, handled: &[usize]) -> Result<u64> {
+        let mut scratch = Vec::new();
+        let mut pages = Vec::new();
+        let mut reread = 0;
+        for &i in handled {
+            let Some(&chunk) = self.chunks.get(i) else {
+                continue;
+            };
+            let Some(target) = self.targets.get(chunk.file) else {
+                continue;
+            };
+            // Landed, not merely present: a page can be in the page cache
+            // without its data (a large folio only partly read), and a read
+            // completes it.
+            if let Some(r) = target.landed(chunk.offset, chunk.len, &mut pages) {
+                if r < chunk.len {
+                    read_chunk(target, &target.file, chunk, &mut scratch)?;
+                    reread += chunk.len - r;
+                }
+            }
+        }
+        Ok(reread)
+    }
+}
+
+/// Moves a chunk word from `from` to `to` if it still holds `from`: every
+/// change of a chunk's state is one compare-and-swap, so of two ranks that
+/// race for a chunk exactly one wins.
+fn swap(word: &AtomicU64, from: u64, to: u64) -> bool {
+    word.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+}
+
+/// Reads a chunk through the page cache into a scratch buffer, in reads of
+/// at most 8 MiB. A file that ends early ends the chunk (the load reports
+/// the truncation).
+fn read_chunk(target: &Target, file: &File, chunk: Chunk, scratch: &mut Vec<u8>) -> Result<()> {
+    let want = usize::try_from(chunk.len.min(SCRATCH))
+        .unwrap_or(1 << 20)
+        .max(1);
+    if scratch.len() < want {
+        scratch.resize(want, 0);
+    }
+    let mut offset = chunk.offset;
+    let end = chunk.offset + chunk.len;
+    while offset < end {
+        let len = usize::try_from(end - offset)
+            .unwrap_or(usize::MAX)
+            .min(scratch.len());
+        let Some(buf) = scratch.get_mut(..len) else {
+            break;
+        };
+        os::read_at_least(file, buf, 0, offset)
+            .map_err(|(at, e)| Error::io("prefetching", &target.path, Some(at), e))?;
+        offset += len as u64;
+    }
+    Ok(())
+}
+
+/// Asks for a chunk with `WILLNEED` in pieces the kernel honours whole,
+/// waits while its pages arrive (calling `progress` as they do), and reads
+/// what has not arrived once nothing has for a while (the kernel may drop
+/// read-ahead under load).
+fn advise_and_wait(
+    target: &Target,
+    chunk: Chunk,
+    scratch: &mut Vec<u8>,
+    pages: &mut Vec<u8>,
+    progress: &dyn Fn(),
+) -> Result<()> {
+    let end = chunk.offset + chunk.len;
+    let piece = target.advice_piece.max(1);
+    let mut offset = chunk.offset;
+    while offset < end {
+        let len = piece.min(end - offset);
+        if os::advise_willneed(&target.file, offset, len).is_err() {
+            return read_chunk(target, &target.file, chunk, scratch);
+        }
+        offset += len;
+    }
+    let mut last = 0;
+    let mut last_change = Instant::now();
+    loop {
+        match target.landed(chunk.offset, chunk.len, pages) {
+            Some(r) if r >= chunk.len => return Ok(()),
+            Some(r) if r > last => {
+                last = r;
+                last_change = Instant::now();
+                progress();
+            }
+            Some(_) if last_change.elapsed() < WILLNEED_IDLE => {}
+            _ => return read_chunk(target, &target.file, chunk, scratch),
+        }
+        std::thread::sleep(WILLNEED_POLL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prefetch::plan::{guard, plan_chunks};
+    use crate::prefetch::queue::{Layout, chunk_words, heartbeat_words, init_words, slot_words};
+    use crate::prefetch::residency::{open_targets, resolve_method};
+
+    /// One reader of this process against a queue of two slots, on a cold
+    /// file of four chunks, the last claimed by a live process that is not
+    /// this one (the parent: alive, and never beating on its own). `beat`
+    /// plays the holder from a thread. Returns chunks handled, the last
+    /// chunk's word, and how long the reader took.
+    fn race(beat: impl FnOnce(&AtomicU64, &AtomicU64) + Send) -> (usize, u64, Duration) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![3u8; 4 << 16]).unwrap();
+        let targets = open_targets(&[path], None).unwrap();
+        targets[0].file.sync_all().unwrap();
+        os::evict(&targets[0].file).unwrap();
+        let chunks = plan_chunks(&[4 << 16], 1 << 16);
+        let layout = Layout {
+            key: 1,
+            chunk_size: 1 << 16,
+            chunks: 4,
+            total: 4 << 16,
+            slots: 2,
+        };
+        let words: Vec<AtomicU64> = (0..layout.words()).map(|_| AtomicU64::new(0)).collect();
+        let me = Owner::current();
+        init_words(
+            &words,
+            &layout,
+            &guard(&chunks, &[0; 4], None, true),
+            Some(me),
+        );
+        let holder = Owner {
+            pid: os::parent_pid(),
+            tag: 0,
+        };
+        let (slots, beats) = (
+            slot_words(&words, &layout),
+            heartbeat_words(&words, &layout),
+        );
+        slots[1].store(holder.word(), Ordering::Relaxed);
+        let states = chunk_words(&words, &layout);
+        states[3].store(holder.word(), Ordering::Relaxed);
+        let methods: Vec<_> = targets
+            .iter()
+            .map(|t| resolve_method(PrefetchMethod::Pread, t))
+            .collect();
+        let work = Work {
+            targets: &targets,
+            methods: &methods,
+            chunks: &chunks,
+            states,
+            me,
+            shared: true,
+            claimable: 0..4,
+            on_chunk: None,
+            slots,
+            heartbeats: beats,
+            heartbeat: beats.first(),
+            tally: Tally::default(),
+        };
+        let clock = Instant::now();
+        let outcome = std::thread::scope(|s| {
+            s.spawn(|| beat(&beats[1], &states[3]));
+            work.run(&[0]).unwrap()
+        });
+        (
+            outcome.handled,
+            states[3].load(Ordering::Relaxed),
+            clock.elapsed(),
+        )
+    }
+
+    #[test]
+    fn a_quiet_live_holder_loses_its_chunk() {
+        let (handled, last, took) = race(|_, _| {});
+        assert_eq!((handled, last), (4, DONE), "taken over and done");
+        // Its own reads of 64 KiB were quick: the rule waits its floor, 500 ms.
+        assert!(took >= Duration::from_millis(500), "{took:?}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+    }
+
+    #[test]
+    fn a_beating_holder_keeps_its_chunk() {
+        let (handled, last, took) = race(|beat, chunk| {
+            let until = Instant::now() + Duration::from_millis(1200);
+            while Instant::now() < until {
+                beat.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            chunk.store(DONE, Ordering::Release); // finished it itself
+        });
+        assert_eq!((handled, last), (3, DONE), "left to its holder");
+        assert!(took >= Duration::from_millis(1200), "{took:?}");
+    }
+}

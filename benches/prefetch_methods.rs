@@ -21,7 +21,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use safeload::{PrefetchMethod, PrefetchOptions, prefetch};
+use safeload::{PrefetchMethod, PrefetchOptions};
 use safeload_testfs::{Mount, Options, fuse_available};
 
 #[path = "../tests/common/random.rs"]
@@ -173,12 +173,9 @@ fn main() {
             // Cold: the file on the mount, and the source under it.
             safeload::evict(path).unwrap();
             safeload::evict(&local).unwrap();
-            let options = PrefetchOptions::new()
-                .local_rank(0, 1)
-                .streams(*streams)
-                .method(*method);
+            let options = PrefetchOptions::new().streams(*streams).method(*method);
             let start = Instant::now();
-            let report = prefetch(path, &options).unwrap();
+            let report = one_rank().prefetch_with(options).warm(path).unwrap();
             let secs = start.elapsed().as_secs_f64();
             assert_eq!(report.method(), *method);
             assert_eq!(report.resident_before(), 0, "cold: {report}");
@@ -194,11 +191,11 @@ fn main() {
     // Warm: what prefetch costs when everything is already in the page
     // cache, against a warm mapped load that faults every page in.
     safeload::evict(&local).unwrap();
-    prefetch(&local, &PrefetchOptions::new().local_rank(0, 1)).unwrap();
+    one_rank().warm(&local).unwrap();
     let (mut warm_prefetch, mut warm_load) = (Vec::new(), Vec::new());
     for _ in 0..9 {
         let start = Instant::now();
-        let report = prefetch(&local, &PrefetchOptions::new().local_rank(0, 1)).unwrap();
+        let report = one_rank().warm(&local).unwrap();
         warm_prefetch.push(start.elapsed().as_secs_f64());
         assert_eq!(report.warmed(), 0, "{report}");
         let start = Instant::now();
@@ -229,4 +226,9 @@ fn main() {
             runs.join(", ")
         );
     }
+}
+
+/// A loader that is one process alone, whatever launcher variables are set.
+fn one_rank() -> safeload::Loader {
+    safeload::Loader::new().local_rank(0, 1)
 }

@@ -184,7 +184,7 @@ pub use format::header::MAX_HEADER_LEN;
 pub use load::Loader;
 pub use mount::{MountKind, is_on_hf_mount};
 pub use policy::{DISABLE_MMAP_ENV, PrefetchMethod, ReadMode, Strategy};
-pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchOptions, prefetch};
+pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchOptions};
 pub use report::{FileReport, LoadReport, PrefetchReport};
 pub use safetensors::Dtype;
 pub use state_dict::StateDict;
@@ -201,6 +201,38 @@ pub fn load_state_dict(path: impl AsRef<Path>, disable_mmap: Option<bool>) -> Re
     Loader::new()
         .read_mode(ReadMode::from_disable_mmap(disable_mmap))
         .load(path)
+}
+
+/// Warms the page cache with the files of the checkpoint at `path` (a
+/// `.safetensors` file, an index, or a directory holding one), for a job
+/// script that warms, waits at a barrier, then loads. The same as
+/// `Loader::new().prefetch_with(options.clone()).warm(path)`; the job's
+/// settings (local rank, memory) are the [`Loader`]'s.
+///
+/// Run it in every local rank: they split the bytes between them through a
+/// shared queue (see the crate docs, "Prefetch"), and each returns once
+/// every chunk is warm or skipped. Chunks already in the page cache are
+/// not read; the memory guard warms at most 90 % of the memory available.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("model.safetensors");
+/// # let data = vec![0u8; 1 << 20];
+/// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 20], &data)?;
+/// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+/// use safeload::{PrefetchOptions, prefetch};
+///
+/// let report = prefetch(&path, &PrefetchOptions::new().streams(2))?;
+/// assert_eq!(report.total_bytes(), std::fs::metadata(&path)?.len());
+/// eprintln!("{report}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`Loader::warm`].
+pub fn prefetch(path: impl AsRef<Path>, options: &PrefetchOptions) -> Result<PrefetchReport> {
+    Loader::new().prefetch_with(options.clone()).warm(path)
 }
 
 /// Drops every file of a checkpoint from the page cache

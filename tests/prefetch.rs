@@ -16,7 +16,7 @@ use common::child::{PATH, child_command, run_role};
 use common::residency::{assert_all_resident, assert_none_resident, residency, sync};
 use common::*;
 use safeload::mount::MountTable;
-use safeload::{Loader, PrefetchMethod, PrefetchOptions, PrefetchReport, prefetch};
+use safeload::{Loader, PrefetchMethod, PrefetchOptions, PrefetchReport};
 use tempfile::tempdir;
 
 // ---------------------------------------------------------------------------
@@ -83,14 +83,12 @@ fn the_memory_guard_skips_and_says_why() {
     let (_dir, index, shards) = local_checkpoint();
     let total = total_size(&shards);
     let available = 1 << 20;
-    let report = prefetch(
-        &index,
-        &PrefetchOptions::new()
-            .local_rank(0, 1)
-            .chunk_size(PREFETCH_CHUNK)
-            .memory_available(available),
-    )
-    .unwrap();
+    let report = Loader::new()
+        .local_rank(0, 1)
+        .memory_available(available)
+        .prefetch_with(PrefetchOptions::new().chunk_size(PREFETCH_CHUNK))
+        .warm(&index)
+        .unwrap();
     assert!(report.ran());
     assert_eq!(report.resident_before(), 0);
     let budget = available * 9 / 10;
@@ -122,15 +120,15 @@ fn the_memory_guard_skips_and_says_why() {
 fn a_warm_checkpoint_costs_only_a_check() {
     let (_dir, index, shards) = local_checkpoint();
     let total = total_size(&shards);
-    let options = PrefetchOptions::new()
+    let loader = Loader::new()
         .local_rank(0, 1)
-        .chunk_size(PREFETCH_CHUNK);
-    let cold = prefetch(&index, &options).unwrap();
+        .prefetch_with(PrefetchOptions::new().chunk_size(PREFETCH_CHUNK));
+    let cold = loader.warm(&index).unwrap();
     // Some chunks arrive with the kernel's read-ahead for the one before.
     assert!(cold.warmed() > 0 && cold.warmed() <= total, "{cold}");
     assert_eq!(cold.resident_after(), Some(total));
     assert_all_resident(&shards);
-    let warm = prefetch(&index, &options).unwrap();
+    let warm = loader.warm(&index).unwrap();
     assert_eq!(warm.resident_before(), total, "{warm}");
     assert_eq!(
         (warm.warmed(), warm.reread(), warm.chunks_handled()),
@@ -144,14 +142,15 @@ fn both_methods_warm_every_byte() {
     for method in [PrefetchMethod::Pread, PrefetchMethod::WillNeed] {
         safeload::evict(&index).unwrap();
         assert_none_resident(&shards);
-        let report: PrefetchReport = prefetch(
-            &index,
-            &PrefetchOptions::new()
-                .local_rank(0, 1)
-                .chunk_size(PREFETCH_CHUNK)
-                .method(method),
-        )
-        .unwrap();
+        let report: PrefetchReport = Loader::new()
+            .local_rank(0, 1)
+            .prefetch_with(
+                PrefetchOptions::new()
+                    .chunk_size(PREFETCH_CHUNK)
+                    .method(method),
+            )
+            .warm(&index)
+            .unwrap();
         assert_eq!(report.method(), method);
         eprintln!("{report}");
         assert_all_resident(&shards);

@@ -17,7 +17,7 @@ use crate::policy::{self, Environment, ReadMode};
 use crate::prefetch::{self, PrefetchOptions};
 use crate::state_dict::StateDict;
 use crate::workers;
-use open::{Body, Context, Filter, OpenFile};
+use open::{Context, Filter, OpenFile};
 
 /// The default size of one read of a buffered file.
 ///
@@ -252,7 +252,14 @@ impl Loader {
         // 2. Warm the page cache, where asked or where the auto policy says
         //    so (mapped files on a network filesystem), before any tensor
         //    byte is touched.
-        let prefetched = self.prefetch_before(&files)?;
+        let job = prefetch::Job {
+            local_rank: self.local_rank,
+            memory_available: self.memory_available,
+            env: &env,
+        };
+        let handed: Vec<prefetch::LoadFile<'_>> = files.iter().map(OpenFile::handed).collect();
+        let prefetched = prefetch::before_load(&handed, self.prefetch.as_ref(), &job)?;
+        drop(handed);
 
         // 3. Make sure buffered files fit in memory, then allocate them.
         self.fit_in_memory(&mut files, path)?;
@@ -303,27 +310,55 @@ impl Loader {
         }
     }
 
-    /// Prefetches the opened files when asked to or when the auto policy
-    /// says so; `None` when prefetch was not considered.
-    fn prefetch_before(&self, files: &[OpenFile]) -> Result<Option<crate::report::PrefetchReport>> {
-        let handed: Vec<prefetch::LoadFile<'_>> = files
+    /// Warms the page cache with the checkpoint at `path` without loading
+    /// it: with this loader's prefetch options ([`prefetch_with`](Self::prefetch_with),
+    /// or 4 streams), local rank and memory settings. What
+    /// [`safeload::prefetch`](crate::prefetch()) does, for a job script that
+    /// warms, waits at a barrier, then loads.
+    ///
+    /// # Errors
+    ///
+    /// When the checkpoint cannot be resolved, a file cannot be opened, or a
+    /// read fails (with the file and offset). Problems with the shared queue
+    /// are not errors: the ranks then split the bytes statically.
+    pub fn warm(&self, path: impl AsRef<Path>) -> Result<crate::report::PrefetchReport> {
+        let env = Environment::from_process();
+        let checkpoint = checkpoint::resolve(path.as_ref())?;
+        let table = match &self.mount_table {
+            Some(table) => Some(table.clone()),
+            None => MountTable::current().ok(),
+        };
+        let mut opened = Vec::with_capacity(checkpoint.shards.len());
+        for shard in &checkpoint.shards {
+            let file = checkpoint
+                .open(shard)
+                .map_err(|e| Error::io("opening", &shard.path, None, e))?;
+            let canonical = crate::os::path_of(&file)
+                .or_else(|| std::fs::canonicalize(&shard.path).ok())
+                .unwrap_or_else(|| shard.path.clone());
+            let mount = table
+                .as_ref()
+                .and_then(|t| crate::mount::lookup_file_in(t, &file, &canonical).ok());
+            opened.push((shard.path.clone(), canonical, file, mount));
+        }
+        let handed: Vec<prefetch::LoadFile<'_>> = opened
             .iter()
-            .map(|f| prefetch::LoadFile {
-                path: &f.path,
-                canonical: &f.canonical,
-                file: &f.file,
-                mount: f.mount.as_ref(),
-                mapped: matches!(f.body, Body::Mapped(_)),
+            .map(|(path, canonical, file, mount)| prefetch::LoadFile {
+                path,
+                canonical,
+                file,
+                mount: mount.as_ref(),
+                mapped: true,
             })
             .collect();
-        prefetch::before_load(
-            &handed,
-            &prefetch::LoadRequest {
-                caller: self.prefetch.as_ref(),
-                local_rank: self.local_rank,
-                memory_available: self.memory_available,
-            },
-        )
+        let options = self.prefetch.clone().unwrap_or_default();
+        let job = prefetch::Job {
+            local_rank: self.local_rank,
+            memory_available: self.memory_available,
+            env: &env,
+        };
+        let reason = format!("prefetch() with {} stream(s)", options.stream_count());
+        prefetch::warm(&handed, &options, &job, reason)
     }
 
     /// The memory guard: buffered files that do not fit in the memory

@@ -69,6 +69,18 @@ pub(crate) enum Body {
 }
 
 impl OpenFile {
+    /// The file handed to prefetch, which neither opens nor looks it up
+    /// again.
+    pub(crate) fn handed(&self) -> crate::prefetch::LoadFile<'_> {
+        crate::prefetch::LoadFile {
+            path: &self.path,
+            canonical: &self.canonical,
+            file: &self.file,
+            mount: self.mount.as_ref(),
+            mapped: matches!(self.body, Body::Mapped(_)),
+        }
+    }
+
     /// Bytes a buffered read of this file still has to allocate.
     pub(crate) fn pending_bytes(&self) -> u64 {
         match &self.body {
@@ -160,7 +172,7 @@ pub(crate) fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenFile> {
             mostly_cached(&file, size)
         }) {
             // The same open file again, never whatever the path names now.
-            match os::reopen_direct(&file, path) {
+            match os::reopen(&file, path, true) {
                 Ok(file) => {
                     direct = Some(file);
                     decision.set_direct(Direct::On);

@@ -422,34 +422,37 @@ impl Dir {
     }
 }
 
-/// A second descriptor of the same open file, with `O_DIRECT`: reopened
-/// through `/proc/self/fd` (the open file itself, not whatever its path
-/// names now), else by `path`; either way checked to be the same file
-/// (device and inode), so that a file replaced by `rename` between the two
-/// opens is never read half from each version.
-pub(crate) fn reopen_direct(file: &File, path: &Path) -> io::Result<File> {
+/// A second descriptor of the same open file (with `O_DIRECT` where
+/// `direct`): reopened through `/proc/self/fd` (the open file itself, not
+/// whatever its path names now), else by `path`; either way checked to be
+/// the same file (device and inode), so that a file replaced by `rename`
+/// between the two opens is never read half from each version.
+pub(crate) fn reopen(file: &File, path: &Path, direct: bool) -> io::Result<File> {
     use std::os::fd::AsRawFd;
-    let flags = (OFlags::DIRECT | OFlags::NONBLOCK | OFlags::CLOEXEC).bits() as i32;
+    let mut flags = OFlags::NONBLOCK | OFlags::CLOEXEC;
+    if direct {
+        flags |= OFlags::DIRECT;
+    }
     let open = |p: &Path| {
         std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(flags)
+            .custom_flags(flags.bits() as i32)
             .open(p)
     };
     let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
-    let direct = match open(Path::new(&proc_path)) {
-        Ok(direct) => direct,
+    let again = match open(Path::new(&proc_path)) {
+        Ok(again) => again,
         // No /proc (a sandbox): the path, checked below.
         Err(e) if e.raw_os_error() != Some(super::EINVAL) => open(path)?,
         Err(e) => return Err(e),
     };
-    let (a, b) = (file.metadata()?, direct.metadata()?);
+    let (a, b) = (file.metadata()?, again.metadata()?);
     if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
         return Err(io::Error::other(
             "the path now names another file (replaced during the load)",
         ));
     }
-    Ok(direct)
+    Ok(again)
 }
 
 /// The path of an open file, as the kernel knows it (`/proc/self/fd`):

@@ -221,9 +221,18 @@ impl Dir {
     }
 }
 
-/// No direct I/O here.
-pub(crate) fn reopen_direct(_file: &File, _path: &Path) -> io::Result<File> {
-    unsupported()
+/// A second descriptor of the same file: no direct I/O here, and the
+/// path is checked to name a file of the same length (no inode numbers to
+/// compare on every platform).
+pub(crate) fn reopen(file: &File, path: &Path, direct: bool) -> io::Result<File> {
+    if direct {
+        return unsupported();
+    }
+    let again = open_regular(path)?;
+    if again.metadata()?.len() != file.metadata()?.len() {
+        return Err(io::Error::other("the path now names another file"));
+    }
+    Ok(again)
 }
 
 /// Unknown here.

@@ -216,6 +216,27 @@ mod tests {
             prefetch_ask(None, &Environment::default()),
             PrefetchAsk::Unset
         );
+        // Trimmed; ours first, also when it turns prefetch off; not a number
+        // is ignored.
+        let env = |pairs: &[(&'static str, &str)]| Environment::from_pairs(pairs);
+        let ours = crate::prefetch::PREFETCH_ENV;
+        let theirs = crate::prefetch::HF_SHARD_PREFETCH_ENV;
+        assert_eq!(
+            prefetch_ask(None, &env(&[(ours, " 4 ")])),
+            PrefetchAsk::Environment(4, "SAFELOAD_PREFETCH=4".into())
+        );
+        assert_eq!(
+            prefetch_ask(None, &env(&[(theirs, "8")])),
+            PrefetchAsk::Environment(8, "HF_SHARD_PREFETCH=8".into())
+        );
+        assert_eq!(
+            prefetch_ask(None, &env(&[(ours, "0"), (theirs, "8")])),
+            PrefetchAsk::Environment(0, "SAFELOAD_PREFETCH=0".into())
+        );
+        assert_eq!(
+            prefetch_ask(None, &env(&[(ours, "yes")])),
+            PrefetchAsk::Unset
+        );
         assert_eq!(
             PrefetchAsk::Caller(4).reason().unwrap(),
             "prefetch(4) was requested"

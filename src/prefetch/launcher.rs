@@ -1,5 +1,7 @@
 //! Which local rank this process is, from the launchers' variables (torchrun, Slurm, Open MPI, MPICH), and the job key that keeps one job's queue apart from another's.
 
+use crate::policy::Environment;
+
 /// This process's place among the job's processes on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LocalRank {
@@ -11,12 +13,12 @@ pub(crate) struct LocalRank {
 
 impl LocalRank {
     /// The caller's local rank and size where set
-    /// ([`PrefetchOptions::local_rank`](crate::PrefetchOptions::local_rank)),
-    /// else the launcher's.
-    pub(crate) fn from_setting(setting: Option<(usize, usize)>) -> LocalRank {
+    /// ([`Loader::local_rank`](crate::Loader::local_rank)), else the
+    /// launcher's, from the environment of the load.
+    pub(crate) fn from_setting(setting: Option<(usize, usize)>, env: &Environment) -> LocalRank {
         match setting {
             Some((rank, size)) => LocalRank::checked(rank, size, "local_rank() was set".into()),
-            None => detect_local_rank(|name| std::env::var(name).ok()),
+            None => detect_local_rank(env.lookup()),
         }
     }
 

@@ -1,26 +1,16 @@
-//! The loader's side of prefetch: whether a load prefetches (the caller, then the environment, then the auto policy), with which settings, on the files the loader already opened.
+//! The loader's side of prefetch: the files the loader already opened handed over, and the policy's answer (the caller, then the environment, then the auto rule) carried out.
 
 use std::fs::File;
 use std::path::Path;
 
-use super::options::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchOptions};
+use super::Job;
+use super::options::PrefetchOptions;
 use super::residency::{Target, target_from};
 use super::run::{Plan, run};
 use crate::error::{Error, Result};
-use crate::memory;
 use crate::mount::{Mount, MountKind};
-use crate::policy::{self, PrefetchMethod};
+use crate::policy::{self, AutoPrefetchSkip, PrefetchAsk, PrefetchMethod};
 use crate::report::{PrefetchReport, human_bytes};
-
-/// What a load asks of prefetch.
-pub(crate) struct LoadRequest<'a> {
-    /// `Loader::prefetch` / `prefetch_with`, if called.
-    pub caller: Option<&'a PrefetchOptions>,
-    /// `Loader::local_rank`, if called.
-    pub local_rank: Option<(usize, usize)>,
-    /// `Loader::memory_available`, if called.
-    pub memory_available: Option<u64>,
-}
 
 /// A file the loader has opened (and parsed), handed over so that prefetch
 /// neither opens nor looks it up again.
@@ -51,55 +41,49 @@ impl LoadFile<'_> {
     }
 }
 
-/// Prefetches the files a load is about to open, when asked to (builder,
-/// then environment) or when the auto policy says so; `None` when prefetch
-/// was not considered.
+/// Prefetches the files a load has opened, when asked to (builder, then
+/// environment) or when the auto policy says so; `None` when prefetch was
+/// not considered, or was turned off (`0` streams).
 pub(crate) fn before_load(
     files: &[LoadFile<'_>],
-    request: &LoadRequest<'_>,
+    caller: Option<&PrefetchOptions>,
+    job: &Job<'_>,
 ) -> Result<Option<PrefetchReport>> {
-    let env = |name: &str| std::env::var(name).ok();
-    let (options, reason) = if let Some(options) = request.caller {
-        let reason = format!("prefetch({}) was requested", options.streams);
-        (options.clone(), reason)
-    } else if let Some((streams, setting)) = streams_from_env(env) {
-        (
-            PrefetchOptions::new().streams(streams),
-            format!("{setting} is set"),
-        )
-    } else {
-        return auto(files, request);
+    let ask = policy::prefetch_ask(caller.map(|o| o.streams), job.env);
+    let options = match (&ask, caller) {
+        (PrefetchAsk::Unset, _) => return auto(files, job),
+        (PrefetchAsk::Caller(_), Some(options)) => options.clone(),
+        (PrefetchAsk::Caller(streams) | PrefetchAsk::Environment(streams, _), _) => {
+            PrefetchOptions::new().streams(*streams)
+        }
     };
     if options.streams == 0 {
         return Ok(None);
     }
-    let options = with_loader_settings(options, request);
+    let reason = ask.reason().unwrap_or_default();
+    warm(files, &options, job, reason).map(Some)
+}
+
+/// Warms these files with `options`, for `reason`: a prefetch the caller or
+/// the environment asked for, or [`Loader::warm`](crate::Loader::warm).
+pub(crate) fn warm(
+    files: &[LoadFile<'_>],
+    options: &PrefetchOptions,
+    job: &Job<'_>,
+    reason: String,
+) -> Result<PrefetchReport> {
     let targets = files
         .iter()
         .map(LoadFile::target)
         .collect::<Result<Vec<_>>>()?;
-    run(Plan::new(targets, &options), &options, reason).map(Some)
+    run(Plan::new(targets, options, job), options, job, reason)
 }
 
-/// The caller's options, with the loader's rank and memory where the
-/// options leave them unset.
-fn with_loader_settings(
-    mut options: PrefetchOptions,
-    request: &LoadRequest<'_>,
-) -> PrefetchOptions {
-    if options.local_rank.is_none() {
-        options.local_rank = request.local_rank;
-    }
-    if options.memory_available.is_none() {
-        options.memory_available = request.memory_available;
-    }
-    options
-}
-
-/// The auto policy: files on a kernel network filesystem that will be
-/// mapped are prefetched when they are not already resident and the memory
-/// guard allows all of them.
-fn auto(files: &[LoadFile<'_>], request: &LoadRequest<'_>) -> Result<Option<PrefetchReport>> {
+/// The auto policy (`policy::auto_prefetch_streams`, then
+/// `policy::auto_prefetch_runs`): files on a kernel network filesystem that
+/// will be mapped are prefetched when they are not already resident and the
+/// memory guard allows all of them.
+fn auto(files: &[LoadFile<'_>], job: &Job<'_>) -> Result<Option<PrefetchReport>> {
     let mut streams = 0;
     let mut targets = Vec::new();
     for f in files {
@@ -117,11 +101,10 @@ fn auto(files: &[LoadFile<'_>], request: &LoadRequest<'_>) -> Result<Option<Pref
         .as_ref()
         .map(|m| format!("{} ({}) at {}", m.kind, m.fs_type, m.mount_point.display()))
         .unwrap_or_default();
-    let options = with_loader_settings(PrefetchOptions::new().streams(streams), request);
-    let mut plan = Plan::new(targets, &options);
+    let options = PrefetchOptions::new().streams(streams);
+    let mut plan = Plan::new(targets, &options, job);
     let total = plan.chunks.total;
-    let available = options.memory_available.or_else(memory::available);
-    let init = plan.check(available);
+    let init = plan.check(job.available());
     let (known, resident, needed, skipped) = (init.known, init.resident, init.needed, init.skipped);
     let guard_reason = init.guard_reason(total);
     let not_run = |reason: String, skip: Option<String>| PrefetchReport {
@@ -131,66 +114,23 @@ fn auto(files: &[LoadFile<'_>], request: &LoadRequest<'_>) -> Result<Option<Pref
         residency_known: known,
         ..plan.report(streams, PrefetchMethod::Auto, reason)
     };
-    if known && needed == 0 {
-        return Ok(Some(not_run(
+    match policy::auto_prefetch_runs(known, needed, skipped) {
+        Err(AutoPrefetchSkip::Resident) => Ok(Some(not_run(
             format!("on {place}, already in the page cache"),
             None,
-        )));
-    }
-    if skipped > 0 {
-        return Ok(Some(not_run(
+        ))),
+        Err(AutoPrefetchSkip::DoesNotFit) => Ok(Some(not_run(
             format!("on {place}, the checkpoint does not fit the memory guard"),
             Some(guard_reason.unwrap_or_default()),
-        )));
-    }
-    let reason = format!(
-        "on {place}, {} of {} not in the page cache: warmed first, then mapped",
-        human_bytes(needed),
-        human_bytes(total)
-    );
-    // The residency just checked goes on with the plan: not checked twice.
-    run(plan, &options, reason).map(Some)
-}
-
-/// `SAFELOAD_PREFETCH`, else `HF_SHARD_PREFETCH`, as a number of streams and
-/// the setting in words. A value that is not a number is ignored.
-pub(crate) fn streams_from_env(env: impl Fn(&str) -> Option<String>) -> Option<(usize, String)> {
-    [PREFETCH_ENV, HF_SHARD_PREFETCH_ENV]
-        .into_iter()
-        .find_map(|name| {
-            let value = env(name)?;
-            let streams = value.trim().parse::<usize>().ok()?;
-            Some((streams, format!("{name}={streams}")))
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::prefetch::launcher::tests::env_of;
-
-    #[test]
-    fn streams_from_the_environment() {
-        assert_eq!(streams_from_env(env_of(&[])), None);
-        assert_eq!(
-            streams_from_env(env_of(&[("SAFELOAD_PREFETCH", " 4 ")])),
-            Some((4, "SAFELOAD_PREFETCH=4".to_string()))
-        );
-        assert_eq!(
-            streams_from_env(env_of(&[("HF_SHARD_PREFETCH", "8")])),
-            Some((8, "HF_SHARD_PREFETCH=8".to_string()))
-        );
-        assert_eq!(
-            streams_from_env(env_of(&[
-                ("SAFELOAD_PREFETCH", "0"),
-                ("HF_SHARD_PREFETCH", "8")
-            ])),
-            Some((0, "SAFELOAD_PREFETCH=0".to_string())),
-            "ours first"
-        );
-        assert_eq!(
-            streams_from_env(env_of(&[("SAFELOAD_PREFETCH", "yes")])),
-            None
-        );
+        ))),
+        Ok(()) => {
+            let reason = format!(
+                "on {place}, {} of {} not in the page cache: warmed first, then mapped",
+                human_bytes(needed),
+                human_bytes(total)
+            );
+            // The residency just checked goes on with the plan: not checked twice.
+            run(plan, &options, job, reason).map(Some)
+        }
     }
 }

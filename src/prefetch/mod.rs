@@ -67,49 +67,26 @@ mod run;
 mod takeover;
 mod worker;
 
-use std::path::{Path, PathBuf};
+use crate::memory;
+use crate::policy::Environment;
 
-use crate::checkpoint;
-use crate::error::Result;
-use crate::mount::MountTable;
-use crate::report::PrefetchReport;
-
-pub(crate) use load::{LoadFile, LoadRequest, before_load};
+pub(crate) use load::{LoadFile, before_load, warm};
 pub use options::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchOptions};
 
-/// Warms the page cache with the files of the checkpoint at `path` (a
-/// `.safetensors` file, an index, or a directory holding one), for a job
-/// script that warms, waits at a barrier, then loads.
-///
-/// Run it in every local rank: they split the bytes between them through a
-/// shared queue (see the crate docs, "Prefetch"), and each returns once
-/// every chunk is warm or skipped. Chunks already in the page cache are
-/// not read; the memory guard warms at most 90 % of the memory available.
-///
-/// ```
-/// # let dir = tempfile::tempdir()?;
-/// # let path = dir.path().join("model.safetensors");
-/// # let data = vec![0u8; 1 << 20];
-/// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 20], &data)?;
-/// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-/// use safeload::{PrefetchOptions, prefetch};
-///
-/// let report = prefetch(&path, &PrefetchOptions::new().streams(2))?;
-/// assert_eq!(report.total_bytes(), std::fs::metadata(&path)?.len());
-/// eprintln!("{report}");
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-///
-/// # Errors
-///
-/// When the checkpoint cannot be resolved, a file cannot be opened, or a
-/// read fails (with the file and offset). Problems with the shared queue
-/// are not errors: the ranks then split the bytes statically.
-pub fn prefetch(path: impl AsRef<Path>, options: &PrefetchOptions) -> Result<PrefetchReport> {
-    let checkpoint = checkpoint::resolve(path.as_ref())?;
-    let paths: Vec<PathBuf> = checkpoint.shards.into_iter().map(|s| s.path).collect();
-    let table = MountTable::current().ok();
-    let targets = residency::open_targets(&paths, table.as_ref())?;
-    let reason = format!("prefetch() with {} stream(s)", options.streams);
-    run::run(run::Plan::new(targets, options), options, reason)
+/// The settings of a prefetch that belong to the job, not to prefetch: the
+/// loader's ([`Loader::local_rank`](crate::Loader::local_rank),
+/// [`Loader::memory_available`](crate::Loader::memory_available)) and the
+/// environment read once at the top of the load.
+pub(crate) struct Job<'a> {
+    pub local_rank: Option<(usize, usize)>,
+    pub memory_available: Option<u64>,
+    pub env: &'a Environment,
+}
+
+impl Job<'_> {
+    /// The memory the guard may fill: the caller's figure, else the
+    /// kernel's and the cgroup's.
+    pub(crate) fn available(&self) -> Option<u64> {
+        self.memory_available.or_else(memory::available)
+    }
 }

@@ -19,6 +19,11 @@ pub const HF_SHARD_PREFETCH_ENV: &str = "HF_SHARD_PREFETCH";
 /// Readers per rank when prefetch is on and no number is given.
 pub(crate) const DEFAULT_STREAMS: usize = 4;
 
+/// The unit of work readers and ranks share, by default: the read engine's
+/// request size, large enough that a FUSE mount sees requests in flight,
+/// small enough that ranks stay balanced at the tail (BENCHMARKS.md).
+pub(crate) const DEFAULT_CHUNK: u64 = 8 << 20;
+
 /// What [`PrefetchOptions::on_chunk`] calls, shared by the readers.
 pub(super) type ChunkCallback = Arc<dyn Fn(&Path, Range<u64>) + Send + Sync>;
 
@@ -34,20 +39,21 @@ pub(super) type ChunkCallback = Arc<dyn Fn(&Path, Range<u64>) + Send + Sync>;
 ///
 /// let options = PrefetchOptions::new()
 ///     .streams(8)                      // readers in this process
-///     .local_rank(0, 1)                // instead of LOCAL_RANK / LOCAL_WORLD_SIZE, ...
 ///     .method(PrefetchMethod::Pread)   // instead of the measured default
 ///     .on_chunk(|path, range| eprintln!("{}: {range:?} warm", path.display()));
 /// let report = safeload::prefetch(&path, &options)?;
 /// assert_eq!((report.streams(), report.method()), (8, PrefetchMethod::Pread));
 ///
-/// let sd = Loader::new().prefetch_with(options).load(&path)?; // the same, then load
+/// // The job's settings (local rank, memory) are the loader's, for a load and
+/// // for a prefetch alone alike.
+/// let loader = Loader::new().local_rank(0, 1).prefetch_with(options);
+/// let report = loader.warm(&path)?;                 // warm only
+/// let sd = loader.load(&path)?;                     // warm, then load
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
 pub struct PrefetchOptions {
     pub(super) streams: usize,
-    pub(super) local_rank: Option<(usize, usize)>,
-    pub(super) memory_available: Option<u64>,
     pub(super) method: PrefetchMethod,
     pub(super) chunk_size: Option<usize>,
     pub(super) shared_queue: bool,
@@ -59,8 +65,6 @@ impl Default for PrefetchOptions {
     fn default() -> Self {
         PrefetchOptions {
             streams: DEFAULT_STREAMS,
-            local_rank: None,
-            memory_available: None,
             method: PrefetchMethod::Auto,
             chunk_size: None,
             shared_queue: true,
@@ -74,8 +78,6 @@ impl fmt::Debug for PrefetchOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PrefetchOptions")
             .field("streams", &self.streams)
-            .field("local_rank", &self.local_rank)
-            .field("memory_available", &self.memory_available)
             .field("method", &self.method)
             .field("chunk_size", &self.chunk_size)
             .field("shared_queue", &self.shared_queue)
@@ -92,26 +94,14 @@ impl PrefetchOptions {
         PrefetchOptions::default()
     }
 
+    /// The readers set by [`streams`](Self::streams).
+    pub(crate) fn stream_count(&self) -> usize {
+        self.streams
+    }
+
     /// Readers in this process (default 4). Zero turns prefetch off.
     pub fn streams(mut self, streams: usize) -> PrefetchOptions {
         self.streams = streams;
-        self
-    }
-
-    /// This process's rank among the processes of the job on this node, and
-    /// their number, instead of the launcher's variables. `rank >= size`
-    /// is taken as a single process.
-    pub fn local_rank(mut self, rank: usize, size: usize) -> PrefetchOptions {
-        self.local_rank = Some((rank, size));
-        self
-    }
-
-    /// Takes this many bytes as the memory available to the memory guard,
-    /// instead of the smaller of `MemAvailable` and the cgroup's room
-    /// (within a load, [`Loader::memory_available`](crate::Loader::memory_available)
-    /// where this is unset).
-    pub fn memory_available(mut self, bytes: u64) -> PrefetchOptions {
-        self.memory_available = Some(bytes);
         self
     }
 

@@ -10,9 +10,11 @@ use memmap2::Mmap;
 
 use super::plan::{Chunk, Init, guard};
 use crate::error::{Error, Result};
-use crate::mount::{self, Mount, MountKind, MountTable};
+#[cfg(test)]
+use crate::mount::{self, MountTable};
+use crate::mount::{Mount, MountKind};
 use crate::os;
-use crate::policy::PrefetchMethod;
+use crate::policy::{self, PrefetchMethod};
 use crate::storage;
 
 /// Pages sampled per chunk before a chunk is taken as resident.
@@ -119,7 +121,9 @@ impl Target {
     pub(super) fn bounded(&self) -> &File {
         self.bounded
             .get_or_init(|| {
-                let file = os::open_regular(&self.path).ok()?;
+                // The same open file again (read-ahead advice belongs to
+                // the open file description), never what the path names now.
+                let file = os::reopen(&self.file, &self.path, false).ok()?;
                 os::advise_random(&file).ok()?;
                 Some(file)
             })
@@ -151,6 +155,7 @@ fn pages_to_bytes(pages: u64, len: u64) -> u64 {
     }
 }
 
+#[cfg(test)]
 pub(super) fn open_targets(paths: &[PathBuf], table: Option<&MountTable>) -> Result<Vec<Target>> {
     paths
         .iter()
@@ -271,29 +276,11 @@ fn advice_piece(meta: &std::fs::Metadata) -> u64 {
         .unwrap_or(DEFAULT)
 }
 
-/// The method for a file: the caller's, else the measured winner for its
-/// filesystem kind. `WillNeed` needs to see pages land (`mincore`).
+/// The method for a file: the policy's answer for what was requested, the
+/// file's filesystem, and whether `mincore` can show its pages land.
 pub(super) fn resolve_method(requested: PrefetchMethod, target: &Target) -> PrefetchMethod {
-    let method = match requested {
-        PrefetchMethod::Auto => {
-            let kind = target.mount.as_ref().map_or(MountKind::Unknown, |m| m.kind);
-            default_method(kind)
-        }
-        other => other,
-    };
-    match (method, &target.probe) {
-        (PrefetchMethod::WillNeed, Probe { map: Some(_), .. }) | (PrefetchMethod::Pread, _) => {
-            method
-        }
-        _ => PrefetchMethod::Pread,
-    }
-}
-
-/// The measured winner per filesystem kind (see the `NOTE:` on methods in
-/// `src/policy.rs`): the same on every kind measured.
-fn default_method(kind: MountKind) -> PrefetchMethod {
-    let _ = kind;
-    PrefetchMethod::WillNeed
+    let kind = target.mount.as_ref().map_or(MountKind::Unknown, |m| m.kind);
+    policy::prefetch_method(requested, kind, target.probe.map.is_some())
 }
 
 /// Residency of every chunk, then the guard.

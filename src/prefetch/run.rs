@@ -2,7 +2,9 @@
 
 use std::time::Instant;
 
+use super::Job;
 use super::launcher::{LocalRank, job_key};
+use super::options::DEFAULT_CHUNK;
 use super::options::PrefetchOptions;
 use super::owner::Owner;
 use super::plan::{ChunkPlan, Init, reader_plan};
@@ -11,10 +13,8 @@ use super::queue_file::{Queue, default_queue_dir};
 use super::residency::{Target, initial_states, resolve_method};
 use super::worker::{Tally, Work};
 use crate::error::Result;
-use crate::memory;
 use crate::os;
 use crate::policy::PrefetchMethod;
-use crate::read::DEFAULT_CHUNK;
 use crate::report::PrefetchReport;
 
 /// A prefetch planned: the files, their chunks, this process's rank, and
@@ -33,14 +33,12 @@ pub(super) struct Plan {
 impl Plan {
     /// The chunks of these files at the options' chunk size, and the rank
     /// from the options or the launcher.
-    pub(super) fn new(targets: Vec<Target>, options: &PrefetchOptions) -> Plan {
+    pub(super) fn new(targets: Vec<Target>, options: &PrefetchOptions, job: &Job<'_>) -> Plan {
         let lens: Vec<u64> = targets.iter().map(|t| t.len).collect();
-        let requested = options
-            .chunk_size
-            .map_or(DEFAULT_CHUNK as u64, |c| c as u64);
+        let requested = options.chunk_size.map_or(DEFAULT_CHUNK, |c| c as u64);
         Plan {
             chunks: ChunkPlan::new(&lens, requested, os::page_size()),
-            rank: LocalRank::from_setting(options.local_rank),
+            rank: LocalRank::from_setting(job.local_rank, job.env),
             targets,
             checked: None,
         }
@@ -78,7 +76,12 @@ impl Plan {
 
 /// Warms the plan's files with `options.streams` readers, sharing the chunks
 /// with the other local ranks where there are any.
-pub(super) fn run(plan: Plan, options: &PrefetchOptions, reason: String) -> Result<PrefetchReport> {
+pub(super) fn run(
+    plan: Plan,
+    options: &PrefetchOptions,
+    job: &Job<'_>,
+    reason: String,
+) -> Result<PrefetchReport> {
     let clock = Instant::now();
     let methods: Vec<PrefetchMethod> = plan
         .targets
@@ -104,10 +107,9 @@ pub(super) fn run(plan: Plan, options: &PrefetchOptions, reason: String) -> Resu
     } = plan;
     let me = Owner::current();
     let mut make = || {
-        checked.take().unwrap_or_else(|| {
-            let available = options.memory_available.or_else(memory::available);
-            initial_states(&targets, &chunks, available)
-        })
+        checked
+            .take()
+            .unwrap_or_else(|| initial_states(&targets, &chunks, job.available()))
     };
 
     // The queue: shared where there are other ranks, else this process's.
@@ -128,8 +130,8 @@ pub(super) fn run(plan: Plan, options: &PrefetchOptions, reason: String) -> Resu
             key_material.extend_from_slice(&t.identity);
         }
         key_material.extend_from_slice(&chunk_size.to_le_bytes());
-        let job = job_key(|name| std::env::var(name).ok(), os::parent_pid());
-        key_material.extend_from_slice(job.as_bytes());
+        let job_key = job_key(job.env.lookup(), os::parent_pid());
+        key_material.extend_from_slice(job_key.as_bytes());
         let dir = options.queue_dir.clone().unwrap_or_else(default_queue_dir);
         Queue::shared(&dir, &key_material, layout, me, &mut make)
     } else {

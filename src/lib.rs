@@ -183,8 +183,10 @@ pub use error::{Error, ErrorKind, Result};
 pub use format::header::MAX_HEADER_LEN;
 pub use load::Loader;
 pub use mount::{MountKind, is_on_hf_mount};
-pub use policy::{DISABLE_MMAP_ENV, PrefetchMethod, ReadMode, Strategy};
-pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchOptions};
+pub use policy::{
+    DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod, ReadMode, Strategy,
+};
+pub use prefetch::PrefetchOptions;
 pub use report::{FileReport, LoadReport, PrefetchReport};
 pub use safetensors::Dtype;
 pub use state_dict::StateDict;

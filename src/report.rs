@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::mount::Mount;
-use crate::policy::{PrefetchMethod, Strategy};
+use crate::mount::MountKind;
+use crate::policy::{
+    DISABLE_MMAP_ENV, Direct, Fallback, FileDecision, Origin, PrefetchMethod, ReadMode, Strategy,
+};
 
 /// How a load went: one [`FileReport`] per file, and the totals.
 #[derive(Debug, Clone, Default)]
@@ -405,5 +408,87 @@ impl fmt::Display for PrefetchReport {
             write!(f, ", residency not visible (every chunk read)")?;
         }
         write!(f, "; {:.3} s", self.elapsed.as_secs_f64())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The policy's reasons in words: rendered here, once.
+
+impl fmt::Display for FileDecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.fallback {
+            Some(Fallback::MmapRefused(e)) => write!(f, "mmap failed ({e}), read instead; ")?,
+            Some(Fallback::MemoryGuard {
+                needed,
+                available,
+                kept,
+                files,
+            }) => write!(
+                f,
+                "buffered reads would need {} (margin included) but {} of memory is available, \
+                 mapped instead ({kept} of {files} files read); ",
+                human_bytes(*needed),
+                human_bytes(*available)
+            )?,
+            None => {}
+        }
+        let located = self
+            .mount
+            .as_ref()
+            .map(|m| format!(" ({})", describe(m)))
+            .unwrap_or_default();
+        match (self.mode, self.origin) {
+            (ReadMode::Auto, _) => f.write_str(&auto_reason(self.mount.as_ref()))?,
+            (mode, Origin::Environment) => write!(
+                f,
+                "{DISABLE_MMAP_ENV}={} is set{located}",
+                u8::from(mode == ReadMode::Buffered)
+            )?,
+            (mode, _) => write!(
+                f,
+                "disable_mmap({}) was requested{located}",
+                mode == ReadMode::Buffered
+            )?,
+        }
+        if let Direct::Refused(e) = &self.direct {
+            write!(f, "; O_DIRECT refused ({e})")?;
+        }
+        Ok(())
+    }
+}
+
+fn auto_reason(mount: Option<&Mount>) -> String {
+    let Some(mount) = mount else {
+        return "filesystem unknown — mapping is the default".to_string();
+    };
+    let at = describe(mount);
+    match mount.kind {
+        MountKind::HfMount if mount.fs_type.starts_with("nfs") => {
+            format!("{at} — served by a userspace server on loopback, where mmap page faults stall")
+        }
+        MountKind::HfMount | MountKind::Fuse => format!("{at} — mmap page faults stall on FUSE"),
+        MountKind::Network => format!("{at} — mapped; pages shared through the page cache"),
+        MountKind::Local => format!("{at} — mapping a local file costs no copy"),
+        _ => format!("{at} — filesystem unknown, mapping is the default"),
+    }
+}
+
+/// `on hf-mount (fuse) at /mnt/hub`: a mount in words, for reasons.
+pub(crate) fn describe(mount: &Mount) -> String {
+    let kind = match mount.kind {
+        MountKind::HfMount => "hf-mount",
+        MountKind::Fuse => "FUSE",
+        MountKind::Network => "network filesystem",
+        MountKind::Local => "local filesystem",
+        _ => "filesystem",
+    };
+    if mount.mount_point.as_os_str().is_empty() {
+        format!("on {kind} ({})", mount.fs_type)
+    } else {
+        format!(
+            "on {kind} ({}) at {}",
+            mount.fs_type,
+            mount.mount_point.display()
+        )
     }
 }

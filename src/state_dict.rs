@@ -63,7 +63,7 @@ impl StateDict {
 
     /// The files' `__metadata__` entries merged (the first file that sets a
     /// key wins; shards normally agree, e.g. `{"format": "pt"}`). Each file's
-    /// own is in [`FileReport::metadata`].
+    /// own is in [`FileReport::metadata`](crate::FileReport::metadata).
     pub fn metadata(&self) -> &BTreeMap<String, String> {
         &self.metadata
     }

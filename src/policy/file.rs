@@ -1,22 +1,19 @@
-//! The decisions about one file of a load: mapped or read, with direct I/O or not, how many reads in flight, and whether it fits in memory; with the reason in words.
+//! The decisions about one file of a load: mapped or read, with direct I/O or not, how many reads in flight, and whether it fits in memory; each with its reason as data.
 
-use std::fmt;
-
-use super::{DISABLE_MMAP_ENV, Origin, ReadMode, Strategy, describe};
+use super::{Origin, ReadMode, Strategy};
 use crate::mount::{Mount, MountKind};
-use crate::report::human_bytes;
 
 /// How one file is read, and why: the rule that chose, what changed the
 /// choice afterwards, and whether direct I/O was used. Rendered to words
-/// by its `Display`, once, for the report.
+/// once, by its `Display` in `report.rs`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FileDecision {
     pub strategy: Strategy,
-    origin: Origin,
-    mode: ReadMode,
-    mount: Option<Mount>,
-    fallback: Option<Fallback>,
-    direct: Direct,
+    pub origin: Origin,
+    pub mode: ReadMode,
+    pub mount: Option<Mount>,
+    pub fallback: Option<Fallback>,
+    pub direct: Direct,
 }
 
 /// What overrode the first choice of a file's strategy.
@@ -81,49 +78,6 @@ impl FileDecision {
     /// Whether reads of this file bypass the page cache.
     pub(crate) fn direct_io(&self) -> bool {
         self.direct == Direct::On
-    }
-}
-
-impl fmt::Display for FileDecision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.fallback {
-            Some(Fallback::MmapRefused(e)) => write!(f, "mmap failed ({e}), read instead; ")?,
-            Some(Fallback::MemoryGuard {
-                needed,
-                available,
-                kept,
-                files,
-            }) => write!(
-                f,
-                "buffered reads would need {} (margin included) but {} of memory is available, \
-                 mapped instead ({kept} of {files} files read); ",
-                human_bytes(*needed),
-                human_bytes(*available)
-            )?,
-            None => {}
-        }
-        let located = self
-            .mount
-            .as_ref()
-            .map(|m| format!(" ({})", describe(m)))
-            .unwrap_or_default();
-        match (self.mode, self.origin) {
-            (ReadMode::Auto, _) => f.write_str(&auto_reason(self.mount.as_ref()))?,
-            (mode, Origin::Environment) => write!(
-                f,
-                "{DISABLE_MMAP_ENV}={} is set{located}",
-                u8::from(mode == ReadMode::Buffered)
-            )?,
-            (mode, _) => write!(
-                f,
-                "disable_mmap({}) was requested{located}",
-                mode == ReadMode::Buffered
-            )?,
-        }
-        if let Direct::Refused(e) = &self.direct {
-            write!(f, "; O_DIRECT refused ({e})")?;
-        }
-        Ok(())
     }
 }
 
@@ -290,22 +244,6 @@ pub(crate) fn memory_fits(
     match available {
         Some(a) if needed > a => Err((needed, a)),
         _ => Ok(()),
-    }
-}
-
-fn auto_reason(mount: Option<&Mount>) -> String {
-    let Some(mount) = mount else {
-        return "filesystem unknown — mapping is the default".to_string();
-    };
-    let at = describe(mount);
-    match mount.kind {
-        MountKind::HfMount if mount.fs_type.starts_with("nfs") => {
-            format!("{at} — served by a userspace server on loopback, where mmap page faults stall")
-        }
-        MountKind::HfMount | MountKind::Fuse => format!("{at} — mmap page faults stall on FUSE"),
-        MountKind::Network => format!("{at} — mapped; pages shared through the page cache"),
-        MountKind::Local => format!("{at} — mapping a local file costs no copy"),
-        _ => format!("{at} — filesystem unknown, mapping is the default"),
     }
 }
 

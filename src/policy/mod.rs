@@ -8,17 +8,15 @@
 
 use std::fmt;
 
-use crate::mount::{Mount, MountKind};
-
 mod file;
 mod prefetch;
 
 pub(crate) use file::*;
-pub use prefetch::PrefetchMethod;
 pub(crate) use prefetch::{
     AutoPrefetchSkip, PrefetchAsk, auto_prefetch_runs, auto_prefetch_streams, prefetch_ask,
     prefetch_method,
 };
+pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod};
 
 /// How a file's bytes are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -92,8 +90,8 @@ pub(crate) struct Environment {
 /// local ranks and job ids.
 const VARIABLES: &[&str] = &[
     DISABLE_MMAP_ENV,
-    crate::prefetch::PREFETCH_ENV,
-    crate::prefetch::HF_SHARD_PREFETCH_ENV,
+    PREFETCH_ENV,
+    HF_SHARD_PREFETCH_ENV,
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
     "SLURM_LOCALID",
@@ -168,26 +166,6 @@ pub(crate) fn effective_mode(caller: ReadMode, env: &Environment) -> (ReadMode, 
         Some("1" | "true" | "yes" | "on") => (ReadMode::Buffered, Origin::Environment),
         Some("0" | "false" | "no" | "off") => (ReadMode::Mmap, Origin::Environment),
         _ => (ReadMode::Auto, Origin::Default),
-    }
-}
-
-/// `on hf-mount (fuse) at /mnt/hub`: a mount in words, for reasons.
-pub(crate) fn describe(mount: &Mount) -> String {
-    let kind = match mount.kind {
-        MountKind::HfMount => "hf-mount",
-        MountKind::Fuse => "FUSE",
-        MountKind::Network => "network filesystem",
-        MountKind::Local => "local filesystem",
-        _ => "filesystem",
-    };
-    if mount.mount_point.as_os_str().is_empty() {
-        format!("on {kind} ({})", mount.fs_type)
-    } else {
-        format!(
-            "on {kind} ({}) at {}",
-            mount.fs_type,
-            mount.mount_point.display()
-        )
     }
 }
 

@@ -5,6 +5,15 @@ use std::fmt;
 use super::Environment;
 use crate::mount::MountKind;
 
+/// The environment variable that turns prefetch on with this many streams
+/// per rank (`0` turns it off, also where the auto policy would turn it on).
+/// [`Loader::prefetch`](crate::Loader::prefetch) overrides it.
+pub const PREFETCH_ENV: &str = "SAFELOAD_PREFETCH";
+
+/// Read as [`PREFETCH_ENV`] when that is unset, for jobs that already set it
+/// for `transformers`.
+pub const HF_SHARD_PREFETCH_ENV: &str = "HF_SHARD_PREFETCH";
+
 // NOTE: which method warms fastest (`default_method`). Measured 2026-11-29
 // on this project's 2-core VM (Linux 6.18; / is ext4 on a virtio disk with
 // read_ahead_kb 8192; the FUSE mount is safeload-testfs with 2 ms per READ
@@ -51,7 +60,7 @@ use crate::mount::MountKind;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum PrefetchMethod {
     /// Chosen per filesystem kind from the measurements in the source (see
-    /// the `NOTE:` in `src/prefetch.rs`).
+    /// the `NOTE:` in `src/policy/prefetch.rs`).
     #[default]
     Auto,
     /// Large positional reads into a reused per-reader buffer.
@@ -59,7 +68,7 @@ pub enum PrefetchMethod {
     /// `posix_fadvise(POSIX_FADV_WILLNEED)` over the chunk in read-ahead
     /// sized pieces, then waiting until the pages are resident, and reading
     /// what did not arrive. Needs residency to be visible (see
-    /// [`PrefetchReport::residency_known`]); where it is not, reads instead.
+    /// [`PrefetchReport::residency_known`](crate::PrefetchReport::residency_known)); where it is not, reads instead.
     WillNeed,
 }
 
@@ -110,19 +119,16 @@ pub(crate) fn prefetch_ask(caller: Option<usize>, env: &Environment) -> Prefetch
     if let Some(streams) = caller {
         return PrefetchAsk::Caller(streams);
     }
-    [
-        crate::prefetch::PREFETCH_ENV,
-        crate::prefetch::HF_SHARD_PREFETCH_ENV,
-    ]
-    .into_iter()
-    .find_map(|name| {
-        let streams = env.get(name)?.trim().parse::<usize>().ok()?;
-        Some(PrefetchAsk::Environment(
-            streams,
-            format!("{name}={streams}"),
-        ))
-    })
-    .unwrap_or(PrefetchAsk::Unset)
+    [PREFETCH_ENV, HF_SHARD_PREFETCH_ENV]
+        .into_iter()
+        .find_map(|name| {
+            let streams = env.get(name)?.trim().parse::<usize>().ok()?;
+            Some(PrefetchAsk::Environment(
+                streams,
+                format!("{name}={streams}"),
+            ))
+        })
+        .unwrap_or(PrefetchAsk::Unset)
 }
 
 /// Prefetch streams the auto policy uses for a file that will be mapped
@@ -195,19 +201,13 @@ mod tests {
 
     #[test]
     fn prefetch_asked_by_caller_then_environment() {
-        let env = Environment::from_pairs(&[
-            (crate::prefetch::PREFETCH_ENV, "3"),
-            (crate::prefetch::HF_SHARD_PREFETCH_ENV, "5"),
-        ]);
+        let env = Environment::from_pairs(&[(PREFETCH_ENV, "3"), (HF_SHARD_PREFETCH_ENV, "5")]);
         assert_eq!(prefetch_ask(Some(2), &env), PrefetchAsk::Caller(2));
         assert_eq!(
             prefetch_ask(None, &env),
             PrefetchAsk::Environment(3, "SAFELOAD_PREFETCH=3".into())
         );
-        let hf = Environment::from_pairs(&[
-            (crate::prefetch::PREFETCH_ENV, "lots"),
-            (crate::prefetch::HF_SHARD_PREFETCH_ENV, " 5 "),
-        ]);
+        let hf = Environment::from_pairs(&[(PREFETCH_ENV, "lots"), (HF_SHARD_PREFETCH_ENV, " 5 ")]);
         assert_eq!(
             prefetch_ask(None, &hf),
             PrefetchAsk::Environment(5, "HF_SHARD_PREFETCH=5".into())
@@ -219,8 +219,8 @@ mod tests {
         // Trimmed; ours first, also when it turns prefetch off; not a number
         // is ignored.
         let env = |pairs: &[(&'static str, &str)]| Environment::from_pairs(pairs);
-        let ours = crate::prefetch::PREFETCH_ENV;
-        let theirs = crate::prefetch::HF_SHARD_PREFETCH_ENV;
+        let ours = PREFETCH_ENV;
+        let theirs = HF_SHARD_PREFETCH_ENV;
         assert_eq!(
             prefetch_ask(None, &env(&[(ours, " 4 ")])),
             PrefetchAsk::Environment(4, "SAFELOAD_PREFETCH=4".into())

@@ -71,7 +71,7 @@ use crate::memory;
 use crate::policy::Environment;
 
 pub(crate) use load::{LoadFile, before_load, warm};
-pub use options::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchOptions};
+pub use options::PrefetchOptions;
 
 /// The settings of a prefetch that belong to the job, not to prefetch: the
 /// loader's ([`Loader::local_rank`](crate::Loader::local_rank),

@@ -1,4 +1,4 @@
-//! The public options of a prefetch (`PrefetchOptions`) and the environment variables that turn it on.
+//! The public options of a prefetch (`PrefetchOptions`): what is prefetch's own, not the job's.
 
 use std::fmt;
 use std::ops::Range;
@@ -6,15 +6,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::policy::PrefetchMethod;
-
-/// The environment variable that turns prefetch on with this many streams
-/// per rank (`0` turns it off, also where the auto policy would turn it on).
-/// [`Loader::prefetch`](crate::Loader::prefetch) overrides it.
-pub const PREFETCH_ENV: &str = "SAFELOAD_PREFETCH";
-
-/// Read as [`PREFETCH_ENV`] when that is unset, for jobs that already set it
-/// for `transformers`.
-pub const HF_SHARD_PREFETCH_ENV: &str = "HF_SHARD_PREFETCH";
 
 /// Readers per rank when prefetch is on and no number is given.
 pub(crate) const DEFAULT_STREAMS: usize = 4;

@@ -26,7 +26,7 @@ use crate::storage;
 /// `populate(true)` took 88-125 ms (26-36 %). Sampling 16 pages per chunk
 /// (one per 512 KiB of an 8 MiB chunk), counting exactly only where a sample
 /// is missing, and skipping the final count when nothing was read, brings it
-/// to 2.7-3.1 ms against 119-129 ms, 2.2-2.4 % (`examples/prefetch_methods.rs`,
+/// to 2.7-3.1 ms against 119-129 ms, 2.2-2.4 % (`benches/prefetch_methods.rs`,
 /// its "warm" line, 2026-11-29).
 const SAMPLES: u64 = 16;
 

@@ -46,10 +46,12 @@ const DEFAULT_ARMS: [&str; 12] = [
     "fs-read-4t",
 ];
 /// Arms for tuning, run when named with `--arms`.
-const EXTRA_ARMS: [&str; 3] = [
+const EXTRA_ARMS: [&str; 5] = [
     "safeload-prefetch-static",
     "safeload-auto-io1",
     "safeload-auto-io32",
+    "safeload-verify",
+    "safeload-buffered-direct-verify",
 ];
 const SCENARIOS: [&str; 5] = ["warm", "cold", "fuse", "fuse-serial", "cold-3ranks"];
 /// Local ranks in the multi-process scenario.
@@ -713,6 +715,13 @@ fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
                     safeload::Loader::new().disable_mmap(true).direct_io(true)
                 }
                 "safeload-populate" => safeload::Loader::new().disable_mmap(false).populate(true),
+                // The cost of integrity: every file's SHA-256, mapped files in a
+                // pass of their own, buffered ones as their chunks land.
+                "safeload-verify" => safeload::Loader::new().verify(true),
+                "safeload-buffered-direct-verify" => safeload::Loader::new()
+                    .disable_mmap(true)
+                    .direct_io(true)
+                    .verify(true),
                 "safeload-prefetch" => safeload::Loader::new().disable_mmap(false).prefetch(4),
                 "safeload-prefetch-static" => {
                     safeload::Loader::new().disable_mmap(false).prefetch_with(

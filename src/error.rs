@@ -186,6 +186,25 @@ pub enum ErrorKind {
         /// The requested dtype.
         to: Dtype,
     },
+    /// A file's SHA-256 is not the one it must have (the name of its
+    /// Hugging Face cache blob, or [`Loader::expect_sha256`](crate::Loader::expect_sha256)):
+    /// corrupt, truncated and regrown, or another file.
+    #[error("SHA-256 mismatch: expected {expected}, the file has {actual}")]
+    IntegrityMismatch {
+        /// The digest it must have, in hex.
+        expected: String,
+        /// The digest of its bytes, in hex.
+        actual: String,
+    },
+    /// A digest given to [`Loader::expect_sha256`](crate::Loader::expect_sha256)
+    /// is not 64 hex digits.
+    #[error("expected SHA-256 {digest:?} of {file:?} is not 64 hex digits")]
+    InvalidDigest {
+        /// The file name it was given for.
+        file: String,
+        /// What was given.
+        digest: String,
+    },
     /// A destination buffer does not have the length the data needs.
     #[error(
         "buffer of {actual} bytes given {}where {expected} are needed",

@@ -175,6 +175,7 @@ mod report;
 mod state_dict;
 mod storage;
 mod tensor;
+mod verify;
 mod workers;
 
 use std::path::Path;
@@ -185,6 +186,7 @@ pub use load::Loader;
 pub use mount::{MountKind, is_on_hf_mount};
 pub use policy::{
     DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod, ReadMode, Strategy,
+    VERIFY_ENV,
 };
 pub use prefetch::PrefetchOptions;
 pub use report::{FileReport, LoadReport, PrefetchReport};

@@ -97,6 +97,7 @@ pub struct FileReport {
     pub(crate) mount: Option<Mount>,
     pub(crate) elapsed: Duration,
     pub(crate) metadata: Option<HashMap<String, String>>,
+    pub(crate) sha256: Option<String>,
 }
 
 impl FileReport {
@@ -157,6 +158,14 @@ impl FileReport {
         gib_per_s(self.tensor_bytes, self.elapsed)
     }
 
+    /// The file's SHA-256 in lowercase hex, where the load computed it
+    /// ([`Loader::verify`](crate::Loader::verify)); a file whose digest was
+    /// expected (its cache blob name, or `expect_sha256`) has been checked
+    /// against it.
+    pub fn sha256(&self) -> Option<&str> {
+        self.sha256.as_deref()
+    }
+
     /// The file's own `__metadata__`.
     pub fn metadata(&self) -> Option<&HashMap<String, String>> {
         self.metadata.as_ref()
@@ -194,6 +203,9 @@ impl fmt::Display for LoadReport {
             )?;
             let direct = if file.direct_io { " (O_DIRECT)" } else { "" };
             writeln!(f, "    {}{direct}: {}", file.strategy, file.reason)?;
+            if let Some(sha) = &file.sha256 {
+                writeln!(f, "    sha256 {sha}")?;
+            }
         }
         Ok(())
     }

@@ -49,4 +49,17 @@ fn environment_overrides_auto_and_the_builder_overrides_it() {
     let (s, why) = strategy(Loader::new());
     assert_eq!(s, Strategy::Buffered);
     assert!(why.contains("on hf-mount"), "{why}");
+
+    // SAFELOAD_VERIFY=1 hashes every file where the builder leaves verify
+    // unset; verify(false) wins.
+    // SAFETY: as above.
+    unsafe { std::env::set_var(safeload::VERIFY_ENV, "1") };
+    let sd = Loader::new().load(dir.path()).unwrap();
+    assert_eq!(sd.report().files()[0].sha256().map(str::len), Some(64));
+    let sd = Loader::new().verify(false).load(dir.path()).unwrap();
+    assert_eq!(sd.report().files()[0].sha256(), None);
+    // SAFETY: as above.
+    unsafe { std::env::remove_var(safeload::VERIFY_ENV) };
+    let sd = Loader::new().load(dir.path()).unwrap();
+    assert_eq!(sd.report().files()[0].sha256(), None);
 }

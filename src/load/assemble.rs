@@ -85,6 +85,7 @@ pub(crate) fn assemble(
             mount: shard.mount,
             elapsed: Duration::from_nanos(finished.saturating_sub(shard.opened_at)),
             metadata: shard.header.metadata,
+            sha256: shard.sha256.as_ref().map(crate::verify::hex),
         });
     }
     Ok(StateDict {

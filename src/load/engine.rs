@@ -11,6 +11,7 @@ use memmap2::Mmap;
 use crate::error::{Error, ErrorKind, Result};
 use crate::load::open::{Body, OpenFile, file_len, read_error, since, size_mismatch};
 use crate::os::{self, DIRECT_ALIGN};
+use crate::verify::{Digest256, StreamHasher};
 use crate::workers;
 
 /// One unit of I/O.
@@ -26,6 +27,9 @@ pub(crate) enum Job<'a> {
         offset: u64,
         dst: &'a mut [u8],
         required: usize,
+        /// Whether the bytes are handed to `done` once read, for a file
+        /// whose digest is computed as it loads.
+        hashed: bool,
     },
     /// Faulting a range of a file map in, so that later accesses do not wait.
     Populate {
@@ -59,7 +63,7 @@ pub(crate) struct JobError {
 pub(crate) fn split_read<'a>(
     out: &mut Vec<Tagged<'a>>,
     file_index: usize,
-    (file, fallback): (&'a File, Option<&'a File>),
+    (file, fallback, hashed): (&'a File, Option<&'a File>, bool),
     offset: u64,
     dst: &'a mut [u8],
     required: usize,
@@ -76,6 +80,7 @@ pub(crate) fn split_read<'a>(
                 offset: offset + at as u64,
                 dst: piece,
                 required: required.saturating_sub(at).min(len),
+                hashed,
             },
         });
         at += len;
@@ -113,10 +118,10 @@ pub(crate) fn split_populate<'a>(
 ///
 /// Readers are threads of their own, not the caller's rayon pool: they block
 /// on storage, and a slow network mount must not starve CPU work elsewhere.
-pub(crate) fn run(
-    jobs: Vec<Tagged<'_>>,
+pub(crate) fn run<'a>(
+    jobs: Vec<Tagged<'a>>,
     readers: usize,
-    done: &(dyn Fn(usize) + Sync),
+    done: &(dyn Fn(usize, Option<(u64, &'a [u8])>) + Sync),
 ) -> (Result<(), JobError>, workers::Started) {
     let readers = readers.clamp(1, jobs.len().max(1));
     let queue: Vec<Mutex<Option<Tagged<'_>>>> =
@@ -137,7 +142,7 @@ pub(crate) fn run(
                 Job::Populate { .. } => "populating the map",
             };
             match execute(tagged.job) {
-                Ok(()) => done(tagged.file_index),
+                Ok(landed) => done(tagged.file_index, landed),
                 Err((offset, error)) => {
                     failed.store(true, Ordering::Relaxed);
                     if let Ok(mut first) = first_error.lock() {
@@ -169,16 +174,42 @@ pub(crate) fn run(
 
 /// Reads every buffered file, and populates mapped ones when asked, through
 /// one queue of jobs; then seals each buffer read-only and checks that no
-/// file changed size meanwhile. Returns, where the OS refused some reader
-/// threads, how many ran, for the report.
+/// file changed size meanwhile. With `verify`, a file read whole is hashed
+/// as its chunks land (its digest left in [`OpenFile::sha256`]). Returns,
+/// where the OS refused some reader threads, how many ran, for the report.
 pub(crate) fn read_all(
     opened: &mut [OpenFile],
     readers: usize,
     chunk: usize,
-    populate: bool,
+    (populate, verify): (bool, bool),
     clock: Instant,
 ) -> Result<Option<String>> {
     let mut shortfall = None;
+    // The bytes before a whole-file buffer's image (the header), hashed
+    // first; the buffer holds the rest of the file.
+    let mut prefixes: Vec<Option<Vec<u8>>> = Vec::with_capacity(opened.len());
+    for shard in opened.iter() {
+        let base = match &shard.body {
+            Body::Buffered { layout, .. } if verify && layout.image => {
+                layout.segments.first().map(|s| s.src)
+            }
+            _ => None,
+        };
+        let Some(base) = base else {
+            prefixes.push(None);
+            continue;
+        };
+        let mut prefix = vec![0u8; usize::try_from(base).unwrap_or(0)];
+        os::read_exact_at(&shard.file, &mut prefix, 0).map_err(|(at, e)| {
+            read_error("reading", &shard.file, &shard.path, shard.size, at, e)
+        })?;
+        prefixes.push(Some(prefix));
+    }
+    let lens: Vec<u64> = opened.iter().map(|s| s.header.file_len()).collect();
+    let hashers: Vec<Option<StreamHasher<'_>>> = prefixes
+        .iter()
+        .map(|p| p.as_deref().map(StreamHasher::new))
+        .collect();
     let mut jobs: Vec<Tagged<'_>> = Vec::new();
     let mut finished: Vec<&AtomicU64> = Vec::with_capacity(opened.len());
     for (file_index, shard) in opened.iter_mut().enumerate() {
@@ -223,10 +254,11 @@ pub(crate) fn read_all(
             at = segment.dst + segment.len;
             let required = usize::try_from(segment.required).unwrap_or(len);
             let fallback = direct.is_some().then_some(&*file);
+            let hashed = matches!(prefixes.get(file_index), Some(Some(_)));
             split_read(
                 &mut jobs,
                 file_index,
-                (source, fallback),
+                (source, fallback, hashed),
                 segment.src,
                 dst,
                 required,
@@ -235,14 +267,28 @@ pub(crate) fn read_all(
         }
     }
     if !jobs.is_empty() {
-        let done = |file_index: usize| {
+        // The closure is written at the call so that its argument has the
+        // jobs' own lifetime: the hashers keep the bytes it hands them.
+        let (result, started) = run(jobs, readers, &|file_index, landed| {
+            if let (Some((offset, bytes)), Some(Some(hasher))) = (landed, hashers.get(file_index)) {
+                hasher.land(offset, bytes);
+            }
             if let Some(f) = finished.get(file_index) {
                 f.fetch_max(since(clock), Ordering::Relaxed);
             }
-        };
-        let (result, started) = run(jobs, readers, &done);
+        });
         shortfall = started.shortfall();
         drop(finished);
+        let digests: Vec<Option<Digest256>> = hashers
+            .into_iter()
+            .zip(&lens)
+            .map(|(h, &len)| h.and_then(|h| h.finish(len)))
+            .collect();
+        for (shard, digest) in opened.iter_mut().zip(digests) {
+            if digest.is_some() {
+                shard.sha256 = digest;
+            }
+        }
         if let Err(failure) = result {
             let shard = opened.get(failure.file_index);
             return Err(match shard {
@@ -316,7 +362,9 @@ fn why_populate_failed(file: &File, offset: u64, len: usize, error: io::Error) -
     (offset, error)
 }
 
-fn execute(job: Job<'_>) -> Result<(), (u64, io::Error)> {
+/// Runs one job; a read of a hashed file gives back its bytes (file offset,
+/// bytes) for the hasher.
+fn execute<'a>(job: Job<'a>) -> Result<Option<(u64, &'a [u8])>, (u64, io::Error)> {
     match job {
         Job::Read {
             file,
@@ -324,18 +372,25 @@ fn execute(job: Job<'_>) -> Result<(), (u64, io::Error)> {
             offset,
             dst,
             required,
-        } => match (os::read_at_least(file, dst, required, offset), fallback) {
-            (Err((_, e)), Some(plain)) if e.raw_os_error() == Some(os::EINVAL) => {
-                os::read_at_least(plain, dst, required, offset)
+            hashed,
+        } => {
+            match (os::read_at_least(file, dst, required, offset), fallback) {
+                (Err((_, e)), Some(plain)) if e.raw_os_error() == Some(os::EINVAL) => {
+                    os::read_at_least(plain, dst, required, offset)?
+                }
+                (result, _) => result?,
             }
-            (result, _) => result,
-        },
+            // The bytes are in place and no reader writes them again.
+            let filled: &'a [u8] = dst;
+            Ok(hashed.then(|| (offset, filled.get(..required).unwrap_or(filled))))
+        }
         Job::Populate {
             map,
             file,
             offset,
             len,
         } => os::populate_read(map, offset, len)
+            .map(|()| None)
             .map_err(|e| why_populate_failed(file, offset as u64, len, e)),
     }
 }

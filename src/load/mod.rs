@@ -16,8 +16,9 @@ use crate::mount::MountTable;
 use crate::policy::{self, Environment, ReadMode};
 use crate::prefetch::{self, PrefetchOptions};
 use crate::state_dict::StateDict;
+use crate::verify;
 use crate::workers;
-use open::{Context, Filter, OpenFile};
+use open::{Body, Context, Filter, OpenFile};
 
 /// The default size of one read of a buffered file.
 ///
@@ -65,6 +66,8 @@ pub struct Loader {
     memory_available: Option<u64>,
     prefetch: Option<PrefetchOptions>,
     local_rank: Option<(usize, usize)>,
+    verify: Option<bool>,
+    expected_sha256: Vec<(String, String)>,
 }
 
 impl fmt::Debug for Loader {
@@ -80,6 +83,8 @@ impl fmt::Debug for Loader {
             .field("memory_available", &self.memory_available)
             .field("prefetch", &self.prefetch)
             .field("local_rank", &self.local_rank)
+            .field("verify", &self.verify)
+            .field("expected_sha256", &self.expected_sha256)
             .finish_non_exhaustive()
     }
 }
@@ -201,6 +206,46 @@ impl Loader {
         self
     }
 
+    /// Checks that every file loaded is the file that was published: its
+    /// SHA-256 is computed while loading (buffered files as their chunks
+    /// land, mapped files in one pass over the map, files in parallel) and
+    /// compared with the digest it must have: in a Hugging Face cache, the
+    /// name of its blob (`.../blobs/<sha256>`); elsewhere, a digest given
+    /// with [`expect_sha256`](Self::expect_sha256). A mismatch fails the
+    /// load with [`ErrorKind::IntegrityMismatch`] naming the file. Every
+    /// file's digest is in the report ([`FileReport::sha256`](crate::FileReport::sha256)).
+    /// Unset, `SAFELOAD_VERIFY=1` turns it on; `expect_sha256` alone does too.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
+    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+    /// let sd = safeload::Loader::new().verify(true).load(&path)?;
+    /// let digest = sd.report().files()[0].sha256().unwrap().to_string();
+    /// assert_eq!(digest.len(), 64);
+    ///
+    /// // Later, or on another machine: the file must still be that one.
+    /// let again = safeload::Loader::new()
+    ///     .expect_sha256("model.safetensors", &digest)
+    ///     .load(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn verify(mut self, verify: bool) -> Loader {
+        self.verify = Some(verify);
+        self
+    }
+
+    /// The SHA-256 (64 hex digits) the file named `file_name` (a shard's
+    /// name as the index writes it, or a single file's name) must have; the
+    /// load fails with [`ErrorKind::IntegrityMismatch`] where it has another,
+    /// and with [`ErrorKind::InvalidDigest`] where `digest` is not one.
+    /// Turns [`verify`](Self::verify) on unless it was set to `false`.
+    pub fn expect_sha256(mut self, file_name: impl Into<String>, digest: &str) -> Loader {
+        self.expected_sha256.push((file_name.into(), digest.to_string()));
+        self
+    }
+
     /// Decides filesystems from this mount table instead of the process's own
     /// (for tests, and for reasoning about another machine's mounts).
     pub fn mount_table(mut self, table: MountTable) -> Loader {
@@ -277,9 +322,18 @@ impl Loader {
             )
         });
         let read_size = self.read_size.unwrap_or(DEFAULT_READ_SIZE);
-        let readers =
-            engine::read_all(&mut files, io_concurrency, read_size, self.populate, clock)?;
+        let verify = policy::verify(self.verify, &env, !self.expected_sha256.is_empty());
+        let readers = engine::read_all(
+            &mut files,
+            io_concurrency,
+            read_size,
+            (self.populate, verify),
+            clock,
+        )?;
         notes.extend(readers.map(|s| format!("reading: {s}")));
+        if verify {
+            self.verify_files(&mut files, threads)?;
+        }
 
         // 5. Hand out tensors.
         let mut state_dict =
@@ -359,6 +413,56 @@ impl Loader {
         };
         let reason = format!("prefetch() with {} stream(s)", options.stream_count());
         prefetch::warm(&handed, &options, &job, reason)
+    }
+
+    /// Hashes the files the read engine did not (mapped ones, and files read
+    /// only in part), in parallel, and checks every digest against what the
+    /// file must have.
+    fn verify_files(&self, files: &mut [OpenFile], threads: usize) -> Result<()> {
+        let mut expected = Vec::with_capacity(self.expected_sha256.len());
+        for (file, digest) in &self.expected_sha256 {
+            let Some(parsed) = verify::parse_hex(digest) else {
+                return Err(Error::without_path(ErrorKind::InvalidDigest {
+                    file: file.clone(),
+                    digest: digest.clone(),
+                }));
+            };
+            expected.push((file.as_str(), parsed));
+        }
+        let missing: Vec<&OpenFile> = files.iter().filter(|f| f.sha256.is_none()).collect();
+        let (digests, _) = workers::map(&missing, threads, "safeload-verify", |f| {
+            let digest = match &f.body {
+                Body::Mapped(map) => verify::of_map(map),
+                _ => verify::of_file(&f.file, f.header.file_len()).map_err(|(at, e)| {
+                    open::read_error("hashing", &f.file, &f.path, f.size, at, e)
+                })?,
+            };
+            Ok(digest)
+        })?;
+        let mut digests = digests.into_iter();
+        for file in files.iter_mut() {
+            if file.sha256.is_none() {
+                file.sha256 = digests.next();
+            }
+            let name = file.path.file_name().and_then(|n| n.to_str());
+            let must = expected
+                .iter()
+                .find(|(n, _)| Some(*n) == name)
+                .map(|&(_, d)| d)
+                .or_else(|| verify::expected_from_cache(&file.canonical));
+            if let (Some(must), Some(actual)) = (must, file.sha256) {
+                if must != actual {
+                    return Err(Error::new(
+                        ErrorKind::IntegrityMismatch {
+                            expected: verify::hex(&must),
+                            actual: verify::hex(&actual),
+                        },
+                        &file.path,
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The memory guard: buffered files that do not fit in the memory

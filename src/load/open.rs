@@ -49,6 +49,8 @@ pub(crate) struct OpenFile {
     /// when its last byte arrived.
     pub opened_at: u64,
     pub finished_at: AtomicU64,
+    /// The file's SHA-256, once computed (`Loader::verify`).
+    pub sha256: Option<crate::verify::Digest256>,
 }
 
 /// The bytes of a file, as a load goes on.
@@ -195,6 +197,7 @@ pub(crate) fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenFile> {
         body,
         opened_at,
         finished_at,
+        sha256: None,
     })
 }
 

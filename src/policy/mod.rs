@@ -92,6 +92,7 @@ const VARIABLES: &[&str] = &[
     DISABLE_MMAP_ENV,
     PREFETCH_ENV,
     HF_SHARD_PREFETCH_ENV,
+    VERIFY_ENV,
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
     "SLURM_LOCALID",
@@ -153,6 +154,25 @@ pub(crate) enum Origin {
     Default,
 }
 
+/// The environment variable that turns integrity checks on (`1`) or off
+/// (`0`) where the caller leaves [`Loader::verify`](crate::Loader::verify)
+/// unset.
+pub const VERIFY_ENV: &str = "SAFELOAD_VERIFY";
+
+/// Whether a load hashes its files: the caller's choice, else
+/// `SAFELOAD_VERIFY`, else only where a digest is expected
+/// ([`Loader::expect_sha256`](crate::Loader::expect_sha256)). Off by
+/// default: hashing reads every byte of a mapped file at load time.
+pub(crate) fn verify(caller: Option<bool>, env: &Environment, expected: bool) -> bool {
+    caller.unwrap_or_else(|| {
+        match env.get(VERIFY_ENV).map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            Some("1" | "true" | "yes" | "on") => true,
+            Some("0" | "false" | "no" | "off") => false,
+            _ => expected,
+        }
+    })
+}
+
 /// The caller's mode if it is `Mmap` or `Buffered`, else the environment's,
 /// else auto.
 pub(crate) fn effective_mode(caller: ReadMode, env: &Environment) -> (ReadMode, Origin) {
@@ -198,6 +218,24 @@ mod tests {
         ];
         for (caller, env, expected) in table {
             assert_eq!(effective_mode(caller, env), expected, "{caller:?} {env:?}");
+        }
+    }
+
+    #[test]
+    fn verify_by_caller_then_environment_then_expected_digests() {
+        let on = Environment::from_pairs(&[(VERIFY_ENV, "1")]);
+        let off = Environment::from_pairs(&[(VERIFY_ENV, " off ")]);
+        let none = Environment::default();
+        let table = [
+            (Some(false), &on, true, false),
+            (Some(true), &off, false, true),
+            (None, &on, false, true),
+            (None, &off, true, false),
+            (None, &none, true, true),
+            (None, &none, false, false),
+        ];
+        for (caller, env, expected, verdict) in table {
+            assert_eq!(verify(caller, env, expected), verdict, "{caller:?} {env:?} {expected}");
         }
     }
 

@@ -1,0 +1,209 @@
+//! Integrity: the SHA-256 of each file a load reads, streamed in file order as its reads land, and the digest it must have (a Hugging Face cache blob's name, or the caller's).
+//!
+//! A buffered file read whole is hashed by the reader threads as its chunks
+//! arrive: chunks land out of order, so each is kept (borrowed, not copied)
+//! until the bytes before it are hashed, and whichever reader fills the gap
+//! hashes what follows. Other files (mapped, or read only in part) are
+//! hashed in a pass of their own over the whole file: the map, or positional
+//! reads.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::Path;
+use std::sync::Mutex;
+
+use memmap2::Mmap;
+use sha2::{Digest, Sha256};
+
+use crate::os;
+
+/// A SHA-256 digest.
+pub(crate) type Digest256 = [u8; 32];
+
+/// The digest in lowercase hex, as `sha256sum` and the Hugging Face cache
+/// write it.
+pub(crate) fn hex(digest: &Digest256) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A digest from 64 hex digits (either case); `None` for anything else.
+pub(crate) fn parse_hex(text: &str) -> Option<Digest256> {
+    let text = text.trim();
+    if text.len() != 64 || !text.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (byte, pair) in out.iter_mut().zip(text.as_bytes().chunks_exact(2)) {
+        let pair = std::str::from_utf8(pair).ok()?;
+        *byte = u8::from_str_radix(pair, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The digest a file must have where its name says so: a blob of a Hugging
+/// Face cache (`.../blobs/<sha256>`, which the hub client names by the
+/// SHA-256 of its content), found from the path the file was opened at
+/// (symlinks resolved: snapshots link every file into `blobs/`).
+pub(crate) fn expected_from_cache(canonical: &Path) -> Option<Digest256> {
+    let parent = canonical.parent()?.file_name()?;
+    if parent != "blobs" {
+        return None;
+    }
+    parse_hex(canonical.file_name()?.to_str()?)
+}
+
+/// A file's SHA-256, fed with its bytes in any order: each run is hashed
+/// once every byte before it is.
+pub(crate) struct StreamHasher<'a> {
+    state: Mutex<State<'a>>,
+}
+
+struct State<'a> {
+    sha: Sha256,
+    /// The file offset up to which bytes are hashed.
+    next: u64,
+    /// Runs that arrived ahead of `next`, by file offset.
+    ahead: BTreeMap<u64, &'a [u8]>,
+}
+
+impl<'a> StreamHasher<'a> {
+    /// A hasher that has hashed `prefix`, the file's first bytes.
+    pub(crate) fn new(prefix: &[u8]) -> StreamHasher<'a> {
+        let mut sha = Sha256::new();
+        sha.update(prefix);
+        StreamHasher {
+            state: Mutex::new(State {
+                sha,
+                next: prefix.len() as u64,
+                ahead: BTreeMap::new(),
+            }),
+        }
+    }
+
+    /// The bytes at `offset` of the file have landed. Hashes them, and what
+    /// was waiting for them, if they are next; else keeps them for later.
+    pub(crate) fn land(&self, offset: u64, bytes: &'a [u8]) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        let state = &mut *state;
+        state.ahead.insert(offset, bytes);
+        while let Some(entry) = state.ahead.first_entry() {
+            if *entry.key() != state.next {
+                break;
+            }
+            let bytes = entry.remove();
+            state.sha.update(bytes);
+            state.next += bytes.len() as u64;
+        }
+    }
+
+    /// The digest of the file's first `len` bytes, or `None` where some of
+    /// them never landed (a read failed, and the load with it).
+    pub(crate) fn finish(self, len: u64) -> Option<Digest256> {
+        let state = self.state.into_inner().ok()?;
+        (state.next == len && state.ahead.is_empty()).then(|| state.sha.finalize().into())
+    }
+}
+
+/// The SHA-256 of a whole mapped file.
+pub(crate) fn of_map(map: &Mmap) -> Digest256 {
+    Sha256::digest(&map[..]).into()
+}
+
+/// The SHA-256 of the first `len` bytes of an open file, by positional
+/// reads of 8 MiB; the offset and error of a failed read.
+pub(crate) fn of_file(file: &File, len: u64) -> Result<Digest256, (u64, std::io::Error)> {
+    let mut sha = Sha256::new();
+    let mut buf = vec![0u8; usize::try_from(len.min(8 << 20)).unwrap_or(8 << 20)];
+    let mut at = 0u64;
+    while at < len {
+        let n = usize::try_from(len - at).unwrap_or(usize::MAX).min(buf.len());
+        let Some(piece) = buf.get_mut(..n) else {
+            break;
+        };
+        os::read_exact_at(file, piece, at)?;
+        sha.update(&*piece);
+        at += n as u64;
+    }
+    Ok(sha.finalize().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `sha256sum` of the empty input and of "abc" (FIPS 180-2, appendix B).
+    const EMPTY: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    const ABC: &str = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+
+    #[test]
+    fn hex_round_trips() {
+        let d = parse_hex(ABC).unwrap();
+        assert_eq!(hex(&d), ABC);
+        assert_eq!(parse_hex(&ABC.to_uppercase()), Some(d));
+        for bad in ["", "abc", &ABC[1..], &format!("{ABC}0"), &ABC.replace('a', "g")] {
+            assert_eq!(parse_hex(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn streamed_in_any_order_equals_the_whole() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let whole: Digest256 = Sha256::digest(&data).into();
+        // A prefix, then runs landing in a scrambled order.
+        let (prefix, rest) = data.split_at(1000);
+        let runs: Vec<(u64, &[u8])> = rest
+            .chunks(7919)
+            .enumerate()
+            .map(|(i, c)| (1000 + (i * 7919) as u64, c))
+            .collect();
+        for order in [
+            (0..runs.len()).collect::<Vec<_>>(),
+            (0..runs.len()).rev().collect(),
+            (0..runs.len()).map(|i| (i * 5) % runs.len()).collect(),
+        ] {
+            let h = StreamHasher::new(prefix);
+            for i in order {
+                let (at, bytes) = runs[i];
+                h.land(at, bytes);
+            }
+            assert_eq!(h.finish(data.len() as u64), Some(whole));
+        }
+        // A gap is not a digest.
+        let h = StreamHasher::new(prefix);
+        h.land(runs[1].0, runs[1].1);
+        assert_eq!(h.finish(data.len() as u64), None);
+        assert_eq!(hex(&StreamHasher::new(b"").finish(0).unwrap()), EMPTY);
+        assert_eq!(hex(&StreamHasher::new(b"abc").finish(3).unwrap()), ABC);
+    }
+
+    #[test]
+    fn a_cache_blob_is_named_by_its_digest() {
+        let blob = format!("/cache/models--org--m/blobs/{ABC}");
+        assert_eq!(expected_from_cache(Path::new(&blob)), parse_hex(ABC));
+        let not_blobs = format!("/cache/models--org--m/snapshots/{ABC}");
+        assert_eq!(expected_from_cache(Path::new(&not_blobs)), None);
+        assert_eq!(
+            expected_from_cache(Path::new("/cache/blobs/model.safetensors")),
+            None
+        );
+    }
+
+    #[test]
+    fn files_hash_like_the_reference() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..(9u32 << 20) + 17).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let whole: Digest256 = Sha256::digest(&data).into();
+        let file = File::open(&path).unwrap();
+        assert_eq!(of_file(&file, data.len() as u64).unwrap(), whole);
+        let map = crate::storage::map_file(&file).unwrap();
+        assert_eq!(of_map(&map), whole);
+        // Asking for more than the file has is the file ending early.
+        let (at, e) = of_file(&file, data.len() as u64 + 1).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+        assert!(at >= 8 << 20);
+    }
+}

@@ -85,11 +85,15 @@
 //!
 //! # Threads
 //!
-//! Opening and parsing files runs in the caller's rayon pool: wrap a load in
-//! `pool.install(|| ...)` to bound it, and [`Loader::threads`] bounds how many
-//! files are handled at once. Buffered reads are issued by
-//! [`Loader::io_concurrency`] reader threads of their own, because they block
-//! on storage and a slow network mount must not starve the caller's pool.
+//! Everything a load does that blocks on storage (opening and parsing files,
+//! buffered reads, prefetch streams, hashing) runs on threads of the crate's
+//! own, never in the caller's rayon pool, because a slow network mount must
+//! not starve the process's CPU work: [`Loader::threads`] bounds the files
+//! handled at once (by default the machine's parallelism, or the rayon
+//! pool's size when called from inside one), [`Loader::io_concurrency`] the
+//! reads in flight. Where the OS refuses a thread (`RLIMIT_NPROC`, a cgroup's
+//! `pids.max`), the load runs on the threads it got, the calling one at
+//! least, and [`LoadReport::notes`] says so.
 //!
 //! # Prefetch
 //!
@@ -141,6 +145,17 @@
 //! files and trailing bytes are refused; an index may only name plain files
 //! in its own directory. Each of these is a typed [`ErrorKind`] naming the
 //! file, never a panic.
+//!
+//! One load sees one version of every file: a directory is opened once and
+//! every file relative to it, and a direct-I/O descriptor is a reopen of the
+//! open file, checked to be the same device and inode; so a file replaced by
+//! `rename`, or a `current -> snapshots/<rev>` symlink flipped, during a load
+//! gives the old version or the new one, never a mix. A buffered load that
+//! would not fit in memory with a margin (32 MiB, 2 MiB per file, 1/512 of
+//! the bytes) is mapped instead (auto) or refused
+//! ([`ErrorKind::InsufficientMemory`]), never left to the OOM killer.
+//! [`Loader::verify`] checks each file's SHA-256 against its Hugging Face
+//! cache blob's name or [`Loader::expect_sha256`].
 //!
 //! What is not checked: a mapped file that another process truncates *after*
 //! the load can make the process receive `SIGBUS` when a tensor's missing page

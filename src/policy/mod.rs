@@ -1,4 +1,4 @@
-//! Every automatic decision of a load, made from facts passed in: how each file is read, whether with direct I/O, prefetch and its method; each with a typed reason, rendered to words here.
+//! Every automatic decision of a load, made from facts passed in: how each file is read, whether with direct I/O, prefetch and its method, whether files are hashed; each with a typed reason (rendered to words once, in `report.rs`).
 //!
 //! `mod.rs` holds the modes a caller sets and the environment read once per
 //! load; `file.rs` the decisions about one file (strategy, direct I/O, reads

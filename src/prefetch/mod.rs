@@ -50,10 +50,11 @@
 //!
 //! # Where the pieces are
 //!
-//! [`prefetch()`] and the loader's side (`load.rs`) resolve files and decide
-//! whether to run; `run.rs` plans the chunks once, opens the queue and hands
-//! the readers (`worker.rs`) their start offsets; `options.rs` holds the
-//! public builder.
+//! The loader (`Loader::load`, `Loader::warm`, and `safeload::prefetch`
+//! through it) opens the files once and hands them over (`load.rs`), with
+//! the policy's answer to whether to run (`policy/prefetch.rs`); `run.rs`
+//! plans the chunks once, opens the queue and hands the readers
+//! (`worker.rs`) their start offsets; `options.rs` holds the public builder.
 
 mod launcher;
 mod load;

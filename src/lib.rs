@@ -183,6 +183,7 @@ mod format;
 mod load;
 mod memory;
 pub mod mount;
+mod options;
 mod os;
 mod policy;
 mod prefetch;

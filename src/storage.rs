@@ -28,6 +28,11 @@ impl Storage {
         &self.map
     }
 
+    /// The map itself (to populate it, or hash it).
+    pub(crate) fn map(&self) -> &Mmap {
+        &self.map
+    }
+
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }

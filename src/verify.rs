@@ -118,7 +118,9 @@ pub(crate) fn of_file(file: &File, len: u64) -> Result<Digest256, (u64, std::io:
     let mut buf = vec![0u8; usize::try_from(len.min(8 << 20)).unwrap_or(8 << 20)];
     let mut at = 0u64;
     while at < len {
-        let n = usize::try_from(len - at).unwrap_or(usize::MAX).min(buf.len());
+        let n = usize::try_from(len - at)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
         let Some(piece) = buf.get_mut(..n) else {
             break;
         };
@@ -142,7 +144,13 @@ mod tests {
         let d = parse_hex(ABC).unwrap();
         assert_eq!(hex(&d), ABC);
         assert_eq!(parse_hex(&ABC.to_uppercase()), Some(d));
-        for bad in ["", "abc", &ABC[1..], &format!("{ABC}0"), &ABC.replace('a', "g")] {
+        for bad in [
+            "",
+            "abc",
+            &ABC[1..],
+            &format!("{ABC}0"),
+            &ABC.replace('a', "g"),
+        ] {
             assert_eq!(parse_hex(bad), None, "{bad}");
         }
     }

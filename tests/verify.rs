@@ -16,8 +16,14 @@ use tempfile::tempdir;
 fn modes() -> Vec<(&'static str, Loader)> {
     vec![
         ("mmap", Loader::new().disable_mmap(false)),
-        ("buffered", Loader::new().disable_mmap(true).direct_io(false)),
-        ("buffered-direct", Loader::new().disable_mmap(true).direct_io(true)),
+        (
+            "buffered",
+            Loader::new().disable_mmap(true).direct_io(false),
+        ),
+        (
+            "buffered-direct",
+            Loader::new().disable_mmap(true).direct_io(true),
+        ),
         (
             "buffered-in-part",
             Loader::new()

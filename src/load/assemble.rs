@@ -5,16 +5,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::Resolved;
+use crate::checkpoint::open::{Body, OpenFile, size_mismatch};
 use crate::error::Result;
-use crate::load::open::{Body, OpenFile, size_mismatch};
 use crate::report::{FileReport, LoadReport};
 use crate::state_dict::StateDict;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 
 pub(crate) fn assemble(
-    checkpoint: &Checkpoint,
+    checkpoint: &Resolved,
     opened: Vec<OpenFile>,
     clock: Instant,
     threads: usize,
@@ -25,14 +25,16 @@ pub(crate) fn assemble(
     let mut metadata = BTreeMap::new();
     let mut files = Vec::with_capacity(opened.len());
     for shard in opened {
-        let (map, layout) = match shard.body {
-            Body::Mapped(map) => (map, None),
-            Body::Read { map, layout } => (map, Some(layout)),
+        let (storage, layout) = match shard.body {
+            Body::Mapped(storage) => (storage, None),
+            Body::Read { map, layout } => (
+                Arc::new(Storage::new(map, shard.path.clone())),
+                Some(layout),
+            ),
             // `run_io` seals every buffer, or fails.
-            Body::Pending(_) | Body::Buffered { .. } | Body::Taken => continue,
+            Body::Unread | Body::Pending(_) | Body::Buffered { .. } | Body::Taken => continue,
         };
         let buffered = layout.is_some();
-        let storage = Arc::new(Storage::new(map, shard.path.clone()));
         let mut count = 0;
         let mut bytes = 0u64;
         for (i, entry) in shard.header.tensors.iter().enumerate() {

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use memmap2::Mmap;
 
+use crate::checkpoint::open::{Body, OpenFile, file_len, read_error, since, size_mismatch};
 use crate::error::{Error, ErrorKind, Result};
-use crate::load::open::{Body, OpenFile, file_len, read_error, since, size_mismatch};
 use crate::os::{self, DIRECT_ALIGN};
 use crate::verify::{Digest256, StreamHasher};
 use crate::workers;
@@ -223,9 +223,9 @@ pub(crate) fn read_all(
         finished.push(&*finished_at);
         let buffer_and_layout = match body {
             Body::Buffered { buffer, layout } => (buffer, layout),
-            Body::Mapped(map) => {
+            Body::Mapped(storage) => {
                 if populate {
-                    split_populate(&mut jobs, file_index, (map, file), chunk);
+                    split_populate(&mut jobs, file_index, (storage.map(), file), chunk);
                 }
                 continue;
             }

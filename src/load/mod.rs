@@ -2,30 +2,20 @@
 
 mod assemble;
 pub(crate) mod engine;
-pub(crate) mod open;
+pub(crate) mod steps;
 
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::checkpoint::{self, Checkpoint, ShardFile};
-use crate::error::{Error, ErrorKind, Result};
-use crate::memory;
+use crate::checkpoint::{self, Resolved, ShardFile};
+use crate::error::{Error, Result};
 use crate::mount::MountTable;
-use crate::policy::{self, Environment, ReadMode};
+use crate::options::Options;
+use crate::policy::{Environment, ReadMode};
 use crate::prefetch::{self, PrefetchOptions};
 use crate::state_dict::StateDict;
-use crate::verify;
-use crate::workers;
-use open::{Body, Context, Filter, OpenFile};
-
-/// The default size of one read of a buffered file.
-///
-/// NOTE: set by the `load` benchmark (BENCHMARKS.md): large enough that
-/// per-request overhead vanishes and a FUSE mount sees requests in flight,
-/// small enough that readers stay balanced at the tail.
-pub(crate) const DEFAULT_READ_SIZE: usize = 8 << 20;
 
 /// Loads checkpoints; the options of a load, set as one expression.
 ///
@@ -55,37 +45,12 @@ pub(crate) const DEFAULT_READ_SIZE: usize = 8 << 20;
 /// the work.
 #[derive(Clone, Default)]
 pub struct Loader {
-    mode: ReadMode,
-    threads: Option<usize>,
-    io_concurrency: Option<usize>,
-    read_size: Option<usize>,
-    filter: Option<Arc<Filter>>,
-    mount_table: Option<MountTable>,
-    populate: bool,
-    direct_io: Option<bool>,
-    memory_available: Option<u64>,
-    prefetch: Option<PrefetchOptions>,
-    local_rank: Option<(usize, usize)>,
-    verify: Option<bool>,
-    expected_sha256: Vec<(String, String)>,
+    opts: Options,
 }
 
 impl fmt::Debug for Loader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Loader")
-            .field("mode", &self.mode)
-            .field("threads", &self.threads)
-            .field("io_concurrency", &self.io_concurrency)
-            .field("read_size", &self.read_size)
-            .field("filter", &self.filter.as_ref().map(|_| "<fn>"))
-            .field("populate", &self.populate)
-            .field("direct_io", &self.direct_io)
-            .field("memory_available", &self.memory_available)
-            .field("prefetch", &self.prefetch)
-            .field("local_rank", &self.local_rank)
-            .field("verify", &self.verify)
-            .field("expected_sha256", &self.expected_sha256)
-            .finish_non_exhaustive()
+        f.debug_tuple("Loader").field(&self.opts).finish()
     }
 }
 
@@ -112,7 +77,7 @@ impl Loader {
     /// leaving it unset: `SAFELOAD_DISABLE_MMAP` is honoured, then each
     /// file's filesystem decides.
     pub fn read_mode(mut self, mode: ReadMode) -> Loader {
-        self.mode = mode;
+        self.opts.mode = mode;
         self
     }
 
@@ -120,7 +85,7 @@ impl Loader {
     /// parallelism, or the current rayon pool's size when called from inside
     /// one). Zero is taken as one.
     pub fn threads(mut self, threads: usize) -> Loader {
-        self.threads = Some(threads.max(1));
+        self.opts.threads = Some(threads.max(1));
         self
     }
 
@@ -130,7 +95,7 @@ impl Loader {
     /// default of 12 background requests per mount), 8 otherwise. Zero is
     /// taken as one.
     pub fn io_concurrency(mut self, readers: usize) -> Loader {
-        self.io_concurrency = Some(readers.max(1));
+        self.opts.io_concurrency = Some(readers.max(1));
         self
     }
 
@@ -139,7 +104,7 @@ impl Loader {
     /// raised to it. (Prefetch cuts files into chunks of its own size,
     /// [`PrefetchOptions::chunk_size`].)
     pub fn read_size(mut self, bytes: usize) -> Loader {
-        self.read_size = Some(bytes.max(4096));
+        self.opts.read_size = Some(bytes.max(4096));
         self
     }
 
@@ -147,7 +112,7 @@ impl Loader {
     /// only their bytes; a sharded load opens only the shards the index says
     /// hold them.
     pub fn filter(mut self, keep: impl Fn(&str) -> bool + Send + Sync + 'static) -> Loader {
-        self.filter = Some(Arc::new(keep));
+        self.opts.filter = Some(Arc::new(keep));
         self
     }
 
@@ -156,7 +121,7 @@ impl Loader {
     /// as an error instead of `SIGBUS`). Default `false`: mapped loads stay
     /// lazy, and pages arrive when tensors are first touched.
     pub fn populate(mut self, populate: bool) -> Loader {
-        self.populate = populate;
+        self.opts.populate = populate;
         self
     }
 
@@ -165,7 +130,7 @@ impl Loader {
     /// its filesystem refuses direct reads, plain reads are used. Direct reads
     /// apply to files read whole; a filtered or packed file is read plainly.
     pub fn direct_io(mut self, direct: bool) -> Loader {
-        self.direct_io = Some(direct);
+        self.opts.direct_io = Some(direct);
         self
     }
 
@@ -175,7 +140,7 @@ impl Loader {
     /// mapped instead, and an explicit `disable_mmap(true)` load fails with
     /// [`ErrorKind::InsufficientMemory`].
     pub fn memory_available(mut self, bytes: u64) -> Loader {
-        self.memory_available = Some(bytes);
+        self.opts.memory_available = Some(bytes);
         self
     }
 
@@ -187,14 +152,20 @@ impl Loader {
     /// read, and the memory guard caps what is warmed. The report says what
     /// it did ([`LoadReport::prefetch`](crate::LoadReport::prefetch)).
     pub fn prefetch(mut self, streams: usize) -> Loader {
-        self.prefetch = Some(self.prefetch.take().unwrap_or_default().streams(streams));
+        self.opts.prefetch = Some(
+            self.opts
+                .prefetch
+                .take()
+                .unwrap_or_default()
+                .streams(streams),
+        );
         self
     }
 
     /// Prefetch as [`prefetch`](Self::prefetch), with every option of
     /// [`PrefetchOptions`].
     pub fn prefetch_with(mut self, options: PrefetchOptions) -> Loader {
-        self.prefetch = Some(options);
+        self.opts.prefetch = Some(options);
         self
     }
 
@@ -202,7 +173,7 @@ impl Loader {
     /// number, for prefetch, instead of the launcher's variables
     /// (`LOCAL_RANK`/`LOCAL_WORLD_SIZE`, `SLURM_LOCALID`, ...).
     pub fn local_rank(mut self, rank: usize, size: usize) -> Loader {
-        self.local_rank = Some((rank, size));
+        self.opts.local_rank = Some((rank, size));
         self
     }
 
@@ -232,7 +203,7 @@ impl Loader {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn verify(mut self, verify: bool) -> Loader {
-        self.verify = Some(verify);
+        self.opts.verify = Some(verify);
         self
     }
 
@@ -242,14 +213,16 @@ impl Loader {
     /// and with [`ErrorKind::InvalidDigest`] where `digest` is not one.
     /// Turns [`verify`](Self::verify) on unless it was set to `false`.
     pub fn expect_sha256(mut self, file_name: impl Into<String>, digest: &str) -> Loader {
-        self.expected_sha256.push((file_name.into(), digest.to_string()));
+        self.opts
+            .expected_sha256
+            .push((file_name.into(), digest.to_string()));
         self
     }
 
     /// Decides filesystems from this mount table instead of the process's own
     /// (for tests, and for reasoning about another machine's mounts).
     pub fn mount_table(mut self, table: MountTable) -> Loader {
-        self.mount_table = Some(table);
+        self.opts.mount_table = Some(table);
         self
     }
 
@@ -261,92 +234,19 @@ impl Loader {
         let path = path.as_ref();
         let clock = Instant::now();
         let env = Environment::from_process();
-        let checkpoint = checkpoint::resolve(path)?;
-        let shards = self.shards_to_open(&checkpoint);
-        let (mode, origin) = policy::effective_mode(self.mode, &env);
-        let table = match &self.mount_table {
-            Some(table) => Some(table.clone()),
-            None => MountTable::current().ok(),
-        };
-        let threads = self.threads.unwrap_or_else(workers::default_width).max(1);
-        let ctx = Context {
-            checkpoint: &checkpoint,
-            mode,
-            origin,
-            table: table.as_ref(),
-            filter: self.filter.as_deref(),
-            direct_io: self.direct_io,
-            clock,
-        };
-
-        // 1. Open every file, parse its header, decide its strategy.
-        let (mut files, openers) = workers::map(&shards, threads, "safeload-open", |shard| {
-            open::open(shard, &ctx)
-        })?;
-        let mut notes: Vec<String> = openers
-            .shortfall()
-            .map(|s| format!("opening files: {s}"))
-            .into_iter()
-            .collect();
-        let headers: Vec<_> = files
-            .iter()
-            .map(|f| (f.path.as_path(), &f.header))
-            .collect();
-        checkpoint.check_headers(&headers)?;
-
-        // 2. Warm the page cache, where asked or where the auto policy says
-        //    so (mapped files on a network filesystem), before any tensor
-        //    byte is touched.
-        let job = prefetch::Job {
-            local_rank: self.local_rank,
-            memory_available: self.memory_available,
-            env: &env,
-        };
-        let handed: Vec<prefetch::LoadFile<'_>> = files.iter().map(OpenFile::handed).collect();
-        let prefetched = prefetch::before_load(&handed, self.prefetch.as_ref(), &job)?;
-        drop(handed);
-
-        // 3. Make sure buffered files fit in memory, then allocate them.
-        self.fit_in_memory(&mut files, path)?;
+        let resolved = checkpoint::resolve(path)?;
+        let shards = self.shards_to_open(&resolved);
+        let (mut files, notes) = steps::open_files(&self.opts, &resolved, &shards, &env, clock)?;
         for file in &mut files {
-            file.allocate()?;
+            file.prepare(self.opts.filter.as_deref(), self.opts.direct_io);
         }
-
-        // 4. Read every buffered file (and populate mapped ones) through one
-        //    job queue.
-        let io_concurrency = self.io_concurrency.unwrap_or_else(|| {
-            policy::default_io_concurrency(
-                files
-                    .iter()
-                    .filter_map(|f| f.mount.as_ref().map(|m| m.kind)),
-            )
-        });
-        let read_size = self.read_size.unwrap_or(DEFAULT_READ_SIZE);
-        let verify = policy::verify(self.verify, &env, !self.expected_sha256.is_empty());
-        let readers = engine::read_all(
-            &mut files,
-            io_concurrency,
-            read_size,
-            (self.populate, verify),
-            clock,
-        )?;
-        notes.extend(readers.map(|s| format!("reading: {s}")));
-        if verify {
-            self.verify_files(&mut files, threads)?;
-        }
-
-        // 5. Hand out tensors.
-        let mut state_dict =
-            assemble::assemble(&checkpoint, files, clock, threads, io_concurrency)?;
-        state_dict.report.prefetch = prefetched;
-        state_dict.report.notes = notes;
-        Ok(state_dict)
+        steps::finish(&self.opts, &resolved, files, &env, (clock, notes), path)
     }
 
     /// The shards a load opens: all of them, or with a filter and an index,
     /// those the index says hold a tensor the filter keeps.
-    fn shards_to_open<'a>(&self, checkpoint: &'a Checkpoint) -> Vec<&'a ShardFile> {
-        match (&self.filter, &checkpoint.index) {
+    fn shards_to_open<'a>(&self, resolved: &'a Resolved) -> Vec<&'a ShardFile> {
+        match (&self.opts.filter, &resolved.index) {
             (Some(keep), Some(index)) => {
                 let wanted: std::collections::HashSet<&str> = index
                     .weight_map
@@ -354,13 +254,13 @@ impl Loader {
                     .filter(|(tensor, _)| keep(tensor))
                     .map(|(_, shard)| shard.as_str())
                     .collect();
-                checkpoint
+                resolved
                     .shards
                     .iter()
                     .filter(|s| wanted.contains(s.name.as_str()))
                     .collect()
             }
-            _ => checkpoint.shards.iter().collect(),
+            _ => resolved.shards.iter().collect(),
         }
     }
 
@@ -378,7 +278,7 @@ impl Loader {
     pub fn warm(&self, path: impl AsRef<Path>) -> Result<crate::report::PrefetchReport> {
         let env = Environment::from_process();
         let checkpoint = checkpoint::resolve(path.as_ref())?;
-        let table = match &self.mount_table {
+        let table = match &self.opts.mount_table {
             Some(table) => Some(table.clone()),
             None => MountTable::current().ok(),
         };
@@ -405,102 +305,13 @@ impl Loader {
                 mapped: true,
             })
             .collect();
-        let options = self.prefetch.clone().unwrap_or_default();
+        let options = self.opts.prefetch.clone().unwrap_or_default();
         let job = prefetch::Job {
-            local_rank: self.local_rank,
-            memory_available: self.memory_available,
+            local_rank: self.opts.local_rank,
+            memory_available: self.opts.memory_available,
             env: &env,
         };
         let reason = format!("prefetch() with {} stream(s)", options.stream_count());
         prefetch::warm(&handed, &options, &job, reason)
-    }
-
-    /// Hashes the files the read engine did not (mapped ones, and files read
-    /// only in part), in parallel, and checks every digest against what the
-    /// file must have.
-    fn verify_files(&self, files: &mut [OpenFile], threads: usize) -> Result<()> {
-        let mut expected = Vec::with_capacity(self.expected_sha256.len());
-        for (file, digest) in &self.expected_sha256 {
-            let Some(parsed) = verify::parse_hex(digest) else {
-                return Err(Error::without_path(ErrorKind::InvalidDigest {
-                    file: file.clone(),
-                    digest: digest.clone(),
-                }));
-            };
-            expected.push((file.as_str(), parsed));
-        }
-        let missing: Vec<&OpenFile> = files.iter().filter(|f| f.sha256.is_none()).collect();
-        let (digests, _) = workers::map(&missing, threads, "safeload-verify", |f| {
-            let digest = match &f.body {
-                Body::Mapped(map) => verify::of_map(map),
-                _ => verify::of_file(&f.file, f.header.file_len()).map_err(|(at, e)| {
-                    open::read_error("hashing", &f.file, &f.path, f.size, at, e)
-                })?,
-            };
-            Ok(digest)
-        })?;
-        let mut digests = digests.into_iter();
-        for file in files.iter_mut() {
-            if file.sha256.is_none() {
-                file.sha256 = digests.next();
-            }
-            let name = file.path.file_name().and_then(|n| n.to_str());
-            let must = expected
-                .iter()
-                .find(|(n, _)| Some(*n) == name)
-                .map(|&(_, d)| d)
-                .or_else(|| verify::expected_from_cache(&file.canonical));
-            if let (Some(must), Some(actual)) = (must, file.sha256) {
-                if must != actual {
-                    return Err(Error::new(
-                        ErrorKind::IntegrityMismatch {
-                            expected: verify::hex(&must),
-                            actual: verify::hex(&actual),
-                        },
-                        &file.path,
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The memory guard: buffered files that do not fit in the memory
-    /// available are mapped instead where the auto policy chose buffered;
-    /// where the caller asked for buffered, the load fails with the numbers
-    /// instead of meeting the OOM killer.
-    fn fit_in_memory(&self, files: &mut [OpenFile], checkpoint: &Path) -> Result<()> {
-        // Asking the kernel and the cgroup costs more than a small mapped load.
-        let any_pending = files.iter().any(|f| f.pending_bytes() > 0);
-        let available = self
-            .memory_available
-            .or_else(|| any_pending.then(memory::available).flatten());
-        let Some(available) = available else {
-            return Ok(());
-        };
-        let pending: Vec<(u64, bool)> = files
-            .iter()
-            .map(|f| (f.pending_bytes(), f.decision.switchable()))
-            .collect();
-        let verdict = policy::memory_guard(&pending, Some(available));
-        for (file, map) in files.iter_mut().zip(&verdict.map_instead) {
-            if *map {
-                // A refused map leaves the file buffered, checked below.
-                file.map_instead(&verdict, available);
-            }
-        }
-        let still: Vec<u64> = files
-            .iter()
-            .map(OpenFile::pending_bytes)
-            .filter(|&n| n > 0)
-            .collect();
-        policy::memory_fits(still.len(), still.iter().sum(), Some(available)).map_err(
-            |(needed, available)| {
-                Error::new(
-                    ErrorKind::InsufficientMemory { needed, available },
-                    checkpoint,
-                )
-            },
-        )
     }
 }

@@ -165,7 +165,11 @@ pub const VERIFY_ENV: &str = "SAFELOAD_VERIFY";
 /// default: hashing reads every byte of a mapped file at load time.
 pub(crate) fn verify(caller: Option<bool>, env: &Environment, expected: bool) -> bool {
     caller.unwrap_or_else(|| {
-        match env.get(VERIFY_ENV).map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        match env
+            .get(VERIFY_ENV)
+            .map(|v| v.trim().to_ascii_lowercase())
+            .as_deref()
+        {
             Some("1" | "true" | "yes" | "on") => true,
             Some("0" | "false" | "no" | "off") => false,
             _ => expected,
@@ -235,7 +239,11 @@ mod tests {
             (None, &none, false, false),
         ];
         for (caller, env, expected, verdict) in table {
-            assert_eq!(verify(caller, env, expected), verdict, "{caller:?} {env:?} {expected}");
+            assert_eq!(
+                verify(caller, env, expected),
+                verdict,
+                "{caller:?} {env:?} {expected}"
+            );
         }
     }
 

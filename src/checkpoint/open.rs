@@ -1,4 +1,4 @@
-//! Opening one file of a load: its descriptor, its header read and checked, its mount looked up, and how it will be read (a checked map, or a buffer layout, with or without direct I/O).
+//! Opening one file of a checkpoint: its descriptor, its header read and checked, its mount looked up, how it will be read (a checked map, or positional reads); then, for a load, which of its tensors it reads and into what layout, with or without direct I/O.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -6,26 +6,24 @@ use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use memmap2::{Mmap, MmapMut};
+use std::sync::Arc;
 
-use crate::checkpoint::{Checkpoint, ShardFile};
+use super::resolve::{Resolved, ShardFile};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::header::{self, Header, PREFIX_LEN};
 use crate::mount::{self, Mount, MountTable};
 use crate::os;
 use crate::policy::{self, Direct, FileDecision, MemoryVerdict, Origin, ReadMode, Strategy};
-use crate::storage::{self, BufferLayout};
+use crate::storage::{self, BufferLayout, Storage};
 
-/// A filter on tensor names.
-pub(crate) type Filter = dyn Fn(&str) -> bool + Send + Sync;
+use crate::options::Filter;
 
-/// What the opening of every file of a load shares.
+/// What the opening of every file of a checkpoint shares.
 pub(crate) struct Context<'a> {
-    pub checkpoint: &'a Checkpoint,
+    pub resolved: &'a Resolved,
     pub mode: ReadMode,
     pub origin: Origin,
     pub table: Option<&'a MountTable>,
-    pub filter: Option<&'a Filter>,
-    pub direct_io: Option<bool>,
     pub clock: Instant,
 }
 
@@ -40,7 +38,8 @@ pub(crate) struct OpenFile {
     pub direct: Option<File>,
     pub size: u64,
     pub header: Header,
-    /// Per tensor of the header: whether the filter keeps it.
+    /// Per tensor of the header: whether the load reads it (all of them
+    /// until [`prepare`](Self::prepare) says otherwise).
     pub selected: Vec<bool>,
     pub decision: FileDecision,
     pub mount: Option<Mount>,
@@ -55,8 +54,11 @@ pub(crate) struct OpenFile {
 
 /// The bytes of a file, as a load goes on.
 pub(crate) enum Body {
-    /// The file's own map.
-    Mapped(Mmap),
+    /// The file's own map, shared with the tensors that view it.
+    Mapped(Arc<Storage>),
+    /// To be read (the policy chose it, or the map was refused); how is not
+    /// known until a load says which tensors it wants.
+    Unread,
     /// To be read into a buffer laid out so.
     Pending(BufferLayout),
     /// A buffer to be filled by the read engine.
@@ -96,7 +98,7 @@ impl OpenFile {
     pub(crate) fn map_instead(&mut self, verdict: &MemoryVerdict, available: u64) -> bool {
         match map_checked(&self.file, &self.path, &self.header) {
             Ok(map) => {
-                self.body = Body::Mapped(map);
+                self.body = Body::Mapped(Arc::new(Storage::new(map, self.path.clone())));
                 self.direct = None;
                 self.decision.memory_guard(verdict, available);
                 true
@@ -125,23 +127,17 @@ pub(crate) fn since(clock: Instant) -> u64 {
     u64::try_from(clock.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Opens one shard: reads and checks its header, looks up its mount, decides
-/// how to read it, and maps it or lays out its buffer.
+/// Opens one shard: reads and checks its header, looks up its mount,
+/// decides how to read it, and maps it where the decision is a map.
 pub(crate) fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenFile> {
     let path = &shard.path;
     let opened_at = since(ctx.clock);
     let file = ctx
-        .checkpoint
+        .resolved
         .open(shard)
         .map_err(|e| Error::io("opening", path, None, e))?;
     let size = file_len(&file, path)?;
     let header = read_header(&file, path, size)?;
-
-    let selected: Vec<bool> = header
-        .tensors
-        .iter()
-        .map(|t| ctx.filter.is_none_or(|keep| keep(&t.name)))
-        .collect();
     // The file as opened, symlinks resolved then (a Hugging Face cache
     // snapshot links every file into `blobs/`, maybe on another mount).
     let canonical = os::path_of(&file)
@@ -151,44 +147,24 @@ pub(crate) fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenFile> {
         .table
         .and_then(|table| mount::lookup_file_in(table, &file, &canonical).ok());
     let mut decision = policy::choose(ctx.mode, ctx.origin, mount.as_ref());
-
     let body = match decision.strategy {
         Strategy::Mmap => match map_checked(&file, path, &header) {
-            Ok(map) => Body::Mapped(map),
+            Ok(map) => Body::Mapped(Arc::new(Storage::new(map, path.clone()))),
             Err(MapError::Checked(e)) => return Err(e),
             Err(MapError::Refused(e)) => {
                 // Some FUSE filesystems refuse mmap (ENODEV); reading works.
                 decision.mmap_refused(&e);
-                Body::Pending(BufferLayout::for_file(&header, &selected))
+                Body::Unread
             }
         },
-        Strategy::Buffered => Body::Pending(BufferLayout::for_file(&header, &selected)),
+        Strategy::Buffered => Body::Unread,
     };
-
-    let mut direct = None;
-    if let Body::Pending(layout) = &body {
-        // Direct reads skip the page cache: a win for a file that is not
-        // there, a loss for one that is (it would be read from storage again).
-        let kind = mount.as_ref().map(|m| m.kind);
-        if policy::wants_direct_io(ctx.direct_io, kind, layout.image, || {
-            mostly_cached(&file, size)
-        }) {
-            // The same open file again, never whatever the path names now.
-            match os::reopen(&file, path, true) {
-                Ok(file) => {
-                    direct = Some(file);
-                    decision.set_direct(Direct::On);
-                }
-                Err(e) => decision.set_direct(Direct::Refused(e.to_string())),
-            }
-        }
-    }
-    let finished_at = AtomicU64::new(since(ctx.clock));
+    let selected = vec![true; header.tensors.len()];
     Ok(OpenFile {
         path: path.clone(),
         canonical,
         file,
-        direct,
+        direct: None,
         size,
         header,
         selected,
@@ -196,9 +172,74 @@ pub(crate) fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenFile> {
         mount,
         body,
         opened_at,
-        finished_at,
+        finished_at: AtomicU64::new(since(ctx.clock)),
         sha256: None,
     })
+}
+
+impl OpenFile {
+    /// Readies a file for a load of the tensors `keep` selects: a file that
+    /// is read gets its buffer layout and, where the policy wants it and the
+    /// layout allows, a direct-I/O descriptor (a reopen of this open file,
+    /// never of its path).
+    pub(crate) fn prepare(&mut self, keep: Option<&Filter>, direct_io: Option<bool>) {
+        self.selected = self
+            .header
+            .tensors
+            .iter()
+            .map(|t| keep.is_none_or(|keep| keep(&t.name)))
+            .collect();
+        if !matches!(self.body, Body::Unread) {
+            return;
+        }
+        let layout = BufferLayout::for_file(&self.header, &self.selected);
+        // Direct reads skip the page cache: a win for a file that is not
+        // there, a loss for one that is (it would be read from storage again).
+        let kind = self.mount.as_ref().map(|m| m.kind);
+        if policy::wants_direct_io(direct_io, kind, layout.image, || {
+            mostly_cached(&self.file, self.size)
+        }) {
+            match os::reopen(&self.file, &self.path, true) {
+                Ok(file) => {
+                    self.direct = Some(file);
+                    self.decision.set_direct(Direct::On);
+                }
+                Err(e) => self.decision.set_direct(Direct::Refused(e.to_string())),
+            }
+        }
+        self.body = Body::Pending(layout);
+    }
+
+    /// This file for one more load, from a checkpoint that keeps it open:
+    /// the same open file (a second descriptor of it), the same header and
+    /// decision, its map shared; not yet prepared.
+    pub(crate) fn for_load(&self, clock: Instant) -> Result<OpenFile> {
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| Error::io("duplicating the descriptor of", &self.path, None, e))?;
+        let body = match &self.body {
+            Body::Mapped(storage) => Body::Mapped(Arc::clone(storage)),
+            _ => Body::Unread,
+        };
+        let mut decision = self.decision.clone();
+        decision.set_direct(Direct::Off);
+        Ok(OpenFile {
+            path: self.path.clone(),
+            canonical: self.canonical.clone(),
+            file,
+            direct: None,
+            size: self.size,
+            header: self.header.clone(),
+            selected: self.selected.clone(),
+            decision,
+            mount: self.mount.clone(),
+            body,
+            opened_at: since(clock),
+            finished_at: AtomicU64::new(since(clock)),
+            sha256: None,
+        })
+    }
 }
 
 /// Whether at least half of a file's pages are in the page cache (by

@@ -1,4 +1,4 @@
-//! A path to the checkpoint's files: a `.safetensors` file, an index, or a directory resolved to its shard files, and the shards' headers checked against the index.
+//! Resolving a path to a checkpoint's files: a `.safetensors` file, an index, or a directory, opened once, to its shard files; and the shards' headers checked against the index.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File};
@@ -32,7 +32,7 @@ pub(crate) struct ShardFile {
 
 /// What a path resolved to.
 #[derive(Debug, Clone)]
-pub(crate) struct Checkpoint {
+pub(crate) struct Resolved {
     /// The shard files, in load order (sorted by name for an index).
     pub shards: Vec<ShardFile>,
     /// The parsed index, for a sharded checkpoint.
@@ -48,7 +48,7 @@ pub(crate) struct Checkpoint {
 
 /// Resolves `path` (a `.safetensors` file, an index, or a directory holding one
 /// of them) into the shard files to load.
-pub(crate) fn resolve(path: &Path) -> Result<Checkpoint> {
+pub(crate) fn resolve(path: &Path) -> Result<Resolved> {
     let meta = fs::metadata(path).map_err(|e| Error::io("reading metadata of", path, None, e))?;
     if meta.is_dir() {
         let dir = os::Dir::open(path).map_err(|e| Error::io("opening", path, None, e))?;
@@ -66,7 +66,7 @@ pub(crate) fn resolve(path: &Path) -> Result<Checkpoint> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    Ok(Checkpoint {
+    Ok(Resolved {
         shards: vec![ShardFile {
             name,
             path: path.to_path_buf(),
@@ -84,7 +84,7 @@ fn index_name(path: &Path) -> Option<&str> {
         .filter(|n| n.ends_with(".safetensors.index.json"))
 }
 
-fn resolve_dir(path: &Path, dir: Arc<os::Dir>) -> Result<Checkpoint> {
+fn resolve_dir(path: &Path, dir: Arc<os::Dir>) -> Result<Resolved> {
     // The same order of preference as the Hugging Face loaders: the single
     // file first, then the index.
     if dir.is_file(SINGLE_FILE) {
@@ -120,8 +120,8 @@ fn resolve_dir(path: &Path, dir: Arc<os::Dir>) -> Result<Checkpoint> {
 }
 
 /// The single file `name` of the directory at `path`.
-fn single_in(path: &Path, dir: Arc<os::Dir>, name: &str) -> Checkpoint {
-    Checkpoint {
+fn single_in(path: &Path, dir: Arc<os::Dir>, name: &str) -> Resolved {
+    Resolved {
         shards: vec![ShardFile {
             name: name.to_string(),
             path: path.join(name),
@@ -132,7 +132,7 @@ fn single_in(path: &Path, dir: Arc<os::Dir>, name: &str) -> Checkpoint {
     }
 }
 
-fn resolve_index(dir_path: &Path, dir: Arc<os::Dir>, name: &str) -> Result<Checkpoint> {
+fn resolve_index(dir_path: &Path, dir: Arc<os::Dir>, name: &str) -> Result<Resolved> {
     let index_path = dir_path.join(name);
     let index_path = index_path.as_path();
     let file = dir
@@ -171,7 +171,7 @@ fn resolve_index(dir_path: &Path, dir: Arc<os::Dir>, name: &str) -> Result<Check
             path: dir_path.join(name),
         })
         .collect();
-    Ok(Checkpoint {
+    Ok(Resolved {
         shards,
         index: Some(index),
         index_path: Some(index_path.to_path_buf()),
@@ -179,7 +179,7 @@ fn resolve_index(dir_path: &Path, dir: Arc<os::Dir>, name: &str) -> Result<Check
     })
 }
 
-impl Checkpoint {
+impl Resolved {
     /// Opens a shard for reading: through the checkpoint directory opened at
     /// resolution, or by its own path for a single file.
     pub(crate) fn open(&self, shard: &ShardFile) -> io::Result<File> {

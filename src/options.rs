@@ -1,0 +1,53 @@
+//! The options of a load, owned once: the `Loader` builder sets them, and a `Checkpoint` opened by it keeps them for the reads it does later.
+
+use std::fmt;
+use std::sync::Arc;
+
+use safetensors::Dtype;
+
+use crate::mount::MountTable;
+use crate::policy::ReadMode;
+use crate::prefetch::PrefetchOptions;
+
+/// A filter on tensor names.
+pub(crate) type Filter = dyn Fn(&str) -> bool + Send + Sync;
+
+/// Every knob of a load, each once (see the setters of `Loader` for what
+/// each means).
+#[derive(Clone, Default)]
+pub(crate) struct Options {
+    pub mode: ReadMode,
+    pub threads: Option<usize>,
+    pub io_concurrency: Option<usize>,
+    pub read_size: Option<usize>,
+    pub filter: Option<Arc<Filter>>,
+    pub mount_table: Option<MountTable>,
+    pub populate: bool,
+    pub direct_io: Option<bool>,
+    pub memory_available: Option<u64>,
+    pub prefetch: Option<PrefetchOptions>,
+    pub local_rank: Option<(usize, usize)>,
+    pub verify: Option<bool>,
+    pub expected_sha256: Vec<(String, String)>,
+    pub dtype: Option<Dtype>,
+}
+
+impl fmt::Debug for Options {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Options")
+            .field("mode", &self.mode)
+            .field("threads", &self.threads)
+            .field("io_concurrency", &self.io_concurrency)
+            .field("read_size", &self.read_size)
+            .field("filter", &self.filter.as_ref().map(|_| "<fn>"))
+            .field("populate", &self.populate)
+            .field("direct_io", &self.direct_io)
+            .field("memory_available", &self.memory_available)
+            .field("prefetch", &self.prefetch)
+            .field("local_rank", &self.local_rank)
+            .field("verify", &self.verify)
+            .field("expected_sha256", &self.expected_sha256)
+            .field("dtype", &self.dtype)
+            .finish_non_exhaustive()
+    }
+}

@@ -205,6 +205,23 @@ pub enum ErrorKind {
         /// What was given.
         digest: String,
     },
+    /// No tensor of this name in the checkpoint.
+    #[error("no tensor {tensor:?} in the checkpoint")]
+    TensorNotFound {
+        /// The name asked for.
+        tensor: String,
+    },
+    /// A slice or a tensor-parallel part that the tensor does not have: a
+    /// dimension out of range, `rank >= world`, `world == 0`, more ranges than
+    /// dimensions, a range backwards or past its dimension, or a packed type
+    /// (F4, F6) cut off a byte boundary.
+    #[error("cannot slice tensor {tensor:?}: {reason}")]
+    InvalidSlice {
+        /// The tensor's name.
+        tensor: String,
+        /// What is wrong with the slice.
+        reason: String,
+    },
     /// A destination buffer does not have the length the data needs.
     #[error(
         "buffer of {actual} bytes given {}where {expected} are needed",
@@ -237,7 +254,9 @@ impl Error {
             ErrorKind::TensorNotInShard { tensor, .. }
             | ErrorKind::DuplicateTensor { tensor, .. }
             | ErrorKind::DtypeMismatch { tensor, .. }
-            | ErrorKind::Misaligned { tensor, .. } => Some(tensor),
+            | ErrorKind::Misaligned { tensor, .. }
+            | ErrorKind::TensorNotFound { tensor }
+            | ErrorKind::InvalidSlice { tensor, .. } => Some(tensor),
             _ => None,
         }
     }

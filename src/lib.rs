@@ -196,6 +196,7 @@ mod workers;
 
 use std::path::Path;
 
+pub use checkpoint::{Checkpoint, TensorInfo};
 pub use error::{Error, ErrorKind, Result};
 pub use format::header::MAX_HEADER_LEN;
 pub use load::Loader;

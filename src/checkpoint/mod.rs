@@ -1,6 +1,309 @@
 //! A checkpoint opened: its files resolved and opened once, their headers read and checked, each file's way of being read decided; the tensors known by name before any of their bytes is read.
 
 pub(crate) mod open;
+mod read;
 pub(crate) mod resolve;
 
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use safetensors::Dtype;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::options::Options;
+use crate::policy::Environment;
+use crate::report::{FileReport, LoadReport};
+use open::{Body, OpenFile};
 pub(crate) use resolve::{Resolved, ShardFile, resolve};
+
+/// A checkpoint opened from its headers alone: which tensors it holds, of
+/// what dtype and shape, in which file, before any tensor byte is read; then
+/// exactly the bytes an engine asks for.
+///
+/// Opening reads each file's header (and maps the files the policy maps,
+/// which reads nothing), so a checkpoint of hundreds of GiB opens in
+/// milliseconds. Reads follow the same rules per file as
+/// [`Loader::load`](crate::Loader::load): a mapped file hands out views of
+/// its map, a file that must not be mapped (FUSE, `disable_mmap(true)`) is
+/// read with positional reads of exactly the bytes asked for.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("model.safetensors");
+/// # let data: Vec<u8> = (0..24u8).collect();
+/// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4, 6], &data)?;
+/// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+/// use safeload::Checkpoint;
+///
+/// let ck = Checkpoint::open(&path)?;            // headers only
+/// let info = ck.get("w").unwrap();
+/// assert_eq!((info.dtype(), info.shape(), info.nbytes()), (safeload::Dtype::U8, &[4, 6][..], 24));
+///
+/// let w = ck.read("w")?;                        // one tensor
+/// assert_eq!(w.as_bytes(), &data[..]);
+/// let mut mine = vec![0u8; 24];                 // or into memory of the caller's own
+/// ck.read_into("w", &mut mine)?;
+/// assert_eq!(mine, data);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A `Checkpoint` is `Send + Sync` and cheap to clone (its state is shared):
+/// threads of an engine can read from one at once.
+#[derive(Clone)]
+pub struct Checkpoint {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub opts: Options,
+    pub env: Environment,
+    pub resolved: Resolved,
+    pub files: Vec<OpenFile>,
+    pub tensors: Vec<TensorInfo>,
+    pub by_name: HashMap<String, usize>,
+    pub metadata: BTreeMap<String, String>,
+    pub notes: Vec<String>,
+    pub opened_in: Duration,
+    pub path: PathBuf,
+}
+
+/// One tensor of an opened checkpoint, as its header describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Which file of the checkpoint holds it.
+    pub(crate) file: usize,
+    /// Where its bytes start in that file, and how many.
+    pub(crate) offset: u64,
+    pub(crate) nbytes: u64,
+    path: PathBuf,
+}
+
+impl TensorInfo {
+    /// The tensor's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its element type.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// Its shape; empty for a 0-dimensional scalar.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The number of elements (1 for a scalar).
+    pub fn num_elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The bytes of its data in the file.
+    pub fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+
+    /// The file that holds it (as opened: symlinks not resolved).
+    pub fn file(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("path", &self.inner.path)
+            .field("files", &self.inner.files.len())
+            .field("tensors", &self.inner.tensors.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Checkpoint {
+    /// Opens the checkpoint at `path` (a `.safetensors` file, an index, or a
+    /// directory holding one) with the default options: the same as
+    /// `Loader::new().open(path)`. Resolves it with the same rules and checks
+    /// as a load, and reads only the headers.
+    ///
+    /// # Errors
+    ///
+    /// As [`Loader::load`](crate::Loader::load) for resolving the files and
+    /// reading their headers.
+    pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
+        crate::Loader::new().open(path)
+    }
+
+    /// Builds the checkpoint from its opened files.
+    pub(crate) fn new(inner: Inner) -> Checkpoint {
+        Checkpoint {
+            inner: Arc::new(inner),
+        }
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
+    /// The tensors in load order: file by file (shards sorted by name), by
+    /// offset within each.
+    pub fn tensors(&self) -> impl ExactSizeIterator<Item = &TensorInfo> + '_ {
+        self.inner.tensors.iter()
+    }
+
+    /// The tensor called `name`, if the checkpoint has one.
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        self.inner
+            .by_name
+            .get(name)
+            .and_then(|&i| self.inner.tensors.get(i))
+    }
+
+    /// The number of tensors.
+    pub fn len(&self) -> usize {
+        self.inner.tensors.len()
+    }
+
+    /// Whether the checkpoint holds no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.inner.tensors.is_empty()
+    }
+
+    /// The bytes of all tensors' data.
+    pub fn total_bytes(&self) -> u64 {
+        self.inner.tensors.iter().map(|t| t.nbytes).sum()
+    }
+
+    /// The files' `__metadata__` entries merged (the first file that sets a
+    /// key wins), as [`StateDict::metadata`](crate::StateDict::metadata).
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.inner.metadata
+    }
+
+    /// The `metadata` object of the sharded index, for a sharded checkpoint
+    /// that has one.
+    pub fn index_metadata(&self) -> Option<&serde_json::Map<String, serde_json::Value>> {
+        self.inner
+            .resolved
+            .index
+            .as_ref()
+            .and_then(|i| i.metadata.as_ref())
+    }
+
+    /// The files, in load order, as they were opened: their paths.
+    pub fn files(&self) -> impl ExactSizeIterator<Item = &Path> + '_ {
+        self.inner.files.iter().map(|f| f.path.as_path())
+    }
+
+    /// How each file is read and why (mapped, or read with positional
+    /// reads), with its filesystem: a [`LoadReport`] of the opening, in
+    /// which no tensor byte has been read yet.
+    pub fn report(&self) -> LoadReport {
+        let files = self
+            .inner
+            .files
+            .iter()
+            .map(|f| FileReport {
+                path: f.path.clone(),
+                size: f.size,
+                tensors: f.header.tensors.len(),
+                tensor_bytes: f.header.tensors.iter().map(|t| t.end - t.start).sum(),
+                bytes_read: 0,
+                direct_io: false,
+                strategy: f.decision.strategy,
+                reason: f.decision.to_string(),
+                mount: f.mount.clone(),
+                elapsed: Duration::ZERO,
+                metadata: f.header.metadata.clone(),
+                sha256: None,
+            })
+            .collect();
+        LoadReport {
+            files,
+            elapsed: self.inner.opened_in,
+            threads: 0,
+            io_concurrency: 0,
+            prefetch: None,
+            notes: self.inner.notes.clone(),
+        }
+    }
+
+    /// The info of `name`, or [`ErrorKind::TensorNotFound`].
+    pub(crate) fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.get(name).ok_or_else(|| {
+            Error::new(
+                ErrorKind::TensorNotFound {
+                    tensor: name.to_string(),
+                },
+                &self.inner.path,
+            )
+        })
+    }
+
+    /// The open file holding `info`.
+    pub(crate) fn file_of(&self, info: &TensorInfo) -> Result<&OpenFile> {
+        self.inner.files.get(info.file).ok_or_else(|| {
+            Error::new(
+                ErrorKind::TensorNotFound {
+                    tensor: info.name.clone(),
+                },
+                &self.inner.path,
+            )
+        })
+    }
+}
+
+/// The tensors of opened files, in load order, and the merged metadata.
+pub(crate) fn catalogue(
+    files: &[OpenFile],
+) -> (
+    Vec<TensorInfo>,
+    HashMap<String, usize>,
+    BTreeMap<String, String>,
+) {
+    let mut tensors = Vec::new();
+    let mut by_name = HashMap::new();
+    let mut metadata = BTreeMap::new();
+    for (index, file) in files.iter().enumerate() {
+        for entry in &file.header.tensors {
+            by_name.insert(entry.name.clone(), tensors.len());
+            tensors.push(TensorInfo {
+                name: entry.name.clone(),
+                dtype: entry.dtype,
+                shape: entry.shape.clone(),
+                file: index,
+                offset: file.header.data_start + entry.start,
+                nbytes: entry.end - entry.start,
+                path: file.path.clone(),
+            });
+        }
+        if let Some(meta) = &file.header.metadata {
+            for (k, v) in meta {
+                metadata.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+    }
+    (tensors, by_name, metadata)
+}
+
+impl OpenFile {
+    /// The file's map, where it is mapped.
+    pub(crate) fn mapped(&self) -> Option<&Arc<crate::storage::Storage>> {
+        match &self.body {
+            Body::Mapped(storage) => Some(storage),
+            _ => None,
+        }
+    }
+}
+
+// Engines read from one checkpoint on many threads.
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Checkpoint>();
+    assert_send_sync::<TensorInfo>();
+};

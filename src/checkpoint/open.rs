@@ -16,8 +16,6 @@ use crate::os;
 use crate::policy::{self, Direct, FileDecision, MemoryVerdict, Origin, ReadMode, Strategy};
 use crate::storage::{self, BufferLayout, Storage};
 
-use crate::options::Filter;
-
 /// What the opening of every file of a checkpoint shares.
 pub(crate) struct Context<'a> {
     pub resolved: &'a Resolved,
@@ -182,7 +180,7 @@ impl OpenFile {
     /// is read gets its buffer layout and, where the policy wants it and the
     /// layout allows, a direct-I/O descriptor (a reopen of this open file,
     /// never of its path).
-    pub(crate) fn prepare(&mut self, keep: Option<&Filter>, direct_io: Option<bool>) {
+    pub(crate) fn prepare(&mut self, keep: Option<&dyn Fn(&str) -> bool>, direct_io: Option<bool>) {
         self.selected = self
             .header
             .tensors

@@ -362,9 +362,12 @@ fn why_populate_failed(file: &File, offset: u64, len: usize, error: io::Error) -
     (offset, error)
 }
 
-/// Runs one job; a read of a hashed file gives back its bytes (file offset,
-/// bytes) for the hasher.
-fn execute<'a>(job: Job<'a>) -> Result<Option<(u64, &'a [u8])>, (u64, io::Error)> {
+/// Bytes a read brought in, at their file offset, for the hasher.
+type Landed<'a> = Option<(u64, &'a [u8])>;
+
+/// Runs one job; a read of a hashed file gives back its bytes for the
+/// hasher.
+fn execute<'a>(job: Job<'a>) -> Result<Landed<'a>, (u64, io::Error)> {
     match job {
         Job::Read {
             file,

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::checkpoint::{self, Resolved, ShardFile};
+use crate::checkpoint::{self, Checkpoint, Resolved, ShardFile};
 use crate::error::{Error, Result};
 use crate::mount::MountTable;
 use crate::options::Options;
@@ -238,9 +238,46 @@ impl Loader {
         let shards = self.shards_to_open(&resolved);
         let (mut files, notes) = steps::open_files(&self.opts, &resolved, &shards, &env, clock)?;
         for file in &mut files {
-            file.prepare(self.opts.filter.as_deref(), self.opts.direct_io);
+            let keep = self
+                .opts
+                .filter
+                .as_deref()
+                .map(|f| f as &dyn Fn(&str) -> bool);
+            file.prepare(keep, self.opts.direct_io);
         }
         steps::finish(&self.opts, &resolved, files, &env, (clock, notes), path)
+    }
+
+    /// Opens the checkpoint at `path` from its headers alone, with this
+    /// loader's options, for reads of the tensors an engine wants
+    /// ([`Checkpoint`]): the same resolution and checks as
+    /// [`load`](Self::load), every file opened once and kept open, mapped
+    /// files mapped (which reads nothing).
+    ///
+    /// # Errors
+    ///
+    /// As [`load`](Self::load) for resolving the files and reading their
+    /// headers.
+    pub fn open(&self, path: impl AsRef<Path>) -> Result<Checkpoint> {
+        let path = path.as_ref();
+        let clock = Instant::now();
+        let env = Environment::from_process();
+        let resolved = checkpoint::resolve(path)?;
+        let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
+        let (files, notes) = steps::open_files(&self.opts, &resolved, &shards, &env, clock)?;
+        let (tensors, by_name, metadata) = checkpoint::catalogue(&files);
+        Ok(Checkpoint::new(checkpoint::Inner {
+            opts: self.opts.clone(),
+            env,
+            resolved,
+            files,
+            tensors,
+            by_name,
+            metadata,
+            notes,
+            opened_in: clock.elapsed(),
+            path: path.to_path_buf(),
+        }))
     }
 
     /// The shards a load opens: all of them, or with a filter and an index,
@@ -313,5 +350,49 @@ impl Loader {
         };
         let reason = format!("prefetch() with {} stream(s)", options.stream_count());
         prefetch::warm(&handed, &options, &job, reason)
+    }
+}
+
+impl Checkpoint {
+    /// Loads the tensors whose name passes `keep` from this opened
+    /// checkpoint, through the parallel read engine, with the options it was
+    /// opened with: the same as a [`Loader::load`] with a filter, without
+    /// opening or parsing anything again. Files that hold none of them are
+    /// not read.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let data = vec![0u8; 8];
+    /// # let views = ["a.w", "a.b", "b.w"].map(|n| (n, safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![8], &data).unwrap()));
+    /// # safetensors::serialize_to_file(views, None, &path)?;
+    /// let ck = safeload::Checkpoint::open(&path)?;
+    /// let layer_a = ck.load_filtered(|name| name.starts_with("a."))?;
+    /// assert_eq!(layer_a.names().collect::<Vec<_>>(), ["a.b", "a.w"]); // file order
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Loader::load`].
+    pub fn load_filtered(&self, keep: impl Fn(&str) -> bool + Send + Sync) -> Result<StateDict> {
+        let clock = Instant::now();
+        let inner = self.inner();
+        let mut files = Vec::new();
+        for file in &inner.files {
+            if file.header.tensors.iter().any(|t| keep(&t.name)) {
+                let mut file = file.for_load(clock)?;
+                file.prepare(Some(&keep), inner.opts.direct_io);
+                files.push(file);
+            }
+        }
+        steps::finish(
+            &inner.opts,
+            &inner.resolved,
+            files,
+            &inner.env,
+            (clock, Vec::new()),
+            &inner.path,
+        )
     }
 }

@@ -1,0 +1,190 @@
+//! `Checkpoint`: a checkpoint opened from its headers alone, then read tensor
+//! by tensor, into the caller's memory, or as a filtered load; in both modes,
+//! equal to what a whole load gives.
+
+mod common;
+
+use common::*;
+use safeload::{Checkpoint, ErrorKind, Loader, Strategy};
+use tempfile::tempdir;
+
+/// The loaders a checkpoint is opened with: mapped, read.
+fn modes() -> [(bool, Loader); 2] {
+    [
+        (false, Loader::new().disable_mmap(false)),
+        (true, Loader::new().disable_mmap(true)),
+    ]
+}
+
+#[test]
+fn opening_lists_every_tensor_in_load_order_from_the_headers() {
+    let dir = tempdir().unwrap();
+    let specs = every_dtype();
+    let index = write_sharded(dir.path(), &specs, 3);
+    let sd = safeload::load_state_dict(&index, None).unwrap();
+    let ck = Checkpoint::open(&index).unwrap();
+    let names: Vec<&str> = ck.tensors().map(|t| t.name()).collect();
+    assert_eq!(names, sd.names().collect::<Vec<_>>());
+    assert_eq!(ck.len(), sd.len());
+    assert!(!ck.is_empty());
+    assert_eq!(ck.total_bytes(), sd.total_bytes());
+    assert_eq!(ck.metadata(), sd.metadata());
+    assert_eq!(ck.index_metadata(), sd.index_metadata());
+    assert_eq!(ck.files().count(), 3);
+    for spec in &specs {
+        let info = ck.get(&spec.name).unwrap();
+        assert_eq!(info.dtype(), spec.dtype, "{}", spec.name);
+        assert_eq!(info.shape(), &spec.shape[..], "{}", spec.name);
+        assert_eq!(info.nbytes(), spec.data.len() as u64, "{}", spec.name);
+        assert_eq!(info.num_elements(), spec.shape.iter().product::<usize>());
+        let tensor = sd.get(&spec.name).unwrap();
+        let file = sd
+            .report()
+            .files()
+            .iter()
+            .find(|f| info.file() == f.path())
+            .unwrap();
+        assert!(file.tensors() > 0 && tensor.len_bytes() as u64 == info.nbytes());
+    }
+    assert!(ck.get("no.such.tensor").is_none());
+}
+
+#[test]
+fn reads_equal_the_loaded_tensors_in_both_modes() {
+    let dir = tempdir().unwrap();
+    let specs = every_dtype();
+    let index = write_sharded(dir.path(), &specs, 3);
+    for (buffered, loader) in modes() {
+        let ck = loader.open(&index).unwrap();
+        for file in ck.report().files() {
+            let expected = if buffered {
+                Strategy::Buffered
+            } else {
+                Strategy::Mmap
+            };
+            assert_eq!(file.strategy(), expected, "{}", file.reason());
+            assert_eq!(file.bytes_read(), 0, "nothing is read at open");
+        }
+        for spec in &specs {
+            let tensor = ck.read(&spec.name).unwrap();
+            assert_eq!(tensor.name(), spec.name);
+            assert_eq!(tensor.dtype(), spec.dtype);
+            assert_eq!(tensor.shape(), &spec.shape[..]);
+            assert_eq!(
+                tensor.as_bytes(),
+                &spec.data[..],
+                "{} buffered={buffered}",
+                spec.name
+            );
+            if buffered {
+                assert!(
+                    tensor.is_aligned(),
+                    "{}: owned bytes are aligned",
+                    spec.name
+                );
+            }
+            let mut mine = vec![0xEEu8; spec.data.len()];
+            ck.read_into(&spec.name, &mut mine).unwrap();
+            assert_eq!(mine, spec.data, "{}", spec.name);
+        }
+    }
+}
+
+#[test]
+fn reads_name_what_is_wrong() {
+    let dir = tempdir().unwrap();
+    let path = write_single(dir.path(), &every_dtype());
+    for (buffered, loader) in modes() {
+        let ck = loader.open(&path).unwrap();
+        let err = ck.read("missing").unwrap_err();
+        assert_eq!(
+            err.kind(),
+            &ErrorKind::TensorNotFound {
+                tensor: "missing".into()
+            },
+            "buffered={buffered}"
+        );
+        assert_eq!(err.tensor(), Some("missing"));
+        assert_eq!(err.path(), Some(path.as_path()));
+        let info = ck.get("f32.matrix").unwrap();
+        let mut short = vec![0u8; info.nbytes() as usize - 1];
+        let err = ck.read_into("f32.matrix", &mut short).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            &ErrorKind::LengthMismatch {
+                tensor: "f32.matrix".into(),
+                expected: info.nbytes(),
+                actual: info.nbytes() - 1
+            }
+        );
+        assert!(
+            err.to_string().contains("f32.matrix"),
+            "the error names the tensor: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_file_truncated_after_open_is_a_size_mismatch_for_positional_reads() {
+    let dir = tempdir().unwrap();
+    let path = write_single(dir.path(), &every_dtype());
+    let ck = Loader::new().disable_mmap(true).open(&path).unwrap();
+    let last = ck
+        .tensors()
+        .filter(|t| t.nbytes() > 0)
+        .last()
+        .unwrap()
+        .name()
+        .to_string();
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len - 1)
+        .unwrap();
+    let err = ck.read(&last).unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::SizeMismatch { expected, actual } if *expected == len && *actual == len - 1),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_filtered_load_from_an_open_checkpoint_equals_a_filtered_load() {
+    let dir = tempdir().unwrap();
+    let specs = every_dtype();
+    let index = write_sharded(dir.path(), &specs, 3);
+    let keep = |name: &str| name.starts_with('f') || name.ends_with(".scalar");
+    for (buffered, loader) in modes() {
+        let ck = loader.clone().open(&index).unwrap();
+        let from_ck = ck.load_filtered(keep).unwrap();
+        let direct = loader.filter(keep).load(&index).unwrap();
+        assert_eq!(loaded(&from_ck), loaded(&direct), "buffered={buffered}");
+        assert!(from_ck.len() < specs.len());
+        // Twice from one checkpoint: the files stay open and usable.
+        assert_eq!(loaded(&ck.load_filtered(keep).unwrap()), loaded(&direct));
+        let all = ck.load_filtered(|_| true).unwrap();
+        assert_eq!(all.len(), specs.len());
+    }
+}
+
+#[test]
+fn a_checkpoint_is_shared_by_threads() {
+    let dir = tempdir().unwrap();
+    let specs = every_dtype();
+    let index = write_sharded(dir.path(), &specs, 3);
+    for (_, loader) in modes() {
+        let ck = loader.open(&index).unwrap();
+        std::thread::scope(|scope| {
+            for chunk in specs.chunks(7) {
+                let ck = ck.clone();
+                scope.spawn(move || {
+                    for spec in chunk {
+                        assert_eq!(ck.read(&spec.name).unwrap().as_bytes(), &spec.data[..]);
+                    }
+                });
+            }
+        });
+    }
+}

@@ -58,6 +58,12 @@ impl LoadReport {
         &self.notes
     }
 
+    /// Values that became infinite when converted, over all files
+    /// ([`FileReport::overflowed`]).
+    pub fn overflowed(&self) -> u64 {
+        self.files.iter().map(|f| f.overflowed).sum()
+    }
+
     /// Bytes read into memory (buffered files).
     pub fn bytes_read(&self) -> u64 {
         self.files.iter().map(|f| f.bytes_read).sum()
@@ -98,6 +104,8 @@ pub struct FileReport {
     pub(crate) elapsed: Duration,
     pub(crate) metadata: Option<HashMap<String, String>>,
     pub(crate) sha256: Option<String>,
+    pub(crate) converted: usize,
+    pub(crate) overflowed: u64,
 }
 
 impl FileReport {
@@ -158,6 +166,18 @@ impl FileReport {
         gib_per_s(self.tensor_bytes, self.elapsed)
     }
 
+    /// Tensors converted to another dtype while loading
+    /// ([`Loader::dtype`](crate::Loader::dtype)).
+    pub fn converted(&self) -> usize {
+        self.converted
+    }
+
+    /// Values that were finite in the file and became infinite when
+    /// converted (they rounded beyond the target's largest value).
+    pub fn overflowed(&self) -> u64 {
+        self.overflowed
+    }
+
     /// The file's SHA-256 in lowercase hex, where the load computed it
     /// ([`Loader::verify`](crate::Loader::verify)); a file whose digest was
     /// expected (its cache blob name, or `expect_sha256`) has been checked
@@ -203,6 +223,13 @@ impl fmt::Display for LoadReport {
             )?;
             let direct = if file.direct_io { " (O_DIRECT)" } else { "" };
             writeln!(f, "    {}{direct}: {}", file.strategy, file.reason)?;
+            if file.converted > 0 {
+                writeln!(
+                    f,
+                    "    {} tensor(s) converted, {} value(s) became infinite",
+                    file.converted, file.overflowed
+                )?;
+            }
             if let Some(sha) = &file.sha256 {
                 writeln!(f, "    sha256 {sha}")?;
             }

@@ -170,6 +170,75 @@ impl Tensor {
         }
     }
 
+    /// The tensor converted to `dtype`, into an allocation of its own, with
+    /// the rules of [`convert`](crate::convert) (round to nearest even,
+    /// overflow to infinity, NaN kept, F64 through F32). The same dtype is a
+    /// clone (no copy).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let data: Vec<u8> = [1.5f32, -0.25].iter().flat_map(|x| x.to_le_bytes()).collect();
+    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &data)?;
+    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+    /// let sd = safeload::load_state_dict(&path, None)?;
+    /// let bf16 = sd.get("w").unwrap().to_dtype(safeload::Dtype::BF16)?;
+    /// assert_eq!(bf16.as_slice::<half::bf16>()?, [half::bf16::from_f32(1.5), half::bf16::from_f32(-0.25)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::UnsupportedConversion`] for a pair `convert` does not
+    /// handle (an integer tensor to a float, a float to F64, ...).
+    pub fn to_dtype(&self, dtype: Dtype) -> Result<Tensor> {
+        if self.dtype == dtype {
+            return Ok(self.clone());
+        }
+        let unsupported = || {
+            self.error(ErrorKind::UnsupportedConversion {
+                tensor: self.name.to_string(),
+                from: self.dtype,
+                to: dtype,
+            })
+        };
+        if !crate::convert::is_supported(self.dtype, dtype) {
+            return Err(unsupported());
+        }
+        let len = self
+            .num_elements()
+            .checked_mul(dtype.bitsize() / 8)
+            .ok_or_else(unsupported)?;
+        let mut buffer = crate::storage::alloc_buffer(len)
+            .map_err(|e| Error::io("allocating a buffer for", self.storage.path(), None, e))?;
+        let dst = buffer.get_mut(..len).unwrap_or_default();
+        crate::convert::convert(self.dtype, dtype, self.as_bytes(), dst).map_err(|e| {
+            // The pair is supported and the lengths are the tensor's own:
+            // only a tensor whose bytes disagree with its shape lands here.
+            self.error(match e.kind() {
+                ErrorKind::LengthMismatch {
+                    expected, actual, ..
+                } => ErrorKind::LengthMismatch {
+                    tensor: self.name.to_string(),
+                    expected: *expected,
+                    actual: *actual,
+                },
+                other => other.clone(),
+            })
+        })?;
+        let map = buffer
+            .make_read_only()
+            .map_err(|e| Error::io("sealing the buffer of", self.storage.path(), None, e))?;
+        let storage = Arc::new(Storage::new(map, self.storage.path().to_path_buf()));
+        Ok(Tensor::new(
+            Arc::clone(&self.name),
+            dtype,
+            self.shape.clone(),
+            storage,
+            0..len,
+        ))
+    }
+
     fn error(&self, kind: ErrorKind) -> Error {
         Error::new(kind, self.storage.path())
     }

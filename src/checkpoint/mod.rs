@@ -221,6 +221,8 @@ impl Checkpoint {
                 elapsed: Duration::ZERO,
                 metadata: f.header.metadata.clone(),
                 sha256: None,
+                converted: 0,
+                overflowed: 0,
             })
             .collect();
         LoadReport {

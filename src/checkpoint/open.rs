@@ -15,6 +15,7 @@ use crate::mount::{self, Mount, MountTable};
 use crate::os;
 use crate::policy::{self, Direct, FileDecision, MemoryVerdict, Origin, ReadMode, Strategy};
 use crate::storage::{self, BufferLayout, Storage};
+use safetensors::Dtype;
 
 /// What the opening of every file of a checkpoint shares.
 pub(crate) struct Context<'a> {
@@ -48,6 +49,32 @@ pub(crate) struct OpenFile {
     pub finished_at: AtomicU64,
     /// The file's SHA-256, once computed (`Loader::verify`).
     pub sha256: Option<crate::verify::Digest256>,
+    /// The tensors a converting load (`Loader::dtype`) converts, and the
+    /// buffer they are converted into.
+    pub convert: Option<ConvertPart>,
+}
+
+/// The tensors of a file converted while loading, into one buffer of their
+/// own: each is read (or taken from the map) and converted in the same pass
+/// by the read engine, never loaded first and converted after.
+pub(crate) struct ConvertPart {
+    /// The dtype they become.
+    pub to: Dtype,
+    /// Per tensor of the header: its offset in the buffer, where converted.
+    pub placements: Vec<Option<u64>>,
+    /// The buffer's length.
+    pub len: u64,
+    pub buffer: ConvertBuffer,
+    /// Values that were finite and became infinite.
+    pub overflowed: AtomicU64,
+}
+
+/// The converted buffer, as a load goes on.
+pub(crate) enum ConvertBuffer {
+    Pending,
+    Filling(MmapMut),
+    Sealed(Arc<Storage>),
+    Taken,
 }
 
 /// The bytes of a file, as a load goes on.
@@ -83,10 +110,19 @@ impl OpenFile {
         }
     }
 
-    /// Bytes a buffered read of this file still has to allocate.
+    /// Bytes a buffered read of this file still has to allocate (not
+    /// counting its converted tensors).
     pub(crate) fn pending_bytes(&self) -> u64 {
         match &self.body {
             Body::Pending(layout) => layout.len,
+            _ => 0,
+        }
+    }
+
+    /// Bytes its converted tensors need, which no map can hold instead.
+    pub(crate) fn converted_bytes(&self) -> u64 {
+        match &self.convert {
+            Some(part) if matches!(part.buffer, ConvertBuffer::Pending) => part.len,
             _ => 0,
         }
     }
@@ -105,8 +141,16 @@ impl OpenFile {
         }
     }
 
-    /// Allocates the buffer of a pending file.
+    /// Allocates the buffer of a pending file, and of its converted tensors.
     pub(crate) fn allocate(&mut self) -> Result<()> {
+        if let Some(part) = &mut self.convert {
+            if matches!(part.buffer, ConvertBuffer::Pending) {
+                let len = usize::try_from(part.len).unwrap_or(usize::MAX);
+                let buffer = storage::alloc_buffer(len)
+                    .map_err(|e| Error::io("allocating a buffer for", &self.path, None, e))?;
+                part.buffer = ConvertBuffer::Filling(buffer);
+            }
+        }
         let Body::Pending(layout) = &self.body else {
             return Ok(());
         };
@@ -172,6 +216,7 @@ pub(crate) fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenFile> {
         opened_at,
         finished_at: AtomicU64::new(since(ctx.clock)),
         sha256: None,
+        convert: None,
     })
 }
 
@@ -180,17 +225,52 @@ impl OpenFile {
     /// is read gets its buffer layout and, where the policy wants it and the
     /// layout allows, a direct-I/O descriptor (a reopen of this open file,
     /// never of its path).
-    pub(crate) fn prepare(&mut self, keep: Option<&dyn Fn(&str) -> bool>, direct_io: Option<bool>) {
+    pub(crate) fn prepare(
+        &mut self,
+        keep: Option<&dyn Fn(&str) -> bool>,
+        direct_io: Option<bool>,
+        dtype: Option<Dtype>,
+    ) {
         self.selected = self
             .header
             .tensors
             .iter()
             .map(|t| keep.is_none_or(|keep| keep(&t.name)))
             .collect();
+        // The selected tensors a converting load converts go to a buffer of
+        // their own; the file's map or buffer holds the rest.
+        let mut in_body = self.selected.clone();
+        if let Some(to) = dtype {
+            let mut placements = Vec::with_capacity(in_body.len());
+            let mut len = 0u64;
+            for (t, keep) in self.header.tensors.iter().zip(in_body.iter_mut()) {
+                let converted_len = policy::converts_to(t.dtype, to)
+                    .filter(|_| *keep)
+                    .and_then(|size| t.num_elements()?.checked_mul(size));
+                match converted_len {
+                    Some(bytes) => {
+                        *keep = false;
+                        len = len.next_multiple_of(8);
+                        placements.push(Some(len));
+                        len += bytes as u64;
+                    }
+                    None => placements.push(None),
+                }
+            }
+            if placements.iter().any(Option::is_some) {
+                self.convert = Some(ConvertPart {
+                    to,
+                    placements,
+                    len,
+                    buffer: ConvertBuffer::Pending,
+                    overflowed: AtomicU64::new(0),
+                });
+            }
+        }
         if !matches!(self.body, Body::Unread) {
             return;
         }
-        let layout = BufferLayout::for_file(&self.header, &self.selected);
+        let layout = BufferLayout::for_file(&self.header, &in_body);
         // Direct reads skip the page cache: a win for a file that is not
         // there, a loss for one that is (it would be read from storage again).
         let kind = self.mount.as_ref().map(|m| m.kind);
@@ -236,6 +316,7 @@ impl OpenFile {
             opened_at: since(clock),
             finished_at: AtomicU64::new(since(clock)),
             sha256: None,
+            convert: None,
         })
     }
 }

@@ -40,6 +40,14 @@ pub(crate) struct Header {
     pub metadata: Option<HashMap<String, String>>,
 }
 
+impl TensorEntry {
+    /// The number of elements (1 for a scalar); `None` past `usize`, which
+    /// a checked header never has.
+    pub fn num_elements(&self) -> Option<usize> {
+        self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    }
+}
+
 impl Header {
     /// The file length this header implies.
     pub fn file_len(&self) -> u64 {

@@ -6,7 +6,13 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::Resolved;
-use crate::checkpoint::open::{Body, OpenFile, size_mismatch};
+use crate::checkpoint::open::{Body, ConvertBuffer, OpenFile, size_mismatch};
+
+/// Whether a file's own tensors are views of its map or of a buffer read.
+enum StorageKind {
+    Mapped,
+    Read,
+}
 use crate::error::Result;
 use crate::report::{FileReport, LoadReport};
 use crate::state_dict::StateDict;
@@ -25,6 +31,10 @@ pub(crate) fn assemble(
     let mut metadata = BTreeMap::new();
     let mut files = Vec::with_capacity(opened.len());
     for shard in opened {
+        let storage_kind = match shard.body {
+            Body::Mapped(_) => StorageKind::Mapped,
+            _ => StorageKind::Read,
+        };
         let (storage, layout) = match shard.body {
             Body::Mapped(storage) => (storage, None),
             Body::Read { map, layout } => (
@@ -37,8 +47,46 @@ pub(crate) fn assemble(
         let buffered = layout.is_some();
         let mut count = 0;
         let mut bytes = 0u64;
+        let mut bytes_read = 0u64;
+        let (mut converted, mut overflowed) = (0usize, 0u64);
         for (i, entry) in shard.header.tensors.iter().enumerate() {
             if !shard.selected.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            if let Some((part, place)) = shard
+                .convert
+                .as_ref()
+                .and_then(|part| Some((part, part.placements.get(i).copied().flatten()?)))
+            {
+                let ConvertBuffer::Sealed(into) = &part.buffer else {
+                    continue; // `read_all` seals every buffer, or fails
+                };
+                let len = entry.num_elements().unwrap_or(0) * (part.to.bitsize() / 8);
+                let range = usize::try_from(place)
+                    .ok()
+                    .and_then(|s| Some(s..s.checked_add(len)?))
+                    .filter(|r| r.end <= into.bytes().len());
+                let Some(range) = range else {
+                    return Err(size_mismatch(
+                        &shard.path,
+                        shard.header.file_len(),
+                        shard.size,
+                    ));
+                };
+                by_name.insert(entry.name.clone(), tensors.len());
+                tensors.push(Tensor::new(
+                    Arc::from(entry.name.as_str()),
+                    part.to,
+                    entry.shape.clone(),
+                    Arc::clone(into),
+                    range,
+                ));
+                count += 1;
+                converted += 1;
+                bytes += len as u64;
+                if !matches!(storage_kind, StorageKind::Mapped) {
+                    bytes_read += entry.end - entry.start;
+                }
                 continue;
             }
             let start = match &layout {
@@ -68,6 +116,12 @@ pub(crate) fn assemble(
             ));
             count += 1;
             bytes += len;
+            if buffered {
+                bytes_read += len;
+            }
+        }
+        if let Some(part) = &shard.convert {
+            overflowed = part.overflowed.load(Ordering::Relaxed);
         }
         if let Some(meta) = &shard.header.metadata {
             for (k, v) in meta {
@@ -80,7 +134,9 @@ pub(crate) fn assemble(
             size: shard.size,
             tensors: count,
             tensor_bytes: bytes,
-            bytes_read: if buffered { bytes } else { 0 },
+            bytes_read,
+            converted,
+            overflowed,
             direct_io: shard.decision.direct_io(),
             strategy: shard.decision.strategy,
             reason: shard.decision.to_string(),

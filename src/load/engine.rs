@@ -2,17 +2,21 @@
 
 use std::fs::File;
 use std::io;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use memmap2::Mmap;
 
+use crate::checkpoint::open::ConvertBuffer;
 use crate::checkpoint::open::{Body, OpenFile, file_len, read_error, since, size_mismatch};
 use crate::error::{Error, ErrorKind, Result};
+use crate::format::header::Header;
 use crate::os::{self, DIRECT_ALIGN};
+use crate::storage::Storage;
 use crate::verify::{Digest256, StreamHasher};
 use crate::workers;
+use safetensors::Dtype;
 
 /// One unit of I/O.
 pub(crate) enum Job<'a> {
@@ -31,6 +35,15 @@ pub(crate) enum Job<'a> {
         /// whose digest is computed as it loads.
         hashed: bool,
     },
+    /// A run of whole elements converted to another dtype into its final
+    /// destination (`Loader::dtype`): taken from the file's map, or read
+    /// with a positional read into the reader's scratch buffer first.
+    Convert {
+        source: ConvertSource<'a>,
+        from: Dtype,
+        to: Dtype,
+        dst: &'a mut [u8],
+    },
     /// Faulting a range of a file map in, so that later accesses do not wait.
     Populate {
         map: &'a Mmap,
@@ -39,6 +52,26 @@ pub(crate) enum Job<'a> {
         offset: usize,
         len: usize,
     },
+}
+
+/// Where a conversion's source bytes are.
+pub(crate) enum ConvertSource<'a> {
+    /// In the file's map.
+    Mapped(&'a [u8]),
+    /// `len` bytes at `offset` of the file.
+    File {
+        file: &'a File,
+        offset: u64,
+        len: usize,
+    },
+}
+
+/// What a finished job hands to `done`: the bytes a read of a hashed file
+/// brought in (at their file offset), and values a conversion overflowed.
+#[derive(Default)]
+pub(crate) struct Outcome<'a> {
+    pub landed: Option<(u64, &'a [u8])>,
+    pub overflowed: u64,
 }
 
 /// A job tagged with the file (an index into the caller's list) it belongs to.
@@ -87,6 +120,77 @@ pub(crate) fn split_read<'a>(
     }
 }
 
+/// Where the tensors a file converts come from.
+pub(crate) enum ConvertFrom<'a> {
+    Map(&'a [u8]),
+    File(&'a File),
+}
+
+/// Splits the conversion of a file's converted tensors (`placements` into
+/// `dst`, as `to`) into jobs of about `chunk` source bytes, whole elements
+/// each.
+pub(crate) fn split_convert<'a>(
+    out: &mut Vec<Tagged<'a>>,
+    file_index: usize,
+    (header, placements, to): (&Header, &[Option<u64>], Dtype),
+    dst: &'a mut [u8],
+    from: ConvertFrom<'a>,
+    chunk: usize,
+) {
+    let to_size = to.bitsize() / 8;
+    let mut rest = dst;
+    let mut at = 0u64;
+    for (tensor, placement) in header.tensors.iter().zip(placements) {
+        let Some(place) = *placement else {
+            continue;
+        };
+        let size = (tensor.dtype.bitsize() / 8).max(1);
+        let elements = usize::try_from((tensor.end - tensor.start) / size as u64).unwrap_or(0);
+        let skip = usize::try_from(place.saturating_sub(at)).unwrap_or(usize::MAX);
+        let Some((_, tail)) = rest.split_at_mut_checked(skip) else {
+            return;
+        };
+        let Some((mut target, tail)) = tail.split_at_mut_checked(elements * to_size) else {
+            return;
+        };
+        rest = tail;
+        at = place + (elements * to_size) as u64;
+        let per_job = (chunk / size).max(1);
+        let mut src = header.data_start + tensor.start;
+        while !target.is_empty() {
+            let take = per_job.min(target.len() / to_size);
+            let (piece, tail) = target.split_at_mut(take * to_size);
+            target = tail;
+            let len = take * size;
+            let source = match &from {
+                ConvertFrom::Map(bytes) => {
+                    let start = usize::try_from(src).unwrap_or(usize::MAX);
+                    let Some(s) = start.checked_add(len).and_then(|end| bytes.get(start..end))
+                    else {
+                        return;
+                    };
+                    ConvertSource::Mapped(s)
+                }
+                ConvertFrom::File(file) => ConvertSource::File {
+                    file,
+                    offset: src,
+                    len,
+                },
+            };
+            out.push(Tagged {
+                file_index,
+                job: Job::Convert {
+                    source,
+                    from: tensor.dtype,
+                    to,
+                    dst: piece,
+                },
+            });
+            src += len as u64;
+        }
+    }
+}
+
 /// Splits the population of a whole map into jobs of at most `chunk` bytes.
 pub(crate) fn split_populate<'a>(
     out: &mut Vec<Tagged<'a>>,
@@ -121,7 +225,7 @@ pub(crate) fn split_populate<'a>(
 pub(crate) fn run<'a>(
     jobs: Vec<Tagged<'a>>,
     readers: usize,
-    done: &(dyn Fn(usize, Option<(u64, &'a [u8])>) + Sync),
+    done: &(dyn Fn(usize, Outcome<'a>) + Sync),
 ) -> (Result<(), JobError>, workers::Started) {
     let readers = readers.clamp(1, jobs.len().max(1));
     let queue: Vec<Mutex<Option<Tagged<'_>>>> =
@@ -139,6 +243,7 @@ pub(crate) fn run<'a>(
             };
             let operation = match tagged.job {
                 Job::Read { .. } => "reading",
+                Job::Convert { .. } => "converting",
                 Job::Populate { .. } => "populating the map",
             };
             match execute(tagged.job) {
@@ -212,18 +317,50 @@ pub(crate) fn read_all(
         .collect();
     let mut jobs: Vec<Tagged<'_>> = Vec::new();
     let mut finished: Vec<&AtomicU64> = Vec::with_capacity(opened.len());
+    let mut overflowed: Vec<Option<&AtomicU64>> = Vec::with_capacity(opened.len());
     for (file_index, shard) in opened.iter_mut().enumerate() {
         let OpenFile {
             body,
             file,
             direct,
             finished_at,
+            header,
+            convert,
             ..
         } = shard;
         finished.push(&*finished_at);
+        // The converted tensors: from the map where the file is mapped,
+        // else read by the readers (plain reads: the runs are not blocks).
+        let mut conversion = match convert {
+            Some(part) => {
+                overflowed.push(Some(&part.overflowed));
+                match &mut part.buffer {
+                    ConvertBuffer::Filling(buffer) => {
+                        Some((&part.placements, part.to, &mut buffer[..]))
+                    }
+                    _ => None,
+                }
+            }
+            None => {
+                overflowed.push(None);
+                None
+            }
+        };
         let buffer_and_layout = match body {
             Body::Buffered { buffer, layout } => (buffer, layout),
             Body::Mapped(storage) => {
+                let storage: &Storage = storage;
+                if let Some((placements, to, dst)) = conversion.take() {
+                    let plan = (&*header, placements.as_slice(), to);
+                    split_convert(
+                        &mut jobs,
+                        file_index,
+                        plan,
+                        dst,
+                        ConvertFrom::Map(storage.bytes()),
+                        chunk,
+                    );
+                }
                 if populate {
                     split_populate(&mut jobs, file_index, (storage.map(), file), chunk);
                 }
@@ -231,6 +368,17 @@ pub(crate) fn read_all(
             }
             _ => continue,
         };
+        if let Some((placements, to, dst)) = conversion.take() {
+            let plan = (&*header, placements.as_slice(), to);
+            split_convert(
+                &mut jobs,
+                file_index,
+                plan,
+                dst,
+                ConvertFrom::File(file),
+                chunk,
+            );
+        }
         let (buffer, layout) = buffer_and_layout;
         // Direct reads need whole blocks: round the chunk down to one.
         let source: &File = direct.as_ref().unwrap_or(file);
@@ -269,9 +417,16 @@ pub(crate) fn read_all(
     if !jobs.is_empty() {
         // The closure is written at the call so that its argument has the
         // jobs' own lifetime: the hashers keep the bytes it hands them.
-        let (result, started) = run(jobs, readers, &|file_index, landed| {
-            if let (Some((offset, bytes)), Some(Some(hasher))) = (landed, hashers.get(file_index)) {
+        let (result, started) = run(jobs, readers, &|file_index, outcome| {
+            if let (Some((offset, bytes)), Some(Some(hasher))) =
+                (outcome.landed, hashers.get(file_index))
+            {
                 hasher.land(offset, bytes);
+            }
+            if outcome.overflowed > 0 {
+                if let Some(Some(counter)) = overflowed.get(file_index) {
+                    counter.fetch_add(outcome.overflowed, Ordering::Relaxed);
+                }
             }
             if let Some(f) = finished.get(file_index) {
                 f.fetch_max(since(clock), Ordering::Relaxed);
@@ -308,7 +463,23 @@ pub(crate) fn read_all(
         }
     }
     for shard in opened.iter_mut() {
-        if !matches!(shard.body, Body::Buffered { .. }) {
+        if let Some(part) = &mut shard.convert {
+            if let ConvertBuffer::Filling(buffer) =
+                std::mem::replace(&mut part.buffer, ConvertBuffer::Taken)
+            {
+                let map = buffer
+                    .make_read_only()
+                    .map_err(|e| Error::io("sealing the buffer of", &shard.path, None, e))?;
+                part.buffer =
+                    ConvertBuffer::Sealed(Arc::new(Storage::new(map, shard.path.clone())));
+            }
+        }
+        let read_through = matches!(shard.body, Body::Buffered { .. })
+            || shard
+                .convert
+                .as_ref()
+                .is_some_and(|_| !matches!(shard.body, Body::Mapped(_)));
+        if !read_through {
             continue;
         }
         // The file may have been truncated or grown during the read.
@@ -362,12 +533,16 @@ fn why_populate_failed(file: &File, offset: u64, len: usize, error: io::Error) -
     (offset, error)
 }
 
-/// Bytes a read brought in, at their file offset, for the hasher.
-type Landed<'a> = Option<(u64, &'a [u8])>;
+thread_local! {
+    /// A reader's buffer for the source bytes of conversions it reads: one
+    /// per reader thread, reused, so a converting load faults in no memory
+    /// but its destinations.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Runs one job; a read of a hashed file gives back its bytes for the
-/// hasher.
-fn execute<'a>(job: Job<'a>) -> Result<Landed<'a>, (u64, io::Error)> {
+/// hasher, a conversion what overflowed.
+fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)> {
     match job {
         Job::Read {
             file,
@@ -385,7 +560,32 @@ fn execute<'a>(job: Job<'a>) -> Result<Landed<'a>, (u64, io::Error)> {
             }
             // The bytes are in place and no reader writes them again.
             let filled: &'a [u8] = dst;
-            Ok(hashed.then(|| (offset, filled.get(..required).unwrap_or(filled))))
+            Ok(Outcome {
+                landed: hashed.then(|| (offset, filled.get(..required).unwrap_or(filled))),
+                overflowed: 0,
+            })
+        }
+        Job::Convert {
+            source,
+            from,
+            to,
+            dst,
+        } => {
+            let converted = match source {
+                ConvertSource::Mapped(src) => crate::convert::convert(from, to, src, dst),
+                ConvertSource::File { file, offset, len } => SCRATCH.with(|scratch| {
+                    let mut scratch = scratch.borrow_mut();
+                    scratch.resize(len, 0);
+                    let src = scratch.get_mut(..len).unwrap_or_default();
+                    os::read_exact_at(file, src, offset)
+                        .map(|()| crate::convert::convert(from, to, src, dst))
+                })?,
+            };
+            let converted = converted.map_err(|e| (0, io::Error::other(e.to_string())))?;
+            Ok(Outcome {
+                landed: None,
+                overflowed: converted.overflowed(),
+            })
         }
         Job::Populate {
             map,
@@ -393,7 +593,7 @@ fn execute<'a>(job: Job<'a>) -> Result<Landed<'a>, (u64, io::Error)> {
             offset,
             len,
         } => os::populate_read(map, offset, len)
-            .map(|()| None)
+            .map(|()| Outcome::default())
             .map_err(|e| why_populate_failed(file, offset as u64, len, e)),
     }
 }

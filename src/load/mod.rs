@@ -16,6 +16,7 @@ use crate::options::Options;
 use crate::policy::{Environment, ReadMode};
 use crate::prefetch::{self, PrefetchOptions};
 use crate::state_dict::StateDict;
+use safetensors::Dtype;
 
 /// Loads checkpoints; the options of a load, set as one expression.
 ///
@@ -177,6 +178,44 @@ impl Loader {
         self
     }
 
+    /// Converts every floating tensor to `dtype` (F32, F16 or BF16) as it is
+    /// loaded, in the same pass that reads or maps its bytes: the read
+    /// engine's readers convert each run straight into the tensor's final
+    /// place, from the map or from a read into a scratch buffer of their
+    /// own, in parallel; the file is never loaded first and converted after.
+    ///
+    /// Sources are F64, F32, F16, BF16, F8_E4M3 and F8_E5M2; integer and
+    /// bool tensors, other floating types (the FNUZ F8 types, F8_E8M0, F4,
+    /// F6, C64) and tensors already of `dtype` stay as they are. Rounding is
+    /// to nearest, ties to even; a value beyond the target's range becomes
+    /// infinite (counted in [`FileReport::overflowed`](crate::FileReport::overflowed));
+    /// NaN stays NaN; F64 rounds through F32, as `torch.Tensor.to` does (see
+    /// [`convert`](crate::convert)). A `dtype` that is not a target converts
+    /// nothing.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let w: Vec<u8> = [1.0f32, -2.5, 3.0e38].iter().flat_map(|x| x.to_le_bytes()).collect();
+    /// # let ids: Vec<u8> = [7i64].iter().flat_map(|x| x.to_le_bytes()).collect();
+    /// # let views = [("w", safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![3], &w)?),
+    /// #              ("ids", safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![1], &ids)?)];
+    /// # safetensors::serialize_to_file(views, None, &path)?;
+    /// use safeload::Dtype;
+    ///
+    /// let sd = safeload::Loader::new().dtype(Dtype::F16).load(&path)?;
+    /// let w = sd.get("w").unwrap();
+    /// assert_eq!(w.dtype(), Dtype::F16);
+    /// assert_eq!(w.to_f32()?, [1.0, -2.5, f32::INFINITY]);   // 3e38 is beyond F16
+    /// assert_eq!(sd.get("ids").unwrap().dtype(), Dtype::I64); // integers stay
+    /// assert_eq!(sd.report().overflowed(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn dtype(mut self, dtype: Dtype) -> Loader {
+        self.opts.dtype = Some(dtype);
+        self
+    }
+
     /// Checks that every file loaded is the file that was published: its
     /// SHA-256 is computed while loading (buffered files as their chunks
     /// land, mapped files in one pass over the map, files in parallel) and
@@ -243,7 +282,7 @@ impl Loader {
                 .filter
                 .as_deref()
                 .map(|f| f as &dyn Fn(&str) -> bool);
-            file.prepare(keep, self.opts.direct_io);
+            file.prepare(keep, self.opts.direct_io, self.opts.dtype);
         }
         steps::finish(&self.opts, &resolved, files, &env, (clock, notes), path)
     }
@@ -382,7 +421,7 @@ impl Checkpoint {
         for file in &inner.files {
             if file.header.tensors.iter().any(|t| keep(&t.name)) {
                 let mut file = file.for_load(clock)?;
-                file.prepare(Some(&keep), inner.opts.direct_io);
+                file.prepare(Some(&keep), inner.opts.direct_io, inner.opts.dtype);
                 files.push(file);
             }
         }

@@ -191,16 +191,21 @@ pub(crate) fn fit_in_memory(
     checkpoint: &Path,
 ) -> Result<()> {
     // Asking the kernel and the cgroup costs more than a small mapped load.
-    let any_pending = files.iter().any(|f| f.pending_bytes() > 0);
+    let any_pending = files
+        .iter()
+        .any(|f| f.pending_bytes() > 0 || f.converted_bytes() > 0);
     let available = opts
         .memory_available
         .or_else(|| any_pending.then(memory::available).flatten());
     let Some(available) = available else {
         return Ok(());
     };
+    // Converted tensors need memory whatever the file's strategy: they are
+    // counted as files that cannot be mapped instead.
     let pending: Vec<(u64, bool)> = files
         .iter()
         .map(|f| (f.pending_bytes(), f.decision.switchable()))
+        .chain(files.iter().map(|f| (f.converted_bytes(), false)))
         .collect();
     let verdict = policy::memory_guard(&pending, Some(available));
     for (file, map) in files.iter_mut().zip(&verdict.map_instead) {
@@ -212,6 +217,7 @@ pub(crate) fn fit_in_memory(
     let still: Vec<u64> = files
         .iter()
         .map(OpenFile::pending_bytes)
+        .chain(files.iter().map(OpenFile::converted_bytes))
         .filter(|&n| n > 0)
         .collect();
     policy::memory_fits(still.len(), still.iter().sum(), Some(available)).map_err(

@@ -1,5 +1,7 @@
 //! The decisions about one file of a load: mapped or read, with direct I/O or not, how many reads in flight, and whether it fits in memory; each with its reason as data.
 
+use safetensors::Dtype;
+
 use super::{Origin, ReadMode, Strategy};
 use crate::mount::{Mount, MountKind};
 
@@ -65,7 +67,7 @@ impl FileDecision {
             needed: verdict.needed,
             available,
             kept: verdict.kept,
-            files: verdict.map_instead.len(),
+            files: verdict.files,
         });
         self.direct = Direct::Off;
     }
@@ -130,6 +132,20 @@ pub(crate) fn wants_direct_io(
     image && caller.unwrap_or_else(by_default)
 }
 
+/// Whether a converting load (`Loader::dtype(to)`) converts a tensor of
+/// `from`, and if so the size of one converted element: floating tensors of
+/// the sources `convert` handles (F64, F32, F16, BF16, F8_E4M3, F8_E5M2)
+/// become `to` (F32, F16, BF16); integers, bools, other floating types (the
+/// FNUZ F8s, F8_E8M0, F4, F6, C64) and tensors already of `to` stay as they
+/// are, so that a converting load never fails on them.
+pub(crate) fn converts_to(from: Dtype, to: Dtype) -> Option<usize> {
+    let floating = matches!(
+        from,
+        Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F8_E4M3 | Dtype::F8_E5M2
+    );
+    (floating && from != to && crate::convert::is_supported(from, to)).then(|| to.bitsize() / 8)
+}
+
 /// Reads in flight by default, for the filesystems a load touches: FUSE
 /// needs many requests in flight to hide each one's latency (within the
 /// kernel's default of 12 background requests per mount); elsewhere 8.
@@ -180,6 +196,8 @@ pub(crate) struct MemoryVerdict {
     pub needed: u64,
     /// Buffered files that stay buffered.
     pub kept: usize,
+    /// Buffered files (of more than 0 bytes) the guard looked at.
+    pub files: usize,
 }
 
 /// The memory guard, first half. Files the caller asked to read
@@ -197,6 +215,7 @@ pub(crate) fn memory_guard(files: &[(u64, bool)], available: Option<u64>) -> Mem
             map_instead: vec![false; files.len()],
             needed,
             kept: count,
+            files: count,
         };
     };
     let fits =
@@ -225,6 +244,7 @@ pub(crate) fn memory_guard(files: &[(u64, bool)], available: Option<u64>) -> Mem
         map_instead,
         needed,
         kept,
+        files: count,
     }
 }
 
@@ -399,6 +419,38 @@ mod tests {
                 "{caller:?} {kind:?} image={image} cached={cached}"
             );
         }
+    }
+
+    #[test]
+    fn a_converting_load_converts_floating_tensors_only() {
+        use Dtype::*;
+        for from in [F64, F32, F16, BF16, F8_E4M3, F8_E5M2] {
+            for to in [F32, F16, BF16] {
+                let expected = (from != to).then_some(to.bitsize() / 8);
+                assert_eq!(converts_to(from, to), expected, "{from} -> {to}");
+            }
+        }
+        for from in [
+            BOOL,
+            U8,
+            I8,
+            I16,
+            U16,
+            I32,
+            U32,
+            I64,
+            U64,
+            F8_E4M3FNUZ,
+            F8_E5M2FNUZ,
+            F8_E8M0,
+            F4,
+            F6_E2M3,
+            F6_E3M2,
+            C64,
+        ] {
+            assert_eq!(converts_to(from, BF16), None, "{from} stays");
+        }
+        assert_eq!(converts_to(F32, F64), None, "F64 is not a target");
     }
 
     #[test]

@@ -187,6 +187,7 @@ mod options;
 mod os;
 mod policy;
 mod prefetch;
+mod progress;
 mod report;
 mod state_dict;
 mod storage;
@@ -206,6 +207,7 @@ pub use policy::{
     VERIFY_ENV,
 };
 pub use prefetch::PrefetchOptions;
+pub use progress::{Phase, Progress};
 pub use report::{FileReport, LoadReport, PrefetchReport};
 pub use safetensors::Dtype;
 pub use state_dict::StateDict;

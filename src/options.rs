@@ -30,6 +30,7 @@ pub(crate) struct Options {
     pub verify: Option<bool>,
     pub expected_sha256: Vec<(String, String)>,
     pub dtype: Option<Dtype>,
+    pub progress: Option<crate::progress::Callback>,
 }
 
 impl fmt::Debug for Options {
@@ -48,6 +49,7 @@ impl fmt::Debug for Options {
             .field("verify", &self.verify)
             .field("expected_sha256", &self.expected_sha256)
             .field("dtype", &self.dtype)
+            .field("progress", &self.progress.as_ref().map(|_| "<fn>"))
             .finish_non_exhaustive()
     }
 }

@@ -13,6 +13,7 @@ use crate::checkpoint::open::{Body, OpenFile, file_len, read_error, since, size_
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::header::Header;
 use crate::os::{self, DIRECT_ALIGN};
+use crate::progress::{Callback, Meter, Phase};
 use crate::storage::Storage;
 use crate::verify::{Digest256, StreamHasher};
 use crate::workers;
@@ -54,6 +55,24 @@ pub(crate) enum Job<'a> {
     },
 }
 
+impl Job<'_> {
+    /// The bytes the job reads (or populates).
+    fn bytes(&self) -> u64 {
+        match self {
+            Job::Read { required, .. } => *required as u64,
+            Job::Convert {
+                source: ConvertSource::Mapped(src),
+                ..
+            } => src.len() as u64,
+            Job::Convert {
+                source: ConvertSource::File { len, .. },
+                ..
+            } => *len as u64,
+            Job::Populate { len, .. } => *len as u64,
+        }
+    }
+}
+
 /// Where a conversion's source bytes are.
 pub(crate) enum ConvertSource<'a> {
     /// In the file's map.
@@ -72,6 +91,8 @@ pub(crate) enum ConvertSource<'a> {
 pub(crate) struct Outcome<'a> {
     pub landed: Option<(u64, &'a [u8])>,
     pub overflowed: u64,
+    /// Bytes the job read (or populated), for progress.
+    pub bytes: u64,
 }
 
 /// A job tagged with the file (an index into the caller's list) it belongs to.
@@ -288,6 +309,7 @@ pub(crate) fn read_all(
     chunk: usize,
     (populate, verify): (bool, bool),
     clock: Instant,
+    progress: Option<&Callback>,
 ) -> Result<Option<String>> {
     let mut shortfall = None;
     // The bytes before a whole-file buffer's image (the header), hashed
@@ -415,9 +437,30 @@ pub(crate) fn read_all(
         }
     }
     if !jobs.is_empty() {
+        // Progress: the bytes of every job, and a file done with its last.
+        let mut left: Vec<AtomicUsize> = (0..finished.len()).map(|_| AtomicUsize::new(0)).collect();
+        let mut total = 0u64;
+        for job in &jobs {
+            if let Some(n) = left.get_mut(job.file_index) {
+                *n.get_mut() += 1;
+            }
+            total += job.job.bytes();
+        }
+        let files_total = left
+            .iter()
+            .filter(|n| n.load(Ordering::Relaxed) > 0)
+            .count();
+        let meter = Meter::new(progress, Phase::Read, total, files_total);
         // The closure is written at the call so that its argument has the
         // jobs' own lifetime: the hashers keep the bytes it hands them.
         let (result, started) = run(jobs, readers, &|file_index, outcome| {
+            meter.add(outcome.bytes);
+            if left
+                .get(file_index)
+                .is_some_and(|n| n.fetch_sub(1, Ordering::AcqRel) == 1)
+            {
+                meter.file_done();
+            }
             if let (Some((offset, bytes)), Some(Some(hasher))) =
                 (outcome.landed, hashers.get(file_index))
             {
@@ -433,6 +476,7 @@ pub(crate) fn read_all(
             }
         });
         shortfall = started.shortfall();
+        meter.finish();
         drop(finished);
         let digests: Vec<Option<Digest256>> = hashers
             .into_iter()
@@ -563,6 +607,7 @@ fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)> {
             Ok(Outcome {
                 landed: hashed.then(|| (offset, filled.get(..required).unwrap_or(filled))),
                 overflowed: 0,
+                bytes: required as u64,
             })
         }
         Job::Convert {
@@ -571,6 +616,10 @@ fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)> {
             to,
             dst,
         } => {
+            let bytes = match &source {
+                ConvertSource::Mapped(src) => src.len(),
+                ConvertSource::File { len, .. } => *len,
+            } as u64;
             let converted = match source {
                 ConvertSource::Mapped(src) => crate::convert::convert(from, to, src, dst),
                 ConvertSource::File { file, offset, len } => SCRATCH.with(|scratch| {
@@ -585,6 +634,7 @@ fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)> {
             Ok(Outcome {
                 landed: None,
                 overflowed: converted.overflowed(),
+                bytes,
             })
         }
         Job::Populate {
@@ -593,7 +643,10 @@ fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)> {
             offset,
             len,
         } => os::populate_read(map, offset, len)
-            .map(|()| Outcome::default())
+            .map(|()| Outcome {
+                bytes: len as u64,
+                ..Outcome::default()
+            })
             .map_err(|e| why_populate_failed(file, offset as u64, len, e)),
     }
 }

@@ -15,6 +15,7 @@ use crate::mount::MountTable;
 use crate::options::Options;
 use crate::policy::{Environment, ReadMode};
 use crate::prefetch::{self, PrefetchOptions};
+use crate::progress::Progress;
 use crate::state_dict::StateDict;
 use safetensors::Dtype;
 
@@ -216,6 +217,36 @@ impl Loader {
         self
     }
 
+    /// Calls `report` with the bytes and files done out of their totals as a
+    /// load (or [`warm`](Self::warm), or [`Checkpoint::for_each`]) goes on:
+    /// for buffered reads, conversions, populated maps, prefetch and
+    /// streaming, at most about 20 times a second and once when a phase
+    /// ends. From the threads doing the work: keep it short. Nothing is
+    /// printed by the library itself; a progress bar is the caller's.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let data = vec![0u8; 1 << 20];
+    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 20], &data)?;
+    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+    /// use std::sync::{Arc, Mutex};
+    ///
+    /// let last = Arc::new(Mutex::new(None));
+    /// let seen = Arc::clone(&last);
+    /// safeload::Loader::new()
+    ///     .disable_mmap(true)
+    ///     .on_progress(move |p| *seen.lock().unwrap() = Some(*p))
+    ///     .load(&path)?;
+    /// let p = last.lock().unwrap().unwrap();
+    /// assert_eq!((p.bytes_done, p.files_done), (p.bytes_total, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_progress(mut self, report: impl Fn(&Progress) + Send + Sync + 'static) -> Loader {
+        self.opts.progress = Some(Arc::new(report));
+        self
+    }
+
     /// Checks that every file loaded is the file that was published: its
     /// SHA-256 is computed while loading (buffered files as their chunks
     /// land, mapped files in one pass over the map, files in parallel) and
@@ -386,6 +417,7 @@ impl Loader {
             local_rank: self.opts.local_rank,
             memory_available: self.opts.memory_available,
             env: &env,
+            progress: self.opts.progress.as_ref(),
         };
         let reason = format!("prefetch() with {} stream(s)", options.stream_count());
         prefetch::warm(&handed, &options, &job, reason)

@@ -90,6 +90,7 @@ pub(crate) fn finish(
         local_rank: opts.local_rank,
         memory_available: opts.memory_available,
         env,
+        progress: opts.progress.as_ref(),
     };
     let handed: Vec<prefetch::LoadFile<'_>> = files.iter().map(OpenFile::handed).collect();
     let prefetched = prefetch::before_load(&handed, opts.prefetch.as_ref(), &job)?;
@@ -118,6 +119,7 @@ pub(crate) fn finish(
         read_size,
         (opts.populate, verify),
         clock,
+        opts.progress.as_ref(),
     )?;
     notes.extend(readers.map(|s| format!("reading: {s}")));
     let threads = threads(opts);

@@ -82,6 +82,8 @@ pub(crate) struct Job<'a> {
     pub local_rank: Option<(usize, usize)>,
     pub memory_available: Option<u64>,
     pub env: &'a Environment,
+    /// The caller's progress callback.
+    pub progress: Option<&'a crate::progress::Callback>,
 }
 
 impl Job<'_> {

@@ -15,6 +15,7 @@ use super::worker::{Tally, Work};
 use crate::error::Result;
 use crate::os;
 use crate::policy::PrefetchMethod;
+use crate::progress::{Meter, Phase};
 use crate::report::PrefetchReport;
 
 /// A prefetch planned: the files, their chunks, this process's rank, and
@@ -148,6 +149,9 @@ pub(super) fn run(
     report.skip_reasons.extend(init.guard_reason(total));
 
     let (claimable, starts) = reader_plan(&chunks, &rank, options.streams, shared);
+    // This rank's share is not known in advance (ranks take chunks from
+    // each other): the total is every byte not yet resident.
+    let meter = Meter::new(job.progress, Phase::Prefetch, init.needed, targets.len());
     let work = Work {
         targets: &targets,
         methods: &methods,
@@ -157,12 +161,17 @@ pub(super) fn run(
         shared,
         claimable,
         on_chunk: options.on_chunk.as_ref(),
+        meter: &meter,
         slots: slot_words(words, queue.layout()),
         heartbeats: heartbeat_words(words, queue.layout()),
         heartbeat: queue.heartbeat(),
         tally: Tally::default(),
     };
     let outcome = work.run(&starts)?;
+    for _ in &targets {
+        meter.file_done();
+    }
+    meter.finish();
     report.chunks_handled = outcome.handled;
     report.warmed = outcome.warmed;
     report.reread = outcome.reread;

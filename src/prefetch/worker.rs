@@ -15,6 +15,7 @@ use super::takeover::{self, Verdict, Watch};
 use crate::error::{Error, Result};
 use crate::os;
 use crate::policy::PrefetchMethod;
+use crate::progress::Meter;
 use crate::workers;
 
 /// How often a reader with nothing to claim looks at the queue again.
@@ -45,6 +46,8 @@ pub(super) struct Work<'a> {
     pub shared: bool,
     pub claimable: Range<usize>,
     pub on_chunk: Option<&'a ChunkCallback>,
+    /// The caller's progress: bytes of the chunks this rank handled.
+    pub meter: &'a Meter,
     /// The queue's rank slots and their heartbeats (empty for a queue of
     /// this process's own).
     pub slots: &'a [AtomicU64],
@@ -337,6 +340,7 @@ impl Work<'_> {
         if let Some(f) = self.on_chunk {
             f(&target.path, chunk.offset..chunk.offset + chunk.len);
         }
+        self.meter.add(chunk.len);
         // Fails only if another rank took the chunk over, taking this
         // process for dead or stopped; it is warm either way.
         swap(word, claim, DONE);
@@ -523,6 +527,7 @@ mod tests {
             shared: true,
             claimable: 0..4,
             on_chunk: None,
+            meter: &Meter::new(None, crate::progress::Phase::Prefetch, 0, 0),
             slots,
             heartbeats: beats,
             heartbeat: beats.first(),

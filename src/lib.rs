@@ -192,6 +192,7 @@ mod report;
 mod state_dict;
 mod storage;
 mod tensor;
+mod trace;
 mod verify;
 mod workers;
 

@@ -10,7 +10,10 @@ use common::*;
 use safeload::{Loader, Phase, Progress};
 use tempfile::tempdir;
 
-fn recorder() -> (Arc<Mutex<Vec<Progress>>>, impl Fn(&Progress) + Send + Sync + 'static) {
+fn recorder() -> (
+    Arc<Mutex<Vec<Progress>>>,
+    impl Fn(&Progress) + Send + Sync + 'static,
+) {
     let seen: Arc<Mutex<Vec<Progress>>> = Arc::default();
     let sink = Arc::clone(&seen);
     (seen, move |p: &Progress| sink.lock().unwrap().push(*p))
@@ -48,7 +51,11 @@ fn a_buffered_load_reports_bytes_and_files_at_a_sensible_rate() {
     assert_eq!((last.files_done, last.files_total), (3, 3));
     // At most one call per 50 ms, and the last.
     let allowed = (elapsed.as_millis() / 50) as usize + 2;
-    assert!(reads.len() <= allowed, "{} calls in {elapsed:?}", reads.len());
+    assert!(
+        reads.len() <= allowed,
+        "{} calls in {elapsed:?}",
+        reads.len()
+    );
     assert!(reads.len() < 1536 / 10, "not one call per read");
     assert!(reads.windows(2).all(|w| w[0].bytes_done <= w[1].bytes_done));
 }
@@ -78,7 +85,11 @@ fn prefetch_reports_what_it_warms() {
     let report = Loader::new()
         .local_rank(0, 1)
         .on_progress(callback)
-        .prefetch_with(safeload::PrefetchOptions::new().streams(2).chunk_size(256 << 10))
+        .prefetch_with(
+            safeload::PrefetchOptions::new()
+                .streams(2)
+                .chunk_size(256 << 10),
+        )
         .warm(&index)
         .unwrap();
     let seen = seen.lock().unwrap();
@@ -90,5 +101,8 @@ fn prefetch_reports_what_it_warms() {
     assert_eq!(last.files_total, 2);
     assert_eq!(last.files_done, 2);
     // Every chunk this process handled is counted, resident or not.
-    assert!(last.bytes_done >= report.warmed().min(last.bytes_total), "{last:?} {report}");
+    assert!(
+        last.bytes_done >= report.warmed().min(last.bytes_total),
+        "{last:?} {report}"
+    );
 }

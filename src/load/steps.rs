@@ -13,6 +13,7 @@ use crate::options::Options;
 use crate::policy::{self, Environment};
 use crate::prefetch;
 use crate::state_dict::StateDict;
+use crate::trace;
 use crate::verify;
 use crate::workers;
 
@@ -70,6 +71,17 @@ pub(crate) fn open_files(
         .map(|f| (f.path.as_path(), &f.header))
         .collect();
     resolved.check_headers(&headers)?;
+    trace::traced! {
+        for file in &files {
+            tracing::debug!(
+                target: "safeload",
+                file = %file.path.display(),
+                strategy = %file.decision.strategy,
+                reason = %file.decision,
+                "opened"
+            );
+        }
+    }
     Ok((files, notes))
 }
 
@@ -131,6 +143,20 @@ pub(crate) fn finish(
     let mut state_dict = assemble::assemble(resolved, files, clock, threads, io_concurrency)?;
     state_dict.report.prefetch = prefetched;
     state_dict.report.notes = notes;
+    trace::traced! {
+        let report = &state_dict.report;
+        tracing::info!(
+            target: "safeload",
+            files = report.files().len(),
+            tensor_bytes = report.tensor_bytes(),
+            bytes_read = report.bytes_read(),
+            seconds = report.elapsed().as_secs_f64(),
+            "loaded"
+        );
+        for note in report.notes() {
+            tracing::warn!(target: "safeload", note = %note, "the load ran otherwise than planned");
+        }
+    }
     Ok(state_dict)
 }
 

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::mount::{Mount, MountKind};
 use crate::policy::{self, AutoPrefetchSkip, PrefetchAsk, PrefetchMethod};
 use crate::report::{PrefetchReport, human_bytes};
+use crate::trace;
 
 /// A file the loader has opened (and parsed), handed over so that prefetch
 /// neither opens nor looks it up again.
@@ -58,10 +59,26 @@ pub(crate) fn before_load(
         }
     };
     if options.streams == 0 {
+        trace::traced! {
+            if files
+                .iter()
+                .any(|f| f.mapped && f.mount.is_some_and(|m| m.kind == MountKind::Network))
+            {
+                tracing::warn!(
+                    target: "safeload",
+                    "prefetch is off, and files on a network filesystem are mapped: if they are \
+                     not in the page cache, page faults read them far below streaming speed"
+                );
+            }
+        }
         return Ok(None);
     }
     let reason = ask.reason().unwrap_or_default();
-    warm(files, &options, job, reason).map(Some)
+    let report = warm(files, &options, job, reason)?;
+    trace::traced! {
+        tracing::info!(target: "safeload", report = %report, "prefetch");
+    }
+    Ok(Some(report))
 }
 
 /// Warms these files with `options`, for `reason`: a prefetch the caller or
@@ -124,6 +141,9 @@ fn auto(files: &[LoadFile<'_>], job: &Job<'_>) -> Result<Option<PrefetchReport>>
             Some(guard_reason.unwrap_or_default()),
         ))),
         Ok(()) => {
+            trace::traced! {
+                tracing::info!(target: "safeload", place = %place, "the auto policy prefetches before mapping");
+            }
             let reason = format!(
                 "on {place}, {} of {} not in the page cache: warmed first, then mapped",
                 human_bytes(needed),

@@ -95,8 +95,7 @@ fn prefetch_reports_what_it_warms() {
     let seen = seen.lock().unwrap();
     let last = seen
         .iter()
-        .filter(|p| p.phase == Phase::Prefetch)
-        .last()
+        .rfind(|p| p.phase == Phase::Prefetch)
         .expect("prefetch progress");
     assert_eq!(last.files_total, 2);
     assert_eq!(last.files_done, 2);

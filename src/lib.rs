@@ -187,6 +187,7 @@ mod os;
 mod policy;
 mod prefetch;
 mod report;
+mod slice;
 mod state_dict;
 mod storage;
 mod tensor;

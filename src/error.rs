@@ -235,6 +235,22 @@ pub enum ErrorKind {
         /// The bytes given.
         actual: u64,
     },
+    /// No tensor of this name is in the checkpoint.
+    #[error("no tensor {tensor:?} in the checkpoint")]
+    TensorNotFound {
+        /// The name asked for.
+        tensor: String,
+    },
+    /// A slice or shard asked of a tensor does not fit it: ranges out of
+    /// bounds or reversed, a dimension, rank or world size out of range, sizes
+    /// overflowing `usize`, or a packed dtype cut inside a byte.
+    #[error("cannot slice tensor {tensor:?}: {reason}")]
+    InvalidSlice {
+        /// The tensor's name.
+        tensor: String,
+        /// What is wrong with the slice.
+        reason: String,
+    },
 }
 
 impl Error {

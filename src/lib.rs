@@ -189,6 +189,7 @@ mod policy;
 mod prefetch;
 mod progress;
 mod report;
+mod slice;
 mod state_dict;
 mod storage;
 mod tensor;

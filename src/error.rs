@@ -235,22 +235,6 @@ pub enum ErrorKind {
         /// The bytes given.
         actual: u64,
     },
-    /// No tensor of this name is in the checkpoint.
-    #[error("no tensor {tensor:?} in the checkpoint")]
-    TensorNotFound {
-        /// The name asked for.
-        tensor: String,
-    },
-    /// A slice or shard asked of a tensor does not fit it: ranges out of
-    /// bounds or reversed, a dimension, rank or world size out of range, sizes
-    /// overflowing `usize`, or a packed dtype cut inside a byte.
-    #[error("cannot slice tensor {tensor:?}: {reason}")]
-    InvalidSlice {
-        /// The tensor's name.
-        tensor: String,
-        /// What is wrong with the slice.
-        reason: String,
-    },
 }
 
 impl Error {
@@ -288,6 +272,14 @@ impl Error {
             path: Some(path.into()),
             source: None,
         }))
+    }
+
+    /// The same error, naming `path` where it names no file yet.
+    pub(crate) fn or_path(mut self, path: impl Into<PathBuf>) -> Error {
+        if self.0.path.is_none() {
+            self.0.path = Some(path.into());
+        }
+        self
     }
 
     pub(crate) fn without_path(kind: ErrorKind) -> Error {

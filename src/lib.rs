@@ -180,6 +180,7 @@ mod checkpoint;
 pub mod convert;
 mod error;
 mod format;
+mod jobs;
 mod load;
 mod memory;
 pub mod mount;

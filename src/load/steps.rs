@@ -17,12 +17,7 @@ use crate::trace;
 use crate::verify;
 use crate::workers;
 
-/// The default size of one read of a buffered file.
-///
-/// NOTE: set by the `load` benchmark (BENCHMARKS.md): large enough that
-/// per-request overhead vanishes and a FUSE mount sees requests in flight,
-/// small enough that readers stay balanced at the tail.
-pub(crate) const DEFAULT_READ_SIZE: usize = 8 << 20;
+use crate::jobs::DEFAULT_READ_SIZE;
 
 /// Files opened at once: the caller's number, else the machine's.
 pub(crate) fn threads(opts: &Options) -> usize {

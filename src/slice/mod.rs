@@ -36,9 +36,6 @@
 //! own read; with `usize::MAX` the whole span from the first run to the last
 //! is one read. [`MERGE_GAP`] is the default, and why.
 
-// used by Checkpoint (integration pending)
-#![cfg_attr(not(test), allow(dead_code))]
-
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,401 @@
+//! The read engine's job queue: a load's I/O as (file, offset, length) jobs — positional reads into their final place, conversions, populates — pulled by a bounded set of reader threads.
+
+use std::fs::File;
+use std::io;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use memmap2::Mmap;
+use safetensors::Dtype;
+
+use crate::format::header::Header;
+use crate::os;
+use crate::workers;
+
+/// The default size of one read of a buffered file.
+///
+/// NOTE: set by the `load` benchmark (BENCHMARKS.md): large enough that
+/// per-request overhead vanishes and a FUSE mount sees requests in flight,
+/// small enough that readers stay balanced at the tail.
+pub(crate) const DEFAULT_READ_SIZE: usize = 8 << 20;
+
+/// One unit of I/O.
+pub(crate) enum Job<'a> {
+    /// A positional read into its final destination. `required` bytes must
+    /// arrive; the rest of `dst` (the tail of a direct-I/O block past the end
+    /// of the file) may stay unread.
+    Read {
+        file: &'a File,
+        /// A plain descriptor of the same file, for when a direct read of
+        /// `file` is refused (`EINVAL`).
+        fallback: Option<&'a File>,
+        offset: u64,
+        dst: &'a mut [u8],
+        required: usize,
+        /// Whether the bytes are handed to `done` once read, for a file
+        /// whose digest is computed as it loads.
+        hashed: bool,
+    },
+    /// A run of whole elements converted to another dtype into its final
+    /// destination (`Loader::dtype`): taken from the file's map, or read
+    /// with a positional read into the reader's scratch buffer first.
+    Convert {
+        source: ConvertSource<'a>,
+        from: Dtype,
+        to: Dtype,
+        dst: &'a mut [u8],
+    },
+    /// Faulting a range of a file map in, so that later accesses do not wait.
+    Populate {
+        map: &'a Mmap,
+        /// The mapped file, read to learn why a range failed to populate.
+        file: &'a File,
+        offset: usize,
+        len: usize,
+    },
+}
+
+impl Job<'_> {
+    /// The bytes the job reads (or populates).
+    pub(crate) fn bytes(&self) -> u64 {
+        match self {
+            Job::Read { required, .. } => *required as u64,
+            Job::Convert {
+                source: ConvertSource::Mapped(src),
+                ..
+            } => src.len() as u64,
+            Job::Convert {
+                source: ConvertSource::File { len, .. },
+                ..
+            } => *len as u64,
+            Job::Populate { len, .. } => *len as u64,
+        }
+    }
+}
+
+/// Where a conversion's source bytes are.
+pub(crate) enum ConvertSource<'a> {
+    /// In the file's map.
+    Mapped(&'a [u8]),
+    /// `len` bytes at `offset` of the file.
+    File {
+        file: &'a File,
+        offset: u64,
+        len: usize,
+    },
+}
+
+/// What a finished job hands to `done`: the bytes a read of a hashed file
+/// brought in (at their file offset), and values a conversion overflowed.
+#[derive(Default)]
+pub(crate) struct Outcome<'a> {
+    pub landed: Option<(u64, &'a [u8])>,
+    pub overflowed: u64,
+    /// Bytes the job read (or populated), for progress.
+    pub bytes: u64,
+}
+
+/// A job tagged with the file (an index into the caller's list) it belongs to.
+pub(crate) struct Tagged<'a> {
+    pub file_index: usize,
+    pub job: Job<'a>,
+}
+
+/// A failed job: which file, at which offset, and why.
+#[derive(Debug)]
+pub(crate) struct JobError {
+    pub file_index: usize,
+    /// What was being done, for the error: "reading", or populating a map.
+    pub operation: &'static str,
+    pub offset: u64,
+    pub error: io::Error,
+}
+
+/// Splits the read of a run of `dst`, filled from `file` at `offset`, into
+/// jobs of at most `chunk` bytes. `required` bytes of `dst` must be read; the
+/// rest may lie past the end of the file.
+pub(crate) fn split_read<'a>(
+    out: &mut Vec<Tagged<'a>>,
+    file_index: usize,
+    (file, fallback, hashed): (&'a File, Option<&'a File>, bool),
+    offset: u64,
+    dst: &'a mut [u8],
+    required: usize,
+    chunk: usize,
+) {
+    let mut at = 0usize;
+    for piece in dst.chunks_mut(chunk.max(1)) {
+        let len = piece.len();
+        out.push(Tagged {
+            file_index,
+            job: Job::Read {
+                file,
+                fallback,
+                offset: offset + at as u64,
+                dst: piece,
+                required: required.saturating_sub(at).min(len),
+                hashed,
+            },
+        });
+        at += len;
+    }
+}
+
+/// Where the tensors a file converts come from.
+pub(crate) enum ConvertFrom<'a> {
+    Map(&'a [u8]),
+    File(&'a File),
+}
+
+/// Splits the conversion of a file's converted tensors (`placements` into
+/// `dst`, as `to`) into jobs of about `chunk` source bytes, whole elements
+/// each.
+pub(crate) fn split_convert<'a>(
+    out: &mut Vec<Tagged<'a>>,
+    file_index: usize,
+    (header, placements, to): (&Header, &[Option<u64>], Dtype),
+    dst: &'a mut [u8],
+    from: ConvertFrom<'a>,
+    chunk: usize,
+) {
+    let to_size = to.bitsize() / 8;
+    let mut rest = dst;
+    let mut at = 0u64;
+    for (tensor, placement) in header.tensors.iter().zip(placements) {
+        let Some(place) = *placement else {
+            continue;
+        };
+        let size = (tensor.dtype.bitsize() / 8).max(1);
+        let elements = usize::try_from((tensor.end - tensor.start) / size as u64).unwrap_or(0);
+        let skip = usize::try_from(place.saturating_sub(at)).unwrap_or(usize::MAX);
+        let Some((_, tail)) = rest.split_at_mut_checked(skip) else {
+            return;
+        };
+        let Some((mut target, tail)) = tail.split_at_mut_checked(elements * to_size) else {
+            return;
+        };
+        rest = tail;
+        at = place + (elements * to_size) as u64;
+        let per_job = (chunk / size).max(1);
+        let mut src = header.data_start + tensor.start;
+        while !target.is_empty() {
+            let take = per_job.min(target.len() / to_size);
+            let (piece, tail) = target.split_at_mut(take * to_size);
+            target = tail;
+            let len = take * size;
+            let source = match &from {
+                ConvertFrom::Map(bytes) => {
+                    let start = usize::try_from(src).unwrap_or(usize::MAX);
+                    let Some(s) = start.checked_add(len).and_then(|end| bytes.get(start..end))
+                    else {
+                        return;
+                    };
+                    ConvertSource::Mapped(s)
+                }
+                ConvertFrom::File(file) => ConvertSource::File {
+                    file,
+                    offset: src,
+                    len,
+                },
+            };
+            out.push(Tagged {
+                file_index,
+                job: Job::Convert {
+                    source,
+                    from: tensor.dtype,
+                    to,
+                    dst: piece,
+                },
+            });
+            src += len as u64;
+        }
+    }
+}
+
+/// Splits the population of a whole map into jobs of at most `chunk` bytes.
+pub(crate) fn split_populate<'a>(
+    out: &mut Vec<Tagged<'a>>,
+    file_index: usize,
+    (map, file): (&'a Mmap, &'a File),
+    chunk: usize,
+) {
+    let chunk = chunk.max(1);
+    let mut offset = 0;
+    while offset < map.len() {
+        let len = chunk.min(map.len() - offset);
+        out.push(Tagged {
+            file_index,
+            job: Job::Populate {
+                map,
+                file,
+                offset,
+                len,
+            },
+        });
+        offset += len;
+    }
+}
+
+/// Runs every job with at most `readers` in flight, pulling from one queue so
+/// that uneven files keep every reader busy. `done(file_index)` is called as
+/// each job completes. Stops at the first error and returns it (the earliest
+/// in queue order among those seen).
+///
+/// Readers are threads of their own, not the caller's rayon pool: they block
+/// on storage, and a slow network mount must not starve CPU work elsewhere.
+pub(crate) fn run<'a>(
+    jobs: Vec<Tagged<'a>>,
+    readers: usize,
+    done: &(dyn Fn(usize, Outcome<'a>) + Sync),
+) -> (Result<(), JobError>, workers::Started) {
+    let readers = readers.clamp(1, jobs.len().max(1));
+    let queue: Vec<Mutex<Option<Tagged<'_>>>> =
+        jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
+    let cursor = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let first_error: Mutex<Option<(usize, JobError)>> = Mutex::new(None);
+
+    let work = || {
+        while !failed.load(Ordering::Relaxed) {
+            let i = cursor.fetch_add(1, Ordering::Relaxed);
+            let Some(slot) = queue.get(i) else { break };
+            let Some(tagged) = slot.lock().ok().and_then(|mut c| c.take()) else {
+                continue;
+            };
+            let operation = match tagged.job {
+                Job::Read { .. } => "reading",
+                Job::Convert { .. } => "converting",
+                Job::Populate { .. } => "populating the map",
+            };
+            match execute(tagged.job) {
+                Ok(landed) => done(tagged.file_index, landed),
+                Err((offset, error)) => {
+                    failed.store(true, Ordering::Relaxed);
+                    if let Ok(mut first) = first_error.lock() {
+                        if first.as_ref().is_none_or(|(j, _)| i < *j) {
+                            let file_index = tagged.file_index;
+                            *first = Some((
+                                i,
+                                JobError {
+                                    file_index,
+                                    operation,
+                                    offset,
+                                    error,
+                                },
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    };
+
+    let started = workers::run(readers, "safeload-read", |_| work());
+    let result = match first_error.into_inner().ok().flatten() {
+        Some((_, error)) => Err(error),
+        None => Ok(()),
+    };
+    (result, started)
+}
+
+/// The real cause of a failed populate. `MADV_POPULATE_READ` answers
+/// `EFAULT` for a page it could not bring in, whatever the reason (EIO, a
+/// truncated file, a dead FUSE daemon); reading the range with `pread`
+/// gives the error, and its offset, that the filesystem gave. Where the
+/// read succeeds (the failure was transient), the populate's own error.
+fn why_populate_failed(file: &File, offset: u64, len: usize, error: io::Error) -> (u64, io::Error) {
+    const EFAULT: i32 = 14;
+    if error.raw_os_error() != Some(EFAULT) {
+        return (offset, error);
+    }
+    let mut scratch = vec![0u8; len.min(1 << 20)];
+    let end = offset + len as u64;
+    let mut at = offset;
+    while at < end {
+        let n = usize::try_from(end - at)
+            .unwrap_or(usize::MAX)
+            .min(scratch.len());
+        let Some(buf) = scratch.get_mut(..n) else {
+            break;
+        };
+        if let Err(failure) = os::read_exact_at(file, buf, at) {
+            return failure;
+        }
+        at += n as u64;
+    }
+    (offset, error)
+}
+
+thread_local! {
+    /// A reader's buffer for the source bytes of conversions it reads: one
+    /// per reader thread, reused, so a converting load faults in no memory
+    /// but its destinations.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs one job; a read of a hashed file gives back its bytes for the
+/// hasher, a conversion what overflowed.
+fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)> {
+    match job {
+        Job::Read {
+            file,
+            fallback,
+            offset,
+            dst,
+            required,
+            hashed,
+        } => {
+            match (os::read_at_least(file, dst, required, offset), fallback) {
+                (Err((_, e)), Some(plain)) if e.raw_os_error() == Some(os::EINVAL) => {
+                    os::read_at_least(plain, dst, required, offset)?
+                }
+                (result, _) => result?,
+            }
+            // The bytes are in place and no reader writes them again.
+            let filled: &'a [u8] = dst;
+            Ok(Outcome {
+                landed: hashed.then(|| (offset, filled.get(..required).unwrap_or(filled))),
+                overflowed: 0,
+                bytes: required as u64,
+            })
+        }
+        Job::Convert {
+            source,
+            from,
+            to,
+            dst,
+        } => {
+            let bytes = match &source {
+                ConvertSource::Mapped(src) => src.len(),
+                ConvertSource::File { len, .. } => *len,
+            } as u64;
+            let converted = match source {
+                ConvertSource::Mapped(src) => crate::convert::convert(from, to, src, dst),
+                ConvertSource::File { file, offset, len } => SCRATCH.with(|scratch| {
+                    let mut scratch = scratch.borrow_mut();
+                    scratch.resize(len, 0);
+                    let src = scratch.get_mut(..len).unwrap_or_default();
+                    os::read_exact_at(file, src, offset)
+                        .map(|()| crate::convert::convert(from, to, src, dst))
+                })?,
+            };
+            let converted = converted.map_err(|e| (0, io::Error::other(e.to_string())))?;
+            Ok(Outcome {
+                landed: None,
+                overflowed: converted.overflowed(),
+                bytes,
+            })
+        }
+        Job::Populate {
+            map,
+            file,
+            offset,
+            len,
+        } => os::populate_read(map, offset, len)
+            .map(|()| Outcome {
+                bytes: len as u64,
+                ..Outcome::default()
+            })
+            .map_err(|e| why_populate_failed(file, offset as u64, len, e)),
+    }
+}

@@ -277,7 +277,9 @@ const MAX: usize = usize::MAX;
 #[allow(clippy::reversed_empty_ranges)] // reversed on purpose
 fn invalid_slices_are_typed_errors() {
     #[rustfmt::skip]
-    let cases: &[(Dtype, &[usize], &[Range<usize>], &str)] = &[
+    /// dtype, shape, ranges, the reason expected.
+    type Case<'a> = (Dtype, &'a [usize], &'a [Range<usize>], &'a str);
+    let cases: &[Case<'_>] = &[
         (F32, &[4, 6], &[0..4, 0..6, 0..1], "3 ranges given for its 2 dimensions"),
         (F32, &[], &[0..0], "1 ranges given for its 0 dimensions"),
         (F32, &[4, 6], &[0..4, 5..3], "range 5..3 of dimension 1 ends before it starts"),

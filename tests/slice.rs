@@ -3,6 +3,9 @@
 //! element, by index arithmetic), for every dtype, shape and mode; bad slices
 //! are typed errors.
 
+// A slice along dimension 0 is written `&[a..b]`: one range, on purpose.
+#![allow(clippy::single_range_in_vec_init)]
+
 mod common;
 
 use std::ops::Range;

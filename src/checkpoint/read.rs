@@ -123,8 +123,13 @@ impl Checkpoint {
                 Ok(())
             });
         }
-        let readers = self.inner().opts.io_concurrency.unwrap_or(8);
-        let piece = self.inner().opts.read_size.unwrap_or(DEFAULT_READ_SIZE);
+        let readers = self.inner().opts.io_concurrency.unwrap_or_else(|| {
+            crate::policy::default_io_concurrency(file.mount.iter().map(|m| m.kind))
+        });
+        // Pieces small enough that one tensor keeps every reader busy (a
+        // mount serves each request after its latency), never under 1 MiB.
+        let most = self.inner().opts.read_size.unwrap_or(DEFAULT_READ_SIZE);
+        let piece = (plan.len / readers.max(1)).clamp(1 << 20, most.max(1 << 20));
         owned(
             file,
             name,

@@ -1,0 +1,181 @@
+//! `cargo bench --bench partial`: reading only what is needed.
+//!
+//! 1. Header-only open of a large sparse checkpoint (hundreds of GiB of
+//!    tensors that take no disk: the files are sparse), its headers evicted
+//!    from the page cache before each run, each run in a child process.
+//! 2. A rank's tensor-parallel part on the FUSE test filesystem (hf-mount,
+//!    2 ms per read, files served with `FOPEN_DIRECT_IO` so the daemon counts
+//!    exactly what is read): bytes read and time for one rank's dim-0 and
+//!    dim-1 parts of every tensor, against loading every tensor whole.
+//!
+//! ```text
+//! cargo bench --bench partial -- [--runs 7] [--dir bench-data]
+//! ```
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use safeload::{Checkpoint, Loader};
+
+const SHARDS: usize = 30;
+const TENSORS_PER_SHARD: usize = 100;
+/// 10 GiB per shard: 300 GiB in all.
+const SHARD_BYTES: u64 = 10 << 30;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--child-open") {
+        let t = Instant::now();
+        let ck = Checkpoint::open(&args[2]).unwrap();
+        let secs = t.elapsed().as_secs_f64();
+        println!("{secs} {} {}", ck.len(), ck.total_bytes());
+        return;
+    }
+    let mut runs = 7;
+    let mut dir = PathBuf::from("bench-data");
+    let mut it = args.iter().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--runs" => runs = it.next().and_then(|v| v.parse().ok()).unwrap_or(runs),
+            "--dir" => dir = it.next().map(PathBuf::from).unwrap_or(dir),
+            _ => {}
+        }
+    }
+    open_arm(&dir.join("sparse-300gib"), runs);
+    tp_arm(&dir.join("tp-1gib"), runs);
+}
+
+/// A sparse checkpoint: real headers, tensor data left unwritten.
+fn write_sparse(dir: &Path) -> PathBuf {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        return index;
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    let per_tensor = SHARD_BYTES / TENSORS_PER_SHARD as u64;
+    let cols = 8192u64;
+    let rows = per_tensor / 2 / cols;
+    let mut weight_map = serde_json::Map::new();
+    for s in 0..SHARDS {
+        let name = format!("model-{:05}-of-{SHARDS:05}.safetensors", s + 1);
+        let mut header = serde_json::Map::new();
+        let mut at = 0u64;
+        for t in 0..TENSORS_PER_SHARD {
+            let tensor = format!("model.layers.{s}.t{t}.weight");
+            let len = rows * cols * 2;
+            header.insert(
+                tensor.clone(),
+                serde_json::json!({"dtype": "BF16", "shape": [rows, cols], "data_offsets": [at, at + len]}),
+            );
+            at += len;
+            weight_map.insert(tensor, name.clone().into());
+        }
+        let mut json = serde_json::to_vec(&header).unwrap();
+        while json.len() % 8 != 0 {
+            json.push(b' ');
+        }
+        let mut f = File::create(dir.join(&name)).unwrap();
+        f.write_all(&(json.len() as u64).to_le_bytes()).unwrap();
+        f.write_all(&json).unwrap();
+        f.set_len(8 + json.len() as u64 + at).unwrap();
+    }
+    let body = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(&index, serde_json::to_vec(&body).unwrap()).unwrap();
+    index
+}
+
+fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn open_arm(dir: &Path, runs: usize) {
+    let index = write_sparse(dir);
+    let exe = std::env::current_exe().unwrap();
+    let mut times = Vec::new();
+    let mut shape = String::new();
+    for _ in 0..runs {
+        safeload::evict(&index).unwrap();
+        let out = Command::new(&exe).args(["--child-open"]).arg(&index).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut words = text.split_whitespace();
+        times.push(words.next().unwrap().parse::<f64>().unwrap() * 1000.0);
+        shape = format!("{} tensors, {} GiB", words.next().unwrap(), words.next().unwrap().parse::<u64>().unwrap() >> 30);
+    }
+    let (m, lo, hi) = median(times);
+    println!("| header-only open, cold, {SHARDS} shards, {shape} | {m:.1} ms ({lo:.1}-{hi:.1}) |");
+}
+
+fn tp_arm(dir: &Path, runs: usize) {
+    if safeload_testfs::skip_without_fuse() {
+        return;
+    }
+    if !dir.join("model.safetensors.index.json").exists() {
+        std::fs::create_dir_all(dir).unwrap();
+        // 32 BF16 matrices of 4096 x 4096 (32 MiB each) in 4 shards: 1 GiB.
+        let data = vec![0x3Cu8; 4096 * 4096 * 2];
+        let mut weight_map = serde_json::Map::new();
+        for s in 0..4 {
+            let name = format!("model-{:05}-of-00004.safetensors", s + 1);
+            let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = (0..8)
+                .map(|t| {
+                    let tensor = format!("layers.{s}.{t}.weight");
+                    weight_map.insert(tensor.clone(), name.clone().into());
+                    (tensor, safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![4096, 4096], &data).unwrap())
+                })
+                .collect();
+            safetensors::serialize_to_file(views, None, &dir.join(&name)).unwrap();
+        }
+        let body = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+        std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_vec(&body).unwrap()).unwrap();
+    }
+    let fs = safeload_testfs::Mount::new(
+        dir,
+        safeload_testfs::Options {
+            fsname: "hf-mount".into(),
+            direct_io: true,
+            latency: Some(Duration::from_millis(2)),
+            daemon_threads: Some(16),
+            ..safeload_testfs::Options::default()
+        },
+    )
+    .unwrap();
+    let mut results: HashMap<&str, (Vec<f64>, u64)> = HashMap::new();
+    let arms = ["whole", "rank 3 of 8, dim 0", "rank 3 of 8, dim 1"];
+    for round in 0..runs {
+        for k in 0..arms.len() {
+            let arm = arms[(k + round) % arms.len()];
+            let ck = Loader::new().open(fs.path()).unwrap();
+            fs.reset_stats();
+            let t = Instant::now();
+            match arm {
+                "whole" => drop(ck.load_filtered(|_| true).unwrap()),
+                "rank 3 of 8, dim 0" => {
+                    for info in ck.tensors() {
+                        drop(ck.shard(info.name(), 0, 3, 8).unwrap());
+                    }
+                }
+                _ => {
+                    for info in ck.tensors() {
+                        drop(ck.shard(info.name(), 1, 3, 8).unwrap());
+                    }
+                }
+            }
+            let secs = t.elapsed().as_secs_f64();
+            let e = results.entry(arm).or_default();
+            e.0.push(secs);
+            e.1 = fs.stats().bytes_read;
+        }
+    }
+    println!("| FUSE 2 ms, 1 GiB in 32 BF16 matrices | seconds | MiB read |");
+    println!("|---|---|---|");
+    for arm in arms {
+        let (t, bytes) = results.remove(arm).unwrap();
+        let (m, lo, hi) = median(t);
+        println!("| {arm} | {m:.3} ({lo:.3}-{hi:.3}) | {} |", bytes >> 20);
+    }
+}

@@ -148,11 +148,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let sd = loader.load(&path)?;
     let seconds = start.elapsed().as_secs_f64();
     let bytes = sd.total_bytes();
-    let gib_s = if seconds > 0.0 {
-        bytes as f64 / (1u64 << 30) as f64 / seconds
-    } else {
-        0.0
-    };
+    // Throughput of bytes actually read: none for files mapped lazily.
+    let gib_s = sd.report().gib_per_s();
 
     if args.json {
         let files: Vec<_> = sd
@@ -177,16 +174,17 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "tensors": sd.len(),
             "bytes": bytes,
             "seconds": seconds,
-            "gib_per_s": gib_s,
+            "bytes_read": sd.report().bytes_read(),
+            "read_gib_per_s": gib_s,
             "files": files,
         });
         println!("{out}");
     } else {
-        println!(
-            "{} tensors, {} bytes in {seconds:.3} s ({gib_s:.2} GiB/s)",
-            sd.len(),
-            bytes
+        let rate = gib_s.map_or_else(
+            || "mapped: pages are read when first touched".to_string(),
+            |r| format!("{r:.2} GiB/s read"),
         );
+        println!("{} tensors, {} bytes in {seconds:.3} s ({rate})", sd.len(), bytes);
         print!("{}", sd.report());
         for (name, tensor) in sd.iter().take(8) {
             println!("  {name}: {} {:?}", tensor.dtype(), tensor.shape());

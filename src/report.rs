@@ -74,19 +74,17 @@ impl LoadReport {
         self.files.iter().map(|f| f.tensor_bytes).sum()
     }
 
-    /// Tensor bytes per second of wall time, in GiB/s.
-    pub fn gib_per_s(&self) -> f64 {
-        gib_per_s(self.tensor_bytes(), self.elapsed)
+    /// Bytes read per second of wall time, in GiB/s: `None` where the load
+    /// read nothing (every file mapped lazily: its pages are read when first
+    /// touched, after the load, and no figure of the load measures that).
+    pub fn gib_per_s(&self) -> Option<f64> {
+        gib_per_s(self.bytes_read(), self.elapsed)
     }
 }
 
-fn gib_per_s(bytes: u64, elapsed: Duration) -> f64 {
+fn gib_per_s(bytes: u64, elapsed: Duration) -> Option<f64> {
     let secs = elapsed.as_secs_f64();
-    if secs > 0.0 {
-        bytes as f64 / (1u64 << 30) as f64 / secs
-    } else {
-        0.0
-    }
+    (bytes > 0 && secs > 0.0).then(|| bytes as f64 / (1u64 << 30) as f64 / secs)
 }
 
 /// How one file was read.
@@ -129,8 +127,9 @@ impl FileReport {
         self.tensor_bytes
     }
 
-    /// Bytes read into memory: the tensor data for a buffered file, zero for
-    /// a mapped one.
+    /// Bytes read at load time: the tensor data of a buffered file (and of
+    /// its converted tensors), the whole file where a map was populated;
+    /// zero for a file mapped lazily.
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read
     }
@@ -161,9 +160,16 @@ impl FileReport {
         self.elapsed
     }
 
-    /// Tensor bytes per second over [`elapsed`](Self::elapsed), in GiB/s.
-    pub fn gib_per_s(&self) -> f64 {
-        gib_per_s(self.tensor_bytes, self.elapsed)
+    /// Bytes read per second over [`elapsed`](Self::elapsed), in GiB/s:
+    /// `None` for a file mapped lazily, which the load does not read.
+    pub fn gib_per_s(&self) -> Option<f64> {
+        gib_per_s(self.bytes_read, self.elapsed)
+    }
+
+    /// Whether the file was mapped and not read at load time: its pages
+    /// are read when first touched.
+    pub fn lazy(&self) -> bool {
+        self.strategy == Strategy::Mmap && self.bytes_read == 0
     }
 
     /// Tensors converted to another dtype while loading
@@ -194,15 +200,21 @@ impl FileReport {
 
 impl fmt::Display for LoadReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
+        write!(
             f,
-            "loaded {} tensor bytes from {} file(s) in {:.3} s ({:.2} GiB/s), {} file(s) at once, {} read(s) in flight",
+            "loaded {} tensor bytes from {} file(s) in {:.3} s",
             human_bytes(self.tensor_bytes()),
             self.files.len(),
             self.elapsed.as_secs_f64(),
-            self.gib_per_s(),
-            self.threads,
-            self.io_concurrency,
+        )?;
+        match self.gib_per_s() {
+            Some(rate) => write!(f, ", {} read at {rate:.2} GiB/s", human_bytes(self.bytes_read()))?,
+            None => write!(f, ", nothing read (mapped)")?,
+        }
+        writeln!(
+            f,
+            "; {} file(s) at once, {} read(s) in flight",
+            self.threads, self.io_concurrency,
         )?;
         if let Some(prefetch) = &self.prefetch {
             writeln!(f, "  {prefetch}")?;
@@ -211,16 +223,23 @@ impl fmt::Display for LoadReport {
             writeln!(f, "  note: {note}")?;
         }
         for file in &self.files {
-            writeln!(
+            write!(
                 f,
-                "  {}  {}  {} tensors, {}  {:.3} s  {:.2} GiB/s",
+                "  {}  {}  {} tensors, {}",
                 file.path.display(),
                 file.strategy,
                 file.tensors,
                 human_bytes(file.tensor_bytes),
-                file.elapsed.as_secs_f64(),
-                file.gib_per_s(),
             )?;
+            match file.gib_per_s() {
+                Some(rate) => writeln!(
+                    f,
+                    "  {} read in {:.3} s  {rate:.2} GiB/s",
+                    human_bytes(file.bytes_read),
+                    file.elapsed.as_secs_f64()
+                )?,
+                None => writeln!(f, "  mapped (pages are read when first touched)")?,
+            }
             let direct = if file.direct_io { " (O_DIRECT)" } else { "" };
             writeln!(f, "    {}{direct}: {}", file.strategy, file.reason)?;
             if file.converted > 0 {

@@ -52,6 +52,8 @@ pub(crate) struct OpenFile {
     /// The tensors a converting load (`Loader::dtype`) converts, and the
     /// buffer they are converted into.
     pub convert: Option<ConvertPart>,
+    /// Whether the read engine populated the file's map.
+    pub populated: bool,
 }
 
 /// The tensors of a file converted while loading, into one buffer of their
@@ -217,6 +219,7 @@ pub(crate) fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenFile> {
         finished_at: AtomicU64::new(since(ctx.clock)),
         sha256: None,
         convert: None,
+        populated: false,
     })
 }
 
@@ -317,6 +320,7 @@ impl OpenFile {
             finished_at: AtomicU64::new(since(clock)),
             sha256: None,
             convert: None,
+            populated: false,
         })
     }
 }

@@ -64,6 +64,7 @@ pub(crate) fn read_all(
             finished_at,
             header,
             convert,
+            populated,
             ..
         } = shard;
         finished.push(&*finished_at);
@@ -101,6 +102,7 @@ pub(crate) fn read_all(
                 }
                 if populate {
                     split_populate(&mut jobs, file_index, (storage.map(), file), chunk);
+                    *populated = true;
                 }
                 continue;
             }

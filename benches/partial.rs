@@ -100,11 +100,19 @@ fn open_arm(dir: &Path, runs: usize) {
     let mut shape = String::new();
     for _ in 0..runs {
         safeload::evict(&index).unwrap();
-        let out = Command::new(&exe).args(["--child-open"]).arg(&index).output().unwrap();
+        let out = Command::new(&exe)
+            .args(["--child-open"])
+            .arg(&index)
+            .output()
+            .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         let mut words = text.split_whitespace();
         times.push(words.next().unwrap().parse::<f64>().unwrap() * 1000.0);
-        shape = format!("{} tensors, {} GiB", words.next().unwrap(), words.next().unwrap().parse::<u64>().unwrap() >> 30);
+        shape = format!(
+            "{} tensors, {} GiB",
+            words.next().unwrap(),
+            words.next().unwrap().parse::<u64>().unwrap() >> 30
+        );
     }
     let (m, lo, hi) = median(times);
     println!("| header-only open, cold, {SHARDS} shards, {shape} | {m:.1} ms ({lo:.1}-{hi:.1}) |");
@@ -125,13 +133,25 @@ fn tp_arm(dir: &Path, runs: usize) {
                 .map(|t| {
                     let tensor = format!("layers.{s}.{t}.weight");
                     weight_map.insert(tensor.clone(), name.clone().into());
-                    (tensor, safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![4096, 4096], &data).unwrap())
+                    (
+                        tensor,
+                        safetensors::tensor::TensorView::new(
+                            safetensors::Dtype::BF16,
+                            vec![4096, 4096],
+                            &data,
+                        )
+                        .unwrap(),
+                    )
                 })
                 .collect();
             safetensors::serialize_to_file(views, None, &dir.join(&name)).unwrap();
         }
         let body = serde_json::json!({"metadata": {}, "weight_map": weight_map});
-        std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_vec(&body).unwrap()).unwrap();
+        std::fs::write(
+            dir.join("model.safetensors.index.json"),
+            serde_json::to_vec(&body).unwrap(),
+        )
+        .unwrap();
     }
     let fs = safeload_testfs::Mount::new(
         dir,

@@ -12,8 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use safeload::{Dtype, Loader};
-use safetensors::tensor::TensorView;
+use safeload::Loader;
 
 struct Args {
     path: Option<PathBuf>,
@@ -59,69 +58,12 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-/// Writes a three-shard checkpoint of about 48 MiB with F32, BF16, F16, I64,
-/// U8 and BOOL tensors, a scalar and an empty tensor, plus its index.
-fn write_demo(dir: &std::path::Path) -> Result<PathBuf, Box<dyn std::error::Error>> {
-    let layers: [(&str, Dtype, Vec<usize>); 6] = [
-        ("attn.qkv.weight", Dtype::BF16, vec![1536, 2048]),
-        ("mlp.up.weight", Dtype::F16, vec![2048, 1024]),
-        ("norm.weight", Dtype::F32, vec![2048]),
-        ("rotary.positions", Dtype::I64, vec![4096]),
-        ("tokenizer.bytes", Dtype::U8, vec![65536]),
-        ("mask", Dtype::BOOL, vec![64, 64]),
-    ];
-    let mut weight_map = serde_json::Map::new();
-    let mut total = 0usize;
-    for shard in 0..3 {
-        let name = format!("model-{:05}-of-00003.safetensors", shard + 1);
-        let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
-        for (layer, dtype, shape) in &layers {
-            let n: usize = shape.iter().product::<usize>() * dtype.bitsize() / 8;
-            let data = (0..n)
-                .map(|i| {
-                    ((i * 31 + shard * 7) % 251) as u8
-                        & if *dtype == Dtype::BOOL { 1 } else { 0xff }
-                })
-                .collect();
-            tensors.push((
-                format!("model.layers.{shard}.{layer}"),
-                *dtype,
-                shape.clone(),
-                data,
-            ));
-        }
-        if shard == 0 {
-            tensors.push((
-                "model.scale".into(),
-                Dtype::F32,
-                vec![],
-                0.125f32.to_le_bytes().to_vec(),
-            ));
-            tensors.push(("model.unused".into(), Dtype::F16, vec![0], vec![]));
-        }
-        let views = tensors
-            .iter()
-            .map(|(n, d, s, b)| Ok((n.clone(), TensorView::new(*d, s.clone(), b)?)))
-            .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
-        for (n, _, _, b) in &tensors {
-            weight_map.insert(n.clone(), name.clone().into());
-            total += b.len();
-        }
-        let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-        safetensors::serialize_to_file(views, Some(meta), &dir.join(&name))?;
-    }
-    let index = dir.join("model.safetensors.index.json");
-    let body = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-    std::fs::write(&index, serde_json::to_vec_pretty(&body)?)?;
-    Ok(index)
-}
-
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let demo = tempfile::tempdir()?;
     let path = match &args.path {
         Some(path) => path.clone(),
         None => {
-            let index = write_demo(demo.path())?;
+            let index = safeload::demo::write(demo.path())?;
             if !args.json {
                 println!(
                     "no path given: wrote a demo checkpoint to {}",
@@ -184,7 +126,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             || "mapped: pages are read when first touched".to_string(),
             |r| format!("{r:.2} GiB/s read"),
         );
-        println!("{} tensors, {} bytes in {seconds:.3} s ({rate})", sd.len(), bytes);
+        println!(
+            "{} tensors, {} bytes in {seconds:.3} s ({rate})",
+            sd.len(),
+            bytes
+        );
         print!("{}", sd.report());
         for (name, tensor) in sd.iter().take(8) {
             println!("  {name}: {} {:?}", tensor.dtype(), tensor.shape());

@@ -176,8 +176,11 @@
     )
 )]
 
+#[cfg(feature = "candle")]
+pub mod candle;
 mod checkpoint;
 pub mod convert;
+pub mod demo;
 mod error;
 mod format;
 mod jobs;

@@ -208,7 +208,11 @@ impl fmt::Display for LoadReport {
             self.elapsed.as_secs_f64(),
         )?;
         match self.gib_per_s() {
-            Some(rate) => write!(f, ", {} read at {rate:.2} GiB/s", human_bytes(self.bytes_read()))?,
+            Some(rate) => write!(
+                f,
+                ", {} read at {rate:.2} GiB/s",
+                human_bytes(self.bytes_read())
+            )?,
             None => write!(f, ", nothing read (mapped)")?,
         }
         writeln!(

@@ -134,7 +134,11 @@ pub(crate) fn assemble(
             size: shard.size,
             tensors: count,
             tensor_bytes: bytes,
-            bytes_read: if shard.populated { shard.size } else { bytes_read },
+            bytes_read: if shard.populated {
+                shard.size
+            } else {
+                bytes_read
+            },
             converted,
             overflowed,
             direct_io: shard.decision.direct_io(),

@@ -280,20 +280,70 @@ fn invalid_slices_are_typed_errors() {
     /// dtype, shape, ranges, the reason expected.
     type Case<'a> = (Dtype, &'a [usize], &'a [Range<usize>], &'a str);
     let cases: &[Case<'_>] = &[
-        (F32, &[4, 6], &[0..4, 0..6, 0..1], "3 ranges given for its 2 dimensions"),
+        (
+            F32,
+            &[4, 6],
+            &[0..4, 0..6, 0..1],
+            "3 ranges given for its 2 dimensions",
+        ),
         (F32, &[], &[0..0], "1 ranges given for its 0 dimensions"),
-        (F32, &[4, 6], &[0..4, 5..3], "range 5..3 of dimension 1 ends before it starts"),
-        (F32, &[4], &[MAX..0], "range 18446744073709551615..0 of dimension 0 ends before it starts"),
-        (F32, &[4, 6], &[0..4, 2..7], "range 2..7 of dimension 1 runs past its length 6"),
-        (F32, &[4, 6], &[4..5], "range 4..5 of dimension 0 runs past its length 4"),
-        (U8, &[4], &[0..MAX], "range 0..18446744073709551615 of dimension 0 runs past its length 4"),
+        (
+            F32,
+            &[4, 6],
+            &[0..4, 5..3],
+            "range 5..3 of dimension 1 ends before it starts",
+        ),
+        (
+            F32,
+            &[4],
+            &[MAX..0],
+            "range 18446744073709551615..0 of dimension 0 ends before it starts",
+        ),
+        (
+            F32,
+            &[4, 6],
+            &[0..4, 2..7],
+            "range 2..7 of dimension 1 runs past its length 6",
+        ),
+        (
+            F32,
+            &[4, 6],
+            &[4..5],
+            "range 4..5 of dimension 0 runs past its length 4",
+        ),
+        (
+            U8,
+            &[4],
+            &[0..MAX],
+            "range 0..18446744073709551615 of dimension 0 runs past its length 4",
+        ),
         (U8, &[MAX, 2], &[], "its element count overflows usize"),
-        (U8, &[MAX / 2 + 1, 2], &[0..1], "its element count overflows usize"),
-        (U8, &[1 << 32, 1 << 32], &[0..0], "its element count overflows usize"),
+        (
+            U8,
+            &[MAX / 2 + 1, 2],
+            &[0..1],
+            "its element count overflows usize",
+        ),
+        (
+            U8,
+            &[1 << 32, 1 << 32],
+            &[0..0],
+            "its element count overflows usize",
+        ),
         (U16, &[MAX], &[], "its size in bytes overflows usize"),
-        (F64, &[MAX / 8 + 1], &[0..1], "its size in bytes overflows usize"),
+        (
+            F64,
+            &[MAX / 8 + 1],
+            &[0..1],
+            "its size in bytes overflows usize",
+        ),
         (F4, &[MAX, 2], &[], "its element count overflows usize"),
-        (U8, &[1 << 62, 2], &[0..1 << 62, 0..1], "its plan needs 4611686018427387904 runs, more than can be allocated"),
+        (
+            U8,
+            &[1 << 62, 2],
+            &[0..1 << 62, 0..1],
+            "its plan needs 4611686018427387904 runs, more than can be allocated",
+        ),
     ];
     assert_eq!(usize::BITS, 64, "the messages above spell 64-bit numbers");
     for &(dtype, shape, ranges, reason) in cases {

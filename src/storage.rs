@@ -17,11 +17,33 @@ use crate::os::DIRECT_ALIGN;
 pub(crate) struct Storage {
     map: Mmap,
     path: PathBuf,
+    /// Dropped with the storage, after the map (fields drop in order): how
+    /// a stream learns that the bytes it lent are unmapped, so that its
+    /// budget can lend them again.
+    _on_drop: Option<Box<dyn Send + Sync>>,
 }
 
 impl Storage {
     pub(crate) fn new(map: Mmap, path: PathBuf) -> Storage {
-        Storage { map, path }
+        Storage {
+            map,
+            path,
+            _on_drop: None,
+        }
+    }
+
+    /// A storage that drops `guard` once the map is gone, that is when the
+    /// last tensor viewing it is dropped.
+    pub(crate) fn with_drop_guard(
+        map: Mmap,
+        path: PathBuf,
+        guard: Box<dyn Send + Sync>,
+    ) -> Storage {
+        Storage {
+            map,
+            path,
+            _on_drop: Some(guard),
+        }
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {

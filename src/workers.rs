@@ -45,34 +45,47 @@ impl Started {
 /// workers that run must together finish the job (every caller's `work`
 /// drains a shared queue, and worker 0 always runs).
 pub(crate) fn run(workers: usize, name: &str, work: impl Fn(usize) + Sync) -> Started {
-    let requested = workers.max(1);
-    let mut started = 1;
-    let mut refused = None;
-    if requested == 1 {
-        work(0);
-    } else {
-        let work = &work;
-        std::thread::scope(|scope| {
-            for i in 1..requested {
-                let spawned = std::thread::Builder::new()
-                    .name(name.into())
-                    .spawn_scoped(scope, move || work(i));
-                match spawned {
-                    Ok(_) => started += 1,
-                    Err(e) => {
-                        refused = Some(e);
-                        break;
-                    }
+    beside(workers.max(1) - 1, name, &work, || work(0)).1
+}
+
+/// Runs `main` on the calling thread while `helpers` threads run `work(i)`,
+/// `i` in `1..=helpers`, and returns `main`'s result when all are done.
+///
+/// For a caller whose own part differs from the helpers' and must stay on
+/// its thread (a consumer that runs the caller's non-`Send` callback):
+/// `main` needs neither `Send` nor `Sync`. It must not wait on work that
+/// only a helper would do: the OS may have refused every one of them.
+pub(crate) fn beside<R>(
+    helpers: usize,
+    name: &str,
+    work: impl Fn(usize) + Sync,
+    main: impl FnOnce() -> R,
+) -> (R, Started) {
+    let mut started = Started {
+        requested: helpers.saturating_add(1),
+        started: 1,
+        refused: None,
+    };
+    if helpers == 0 {
+        return (main(), started);
+    }
+    let work = &work;
+    let result = std::thread::scope(|scope| {
+        for i in 1..=helpers {
+            let spawned = std::thread::Builder::new()
+                .name(name.into())
+                .spawn_scoped(scope, move || work(i));
+            match spawned {
+                Ok(_) => started.started += 1,
+                Err(e) => {
+                    started.refused = Some(e);
+                    break;
                 }
             }
-            work(0);
-        });
-    }
-    Started {
-        requested,
-        started,
-        refused,
-    }
+        }
+        main()
+    });
+    (result, started)
 }
 
 /// Runs `f` over `items` with at most `width` at once, on the pool's
@@ -145,6 +158,31 @@ mod tests {
         let mut seen = seen.into_inner().unwrap();
         seen.sort();
         assert_eq!(seen, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn beside_runs_main_on_the_calling_thread_with_the_helpers() {
+        let caller = std::thread::current().id();
+        let helpers = Mutex::new(Vec::new());
+        // Not `Send`: only the calling thread may touch it.
+        let local = std::rc::Rc::new(std::cell::Cell::new(0));
+        let (out, started) = beside(
+            3,
+            "test",
+            |i| {
+                assert_ne!(std::thread::current().id(), caller);
+                helpers.lock().unwrap().push(i);
+            },
+            || {
+                local.set(local.get() + 1);
+                std::thread::current().id()
+            },
+        );
+        assert_eq!(out, caller);
+        assert_eq!((started.requested, started.started, local.get()), (4, 4, 1));
+        let mut helpers = helpers.into_inner().unwrap();
+        helpers.sort();
+        assert_eq!(helpers, [1, 2, 3]);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 pub(crate) mod open;
 mod read;
 pub(crate) mod resolve;
+mod stream;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use std::ops::Range;
 
+use memmap2::Mmap;
+
 use super::{Checkpoint, TensorInfo};
 use crate::checkpoint::open::{OpenFile, read_error};
 use crate::error::{Error, ErrorKind, Result};
@@ -155,14 +157,8 @@ impl Checkpoint {
         if let Some(storage) = file.mapped() {
             return view(info, storage);
         }
-        let len = usize_of(info.nbytes, file)?;
-        let mut buffer = storage::alloc_buffer(len)
-            .map_err(|e| Error::io("allocating a buffer for", &file.path, None, e))?;
-        let dst = buffer.get_mut(..len).unwrap_or_default();
-        read_exact(file, dst, info.offset)?;
-        let map = buffer
-            .make_read_only()
-            .map_err(|e| Error::io("sealing the buffer of", &file.path, None, e))?;
+        let map = read_sealed(file, info)?;
+        let len = map.len();
         let storage = Arc::new(Storage::new(map, file.path.clone()));
         Ok(Tensor::new(
             Arc::from(info.name()),
@@ -310,6 +306,20 @@ fn read_runs(
         }
     }
     Ok(())
+}
+
+/// The bytes of `info` read with positional reads into an allocation of
+/// their own (page-aligned, so aligned for every dtype), made read-only:
+/// exactly the tensor's bytes, whether or not the file is mapped.
+pub(super) fn read_sealed(file: &OpenFile, info: &TensorInfo) -> Result<Mmap> {
+    let len = usize_of(info.nbytes, file)?;
+    let mut buffer = storage::alloc_buffer(len)
+        .map_err(|e| Error::io("allocating a buffer for", &file.path, None, e))?;
+    let dst = buffer.get_mut(..len).unwrap_or_default();
+    read_exact(file, dst, info.offset)?;
+    buffer
+        .make_read_only()
+        .map_err(|e| Error::io("sealing the buffer of", &file.path, None, e))
 }
 
 /// A view of a mapped file's bytes of `info`.

@@ -140,7 +140,7 @@ impl Loader {
     /// asking the kernel (`MemAvailable`) and the cgroup (limit minus usage).
     /// Where buffered files need more, files the auto policy would read are
     /// mapped instead, and an explicit `disable_mmap(true)` load fails with
-    /// [`ErrorKind::InsufficientMemory`].
+    /// [`ErrorKind::InsufficientMemory`](crate::ErrorKind::InsufficientMemory).
     pub fn memory_available(mut self, bytes: u64) -> Loader {
         self.opts.memory_available = Some(bytes);
         self
@@ -253,7 +253,7 @@ impl Loader {
     /// compared with the digest it must have: in a Hugging Face cache, the
     /// name of its blob (`.../blobs/<sha256>`); elsewhere, a digest given
     /// with [`expect_sha256`](Self::expect_sha256). A mismatch fails the
-    /// load with [`ErrorKind::IntegrityMismatch`] naming the file. Every
+    /// load with [`ErrorKind::IntegrityMismatch`](crate::ErrorKind::IntegrityMismatch) naming the file. Every
     /// file's digest is in the report ([`FileReport::sha256`](crate::FileReport::sha256)).
     /// Unset, `SAFELOAD_VERIFY=1` turns it on; `expect_sha256` alone does too.
     ///
@@ -279,8 +279,8 @@ impl Loader {
 
     /// The SHA-256 (64 hex digits) the file named `file_name` (a shard's
     /// name as the index writes it, or a single file's name) must have; the
-    /// load fails with [`ErrorKind::IntegrityMismatch`] where it has another,
-    /// and with [`ErrorKind::InvalidDigest`] where `digest` is not one.
+    /// load fails with [`ErrorKind::IntegrityMismatch`](crate::ErrorKind::IntegrityMismatch) where it has another,
+    /// and with [`ErrorKind::InvalidDigest`](crate::ErrorKind::InvalidDigest) where `digest` is not one.
     /// Turns [`verify`](Self::verify) on unless it was set to `false`.
     pub fn expect_sha256(mut self, file_name: impl Into<String>, digest: &str) -> Loader {
         self.opts

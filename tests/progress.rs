@@ -105,3 +105,26 @@ fn prefetch_reports_what_it_warms() {
         "{last:?} {report}"
     );
 }
+
+#[test]
+fn streaming_reports_the_tensors_handed_out() {
+    let dir = tempdir().unwrap();
+    let specs: Vec<Spec> = (0..6)
+        .map(|i| spec(&format!("t{i}"), safetensors::Dtype::U8, &[64 << 10]))
+        .collect();
+    let index = write_sharded(dir.path(), &specs, 3);
+    let (seen, callback) = recorder();
+    let ck = Loader::new().on_progress(callback).open(&index).unwrap();
+    ck.for_each(1 << 20, |t| -> Result<(), safeload::Error> {
+        drop(t);
+        Ok(())
+    })
+    .unwrap();
+    let seen = seen.lock().unwrap();
+    let last = seen
+        .iter()
+        .rfind(|p| p.phase == Phase::Stream)
+        .expect("stream progress");
+    assert_eq!((last.bytes_done, last.bytes_total), (6 << 16, 6 << 16));
+    assert_eq!((last.files_done, last.files_total), (3, 3));
+}

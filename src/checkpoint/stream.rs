@@ -7,6 +7,7 @@ use super::read::read_sealed;
 use super::{Checkpoint, TensorInfo};
 use crate::error::{Error, Result};
 use crate::policy;
+use crate::progress::{Meter, Phase};
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 use crate::workers;
@@ -175,6 +176,15 @@ fn stream<E: From<Error>>(
 ) -> Result<(), E> {
     let tensors = &ck.inner().tensors;
     let budget = Arc::new(Budget::new(cap, tensors.len()));
+    // Progress: bytes and files handed to `f`.
+    let total: u64 = tensors.iter().map(|t| t.nbytes).sum();
+    let files = ck.inner().files.len();
+    let meter = Meter::new(
+        ck.inner().opts.progress.as_ref(),
+        Phase::Stream,
+        total,
+        files,
+    );
     // Local to this call (the readers borrow it), not shared with the
     // tensors: what is left in it when the stream stops early is dropped on
     // return, giving its bytes back.
@@ -205,8 +215,15 @@ fn stream<E: From<Error>>(
                     None => arrivals.wait_for(index),
                 },
             };
-            f(next?)?;
+            let tensor = next?;
+            let last_of_file = tensors.get(index + 1).is_none_or(|n| n.file != info.file);
+            meter.add(info.nbytes);
+            f(tensor)?;
+            if last_of_file {
+                meter.file_done();
+            }
         }
+        meter.finish();
         Ok(())
     };
     workers::beside(readers, READER_NAME, reader, consume).0

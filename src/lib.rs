@@ -209,8 +209,8 @@ pub use format::header::MAX_HEADER_LEN;
 pub use load::Loader;
 pub use mount::{MountKind, is_on_hf_mount};
 pub use policy::{
-    DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod, ReadMode, Strategy,
-    VERIFY_ENV,
+    AutoPolicy, DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod, ReadMode,
+    Strategy, VERIFY_ENV,
 };
 pub use prefetch::PrefetchOptions;
 pub use progress::{Phase, Progress};

@@ -83,6 +83,56 @@ impl FileDecision {
     }
 }
 
+/// What the auto policy does with a file on a mount: how it reads it and
+/// why, whether buffered reads bypass the page cache (for a file not
+/// already in it), and whether it prefetches before mapping (for a cold
+/// file, when prefetch is left unset).
+///
+/// ```
+/// use safeload::mount::{MountTable, lookup_in};
+///
+/// let table = MountTable::parse("hf-mount / fuse rw,user_id=0,group_id=0 0 0\n");
+/// let mount = lookup_in(&table, &std::env::temp_dir())?;
+/// let auto = mount.auto_policy();
+/// if cfg!(target_os = "linux") {
+///     assert_eq!(auto.strategy, safeload::Strategy::Buffered);
+///     assert!(auto.reason.contains("mmap page faults stall on FUSE"));
+///     assert!(auto.direct_io);
+/// }
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AutoPolicy {
+    /// Mapped or read.
+    pub strategy: Strategy,
+    /// Why, in words (what a load's report says).
+    pub reason: String,
+    /// Whether buffered reads use `O_DIRECT` for a file not mostly in the
+    /// page cache.
+    pub direct_io: bool,
+    /// Prefetch streams before mapping a cold file; `None`: no prefetch.
+    pub prefetch_streams: Option<usize>,
+}
+
+impl Mount {
+    /// What the auto policy does with a file on this mount (see
+    /// [`AutoPolicy`]): the same decision a load makes with every option
+    /// unset and no `SAFELOAD_*` variable.
+    pub fn auto_policy(&self) -> AutoPolicy {
+        let decision = choose(ReadMode::Auto, Origin::Default, Some(self));
+        let mapped = decision.strategy == Strategy::Mmap;
+        AutoPolicy {
+            strategy: decision.strategy,
+            reason: decision.to_string(),
+            direct_io: !mapped && wants_direct_io(None, Some(self.kind), true, || false),
+            prefetch_streams: mapped
+                .then(|| super::auto_prefetch_streams(self.kind))
+                .flatten(),
+        }
+    }
+}
+
 /// Decides how to read one file, from the effective mode and its mount.
 pub(crate) fn choose(mode: ReadMode, origin: Origin, mount: Option<&Mount>) -> FileDecision {
     let strategy = match mode {

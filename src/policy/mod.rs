@@ -11,6 +11,7 @@ use std::fmt;
 mod file;
 mod prefetch;
 
+pub use file::AutoPolicy;
 pub(crate) use file::*;
 pub(crate) use prefetch::{
     AutoPrefetchSkip, PrefetchAsk, auto_prefetch_runs, auto_prefetch_streams, prefetch_ask,

@@ -7,6 +7,12 @@
 //! mmap is free on a local disk but stalls on FUSE mounts such as `hf-mount`.
 //! The [`LoadReport`] says what was chosen, why, and how fast each file went.
 //!
+//! Engines rarely want a whole state dict at once: a [`Checkpoint`] opens a
+//! checkpoint from its headers alone and reads exactly what is asked for (a
+//! tensor, a rank's tensor-parallel part, a slice, a stream of tensors under
+//! a memory cap), converting dtypes on the way ([`Loader::dtype`]); the
+//! `candle` feature plugs it into candle's `VarBuilder`.
+//!
 //! # Loading
 //!
 //! The one-liner takes a path and `disable_mmap: Option<bool>` (`None`
@@ -121,6 +127,25 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! In a torchrun job, every process of a node runs the same code; torchrun's
+//! `LOCAL_RANK` and `LOCAL_WORLD_SIZE` tell each its share, and the shares
+//! meet in one queue, so the node reads each byte once:
+//!
+//! ```
+//! # let dir = tempfile::tempdir()?;
+//! # let index = safeload::demo::write(dir.path())?;
+//! // torchrun --nproc-per-node 8 train.py  (here: the one process of a job of one)
+//! # let rank_vars = [("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")];
+//! let local_rank = std::env::var("LOCAL_RANK").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
+//! let loader = safeload::Loader::new()
+//!     .local_rank(local_rank, 1)     // what LOCAL_RANK / LOCAL_WORLD_SIZE give; unset, read from them
+//!     .prefetch(4);                  // 4 readers in this process
+//! let sd = loader.load(&index)?;     // this rank's share warmed, then everything loaded
+//! let p = sd.report().prefetch().unwrap();
+//! assert_eq!((p.rank(), p.local_size()), (0, 1));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! - The processes of a job on one node (from `LOCAL_RANK`/`LOCAL_WORLD_SIZE`,
 //!   `SLURM_LOCALID`/`SLURM_NTASKS_PER_NODE`, Open MPI's or MPICH's local
 //!   rank variables, or [`Loader::local_rank`]) split the bytes, never by
@@ -135,6 +160,67 @@
 //! - With prefetch unset, the auto policy turns it on (4 streams) for files
 //!   on a kernel network filesystem that will be mapped, when they are not
 //!   already resident and fit the guard.
+//!
+//! # Reading only what is needed
+//!
+//! [`Checkpoint::open`] (or [`Loader::open`], with the loader's options)
+//! reads the headers, in milliseconds whatever the checkpoint's size; then
+//! reads follow the same per-file rules as a load (a view of the map where
+//! mapped, positional reads of exactly the bytes needed where not). A rank of
+//! a tensor-parallel job reads its part of each tensor and nothing else:
+//!
+//! ```
+//! # let dir = tempfile::tempdir()?;
+//! # let index = safeload::demo::write(dir.path())?;
+//! use safeload::Checkpoint;
+//!
+//! let (rank, world) = (1, 4);
+//! let ck = Checkpoint::open(&index)?;
+//! for info in ck.tensors() {
+//!     if info.shape().is_empty() || info.shape()[0] % world != 0 {
+//!         continue; // replicated: read whole with ck.read(name)
+//!     }
+//!     // Row-parallel along dimension 0: one read (a view where mapped).
+//!     let part = ck.shard(info.name(), 0, rank, world)?;
+//!     assert_eq!(part.shape()[0], info.shape()[0] / world);
+//! }
+//! let block = ck.read_slice("model.layers.0.mlp.up.weight", &[0..8, 0..16])?;
+//! assert_eq!(block.shape(), [8, 16]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! A checkpoint larger than memory streams, in file order, readers working
+//! ahead up to a cap of bytes in flight, each tensor's bytes released when
+//! the callback drops it (the shape a GPU upload needs); the callback may
+//! return the engine's own error type:
+//!
+//! ```
+//! # let dir = tempfile::tempdir()?;
+//! # let index = safeload::demo::write(dir.path())?;
+//! let ck = safeload::Loader::new().open(&index)?;
+//! let mut uploaded = 0u64;
+//! ck.for_each(256 << 20, |tensor| -> Result<(), safeload::Error> {
+//!     uploaded += tensor.len_bytes() as u64; // e.g. copy to the device, then drop
+//!     Ok(())
+//! })?;
+//! assert_eq!(uploaded, ck.total_bytes());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Converting dtypes
+//!
+//! [`Loader::dtype`] converts every floating tensor (F64, F32, F16, BF16,
+//! F8_E4M3, F8_E5M2) to F32, F16 or BF16 while it is read, in parallel, into
+//! its final allocation; [`Tensor::to_dtype`] converts one tensor;
+//! [`convert`] converts bytes. Rounding is to nearest even, overflow gives
+//! infinity (counted in the report), NaN stays NaN.
+//!
+//! # Progress and events
+//!
+//! [`Loader::on_progress`] hands the caller bytes and files done out of their
+//! totals, about 20 times a second, for reads, prefetch and streaming; the
+//! library prints nothing. With the `tracing` feature, each file's strategy
+//! and why, prefetch decisions and timings are `tracing` events.
 //!
 //! # Safety and limits
 //!
@@ -164,8 +250,20 @@
 //!
 //! # Crate features
 //!
-//! None: the crate has no optional features. Mount detection works on Linux;
-//! elsewhere every filesystem is "unknown" and files are mapped.
+//! - `candle` (off): `Tensor::to_candle`, `StateDict::into_candle`, and a
+//!   lazy candle `VarBuilder` over a [`Checkpoint`] (`safeload::candle`),
+//!   plus a sharded one for tensor parallelism.
+//! - `tracing` (off): `tracing` events for each file's strategy, prefetch
+//!   decisions and timings.
+//!
+//! Mount detection works on Linux; elsewhere every filesystem is "unknown"
+//! and files are mapped.
+//!
+//! # Versions
+//!
+//! [`Dtype`] is the `safetensors` crate's own type, re-exported: the major
+//! version of `safetensors` safeload depends on (0.8) is part of safeload's
+//! semver contract, and moving to another is a breaking change of safeload.
 #![cfg_attr(
     not(test),
     deny(

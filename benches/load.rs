@@ -53,7 +53,71 @@ const EXTRA_ARMS: [&str; 5] = [
     "safeload-verify",
     "safeload-buffered-direct-verify",
 ];
-const SCENARIOS: [&str; 5] = ["warm", "cold", "fuse", "fuse-serial", "cold-3ranks"];
+const SCENARIOS: [&str; 9] = [
+    "warm",
+    "cold",
+    "fuse",
+    "fuse-serial",
+    "cold-3ranks",
+    // hf-mount-like mounts of the test filesystem (a daemon of N threads,
+    // each request answered after its latency), and one modelling a remote
+    // chunk store behind read-ahead (a first-byte delay per 32 MiB block,
+    // a bandwidth cap).
+    "fuse-2ms-8t",
+    "fuse-8ms-32t",
+    "fuse-serial-2ms",
+    "fuse-remote",
+];
+/// The plain-read limit arms: `limit` and `limit-direct` (with
+/// `--limit-threads` readers), `limit-N` and `limit-direct-N` (N readers).
+/// Returns the readers (`None`: the option's) and whether reads are direct.
+fn limit_arm(arm: &str) -> Option<(Option<usize>, bool)> {
+    let (direct, rest) = match arm.strip_prefix("limit-direct") {
+        Some(rest) => (true, rest),
+        None => (false, arm.strip_prefix("limit")?),
+    };
+    match rest {
+        "" => Some((None, direct)),
+        n => Some((Some(n.strip_prefix('-')?.parse().ok()?), direct)),
+    }
+}
+
+/// The FUSE test filesystem as each of the hf-mount-like scenarios mounts
+/// it (the measurement matrix of the adaptive-concurrency work).
+fn mount_for(scenario: &str, root: &Path) -> Result<safeload_testfs::Mount, String> {
+    let base = safeload_testfs::Options {
+        fsname: "hf-mount".into(),
+        ..Default::default()
+    };
+    let options = match scenario {
+        "fuse-2ms-8t" => safeload_testfs::Options {
+            latency: Some(Duration::from_millis(2)),
+            daemon_threads: Some(8),
+            ..base
+        },
+        "fuse-8ms-32t" => safeload_testfs::Options {
+            latency: Some(Duration::from_millis(8)),
+            daemon_threads: Some(32),
+            ..base
+        },
+        "fuse-serial-2ms" => safeload_testfs::Options {
+            latency: Some(Duration::from_millis(2)),
+            daemon_threads: Some(1),
+            ..base
+        },
+        _ => safeload_testfs::Options {
+            latency: Some(Duration::from_millis(1)),
+            daemon_threads: Some(16),
+            first_byte_delay: Some(Duration::from_millis(60)),
+            fetch_block: 32 << 20,
+            bandwidth_bytes_per_sec: Some(900_000_000),
+            ..base
+        },
+    };
+    safeload_testfs::Mount::new(root, options)
+        .map_err(|e| format!("mounting the FUSE test filesystem for {scenario}: {e}"))
+}
+
 /// Local ranks in the multi-process scenario.
 const RANKS: usize = 3;
 /// The version of the bytes `generate` writes, part of the cached
@@ -134,7 +198,10 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         }
     }
     for a in &o.arms {
-        if !DEFAULT_ARMS.contains(&a.as_str()) && !EXTRA_ARMS.contains(&a.as_str()) {
+        if !DEFAULT_ARMS.contains(&a.as_str())
+            && !EXTRA_ARMS.contains(&a.as_str())
+            && limit_arm(a).is_none()
+        {
             return Err(format!(
                 "unknown arm {a}; known: {DEFAULT_ARMS:?} and {EXTRA_ARMS:?}"
             ));
@@ -269,6 +336,9 @@ fn parent(o: &Options) -> Result<(), String> {
     let mut samples: Vec<Sample> = Vec::new();
     for scenario in &o.scenarios {
         let mount = match scenario.as_str() {
+            "fuse-2ms-8t" | "fuse-8ms-32t" | "fuse-serial-2ms" | "fuse-remote" => {
+                Some(mount_for(scenario, &root)?)
+            }
             "fuse" | "fuse-serial" => Some(
                 safeload_testfs::Mount::new(
                     &root,
@@ -295,6 +365,10 @@ fn parent(o: &Options) -> Result<(), String> {
                 } else {
                     let _ = safeload::evict(&root);
                     let _ = safeload::evict(&path);
+                    if let Some(mount) = &mount {
+                        // The remote store's blocks are cold again too.
+                        mount.forget_fetched();
+                    }
                 }
                 let sample = if scenario == "cold-3ranks" {
                     run_ranks(&exe, o, scenario, arm, round, &path)
@@ -554,8 +628,11 @@ fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
                     .collect(),
             )
         };
-        let limit = ["limit", "limit-direct"]
+        // The limit: the fastest of the plain-read arms run here.
+        let limit = o
+            .arms
             .iter()
+            .filter(|a| limit_arm(a).is_some())
             .map(|a| med(a))
             .filter(|s| s.is_finite())
             .fold(f64::INFINITY, f64::min);
@@ -698,8 +775,9 @@ type ArmResult = Result<(u64, u64), String>;
 fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
     let files = shard_files(path);
     match arm {
-        "limit" => limit(&files, limit_threads, false),
-        "limit-direct" => limit(&files, limit_threads, true),
+        _ if let Some((threads, direct)) = limit_arm(arm) => {
+            limit(&files, threads.unwrap_or(limit_threads), direct)
+        }
         "memmap2" => baseline(&files, 1, true),
         "memmap2-4t" => baseline(&files, 4, true),
         "fs-read" => baseline(&files, 1, false),

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use memmap2::Mmap;
 use safetensors::Dtype;
 
+use crate::adapt::{Concurrency, Control, Settled};
 use crate::format::header::Header;
 use crate::os;
 use crate::workers;
@@ -236,29 +237,34 @@ pub(crate) fn split_populate<'a>(
     }
 }
 
-/// Runs every job with at most `readers` in flight, pulling from one queue so
-/// that uneven files keep every reader busy. `done(file_index)` is called as
+/// Runs every job, pulling from one queue so that uneven files keep every
+/// reader busy, with as many in flight as `concurrency` and the measured
+/// throughput allow (`adapt.rs`). `done(file_index, outcome)` is called as
 /// each job completes. Stops at the first error and returns it (the earliest
-/// in queue order among those seen).
+/// in queue order among those seen); also returns how many readers ran and
+/// what the count settled on.
 ///
 /// Readers are threads of their own, not the caller's rayon pool: they block
 /// on storage, and a slow network mount must not starve CPU work elsewhere.
 pub(crate) fn run<'a>(
     jobs: Vec<Tagged<'a>>,
-    readers: usize,
+    concurrency: Concurrency,
     done: &(dyn Fn(usize, Outcome<'a>) + Sync),
-) -> (Result<(), JobError>, workers::Started) {
-    let readers = readers.clamp(1, jobs.len().max(1));
+) -> (Result<(), JobError>, workers::Started, Settled) {
+    let control = Control::new(concurrency, jobs.len());
     let queue: Vec<Mutex<Option<Tagged<'_>>>> =
         jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
     let cursor = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let first_error: Mutex<Option<(usize, JobError)>> = Mutex::new(None);
 
-    let work = || {
-        while !failed.load(Ordering::Relaxed) {
+    let work = |reader: usize| {
+        while !failed.load(Ordering::Relaxed) && control.wait_turn(reader) {
             let i = cursor.fetch_add(1, Ordering::Relaxed);
-            let Some(slot) = queue.get(i) else { break };
+            let Some(slot) = queue.get(i) else {
+                control.finish();
+                break;
+            };
             let Some(tagged) = slot.lock().ok().and_then(|mut c| c.take()) else {
                 continue;
             };
@@ -268,9 +274,13 @@ pub(crate) fn run<'a>(
                 Job::Populate { .. } => "populating the map",
             };
             match execute(tagged.job) {
-                Ok(landed) => done(tagged.file_index, landed),
+                Ok(outcome) => {
+                    control.completed(outcome.bytes);
+                    done(tagged.file_index, outcome);
+                }
                 Err((offset, error)) => {
                     failed.store(true, Ordering::Relaxed);
+                    control.finish();
                     if let Ok(mut first) = first_error.lock() {
                         if first.as_ref().is_none_or(|(j, _)| i < *j) {
                             let file_index = tagged.file_index;
@@ -290,12 +300,13 @@ pub(crate) fn run<'a>(
         }
     };
 
-    let started = workers::run(readers, "safeload-read", |_| work());
+    let started = workers::run(control.max(), "safeload-read", work);
+    control.finish();
     let result = match first_error.into_inner().ok().flatten() {
         Some((_, error)) => Err(error),
         None => Ok(()),
     };
-    (result, started)
+    (result, started, control.settled())
 }
 
 /// The real cause of a failed populate. `MADV_POPULATE_READ` answers

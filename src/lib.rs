@@ -274,6 +274,7 @@
     )
 )]
 
+mod adapt;
 #[cfg(feature = "candle")]
 pub mod candle;
 mod checkpoint;

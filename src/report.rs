@@ -20,6 +20,8 @@ pub struct LoadReport {
     pub(crate) io_concurrency: usize,
     pub(crate) prefetch: Option<PrefetchReport>,
     pub(crate) notes: Vec<String>,
+    /// How many reads were kept in flight, and why.
+    pub(crate) io: Option<crate::adapt::Settled>,
 }
 
 impl LoadReport {
@@ -38,9 +40,17 @@ impl LoadReport {
         self.threads
     }
 
-    /// Reads in flight at once for buffered files.
+    /// Reads in flight at once for buffered files: the count the caller set,
+    /// or the one the load settled on by measuring throughput (see
+    /// [`io_concurrency_reason`](Self::io_concurrency_reason)).
     pub fn io_concurrency(&self) -> usize {
         self.io_concurrency
+    }
+
+    /// How [`io_concurrency`](Self::io_concurrency) was found, in words:
+    /// each count tried and its throughput; `None` where nothing was read.
+    pub fn io_concurrency_reason(&self) -> Option<String> {
+        self.io.as_ref().map(ToString::to_string)
     }
 
     /// What the page-cache prefetch before the load did and why: `Some`
@@ -215,11 +225,10 @@ impl fmt::Display for LoadReport {
             )?,
             None => write!(f, ", nothing read (mapped)")?,
         }
-        writeln!(
-            f,
-            "; {} file(s) at once, {} read(s) in flight",
-            self.threads, self.io_concurrency,
-        )?;
+        match &self.io {
+            Some(io) => writeln!(f, "; {} file(s) at once, {io}", self.threads)?,
+            None => writeln!(f, "; {} file(s) at once", self.threads)?,
+        }
         if let Some(prefetch) = &self.prefetch {
             writeln!(f, "  {prefetch}")?;
         }

@@ -283,11 +283,15 @@ header_cases! {
     header_is_string: file(r#""model""#, 0) => InvalidHeader("invalid type: string");
     header_is_null: file("null", 0) => InvalidHeader("invalid type: null");
     // Deep nesting must not overflow the stack: unclosed, it is an early EOF;
-    // closed, serde_json's limit of 128 levels stops the parse.
+    // closed, in a field the parser skips, serde_json skips it without
+    // recursing; as an entry, the first level is the wrong type.
     header_nested_unclosed_100_000_deep:
-        file(&format!(r#"{{"t":{}"#, "[".repeat(100_000)), 0) => InvalidHeader("EOF");
+        file(&format!(r#"{{"t":{{"x":{}"#, "[".repeat(100_000)), 0) => InvalidHeader("EOF");
     header_nested_100_000_deep:
-        file(&nested("t", 100_000), 0) => InvalidHeader("recursion limit");
+        file(&format!(r#"{{"t":{{{}}}}}"#, &nested("x", 100_000)[1..nested("x", 100_000).len() - 1]), 0)
+            => InvalidHeader("missing field `dtype`");
+    header_entry_nested_100_000_deep:
+        file(&nested("t", 100_000), 0) => InvalidHeader("invalid type: sequence");
     metadata_nested_100_000_deep:
         file(&nested("__metadata__", 100_000), 0) => InvalidHeader("invalid type: sequence");
 

@@ -35,7 +35,11 @@ impl Subscriber for Recorder {
     fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
     fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
     fn event(&self, event: &Event<'_>) {
-        let mut fields = Fields(format!("{} {}", event.metadata().target(), event.metadata().level()));
+        let mut fields = Fields(format!(
+            "{} {}",
+            event.metadata().target(),
+            event.metadata().level()
+        ));
         event.record(&mut fields);
         self.events.lock().unwrap().push(fields.0);
     }
@@ -49,15 +53,39 @@ fn a_load_says_what_it_chose_and_what_it_did() {
     let index = write_sharded(dir.path(), &every_dtype(), 2);
     let recorder = Recorder::default();
     tracing::subscriber::with_default(recorder.clone(), || {
-        safeload::Loader::new().disable_mmap(true).load(&index).unwrap();
+        safeload::Loader::new()
+            .disable_mmap(true)
+            .load(&index)
+            .unwrap();
     });
     let events = recorder.events.lock().unwrap();
-    let opened: Vec<&String> = events.iter().filter(|e| e.contains("message=opened")).collect();
+    let opened: Vec<&String> = events
+        .iter()
+        .filter(|e| e.contains("message=opened"))
+        .collect();
     assert_eq!(opened.len(), 2, "{events:#?}");
-    assert!(opened.iter().all(|e| e.starts_with("safeload DEBUG") && e.contains("strategy=buffered")));
-    assert!(opened.iter().all(|e| e.contains("disable_mmap(true) was requested")), "{opened:?}");
-    let loaded: Vec<&String> = events.iter().filter(|e| e.contains("message=loaded")).collect();
+    assert!(
+        opened
+            .iter()
+            .all(|e| e.starts_with("safeload DEBUG") && e.contains("strategy=buffered"))
+    );
+    assert!(
+        opened
+            .iter()
+            .all(|e| e.contains("disable_mmap(true) was requested")),
+        "{opened:?}"
+    );
+    let loaded: Vec<&String> = events
+        .iter()
+        .filter(|e| e.contains("message=loaded"))
+        .collect();
     assert_eq!(loaded.len(), 1, "{events:#?}");
-    assert!(loaded[0].starts_with("safeload INFO") && loaded[0].contains("files=2"), "{loaded:?}");
-    assert!(!events.iter().any(|e| e.contains(" WARN")), "nothing to act on: {events:#?}");
+    assert!(
+        loaded[0].starts_with("safeload INFO") && loaded[0].contains("files=2"),
+        "{loaded:?}"
+    );
+    assert!(
+        !events.iter().any(|e| e.contains(" WARN")),
+        "nothing to act on: {events:#?}"
+    );
 }

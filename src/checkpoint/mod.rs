@@ -63,7 +63,7 @@ pub(crate) struct Inner {
     pub resolved: Resolved,
     pub files: Vec<OpenFile>,
     pub tensors: Vec<TensorInfo>,
-    pub by_name: HashMap<String, usize>,
+    pub by_name: HashMap<Arc<str>, usize>,
     pub metadata: BTreeMap<String, String>,
     pub notes: Vec<String>,
     pub opened_in: Duration,
@@ -73,7 +73,7 @@ pub(crate) struct Inner {
 /// One tensor of an opened checkpoint, as its header describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorInfo {
-    name: String,
+    name: Arc<str>,
     dtype: Dtype,
     shape: Vec<usize>,
     /// Which file of the checkpoint holds it.
@@ -81,7 +81,7 @@ pub struct TensorInfo {
     /// Where its bytes start in that file, and how many.
     pub(crate) offset: u64,
     pub(crate) nbytes: u64,
-    path: PathBuf,
+    path: Arc<Path>,
 }
 
 impl TensorInfo {
@@ -233,6 +233,7 @@ impl Checkpoint {
             io_concurrency: 0,
             prefetch: None,
             notes: self.inner.notes.clone(),
+            io: None,
         }
     }
 
@@ -253,7 +254,7 @@ impl Checkpoint {
         self.inner.files.get(info.file).ok_or_else(|| {
             Error::new(
                 ErrorKind::TensorNotFound {
-                    tensor: info.name.clone(),
+                    tensor: info.name.to_string(),
                 },
                 &self.inner.path,
             )
@@ -261,28 +262,35 @@ impl Checkpoint {
     }
 }
 
-/// The tensors of opened files, in load order, and the merged metadata.
-pub(crate) fn catalogue(
-    files: &[OpenFile],
-) -> (
-    Vec<TensorInfo>,
-    HashMap<String, usize>,
-    BTreeMap<String, String>,
-) {
-    let mut tensors = Vec::new();
-    let mut by_name = HashMap::new();
+/// The tensors of opened files, in load order, found by name, and their
+/// merged metadata.
+pub(crate) struct Catalogue {
+    pub tensors: Vec<TensorInfo>,
+    pub by_name: HashMap<Arc<str>, usize>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The catalogue of opened files.
+pub(crate) fn catalogue(files: &[OpenFile]) -> Catalogue {
+    // One allocation per name and per path, shared by the list and the map:
+    // a header can hold over a million tensors.
+    let count = files.iter().map(|f| f.header.tensors.len()).sum();
+    let mut tensors = Vec::with_capacity(count);
+    let mut by_name = HashMap::with_capacity(count);
     let mut metadata = BTreeMap::new();
     for (index, file) in files.iter().enumerate() {
+        let path: Arc<Path> = Arc::from(file.path.as_path());
         for entry in &file.header.tensors {
-            by_name.insert(entry.name.clone(), tensors.len());
+            let name: Arc<str> = Arc::from(entry.name.as_str());
+            by_name.insert(Arc::clone(&name), tensors.len());
             tensors.push(TensorInfo {
-                name: entry.name.clone(),
+                name,
                 dtype: entry.dtype,
                 shape: entry.shape.clone(),
                 file: index,
                 offset: file.header.data_start + entry.start,
                 nbytes: entry.end - entry.start,
-                path: file.path.clone(),
+                path: Arc::clone(&path),
             });
         }
         if let Some(meta) = &file.header.metadata {
@@ -291,7 +299,11 @@ pub(crate) fn catalogue(
             }
         }
     }
-    (tensors, by_name, metadata)
+    Catalogue {
+        tensors,
+        by_name,
+        metadata,
+    }
 }
 
 impl OpenFile {

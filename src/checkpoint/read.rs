@@ -7,6 +7,7 @@ use std::ops::Range;
 use memmap2::Mmap;
 
 use super::{Checkpoint, TensorInfo};
+use crate::adapt::Concurrency;
 use crate::checkpoint::open::{OpenFile, read_error};
 use crate::error::{Error, ErrorKind, Result};
 use crate::jobs;
@@ -125,20 +126,23 @@ impl Checkpoint {
                 Ok(())
             });
         }
-        let readers = self.inner().opts.io_concurrency.unwrap_or_else(|| {
-            crate::policy::default_io_concurrency(file.mount.iter().map(|m| m.kind))
-        });
+        let concurrency = match self.inner().opts.io_concurrency {
+            Some(n) => Concurrency::pinned(n),
+            None => Concurrency::adaptive(crate::policy::default_io_concurrency(
+                file.mount.iter().map(|m| m.kind),
+            )),
+        };
         // Pieces small enough that one tensor keeps every reader busy (a
         // mount serves each request after its latency), never under 1 MiB.
         let most = self.inner().opts.read_size.unwrap_or(DEFAULT_READ_SIZE);
-        let piece = (plan.len / readers.max(1)).clamp(1 << 20, most.max(1 << 20));
+        let piece = (plan.len / concurrency.start).clamp(1 << 20, most.max(1 << 20));
         owned(
             file,
             name,
             info.dtype(),
             plan.shape.clone(),
             plan.len,
-            |dst| read_runs(file, info.offset, &plan, dst, readers, piece),
+            |dst| read_runs(file, info.offset, &plan, dst, concurrency, piece),
         )
     }
 
@@ -229,7 +233,7 @@ fn read_runs(
     base: u64,
     plan: &SlicePlan,
     dst: &mut [u8],
-    readers: usize,
+    concurrency: Concurrency,
     piece: usize,
 ) -> Result<()> {
     let reads = plan.reads(MERGE_GAP);
@@ -278,7 +282,7 @@ fn read_runs(
             );
         }
     }
-    let (result, _) = jobs::run(jobs, readers, &|_, _| {});
+    let (result, _, _) = jobs::run(jobs, concurrency, &|_, _| {});
     if let Err(failure) = result {
         return Err(read_error(
             "reading",

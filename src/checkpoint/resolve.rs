@@ -205,8 +205,15 @@ impl Resolved {
     /// from them) are not checked.
     pub(crate) fn check_headers(&self, opened: &[(&Path, &Header)]) -> Result<()> {
         let checkpoint = self;
-        let mut owner: HashMap<&str, usize> = HashMap::new();
-        for (i, (path, header)) in opened.iter().enumerate() {
+        // Each header names a tensor once (the parser refuses twice), so one
+        // file without an index needs no map of owners.
+        let count = if opened.len() > 1 || checkpoint.index.is_some() {
+            opened.iter().map(|(_, h)| h.tensors.len()).sum()
+        } else {
+            0
+        };
+        let mut owner: HashMap<&str, usize> = HashMap::with_capacity(count);
+        for (i, (path, header)) in opened.iter().enumerate().filter(|_| count > 0) {
             for tensor in &header.tensors {
                 if let Some(first) = owner.insert(&tensor.name, i) {
                     let first = opened

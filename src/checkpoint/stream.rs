@@ -442,7 +442,7 @@ impl Arrivals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
+    use std::path::Path;
     use std::sync::mpsc;
     use std::time::Duration;
 
@@ -450,13 +450,13 @@ mod tests {
 
     fn info(nbytes: u64) -> TensorInfo {
         TensorInfo {
-            name: format!("t{nbytes}"),
+            name: format!("t{nbytes}").into(),
             dtype: Dtype::U8,
             shape: vec![nbytes as usize],
             file: 0,
             offset: 0,
             nbytes,
-            path: PathBuf::new(),
+            path: Arc::from(Path::new("")),
         }
     }
 

@@ -1,16 +1,16 @@
-//! The safetensors header: its length prefix, and its JSON parsed by the `safetensors` crate into checked tensor entries.
+//! The safetensors header: its length prefix, and its JSON parsed into checked tensor entries by the `safetensors` crate's rules.
 //!
 //! Pure: everything here takes bytes and never opens a file, so every check is
 //! exercised by unit tests, property tests and the fuzz targets alike.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
 
 use safetensors::Dtype;
-use safetensors::tensor::{Metadata, TensorInfo};
 use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::error::ErrorKind;
-use crate::format::index::UniqueKeys;
 
 /// The largest header accepted, in bytes; the same limit as the `safetensors`
 /// crate, checked here before anything is allocated.
@@ -74,42 +74,56 @@ pub(crate) fn header_len(prefix: &[u8], file_len: u64) -> Result<u64, ErrorKind>
     Ok(len)
 }
 
-/// Parses the header's JSON (the bytes after the 8-byte prefix) with the
-/// `safetensors` crate, and checks it describes a file of exactly `file_len`
-/// bytes.
+/// Parses the header's JSON (the bytes after the 8-byte prefix) and checks
+/// it describes a file of exactly `file_len` bytes: every entry by the rules
+/// of the `safetensors` crate (a known dtype, offsets contiguous from 0 in
+/// order, each tensor's byte length its shape's, all with checked
+/// arithmetic), no name twice, nothing after the last tensor.
+///
+/// NOTE: the entries are read with the crate's own `Dtype` deserializer,
+/// but not through its `Metadata`, whose deserializer goes
+/// through serde's `flatten`: that buffers the whole header into a
+/// generic tree before building a hash map from it. On a 1.35 M-tensor,
+/// 94 MB header that cost more time and memory than the rest of the load
+/// (BENCHMARKS.md, "Big headers"); one pass into a vector, one sort by
+/// offset and a set of names for duplicates does the same checks. The
+/// property tests and the fuzz target hold the two parsers to the same
+/// verdict on damaged files.
 pub(crate) fn parse(json: &[u8], file_len: u64) -> Result<Header, ErrorKind> {
     let invalid = |reason: String| ErrorKind::InvalidHeader { reason };
     let text = std::str::from_utf8(json).map_err(|e| invalid(format!("not UTF-8: {e}")))?;
-    // The safetensors parser collects entries into a map, so a name written
-    // twice would silently keep one entry; refuse that first.
-    serde_json::from_str::<UniqueKeys>(text).map_err(|e| invalid(e.to_string()))?;
-    // `Metadata`'s deserializer validates dtypes, shapes, contiguous offsets and
-    // byte lengths with checked arithmetic.
-    let metadata: Metadata = serde_json::from_str(text).map_err(|e| invalid(explain(text, e)))?;
+    let Entries {
+        metadata,
+        mut tensors,
+    } = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
+    // File order: by offsets; empty tensors share offsets with their
+    // neighbours, so ties go by name and the order (and the first fault
+    // named) is the same on every run.
+    tensors.sort_unstable_by(|(a, x), (b, y)| (x.data_offsets, a).cmp(&(y.data_offsets, b)));
+    let mut names = HashSet::with_capacity(tensors.len());
+    for (name, _) in &tensors {
+        if !names.insert(name.as_str()) {
+            return Err(invalid(format!("tensor {name:?} appears twice")));
+        }
+    }
+    drop(names);
+    check(&tensors).map_err(invalid)?;
 
     let data_start = PREFIX_LEN + json.len() as u64;
-    let mut tensors = Vec::new();
-    for name in metadata.offset_keys() {
-        let Some(info) = metadata.info(&name) else {
-            continue;
-        };
-        let (start, end) = info.data_offsets;
-        tensors.push(TensorEntry {
-            dtype: info.dtype,
-            shape: info.shape.clone(),
-            start: start as u64,
-            end: end as u64,
+    let tensors: Vec<TensorEntry> = tensors
+        .into_iter()
+        .map(|(name, info)| TensorEntry {
             name,
-        });
-    }
-    // Empty tensors share offsets with their neighbours, and the parser's
-    // order among equal offsets comes from a hash map: break ties by name so
-    // the order is the same on every run.
-    tensors.sort_by(|a, b| (a.start, a.end, &a.name).cmp(&(b.start, b.end, &b.name)));
+            dtype: info.dtype,
+            shape: info.shape,
+            start: info.data_offsets.0 as u64,
+            end: info.data_offsets.1 as u64,
+        })
+        .collect();
     let header = Header {
         data_start,
         tensors,
-        metadata: metadata.metadata().clone(),
+        metadata,
     };
     let expected = header.file_len();
     if expected != file_len {
@@ -121,39 +135,110 @@ pub(crate) fn parse(json: &[u8], file_len: u64) -> Result<Header, ErrorKind> {
     Ok(header)
 }
 
-/// The reason for a header the `safetensors` parser refused, made
-/// deterministic: that parser orders tensors through a hash map, so when
-/// several entries are wrong the one it names varies from run to run. Here
-/// the entries are checked in a fixed order (by offsets, then name), with
-/// the same rules, and the first that breaks one is named.
-fn explain(text: &str, error: serde_json::Error) -> String {
-    let message = error.to_string();
-    let Ok(entries) =
-        serde_json::from_str::<std::collections::BTreeMap<String, serde_json::Value>>(text)
-    else {
-        return message;
-    };
-    let mut tensors: Vec<(String, TensorInfo)> = Vec::new();
-    for (name, value) in entries {
-        if name == "__metadata__" {
-            continue;
+/// The header's entries in the order the JSON gives them.
+struct Entries {
+    metadata: Option<HashMap<String, String>>,
+    tensors: Vec<(String, Entry)>,
+}
+
+/// One tensor's entry: the fields of the crate's `TensorInfo`, read so that
+/// a wrong dtype or offset pair says what it is (serde_json's direct enum
+/// and tuple errors say only "expected value" or "trailing characters").
+/// Unknown fields are ignored, as the crate ignores them.
+#[derive(Deserialize)]
+struct Entry {
+    #[serde(deserialize_with = "dtype")]
+    dtype: Dtype,
+    shape: Vec<usize>,
+    #[serde(deserialize_with = "offsets")]
+    data_offsets: (usize, usize),
+}
+
+/// A dtype by its name, through the crate's own `Dtype` deserializer.
+fn dtype<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Dtype, D::Error> {
+    struct Name;
+    impl Visitor<'_> for Name {
+        type Value = Dtype;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a dtype name such as \"F32\"")
         }
-        match TensorInfo::deserialize(&value) {
-            Ok(info) => tensors.push((name, info)),
-            // An entry that does not parse: the parser's message names no
-            // tensor, so it is the same on every run.
-            Err(_) => return message,
+        fn visit_str<E: de::Error>(self, name: &str) -> Result<Dtype, E> {
+            Dtype::deserialize(de::value::StrDeserializer::<E>::new(name))
         }
     }
-    tensors.sort_by(|(a, x), (b, y)| (x.data_offsets, a).cmp(&(y.data_offsets, b)));
+    deserializer.deserialize_str(Name)
+}
+
+/// `data_offsets`: exactly two numbers.
+fn offsets<'de, D: Deserializer<'de>>(deserializer: D) -> Result<(usize, usize), D::Error> {
+    struct Pair;
+    impl<'de> Visitor<'de> for Pair {
+        type Value = (usize, usize);
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("two offsets")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(usize, usize), A::Error> {
+            let start = seq
+                .next_element()?
+                .ok_or_else(|| de::Error::invalid_length(0, &self))?;
+            let end = seq
+                .next_element()?
+                .ok_or_else(|| de::Error::invalid_length(1, &self))?;
+            let mut extra = 0;
+            while seq.next_element::<de::IgnoredAny>()?.is_some() {
+                extra += 1;
+            }
+            if extra > 0 {
+                return Err(de::Error::invalid_length(2 + extra, &self));
+            }
+            Ok((start, end))
+        }
+    }
+    deserializer.deserialize_seq(Pair)
+}
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct EntriesVisitor;
+        impl<'de> Visitor<'de> for EntriesVisitor {
+            type Value = Entries;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object of tensor entries")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
+                let mut metadata = None;
+                let mut seen_metadata = false;
+                let mut tensors = Vec::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    if name == "__metadata__" {
+                        if seen_metadata {
+                            return Err(de::Error::custom("\"__metadata__\" appears twice"));
+                        }
+                        seen_metadata = true;
+                        metadata = map.next_value()?;
+                    } else {
+                        let info: Entry = map.next_value()?;
+                        tensors.push((name, info));
+                    }
+                }
+                Ok(Entries { metadata, tensors })
+            }
+        }
+        deserializer.deserialize_map(EntriesVisitor)
+    }
+}
+
+/// The `safetensors` crate's rules for entries in offset order, checked in
+/// that order so that the first entry that breaks one is named.
+fn check(tensors: &[(String, Entry)]) -> Result<(), String> {
     let mut end = 0usize;
-    for (name, info) in &tensors {
+    for (name, info) in tensors {
         let (start, stop) = info.data_offsets;
         if start != end || stop < start {
-            return format!(
+            return Err(format!(
                 "invalid offset for tensor {name:?}: data_offsets [{start}, {stop}], expected to start at \
                  {end} (tensors must be contiguous, in order, without gaps or overlaps)"
-            );
+            ));
         }
         end = stop;
         let bits = info
@@ -162,30 +247,30 @@ fn explain(text: &str, error: serde_json::Error) -> String {
             .try_fold(1usize, |n, &d| n.checked_mul(d))
             .and_then(|n| n.checked_mul(info.dtype.bitsize()));
         let Some(bits) = bits else {
-            return format!(
+            return Err(format!(
                 "overflow computing buffer size from shape and/or element type: tensor {name:?} of shape {:?}",
                 info.shape
-            );
+            ));
         };
         if bits % 8 != 0 {
-            return format!(
+            return Err(format!(
                 "tensor {name:?} of {} elements of {} does not end on a byte boundary",
                 bits / info.dtype.bitsize().max(1),
                 info.dtype
-            );
+            ));
         }
         if stop - start != bits / 8 {
-            return format!(
+            return Err(format!(
                 "invalid shape, data type, or offset for tensor {name:?}: dtype {} and shape {:?} need {} \
                  bytes, its data_offsets give {}",
                 info.dtype,
                 info.shape,
                 bits / 8,
                 stop - start
-            );
+            ));
         }
     }
-    message
+    Ok(())
 }
 
 /// Parses a whole safetensors file held in memory. Pure; used by tests and

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::Path;
 
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{Deserializer, MapAccess, Visitor};
 
 /// A parsed `*.safetensors.index.json`.
 #[derive(Debug, Clone, Default)]
@@ -84,37 +84,6 @@ impl<'de> serde::Deserialize<'de> for OrderedPairs {
             }
         }
         deserializer.deserialize_map(PairsVisitor)
-    }
-}
-
-/// Checks that the keys of a JSON object are unique, without keeping values.
-/// Used on safetensors headers, whose parser would keep the last of two
-/// entries with one name.
-pub(crate) struct UniqueKeys;
-
-impl<'de> serde::Deserialize<'de> for UniqueKeys {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        struct KeysVisitor;
-        impl<'de> Visitor<'de> for KeysVisitor {
-            type Value = UniqueKeys;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> std::result::Result<Self::Value, A::Error> {
-                let mut seen = std::collections::HashSet::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    map.next_value::<IgnoredAny>()?;
-                    if !seen.insert(key.clone()) {
-                        return Err(de::Error::custom(format!("tensor {key:?} appears twice")));
-                    }
-                }
-                Ok(UniqueKeys)
-            }
-        }
-        deserializer.deserialize_map(KeysVisitor)
     }
 }
 

@@ -162,6 +162,7 @@ pub(crate) fn assemble(
             io_concurrency,
             prefetch: None,
             notes: Vec::new(),
+            io: None,
         },
     })
 }

@@ -5,10 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
+use crate::adapt::{Concurrency, Settled};
 use crate::checkpoint::open::ConvertBuffer;
 use crate::checkpoint::open::{Body, OpenFile, file_len, read_error, since, size_mismatch};
 use crate::error::{Error, ErrorKind, Result};
-use crate::jobs::{ConvertFrom, Tagged, run, split_convert, split_populate, split_read};
+use crate::jobs::{
+    ConvertFrom, ConvertSource, Job, Tagged, run, split_convert, split_populate, split_read,
+};
 use crate::os::{self, DIRECT_ALIGN};
 use crate::progress::{Callback, Meter, Phase};
 use crate::storage::Storage;
@@ -18,16 +21,18 @@ use crate::verify::{Digest256, StreamHasher};
 /// one queue of jobs; then seals each buffer read-only and checks that no
 /// file changed size meanwhile. With `verify`, a file read whole is hashed
 /// as its chunks land (its digest left in [`OpenFile::sha256`]). Returns,
-/// where the OS refused some reader threads, how many ran, for the report.
+/// for the report, how many reads the load kept in flight and why, and
+/// where the OS refused some reader threads, how many ran.
 pub(crate) fn read_all(
     opened: &mut [OpenFile],
-    readers: usize,
+    concurrency: Concurrency,
     chunk: usize,
     (populate, verify): (bool, bool),
     clock: Instant,
     progress: Option<&Callback>,
-) -> Result<Option<String>> {
+) -> Result<(Option<Settled>, Option<String>)> {
     let mut shortfall = None;
+    let mut settled = None;
     // The bytes before a whole-file buffer's image (the header), hashed
     // first; the buffer holds the rest of the file.
     let mut prefixes: Vec<Option<Vec<u8>>> = Vec::with_capacity(opened.len());
@@ -171,7 +176,22 @@ pub(crate) fn read_all(
         let meter = Meter::new(progress, Phase::Read, total, files_total);
         // The closure is written at the call so that its argument has the
         // jobs' own lifetime: the hashers keep the bytes it hands them.
-        let (result, started) = run(jobs, readers, &|file_index, outcome| {
+        // Reads that convert from a file hold a scratch buffer each.
+        let converting = jobs.iter().any(|j| {
+            matches!(
+                j.job,
+                Job::Convert {
+                    source: ConvertSource::File { .. },
+                    ..
+                }
+            )
+        });
+        let concurrency = if converting {
+            concurrency.converting()
+        } else {
+            concurrency
+        };
+        let (result, started, io) = run(jobs, concurrency, &|file_index, outcome| {
             meter.add(outcome.bytes);
             if left
                 .get(file_index)
@@ -194,6 +214,7 @@ pub(crate) fn read_all(
             }
         });
         shortfall = started.shortfall();
+        settled = Some(io);
         meter.finish();
         drop(finished);
         let digests: Vec<Option<Digest256>> = hashers
@@ -256,7 +277,7 @@ pub(crate) fn read_all(
             shard.body = Body::Read { map, layout };
         }
     }
-    Ok(shortfall)
+    Ok((settled, shortfall))
 }
 
 // NOTE: prefaulting fresh buffers in a parallel pass before reading into them

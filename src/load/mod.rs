@@ -335,7 +335,11 @@ impl Loader {
         let resolved = checkpoint::resolve(path)?;
         let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
         let (files, notes) = steps::open_files(&self.opts, &resolved, &shards, &env, clock)?;
-        let (tensors, by_name, metadata) = checkpoint::catalogue(&files);
+        let checkpoint::Catalogue {
+            tensors,
+            by_name,
+            metadata,
+        } = checkpoint::catalogue(&files);
         Ok(Checkpoint::new(checkpoint::Inner {
             opts: self.opts.clone(),
             env,

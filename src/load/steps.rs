@@ -17,6 +17,7 @@ use crate::trace;
 use crate::verify;
 use crate::workers;
 
+use crate::adapt::Concurrency;
 use crate::jobs::DEFAULT_READ_SIZE;
 
 /// Files opened at once: the caller's number, else the machine's.
@@ -111,18 +112,19 @@ pub(crate) fn finish(
 
     // 3. Read every buffered file (and populate mapped ones) through one
     //    job queue; hash what is to be verified.
-    let io_concurrency = opts.io_concurrency.unwrap_or_else(|| {
-        policy::default_io_concurrency(
+    let concurrency = match opts.io_concurrency {
+        Some(n) => Concurrency::pinned(n),
+        None => Concurrency::adaptive(policy::default_io_concurrency(
             files
                 .iter()
                 .filter_map(|f| f.mount.as_ref().map(|m| m.kind)),
-        )
-    });
+        )),
+    };
     let read_size = opts.read_size.unwrap_or(DEFAULT_READ_SIZE);
     let verify = policy::verify(opts.verify, env, !opts.expected_sha256.is_empty());
-    let readers = engine::read_all(
+    let (io, readers) = engine::read_all(
         &mut files,
-        io_concurrency,
+        concurrency,
         read_size,
         (opts.populate, verify),
         clock,
@@ -135,7 +137,9 @@ pub(crate) fn finish(
     }
 
     // 4. Hand out tensors.
+    let io_concurrency = io.as_ref().map_or(concurrency.start, |s| s.readers);
     let mut state_dict = assemble::assemble(resolved, files, clock, threads, io_concurrency)?;
+    state_dict.report.io = io;
     state_dict.report.prefetch = prefetched;
     state_dict.report.notes = notes;
     trace::traced! {

@@ -1,0 +1,330 @@
+//! How many reads a load keeps in flight, found by measurement while it runs: start at the filesystem's default, double while throughput still rises, settle where it stops.
+//!
+//! A FUSE daemon or a network filesystem serves as many requests at once as
+//! it has threads or connections, each after its latency; a local disk has
+//! a queue of its own. The right number of readers is the mount's, and it
+//! is not written anywhere: so the read engine measures. Readers that are
+//! not allowed to read yet wait; each window of completed reads gives a
+//! throughput; a doubling that does not raise it by [`GAIN`] is undone and
+//! the count settles. Nothing is remembered across loads.
+//!
+//! Only the number of readers changes, not the size of a read. NOTE: a
+//! direct read on FUSE reaches the daemon as requests of at most 1 MiB
+//! (`fs.fuse.max_pages_limit`), sent one after another for one `pread`
+//! (fuser and hf-mount ask for no asynchronous direct I/O), so a larger
+//! `pread` adds no request in flight; on the local disk 8 and 16 MiB reads
+//! were within noise (BENCHMARKS.md). More requests in flight come only from
+//! more readers.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The most reads in flight a load grows to.
+///
+/// NOTE: readers read straight into the load's buffers, so a reader costs a
+/// thread and no memory of its own (but for a conversion's scratch buffer,
+/// see [`Concurrency::converting`]). 64 covers the mounts measured (an
+/// 8 ms, 32-thread FUSE daemon wants 32) and leaves room for network
+/// filesystems that want more (a VAST NFS mount was reported to want 140
+/// requests of 4 MiB, InstantTensor #4: 64 reads of 8 MiB are 512 MiB in
+/// flight).
+pub(crate) const MAX_READERS: usize = 64;
+
+/// Readers when the load converts from files: each holds a scratch buffer
+/// of one read's size, so that their memory stays within the guard's margin.
+pub(crate) const MAX_CONVERTING_READERS: usize = 16;
+
+/// The throughput a doubling must add to be kept.
+///
+/// NOTE: the development VM's mounts vary 10-20 % between windows at a
+/// fixed count; 15 % keeps noise from growing the count, and a doubling that
+/// pays gains far more (8 to 32 readers on an 8 ms, 32-thread mount: 3.5x).
+pub(crate) const GAIN: f64 = 1.15;
+
+/// The shortest window a throughput is measured over. Every allowed reader
+/// must also have finished a read in it.
+const WINDOW: Duration = Duration::from_millis(100);
+
+/// Where a load's reads in flight start and how far they may grow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Concurrency {
+    pub start: usize,
+    pub max: usize,
+}
+
+impl Concurrency {
+    /// A count the caller set (`Loader::io_concurrency`): no growing.
+    pub(crate) fn pinned(readers: usize) -> Concurrency {
+        let n = readers.max(1);
+        Concurrency { start: n, max: n }
+    }
+
+    /// The filesystem's default start, growing up to [`MAX_READERS`].
+    pub(crate) fn adaptive(start: usize) -> Concurrency {
+        let start = start.max(1);
+        Concurrency {
+            start,
+            max: MAX_READERS.max(start),
+        }
+    }
+
+    /// The same, capped for a load whose readers need scratch buffers.
+    pub(crate) fn converting(self) -> Concurrency {
+        Concurrency {
+            start: self.start,
+            max: self.max.min(MAX_CONVERTING_READERS.max(self.start)),
+        }
+    }
+}
+
+/// What the count settled on, and why: for the report.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Settled {
+    /// The readers allowed at the end.
+    pub readers: usize,
+    /// Each count tried and the throughput it gave, in GiB/s.
+    pub steps: Vec<(usize, f64)>,
+    pub why: Why,
+}
+
+/// Why the count stopped where it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// The caller set it.
+    Pinned,
+    /// Doubling it gained less than [`GAIN`].
+    NoGain,
+    /// It reached the most allowed.
+    Max,
+    /// The load ended before a measurement said more.
+    Ended,
+}
+
+impl std::fmt::Display for Settled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.why {
+            Why::Pinned => return write!(f, "{} read(s) in flight, as set", self.readers),
+            _ if self.steps.is_empty() => {
+                return write!(
+                    f,
+                    "{} read(s) in flight (too short a load to measure)",
+                    self.readers
+                );
+            }
+            _ => {}
+        }
+        write!(
+            f,
+            "{} read(s) in flight, found by measurement (",
+            self.readers
+        )?;
+        for (i, (n, rate)) in self.steps.iter().enumerate() {
+            let sep = if i > 0 { ", " } else { "" };
+            write!(f, "{sep}{n}: {rate:.2} GiB/s")?;
+        }
+        let why = match self.why {
+            Why::NoGain => "doubling gained under 15 %",
+            Why::Max => "the most allowed",
+            _ => "the load ended",
+        };
+        write!(f, "; {why})")
+    }
+}
+
+/// The controller the readers of one run share.
+pub(crate) struct Control {
+    allowed: AtomicUsize,
+    finished: AtomicBool,
+    max: usize,
+    pinned: bool,
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+struct State {
+    start: Instant,
+    bytes: u64,
+    reads: usize,
+    best: Option<(usize, f64)>,
+    steps: Vec<(usize, f64)>,
+    why: Option<Why>,
+}
+
+impl Control {
+    /// A controller for `concurrency`, with at most `jobs` readers useful.
+    pub(crate) fn new(concurrency: Concurrency, jobs: usize) -> Control {
+        let max = concurrency.max.clamp(1, jobs.max(1));
+        let start = concurrency.start.clamp(1, max);
+        let pinned = concurrency.start >= concurrency.max;
+        Control {
+            allowed: AtomicUsize::new(start),
+            finished: AtomicBool::new(false),
+            max,
+            pinned,
+            state: Mutex::new(State {
+                start: Instant::now(),
+                bytes: 0,
+                reads: 0,
+                best: None,
+                steps: Vec::new(),
+                why: pinned.then_some(Why::Pinned),
+            }),
+            wake: Condvar::new(),
+        }
+    }
+
+    /// The most readers that may ever run: the threads to start.
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Waits until reader `index` may read; `false` once the run is over.
+    pub(crate) fn wait_turn(&self, index: usize) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if self.finished.load(Ordering::Acquire) {
+                return false;
+            }
+            if index < self.allowed.load(Ordering::Acquire) {
+                return true;
+            }
+            state = self
+                .wake
+                .wait_timeout(state, WINDOW)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// The run is over (no job left, or a failure): every waiting reader
+    /// leaves.
+    pub(crate) fn finish(&self) {
+        self.finished.store(true, Ordering::Release);
+        let _state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        self.wake.notify_all();
+    }
+
+    /// A read of `bytes` finished: counts it, and at the end of a window
+    /// decides whether to double the readers, keep them, or go back.
+    pub(crate) fn completed(&self, bytes: u64) {
+        if self.pinned {
+            return;
+        }
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.why.is_some() {
+            return;
+        }
+        state.bytes += bytes;
+        state.reads += 1;
+        let allowed = self.allowed.load(Ordering::Acquire);
+        let elapsed = state.start.elapsed();
+        if elapsed < WINDOW || state.reads < allowed {
+            return;
+        }
+        let rate = state.bytes as f64 / (1u64 << 30) as f64 / elapsed.as_secs_f64();
+        state.steps.push((allowed, rate));
+        let keep = match state.best {
+            None => true,
+            Some((_, best)) => rate >= best * GAIN,
+        };
+        if keep {
+            state.best = Some((allowed, rate));
+            if allowed >= self.max {
+                state.why = Some(Why::Max);
+            } else {
+                self.allowed
+                    .store((allowed * 2).min(self.max), Ordering::Release);
+                self.wake.notify_all();
+            }
+        } else {
+            // Back to the count that did as well: the extra readers finish
+            // their read and wait.
+            let (readers, _) = state.best.unwrap_or((allowed, rate));
+            self.allowed.store(readers, Ordering::Release);
+            state.why = Some(Why::NoGain);
+        }
+        state.start = Instant::now();
+        state.bytes = 0;
+        state.reads = 0;
+    }
+
+    /// What the count settled on.
+    pub(crate) fn settled(&self) -> Settled {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        Settled {
+            readers: self.allowed.load(Ordering::Acquire),
+            steps: state.steps.clone(),
+            why: state.why.unwrap_or(Why::Ended),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds the controller reads whose throughput is `rate(readers)`.
+    fn drive(concurrency: Concurrency, rate: impl Fn(usize) -> f64) -> Settled {
+        let control = Control::new(concurrency, 10_000);
+        for _ in 0..40 {
+            let n = control.allowed.load(Ordering::Acquire);
+            // One window's worth of reads, then the window's time passes.
+            {
+                let mut state = control.state.lock().unwrap();
+                state.start = Instant::now() - WINDOW;
+                state.bytes =
+                    (rate(n) * (1u64 << 30) as f64 * WINDOW.as_secs_f64()) as u64 - n as u64;
+                state.reads = n - 1;
+            }
+            control.completed(n as u64);
+        }
+        control.settled()
+    }
+
+    #[test]
+    fn grows_while_throughput_rises_and_settles_where_it_stops() {
+        // A mount serving 32 requests at once: throughput grows to 32 readers.
+        let s = drive(Concurrency::adaptive(8), |n| n.min(32) as f64 * 0.05);
+        assert_eq!(s.readers, 32, "{s}");
+        assert_eq!(s.why, Why::NoGain);
+        assert_eq!(
+            s.steps.iter().map(|&(n, _)| n).collect::<Vec<_>>(),
+            [8, 16, 32, 64]
+        );
+        // A serialized mount: no doubling pays; back to the start.
+        let s = drive(Concurrency::adaptive(12), |_| 0.3);
+        assert_eq!((s.readers, s.why), (12, Why::NoGain), "{s}");
+        // Always more: up to the most allowed, then stop measuring.
+        let s = drive(Concurrency::adaptive(8), |n| n as f64);
+        assert_eq!((s.readers, s.why), (MAX_READERS, Why::Max), "{s}");
+        // Converting loads stop at 16.
+        let s = drive(Concurrency::adaptive(8).converting(), |n| n as f64);
+        assert_eq!((s.readers, s.why), (MAX_CONVERTING_READERS, Why::Max));
+        // Pinned: never moves.
+        let s = drive(Concurrency::pinned(5), |n| n as f64);
+        assert_eq!((s.readers, s.why, s.steps.len()), (5, Why::Pinned, 0));
+        assert_eq!(s.to_string(), "5 read(s) in flight, as set");
+    }
+
+    #[test]
+    fn a_short_run_says_so_and_waiting_readers_leave() {
+        let control = Control::new(Concurrency::adaptive(2), 100);
+        assert!(control.wait_turn(0));
+        assert!(control.wait_turn(1));
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| control.wait_turn(5));
+            std::thread::sleep(Duration::from_millis(20));
+            control.finish();
+            assert!(
+                !waiter.join().unwrap(),
+                "a finished run lets waiting readers go"
+            );
+        });
+        let settled = control.settled();
+        assert_eq!((settled.readers, settled.why), (2, Why::Ended));
+        assert!(settled.to_string().contains("too short"), "{settled}");
+        // Never more readers than jobs.
+        assert_eq!(Control::new(Concurrency::adaptive(8), 3).max(), 3);
+    }
+}

@@ -1,0 +1,260 @@
+//! The command line: subcommands, flags and their help text, as clap derives; nothing here runs.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// What `safeload --help` ends with: the contract a script relies on.
+const EXIT_STATUS: &str = "\
+Exit status:
+  0  done
+  1  the checkpoint could not be loaded, inspected or prefetched, or a path
+     could not be looked up (the message on stderr names the file)
+  2  usage error (unknown flag, bad value, missing argument)
+
+Environment: SAFELOAD_DISABLE_MMAP, SAFELOAD_PREFETCH (or HF_SHARD_PREFETCH)
+and SAFELOAD_VERIFY are honoured as by the library; flags override them.";
+
+/// Load safetensors checkpoints as fast as the storage under them allows,
+/// and say how each file was read and why.
+#[derive(Debug, Parser)]
+#[command(
+    name = "safeload",
+    version,
+    long_about = "Load safetensors checkpoints as fast as the storage under them allows, and say \
+                  how each file was read and why: mapped where mapping is cheap, read with large \
+                  positional reads on FUSE mounts, the page cache warmed first on network \
+                  filesystems.\n\n\
+                  Try it without a download: safeload load --demo",
+    after_help = EXIT_STATUS,
+    arg_required_else_help = true
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Load a checkpoint and report how each file was read, why, and how fast
+    #[command(after_help = "\
+A progress bar (bytes, GiB/s, phase) is drawn on stderr when it is a terminal.
+The report goes to stdout; with --json, one JSON object and nothing else.
+
+Examples:
+  safeload load --demo
+  safeload load /mnt/hub/org/model --disable-mmap
+  safeload load model.safetensors.index.json --prefetch 8 --json | jq '.files[].reason'")]
+    Load(LoadArgs),
+
+    /// List tensors, dtypes, shapes, sizes and metadata, from the headers alone
+    #[command(after_help = "\
+Only the headers are read, so a checkpoint of hundreds of GiB is inspected in
+milliseconds. Each file also says how a load would read it, and why.
+
+Examples:
+  safeload inspect model.safetensors
+  safeload inspect /path/to/checkpoint --json | jq '.tensors[] | select(.dtype == \"BF16\") | .name'")]
+    Inspect(InspectArgs),
+
+    /// Show the filesystem a path is on, and what the auto policy does there and why
+    #[command(after_help = "\
+Examples:
+  safeload mounts
+  safeload mounts /mnt/hub --all")]
+    Mounts(MountsArgs),
+
+    /// Warm the page cache with a checkpoint, the work shared by a job's local ranks
+    #[command(after_help = "\
+Run it in every process of a job on a node: they split the bytes through one
+shared queue, so no chunk is read twice. The local rank comes from the
+launcher: LOCAL_RANK/LOCAL_WORLD_SIZE (torchrun), SLURM_LOCALID/
+SLURM_NTASKS_PER_NODE (Slurm), OMPI_COMM_WORLD_LOCAL_RANK/_SIZE (Open MPI),
+MPI_LOCALRANKID/MPI_LOCALNRANKS (MPICH). Chunks already in the page cache
+are not read; at most 90 % of the memory available is warmed.
+
+Example, in a job script: warm, wait at a barrier, then load:
+  srun safeload prefetch /shared/checkpoints/run-42 --streams 8")]
+    Prefetch(PrefetchArgs),
+}
+
+/// The checkpoint a command works on: a path, or the built-in demo.
+#[derive(Debug, Args)]
+pub struct CheckpointArg {
+    /// A .safetensors file, a *.safetensors.index.json, or a directory holding one
+    #[arg(value_name = "PATH", required_unless_present = "demo")]
+    pub path: Option<PathBuf>,
+
+    /// Use the built-in demo checkpoint (3 shards, 30 MiB), written to a temporary directory
+    #[arg(long, conflicts_with = "path")]
+    pub demo: bool,
+}
+
+/// `safeload load`.
+#[derive(Debug, Args)]
+pub struct LoadArgs {
+    /// The checkpoint.
+    #[command(flatten)]
+    pub checkpoint: CheckpointArg,
+
+    /// Read every file into memory ("buffered"), whatever its filesystem
+    #[arg(long, conflicts_with = "mmap")]
+    pub disable_mmap: bool,
+
+    /// Map every file, whatever its filesystem
+    #[arg(long)]
+    pub mmap: bool,
+
+    /// Warm the page cache with N readers before loading; 0 never does, even where the auto policy would
+    #[arg(long, value_name = "N")]
+    pub prefetch: Option<usize>,
+
+    /// Convert floating tensors to this dtype while loading
+    #[arg(long, value_name = "T", ignore_case = true)]
+    pub dtype: Option<TargetDtype>,
+
+    /// Compute each file's SHA-256 and check it where it is known (a Hugging Face cache blob's name)
+    #[arg(long)]
+    pub verify: bool,
+
+    /// Files opened and parsed at once [default: the machine's parallelism]
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    pub threads: Option<usize>,
+
+    /// Reads in flight for buffered files [default: chosen by filesystem]
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    pub io_concurrency: Option<usize>,
+
+    /// Print one JSON object on stdout instead of the report
+    #[arg(long)]
+    pub json: bool,
+
+    /// Draw no progress bar, even on a terminal
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// `safeload inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The checkpoint.
+    #[command(flatten)]
+    pub checkpoint: CheckpointArg,
+
+    /// Print one JSON object on stdout: every tensor, per-file totals and metadata
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `safeload mounts`.
+#[derive(Debug, Args)]
+pub struct MountsArgs {
+    /// Any file or directory [default: the current directory]
+    #[arg(value_name = "PATH")]
+    pub path: Option<PathBuf>,
+
+    /// Also list every mount of this process's mount table, with its kind
+    #[arg(long)]
+    pub all: bool,
+
+    /// Print one JSON object on stdout
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `safeload prefetch`.
+#[derive(Debug, Args)]
+pub struct PrefetchArgs {
+    /// A .safetensors file, a *.safetensors.index.json, or a directory holding one
+    #[arg(value_name = "PATH")]
+    pub path: PathBuf,
+
+    /// Readers in this process [default: 4]
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    pub streams: Option<usize>,
+
+    /// Print one JSON object on stdout instead of the report
+    #[arg(long)]
+    pub json: bool,
+
+    /// Draw no progress bar, even on a terminal
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// The dtypes a load converts floating tensors to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TargetDtype {
+    /// bfloat16
+    Bf16,
+    /// IEEE half precision
+    F16,
+    /// IEEE single precision
+    F32,
+}
+
+impl TargetDtype {
+    /// The library's dtype.
+    pub fn dtype(self) -> safeload::Dtype {
+        match self {
+            TargetDtype::Bf16 => safeload::Dtype::BF16,
+            TargetDtype::F16 => safeload::Dtype::F16,
+            TargetDtype::F32 => safeload::Dtype::F32,
+        }
+    }
+}
+
+/// A count of 1 or more: the library would take 0 as 1, and a script that
+/// passes 0 has a bug worth hearing about.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_definitions_are_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn dtype_names_parse_in_any_case() {
+        for (text, dtype) in [
+            ("bf16", safeload::Dtype::BF16),
+            ("BF16", safeload::Dtype::BF16),
+            ("F16", safeload::Dtype::F16),
+            ("f32", safeload::Dtype::F32),
+        ] {
+            let cli = Cli::try_parse_from(["safeload", "load", "--demo", "--dtype", text]).unwrap();
+            let Command::Load(args) = cli.command else {
+                panic!("not load")
+            };
+            assert_eq!(args.dtype.map(TargetDtype::dtype), Some(dtype));
+        }
+    }
+
+    #[test]
+    fn usage_errors_are_clap_errors() {
+        for args in [
+            &["safeload", "load"][..],
+            &["safeload", "load", "--demo", "x.safetensors"],
+            &["safeload", "load", "--demo", "--mmap", "--disable-mmap"],
+            &["safeload", "load", "--demo", "--dtype", "f64"],
+            &["safeload", "load", "--demo", "--threads", "0"],
+            &["safeload", "prefetch"],
+            &["safeload", "prefetch", "x", "--streams", "many"],
+        ] {
+            let error = Cli::try_parse_from(args).unwrap_err();
+            assert_eq!(error.exit_code(), 2, "{args:?}: {error}");
+        }
+    }
+}

@@ -1,0 +1,581 @@
+//! The `safeload` command as a script and a person use it: what each subcommand prints, its JSON, its exit codes, and the progress bar on a terminal and not on a pipe.
+
+mod util;
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+use tempfile::tempdir;
+use util::{Run, has_bar, run, safeload, write_sharded};
+
+fn as_u64(value: &Value) -> u64 {
+    value
+        .as_u64()
+        .unwrap_or_else(|| panic!("not a count: {value}"))
+}
+
+// ---------------------------------------------------------------------------
+// load
+
+#[test]
+fn load_demo_prints_the_report_and_nothing_else_on_stdout() {
+    let out = run(&["load", "--demo"]).expect_code(0);
+    assert!(out.stdout.starts_with("20 tensors from "), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains("loaded 30.32 MiB tensor bytes from 3 file(s)")
+    );
+    for shard in 1..=3 {
+        assert!(
+            out.stdout
+                .contains(&format!("model-0000{shard}-of-00003.safetensors")),
+            "{}",
+            out.stdout
+        );
+    }
+    // Mapped lazily: no rate is claimed for bytes nobody read.
+    assert!(
+        out.stdout.contains("nothing read (mapped)"),
+        "{}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains("GiB/s"), "{}", out.stdout);
+    // stderr, a pipe, tells where the demo went and draws no bar.
+    assert!(out.stderr.contains("demo checkpoint written to"));
+    assert!(!has_bar(&out.stderr), "{}", out.stderr);
+}
+
+#[test]
+fn load_demo_json_is_one_object_with_three_lazy_files() {
+    let out = run(&["load", "--demo", "--json"]).expect_code(0);
+    let json = out.json();
+    assert_eq!(json["demo"], true);
+    assert_eq!(json["tensor_count"], 20);
+    assert_eq!(json["bytes_read"], 0);
+    assert_eq!(json["gib_per_s"], Value::Null);
+    let files = json["files"].as_array().unwrap();
+    assert_eq!(files.len(), 3);
+    for file in files {
+        assert_eq!(file["strategy"], "mmap", "{file}");
+        assert_eq!(file["lazy"], true);
+        assert_eq!(file["gib_per_s"], Value::Null);
+        assert!(
+            file["reason"].as_str().unwrap().contains("mapping"),
+            "{file}"
+        );
+        assert!(file["seconds"].is_f64());
+        assert!(file["mount"]["kind"].is_string());
+    }
+    let sum: u64 = files.iter().map(|f| as_u64(&f["tensor_bytes"])).sum();
+    assert_eq!(sum, as_u64(&json["tensor_bytes"]));
+    assert_eq!(json["notes"], serde_json::json!([]));
+    // Nothing but the JSON: the demo's note is for a person, in text mode.
+    assert_eq!(out.stderr, "");
+}
+
+#[test]
+fn a_buffered_verified_converting_load_reports_rates_digests_and_conversions() {
+    let dir = tempdir().unwrap();
+    write_sharded(dir.path(), 3, 4);
+    let out = run(&[
+        "load",
+        dir.path().to_str().unwrap(),
+        "--disable-mmap",
+        "--verify",
+        "--dtype",
+        "F32",
+        "--threads",
+        "2",
+        "--io-concurrency",
+        "3",
+        "--json",
+    ])
+    .expect_code(0);
+    let json = out.json();
+    assert_eq!(json["dtype"], "F32");
+    assert_eq!(json["io_concurrency"], 3);
+    assert!(json["gib_per_s"].as_f64().unwrap() > 0.0);
+    for file in json["files"].as_array().unwrap() {
+        assert_eq!(file["strategy"], "buffered", "{file}");
+        assert!(
+            file["reason"]
+                .as_str()
+                .unwrap()
+                .contains("disable_mmap(true) was requested"),
+            "{file}"
+        );
+        assert!(as_u64(&file["bytes_read"]) > 0);
+        assert!(file["gib_per_s"].as_f64().unwrap() > 0.0, "{file}");
+        assert_eq!(file["lazy"], false);
+        let sha = file["sha256"].as_str().unwrap();
+        assert!(
+            sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{sha}"
+        );
+        // Each shard holds a BF16 tensor, which becomes F32.
+        assert_eq!(as_u64(&file["converted"]), 1, "{file}");
+    }
+}
+
+#[test]
+fn a_load_with_prefetch_reports_what_the_prefetch_did() {
+    let dir = tempdir().unwrap();
+    write_sharded(dir.path(), 3, 4);
+    let path = dir.path().to_str().unwrap();
+    let json = run(&["load", path, "--mmap", "--prefetch", "2", "--json"])
+        .expect_code(0)
+        .json();
+    let prefetch = &json["prefetch"];
+    assert_eq!(prefetch["streams"], 2, "{prefetch}");
+    assert_eq!(prefetch["ran"], true);
+    assert_eq!(prefetch["file_count"], 3);
+    assert!(prefetch["reason"].as_str().unwrap().contains("prefetch(2)"));
+    // Just written, so resident: nothing warmed, and no rate for it.
+    let read = as_u64(&prefetch["warmed"]) + as_u64(&prefetch["reread"]);
+    assert_eq!(prefetch["gib_per_s"].is_null(), read == 0, "{prefetch}");
+}
+
+#[test]
+fn a_sharded_checkpoint_loads_from_its_directory_its_index_or_a_shard() {
+    let dir = tempdir().unwrap();
+    let index = write_sharded(dir.path(), 3, 4);
+    let shard = dir.path().join("model-00002-of-00003.safetensors");
+    for (path, tensors) in [
+        (dir.path(), 12),
+        (index.as_path(), 12),
+        (shard.as_path(), 4),
+    ] {
+        let json = run(&["load", path.to_str().unwrap(), "--json"])
+            .expect_code(0)
+            .json();
+        assert_eq!(json["tensor_count"], tensors, "{}", path.display());
+        assert_eq!(json["demo"], false);
+        assert_eq!(json["path"], path.to_str().unwrap());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// inspect
+
+#[test]
+fn inspect_json_of_a_sharded_checkpoint_lists_every_tensor_and_per_file_totals() {
+    let dir = tempdir().unwrap();
+    let index = write_sharded(dir.path(), 4, 5);
+    let json = run(&["inspect", dir.path().to_str().unwrap(), "--json"])
+        .expect_code(0)
+        .json();
+
+    // Every tensor, as the library's header-only open sees it, in its order.
+    let checkpoint = safeload::Checkpoint::open(&index).unwrap();
+    let expected: Vec<Value> = checkpoint
+        .tensors()
+        .map(|t| {
+            serde_json::json!({
+                "name": t.name(),
+                "dtype": t.dtype().to_string(),
+                "shape": t.shape(),
+                "nbytes": t.nbytes(),
+                "file": t.file().to_str().unwrap(),
+            })
+        })
+        .collect();
+    assert_eq!(expected.len(), 20);
+    assert_eq!(json["tensors"], Value::Array(expected));
+    assert_eq!(json["tensor_count"], 20);
+    assert_eq!(as_u64(&json["tensor_bytes"]), checkpoint.total_bytes());
+
+    // Per-file totals add up to the checkpoint's, and each file's tensors
+    // are the ones listed under it.
+    let files = json["files"].as_array().unwrap();
+    assert_eq!(files.len(), 4);
+    let bytes: u64 = files.iter().map(|f| as_u64(&f["tensor_bytes"])).sum();
+    let count: u64 = files.iter().map(|f| as_u64(&f["tensor_count"])).sum();
+    assert_eq!((bytes, count), (checkpoint.total_bytes(), 20));
+    for file in files {
+        let listed: Vec<&Value> = json["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["file"] == file["path"])
+            .collect();
+        assert_eq!(listed.len() as u64, as_u64(&file["tensor_count"]));
+        let listed_bytes: u64 = listed.iter().map(|t| as_u64(&t["nbytes"])).sum();
+        assert_eq!(listed_bytes, as_u64(&file["tensor_bytes"]));
+        assert!(as_u64(&file["size"]) > as_u64(&file["tensor_bytes"]));
+        assert!(file["strategy"].is_string() && file["reason"].is_string());
+    }
+
+    // Metadata: the first file's own, merged, and the index's.
+    assert_eq!(files[0]["metadata"]["written_by"], "cli tests");
+    assert_eq!(files[1]["metadata"], Value::Null);
+    assert_eq!(json["metadata"]["format"], "pt");
+    assert_eq!(
+        as_u64(&json["index_metadata"]["total_size"]),
+        checkpoint.total_bytes()
+    );
+}
+
+#[test]
+fn inspect_text_names_every_file_and_tensor_with_dtype_shape_and_size() {
+    let dir = tempdir().unwrap();
+    let index = write_sharded(dir.path(), 2, 4);
+    let out = run(&["inspect", index.to_str().unwrap()]).expect_code(0);
+    let checkpoint = safeload::Checkpoint::open(&index).unwrap();
+    assert!(out.stdout.contains("8 tensors"), "{}", out.stdout);
+    assert!(out.stdout.contains("index metadata: total_size="));
+    for file in checkpoint.files() {
+        assert!(
+            out.stdout.contains(file.to_str().unwrap()),
+            "{}",
+            out.stdout
+        );
+    }
+    for tensor in checkpoint.tensors() {
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(tensor.name()))
+            .unwrap_or_else(|| panic!("{} not listed:\n{}", tensor.name(), out.stdout));
+        assert!(line.contains(&tensor.dtype().to_string()), "{line}");
+        assert!(line.contains(&format!("{:?}", tensor.shape())), "{line}");
+    }
+    assert!(out.stdout.contains("a load would map it"), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains("metadata: format=pt, written_by=cli tests")
+    );
+}
+
+#[test]
+fn inspect_demo_lists_the_demo() {
+    let json = run(&["inspect", "--demo", "--json"]).expect_code(0).json();
+    assert_eq!(json["demo"], true);
+    assert_eq!(json["tensors"].as_array().unwrap().len(), 20);
+    assert_eq!(json["files"].as_array().unwrap().len(), 3);
+}
+
+// ---------------------------------------------------------------------------
+// exit codes and errors
+
+#[test]
+fn a_missing_path_fails_with_1_naming_it_and_its_cause() {
+    let dir = tempdir().unwrap();
+    let missing = dir.path().join("no-such-checkpoint");
+    let missing = missing.to_str().unwrap();
+    for command in ["load", "inspect", "prefetch"] {
+        let out = run(&[command, missing]).expect_code(1);
+        let first = out.stderr.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with(&format!("error: {missing}: ")),
+            "{}",
+            out.stderr
+        );
+        assert!(out.stderr.contains("\n  caused by: "), "{}", out.stderr);
+        assert_eq!(out.stdout, "");
+    }
+    // --json changes nothing of that: stdout stays empty for `jq`.
+    let out = run(&["load", missing, "--json"]).expect_code(1);
+    assert_eq!(out.stdout, "");
+    assert!(out.stderr.contains(missing));
+
+    let out = run(&["mounts", missing]).expect_code(1);
+    assert!(
+        out.stderr
+            .starts_with(&format!("error: looking up the filesystem of {missing}"))
+    );
+}
+
+#[test]
+fn a_corrupt_file_fails_with_1_naming_the_file() {
+    let dir = tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    std::fs::write(&path, [1, 2, 3]).unwrap();
+    for command in ["load", "inspect"] {
+        let out = run(&[command, path.to_str().unwrap()]).expect_code(1);
+        assert!(
+            out.stderr.starts_with(&format!(
+                "error: {}: file of 3 bytes is too small",
+                path.display()
+            )),
+            "{}",
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn usage_errors_exit_with_2() {
+    for args in [
+        &[][..],
+        &["frobnicate"],
+        &["load"],
+        &["load", "--demo", "--bogus"],
+        &["load", "--demo", "some/path"],
+        &["load", "--demo", "--mmap", "--disable-mmap"],
+        &["load", "--demo", "--dtype", "f8"],
+        &["load", "--demo", "--prefetch", "lots"],
+        &["load", "--demo", "--threads", "0"],
+        &["inspect"],
+        &["mounts", "a", "b"],
+        &["prefetch"],
+        &["prefetch", "x", "--streams", "0"],
+    ] {
+        let out = run(args);
+        assert_eq!(out.code, Some(2), "{args:?}: {}", out.stderr);
+        // An error, or for no command at all, the usage.
+        assert!(
+            out.stderr.starts_with("error: ") || args.is_empty(),
+            "{args:?}: {}",
+            out.stderr
+        );
+        assert_eq!(out.stdout, "", "{args:?}");
+    }
+}
+
+#[test]
+fn help_and_version_exit_with_0_on_stdout() {
+    let top = run(&["--help"]).expect_code(0);
+    for command in ["load", "inspect", "mounts", "prefetch"] {
+        assert!(
+            top.stdout.contains(&format!("  {command} ")),
+            "{}",
+            top.stdout
+        );
+    }
+    assert!(top.stdout.contains("Exit status:"));
+    for command in ["load", "inspect", "mounts", "prefetch"] {
+        for flag in ["--help", "-h"] {
+            let out = run(&[command, flag]).expect_code(0);
+            assert!(
+                out.stdout
+                    .contains(&format!("Usage: safeload {command} [OPTIONS]")),
+                "{command} {flag}: {}",
+                out.stdout
+            );
+        }
+        run(&["help", command]).expect_code(0);
+    }
+    let version = run(&["--version"]).expect_code(0);
+    assert_eq!(
+        version.stdout.trim(),
+        format!("safeload {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+// ---------------------------------------------------------------------------
+// mounts
+
+#[test]
+fn mounts_tells_the_kind_of_a_directory_and_why_the_policy_decides_as_it_does() {
+    let dir = tempdir().unwrap();
+    let expected = safeload::mount::lookup(dir.path()).unwrap();
+    let policy = expected.auto_policy();
+    let out = run(&["mounts", dir.path().to_str().unwrap()]).expect_code(0);
+    assert!(
+        out.stdout
+            .contains(&format!("kind:         {}\n", expected.kind)),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains(&format!(
+            "auto policy:  {}: {}\n",
+            policy.strategy, policy.reason
+        )),
+        "{}",
+        out.stdout
+    );
+
+    let json = run(&["mounts", dir.path().to_str().unwrap(), "--json"])
+        .expect_code(0)
+        .json();
+    assert_eq!(json["mount"]["kind"], expected.kind.as_str());
+    assert_eq!(json["auto_policy"]["strategy"], policy.strategy.as_str());
+    assert_eq!(json["auto_policy"]["reason"], policy.reason.as_str());
+    assert_eq!(json["environment"], serde_json::json!([]));
+    assert!(json.get("mounts").is_none(), "only with --all");
+}
+
+#[test]
+fn mounts_without_a_path_is_about_the_current_directory() {
+    let dir = tempdir().unwrap();
+    let mut command = safeload(&["mounts", "--json"]);
+    command.current_dir(dir.path());
+    let json = Run::piped(command).expect_code(0).json();
+    let expected = safeload::mount::lookup(dir.path()).unwrap();
+    assert_eq!(json["path"], ".");
+    assert_eq!(json["mount"]["kind"], expected.kind.as_str());
+    assert_eq!(
+        json["mount"]["mount_point"],
+        expected.mount_point.to_str().unwrap()
+    );
+}
+
+#[test]
+fn mounts_all_lists_the_table_and_says_which_variables_override_the_policy() {
+    let mut command = safeload(&["mounts", "/", "--all", "--json"]);
+    command.env("SAFELOAD_DISABLE_MMAP", "1");
+    let json = Run::piped(command).expect_code(0).json();
+    assert_eq!(
+        json["environment"],
+        serde_json::json!([{"name": "SAFELOAD_DISABLE_MMAP", "value": "1"}])
+    );
+    let table = safeload::mount::MountTable::current().unwrap();
+    let mounts = json["mounts"].as_array().unwrap();
+    assert_eq!(mounts.len(), table.entries().len());
+    if cfg!(target_os = "linux") {
+        assert!(mounts.iter().any(|m| m["mount_point"] == "/"));
+    }
+
+    let mut command = safeload(&["mounts", "/", "--all"]);
+    command.env("SAFELOAD_DISABLE_MMAP", "1");
+    let out = Run::piped(command).expect_code(0);
+    assert!(
+        out.stdout
+            .contains("note:         SAFELOAD_DISABLE_MMAP=1 is set")
+    );
+    assert!(out.stdout.contains("KIND "), "{}", out.stdout);
+}
+
+// ---------------------------------------------------------------------------
+// prefetch
+
+#[test]
+fn prefetch_warms_a_checkpoint_and_prints_its_report() {
+    let dir = tempdir().unwrap();
+    write_sharded(dir.path(), 2, 4);
+    let out = run(&["prefetch", dir.path().to_str().unwrap(), "--streams", "2"]).expect_code(0);
+    assert!(out.stdout.starts_with("prefetched: "), "{}", out.stdout);
+    assert!(out.stdout.contains("2 stream(s)"), "{}", out.stdout);
+    assert!(out.stdout.contains("rank 0 of 1"), "{}", out.stdout);
+    assert!(!has_bar(&out.stderr), "{}", out.stderr);
+}
+
+#[test]
+fn prefetch_in_two_local_ranks_splits_the_chunks_between_them() {
+    let dir = tempdir().unwrap();
+    // Each file is one chunk at least: work for two ranks.
+    write_sharded(dir.path(), 6, 4);
+    // Cold, so that there is work to split: written back, then dropped
+    // from the page cache (dirty pages would stay).
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        std::fs::File::open(entry.unwrap().path())
+            .unwrap()
+            .sync_all()
+            .unwrap();
+    }
+    safeload::evict(dir.path()).unwrap();
+    let path = dir.path().to_str().unwrap();
+    // One job id for both ranks, and one of this test's own, so that they
+    // share a queue with each other and with no other test.
+    let job = format!("cli-test-{}", std::process::id());
+    let ranks: Vec<std::process::Child> = (0..2)
+        .map(|rank| {
+            let mut command = safeload(&["prefetch", path, "--streams", "1", "--json"]);
+            command
+                .env("LOCAL_RANK", rank.to_string())
+                .env("LOCAL_WORLD_SIZE", "2")
+                .env("TORCHELASTIC_RUN_ID", &job)
+                .stdout(std::process::Stdio::piped());
+            command.spawn().unwrap()
+        })
+        .collect();
+    let reports: Vec<Value> = ranks
+        .into_iter()
+        .map(|child| {
+            let output = child.wait_with_output().unwrap();
+            assert!(output.status.success());
+            serde_json::from_slice(&output.stdout).unwrap()
+        })
+        .collect();
+    let seen: BTreeSet<u64> = reports.iter().map(|r| as_u64(&r["rank"])).collect();
+    assert_eq!(seen, BTreeSet::from([0, 1]));
+    for report in &reports {
+        assert_eq!(report["local_size"], 2, "{report}");
+        assert!(
+            report["rank_source"]
+                .as_str()
+                .unwrap()
+                .contains("LOCAL_RANK="),
+            "{report}"
+        );
+        assert_eq!(report["shared_queue"], true, "{report}");
+    }
+    assert_eq!(reports[0]["queue_path"], reports[1]["queue_path"]);
+    // No chunk read twice on the node: each cold chunk handled by one rank
+    // or the other. (Where eviction is a no-op, as on tmpfs, every chunk
+    // was resident and done when the queue was made.)
+    let handled: u64 = reports.iter().map(|r| as_u64(&r["chunks_handled"])).sum();
+    let warmed: u64 = reports.iter().map(|r| as_u64(&r["warmed"])).sum();
+    let total = as_u64(&reports[0]["total_bytes"]);
+    assert!(warmed <= total, "{reports:?}");
+    if as_u64(&reports[0]["resident_before"]) == 0 {
+        assert_eq!(handled, as_u64(&reports[0]["chunks"]), "{reports:?}");
+    } else {
+        assert!(handled <= as_u64(&reports[0]["chunks"]), "{reports:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// the progress bar
+
+#[cfg(unix)]
+#[test]
+fn a_buffered_load_draws_a_progress_bar_on_a_terminal() {
+    let out = util::pty::run_on_terminal(safeload(&["load", "--demo", "--disable-mmap"]));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    // The bar: its phase, its frame, bytes of the total, the rate.
+    assert!(out.stderr.contains("read ["), "{:?}", out.stderr);
+    assert!(
+        out.stderr.contains("30.32 MiB/30.32 MiB"),
+        "{:?}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("GiB/s, 3/3 files"), "{:?}", out.stderr);
+    // The report is on stdout, a pipe, untouched by the bar.
+    assert!(out.stdout.starts_with("20 tensors from "), "{}", out.stdout);
+    assert!(!out.stdout.contains('\x1b'));
+}
+
+#[cfg(unix)]
+#[test]
+fn a_load_too_fast_for_a_second_frame_still_draws_its_bar_once() {
+    // A few KiB: the library reports once, at the end of the phase.
+    let dir = tempdir().unwrap();
+    write_sharded(dir.path(), 2, 4);
+    let out = util::pty::run_on_terminal(safeload(&[
+        "load",
+        dir.path().to_str().unwrap(),
+        "--disable-mmap",
+    ]));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stderr.contains("read ["), "{:?}", out.stderr);
+    assert!(out.stderr.contains("2/2 files"), "{:?}", out.stderr);
+}
+
+#[test]
+fn a_buffered_load_draws_no_bar_when_stderr_is_a_pipe() {
+    let out = run(&["load", "--demo", "--disable-mmap"]).expect_code(0);
+    assert!(!has_bar(&out.stderr), "{:?}", out.stderr);
+    assert!(!out.stderr.contains('\x1b') && !out.stderr.contains('\r'));
+    // Only the demo's note, and the report on stdout.
+    assert_eq!(out.stderr.lines().count(), 1, "{:?}", out.stderr);
+    assert!(out.stdout.contains("GiB/s"), "{}", out.stdout);
+}
+
+#[cfg(unix)]
+#[test]
+fn no_bar_on_a_terminal_with_no_progress_or_when_nothing_is_read() {
+    let dir = tempdir().unwrap();
+    write_sharded(dir.path(), 3, 4);
+    let path = dir.path().to_str().unwrap();
+    for args in [
+        &["load", path, "--disable-mmap", "--no-progress"][..],
+        // Mapped lazily: there are no bytes to count and no rate to show.
+        &["load", path, "--mmap"],
+    ] {
+        let out = util::pty::run_on_terminal(safeload(args));
+        assert_eq!(out.code, Some(0), "{args:?}: {}", out.stderr);
+        assert!(!has_bar(&out.stderr), "{args:?}: {:?}", out.stderr);
+    }
+}

@@ -69,17 +69,35 @@ const SCENARIOS: [&str; 9] = [
     "fuse-remote",
 ];
 /// The plain-read limit arms: `limit` and `limit-direct` (with
-/// `--limit-threads` readers), `limit-N` and `limit-direct-N` (N readers).
-/// Returns the readers (`None`: the option's) and whether reads are direct.
-fn limit_arm(arm: &str) -> Option<(Option<usize>, bool)> {
+/// `--limit-threads` readers), `limit-N` and `limit-direct-N` (N readers);
+/// `-fresh` after `limit` or `limit-direct` reads every chunk into memory of
+/// its own, kept to the end, as a load must (the plain limit reuses one
+/// buffer per reader, and so never pays for fresh memory).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct LimitArm {
+    threads: Option<usize>,
+    direct: bool,
+    fresh: bool,
+}
+
+fn limit_arm(arm: &str) -> Option<LimitArm> {
     let (direct, rest) = match arm.strip_prefix("limit-direct") {
         Some(rest) => (true, rest),
         None => (false, arm.strip_prefix("limit")?),
     };
-    match rest {
-        "" => Some((None, direct)),
-        n => Some((Some(n.strip_prefix('-')?.parse().ok()?), direct)),
-    }
+    let (fresh, rest) = match rest.strip_prefix("-fresh") {
+        Some(rest) => (true, rest),
+        None => (false, rest),
+    };
+    let threads = match rest {
+        "" => None,
+        n => Some(n.strip_prefix('-')?.parse().ok()?),
+    };
+    Some(LimitArm {
+        threads,
+        direct,
+        fresh,
+    })
 }
 
 /// The FUSE test filesystem as each of the hf-mount-like scenarios mounts
@@ -775,9 +793,11 @@ type ArmResult = Result<(u64, u64), String>;
 fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
     let files = shard_files(path);
     match arm {
-        _ if let Some((threads, direct)) = limit_arm(arm) => {
-            limit(&files, threads.unwrap_or(limit_threads), direct)
-        }
+        _ if let Some(l) = limit_arm(arm) => limit(
+            &files,
+            l.threads.unwrap_or(limit_threads),
+            (l.direct, l.fresh),
+        ),
         "memmap2" => baseline(&files, 1, true),
         "memmap2-4t" => baseline(&files, 4, true),
         "fs-read" => baseline(&files, 1, false),
@@ -817,8 +837,13 @@ fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
                 .iter()
                 .filter(|f| f.strategy() == safeload::Strategy::Buffered)
                 .count();
+            let io = sd
+                .report()
+                .io_concurrency_reason()
+                .map(|r| format!("; {r}"))
+                .unwrap_or_default();
             eprintln!(
-                "{buffered}/{} files buffered, {direct} with O_DIRECT",
+                "{buffered}/{} files buffered, {direct} with O_DIRECT{io}",
                 files.len()
             );
             Ok(sum_tensors(sd.tensors().iter().map(|t| t.as_bytes())))
@@ -869,7 +894,7 @@ fn baseline(files: &[PathBuf], threads: usize, mmap: bool) -> ArmResult {
 /// The storage's streaming speed: `threads` readers pulling 16 MiB chunks of
 /// every file from one queue, `pread` into a reused buffer, checksumming the
 /// tensor bytes of each (the header is skipped, so the sum matches).
-fn limit(files: &[PathBuf], threads: usize, direct: bool) -> ArmResult {
+fn limit(files: &[PathBuf], threads: usize, (direct, fresh): (bool, bool)) -> ArmResult {
     let chunk_mib: u64 = std::env::var("SAFELOAD_BENCH_LIMIT_CHUNK_MIB")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -911,11 +936,18 @@ fn limit(files: &[PathBuf], threads: usize, direct: bool) -> ArmResult {
                     // reads go out in fewer, larger pieces.
                     let _ = buf.advise(memmap2::Advice::HugePage);
                     let (mut bytes, mut sum) = (0u64, 0u64);
+                    let mut kept = Vec::new();
                     loop {
                         let k = next.fetch_add(1, Ordering::Relaxed);
                         let Some(&(i, off, len, data_start)) = chunks.get(k) else {
                             break;
                         };
+                        if fresh {
+                            let new = memmap2::MmapMut::map_anon(chunk_len as usize)
+                                .map_err(|e| e.to_string())?;
+                            let _ = new.advise(memmap2::Advice::HugePage);
+                            kept.push(std::mem::replace(&mut buf, new));
+                        }
                         let want = if direct {
                             len.next_multiple_of(4096)
                         } else {

@@ -5,8 +5,9 @@
 //! a queue of its own. The right number of readers is the mount's, and it
 //! is not written anywhere: so the read engine measures. Readers that are
 //! not allowed to read yet wait; each window of completed reads gives a
-//! throughput; a doubling that does not raise it by [`GAIN`] is undone and
-//! the count settles. Nothing is remembered across loads.
+//! throughput (but the first, which holds the readers' start); a doubling
+//! that does not raise it by [`GAIN`] is undone and the count settles.
+//! Nothing is remembered across loads.
 //!
 //! Only the number of readers changes, not the size of a read. NOTE: a
 //! direct read on FUSE reaches the daemon as requests of at most 1 MiB
@@ -143,6 +144,10 @@ pub(crate) struct Control {
 }
 
 struct State {
+    /// Whether the first window, which holds the readers' start (threads
+    /// spawned, first requests' latency, first faults), has passed: it is
+    /// not measured.
+    warmed: bool,
     start: Instant,
     bytes: u64,
     reads: usize,
@@ -163,6 +168,7 @@ impl Control {
             max,
             pinned,
             state: Mutex::new(State {
+                warmed: false,
                 start: Instant::now(),
                 bytes: 0,
                 reads: 0,
@@ -222,6 +228,13 @@ impl Control {
         if elapsed < WINDOW || state.reads < allowed {
             return;
         }
+        if !state.warmed {
+            state.warmed = true;
+            state.start = Instant::now();
+            state.bytes = 0;
+            state.reads = 0;
+            return;
+        }
         let rate = state.bytes as f64 / (1u64 << 30) as f64 / elapsed.as_secs_f64();
         state.steps.push((allowed, rate));
         let keep = match state.best {
@@ -267,6 +280,7 @@ mod tests {
     /// Feeds the controller reads whose throughput is `rate(readers)`.
     fn drive(concurrency: Concurrency, rate: impl Fn(usize) -> f64) -> Settled {
         let control = Control::new(concurrency, 10_000);
+        control.state.lock().unwrap().warmed = true;
         for _ in 0..40 {
             let n = control.allowed.load(Ordering::Acquire);
             // One window's worth of reads, then the window's time passes.

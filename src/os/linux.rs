@@ -47,6 +47,33 @@ pub(crate) fn populate_read(map: &Mmap, offset: usize, len: usize) -> io::Result
     }
 }
 
+/// Faults in the whole pages of `dst`, a range of a private anonymous
+/// buffer, writable (`MADV_POPULATE_WRITE`, Linux 5.14+), so that a read
+/// into it later takes no page faults. The contents are unchanged: a page
+/// already present is left as it is, a missing one arrives zero-filled, as
+/// a fault would bring it. A hint: errors (an old kernel's `EINVAL`, memory
+/// short) are ignored, and the read faults the pages itself.
+pub(crate) fn populate_write(dst: &mut [u8]) {
+    let page = rustix::param::page_size();
+    let start = dst.as_mut_ptr() as usize;
+    let first = start.next_multiple_of(page);
+    let end = (start + dst.len()) / page * page;
+    if end <= first {
+        return;
+    }
+    // SAFETY: `[first, end)` lies within `dst`, which is writable memory of
+    // this process borrowed mutably for the call, so no one else reads or
+    // writes it meanwhile; the advice changes no byte of it (see above) and
+    // unmaps nothing.
+    let _ = unsafe {
+        rustix::mm::madvise(
+            first as *mut std::ffi::c_void,
+            end - first,
+            rustix::mm::Advice::LinuxPopulateWrite,
+        )
+    };
+}
+
 /// Offers transparent huge pages for an anonymous buffer (`MADV_HUGEPAGE`).
 /// A hint: without THP the kernel answers `EINVAL` and nothing changes.
 pub(crate) fn advise_huge_pages(map: &MmapMut) {

@@ -43,6 +43,9 @@ pub(crate) fn open_regular(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
+/// No populate advice here: the read faults its pages in.
+pub(crate) fn populate_write(_dst: &mut [u8]) {}
+
 /// No populate advice here: the map stays lazy.
 pub(crate) fn populate_read(_map: &Mmap, _offset: usize, _len: usize) -> io::Result<()> {
     Ok(())

@@ -283,17 +283,37 @@ mod tests {
         control.state.lock().unwrap().warmed = true;
         for _ in 0..40 {
             let n = control.allowed.load(Ordering::Acquire);
-            // One window's worth of reads, then the window's time passes.
-            {
-                let mut state = control.state.lock().unwrap();
-                state.start = Instant::now() - WINDOW;
-                state.bytes =
-                    (rate(n) * (1u64 << 30) as f64 * WINDOW.as_secs_f64()) as u64 - n as u64;
-                state.reads = n - 1;
-            }
-            control.completed(n as u64);
+            window(&control, rate(n));
         }
         control.settled()
+    }
+
+    /// One window's worth of reads at `rate` GiB/s, the window's time passed.
+    fn window(control: &Control, rate: f64) {
+        let n = control.allowed.load(Ordering::Acquire);
+        {
+            let mut state = control.state.lock().unwrap();
+            state.start = Instant::now() - WINDOW;
+            state.bytes = (rate * (1u64 << 30) as f64 * WINDOW.as_secs_f64()) as u64 - n as u64;
+            state.reads = n - 1;
+        }
+        control.completed(n as u64);
+    }
+
+    #[test]
+    fn the_first_window_is_not_measured() {
+        let control = Control::new(Concurrency::adaptive(8), 10_000);
+        // The readers' start: slow, and not taken as the rate of 8 readers.
+        window(&control, 0.01);
+        assert!(control.settled().steps.is_empty());
+        assert_eq!(control.allowed.load(Ordering::Acquire), 8);
+        // The next window is the first measured one, and it doubles.
+        window(&control, 1.0);
+        let steps = control.settled().steps;
+        assert_eq!(steps.len(), 1, "{steps:?}");
+        assert_eq!(steps[0].0, 8);
+        assert!((steps[0].1 - 1.0).abs() < 0.01, "{steps:?}");
+        assert_eq!(control.allowed.load(Ordering::Acquire), 16);
     }
 
     #[test]

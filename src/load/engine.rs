@@ -286,4 +286,7 @@ pub(crate) fn read_all(
 // direct loads took 1.50-3.54 s with it and 1.19-1.25 s without, warm loads
 // 1.43-2.76 s with it and 0.96-1.08 s without. The readers already fault
 // their destinations in parallel, each its own chunk, while the reads of the
-// others are in flight; a separate pass only adds a serial phase.
+// others are in flight; a separate pass only adds a serial phase. What ships
+// instead overlaps the faulting with direct reads: one helper thread walking
+// the queue ahead of the readers (`reads_bypass_the_page_cache` in
+// `src/jobs.rs`, with its measurements).

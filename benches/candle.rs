@@ -17,10 +17,12 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use candle_core::{DType, Device};
+
+#[path = "common/child.rs"]
+mod child;
 
 const ARMS: [&str; 3] = ["candle-mmap", "safeload-buffered", "safeload-auto"];
 const SHARDS: usize = 8;
@@ -31,22 +33,11 @@ const COLS: usize = 8192;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("--child") {
-        child(&args[2], Path::new(&args[3]));
+    if child::as_child(&args, run_arm) {
         return;
     }
-    let mut runs = 5;
-    let mut dir = PathBuf::from("bench-data");
-    let mut it = args.iter().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--runs" => runs = it.next().and_then(|v| v.parse().ok()).unwrap_or(runs),
-            "--dir" => dir = it.next().map(PathBuf::from).unwrap_or(dir),
-            _ => {}
-        }
-    }
+    let (runs, dir) = child::runs_and_dir(&args, 5);
     let ckpt = write_checkpoint(&dir.join("candle-2gib-8"));
-    let exe = std::env::current_exe().unwrap();
     println!(
         "2 GiB BF16 checkpoint in {SHARDS} shards; {runs} runs, arms interleaved, each its own process"
     );
@@ -65,21 +56,7 @@ fn main() {
                 if cache == "cold" {
                     safeload::evict(&ckpt).unwrap();
                 }
-                let out = Command::new(&exe)
-                    .args(["--child", arm])
-                    .arg(&ckpt)
-                    .output()
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "{arm}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                let text = String::from_utf8_lossy(&out.stdout);
-                let v: Vec<f64> = text
-                    .split_whitespace()
-                    .map(|w| w.parse().unwrap())
-                    .collect();
+                let v = child::run_child("--child", Some(arm), &ckpt);
                 eprintln!(
                     "  {cache} round {round} {arm:<18} {:.3} s  peak {:.0} MiB  anon {:.0} MiB  file {:.0} MiB",
                     v[0], v[1], v[2], v[3]
@@ -88,7 +65,7 @@ fn main() {
             }
         }
         for (arm, s) in ARMS.iter().zip(&samples) {
-            let col = |k: usize| median(s.iter().map(|x| x[k]).collect());
+            let col = |k: usize| child::median(s.iter().map(|x| x[k]).collect());
             let (t, lo, hi) = col(0);
             writeln!(
                 table,
@@ -104,7 +81,7 @@ fn main() {
 }
 
 /// One arm: every tensor through a `VarBuilder`, kept until the end.
-fn child(arm: &str, dir: &Path) {
+fn run_arm(arm: &str, dir: &Path) {
     let device = Device::Cpu;
     let names: Vec<String> = safeload::Checkpoint::open(dir)
         .unwrap()
@@ -137,15 +114,7 @@ fn child(arm: &str, dir: &Path) {
         .collect();
     let secs = t.elapsed().as_secs_f64();
     assert_eq!(tensors.len(), SHARDS * PER_SHARD);
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let field = |name: &str| -> f64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            .unwrap()
-            / 1024.0
-    };
+    let field = child::status_mib;
     println!(
         "{secs} {} {} {}",
         field("VmHWM:"),
@@ -198,9 +167,4 @@ fn write_checkpoint(dir: &Path) -> PathBuf {
     let body = serde_json::json!({"metadata": {}, "weight_map": weight_map});
     std::fs::write(&index, serde_json::to_vec(&body).unwrap()).unwrap();
     dir.to_path_buf()
-}
-
-fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[0], v[v.len() - 1])
 }

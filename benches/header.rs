@@ -19,66 +19,44 @@
 use std::fmt::Write as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
+
+#[path = "common/child.rs"]
+mod child;
 
 const ARMS: [&str; 3] = ["safetensors", "safeload-open", "safeload-load"];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("--child") {
-        child(&args[2], Path::new(&args[3]));
+    if child::as_child(&args, run_arm) {
         return;
     }
-    let mut runs = 5;
-    let mut dir = PathBuf::from("bench-data");
-    let mut tensors = 1_350_000usize;
-    let mut it = args.iter().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--runs" => runs = it.next().and_then(|v| v.parse().ok()).unwrap_or(runs),
-            "--dir" => dir = it.next().map(PathBuf::from).unwrap_or(dir),
-            "--tensors" => tensors = it.next().and_then(|v| v.parse().ok()).unwrap_or(tensors),
-            _ => {}
-        }
-    }
+    let (runs, dir) = child::runs_and_dir(&args, 5);
+    let tensors: usize = child::value(&args, "--tensors").unwrap_or(1_350_000);
     let path = write_file(&dir.join(format!("header-{tensors}")), tensors);
     let header_mb = header_len(&path) as f64 / 1e6;
     println!(
         "{} tensors, header {header_mb:.1} MB; {runs} runs, arms interleaved, each its own process, warm",
         tensors
     );
-    let exe = std::env::current_exe().unwrap();
     // Read the file once so every arm finds it in the page cache.
     std::fs::read(&path).unwrap();
     let mut samples: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ARMS.len()];
     for round in 0..runs {
         for (i, arm) in ARMS.iter().enumerate() {
-            let out = Command::new(&exe)
-                .args(["--child", arm])
-                .arg(&path)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{arm}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let text = String::from_utf8_lossy(&out.stdout);
-            let mut words = text.split_whitespace();
-            let secs: f64 = words.next().unwrap().parse().unwrap();
-            let rss_mib: f64 = words.next().unwrap().parse().unwrap();
+            let v = child::run_child("--child", Some(arm), &path);
+            let (secs, rss_mib) = (v[0], v[1]);
             eprintln!("  round {round} {arm:<14} {secs:.3} s  {rss_mib:.0} MiB peak RSS");
             samples[i].push((secs, rss_mib));
         }
     }
-    let reference = median(samples[0].iter().map(|s| s.0).collect()).0;
+    let reference = child::median(samples[0].iter().map(|s| s.0).collect()).0;
     let mut table = String::from(
         "| arm | time, median (min-max) | peak RSS, median | time / safetensors |\n|---|---|---|---|\n",
     );
     for (arm, arm_samples) in ARMS.iter().zip(&samples) {
-        let (m, lo, hi) = median(arm_samples.iter().map(|s| s.0).collect());
-        let (rss, _, _) = median(arm_samples.iter().map(|s| s.1).collect());
+        let (m, lo, hi) = child::median(arm_samples.iter().map(|s| s.0).collect());
+        let (rss, _, _) = child::median(arm_samples.iter().map(|s| s.1).collect());
         writeln!(
             table,
             "| {arm} | {m:.2} s ({lo:.2}-{hi:.2}) | {rss:.0} MiB | {:.2}x |",
@@ -90,7 +68,7 @@ fn main() {
 }
 
 /// One arm, timed, in this process.
-fn child(arm: &str, path: &Path) {
+fn run_arm(arm: &str, path: &Path) {
     let t = Instant::now();
     let count = match arm {
         "safetensors" => {
@@ -104,7 +82,7 @@ fn child(arm: &str, path: &Path) {
     };
     let secs = t.elapsed().as_secs_f64();
     assert!(count > 0);
-    println!("{secs} {}", peak_rss_mib());
+    println!("{secs} {}", child::status_mib("VmHWM:"));
 }
 
 /// A file of `tensors` scalar F32 tensors; written once and reused.
@@ -156,20 +134,4 @@ fn header_len(path: &Path) -> u64 {
         .read_exact(&mut prefix)
         .unwrap();
     u64::from_le_bytes(prefix)
-}
-
-fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[0], v[v.len() - 1])
-}
-
-/// Peak resident memory of this process so far, in MiB (`VmHWM`).
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kib / 1024.0
 }

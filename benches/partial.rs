@@ -16,10 +16,12 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use safeload::{Checkpoint, Loader};
+
+#[path = "common/child.rs"]
+mod child;
 
 const SHARDS: usize = 30;
 const TENSORS_PER_SHARD: usize = 100;
@@ -35,16 +37,7 @@ fn main() {
         println!("{secs} {} {}", ck.len(), ck.total_bytes());
         return;
     }
-    let mut runs = 7;
-    let mut dir = PathBuf::from("bench-data");
-    let mut it = args.iter().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--runs" => runs = it.next().and_then(|v| v.parse().ok()).unwrap_or(runs),
-            "--dir" => dir = it.next().map(PathBuf::from).unwrap_or(dir),
-            _ => {}
-        }
-    }
+    let (runs, dir) = child::runs_and_dir(&args, 7);
     open_arm(&dir.join("sparse-300gib"), runs);
     tp_arm(&dir.join("tp-1gib"), runs);
 }
@@ -88,33 +81,17 @@ fn write_sparse(dir: &Path) -> PathBuf {
     index
 }
 
-fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[0], v[v.len() - 1])
-}
-
 fn open_arm(dir: &Path, runs: usize) {
     let index = write_sparse(dir);
-    let exe = std::env::current_exe().unwrap();
     let mut times = Vec::new();
     let mut shape = String::new();
     for _ in 0..runs {
         safeload::evict(&index).unwrap();
-        let out = Command::new(&exe)
-            .args(["--child-open"])
-            .arg(&index)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let mut words = text.split_whitespace();
-        times.push(words.next().unwrap().parse::<f64>().unwrap() * 1000.0);
-        shape = format!(
-            "{} tensors, {} GiB",
-            words.next().unwrap(),
-            words.next().unwrap().parse::<u64>().unwrap() >> 30
-        );
+        let v = child::run_child("--child-open", None, &index);
+        times.push(v[0] * 1000.0);
+        shape = format!("{} tensors, {} GiB", v[1], (v[2] as u64) >> 30);
     }
-    let (m, lo, hi) = median(times);
+    let (m, lo, hi) = child::median(times);
     println!("| header-only open, cold, {SHARDS} shards, {shape} | {m:.1} ms ({lo:.1}-{hi:.1}) |");
 }
 
@@ -195,7 +172,7 @@ fn tp_arm(dir: &Path, runs: usize) {
     println!("|---|---|---|");
     for arm in arms {
         let (t, bytes) = results.remove(arm).unwrap();
-        let (m, lo, hi) = median(t);
+        let (m, lo, hi) = child::median(t);
         println!("| {arm} | {m:.3} ({lo:.3}-{hi:.3}) | {} |", bytes >> 20);
     }
 }

@@ -10,21 +10,12 @@ use tempfile::tempdir;
 
 /// Every way a file's bytes reach a converting load.
 fn modes() -> Vec<(&'static str, Loader)> {
-    vec![
-        ("mmap", Loader::new().disable_mmap(false)),
-        (
-            "buffered",
-            Loader::new().disable_mmap(true).direct_io(false),
-        ),
-        (
-            "buffered-direct",
-            Loader::new().disable_mmap(true).direct_io(true),
-        ),
-        (
-            "mmap-populate",
-            Loader::new().disable_mmap(false).populate(true),
-        ),
-    ]
+    let mut modes = read_modes();
+    modes.push((
+        "mmap-populate",
+        Loader::new().disable_mmap(false).populate(true),
+    ));
+    modes
 }
 
 /// A checkpoint of the floating dtypes in sizes that cross the read chunk

@@ -8,13 +8,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::BufRead;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 
 use common::cgroup::{Cgroup, Controller};
-use common::child::{PATH, child_command, run_role};
+use common::child::{Held, PATH, child_command, run_role, spawn_held, wait_for_go};
 use safeload::mount::MountTable;
 use safeload::{ErrorKind, Loader, Strategy};
 use safetensors::Dtype;
@@ -39,10 +38,7 @@ fn child() {
 /// A child: says `READY`, waits for the parent's line (it is moved into its
 /// cgroup meanwhile), loads as `MODE` says, prints one `RESULT` line.
 fn load_in_child() {
-    println!("READY");
-    std::io::stdout().flush().unwrap();
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
+    wait_for_go();
     let path = std::env::var(PATH).unwrap();
     let mode = std::env::var(MODE).unwrap();
     let loader = match mode.as_str() {
@@ -114,21 +110,13 @@ struct Outcome {
 /// Starts a child loading `dir` as `mode`, moves it into `cgroup`, lets
 /// `limit` set the limit (given the cgroup's memory usage then), and waits.
 fn run_child(dir: &Path, mode: &str, cgroup: &Cgroup, limit: impl FnOnce(&Cgroup)) -> Outcome {
-    let mut child: Child = child_command("load", dir)
-        .env(MODE, mode)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    // The test harness may print the test's name before it on the line.
-    while !line.contains("READY") {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
-    }
-    cgroup.enter(child.id());
+    let mut command = child_command("load", dir);
+    command.env(MODE, mode);
+    let mut held = spawn_held(command);
+    cgroup.enter(held.child.id());
     limit(cgroup);
-    writeln!(child.stdin.take().unwrap(), "go").unwrap();
+    held.go();
+    let Held { mut child, out } = held;
     let mut result = String::new();
     for line in out.lines() {
         let line = line.unwrap();

@@ -9,15 +9,15 @@ mod common;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::rc::Rc;
 use std::sync::{Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
 use common::cgroup::{Cgroup, Controller};
-use common::child::{PATH, child_command, run_role};
+use common::child::{PATH, child_command, run_role, spawn_held, wait_for_go};
 use common::{MODES, Spec, spec, write_sharded};
 use safeload::{Checkpoint, ErrorKind, Loader, Strategy};
 use safetensors::Dtype;
@@ -586,22 +586,14 @@ fn with_no_thread_to_spawn_the_calling_thread_reads_every_tensor() {
             return;
         };
         let mode = mode_name(disable_mmap);
-        let mut child: Child = child_command("no-threads", &index)
-            .env(MODE, mode)
-            .stdin(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        while !line.contains("READY") {
-            line.clear();
-            assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
-        }
+        let mut command = child_command("no-threads", &index);
+        command.env(MODE, mode);
+        let mut held = spawn_held(command);
         // No task more than the child has now: every thread spawn fails.
-        cgroup.enter(child.id());
+        cgroup.enter(held.child.id());
         cgroup.limit(1);
-        writeln!(child.stdin.take().unwrap(), "go").unwrap();
-        let (ok, stdout) = finish(child, out, mode);
+        held.go();
+        let (ok, stdout) = finish(held.child, held.out, mode);
         assert!(
             ok,
             "{mode}: the child failed (its stderr is above)\n{stdout}"
@@ -622,10 +614,7 @@ fn with_no_thread_to_spawn_the_calling_thread_reads_every_tensor() {
 /// cgroup where it can start no thread meanwhile), streams, and prints how
 /// many readers it ever saw, the tensors and the sum of their bytes.
 fn no_threads_in_child() {
-    println!("READY");
-    std::io::stdout().flush().unwrap();
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
+    wait_for_go();
     let ck = open_in_child();
     let (mut readers, mut tensors, mut sum) = (0, 0, 0u64);
     ck.for_each(KIB, |t| -> safeload::Result<()> {

@@ -14,23 +14,14 @@ use tempfile::tempdir;
 
 /// The loaders each case runs with: every way a file's bytes are hashed.
 fn modes() -> Vec<(&'static str, Loader)> {
-    vec![
-        ("mmap", Loader::new().disable_mmap(false)),
-        (
-            "buffered",
-            Loader::new().disable_mmap(true).direct_io(false),
-        ),
-        (
-            "buffered-direct",
-            Loader::new().disable_mmap(true).direct_io(true),
-        ),
-        (
-            "buffered-in-part",
-            Loader::new()
-                .disable_mmap(true)
-                .filter(|name| !name.ends_with(".scalar")),
-        ),
-    ]
+    let mut modes = read_modes();
+    modes.push((
+        "buffered-in-part",
+        Loader::new()
+            .disable_mmap(true)
+            .filter(|name| !name.ends_with(".scalar")),
+    ));
+    modes
 }
 
 fn sha256_hex(path: &Path) -> String {

@@ -5,6 +5,7 @@ mod reference;
 mod twin;
 mod values;
 
+use crate::format::ALL_DTYPES;
 use safetensors::Dtype;
 
 use super::*;
@@ -32,35 +33,6 @@ const PAIRS: [(Dtype, Dtype); 18] = {
         (F32, F32),
         (F16, F16),
         (BF16, BF16),
-    ]
-};
-
-/// Every dtype of safetensors 0.8.
-const ALL_DTYPES: [Dtype; 22] = {
-    use Dtype::*;
-    [
-        BOOL,
-        F4,
-        F6_E2M3,
-        F6_E3M2,
-        U8,
-        I8,
-        F8_E5M2,
-        F8_E4M3,
-        F8_E8M0,
-        F8_E4M3FNUZ,
-        F8_E5M2FNUZ,
-        I16,
-        U16,
-        F16,
-        BF16,
-        I32,
-        U32,
-        F32,
-        C64,
-        F64,
-        I64,
-        U64,
     ]
 };
 

@@ -53,11 +53,13 @@ pub(crate) fn assemble(
             if !shard.selected.get(i).copied().unwrap_or(false) {
                 continue;
             }
-            if let Some((part, place)) = shard
+            // Where the tensor's bytes are: a converted part of its own, or
+            // the file's storage; and the bytes read from the file for it.
+            let converted_place = shard
                 .convert
                 .as_ref()
-                .and_then(|part| Some((part, part.placements.get(i).copied().flatten()?)))
-            {
+                .and_then(|part| Some((part, part.placements.get(i).copied().flatten()?)));
+            let (dtype, holder, range, read) = if let Some((part, place)) = converted_place {
                 let ConvertBuffer::Sealed(into) = &part.buffer else {
                     continue; // `read_all` seals every buffer, or fails
                 };
@@ -66,39 +68,21 @@ pub(crate) fn assemble(
                     .ok()
                     .and_then(|s| Some(s..s.checked_add(len)?))
                     .filter(|r| r.end <= into.bytes().len());
-                let Some(range) = range else {
-                    return Err(size_mismatch(
-                        &shard.path,
-                        shard.header.file_len(),
-                        shard.size,
-                    ));
-                };
-                by_name.insert(entry.name.clone(), tensors.len());
-                tensors.push(Tensor::new(
-                    Arc::from(entry.name.as_str()),
-                    part.to,
-                    entry.shape.clone(),
-                    Arc::clone(into),
-                    range,
-                ));
-                count += 1;
                 converted += 1;
-                bytes += len as u64;
-                if !matches!(storage_kind, StorageKind::Mapped) {
-                    bytes_read += entry.end - entry.start;
-                }
-                continue;
-            }
-            let start = match &layout {
-                Some(layout) => layout.placements.get(i).copied().flatten(),
-                None => Some(shard.header.data_start + entry.start),
+                let read = !matches!(storage_kind, StorageKind::Mapped);
+                (part.to, into, range, read)
+            } else {
+                let start = match &layout {
+                    Some(layout) => layout.placements.get(i).copied().flatten(),
+                    None => Some(shard.header.data_start + entry.start),
+                };
+                let range = start.and_then(|s| {
+                    let s = usize::try_from(s).ok()?;
+                    let e = s.checked_add(usize::try_from(entry.end - entry.start).ok()?)?;
+                    (e <= storage.bytes().len()).then_some(s..e)
+                });
+                (entry.dtype, &storage, range, buffered)
             };
-            let len = entry.end - entry.start;
-            let range = start.and_then(|s| {
-                let s = usize::try_from(s).ok()?;
-                let e = s.checked_add(usize::try_from(len).ok()?)?;
-                (e <= storage.bytes().len()).then_some(s..e)
-            });
             let Some(range) = range else {
                 return Err(size_mismatch(
                     &shard.path,
@@ -106,19 +90,19 @@ pub(crate) fn assemble(
                     shard.size,
                 ));
             };
+            count += 1;
+            bytes += range.len() as u64;
+            if read {
+                bytes_read += entry.end - entry.start;
+            }
             by_name.insert(entry.name.clone(), tensors.len());
             tensors.push(Tensor::new(
                 Arc::from(entry.name.as_str()),
-                entry.dtype,
+                dtype,
                 entry.shape.clone(),
-                Arc::clone(&storage),
+                Arc::clone(holder),
                 range,
             ));
-            count += 1;
-            bytes += len;
-            if buffered {
-                bytes_read += len;
-            }
         }
         if let Some(part) = &shard.convert {
             overflowed = part.overflowed.load(Ordering::Relaxed);

@@ -61,10 +61,9 @@ pub(crate) fn populate_write(dst: &mut [u8]) {
     if end <= first {
         return;
     }
-    // SAFETY: `[first, end)` lies within `dst`, which is writable memory of
-    // this process borrowed mutably for the call, so no one else reads or
-    // writes it meanwhile; the advice changes no byte of it (see above) and
-    // unmaps nothing.
+    // SAFETY: `[first, end)` lies within `dst`, this process's writable memory
+    // borrowed mutably for the call (no one else touches it meanwhile); the
+    // advice changes no byte of it (see above) and unmaps nothing.
     let _ = unsafe {
         rustix::mm::madvise(
             first as *mut std::ffi::c_void,
@@ -187,10 +186,9 @@ pub(crate) fn mincore_pages(
     let pages = len.div_ceil(page);
     vec.clear();
     vec.resize(pages, 0);
-    // SAFETY: `offset..offset + len` lies within the map (checked above), so
-    // the address is inside a live mapping owned by `map`, borrowed for the
-    // call; `offset` and the map's base are page-aligned; `vec` holds one
-    // byte per page of the range, which is what mincore(2) writes.
+    // SAFETY: `offset..offset + len` lies within the live map borrowed for the
+    // call (checked above); `offset` and the map's base are page-aligned;
+    // `vec` holds one byte per page of the range, what mincore(2) writes.
     let rc = unsafe {
         libc::mincore(
             map.as_ptr().add(offset) as *mut libc::c_void,
@@ -365,10 +363,9 @@ impl SharedWords {
         if len == 0 || len % 8 != 0 {
             return Err(io::Error::from(io::ErrorKind::InvalidData));
         }
-        // SAFETY: a shared map of a regular file whose contents are only
-        // ever accessed as atomics (`words`), so writers in other processes
-        // cannot cause a data race; truncation by another process is the
-        // documented hazard above.
+        // SAFETY: a shared map of a regular file only ever accessed as atomics
+        // (`words`), so writers in other processes cannot race with us;
+        // truncation by another process is the documented hazard above.
         let map = unsafe { memmap2::MmapOptions::new().map_mut(file)? };
         Ok(SharedWords { map })
     }
@@ -376,10 +373,9 @@ impl SharedWords {
     /// The words of the map.
     pub(crate) fn words(&self) -> &[AtomicU64] {
         let len = self.map.len() / 8;
-        // SAFETY: the map is page-aligned, hence aligned for `AtomicU64`, and
-        // holds `len` whole words; `AtomicU64` has the layout of `u64`, every
-        // bit pattern is valid, and all access is atomic, also across
-        // processes; the slice borrows `self`, which owns the map.
+        // SAFETY: the page-aligned map holds `len` whole words; `AtomicU64` has
+        // `u64`'s layout, every bit pattern is valid, all access is atomic (also
+        // across processes); the slice borrows `self`, which owns the map.
         unsafe { std::slice::from_raw_parts(self.map.as_ptr() as *const AtomicU64, len) }
     }
 }

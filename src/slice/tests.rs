@@ -8,39 +8,13 @@
 
 mod twin;
 
+use crate::format::ALL_DTYPES as DTYPES;
 use std::ops::Range;
 
 use safetensors::Dtype::{self, *};
 
 use super::*;
 use crate::ErrorKind;
-
-/// Every dtype of safetensors 0.8: 1-, 2-, 4- and 8-byte elements, BOOL,
-/// and the packed 4- and 6-bit types.
-const DTYPES: [Dtype; 22] = [
-    BOOL,
-    F4,
-    F6_E2M3,
-    F6_E3M2,
-    U8,
-    I8,
-    F8_E5M2,
-    F8_E4M3,
-    F8_E8M0,
-    F8_E4M3FNUZ,
-    F8_E5M2FNUZ,
-    I16,
-    U16,
-    F16,
-    BF16,
-    I32,
-    U32,
-    F32,
-    C64,
-    F64,
-    I64,
-    U64,
-];
 
 fn plan(dtype: Dtype, shape: &[usize], ranges: &[Range<usize>]) -> SlicePlan {
     match SlicePlan::new("w", dtype, shape, ranges) {

@@ -5,8 +5,9 @@
 //! A test binary that uses this has a `#[test] fn child()` that calls
 //! `run_role` with the roles it knows.
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 
 /// Set in a child process: what it is to do.
 pub const ROLE: &str = "SAFELOAD_TEST_PREFETCH_ROLE";
@@ -60,4 +61,42 @@ pub fn run_role(roles: &[(&str, fn())]) {
         Some((_, act)) => act(),
         None => panic!("unknown role {role}"),
     }
+}
+
+/// A child held at its start until the parent lets it go, so that the parent
+/// can first move it into a cgroup or set a limit on it.
+pub struct Held {
+    pub child: Child,
+    /// The child's stdout, past its `READY` line.
+    pub out: BufReader<ChildStdout>,
+}
+
+/// Starts `command` (from [`child_command`]) with stdin piped and returns
+/// once the child has said `READY` (see [`wait_for_go`]).
+pub fn spawn_held(mut command: Command) -> Held {
+    let mut child = command.stdin(Stdio::piped()).spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    // The test harness may print the test's name before it on the line.
+    while !line.contains("READY") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
+    }
+    Held { child, out }
+}
+
+impl Held {
+    /// Lets the child go on.
+    pub fn go(&mut self) {
+        writeln!(self.child.stdin.take().unwrap(), "go").unwrap();
+    }
+}
+
+/// The child's side of [`spawn_held`]: says `READY` and waits for the
+/// parent's word.
+pub fn wait_for_go() {
+    println!("READY");
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
 }

@@ -24,6 +24,23 @@ use safetensors::tensor::TensorView;
 
 pub use random::bytes_for;
 
+/// The three ways a file's bytes reach a load: mapped, read through the
+/// page cache, read with `O_DIRECT`; tests add the variants they need.
+pub fn read_modes() -> Vec<(&'static str, safeload::Loader)> {
+    use safeload::Loader;
+    vec![
+        ("mmap", Loader::new().disable_mmap(false)),
+        (
+            "buffered",
+            Loader::new().disable_mmap(true).direct_io(false),
+        ),
+        (
+            "buffered-direct",
+            Loader::new().disable_mmap(true).direct_io(true),
+        ),
+    ]
+}
+
 /// One tensor to write.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Spec {

@@ -46,7 +46,8 @@ const DEFAULT_ARMS: [&str; 12] = [
     "fs-read-4t",
 ];
 /// Arms for tuning, run when named with `--arms`.
-const EXTRA_ARMS: [&str; 5] = [
+const EXTRA_ARMS: [&str; 6] = [
+    "safeload-auto-prefetch",
     "safeload-prefetch-static",
     "safeload-auto-io1",
     "safeload-auto-io32",
@@ -330,6 +331,10 @@ struct Sample {
     /// Bytes this arm's process(es) caused to be read from storage
     /// (`read_bytes` of /proc/self/io, summed over ranks).
     read_bytes: u64,
+    /// Bytes the FUSE test mount served in answers to `READ` requests
+    /// during the arm (0 off FUSE).
+    #[serde(default)]
+    served: u64,
     /// What safeload said of the files (strategies, direct I/O).
     note: Option<String>,
     error: Option<String>,
@@ -388,17 +393,24 @@ fn parent(o: &Options) -> Result<(), String> {
                         mount.forget_fetched();
                     }
                 }
-                let sample = if scenario == "cold-3ranks" {
+                if let Some(mount) = &mount {
+                    mount.reset_stats();
+                }
+                let mut sample = if scenario == "cold-3ranks" {
                     run_ranks(&exe, o, scenario, arm, round, &path)
                 } else {
                     run_child_env(&exe, o, scenario, arm, round, &path, None)
                 };
+                if let Some(mount) = &mount {
+                    sample.served = mount.stats().bytes_read;
+                }
                 eprintln!(
-                    "  {scenario:<11} round {round} {arm:<26} {:>8.3} s {:>7.2} GiB/s {:>7} MiB RSS {:>7} MiB read{}{}",
+                    "  {scenario:<11} round {round} {arm:<26} {:>8.3} s {:>7.2} GiB/s {:>7} MiB RSS {:>7} MiB read {:>5.2}x served{}{}",
                     sample.seconds,
                     gib_s(sample.bytes, sample.seconds),
                     sample.maxrss_kib >> 10,
                     sample.read_bytes >> 20,
+                    sample.served as f64 / total as f64,
                     sample
                         .note
                         .as_deref()
@@ -495,6 +507,7 @@ fn run_child_env(
         checksum: 0,
         maxrss_kib: 0,
         read_bytes: 0,
+        served: 0,
         note: None,
         error: None,
     };
@@ -627,9 +640,9 @@ fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
     );
     let _ = writeln!(
         out,
-        "| scenario | arm | seconds | GiB/s | x limit | peak RSS MiB | read from storage MiB |"
+        "| scenario | arm | seconds | GiB/s | x limit | peak RSS MiB | read from storage MiB | served by FUSE x checkpoint |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
     for scenario in &o.scenarios {
         let of = |arm: &str| -> Vec<&Sample> {
             samples
@@ -671,6 +684,11 @@ fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
                     .map(|s| s.read_bytes as f64 / (1 << 20) as f64)
                     .collect(),
             );
+            let served = median(
+                runs.iter()
+                    .map(|s| s.served as f64 / total as f64)
+                    .collect(),
+            );
             let err = if errors > 0 {
                 format!(" ({errors} failed)")
             } else {
@@ -678,7 +696,7 @@ fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {scenario} | {arm}{err} | {m:.3} ({lo:.3}-{hi:.3}) | {:.2} | {:.2} | {rss:.0} | {read:.0} |",
+                "| {scenario} | {arm}{err} | {m:.3} ({lo:.3}-{hi:.3}) | {:.2} | {:.2} | {rss:.0} | {read:.0} | {served:.2} |",
                 gib_s(total, m),
                 limit / m,
             );
@@ -821,6 +839,9 @@ fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
                     .direct_io(true)
                     .verify(true),
                 "safeload-prefetch" => safeload::Loader::new().disable_mmap(false).prefetch(4),
+                // A prefetch under the auto policy (`SAFELOAD_PREFETCH=4`): on
+                // FUSE the files are then read buffered, from the page cache.
+                "safeload-auto-prefetch" => safeload::Loader::new().prefetch(4),
                 "safeload-prefetch-static" => {
                     safeload::Loader::new().disable_mmap(false).prefetch_with(
                         safeload::PrefetchOptions::new()

@@ -27,9 +27,10 @@ pub(crate) enum Job<'a> {
     /// of the file) may stay unread.
     Read {
         file: &'a File,
-        /// A plain descriptor of the same file, for when a direct read of
-        /// `file` is refused (`EINVAL`).
-        fallback: Option<&'a File>,
+        /// Whether `file` has `O_DIRECT` set: the read bypasses the page
+        /// cache (a refused one goes through an aligned bounce buffer, in
+        /// `os::read_at_least`).
+        direct: bool,
         offset: u64,
         dst: &'a mut [u8],
         required: usize,
@@ -126,7 +127,7 @@ pub(crate) struct JobError {
 pub(crate) fn split_read<'a>(
     out: &mut Vec<Tagged<'a>>,
     file_index: usize,
-    (file, fallback, hashed): (&'a File, Option<&'a File>, bool),
+    (file, direct, hashed): (&'a File, bool, bool),
     offset: u64,
     dst: &'a mut [u8],
     required: usize,
@@ -139,7 +140,7 @@ pub(crate) fn split_read<'a>(
             file_index,
             job: Job::Read {
                 file,
-                fallback,
+                direct,
                 offset: offset + at as u64,
                 dst: piece,
                 required: required.saturating_sub(at).min(len),
@@ -325,8 +326,7 @@ pub(crate) fn run<'a>(
     (result, started, control.settled())
 }
 
-/// Whether any job is a direct read (one with a plain descriptor to fall
-/// back on), the case where a helper faulting in destinations ahead of the
+/// Whether any job is a direct read, the case where a helper faulting in destinations ahead of the
 /// readers pays.
 ///
 /// NOTE: measured with the `load` benchmark (2.2 GiB, 8 shards, 2 vCPUs, 5
@@ -345,15 +345,8 @@ pub(crate) fn run<'a>(
 /// 3.19 s, warm 0.79 s against 0.9 s (within noise), cold unchanged; and
 /// no huge pages (`MADV_HUGEPAGE` off): warm buffered 1.55 s against 0.9 s.
 fn reads_bypass_the_page_cache(jobs: &[Tagged<'_>]) -> bool {
-    jobs.iter().any(|t| {
-        matches!(
-            t.job,
-            Job::Read {
-                fallback: Some(_),
-                ..
-            }
-        )
-    })
+    jobs.iter()
+        .any(|t| matches!(t.job, Job::Read { direct: true, .. }))
 }
 
 /// Walks the queue ahead of the readers and faults in the destination of
@@ -419,18 +412,13 @@ fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)> {
     match job {
         Job::Read {
             file,
-            fallback,
+            direct: _,
             offset,
             dst,
             required,
             hashed,
         } => {
-            match (os::read_at_least(file, dst, required, offset), fallback) {
-                (Err((_, e)), Some(plain)) if e.raw_os_error() == Some(os::EINVAL) => {
-                    os::read_at_least(plain, dst, required, offset)?
-                }
-                (result, _) => result?,
-            }
+            os::read_at_least(file, dst, required, offset)?;
             // The bytes are in place and no reader writes them again.
             let filled: &'a [u8] = dst;
             Ok(Outcome {
@@ -492,14 +480,14 @@ mod tests {
         f
     }
 
-    fn reads<'a>(file: &'a File, fallback: Option<&'a File>, dst: &'a mut [u8]) -> Vec<Tagged<'a>> {
+    fn reads<'a>(file: &'a File, direct: bool, dst: &'a mut [u8]) -> Vec<Tagged<'a>> {
         dst.chunks_mut(1 << 20)
             .enumerate()
             .map(|(k, dst)| Tagged {
                 file_index: 0,
                 job: Job::Read {
                     file,
-                    fallback,
+                    direct,
                     offset: (k << 20) as u64,
                     required: dst.len(),
                     dst,
@@ -513,12 +501,8 @@ mod tests {
     fn only_direct_reads_bring_the_helper() {
         let file = file_of(&[1; 4096]);
         let mut dst = vec![0u8; 4096];
-        assert!(!reads_bypass_the_page_cache(&reads(&file, None, &mut dst)));
-        assert!(reads_bypass_the_page_cache(&reads(
-            &file,
-            Some(&file),
-            &mut dst
-        )));
+        assert!(!reads_bypass_the_page_cache(&reads(&file, false, &mut dst)));
+        assert!(reads_bypass_the_page_cache(&reads(&file, true, &mut dst)));
         assert!(!reads_bypass_the_page_cache(&[]));
     }
 
@@ -527,15 +511,15 @@ mod tests {
         let len = 24 << 20;
         let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
         let file = file_of(&bytes);
-        for fallback in [None, Some(&file)] {
+        for direct in [false, true] {
             let mut dst = crate::storage::alloc_buffer(len).unwrap();
             let (result, _, _) = run(
-                reads(&file, fallback, &mut dst),
+                reads(&file, direct, &mut dst),
                 Concurrency::pinned(2),
                 &|_, _| {},
             );
             result.unwrap();
-            assert!(dst[..] == bytes[..], "fallback {}", fallback.is_some());
+            assert!(dst[..] == bytes[..], "direct {direct}");
         }
     }
 }

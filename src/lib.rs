@@ -226,17 +226,21 @@
 //!
 //! Every file is treated as hostile: the header length is checked against the
 //! file size and a 100 MB cap before anything is allocated; the header is
-//! parsed by the `safetensors` crate, which checks dtypes, shapes, offsets and
-//! byte lengths with checked arithmetic; duplicate tensor names, truncated
+//! parsed by the `safetensors` crate's rules, which check dtypes, shapes,
+//! offsets and byte lengths with checked arithmetic and refuse JSON nested
+//! deeper than 127 arrays and objects (serde_json's recursion limit), in one
+//! pass of the crate's own; duplicate tensor names (which the reference
+//! resolves to the last entry), truncated
 //! files and trailing bytes are refused; an index may only name plain files
 //! in its own directory. Each of these is a typed [`ErrorKind`] naming the
 //! file, never a panic.
 //!
 //! One load sees one version of every file: a directory is opened once and
-//! every file relative to it, and a direct-I/O descriptor is a reopen of the
-//! open file, checked to be the same device and inode; so a file replaced by
-//! `rename`, or a `current -> snapshots/<rev>` symlink flipped, during a load
-//! gives the old version or the new one, never a mix. A buffered load that
+//! every file relative to it, once: every byte of the load is read through
+//! that one descriptor (direct I/O is `O_DIRECT` set on it, never a second
+//! open, which a FUSE daemon would resolve by path again); so a file replaced
+//! by `rename`, or a `current -> snapshots/<rev>` symlink flipped, during a
+//! load gives the old version or the new one, never a mix, also on FUSE. A buffered load that
 //! would not fit in memory with a margin (32 MiB, 2 MiB per file, 1/512 of
 //! the bytes) is mapped instead (auto) or refused
 //! ([`ErrorKind::InsufficientMemory`]), never left to the OOM killer.

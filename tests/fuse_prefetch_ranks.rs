@@ -379,6 +379,73 @@ fn three_ranks_warm_every_byte_once() {
     ranks_warm_every_byte_once(3, Launcher::OpenMpi);
 }
 
+/// A prefetch asked for on FUSE by one rank alone, whose files the load reads
+/// buffered: the mount serves each byte once, not twice. The rank's own
+/// streaming reads take the files (a prefetch through the page cache would
+/// reach the daemon in smaller requests, and the load read them again);
+/// where something is already in the page cache, the load takes it there
+/// rather than read it again with `O_DIRECT`.
+#[test]
+fn a_prefetch_then_a_buffered_load_reads_nothing_twice() {
+    if skip_without_fuse() {
+        return;
+    }
+    let setup = on_fuse(Some(Duration::from_millis(2)));
+    let total = total_size(&setup.shards);
+    for (name, loader) in [
+        ("auto", Loader::new().local_rank(0, 1).prefetch(4)),
+        (
+            "buffered",
+            Loader::new()
+                .local_rank(0, 1)
+                .prefetch(4)
+                .disable_mmap(true),
+        ),
+    ] {
+        evict_until_cold(&setup.index, &setup.shards);
+        std::fs::read(&setup.index).unwrap();
+        setup.fs.reset_stats();
+        let sd = loader.load(&setup.index).unwrap();
+        let served = setup.fs.stats().bytes_read;
+        assert_eq!(loaded(&sd), naive_load(&setup.shards), "{name}");
+        let prefetch = sd
+            .report()
+            .prefetch()
+            .expect("the prefetch asked for is reported");
+        assert_eq!(prefetch.warmed(), 0, "{name}: {prefetch}");
+        assert!(
+            prefetch
+                .skip_reasons()
+                .iter()
+                .any(|r| r.contains("not warmed")),
+            "{name}: the report says why: {prefetch}"
+        );
+        for file in sd.report().files() {
+            assert_eq!(file.strategy(), safeload::Strategy::Buffered, "{name}");
+        }
+        assert!(
+            served as f64 <= 1.10 * total as f64,
+            "{name}: {served} bytes served for {total} (target at most 1.10x)"
+        );
+    }
+    // Warm already (read by hand, as another process would): the buffered
+    // load copies from the page cache, with no direct read of the daemon.
+    for s in &setup.shards {
+        std::fs::read(s).unwrap();
+    }
+    setup.fs.reset_stats();
+    let sd = Loader::new().disable_mmap(true).load(&setup.index).unwrap();
+    let served = setup.fs.stats().bytes_read;
+    assert_eq!(loaded(&sd), naive_load(&setup.shards));
+    for file in sd.report().files() {
+        assert!(!file.direct_io(), "warm: {}", file.reason());
+    }
+    assert!(
+        served as f64 <= 0.10 * total as f64,
+        "warm: {served} bytes served again for {total}"
+    );
+}
+
 #[test]
 fn without_the_shared_queue_each_rank_warms_its_share_of_the_bytes() {
     if skip_without_fuse() {

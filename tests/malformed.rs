@@ -187,7 +187,19 @@ const TERABYTE: &str =
 
 /// `{"<key>": [[[...]]]}`, `depth` brackets deep.
 fn nested(key: &str, depth: usize) -> String {
-    format!(r#"{{"{key}":{}{}}}"#, "[".repeat(depth), "]".repeat(depth))
+    format!(r#"{{"{key}":{}}}"#, arrays(depth))
+}
+
+/// `[[[...]]]`, `depth` arrays deep.
+fn arrays(depth: usize) -> String {
+    format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+/// A header of one valid tensor `t` (U8 [1], one byte of data) with an
+/// unknown field `x` holding `value`: the outer object and the entry are two
+/// levels of nesting, `value`'s are the rest.
+fn with_unknown_field(value: &str) -> String {
+    format!(r#"{{"t":{{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":{value}}}}}"#)
 }
 
 /// The valid header the single-tensor cases mutate: `t`, F32 [2], 8 bytes.
@@ -282,14 +294,36 @@ header_cases! {
     header_is_number: file("42", 0) => InvalidHeader("invalid type: integer");
     header_is_string: file(r#""model""#, 0) => InvalidHeader("invalid type: string");
     header_is_null: file("null", 0) => InvalidHeader("invalid type: null");
-    // Deep nesting must not overflow the stack: unclosed, it is an early EOF;
-    // closed, in a field the parser skips, serde_json skips it without
-    // recursing; as an entry, the first level is the wrong type.
+    // Deep nesting must not overflow the stack, and is refused where the
+    // reference refuses it. In a field the parser skips, closed or not: at
+    // the 128th level of arrays and objects, the outer object the first
+    // (serde_json's recursion limit, under which the reference parses; it
+    // says "recursion limit exceeded"), before anything else is checked. 127
+    // levels load (`templates_of_the_cases_load`). As an entry or as
+    // metadata: at the first level, for its type, as in the reference.
     header_nested_unclosed_100_000_deep:
-        file(&format!(r#"{{"t":{{"x":{}"#, "[".repeat(100_000)), 0) => InvalidHeader("EOF");
+        file(&format!(r#"{{"t":{{"x":{}"#, "[".repeat(100_000)), 0)
+            => InvalidHeader("nesting limit exceeded");
     header_nested_100_000_deep:
         file(&format!(r#"{{"t":{{{}}}}}"#, &nested("x", 100_000)[1..nested("x", 100_000).len() - 1]), 0)
-            => InvalidHeader("missing field `dtype`");
+            => InvalidHeader("nesting limit exceeded");
+    // Issue 16: a valid entry, so that only the nest can refuse it; the
+    // parser skipped it unchecked, and the file loaded.
+    tensor_unknown_field_nested_100_000_deep: file(&with_unknown_field(&arrays(100_000)), 1)
+        => InvalidHeader("nesting limit exceeded");
+    tensor_unknown_field_nested_128_levels: file(&with_unknown_field(&arrays(126)), 1)
+        => InvalidHeader("nesting limit exceeded: more than 127 levels");
+    tensor_unknown_field_objects_nested_128_levels: file(
+        &with_unknown_field(&format!("{}{{}}{}", r#"{"a":"#.repeat(125), "}".repeat(125))),
+        1,
+    ) => InvalidHeader("nesting limit exceeded: more than 127 levels");
+    // What the reference checks in a value it has no use for, besides its
+    // nesting (it reads every entry whole): escapes that decode, numbers
+    // that fit an f64. Both loaded, skipped unchecked, with the nest above.
+    tensor_unknown_field_lone_surrogate: file(&with_unknown_field(r#""\ud800""#), 1)
+        => InvalidHeader("hex escape");
+    tensor_unknown_field_number_out_of_range: file(&with_unknown_field("1e400"), 1)
+        => InvalidHeader("number out of range");
     header_entry_nested_100_000_deep:
         file(&nested("t", 100_000), 0) => InvalidHeader("invalid type: sequence");
     metadata_nested_100_000_deep:
@@ -390,6 +424,12 @@ fn templates_of_the_cases_load() {
         ("spaces", file("{}      ", 0), vec![]),
         ("meta", file(r#"{"__metadata__":{"a":"1"}}"#, 0), vec![]),
         ("f4", tensor_file("F4", "[4]", "[0,2]", 2), vec!["t"]),
+        // The deepest nesting the reference accepts: 127 levels.
+        (
+            "nested_127_levels",
+            file(&with_unknown_field(&arrays(125)), 1),
+            vec!["t"],
+        ),
     ];
     for (name, bytes, tensors) in cases {
         let path = dir.path().join(format!("{name}.safetensors"));
@@ -402,6 +442,25 @@ fn templates_of_the_cases_load() {
                 let view = reference.tensor(tensor_name).unwrap();
                 assert_eq!(tensor.as_bytes(), view.data(), "{name}: {tensor_name}");
             }
+        }
+    }
+}
+
+/// The naive twin's verdict on every case above: the reference parser
+/// (`safetensors::SafeTensors::deserialize`) refuses each one too, so that
+/// none is refused here that the format allows; the templates they mutate
+/// load in both (`templates_of_the_cases_load`). One exception, on purpose: a
+/// tensor named twice, which the reference collapses to its last entry and
+/// safeload refuses (the crate docs' "Safety and limits"; the property tests
+/// allow the same one).
+#[test]
+fn the_reference_refuses_every_header_case_too() {
+    for (name, bytes) in header_cases() {
+        let reference = safetensors::SafeTensors::deserialize(&bytes);
+        if name == "duplicate_tensor_name" {
+            assert!(reference.is_ok(), "{name}: {:?}", reference.err());
+        } else {
+            assert!(reference.is_err(), "{name}: the reference loads it");
         }
     }
 }

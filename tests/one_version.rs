@@ -202,3 +202,102 @@ fn a_directory_symlink_flipped_during_sharded_loads_never_mixes_revisions() {
     assert!(started.elapsed() < Duration::from_secs(60));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Loads per mode through the FUSE mount: the issue saw 18-22 of 40 auto
+/// loads mixed before the fix.
+const FUSE_LOADS: usize = 48;
+
+#[test]
+fn a_file_replaced_in_a_fuse_mounts_source_during_loads_never_mixes() {
+    use safeload_testfs::{Mount, Options, skip_without_fuse};
+    if skip_without_fuse() {
+        return;
+    }
+    // The source directory of the mount, where a hub or a training job
+    // publishes: the daemon opens a file by its path on every `OPEN`, so a
+    // second open of the same inode (even through `/proc/self/fd/N`) may
+    // reach the other version. The versions differ in mtime, not in size.
+    let dir = scratch("fuse-rename");
+    let (a, b) = (dir.join("a.src"), dir.join("b.src"));
+    write_version(&a, 0xA1, 8, 512 << 10);
+    write_version(&b, 0xB2, 8, 512 << 10);
+    let source = dir.join("mounted");
+    std::fs::create_dir_all(&source).unwrap();
+    let target = source.join("model.safetensors");
+    std::fs::copy(&a, &target).unwrap();
+    let publish = |round: usize| {
+        let (src, tmp) = if round % 2 == 0 {
+            (&b, dir.join("tmp-b"))
+        } else {
+            (&a, dir.join("tmp-a"))
+        };
+        let _ = std::fs::remove_file(&tmp);
+        std::fs::hard_link(src, &tmp).unwrap();
+        std::fs::rename(&tmp, &target).unwrap();
+    };
+    let mount = Mount::new(
+        &source,
+        Options {
+            fsname: "hf-mount".into(),
+            latency: Some(Duration::from_millis(2)),
+            daemon_threads: Some(8),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let through = mount.path().join("model.safetensors");
+    let modes = [
+        ("auto", Loader::new()),
+        (
+            "buffered-direct",
+            Loader::new().disable_mmap(true).direct_io(true),
+        ),
+        (
+            "buffered",
+            Loader::new().disable_mmap(true).direct_io(false),
+        ),
+        ("mmap", Loader::new().disable_mmap(false)),
+    ];
+    for (name, loader) in modes {
+        let stop = AtomicBool::new(false);
+        let results: Vec<_> = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut round = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    publish(round);
+                    round += 1;
+                    std::thread::sleep(Duration::from_micros(300));
+                }
+            });
+            let results = (0..FUSE_LOADS)
+                .map(|_| {
+                    // Cold, as a first load of a new revision: what an
+                    // earlier load left in the page cache is not read.
+                    safeload::evict(&through).unwrap();
+                    let sd = loader.load(&through).unwrap();
+                    let direct = sd.report().files()[0].direct_io();
+                    (versions_seen(&sd), direct)
+                })
+                .collect();
+            stop.store(true, Ordering::Relaxed);
+            results
+        });
+        let mixed = results.iter().filter(|(v, _)| v.len() != 1).count();
+        assert_eq!(
+            mixed, 0,
+            "{name}: {mixed} of {FUSE_LOADS} loads through FUSE mixed two versions"
+        );
+        // Both versions were loaded: the renames reached the loads.
+        let firsts: std::collections::HashSet<u8> = results.iter().map(|(v, _)| v[0]).collect();
+        assert_eq!(firsts.len(), 2, "{name}: every load saw one version");
+        if name == "buffered-direct" || name == "auto" {
+            // Direct reads are where the second open used to be.
+            assert!(
+                results.iter().all(|(_, direct)| *direct),
+                "{name}: a load did not read with O_DIRECT"
+            );
+        }
+    }
+    drop(mount);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

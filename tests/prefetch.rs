@@ -290,9 +290,20 @@ fn prefetch_then_load_gives_the_same_tensors() {
             .unwrap();
         assert_eq!(loaded(&sd), naive, "disable_mmap({disable_mmap})");
         let p = sd.report().prefetch().expect("asked for");
-        assert!(p.ran() && p.reason().contains("prefetch(3)"), "{p}");
-        assert_eq!((p.files(), p.streams(), p.local_size()), (3, 3, 1));
-        assert_eq!(p.total_bytes(), total_size(&shards));
+        assert!(p.reason().contains("prefetch(3)"), "{p}");
+        if disable_mmap {
+            // One rank alone reads its buffered files with its own
+            // streaming reads: a prefetch first would only add a pass.
+            assert!(!p.ran(), "{p}");
+            assert!(
+                p.skip_reasons().iter().any(|r| r.contains("not warmed")),
+                "{p}"
+            );
+        } else {
+            assert!(p.ran(), "{p}");
+            assert_eq!((p.files(), p.streams(), p.local_size()), (3, 3, 1));
+            assert_eq!(p.total_bytes(), total_size(&shards));
+        }
         let plain = safeload::load_state_dict(dir.path(), Some(disable_mmap)).unwrap();
         assert_eq!(loaded(&sd), loaded(&plain));
         assert!(plain.report().prefetch().is_none());

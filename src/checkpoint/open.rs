@@ -31,10 +31,10 @@ pub(crate) struct OpenFile {
     pub path: PathBuf,
     /// `path` with symlinks resolved (the path itself where that fails).
     pub canonical: PathBuf,
+    /// The one open of the file for this load: every byte of the load is
+    /// read through it (with `O_DIRECT` set on it while the read engine
+    /// runs, where [`choose_direct_io`](Self::choose_direct_io) says so).
     pub file: File,
-    /// A second descriptor opened with `O_DIRECT`, for buffered reads that
-    /// use it.
-    pub direct: Option<File>,
     pub size: u64,
     pub header: Header,
     /// Per tensor of the header: whether the load reads it (all of them
@@ -109,6 +109,7 @@ impl OpenFile {
             file: &self.file,
             mount: self.mount.as_ref(),
             mapped: matches!(self.body, Body::Mapped(_)),
+            len: self.size,
         }
     }
 
@@ -135,7 +136,6 @@ impl OpenFile {
         match map_checked(&self.file, &self.path, &self.header) {
             Ok(map) => {
                 self.body = Body::Mapped(Arc::new(Storage::new(map, self.path.clone())));
-                self.direct = None;
                 self.decision.memory_guard(verdict, available);
                 true
             }
@@ -208,7 +208,6 @@ pub(crate) fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenFile> {
         path: path.clone(),
         canonical,
         file,
-        direct: None,
         size,
         header,
         selected,
@@ -225,15 +224,9 @@ pub(crate) fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenFile> {
 
 impl OpenFile {
     /// Readies a file for a load of the tensors `keep` selects: a file that
-    /// is read gets its buffer layout and, where the policy wants it and the
-    /// layout allows, a direct-I/O descriptor (a reopen of this open file,
-    /// never of its path).
-    pub(crate) fn prepare(
-        &mut self,
-        keep: Option<&dyn Fn(&str) -> bool>,
-        direct_io: Option<bool>,
-        dtype: Option<Dtype>,
-    ) {
+    /// is read gets its buffer layout (whether with direct I/O is decided
+    /// later, by [`choose_direct_io`](Self::choose_direct_io)).
+    pub(crate) fn prepare(&mut self, keep: Option<&dyn Fn(&str) -> bool>, dtype: Option<Dtype>) {
         self.selected = self
             .header
             .tensors
@@ -273,22 +266,37 @@ impl OpenFile {
         if !matches!(self.body, Body::Unread) {
             return;
         }
-        let layout = BufferLayout::for_file(&self.header, &in_body);
-        // Direct reads skip the page cache: a win for a file that is not
-        // there, a loss for one that is (it would be read from storage again).
+        self.body = Body::Pending(BufferLayout::for_file(&self.header, &in_body));
+    }
+
+    /// Decides, just before the read engine runs (after any prefetch), whether
+    /// this file's buffered reads bypass the page cache, and sets `O_DIRECT`
+    /// on its one descriptor where they do. Direct reads skip the page cache:
+    /// a win for a file that is not there, a loss for one that is (it would
+    /// be read from storage again: a prefetch just warmed it, or an earlier
+    /// load did).
+    pub(crate) fn choose_direct_io(&mut self, direct_io: Option<bool>) {
+        let (Body::Pending(layout) | Body::Buffered { layout, .. }) = &self.body else {
+            return;
+        };
         let kind = self.mount.as_ref().map(|m| m.kind);
         if policy::wants_direct_io(direct_io, kind, layout.image, || {
             mostly_cached(&self.file, self.size)
         }) {
-            match os::reopen(&self.file, &self.path, true) {
-                Ok(file) => {
-                    self.direct = Some(file);
-                    self.decision.set_direct(Direct::On);
-                }
+            match os::set_direct(&self.file, true) {
+                Ok(()) => self.decision.set_direct(Direct::On),
                 Err(e) => self.decision.set_direct(Direct::Refused(e.to_string())),
             }
         }
-        self.body = Body::Pending(layout);
+    }
+
+    /// Reads through the descriptor use the page cache again, once the read
+    /// engine is done with it (a checkpoint that keeps the file open shares
+    /// the open file, and its flags, with this load).
+    pub(crate) fn end_direct_io(&self) {
+        if self.decision.direct_io() {
+            let _ = os::set_direct(&self.file, false);
+        }
     }
 
     /// This file for one more load, from a checkpoint that keeps it open:
@@ -309,7 +317,6 @@ impl OpenFile {
             path: self.path.clone(),
             canonical: self.canonical.clone(),
             file,
-            direct: None,
             size: self.size,
             header: self.header.clone(),
             selected: self.selected.clone(),

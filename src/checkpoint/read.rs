@@ -274,7 +274,7 @@ fn read_runs(
             jobs::split_read(
                 &mut jobs,
                 0,
-                (&file.file, None, false),
+                (&file.file, false, false),
                 offset,
                 target,
                 len,

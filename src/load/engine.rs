@@ -65,7 +65,7 @@ pub(crate) fn read_all(
         let OpenFile {
             body,
             file,
-            direct,
+            decision,
             finished_at,
             header,
             convert,
@@ -126,8 +126,9 @@ pub(crate) fn read_all(
         }
         let (buffer, layout) = buffer_and_layout;
         // Direct reads need whole blocks: round the chunk down to one.
-        let source: &File = direct.as_ref().unwrap_or(file);
-        let chunk = if direct.is_some() {
+        let direct = decision.direct_io();
+        let source: &File = file;
+        let chunk = if direct {
             (chunk as u64 - chunk as u64 % DIRECT_ALIGN).max(DIRECT_ALIGN) as usize
         } else {
             chunk
@@ -146,12 +147,11 @@ pub(crate) fn read_all(
             rest = tail;
             at = segment.dst + segment.len;
             let required = usize::try_from(segment.required).unwrap_or(len);
-            let fallback = direct.is_some().then_some(&*file);
             let hashed = matches!(prefixes.get(file_index), Some(Some(_)));
             split_read(
                 &mut jobs,
                 file_index,
-                (source, fallback, hashed),
+                (source, direct, hashed),
                 segment.src,
                 dst,
                 required,

@@ -313,7 +313,7 @@ impl Loader {
                 .filter
                 .as_deref()
                 .map(|f| f as &dyn Fn(&str) -> bool);
-            file.prepare(keep, self.opts.direct_io, self.opts.dtype);
+            file.prepare(keep, self.opts.dtype);
         }
         steps::finish(&self.opts, &resolved, files, &env, (clock, notes), path)
     }
@@ -404,16 +404,18 @@ impl Loader {
             let mount = table
                 .as_ref()
                 .and_then(|t| crate::mount::lookup_file_in(t, &file, &canonical).ok());
-            opened.push((shard.path.clone(), canonical, file, mount));
+            let len = file.metadata().map_or(0, |m| m.len());
+            opened.push((shard.path.clone(), canonical, file, mount, len));
         }
         let handed: Vec<prefetch::LoadFile<'_>> = opened
             .iter()
-            .map(|(path, canonical, file, mount)| prefetch::LoadFile {
+            .map(|(path, canonical, file, mount, len)| prefetch::LoadFile {
                 path,
                 canonical,
                 file,
                 mount: mount.as_ref(),
                 mapped: true,
+                len: *len,
             })
             .collect();
         let options = self.opts.prefetch.clone().unwrap_or_default();
@@ -457,7 +459,7 @@ impl Checkpoint {
         for file in &inner.files {
             if file.header.tensors.iter().any(|t| keep(&t.name)) {
                 let mut file = file.for_load(clock)?;
-                file.prepare(Some(&keep), inner.opts.direct_io, inner.opts.dtype);
+                file.prepare(Some(&keep), inner.opts.dtype);
                 files.push(file);
             }
         }

@@ -104,9 +104,11 @@ pub(crate) fn finish(
     let prefetched = prefetch::before_load(&handed, opts.prefetch.as_ref(), &job)?;
     drop(handed);
 
-    // 2. Make sure buffered files fit in memory, then allocate them.
+    // 2. Make sure buffered files fit in memory, then allocate them; decide
+    //    direct I/O now, when a prefetch has warmed what it warms.
     fit_in_memory(opts, &mut files, path)?;
     for file in &mut files {
+        file.choose_direct_io(opts.direct_io);
         file.allocate()?;
     }
 
@@ -122,14 +124,18 @@ pub(crate) fn finish(
     };
     let read_size = opts.read_size.unwrap_or(DEFAULT_READ_SIZE);
     let verify = policy::verify(opts.verify, env, !opts.expected_sha256.is_empty());
-    let (io, readers) = engine::read_all(
+    let read = engine::read_all(
         &mut files,
         concurrency,
         read_size,
         (opts.populate, verify),
         clock,
         opts.progress.as_ref(),
-    )?;
+    );
+    for file in &files {
+        file.end_direct_io();
+    }
+    let (io, readers) = read?;
     notes.extend(readers.map(|s| format!("reading: {s}")));
     let threads = threads(opts);
     if verify {

@@ -100,14 +100,6 @@ pub(crate) fn advise_willneed(file: &File, offset: u64, len: u64) -> io::Result<
     Ok(())
 }
 
-/// Turns the kernel's read-ahead off for reads through this descriptor
-/// (`posix_fadvise(POSIX_FADV_RANDOM)`): a read then brings in the pages it
-/// asks for and no more (`page_cache_sync_ra` in mm/readahead.c).
-pub(crate) fn advise_random(file: &File) -> io::Result<()> {
-    rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::Random)?;
-    Ok(())
-}
-
 /// The size of a page of memory (and of the page cache), in bytes.
 pub(crate) fn page_size() -> u64 {
     rustix::param::page_size() as u64
@@ -445,37 +437,28 @@ impl Dir {
     }
 }
 
-/// A second descriptor of the same open file (with `O_DIRECT` where
-/// `direct`): reopened through `/proc/self/fd` (the open file itself, not
-/// whatever its path names now), else by `path`; either way checked to be
-/// the same file (device and inode), so that a file replaced by `rename`
-/// between the two opens is never read half from each version.
-pub(crate) fn reopen(file: &File, path: &Path, direct: bool) -> io::Result<File> {
-    use std::os::fd::AsRawFd;
-    let mut flags = OFlags::NONBLOCK | OFlags::CLOEXEC;
-    if direct {
-        flags |= OFlags::DIRECT;
-    }
-    let open = |p: &Path| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(flags.bits() as i32)
-            .open(p)
+/// Turns `O_DIRECT` on or off for every read through this open file
+/// (`fcntl(F_SETFL)`, fs/fcntl.c `setfl`): the descriptor the header was read
+/// from, never a second open of the file. On FUSE a second open, even of
+/// `/proc/self/fd/N`, is an `OPEN` request that a passthrough daemon resolves
+/// by path again, so it may read another version of the file behind the same
+/// inode number. Fails with `EINVAL` where the filesystem has no direct I/O.
+pub(crate) fn set_direct(file: &File, on: bool) -> io::Result<()> {
+    let flags = rustix::fs::fcntl_getfl(file)?;
+    let wanted = if on {
+        flags | OFlags::DIRECT
+    } else {
+        flags - OFlags::DIRECT
     };
-    let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
-    let again = match open(Path::new(&proc_path)) {
-        Ok(again) => again,
-        // No /proc (a sandbox): the path, checked below.
-        Err(e) if e.raw_os_error() != Some(super::EINVAL) => open(path)?,
-        Err(e) => return Err(e),
-    };
-    let (a, b) = (file.metadata()?, again.metadata()?);
-    if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
-        return Err(io::Error::other(
-            "the path now names another file (replaced during the load)",
-        ));
+    if wanted != flags {
+        rustix::fs::fcntl_setfl(file, wanted)?;
     }
-    Ok(again)
+    Ok(())
+}
+
+/// Whether reads through this open file bypass the page cache (`O_DIRECT`).
+pub(crate) fn is_direct(file: &File) -> bool {
+    rustix::fs::fcntl_getfl(file).is_ok_and(|flags| flags.contains(OFlags::DIRECT))
 }
 
 /// The path of an open file, as the kernel knows it (`/proc/self/fd`):

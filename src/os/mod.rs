@@ -55,6 +55,12 @@ pub(crate) fn read_at_least(
             }
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // A read the descriptor's `O_DIRECT` refuses (an unaligned
+            // buffer, offset or length): the same bytes through an aligned
+            // bounce buffer, from the same open file.
+            Err(e) if e.raw_os_error() == Some(EINVAL) && is_direct(file) => {
+                return read_bounced(file, rest, required.saturating_sub(done), at);
+            }
             Err(e) => return Err((at, e)),
         }
     }
@@ -69,4 +75,80 @@ pub(crate) fn read_exact_at(
 ) -> Result<(), (u64, io::Error)> {
     let len = buf.len();
     read_at_least(file, buf, len, offset)
+}
+
+/// The largest piece a bounced read moves at once (the buffer each thread
+/// keeps for it).
+const BOUNCE_PIECE: usize = 8 << 20;
+
+thread_local! {
+    /// A reader's aligned bounce buffer, kept for its next unaligned read.
+    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`read_at_least`] for a descriptor with `O_DIRECT` set, for a buffer,
+/// offset or length that direct I/O refuses: whole aligned blocks are read
+/// into a buffer aligned for them, and the bytes asked for copied out.
+// NOTE: a descriptor keeps `O_DIRECT` for the few reads of a load that are
+// not whole blocks (the header prefix a verified load hashes, converted
+// tensors read from the file, a partial read racing a load of the same
+// checkpoint) rather than opening the file a second time without it: on FUSE
+// a second open can reach another version of the file (issue 16).
+fn read_bounced(
+    file: &File,
+    dst: &mut [u8],
+    required: usize,
+    offset: u64,
+) -> Result<(), (u64, io::Error)> {
+    let align = DIRECT_ALIGN as usize;
+    BOUNCE.with(|bounce| {
+        let mut bounce = bounce.borrow_mut();
+        let mut done = 0usize;
+        while done < dst.len() {
+            let at = offset + done as u64;
+            let skip = (at % DIRECT_ALIGN) as usize;
+            let want = (dst.len() - done).min(BOUNCE_PIECE);
+            let span = (skip + want).next_multiple_of(align);
+            if bounce.len() < span + align {
+                bounce.resize(span + align, 0);
+            }
+            let start = bounce.as_ptr().align_offset(align);
+            let Some(block) = bounce.get_mut(start..start + span) else {
+                return Err((at, io::Error::other("bounce buffer out of range")));
+            };
+            let mut got = 0usize;
+            while got < span {
+                let Some(rest) = block.get_mut(got..) else {
+                    break;
+                };
+                match pread(file, rest, at - skip as u64 + got as u64) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err((at, e)),
+                }
+            }
+            let n = got.saturating_sub(skip).min(want);
+            let (Some(from), Some(to)) = (block.get(skip..skip + n), dst.get_mut(done..done + n))
+            else {
+                return Err((at, io::Error::other("bounce buffer out of range")));
+            };
+            to.copy_from_slice(from);
+            done += n;
+            if n < want {
+                // End of file: enough if the bytes required have arrived.
+                if done >= required {
+                    return Ok(());
+                }
+                return Err((
+                    offset + done as u64,
+                    io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "file ended before the expected length",
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    })
 }

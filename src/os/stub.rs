@@ -64,11 +64,6 @@ pub(crate) fn advise_willneed(_file: &File, _offset: u64, _len: u64) -> io::Resu
     Ok(())
 }
 
-/// No read-ahead advice here.
-pub(crate) fn advise_random(_file: &File) -> io::Result<()> {
-    Ok(())
-}
-
 /// 4 KiB, the common page size.
 pub(crate) fn page_size() -> u64 {
     4096
@@ -224,18 +219,14 @@ impl Dir {
     }
 }
 
-/// A second descriptor of the same file: no direct I/O here, and the
-/// path is checked to name a file of the same length (no inode numbers to
-/// compare on every platform).
-pub(crate) fn reopen(file: &File, path: &Path, direct: bool) -> io::Result<File> {
-    if direct {
-        return unsupported();
-    }
-    let again = open_regular(path)?;
-    if again.metadata()?.len() != file.metadata()?.len() {
-        return Err(io::Error::other("the path now names another file"));
-    }
-    Ok(again)
+/// No direct I/O here.
+pub(crate) fn set_direct(_file: &File, on: bool) -> io::Result<()> {
+    if on { unsupported() } else { Ok(()) }
+}
+
+/// Never: there is no direct I/O here.
+pub(crate) fn is_direct(_file: &File) -> bool {
+    false
 }
 
 /// Unknown here.

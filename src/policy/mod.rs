@@ -15,7 +15,7 @@ pub use file::AutoPolicy;
 pub(crate) use file::*;
 pub(crate) use prefetch::{
     AutoPrefetchSkip, PrefetchAsk, auto_prefetch_runs, auto_prefetch_streams, prefetch_ask,
-    prefetch_method,
+    prefetch_method, prefetch_warms_buffered,
 };
 pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod};
 

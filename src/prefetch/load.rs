@@ -4,6 +4,7 @@ use std::fs::File;
 use std::path::Path;
 
 use super::Job;
+use super::launcher::LocalRank;
 use super::options::PrefetchOptions;
 use super::residency::{Target, target_from};
 use super::run::{Plan, run};
@@ -25,6 +26,8 @@ pub(crate) struct LoadFile<'a> {
     pub mount: Option<&'a Mount>,
     /// Whether the loader will map it (auto prefetch is for mapped files).
     pub mapped: bool,
+    /// Its length in bytes.
+    pub len: u64,
 }
 
 impl LoadFile<'_> {
@@ -74,7 +77,29 @@ pub(crate) fn before_load(
         return Ok(None);
     }
     let reason = ask.reason().unwrap_or_default();
-    let report = warm(files, &options, job, reason)?;
+    // One rank alone reads its buffered files itself (see the policy).
+    let rank = LocalRank::from_setting(job.local_rank, job.env);
+    let (warmed, left): (Vec<&LoadFile<'_>>, Vec<&LoadFile<'_>>) = files
+        .iter()
+        .partition(|f| f.mapped || policy::prefetch_warms_buffered(rank.size));
+    let left_reason = (!left.is_empty()).then(|| {
+        format!(
+            "{} file(s) of {} not warmed: read buffered by this rank alone, \
+             its own streaming reads take them",
+            human_bytes(left.iter().map(|f| f.len).sum()),
+            left.len()
+        )
+    });
+    let targets = warmed
+        .iter()
+        .map(|f| f.target())
+        .collect::<Result<Vec<_>>>()?;
+    let mut report = if targets.is_empty() {
+        Plan::new(targets, &options, job).report(options.streams, options.method, reason)
+    } else {
+        run(Plan::new(targets, &options, job), &options, job, reason)?
+    };
+    report.skip_reasons.extend(left_reason);
     trace::traced! {
         tracing::info!(target: "safeload", report = %report, "prefetch");
     }

@@ -3,7 +3,6 @@
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::UNIX_EPOCH;
 
 use memmap2::Mmap;
@@ -58,8 +57,6 @@ pub(super) struct Target {
     probe: Probe,
     /// `WILLNEED` pieces: the most the kernel reads for one call.
     pub(super) advice_piece: u64,
-    /// A second descriptor with read-ahead off, opened on first use.
-    bounded: OnceLock<Option<File>>,
 }
 
 impl Target {
@@ -113,22 +110,6 @@ impl Target {
         let n = usize::try_from(len).ok()?;
         let pages = os::mincore_pages(map, offset, n, scratch).ok()?;
         Some(pages_to_bytes(pages, len))
-    }
-
-    /// A descriptor whose reads bring in what they ask for and no more, for
-    /// the chunk before one the memory guard skips: the kernel's read-ahead
-    /// on the plain descriptor would warm part of the skipped one.
-    pub(super) fn bounded(&self) -> &File {
-        self.bounded
-            .get_or_init(|| {
-                // The same open file again (read-ahead advice belongs to
-                // the open file description), never what the path names now.
-                let file = os::reopen(&self.file, &self.path, false).ok()?;
-                os::advise_random(&file).ok()?;
-                Some(file)
-            })
-            .as_ref()
-            .unwrap_or(&self.file)
     }
 
     /// Bytes of the whole file in the page cache, chunk by chunk, sampled.
@@ -202,7 +183,6 @@ pub(super) fn target_from(
         mount,
         probe,
         advice_piece,
-        bounded: OnceLock::new(),
     })
 }
 

@@ -321,16 +321,20 @@ impl Work<'_> {
             self.tally
                 .warmed
                 .fetch_add(chunk.len - resident.unwrap_or(0), Ordering::Relaxed);
-            let file = if self.skipped_ahead(i, target) {
-                target.bounded()
-            } else {
-                &target.file
-            };
+            // Before a chunk the memory guard skipped, `WILLNEED` of exactly
+            // this chunk, where a read's read-ahead would warm part of the
+            // skipped one. (A second descriptor with read-ahead off would do
+            // it too, but a second open of a file during a load is what a
+            // FUSE daemon may resolve to another version of it.)
+            let bounded = self.skipped_ahead(i, target);
             match (method, resident) {
                 (PrefetchMethod::WillNeed, Some(_)) => {
                     advise_and_wait(target, chunk, scratch, pages, &|| self.beat())?
                 }
-                _ => read_chunk(target, file, chunk, scratch)?,
+                (_, Some(_)) if bounded => {
+                    advise_and_wait(target, chunk, scratch, pages, &|| self.beat())?
+                }
+                _ => read_chunk(target, &target.file, chunk, scratch)?,
             }
             let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
             self.tally.read_nanos.fetch_add(nanos, Ordering::Relaxed);

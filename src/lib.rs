@@ -309,6 +309,8 @@ use std::path::Path;
 pub use checkpoint::{Checkpoint, TensorInfo};
 pub use error::{Error, ErrorKind, Result};
 pub use format::header::MAX_HEADER_LEN;
+#[doc(hidden)]
+pub use format::header::fuzz as __fuzz;
 pub use load::Loader;
 pub use mount::{MountKind, is_on_hf_mount};
 pub use policy::{

@@ -1,4 +1,4 @@
-//! What the fuzz targets share: a scratch directory, loading in both strategies, and the oracles every load is checked against.
+//! What the fuzz targets share: a scratch directory, loading in both strategies, and the oracles every load or parse is checked against.
 //!
 //! The oracles turn "did not panic" into stronger properties, so that a wrong
 //! answer is a crash too:
@@ -9,13 +9,21 @@
 //!   where its dtype allows; a buffered tensor is always aligned;
 //! * a single file that loads is also accepted by the reference parser
 //!   ([`safetensors::SafeTensors::deserialize`], the naive twin), which gives the
-//!   same bytes for every tensor.
+//!   same bytes for every tensor ([`reference`] reads a file as it does);
+//! * the header parser, called directly, accepts exactly what the reference
+//!   accepts, but for a tensor named twice, and reads the same tensors, with
+//!   the same offsets, from what it accepts ([`check_parse`]).
 
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use safeload::__fuzz::ParsedHeader;
 use safeload::mount::MountTable;
 use safeload::{Dtype, ErrorKind, Loader, StateDict, Tensor};
+use safetensors::{SafeTensorError, SafeTensors};
+use serde::de::{self, IgnoredAny, MapAccess, Visitor};
 
 /// A directory of this process's own for the files a target writes: under
 /// `/dev/shm` where it exists (a write per execution costs no disk I/O there),
@@ -123,19 +131,227 @@ fn touch(tensor: &Tensor, buffered: bool) {
 /// The naive twin of a single-file load: the reference parser must accept the
 /// same bytes and give every tensor the same dtype, shape and bytes.
 pub fn check_against_reference(file: &[u8], loaded: &StateDict) {
-    let reference = match safetensors::SafeTensors::deserialize(file) {
+    let reference = match reference(file) {
         Ok(reference) => reference,
         Err(e) => panic!("safeload loaded a file the reference parser refuses: {e}"),
     };
-    assert_eq!(reference.len(), loaded.len(), "tensor counts differ");
+    assert_eq!(
+        reference.tensors.len(),
+        loaded.len(),
+        "tensor counts differ"
+    );
     for (name, tensor) in loaded.iter() {
-        let view = reference
+        reference
             .tensor(name)
-            .unwrap_or_else(|e| panic!("{name}: missing from the reference: {e}"));
-        assert_eq!(view.dtype(), tensor.dtype(), "{name}: dtype");
-        assert_eq!(view.shape(), tensor.shape(), "{name}: shape");
-        assert!(view.data() == tensor.as_bytes(), "{name}: bytes differ");
+            .assert_same(name, tensor.dtype(), tensor.shape(), tensor.as_bytes());
     }
+}
+
+/// A whole file as the reference parser reads it.
+pub struct Reference<'a> {
+    /// The header's length in bytes, after the 8-byte prefix.
+    pub header_len: usize,
+    /// Every tensor by name; of a name written twice, the last entry, which
+    /// is the one the reference keeps.
+    pub tensors: BTreeMap<String, ReferenceTensor<'a>>,
+    /// The `__metadata__` object.
+    pub metadata: Option<HashMap<String, String>>,
+}
+
+/// One tensor as the reference parser reads it.
+pub struct ReferenceTensor<'a> {
+    /// Its element type.
+    pub dtype: Dtype,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Its byte range in the data section.
+    pub data_offsets: (usize, usize),
+    /// Its bytes.
+    pub data: &'a [u8],
+}
+
+/// The verdict of [`SafeTensors::deserialize`] on `file`, and, when it
+/// accepts, every tensor and the metadata as it reads them (its offsets and
+/// metadata through [`SafeTensors::read_metadata`], the first half of
+/// `deserialize`, which the `SafeTensors` it returns does not give back).
+pub fn reference(file: &[u8]) -> Result<Reference<'_>, SafeTensorError> {
+    let deserialized = SafeTensors::deserialize(file)?;
+    let (header_len, metadata) =
+        SafeTensors::read_metadata(file).expect("read_metadata accepts what deserialize accepts");
+    let tensors = metadata
+        .tensors()
+        .into_iter()
+        .map(|(name, info)| {
+            let view = deserialized
+                .tensor(&name)
+                .expect("the reference gives every tensor it lists");
+            let tensor = ReferenceTensor {
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                data_offsets: info.data_offsets,
+                data: view.data(),
+            };
+            (name, tensor)
+        })
+        .collect();
+    Ok(Reference {
+        header_len,
+        tensors,
+        metadata: metadata.metadata().clone(),
+    })
+}
+
+impl<'a> Reference<'a> {
+    /// The tensor `name`, which safeload found: it must be in the reference too.
+    pub fn tensor(&self, name: &str) -> &ReferenceTensor<'a> {
+        self.tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("{name}: missing from the reference"))
+    }
+}
+
+impl ReferenceTensor<'_> {
+    /// Asserts that what safeload gives for the tensor `name` is this: the
+    /// same dtype, shape and bytes.
+    pub fn assert_same(&self, name: &str, dtype: Dtype, shape: &[usize], bytes: &[u8]) {
+        assert_eq!(self.dtype, dtype, "{name}: dtype");
+        assert_eq!(self.shape, shape, "{name}: shape");
+        assert!(self.data == bytes, "{name}: bytes differ");
+    }
+}
+
+/// The oracle of the `header_parse` target: `ours`, the header parser's
+/// answer on `file` (`safeload::__fuzz::parse_file`), against the reference's.
+///
+/// * Both refuse, or both accept; the one difference allowed is a tensor
+///   named twice, which the reference collapses to the last entry and
+///   safeload refuses, saying so and naming it (the crate docs' "Safety and
+///   limits"; `tests/malformed.rs` and the property tests allow the same
+///   one). That the header names a tensor twice is found here independently
+///   ([`tensor_names_written_twice`]), not taken from safeload's reason.
+/// * On accept: the same tensors, with the same dtype, shape, offsets and
+///   bytes; the data section where the reference has it; the tensors in
+///   file order (by offsets, ties by name); the same metadata; no name
+///   written twice.
+/// * A refusal is a header error, and displays without panicking.
+pub fn check_parse(file: &[u8], ours: Result<ParsedHeader, ErrorKind>) {
+    match (ours, reference(file)) {
+        (Ok(ours), Ok(reference)) => check_parsed(file, &ours, &reference),
+        (Err(ours), Err(_)) => {
+            assert!(is_header_kind(&ours), "not a header error: {ours:?}");
+            let _ = ours.to_string();
+        }
+        (Ok(_), Err(e)) => panic!("safeload accepts a header the reference refuses: {e}"),
+        (Err(ours), Ok(_)) => {
+            let twice = tensor_names_written_twice(file);
+            assert!(
+                !twice.is_empty(),
+                "the reference accepts a header safeload refuses: {ours:?}"
+            );
+            assert!(
+                matches!(
+                    &ours,
+                    ErrorKind::InvalidHeader { reason } if reason.contains("twice")
+                        && twice.iter().any(|name| reason.contains(&format!("{name:?}")))
+                ),
+                "a header naming {twice:?} twice, refused for another reason: {ours:?}"
+            );
+        }
+    }
+}
+
+/// Both accept: the same reading of the file.
+fn check_parsed(file: &[u8], ours: &ParsedHeader, reference: &Reference<'_>) {
+    assert_eq!(
+        ours.data_start,
+        8 + reference.header_len as u64,
+        "data start"
+    );
+    assert_eq!(
+        ours.tensors.len(),
+        reference.tensors.len(),
+        "tensor counts differ"
+    );
+    for pair in ours.tensors.windows(2) {
+        let [a, b] = pair else { unreachable!() };
+        assert!(
+            (a.data_offsets, &a.name) < (b.data_offsets, &b.name),
+            "{:?} before {:?}: not in file order",
+            a.name,
+            b.name
+        );
+    }
+    for tensor in &ours.tensors {
+        let name = &tensor.name;
+        let expected = reference.tensor(name);
+        let (start, end) = expected.data_offsets;
+        assert_eq!(
+            tensor.data_offsets,
+            (start as u64, end as u64),
+            "{name}: data_offsets"
+        );
+        let bytes = usize::try_from(ours.data_start)
+            .ok()
+            .and_then(|data_start| file.get(data_start + start..data_start + end))
+            .unwrap_or_else(|| panic!("{name}: data_offsets past the end of the file"));
+        expected.assert_same(name, tensor.dtype, &tensor.shape, bytes);
+    }
+    let end = ours.tensors.last().map_or(0, |t| t.data_offsets.1);
+    assert_eq!(ours.data_start + end, file.len() as u64, "file length");
+    assert_eq!(ours.metadata, reference.metadata, "metadata");
+    assert!(
+        tensor_names_written_twice(file).is_empty(),
+        "accepted a header that names a tensor twice"
+    );
+}
+
+/// The errors a header can be refused with.
+fn is_header_kind(kind: &ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::FileTooSmall { .. }
+            | ErrorKind::HeaderTooLarge { .. }
+            | ErrorKind::HeaderOutOfBounds { .. }
+            | ErrorKind::InvalidHeader { .. }
+            | ErrorKind::SizeMismatch { .. }
+    )
+}
+
+/// The tensor names (keys of the header's object other than `__metadata__`)
+/// written more than once in `file`'s header; empty if the header is not a
+/// JSON object. Read with serde_json alone, key by key, as a map type would
+/// hide the repeats; values are skipped unchecked, as only the keys count.
+pub fn tensor_names_written_twice(file: &[u8]) -> BTreeSet<String> {
+    /// Collects the keys seen twice.
+    struct Twice(BTreeSet<String>);
+    impl<'de> de::Deserialize<'de> for Twice {
+        fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_map(Keys)
+        }
+    }
+    struct Keys;
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Twice;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Twice, A::Error> {
+            let (mut seen, mut twice) = (BTreeSet::new(), BTreeSet::new());
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                if key != "__metadata__" && !seen.insert(key.clone()) {
+                    twice.insert(key);
+                }
+            }
+            Ok(Twice(twice))
+        }
+    }
+    let json = file
+        .get(..8)
+        .and_then(|prefix| usize::try_from(u64::from_le_bytes(prefix.try_into().ok()?)).ok())
+        .and_then(|len| file.get(8..8usize.checked_add(len)?));
+    json.and_then(|json| serde_json::from_slice::<Twice>(json).ok())
+        .map_or_else(BTreeSet::new, |Twice(names)| names)
 }
 
 /// One tensor of a fixture shard: name, dtype, shape.

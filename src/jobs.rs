@@ -1,6 +1,8 @@
 //! The read engine's job queue: a load's I/O as (file, offset, length) jobs — positional reads into their final place, conversions, populates — pulled by a bounded set of reader threads.
 
 use std::fs::File;
+
+use crate::source::Source;
 use std::io;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -26,7 +28,7 @@ pub(crate) enum Job<'a> {
     /// arrive; the rest of `dst` (the tail of a direct-I/O block past the end
     /// of the file) may stay unread.
     Read {
-        file: &'a File,
+        file: &'a dyn Source,
         /// Whether `file` has `O_DIRECT` set: the read bypasses the page
         /// cache (a refused one goes through an aligned bounce buffer, in
         /// `os::read_at_least`).
@@ -89,7 +91,7 @@ pub(crate) enum ConvertSource<'a> {
     Mapped(&'a [u8]),
     /// `len` bytes at `offset` of the file.
     File {
-        file: &'a File,
+        file: &'a dyn Source,
         offset: u64,
         len: usize,
     },
@@ -127,7 +129,7 @@ pub(crate) struct JobError {
 pub(crate) fn split_read<'a>(
     out: &mut Vec<Tagged<'a>>,
     file_index: usize,
-    (file, direct, hashed): (&'a File, bool, bool),
+    (file, direct, hashed): (&'a dyn Source, bool, bool),
     offset: u64,
     dst: &'a mut [u8],
     required: usize,
@@ -154,7 +156,7 @@ pub(crate) fn split_read<'a>(
 /// Where the tensors a file converts come from.
 pub(crate) enum ConvertFrom<'a> {
     Map(&'a [u8]),
-    File(&'a File),
+    File(&'a dyn Source),
 }
 
 /// Splits the conversion of a file's converted tensors (`placements` into
@@ -203,7 +205,7 @@ pub(crate) fn split_convert<'a>(
                     ConvertSource::Mapped(s)
                 }
                 ConvertFrom::File(file) => ConvertSource::File {
-                    file,
+                    file: *file,
                     offset: src,
                     len,
                 },
@@ -418,7 +420,7 @@ fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)> {
             required,
             hashed,
         } => {
-            os::read_at_least(file, dst, required, offset)?;
+            file.read_at(dst, required, offset)?;
             // The bytes are in place and no reader writes them again.
             let filled: &'a [u8] = dst;
             Ok(Outcome {
@@ -443,7 +445,7 @@ fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)> {
                     let mut scratch = scratch.borrow_mut();
                     scratch.resize(len, 0);
                     let src = scratch.get_mut(..len).unwrap_or_default();
-                    os::read_exact_at(file, src, offset)
+                    file.read_at(src, len, offset)
                         .map(|()| crate::convert::convert(from, to, src, dst))
                 })?,
             };
@@ -474,13 +476,13 @@ mod tests {
 
     use super::*;
 
-    fn file_of(bytes: &[u8]) -> File {
+    fn file_of(bytes: &[u8]) -> crate::source::LocalFile {
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(bytes).unwrap();
-        f
+        crate::source::LocalFile::new("test".into(), f, None).unwrap()
     }
 
-    fn reads<'a>(file: &'a File, direct: bool, dst: &'a mut [u8]) -> Vec<Tagged<'a>> {
+    fn reads<'a>(file: &'a dyn Source, direct: bool, dst: &'a mut [u8]) -> Vec<Tagged<'a>> {
         dst.chunks_mut(1 << 20)
             .enumerate()
             .map(|(k, dst)| Tagged {

@@ -284,7 +284,10 @@ pub mod candle;
 mod checkpoint;
 pub mod convert;
 pub mod demo;
+mod dest;
 mod error;
+mod execute;
+mod file;
 mod format;
 mod jobs;
 mod load;
@@ -292,11 +295,14 @@ mod memory;
 pub mod mount;
 mod options;
 mod os;
+mod plan;
 mod policy;
 mod prefetch;
 mod progress;
 mod report;
+mod resolve;
 mod slice;
+mod source;
 mod state_dict;
 mod storage;
 mod tensor;
@@ -374,7 +380,7 @@ pub fn prefetch(path: impl AsRef<Path>, options: &PrefetchOptions) -> Result<Pre
 /// and tests. Pages that some process still maps, or that are dirty, stay. A
 /// no-op off Linux.
 pub fn evict(path: impl AsRef<Path>) -> Result<()> {
-    let checkpoint = checkpoint::resolve(path.as_ref())?;
+    let checkpoint = resolve::resolve(path.as_ref())?;
     let shards = checkpoint
         .shards
         .iter()

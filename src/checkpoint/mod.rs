@@ -1,23 +1,23 @@
 //! A checkpoint opened: its files resolved and opened once, their headers read and checked, each file's way of being read decided; the tensors known by name before any of their bytes is read.
 
-pub(crate) mod open;
 mod read;
-pub(crate) mod resolve;
 mod stream;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use safetensors::Dtype;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::execute::Run;
+use crate::file::{self, OpenedFile};
 use crate::options::Options;
 use crate::policy::Environment;
 use crate::report::{FileReport, LoadReport};
-use open::{Body, OpenFile};
-pub(crate) use resolve::{Resolved, ShardFile, resolve};
+use crate::resolve::{self, Resolved, ShardFile};
+use crate::state_dict::StateDict;
 
 /// A checkpoint opened from its headers alone: which tensors it holds, of
 /// what dtype and shape, in which file, before any tensor byte is read; then
@@ -57,17 +57,17 @@ pub struct Checkpoint {
     inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub opts: Options,
-    pub env: Environment,
-    pub resolved: Resolved,
-    pub files: Vec<OpenFile>,
-    pub tensors: Vec<TensorInfo>,
-    pub by_name: HashMap<Arc<str>, usize>,
-    pub metadata: BTreeMap<String, String>,
-    pub notes: Vec<String>,
-    pub opened_in: Duration,
-    pub path: PathBuf,
+struct Inner {
+    opts: Options,
+    env: Environment,
+    resolved: Resolved,
+    files: Vec<OpenedFile>,
+    tensors: Vec<TensorInfo>,
+    by_name: HashMap<Arc<str>, usize>,
+    metadata: BTreeMap<String, String>,
+    notes: Vec<String>,
+    opened_in: Duration,
+    path: PathBuf,
 }
 
 /// One tensor of an opened checkpoint, as its header describes it.
@@ -137,17 +137,51 @@ impl Checkpoint {
     /// As [`Loader::load`](crate::Loader::load) for resolving the files and
     /// reading their headers.
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
-        crate::Loader::new().open(path)
+        open_with(Options::default(), path.as_ref())
     }
 
-    /// Builds the checkpoint from its opened files.
-    pub(crate) fn new(inner: Inner) -> Checkpoint {
-        Checkpoint {
-            inner: Arc::new(inner),
+    /// Loads the tensors whose name passes `keep` from this opened
+    /// checkpoint, through the parallel read engine, with the options it was
+    /// opened with: the same as a [`Loader::load`](crate::Loader::load) with
+    /// a filter, without opening or parsing anything again. Files that hold
+    /// none of them are not read.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let data = vec![0u8; 8];
+    /// # let views = ["a.w", "a.b", "b.w"].map(|n| (n, safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![8], &data).unwrap()));
+    /// # safetensors::serialize_to_file(views, None, &path)?;
+    /// let ck = safeload::Checkpoint::open(&path)?;
+    /// let layer_a = ck.load_filtered(|name| name.starts_with("a."))?;
+    /// assert_eq!(layer_a.names().collect::<Vec<_>>(), ["a.b", "a.w"]); // file order
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Loader::load`](crate::Loader::load).
+    pub fn load_filtered(&self, keep: impl Fn(&str) -> bool + Send + Sync) -> Result<StateDict> {
+        let inner = &*self.inner;
+        let files: Vec<(&OpenedFile, u64)> = inner
+            .files
+            .iter()
+            .filter(|f| f.header().tensors.iter().any(|t| keep(&t.name)))
+            .map(|f| (f, 0))
+            .collect();
+        Run {
+            opts: &inner.opts,
+            resolved: &inner.resolved,
+            env: &inner.env,
+            keep: Some(&keep),
+            clock: Instant::now(),
+            notes: Vec::new(),
+            path: &inner.path,
         }
+        .finish(&files)
     }
 
-    pub(crate) fn inner(&self) -> &Inner {
+    fn inner(&self) -> &Inner {
         &self.inner
     }
 
@@ -198,7 +232,7 @@ impl Checkpoint {
 
     /// The files, in load order, as they were opened: their paths.
     pub fn files(&self) -> impl ExactSizeIterator<Item = &Path> + '_ {
-        self.inner.files.iter().map(|f| f.path.as_path())
+        self.inner.files.iter().map(|f| f.path())
     }
 
     /// How each file is read and why (mapped, or read with positional
@@ -210,17 +244,17 @@ impl Checkpoint {
             .files
             .iter()
             .map(|f| FileReport {
-                path: f.path.clone(),
-                size: f.size,
-                tensors: f.header.tensors.len(),
-                tensor_bytes: f.header.tensors.iter().map(|t| t.end - t.start).sum(),
+                path: f.path().to_path_buf(),
+                size: f.size(),
+                tensors: f.header().tensors.len(),
+                tensor_bytes: f.header().tensors.iter().map(|t| t.end - t.start).sum(),
                 bytes_read: 0,
                 direct_io: false,
-                strategy: f.decision.strategy,
-                reason: f.decision.to_string(),
-                mount: f.mount.clone(),
+                strategy: f.decision().strategy,
+                reason: f.decision().to_string(),
+                mount: f.source().mount().cloned(),
                 elapsed: Duration::ZERO,
-                metadata: f.header.metadata.clone(),
+                metadata: f.header().metadata.clone(),
                 sha256: None,
                 converted: 0,
                 overflowed: 0,
@@ -250,7 +284,7 @@ impl Checkpoint {
     }
 
     /// The open file holding `info`.
-    pub(crate) fn file_of(&self, info: &TensorInfo) -> Result<&OpenFile> {
+    pub(crate) fn file_of(&self, info: &TensorInfo) -> Result<&OpenedFile> {
         self.inner.files.get(info.file).ok_or_else(|| {
             Error::new(
                 ErrorKind::TensorNotFound {
@@ -264,23 +298,24 @@ impl Checkpoint {
 
 /// The tensors of opened files, in load order, found by name, and their
 /// merged metadata.
-pub(crate) struct Catalogue {
+struct Catalogue {
     pub tensors: Vec<TensorInfo>,
     pub by_name: HashMap<Arc<str>, usize>,
     pub metadata: BTreeMap<String, String>,
 }
 
 /// The catalogue of opened files.
-pub(crate) fn catalogue(files: &[OpenFile]) -> Catalogue {
+fn catalogue(files: &[OpenedFile]) -> Catalogue {
     // One allocation per name and per path, shared by the list and the map:
     // a header can hold over a million tensors.
-    let count = files.iter().map(|f| f.header.tensors.len()).sum();
+    let count = files.iter().map(|f| f.header().tensors.len()).sum();
     let mut tensors = Vec::with_capacity(count);
     let mut by_name = HashMap::with_capacity(count);
     let mut metadata = BTreeMap::new();
     for (index, file) in files.iter().enumerate() {
-        let path: Arc<Path> = Arc::from(file.path.as_path());
-        for entry in &file.header.tensors {
+        let path: Arc<Path> = Arc::from(file.path());
+        let header = file.header();
+        for entry in &header.tensors {
             let name: Arc<str> = Arc::from(entry.name.as_str());
             by_name.insert(Arc::clone(&name), tensors.len());
             tensors.push(TensorInfo {
@@ -288,12 +323,12 @@ pub(crate) fn catalogue(files: &[OpenFile]) -> Catalogue {
                 dtype: entry.dtype,
                 shape: entry.shape.clone(),
                 file: index,
-                offset: file.header.data_start + entry.start,
+                offset: header.data_start + entry.start,
                 nbytes: entry.end - entry.start,
                 path: Arc::clone(&path),
             });
         }
-        if let Some(meta) = &file.header.metadata {
+        if let Some(meta) = &header.metadata {
             for (k, v) in meta {
                 metadata.entry(k.clone()).or_insert_with(|| v.clone());
             }
@@ -306,14 +341,33 @@ pub(crate) fn catalogue(files: &[OpenFile]) -> Catalogue {
     }
 }
 
-impl OpenFile {
-    /// The file's map, where it is mapped.
-    pub(crate) fn mapped(&self) -> Option<&Arc<crate::storage::Storage>> {
-        match &self.body {
-            Body::Mapped(storage) => Some(storage),
-            _ => None,
-        }
-    }
+/// Opens the checkpoint at `path` from its headers alone, with `opts`: the
+/// one open path (`file::open_all`), every file kept open.
+pub(crate) fn open_with(opts: Options, path: &Path) -> Result<Checkpoint> {
+    let clock = Instant::now();
+    let env = Environment::from_process();
+    let resolved = resolve::resolve(path)?;
+    let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
+    let (files, notes) = file::open_all(&opts, &resolved, &shards, &env, clock)?;
+    let Catalogue {
+        tensors,
+        by_name,
+        metadata,
+    } = catalogue(&files);
+    Ok(Checkpoint {
+        inner: Arc::new(Inner {
+            opts,
+            env,
+            resolved,
+            files,
+            tensors,
+            by_name,
+            metadata,
+            notes,
+            opened_in: clock.elapsed(),
+            path: path.to_path_buf(),
+        }),
+    })
 }
 
 // Engines read from one checkpoint on many threads.

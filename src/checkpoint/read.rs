@@ -8,11 +8,10 @@ use memmap2::Mmap;
 
 use super::{Checkpoint, TensorInfo};
 use crate::adapt::Concurrency;
-use crate::checkpoint::open::{OpenFile, read_error};
 use crate::error::{Error, ErrorKind, Result};
+use crate::file::{OpenedFile, read_error};
 use crate::jobs;
 use crate::jobs::DEFAULT_READ_SIZE;
-use crate::os;
 use crate::slice::{MERGE_GAP, SlicePlan};
 use crate::storage::{self, Storage};
 use crate::tensor::Tensor;
@@ -55,7 +54,7 @@ impl Checkpoint {
         let info = self.info(name)?;
         let file = self.file_of(info)?;
         let plan = SlicePlan::new(name, info.dtype(), info.shape(), ranges)
-            .map_err(|e| e.or_path(&file.path))?;
+            .map_err(|e| e.or_path(file.path()))?;
         self.read_planned(info, file, plan)
     }
 
@@ -91,16 +90,21 @@ impl Checkpoint {
         let info = self.info(name)?;
         let file = self.file_of(info)?;
         let plan = SlicePlan::shard(name, info.dtype(), info.shape(), dim, rank, world)
-            .map_err(|e| e.or_path(&file.path))?;
+            .map_err(|e| e.or_path(file.path()))?;
         self.read_planned(info, file, plan)
     }
 
     /// Reads what `plan` says of `info`: a view of the map for one run of a
     /// mapped file, else an allocation of the result's length filled from
     /// the map or by the read engine.
-    fn read_planned(&self, info: &TensorInfo, file: &OpenFile, plan: SlicePlan) -> Result<Tensor> {
+    fn read_planned(
+        &self,
+        info: &TensorInfo,
+        file: &OpenedFile,
+        plan: SlicePlan,
+    ) -> Result<Tensor> {
         let name: Arc<str> = Arc::from(info.name());
-        if let Some(storage) = file.mapped() {
+        if let Some(storage) = file.map() {
             let whole = range_in(info, storage)?;
             if let Some(run) = plan.contiguous() {
                 let range = whole.start + run.start..whole.start + run.end;
@@ -129,7 +133,7 @@ impl Checkpoint {
         let concurrency = match self.inner().opts.io_concurrency {
             Some(n) => Concurrency::pinned(n),
             None => Concurrency::adaptive(crate::policy::default_io_concurrency(
-                file.mount.iter().map(|m| m.kind),
+                file.source().mount().iter().map(|m| m.kind),
             )),
         };
         // Pieces small enough that one tensor keeps every reader busy (a
@@ -158,12 +162,12 @@ impl Checkpoint {
     pub fn read(&self, name: &str) -> Result<Tensor> {
         let info = self.info(name)?;
         let file = self.file_of(info)?;
-        if let Some(storage) = file.mapped() {
+        if let Some(storage) = file.map() {
             return view(info, storage);
         }
         let map = read_sealed(file, info)?;
         let len = map.len();
-        let storage = Arc::new(Storage::new(map, file.path.clone()));
+        let storage = Arc::new(Storage::new(map, file.path().to_path_buf()));
         Ok(Tensor::new(
             Arc::from(info.name()),
             info.dtype(),
@@ -191,10 +195,10 @@ impl Checkpoint {
                     expected: info.nbytes,
                     actual: dst.len() as u64,
                 },
-                &file.path,
+                file.path(),
             ));
         }
-        if let Some(storage) = file.mapped() {
+        if let Some(storage) = file.map() {
             let range = range_in(info, storage)?;
             let src = storage.bytes().get(range).unwrap_or_default();
             dst.copy_from_slice(src);
@@ -206,7 +210,7 @@ impl Checkpoint {
 
 /// A tensor of `len` bytes of its own, filled by `fill`.
 fn owned(
-    file: &OpenFile,
+    file: &OpenedFile,
     name: Arc<str>,
     dtype: safetensors::Dtype,
     shape: Vec<usize>,
@@ -214,12 +218,12 @@ fn owned(
     fill: impl FnOnce(&mut [u8]) -> Result<()>,
 ) -> Result<Tensor> {
     let mut buffer = storage::alloc_buffer(len)
-        .map_err(|e| Error::io("allocating a buffer for", &file.path, None, e))?;
+        .map_err(|e| Error::io("allocating a buffer for", file.path(), None, e))?;
     fill(buffer.get_mut(..len).unwrap_or_default())?;
     let map = buffer
         .make_read_only()
-        .map_err(|e| Error::io("sealing the buffer of", &file.path, None, e))?;
-    let storage = Arc::new(Storage::new(map, file.path.clone()));
+        .map_err(|e| Error::io("sealing the buffer of", file.path(), None, e))?;
+    let storage = Arc::new(Storage::new(map, file.path().to_path_buf()));
     Ok(Tensor::new(name, dtype, shape, storage, 0..len))
 }
 
@@ -229,7 +233,7 @@ fn owned(
 /// exactly one run lands in `dst`; a merged one in a buffer of its own, its
 /// runs then copied out.
 fn read_runs(
-    file: &OpenFile,
+    file: &OpenedFile,
     base: u64,
     plan: &SlicePlan,
     dst: &mut [u8],
@@ -274,7 +278,7 @@ fn read_runs(
             jobs::split_read(
                 &mut jobs,
                 0,
-                (&file.file, false, false),
+                (file.source(), false, false),
                 offset,
                 target,
                 len,
@@ -286,9 +290,8 @@ fn read_runs(
     if let Err(failure) = result {
         return Err(read_error(
             "reading",
-            &file.file,
-            &file.path,
-            file.size,
+            file.source(),
+            file.size(),
             failure.offset,
             failure.error,
         ));
@@ -315,15 +318,15 @@ fn read_runs(
 /// The bytes of `info` read with positional reads into an allocation of
 /// their own (page-aligned, so aligned for every dtype), made read-only:
 /// exactly the tensor's bytes, whether or not the file is mapped.
-pub(super) fn read_sealed(file: &OpenFile, info: &TensorInfo) -> Result<Mmap> {
+pub(super) fn read_sealed(file: &OpenedFile, info: &TensorInfo) -> Result<Mmap> {
     let len = usize_of(info.nbytes, file)?;
     let mut buffer = storage::alloc_buffer(len)
-        .map_err(|e| Error::io("allocating a buffer for", &file.path, None, e))?;
+        .map_err(|e| Error::io("allocating a buffer for", file.path(), None, e))?;
     let dst = buffer.get_mut(..len).unwrap_or_default();
     read_exact(file, dst, info.offset)?;
     buffer
         .make_read_only()
-        .map_err(|e| Error::io("sealing the buffer of", &file.path, None, e))
+        .map_err(|e| Error::io("sealing the buffer of", file.path(), None, e))
 }
 
 /// A view of a mapped file's bytes of `info`.
@@ -360,21 +363,23 @@ fn range_in(info: &TensorInfo, storage: &Storage) -> Result<std::ops::Range<usiz
 }
 
 /// `bytes` as a length in memory, or the file's error that it cannot be.
-fn usize_of(bytes: u64, file: &OpenFile) -> Result<usize> {
+fn usize_of(bytes: u64, file: &OpenedFile) -> Result<usize> {
     usize::try_from(bytes).map_err(|_| {
         Error::new(
             ErrorKind::InsufficientMemory {
                 needed: bytes,
                 available: usize::MAX as u64,
             },
-            &file.path,
+            file.path(),
         )
     })
 }
 
 /// Fills `dst` from the file at `offset`, retrying short reads; a file that
 /// ends early is [`ErrorKind::SizeMismatch`].
-pub(crate) fn read_exact(file: &OpenFile, dst: &mut [u8], offset: u64) -> Result<()> {
-    os::read_exact_at(&file.file, dst, offset)
-        .map_err(|(at, e)| read_error("reading", &file.file, &file.path, file.size, at, e))
+pub(crate) fn read_exact(file: &OpenedFile, dst: &mut [u8], offset: u64) -> Result<()> {
+    let len = dst.len();
+    file.source()
+        .read_at(dst, len, offset)
+        .map_err(|(at, e)| read_error("reading", file.source(), file.size(), at, e))
 }

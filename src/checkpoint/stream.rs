@@ -159,7 +159,7 @@ impl Checkpoint {
                 inner
                     .files
                     .iter()
-                    .filter_map(|f| f.mount.as_ref().map(|m| m.kind)),
+                    .filter_map(|f| f.source().mount().map(|m| m.kind)),
             )
         });
         concurrency.min(inner.tensors.len())
@@ -249,7 +249,7 @@ fn read_owned(ck: &Checkpoint, info: &TensorInfo, lease: Lease) -> Result<Tensor
     let file = ck.file_of(info)?;
     let map = read_sealed(file, info)?;
     let len = map.len();
-    let storage = Storage::with_drop_guard(map, file.path.clone(), Box::new(lease));
+    let storage = Storage::with_drop_guard(map, file.path().to_path_buf(), Box::new(lease));
     Ok(Tensor::new(
         Arc::from(info.name()),
         info.dtype(),

@@ -1,21 +1,20 @@
-//! `Loader`: the options of a load, and the load itself as a few plain steps — resolve, open, prefetch, fit in memory, read, assemble.
-
-mod assemble;
-pub(crate) mod engine;
-pub(crate) mod steps;
+//! `Loader`: the options of a load, set as one expression, and its entry points (load, open, warm), each resolve -> open -> the rest in `execute/` or `checkpoint/`.
 
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::checkpoint::{self, Checkpoint, Resolved, ShardFile};
-use crate::error::{Error, Result};
+use crate::checkpoint::{self, Checkpoint};
+use crate::error::Result;
+use crate::execute::Run;
+use crate::file;
 use crate::mount::MountTable;
 use crate::options::Options;
 use crate::policy::{Environment, ReadMode};
 use crate::prefetch::{self, PrefetchOptions};
 use crate::progress::Progress;
+use crate::resolve::{self, Resolved, ShardFile};
 use crate::state_dict::StateDict;
 use safetensors::Dtype;
 
@@ -304,18 +303,24 @@ impl Loader {
         let path = path.as_ref();
         let clock = Instant::now();
         let env = Environment::from_process();
-        let resolved = checkpoint::resolve(path)?;
+        let resolved = resolve::resolve(path)?;
         let shards = self.shards_to_open(&resolved);
-        let (mut files, notes) = steps::open_files(&self.opts, &resolved, &shards, &env, clock)?;
-        for file in &mut files {
-            let keep = self
+        let (files, notes) = file::open_all(&self.opts, &resolved, &shards, &env, clock)?;
+        let files: Vec<_> = files.iter().map(|f| (f, f.opened_at())).collect();
+        Run {
+            opts: &self.opts,
+            resolved: &resolved,
+            env: &env,
+            keep: self
                 .opts
                 .filter
                 .as_deref()
-                .map(|f| f as &dyn Fn(&str) -> bool);
-            file.prepare(keep, self.opts.dtype);
+                .map(|f| f as &(dyn Fn(&str) -> bool + Sync)),
+            clock,
+            notes,
+            path,
         }
-        steps::finish(&self.opts, &resolved, files, &env, (clock, notes), path)
+        .finish(&files)
     }
 
     /// Opens the checkpoint at `path` from its headers alone, with this
@@ -329,29 +334,7 @@ impl Loader {
     /// As [`load`](Self::load) for resolving the files and reading their
     /// headers.
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Checkpoint> {
-        let path = path.as_ref();
-        let clock = Instant::now();
-        let env = Environment::from_process();
-        let resolved = checkpoint::resolve(path)?;
-        let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
-        let (files, notes) = steps::open_files(&self.opts, &resolved, &shards, &env, clock)?;
-        let checkpoint::Catalogue {
-            tensors,
-            by_name,
-            metadata,
-        } = checkpoint::catalogue(&files);
-        Ok(Checkpoint::new(checkpoint::Inner {
-            opts: self.opts.clone(),
-            env,
-            resolved,
-            files,
-            tensors,
-            by_name,
-            metadata,
-            notes,
-            opened_in: clock.elapsed(),
-            path: path.to_path_buf(),
-        }))
+        checkpoint::open_with(self.opts.clone(), path.as_ref())
     }
 
     /// The shards a load opens: all of them, or with a filter and an index,
@@ -388,35 +371,12 @@ impl Loader {
     /// are not errors: the ranks then split the bytes statically.
     pub fn warm(&self, path: impl AsRef<Path>) -> Result<crate::report::PrefetchReport> {
         let env = Environment::from_process();
-        let checkpoint = checkpoint::resolve(path.as_ref())?;
-        let table = match &self.opts.mount_table {
-            Some(table) => Some(table.clone()),
-            None => MountTable::current().ok(),
-        };
-        let mut opened = Vec::with_capacity(checkpoint.shards.len());
-        for shard in &checkpoint.shards {
-            let file = checkpoint
-                .open(shard)
-                .map_err(|e| Error::io("opening", &shard.path, None, e))?;
-            let canonical = crate::os::path_of(&file)
-                .or_else(|| std::fs::canonicalize(&shard.path).ok())
-                .unwrap_or_else(|| shard.path.clone());
-            let mount = table
-                .as_ref()
-                .and_then(|t| crate::mount::lookup_file_in(t, &file, &canonical).ok());
-            let len = file.metadata().map_or(0, |m| m.len());
-            opened.push((shard.path.clone(), canonical, file, mount, len));
-        }
-        let handed: Vec<prefetch::LoadFile<'_>> = opened
+        let resolved = resolve::resolve(path.as_ref())?;
+        let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
+        let sources = file::open_sources(&self.opts, &resolved, &shards)?;
+        let handed: Vec<prefetch::LoadFile<'_>> = sources
             .iter()
-            .map(|(path, canonical, file, mount, len)| prefetch::LoadFile {
-                path,
-                canonical,
-                file,
-                mount: mount.as_ref(),
-                mapped: true,
-                len: *len,
-            })
+            .map(|s| prefetch::LoadFile::of(s, true))
             .collect();
         let options = self.opts.prefetch.clone().unwrap_or_default();
         let job = prefetch::Job {
@@ -427,49 +387,5 @@ impl Loader {
         };
         let reason = format!("prefetch() with {} stream(s)", options.stream_count());
         prefetch::warm(&handed, &options, &job, reason)
-    }
-}
-
-impl Checkpoint {
-    /// Loads the tensors whose name passes `keep` from this opened
-    /// checkpoint, through the parallel read engine, with the options it was
-    /// opened with: the same as a [`Loader::load`] with a filter, without
-    /// opening or parsing anything again. Files that hold none of them are
-    /// not read.
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir()?;
-    /// # let path = dir.path().join("model.safetensors");
-    /// # let data = vec![0u8; 8];
-    /// # let views = ["a.w", "a.b", "b.w"].map(|n| (n, safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![8], &data).unwrap()));
-    /// # safetensors::serialize_to_file(views, None, &path)?;
-    /// let ck = safeload::Checkpoint::open(&path)?;
-    /// let layer_a = ck.load_filtered(|name| name.starts_with("a."))?;
-    /// assert_eq!(layer_a.names().collect::<Vec<_>>(), ["a.b", "a.w"]); // file order
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`Loader::load`].
-    pub fn load_filtered(&self, keep: impl Fn(&str) -> bool + Send + Sync) -> Result<StateDict> {
-        let clock = Instant::now();
-        let inner = self.inner();
-        let mut files = Vec::new();
-        for file in &inner.files {
-            if file.header.tensors.iter().any(|t| keep(&t.name)) {
-                let mut file = file.for_load(clock)?;
-                file.prepare(Some(&keep), inner.opts.dtype);
-                files.push(file);
-            }
-        }
-        steps::finish(
-            &inner.opts,
-            &inner.resolved,
-            files,
-            &inner.env,
-            (clock, Vec::new()),
-            &inner.path,
-        )
     }
 }

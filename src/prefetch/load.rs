@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::mount::{Mount, MountKind};
 use crate::policy::{self, AutoPrefetchSkip, PrefetchAsk, PrefetchMethod};
 use crate::report::{PrefetchReport, human_bytes};
+use crate::source::{LocalFile, Source};
 use crate::trace;
 
 /// A file the loader has opened (and parsed), handed over so that prefetch
@@ -30,7 +31,19 @@ pub(crate) struct LoadFile<'a> {
     pub len: u64,
 }
 
-impl LoadFile<'_> {
+impl<'a> LoadFile<'a> {
+    /// A local file handed over; `mapped`: whether the load maps it.
+    pub(crate) fn of(source: &'a LocalFile, mapped: bool) -> LoadFile<'a> {
+        LoadFile {
+            path: source.path(),
+            canonical: source.canonical(),
+            file: source.file(),
+            mount: source.mount(),
+            mapped,
+            len: source.len(),
+        }
+    }
+
     fn target(&self) -> Result<Target> {
         let file = self
             .file

@@ -1,30 +1,29 @@
-//! The read engine of a load: every buffered file's reads, conversions and populates put in one job queue (`jobs.rs`), hashed as they land where verified, then each buffer sealed read-only.
+//! The read engine of a load: every filling file's reads, conversions and populates put in one job queue (`jobs.rs`), from each file's source into its destinations, hashed as they land where verified.
 
-use std::fs::File;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use crate::adapt::{Concurrency, Settled};
-use crate::checkpoint::open::ConvertBuffer;
-use crate::checkpoint::open::{Body, OpenFile, file_len, read_error, since, size_mismatch};
 use crate::error::{Error, ErrorKind, Result};
+use crate::file::life::{Destination, Filling, Parts};
+use crate::file::{read_error, since};
 use crate::jobs::{
     ConvertFrom, ConvertSource, Job, Tagged, run, split_convert, split_populate, split_read,
 };
-use crate::os::{self, DIRECT_ALIGN};
+use crate::os::DIRECT_ALIGN;
 use crate::progress::{Callback, Meter, Phase};
+use crate::source::Source;
 use crate::storage::Storage;
 use crate::verify::{Digest256, StreamHasher};
 
 /// Reads every buffered file, and populates mapped ones when asked, through
-/// one queue of jobs; then seals each buffer read-only and checks that no
-/// file changed size meanwhile. With `verify`, a file read whole is hashed
-/// as its chunks land (its digest left in [`OpenFile::sha256`]). Returns,
-/// for the report, how many reads the load kept in flight and why, and
-/// where the OS refused some reader threads, how many ran.
+/// one queue of jobs. With `verify`, a file read whole is hashed as its
+/// chunks land (its digest left in the file's state). Returns, for the
+/// report, how many reads the load kept in flight and why, and where the OS
+/// refused some reader threads, how many ran. Sealing is the caller's next
+/// step ([`Filling::seal`]).
 pub(crate) fn read_all(
-    opened: &mut [OpenFile],
+    opened: &mut [Filling<'_>],
     concurrency: Concurrency,
     chunk: usize,
     (populate, verify): (bool, bool),
@@ -36,9 +35,10 @@ pub(crate) fn read_all(
     // The bytes before a whole-file buffer's image (the header), hashed
     // first; the buffer holds the rest of the file.
     let mut prefixes: Vec<Option<Vec<u8>>> = Vec::with_capacity(opened.len());
-    for shard in opened.iter() {
-        let base = match &shard.body {
-            Body::Buffered { layout, .. } if verify && layout.image => {
+    for shard in opened.iter_mut() {
+        let parts = shard.parts();
+        let base = match &*parts.destination {
+            Destination::Buffer { layout, .. } if verify && layout.image => {
                 layout.segments.first().map(|s| s.src)
             }
             _ => None,
@@ -48,12 +48,18 @@ pub(crate) fn read_all(
             continue;
         };
         let mut prefix = vec![0u8; usize::try_from(base).unwrap_or(0)];
-        os::read_exact_at(&shard.file, &mut prefix, 0).map_err(|(at, e)| {
-            read_error("reading", &shard.file, &shard.path, shard.size, at, e)
-        })?;
+        let want = prefix.len();
+        parts
+            .source
+            .read_at(&mut prefix, want, 0)
+            .map_err(|(at, e)| read_error("reading", parts.source, parts.source.len(), at, e))?;
         prefixes.push(Some(prefix));
     }
-    let lens: Vec<u64> = opened.iter().map(|s| s.header.file_len()).collect();
+    let lens: Vec<u64> = opened
+        .iter()
+        .map(|s| s.file().header().file_len())
+        .collect();
+    let sources: Vec<&dyn Source> = opened.iter().map(|s| s.file().source()).collect();
     let hashers: Vec<Option<StreamHasher<'_>>> = prefixes
         .iter()
         .map(|p| p.as_deref().map(StreamHasher::new))
@@ -62,40 +68,28 @@ pub(crate) fn read_all(
     let mut finished: Vec<&AtomicU64> = Vec::with_capacity(opened.len());
     let mut overflowed: Vec<Option<&AtomicU64>> = Vec::with_capacity(opened.len());
     for (file_index, shard) in opened.iter_mut().enumerate() {
-        let OpenFile {
-            body,
-            file,
-            decision,
-            finished_at,
+        let Parts {
+            source,
             header,
+            destination,
+            direct,
             convert,
+            file,
+            finished_at,
+            overflowed: overflow,
             populated,
-            ..
-        } = shard;
-        finished.push(&*finished_at);
+        } = shard.parts();
+        finished.push(finished_at);
+        overflowed.push(Some(overflow));
         // The converted tensors: from the map where the file is mapped,
         // else read by the readers (plain reads: the runs are not blocks).
-        let mut conversion = match convert {
-            Some(part) => {
-                overflowed.push(Some(&part.overflowed));
-                match &mut part.buffer {
-                    ConvertBuffer::Filling(buffer) => {
-                        Some((&part.placements, part.to, &mut buffer[..]))
-                    }
-                    _ => None,
-                }
-            }
-            None => {
-                overflowed.push(None);
-                None
-            }
-        };
-        let buffer_and_layout = match body {
-            Body::Buffered { buffer, layout } => (buffer, layout),
-            Body::Mapped(storage) => {
+        let mut conversion = convert.map(|(part, dst)| (&part.placements, part.to, dst));
+        let (buffer, layout) = match destination {
+            Destination::Buffer { buffer, layout } => (buffer, layout),
+            Destination::Map(storage) => {
                 let storage: &Storage = storage;
                 if let Some((placements, to, dst)) = conversion.take() {
-                    let plan = (&*header, placements.as_slice(), to);
+                    let plan = (header, placements.as_slice(), to);
                     split_convert(
                         &mut jobs,
                         file_index,
@@ -111,29 +105,25 @@ pub(crate) fn read_all(
                 }
                 continue;
             }
-            _ => continue,
         };
         if let Some((placements, to, dst)) = conversion.take() {
-            let plan = (&*header, placements.as_slice(), to);
+            let plan = (header, placements.as_slice(), to);
             split_convert(
                 &mut jobs,
                 file_index,
                 plan,
                 dst,
-                ConvertFrom::File(file),
+                ConvertFrom::File(source),
                 chunk,
             );
         }
-        let (buffer, layout) = buffer_and_layout;
         // Direct reads need whole blocks: round the chunk down to one.
-        let direct = decision.direct_io();
-        let source: &File = file;
         let chunk = if direct {
             (chunk as u64 - chunk as u64 % DIRECT_ALIGN).max(DIRECT_ALIGN) as usize
         } else {
             chunk
         };
-        let mut rest: &mut [u8] = &mut buffer[..];
+        let mut rest: &mut [u8] = buffer.bytes_mut();
         let mut at = 0u64;
         for segment in &layout.segments {
             let skip = usize::try_from(segment.dst - at).unwrap_or(usize::MAX);
@@ -223,18 +213,16 @@ pub(crate) fn read_all(
             .map(|(h, &len)| h.and_then(|h| h.finish(len)))
             .collect();
         for (shard, digest) in opened.iter_mut().zip(digests) {
-            if digest.is_some() {
-                shard.sha256 = digest;
+            if let Some(digest) = digest {
+                shard.set_sha256(digest);
             }
         }
         if let Err(failure) = result {
-            let shard = opened.get(failure.file_index);
-            return Err(match shard {
-                Some(s) => read_error(
+            return Err(match sources.get(failure.file_index) {
+                Some(&source) => read_error(
                     failure.operation,
-                    &s.file,
-                    &s.path,
-                    s.header.file_len(),
+                    source,
+                    source.len(),
                     failure.offset,
                     failure.error,
                 ),
@@ -243,38 +231,6 @@ pub(crate) fn read_all(
                     offset: Some(failure.offset),
                 }),
             });
-        }
-    }
-    for shard in opened.iter_mut() {
-        if let Some(part) = &mut shard.convert {
-            if let ConvertBuffer::Filling(buffer) =
-                std::mem::replace(&mut part.buffer, ConvertBuffer::Taken)
-            {
-                let map = buffer
-                    .make_read_only()
-                    .map_err(|e| Error::io("sealing the buffer of", &shard.path, None, e))?;
-                part.buffer =
-                    ConvertBuffer::Sealed(Arc::new(Storage::new(map, shard.path.clone())));
-            }
-        }
-        let read_through = matches!(shard.body, Body::Buffered { .. })
-            || shard
-                .convert
-                .as_ref()
-                .is_some_and(|_| !matches!(shard.body, Body::Mapped(_)));
-        if !read_through {
-            continue;
-        }
-        // The file may have been truncated or grown during the read.
-        let now = file_len(&shard.file, &shard.path)?;
-        if now != shard.header.file_len() {
-            return Err(size_mismatch(&shard.path, shard.header.file_len(), now));
-        }
-        if let Body::Buffered { buffer, layout } = std::mem::replace(&mut shard.body, Body::Taken) {
-            let map = buffer
-                .make_read_only()
-                .map_err(|e| Error::io("sealing the buffer of", &shard.path, None, e))?;
-            shard.body = Body::Read { map, layout };
         }
     }
     Ok((settled, shortfall))

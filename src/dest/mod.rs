@@ -1,0 +1,53 @@
+//! Where a file's bytes land: the `Fill` seam (memory the read engine writes, then seals read-only for tensors to view), and its first implementation, an owned aligned buffer.
+//!
+//! A file's own tensors are views either of its read-only map (nothing to
+//! fill) or of a destination filled by the read engine. The contract is
+//! written out in `docs/ARCHITECTURE.md`, "The two seams".
+
+use std::io;
+use std::path::Path;
+
+use memmap2::MmapMut;
+
+use crate::storage::{self, Storage};
+
+/// Memory a load fills, then seals.
+///
+/// # Contract
+///
+/// - [`bytes_mut`](Self::bytes_mut) is the whole destination, page-aligned
+///   (so aligned for every dtype and for direct I/O), zero where never
+///   written; the read engine writes disjoint parts of it from many threads
+///   through `split_at_mut`, never the same byte twice.
+/// - [`seal`](Self::seal) is called once, after every write, and gives the
+///   read-only [`Storage`] that tensors view through an `Arc`; nothing writes
+///   the bytes after that, and they stay valid for as long as a tensor holds
+///   the storage, whatever happens to the file they came from.
+pub(crate) trait Fill: Send {
+    /// The bytes to write.
+    fn bytes_mut(&mut self) -> &mut [u8];
+
+    /// Makes the bytes read-only; `path` names the file they hold.
+    fn seal(self: Box<Self>, path: &Path) -> io::Result<Storage>;
+}
+
+/// An anonymous, page-aligned allocation owned by the load (see
+/// [`storage::alloc_buffer`]).
+pub(crate) struct OwnedBuffer(MmapMut);
+
+impl OwnedBuffer {
+    /// A zero-filled buffer of `len` bytes.
+    pub(crate) fn new(len: usize) -> io::Result<OwnedBuffer> {
+        storage::alloc_buffer(len).map(OwnedBuffer)
+    }
+}
+
+impl Fill for OwnedBuffer {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+
+    fn seal(self: Box<Self>, path: &Path) -> io::Result<Storage> {
+        Ok(Storage::new(self.0.make_read_only()?, path.to_path_buf()))
+    }
+}

@@ -1,0 +1,256 @@
+//! A load once its files are open, shared by `Loader::load` and `Checkpoint::load_filtered`: prefetch, plan, fill (the read engine), seal, verify, assemble.
+
+pub(crate) mod engine;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::Instant;
+
+use crate::adapt::Concurrency;
+use crate::error::{Error, ErrorKind, Result};
+use crate::file::life::{Planned, Sealed};
+use crate::file::{OpenedFile, read_error, threads};
+use crate::jobs::DEFAULT_READ_SIZE;
+use crate::memory;
+use crate::options::Options;
+use crate::plan::{self, FileFacts, PlanOptions};
+use crate::policy::{self, Environment};
+use crate::prefetch;
+use crate::report::LoadReport;
+use crate::resolve::Resolved;
+use crate::state_dict::StateDict;
+use crate::trace;
+use crate::verify;
+use crate::workers;
+
+/// One load of files already open: each with the nanoseconds, from the
+/// load's start, at which its part in the load began.
+pub(crate) struct Run<'a> {
+    pub opts: &'a Options,
+    pub resolved: &'a Resolved,
+    pub env: &'a Environment,
+    /// The tensors to load (the options' filter, or a checkpoint's).
+    pub keep: Option<&'a (dyn Fn(&str) -> bool + Sync)>,
+    pub clock: Instant,
+    /// What went otherwise than planned so far (threads refused).
+    pub notes: Vec<String>,
+    /// The checkpoint's path, for errors about the whole load.
+    pub path: &'a Path,
+}
+
+impl Run<'_> {
+    /// Everything a load does once its files are open: warm the page cache
+    /// where asked or where the auto policy says so, plan (which tensors,
+    /// where they land, direct I/O, the memory guard), fill the destinations
+    /// through one job queue, seal them, hash and check where asked, hand
+    /// out tensors.
+    pub(crate) fn finish(self, files: &[(&OpenedFile, u64)]) -> Result<StateDict> {
+        let Run {
+            opts,
+            resolved,
+            env,
+            keep,
+            clock,
+            mut notes,
+            path,
+        } = self;
+        // 1. Warm the page cache before any tensor byte is touched.
+        let job = prefetch::Job {
+            local_rank: opts.local_rank,
+            memory_available: opts.memory_available,
+            env,
+            progress: opts.progress.as_ref(),
+        };
+        let handed: Vec<prefetch::LoadFile<'_>> = files.iter().map(|(f, _)| f.handed()).collect();
+        let prefetched = prefetch::before_load(&handed, opts.prefetch.as_ref(), &job)?;
+        drop(handed);
+
+        // 2. Plan, now that a prefetch has warmed what it warms.
+        let cached: Vec<Box<dyn Fn() -> bool + '_>> = files
+            .iter()
+            .map(|(f, _)| Box::new(move || f.local().mostly_cached()) as Box<dyn Fn() -> bool>)
+            .collect();
+        let facts: Vec<FileFacts<'_>> = files
+            .iter()
+            .zip(&cached)
+            .map(|((f, _), cached)| FileFacts {
+                header: f.header(),
+                decision: f.decision(),
+                mapped: f.map().is_some(),
+                kind: f.source().mount().map(|m| m.kind),
+                mostly_cached: &**cached,
+            })
+            .collect();
+        let plan_opts = PlanOptions {
+            keep,
+            dtype: opts.dtype,
+            direct_io: opts.direct_io,
+        };
+        // Asking the kernel and the cgroup costs more than a small mapped
+        // load: the plan asks only where something is to be read.
+        let plans = plan::plan(&facts, &plan_opts, || {
+            opts.memory_available.or_else(memory::available)
+        })
+        .map_err(|no| {
+            Error::new(
+                ErrorKind::InsufficientMemory {
+                    needed: no.needed,
+                    available: no.available,
+                },
+                path,
+            )
+        })?;
+
+        // 3. Allocate, and fill every destination through one job queue.
+        let mut filling = Vec::with_capacity(files.len());
+        for (&(file, started_at), plan) in files.iter().zip(plans) {
+            filling.push(Planned::new(file, plan, started_at).fill()?);
+        }
+        let concurrency = match opts.io_concurrency {
+            Some(n) => Concurrency::pinned(n),
+            None => Concurrency::adaptive(policy::default_io_concurrency(
+                files
+                    .iter()
+                    .filter_map(|(f, _)| f.source().mount().map(|m| m.kind)),
+            )),
+        };
+        let read_size = opts.read_size.unwrap_or(DEFAULT_READ_SIZE);
+        let verify = policy::verify(opts.verify, env, !opts.expected_sha256.is_empty());
+        let (io, readers) = engine::read_all(
+            &mut filling,
+            concurrency,
+            read_size,
+            (opts.populate, verify),
+            clock,
+            opts.progress.as_ref(),
+        )?;
+        notes.extend(readers.map(|s| format!("reading: {s}")));
+        let mut sealed = filling
+            .into_iter()
+            .map(|f| f.seal())
+            .collect::<Result<Vec<_>>>()?;
+        let threads = threads(opts);
+        if verify {
+            verify_files(opts, &mut sealed, threads)?;
+        }
+
+        // 4. Hand out tensors.
+        let io_concurrency = io.as_ref().map_or(concurrency.start, |s| s.readers);
+        let mut state_dict = assemble(resolved, sealed, clock, threads, io_concurrency)?;
+        state_dict.report.io = io;
+        state_dict.report.prefetch = prefetched;
+        state_dict.report.notes = notes;
+        trace::traced! {
+            let report = &state_dict.report;
+            tracing::info!(
+                target: "safeload",
+                files = report.files().len(),
+                tensor_bytes = report.tensor_bytes(),
+                bytes_read = report.bytes_read(),
+                seconds = report.elapsed().as_secs_f64(),
+                "loaded"
+            );
+            for note in report.notes() {
+                tracing::warn!(target: "safeload", note = %note, "the load ran otherwise than planned");
+            }
+        }
+        Ok(state_dict)
+    }
+}
+
+/// The `StateDict` of sealed files: every selected tensor a view of its
+/// file's storage, in file order, with the merged metadata and the report.
+fn assemble(
+    resolved: &Resolved,
+    sealed: Vec<Sealed<'_>>,
+    clock: Instant,
+    threads: usize,
+    io_concurrency: usize,
+) -> Result<StateDict> {
+    let mut tensors = Vec::new();
+    let mut metadata = BTreeMap::new();
+    let mut files = Vec::with_capacity(sealed.len());
+    for file in sealed {
+        if let Some(meta) = &file.file().header().metadata {
+            for (k, v) in meta {
+                metadata.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        files.push(file.into_tensors(&mut tensors)?);
+    }
+    let by_name: HashMap<_, _> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name().to_string(), i))
+        .collect();
+    Ok(StateDict {
+        tensors,
+        by_name,
+        metadata,
+        index_metadata: resolved.index.as_ref().and_then(|i| i.metadata.clone()),
+        report: LoadReport {
+            files,
+            elapsed: clock.elapsed(),
+            threads,
+            io_concurrency,
+            prefetch: None,
+            notes: Vec::new(),
+            io: None,
+        },
+    })
+}
+
+/// Hashes the files the read engine did not (mapped ones, and files read
+/// only in part), in parallel, and checks every digest against what the
+/// file must have.
+fn verify_files(opts: &Options, files: &mut [Sealed<'_>], threads: usize) -> Result<()> {
+    let mut expected = Vec::with_capacity(opts.expected_sha256.len());
+    for (file, digest) in &opts.expected_sha256 {
+        let Some(parsed) = verify::parse_hex(digest) else {
+            return Err(Error::without_path(ErrorKind::InvalidDigest {
+                file: file.clone(),
+                digest: digest.clone(),
+            }));
+        };
+        expected.push((file.as_str(), parsed));
+    }
+    let missing: Vec<&Sealed<'_>> = files.iter().filter(|f| f.sha256().is_none()).collect();
+    let (digests, _) = workers::map(&missing, threads, "safeload-verify", |f| {
+        let digest = match f.map() {
+            Some(storage) => verify::of_map(storage.map()),
+            None => {
+                let file = f.file();
+                verify::of_file(file.local().file(), file.header().file_len())
+                    .map_err(|(at, e)| read_error("hashing", file.source(), file.size(), at, e))?
+            }
+        };
+        Ok(digest)
+    })?;
+    let mut digests = digests.into_iter();
+    for file in files.iter_mut() {
+        if file.sha256().is_none() {
+            if let Some(digest) = digests.next() {
+                file.set_sha256(digest);
+            }
+        }
+        let opened = file.file();
+        let name = opened.path().file_name().and_then(|n| n.to_str());
+        let must = expected
+            .iter()
+            .find(|(n, _)| Some(*n) == name)
+            .map(|&(_, d)| d)
+            .or_else(|| verify::expected_from_cache(opened.local().canonical()));
+        if let (Some(must), Some(actual)) = (must, file.sha256()) {
+            if must != actual {
+                return Err(Error::new(
+                    ErrorKind::IntegrityMismatch {
+                        expected: verify::hex(&must),
+                        actual: verify::hex(&actual),
+                    },
+                    opened.path(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}

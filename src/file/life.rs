@@ -1,0 +1,359 @@
+//! A file's life in one load, owned here: planned, then filling (its destinations allocated, the read engine writing them), then sealed (read-only, its tensors handed out). Each state is a type; each transition consumes the one before.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use super::{MapError, OpenedFile, map_checked, size_mismatch};
+use crate::dest::{Fill, OwnedBuffer};
+use crate::error::{Error, Result};
+use crate::format::header::Header;
+use crate::plan::{ConvertPlan, FilePlan, Placement};
+use crate::policy::Direct;
+use crate::report::FileReport;
+use crate::source::{LocalFile, Source};
+use crate::storage::{BufferLayout, Storage};
+use crate::tensor::Tensor;
+use crate::verify::Digest256;
+
+/// A file of a load with its plan, nothing allocated yet.
+pub(crate) struct Planned<'a> {
+    file: &'a OpenedFile,
+    plan: FilePlan,
+    started_at: u64,
+}
+
+/// Where a file's own tensors land while a load fills them.
+pub(crate) enum Destination {
+    /// The file's read-only map: nothing to fill.
+    Map(Arc<Storage>),
+    /// Memory the read engine fills (an owned buffer), laid out so.
+    Buffer {
+        buffer: Box<dyn Fill>,
+        layout: BufferLayout,
+    },
+}
+
+/// A file whose destinations exist and are being filled by the read engine.
+pub(crate) struct Filling<'a> {
+    file: &'a OpenedFile,
+    plan: FilePlan,
+    destination: Destination,
+    convert: Option<(ConvertPlan, Box<dyn Fill>)>,
+    started_at: u64,
+    finished_at: AtomicU64,
+    overflowed: AtomicU64,
+    sha256: Option<Digest256>,
+    populated: bool,
+    /// Clears `O_DIRECT` from the descriptor when the reads are done, also
+    /// when a load fails (a checkpoint that stays open shares the
+    /// descriptor).
+    direct: DirectGuard<'a>,
+}
+
+/// A file whose bytes are all in place and read-only.
+pub(crate) struct Sealed<'a> {
+    file: &'a OpenedFile,
+    plan: FilePlan,
+    storage: Arc<Storage>,
+    layout: Option<BufferLayout>,
+    converted: Option<(ConvertPlan, Arc<Storage>)>,
+    started_at: u64,
+    finished_at: u64,
+    overflowed: u64,
+    sha256: Option<Digest256>,
+    populated: bool,
+}
+
+/// `O_DIRECT` on a descriptor for as long as this lives.
+struct DirectGuard<'a>(Option<&'a LocalFile>);
+
+impl Drop for DirectGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(local) = self.0.take() {
+            let _ = local.set_direct(false);
+        }
+    }
+}
+
+impl<'a> Planned<'a> {
+    /// `started_at`: nanoseconds from the start of the load when the file's
+    /// part in it began (its opening, or the load's start for a checkpoint
+    /// opened before).
+    pub(crate) fn new(file: &'a OpenedFile, plan: FilePlan, started_at: u64) -> Self {
+        Planned {
+            file,
+            plan,
+            started_at,
+        }
+    }
+
+    /// Allocates the file's buffers, or maps it where the plan says so and
+    /// it is not mapped yet (the memory guard's choice), and turns direct I/O
+    /// on where the plan wants it.
+    pub(crate) fn fill(self) -> Result<Filling<'a>> {
+        let Planned {
+            file,
+            mut plan,
+            started_at,
+        } = self;
+        let path = file.path();
+        let destination = match &plan.placement {
+            Placement::Map => match file.map() {
+                Some(map) => Destination::Map(Arc::clone(map)),
+                None => match map_checked(file.local(), file.header()) {
+                    Ok(map) => Destination::Map(map),
+                    Err(MapError::Checked(e)) => return Err(e),
+                    // The memory guard chose a map the filesystem refuses:
+                    // the file cannot be read within the memory either.
+                    Err(MapError::Refused(e)) => {
+                        return Err(Error::io(
+                            "mapping (the memory guard's choice)",
+                            path,
+                            None,
+                            e,
+                        ));
+                    }
+                },
+            },
+            Placement::Buffer { layout, .. } => Destination::Buffer {
+                buffer: alloc(layout.len, file)?,
+                layout: layout.clone(),
+            },
+        };
+        let convert = match plan.convert.take() {
+            Some(part) => {
+                let buffer = alloc(part.len, file)?;
+                Some((part, buffer))
+            }
+            None => None,
+        };
+        let mut direct = DirectGuard(None);
+        if let Placement::Buffer { direct: true, .. } = plan.placement {
+            match file.local().set_direct(true) {
+                Ok(()) => direct = DirectGuard(Some(file.local())),
+                Err(e) => plan.decision.set_direct(Direct::Refused(e.to_string())),
+            }
+        }
+        Ok(Filling {
+            file,
+            plan,
+            destination,
+            convert,
+            started_at,
+            finished_at: AtomicU64::new(started_at),
+            overflowed: AtomicU64::new(0),
+            sha256: None,
+            populated: false,
+            direct,
+        })
+    }
+}
+
+/// An owned buffer of `len` bytes for `file`.
+fn alloc(len: u64, file: &OpenedFile) -> Result<Box<dyn Fill>> {
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    match OwnedBuffer::new(len) {
+        Ok(buffer) => Ok(Box::new(buffer)),
+        Err(e) => Err(Error::io("allocating a buffer for", file.path(), None, e)),
+    }
+}
+
+/// What the read engine needs of a filling file, borrowed apart.
+pub(crate) struct Parts<'f> {
+    pub source: &'f dyn Source,
+    pub header: &'f Header,
+    pub destination: &'f mut Destination,
+    /// Whether the buffer's reads bypass the page cache.
+    pub direct: bool,
+    /// The converted tensors' plan and buffer.
+    pub convert: Option<(&'f ConvertPlan, &'f mut [u8])>,
+    /// The file's descriptor, for populating its map.
+    pub file: &'f std::fs::File,
+    pub finished_at: &'f AtomicU64,
+    pub overflowed: &'f AtomicU64,
+    pub populated: &'f mut bool,
+}
+
+impl<'a> Filling<'a> {
+    pub(crate) fn file(&self) -> &'a OpenedFile {
+        self.file
+    }
+
+    /// The file's parts, for the read engine.
+    pub(crate) fn parts(&mut self) -> Parts<'_> {
+        Parts {
+            source: self.file.source(),
+            header: self.file.header(),
+            destination: &mut self.destination,
+            direct: self.direct.0.is_some(),
+            convert: self.convert.as_mut().map(|(p, b)| (&*p, b.bytes_mut())),
+            file: self.file.local().file(),
+            finished_at: &self.finished_at,
+            overflowed: &self.overflowed,
+            populated: &mut self.populated,
+        }
+    }
+
+    /// The digest the read engine computed as the file's chunks landed.
+    pub(crate) fn set_sha256(&mut self, digest: Digest256) {
+        self.sha256 = Some(digest);
+    }
+
+    /// Makes every buffer read-only, after checking that the file did not
+    /// change length while it was read.
+    pub(crate) fn seal(self) -> Result<Sealed<'a>> {
+        let Filling {
+            file,
+            plan,
+            destination,
+            convert,
+            started_at,
+            finished_at,
+            overflowed,
+            sha256,
+            populated,
+            direct,
+        } = self;
+        drop(direct);
+        let path = file.path();
+        let expected = file.header().file_len();
+        if plan.reads() && file.map().is_none() {
+            // The file may have been truncated or grown during the read.
+            let now = file
+                .local()
+                .len_now()
+                .map_err(|e| Error::io("reading metadata of", path, None, e))?;
+            if now != expected {
+                return Err(size_mismatch(path, expected, now));
+            }
+        }
+        let seal = |buffer: Box<dyn Fill>| -> Result<Arc<Storage>> {
+            match buffer.seal(path) {
+                Ok(storage) => Ok(Arc::new(storage)),
+                Err(e) => Err(Error::io("sealing the buffer of", path, None, e)),
+            }
+        };
+        let (storage, layout) = match destination {
+            Destination::Map(storage) => (storage, None),
+            Destination::Buffer { buffer, layout } => (seal(buffer)?, Some(layout)),
+        };
+        let converted = match convert {
+            Some((part, buffer)) => Some((part, seal(buffer)?)),
+            None => None,
+        };
+        Ok(Sealed {
+            file,
+            plan,
+            storage,
+            layout,
+            converted,
+            started_at,
+            finished_at: finished_at.into_inner(),
+            overflowed: overflowed.into_inner(),
+            sha256,
+            populated,
+        })
+    }
+}
+
+impl<'a> Sealed<'a> {
+    pub(crate) fn file(&self) -> &'a OpenedFile {
+        self.file
+    }
+
+    /// The file's digest, where the read engine computed it.
+    pub(crate) fn sha256(&self) -> Option<Digest256> {
+        self.sha256
+    }
+
+    /// Its map, where its own tensors are views of the file's map.
+    pub(crate) fn map(&self) -> Option<&Arc<Storage>> {
+        self.layout.is_none().then_some(&self.storage)
+    }
+
+    pub(crate) fn set_sha256(&mut self, digest: Digest256) {
+        self.sha256 = Some(digest);
+    }
+
+    /// Hands out the selected tensors as views of their storage (pushed to
+    /// `tensors`, in file order) and returns the file's report.
+    pub(crate) fn into_tensors(self, tensors: &mut Vec<Tensor>) -> Result<FileReport> {
+        let file = self.file;
+        let header = file.header();
+        let buffered = self.layout.is_some();
+        let mut count = 0;
+        let mut bytes = 0u64;
+        let mut bytes_read = 0u64;
+        let mut converted = 0usize;
+        for (i, entry) in header.tensors.iter().enumerate() {
+            if !self.plan.selected.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            // Where the tensor's bytes are: a converted part of its own, or
+            // the file's storage; and whether they were read from the file.
+            let place = self
+                .converted
+                .as_ref()
+                .and_then(|(part, into)| Some((part, into, part.placements.get(i).copied()??)));
+            let (dtype, holder, range, read) = match place {
+                Some((part, into, place)) => {
+                    let len = entry.num_elements().unwrap_or(0) * (part.to.bitsize() / 8);
+                    let range = usize::try_from(place)
+                        .ok()
+                        .and_then(|s| Some(s..s.checked_add(len)?))
+                        .filter(|r| r.end <= into.bytes().len());
+                    converted += 1;
+                    (part.to, into, range, buffered)
+                }
+                None => {
+                    let start = match &self.layout {
+                        Some(layout) => layout.placements.get(i).copied().flatten(),
+                        None => Some(header.data_start + entry.start),
+                    };
+                    let range = start.and_then(|s| {
+                        let s = usize::try_from(s).ok()?;
+                        let e = s.checked_add(usize::try_from(entry.end - entry.start).ok()?)?;
+                        (e <= self.storage.bytes().len()).then_some(s..e)
+                    });
+                    (entry.dtype, &self.storage, range, buffered)
+                }
+            };
+            let Some(range) = range else {
+                return Err(size_mismatch(file.path(), header.file_len(), file.size()));
+            };
+            count += 1;
+            bytes += range.len() as u64;
+            if read {
+                bytes_read += entry.end - entry.start;
+            }
+            tensors.push(Tensor::new(
+                Arc::from(entry.name.as_str()),
+                dtype,
+                entry.shape.clone(),
+                Arc::clone(holder),
+                range,
+            ));
+        }
+        Ok(FileReport {
+            path: file.path().to_path_buf(),
+            size: file.size(),
+            tensors: count,
+            tensor_bytes: bytes,
+            bytes_read: if self.populated {
+                file.size()
+            } else {
+                bytes_read
+            },
+            converted,
+            overflowed: self.overflowed,
+            direct_io: self.plan.decision.direct_io(),
+            strategy: self.plan.decision.strategy,
+            reason: self.plan.decision.to_string(),
+            mount: file.source().mount().cloned(),
+            elapsed: Duration::from_nanos(self.finished_at.saturating_sub(self.started_at)),
+            metadata: header.metadata.clone(),
+            sha256: self.sha256.as_ref().map(crate::verify::hex),
+        })
+    }
+}

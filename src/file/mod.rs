@@ -1,0 +1,274 @@
+//! A file of a checkpoint, opened: the one open path shared by loads, checkpoints and prefetch, and the immutable facts it yields (source, header, mount, the policy's first decision, the map where it maps).
+//!
+//! What a load then does with a file is its life in [`life`]: planned,
+//! filling, sealed, each a type of its own moved by consuming transitions.
+
+pub(crate) mod life;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::header::{self, Header, PREFIX_LEN};
+use crate::mount::MountTable;
+use crate::options::Options;
+use crate::policy::{self, Environment, FileDecision, Origin, ReadMode, Strategy};
+use crate::resolve::{Resolved, ShardFile};
+use crate::source::{LocalFile, Source};
+use crate::storage::Storage;
+use crate::{trace, workers};
+
+/// A file opened and its header checked: facts that no load changes.
+pub(crate) struct OpenedFile {
+    source: Arc<LocalFile>,
+    header: Header,
+    decision: FileDecision,
+    map: Option<Arc<Storage>>,
+    opened_at: u64,
+}
+
+impl OpenedFile {
+    /// Where its bytes come from.
+    pub(crate) fn source(&self) -> &dyn Source {
+        &*self.source
+    }
+
+    /// The local file behind it.
+    pub(crate) fn local(&self) -> &LocalFile {
+        &self.source
+    }
+
+    /// The path it was opened by.
+    pub(crate) fn path(&self) -> &Path {
+        self.source.path()
+    }
+
+    /// Its length when opened.
+    pub(crate) fn size(&self) -> u64 {
+        self.source.len()
+    }
+
+    pub(crate) fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// How the policy chose to read it when it was opened, and why.
+    pub(crate) fn decision(&self) -> &FileDecision {
+        &self.decision
+    }
+
+    /// Its map, where the policy maps it.
+    pub(crate) fn map(&self) -> Option<&Arc<Storage>> {
+        self.map.as_ref()
+    }
+
+    /// Nanoseconds from the start of the load that opened it.
+    pub(crate) fn opened_at(&self) -> u64 {
+        self.opened_at
+    }
+
+    /// The file handed to prefetch, which neither opens nor looks it up
+    /// again.
+    pub(crate) fn handed(&self) -> crate::prefetch::LoadFile<'_> {
+        crate::prefetch::LoadFile::of(&self.source, self.map.is_some())
+    }
+}
+
+/// What the opening of every file of a checkpoint shares.
+struct Context<'a> {
+    resolved: &'a Resolved,
+    mode: ReadMode,
+    origin: Origin,
+    table: Option<&'a MountTable>,
+    clock: Instant,
+}
+
+/// Files opened at once: the caller's number, else the machine's.
+pub(crate) fn threads(opts: &Options) -> usize {
+    opts.threads.unwrap_or_else(workers::default_width).max(1)
+}
+
+/// Opens `shards` of `resolved` in parallel, each with its header read and
+/// checked, its mount found and its way of being read decided (and mapped,
+/// where it is mapped); then checks the headers against each other and the
+/// index. Also returns what went otherwise than planned (threads refused).
+/// The one open path of loads, checkpoints and prefetch.
+pub(crate) fn open_all(
+    opts: &Options,
+    resolved: &Resolved,
+    shards: &[&ShardFile],
+    env: &Environment,
+    clock: Instant,
+) -> Result<(Vec<OpenedFile>, Vec<String>)> {
+    let (mode, origin) = policy::effective_mode(opts.mode, env);
+    let table = match &opts.mount_table {
+        Some(table) => Some(table.clone()),
+        None => MountTable::current().ok(),
+    };
+    let ctx = Context {
+        resolved,
+        mode,
+        origin,
+        table: table.as_ref(),
+        clock,
+    };
+    let (files, openers) = workers::map(shards, threads(opts), "safeload-open", |shard| {
+        open(shard, &ctx)
+    })?;
+    let notes = openers
+        .shortfall()
+        .map(|s| format!("opening files: {s}"))
+        .into_iter()
+        .collect();
+    let headers: Vec<_> = files.iter().map(|f| (f.path(), &f.header)).collect();
+    resolved.check_headers(&headers)?;
+    trace::traced! {
+        for file in &files {
+            tracing::debug!(
+                target: "safeload",
+                file = %file.path().display(),
+                strategy = %file.decision.strategy,
+                reason = %file.decision,
+                "opened"
+            );
+        }
+    }
+    Ok((files, notes))
+}
+
+/// Opens `shards` of `resolved` as sources, without reading anything of
+/// them: the first half of [`open_all`], for a prefetch alone
+/// (`Loader::warm`), which must not warm headers it has no use for.
+pub(crate) fn open_sources(
+    opts: &Options,
+    resolved: &Resolved,
+    shards: &[&ShardFile],
+) -> Result<Vec<LocalFile>> {
+    let table = match &opts.mount_table {
+        Some(table) => Some(table.clone()),
+        None => MountTable::current().ok(),
+    };
+    shards
+        .iter()
+        .map(|shard| open_source(shard, resolved, table.as_ref()))
+        .collect()
+}
+
+/// Opens one shard (through the checkpoint's directory) and looks up its
+/// mount: the first step of every open.
+fn open_source(
+    shard: &ShardFile,
+    resolved: &Resolved,
+    table: Option<&MountTable>,
+) -> Result<LocalFile> {
+    let path = &shard.path;
+    let file = resolved
+        .open(shard)
+        .map_err(|e| Error::io("opening", path, None, e))?;
+    LocalFile::new(path.clone(), file, table)
+        .map_err(|e| Error::io("reading metadata of", path, None, e))
+}
+
+/// Nanoseconds since `clock`, saturating.
+pub(crate) fn since(clock: Instant) -> u64 {
+    u64::try_from(clock.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Opens one shard: reads and checks its header, looks up its mount,
+/// decides how to read it, and maps it where the decision is a map.
+fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenedFile> {
+    let opened_at = since(ctx.clock);
+    let source = open_source(shard, ctx.resolved, ctx.table)?;
+    let header = read_header(&source)?;
+    let mut decision = policy::choose(ctx.mode, ctx.origin, source.mount());
+    let map = match decision.strategy {
+        Strategy::Mmap => match map_checked(&source, &header) {
+            Ok(map) => Some(map),
+            Err(MapError::Checked(e)) => return Err(e),
+            Err(MapError::Refused(e)) => {
+                // Some FUSE filesystems refuse mmap (ENODEV); reading works.
+                decision.mmap_refused(&e);
+                None
+            }
+        },
+        Strategy::Buffered => None,
+    };
+    Ok(OpenedFile {
+        source: Arc::new(source),
+        header,
+        decision,
+        map,
+        opened_at,
+    })
+}
+
+pub(crate) enum MapError {
+    /// The map was made but the file is not what its header says.
+    Checked(Error),
+    /// The filesystem refused the map.
+    Refused(std::io::Error),
+}
+
+/// Maps a file and checks the map's length against the header, before any
+/// tensor can be handed out.
+pub(crate) fn map_checked(
+    source: &LocalFile,
+    header: &Header,
+) -> std::result::Result<Arc<Storage>, MapError> {
+    let map = source.map().map_err(MapError::Refused)?;
+    let mapped = map.len() as u64;
+    if mapped != header.file_len() {
+        // The file changed between fstat and mmap.
+        return Err(MapError::Checked(size_mismatch(
+            source.path(),
+            header.file_len(),
+            mapped,
+        )));
+    }
+    Ok(Arc::new(Storage::new(map, source.path().to_path_buf())))
+}
+
+pub(crate) fn size_mismatch(path: &Path, expected: u64, actual: u64) -> Error {
+    Error::new(ErrorKind::SizeMismatch { expected, actual }, path)
+}
+
+/// Reads the 8-byte length, checks it against the limit and the file size,
+/// then reads and parses exactly that many bytes of header.
+fn read_header(source: &LocalFile) -> Result<Header> {
+    let (path, size) = (source.path(), source.len());
+    if size < PREFIX_LEN {
+        return Err(Error::new(ErrorKind::FileTooSmall { len: size }, path));
+    }
+    let mut prefix = [0u8; PREFIX_LEN as usize];
+    source
+        .read_at(&mut prefix, PREFIX_LEN as usize, 0)
+        .map_err(|(at, e)| read_error("reading", source, size, at, e))?;
+    let len = header::header_len(&prefix, size).map_err(|kind| Error::new(kind, path))?;
+    // Bounded by the limit and by the file's size, both checked above.
+    let mut json = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    let want = json.len();
+    source
+        .read_at(&mut json, want, PREFIX_LEN)
+        .map_err(|(at, e)| read_error("reading", source, size, at, e))?;
+    header::parse(&json, size).map_err(|kind| Error::new(kind, path))
+}
+
+/// The error of a failed read (`operation` says of what); a read that ended
+/// early means the file shrank, which is reported as such.
+pub(crate) fn read_error(
+    operation: &'static str,
+    source: &dyn Source,
+    expected: u64,
+    offset: u64,
+    error: std::io::Error,
+) -> Error {
+    if error.kind() == std::io::ErrorKind::UnexpectedEof {
+        if let Some(Ok(actual)) = source.local().map(LocalFile::len_now) {
+            if actual < expected {
+                return size_mismatch(source.path(), expected, actual);
+            }
+        }
+    }
+    Error::io(operation, source.path(), Some(offset), error)
+}

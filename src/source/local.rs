@@ -1,0 +1,120 @@
+//! A file on this machine as a source: one descriptor, opened once per load, through which every byte of the load is read.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use super::{Source, Version, VersionTag};
+use crate::mount::{self, Mount, MountTable};
+use crate::os;
+use crate::storage;
+
+/// A local file, opened once: its descriptor, the path it was opened by and
+/// the path with symlinks resolved then, its mount and its version.
+///
+/// Every read of a load goes through [`file`](Self::file): a second open of
+/// the path could reach another version of the file (on FUSE even a reopen of
+/// `/proc/self/fd/N`, which the daemon resolves by path again).
+#[derive(Debug)]
+pub(crate) struct LocalFile {
+    path: PathBuf,
+    canonical: PathBuf,
+    file: File,
+    mount: Option<Mount>,
+    version: Version,
+}
+
+impl LocalFile {
+    /// Takes an opened file: looks up its mount in `table` (none where there
+    /// is no table) and records its version.
+    pub(crate) fn new(path: PathBuf, file: File, table: Option<&MountTable>) -> io::Result<Self> {
+        let meta = file.metadata()?;
+        // The file as opened, symlinks resolved then (a Hugging Face cache
+        // snapshot links every file into `blobs/`, maybe on another mount).
+        let canonical = os::path_of(&file)
+            .or_else(|| std::fs::canonicalize(&path).ok())
+            .unwrap_or_else(|| path.clone());
+        let mount = table.and_then(|table| mount::lookup_file_in(table, &file, &canonical).ok());
+        let tag = match (os::file_id(&meta), meta.modified()) {
+            (Some((dev, ino)), Ok(mtime)) => VersionTag::Inode {
+                dev,
+                ino,
+                mtime_ns: mtime
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as i128),
+            },
+            _ => VersionTag::Unknown,
+        };
+        Ok(LocalFile {
+            path,
+            canonical,
+            file,
+            mount,
+            version: Version {
+                len: meta.len(),
+                tag,
+            },
+        })
+    }
+
+    /// The one descriptor of the file.
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The path with symlinks resolved when the file was opened.
+    pub(crate) fn canonical(&self) -> &Path {
+        &self.canonical
+    }
+
+    /// A read-only map of the whole file.
+    pub(crate) fn map(&self) -> io::Result<Mmap> {
+        storage::map_file(&self.file)
+    }
+
+    /// Turns `O_DIRECT` on or off for every read through the descriptor.
+    pub(crate) fn set_direct(&self, on: bool) -> io::Result<()> {
+        os::set_direct(&self.file, on)
+    }
+
+    /// Whether at least half of the file's pages are in the page cache (by
+    /// `cachestat(2)`, else `mincore(2)`); false where that cannot be told.
+    pub(crate) fn mostly_cached(&self) -> bool {
+        let pages = self.len().div_ceil(os::page_size());
+        os::cached_pages(&self.file, 0, 0).is_ok_and(|cached| cached.saturating_mul(2) >= pages)
+    }
+
+    /// The file's length now, by `fstat` (a file may shrink during a load).
+    pub(crate) fn len_now(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+}
+
+impl Source for LocalFile {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn version(&self) -> &Version {
+        &self.version
+    }
+
+    fn read_at(
+        &self,
+        dst: &mut [u8],
+        required: usize,
+        offset: u64,
+    ) -> Result<(), (u64, io::Error)> {
+        os::read_at_least(&self.file, dst, required, offset)
+    }
+
+    fn mount(&self) -> Option<&Mount> {
+        self.mount.as_ref()
+    }
+
+    fn local(&self) -> Option<&LocalFile> {
+        Some(self)
+    }
+}

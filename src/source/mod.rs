@@ -1,0 +1,79 @@
+//! Where a file's bytes come from: the `Source` seam, and its first implementation, a local file.
+//!
+//! A source answers what a load needs of a file without saying how it gets
+//! it: its length, a positional read into the caller's buffer, its version
+//! (so that one load reads one version of it), and the facts the policy
+//! decides from (the mount it is on). What only a file on this machine can do
+//! (be mapped, bypass the page cache, be warmed in it) is reached through
+//! [`Source::local`], so that a source without those (a remote object) is read
+//! buffered by the same engine. The contract is written out in
+//! `docs/ARCHITECTURE.md`, "The two seams".
+
+mod local;
+
+use std::io;
+use std::path::Path;
+
+pub(crate) use local::LocalFile;
+
+use crate::mount::Mount;
+
+/// One version of a file, as seen when it was opened: what must not change
+/// while a load reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Version {
+    /// Its length in bytes.
+    pub len: u64,
+    /// What tells this version from another of the same length.
+    pub tag: VersionTag,
+}
+
+/// The part of a [`Version`] a source can vouch for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum VersionTag {
+    /// A file of a filesystem: device, inode and modification time (ns).
+    Inode { dev: u64, ino: u64, mtime_ns: i128 },
+    /// Nothing better is known (a platform without inode numbers).
+    Unknown,
+}
+
+/// Where one file's bytes come from.
+///
+/// # Contract
+///
+/// - [`len`](Self::len) and [`version`](Self::version) are facts of the open
+///   that never change for this value.
+/// - [`read_at`](Self::read_at) fills `dst` from `offset`, retrying short
+///   reads, until at least `required` bytes have arrived (all of `dst` where
+///   the file is long enough); it reads the version that was opened or fails,
+///   never another one; on failure it names the offset that failed. It may be
+///   called from many threads at once.
+/// - Nothing here blocks forever: a source that waits on a network bounds its
+///   waits and fails with an error naming what it waited for.
+pub(crate) trait Source: Send + Sync {
+    /// The path (or, for a remote source, the address) named in reports and
+    /// errors.
+    fn path(&self) -> &Path;
+
+    /// The file's length in bytes, when opened.
+    fn len(&self) -> u64 {
+        self.version().len
+    }
+
+    /// The version that was opened.
+    fn version(&self) -> &Version;
+
+    /// A positional read (see the trait's contract).
+    fn read_at(&self, dst: &mut [u8], required: usize, offset: u64)
+    -> Result<(), (u64, io::Error)>;
+
+    /// The mount the file is on, where known: what the policy decides from.
+    fn mount(&self) -> Option<&Mount>;
+
+    /// The local file behind this source, for what only it can do (a map,
+    /// direct I/O, the page cache); `None` for a source that is not a file
+    /// of this machine.
+    fn local(&self) -> Option<&LocalFile> {
+        None
+    }
+}

@@ -4,15 +4,22 @@ use std::path::{Path, PathBuf};
 
 use procfs_core::{FromBufRead, ProcessCGroups};
 
+use crate::os::{self, ProcFile};
+
 /// Memory a buffered read or a prefetch may use, in bytes: the smaller of
 /// the kernel's `MemAvailable` estimate and, for each cgroup from the
 /// process's own up to the root, its limit minus its usage. `None` where
-/// neither can be read (non-Linux targets).
+/// neither can be read (the OS layer has no `/proc`: non-Linux targets).
 pub(crate) fn available() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
-    let mem_available = meminfo.as_deref().and_then(parse_meminfo_available);
-    let cgroup_room = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
+    let proc_text = |file| {
+        os::read_proc(file)
+            .ok()
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+    };
+    let mem_available = proc_text(ProcFile::Meminfo)
+        .as_deref()
+        .and_then(parse_meminfo_available);
+    let cgroup_room = proc_text(ProcFile::SelfCgroup)
         .and_then(|text| cgroup_room(&text, Path::new("/sys/fs/cgroup")));
     match (mem_available, cgroup_room) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -42,8 +49,8 @@ pub(crate) fn parse_meminfo_available(text: &str) -> Option<u64> {
 }
 
 /// The cgroup paths of this process: the v2 path (`0::/path`) and the v1
-/// memory controller's path (`N:memory:/path`), from `/proc/self/cgroup`,
-/// read with procfs.
+/// memory controller's path (`N:memory:/path`), from the text of
+/// `/proc/self/cgroup`, parsed line by line with `procfs-core`.
 pub(crate) fn parse_proc_cgroup(text: &str) -> (Option<String>, Option<String>) {
     let mut v2 = None;
     let mut v1_memory = None;
@@ -204,8 +211,14 @@ mod tests {
     }
 
     #[test]
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
     fn this_machine_has_some() {
         assert!(available().is_some_and(|b| b > 0));
+    }
+
+    #[test]
+    #[cfg(not(all(target_os = "linux", not(safeload_os_stub))))]
+    fn without_proc_there_are_no_figures() {
+        assert_eq!(available(), None);
     }
 }

@@ -81,8 +81,8 @@ use std::path::{Path, PathBuf};
 // One job a file: `classify` (kinds, magic numbers), `escape` (the kernel's octal escapes),
 // `parse` (a line of text to an entry: `mountinfo` through procfs-core with the fixes it
 // needs, `/proc/mounts` and fstab by hand), `table` (entries, tables, `find`). This file holds
-// the lookups, the only code that touches the filesystem, and reads `/proc` where the OS layer
-// says there is a mount table.
+// the lookups, the only code that touches the filesystem; the OS layer reads the `/proc` files
+// (`crate::os::read_proc`) and says whether there is a mount table.
 mod classify;
 mod escape;
 mod parse;
@@ -352,6 +352,7 @@ mod os {
     use std::path::Path;
 
     use super::{MountTable, split_device_number};
+    use crate::os::ProcFile;
 
     pub(super) const SUPPORTED: bool = crate::os::MOUNT_DETECTION;
 
@@ -362,17 +363,17 @@ mod os {
         // mountinfo has device numbers and ids; /proc/mounts is the fallback for kernels
         // before 2.6.26 and for sandboxes that hide mountinfo.
         //
-        // NOTE: read as bytes and parsed here, not with the `procfs` crate's
+        // NOTE: read as bytes and parsed here, not with the full `procfs` crate's
         // `Process::mountinfo()`, which reads the file as UTF-8 lines and fails it whole on
         // one line it cannot parse; see `parse.rs` for the fixes on top of its line parser.
-        let mountinfo = std::fs::read("/proc/self/mountinfo");
+        let mountinfo = crate::os::read_proc(ProcFile::SelfMountinfo);
         if let Ok(bytes) = &mountinfo {
             let table = MountTable::parse_bytes(bytes);
             if !table.entries().is_empty() {
                 return Ok(table);
             }
         }
-        match std::fs::read("/proc/mounts") {
+        match crate::os::read_proc(ProcFile::Mounts) {
             Ok(bytes) => Ok(MountTable::parse_bytes(&bytes)),
             Err(mounts_error) => match mountinfo {
                 Ok(_) => Err(mounts_error),
@@ -396,7 +397,7 @@ mod os {
 
 #[cfg(test)]
 mod tests {
-    use super::test_util::{escape_field, write_file};
+    use super::test_util::write_file;
     use super::*;
 
     #[test]
@@ -422,10 +423,11 @@ mod tests {
     #[test]
     fn the_current_table_reads_and_knows_the_root() {
         let table = MountTable::current().unwrap();
-        if cfg!(target_os = "linux") {
+        if crate::os::MOUNT_DETECTION {
             assert!(!table.entries().is_empty());
             assert!(table.find(Path::new("/"), None).is_some());
-            let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            let bytes = crate::os::read_proc(crate::os::ProcFile::SelfMountinfo).unwrap();
+            let text = String::from_utf8(bytes).unwrap();
             assert_eq!(MountTable::parse(&text), MountTable::parse_mountinfo(&text));
         } else {
             assert!(table.entries().is_empty());
@@ -438,7 +440,7 @@ mod tests {
         let file = write_file(dir.path(), "model.safetensors");
         let mount = lookup(&file).unwrap();
         assert!(!is_on_hf_mount(&file));
-        if cfg!(target_os = "linux") {
+        if crate::os::MOUNT_DETECTION {
             assert_ne!(mount.kind, MountKind::Unknown, "{mount}");
             assert!(
                 matches!(mount.detected_by, Detection::Device | Detection::PathPrefix),
@@ -457,15 +459,20 @@ mod tests {
 
     #[test]
     fn the_running_test_binary_is_found() {
-        let mount = lookup("/proc/self/exe");
-        if cfg!(target_os = "linux") {
-            let mount = mount.unwrap();
+        let mount = lookup(std::env::current_exe().unwrap()).unwrap();
+        if crate::os::MOUNT_DETECTION {
             assert_ne!(mount.kind, MountKind::Unknown, "{mount}");
             assert!(mount.to_string().contains("found by"));
+        } else {
+            assert_eq!(mount, Mount::unsupported());
+            assert_eq!(
+                mount.to_string(),
+                "unknown: mount detection is not supported on this platform"
+            );
         }
     }
 
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
     #[test]
     fn lookups_on_linux_use_the_table_then_statfs() {
         let dir = tempfile::tempdir().unwrap();
@@ -501,12 +508,13 @@ mod tests {
         assert!(!is_on_hf_mount(dir.path().join("missing.safetensors")));
     }
 
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
     #[test]
     fn lookups_follow_symlinks_like_a_hub_cache_snapshot() {
         // A Hugging Face cache: snapshots/<rev>/model.safetensors -> ../../blobs/<sha>.
         // Pretend (with an injected table) that blobs/ is an hf-mount mount: only the
         // resolved path is under it.
+        use super::test_util::escape_field;
         let dir = tempfile::tempdir().unwrap();
         let blob = write_file(dir.path(), "blobs/0123abcd");
         let snapshot = dir.path().join("snapshots/rev/model.safetensors");

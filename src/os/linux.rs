@@ -1,4 +1,4 @@
-//! The Linux implementation of the OS layer: `rustix` for the calls it wraps safely, `libc` for `cachestat(2)` and `mincore(2)`.
+//! The Linux implementation of the OS layer: `rustix` for the calls it wraps safely, `libc` for `cachestat(2)` and `mincore(2)`, `std::fs` for `/proc`.
 
 use std::fs::{File, Metadata};
 use std::io;
@@ -466,4 +466,17 @@ pub(crate) fn is_direct(file: &File) -> bool {
 pub(crate) fn path_of(file: &File) -> Option<std::path::PathBuf> {
     use std::os::fd::AsRawFd;
     std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
+}
+
+/// The bytes of a `/proc` file (proc(5)), read whole, for the caller to parse.
+pub(crate) fn read_proc(file: super::ProcFile) -> io::Result<Vec<u8>> {
+    use super::ProcFile;
+    match file {
+        ProcFile::SelfMountinfo => std::fs::read("/proc/self/mountinfo"),
+        ProcFile::Mounts => std::fs::read("/proc/mounts"),
+        ProcFile::Meminfo => std::fs::read("/proc/meminfo"),
+        ProcFile::SelfCgroup => std::fs::read("/proc/self/cgroup"),
+        ProcFile::SelfStat => std::fs::read("/proc/self/stat"),
+        ProcFile::Stat(pid) => std::fs::read(format!("/proc/{pid}/stat")),
+    }
 }

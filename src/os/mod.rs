@@ -1,22 +1,93 @@
 //! Every call into the operating system, with the platform's implementation chosen in this one place.
 //!
 //! Linux gets the real calls (`linux.rs`): page-cache advice and residency,
-//! direct I/O, `statfs`, locks, process liveness, shared maps. Elsewhere
-//! (`stub.rs`) reads work through the standard library and every hint is a
-//! no-op or answers [`io::ErrorKind::Unsupported`], so that callers degrade
-//! (mmap stays the default, prefetch reads instead of advising) rather than
-//! fail. Safe wrappers come from `rustix` where it has one; the few calls it
-//! lacks (`cachestat(2)`, `mincore(2)`) and the shared queue map are the only
-//! `unsafe` here.
+//! direct I/O, `statfs`, locks, process liveness, shared maps, and the
+//! `/proc` files the crate parses. Elsewhere (`stub.rs`) reads work through
+//! the standard library and every hint is a no-op or answers
+//! [`io::ErrorKind::Unsupported`], so that callers degrade (mmap stays the
+//! default, prefetch reads instead of advising, mount detection says
+//! "unknown") rather than fail. Safe wrappers come from `rustix` where it has
+//! one; the few calls it lacks (`cachestat(2)`, `mincore(2)`) and the shared
+//! queue map are the only `unsafe` here.
+//!
+//! # Selecting the stub on Linux
+//!
+//! `RUSTFLAGS="--cfg safeload_os_stub"` compiles the crate against `stub.rs`
+//! on Linux too, and drops `rustix` and `libc` (Cargo.toml's `[target]` table
+//! tests the same expression), so that a use of them outside `linux.rs` fails
+//! here as it would on macOS or Windows. CI builds the library and runs its
+//! unit tests that way (`cargo test --lib`, `.ci/run`); the integration tests
+//! and benches test Linux behaviour (FUSE mounts, the page cache) and call
+//! `libc` and `rustix` themselves, so they are built only without it. A cfg rather than a cargo feature: a feature that takes code
+//! away would be switched on for every user of the crate by any one dependent
+//! that named it (features unify), and by `--all-features`; a cfg is set only
+//! by whoever runs the build. Unit tests of Linux behaviour gate on
+//! `all(target_os = "linux", not(safeload_os_stub))`, the expression below,
+//! with a twin for the stub's answer, or branch on [`MOUNT_DETECTION`].
+//!
+//! # The interface
+//!
+//! Closed: what the rest of the crate may call is the list re-exported below
+//! by name, and both implementations define every item of it, so an item
+//! missing from the stub (or a signature that drifts) is a compile error with
+//! the stub selected, on Linux as anywhere. An item one implementation has
+//! beyond the list is dead code, which both CI builds refuse (`-D warnings`).
 
 use std::fs::File;
 use std::io;
 
-#[cfg_attr(target_os = "linux", path = "linux.rs")]
-#[cfg_attr(not(target_os = "linux"), path = "stub.rs")]
+#[cfg_attr(all(target_os = "linux", not(safeload_os_stub)), path = "linux.rs")]
+#[cfg_attr(not(all(target_os = "linux", not(safeload_os_stub))), path = "stub.rs")]
 mod imp;
 
-pub(crate) use imp::*;
+// What this platform can answer: whether it has a mount table and
+// filesystem magic numbers (`false` makes every mount lookup "unknown").
+pub(crate) use imp::MOUNT_DETECTION;
+
+// Opening and reading files, and telling files apart.
+pub(crate) use imp::{
+    Dir, device_number, file_id, file_owner, may_write, names_file, open_private_rw, open_regular,
+    path_from_bytes, path_of, pread,
+};
+
+// Direct I/O on an open file.
+pub(crate) use imp::{is_direct, set_direct};
+
+// Page-cache and memory hints, and what the page cache holds.
+pub(crate) use imp::{
+    advise_huge_pages, advise_willneed, cached_pages, evict, mincore_pages, page_size,
+    populate_read, populate_write, readahead_limit,
+};
+
+// Filesystems: the `statfs(2)` magic number.
+pub(crate) use imp::{filesystem_magic, filesystem_magic_of};
+
+// Processes, locks and memory shared between them.
+pub(crate) use imp::{SharedWords, effective_uid, flock, parent_pid, pid_exists};
+
+// The `/proc` files the crate parses.
+pub(crate) use imp::read_proc;
+
+/// A file of `/proc` (proc(5)) the crate reads. The OS layer only reads it;
+/// the text is parsed where it is used (`mount/`, `memory.rs`,
+/// `prefetch/owner.rs`), by pure functions tested on every platform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProcFile {
+    /// `/proc/self/mountinfo`: this process's mount table, with device
+    /// numbers and mount ids.
+    SelfMountinfo,
+    /// `/proc/mounts`: the mount table without them, for kernels before
+    /// 2.6.26 and sandboxes that hide `mountinfo`.
+    Mounts,
+    /// `/proc/meminfo`: `MemAvailable`.
+    Meminfo,
+    /// `/proc/self/cgroup`: the cgroups whose memory limits apply.
+    SelfCgroup,
+    /// `/proc/self/stat`: this process's start time.
+    SelfStat,
+    /// `/proc/<pid>/stat`: another process's state and start time.
+    Stat(u32),
+}
 
 /// The alignment direct I/O needs of offsets, lengths and buffers. 4 KiB
 /// covers the logical block size of every common device.

@@ -233,3 +233,9 @@ pub(crate) fn is_direct(_file: &File) -> bool {
 pub(crate) fn path_of(_file: &File) -> Option<std::path::PathBuf> {
     None
 }
+
+/// No `/proc` here: mount detection says "unknown", the memory guard has no
+/// figures, and a process's start time is unknown.
+pub(crate) fn read_proc(_file: super::ProcFile) -> io::Result<Vec<u8>> {
+    unsupported()
+}

@@ -1,4 +1,4 @@
-//! Who holds a claim: a process's owner word (pid and start-time tag), and whether that process still runs, from `/proc/<pid>/stat`.
+//! Who holds a claim: a process's owner word (pid and start-time tag), and whether that process still runs, from the text of `/proc/<pid>/stat`.
 //!
 //! An owner is `tag << 32 | pid`, the tag being the low 30 bits of the
 //! process's start time, so that a reused pid is not taken for the rank that
@@ -13,7 +13,7 @@
 use procfs_core::FromRead;
 use procfs_core::process::Stat;
 
-use crate::os;
+use crate::os::{self, ProcFile};
 
 /// 30 bits of start time: at 100 clock ticks a second, a pid reused within
 /// 124 days of its last use still gets another tag.
@@ -49,7 +49,7 @@ impl Owner {
     /// This process.
     pub(super) fn current() -> Owner {
         let pid = std::process::id();
-        let tag = std::fs::read("/proc/self/stat")
+        let tag = os::read_proc(ProcFile::SelfStat)
             .ok()
             .as_deref()
             .and_then(parse_stat)
@@ -63,7 +63,7 @@ impl Owner {
         if !os::pid_exists(self.pid) {
             return false;
         }
-        let Ok(text) = std::fs::read(format!("/proc/{}/stat", self.pid)) else {
+        let Ok(text) = os::read_proc(ProcFile::Stat(self.pid)) else {
             return true; // no /proc to ask: kill(2) said it exists
         };
         match parse_stat(&text) {
@@ -74,7 +74,7 @@ impl Owner {
     }
 
     /// The owner of a process that has exited and been reaped.
-    #[cfg(test)]
+    #[cfg(all(test, target_os = "linux", not(safeload_os_stub)))]
     pub(super) fn dead() -> Owner {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
@@ -88,7 +88,7 @@ fn start_tag(start: u64) -> u32 {
 }
 
 /// The state and start time (field 22, clock ticks since boot) from the
-/// text of `/proc/<pid>/stat` (see proc_pid_stat(5)), parsed by `procfs`.
+/// text of `/proc/<pid>/stat` (see proc_pid_stat(5)), parsed by `procfs-core`.
 ///
 /// NOTE: `procfs_core`'s parser slices the text around the command name
 /// without checking bounds, so a line that ends right after the `)` or
@@ -108,7 +108,6 @@ pub(super) fn parse_stat(text: &[u8]) -> Option<(char, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
 
     #[test]
     fn proc_stat_fields() {
@@ -124,8 +123,14 @@ mod tests {
         assert_eq!(parse_stat(b"7 (x)"), None);
         assert_eq!(parse_stat(b"(x) S 1"), None);
         assert_eq!(parse_stat(b"7 (x) S 1 2"), None, "fields missing");
-        let me = std::fs::read("/proc/self/stat").unwrap();
+    }
+
+    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+    #[test]
+    fn this_process_stat_parses() {
+        let me = os::read_proc(ProcFile::SelfStat).unwrap();
         assert!(matches!(parse_stat(&me), Some((state, start)) if state != 'Z' && start > 0));
+        assert_ne!(Owner::current().tag, 0);
     }
 
     /// What the guard in [`parse_stat`] is for: when this starts failing,
@@ -151,8 +156,27 @@ mod tests {
         assert!(Owner::current().alive());
     }
 
+    /// Without `/proc` or `kill(2)` (the stub OS layer, which has no shared
+    /// queue to claim chunks from either), every owner is taken to be alive.
+    #[cfg(not(all(target_os = "linux", not(safeload_os_stub))))]
+    #[test]
+    fn without_proc_every_owner_is_alive() {
+        let me = Owner::current();
+        assert_eq!(me.tag, 0);
+        assert!(me.alive());
+        assert!(
+            Owner {
+                pid: u32::MAX,
+                tag: 1
+            }
+            .alive()
+        );
+    }
+
+    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
     #[test]
     fn dead_and_reused_pids_are_dead() {
+        use std::time::{Duration, Instant};
         assert!(!Owner::dead().alive());
         let me = Owner::current();
         assert!(

@@ -304,6 +304,23 @@ mod tests {
         assert_eq!(sight(Err(Unsupported), false), Sight::Hidden);
     }
 
+    /// The stub OS layer has neither call: residency is unknown, and a
+    /// prefetch reads every chunk.
+    #[cfg(not(all(target_os = "linux", not(safeload_os_stub))))]
+    #[test]
+    fn residency_is_hidden_without_the_kernel_calls() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
+        let targets = open_targets(&[path], None).unwrap();
+        let t = &targets[0];
+        assert!(!t.probe.cachestat && t.probe.map.is_none());
+        let mut scratch = Vec::new();
+        assert_eq!(t.resident_quick(0, 1 << 20, &mut scratch), None);
+        assert_eq!(t.landed(0, 1 << 20, &mut scratch), None);
+    }
+
+    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
     #[test]
     fn a_sampled_check_counts_exactly_when_a_sample_is_missing() {
         let dir = tempfile::tempdir().unwrap();
@@ -330,6 +347,7 @@ mod tests {
         assert_eq!(t.resident_total(256 << 10, &mut scratch), Some(1 << 20));
     }
 
+    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
     #[test]
     fn cachestat_and_mincore_agree() {
         let dir = tempfile::tempdir().unwrap();

@@ -90,11 +90,12 @@ impl Loader {
         self
     }
 
-    /// How many reads of buffered files (and populate calls of mapped ones)
-    /// are in flight at once. Default: 12 when a file is on FUSE (enough
-    /// requests in flight to hide each one's latency, within the kernel's
-    /// default of 12 background requests per mount), 8 otherwise. Zero is
-    /// taken as one.
+    /// Pins how many reads of buffered files (and populate calls of mapped
+    /// ones) are in flight at once. Unset, the count is found by measurement
+    /// during the load: it starts at 12 when a file is on FUSE, 8 otherwise,
+    /// and doubles while throughput rises (up to 64), as the report says
+    /// ([`LoadReport::io_concurrency_reason`](crate::LoadReport::io_concurrency_reason)).
+    /// Zero is taken as one.
     pub fn io_concurrency(mut self, readers: usize) -> Loader {
         self.opts.io_concurrency = Some(readers.max(1));
         self

@@ -24,7 +24,7 @@ pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod};
 pub enum Strategy {
     /// A read-only shared memory map of the file: pages come from the page
     /// cache on first touch, and are shared with every other process mapping
-    /// the file.
+    /// the file. Its contract is [`ReadMode::Mmap`]'s.
     Mmap,
     /// The tensors' bytes read into one private, page-aligned allocation with
     /// large positional reads; no page faults on the file afterwards.
@@ -60,6 +60,23 @@ pub enum ReadMode {
     #[default]
     Auto,
     /// Map every file.
+    ///
+    /// # The mapped contract
+    ///
+    /// A mapped tensor's bytes are the file's own pages: a safe
+    /// [`Tensor::as_bytes`](crate::Tensor::as_bytes) hands out a `&[u8]` of a
+    /// shared map. If another process rewrites the file *in place* while a
+    /// tensor maps it, those bytes change under the reference; if it
+    /// truncates the file, touching a page past the new end raises `SIGBUS`.
+    /// That is the hazard `memmap2` marks `unsafe`. The crate keeps loading
+    /// safe to call because checkpoints are published by writing a new file
+    /// and renaming it over the old (which leaves a mapped file intact),
+    /// checks every file's length against its header before handing out a
+    /// tensor, and with [`Loader::populate`](crate::Loader::populate) faults
+    /// maps in at load time, where a failed page is an error instead of a
+    /// signal. Where files may be rewritten or truncated in place, use
+    /// [`Buffered`](Self::Buffered) (`disable_mmap(true)`): its tensors are
+    /// memory the crate owns, sound whatever happens to the file.
     Mmap,
     /// Read every file into memory.
     Buffered,

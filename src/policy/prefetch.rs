@@ -59,8 +59,9 @@ pub const HF_SHARD_PREFETCH_ENV: &str = "HF_SHARD_PREFETCH";
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum PrefetchMethod {
-    /// Chosen per filesystem kind from the measurements in the source (see
-    /// the `NOTE:` in `src/policy/prefetch.rs`).
+    /// `WillNeed` where the pages can be seen landing (`mincore`), else
+    /// `Pread`: the same on every filesystem kind measured (the `NOTE:` in
+    /// `src/policy/prefetch.rs`).
     #[default]
     Auto,
     /// Large positional reads into a reused per-reader buffer.

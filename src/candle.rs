@@ -276,7 +276,7 @@ impl CheckpointBackend {
         let file = self.checkpoint.file_of(info)?;
         // A file that is read, in its own dtype: straight into candle's
         // vector, one copy and no buffer of safeload's.
-        if file.mapped().is_none() && candle_dtype(info.dtype()).ok() == Some(dtype) {
+        if file.map().is_none() && candle_dtype(info.dtype()).ok() == Some(dtype) {
             if let Some(tensor) =
                 read_straight(&self.checkpoint, name, dtype, info.shape(), device)?
             {

@@ -1,12 +1,9 @@
 //! The `tracing` feature: a load emits an event per file with its strategy
-//! and why, and one with the totals. `cargo test --features tracing --test tracing`.
-#![cfg(feature = "tracing")]
-
-mod common;
+//! and why, and one with the totals. `cargo test --features tracing --test it tracing::`.
 
 use std::sync::{Arc, Mutex};
 
-use common::*;
+use crate::common::*;
 use tempfile::tempdir;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Metadata, Subscriber, span};

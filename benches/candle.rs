@@ -4,8 +4,8 @@
 //! `VarBuilder::from_mmaped_safetensors` and by safeload's `var_builder`,
 //! buffered and auto.
 //!
-//! Each arm its own process, arms interleaved, warm (the files in the page
-//! cache) and cold (every file evicted with `posix_fadvise(DONTNEED)` before
+//! Each arm its own process, arms interleaved and rotated each round, warm
+//! (the files in the page cache) and cold (every file evicted with `posix_fadvise(DONTNEED)` before
 //! each run). Each child prints its time, its peak resident memory
 //! (`VmHWM`) and, at the end, its anonymous and file-backed resident memory
 //! (`RssAnon`, `RssFile`): a mapped load's file pages are shared with the
@@ -20,9 +20,15 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::{DType, Device};
+use clap::Parser;
+use safetensors::Dtype;
 
-#[path = "common/child.rs"]
-mod child;
+mod common;
+
+use common::child::{self, Child, Job};
+use common::data::{self, TensorSpec};
+use common::stats::{Spread, median};
+use common::{args, proc};
 
 const ARMS: [&str; 3] = ["candle-mmap", "safeload-buffered", "safeload-auto"];
 const SHARDS: usize = 8;
@@ -31,13 +37,44 @@ const PER_SHARD: usize = 4;
 const ROWS: usize = 4096;
 const COLS: usize = 8192;
 
+/// candle's `from_mmaped_safetensors` against safeload's `var_builder` (the
+/// module docs of benches/candle.rs say how).
+#[derive(Parser)]
+#[command(name = "candle")]
+struct Options {
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Where the checkpoint is written and kept.
+    #[arg(long, default_value = "bench-data")]
+    dir: PathBuf,
+}
+
+/// What a child prints: its time, its peak RSS (`VmHWM`) and, at the end,
+/// its anonymous and file-backed RSS, MiB.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Figures {
+    seconds: f64,
+    peak: f64,
+    anon: f64,
+    file: f64,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if child::as_child(&args, run_arm) {
-        return;
+    if let Some(job) = Job::from_env() {
+        return run_arm(&job.arm, &job.path);
     }
-    let (runs, dir) = child::runs_and_dir(&args, 5);
-    let ckpt = write_checkpoint(&dir.join("candle-2gib-8"));
+    let Options { runs, dir } = args::parse();
+    let shards: Vec<Vec<TensorSpec>> = (0..SHARDS)
+        .map(|s| {
+            (0..PER_SHARD)
+                .map(|t| {
+                    let name = format!("layers.{}.weight", s * PER_SHARD + t);
+                    TensorSpec::new(name, Dtype::BF16, &[ROWS, COLS])
+                })
+                .collect()
+        })
+        .collect();
+    let ckpt = data::checkpoint(&dir, "candle-2gib-8", &shards).unwrap();
     println!(
         "2 GiB BF16 checkpoint in {SHARDS} shards; {runs} runs, arms interleaved, each its own process"
     );
@@ -46,33 +83,35 @@ fn main() {
     );
     for cache in ["warm", "cold"] {
         if cache == "warm" {
-            for s in 0..SHARDS {
-                std::fs::read(ckpt.join(shard_name(s))).unwrap();
-            }
+            data::warm(&ckpt).unwrap();
         }
-        let mut samples: Vec<Vec<[f64; 4]>> = vec![Vec::new(); ARMS.len()];
+        let mut samples: Vec<Vec<Figures>> = ARMS.iter().map(|_| Vec::new()).collect();
         for round in 0..runs {
-            for (i, arm) in ARMS.iter().enumerate() {
+            for i in common::rotated(ARMS.len(), round) {
+                let arm = ARMS[i];
                 if cache == "cold" {
-                    safeload::evict(&ckpt).unwrap();
+                    data::evict(&[&ckpt]).unwrap();
                 }
-                let v = child::run_child("--child", Some(arm), &ckpt);
+                let f: Figures = Child::new(arm, &ckpt)
+                    .run()
+                    .unwrap_or_else(|e| panic!("{arm}: {e}"))
+                    .figures;
                 eprintln!(
                     "  {cache} round {round} {arm:<18} {:.3} s  peak {:.0} MiB  anon {:.0} MiB  file {:.0} MiB",
-                    v[0], v[1], v[2], v[3]
+                    f.seconds, f.peak, f.anon, f.file
                 );
-                samples[i].push([v[0], v[1], v[2], v[3]]);
+                samples[i].push(f);
             }
         }
         for (arm, s) in ARMS.iter().zip(&samples) {
-            let col = |k: usize| child::median(s.iter().map(|x| x[k]).collect());
-            let (t, lo, hi) = col(0);
+            let col = |k: fn(&Figures) -> f64| s.iter().map(k).collect::<Vec<_>>();
             writeln!(
                 table,
-                "| {cache} | {arm} | {t:.2} s ({lo:.2}-{hi:.2}) | {:.0} MiB | {:.0} MiB | {:.0} MiB |",
-                col(1).0,
-                col(2).0,
-                col(3).0
+                "| {cache} | {arm} | {:.2} | {:.0} MiB | {:.0} MiB | {:.0} MiB |",
+                Spread::of(&col(|f| f.seconds)).unit(" s"),
+                median(&col(|f| f.peak)),
+                median(&col(|f| f.anon)),
+                median(&col(|f| f.file)),
             )
             .unwrap();
         }
@@ -80,7 +119,8 @@ fn main() {
     print!("{table}");
 }
 
-/// One arm: every tensor through a `VarBuilder`, kept until the end.
+/// One arm (a child): every tensor through a `VarBuilder`, kept until the
+/// end.
 fn run_arm(arm: &str, dir: &Path) {
     let device = Device::Cpu;
     let names: Vec<String> = safeload::Checkpoint::open(dir)
@@ -91,7 +131,7 @@ fn run_arm(arm: &str, dir: &Path) {
     let t = Instant::now();
     let vb = match arm {
         "candle-mmap" => {
-            let files: Vec<PathBuf> = (0..SHARDS).map(|s| dir.join(shard_name(s))).collect();
+            let files = data::shard_files(dir);
             // SAFETY: the benchmark's own files, not modified while mapped.
             unsafe {
                 candle_nn::VarBuilder::from_mmaped_safetensors(&files, DType::BF16, &device)
@@ -112,59 +152,12 @@ fn run_arm(arm: &str, dir: &Path) {
         .iter()
         .map(|n| vb.get((ROWS, COLS), n).unwrap())
         .collect();
-    let secs = t.elapsed().as_secs_f64();
+    let seconds = t.elapsed().as_secs_f64();
     assert_eq!(tensors.len(), SHARDS * PER_SHARD);
-    let field = child::status_mib;
-    println!(
-        "{secs} {} {} {}",
-        field("VmHWM:"),
-        field("RssAnon:"),
-        field("RssFile:")
-    );
-}
-
-fn shard_name(s: usize) -> String {
-    format!("model-{:05}-of-{SHARDS:05}.safetensors", s + 1)
-}
-
-/// The checkpoint's directory, written once with the `safetensors` crate
-/// and reused.
-fn write_checkpoint(dir: &Path) -> PathBuf {
-    let index = dir.join("model.safetensors.index.json");
-    if index.exists() {
-        return dir.to_path_buf();
-    }
-    std::fs::create_dir_all(dir).unwrap();
-    let mut weight_map = serde_json::Map::new();
-    for s in 0..SHARDS {
-        let data: Vec<Vec<u8>> = (0..PER_SHARD)
-            .map(|t| {
-                let seed = (s * PER_SHARD + t) as u16;
-                (0..ROWS * COLS)
-                    .flat_map(|i| {
-                        half::bf16::from_f32(((i as u16) ^ seed) as f32 * 1e-3).to_le_bytes()
-                    })
-                    .collect()
-            })
-            .collect();
-        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
-            .iter()
-            .enumerate()
-            .map(|(t, bytes)| {
-                let name = format!("layers.{}.weight", s * PER_SHARD + t);
-                weight_map.insert(name.clone(), shard_name(s).into());
-                let view = safetensors::tensor::TensorView::new(
-                    safetensors::Dtype::BF16,
-                    vec![ROWS, COLS],
-                    bytes,
-                )
-                .unwrap();
-                (name, view)
-            })
-            .collect();
-        safetensors::serialize_to_file(views, None, &dir.join(shard_name(s))).unwrap();
-    }
-    let body = serde_json::json!({"metadata": {}, "weight_map": weight_map});
-    std::fs::write(&index, serde_json::to_vec(&body).unwrap()).unwrap();
-    dir.to_path_buf()
+    child::report(&Figures {
+        seconds,
+        peak: proc::status_mib("VmHWM:"),
+        anon: proc::status_mib("RssAnon:"),
+        file: proc::status_mib("RssFile:"),
+    });
 }

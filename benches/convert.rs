@@ -1,10 +1,10 @@
 //! `cargo bench --bench convert`: the speed of `safeload::convert` on one
 //! thread, next to `memcpy` of the same bytes.
 //!
-//! Generates the sources once in memory (deterministic pseudo-random
-//! weights: normal values at the scales of embeddings, projections and
-//! norms), then times every arm in turn, the order rotated each round, for
-//! several rounds. Prints a markdown table of medians with the min-max
+//! Generates the sources once in memory (seeded pseudo-random weights:
+//! normal values at the scales of embeddings, projections and norms), then
+//! times every arm in turn, the order rotated each round, for several
+//! rounds. Prints a markdown table of medians with the min-max
 //! spread: GB/s of source bytes, ns per element, and the time of a plain
 //! `copy_from_slice` of as many source bytes and as many destination bytes.
 //!
@@ -13,10 +13,17 @@
 //! ```
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use clap::Parser;
 use safeload::Dtype;
 use safeload::convert::convert;
+
+mod common;
+
+use common::args;
+use common::data::Words;
+use common::stats::Spread;
 
 /// One conversion to time.
 struct Arm {
@@ -46,79 +53,52 @@ const fn arm(name: &'static str, from: Dtype, to: Dtype, src_offset: usize) -> A
     }
 }
 
+/// The speed of `safeload::convert` on one thread, next to `memcpy` (the
+/// module docs of benches/convert.rs say how).
+#[derive(Parser)]
+#[command(name = "convert")]
 struct Options {
+    /// Source bytes per arm, MiB.
+    #[arg(long, default_value_t = 256, value_parser = at_least_one)]
     mib: usize,
+    #[arg(long, default_value_t = 5, value_parser = at_least_one)]
     rounds: usize,
+    #[arg(long, value_delimiter = ',', default_values = ARMS.map(|a| a.name), value_parser = ARMS.map(|a| a.name))]
     arms: Vec<String>,
 }
 
-fn parse_options() -> Result<Options, String> {
-    let mut o = Options {
-        mib: 256,
-        rounds: 5,
-        arms: ARMS.iter().map(|a| a.name.to_string()).collect(),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--mib" => o.mib = value()?.parse().map_err(|e| format!("--mib: {e}"))?,
-            "--rounds" => o.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
-            "--arms" => o.arms = value()?.split(',').map(str::to_string).collect(),
-            // `cargo bench` passes `--bench` to every harness-less bench.
-            "--bench" => {}
-            other => return Err(format!("unknown flag {other}")),
-        }
+fn at_least_one(v: &str) -> Result<usize, String> {
+    match v.parse() {
+        Ok(0) => Err("must be at least 1".into()),
+        n => n.map_err(|e| format!("{e}")),
     }
-    for name in &o.arms {
-        if !ARMS.iter().any(|a| a.name == name) {
-            return Err(format!("unknown arm {name}"));
-        }
-    }
-    if o.rounds == 0 || o.mib == 0 {
-        return Err("--rounds and --mib must be at least 1".into());
-    }
-    Ok(o)
 }
 
-/// A deterministic stream of pseudo-random numbers (splitmix64).
-struct Rng(u64);
+/// A uniform value in [0, 1) from 24 random bits.
+fn uniform(words: &mut Words) -> f32 {
+    (words.word() >> 40) as f32 / (1u64 << 24) as f32
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn uniform(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
-    /// Roughly normal (a sum of four uniforms), times a scale picked the way
-    /// a model's tensors spread: mostly small weights, some of order one.
-    fn weight(&mut self) -> f32 {
-        let normal =
-            (self.uniform() + self.uniform() + self.uniform() + self.uniform() - 2.0) * 1.7;
-        let scale = match self.next() % 10 {
-            0 => 1.0,
-            1..=3 => 0.1,
-            _ => 0.02,
-        };
-        normal * scale
-    }
+/// Roughly normal (a sum of four uniforms), times a scale picked the way a
+/// model's tensors spread: mostly small weights, some of order one.
+fn weight(words: &mut Words) -> f32 {
+    let normal = (uniform(words) + uniform(words) + uniform(words) + uniform(words) - 2.0) * 1.7;
+    let scale = match words.word() % 10 {
+        0 => 1.0,
+        1..=3 => 0.1,
+        _ => 0.02,
+    };
+    normal * scale
 }
 
 /// `bytes` bytes of `dtype` elements, after `offset` bytes of padding.
-fn source(dtype: Dtype, bytes: usize, offset: usize, rng: &mut Rng) -> Vec<u8> {
+fn source(dtype: Dtype, bytes: usize, offset: usize, words: &mut Words) -> Vec<u8> {
     let mut out = vec![0u8; offset + bytes];
     let dst = &mut out[offset..];
     if dtype == Dtype::F8_E4M3 {
         // FP8 checkpoints are scaled to use the whole range: any byte but NaN.
         for b in dst.iter_mut() {
-            *b = match rng.next() as u8 {
+            *b = match words.word() as u8 {
                 0x7F | 0xFF => 0x38,
                 b => b,
             };
@@ -131,7 +111,7 @@ fn source(dtype: Dtype, bytes: usize, offset: usize, rng: &mut Rng) -> Vec<u8> {
     for piece in dst.chunks_mut(CHUNK * size(dtype)) {
         let n = piece.len() / size(dtype);
         for v in &mut values[..n] {
-            *v = rng.weight();
+            *v = weight(words);
         }
         let f32_bytes: &[u8] = bytemuck::cast_slice(&values[..n]);
         convert(Dtype::F32, dtype, f32_bytes, piece).expect("generating a source");
@@ -144,34 +124,19 @@ fn size(dtype: Dtype) -> usize {
     dtype.bitsize() / 8
 }
 
-fn median(samples: &mut [Duration]) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
 fn main() {
-    let o = match parse_options() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
+    let o: Options = args::parse();
     let arms: Vec<&Arm> = ARMS
         .iter()
         .filter(|a| o.arms.iter().any(|n| n == a.name))
         .collect();
     let src_bytes = o.mib << 20;
-    let mut rng = Rng(0x5AFE_10AD);
+    let mut words = Words::new("convert");
 
     eprintln!("generating {} MiB per source dtype ...", o.mib);
     let sources: Vec<Vec<u8>> = arms
         .iter()
-        .map(|a| source(a.from, src_bytes, a.src_offset, &mut rng))
+        .map(|a| source(a.from, src_bytes, a.src_offset, &mut words))
         .collect();
     let dst_bytes = |a: &Arm| src_bytes / size(a.from) * size(a.to);
     let max_dst = arms
@@ -192,26 +157,27 @@ fn main() {
     copy_sizes.sort();
     copy_sizes.dedup();
 
-    let run_arm = |i: usize, dst: &mut [u8]| -> Duration {
+    // Every sample in milliseconds.
+    let run_arm = |i: usize, dst: &mut [u8]| -> f64 {
         let a = arms[i];
         let src = &sources[i][a.src_offset..];
         let out = &mut dst[..dst_bytes(a)];
         let start = Instant::now();
         let converted = convert(a.from, a.to, src, out).expect("converting");
         black_box((&converted, out));
-        start.elapsed()
+        start.elapsed().as_secs_f64() * 1e3
     };
-    let run_copy = |size: usize, dst: &mut [u8]| -> Duration {
+    let run_copy = |size: usize, dst: &mut [u8]| -> f64 {
         let start = Instant::now();
         dst[..size].copy_from_slice(&copy_src[..size]);
         black_box(&dst[..size]);
-        start.elapsed()
+        start.elapsed().as_secs_f64() * 1e3
     };
 
     // One warm-up of each, then the rounds, every arm and copy in each round,
     // the order rotated so that no arm always runs after the same one.
     let jobs = arms.len() + copy_sizes.len();
-    let run_job = |job: usize, dst: &mut [u8]| -> Duration {
+    let run_job = |job: usize, dst: &mut [u8]| -> f64 {
         if job < arms.len() {
             run_arm(job, dst)
         } else {
@@ -221,26 +187,18 @@ fn main() {
     for job in 0..jobs {
         run_job(job, &mut dst);
     }
-    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); jobs];
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); jobs];
     for round in 0..o.rounds {
         eprintln!("round {}/{}", round + 1, o.rounds);
-        for k in 0..jobs {
-            let job = (k + round) % jobs;
+        for job in common::rotated(jobs, round) {
             samples[job].push(run_job(job, &mut dst));
         }
     }
 
-    let stats: Vec<(Duration, Duration, Duration)> = samples
-        .iter_mut()
-        .map(|s| {
-            let min = *s.iter().min().unwrap();
-            let max = *s.iter().max().unwrap();
-            (median(s), min, max)
-        })
-        .collect();
+    let ms: Vec<Spread> = samples.iter().map(|s| Spread::of(s)).collect();
     let copy_median = |size: usize| {
         let j = copy_sizes.iter().position(|&s| s == size).unwrap();
-        stats[arms.len() + j].0
+        ms[arms.len() + j].median
     };
 
     println!(
@@ -252,7 +210,7 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|");
     for (i, a) in arms.iter().enumerate() {
-        let (med, min, max) = stats[i];
+        let time = ms[i];
         let elements = src_bytes / size(a.from);
         let unaligned = if a.src_offset != 0 {
             " (unaligned source)"
@@ -260,31 +218,25 @@ fn main() {
             ""
         };
         println!(
-            "| {} -> {}{unaligned} | {} -> {} | {:.1} ({:.1}-{:.1}) | {:.2} | {:.3} | {:.1} | {:.1} |",
+            "| {} -> {}{unaligned} | {} -> {} | {time:.1} | {:.2} | {:.3} | {:.1} | {:.1} |",
             a.from,
             a.to,
             src_bytes >> 20,
             dst_bytes(a) >> 20,
-            ms(med),
-            ms(min),
-            ms(max),
-            src_bytes as f64 / med.as_secs_f64() / 1e9,
-            med.as_secs_f64() * 1e9 / elements as f64,
-            ms(copy_median(src_bytes)),
-            ms(copy_median(dst_bytes(a))),
+            src_bytes as f64 / time.median / 1e6,
+            time.median * 1e6 / elements as f64,
+            copy_median(src_bytes),
+            copy_median(dst_bytes(a)),
         );
     }
     println!("\n| memcpy | ms | GB/s |");
     println!("|---|---|---|");
     for (j, &size) in copy_sizes.iter().enumerate() {
-        let (med, min, max) = stats[arms.len() + j];
+        let time = ms[arms.len() + j];
         println!(
-            "| {} MiB | {:.1} ({:.1}-{:.1}) | {:.2} |",
+            "| {} MiB | {time:.1} | {:.2} |",
             size >> 20,
-            ms(med),
-            ms(min),
-            ms(max),
-            size as f64 / med.as_secs_f64() / 1e9
+            size as f64 / time.median / 1e6
         );
     }
 }

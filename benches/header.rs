@@ -2,8 +2,8 @@
 //! 95 MB of JSON, the size of a big mixture-of-experts checkpoint's), parsed
 //! by the `safetensors` crate and opened and loaded by safeload.
 //!
-//! Arms, each its own process, interleaved, the file in the page cache (the
-//! cost measured is the parse, not the disk):
+//! Arms, each its own process, interleaved and rotated each round, the file
+//! in the page cache (the cost measured is the parse, not the disk):
 //!
 //! - `safetensors`: `std::fs::read` of the file and `SafeTensors::deserialize`,
 //!   the reference parser and the bound of the target (within 1.2x);
@@ -21,53 +21,84 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-#[path = "common/child.rs"]
-mod child;
+use clap::Parser;
+
+mod common;
+
+use common::child::{self, Child, Job};
+use common::stats::{Spread, median};
+use common::{args, proc};
 
 const ARMS: [&str; 3] = ["safetensors", "safeload-open", "safeload-load"];
 
+/// A very large header parsed by the `safetensors` crate and by safeload
+/// (the module docs of benches/header.rs say how).
+#[derive(Parser)]
+#[command(name = "header")]
+struct Options {
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Where the file is written and kept.
+    #[arg(long, default_value = "bench-data")]
+    dir: PathBuf,
+    /// Tensors in the header.
+    #[arg(long, default_value_t = 1_350_000)]
+    tensors: usize,
+}
+
+/// What a child prints: its time and its peak RSS (`VmHWM`).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Figures {
+    seconds: f64,
+    peak_mib: f64,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if child::as_child(&args, run_arm) {
-        return;
+    if let Some(job) = Job::from_env() {
+        return run_arm(&job.arm, &job.path);
     }
-    let (runs, dir) = child::runs_and_dir(&args, 5);
-    let tensors: usize = child::value(&args, "--tensors").unwrap_or(1_350_000);
+    let Options { runs, dir, tensors } = args::parse();
     let path = write_file(&dir.join(format!("header-{tensors}")), tensors);
     let header_mb = header_len(&path) as f64 / 1e6;
     println!(
-        "{} tensors, header {header_mb:.1} MB; {runs} runs, arms interleaved, each its own process, warm",
-        tensors
+        "{tensors} tensors, header {header_mb:.1} MB; {runs} runs, arms interleaved, each its own process, warm"
     );
     // Read the file once so every arm finds it in the page cache.
     std::fs::read(&path).unwrap();
-    let mut samples: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ARMS.len()];
+    let mut samples: Vec<Vec<Figures>> = ARMS.iter().map(|_| Vec::new()).collect();
     for round in 0..runs {
-        for (i, arm) in ARMS.iter().enumerate() {
-            let v = child::run_child("--child", Some(arm), &path);
-            let (secs, rss_mib) = (v[0], v[1]);
-            eprintln!("  round {round} {arm:<14} {secs:.3} s  {rss_mib:.0} MiB peak RSS");
-            samples[i].push((secs, rss_mib));
+        for i in common::rotated(ARMS.len(), round) {
+            let arm = ARMS[i];
+            let f: Figures = Child::new(arm, &path)
+                .run()
+                .unwrap_or_else(|e| panic!("{arm}: {e}"))
+                .figures;
+            eprintln!(
+                "  round {round} {arm:<14} {:.3} s  {:.0} MiB peak RSS",
+                f.seconds, f.peak_mib
+            );
+            samples[i].push(f);
         }
     }
-    let reference = child::median(samples[0].iter().map(|s| s.0).collect()).0;
+    let seconds = |s: &[Figures]| s.iter().map(|f| f.seconds).collect::<Vec<_>>();
+    let reference = median(&seconds(&samples[0]));
     let mut table = String::from(
         "| arm | time, median (min-max) | peak RSS, median | time / safetensors |\n|---|---|---|---|\n",
     );
     for (arm, arm_samples) in ARMS.iter().zip(&samples) {
-        let (m, lo, hi) = child::median(arm_samples.iter().map(|s| s.0).collect());
-        let (rss, _, _) = child::median(arm_samples.iter().map(|s| s.1).collect());
+        let time = Spread::of(&seconds(arm_samples)).unit(" s");
+        let rss = median(&arm_samples.iter().map(|f| f.peak_mib).collect::<Vec<_>>());
         writeln!(
             table,
-            "| {arm} | {m:.2} s ({lo:.2}-{hi:.2}) | {rss:.0} MiB | {:.2}x |",
-            m / reference
+            "| {arm} | {time:.2} | {rss:.0} MiB | {:.2}x |",
+            time.median / reference
         )
         .unwrap();
     }
     print!("{table}");
 }
 
-/// One arm, timed, in this process.
+/// One arm, timed, in this process (a child).
 fn run_arm(arm: &str, path: &Path) {
     let t = Instant::now();
     let count = match arm {
@@ -80,9 +111,12 @@ fn run_arm(arm: &str, path: &Path) {
         "safeload-load" => safeload::load_state_dict(path, None).unwrap().len(),
         other => panic!("unknown arm {other}"),
     };
-    let secs = t.elapsed().as_secs_f64();
+    let seconds = t.elapsed().as_secs_f64();
     assert!(count > 0);
-    println!("{secs} {}", child::status_mib("VmHWM:"));
+    child::report(&Figures {
+        seconds,
+        peak_mib: proc::status_mib("VmHWM:"),
+    });
 }
 
 /// A file of `tensors` scalar F32 tensors; written once and reused.

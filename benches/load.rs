@@ -13,22 +13,25 @@
 //! ```text
 //! cargo bench --bench load -- [--size-gib 2] [--shards 8] [--rounds 3]
 //!     [--scenarios warm,cold,fuse,fuse-serial] [--arms a,b,..] [--checksum-threads 4]
-//!     [--dir bench-data] [--json bench-data/load.json] [--timeout 600]
+//!     [--limit-threads 8] [--dir bench-data] [--json bench-data/load.json] [--timeout 600]
 //! ```
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensors};
+use clap::Parser;
+use safetensors::SafeTensors;
 
-#[path = "../tests/common/random.rs"]
-mod random;
+mod common;
+
+use common::child::{self, Child, Job};
+use common::data::{self, TensorSpec};
+use common::stats::{Spread, gib_s, median};
+use common::{args, proc};
 
 /// The arms run by default.
 const DEFAULT_ARMS: [&str; 12] = [
@@ -139,109 +142,61 @@ fn mount_for(scenario: &str, root: &Path) -> Result<safeload_testfs::Mount, Stri
 
 /// Local ranks in the multi-process scenario.
 const RANKS: usize = 3;
-/// The version of the bytes `generate` writes, part of the cached
-/// checkpoint's directory name: bump it when they change, so that a
-/// checkpoint cached by an earlier version is written again instead of being
-/// measured as the current one. Version 1 (directories named without a
-/// version) was one xorshift stream over all tensors, a 64-bit word per step;
-/// version 2 fills each tensor with `random::bytes_for` of its name.
-const DATA_VERSION: u32 = 2;
 
-fn usage() -> String {
+/// safeload against the loaders Rust engines use today (the module docs of
+/// benches/load.rs say how).
+#[derive(Parser)]
+#[command(name = "load", after_help = arms_help())]
+struct Options {
+    /// The checkpoint's size, GiB.
+    #[arg(long, default_value_t = 2.0)]
+    size_gib: f64,
+    #[arg(long, default_value_t = 8)]
+    shards: usize,
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    #[arg(long, value_delimiter = ',', default_values = SCENARIOS, value_parser = SCENARIOS)]
+    scenarios: Vec<String>,
+    #[arg(long, value_delimiter = ',', default_values = DEFAULT_ARMS, value_parser = arm_name)]
+    arms: Vec<String>,
+    /// Threads that checksum the tensors in each child.
+    #[arg(long, default_value_t = 4)]
+    checksum_threads: usize,
+    /// Readers of the `limit` and `limit-direct` arms.
+    #[arg(long, default_value_t = 8)]
+    limit_threads: usize,
+    /// Where the checkpoint is written and kept.
+    #[arg(long, default_value = "bench-data")]
+    dir: PathBuf,
+    /// Where every sample is written.
+    #[arg(long, default_value = "bench-data/load.json")]
+    json: PathBuf,
+    /// Seconds before an arm's process is killed.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+}
+
+fn arms_help() -> String {
     format!(
-        "usage: cargo bench --bench load -- [--size-gib 2] [--shards 8] [--rounds 3] \
-         [--scenarios a,b,..] [--arms a,b,..] [--checksum-threads 4] [--limit-threads 8] \
-         [--dir bench-data] [--json bench-data/load.json] [--timeout 600]\n\
-         scenarios: {SCENARIOS:?} (all by default)\n\
-         arms: {DEFAULT_ARMS:?} by default, and {EXTRA_ARMS:?}"
+        "arms: {DEFAULT_ARMS:?} by default, and {EXTRA_ARMS:?}, and \
+         limit[-direct][-fresh][-N] (N readers)"
     )
 }
 
-struct Options {
-    size_gib: f64,
-    shards: usize,
-    rounds: usize,
-    scenarios: Vec<String>,
-    arms: Vec<String>,
-    checksum_threads: usize,
-    limit_threads: usize,
-    dir: PathBuf,
-    json: PathBuf,
-    timeout: Duration,
-}
-
-fn parse_options(args: &[String]) -> Result<Options, String> {
-    let mut o = Options {
-        size_gib: 2.0,
-        shards: 8,
-        rounds: 3,
-        scenarios: SCENARIOS.iter().map(|s| s.to_string()).collect(),
-        arms: DEFAULT_ARMS.iter().map(|s| s.to_string()).collect(),
-        checksum_threads: 4,
-        limit_threads: 8,
-        dir: PathBuf::from("bench-data"),
-        json: PathBuf::from("bench-data/load.json"),
-        timeout: Duration::from_secs(600),
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().cloned().ok_or(format!("{arg} needs a value"));
-        match arg.as_str() {
-            "--size-gib" => {
-                o.size_gib = value()?.parse().map_err(|e| format!("--size-gib: {e}"))?
-            }
-            "--shards" => o.shards = value()?.parse().map_err(|e| format!("--shards: {e}"))?,
-            "--rounds" => o.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
-            "--checksum-threads" => {
-                o.checksum_threads = value()?.parse().map_err(|e| format!("{e}"))?
-            }
-            "--limit-threads" => o.limit_threads = value()?.parse().map_err(|e| format!("{e}"))?,
-            "--timeout" => {
-                o.timeout = Duration::from_secs(value()?.parse().map_err(|e| format!("{e}"))?)
-            }
-            "--scenarios" => o.scenarios = value()?.split(',').map(str::to_string).collect(),
-            "--arms" => o.arms = value()?.split(',').map(str::to_string).collect(),
-            "--dir" => o.dir = PathBuf::from(value()?),
-            "--json" => o.json = PathBuf::from(value()?),
-            "--bench" => {} // passed by `cargo bench`
-            "-h" | "--help" => {
-                println!("{}", usage());
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown argument {other}\n{}", usage())),
-        }
+fn arm_name(arm: &str) -> Result<String, String> {
+    if DEFAULT_ARMS.contains(&arm) || EXTRA_ARMS.contains(&arm) || limit_arm(arm).is_some() {
+        Ok(arm.to_string())
+    } else {
+        Err(arms_help())
     }
-    for s in &o.scenarios {
-        if !SCENARIOS.contains(&s.as_str()) {
-            return Err(format!("unknown scenario {s}; known: {SCENARIOS:?}"));
-        }
-    }
-    for a in &o.arms {
-        if !DEFAULT_ARMS.contains(&a.as_str())
-            && !EXTRA_ARMS.contains(&a.as_str())
-            && limit_arm(a).is_none()
-        {
-            return Err(format!(
-                "unknown arm {a}; known: {DEFAULT_ARMS:?} and {EXTRA_ARMS:?}"
-            ));
-        }
-    }
-    Ok(o)
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--child") {
-        std::process::exit(child(&args[1..]));
+    if let Some(job) = Job::from_env() {
+        run_child(&job);
+        return;
     }
-    let options = match parse_options(&args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = parent(&options) {
+    if let Err(e) = parent(&args::parse()) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
@@ -249,72 +204,28 @@ fn main() {
 
 // ---------------------------------------------------------------- checkpoint
 
-/// Writes `shards` files of about `size / shards` bytes each, with BF16 and
-/// F32 tensors of a few sizes (uneven shards: the last is half as large), and
-/// the index. Kept between runs, keyed by size, shard count and
-/// `DATA_VERSION`.
-fn generate(dir: &Path, size: u64, shards: usize) -> std::io::Result<PathBuf> {
-    let root = dir.join(format!("ckpt-{}mib-{}-v{DATA_VERSION}", size >> 20, shards));
-    let index = root.join("model.safetensors.index.json");
-    if index.exists() {
-        return Ok(root);
-    }
-    std::fs::create_dir_all(&root)?;
+/// `shards` shards of about `size / shards` bytes each, of the mixed tensors
+/// (uneven shards: the last is half as large).
+fn layout(size: u64, shards: usize) -> Vec<Vec<TensorSpec>> {
     let per_shard = size / shards as u64;
-    let mut weight_map = serde_json::Map::new();
-    for s in 0..shards {
-        let name = format!("model-{:05}-of-{:05}.safetensors", s + 1, shards);
-        let target = if s + 1 == shards {
-            per_shard / 2
-        } else {
-            per_shard
-        };
-        let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
-        let mut bytes = 0u64;
-        let mut i = 0;
-        while bytes < target {
-            // 48 MiB, 12 MiB, 3 MiB and 16 KiB tensors in turn.
-            let (dtype, rows) = match i % 4 {
-                0 => (Dtype::BF16, 6144),
-                1 => (Dtype::F32, 768),
-                2 => (Dtype::BF16, 384),
-                _ => (Dtype::F32, 1),
+    (0..shards)
+        .map(|s| {
+            let target = if s + 1 == shards {
+                per_shard / 2
+            } else {
+                per_shard
             };
-            let cols = 4096;
-            let len = rows * cols * dtype.bitsize() / 8;
-            let tensor = format!("layers.{s}.t{i}");
-            let data = random::bytes_for(&tensor, len);
-            tensors.push((tensor, dtype, vec![rows, cols], data));
-            bytes += len as u64;
-            i += 1;
-        }
-        let views: Vec<(String, TensorView<'_>)> = tensors
-            .iter()
-            .map(|(n, d, sh, b)| {
-                (
-                    n.clone(),
-                    TensorView::new(*d, sh.clone(), b).expect("valid view"),
-                )
-            })
-            .collect();
-        for (n, ..) in &tensors {
-            weight_map.insert(n.clone(), name.clone().into());
-        }
-        safetensors::serialize_to_file(views, None, &root.join(&name))
-            .map_err(std::io::Error::other)?;
-    }
-    let body = serde_json::json!({"metadata": {}, "weight_map": weight_map});
-    std::fs::write(&index, serde_json::to_vec(&body)?)?;
-    Ok(root)
-}
-
-fn shard_files(root: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root)
-        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
-    files.retain(|p| p.extension().is_some_and(|e| e == "safetensors"));
-    files.sort();
-    files
+            let mut tensors = Vec::new();
+            let mut bytes = 0;
+            while bytes < target {
+                let i = tensors.len();
+                let tensor = data::mixed(format!("layers.{s}.t{i}"), i);
+                bytes += tensor.len();
+                tensors.push(tensor);
+            }
+            tensors
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------- parent
@@ -342,8 +253,10 @@ struct Sample {
 
 fn parent(o: &Options) -> Result<(), String> {
     let size = (o.size_gib * (1u64 << 30) as f64) as u64;
-    let root = generate(&o.dir, size, o.shards).map_err(|e| format!("generating: {e}"))?;
-    let files = shard_files(&root);
+    let stem = format!("ckpt-{}mib-{}", size >> 20, o.shards);
+    let root = data::checkpoint(&o.dir, &stem, &layout(size, o.shards))
+        .map_err(|e| format!("generating: {e}"))?;
+    let files = data::shard_files(&root);
     let total: u64 = files
         .iter()
         .map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
@@ -355,7 +268,6 @@ fn parent(o: &Options) -> Result<(), String> {
         total as f64 / (1u64 << 30) as f64,
         o.rounds
     );
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut samples: Vec<Sample> = Vec::new();
     for scenario in &o.scenarios {
         let mount = match scenario.as_str() {
@@ -380,14 +292,12 @@ fn parent(o: &Options) -> Result<(), String> {
             .as_ref()
             .map_or(root.clone(), |m| m.path().to_path_buf());
         for round in 0..o.rounds {
-            let n = o.arms.len();
-            for k in 0..n {
-                let arm = &o.arms[(k + round) % n];
+            for a in common::rotated(o.arms.len(), round) {
+                let arm = &o.arms[a];
                 if scenario == "warm" {
-                    warm(&files);
+                    let _ = data::warm(&root);
                 } else {
-                    let _ = safeload::evict(&root);
-                    let _ = safeload::evict(&path);
+                    let _ = data::evict(&[&root, &path]);
                     if let Some(mount) = &mount {
                         // The remote store's blocks are cold again too.
                         mount.forget_fetched();
@@ -397,9 +307,9 @@ fn parent(o: &Options) -> Result<(), String> {
                     mount.reset_stats();
                 }
                 let mut sample = if scenario == "cold-3ranks" {
-                    run_ranks(&exe, o, scenario, arm, round, &path)
+                    run_ranks(o, scenario, arm, round, &path)
                 } else {
-                    run_child_env(&exe, o, scenario, arm, round, &path, None)
+                    run_arm_child(o, scenario, arm, round, &path, None)
                 };
                 if let Some(mount) = &mount {
                     sample.served = mount.stats().bytes_read;
@@ -437,7 +347,7 @@ fn parent(o: &Options) -> Result<(), String> {
         "checkpoint": root,
         "files": files.len(),
         "bytes": total,
-        "machine": machine(),
+        "machine": proc::machine(),
         "samples": samples,
     });
     std::fs::write(
@@ -449,31 +359,14 @@ fn parent(o: &Options) -> Result<(), String> {
     Ok(())
 }
 
-fn warm(files: &[PathBuf]) {
-    let mut buf = vec![0u8; 16 << 20];
-    for f in files {
-        if let Ok(mut file) = File::open(f) {
-            use std::io::Read;
-            while matches!(file.read(&mut buf), Ok(n) if n > 0) {}
-        }
-    }
-}
-
 /// Runs an arm in `RANKS` processes at once, as the local ranks of one job
 /// (torchrun's variables): the sample's time is the slowest rank's, its
 /// bytes read from storage the sum.
-fn run_ranks(
-    exe: &Path,
-    o: &Options,
-    scenario: &str,
-    arm: &str,
-    round: usize,
-    path: &Path,
-) -> Sample {
+fn run_ranks(o: &Options, scenario: &str, arm: &str, round: usize, path: &Path) -> Sample {
     let samples: Vec<Sample> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..RANKS)
             .map(|rank| {
-                scope.spawn(move || run_child_env(exe, o, scenario, arm, round, path, Some(rank)))
+                scope.spawn(move || run_arm_child(o, scenario, arm, round, path, Some(rank)))
             })
             .collect();
         handles
@@ -489,8 +382,21 @@ fn run_ranks(
     merged
 }
 
-fn run_child_env(
-    exe: &Path,
+/// What a child prints.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Figures {
+    seconds: f64,
+    bytes: u64,
+    checksum: u64,
+    maxrss_kib: u64,
+    read_bytes: u64,
+    error: Option<String>,
+}
+
+/// Runs `arm` in a child process (as local rank `rank` of `RANKS`, if
+/// given), with none of the environment variables that would change what
+/// safeload does.
+fn run_arm_child(
     o: &Options,
     scenario: &str,
     arm: &str,
@@ -498,6 +404,25 @@ fn run_child_env(
     path: &Path,
     rank: Option<usize>,
 ) -> Sample {
+    let mut child = Child::new(arm, path)
+        .arg(o.checksum_threads.to_string())
+        .arg(o.limit_threads.to_string())
+        .env_remove(&[
+            "SAFELOAD_DISABLE_MMAP",
+            "SAFELOAD_PREFETCH",
+            "HF_SHARD_PREFETCH",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "SLURM_LOCALID",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "MPI_LOCALRANKID",
+        ])
+        .timeout(Duration::from_secs(o.timeout));
+    if let Some(rank) = rank {
+        child = child
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", RANKS.to_string());
+    }
     let mut sample = Sample {
         scenario: scenario.into(),
         arm: arm.into(),
@@ -511,93 +436,22 @@ fn run_child_env(
         note: None,
         error: None,
     };
-    let mut command = Command::new(exe);
-    command
-        .arg("--child")
-        .arg(arm)
-        .arg(path)
-        .arg(o.checksum_threads.to_string())
-        .arg(o.limit_threads.to_string())
-        .env_remove("SAFELOAD_DISABLE_MMAP")
-        .env_remove("SAFELOAD_PREFETCH")
-        .env_remove("HF_SHARD_PREFETCH");
-    for var in [
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "SLURM_LOCALID",
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "MPI_LOCALRANKID",
-    ] {
-        command.env_remove(var);
-    }
-    if let Some(rank) = rank {
-        command
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", RANKS.to_string());
-    }
-    let child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => {
-            sample.error = Some(e.to_string());
-            return sample;
+    match child.run::<Figures>() {
+        Ok(out) => {
+            let f = out.figures;
+            sample.seconds = f.seconds;
+            sample.bytes = f.bytes;
+            sample.checksum = f.checksum;
+            sample.maxrss_kib = f.maxrss_kib;
+            sample.read_bytes = f.read_bytes;
+            sample.error = f.error;
+            sample.note = out
+                .stderr
+                .lines()
+                .find(|l| l.contains("files buffered"))
+                .map(str::to_string);
         }
-    };
-    let start = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if start.elapsed() > o.timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                sample.error = Some(format!("timed out after {} s", o.timeout.as_secs()));
-                return sample;
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => {
-                sample.error = Some(e.to_string());
-                return sample;
-            }
-        }
-    }
-    let out = match child.wait_with_output() {
-        Ok(out) => out,
-        Err(e) => {
-            sample.error = Some(e.to_string());
-            return sample;
-        }
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    sample.note = String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .find(|l| l.contains("files buffered"))
-        .map(str::to_string);
-    match stdout
-        .lines()
-        .last()
-        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-    {
-        Some(v) => {
-            sample.seconds = v["seconds"].as_f64().unwrap_or(f64::NAN);
-            sample.bytes = v["bytes"].as_u64().unwrap_or(0);
-            sample.checksum = v["checksum"].as_u64().unwrap_or(0);
-            sample.maxrss_kib = v["maxrss_kib"].as_u64().unwrap_or(0);
-            sample.read_bytes = v["read_bytes"].as_u64().unwrap_or(0);
-            sample.error = v["error"].as_str().map(str::to_string);
-        }
-        None => {
-            sample.error = Some(format!(
-                "no result (status {}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-                    .lines()
-                    .last()
-                    .unwrap_or("")
-            ))
-        }
+        Err(e) => sample.error = Some(e),
     }
     sample
 }
@@ -613,19 +467,6 @@ fn check_checksums(samples: &[Sample]) {
         eprintln!("CHECKSUM MISMATCH between arms: {seen:?}");
         std::process::exit(3);
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-fn gib_s(bytes: u64, seconds: f64) -> f64 {
-    bytes as f64 / (1u64 << 30) as f64 / seconds
 }
 
 fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
@@ -650,44 +491,35 @@ fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
                 .filter(|s| &s.scenario == scenario && s.arm == arm)
                 .collect()
         };
-        let med = |arm: &str| {
-            median(
-                of(arm)
-                    .iter()
-                    .filter(|s| s.error.is_none())
-                    .map(|s| s.seconds)
-                    .collect(),
-            )
+        let ok = |arm: &str| -> Vec<f64> {
+            of(arm)
+                .iter()
+                .filter(|s| s.error.is_none())
+                .map(|s| s.seconds)
+                .collect()
         };
         // The limit: the fastest of the plain-read arms run here.
         let limit = o
             .arms
             .iter()
             .filter(|a| limit_arm(a).is_some())
-            .map(|a| med(a))
+            .map(|a| median(&ok(a)))
             .filter(|s| s.is_finite())
             .fold(f64::INFINITY, f64::min);
         for arm in &o.arms {
             let runs = of(arm);
-            let ok: Vec<f64> = runs
-                .iter()
-                .filter(|s| s.error.is_none())
-                .map(|s| s.seconds)
-                .collect();
-            let errors = runs.len() - ok.len();
-            let m = median(ok.clone());
-            let lo = ok.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = ok.iter().copied().fold(0.0, f64::max);
-            let rss = median(runs.iter().map(|s| s.maxrss_kib as f64 / 1024.0).collect());
-            let read = median(
-                runs.iter()
-                    .map(|s| s.read_bytes as f64 / (1 << 20) as f64)
-                    .collect(),
-            );
+            let seconds = Spread::of(&ok(arm));
+            let errors = runs.len() - ok(arm).len();
+            let m = seconds.median;
+            let of_runs =
+                |f: fn(&Sample) -> f64| median(&runs.iter().map(|s| f(s)).collect::<Vec<_>>());
+            let rss = of_runs(|s| s.maxrss_kib as f64 / 1024.0);
+            let read = of_runs(|s| s.read_bytes as f64 / (1 << 20) as f64);
             let served = median(
-                runs.iter()
+                &runs
+                    .iter()
                     .map(|s| s.served as f64 / total as f64)
-                    .collect(),
+                    .collect::<Vec<_>>(),
             );
             let err = if errors > 0 {
                 format!(" ({errors} failed)")
@@ -696,7 +528,7 @@ fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {scenario} | {arm}{err} | {m:.3} ({lo:.3}-{hi:.3}) | {:.2} | {:.2} | {rss:.0} | {read:.0} | {served:.2} |",
+                "| {scenario} | {arm}{err} | {seconds:.3} | {:.2} | {:.2} | {rss:.0} | {read:.0} | {served:.2} |",
                 gib_s(total, m),
                 limit / m,
             );
@@ -705,93 +537,31 @@ fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
     out
 }
 
-use std::fmt::Write as _;
-
-fn machine() -> String {
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| t.lines().next().map(str::to_string))
-        .unwrap_or_default();
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!(
-        "{cpus} CPUs, {}, Linux {}",
-        mem.split_whitespace().collect::<Vec<_>>().join(" "),
-        kernel.trim()
-    )
-}
-
 // ---------------------------------------------------------------- child
 
-fn child(args: &[String]) -> i32 {
-    let (Some(arm), Some(path), Some(threads), Some(limit_threads)) =
-        (args.first(), args.get(1), args.get(2), args.get(3))
-    else {
-        eprintln!("usage: --child ARM PATH CHECKSUM_THREADS LIMIT_THREADS");
-        return 2;
-    };
-    let path = PathBuf::from(path);
-    let threads: usize = threads.parse().unwrap_or(4);
-    let limit_threads: usize = limit_threads.parse().unwrap_or(8);
+/// A child: `--child ARM PATH CHECKSUM_THREADS LIMIT_THREADS`.
+fn run_child(job: &Job) {
+    let threads: usize = job.extra(0);
+    let limit_threads: usize = job.extra(1);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .expect("pool");
     let start = Instant::now();
-    let result = pool.install(|| run_arm(arm, &path, limit_threads));
+    let result = pool.install(|| run_arm(&job.arm, &job.path, limit_threads));
     let seconds = start.elapsed().as_secs_f64();
     let (bytes, checksum, error) = match result {
         Ok((b, c)) => (b, c, None),
         Err(e) => (0, 0, Some(e)),
     };
-    let line = serde_json::json!({
-        "seconds": seconds, "bytes": bytes, "checksum": checksum,
-        "maxrss_kib": maxrss_kib(), "read_bytes": read_bytes(), "error": error,
+    child::report(&Figures {
+        seconds,
+        bytes,
+        checksum,
+        maxrss_kib: proc::max_rss_kib(),
+        read_bytes: proc::read_bytes(),
+        error,
     });
-    let mut stdout = std::io::stdout();
-    let _ = writeln!(stdout, "{line}");
-    0
-}
-
-/// Bytes this process caused to be fetched from storage (see proc(5)).
-fn read_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/io")
-        .ok()
-        .and_then(|t| {
-            t.lines().find_map(|l| {
-                l.strip_prefix("read_bytes:")
-                    .and_then(|v| v.trim().parse().ok())
-            })
-        })
-        .unwrap_or(0)
-}
-
-fn maxrss_kib() -> u64 {
-    // SAFETY: getrusage writes into the zeroed struct we pass and reads nothing else.
-    unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) == 0 {
-            usage.ru_maxrss as u64
-        } else {
-            0
-        }
-    }
-}
-
-/// Sums a byte slice as little-endian u64 words (wrapping). Order-independent,
-/// so every arm agrees however it splits the bytes (on 8-byte boundaries).
-fn checksum(bytes: &[u8]) -> u64 {
-    let mut words = bytes.chunks_exact(8);
-    let mut sum = 0u64;
-    for w in &mut words {
-        sum = sum.wrapping_add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
-    }
-    for (i, b) in words.remainder().iter().enumerate() {
-        sum = sum.wrapping_add((*b as u64) << (8 * i));
-    }
-    sum
 }
 
 /// Bytes and checksum of tensors, on the current rayon pool: every tensor
@@ -802,14 +572,14 @@ fn sum_tensors<'a>(tensors: impl Iterator<Item = &'a [u8]>) -> (u64, u64) {
     let pieces: Vec<&[u8]> = tensors.flat_map(|t| t.chunks(4 << 20)).collect();
     pieces
         .par_iter()
-        .map(|p| (p.len() as u64, checksum(p)))
+        .map(|p| (p.len() as u64, data::checksum(p)))
         .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1.wrapping_add(b.1)))
 }
 
 type ArmResult = Result<(u64, u64), String>;
 
 fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
-    let files = shard_files(path);
+    let files = data::shard_files(path);
     match arm {
         _ if let Some(l) = limit_arm(arm) => limit(
             &files,
@@ -1012,5 +782,5 @@ fn limit(files: &[PathBuf], threads: usize, (direct, fresh): (bool, bool)) -> Ar
 /// tensor of the generated checkpoint starts and ends on an 8-byte boundary.
 fn checksum_aligned(piece: &[u8], offset: u64) -> u64 {
     debug_assert_eq!(offset % 8, 0);
-    checksum(piece)
+    data::checksum(piece)
 }

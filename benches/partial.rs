@@ -18,28 +18,56 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use safeload::{Checkpoint, Loader};
+use safetensors::Dtype;
 
-#[path = "common/child.rs"]
-mod child;
+mod common;
+
+use common::args;
+use common::child::{self, Child, Job};
+use common::data::{self, TensorSpec};
+use common::stats::Spread;
 
 const SHARDS: usize = 30;
 const TENSORS_PER_SHARD: usize = 100;
 /// 10 GiB per shard: 300 GiB in all.
 const SHARD_BYTES: u64 = 10 << 30;
 
+/// Reading only what is needed (the module docs of benches/partial.rs say
+/// how).
+#[derive(Parser)]
+#[command(name = "partial")]
+struct Options {
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+    /// Where the checkpoints are written and kept.
+    #[arg(long, default_value = "bench-data")]
+    dir: PathBuf,
+}
+
+/// What the header-only open prints: its time and what it found.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Opened {
+    seconds: f64,
+    tensors: usize,
+    bytes: u64,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("--child-open") {
+    if let Some(job) = Job::from_env() {
         let t = Instant::now();
-        let ck = Checkpoint::open(&args[2]).unwrap();
-        let secs = t.elapsed().as_secs_f64();
-        println!("{secs} {} {}", ck.len(), ck.total_bytes());
-        return;
+        let ck = Checkpoint::open(&job.path).unwrap();
+        let seconds = t.elapsed().as_secs_f64();
+        return child::report(&Opened {
+            seconds,
+            tensors: ck.len(),
+            bytes: ck.total_bytes(),
+        });
     }
-    let (runs, dir) = child::runs_and_dir(&args, 7);
+    let Options { runs, dir } = args::parse();
     open_arm(&dir.join("sparse-300gib"), runs);
-    tp_arm(&dir.join("tp-1gib"), runs);
+    tp_arm(&dir, runs);
 }
 
 /// A sparse checkpoint: real headers, tensor data left unwritten.
@@ -86,52 +114,37 @@ fn open_arm(dir: &Path, runs: usize) {
     let mut times = Vec::new();
     let mut shape = String::new();
     for _ in 0..runs {
-        safeload::evict(&index).unwrap();
-        let v = child::run_child("--child-open", None, &index);
-        times.push(v[0] * 1000.0);
-        shape = format!("{} tensors, {} GiB", v[1], (v[2] as u64) >> 30);
+        data::evict(&[&index]).unwrap();
+        let opened: Opened = Child::new("open", &index)
+            .run()
+            .unwrap_or_else(|e| panic!("open: {e}"))
+            .figures;
+        times.push(opened.seconds * 1000.0);
+        shape = format!("{} tensors, {} GiB", opened.tensors, opened.bytes >> 30);
     }
-    let (m, lo, hi) = child::median(times);
-    println!("| header-only open, cold, {SHARDS} shards, {shape} | {m:.1} ms ({lo:.1}-{hi:.1}) |");
+    let time = Spread::of(&times).unit(" ms");
+    println!("| header-only open, cold, {SHARDS} shards, {shape} | {time:.1} |");
 }
 
+/// A rank's tensor-parallel parts on the FUSE test filesystem, of a
+/// checkpoint kept in `dir`.
 fn tp_arm(dir: &Path, runs: usize) {
     if safeload_testfs::skip_without_fuse() {
         return;
     }
-    if !dir.join("model.safetensors.index.json").exists() {
-        std::fs::create_dir_all(dir).unwrap();
-        // 32 BF16 matrices of 4096 x 4096 (32 MiB each) in 4 shards: 1 GiB.
-        let data = vec![0x3Cu8; 4096 * 4096 * 2];
-        let mut weight_map = serde_json::Map::new();
-        for s in 0..4 {
-            let name = format!("model-{:05}-of-00004.safetensors", s + 1);
-            let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = (0..8)
+    // 32 BF16 matrices of 4096 x 4096 (32 MiB each) in 4 shards: 1 GiB.
+    let shards: Vec<Vec<TensorSpec>> = (0..4)
+        .map(|s| {
+            (0..8)
                 .map(|t| {
-                    let tensor = format!("layers.{s}.{t}.weight");
-                    weight_map.insert(tensor.clone(), name.clone().into());
-                    (
-                        tensor,
-                        safetensors::tensor::TensorView::new(
-                            safetensors::Dtype::BF16,
-                            vec![4096, 4096],
-                            &data,
-                        )
-                        .unwrap(),
-                    )
+                    TensorSpec::new(format!("layers.{s}.{t}.weight"), Dtype::BF16, &[4096, 4096])
                 })
-                .collect();
-            safetensors::serialize_to_file(views, None, &dir.join(&name)).unwrap();
-        }
-        let body = serde_json::json!({"metadata": {}, "weight_map": weight_map});
-        std::fs::write(
-            dir.join("model.safetensors.index.json"),
-            serde_json::to_vec(&body).unwrap(),
-        )
-        .unwrap();
-    }
+                .collect()
+        })
+        .collect();
+    let root = data::checkpoint(dir, "tp-1gib", &shards).unwrap();
     let fs = safeload_testfs::Mount::new(
-        dir,
+        &root,
         safeload_testfs::Options {
             fsname: "hf-mount".into(),
             direct_io: true,
@@ -144,8 +157,8 @@ fn tp_arm(dir: &Path, runs: usize) {
     let mut results: HashMap<&str, (Vec<f64>, u64)> = HashMap::new();
     let arms = ["whole", "rank 3 of 8, dim 0", "rank 3 of 8, dim 1"];
     for round in 0..runs {
-        for k in 0..arms.len() {
-            let arm = arms[(k + round) % arms.len()];
+        for a in common::rotated(arms.len(), round) {
+            let arm = arms[a];
             let ck = Loader::new().open(fs.path()).unwrap();
             fs.reset_stats();
             let t = Instant::now();
@@ -172,7 +185,6 @@ fn tp_arm(dir: &Path, runs: usize) {
     println!("|---|---|---|");
     for arm in arms {
         let (t, bytes) = results.remove(arm).unwrap();
-        let (m, lo, hi) = child::median(t);
-        println!("| {arm} | {m:.3} ({lo:.3}-{hi:.3}) | {} |", bytes >> 20);
+        println!("| {arm} | {:.3} | {} |", Spread::of(&t), bytes >> 20);
     }
 }

@@ -2,7 +2,7 @@
 //! scratch buffer, or `posix_fadvise(WILLNEED)` per chunk (waiting with
 //! `mincore` until the pages land). Measured on a local disk and on the FUSE
 //! test filesystem with 2 ms per read, a file evicted before every run, the
-//! arms interleaved (their order alternates by round), medians of the rounds.
+//! arms interleaved (their order rotated each round), medians of the rounds.
 //!
 //! ```text
 //! cargo bench --bench prefetch_methods -- [--size-mib 1024] [--rounds 3]
@@ -21,60 +21,35 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use safeload::{PrefetchMethod, PrefetchOptions};
 use safeload_testfs::{Mount, Options, fuse_available};
 
-#[path = "../tests/common/random.rs"]
-mod random;
+mod common;
 
-const USAGE: &str = "usage: cargo bench --bench prefetch_methods -- [--size-mib 1024] [--rounds 3] \
-     [--streams 4] [--dir DIR] [--latency-ms 2]";
+use common::stats::median;
+use common::{args, data, random};
 
+/// Which prefetch method warms the page cache fastest (the module docs of
+/// benches/prefetch_methods.rs say how).
+#[derive(Parser)]
+#[command(name = "prefetch_methods")]
 struct Args {
+    /// The file's size, MiB.
+    #[arg(long, default_value_t = 1024)]
     size_mib: u64,
+    #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Prefetch streams, one arm per count.
+    #[arg(long, value_delimiter = ',', default_value = "4")]
     streams: Vec<usize>,
+    /// Where the file is written (a temporary directory, removed at the end);
+    /// a tmpfs cannot evict, so give one on the disk.
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
     dir: PathBuf,
+    /// The FUSE arm's latency per read, ms.
+    #[arg(long, default_value_t = 2)]
     latency_ms: u64,
-}
-
-fn args() -> Args {
-    let mut args = Args {
-        size_mib: 1024,
-        rounds: 3,
-        streams: vec![4],
-        dir: std::env::temp_dir(),
-        latency_ms: 2,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            // What `cargo bench` passes to a bench without the test harness.
-            "--bench" => continue,
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            _ => {}
-        }
-        let value = it
-            .next()
-            .unwrap_or_else(|| panic!("{flag} needs a value\n{USAGE}"));
-        match flag.as_str() {
-            "--size-mib" => args.size_mib = value.parse().expect("a number"),
-            "--rounds" => args.rounds = value.parse().expect("a number"),
-            "--streams" => {
-                args.streams = value
-                    .split(',')
-                    .map(|s| s.parse().expect("numbers"))
-                    .collect()
-            }
-            "--dir" => args.dir = PathBuf::from(value),
-            "--latency-ms" => args.latency_ms = value.parse().expect("a number"),
-            other => panic!("unknown flag {other}\n{USAGE}"),
-        }
-    }
-    args
 }
 
 /// A safetensors file of one U8 tensor, `size` bytes in all, written and
@@ -114,18 +89,8 @@ fn write_checkpoint(dir: &Path, size: u64) -> PathBuf {
     path
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
-
 fn main() {
-    let args = args();
+    let args: Args = args::parse();
     let source = tempfile::tempdir_in(&args.dir).unwrap();
     let size = args.size_mib << 20;
     let local = write_checkpoint(source.path(), size);
@@ -163,16 +128,10 @@ fn main() {
     }
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); arms.len()];
     for round in 0..args.rounds {
-        let order: Vec<usize> = if round % 2 == 0 {
-            (0..arms.len()).collect()
-        } else {
-            (0..arms.len()).rev().collect()
-        };
-        for i in order {
+        for i in common::rotated(arms.len(), round) {
             let (place, path, method, streams) = &arms[i];
             // Cold: the file on the mount, and the source under it.
-            safeload::evict(path).unwrap();
-            safeload::evict(&local).unwrap();
+            data::evict(&[path, &local]).unwrap();
             let options = PrefetchOptions::new().streams(*streams).method(*method);
             let start = Instant::now();
             let report = one_rank().prefetch_with(options).warm(path).unwrap();
@@ -190,7 +149,7 @@ fn main() {
     }
     // Warm: what prefetch costs when everything is already in the page
     // cache, against a warm mapped load that faults every page in.
-    safeload::evict(&local).unwrap();
+    data::evict(&[&local]).unwrap();
     one_rank().warm(&local).unwrap();
     let (mut warm_prefetch, mut warm_load) = (Vec::new(), Vec::new());
     for _ in 0..9 {
@@ -207,7 +166,7 @@ fn main() {
         warm_load.push(start.elapsed().as_secs_f64());
         drop(sd);
     }
-    let (p, l) = (median(warm_prefetch), median(warm_load));
+    let (p, l) = (median(&warm_prefetch), median(&warm_load));
     println!(
         "warm: prefetch {:.2} ms, mapped load with populate {:.2} ms: prefetch adds {:.1}%",
         p * 1e3,
@@ -218,7 +177,7 @@ fn main() {
         "\n| filesystem | method | streams | median s | GiB/s | runs (s) |\n|---|---|---|---|---|---|"
     );
     for (i, (place, _, method, streams)) in arms.iter().enumerate() {
-        let m = median(times[i].clone());
+        let m = median(&times[i]);
         let runs: Vec<String> = times[i].iter().map(|t| format!("{t:.2}")).collect();
         println!(
             "| {place} | {method} | {streams} | {m:.3} | {:.2} | {} |",

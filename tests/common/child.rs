@@ -1,9 +1,12 @@
-//! Child processes: the running test binary started again to run its test
-//! named `child` alone, told what to do by environment variables, with the
-//! job launchers' variables cleared so that only what a test sets is seen.
+//! Child processes: the running test binary started again to run one
+//! module's test named `child` alone, told what to do by environment
+//! variables, with the job launchers' variables cleared so that only what a
+//! test sets is seen.
 //!
-//! A test binary that uses this has a `#[test] fn child()` that calls
-//! `run_role` with the roles it knows.
+//! A module that uses this has a `#[test] fn child()` that calls `run_role`
+//! with the roles it knows, and passes its `module_path!()` to
+//! `child_command`: the child runs that module's `child` and no other, so
+//! two modules may use the same role names.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -36,11 +39,13 @@ pub const LAUNCHER_VARS: [&str; 16] = [
     "SAFELOAD_PREFETCH",
 ];
 
-/// This test binary, to run `child` with `ROLE` = `role` and `PATH` = `path`,
-/// its stdout piped.
-pub fn child_command(role: &str, path: &Path) -> Command {
+/// This test binary, to run the `child` test of `module` (the caller's
+/// `module_path!()`) with `ROLE` = `role` and `PATH` = `path`, its stdout
+/// piped.
+pub fn child_command(module: &str, role: &str, path: &Path) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
+    let test = child_test(module);
+    cmd.args(["--exact", &test, "--nocapture", "--test-threads=1"])
         .env(ROLE, role)
         .env(PATH, path)
         .env_remove("HF_SHARD_PREFETCH")
@@ -51,8 +56,19 @@ pub fn child_command(role: &str, path: &Path) -> Command {
     cmd
 }
 
-/// The body of a binary's `child` test: nothing unless `ROLE` is set (an
-/// ordinary test run), else the function of that role from `roles`.
+/// The name the test harness gives the `child` test of `module`, a
+/// `module_path!()`: the path without the crate's name (`it::limits` has
+/// `limits::child`).
+fn child_test(module: &str) -> String {
+    match module.split_once("::") {
+        Some((_crate, path)) => format!("{path}::child"),
+        None => "child".to_string(),
+    }
+}
+
+/// The body of a module's `child` test: nothing unless `ROLE` is set (an
+/// ordinary test run), else the function of that role from `roles`, then a
+/// `CHILD-DONE <role>` line (see [`run_alone`]).
 pub fn run_role(roles: &[(&str, fn())]) {
     let Ok(role) = std::env::var(ROLE) else {
         return;
@@ -61,6 +77,25 @@ pub fn run_role(roles: &[(&str, fn())]) {
         Some((_, act)) => act(),
         None => panic!("unknown role {role}"),
     }
+    println!("CHILD-DONE {role}");
+}
+
+/// Runs `role` of `module`'s `child` in a child process of its own, for a
+/// test that changes or measures what the whole process shares (its
+/// environment, its allocations) and so cannot run beside other tests; fails
+/// unless the role ran to its end. Its stderr is the test's.
+pub fn run_alone(module: &str, role: &str) {
+    let out = child_command(module, role, Path::new(""))
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(&format!("CHILD-DONE {role}\n")),
+        "{} in a child: {} (its stderr is above)\n{stdout}",
+        child_test(module),
+        out.status
+    );
 }
 
 /// A child held at its start until the parent lets it go, so that the parent

@@ -1,11 +1,12 @@
 //! Builders of checkpoints in temporary directories, written with the
 //! `safetensors` crate's own serializer, and a naive reference loader.
 //!
-//! Every test binary includes this module (`mod common;`) and uses what it
-//! needs of it; the submodules serve the few that need more:
-//! `random` (the bytes of every generated tensor, shared with the
-//! benchmarks), `residency` (page-cache residency by `mincore(2)`) and
-//! `child` (the test binary run again as a child process).
+//! The test binary `tests/it` includes this module (`mod common;`, by
+//! `#[path]`, so that the benchmarks find `random.rs` where it was); the
+//! submodules serve the few tests that need more: `random` (the bytes of
+//! every generated tensor, shared with the benchmarks), `residency`
+//! (page-cache residency by `mincore(2)`), `cgroup` (a load under a memory
+//! or pids limit) and `child` (the test binary run again as a child process).
 #![allow(dead_code)]
 
 #[cfg(unix)]
@@ -18,6 +19,7 @@ pub mod random;
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
@@ -258,3 +260,11 @@ pub fn sorted(specs: &[Spec]) -> Vec<Spec> {
 
 /// Both strategies, by their `disable_mmap` value.
 pub const MODES: [bool; 2] = [false, true];
+
+/// Held by every test that streams (`Checkpoint::for_each`), in any module:
+/// the stream tests count the stream's reader threads of the whole process
+/// (by name), which another test's stream would add to.
+pub fn streaming() -> MutexGuard<'static, ()> {
+    static STREAMING: Mutex<()> = Mutex::new(());
+    STREAMING.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -8,7 +8,7 @@
 //!
 //! The bytes are part of the fixtures: the fuzz seed corpus
 //! (`fuzz/corpus/seed-header/`) is built from them and compared byte for byte
-//! by `tests/malformed.rs`, and the benchmark's cached checkpoint is keyed by
+//! by `tests/it/malformed/`, and the benchmark's cached checkpoint is keyed by
 //! a version of them (`DATA_VERSION` in `benches/load.rs`). Changing the
 //! sequence means rewriting the corpus and bumping that version.
 // Each test binary and benchmark uses a part of it.

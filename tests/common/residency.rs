@@ -28,7 +28,7 @@
 //! ([`system_refaulted_file_pages`]). [`reclaim`] makes the kernel reclaim
 //! a file's pages the way kdamond does, to check all this
 //! (`pages_the_kernel_reclaims_are_told_apart_from_pages_never_read` in
-//! tests/fuse_prefetch_ranks.rs).
+//! tests/it/fuse_prefetch_ranks.rs).
 //!
 //! NOTE: shadows are memory too, and the kernel drops them under pressure
 //! (the shadow-node shrinker of mm/workingset.c; emptying a memory cgroup

@@ -1,22 +1,13 @@
 //! The `candle` feature: tensors, state dicts and checkpoints as candle
-//! tensors, equal value for value to what safeload loads, in both modes; a
-//! model built through the lazy `VarBuilder`; tensor-parallel parts through
-//! the sharded one. `cargo test --features candle --test candle`.
-#![cfg(feature = "candle")]
+//! tensors, equal value for value to what safeload loads, in every read mode
+//! (`read_modes`); a model built through the lazy `VarBuilder`;
+//! tensor-parallel parts through the sharded one. `cargo test --features
+//! candle --test it candle::`.
 
-mod common;
-
+use crate::common::*;
 use candle_core::{DType, Device, IndexOp, Module};
-use common::*;
 use safeload::{Checkpoint, Dtype, Loader};
 use tempfile::tempdir;
-
-fn modes() -> [(&'static str, Loader); 2] {
-    [
-        ("mmap", Loader::new().disable_mmap(false)),
-        ("buffered", Loader::new().disable_mmap(true)),
-    ]
-}
 
 /// A candle tensor's bytes, little-endian, as safeload holds them.
 fn bytes_of(t: &candle_core::Tensor) -> Vec<u8> {
@@ -80,7 +71,7 @@ fn every_dtype_maps_as_documented() {
     let dir = tempdir().unwrap();
     let path = write_single(dir.path(), &every_dtype());
     let dev = Device::Cpu;
-    for (mode, loader) in modes() {
+    for (mode, loader) in read_modes() {
         let sd = loader.load(&path).unwrap();
         for (name, t) in sd.iter() {
             let result = t.to_candle(&dev);
@@ -199,7 +190,7 @@ fn a_model_built_through_the_var_builder_in_both_modes() {
     .unwrap();
     let dev = Device::Cpu;
     let x = candle_core::Tensor::new(&[[1.0f32, 1.0, 2.0]], &dev).unwrap();
-    for (mode, loader) in modes() {
+    for (mode, loader) in read_modes() {
         for dtype in [DType::F32, DType::BF16] {
             let vb = safeload::candle::var_builder_from(loader.open(&path).unwrap(), dtype, &dev);
             assert!(vb.contains_tensor("proj.weight"));
@@ -229,7 +220,7 @@ fn the_sharded_var_builder_reads_a_ranks_part() {
     let dev = Device::Cpu;
     let whole = safeload::load_state_dict(&index, None).unwrap();
     let w = whole.get("f32.matrix").unwrap().to_candle(&dev).unwrap(); // 4 x 6
-    for (mode, loader) in modes() {
+    for (mode, loader) in read_modes() {
         let vb = safeload::candle::sharded_var_builder_from(
             loader.open(&index).unwrap(),
             DType::F32,

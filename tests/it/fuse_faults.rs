@@ -5,11 +5,9 @@
 //! /dev/fuse: skipped (loudly) where missing, a failure under
 //! `SAFELOAD_REQUIRE_FUSE=1`.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use safeload::{Dtype, ErrorKind, Loader, Strategy};
 use safeload_testfs::{Mount, Options, skip_without_fuse};
 use tempfile::tempdir;

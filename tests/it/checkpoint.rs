@@ -1,20 +1,10 @@
 //! `Checkpoint`: a checkpoint opened from its headers alone, then read tensor
-//! by tensor, into the caller's memory, or as a filtered load; in both modes,
-//! equal to what a whole load gives.
+//! by tensor, into the caller's memory, or as a filtered load; in every read
+//! mode (`read_modes`), equal to what a whole load gives.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use safeload::{Checkpoint, ErrorKind, Loader, Strategy};
 use tempfile::tempdir;
-
-/// The loaders a checkpoint is opened with: mapped, read.
-fn modes() -> [(bool, Loader); 2] {
-    [
-        (false, Loader::new().disable_mmap(false)),
-        (true, Loader::new().disable_mmap(true)),
-    ]
-}
 
 #[test]
 fn opening_lists_every_tensor_in_load_order_from_the_headers() {
@@ -54,7 +44,8 @@ fn reads_equal_the_loaded_tensors_in_both_modes() {
     let dir = tempdir().unwrap();
     let specs = every_dtype();
     let index = write_sharded(dir.path(), &specs, 3);
-    for (buffered, loader) in modes() {
+    for (mode, loader) in read_modes() {
+        let buffered = mode != "mmap";
         let ck = loader.open(&index).unwrap();
         for file in ck.report().files() {
             let expected = if buffered {
@@ -70,12 +61,7 @@ fn reads_equal_the_loaded_tensors_in_both_modes() {
             assert_eq!(tensor.name(), spec.name);
             assert_eq!(tensor.dtype(), spec.dtype);
             assert_eq!(tensor.shape(), &spec.shape[..]);
-            assert_eq!(
-                tensor.as_bytes(),
-                &spec.data[..],
-                "{} buffered={buffered}",
-                spec.name
-            );
+            assert_eq!(tensor.as_bytes(), &spec.data[..], "{} {mode}", spec.name);
             if buffered {
                 assert!(
                     tensor.is_aligned(),
@@ -94,7 +80,7 @@ fn reads_equal_the_loaded_tensors_in_both_modes() {
 fn reads_name_what_is_wrong() {
     let dir = tempdir().unwrap();
     let path = write_single(dir.path(), &every_dtype());
-    for (buffered, loader) in modes() {
+    for (mode, loader) in read_modes() {
         let ck = loader.open(&path).unwrap();
         let err = ck.read("missing").unwrap_err();
         assert_eq!(
@@ -102,7 +88,7 @@ fn reads_name_what_is_wrong() {
             &ErrorKind::TensorNotFound {
                 tensor: "missing".into()
             },
-            "buffered={buffered}"
+            "{mode}"
         );
         assert_eq!(err.tensor(), Some("missing"));
         assert_eq!(err.path(), Some(path.as_path()));
@@ -156,11 +142,11 @@ fn a_filtered_load_from_an_open_checkpoint_equals_a_filtered_load() {
     let specs = every_dtype();
     let index = write_sharded(dir.path(), &specs, 3);
     let keep = |name: &str| name.starts_with('f') || name.ends_with(".scalar");
-    for (buffered, loader) in modes() {
+    for (mode, loader) in read_modes() {
         let ck = loader.clone().open(&index).unwrap();
         let from_ck = ck.load_filtered(keep).unwrap();
         let direct = loader.filter(keep).load(&index).unwrap();
-        assert_eq!(loaded(&from_ck), loaded(&direct), "buffered={buffered}");
+        assert_eq!(loaded(&from_ck), loaded(&direct), "{mode}");
         assert!(from_ck.len() < specs.len());
         // Twice from one checkpoint: the files stay open and usable.
         assert_eq!(loaded(&ck.load_filtered(keep).unwrap()), loaded(&direct));
@@ -174,7 +160,7 @@ fn a_checkpoint_is_shared_by_threads() {
     let dir = tempdir().unwrap();
     let specs = every_dtype();
     let index = write_sharded(dir.path(), &specs, 3);
-    for (_, loader) in modes() {
+    for (_, loader) in read_modes() {
         let ck = loader.open(&index).unwrap();
         std::thread::scope(|scope| {
             for chunk in specs.chunks(7) {

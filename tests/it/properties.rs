@@ -4,16 +4,14 @@
 //! twin of the loader.
 //!
 //! 64 cases per property by default, so the file runs in seconds in a debug
-//! build; `PROPTEST_CASES=10000 cargo test --release --test properties` for a
+//! build; `PROPTEST_CASES=10000 cargo test --release --test it properties::` for a
 //! longer search.
-
-mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use half::{bf16, f16};
 use proptest::collection::{hash_map, vec};
 use proptest::prelude::*;
@@ -24,7 +22,7 @@ use tempfile::tempdir;
 
 /// `PROPTEST_CASES` if set, else 64. Failures are not persisted to a
 /// `proptest-regressions` file: a failure found here becomes a named case in
-/// `tests/malformed.rs` (or `tests/load.rs`) instead, which says what it is.
+/// `tests/it/malformed/` (or `tests/it/load.rs`) instead, which says what it is.
 fn config() -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES")
         .ok()

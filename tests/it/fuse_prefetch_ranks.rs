@@ -10,9 +10,7 @@
 //! Needs root and /dev/fuse: skipped (loudly) where they are missing, a
 //! failure under `SAFELOAD_REQUIRE_FUSE=1`.
 //!
-//! Prefetch in one process, on local files: `tests/prefetch.rs`.
-
-mod common;
+//! Prefetch in one process, on local files: `tests/it/prefetch.rs`.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -21,12 +19,12 @@ use std::process::Child;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::child::{PATH, child_command, run_role};
-use common::residency::{
+use crate::common::child::{PATH, child_command, run_role};
+use crate::common::residency::{
     assert_none_resident, assert_resident_unless_reclaimed, evict_until_cold, pages_never_warmed,
     reclaim, reclaimed_bytes, reclaimed_pages, residency, system_refaulted_file_pages,
 };
-use common::*;
+use crate::common::*;
 use rustix::process::{Pid, Signal, kill_process};
 use safeload::{Loader, PrefetchOptions, prefetch};
 use safeload_testfs::{Mount, Options, skip_without_fuse};
@@ -165,7 +163,7 @@ fn spawn_rank(
     job: &str,
     extra: &[(&str, String)],
 ) -> Child {
-    let mut cmd = child_command("rank", &setup.index);
+    let mut cmd = child_command(module_path!(), "rank", &setup.index);
     let (r, s) = (rank.to_string(), size.to_string());
     match launcher {
         Launcher::Torchrun => {

@@ -2,9 +2,7 @@
 //! each loaded tensor alone gives (`Tensor::to_dtype`, the naive twin), in
 //! every mode; tensors it does not convert stay as they are.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use safeload::{Dtype, Loader, StateDict};
 use tempfile::tempdir;
 

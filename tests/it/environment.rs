@@ -1,10 +1,9 @@
 //! `SAFELOAD_DISABLE_MMAP` overrides the auto choice, and an explicit builder
-//! call overrides it. Alone in its binary: it changes the process environment,
-//! which every load reads.
+//! call overrides it. Run in a child process of its own (`common::child`): it
+//! changes the process environment, which every load of every test reads.
 
-mod common;
-
-use common::*;
+use crate::common::child::{run_alone, run_role};
+use crate::common::*;
 use safeload::mount::MountTable;
 use safeload::{DISABLE_MMAP_ENV, Loader, ReadMode, Strategy};
 use tempfile::tempdir;
@@ -13,8 +12,19 @@ fn table(line: &str) -> MountTable {
     MountTable::parse(line)
 }
 
+/// Not a test of its own: the entry point of child processes, which return
+/// at once unless `ROLE` is set (see `common::child`).
+#[test]
+fn child() {
+    run_role(&[("overrides", overrides_in_child)]);
+}
+
 #[test]
 fn environment_overrides_auto_and_the_builder_overrides_it() {
+    run_alone(module_path!(), "overrides");
+}
+
+fn overrides_in_child() {
     let dir = tempdir().unwrap();
     write_single(dir.path(), &every_dtype());
     let fuse = "36 25 0:50 / / ro - fuse hf-mount ro,user_id=0,group_id=0";
@@ -24,8 +34,9 @@ fn environment_overrides_auto_and_the_builder_overrides_it() {
         (file.strategy(), file.reason().to_string())
     };
 
-    // SAFETY: this binary has one test, so no other thread reads or writes
-    // the environment while these calls run.
+    // SAFETY: this process runs one test (`--exact environment::child`), on
+    // this thread, so no other thread reads or writes the environment while
+    // these calls run.
     unsafe { std::env::set_var(DISABLE_MMAP_ENV, "0") };
     let (s, why) = strategy(Loader::new());
     assert_eq!(s, Strategy::Mmap);

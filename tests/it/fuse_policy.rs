@@ -4,11 +4,9 @@
 //! missing, a failure under `SAFELOAD_REQUIRE_FUSE=1` (as in CI).
 //!
 //! The policy for every kind of filesystem, from injected mount tables:
-//! `tests/policy.rs`.
+//! `tests/it/policy.rs`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use safeload::mount::{self, MountKind};
 use safeload::{Loader, Strategy, is_on_hf_mount, load_state_dict};
 use safeload_testfs::{Mount, Options, skip_without_fuse};

@@ -6,14 +6,14 @@
 //! missing each test prints `SKIPPED: <reason>` and passes, unless
 //! `SAFELOAD_REQUIRE_CGROUP=1` (as `.ci/run` sets it).
 
-mod common;
+use crate::common;
 
 use std::io::BufRead;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
-use common::cgroup::{Cgroup, Controller};
-use common::child::{Held, PATH, child_command, run_role, spawn_held, wait_for_go};
+use crate::common::cgroup::{Cgroup, Controller};
+use crate::common::child::{Held, PATH, child_command, run_role, spawn_held, wait_for_go};
 use safeload::mount::MountTable;
 use safeload::{ErrorKind, Loader, Strategy};
 use safetensors::Dtype;
@@ -110,7 +110,7 @@ struct Outcome {
 /// Starts a child loading `dir` as `mode`, moves it into `cgroup`, lets
 /// `limit` set the limit (given the cgroup's memory usage then), and waits.
 fn run_child(dir: &Path, mode: &str, cgroup: &Cgroup, limit: impl FnOnce(&Cgroup)) -> Outcome {
-    let mut command = child_command("load", dir);
+    let mut command = child_command(module_path!(), "load", dir);
     command.env(MODE, mode);
     let mut held = spawn_held(command);
     cgroup.enter(held.child.id());

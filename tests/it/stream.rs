@@ -5,7 +5,7 @@
 //! stops the readers with none left running; with no thread to spawn, the
 //! calling thread reads.
 
-mod common;
+use crate::common;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -13,12 +13,12 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::rc::Rc;
-use std::sync::{Mutex, MutexGuard, mpsc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::cgroup::{Cgroup, Controller};
-use common::child::{PATH, child_command, run_role, spawn_held, wait_for_go};
-use common::{MODES, Spec, spec, write_sharded};
+use crate::common::cgroup::{Cgroup, Controller};
+use crate::common::child::{PATH, child_command, run_role, spawn_held, wait_for_go};
+use crate::common::{MODES, Spec, spec, write_sharded};
 use safeload::{Checkpoint, ErrorKind, Loader, Strategy};
 use safetensors::Dtype;
 
@@ -28,14 +28,6 @@ const MIB: u64 = 1 << 20;
 const READER: &str = "safeload-stream";
 /// How a child opens its checkpoint: `buffered` or `mapped`.
 const MODE: &str = "SAFELOAD_TEST_STREAM_MODE";
-
-/// The tests that stream run one at a time: they count the reader threads
-/// of the whole process.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// An engine's error: the loader's, or its own.
 #[derive(Debug)]
@@ -135,7 +127,10 @@ fn finish(mut child: Child, mut out: impl BufRead + Send + 'static, what: &str) 
 /// Runs the child `role` on `path`, opening it as `mode`; fails unless it
 /// succeeds. Returns its stdout.
 fn run_child(role: &str, path: &Path, mode: &str) -> String {
-    let mut child = child_command(role, path).env(MODE, mode).spawn().unwrap();
+    let mut child = child_command(module_path!(), role, path)
+        .env(MODE, mode)
+        .spawn()
+        .unwrap();
     let out = BufReader::new(child.stdout.take().unwrap());
     let (ok, stdout) = finish(child, out, &format!("{role}, {mode}"));
     assert!(
@@ -156,7 +151,7 @@ fn child() {
 
 #[test]
 fn every_tensor_arrives_once_in_file_order_with_the_bytes_of_a_load() {
-    let _serial = serial();
+    let _streaming = common::streaming();
     let dir = tempfile::tempdir().unwrap();
     let index = write_sharded(dir.path(), &specs(), 3);
     for disable_mmap in MODES {
@@ -191,7 +186,7 @@ fn every_tensor_arrives_once_in_file_order_with_the_bytes_of_a_load() {
 
 #[test]
 fn tensors_the_callback_keeps_stay_valid_and_the_stream_still_ends() {
-    let _serial = serial();
+    let _streaming = common::streaming();
     let dir = tempfile::tempdir().unwrap();
     let index = write_sharded(dir.path(), &specs(), 3);
     for disable_mmap in MODES {
@@ -224,7 +219,7 @@ fn tensors_the_callback_keeps_stay_valid_and_the_stream_still_ends() {
 
 #[test]
 fn an_error_from_the_callback_is_returned_and_no_reader_is_left() {
-    let _serial = serial();
+    let _streaming = common::streaming();
     let dir = tempfile::tempdir().unwrap();
     let index = write_sharded(dir.path(), &specs(), 3);
     let mut seen_readers = 0;
@@ -264,7 +259,7 @@ fn an_error_from_the_callback_is_returned_and_no_reader_is_left() {
 
 #[test]
 fn a_panic_in_the_callback_stops_the_readers() {
-    let _serial = serial();
+    let _streaming = common::streaming();
     let dir = tempfile::tempdir().unwrap();
     let index = write_sharded(dir.path(), &specs(), 3);
     let ck = loader(true).open(&index).unwrap();
@@ -283,7 +278,7 @@ fn a_panic_in_the_callback_stops_the_readers() {
 
 #[test]
 fn a_file_truncated_after_open_is_a_typed_read_error() {
-    let _serial = serial();
+    let _streaming = common::streaming();
     for disable_mmap in MODES {
         let mode = mode_name(disable_mmap);
         let dir = tempfile::tempdir().unwrap();
@@ -369,7 +364,7 @@ impl BytesRead {
 
 #[test]
 fn the_cap_holds_seen_from_inside() {
-    let _serial = serial();
+    let _streaming = common::streaming();
     let dir = tempfile::tempdir().unwrap();
     let specs: Vec<Spec> = (0..48)
         .map(|i| {
@@ -499,7 +494,7 @@ fn peak_rss() -> u64 {
 
 #[test]
 fn peak_memory_stays_under_the_cap_plus_the_largest_tensor() {
-    let _serial = serial();
+    let _streaming = common::streaming();
     // On the build's disk, not in a `/tmp` that may be memory; removed on
     // drop, also when the test fails.
     let dir = tempfile::Builder::new()
@@ -574,7 +569,7 @@ fn rss_in_child() {
 
 #[test]
 fn with_no_thread_to_spawn_the_calling_thread_reads_every_tensor() {
-    let _serial = serial();
+    let _streaming = common::streaming();
     let dir = tempfile::tempdir().unwrap();
     let index = write_sharded(dir.path(), &specs(), 3);
     let expected_sum: u64 = specs()
@@ -586,7 +581,7 @@ fn with_no_thread_to_spawn_the_calling_thread_reads_every_tensor() {
             return;
         };
         let mode = mode_name(disable_mmap);
-        let mut command = child_command("no-threads", &index);
+        let mut command = child_command(module_path!(), "no-threads", &index);
         command.env(MODE, mode);
         let mut held = spawn_held(command);
         // No task more than the child has now: every thread spawn fails.

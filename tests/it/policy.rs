@@ -1,11 +1,9 @@
 //! The auto policy from injected mount tables (no FUSE needed), and the memory
-//! guard. The environment override has its own test binary
-//! (`tests/environment.rs`), since every load reads the environment; the
-//! policy on a real FUSE mount is in `tests/fuse_policy.rs`.
+//! guard. The environment override runs in a child process of its own
+//! (`tests/it/environment.rs`), since every load reads the environment; the
+//! policy on a real FUSE mount is in `tests/it/fuse_policy.rs`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use safeload::mount::{MountKind, MountTable};
 use safeload::{Loader, Strategy};
 use tempfile::tempdir;

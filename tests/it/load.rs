@@ -1,10 +1,8 @@
 //! Loading: every dtype, single and sharded, both strategies, equal to what was written.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use safeload::{Dtype, ErrorKind, Loader, StateDict, Strategy, Tensor, load_state_dict};
 use tempfile::tempdir;
 

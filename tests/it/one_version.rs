@@ -4,8 +4,6 @@
 //! caches do. Each version's tensors hold its own marker byte and its header
 //! names it, so a load that mixed two versions is seen in its bytes.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +12,8 @@ use std::time::{Duration, Instant};
 use safeload::{Loader, StateDict};
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
+
+use crate::common::read_modes;
 
 /// Loads per race: enough that, before the fixes, several mixed (the
 /// defects were seen in 30 of 60 and 22 of 120 loads).
@@ -246,18 +246,10 @@ fn a_file_replaced_in_a_fuse_mounts_source_during_loads_never_mixes() {
     )
     .unwrap();
     let through = mount.path().join("model.safetensors");
-    let modes = [
-        ("auto", Loader::new()),
-        (
-            "buffered-direct",
-            Loader::new().disable_mmap(true).direct_io(true),
-        ),
-        (
-            "buffered",
-            Loader::new().disable_mmap(true).direct_io(false),
-        ),
-        ("mmap", Loader::new().disable_mmap(false)),
-    ];
+    // The read modes, and the auto policy first: on hf-mount, buffered
+    // direct.
+    let mut modes = vec![("auto", Loader::new())];
+    modes.extend(read_modes());
     for (name, loader) in modes {
         let stop = AtomicBool::new(false);
         let results: Vec<_> = std::thread::scope(|scope| {

@@ -9,19 +9,17 @@
 //! (see there).
 //!
 //! Ranks sharing a prefetch across processes, on FUSE:
-//! `tests/fuse_prefetch_ranks.rs`.
-
-mod common;
+//! `tests/it/fuse_prefetch_ranks.rs`.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::child::{PATH, child_command, run_role};
-use common::residency::{
+use crate::common::child::{PATH, child_command, run_role};
+use crate::common::residency::{
     SYS_CACHESTAT, assert_resident_unless_reclaimed, evict_until_cold, reclaimed_bytes, residency,
     sync, system_refaulted_file_pages,
 };
-use common::*;
+use crate::common::*;
 use safeload::mount::MountTable;
 use safeload::{Dtype, Loader, PrefetchMethod, PrefetchOptions, PrefetchReport};
 use tempfile::tempdir;
@@ -52,7 +50,7 @@ fn settings_from_the_environment() {
         let sd = loader.load(&path).unwrap();
         sd.report().prefetch().map(|p| p.reason().to_string())
     };
-    // SAFETY: this process runs one test (`--exact child`), on this thread.
+    // SAFETY: this process runs one test (`--exact prefetch::child`), on this thread.
     unsafe { std::env::set_var("HF_SHARD_PREFETCH", "3") };
     let why = reason(Loader::new()).expect("on");
     assert!(why.contains("HF_SHARD_PREFETCH=3"), "{why}");
@@ -154,7 +152,9 @@ fn refuse_cachestat() -> Result<(), String> {
 fn settings_come_from_the_environment_and_the_builder_wins() {
     let dir = tempdir().unwrap();
     let index = write_uneven_shards(dir.path());
-    let out = child_command("env", &index).output().unwrap();
+    let out = child_command(module_path!(), "env", &index)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("ENV-OK"),
@@ -418,7 +418,7 @@ fn when_cachestat_is_refused_mincore_tells_residency() {
     let (_dir, files, size) = readable_checkpoint();
     let path = &files[0];
     let run = || {
-        let mut cmd = child_command("probe", path);
+        let mut cmd = child_command(module_path!(), "probe", path);
         cmd.env(NO_CACHESTAT, "1");
         probe(cmd)
     };
@@ -462,7 +462,7 @@ fn a_file_the_user_may_not_write_is_warmed_without_residency() {
     // present. Cold, it must still be warmed.
     let (_dir, files, size) = readable_checkpoint();
     evict_until_cold(&files[0], &files);
-    let mut cmd = child_command("probe", &files[0]);
+    let mut cmd = child_command(module_path!(), "probe", &files[0]);
     cmd.uid(65534).gid(65534);
     let (known, resident, warmed, method) = probe(cmd).unwrap();
     assert!(!known, "hidden, not guessed");

@@ -3,11 +3,9 @@
 //! every mode (mapped, buffered through the page cache, buffered direct,
 //! buffered in part).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use safeload::{ErrorKind, Loader};
 use sha2::{Digest, Sha256};
 use tempfile::tempdir;

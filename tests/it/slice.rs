@@ -6,11 +6,9 @@
 // A slice along dimension 0 is written `&[a..b]`: one range, on purpose.
 #![allow(clippy::single_range_in_vec_init)]
 
-mod common;
-
 use std::ops::Range;
 
-use common::*;
+use crate::common::*;
 use proptest::prelude::*;
 use safeload::{Checkpoint, Dtype, ErrorKind, Loader};
 use tempfile::tempdir;
@@ -56,13 +54,6 @@ fn tensor_split(len: usize, rank: usize, world: usize) -> Range<usize> {
     start..start + base + usize::from(rank < extra)
 }
 
-fn modes() -> [(&'static str, Loader); 2] {
-    [
-        ("mmap", Loader::new().disable_mmap(false)),
-        ("buffered", Loader::new().disable_mmap(true)),
-    ]
-}
-
 /// Tensors of several shapes in every whole-byte dtype, plus the packed ones.
 fn specs() -> Vec<Spec> {
     let mut specs = Vec::new();
@@ -91,7 +82,7 @@ fn every_slice_and_part_equals_the_naive_slice() {
     let dir = tempdir().unwrap();
     let specs = specs();
     let index = write_sharded(dir.path(), &specs, 2);
-    for (mode, loader) in modes() {
+    for (mode, loader) in read_modes() {
         let ck = loader.open(&index).unwrap();
         for s in &specs {
             let bits = s.dtype.bitsize();
@@ -191,7 +182,7 @@ fn a_dim0_slice_of_a_mapped_file_is_a_view_of_the_map() {
 fn bad_slices_are_typed_errors_naming_the_tensor_and_file() {
     let dir = tempdir().unwrap();
     let path = write_single(dir.path(), &specs());
-    for (mode, loader) in modes() {
+    for (mode, loader) in read_modes() {
         let ck = loader.open(&path).unwrap();
         #[allow(clippy::reversed_empty_ranges)]
         let cases: Vec<(&str, Vec<Range<usize>>)> = vec![
@@ -238,7 +229,7 @@ fn bad_slices_are_typed_errors_naming_the_tensor_and_file() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
 
-    /// Random shapes, random ranges and parts, both modes: the naive twin.
+    /// Random shapes, random ranges and parts, every read mode: the naive twin.
     #[test]
     fn random_slices_equal_the_naive_slice(
         shape in prop::collection::vec(0usize..5, 0..4),
@@ -254,7 +245,7 @@ proptest! {
         let k = next(shape.len());
         let ranges: Vec<Range<usize>> = shape[..k].iter().map(|&d| { let a = next(d); a..a + next(d - a) }).collect();
         let bits = dtype.bitsize();
-        for (_, loader) in modes() {
+        for (_, loader) in read_modes() {
             let ck = loader.open(&path).unwrap();
             let t = ck.read_slice("t", &ranges).unwrap();
             prop_assert_eq!(t.as_bytes(), &naive_slice(&s.data, &shape, bits, &ranges)[..]);

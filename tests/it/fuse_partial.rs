@@ -6,9 +6,7 @@
 //! daemon answers (no read-ahead). Needs root and /dev/fuse: skipped (loudly)
 //! where they are missing, a failure under `SAFELOAD_REQUIRE_FUSE=1`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use safeload::{Checkpoint, Dtype, Strategy};
 use safeload_testfs::{Mount, Options, skip_without_fuse};
 use tempfile::tempdir;

@@ -81,7 +81,7 @@ pub fn check_agreement(results: [Result<StateDict, safeload::Error>; 2]) -> Opti
         (Err(b), Err(m)) => {
             // Reasons included: the same file must fail the same way every
             // time (see `invalid_header_reason_is_the_same_on_every_load` in
-            // tests/malformed.rs, found by this target).
+            // tests/it/malformed, found by this target).
             assert_eq!(b.kind(), m.kind(), "buffered and mapped fail differently");
             assert_eq!(
                 b.path(),
@@ -226,7 +226,7 @@ impl ReferenceTensor<'_> {
 /// * Both refuse, or both accept; the one difference allowed is a tensor
 ///   named twice, which the reference collapses to the last entry and
 ///   safeload refuses, saying so and naming it (the crate docs' "Safety and
-///   limits"; `tests/malformed.rs` and the property tests allow the same
+///   limits"; `tests/it/malformed` and the property tests allow the same
 ///   one). That the header names a tensor twice is found here independently
 ///   ([`tensor_names_written_twice`]), not taken from safeload's reason.
 /// * On accept: the same tensors, with the same dtype, shape, offsets and
@@ -359,7 +359,7 @@ pub type FixtureTensor = (&'static str, Dtype, &'static [usize]);
 
 /// The tensors of the fixed shards next to the fuzzed index, by shard name.
 /// The seed corpus (`fuzz/corpus/seed-index/`, written by
-/// `tests/malformed.rs`) names the same files and tensors.
+/// `tests/it/malformed`) names the same files and tensors.
 pub const INDEX_SHARDS: [(&str, &[FixtureTensor]); 2] = [
     (
         "a.safetensors",

@@ -52,7 +52,7 @@
 //! and the reads of its chunks. A live rank whose only busy reader needs
 //! more than 2 s for one chunk (8 MiB at under 4 MiB/s), with no waiting
 //! reader to beat for it, may see that chunk read a second time, once. In
-//! `a_stopped_rank_is_taken_over_within_seconds` (tests/fuse_prefetch_ranks.rs) the two
+//! `a_stopped_rank_is_taken_over_within_seconds` (tests/it/fuse_prefetch_ranks) the two
 //! running ranks finished 60.1 s after the stop without this rule, 0.56 s
 //! with it (0.31 s with a 250 ms floor, tried first and rejected for the
 //! 209 ms gap above).

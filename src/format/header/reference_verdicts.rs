@@ -246,7 +246,7 @@ fn unknown_fields_are_checked_as_the_reference_checks_them() {
 }
 
 /// The fuzz target's seed corpus, `fuzz/corpus/seed-header/` (every
-/// single-file case of `tests/malformed.rs` up to 4 KB, and valid files),
+/// single-file case of `tests/it/malformed` up to 4 KB, and valid files),
 /// and the corpus a local fuzzing run leaves in `fuzz/corpus/header/`, if
 /// any: the reference accepts exactly what the parser accepts, but for a
 /// tensor named twice, which the reference collapses to the last entry

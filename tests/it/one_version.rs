@@ -65,9 +65,17 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// Runs `publish(round)` in a loop on another thread while `load` runs
-/// `LOADS` times; returns how many loads saw more than one version, and
-/// what each load returned for the caller's own checks.
+/// `LOADS` times; returns what each load returned for the caller's checks.
 fn race<T: Send>(publish: impl Fn(usize) + Sync, load: impl Fn() -> T + Sync) -> Vec<T> {
+    race_n(LOADS, publish, load)
+}
+
+/// [`race`] with `loads` loads.
+fn race_n<T: Send>(
+    loads: usize,
+    publish: impl Fn(usize) + Sync,
+    load: impl Fn() -> T + Sync,
+) -> Vec<T> {
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         scope.spawn(|| {
@@ -80,10 +88,23 @@ fn race<T: Send>(publish: impl Fn(usize) + Sync, load: impl Fn() -> T + Sync) ->
                 std::thread::sleep(Duration::from_micros(300));
             }
         });
-        let results = (0..LOADS).map(|_| load()).collect();
+        let results = (0..loads).map(|_| load()).collect();
         stop.store(true, Ordering::Relaxed);
         results
     })
+}
+
+/// Publishes version `a` or `b` (by `round`) as writers do: a complete file
+/// linked in beside `target` (in `dir`), then renamed over it.
+fn publish_by_rename(dir: &Path, (a, b): (&Path, &Path), target: &Path, round: usize) {
+    let (src, tmp) = if round % 2 == 0 {
+        (b, dir.join("tmp-b"))
+    } else {
+        (a, dir.join("tmp-a"))
+    };
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::hard_link(src, &tmp).unwrap();
+    std::fs::rename(&tmp, target).unwrap();
 }
 
 #[test]
@@ -98,16 +119,7 @@ fn a_file_replaced_by_rename_during_buffered_loads_never_mixes() {
     std::fs::copy(&a, &target).unwrap();
     // Publishing as writers do: a complete file linked in beside the
     // target, then renamed over it.
-    let publish = |round: usize| {
-        let (src, tmp) = if round % 2 == 0 {
-            (&b, dir.join("tmp-b"))
-        } else {
-            (&a, dir.join("tmp-a"))
-        };
-        let _ = std::fs::remove_file(&tmp);
-        std::fs::hard_link(src, &tmp).unwrap();
-        std::fs::rename(&tmp, &target).unwrap();
-    };
+    let publish = |round: usize| publish_by_rename(&dir, (&a, &b), &target, round);
     for direct in [true, false] {
         let loader = Loader::new().disable_mmap(true).direct_io(direct);
         let results = race(publish, || {
@@ -225,16 +237,7 @@ fn a_file_replaced_in_a_fuse_mounts_source_during_loads_never_mixes() {
     std::fs::create_dir_all(&source).unwrap();
     let target = source.join("model.safetensors");
     std::fs::copy(&a, &target).unwrap();
-    let publish = |round: usize| {
-        let (src, tmp) = if round % 2 == 0 {
-            (&b, dir.join("tmp-b"))
-        } else {
-            (&a, dir.join("tmp-a"))
-        };
-        let _ = std::fs::remove_file(&tmp);
-        std::fs::hard_link(src, &tmp).unwrap();
-        std::fs::rename(&tmp, &target).unwrap();
-    };
+    let publish = |round: usize| publish_by_rename(&dir, (&a, &b), &target, round);
     let mount = Mount::new(
         &source,
         Options {
@@ -251,28 +254,13 @@ fn a_file_replaced_in_a_fuse_mounts_source_during_loads_never_mixes() {
     let mut modes = vec![("auto", Loader::new())];
     modes.extend(read_modes());
     for (name, loader) in modes {
-        let stop = AtomicBool::new(false);
-        let results: Vec<_> = std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let mut round = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    publish(round);
-                    round += 1;
-                    std::thread::sleep(Duration::from_micros(300));
-                }
-            });
-            let results = (0..FUSE_LOADS)
-                .map(|_| {
-                    // Cold, as a first load of a new revision: what an
-                    // earlier load left in the page cache is not read.
-                    safeload::evict(&through).unwrap();
-                    let sd = loader.load(&through).unwrap();
-                    let direct = sd.report().files()[0].direct_io();
-                    (versions_seen(&sd), direct)
-                })
-                .collect();
-            stop.store(true, Ordering::Relaxed);
-            results
+        let results = race_n(FUSE_LOADS, publish, || {
+            // Cold, as a first load of a new revision: what an earlier load
+            // left in the page cache is not read.
+            safeload::evict(&through).unwrap();
+            let sd = loader.load(&through).unwrap();
+            let direct = sd.report().files()[0].direct_io();
+            (versions_seen(&sd), direct)
         });
         let mixed = results.iter().filter(|(v, _)| v.len() != 1).count();
         assert_eq!(

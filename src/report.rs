@@ -521,8 +521,10 @@ impl fmt::Display for FileDecision {
                 mode == ReadMode::Buffered
             )?,
         }
-        if let Direct::Refused(e) = &self.direct {
-            write!(f, "; O_DIRECT refused ({e})")?;
+        match &self.direct {
+            Direct::Refused(e) => write!(f, "; O_DIRECT refused ({e})")?,
+            Direct::Dropped(why) => write!(f, "; direct I/O dropped: {why}")?,
+            Direct::Off | Direct::On => {}
         }
         Ok(())
     }

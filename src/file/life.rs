@@ -205,7 +205,7 @@ impl<'a> Filling<'a> {
     pub(crate) fn seal(self) -> Result<Sealed<'a>> {
         let Filling {
             file,
-            plan,
+            mut plan,
             destination,
             convert,
             started_at,
@@ -215,6 +215,11 @@ impl<'a> Filling<'a> {
             populated,
             direct,
         } = self;
+        if direct.0.is_some()
+            && let Some(why) = file.local().take_direct_dropped()
+        {
+            plan.decision.set_direct(Direct::Dropped(why));
+        }
         drop(direct);
         let path = file.path();
         let expected = file.header().file_len();

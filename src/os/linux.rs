@@ -40,10 +40,14 @@ pub(crate) fn open_regular(path: &Path) -> io::Result<File> {
 /// `MADV_POPULATE_READ` (Linux 5.14+, see madvise(2)), which reports an I/O
 /// error or a truncated file as an error instead of raising `SIGBUS`. Where
 /// the kernel lacks it (`EINVAL`), nothing is done: the map stays lazy.
+/// Interrupted by a signal (`EINTR`), the call is made again.
 pub(crate) fn populate_read(map: &Mmap, offset: usize, len: usize) -> io::Result<()> {
-    match map.advise_range(memmap2::Advice::PopulateRead, offset, len) {
-        Err(e) if e.raw_os_error() == Some(super::EINVAL) => Ok(()),
-        other => other,
+    loop {
+        match map.advise_range(memmap2::Advice::PopulateRead, offset, len) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.raw_os_error() == Some(super::EINVAL) => return Ok(()),
+            other => return other,
+        }
     }
 }
 

@@ -96,6 +96,29 @@ pub(crate) const DIRECT_ALIGN: u64 = 4096;
 /// `EINVAL`: what a filesystem answers a direct read it does not support.
 pub(crate) const EINVAL: i32 = 22;
 
+/// Why a read took `O_DIRECT` off its descriptor for the rest of the load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum DirectDropped {
+    /// A read of whole, aligned blocks into an aligned buffer was refused
+    /// (the OS error's text): the filesystem has no usable direct path.
+    Refused(String),
+    /// Reads of whole blocks kept coming back in pieces that are not whole
+    /// blocks (as some network clients answer), so no aligned read made
+    /// progress.
+    Pieces,
+}
+
+impl std::fmt::Display for DirectDropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DirectDropped::Refused(e) => write!(f, "a whole-block read was refused ({e})"),
+            DirectDropped::Pieces => {
+                f.write_str("whole-block reads kept returning pieces that are not whole blocks")
+            }
+        }
+    }
+}
+
 /// Reads into `buf` at `offset` until at least `required` bytes have
 /// arrived (all of `buf` if the file is long enough), retrying short reads
 /// and `EINTR`. On failure returns the offset that failed along with the
@@ -107,35 +130,78 @@ pub(crate) fn read_at_least(
     required: usize,
     offset: u64,
 ) -> Result<(), (u64, io::Error)> {
+    read_at_least_noting(file, buf, required, offset).map(drop)
+}
+
+/// [`read_at_least`], saying whether this read took `O_DIRECT` off the
+/// descriptor, and why.
+///
+/// With `O_DIRECT` set, every read must be whole blocks at a block offset
+/// into an aligned buffer. A short read (a network client, a signal) leaves
+/// the next one at an offset that is not: the bytes from the last whole
+/// block on are then read again through an aligned bounce buffer
+/// ([`bounce`]), and direct reads go on from the next block boundary. Where
+/// the filesystem keeps refusing whole-block reads (`EINVAL`) or answering
+/// them in pieces that are not whole blocks, `O_DIRECT` is cleared from the
+/// same descriptor (`fcntl(F_SETFL)`, never a second open: a second open may
+/// reach another version of the file) and the rest is read through the
+/// page cache.
+pub(crate) fn read_at_least_noting(
+    file: &File,
+    buf: &mut [u8],
+    required: usize,
+    offset: u64,
+) -> Result<Option<DirectDropped>, (u64, io::Error)> {
+    let mut dropped = None;
+    // Whether an `EINVAL` was met after another reader had already taken
+    // `O_DIRECT` off the descriptor (a read under way when it did): the
+    // same read is made once more, without it.
+    let mut raced = false;
     let mut done = 0usize;
     while done < buf.len() {
         let at = offset + done as u64;
         let Some(rest) = buf.get_mut(done..) else {
             break;
         };
-        match pread(file, rest, at) {
-            Ok(0) if done >= required => break,
-            Ok(0) => {
-                return Err((
-                    at,
-                    io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "file ended before the expected length",
-                    ),
-                ));
-            }
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            // A read the descriptor's `O_DIRECT` refuses (an unaligned
-            // buffer, offset or length): the same bytes through an aligned
-            // bounce buffer, from the same open file.
+        let n = match pread(file, rest, at) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // A read the descriptor's `O_DIRECT` refuses: an unaligned
+            // buffer, offset or length (after a short read, or a caller's
+            // range). The same bytes through an aligned bounce buffer, from
+            // the same open file.
             Err(e) if e.raw_os_error() == Some(EINVAL) && is_direct(file) => {
-                return read_bounced(file, rest, required.saturating_sub(done), at);
+                match bounce(file, rest, at) {
+                    Ok(n) => n,
+                    Err(Bounce::Drop(why)) => {
+                        set_direct(file, false).map_err(|e| (at, e))?;
+                        dropped = Some(why);
+                        continue;
+                    }
+                    Err(Bounce::Failed(e)) => return Err((at, e)),
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(EINVAL) && !raced => {
+                raced = true;
+                continue;
             }
             Err(e) => return Err((at, e)),
+        };
+        if n == 0 {
+            if done >= required {
+                break;
+            }
+            return Err((
+                at,
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "file ended before the expected length",
+                ),
+            ));
         }
+        done += n;
     }
-    Ok(())
+    Ok(dropped)
 }
 
 /// Reads exactly `buf.len()` bytes at `offset`; see [`read_at_least`].
@@ -152,74 +218,104 @@ pub(crate) fn read_exact_at(
 /// keeps for it).
 const BOUNCE_PIECE: usize = 8 << 20;
 
+/// How many reads of whole blocks in a row may come back in pieces that
+/// are not whole blocks, with no whole block gained, before a bounced read
+/// gives direct I/O up.
+const PIECES_TOLERATED: u32 = 3;
+
 thread_local! {
     /// A reader's aligned bounce buffer, kept for its next unaligned read.
     static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// [`read_at_least`] for a descriptor with `O_DIRECT` set, for a buffer,
-/// offset or length that direct I/O refuses: whole aligned blocks are read
-/// into a buffer aligned for them, and the bytes asked for copied out.
+/// Why a bounced read did not complete.
+enum Bounce {
+    /// Direct reads cannot go on; the caller clears `O_DIRECT`.
+    Drop(DirectDropped),
+    /// The read failed.
+    Failed(io::Error),
+}
+
+/// One bounced read for a descriptor with `O_DIRECT` set: the whole blocks
+/// covering the start of `dst` (up to [`BOUNCE_PIECE`]) are read into an
+/// aligned buffer, and the bytes asked for copied out. Returns how many
+/// bytes of `dst` were filled, 0 at the end of the file; short of `dst` at
+/// the end of the file or where the piece ends.
+///
+/// A short answer that ends inside a block is read again from the start of
+/// that block (the overlap read twice), so every request stays whole blocks.
 // NOTE: a descriptor keeps `O_DIRECT` for the few reads of a load that are
 // not whole blocks (the header prefix a verified load hashes, converted
 // tensors read from the file, a partial read racing a load of the same
-// checkpoint) rather than opening the file a second time without it: on FUSE
-// a second open can reach another version of the file (issue 16).
-fn read_bounced(
-    file: &File,
-    dst: &mut [u8],
-    required: usize,
-    offset: u64,
-) -> Result<(), (u64, io::Error)> {
+// checkpoint, the rest of a block after a short read) rather than opening
+// the file a second time without it: on FUSE a second open can reach another
+// version of the file (issue 16).
+fn bounce(file: &File, dst: &mut [u8], at: u64) -> Result<usize, Bounce> {
     let align = DIRECT_ALIGN as usize;
     BOUNCE.with(|bounce| {
         let mut bounce = bounce.borrow_mut();
-        let mut done = 0usize;
-        while done < dst.len() {
-            let at = offset + done as u64;
-            let skip = (at % DIRECT_ALIGN) as usize;
-            let want = (dst.len() - done).min(BOUNCE_PIECE);
-            let span = (skip + want).next_multiple_of(align);
-            if bounce.len() < span + align {
-                bounce.resize(span + align, 0);
-            }
-            let start = bounce.as_ptr().align_offset(align);
-            let Some(block) = bounce.get_mut(start..start + span) else {
-                return Err((at, io::Error::other("bounce buffer out of range")));
+        let skip = (at % DIRECT_ALIGN) as usize;
+        let want = dst.len().min(BOUNCE_PIECE);
+        let span = (skip + want).next_multiple_of(align);
+        if bounce.len() < span + align {
+            bounce.resize(span + align, 0);
+        }
+        let start = bounce.as_ptr().align_offset(align);
+        let Some(block) = bounce.get_mut(start..start + span) else {
+            return Err(Bounce::Failed(io::Error::other(
+                "bounce buffer out of range",
+            )));
+        };
+        let base = at - skip as u64;
+        // Bytes of `block` read so far; every request starts at a whole
+        // block of it.
+        let mut got = 0usize;
+        let mut pieces = 0u32;
+        while got < span {
+            let whole = got / align * align;
+            let Some(rest) = block.get_mut(whole..) else {
+                break;
             };
-            let mut got = 0usize;
-            while got < span {
-                let Some(rest) = block.get_mut(got..) else {
-                    break;
-                };
-                match pread(file, rest, at - skip as u64 + got as u64) {
-                    Ok(0) => break,
-                    Ok(n) => got += n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err((at, e)),
+            match pread(file, rest, base + whole as u64) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let reached = whole + n;
+                    got = got.max(reached);
+                    if reached % align == 0 || reached >= span {
+                        pieces = 0;
+                        continue;
+                    }
+                    // The answer ends inside a block: the end of the file,
+                    // or a piece; the next read starts again from the last
+                    // whole block.
+                    let len = file.metadata().map_err(Bounce::Failed)?.len();
+                    if base + reached as u64 >= len {
+                        break;
+                    }
+                    if reached / align * align > whole {
+                        pieces = 0;
+                    } else {
+                        pieces += 1;
+                        if pieces >= PIECES_TOLERATED {
+                            return Err(Bounce::Drop(DirectDropped::Pieces));
+                        }
+                    }
                 }
-            }
-            let n = got.saturating_sub(skip).min(want);
-            let (Some(from), Some(to)) = (block.get(skip..skip + n), dst.get_mut(done..done + n))
-            else {
-                return Err((at, io::Error::other("bounce buffer out of range")));
-            };
-            to.copy_from_slice(from);
-            done += n;
-            if n < want {
-                // End of file: enough if the bytes required have arrived.
-                if done >= required {
-                    return Ok(());
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // Whole blocks into an aligned buffer, refused.
+                Err(e) if e.raw_os_error() == Some(EINVAL) => {
+                    return Err(Bounce::Drop(DirectDropped::Refused(e.to_string())));
                 }
-                return Err((
-                    offset + done as u64,
-                    io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "file ended before the expected length",
-                    ),
-                ));
+                Err(e) => return Err(Bounce::Failed(e)),
             }
         }
-        Ok(())
+        let n = got.saturating_sub(skip).min(want);
+        let (Some(from), Some(to)) = (block.get(skip..skip + n), dst.get_mut(..n)) else {
+            return Err(Bounce::Failed(io::Error::other(
+                "bounce buffer out of range",
+            )));
+        };
+        to.copy_from_slice(from);
+        Ok(n)
     })
 }

@@ -43,6 +43,9 @@ pub(crate) enum Direct {
     On,
     /// Asked for, refused by the file or its filesystem.
     Refused(String),
+    /// Used, then given up during the reads (the rest of the file read
+    /// through the page cache), for this reason.
+    Dropped(crate::os::DirectDropped),
 }
 
 impl FileDecision {
@@ -429,6 +432,14 @@ mod tests {
             "{d}"
         );
         assert!(!d.direct_io());
+        d.set_direct(Direct::Dropped(crate::os::DirectDropped::Pieces));
+        assert!(
+            d.to_string().ends_with(
+                "; direct I/O dropped: whole-block reads kept returning pieces that are not \
+                 whole blocks"
+            ),
+            "{d}"
+        );
 
         let mut d = choose(ReadMode::Auto, Origin::Default, Some(&mount(HF)));
         d.set_direct(Direct::On);

@@ -3,12 +3,13 @@
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use memmap2::Mmap;
 
 use super::{Source, Version, VersionTag};
 use crate::mount::{self, Mount, MountTable};
-use crate::os;
+use crate::os::{self, DirectDropped};
 use crate::storage;
 
 /// A local file, opened once: its descriptor, the path it was opened by and
@@ -24,6 +25,9 @@ pub(crate) struct LocalFile {
     file: File,
     mount: Option<Mount>,
     version: Version,
+    /// Why a read took `O_DIRECT` off the descriptor during the load under
+    /// way, until the file's seal takes it for the report.
+    direct_dropped: Mutex<Option<DirectDropped>>,
 }
 
 impl LocalFile {
@@ -56,6 +60,7 @@ impl LocalFile {
                 len: meta.len(),
                 tag,
             },
+            direct_dropped: Mutex::new(None),
         })
     }
 
@@ -76,7 +81,19 @@ impl LocalFile {
 
     /// Turns `O_DIRECT` on or off for every read through the descriptor.
     pub(crate) fn set_direct(&self, on: bool) -> io::Result<()> {
+        if on {
+            self.take_direct_dropped();
+        }
         os::set_direct(&self.file, on)
+    }
+
+    /// Why a read took `O_DIRECT` off the descriptor since it was last
+    /// turned on, if one did (`os::read_at_least_noting`).
+    pub(crate) fn take_direct_dropped(&self) -> Option<DirectDropped> {
+        self.direct_dropped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
     }
 
     /// Whether at least half of the file's pages are in the page cache (by
@@ -107,7 +124,14 @@ impl Source for LocalFile {
         required: usize,
         offset: u64,
     ) -> Result<(), (u64, io::Error)> {
-        os::read_at_least(&self.file, dst, required, offset)
+        let dropped = os::read_at_least_noting(&self.file, dst, required, offset)?;
+        if let Some(why) = dropped {
+            *self
+                .direct_dropped
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(why);
+        }
+        Ok(())
     }
 
     fn mount(&self) -> Option<&Mount> {

@@ -257,7 +257,7 @@ impl Filesystem for TestFs {
             Ok(opened) => opened,
             Err(e) => return reply.error(e),
         };
-        let direct_io = self.direct_io || self.shared.short_reads.load(Ordering::Relaxed);
+        let direct_io = self.direct_io || self.shared.faults_need_direct_io();
         let fh = self.new_fh();
         lock(&self.files).insert(
             fh,

@@ -76,7 +76,8 @@
 //!   32 MiB); [`Mount::forget_fetched`] makes them all cold again, and [`Stats::fetches`] and
 //!   [`Mount::file_stats`] count the fetches. The cap counts answered bytes only: a fetch
 //!   moves none.
-//! - **Page cache.** Unless [`Options::direct_io`] or [`Options::short_reads`] is set, files are
+//! - **Page cache.** Unless [`Options::direct_io`], [`Options::short_reads`] or
+//!   [`Options::interrupt_every`] is set, files are
 //!   opened with `FOPEN_KEEP_CACHE`: as on NFS, the page cache of a file survives close and
 //!   reopen, so a prefetch pass followed by a second open finds warm pages. The kernel
 //!   reads ahead on its own, so [`Stats`] count what the kernel asked for, not what the
@@ -276,6 +277,12 @@ pub struct Options {
     /// `mmap` files on such a mount: faults go through the page cache, where a short answer
     /// makes the kernel take the file for shorter than it is.
     pub short_reads: bool,
+    /// Answer every `N`th `READ` (counted over the mount) with `EINTR`, as a network
+    /// filesystem's client does when a signal arrives during a request. As with
+    /// [`short_reads`](Self::short_reads), files are then opened with `FOPEN_DIRECT_IO`, so that
+    /// the error reaches the application's `read()` and `pread()` (through the page cache a
+    /// failed read-ahead would be retried or turned into `EIO`). `Some(0)` is taken as `None`.
+    pub interrupt_every: Option<u32>,
     /// A `READ` of this file (a path relative to the source directory) whose range
     /// `[offset, offset + size)` contains this offset answers `EIO`. Through the page cache
     /// the kernel reads whole pages and reads ahead: an application read that ends shortly
@@ -311,6 +318,7 @@ impl Default for Options {
             fetch_block: DEFAULT_FETCH_BLOCK,
             max_background: None,
             short_reads: false,
+            interrupt_every: None,
             eio_at: None,
             direct_io: false,
         }
@@ -382,6 +390,8 @@ pub struct Stats {
     /// `READ` requests that found a block they need already being fetched by another and
     /// waited for that fetch instead of starting one.
     pub joined_fetches: u64,
+    /// `READ` requests answered with `EINTR` ([`Options::interrupt_every`]).
+    pub interrupted: u64,
 }
 
 /// A snapshot of the `READ` counters of one file, from [`Mount::file_stats`]. Counted when
@@ -411,12 +421,17 @@ pub(crate) struct Shared {
     pub(crate) max_queued: AtomicU64,
     pub(crate) fetches: AtomicU64,
     pub(crate) joined_fetches: AtomicU64,
+    pub(crate) interrupted: AtomicU64,
     /// Bumped by [`Mount::forget_fetched`]; the read path forgets its fetched blocks when it
     /// sees a new value, under its own lock, so that no decision mixes the two.
     pub(crate) forget_generation: AtomicU64,
     /// Counters per file, by path relative to the source (normalized).
     pub(crate) files: Mutex<HashMap<Arc<Path>, FileStats>>,
     pub(crate) short_reads: AtomicBool,
+    /// [`Options::interrupt_every`], 0 for never.
+    pub(crate) interrupt_every: AtomicU64,
+    /// `READ`s counted for [`Options::interrupt_every`].
+    pub(crate) interrupt_count: AtomicU64,
     /// The file (as normal components relative to the source) and offset that fail.
     pub(crate) eio_at: Mutex<Option<(PathBuf, u64)>>,
 }
@@ -427,6 +442,10 @@ impl Shared {
         shared
             .short_reads
             .store(options.short_reads, Ordering::Relaxed);
+        shared.interrupt_every.store(
+            u64::from(options.interrupt_every.unwrap_or(0)),
+            Ordering::Relaxed,
+        );
         shared.set_eio_at(options.eio_at.clone());
         shared
     }
@@ -434,6 +453,26 @@ impl Shared {
     fn set_eio_at(&self, eio_at: Option<(String, u64)>) {
         let eio_at = eio_at.map(|(file, offset)| (normalize(Path::new(&file)), offset));
         *self.eio_at.lock().unwrap_or_else(PoisonError::into_inner) = eio_at;
+    }
+
+    /// Whether files are opened with `FOPEN_DIRECT_IO` for a fault that must reach the
+    /// application's reads whole.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn faults_need_direct_io(&self) -> bool {
+        self.short_reads.load(Ordering::Relaxed)
+            || self.interrupt_every.load(Ordering::Relaxed) != 0
+    }
+
+    /// Whether this `READ` answers `EINTR` ([`Options::interrupt_every`]).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn interrupts(&self) -> bool {
+        let every = self.interrupt_every.load(Ordering::Relaxed);
+        let interrupts = every != 0
+            && (self.interrupt_count.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(every);
+        if interrupts {
+            self.interrupted.fetch_add(1, Ordering::Relaxed);
+        }
+        interrupts
     }
 
     /// Whether a `READ` of `file` (relative, normalized) covering `[offset, offset + size)`
@@ -577,6 +616,7 @@ impl Mount {
             max_queued: s.max_queued.load(Ordering::Relaxed),
             fetches: s.fetches.load(Ordering::Relaxed),
             joined_fetches: s.joined_fetches.load(Ordering::Relaxed),
+            interrupted: s.interrupted.load(Ordering::Relaxed),
         }
     }
 
@@ -605,6 +645,7 @@ impl Mount {
         s.max_request_bytes.store(0, Ordering::Relaxed);
         s.fetches.store(0, Ordering::Relaxed);
         s.joined_fetches.store(0, Ordering::Relaxed);
+        s.interrupted.store(0, Ordering::Relaxed);
         s.max_in_flight
             .store(s.in_flight.load(Ordering::Relaxed), Ordering::Relaxed);
         s.max_queued
@@ -651,6 +692,14 @@ impl Mount {
         self.shared
             .short_reads
             .store(short_reads, Ordering::Relaxed);
+    }
+
+    /// Changes [`Options::interrupt_every`] on the running mount, for files opened from now on
+    /// (as [`set_short_reads`](Self::set_short_reads)); `None` stops the interruptions.
+    pub fn set_interrupt_every(&self, every: Option<u32>) {
+        self.shared
+            .interrupt_every
+            .store(u64::from(every.unwrap_or(0)), Ordering::Relaxed);
     }
 }
 

@@ -377,6 +377,8 @@ impl Pool {
         }
         let result = if s.fails(&job.path, job.offset, u64::from(job.size)) {
             Err(Errno::EIO)
+        } else if job.direct_io && s.interrupts() {
+            Err(Errno::EINTR)
         } else {
             let mut want = job.size as usize;
             if job.direct_io && s.short_reads.load(Ordering::Relaxed) {

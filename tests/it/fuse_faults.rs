@@ -60,6 +60,50 @@ fn short_reads_are_retried_until_done() {
     }
 }
 
+/// Short answers and `EINTR` together, every read mode with direct I/O on
+/// and off: the bytes of a plain read. Mapped loads are left out: on a mount
+/// that answers short, the kernel takes a short answer to a page fault for
+/// the end of the file (`Options::short_reads`), which no reader can undo;
+/// a map asked for here is refused by the file's `FOPEN_DIRECT_IO` or read
+/// through it, so the mapped mode is covered by `short_reads::` on a local
+/// disk instead.
+#[test]
+fn short_and_interrupted_reads_are_retried_in_every_mode() {
+    if skip_without_fuse() {
+        return;
+    }
+    let dir = tempdir().unwrap();
+    let specs = specs();
+    write_sharded(dir.path(), &specs, 2);
+    let fs = Mount::new(
+        dir.path(),
+        Options {
+            short_reads: true,
+            interrupt_every: Some(3),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let mut modes: Vec<(&str, Loader)> = read_modes()
+        .into_iter()
+        .filter(|(name, _)| *name != "mmap")
+        .collect();
+    modes.push(("auto", Loader::new()));
+    for (name, loader) in modes {
+        fs.reset_stats();
+        let sd = loader
+            .load(fs.path())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(loaded(&sd), sorted(&specs), "{name}");
+        // Every answer was short or interrupted, so the engine asked again.
+        let stats = fs.stats();
+        assert!(
+            stats.interrupted > 0 && stats.read_requests > 2 * stats.interrupted,
+            "{name}: {stats:?}"
+        );
+    }
+}
+
 #[test]
 fn eio_names_the_file_and_the_offset() {
     if skip_without_fuse() {

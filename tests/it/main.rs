@@ -36,6 +36,7 @@ mod policy;
 mod prefetch;
 mod progress;
 mod properties;
+mod short_reads;
 mod slice;
 mod stream;
 mod verify;

@@ -622,15 +622,19 @@ fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
                 other => return Err(format!("unknown arm {other}")),
             };
             let sd = loader.load(path).map_err(|e| e.to_string())?;
-            let files = sd.report().files();
-            let direct = files.iter().filter(|f| f.direct_io()).count();
+            let files = &sd.report().files;
+            let direct = files
+                .iter()
+                .filter(|f| f.direct_io == safeload::report::DirectIo::On)
+                .count();
             let buffered = files
                 .iter()
-                .filter(|f| f.strategy() == safeload::Strategy::Buffered)
+                .filter(|f| f.strategy == safeload::report::Strategy::Buffered)
                 .count();
             let io = sd
                 .report()
-                .io_concurrency_reason()
+                .io_concurrency_reason
+                .as_ref()
                 .map(|r| format!("; {r}"))
                 .unwrap_or_default();
             eprintln!(

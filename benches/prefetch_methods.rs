@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use safeload::{PrefetchMethod, PrefetchOptions};
+use safeload::{PrefetchOptions, report::PrefetchMethod};
 use safeload_testfs::{Mount, Options, fuse_available};
 
 mod common;
@@ -136,13 +136,13 @@ fn main() {
             let start = Instant::now();
             let report = one_rank().prefetch_with(options).warm(path).unwrap();
             let secs = start.elapsed().as_secs_f64();
-            assert_eq!(report.method(), *method);
-            assert_eq!(report.resident_before(), 0, "cold: {report}");
-            let missing = size - report.resident_after().unwrap_or(0);
+            assert_eq!(report.method, *method);
+            assert_eq!(report.resident_before, 0, "cold: {report}");
+            let missing = size - report.resident_after.unwrap_or(0);
             println!(
                 "round {round}: {place:>10} {method:>8} x{streams}: {secs:.3} s ({:.2} GiB/s), re-read {} B, not resident at the end {missing} B",
                 size as f64 / secs / (1u64 << 30) as f64,
-                report.reread()
+                report.reread
             );
             times[i].push(secs);
         }
@@ -156,7 +156,7 @@ fn main() {
         let start = Instant::now();
         let report = one_rank().warm(&local).unwrap();
         warm_prefetch.push(start.elapsed().as_secs_f64());
-        assert_eq!(report.warmed(), 0, "{report}");
+        assert_eq!(report.warmed, 0, "{report}");
         let start = Instant::now();
         let sd = safeload::Loader::new()
             .disable_mmap(false)

@@ -2,8 +2,10 @@
 //!
 //! ```text
 //! cargo run --release --example load                       # a built-in demo checkpoint
-//! cargo run --release --example load -- PATH [--disable-mmap | --mmap] [--threads N] [--io N] [--chunk-mib N] [--json]
+//! cargo run --release --example load -- PATH [--disable-mmap | --mmap] [--threads N] [--io N] [--chunk-mib N]
 //! ```
+//!
+//! The report as JSON is the CLI's: `safeload load PATH --json`.
 //!
 //! With no PATH it writes a small sharded demo checkpoint (several dtypes,
 //! three shards) to a temporary directory and loads that.
@@ -20,11 +22,10 @@ struct Args {
     threads: Option<usize>,
     io: Option<usize>,
     chunk_mib: Option<usize>,
-    json: bool,
 }
 
 const USAGE: &str =
-    "usage: load [PATH] [--disable-mmap | --mmap] [--threads N] [--io N] [--chunk-mib N] [--json]";
+    "usage: load [PATH] [--disable-mmap | --mmap] [--threads N] [--io N] [--chunk-mib N]";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
@@ -33,7 +34,6 @@ fn parse_args() -> Result<Args, String> {
         threads: None,
         io: None,
         chunk_mib: None,
-        json: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -48,7 +48,6 @@ fn parse_args() -> Result<Args, String> {
             "--threads" => args.threads = Some(number("--threads")?),
             "--io" => args.io = Some(number("--io")?),
             "--chunk-mib" => args.chunk_mib = Some(number("--chunk-mib")?),
-            "--json" => args.json = true,
             "-h" | "--help" => return Err(USAGE.to_string()),
             flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}\n{USAGE}")),
             path if args.path.is_none() => args.path = Some(PathBuf::from(path)),
@@ -64,12 +63,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(path) => path.clone(),
         None => {
             let index = safeload::demo::write(demo.path())?;
-            if !args.json {
-                println!(
-                    "no path given: wrote a demo checkpoint to {}",
-                    demo.path().display()
-                );
-            }
+            println!(
+                "no path given: wrote a demo checkpoint to {}",
+                demo.path().display()
+            );
             index
         }
     };
@@ -93,35 +90,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Throughput of bytes actually read: none for files mapped lazily.
     let gib_s = sd.report().gib_per_s();
 
-    if args.json {
-        let files: Vec<_> = sd
-            .report()
-            .files()
-            .iter()
-            .map(|f| {
-                serde_json::json!({
-                    "path": f.path(),
-                    "size": f.size(),
-                    "tensors": f.tensors(),
-                    "strategy": f.strategy().as_str(),
-                    "direct_io": f.direct_io(),
-                    "reason": f.reason(),
-                    "filesystem": f.mount().map(|m| m.kind.as_str()),
-                    "seconds": f.elapsed().as_secs_f64(),
-                })
-            })
-            .collect();
-        let out = serde_json::json!({
-            "path": path,
-            "tensors": sd.len(),
-            "bytes": bytes,
-            "seconds": seconds,
-            "bytes_read": sd.report().bytes_read(),
-            "read_gib_per_s": gib_s,
-            "files": files,
-        });
-        println!("{out}");
-    } else {
+    {
         let rate = gib_s.map_or_else(
             || "mapped: pages are read when first touched".to_string(),
             |r| format!("{r:.2} GiB/s read"),

@@ -74,7 +74,7 @@ pub fn candle_dtype(dtype: Dtype) -> Result<DType> {
         Dtype::F6_E3M2 => DType::F6E3M2,
         other => {
             return Err(Error::without_path(ErrorKind::UnsupportedConversion {
-                tensor: String::new(),
+                tensor: None,
                 from: other,
                 to: other,
             }));
@@ -251,19 +251,14 @@ impl StateDict {
 /// mapped, positional reads straight into candle's storage where it is
 /// not), so a buffered load holds one copy, candle's.
 #[derive(Debug, Clone)]
-pub struct CheckpointBackend {
+pub(crate) struct CheckpointBackend {
     checkpoint: Checkpoint,
 }
 
 impl CheckpointBackend {
     /// A backend over `checkpoint`.
-    pub fn new(checkpoint: Checkpoint) -> CheckpointBackend {
+    pub(crate) fn new(checkpoint: Checkpoint) -> CheckpointBackend {
         CheckpointBackend { checkpoint }
-    }
-
-    /// The checkpoint it reads.
-    pub fn checkpoint(&self) -> &Checkpoint {
-        &self.checkpoint
     }
 
     fn load(

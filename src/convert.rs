@@ -142,7 +142,7 @@ pub fn convert(from: Dtype, to: Dtype, src: &[u8], dst: &mut [u8]) -> Result<Con
     }
     let (Some(source), Some(target)) = (Source::of(from), Target::of(to)) else {
         return Err(Error::without_path(ErrorKind::UnsupportedConversion {
-            tensor: String::new(),
+            tensor: None,
             from,
             to,
         }));
@@ -206,7 +206,7 @@ fn check_length(dst: &[u8], expected: Option<usize>) -> Result<()> {
 fn length_mismatch(expected: Option<usize>, actual: usize) -> Error {
     let bytes = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     Error::without_path(ErrorKind::LengthMismatch {
-        tensor: String::new(),
+        tensor: None,
         expected: expected.map_or(u64::MAX, bytes),
         actual: bytes(actual),
     })

@@ -6,6 +6,7 @@ use half::{bf16, f16};
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 
+use crate::error::Operation;
 use crate::error::{Error, Result};
 
 /// Writes the demo checkpoint into `dir` (which must exist): three shards of
@@ -74,7 +75,7 @@ pub fn write(dir: &Path) -> Result<PathBuf> {
     let index = dir.join("model.safetensors.index.json");
     let body = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
     let text = serde_json::to_vec_pretty(&body).map_err(|e| failed(&index, e))?;
-    std::fs::write(&index, text).map_err(|e| Error::io("writing", &index, None, e))?;
+    std::fs::write(&index, text).map_err(|e| Error::io(Operation::Write, &index, None, e))?;
     Ok(index)
 }
 
@@ -98,7 +99,7 @@ fn values(dtype: Dtype, n: usize, shard: usize) -> Vec<u8> {
 
 fn failed(path: &Path, error: impl std::fmt::Display) -> Error {
     Error::io(
-        "writing",
+        Operation::Write,
         path,
         None,
         std::io::Error::other(error.to_string()),

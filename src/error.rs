@@ -12,30 +12,120 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// An error from loading a checkpoint or reading a tensor.
 ///
 /// It carries what went wrong ([`Error::kind`]), the file it went wrong on
-/// ([`Error::path`]) and, for I/O, the underlying cause (through
-/// [`std::error::Error::source`]). `Display` prints this layer's message and the
-/// path once; the cause is left to `source()` so that error reporters such as
-/// `anyhow` do not print it twice.
+/// ([`Error::path`]) and, for I/O, the OS's error ([`Error::io_error`]).
+/// `Display` prints the path, this layer's message and, for I/O, the OS's
+/// reason, once: `/m/model.safetensors: I/O error while opening: No such
+/// file or directory`. Since the reason is in the message,
+/// [`source`](std::error::Error::source) gives what lies below the OS error
+/// (usually nothing), so that reporters such as `anyhow` do not print it
+/// twice.
+///
+/// Programs branch on [`is_not_found`](Error::is_not_found) ("the
+/// checkpoint, a file of it or a tensor is missing"),
+/// [`is_corrupt`](Error::is_corrupt) ("the bytes are not a valid
+/// checkpoint") and [`ErrorKind::Io`] (the storage failed), or match the
+/// [`ErrorKind`] for the details.
 ///
 /// ```
-/// use safeload::{ErrorKind, load_state_dict};
+/// use safeload::{ErrorKind, Operation, load_state_dict};
 ///
 /// let err = load_state_dict("/no/such/checkpoint", None).unwrap_err();
-/// assert!(matches!(err.kind(), ErrorKind::Io { .. }));
+/// assert!(err.is_not_found() && !err.is_corrupt());
+/// assert!(matches!(err.kind(), ErrorKind::Io { operation: Operation::Stat, .. }));
 /// assert_eq!(err.path().unwrap(), std::path::Path::new("/no/such/checkpoint"));
+/// assert_eq!(
+///     err.to_string(),
+///     "/no/such/checkpoint: I/O error while reading the metadata: No such file or directory (os error 2)"
+/// );
 /// ```
 #[derive(thiserror::Error)]
 #[error(transparent)]
 pub struct Error(Box<Inner>);
 
+/// What an I/O call that failed was doing ([`ErrorKind::Io`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Operation {
+    /// Opening a file, or the checkpoint's directory.
+    Open,
+    /// Listing the checkpoint's directory.
+    List,
+    /// Reading a file's metadata (its length, its version).
+    Stat,
+    /// Reading a file's bytes.
+    Read,
+    /// Mapping a file into memory.
+    Map,
+    /// Faulting a map's pages in (`Loader::populate`).
+    Populate,
+    /// Allocating the memory a file's tensors are read into.
+    Allocate,
+    /// Making a filled buffer read-only.
+    Seal,
+    /// Converting tensors read from a file.
+    Convert,
+    /// Computing a file's SHA-256.
+    Hash,
+    /// Warming the page cache with a file.
+    Prefetch,
+    /// Dropping a file from the page cache.
+    Evict,
+    /// Writing a file (the demo checkpoint).
+    Write,
+}
+
+impl Operation {
+    /// The operation in words, as `Display` says it after "while".
+    fn words(self) -> &'static str {
+        match self {
+            Operation::Open => "opening",
+            Operation::List => "listing",
+            Operation::Stat => "reading the metadata",
+            Operation::Read => "reading",
+            Operation::Map => "mapping",
+            Operation::Populate => "populating the map",
+            Operation::Allocate => "allocating a buffer",
+            Operation::Seal => "sealing the buffer",
+            Operation::Convert => "converting",
+            Operation::Hash => "hashing",
+            Operation::Prefetch => "prefetching",
+            Operation::Evict => "evicting from the page cache",
+            Operation::Write => "writing",
+        }
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.words())
+    }
+}
+
 /// Boxed so that `Result<T, Error>` stays one pointer wide.
-#[derive(thiserror::Error, Debug)]
-#[error("{}{kind}", Prefix(path.as_deref()))]
+#[derive(Debug)]
 struct Inner {
     kind: ErrorKind,
     path: Option<PathBuf>,
-    #[source]
     source: Option<io::Error>,
+}
+
+impl fmt::Display for Inner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", Prefix(self.path.as_deref()), self.kind)?;
+        // The OS's reason is part of the message ("... while opening:
+        // No such file or directory"), so that a plain `{}` says what
+        // happened; `source()` then skips the `io::Error` (see `Error`).
+        if let Some(cause) = &self.source {
+            write!(f, ": {cause}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Inner {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_ref().and_then(|e| e.source())
+    }
 }
 
 /// `"<path>: "` where there is a path, nothing otherwise.
@@ -57,11 +147,11 @@ impl fmt::Display for Prefix<'_> {
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// An I/O call failed; the `io::Error` is the [`source`](std::error::Error::source).
+    /// An I/O call failed; [`Error::io_error`] gives the OS's error.
     #[error("I/O error while {operation}{}", at_offset(*offset))]
     Io {
-        /// What was being done: "opening", "reading", "mapping", ...
-        operation: &'static str,
+        /// What was being done.
+        operation: Operation,
         /// The byte offset in the file, for reads.
         offset: Option<u64>,
     },
@@ -177,10 +267,10 @@ pub enum ErrorKind {
         available: u64,
     },
     /// A dtype conversion between these two types is not supported.
-    #[error("cannot convert {}{from} to {to}", of_tensor(tensor))]
+    #[error("cannot convert {}{from} to {to}", of_tensor(tensor.as_deref()))]
     UnsupportedConversion {
-        /// The tensor's name, where one is involved (empty otherwise).
-        tensor: String,
+        /// The tensor's name, where one is involved.
+        tensor: Option<String>,
         /// The source dtype.
         from: Dtype,
         /// The requested dtype.
@@ -225,11 +315,11 @@ pub enum ErrorKind {
     /// A destination buffer does not have the length the data needs.
     #[error(
         "buffer of {actual} bytes given {}where {expected} are needed",
-        for_tensor(tensor)
+        for_tensor(tensor.as_deref())
     )]
     LengthMismatch {
-        /// The tensor's name, where one is involved (empty otherwise).
-        tensor: String,
+        /// The tensor's name, where one is involved.
+        tensor: Option<String>,
         /// The bytes needed.
         expected: u64,
         /// The bytes given.
@@ -257,8 +347,43 @@ impl Error {
             | ErrorKind::Misaligned { tensor, .. }
             | ErrorKind::TensorNotFound { tensor }
             | ErrorKind::InvalidSlice { tensor, .. } => Some(tensor),
+            ErrorKind::UnsupportedConversion { tensor, .. }
+            | ErrorKind::LengthMismatch { tensor, .. } => tensor.as_deref(),
             _ => None,
         }
+    }
+
+    /// Whether something asked for does not exist: the checkpoint or one
+    /// of its files (an open that failed with `ENOENT`), a directory with
+    /// no checkpoint in it, or a tensor of that name.
+    pub fn is_not_found(&self) -> bool {
+        match &self.0.kind {
+            ErrorKind::Io { .. } => self
+                .io_error()
+                .is_some_and(|e| e.kind() == io::ErrorKind::NotFound),
+            ErrorKind::NoCheckpoint { .. } | ErrorKind::TensorNotFound { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// Whether the bytes are not a valid checkpoint: a header, an index or
+    /// a length that breaks the format's rules, a shard name that escapes
+    /// the directory, a tensor twice or in the wrong shard, or a file whose
+    /// SHA-256 is not the one expected. Reading it again will not help.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(
+            self.0.kind,
+            ErrorKind::FileTooSmall { .. }
+                | ErrorKind::HeaderTooLarge { .. }
+                | ErrorKind::HeaderOutOfBounds { .. }
+                | ErrorKind::InvalidHeader { .. }
+                | ErrorKind::SizeMismatch { .. }
+                | ErrorKind::InvalidIndex { .. }
+                | ErrorKind::UnsafeShardName { .. }
+                | ErrorKind::TensorNotInShard { .. }
+                | ErrorKind::DuplicateTensor { .. }
+                | ErrorKind::IntegrityMismatch { .. }
+        )
     }
 
     /// The underlying I/O error, for [`ErrorKind::Io`].
@@ -291,7 +416,7 @@ impl Error {
     }
 
     pub(crate) fn io(
-        operation: &'static str,
+        operation: Operation,
         path: impl Into<PathBuf>,
         offset: Option<u64>,
         source: io::Error,
@@ -331,20 +456,16 @@ fn size_mismatch(expected: u64, actual: u64) -> String {
     }
 }
 
-fn of_tensor(tensor: &str) -> String {
-    if tensor.is_empty() {
-        String::new()
-    } else {
-        format!("tensor {tensor:?} from ")
-    }
+fn of_tensor(tensor: Option<&str>) -> String {
+    tensor
+        .map(|t| format!("tensor {t:?} from "))
+        .unwrap_or_default()
 }
 
-fn for_tensor(tensor: &str) -> String {
-    if tensor.is_empty() {
-        String::new()
-    } else {
-        format!("for tensor {tensor:?} ")
-    }
+fn for_tensor(tensor: Option<&str>) -> String {
+    tensor
+        .map(|t| format!("for tensor {t:?} "))
+        .unwrap_or_default()
 }
 
 impl fmt::Debug for Error {

@@ -2,6 +2,7 @@
 
 use std::fs::File;
 
+use crate::error::Operation;
 use crate::source::Source;
 use std::io;
 use std::sync::Mutex;
@@ -118,7 +119,7 @@ pub(crate) struct Tagged<'a> {
 pub(crate) struct JobError {
     pub file_index: usize,
     /// What was being done, for the error: "reading", or populating a map.
-    pub operation: &'static str,
+    pub operation: Operation,
     pub offset: u64,
     pub error: io::Error,
 }
@@ -288,9 +289,9 @@ pub(crate) fn run<'a>(
                 continue;
             };
             let operation = match tagged.job {
-                Job::Read { .. } => "reading",
-                Job::Convert { .. } => "converting",
-                Job::Populate { .. } => "populating the map",
+                Job::Read { .. } => Operation::Read,
+                Job::Convert { .. } => Operation::Convert,
+                Job::Populate { .. } => Operation::Populate,
             };
             match execute(tagged.job) {
                 Ok(outcome) => {

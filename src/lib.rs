@@ -13,6 +13,27 @@
 //! a memory cap), converting dtypes on the way ([`Loader::dtype`]); the
 //! `candle` feature plugs it into candle's `VarBuilder`.
 //!
+//! # Which call do I use
+//!
+//! | task | the call |
+//! |---|---|
+//! | load everything, the strategy decided per file | [`load_state_dict(path, None)`](load_state_dict) |
+//! | load everything read into memory (or mapped) | [`load_state_dict(path, Some(true))`](load_state_dict), or [`Loader::disable_mmap`] |
+//! | set threads, reads in flight, conversion, checks | [`Loader`], then [`Loader::load`] |
+//! | headers only, then the tensors an engine asks for | [`Checkpoint::open`], then [`Checkpoint::read`] |
+//! | a rank's tensor-parallel part (and which rows it is) | [`Checkpoint::shard`] ([`TensorInfo::shard_range`]) |
+//! | a slice of a tensor | [`Checkpoint::read_slice`] |
+//! | into memory the engine owns | [`Checkpoint::read_into`] |
+//! | a subset of the tensors, as a state dict | [`Checkpoint::load_filtered`] |
+//! | everything, under a memory cap | [`Checkpoint::for_each`] |
+//! | convert floating tensors on the way | [`Loader::dtype`] (one tensor: [`Tensor::to_dtype`]) |
+//! | warm the page cache first, split across local ranks | [`Loader::prefetch`] |
+//! | warm it alone, for a job script | [`Loader::warm`] |
+//! | check each file's SHA-256 | [`Loader::verify`] |
+//! | what was chosen and why, how fast | [`StateDict::report`] ([`report`]) |
+//! | tell "missing" from "corrupt" | [`Error::is_not_found`], [`Error::is_corrupt`] |
+//! | is a path on hf-mount / FUSE | [`mount::is_on_hf_mount`], [`mount::lookup`] |
+//!
 //! # Loading
 //!
 //! The one-liner takes a path and `disable_mmap: Option<bool>` (`None`
@@ -62,7 +83,7 @@
 //! let w = sd.get("model.layers.0.w").unwrap();
 //! let as_f32: Vec<f32> = w.to_f32()?;          // BF16 -> f32 with `half`
 //! assert_eq!(as_f32.len(), 4);
-//! assert_eq!(sd.report().files().len(), 1);     // the other shard was never opened
+//! assert_eq!(sd.report().files.len(), 1);       // the other shard was never opened
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -78,6 +99,48 @@
 //!
 //! If mapping a file fails (some FUSE filesystems answer `ENODEV`), that file
 //! is read buffered instead and the report says so.
+//!
+//! # Reports and errors
+//!
+//! Every decision is data: a file's [`report::Reason`] (the rule that chose
+//! its strategy), its [`report::Fallback`] (what overrode it) and its
+//! [`report::DirectIo`], each with `Display` for the words; the whole report
+//! prints as a table, and with the `serde` feature serializes in the schema
+//! of `safeload load --json`. Errors say the file, and programs branch on
+//! [`Error::is_not_found`] and [`Error::is_corrupt`] without reading
+//! strings:
+//!
+//! ```
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("model.safetensors");
+//! # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
+//! # safetensors::serialize_to_file([("w", view)], None, &path)?;
+//! use safeload::mount::MountKind;
+//! use safeload::report::{Reason, Strategy};
+//!
+//! let sd = safeload::load_state_dict(&path, Some(true))?;
+//! let file = &sd.report().files[0];
+//! assert_eq!((file.strategy, file.reason), (Strategy::Buffered, Reason::Requested { disable_mmap: true }));
+//! eprintln!("{}", file.explain());             // the reason in words
+//! # let _ = MountKind::Fuse;
+//!
+//! match safeload::load_state_dict(dir.path().join("other"), None) {
+//!     Err(e) if e.is_not_found() => eprintln!("not downloaded yet: {e}"),
+//!     Err(e) if e.is_corrupt() => eprintln!("download it again: {e}"),
+//!     Err(e) => return Err(e.into()),          // the storage failed
+//!     Ok(_) => unreachable!(),
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Environment
+//!
+//! | variable | effect | overridden by |
+//! |---|---|---|
+//! | `SAFELOAD_DISABLE_MMAP=1` / `0` | read buffered / map, instead of the auto choice | [`Loader::disable_mmap`] |
+//! | `SAFELOAD_PREFETCH=<streams>` (`HF_SHARD_PREFETCH`) | warm the page cache first | [`Loader::prefetch`] |
+//! | `SAFELOAD_VERIFY=1` / `0` | check each file's SHA-256 | [`Loader::verify`] |
+//! | `LOCAL_RANK`/`LOCAL_WORLD_SIZE`, `SLURM_LOCALID`, Open MPI's, MPICH's | this process's local rank, for prefetch | [`Loader::local_rank`] |
 //!
 //! # Memory
 //!
@@ -99,7 +162,7 @@
 //! pool's size when called from inside one), [`Loader::io_concurrency`] the
 //! reads in flight. Where the OS refuses a thread (`RLIMIT_NPROC`, a cgroup's
 //! `pids.max`), the load runs on the threads it got, the calling one at
-//! least, and [`LoadReport::notes`] says so.
+//! least, and [`LoadReport::notes`](report::LoadReport::notes) says so.
 //!
 //! # Prefetch
 //!
@@ -108,7 +171,7 @@
 //! process, warming the page cache first, make the load run at streaming
 //! speed and leave one shared page-cache copy per node. [`Loader::prefetch`]
 //! (or `SAFELOAD_PREFETCH=<streams>`, or `HF_SHARD_PREFETCH`) turns it on;
-//! [`prefetch()`] does it alone, for a job script that warms, waits at a
+//! [`Loader::warm`] does it alone, for a job script that warms, waits at a
 //! barrier, then loads:
 //!
 //! ```
@@ -117,13 +180,13 @@
 //! # let data = vec![0u8; 1 << 16];
 //! # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 16], &data)?;
 //! # safetensors::serialize_to_file([("w", view)], None, &path)?;
-//! use safeload::{Loader, PrefetchOptions};
+//! use safeload::Loader;
 //!
 //! let sd = Loader::new().prefetch(4).load(&path)?;        // warm with 4 streams, then load
-//! eprintln!("{}", sd.report().prefetch().unwrap());       // what it warmed, skipped, and why
+//! eprintln!("{}", sd.report().prefetch.as_ref().unwrap()); // what it warmed, skipped, and why
 //!
-//! let report = safeload::prefetch(&path, &PrefetchOptions::new().streams(8))?;
-//! assert_eq!(report.total_bytes(), std::fs::metadata(&path)?.len());
+//! let report = Loader::new().prefetch(8).warm(&path)?;    // warm only
+//! assert_eq!(report.total_bytes, std::fs::metadata(&path)?.len());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -141,8 +204,8 @@
 //!     .local_rank(local_rank, 1)     // what LOCAL_RANK / LOCAL_WORLD_SIZE give; unset, read from them
 //!     .prefetch(4);                  // 4 readers in this process
 //! let sd = loader.load(&index)?;     // this rank's share warmed, then everything loaded
-//! let p = sd.report().prefetch().unwrap();
-//! assert_eq!((p.rank(), p.local_size()), (0, 1));
+//! let p = sd.report().prefetch.as_ref().unwrap();
+//! assert_eq!((p.rank, p.local_size), (0, 1));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -156,7 +219,8 @@
 //!   load pays for a check; what did not land is read once more.
 //! - The memory guard warms at most 90 % of the memory available (the
 //!   smaller of `MemAvailable` and the cgroup's room), counting what is
-//!   resident; what it leaves cold, and why, is in the [`PrefetchReport`].
+//!   resident; what it leaves cold, and why, is in the
+//!   [`PrefetchReport`](report::PrefetchReport).
 //! - With prefetch unset, the auto policy turns it on (4 streams) for files
 //!   on a kernel network filesystem that will be mapped, when they are not
 //!   already resident and fit the guard.
@@ -200,7 +264,7 @@
 //! let ck = safeload::Loader::new().open(&index)?;
 //! let mut uploaded = 0u64;
 //! ck.for_each(256 << 20, |tensor| -> Result<(), safeload::Error> {
-//!     uploaded += tensor.len_bytes() as u64; // e.g. copy to the device, then drop
+//!     uploaded += tensor.nbytes() as u64; // e.g. copy to the device, then drop
 //!     Ok(())
 //! })?;
 //! assert_eq!(uploaded, ck.total_bytes());
@@ -211,8 +275,8 @@
 //!
 //! [`Loader::dtype`] converts every floating tensor (F64, F32, F16, BF16,
 //! F8_E4M3, F8_E5M2) to F32, F16 or BF16 while it is read, in parallel, into
-//! its final allocation; [`Tensor::to_dtype`] converts one tensor;
-//! [`convert`] converts bytes. Rounding is to nearest even, overflow gives
+//! its final allocation; [`Tensor::to_dtype`] converts one tensor.
+//! Rounding is to nearest even, overflow gives
 //! infinity (counted in the report), NaN stays NaN.
 //!
 //! # Progress and events
@@ -259,6 +323,8 @@
 //!   plus a sharded one for tensor parallelism.
 //! - `tracing` (off): `tracing` events for each file's strategy, prefetch
 //!   decisions and timings.
+//! - `serde` (off): `serde::Serialize` for the reports ([`report`]) and
+//!   mounts ([`mount::Mount`]), in the schema of `safeload load --json`.
 //!
 //! Mount detection works on Linux; elsewhere every filesystem is "unknown"
 //! and files are mapped.
@@ -282,7 +348,9 @@ mod adapt;
 #[cfg(feature = "candle")]
 pub mod candle;
 mod checkpoint;
+#[doc(hidden)]
 pub mod convert;
+#[doc(hidden)]
 pub mod demo;
 mod dest;
 mod error;
@@ -299,7 +367,7 @@ mod plan;
 mod policy;
 mod prefetch;
 mod progress;
-mod report;
+pub mod report;
 mod resolve;
 mod slice;
 mod source;
@@ -313,22 +381,25 @@ mod workers;
 use std::path::Path;
 
 pub use checkpoint::{Checkpoint, TensorInfo};
-pub use error::{Error, ErrorKind, Result};
-pub use format::header::MAX_HEADER_LEN;
-#[doc(hidden)]
-pub use format::header::fuzz as __fuzz;
+pub use error::{Error, ErrorKind, Operation, Result};
 pub use load::Loader;
-pub use mount::{MountKind, is_on_hf_mount};
-pub use policy::{
-    AutoPolicy, DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod, ReadMode,
-    Strategy, VERIFY_ENV,
-};
-pub use prefetch::PrefetchOptions;
-pub use progress::{Phase, Progress};
-pub use report::{FileReport, LoadReport, PrefetchReport};
+pub use report::LoadReport;
 pub use safetensors::Dtype;
 pub use state_dict::StateDict;
 pub use tensor::{Element, Tensor};
+
+// Test seams and the CLI's and benchmarks' helpers: public for them, out of
+// the documented API.
+#[doc(hidden)]
+pub use format::header::MAX_HEADER_LEN;
+#[doc(hidden)]
+pub use format::header::fuzz as __fuzz;
+#[doc(hidden)]
+pub use policy::{
+    AutoPolicy, DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, ReadMode, VERIFY_ENV,
+};
+#[doc(hidden)]
+pub use prefetch::PrefetchOptions;
 
 /// Loads a checkpoint: a `.safetensors` file, a `*.safetensors.index.json`,
 /// or a directory holding one of them.
@@ -343,42 +414,11 @@ pub fn load_state_dict(path: impl AsRef<Path>, disable_mmap: Option<bool>) -> Re
         .load(path)
 }
 
-/// Warms the page cache with the files of the checkpoint at `path` (a
-/// `.safetensors` file, an index, or a directory holding one), for a job
-/// script that warms, waits at a barrier, then loads. The same as
-/// `Loader::new().prefetch_with(options.clone()).warm(path)`; the job's
-/// settings (local rank, memory) are the [`Loader`]'s.
-///
-/// Run it in every local rank: they split the bytes between them through a
-/// shared queue (see the crate docs, "Prefetch"), and each returns once
-/// every chunk is warm or skipped. Chunks already in the page cache are
-/// not read; the memory guard warms at most 90 % of the memory available.
-///
-/// ```
-/// # let dir = tempfile::tempdir()?;
-/// # let path = dir.path().join("model.safetensors");
-/// # let data = vec![0u8; 1 << 20];
-/// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 20], &data)?;
-/// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-/// use safeload::{PrefetchOptions, prefetch};
-///
-/// let report = prefetch(&path, &PrefetchOptions::new().streams(2))?;
-/// assert_eq!(report.total_bytes(), std::fs::metadata(&path)?.len());
-/// eprintln!("{report}");
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-///
-/// # Errors
-///
-/// As [`Loader::warm`].
-pub fn prefetch(path: impl AsRef<Path>, options: &PrefetchOptions) -> Result<PrefetchReport> {
-    Loader::new().prefetch_with(options.clone()).warm(path)
-}
-
 /// Drops every file of a checkpoint from the page cache
 /// (`posix_fadvise(POSIX_FADV_DONTNEED)`), for honest cold-cache benchmarks
 /// and tests. Pages that some process still maps, or that are dirty, stay. A
 /// no-op off Linux.
+#[doc(hidden)]
 pub fn evict(path: impl AsRef<Path>) -> Result<()> {
     let checkpoint = resolve::resolve(path.as_ref())?;
     let shards = checkpoint
@@ -390,8 +430,8 @@ pub fn evict(path: impl AsRef<Path>) -> Result<()> {
         .as_deref()
         .zip(checkpoint.open_index());
     for (path, file) in shards.chain(index) {
-        let file = file.map_err(|e| Error::io("opening", path, None, e))?;
-        os::evict(&file).map_err(|e| Error::io("evicting from the page cache", path, None, e))?;
+        let file = file.map_err(|e| Error::io(Operation::Open, path, None, e))?;
+        os::evict(&file).map_err(|e| Error::io(Operation::Evict, path, None, e))?;
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::header::Header;
 use crate::format::index::{Index, is_plain_file_name, parse_index};
@@ -49,9 +50,9 @@ pub(crate) struct Resolved {
 /// Resolves `path` (a `.safetensors` file, an index, or a directory holding one
 /// of them) into the shard files to load.
 pub(crate) fn resolve(path: &Path) -> Result<Resolved> {
-    let meta = fs::metadata(path).map_err(|e| Error::io("reading metadata of", path, None, e))?;
+    let meta = fs::metadata(path).map_err(|e| Error::io(Operation::Stat, path, None, e))?;
     if meta.is_dir() {
-        let dir = os::Dir::open(path).map_err(|e| Error::io("opening", path, None, e))?;
+        let dir = os::Dir::open(path).map_err(|e| Error::io(Operation::Open, path, None, e))?;
         return resolve_dir(path, Arc::new(dir));
     }
     if let Some(index_name) = index_name(path) {
@@ -59,7 +60,7 @@ pub(crate) fn resolve(path: &Path) -> Result<Resolved> {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
         };
-        let dir = os::Dir::open(parent).map_err(|e| Error::io("opening", parent, None, e))?;
+        let dir = os::Dir::open(parent).map_err(|e| Error::io(Operation::Open, parent, None, e))?;
         return resolve_index(parent, Arc::new(dir), index_name);
     }
     let name = path
@@ -95,7 +96,7 @@ fn resolve_dir(path: &Path, dir: Arc<os::Dir>) -> Result<Resolved> {
     }
     let names = dir
         .names()
-        .map_err(|e| Error::io("listing", path, None, e))?;
+        .map_err(|e| Error::io(Operation::List, path, None, e))?;
     let mut safetensors = BTreeSet::new();
     let mut indexes = BTreeSet::new();
     for name in names {
@@ -137,7 +138,7 @@ fn resolve_index(dir_path: &Path, dir: Arc<os::Dir>, name: &str) -> Result<Resol
     let index_path = index_path.as_path();
     let file = dir
         .open_regular(name)
-        .map_err(|e| Error::io("opening", index_path, None, e))?;
+        .map_err(|e| Error::io(Operation::Open, index_path, None, e))?;
     let bytes = read_capped(&file, index_path, MAX_INDEX_BYTES)?;
     let index = parse_index(&bytes)
         .map_err(|reason| Error::new(ErrorKind::InvalidIndex { reason }, index_path))?;
@@ -270,7 +271,7 @@ impl Resolved {
 fn read_capped(file: &File, path: &Path, limit: u64) -> Result<Vec<u8>> {
     let len = file
         .metadata()
-        .map_err(|e| Error::io("reading metadata of", path, None, e))?
+        .map_err(|e| Error::io(Operation::Stat, path, None, e))?
         .len();
     if len > limit {
         return Err(Error::new(
@@ -284,7 +285,7 @@ fn read_capped(file: &File, path: &Path, limit: u64) -> Result<Vec<u8>> {
     // `take` guards against a file that grows after the size check.
     file.take(limit)
         .read_to_end(&mut bytes)
-        .map_err(|e| Error::io("reading", path, None, e))?;
+        .map_err(|e| Error::io(Operation::Read, path, None, e))?;
     let read = bytes.len() as u64;
     if read < len {
         return Err(Error::new(

@@ -16,7 +16,7 @@ pub struct StateDict {
     pub(crate) tensors: Vec<Tensor>,
     pub(crate) by_name: HashMap<String, usize>,
     pub(crate) metadata: BTreeMap<String, String>,
-    pub(crate) index_metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    pub(crate) index_metadata: Option<BTreeMap<String, String>>,
     pub(crate) report: LoadReport,
 }
 
@@ -58,19 +58,20 @@ impl StateDict {
 
     /// The bytes of all tensors' data.
     pub fn total_bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.len_bytes() as u64).sum()
+        self.tensors.iter().map(|t| t.nbytes() as u64).sum()
     }
 
     /// The files' `__metadata__` entries merged (the first file that sets a
     /// key wins; shards normally agree, e.g. `{"format": "pt"}`). Each file's
-    /// own is in [`FileReport::metadata`](crate::FileReport::metadata).
+    /// own is in [`FileReport::metadata`](crate::report::FileReport::metadata).
     pub fn metadata(&self) -> &BTreeMap<String, String> {
         &self.metadata
     }
 
     /// The `metadata` object of the sharded index (e.g. `total_size`), for a
-    /// sharded checkpoint that has one.
-    pub fn index_metadata(&self) -> Option<&serde_json::Map<String, serde_json::Value>> {
+    /// sharded checkpoint that has one: string values as they are, others
+    /// (numbers) as their JSON text.
+    pub fn index_metadata(&self) -> Option<&BTreeMap<String, String>> {
         self.index_metadata.as_ref()
     }
 

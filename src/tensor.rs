@@ -7,6 +7,7 @@ use std::sync::Arc;
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 use safetensors::Dtype;
 
+use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::storage::Storage;
 
@@ -95,9 +96,16 @@ impl Tensor {
         self.storage.bytes().get(self.range.clone()).unwrap_or(&[])
     }
 
-    /// The number of bytes of the tensor's data.
-    pub fn len_bytes(&self) -> usize {
+    /// The number of bytes of the tensor's data (as
+    /// [`TensorInfo::nbytes`](crate::TensorInfo::nbytes) in the file).
+    pub fn nbytes(&self) -> usize {
         self.range.len()
+    }
+
+    /// Whether its dtype is a floating-point type (see
+    /// [`TensorInfo::is_float`](crate::TensorInfo::is_float)).
+    pub fn is_float(&self) -> bool {
+        crate::format::is_float(self.dtype)
     }
 
     /// Whether the tensor's bytes sit at an address aligned for its dtype, so
@@ -197,7 +205,7 @@ impl Tensor {
         }
         let unsupported = || {
             self.error(ErrorKind::UnsupportedConversion {
-                tensor: self.name.to_string(),
+                tensor: Some(self.name.to_string()),
                 from: self.dtype,
                 to: dtype,
             })
@@ -210,7 +218,7 @@ impl Tensor {
             .checked_mul(dtype.bitsize() / 8)
             .ok_or_else(unsupported)?;
         let mut buffer = crate::storage::alloc_buffer(len)
-            .map_err(|e| Error::io("allocating a buffer for", self.storage.path(), None, e))?;
+            .map_err(|e| Error::io(Operation::Allocate, self.storage.path(), None, e))?;
         let dst = buffer.get_mut(..len).unwrap_or_default();
         crate::convert::convert(self.dtype, dtype, self.as_bytes(), dst).map_err(|e| {
             // The pair is supported and the lengths are the tensor's own:
@@ -219,7 +227,7 @@ impl Tensor {
                 ErrorKind::LengthMismatch {
                     expected, actual, ..
                 } => ErrorKind::LengthMismatch {
-                    tensor: self.name.to_string(),
+                    tensor: Some(self.name.to_string()),
                     expected: *expected,
                     actual: *actual,
                 },
@@ -228,7 +236,7 @@ impl Tensor {
         })?;
         let map = buffer
             .make_read_only()
-            .map_err(|e| Error::io("sealing the buffer of", self.storage.path(), None, e))?;
+            .map_err(|e| Error::io(Operation::Seal, self.storage.path(), None, e))?;
         let storage = Arc::new(Storage::new(map, self.storage.path().to_path_buf()));
         Ok(Tensor::new(
             Arc::clone(&self.name),

@@ -195,7 +195,7 @@ mod tests {
         let err = map(&items, 1, "test", |&i| {
             if i >= 10 {
                 Err(Error::without_path(ErrorKind::Io {
-                    operation: "testing",
+                    operation: crate::Operation::Read,
                     offset: Some(i as u64),
                 }))
             } else {
@@ -206,7 +206,7 @@ mod tests {
         assert_eq!(
             err.kind(),
             &ErrorKind::Io {
-                operation: "testing",
+                operation: crate::Operation::Read,
                 offset: Some(10)
             }
         );

@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use safeload::{Phase, Progress};
+use safeload::{report::Phase, report::Progress};
 
 /// The bar's line: phase, bar, bytes of total, then the rate and files
 /// (the message). The bar takes the width the rest leaves (`wide_bar`), so

@@ -4,6 +4,7 @@ mod read;
 mod stream;
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use crate::execute::Run;
 use crate::file::{self, OpenedFile};
 use crate::options::Options;
 use crate::policy::Environment;
-use crate::report::{FileReport, LoadReport};
+use crate::report::{DirectIo, FileReport, LoadReport};
 use crate::resolve::{self, Resolved, ShardFile};
 use crate::state_dict::StateDict;
 
@@ -108,6 +109,36 @@ impl TensorInfo {
     /// The bytes of its data in the file.
     pub fn nbytes(&self) -> u64 {
         self.nbytes
+    }
+
+    /// Whether its dtype is a floating-point type (what
+    /// [`Loader::dtype`](crate::Loader::dtype) converts, and the F8, F6, F4
+    /// and complex types it leaves as they are).
+    pub fn is_float(&self) -> bool {
+        crate::format::is_float(self.dtype)
+    }
+
+    /// The range of dimension `dim` that
+    /// [`Checkpoint::shard(name, dim, rank, world)`](Checkpoint::shard)
+    /// returns, split as `torch.tensor_split` does (the first `len % world`
+    /// parts one longer); `None` where that call fails (`dim` out of range,
+    /// `world == 0`, `rank >= world`).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let data = vec![0u8; 10 * 4];
+    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![10], &data)?;
+    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+    /// let ck = safeload::Checkpoint::open(&path)?;
+    /// let w = ck.get("w").unwrap();
+    /// assert_eq!(w.shard_range(0, 0, 4), Some(0..3)); // 10 rows in 4 parts: 3, 3, 2, 2
+    /// assert_eq!(w.shard_range(0, 3, 4), Some(8..10));
+    /// assert_eq!(ck.shard("w", 0, 3, 4)?.shape(), [2]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn shard_range(&self, dim: usize, rank: usize, world: usize) -> Option<Range<usize>> {
+        crate::slice::split_range(*self.shape.get(dim)?, rank, world)
     }
 
     /// The file that holds it (as opened: symlinks not resolved).
@@ -221,8 +252,9 @@ impl Checkpoint {
     }
 
     /// The `metadata` object of the sharded index, for a sharded checkpoint
-    /// that has one.
-    pub fn index_metadata(&self) -> Option<&serde_json::Map<String, serde_json::Value>> {
+    /// that has one: string values as they are, others (numbers such as
+    /// `total_size`) as their JSON text.
+    pub fn index_metadata(&self) -> Option<&BTreeMap<String, String>> {
         self.inner
             .resolved
             .index
@@ -249,9 +281,10 @@ impl Checkpoint {
                 tensors: f.header().tensors.len(),
                 tensor_bytes: f.header().tensors.iter().map(|t| t.end - t.start).sum(),
                 bytes_read: 0,
-                direct_io: false,
                 strategy: f.decision().strategy,
-                reason: f.decision().to_string(),
+                reason: f.decision().reason(),
+                fallback: f.decision().fallback.clone(),
+                direct_io: DirectIo::Off,
                 mount: f.source().mount().cloned(),
                 elapsed: Duration::ZERO,
                 metadata: f.header().metadata.clone(),
@@ -267,7 +300,7 @@ impl Checkpoint {
             io_concurrency: 0,
             prefetch: None,
             notes: self.inner.notes.clone(),
-            io: None,
+            io_concurrency_reason: None,
         }
     }
 

@@ -8,6 +8,7 @@ use memmap2::Mmap;
 
 use super::{Checkpoint, TensorInfo};
 use crate::adapt::Concurrency;
+use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::file::{OpenedFile, read_error};
 use crate::jobs;
@@ -191,7 +192,7 @@ impl Checkpoint {
         if dst.len() as u64 != info.nbytes {
             return Err(Error::new(
                 ErrorKind::LengthMismatch {
-                    tensor: info.name().to_string(),
+                    tensor: Some(info.name().to_string()),
                     expected: info.nbytes,
                     actual: dst.len() as u64,
                 },
@@ -218,11 +219,11 @@ fn owned(
     fill: impl FnOnce(&mut [u8]) -> Result<()>,
 ) -> Result<Tensor> {
     let mut buffer = storage::alloc_buffer(len)
-        .map_err(|e| Error::io("allocating a buffer for", file.path(), None, e))?;
+        .map_err(|e| Error::io(Operation::Allocate, file.path(), None, e))?;
     fill(buffer.get_mut(..len).unwrap_or_default())?;
     let map = buffer
         .make_read_only()
-        .map_err(|e| Error::io("sealing the buffer of", file.path(), None, e))?;
+        .map_err(|e| Error::io(Operation::Seal, file.path(), None, e))?;
     let storage = Arc::new(Storage::new(map, file.path().to_path_buf()));
     Ok(Tensor::new(name, dtype, shape, storage, 0..len))
 }
@@ -289,7 +290,7 @@ fn read_runs(
     let (result, _, _) = jobs::run(jobs, concurrency, &|_, _| {});
     if let Err(failure) = result {
         return Err(read_error(
-            "reading",
+            Operation::Read,
             file.source(),
             file.size(),
             failure.offset,
@@ -321,12 +322,12 @@ fn read_runs(
 pub(super) fn read_sealed(file: &OpenedFile, info: &TensorInfo) -> Result<Mmap> {
     let len = usize_of(info.nbytes, file)?;
     let mut buffer = storage::alloc_buffer(len)
-        .map_err(|e| Error::io("allocating a buffer for", file.path(), None, e))?;
+        .map_err(|e| Error::io(Operation::Allocate, file.path(), None, e))?;
     let dst = buffer.get_mut(..len).unwrap_or_default();
     read_exact(file, dst, info.offset)?;
     buffer
         .make_read_only()
-        .map_err(|e| Error::io("sealing the buffer of", file.path(), None, e))
+        .map_err(|e| Error::io(Operation::Seal, file.path(), None, e))
 }
 
 /// A view of a mapped file's bytes of `info`.
@@ -381,5 +382,5 @@ pub(crate) fn read_exact(file: &OpenedFile, dst: &mut [u8], offset: u64) -> Resu
     let len = dst.len();
     file.source()
         .read_at(dst, len, offset)
-        .map_err(|(at, e)| read_error("reading", file.source(), file.size(), at, e))
+        .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))
 }

@@ -123,7 +123,7 @@ impl Checkpoint {
     ///
     /// impl Device {
     ///     fn upload(&mut self, tensor: &safeload::Tensor) -> Result<(), UploadError> {
-    ///         self.free = self.free.checked_sub(tensor.len_bytes()).ok_or_else(|| {
+    ///         self.free = self.free.checked_sub(tensor.nbytes()).ok_or_else(|| {
     ///             UploadError::Device(format!("no room for {}", tensor.name()))
     ///         })?;
     ///         Ok(())

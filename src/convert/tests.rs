@@ -89,7 +89,7 @@ fn length_mismatch(err: &Error) -> (u64, u64) {
             expected,
             actual,
         } => {
-            assert_eq!(tensor, "");
+            assert_eq!(*tensor, None);
             (*expected, *actual)
         }
         other => panic!("expected LengthMismatch, got {other:?}"),
@@ -133,7 +133,7 @@ fn unsupported_pairs_are_a_typed_error() {
         assert_eq!(
             err.kind(),
             &ErrorKind::UnsupportedConversion {
-                tensor: String::new(),
+                tensor: None,
                 from,
                 to
             }

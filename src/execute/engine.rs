@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use crate::adapt::{Concurrency, Settled};
+use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::file::life::{Destination, Filling, Parts};
 use crate::file::{read_error, since};
@@ -52,7 +53,9 @@ pub(crate) fn read_all(
         parts
             .source
             .read_at(&mut prefix, want, 0)
-            .map_err(|(at, e)| read_error("reading", parts.source, parts.source.len(), at, e))?;
+            .map_err(|(at, e)| {
+                read_error(Operation::Read, parts.source, parts.source.len(), at, e)
+            })?;
         prefixes.push(Some(prefix));
     }
     let lens: Vec<u64> = opened

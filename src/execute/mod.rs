@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::adapt::Concurrency;
+use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::file::life::{Planned, Sealed};
 use crate::file::{OpenedFile, read_error, threads};
@@ -104,7 +105,7 @@ impl Run<'_> {
         // 3. Allocate, and fill every destination through one job queue.
         let mut filling = Vec::with_capacity(files.len());
         for (&(file, started_at), plan) in files.iter().zip(plans) {
-            filling.push(Planned::new(file, plan, started_at).fill()?);
+            filling.push(Planned::new(file, plan, started_at).fill(clock)?);
         }
         let concurrency = match opts.io_concurrency {
             Some(n) => Concurrency::pinned(n),
@@ -137,20 +138,20 @@ impl Run<'_> {
         // 4. Hand out tensors.
         let io_concurrency = io.as_ref().map_or(concurrency.start, |s| s.readers);
         let mut state_dict = assemble(resolved, sealed, clock, threads, io_concurrency)?;
-        state_dict.report.io = io;
+        state_dict.report.io_concurrency_reason = io.as_ref().map(ToString::to_string);
         state_dict.report.prefetch = prefetched;
         state_dict.report.notes = notes;
         trace::traced! {
             let report = &state_dict.report;
             tracing::info!(
                 target: "safeload",
-                files = report.files().len(),
+                files = report.files.len(),
                 tensor_bytes = report.tensor_bytes(),
                 bytes_read = report.bytes_read(),
-                seconds = report.elapsed().as_secs_f64(),
+                seconds = report.elapsed.as_secs_f64(),
                 "loaded"
             );
-            for note in report.notes() {
+            for note in &report.notes {
                 tracing::warn!(target: "safeload", note = %note, "the load ran otherwise than planned");
             }
         }
@@ -195,7 +196,7 @@ fn assemble(
             io_concurrency,
             prefetch: None,
             notes: Vec::new(),
-            io: None,
+            io_concurrency_reason: None,
         },
     })
 }
@@ -220,8 +221,9 @@ fn verify_files(opts: &Options, files: &mut [Sealed<'_>], threads: usize) -> Res
             Some(storage) => verify::of_map(storage.map()),
             None => {
                 let file = f.file();
-                verify::of_file(file.local().file(), file.header().file_len())
-                    .map_err(|(at, e)| read_error("hashing", file.source(), file.size(), at, e))?
+                verify::of_file(file.local().file(), file.header().file_len()).map_err(
+                    |(at, e)| read_error(Operation::Hash, file.source(), file.size(), at, e),
+                )?
             }
         };
         Ok(digest)

@@ -3,13 +3,15 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
+use std::time::Instant;
 
 use super::{MapError, OpenedFile, map_checked, size_mismatch};
 use crate::dest::{Fill, OwnedBuffer};
+use crate::error::Operation;
 use crate::error::{Error, Result};
 use crate::format::header::Header;
 use crate::plan::{ConvertPlan, FilePlan, Placement};
-use crate::policy::Direct;
+use crate::policy::DirectIo;
 use crate::report::FileReport;
 use crate::source::{LocalFile, Source};
 use crate::storage::{BufferLayout, Storage};
@@ -90,29 +92,33 @@ impl<'a> Planned<'a> {
 
     /// Allocates the file's buffers, or maps it where the plan says so and
     /// it is not mapped yet (the memory guard's choice), and turns direct I/O
-    /// on where the plan wants it.
-    pub(crate) fn fill(self) -> Result<Filling<'a>> {
+    /// on where the plan wants it. `clock`: the load's start, the origin of
+    /// its times.
+    pub(crate) fn fill(self, clock: Instant) -> Result<Filling<'a>> {
         let Planned {
             file,
             mut plan,
             started_at,
         } = self;
         let path = file.path();
+        // A mapped file is done when its map is made: at its open, or now.
+        let mut mapped_at = None;
         let destination = match &plan.placement {
             Placement::Map => match file.map() {
-                Some(map) => Destination::Map(Arc::clone(map)),
+                Some(map) => {
+                    mapped_at = file.mapped_at();
+                    Destination::Map(Arc::clone(map))
+                }
                 None => match map_checked(file.local(), file.header()) {
-                    Ok(map) => Destination::Map(map),
+                    Ok(map) => {
+                        mapped_at = Some(Instant::now());
+                        Destination::Map(map)
+                    }
                     Err(MapError::Checked(e)) => return Err(e),
                     // The memory guard chose a map the filesystem refuses:
                     // the file cannot be read within the memory either.
                     Err(MapError::Refused(e)) => {
-                        return Err(Error::io(
-                            "mapping (the memory guard's choice)",
-                            path,
-                            None,
-                            e,
-                        ));
+                        return Err(Error::io(Operation::Map, path, None, e));
                     }
                 },
             },
@@ -132,7 +138,7 @@ impl<'a> Planned<'a> {
         if let Placement::Buffer { direct: true, .. } = plan.placement {
             match file.local().set_direct(true) {
                 Ok(()) => direct = DirectGuard(Some(file.local())),
-                Err(e) => plan.decision.set_direct(Direct::Refused(e.to_string())),
+                Err(e) => plan.decision.set_direct(DirectIo::Refused(e.to_string())),
             }
         }
         Ok(Filling {
@@ -141,7 +147,15 @@ impl<'a> Planned<'a> {
             destination,
             convert,
             started_at,
-            finished_at: AtomicU64::new(started_at),
+            finished_at: AtomicU64::new(
+                mapped_at
+                    .map(|at| {
+                        let since = at.saturating_duration_since(clock).as_nanos();
+                        u64::try_from(since).unwrap_or(u64::MAX)
+                    })
+                    .unwrap_or(0)
+                    .max(started_at),
+            ),
             overflowed: AtomicU64::new(0),
             sha256: None,
             populated: false,
@@ -155,7 +169,7 @@ fn alloc(len: u64, file: &OpenedFile) -> Result<Box<dyn Fill>> {
     let len = usize::try_from(len).unwrap_or(usize::MAX);
     match OwnedBuffer::new(len) {
         Ok(buffer) => Ok(Box::new(buffer)),
-        Err(e) => Err(Error::io("allocating a buffer for", file.path(), None, e)),
+        Err(e) => Err(Error::io(Operation::Allocate, file.path(), None, e)),
     }
 }
 
@@ -218,7 +232,7 @@ impl<'a> Filling<'a> {
         if direct.0.is_some()
             && let Some(why) = file.local().take_direct_dropped()
         {
-            plan.decision.set_direct(Direct::Dropped(why));
+            plan.decision.set_direct(DirectIo::Dropped(why.to_string()));
         }
         drop(direct);
         let path = file.path();
@@ -228,7 +242,7 @@ impl<'a> Filling<'a> {
             let now = file
                 .local()
                 .len_now()
-                .map_err(|e| Error::io("reading metadata of", path, None, e))?;
+                .map_err(|e| Error::io(Operation::Stat, path, None, e))?;
             if now != expected {
                 return Err(size_mismatch(path, expected, now));
             }
@@ -236,7 +250,7 @@ impl<'a> Filling<'a> {
         let seal = |buffer: Box<dyn Fill>| -> Result<Arc<Storage>> {
             match buffer.seal(path) {
                 Ok(storage) => Ok(Arc::new(storage)),
-                Err(e) => Err(Error::io("sealing the buffer of", path, None, e)),
+                Err(e) => Err(Error::io(Operation::Seal, path, None, e)),
             }
         };
         let (storage, layout) = match destination {
@@ -352,9 +366,10 @@ impl<'a> Sealed<'a> {
             },
             converted,
             overflowed: self.overflowed,
-            direct_io: self.plan.decision.direct_io(),
             strategy: self.plan.decision.strategy,
-            reason: self.plan.decision.to_string(),
+            reason: self.plan.decision.reason(),
+            fallback: self.plan.decision.fallback.clone(),
+            direct_io: self.plan.decision.direct.clone(),
             mount: file.source().mount().cloned(),
             elapsed: Duration::from_nanos(self.finished_at.saturating_sub(self.started_at)),
             metadata: header.metadata.clone(),

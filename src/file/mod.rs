@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::header::{self, Header, PREFIX_LEN};
 use crate::mount::MountTable;
@@ -26,6 +27,8 @@ pub(crate) struct OpenedFile {
     decision: FileDecision,
     map: Option<Arc<Storage>>,
     opened_at: u64,
+    /// When its map was made, where it was mapped at open.
+    mapped_at: Option<Instant>,
 }
 
 impl OpenedFile {
@@ -66,6 +69,11 @@ impl OpenedFile {
     /// Nanoseconds from the start of the load that opened it.
     pub(crate) fn opened_at(&self) -> u64 {
         self.opened_at
+    }
+
+    /// When its map was made, where it was mapped when opened.
+    pub(crate) fn mapped_at(&self) -> Option<Instant> {
+        self.mapped_at
     }
 
     /// The file handed to prefetch, which neither opens nor looks it up
@@ -165,9 +173,8 @@ fn open_source(
     let path = &shard.path;
     let file = resolved
         .open(shard)
-        .map_err(|e| Error::io("opening", path, None, e))?;
-    LocalFile::new(path.clone(), file, table)
-        .map_err(|e| Error::io("reading metadata of", path, None, e))
+        .map_err(|e| Error::io(Operation::Open, path, None, e))?;
+    LocalFile::new(path.clone(), file, table).map_err(|e| Error::io(Operation::Stat, path, None, e))
 }
 
 /// Nanoseconds since `clock`, saturating.
@@ -194,12 +201,14 @@ fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenedFile> {
         },
         Strategy::Buffered => None,
     };
+    let mapped_at = map.is_some().then(Instant::now);
     Ok(OpenedFile {
         source: Arc::new(source),
         header,
         decision,
         map,
         opened_at,
+        mapped_at,
     })
 }
 
@@ -243,21 +252,21 @@ fn read_header(source: &LocalFile) -> Result<Header> {
     let mut prefix = [0u8; PREFIX_LEN as usize];
     source
         .read_at(&mut prefix, PREFIX_LEN as usize, 0)
-        .map_err(|(at, e)| read_error("reading", source, size, at, e))?;
+        .map_err(|(at, e)| read_error(Operation::Read, source, size, at, e))?;
     let len = header::header_len(&prefix, size).map_err(|kind| Error::new(kind, path))?;
     // Bounded by the limit and by the file's size, both checked above.
     let mut json = vec![0u8; usize::try_from(len).unwrap_or(0)];
     let want = json.len();
     source
         .read_at(&mut json, want, PREFIX_LEN)
-        .map_err(|(at, e)| read_error("reading", source, size, at, e))?;
+        .map_err(|(at, e)| read_error(Operation::Read, source, size, at, e))?;
     header::parse(&json, size).map_err(|kind| Error::new(kind, path))
 }
 
 /// The error of a failed read (`operation` says of what); a read that ended
 /// early means the file shrank, which is reported as such.
 pub(crate) fn read_error(
-    operation: &'static str,
+    operation: Operation,
     source: &dyn Source,
     expected: u64,
     offset: u64,

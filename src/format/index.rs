@@ -1,5 +1,6 @@
 //! The sharded index (`*.safetensors.index.json`): its JSON parsed and its shard names confined, from bytes, without I/O.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
@@ -8,8 +9,9 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 /// A parsed `*.safetensors.index.json`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Index {
-    /// The `metadata` object, if any.
-    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The `metadata` object, if any: strings as they are, other values
+    /// (numbers such as `total_size`) as their JSON text.
+    pub metadata: Option<BTreeMap<String, String>>,
     /// `weight_map`: tensor name -> shard name, in the order written.
     pub weight_map: Vec<(String, String)>,
 }
@@ -46,8 +48,17 @@ pub(crate) fn parse_index(bytes: &[u8]) -> std::result::Result<Index, String> {
         .weight_map
         .ok_or_else(|| "missing \"weight_map\"".to_string())?
         .0;
+    let metadata = raw.metadata.map(|object| {
+        object
+            .into_iter()
+            .map(|(key, value)| match value {
+                serde_json::Value::String(text) => (key, text),
+                other => (key, other.to_string()),
+            })
+            .collect()
+    });
     Ok(Index {
-        metadata: raw.metadata,
+        metadata,
         weight_map,
     })
 }

@@ -6,6 +6,27 @@
 pub(crate) mod header;
 pub(crate) mod index;
 
+/// Whether `dtype` is a floating-point type: the IEEE and bfloat types, the
+/// F8, F6 and F4 variants, and the complex C64.
+pub(crate) fn is_float(dtype: safetensors::Dtype) -> bool {
+    use safetensors::Dtype::*;
+    matches!(
+        dtype,
+        F4 | F6_E2M3
+            | F6_E3M2
+            | F8_E5M2
+            | F8_E4M3
+            | F8_E8M0
+            | F8_E4M3FNUZ
+            | F8_E5M2FNUZ
+            | F16
+            | BF16
+            | F32
+            | F64
+            | C64
+    )
+}
+
 /// Every dtype of safetensors 0.8: 1-, 2-, 4- and 8-byte elements, BOOL,
 /// and the packed 4- and 6-bit types; for the unit tests that go through
 /// them all.

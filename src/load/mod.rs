@@ -74,6 +74,7 @@ impl Loader {
         })
     }
 
+    #[doc(hidden)]
     /// Sets the read mode. [`ReadMode::Auto`], the default, is the same as
     /// leaving it unset: `SAFELOAD_DISABLE_MMAP` is honoured, then each
     /// file's filesystem decides.
@@ -150,9 +151,10 @@ impl Loader {
     /// `streams` readers in this process; `0` turns prefetch off, also where
     /// the auto policy would turn it on. Overrides `SAFELOAD_PREFETCH` (and
     /// `HF_SHARD_PREFETCH`). The job's processes on this node share the
-    /// work (see [`prefetch`](crate::prefetch())); resident chunks are not
+    /// work (see the crate docs, "Prefetch"); resident chunks are not
     /// read, and the memory guard caps what is warmed. The report says what
     /// it did ([`LoadReport::prefetch`](crate::LoadReport::prefetch)).
+    /// [`warm`](Self::warm) does the same alone, without loading.
     pub fn prefetch(mut self, streams: usize) -> Loader {
         self.opts.prefetch = Some(
             self.opts
@@ -164,6 +166,7 @@ impl Loader {
         self
     }
 
+    #[doc(hidden)]
     /// Prefetch as [`prefetch`](Self::prefetch), with every option of
     /// [`PrefetchOptions`].
     pub fn prefetch_with(mut self, options: PrefetchOptions) -> Loader {
@@ -189,7 +192,7 @@ impl Loader {
     /// bool tensors, other floating types (the FNUZ F8 types, F8_E8M0, F4,
     /// F6, C64) and tensors already of `dtype` stay as they are. Rounding is
     /// to nearest, ties to even; a value beyond the target's range becomes
-    /// infinite (counted in [`FileReport::overflowed`](crate::FileReport::overflowed));
+    /// infinite (counted in [`FileReport::overflowed`](crate::report::FileReport::overflowed));
     /// NaN stays NaN; F64 rounds through F32, as `torch.Tensor.to` does (see
     /// [`convert`](crate::convert)). A `dtype` that is not a target converts
     /// nothing.
@@ -254,7 +257,7 @@ impl Loader {
     /// name of its blob (`.../blobs/<sha256>`); elsewhere, a digest given
     /// with [`expect_sha256`](Self::expect_sha256). A mismatch fails the
     /// load with [`ErrorKind::IntegrityMismatch`](crate::ErrorKind::IntegrityMismatch) naming the file. Every
-    /// file's digest is in the report ([`FileReport::sha256`](crate::FileReport::sha256)).
+    /// file's digest is in the report ([`FileReport::sha256`](crate::report::FileReport::sha256)).
     /// Unset, `SAFELOAD_VERIFY=1` turns it on; `expect_sha256` alone does too.
     ///
     /// ```
@@ -263,7 +266,7 @@ impl Loader {
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
     /// let sd = safeload::Loader::new().verify(true).load(&path)?;
-    /// let digest = sd.report().files()[0].sha256().unwrap().to_string();
+    /// let digest = sd.report().files[0].sha256.clone().unwrap();
     /// assert_eq!(digest.len(), 64);
     ///
     /// // Later, or on another machine: the file must still be that one.
@@ -289,6 +292,7 @@ impl Loader {
         self
     }
 
+    #[doc(hidden)]
     /// Decides filesystems from this mount table instead of the process's own
     /// (for tests, and for reasoning about another machine's mounts).
     pub fn mount_table(mut self, table: MountTable) -> Loader {
@@ -360,10 +364,23 @@ impl Loader {
     }
 
     /// Warms the page cache with the checkpoint at `path` without loading
-    /// it: with this loader's prefetch options ([`prefetch_with`](Self::prefetch_with),
-    /// or 4 streams), local rank and memory settings. What
-    /// [`safeload::prefetch`](crate::prefetch()) does, for a job script that
-    /// warms, waits at a barrier, then loads.
+    /// it, for a job script that warms, waits at a barrier, then loads: with
+    /// this loader's [`prefetch`](Self::prefetch) streams (4 when unset),
+    /// local rank and memory settings. Run it in every local rank: they
+    /// split the bytes between them through a shared queue, and each returns
+    /// once every chunk is warm or skipped.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let data = vec![0u8; 1 << 20];
+    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 20], &data)?;
+    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+    /// let report = safeload::Loader::new().prefetch(2).warm(&path)?;
+    /// assert_eq!(report.total_bytes, std::fs::metadata(&path)?.len());
+    /// eprintln!("{report}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     ///

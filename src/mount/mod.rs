@@ -90,7 +90,10 @@ mod table;
 #[cfg(test)]
 mod test_util;
 
-pub use classify::{MountKind, classify};
+pub use classify::MountKind;
+#[doc(hidden)]
+pub use classify::classify;
+#[doc(hidden)]
 pub use table::{MountEntry, MountTable, split_device_number};
 
 /// How a lookup found the mount of a path, for reports.
@@ -227,6 +230,7 @@ impl fmt::Display for Mount {
     }
 }
 
+#[doc(hidden)]
 /// What `path` lives on, found in `table`.
 ///
 /// The path is canonicalized (symlinks resolved: a Hugging Face cache snapshot links its files
@@ -280,6 +284,7 @@ pub fn lookup(path: impl AsRef<Path>) -> io::Result<Mount> {
     lookup_in(&current_or_empty(), path.as_ref())
 }
 
+#[doc(hidden)]
 /// What an open file lives on, found in `table`: [`lookup_in`] without resolving the path again.
 ///
 /// The device number comes from `fstat` on `file`, the `statfs` fallback from `fstatfs`;
@@ -312,6 +317,7 @@ pub fn lookup_file_in(table: &MountTable, file: &File, canonical_path: &Path) ->
     }
 }
 
+#[doc(hidden)]
 /// [`lookup_file_in`] with this process's mount table.
 ///
 /// # Errors

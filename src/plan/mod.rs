@@ -11,7 +11,7 @@ use safetensors::Dtype;
 
 use crate::format::header::Header;
 use crate::mount::MountKind;
-use crate::policy::{self, Direct, FileDecision};
+use crate::policy::{self, DirectIo, FileDecision};
 use crate::storage::BufferLayout;
 
 /// What the plan needs to know of one opened file.
@@ -181,7 +181,7 @@ fn plan_file(file: &FileFacts<'_>, opts: &PlanOptions<'_>) -> FilePlan {
             (file.mostly_cached)()
         });
         if direct {
-            decision.set_direct(Direct::On);
+            decision.set_direct(DirectIo::On);
         }
         Placement::Buffer { layout, direct }
     };

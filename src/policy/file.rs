@@ -15,37 +15,124 @@ pub(crate) struct FileDecision {
     pub mode: ReadMode,
     pub mount: Option<Mount>,
     pub fallback: Option<Fallback>,
-    pub direct: Direct,
+    pub direct: DirectIo,
+}
+
+/// Why a file was first mapped or read: the rule that chose its
+/// [`Strategy`]. [`Fallback`] says what overrode it, if anything; `Display`
+/// gives the rule in words.
+///
+/// ```
+/// use safeload::mount::MountKind;
+/// use safeload::report::Reason;
+///
+/// let why = Reason::Auto(MountKind::Fuse);
+/// assert_eq!(why.to_string(), "mmap page faults stall on FUSE");
+/// assert_eq!(Reason::Requested { disable_mmap: true }.to_string(), "disable_mmap(true) was requested");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The auto policy's rule for a file on this kind of filesystem
+    /// ([`MountKind::Unknown`] where it could not be found).
+    Auto(MountKind),
+    /// The caller asked: `disable_mmap(..)`, or `load_state_dict`'s
+    /// `Some(..)`.
+    Requested {
+        /// `true`: read buffered; `false`: mapped.
+        disable_mmap: bool,
+    },
+    /// `SAFELOAD_DISABLE_MMAP` asked.
+    Environment {
+        /// `true` (`=1`): read buffered; `false` (`=0`): mapped.
+        disable_mmap: bool,
+    },
+}
+
+impl Reason {
+    /// A stable name for the variant, for logs and JSON (`"auto"`,
+    /// `"requested"`, `"environment"`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Reason::Auto(_) => "auto",
+            Reason::Requested { .. } => "requested",
+            Reason::Environment { .. } => "environment",
+        }
+    }
+}
+
+/// The auto policy, one row per kind of filesystem: how a file there is
+/// held and why. The one place the rule is written: [`choose`] takes the
+/// strategy, `Display for Reason` the words.
+pub(crate) fn auto_rule(kind: MountKind) -> (Strategy, &'static str) {
+    match kind {
+        MountKind::HfMount => (
+            Strategy::Buffered,
+            "a userspace daemon serves it, where mmap page faults stall",
+        ),
+        MountKind::Fuse => (Strategy::Buffered, "mmap page faults stall on FUSE"),
+        MountKind::Network => (
+            Strategy::Mmap,
+            "mapped; pages shared through the page cache",
+        ),
+        MountKind::Local => (Strategy::Mmap, "mapping a local file costs no copy"),
+        _ => (Strategy::Mmap, "filesystem unknown, mapping is the default"),
+    }
 }
 
 /// What overrode the first choice of a file's strategy.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Fallback {
-    /// The filesystem refused the map; the file is read instead.
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum Fallback {
+    /// The filesystem refused the map (the OS error, in words); the file is
+    /// read instead.
     MmapRefused(String),
     /// Buffered reads of all the load's files would not fit in memory
-    /// (`needed`, margin included); `kept` of its `files` buffered files
-    /// are read, this one is mapped instead.
+    /// (`needed`, margin included, against `available`); `kept` of its
+    /// `files` buffered files are read, this one is mapped instead.
     MemoryGuard {
+        /// Bytes the buffered reads would need, margin included.
         needed: u64,
+        /// Bytes of memory available (the smaller of `MemAvailable` and the
+        /// cgroup's room).
         available: u64,
+        /// Files of the load still read buffered.
         kept: usize,
+        /// Files of the load the auto policy would have read buffered.
         files: usize,
     },
 }
 
-/// Direct I/O for a buffered file.
+/// Direct I/O (`O_DIRECT`: reads that bypass the page cache) for a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Direct {
-    /// Not asked for, or not applicable (mapped, or not laid out in blocks).
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum DirectIo {
+    /// Not used: not asked for, or not applicable (mapped, or not laid out
+    /// in blocks).
     Off,
-    /// Reads bypass the page cache.
+    /// Every read of the file bypassed the page cache.
     On,
-    /// Asked for, refused by the file or its filesystem.
+    /// Asked for, refused by the file or its filesystem (the OS error, in
+    /// words).
     Refused(String),
-    /// Used, then given up during the reads (the rest of the file read
-    /// through the page cache), for this reason.
-    Dropped(crate::os::DirectDropped),
+    /// Used, then given up during the reads, for this reason (the rest of
+    /// the file read through the page cache).
+    Dropped(String),
 }
 
 impl FileDecision {
@@ -72,17 +159,24 @@ impl FileDecision {
             kept: verdict.kept,
             files: verdict.files,
         });
-        self.direct = Direct::Off;
+        self.direct = DirectIo::Off;
     }
 
     /// Whether direct I/O was used, or why not.
-    pub(crate) fn set_direct(&mut self, direct: Direct) {
+    pub(crate) fn set_direct(&mut self, direct: DirectIo) {
         self.direct = direct;
     }
 
-    /// Whether reads of this file bypass the page cache.
-    pub(crate) fn direct_io(&self) -> bool {
-        self.direct == Direct::On
+    /// The rule that chose the strategy.
+    pub(crate) fn reason(&self) -> Reason {
+        let disable_mmap = self.mode == ReadMode::Buffered;
+        match self.origin {
+            _ if self.mode == ReadMode::Auto => {
+                Reason::Auto(self.mount.as_ref().map_or(MountKind::Unknown, |m| m.kind))
+            }
+            Origin::Environment => Reason::Environment { disable_mmap },
+            _ => Reason::Requested { disable_mmap },
+        }
     }
 }
 
@@ -98,8 +192,8 @@ impl FileDecision {
 /// let mount = lookup_in(&table, &std::env::temp_dir())?;
 /// let auto = mount.auto_policy();
 /// if cfg!(target_os = "linux") {
-///     assert_eq!(auto.strategy, safeload::Strategy::Buffered);
-///     assert!(auto.reason.contains("mmap page faults stall on FUSE"));
+///     assert_eq!(auto.strategy, safeload::report::Strategy::Buffered);
+///     assert!(auto.reason.contains("mmap page faults stall"));
 ///     assert!(auto.direct_io);
 /// }
 /// # Ok::<(), std::io::Error>(())
@@ -122,6 +216,7 @@ impl Mount {
     /// What the auto policy does with a file on this mount (see
     /// [`AutoPolicy`]): the same decision a load makes with every option
     /// unset and no `SAFELOAD_*` variable.
+    #[doc(hidden)]
     pub fn auto_policy(&self) -> AutoPolicy {
         let decision = choose(ReadMode::Auto, Origin::Default, Some(self));
         let mapped = decision.strategy == Strategy::Mmap;
@@ -141,10 +236,7 @@ pub(crate) fn choose(mode: ReadMode, origin: Origin, mount: Option<&Mount>) -> F
     let strategy = match mode {
         ReadMode::Mmap => Strategy::Mmap,
         ReadMode::Buffered => Strategy::Buffered,
-        ReadMode::Auto => match mount.map_or(MountKind::Unknown, |m| m.kind) {
-            MountKind::HfMount | MountKind::Fuse => Strategy::Buffered,
-            _ => Strategy::Mmap,
-        },
+        ReadMode::Auto => auto_rule(mount.map_or(MountKind::Unknown, |m| m.kind)).0,
     };
     FileDecision {
         strategy,
@@ -152,7 +244,7 @@ pub(crate) fn choose(mode: ReadMode, origin: Origin, mount: Option<&Mount>) -> F
         mode,
         mount: mount.cloned(),
         fallback: None,
-        direct: Direct::Off,
+        direct: DirectIo::Off,
     }
 }
 
@@ -352,12 +444,12 @@ mod tests {
             (
                 HF,
                 Strategy::Buffered,
-                "on hf-mount (fuse) at /mnt/hub — mmap page faults stall on FUSE",
+                "on hf-mount (fuse) at /mnt/hub — a userspace daemon serves it, where mmap page faults stall",
             ),
             (
                 NFS_LOOPBACK,
                 Strategy::Buffered,
-                "on hf-mount (nfs4) at /mnt/hub — served by a userspace server on loopback",
+                "on hf-mount (nfs4) at /mnt/hub — a userspace daemon serves it, where mmap page faults stall",
             ),
             (
                 S3FS,
@@ -425,14 +517,16 @@ mod tests {
             "{d}"
         );
         assert!(!d.switchable(), "a refused map is not tried again");
-        d.set_direct(Direct::Refused("Invalid argument".into()));
+        d.set_direct(DirectIo::Refused("Invalid argument".into()));
         assert!(
             d.to_string()
                 .ends_with("; O_DIRECT refused (Invalid argument)"),
             "{d}"
         );
-        assert!(!d.direct_io());
-        d.set_direct(Direct::Dropped(crate::os::DirectDropped::Pieces));
+        assert_ne!(d.direct, DirectIo::On);
+        d.set_direct(DirectIo::Dropped(
+            crate::os::DirectDropped::Pieces.to_string(),
+        ));
         assert!(
             d.to_string().ends_with(
                 "; direct I/O dropped: whole-block reads kept returning pieces that are not \
@@ -442,12 +536,12 @@ mod tests {
         );
 
         let mut d = choose(ReadMode::Auto, Origin::Default, Some(&mount(HF)));
-        d.set_direct(Direct::On);
-        assert!(d.direct_io());
+        d.set_direct(DirectIo::On);
+        assert_eq!(d.direct, DirectIo::On);
         let verdict = memory_guard(&[(3 << 30, true), (1 << 20, true)], Some(1 << 30));
         d.memory_guard(&verdict, 1 << 30);
         assert_eq!(d.strategy, Strategy::Mmap);
-        assert!(!d.direct_io());
+        assert_ne!(d.direct, DirectIo::On);
         assert!(
             d.to_string().starts_with(
                 "buffered reads would need 3.04 GiB (margin included) but 1.00 GiB of memory is \

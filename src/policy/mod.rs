@@ -11,8 +11,8 @@ use std::fmt;
 mod file;
 mod prefetch;
 
-pub use file::AutoPolicy;
 pub(crate) use file::*;
+pub use file::{AutoPolicy, DirectIo, Fallback, Reason};
 pub(crate) use prefetch::{
     AutoPrefetchSkip, PrefetchAsk, auto_prefetch_runs, auto_prefetch_streams, prefetch_ask,
     prefetch_method, prefetch_warms_buffered,
@@ -24,7 +24,24 @@ pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod};
 pub enum Strategy {
     /// A read-only shared memory map of the file: pages come from the page
     /// cache on first touch, and are shared with every other process mapping
-    /// the file. Its contract is [`ReadMode::Mmap`]'s.
+    /// the file.
+    ///
+    /// # The mapped contract
+    ///
+    /// A mapped tensor's bytes are the file's own pages: a safe
+    /// [`Tensor::as_bytes`](crate::Tensor::as_bytes) hands out a `&[u8]` of a
+    /// shared map. If another process rewrites the file *in place* while a
+    /// tensor maps it, those bytes change under the reference; if it
+    /// truncates the file, touching a page past the new end raises `SIGBUS`.
+    /// That is the hazard `memmap2` marks `unsafe`. The crate keeps loading
+    /// safe to call because checkpoints are published by writing a new file
+    /// and renaming it over the old (which leaves a mapped file intact),
+    /// checks every file's length against its header before handing out a
+    /// tensor, and with [`Loader::populate`](crate::Loader::populate) faults
+    /// maps in at load time, where a failed page is an error instead of a
+    /// signal. Where files may be rewritten or truncated in place, use
+    /// [`Buffered`](Self::Buffered) (`disable_mmap(true)`): its tensors are
+    /// memory the crate owns, sound whatever happens to the file.
     Mmap,
     /// The tensors' bytes read into one private, page-aligned allocation with
     /// large positional reads; no page faults on the file afterwards.
@@ -59,24 +76,7 @@ pub enum ReadMode {
     /// filesystem (see the crate docs' policy table).
     #[default]
     Auto,
-    /// Map every file.
-    ///
-    /// # The mapped contract
-    ///
-    /// A mapped tensor's bytes are the file's own pages: a safe
-    /// [`Tensor::as_bytes`](crate::Tensor::as_bytes) hands out a `&[u8]` of a
-    /// shared map. If another process rewrites the file *in place* while a
-    /// tensor maps it, those bytes change under the reference; if it
-    /// truncates the file, touching a page past the new end raises `SIGBUS`.
-    /// That is the hazard `memmap2` marks `unsafe`. The crate keeps loading
-    /// safe to call because checkpoints are published by writing a new file
-    /// and renaming it over the old (which leaves a mapped file intact),
-    /// checks every file's length against its header before handing out a
-    /// tensor, and with [`Loader::populate`](crate::Loader::populate) faults
-    /// maps in at load time, where a failed page is an error instead of a
-    /// signal. Where files may be rewritten or truncated in place, use
-    /// [`Buffered`](Self::Buffered) (`disable_mmap(true)`): its tensors are
-    /// memory the crate owns, sound whatever happens to the file.
+    /// Map every file ([`Strategy::Mmap`], whose contract applies).
     Mmap,
     /// Read every file into memory.
     Buffered,
@@ -84,7 +84,7 @@ pub enum ReadMode {
 
 impl ReadMode {
     /// The mode a `disable_mmap: Option<bool>` argument asks for.
-    pub fn from_disable_mmap(disable_mmap: Option<bool>) -> ReadMode {
+    pub(crate) fn from_disable_mmap(disable_mmap: Option<bool>) -> ReadMode {
         match disable_mmap {
             None => ReadMode::Auto,
             Some(true) => ReadMode::Buffered,

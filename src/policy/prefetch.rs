@@ -54,7 +54,7 @@ pub const HF_SHARD_PREFETCH_ENV: &str = "HF_SHARD_PREFETCH";
 /// How a chunk is brought into the page cache.
 ///
 /// ```
-/// assert_eq!(safeload::PrefetchMethod::Pread.to_string(), "pread");
+/// assert_eq!(safeload::report::PrefetchMethod::Pread.to_string(), "pread");
 /// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -69,7 +69,7 @@ pub enum PrefetchMethod {
     /// `posix_fadvise(POSIX_FADV_WILLNEED)` over the chunk in read-ahead
     /// sized pieces, then waiting until the pages are resident, and reading
     /// what did not arrive. Needs residency to be visible (see
-    /// [`PrefetchReport::residency_known`](crate::PrefetchReport::residency_known)); where it is not, reads instead.
+    /// [`PrefetchReport::residency_known`](crate::report::PrefetchReport::residency_known)); where it is not, reads instead.
     WillNeed,
 }
 

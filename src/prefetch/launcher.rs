@@ -1,5 +1,7 @@
 //! Which local rank this process is, from the launchers' variables (torchrun, Slurm, Open MPI, MPICH), and the job key that keeps one job's queue apart from another's.
 
+use std::fmt;
+
 use crate::policy::Environment;
 
 /// This process's place among the job's processes on this node.
@@ -7,8 +9,101 @@ use crate::policy::Environment;
 pub(crate) struct LocalRank {
     pub rank: usize,
     pub size: usize,
-    /// Where it came from, in words.
-    pub source: String,
+    /// Where it came from.
+    pub source: RankSource,
+}
+
+/// Where a process's local rank and the number of local ranks came from
+/// ([`PrefetchReport::rank_source`](crate::report::PrefetchReport::rank_source)).
+/// `Display` says it in words, e.g. `LOCAL_RANK=1 LOCAL_WORLD_SIZE=8
+/// (torchrun)`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum RankSource {
+    /// [`Loader::local_rank`](crate::Loader::local_rank); `valid` is false
+    /// where the rank was not below the size (then taken as one process).
+    Caller {
+        /// Whether the values were usable.
+        valid: bool,
+    },
+    /// A launcher's variables, as they were set; `valid` is false where
+    /// they were not numbers or the rank not below the size (then taken as
+    /// one process).
+    Launcher {
+        /// `torchrun`, `Slurm`, `Open MPI` or `MPICH/Intel MPI`.
+        launcher: &'static str,
+        /// The rank's variable, e.g. `LOCAL_RANK`.
+        rank_var: &'static str,
+        /// Its value.
+        rank: String,
+        /// The size's variable, e.g. `LOCAL_WORLD_SIZE`.
+        size_var: &'static str,
+        /// Its value.
+        size: String,
+        /// Whether the values were usable.
+        valid: bool,
+    },
+    /// No launcher variable was set: one process.
+    #[default]
+    Alone,
+}
+
+impl RankSource {
+    fn invalid(self) -> RankSource {
+        match self {
+            RankSource::Caller { .. } => RankSource::Caller { valid: false },
+            RankSource::Launcher {
+                launcher,
+                rank_var,
+                rank,
+                size_var,
+                size,
+                ..
+            } => RankSource::Launcher {
+                launcher,
+                rank_var,
+                rank,
+                size_var,
+                size,
+                valid: false,
+            },
+            RankSource::Alone => RankSource::Alone,
+        }
+    }
+}
+
+impl fmt::Display for RankSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RankSource::Caller { valid } => {
+                f.write_str("local_rank() was set")?;
+                if !valid {
+                    f.write_str(": invalid, taken as one process")?;
+                }
+                Ok(())
+            }
+            RankSource::Launcher {
+                launcher,
+                rank_var,
+                rank,
+                size_var,
+                size,
+                valid,
+            } => {
+                write!(f, "{rank_var}={rank} {size_var}={size} ({launcher})")?;
+                if !valid {
+                    f.write_str(": invalid, taken as one process")?;
+                }
+                Ok(())
+            }
+            RankSource::Alone => f.write_str("no launcher variables"),
+        }
+    }
 }
 
 impl LocalRank {
@@ -17,22 +112,24 @@ impl LocalRank {
     /// launcher's, from the environment of the load.
     pub(crate) fn from_setting(setting: Option<(usize, usize)>, env: &Environment) -> LocalRank {
         match setting {
-            Some((rank, size)) => LocalRank::checked(rank, size, "local_rank() was set".into()),
+            Some((rank, size)) => {
+                LocalRank::checked(rank, size, RankSource::Caller { valid: true })
+            }
             None => detect_local_rank(env.lookup()),
         }
     }
 
-    fn single(source: impl Into<String>) -> LocalRank {
+    fn single(source: RankSource) -> LocalRank {
         LocalRank {
             rank: 0,
             size: 1,
-            source: source.into(),
+            source,
         }
     }
 
-    fn checked(rank: usize, size: usize, source: String) -> LocalRank {
+    fn checked(rank: usize, size: usize, source: RankSource) -> LocalRank {
         if size == 0 || rank >= size {
-            return LocalRank::single(format!("{source}: invalid, taken as one process"));
+            return LocalRank::single(source.invalid());
         }
         LocalRank { rank, size, source }
     }
@@ -71,19 +168,22 @@ pub(crate) fn detect_local_rank(env: impl Fn(&str) -> Option<String>) -> LocalRa
         else {
             continue;
         };
-        let source = format!(
-            "{rank_var}={} {size_var}={} ({launcher})",
-            rank_text.trim(),
-            size_text.trim()
-        );
+        let source = RankSource::Launcher {
+            launcher,
+            rank_var,
+            rank: rank_text.trim().to_string(),
+            size_var,
+            size: size_text.trim().to_string(),
+            valid: true,
+        };
         let rank = rank_text.trim().parse::<usize>().ok();
         let size = leading_number(&size_text);
         return match (rank, size) {
             (Some(rank), Some(size)) => LocalRank::checked(rank, size, source),
-            _ => LocalRank::single(format!("{source}: not numbers, taken as one process")),
+            _ => LocalRank::single(source.invalid()),
         };
     }
-    LocalRank::single("no launcher variables")
+    LocalRank::single(RankSource::Alone)
 }
 
 /// The number a count starts with: Slurm writes `4(x2)` for "4 tasks on
@@ -168,7 +268,10 @@ pub(super) mod tests {
             (0, 2)
         );
         let r = detect_local_rank(env_of(&[("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")]));
-        assert_eq!(r.source, "LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 (torchrun)");
+        assert_eq!(
+            r.source.to_string(),
+            "LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 (torchrun)"
+        );
     }
 
     #[test]
@@ -208,7 +311,7 @@ pub(super) mod tests {
             (0, 1)
         );
         let r = detect_local_rank(env_of(&[("LOCAL_RANK", "9"), ("LOCAL_WORLD_SIZE", "4")]));
-        assert!(r.source.contains("invalid"), "{}", r.source);
+        assert!(r.source.to_string().contains("invalid"), "{}", r.source);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use super::launcher::LocalRank;
 use super::options::PrefetchOptions;
 use super::residency::{Target, target_from};
 use super::run::{Plan, run};
+use crate::error::Operation;
 use crate::error::{Error, Result};
 use crate::mount::{Mount, MountKind};
 use crate::policy::{self, AutoPrefetchSkip, PrefetchAsk, PrefetchMethod};
@@ -48,7 +49,7 @@ impl<'a> LoadFile<'a> {
         let file = self
             .file
             .try_clone()
-            .map_err(|e| Error::io("duplicating the descriptor of", self.path, None, e))?;
+            .map_err(|e| Error::io(Operation::Open, self.path, None, e))?;
         target_from(
             self.path.to_path_buf(),
             self.canonical,

@@ -57,6 +57,7 @@
 //! (`worker.rs`) their start offsets; `options.rs` holds the public builder.
 
 mod launcher;
+pub use launcher::RankSource;
 mod load;
 mod options;
 mod owner;

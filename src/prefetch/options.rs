@@ -26,14 +26,14 @@ pub(super) type ChunkCallback = Arc<dyn Fn(&Path, Range<u64>) + Send + Sync>;
 /// # let data = vec![0u8; 1 << 16];
 /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 16], &data)?;
 /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-/// use safeload::{Loader, PrefetchMethod, PrefetchOptions};
+/// use safeload::{Loader, report::PrefetchMethod, PrefetchOptions};
 ///
 /// let options = PrefetchOptions::new()
 ///     .streams(8)                      // readers in this process
 ///     .method(PrefetchMethod::Pread)   // instead of the measured default
 ///     .on_chunk(|path, range| eprintln!("{}: {range:?} warm", path.display()));
-/// let report = safeload::prefetch(&path, &options)?;
-/// assert_eq!((report.streams(), report.method()), (8, PrefetchMethod::Pread));
+/// let report = Loader::new().prefetch_with(options.clone()).warm(&path)?;
+/// assert_eq!((report.streams, report.method), (8, PrefetchMethod::Pread));
 ///
 /// // The job's settings (local rank, memory) are the loader's, for a load and
 /// // for a prefetch alone alike.

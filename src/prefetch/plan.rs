@@ -321,7 +321,7 @@ mod tests {
         let rank = |r, s| LocalRank {
             rank: r,
             size: s,
-            source: String::new(),
+            source: crate::report::RankSource::Alone,
         };
         let (range, starts) = reader_plan(&chunks, &rank(1, 3), 2, true);
         assert_eq!(range, 0..12);

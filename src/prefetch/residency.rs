@@ -8,6 +8,7 @@ use std::time::UNIX_EPOCH;
 use memmap2::Mmap;
 
 use super::plan::{Chunk, Init, guard};
+use crate::error::Operation;
 use crate::error::{Error, Result};
 #[cfg(test)]
 use crate::mount::{self, MountTable};
@@ -141,7 +142,8 @@ pub(super) fn open_targets(paths: &[PathBuf], table: Option<&MountTable>) -> Res
     paths
         .iter()
         .map(|path| {
-            let file = os::open_regular(path).map_err(|e| Error::io("opening", path, None, e))?;
+            let file =
+                os::open_regular(path).map_err(|e| Error::io(Operation::Open, path, None, e))?;
             let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
             let mount = table.and_then(|t| mount::lookup_file_in(t, &file, &canonical).ok());
             target_from(path.clone(), &canonical, file, mount)
@@ -159,7 +161,7 @@ pub(super) fn target_from(
 ) -> Result<Target> {
     let meta = file
         .metadata()
-        .map_err(|e| Error::io("reading metadata of", &path, None, e))?;
+        .map_err(|e| Error::io(Operation::Stat, &path, None, e))?;
     let mut identity = canonical.as_os_str().as_encoded_bytes().to_vec();
     identity.push(0);
     identity.extend_from_slice(&meta.len().to_le_bytes());

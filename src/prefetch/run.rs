@@ -140,6 +140,7 @@ pub(super) fn run(
     };
     report.queue_note = queue.note.clone();
     report.queue_path = queue.path.clone();
+    report.shared_queue = report.queue_path.is_some();
     let shared = queue.is_shared();
     let words = queue.words();
     let init = init_from_header(words);

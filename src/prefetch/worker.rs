@@ -12,6 +12,7 @@ use super::plan::Chunk;
 use super::queue::{ChunkState, DONE, FREE, SKIPPED, SlotState, chunk_state, slot_state};
 use super::residency::Target;
 use super::takeover::{self, Verdict, Watch};
+use crate::error::Operation;
 use crate::error::{Error, Result};
 use crate::os;
 use crate::policy::PrefetchMethod;
@@ -428,7 +429,7 @@ fn read_chunk(target: &Target, file: &File, chunk: Chunk, scratch: &mut Vec<u8>)
             break;
         };
         os::read_at_least(file, buf, 0, offset)
-            .map_err(|(at, e)| Error::io("prefetching", &target.path, Some(at), e))?;
+            .map_err(|(at, e)| Error::io(Operation::Prefetch, &target.path, Some(at), e))?;
         offset += len as u64;
     }
     Ok(())

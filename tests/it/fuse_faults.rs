@@ -5,10 +5,11 @@
 //! /dev/fuse: skipped (loudly) where missing, a failure under
 //! `SAFELOAD_REQUIRE_FUSE=1`.
 
+use safeload::Operation;
 use std::time::Duration;
 
 use crate::common::*;
-use safeload::{Dtype, ErrorKind, Loader, Strategy};
+use safeload::{Dtype, ErrorKind, Loader, report::Strategy};
 use safeload_testfs::{Mount, Options, skip_without_fuse};
 use tempfile::tempdir;
 
@@ -133,7 +134,7 @@ fn eio_names_the_file_and_the_offset() {
             .unwrap_err();
         match err.kind() {
             ErrorKind::Io {
-                operation: "reading",
+                operation: Operation::Read,
                 offset: Some(offset),
             } => {
                 // The read that failed covers the bad byte.
@@ -256,7 +257,7 @@ fn populating_a_map_that_lost_its_pages_is_an_error_not_sigbus() {
     match err.kind() {
         // MADV_POPULATE_READ answers EFAULT where a fault would raise SIGBUS.
         ErrorKind::Io {
-            operation: "populating the map of",
+            operation: Operation::Populate,
             offset: Some(_),
         } => {
             let code = err.io_error().unwrap().raw_os_error();
@@ -285,5 +286,5 @@ fn an_ordinary_load_through_faulty_mounts_still_chooses_buffered() {
     write_single(dir.path(), &specs());
     let fs = Mount::new(dir.path(), Options::default()).unwrap();
     let sd = Loader::new().load(fs.path()).unwrap();
-    assert_eq!(sd.report().files()[0].strategy(), Strategy::Buffered);
+    assert_eq!(sd.report().files[0].strategy, Strategy::Buffered);
 }

@@ -7,7 +7,7 @@
 //! where they are missing, a failure under `SAFELOAD_REQUIRE_FUSE=1`.
 
 use crate::common::*;
-use safeload::{Checkpoint, Dtype, Strategy};
+use safeload::{Checkpoint, Dtype, report::Strategy};
 use safeload_testfs::{Mount, Options, skip_without_fuse};
 use tempfile::tempdir;
 
@@ -48,9 +48,9 @@ fn a_rank_reads_its_part_and_a_filter_its_tensors() {
     let ck = Checkpoint::open(fs.path()).unwrap();
     assert!(
         ck.report()
-            .files()
+            .files
             .iter()
-            .all(|f| f.strategy() == Strategy::Buffered)
+            .all(|f| f.strategy == Strategy::Buffered)
     );
     let headers = fs.stats().bytes_read;
     assert!(headers < 64 << 10, "opening read {headers} bytes");
@@ -106,7 +106,7 @@ fn a_rank_reads_its_part_and_a_filter_its_tensors() {
     let part = ck.shard("wide", 1, 5, 8).unwrap();
     let wide = 8u64 * (512 << 10) * 4;
     let read = fs.stats().bytes_read;
-    assert_eq!(part.len_bytes() as u64, wide / 8);
+    assert_eq!(part.nbytes() as u64, wide / 8);
     assert!(
         read >= wide / 8 && read <= wide / 8 + wide / 100,
         "a dim-1 eighth of a wide matrix read {read} of {wide}"

@@ -8,7 +8,7 @@
 
 use crate::common::*;
 use safeload::mount::{self, MountKind};
-use safeload::{Loader, Strategy, is_on_hf_mount, load_state_dict};
+use safeload::{Loader, load_state_dict, mount::is_on_hf_mount, report::Strategy};
 use safeload_testfs::{Mount, Options, skip_without_fuse};
 use tempfile::tempdir;
 
@@ -39,28 +39,31 @@ fn hf_mount_is_read_buffered_and_says_why() {
     assert_eq!(loaded(&from_fuse), loaded(&from_disk));
     assert_eq!(loaded(&from_fuse), sorted(&specs));
 
-    assert_eq!(from_fuse.report().files().len(), 3);
-    for file in from_fuse.report().files() {
-        assert_eq!(file.strategy(), Strategy::Buffered, "{}", file.reason());
-        let m = file.mount().expect("the mount is found");
+    assert_eq!(from_fuse.report().files.len(), 3);
+    for file in &from_fuse.report().files {
+        assert_eq!(file.strategy, Strategy::Buffered, "{}", file.explain());
+        let m = file.mount.as_ref().expect("the mount is found");
         assert_eq!(m.kind, MountKind::HfMount);
         assert_eq!(m.source, "hf-mount");
         assert_eq!(m.mount_point, fs.path());
         assert!(
-            file.reason().contains("on hf-mount (fuse) at"),
+            file.explain().contains("on hf-mount (fuse) at"),
             "{}",
-            file.reason()
+            file.reason
         );
         assert!(
-            file.reason().contains("mmap page faults stall on FUSE"),
+            file.explain().contains("where mmap page faults stall"),
             "{}",
-            file.reason()
+            file.reason
         );
-        assert!(file.bytes_read() > 0);
+        assert!(file.bytes_read > 0);
     }
-    for file in from_disk.report().files() {
-        assert_eq!(file.strategy(), Strategy::Mmap, "{}", file.reason());
-        assert_ne!(file.mount().map(|m| m.kind), Some(MountKind::HfMount));
+    for file in &from_disk.report().files {
+        assert_eq!(file.strategy, Strategy::Mmap, "{}", file.explain());
+        assert_ne!(
+            file.mount.as_ref().map(|m| m.kind),
+            Some(MountKind::HfMount)
+        );
     }
     let text = from_fuse.report().to_string();
     assert!(text.contains("buffered: on hf-mount"), "{text}");
@@ -95,13 +98,13 @@ fn another_fuse_filesystem_is_generic_fuse_and_buffered() {
     assert!(!is_on_hf_mount(fs.path()));
     let sd = load_state_dict(fs.path(), None).unwrap();
     assert_eq!(loaded(&sd), sorted(&specs));
-    let file = &sd.report().files()[0];
-    assert_eq!(file.mount().unwrap().kind, MountKind::Fuse);
-    assert_eq!(file.strategy(), Strategy::Buffered);
+    let file = &sd.report().files[0];
+    assert_eq!(file.mount.as_ref().unwrap().kind, MountKind::Fuse);
+    assert_eq!(file.strategy, Strategy::Buffered);
     assert!(
-        file.reason().contains("on FUSE (fuse.s3fs) at"),
+        file.explain().contains("on FUSE (fuse.s3fs) at"),
         "{}",
-        file.reason()
+        file.reason
     );
 }
 
@@ -117,14 +120,14 @@ fn explicit_choice_overrides_the_policy_on_fuse() {
     // Mapping through FUSE works when asked for; it is the policy's choice not to.
     let sd = Loader::new().disable_mmap(false).load(fs.path()).unwrap();
     assert_eq!(loaded(&sd), sorted(&specs));
-    let file = &sd.report().files()[0];
-    assert_eq!(file.strategy(), Strategy::Mmap);
+    let file = &sd.report().files[0];
+    assert_eq!(file.strategy, Strategy::Mmap);
     assert!(
-        file.reason().contains("disable_mmap(false) was requested"),
+        file.explain().contains("disable_mmap(false) was requested"),
         "{}",
-        file.reason()
+        file.reason
     );
-    assert!(file.reason().contains("hf-mount"), "{}", file.reason());
+    assert!(file.explain().contains("hf-mount"), "{}", file.explain());
 }
 
 #[test]
@@ -145,7 +148,7 @@ fn decided_for_every_shard() {
 
     let sd = load_state_dict(local.path(), None).unwrap();
     assert_eq!(loaded(&sd), sorted(&specs));
-    let strategies: Vec<_> = sd.report().files().iter().map(|f| f.strategy()).collect();
+    let strategies: Vec<_> = sd.report().files.iter().map(|f| f.strategy).collect();
     assert_eq!(
         strategies,
         [Strategy::Buffered, Strategy::Mmap, Strategy::Mmap]

@@ -12,6 +12,7 @@
 //!
 //! Prefetch in one process, on local files: `tests/it/prefetch.rs`.
 
+use safeload::report::DirectIo;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -26,7 +27,7 @@ use crate::common::residency::{
 };
 use crate::common::*;
 use rustix::process::{Pid, Signal, kill_process};
-use safeload::{Loader, PrefetchOptions, prefetch};
+use safeload::{Loader, PrefetchOptions};
 use safeload_testfs::{Mount, Options, skip_without_fuse};
 use tempfile::tempdir;
 
@@ -113,20 +114,21 @@ fn act_as_rank() {
                 .prefetch_with(options)
                 .warm(&path)
         }
-        Err(_) => prefetch(&path, &options),
+        Err(_) => Loader::new().prefetch_with(options.clone()).warm(&path),
     }
     .unwrap();
     println!(
         "PREFETCH-REPORT {} {} {} {} {} {} {} {}",
-        report.rank(),
-        report.local_size(),
-        report.chunks_handled(),
-        report.chunks(),
-        report.warmed(),
-        report.skipped(),
-        report.skip_reasons().len(),
+        report.rank,
+        report.local_size,
+        report.chunks_handled,
+        report.chunks,
+        report.warmed,
+        report.skipped,
+        report.skip_reasons.len(),
         report
-            .queue_path()
+            .queue_path
+            .as_ref()
             .map_or("-".to_string(), |p| p.display().to_string()),
     );
     eprintln!("{report}");
@@ -408,18 +410,23 @@ fn a_prefetch_then_a_buffered_load_reads_nothing_twice() {
         assert_eq!(loaded(&sd), naive_load(&setup.shards), "{name}");
         let prefetch = sd
             .report()
-            .prefetch()
+            .prefetch
+            .as_ref()
             .expect("the prefetch asked for is reported");
-        assert_eq!(prefetch.warmed(), 0, "{name}: {prefetch}");
+        assert_eq!(prefetch.warmed, 0, "{name}: {prefetch}");
         assert!(
             prefetch
-                .skip_reasons()
+                .skip_reasons
                 .iter()
                 .any(|r| r.contains("not warmed")),
             "{name}: the report says why: {prefetch}"
         );
-        for file in sd.report().files() {
-            assert_eq!(file.strategy(), safeload::Strategy::Buffered, "{name}");
+        for file in &sd.report().files {
+            assert_eq!(
+                file.strategy,
+                safeload::report::Strategy::Buffered,
+                "{name}"
+            );
         }
         assert!(
             served as f64 <= 1.10 * total as f64,
@@ -435,8 +442,8 @@ fn a_prefetch_then_a_buffered_load_reads_nothing_twice() {
     let sd = Loader::new().disable_mmap(true).load(&setup.index).unwrap();
     let served = setup.fs.stats().bytes_read;
     assert_eq!(loaded(&sd), naive_load(&setup.shards));
-    for file in sd.report().files() {
-        assert!(!file.direct_io(), "warm: {}", file.reason());
+    for file in &sd.report().files {
+        assert_ne!(file.direct_io, DirectIo::On, "warm: {}", file.explain());
     }
     assert!(
         served as f64 <= 0.10 * total as f64,

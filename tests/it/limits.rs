@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use crate::common::cgroup::{Cgroup, Controller};
 use crate::common::child::{Held, PATH, child_command, run_role, spawn_held, wait_for_go};
 use safeload::mount::MountTable;
-use safeload::{ErrorKind, Loader, Strategy};
+use safeload::{ErrorKind, Loader, report::Strategy};
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 
@@ -56,9 +56,9 @@ fn load_in_child() {
         Ok(sd) => {
             let strategies: Vec<&str> = sd
                 .report()
-                .files()
+                .files
                 .iter()
-                .map(|f| f.strategy().as_str())
+                .map(|f| f.strategy.as_str())
                 .collect();
             // Touch every byte, so that a load that lied about its memory
             // would meet the limit here.
@@ -70,7 +70,7 @@ fn load_in_child() {
             println!(
                 "RESULT ok {} sum={sum} notes={:?}",
                 strategies.join(","),
-                sd.report().notes()
+                sd.report().notes
             );
         }
         Err(e) => println!("RESULT err {:?} {e}", e.kind()),

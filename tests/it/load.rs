@@ -1,9 +1,10 @@
 //! Loading: every dtype, single and sharded, both strategies, equal to what was written.
 
+use safeload::report::DirectIo;
 use std::sync::Arc;
 
 use crate::common::*;
-use safeload::{Dtype, ErrorKind, Loader, StateDict, Strategy, Tensor, load_state_dict};
+use safeload::{Dtype, ErrorKind, Loader, StateDict, Tensor, load_state_dict, report::Strategy};
 use tempfile::tempdir;
 
 #[test]
@@ -19,7 +20,7 @@ fn single_file_every_dtype_both_modes() {
         } else {
             Strategy::Mmap
         };
-        assert!(sd.report().files().iter().all(|f| f.strategy() == expected));
+        assert!(sd.report().files.iter().all(|f| f.strategy == expected));
         assert_eq!(sd.metadata().get("format").map(String::as_str), Some("pt"));
         assert_eq!(
             sd.total_bytes(),
@@ -37,9 +38,12 @@ fn sharded_every_dtype_both_modes_and_entry_points() {
         for entry in [index.clone(), dir.path().to_path_buf()] {
             let sd = load_state_dict(&entry, Some(disable)).unwrap();
             assert_eq!(loaded(&sd), sorted(&specs));
-            assert_eq!(sd.report().files().len(), 3);
+            assert_eq!(sd.report().files.len(), 3);
             let total = specs.iter().map(|s| s.data.len()).sum::<usize>();
-            assert_eq!(sd.index_metadata().unwrap()["total_size"], total);
+            assert_eq!(
+                sd.index_metadata().unwrap()["total_size"],
+                total.to_string()
+            );
         }
     }
 }
@@ -119,11 +123,16 @@ fn engine_settings_match_the_naive_reader() {
                     // not tmpfs, which refuses O_DIRECT and falls back).
                     let refused = sd
                         .report()
-                        .files()
+                        .files
                         .iter()
-                        .any(|f| f.reason().contains("O_DIRECT refused"));
+                        .any(|f| f.explain().contains("O_DIRECT refused"));
                     assert!(
-                        refused || sd.report().files().iter().all(|f| f.direct_io()),
+                        refused
+                            || sd
+                                .report()
+                                .files
+                                .iter()
+                                .all(|f| f.direct_io == DirectIo::On),
                         "{what}"
                     );
                 }
@@ -169,9 +178,9 @@ fn filter_loads_only_what_it_keeps() {
             .filter(|(_, s)| s.name.starts_with("f16."))
             .map(|(i, _)| i % 3)
             .collect();
-        assert_eq!(sd.report().files().len(), shards.len());
+        assert_eq!(sd.report().files.len(), shards.len());
         if disable {
-            let read: u64 = sd.report().files().iter().map(|f| f.bytes_read()).sum();
+            let read: u64 = sd.report().files.iter().map(|f| f.bytes_read).sum();
             assert_eq!(
                 read,
                 sd.total_bytes(),
@@ -241,9 +250,9 @@ fn symlinked_files_like_a_hub_cache_snapshot() {
         // Reported under the snapshot's names, not the blobs'.
         assert!(
             sd.report()
-                .files()
+                .files
                 .iter()
-                .all(|f| f.path().starts_with(&snapshot))
+                .all(|f| f.path.starts_with(&snapshot))
         );
     }
 }
@@ -451,7 +460,7 @@ fn runs_inside_a_caller_pool() {
             .install(|| load_state_dict(&index, Some(disable)))
             .unwrap();
         assert_eq!(loaded(&sd), sorted(&specs));
-        assert_eq!(sd.report().threads(), 1, "defaults to the pool's size");
+        assert_eq!(sd.report().threads, 1, "defaults to the pool's size");
     }
 }
 
@@ -463,11 +472,15 @@ fn report_describes_every_file() {
     for disable in MODES {
         let sd = load_state_dict(&index, Some(disable)).unwrap();
         let report = sd.report();
-        for file in report.files() {
-            assert!(file.path().exists());
-            assert_eq!(file.size(), std::fs::metadata(file.path()).unwrap().len());
-            assert!(file.reason().contains("disable_mmap"), "{}", file.reason());
-            assert_eq!(file.bytes_read() > 0, disable);
+        for file in &report.files {
+            assert!(file.path.exists());
+            assert_eq!(file.size, std::fs::metadata(&file.path).unwrap().len());
+            assert!(
+                file.explain().contains("disable_mmap"),
+                "{}",
+                file.explain()
+            );
+            assert_eq!(file.bytes_read > 0, disable);
         }
         let text = report.to_string();
         assert!(

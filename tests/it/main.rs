@@ -4,7 +4,7 @@
 //!
 //! Run one subject with a filter on its module: `cargo test --test it
 //! malformed::`. The modules of the optional features are compiled with them:
-//! `cargo test --features candle,tracing --test it candle:: tracing::`.
+//! `cargo test --features candle,tracing,serde --test it candle:: tracing:: report_json::`.
 //!
 //! The modules share one process, and its tests run beside each other:
 //!
@@ -21,6 +21,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod api;
 mod checkpoint;
 mod convert_load;
 mod environment;
@@ -43,5 +44,7 @@ mod verify;
 
 #[cfg(feature = "candle")]
 mod candle;
+#[cfg(feature = "serde")]
+mod report_json;
 #[cfg(feature = "tracing")]
 mod tracing;

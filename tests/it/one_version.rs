@@ -4,6 +4,7 @@
 //! caches do. Each version's tensors hold its own marker byte and its header
 //! names it, so a load that mixed two versions is seen in its bytes.
 
+use safeload::report::DirectIo;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,8 +46,8 @@ fn versions_seen(sd: &StateDict) -> Vec<u8> {
             seen[usize::from(byte)] = true;
         }
     }
-    for file in sd.report().files() {
-        let meta = file.metadata().and_then(|m| m.get("version"));
+    for file in &sd.report().files {
+        let meta = file.metadata.as_ref().and_then(|m| m.get("version"));
         if let Some(v) = meta.and_then(|v| v.parse::<u8>().ok()) {
             seen[usize::from(v)] = true;
         }
@@ -124,7 +125,7 @@ fn a_file_replaced_by_rename_during_buffered_loads_never_mixes() {
         let loader = Loader::new().disable_mmap(true).direct_io(direct);
         let results = race(publish, || {
             let sd = loader.load(&target).unwrap();
-            let direct_used = sd.report().files()[0].direct_io();
+            let direct_used = sd.report().files[0].direct_io == DirectIo::On;
             (versions_seen(&sd), direct_used)
         });
         let mixed = results.iter().filter(|(v, _)| v.len() != 1).count();
@@ -259,7 +260,7 @@ fn a_file_replaced_in_a_fuse_mounts_source_during_loads_never_mixes() {
             // left in the page cache is not read.
             safeload::evict(&through).unwrap();
             let sd = loader.load(&through).unwrap();
-            let direct = sd.report().files()[0].direct_io();
+            let direct = sd.report().files[0].direct_io == DirectIo::On;
             (versions_seen(&sd), direct)
         });
         let mixed = results.iter().filter(|(v, _)| v.len() != 1).count();

@@ -5,7 +5,7 @@
 
 use crate::common::*;
 use safeload::mount::{MountKind, MountTable};
-use safeload::{Loader, Strategy};
+use safeload::{Loader, report::Strategy};
 use tempfile::tempdir;
 
 /// A table that puts every path on one filesystem, mounted at `/`.
@@ -24,14 +24,14 @@ fn every_kind_gets_its_strategy() {
             "36 25 0:50 / / ro,nosuid,nodev - fuse hf-mount ro,user_id=0,group_id=0",
             MountKind::HfMount,
             Strategy::Buffered,
-            "mmap page faults stall on FUSE",
+            "a userspace daemon serves it, where mmap page faults stall",
         ),
         // hf-mount's NFS mode: a userspace NFS server on loopback
         (
             "36 25 0:50 / / rw - nfs4 127.0.0.1:/ rw,vers=4.1,addr=127.0.0.1",
             MountKind::HfMount,
             Strategy::Buffered,
-            "userspace server on loopback",
+            "on hf-mount (nfs4) at / — a userspace daemon serves it",
         ),
         (
             "36 25 0:50 / / rw - fuse.sshfs me@host:/data rw,user_id=0",
@@ -64,10 +64,10 @@ fn every_kind_gets_its_strategy() {
             .load(dir.path())
             .unwrap();
         assert_eq!(loaded(&sd), sorted(&specs));
-        let file = &sd.report().files()[0];
-        assert_eq!(file.mount().unwrap().kind, kind, "{line}");
-        assert_eq!(file.strategy(), strategy, "{line}");
-        assert!(file.reason().contains(words), "{line}: {}", file.reason());
+        let file = &sd.report().files[0];
+        assert_eq!(file.mount.as_ref().unwrap().kind, kind, "{line}");
+        assert_eq!(file.strategy, strategy, "{line}");
+        assert!(file.explain().contains(words), "{line}: {}", file.reason);
     }
 }
 
@@ -85,13 +85,13 @@ fn memory_guard_maps_auto_files_and_refuses_explicit_buffered() {
         .load(&index)
         .unwrap();
     assert_eq!(loaded(&sd), sorted(&specs));
-    for file in sd.report().files() {
-        assert_eq!(file.strategy(), Strategy::Mmap);
+    for file in &sd.report().files {
+        assert_eq!(file.strategy, Strategy::Mmap);
         assert!(
-            file.reason()
+            file.explain()
                 .contains("of memory is available, mapped instead"),
             "{}",
-            file.reason()
+            file.reason
         );
     }
 
@@ -118,8 +118,8 @@ fn memory_guard_maps_auto_files_and_refuses_explicit_buffered() {
         .unwrap();
     assert!(
         sd.report()
-            .files()
+            .files
             .iter()
-            .all(|f| f.strategy() == Strategy::Buffered)
+            .all(|f| f.strategy == Strategy::Buffered)
     );
 }

@@ -21,7 +21,7 @@ use crate::common::residency::{
 };
 use crate::common::*;
 use safeload::mount::MountTable;
-use safeload::{Dtype, Loader, PrefetchMethod, PrefetchOptions, PrefetchReport};
+use safeload::{Dtype, Loader, PrefetchOptions, report::PrefetchMethod, report::PrefetchReport};
 use tempfile::tempdir;
 
 /// Set: the child refuses itself `cachestat(2)` with `EPERM` (a seccomp
@@ -48,7 +48,7 @@ fn settings_from_the_environment() {
     let path = PathBuf::from(std::env::var(PATH).unwrap());
     let reason = |loader: Loader| {
         let sd = loader.load(&path).unwrap();
-        sd.report().prefetch().map(|p| p.reason().to_string())
+        sd.report().prefetch.as_ref().map(|p| p.reason.to_string())
     };
     // SAFETY: this process runs one test (`--exact prefetch::child`), on this thread.
     unsafe { std::env::set_var("HF_SHARD_PREFETCH", "3") };
@@ -81,10 +81,7 @@ fn probe_residency() {
     let report = Loader::new().local_rank(0, 1).warm(&path).unwrap();
     println!(
         "PROBE-REPORT {} {} {} {}",
-        report.residency_known(),
-        report.resident_before(),
-        report.warmed(),
-        report.method(),
+        report.residency_known, report.resident_before, report.warmed, report.method,
     );
 }
 
@@ -185,24 +182,24 @@ fn the_memory_guard_skips_and_says_why() {
         .prefetch_with(PrefetchOptions::new().chunk_size(PREFETCH_CHUNK))
         .warm(&index)
         .unwrap();
-    assert!(report.ran());
-    assert_eq!(report.resident_before(), 0);
+    assert!(report.ran);
+    assert_eq!(report.resident_before, 0);
     let budget = available * 9 / 10;
-    assert!(report.warmed() > 0, "{report}");
-    assert!(report.skipped() >= total - budget, "{report}");
+    assert!(report.warmed > 0, "{report}");
+    assert!(report.skipped >= total - budget, "{report}");
     // What is resident is within the budget: no read-ahead into the skipped part.
     let resident: u64 = shards.iter().map(|s| residency(s).0 as u64 * 4096).sum();
     assert!(resident <= budget, "{resident} resident: {report}");
     // The report counted what is resident now, and what the kernel has
     // reclaimed since (nothing read it back: this process is the only
     // reader).
-    let after = report.resident_after().unwrap();
+    let after = report.resident_after.unwrap();
     let reclaimed = reclaimed_bytes(&shards);
     assert!(
         resident <= after && after <= resident + reclaimed,
         "{after} resident after, {resident} now, {reclaimed} reclaimed"
     );
-    let why = report.skip_reasons().join("; ");
+    let why = report.skip_reasons.join("; ");
     assert!(why.contains("memory guard"), "{why}");
     assert!(why.contains("90% of 1.00 MiB available"), "{why}");
     assert!(report.to_string().contains("memory guard"), "{report}");
@@ -214,8 +211,8 @@ fn the_memory_guard_skips_and_says_why() {
         .memory_available(available)
         .load(&index)
         .unwrap();
-    let p = sd.report().prefetch().expect("prefetch ran");
-    assert!(p.skipped() > 0, "{p}");
+    let p = sd.report().prefetch.as_ref().expect("prefetch ran");
+    assert!(p.skipped > 0, "{p}");
     let text = sd.report().to_string();
     assert!(text.contains("memory guard"), "{text}");
 }
@@ -229,10 +226,10 @@ fn a_warm_checkpoint_costs_only_a_check() {
         .prefetch_with(PrefetchOptions::new().chunk_size(PREFETCH_CHUNK));
     let cold = loader.warm(&index).unwrap();
     // Some chunks arrive with the kernel's read-ahead for the one before.
-    assert!(cold.warmed() > 0 && cold.warmed() <= total, "{cold}");
+    assert!(cold.warmed > 0 && cold.warmed <= total, "{cold}");
     // Every byte, but for what the kernel may have reclaimed since the
     // report counted (see `common::residency`).
-    let after = cold.resident_after().unwrap();
+    let after = cold.resident_after.unwrap();
     let reclaimed = reclaimed_bytes(&shards);
     assert!(
         after <= total && after + reclaimed >= total,
@@ -245,11 +242,11 @@ fn a_warm_checkpoint_costs_only_a_check() {
     let refaults = system_refaulted_file_pages();
     let warm = loader.warm(&index).unwrap();
     let refaulted = (system_refaulted_file_pages() - refaults) * 4096;
-    assert!(total - warm.resident_before() <= refaulted, "{warm}");
-    assert!(warm.warmed() + warm.reread() <= refaulted, "{warm}");
+    assert!(total - warm.resident_before <= refaulted, "{warm}");
+    assert!(warm.warmed + warm.reread <= refaulted, "{warm}");
     if refaulted == 0 {
         assert_eq!(
-            (warm.resident_before(), warm.chunks_handled()),
+            (warm.resident_before, warm.chunks_handled),
             (total, 0),
             "{warm}"
         );
@@ -270,7 +267,7 @@ fn both_methods_warm_every_byte() {
             )
             .warm(&index)
             .unwrap();
-        assert_eq!(report.method(), method);
+        assert_eq!(report.method, method);
         eprintln!("{report}");
         assert_resident_unless_reclaimed(&shards);
     }
@@ -289,24 +286,24 @@ fn prefetch_then_load_gives_the_same_tensors() {
             .load(dir.path())
             .unwrap();
         assert_eq!(loaded(&sd), naive, "disable_mmap({disable_mmap})");
-        let p = sd.report().prefetch().expect("asked for");
-        assert!(p.reason().contains("prefetch(3)"), "{p}");
+        let p = sd.report().prefetch.as_ref().expect("asked for");
+        assert!(p.reason.contains("prefetch(3)"), "{p}");
         if disable_mmap {
             // One rank alone reads its buffered files with its own
             // streaming reads: a prefetch first would only add a pass.
-            assert!(!p.ran(), "{p}");
+            assert!(!p.ran, "{p}");
             assert!(
-                p.skip_reasons().iter().any(|r| r.contains("not warmed")),
+                p.skip_reasons.iter().any(|r| r.contains("not warmed")),
                 "{p}"
             );
         } else {
-            assert!(p.ran(), "{p}");
-            assert_eq!((p.files(), p.streams(), p.local_size()), (3, 3, 1));
-            assert_eq!(p.total_bytes(), total_size(&shards));
+            assert!(p.ran, "{p}");
+            assert_eq!((p.files, p.streams, p.local_size), (3, 3, 1));
+            assert_eq!(p.total_bytes, total_size(&shards));
         }
         let plain = safeload::load_state_dict(dir.path(), Some(disable_mmap)).unwrap();
         assert_eq!(loaded(&sd), loaded(&plain));
-        assert!(plain.report().prefetch().is_none());
+        assert!(plain.report().prefetch.is_none());
     }
 }
 
@@ -327,51 +324,47 @@ fn auto_policy_prefetches_a_cold_network_checkpoint_then_maps_it() {
     let sd = load(Loader::new());
     let p = sd
         .report()
-        .prefetch()
+        .prefetch
+        .as_ref()
         .expect("considered on a network filesystem");
-    assert!(p.ran(), "{p}");
-    assert!(p.reason().contains("on network (nfs4) at /"), "{p}");
-    assert_eq!(p.streams(), 4);
+    assert!(p.ran, "{p}");
+    assert!(p.reason.contains("on network (nfs4) at /"), "{p}");
+    assert_eq!(p.streams, 4);
     // The loader has read each file's header by then: those pages were
     // resident already.
-    assert_eq!(p.warmed() + p.resident_before(), total);
-    assert!(p.warmed() > total / 2, "{p}");
+    assert_eq!(p.warmed + p.resident_before, total);
+    assert!(p.warmed > total / 2, "{p}");
     assert!(
         sd.report()
-            .files()
+            .files
             .iter()
-            .all(|f| f.strategy() == safeload::Strategy::Mmap)
+            .all(|f| f.strategy == safeload::report::Strategy::Mmap)
     );
 
     // Warm now: a check, nothing read.
     let sd = load(Loader::new());
-    let p = sd.report().prefetch().unwrap();
-    assert!(!p.ran(), "{p}");
-    assert!(p.reason().contains("already in the page cache"), "{p}");
+    let p = sd.report().prefetch.as_ref().unwrap();
+    assert!(!p.ran, "{p}");
+    assert!(p.reason.contains("already in the page cache"), "{p}");
     assert!(sd.report().to_string().contains("not prefetched"));
 
     // Cold, but larger than the memory guard allows.
     safeload::evict(&index).unwrap();
     let sd = load(Loader::new().memory_available(1 << 20));
-    let p = sd.report().prefetch().unwrap();
-    assert!(!p.ran(), "{p}");
+    let p = sd.report().prefetch.as_ref().unwrap();
+    assert!(!p.ran, "{p}");
     assert_eq!(
-        p.skipped() + p.resident_before(),
+        p.skipped + p.resident_before,
         total,
         "headers were read: {p}"
     );
-    assert!(p.skip_reasons()[0].contains("memory guard"), "{p}");
+    assert!(p.skip_reasons[0].contains("memory guard"), "{p}");
 
     // Turned off by the caller; and on a local disk not considered.
-    assert!(
-        load(Loader::new().prefetch(0))
-            .report()
-            .prefetch()
-            .is_none()
-    );
+    assert!(load(Loader::new().prefetch(0)).report().prefetch.is_none());
     let local = MountTable::parse("36 25 254:0 / / rw,relatime - ext4 /dev/vda rw");
     let sd = Loader::new().mount_table(local).load(&index).unwrap();
-    assert!(sd.report().prefetch().is_none());
+    assert!(sd.report().prefetch.is_none());
 }
 
 /// What a `probe` child saw: residency known, bytes resident before, bytes

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::common::{self, *};
-use safeload::{Loader, Phase, Progress};
+use safeload::{Loader, report::Phase, report::Progress};
 use tempfile::tempdir;
 
 fn recorder() -> (
@@ -99,7 +99,7 @@ fn prefetch_reports_what_it_warms() {
     assert_eq!(last.files_done, 2);
     // Every chunk this process handled is counted, resident or not.
     assert!(
-        last.bytes_done >= report.warmed().min(last.bytes_total),
+        last.bytes_done >= report.warmed.min(last.bytes_total),
         "{last:?} {report}"
     );
 }

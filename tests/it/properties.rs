@@ -402,7 +402,7 @@ proptest! {
         for entry in [index.as_path(), dir.path()] {
             let (buffered, _) = loads_back(entry, &specs)?;
             let used = shards.min(specs.len());
-            prop_assert_eq!(buffered.report().files().len(), used);
+            prop_assert_eq!(buffered.report().files.len(), used);
         }
         // The naive twin over the shards that hold tensors.
         let holding: Vec<PathBuf> =
@@ -440,7 +440,7 @@ proptest! {
         }
         for tensor in mapped.tensors() {
             if let Some(view) = typed_view(tensor) {
-                if tensor.is_aligned() || tensor.len_bytes() == 0 {
+                if tensor.is_aligned() || tensor.nbytes() == 0 {
                     prop_assert_eq!(view, Ok(tensor.num_elements()), "mapped {}", tensor.name());
                 } else {
                     prop_assert!(

@@ -10,6 +10,7 @@
 //! loads run in a child process (this binary again, `child` below) and the
 //! parent compares what the child printed with its own plain read.
 
+use safeload::report::DirectIo;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -17,7 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::common::child::{PATH, child_command, run_role};
 use crate::common::*;
-use safeload::{Dtype, Loader, Strategy};
+use safeload::{Dtype, Loader, report::Strategy};
 use tempfile::tempdir;
 
 /// The shim. `SAFELOAD_SHIM_MODE=halve` (the default) passes half of each
@@ -137,19 +138,24 @@ fn load_every_mode() {
             Err(e) => panic!("{name}: {e}"),
         };
         let seconds = started.elapsed().as_secs_f64();
-        let direct = sd.report().files().iter().filter(|f| f.direct_io()).count();
+        let direct = sd
+            .report()
+            .files
+            .iter()
+            .filter(|f| f.direct_io == DirectIo::On)
+            .count();
         let dropped = sd
             .report()
-            .files()
+            .files
             .iter()
-            .filter(|f| f.reason().contains("direct I/O dropped"))
+            .filter(|f| matches!(f.direct_io, DirectIo::Dropped(_)))
             .count();
         if name == "mmap" {
             assert!(
                 sd.report()
-                    .files()
+                    .files
                     .iter()
-                    .all(|f| f.strategy() == Strategy::Mmap),
+                    .all(|f| f.strategy == Strategy::Mmap),
                 "{}",
                 sd.report()
             );

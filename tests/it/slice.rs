@@ -174,7 +174,7 @@ fn a_dim0_slice_of_a_mapped_file_is_a_view_of_the_map() {
     );
     // A column slice owns exactly its bytes.
     let cols = ck.read_slice("f32.m", &[0..5, 0..2]).unwrap();
-    assert_eq!(cols.len_bytes(), 5 * 2 * 4);
+    assert_eq!(cols.nbytes(), 5 * 2 * 4);
     assert!(cols.is_aligned());
 }
 
@@ -220,9 +220,9 @@ fn bad_slices_are_typed_errors_naming_the_tensor_and_file() {
         );
         // A world larger than the dimension gives empty parts.
         let empty = ck.shard("u8.v", 0, 10, 11).unwrap();
-        assert_eq!((empty.shape(), empty.len_bytes()), (&[0][..], 0));
+        assert_eq!((empty.shape(), empty.nbytes()), (&[0][..], 0));
         // F4 slices on byte boundaries work: two elements are a byte.
-        assert_eq!(ck.read_slice("f4.m", &[1..3, 2..6]).unwrap().len_bytes(), 4);
+        assert_eq!(ck.read_slice("f4.m", &[1..3, 2..6]).unwrap().nbytes(), 4);
     }
 }
 

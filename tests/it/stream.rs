@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crate::common::cgroup::{Cgroup, Controller};
 use crate::common::child::{PATH, child_command, run_role, spawn_held, wait_for_go};
 use crate::common::{MODES, Spec, spec, write_sharded};
-use safeload::{Checkpoint, ErrorKind, Loader, Strategy};
+use safeload::{Checkpoint, ErrorKind, Loader, report::Strategy};
 use safetensors::Dtype;
 
 const KIB: u64 = 1 << 10;
@@ -162,7 +162,7 @@ fn every_tensor_arrives_once_in_file_order_with_the_bytes_of_a_load() {
         } else {
             Strategy::Mmap
         };
-        assert!(ck.report().files().iter().all(|f| f.strategy() == strategy));
+        assert!(ck.report().files.iter().all(|f| f.strategy == strategy));
         let sd = loader(disable_mmap).load(&index).unwrap();
         assert_eq!(common::loaded(&sd), common::sorted(&specs()));
         let expected: Vec<Spec> = ck
@@ -398,7 +398,7 @@ fn cap_in_child() {
     let (mut handed_out, mut fullest) = (0u64, 0u64);
     ck.for_each(CAP, |t| -> safeload::Result<()> {
         let name = t.name().to_string();
-        handed_out += t.len_bytes() as u64;
+        handed_out += t.nbytes() as u64;
         // A clone kept, the tensor itself dropped: the bytes stay counted
         // until every clone is gone.
         held.push_back(t.clone());
@@ -413,7 +413,7 @@ fn cap_in_child() {
             read >= handed_out,
             "{name}: {read} read, {handed_out} handed out"
         );
-        let held_bytes: u64 = held.iter().map(|t| t.len_bytes() as u64).sum();
+        let held_bytes: u64 = held.iter().map(|t| t.nbytes() as u64).sum();
         let ahead = read - handed_out;
         assert!(
             held_bytes + ahead <= CAP,

@@ -43,34 +43,30 @@ fn render(source: &Source, checkpoint: &Checkpoint) -> String {
         source.path().display(),
         checkpoint.len(),
         HumanBytes(checkpoint.total_bytes()),
-        report.files().len(),
+        report.files.len(),
     );
     if let Some(index) = checkpoint.index_metadata() {
         let pairs: Vec<String> = index
             .iter()
-            .map(|(key, value)| match value {
-                serde_json::Value::String(s) => format!("{key}={s}"),
-                other => format!("{key}={other}"),
-            })
+            .map(|(key, value)| format!("{key}={value}"))
             .collect();
         let _ = writeln!(out, "index metadata: {}", pairs.join(", "));
     }
 
     let widths = Widths::of(checkpoint);
     let by_file = tensors_by_file(checkpoint);
-    for (file, tensors) in report.files().iter().zip(&by_file) {
+    for (file, tensors) in report.files.iter().zip(&by_file) {
         let _ = writeln!(
             out,
             "\n{}  {} tensors, {} ({} file)",
-            file.path().display(),
-            file.tensors(),
-            HumanBytes(file.tensor_bytes()),
-            HumanBytes(file.size()),
+            file.path.display(),
+            file.tensors,
+            HumanBytes(file.tensor_bytes),
+            HumanBytes(file.size),
         );
-        let _ = writeln!(out, "  a load would {}: {}", verb(file), file.reason());
-        if let Some(metadata) = file.metadata().filter(|m| !m.is_empty()) {
-            let mut pairs: Vec<String> = metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            pairs.sort();
+        let _ = writeln!(out, "  a load would {}: {}", verb(file), file.explain());
+        if let Some(metadata) = file.metadata.as_ref().filter(|m| !m.is_empty()) {
+            let pairs: Vec<String> = metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(out, "  metadata: {}", pairs.join(", "));
         }
         let _ = writeln!(
@@ -118,10 +114,10 @@ fn tensors_by_file(checkpoint: &Checkpoint) -> Vec<Vec<&TensorInfo>> {
     groups
 }
 
-fn verb(file: &safeload::FileReport) -> &'static str {
-    match file.strategy() {
-        safeload::Strategy::Mmap => "map it",
-        safeload::Strategy::Buffered => "read it (buffered)",
+fn verb(file: &safeload::report::FileReport) -> &'static str {
+    match file.strategy {
+        safeload::report::Strategy::Mmap => "map it",
+        safeload::report::Strategy::Buffered => "read it (buffered)",
     }
 }
 

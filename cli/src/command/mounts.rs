@@ -29,7 +29,7 @@ pub fn run(args: &MountsArgs) -> Result<(), Failure> {
     if args.json {
         let value = json::Mounts {
             path: path.to_string_lossy().into_owned(),
-            mount: json::MountInfo::new(&found),
+            mount: found.clone(),
             auto_policy: json::Policy::new(&found.auto_policy()),
             environment: environment
                 .iter()
@@ -83,7 +83,7 @@ fn describe(path: &Path, found: &Mount, environment: &[(&str, String)]) -> Strin
 
     let policy = found.auto_policy();
     let _ = writeln!(out, "auto policy:  {}: {}", policy.strategy, policy.reason);
-    if policy.strategy == safeload::Strategy::Buffered {
+    if policy.strategy == safeload::report::Strategy::Buffered {
         let direct = if policy.direct_io {
             "O_DIRECT for a file not already in the page cache"
         } else {

@@ -4,8 +4,8 @@ use safeload::{Loader, PrefetchOptions};
 
 use crate::args::PrefetchArgs;
 use crate::failure::Failure;
+use crate::output;
 use crate::progress::Bars;
-use crate::{json, output};
 
 /// Runs `safeload prefetch`.
 pub fn run(args: &PrefetchArgs) -> Result<(), Failure> {
@@ -22,7 +22,7 @@ pub fn run(args: &PrefetchArgs) -> Result<(), Failure> {
     }
     let report = bars.close(loader.warm(&args.path))?;
     if args.json {
-        output::json(&json::Prefetch::new(&report))
+        output::json(&report)
     } else {
         output::text(&format!("{report}\n"))
     }

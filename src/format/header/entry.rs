@@ -1,6 +1,6 @@
 //! The serde visitors that read a header's JSON in one pass: its tensor entries, its metadata, and the values skipped as the reference skips them.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
 
 use safetensors::Dtype;
@@ -9,7 +9,7 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
 /// The header's entries in the order the JSON gives them.
 pub(super) struct Entries {
-    pub(super) metadata: Option<HashMap<String, String>>,
+    pub(super) metadata: Option<BTreeMap<String, String>>,
     pub(super) tensors: Vec<(String, Entry)>,
 }
 

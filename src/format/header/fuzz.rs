@@ -60,6 +60,6 @@ pub fn parse_file(file: &[u8]) -> Result<ParsedHeader, ErrorKind> {
                 data_offsets: (t.start, t.end),
             })
             .collect(),
-        metadata: header.metadata,
+        metadata: header.metadata.map(|m| m.into_iter().collect()),
     })
 }

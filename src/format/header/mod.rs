@@ -8,7 +8,7 @@
 //! hidden entry the fuzz crate calls; `tests` and `reference_verdicts` the
 //! unit tests and the verdicts held to the reference's.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use safetensors::Dtype;
 
@@ -54,7 +54,7 @@ pub(crate) struct Header {
     /// Tensors in file order: by offset, ties (empty tensors) by name.
     pub tensors: Vec<TensorEntry>,
     /// The `__metadata__` object.
-    pub metadata: Option<HashMap<String, String>>,
+    pub metadata: Option<BTreeMap<String, String>>,
 }
 
 impl TensorEntry {

@@ -117,11 +117,11 @@ fn symlinked_shards_are_followed() {
     let sd = load_state_dict(&snapshot, Some(true)).unwrap();
     assert!(
         sd.report()
-            .files()
+            .files
             .iter()
-            .all(|f| f.path().starts_with(&snapshot)),
+            .all(|f| f.path.starts_with(&snapshot)),
         "{:?}",
-        sd.report().files()
+        sd.report().files
     );
 }
 

@@ -1,73 +1,51 @@
 //! What a load did, as data and as text: per file the filesystem, strategy, reason, bytes and time; the prefetch's rank split and guard; byte and rate formatting.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::mount::Mount;
 use crate::mount::MountKind;
-use crate::policy::{
-    DISABLE_MMAP_ENV, Direct, Fallback, FileDecision, Origin, PrefetchMethod, ReadMode, Strategy,
-};
+pub use crate::policy::{DirectIo, Fallback, PrefetchMethod, Reason, Strategy};
+pub use crate::prefetch::RankSource;
+pub use crate::progress::{Phase, Progress};
 
-/// How a load went: one [`FileReport`] per file, and the totals.
+#[cfg(feature = "serde")]
+mod json;
+
+use crate::policy::{DISABLE_MMAP_ENV, FileDecision, auto_rule};
+
+/// How a load went: one [`FileReport`] per file, and the totals. `Display`
+/// prints it for people, a line or three per file.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct LoadReport {
-    pub(crate) files: Vec<FileReport>,
-    pub(crate) elapsed: Duration,
-    pub(crate) threads: usize,
-    pub(crate) io_concurrency: usize,
-    pub(crate) prefetch: Option<PrefetchReport>,
-    pub(crate) notes: Vec<String>,
-    /// How many reads were kept in flight, and why.
-    pub(crate) io: Option<crate::adapt::Settled>,
-}
-
-impl LoadReport {
     /// Per file, in load order.
-    pub fn files(&self) -> &[FileReport] {
-        &self.files
-    }
-
+    pub files: Vec<FileReport>,
     /// Wall time of the whole load.
-    pub fn elapsed(&self) -> Duration {
-        self.elapsed
-    }
-
+    pub elapsed: Duration,
     /// Files opened and parsed at once.
-    pub fn threads(&self) -> usize {
-        self.threads
-    }
-
-    /// Reads in flight at once for buffered files: the count the caller set,
-    /// or the one the load settled on by measuring throughput (see
-    /// [`io_concurrency_reason`](Self::io_concurrency_reason)).
-    pub fn io_concurrency(&self) -> usize {
-        self.io_concurrency
-    }
-
+    pub threads: usize,
+    /// Reads in flight at once for buffered files: the count the caller set
+    /// ([`Loader::io_concurrency`](crate::Loader::io_concurrency)), or the
+    /// one the load settled on by measuring throughput.
+    pub io_concurrency: usize,
     /// How [`io_concurrency`](Self::io_concurrency) was found, in words:
     /// each count tried and its throughput; `None` where nothing was read.
-    pub fn io_concurrency_reason(&self) -> Option<String> {
-        self.io.as_ref().map(ToString::to_string)
-    }
-
+    pub io_concurrency_reason: Option<String>,
     /// What the page-cache prefetch before the load did and why: `Some`
     /// where it was asked for ([`Loader::prefetch`](crate::Loader::prefetch),
     /// `SAFELOAD_PREFETCH`) or considered by the auto policy (files on a
     /// network filesystem), also when it decided not to run.
-    pub fn prefetch(&self) -> Option<&PrefetchReport> {
-        self.prefetch.as_ref()
-    }
-
+    pub prefetch: Option<PrefetchReport>,
     /// What the load could not do as planned and did otherwise, in words:
     /// e.g. fewer reader threads than asked because the OS refused more
     /// (`RLIMIT_NPROC`, a cgroup's `pids.max`). Empty when all went to plan.
-    pub fn notes(&self) -> &[String] {
-        &self.notes
-    }
+    pub notes: Vec<String>,
+}
 
+impl LoadReport {
     /// Values that became infinite when converted, over all files
     /// ([`FileReport::overflowed`]).
     pub fn overflowed(&self) -> u64 {
@@ -97,77 +75,61 @@ fn gib_per_s(bytes: u64, elapsed: Duration) -> Option<f64> {
     (bytes > 0 && secs > 0.0).then(|| bytes as f64 / (1u64 << 30) as f64 / secs)
 }
 
-/// How one file was read.
+/// How one file was read: what, how, why and how fast.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct FileReport {
-    pub(crate) path: PathBuf,
-    pub(crate) size: u64,
-    pub(crate) tensors: usize,
-    pub(crate) tensor_bytes: u64,
-    pub(crate) bytes_read: u64,
-    pub(crate) direct_io: bool,
-    pub(crate) strategy: Strategy,
-    pub(crate) reason: String,
-    pub(crate) mount: Option<Mount>,
-    pub(crate) elapsed: Duration,
-    pub(crate) metadata: Option<HashMap<String, String>>,
-    pub(crate) sha256: Option<String>,
-    pub(crate) converted: usize,
-    pub(crate) overflowed: u64,
-}
-
-impl FileReport {
     /// The file's path, as opened (symlinks not resolved).
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
+    pub path: PathBuf,
     /// The file's size in bytes.
-    pub fn size(&self) -> u64 {
-        self.size
-    }
-
+    pub size: u64,
     /// Tensors loaded from it (after the filter).
-    pub fn tensors(&self) -> usize {
-        self.tensors
-    }
-
+    pub tensors: usize,
     /// Bytes of tensor data loaded from it (after the filter).
-    pub fn tensor_bytes(&self) -> u64 {
-        self.tensor_bytes
-    }
-
+    pub tensor_bytes: u64,
     /// Bytes read at load time: the tensor data of a buffered file (and of
     /// its converted tensors), the whole file where a map was populated;
     /// zero for a file mapped lazily.
-    pub fn bytes_read(&self) -> u64 {
-        self.bytes_read
-    }
-
-    /// Whether its buffered reads bypassed the page cache (`O_DIRECT`).
-    pub fn direct_io(&self) -> bool {
-        self.direct_io
-    }
-
+    pub bytes_read: u64,
     /// Whether it was mapped or read.
-    pub fn strategy(&self) -> Strategy {
-        self.strategy
-    }
-
-    /// Why, in words.
-    pub fn reason(&self) -> &str {
-        &self.reason
-    }
-
+    pub strategy: Strategy,
+    /// The rule that chose the strategy first.
+    pub reason: Reason,
+    /// What overrode that choice, if anything.
+    pub fallback: Option<Fallback>,
+    /// Whether its buffered reads bypassed the page cache, or why not.
+    pub direct_io: DirectIo,
     /// The filesystem it lives on, where it could be found.
-    pub fn mount(&self) -> Option<&Mount> {
-        self.mount.as_ref()
-    }
-
+    pub mount: Option<Mount>,
     /// From opening the file to its last byte read (buffered) or its map
     /// made (mapped).
-    pub fn elapsed(&self) -> Duration {
-        self.elapsed
+    pub elapsed: Duration,
+    /// Tensors converted to another dtype while loading
+    /// ([`Loader::dtype`](crate::Loader::dtype)).
+    pub converted: usize,
+    /// Values that were finite in the file and became infinite when
+    /// converted (they rounded beyond the target's largest value).
+    pub overflowed: u64,
+    /// The file's SHA-256 in lowercase hex, where the load computed it
+    /// ([`Loader::verify`](crate::Loader::verify)); a file whose digest was
+    /// expected (its cache blob name, or `expect_sha256`) has been checked
+    /// against it.
+    pub sha256: Option<String>,
+    /// The file's own `__metadata__`.
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+impl FileReport {
+    /// Why the file was read as it was, in words: the fallback, the rule
+    /// and its filesystem, and what became of direct I/O, e.g. `on hf-mount
+    /// (fuse) at /mnt/hub — mmap page faults stall on FUSE`.
+    pub fn explain(&self) -> String {
+        explain(
+            &self.reason,
+            self.fallback.as_ref(),
+            &self.direct_io,
+            self.mount.as_ref(),
+        )
     }
 
     /// Bytes read per second over [`elapsed`](Self::elapsed), in GiB/s:
@@ -180,31 +142,6 @@ impl FileReport {
     /// are read when first touched.
     pub fn lazy(&self) -> bool {
         self.strategy == Strategy::Mmap && self.bytes_read == 0
-    }
-
-    /// Tensors converted to another dtype while loading
-    /// ([`Loader::dtype`](crate::Loader::dtype)).
-    pub fn converted(&self) -> usize {
-        self.converted
-    }
-
-    /// Values that were finite in the file and became infinite when
-    /// converted (they rounded beyond the target's largest value).
-    pub fn overflowed(&self) -> u64 {
-        self.overflowed
-    }
-
-    /// The file's SHA-256 in lowercase hex, where the load computed it
-    /// ([`Loader::verify`](crate::Loader::verify)); a file whose digest was
-    /// expected (its cache blob name, or `expect_sha256`) has been checked
-    /// against it.
-    pub fn sha256(&self) -> Option<&str> {
-        self.sha256.as_deref()
-    }
-
-    /// The file's own `__metadata__`.
-    pub fn metadata(&self) -> Option<&HashMap<String, String>> {
-        self.metadata.as_ref()
     }
 }
 
@@ -225,7 +162,7 @@ impl fmt::Display for LoadReport {
             )?,
             None => write!(f, ", nothing read (mapped)")?,
         }
-        match &self.io {
+        match &self.io_concurrency_reason {
             Some(io) => writeln!(f, "; {} file(s) at once, {io}", self.threads)?,
             None => writeln!(f, "; {} file(s) at once", self.threads)?,
         }
@@ -253,8 +190,12 @@ impl fmt::Display for LoadReport {
                 )?,
                 None => writeln!(f, "  mapped (pages are read when first touched)")?,
             }
-            let direct = if file.direct_io { " (O_DIRECT)" } else { "" };
-            writeln!(f, "    {}{direct}: {}", file.strategy, file.reason)?;
+            let direct = if file.direct_io == DirectIo::On {
+                " (O_DIRECT)"
+            } else {
+                ""
+            };
+            writeln!(f, "    {}{direct}: {}", file.strategy, file.explain())?;
             if file.converted > 0 {
                 writeln!(
                     f,
@@ -290,153 +231,62 @@ pub(crate) fn human_bytes(bytes: u64) -> String {
 /// in the page cache, what this process warmed, what the memory guard left
 /// cold and why. `Display` prints it as one line.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct PrefetchReport {
-    pub(crate) ran: bool,
-    pub(crate) reason: String,
-    pub(crate) rank: usize,
-    pub(crate) local_size: usize,
-    pub(crate) rank_source: String,
-    pub(crate) streams: usize,
-    pub(crate) method: PrefetchMethod,
-    pub(crate) queue_path: Option<PathBuf>,
-    pub(crate) queue_note: Option<String>,
-    pub(crate) files: usize,
-    pub(crate) total_bytes: u64,
-    pub(crate) chunk_size: u64,
-    pub(crate) chunks: usize,
-    pub(crate) chunks_handled: usize,
-    pub(crate) resident_before: u64,
-    pub(crate) warmed: u64,
-    pub(crate) reread: u64,
-    pub(crate) skipped: u64,
-    pub(crate) skip_reasons: Vec<String>,
-    pub(crate) resident_after: Option<u64>,
-    pub(crate) residency_known: bool,
-    pub(crate) elapsed: Duration,
-}
-
-impl PrefetchReport {
     /// Whether anything was warmed or checked; `false` when prefetch was
     /// considered and not done (see [`reason`](Self::reason)).
-    pub fn ran(&self) -> bool {
-        self.ran
-    }
-
+    pub ran: bool,
     /// Why prefetch ran, or why not, in words.
-    pub fn reason(&self) -> &str {
-        &self.reason
-    }
-
+    pub reason: String,
     /// This process's rank among the job's processes on this node.
-    pub fn rank(&self) -> usize {
-        self.rank
-    }
-
+    pub rank: usize,
     /// The number of the job's processes on this node.
-    pub fn local_size(&self) -> usize {
-        self.local_size
-    }
-
-    /// Where the rank came from, e.g. `LOCAL_RANK=1 LOCAL_WORLD_SIZE=8 (torchrun)`.
-    pub fn rank_source(&self) -> &str {
-        &self.rank_source
-    }
-
+    pub local_size: usize,
+    /// Where the rank and size came from.
+    pub rank_source: RankSource,
     /// Readers in this process.
-    pub fn streams(&self) -> usize {
-        self.streams
-    }
-
+    pub streams: usize,
     /// How chunks were warmed (of the first file, where files differ).
-    pub fn method(&self) -> PrefetchMethod {
-        self.method
-    }
-
+    pub method: PrefetchMethod,
     /// Whether the ranks shared one queue (else each warmed a fixed share).
-    pub fn shared_queue(&self) -> bool {
-        self.queue_path.is_some()
-    }
-
-    /// The shared queue's file, where one was used.
-    pub fn queue_path(&self) -> Option<&Path> {
-        self.queue_path.as_deref()
-    }
-
+    pub shared_queue: bool,
     /// Why the queue was not shared, or what was replaced to share it.
-    pub fn queue_note(&self) -> Option<&str> {
-        self.queue_note.as_deref()
-    }
-
+    pub queue_note: Option<String>,
     /// Files prefetched.
-    pub fn files(&self) -> usize {
-        self.files
-    }
-
+    pub files: usize,
     /// Their total size, in bytes.
-    pub fn total_bytes(&self) -> u64 {
-        self.total_bytes
-    }
-
+    pub total_bytes: u64,
     /// The chunk size used, in bytes.
-    pub fn chunk_size(&self) -> u64 {
-        self.chunk_size
-    }
-
+    pub chunk_size: u64,
     /// Chunks in the checkpoint.
-    pub fn chunks(&self) -> usize {
-        self.chunks
-    }
-
+    pub chunks: usize,
     /// Chunks this process claimed and handled (resident or not).
-    pub fn chunks_handled(&self) -> usize {
-        self.chunks_handled
-    }
-
+    pub chunks_handled: usize,
     /// Bytes already in the page cache before warming began (when the queue
     /// was made, for a shared queue).
-    pub fn resident_before(&self) -> u64 {
-        self.resident_before
-    }
-
+    pub resident_before: u64,
     /// Bytes this process brought into the page cache.
-    pub fn warmed(&self) -> u64 {
-        self.warmed
-    }
-
+    pub warmed: u64,
     /// Bytes this process found missing after warming and read again.
-    pub fn reread(&self) -> u64 {
-        self.reread
-    }
-
+    pub reread: u64,
     /// Bytes left cold on this node: by the memory guard, or because a rank
     /// holding them stopped making progress.
-    pub fn skipped(&self) -> u64 {
-        self.skipped
-    }
-
+    pub skipped: u64,
     /// Why bytes were skipped, in words.
-    pub fn skip_reasons(&self) -> &[String] {
-        &self.skip_reasons
-    }
-
+    pub skip_reasons: Vec<String>,
     /// Bytes in the page cache when this process finished, where residency
     /// can be checked.
-    pub fn resident_after(&self) -> Option<u64> {
-        self.resident_after
-    }
-
+    pub resident_after: Option<u64>,
     /// Whether page-cache residency could be checked. The kernel hides it
     /// for files the caller neither owns nor may write (`cachestat(2)`,
     /// `mincore(2)`); every chunk is then read, which costs a copy where
     /// the pages are already cached.
-    pub fn residency_known(&self) -> bool {
-        self.residency_known
-    }
-
+    pub residency_known: bool,
     /// Wall time of this process's prefetch.
-    pub fn elapsed(&self) -> Duration {
-        self.elapsed
-    }
+    pub elapsed: Duration,
+    /// The shared queue's file, where one was used (for tests).
+    #[doc(hidden)]
+    pub queue_path: Option<PathBuf>,
 }
 
 impl fmt::Display for PrefetchReport {
@@ -487,63 +337,82 @@ impl fmt::Display for PrefetchReport {
 
 impl fmt::Display for FileDecision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.fallback {
-            Some(Fallback::MmapRefused(e)) => write!(f, "mmap failed ({e}), read instead; ")?,
-            Some(Fallback::MemoryGuard {
+        f.write_str(&explain(
+            &self.reason(),
+            self.fallback.as_ref(),
+            &self.direct,
+            self.mount.as_ref(),
+        ))
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Auto(kind) => f.write_str(auto_rule(*kind).1),
+            Reason::Requested { disable_mmap } => {
+                write!(f, "disable_mmap({disable_mmap}) was requested")
+            }
+            Reason::Environment { disable_mmap } => {
+                write!(f, "{DISABLE_MMAP_ENV}={} is set", u8::from(*disable_mmap))
+            }
+        }
+    }
+}
+
+impl fmt::Display for Fallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fallback::MmapRefused(e) => write!(f, "mmap failed ({e}), read instead"),
+            Fallback::MemoryGuard {
                 needed,
                 available,
                 kept,
                 files,
-            }) => write!(
+            } => write!(
                 f,
                 "buffered reads would need {} (margin included) but {} of memory is available, \
-                 mapped instead ({kept} of {files} files read); ",
+                 mapped instead ({kept} of {files} files read)",
                 human_bytes(*needed),
                 human_bytes(*available)
-            )?,
-            None => {}
+            ),
         }
-        let located = self
-            .mount
-            .as_ref()
-            .map(|m| format!(" ({})", describe(m)))
-            .unwrap_or_default();
-        match (self.mode, self.origin) {
-            (ReadMode::Auto, _) => f.write_str(&auto_reason(self.mount.as_ref()))?,
-            (mode, Origin::Environment) => write!(
-                f,
-                "{DISABLE_MMAP_ENV}={} is set{located}",
-                u8::from(mode == ReadMode::Buffered)
-            )?,
-            (mode, _) => write!(
-                f,
-                "disable_mmap({}) was requested{located}",
-                mode == ReadMode::Buffered
-            )?,
-        }
-        match &self.direct {
-            Direct::Refused(e) => write!(f, "; O_DIRECT refused ({e})")?,
-            Direct::Dropped(why) => write!(f, "; direct I/O dropped: {why}")?,
-            Direct::Off | Direct::On => {}
-        }
-        Ok(())
     }
 }
 
-fn auto_reason(mount: Option<&Mount>) -> String {
-    let Some(mount) = mount else {
-        return "filesystem unknown — mapping is the default".to_string();
-    };
-    let at = describe(mount);
-    match mount.kind {
-        MountKind::HfMount if mount.fs_type.starts_with("nfs") => {
-            format!("{at} — served by a userspace server on loopback, where mmap page faults stall")
+impl fmt::Display for DirectIo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DirectIo::Off => f.write_str("off"),
+            DirectIo::On => f.write_str("on"),
+            DirectIo::Refused(e) => write!(f, "O_DIRECT refused ({e})"),
+            DirectIo::Dropped(why) => write!(f, "direct I/O dropped: {why}"),
         }
-        MountKind::HfMount | MountKind::Fuse => format!("{at} — mmap page faults stall on FUSE"),
-        MountKind::Network => format!("{at} — mapped; pages shared through the page cache"),
-        MountKind::Local => format!("{at} — mapping a local file costs no copy"),
-        _ => format!("{at} — filesystem unknown, mapping is the default"),
     }
+}
+
+/// A file's reason in one line: what overrode the rule, the rule and where
+/// it applied, what became of direct I/O.
+fn explain(
+    reason: &Reason,
+    fallback: Option<&Fallback>,
+    direct: &DirectIo,
+    mount: Option<&Mount>,
+) -> String {
+    let mut out = String::new();
+    if let Some(fallback) = fallback {
+        out.push_str(&format!("{fallback}; "));
+    }
+    match (reason, mount) {
+        (Reason::Auto(_), None) => out.push_str("filesystem unknown — mapping is the default"),
+        (Reason::Auto(_), Some(m)) => out.push_str(&format!("{} — {reason}", describe(m))),
+        (_, None) => out.push_str(&reason.to_string()),
+        (_, Some(m)) => out.push_str(&format!("{reason} ({})", describe(m))),
+    }
+    if matches!(direct, DirectIo::Refused(_) | DirectIo::Dropped(_)) {
+        out.push_str(&format!("; {direct}"));
+    }
+    out
 }
 
 /// `on hf-mount (fuse) at /mnt/hub`: a mount in words, for reasons.

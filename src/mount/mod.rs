@@ -80,11 +80,14 @@ use std::path::{Path, PathBuf};
 
 // One job a file: `classify` (kinds, magic numbers), `escape` (the kernel's octal escapes),
 // `parse` (a line of text to an entry: `mountinfo` through procfs-core with the fixes it
-// needs, `/proc/mounts` and fstab by hand), `table` (entries, tables, `find`). This file holds
+// needs, `/proc/mounts` and fstab by hand), `entry` (one mount's fields and options), `table`
+// (a table from text), `find` (the mount of a path, by device then by path). This file holds
 // the lookups, the only code that touches the filesystem; the OS layer reads the `/proc` files
 // (`crate::os::read_proc`) and says whether there is a mount table.
 mod classify;
+mod entry;
 mod escape;
+mod find;
 mod parse;
 mod table;
 #[cfg(test)]
@@ -94,7 +97,11 @@ pub use classify::MountKind;
 #[doc(hidden)]
 pub use classify::classify;
 #[doc(hidden)]
-pub use table::{MountEntry, MountTable, split_device_number};
+pub use entry::MountEntry;
+#[doc(hidden)]
+pub use find::split_device_number;
+#[doc(hidden)]
+pub use table::MountTable;
 
 /// How a lookup found the mount of a path, for reports.
 #[non_exhaustive]

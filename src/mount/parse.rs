@@ -8,8 +8,8 @@
 use procfs_core::process::MountInfo;
 
 use super::classify::classify_parts;
+use super::entry::MountEntry;
 use super::escape;
-use super::table::MountEntry;
 
 /// `36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue`
 ///

@@ -299,6 +299,8 @@ mod plan;
 mod policy;
 mod prefetch;
 mod progress;
+#[cfg(feature = "remote")]
+mod remote;
 mod report;
 mod resolve;
 mod slice;

@@ -253,6 +253,8 @@ fn reason(status: u16) -> &'static str {
         200 => "OK",
         206 => "Partial Content",
         400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         412 => "Precondition Failed",

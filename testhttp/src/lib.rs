@@ -51,6 +51,8 @@
 //! - [`Options::ignore_range`]: every `Range` is ignored (200 with the whole object).
 //! - [`Options::replace_after`], [`Server::replace`]: an object is replaced, from a moment
 //!   on, by other contents (and so another ETag).
+//! - [`Options::token`]: every request needs `Authorization: Bearer <token>` (401 without
+//!   one, 403 with another), as the hub for a private or gated repository.
 //!
 //! # Counters and bounds
 //!
@@ -134,6 +136,8 @@ pub struct Options {
     pub branches: Vec<String>,
     /// How long a kept-alive connection waits for its next request (default 2 s).
     pub idle_timeout: Duration,
+    /// The bearer token every request must carry.
+    pub token: Option<String>,
 }
 
 impl Default for Options {
@@ -148,6 +152,7 @@ impl Default for Options {
             commit: DEFAULT_COMMIT.to_owned(),
             branches: vec!["main".to_owned()],
             idle_timeout: Duration::from_secs(2),
+            token: None,
         }
     }
 }
@@ -169,6 +174,8 @@ pub struct Stats {
     pub bytes_sent: u64,
     /// Faults injected.
     pub faults: u64,
+    /// Requests refused for their token (401, 403).
+    pub refused: u64,
     /// Connections accepted.
     pub connections: u64,
     /// The most connections served at once.
@@ -295,6 +302,7 @@ impl Server {
             ranged_requests: get(&c.ranged_requests),
             bytes_sent: get(&c.bytes_sent),
             faults: get(&c.faults),
+            refused: get(&c.refused),
             connections: get(&c.connections),
             max_open_connections: get(&c.max_open_connections),
         }

@@ -165,6 +165,20 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
         return Ok(after);
     }
 
+    if let Some(token) = &options.token {
+        // As the hub for a private or gated repository: 401 without a token, 403 with
+        // another one.
+        let status = match request.header("authorization") {
+            None => Some(401),
+            Some(v) if v.strip_prefix("Bearer ") == Some(token.as_str()) => None,
+            Some(_) => Some(403),
+        };
+        if let Some(status) = status {
+            shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+            stream.write_all(&http::response_head(status, &[], 0, keep_alive))?;
+            return Ok(after);
+        }
+    }
     let Some((path, mut headers)) = locate(shared, request) else {
         stream.write_all(&http::response_head(404, &[], 0, keep_alive))?;
         return Ok(after);
@@ -309,6 +323,7 @@ pub(crate) struct Counters {
     pub ranged_requests: std::sync::atomic::AtomicU64,
     pub bytes_sent: std::sync::atomic::AtomicU64,
     pub faults: std::sync::atomic::AtomicU64,
+    pub refused: std::sync::atomic::AtomicU64,
     pub connections: std::sync::atomic::AtomicU64,
     pub open_connections: std::sync::atomic::AtomicU64,
     pub max_open_connections: std::sync::atomic::AtomicU64,
@@ -322,6 +337,7 @@ impl Counters {
             &self.ranged_requests,
             &self.bytes_sent,
             &self.faults,
+            &self.refused,
             &self.connections,
         ] {
             c.store(0, Ordering::Relaxed);

@@ -392,3 +392,24 @@ fn bad_requests_are_refused_without_harm() {
     // Still serving.
     assert_eq!(get(&server, "/sub/small.bin", &[]).body, b"hello");
 }
+
+#[test]
+fn a_token_is_required_where_one_is_set() {
+    let (dir, _) = tree(10);
+    let server = start(
+        dir.path(),
+        Options {
+            token: Some("hf_test".into()),
+            ..Options::default()
+        },
+    );
+    let target = "/o/r/resolve/main/sub/small.bin";
+    assert_eq!(get(&server, target, &[]).status, 401);
+    assert_eq!(
+        get(&server, target, &["Authorization: Bearer hf_other"]).status,
+        403
+    );
+    let ok = get(&server, target, &["Authorization: Bearer hf_test"]);
+    assert_eq!((ok.status, &ok.body[..]), (200, &b"hello"[..]));
+    assert_eq!(server.stats().refused, 2);
+}

@@ -347,3 +347,40 @@ fn reads_from_many_threads_share_one_object() {
         server.stats()
     );
 }
+
+#[test]
+fn the_hub_token_goes_with_every_request_and_a_refusal_is_at_once() {
+    let data = pattern(50_000, 12);
+    let options = Options {
+        token: Some("hf_RightToken".into()),
+        ..Options::default()
+    };
+    let (_dir, server) = serve(&[("m.safetensors", &data)], options);
+    let base = server.url();
+    let with = |token: &str| settings(&base, &[("HF_TOKEN", token)], quick_tuning());
+
+    let hub = location("hf://o/r", with("hf_RightToken"));
+    let object = hub.open_file("m.safetensors").unwrap();
+    let mut dst = vec![0; 40_000];
+    object.read_at(&mut dst, 40_000, 10_000).unwrap();
+    assert!(dst == data[10_000..]);
+    assert_eq!(
+        server.stats().refused,
+        0,
+        "the HEAD and both GETs carried it"
+    );
+
+    server.reset_stats();
+    let wrong = location("hf://o/r", with("hf_WrongToken"));
+    let e = wrong.open_file("m.safetensors").unwrap_err();
+    assert_eq!(e.kind, RemoteErrorKind::Denied);
+    assert_eq!(server.stats().requests, 1, "a 403 is not retried");
+    assert!(!format!("{e} {e:?}").contains("WrongToken"), "{e}");
+
+    // Through the HTTP store too (no hub HEAD): 401 is an error at once.
+    server.reset_stats();
+    let http = location(&format!("{base}/"), settings(&base, &[], quick_tuning()));
+    let e = http.open_file("m.safetensors").unwrap_err();
+    assert_eq!(e.kind, RemoteErrorKind::Denied, "{e}");
+    assert_eq!(server.stats().requests, 1);
+}

@@ -228,6 +228,23 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// The static route's target of a confined path, each segment percent-encoded (all but
+/// RFC 3986's unreserved characters).
+pub(crate) fn encode_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len() + 1);
+    for segment in path.split('/') {
+        out.push('/');
+        for b in segment.bytes() {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                out.push(b as char);
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    out
+}
+
 /// A response head: the status line, the headers given, and `Content-Length`.
 pub(crate) fn response_head(
     status: u16,
@@ -252,6 +269,7 @@ fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
         206 => "Partial Content",
+        302 => "Found",
         400 => "Bad Request",
         401 => "Unauthorized",
         403 => "Forbidden",
@@ -372,6 +390,15 @@ mod tests {
         ] {
             assert_eq!(route(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn encoded_paths_route_back_to_themselves() {
+        for path in ["a", "sub/model.safetensors", "a b/ü%x"] {
+            let target = encode_path(path);
+            assert_eq!(route(&target), Some(Route::Static { path: path.into() }));
+        }
+        assert_eq!(encode_path("a b/c"), "/a%20b/c");
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //!   `path` under the directory, for any `org/repo`, at [`Options::commit`] or any of
 //!   [`Options::branches`] (another revision is 404), with the headers the hub gives for an
 //!   LFS file: `X-Repo-Commit` (the commit), `X-Linked-Etag` (the file's SHA-256, quoted) and
-//!   `X-Linked-Size`. The real hub answers an LFS file with a redirect to its CDN; this server
-//!   answers in place, as the hub does for a small file.
+//!   `X-Linked-Size`. The hub answers an LFS file with a redirect to its CDN, and a small
+//!   file in place: this server answers in place, or with [`Options::hub_redirect`] with a
+//!   `302` carrying those headers and a `Location` on the static route.
 //! - **a static tree**, `/{path}`, as any file server or a presigned object-store URL.
 //!
 //! Both answer `GET` and `HEAD` with a strong `ETag` (the contents' SHA-256, quoted),
@@ -138,6 +139,9 @@ pub struct Options {
     pub idle_timeout: Duration,
     /// The bearer token every request must carry.
     pub token: Option<String>,
+    /// The hub route answers `302` to the static route (with its metadata headers), as the
+    /// hub for an LFS file.
+    pub hub_redirect: bool,
 }
 
 impl Default for Options {
@@ -153,6 +157,7 @@ impl Default for Options {
             branches: vec!["main".to_owned()],
             idle_timeout: Duration::from_secs(2),
             token: None,
+            hub_redirect: false,
         }
     }
 }

@@ -179,7 +179,12 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
             return Ok(after);
         }
     }
-    let Some((path, mut headers)) = locate(shared, request) else {
+    let Some(Located {
+        path,
+        mut headers,
+        hub,
+    }) = locate(shared, request)
+    else {
         stream.write_all(&http::response_head(404, &[], 0, keep_alive))?;
         return Ok(after);
     };
@@ -189,6 +194,13 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
         return Ok(after);
     };
     headers.push(("ETag", object.etag.clone()));
+    if hub && options.hub_redirect {
+        // As the hub for an LFS file: its metadata on a 302 to where the bytes are.
+        shared.count_path(&path, 0);
+        headers.push(("Location", http::encode_path(&path)));
+        stream.write_all(&http::response_head(302, &headers, 0, keep_alive))?;
+        return Ok(after);
+    }
     headers.push(("Accept-Ranges", "bytes".to_owned()));
     if !http::if_match_passes(request.header("if-match"), &object.etag) {
         shared.count_path(&path, 0);
@@ -247,12 +259,26 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
     }
 }
 
-/// The object path a route names, and the headers the route adds; `None` for a target
-/// outside the tree or a revision the hub does not have.
-fn locate(shared: &Shared, request: &Request) -> Option<(String, Vec<(&'static str, String)>)> {
+/// Where a request target leads.
+struct Located {
+    /// The object's path under the served directory.
+    path: String,
+    /// The headers the route adds (the hub's).
+    headers: Vec<(&'static str, String)>,
+    /// Whether it came by the hub's route.
+    hub: bool,
+}
+
+/// Where a target leads; `None` for a target outside the tree or a revision the hub does
+/// not have.
+fn locate(shared: &Shared, request: &Request) -> Option<Located> {
     let options = &shared.options;
     match http::route(&request.target)? {
-        Route::Static { path } => Some((path, Vec::new())),
+        Route::Static { path } => Some(Located {
+            path,
+            headers: Vec::new(),
+            hub: false,
+        }),
         Route::Hub {
             repo: _,
             revision,
@@ -267,7 +293,11 @@ fn locate(shared: &Shared, request: &Request) -> Option<(String, Vec<(&'static s
                 headers.push(("X-Linked-Etag", format!("\"{}\"", object.sha256)));
                 headers.push(("X-Linked-Size", object.len.to_string()));
             }
-            Some((path, headers))
+            Some(Located {
+                path,
+                headers,
+                hub: true,
+            })
         }
     }
 }

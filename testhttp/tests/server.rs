@@ -413,3 +413,24 @@ fn a_token_is_required_where_one_is_set() {
     assert_eq!((ok.status, &ok.body[..]), (200, &b"hello"[..]));
     assert_eq!(server.stats().refused, 2);
 }
+
+#[test]
+fn the_hub_route_can_redirect_like_the_hub_for_lfs_files() {
+    let (dir, data) = tree(1000);
+    let server = start(
+        dir.path(),
+        Options {
+            hub_redirect: true,
+            ..Options::default()
+        },
+    );
+    let answer = get(&server, "/o/r/resolve/main/model.safetensors", &[]);
+    assert_eq!(answer.status, 302);
+    assert_eq!(answer.header("location"), Some("/model.safetensors"));
+    assert_eq!(answer.header("x-repo-commit"), Some(DEFAULT_COMMIT));
+    assert_eq!(answer.header("x-linked-size"), Some("1000"));
+    let sha = format!("\"{}\"", hex_sha256(&data));
+    assert_eq!(answer.header("x-linked-etag"), Some(sha.as_str()));
+    assert!(answer.body.is_empty());
+    assert_eq!(get(&server, "/model.safetensors", &[]).body, data);
+}

@@ -384,3 +384,33 @@ fn the_hub_token_goes_with_every_request_and_a_refusal_is_at_once() {
     assert_eq!(e.kind, RemoteErrorKind::Denied, "{e}");
     assert_eq!(server.stats().requests, 1);
 }
+
+#[test]
+fn the_hub_metadata_is_read_from_its_redirect_and_the_bytes_where_it_leads() {
+    let data = pattern(300_000, 13);
+    let options = Options {
+        hub_redirect: true,
+        token: Some("hf_tok3n".into()),
+        ..Options::default()
+    };
+    let (_dir, server) = serve(&[("sub/m.safetensors", &data)], options);
+    let base = server.url();
+    let hub = location(
+        "hf://o/r@main/sub",
+        settings(&base, &[("HF_TOKEN", "hf_tok3n")], quick_tuning()),
+    );
+    let object = hub.open_file("m.safetensors").unwrap();
+    assert_eq!(hub.commit().as_deref(), Some(DEFAULT_COMMIT));
+    assert_eq!(
+        object.hub().unwrap().sha256(),
+        Some(hex_sha256(&data).as_str())
+    );
+    assert_eq!(object.hub().unwrap().size, Some(300_000));
+    let mut dst = vec![0; 200_000];
+    object.read_at(&mut dst, 200_000, 100_000).unwrap();
+    assert!(dst == data[100_000..]);
+    // The HEAD (answered 302, not followed), then each GET: a 302 and the ranged answer.
+    let stats = server.stats();
+    assert_eq!((stats.head_requests, stats.requests), (1, 5), "{stats:?}");
+    assert_eq!(stats.bytes_sent, 4096 + 200_000);
+}

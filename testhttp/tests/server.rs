@@ -370,7 +370,8 @@ fn drop_stops_promptly_with_idle_connections_open() {
     );
     let t0 = Instant::now();
     drop(server);
-    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    // Within a few polls of 50 ms; the bound leaves room for a loaded CI machine.
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     // The kept-alive connection was closed by the server.
     idle.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let mut byte = [0; 1];

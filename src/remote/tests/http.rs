@@ -414,3 +414,24 @@ fn the_hub_metadata_is_read_from_its_redirect_and_the_bytes_where_it_leads() {
     assert_eq!((stats.head_requests, stats.requests), (1, 5), "{stats:?}");
     assert_eq!(stats.bytes_sent, 4096 + 200_000);
 }
+
+#[test]
+fn small_and_empty_objects_open_and_read() {
+    let (_dir, server) = serve(
+        &[("small.safetensors", b"abc"), ("empty.safetensors", b"")],
+        Options::default(),
+    );
+    let base = server.url();
+    let http = location(&format!("{base}/"), settings(&base, &[], quick_tuning()));
+    let small = http.open_file("small.safetensors").unwrap();
+    assert_eq!(small.len(), 3);
+    let mut dst = [0; 8];
+    small.read_at(&mut dst, 3, 0).unwrap();
+    assert_eq!(&dst[..3], b"abc");
+    assert_eq!(server.stats().requests, 1, "the open's prefix holds it all");
+    // An empty object answers the open's range with 416; a HEAD then tells its length.
+    let empty = http.open_file("empty.safetensors").unwrap();
+    assert_eq!(empty.len(), 0);
+    empty.read_at(&mut dst, 0, 0).unwrap();
+    assert!(empty.read_at(&mut dst, 1, 0).is_err());
+}

@@ -41,12 +41,29 @@ fn start_moto() -> Option<Moto> {
         .and_then(|l| l.local_addr())
         .unwrap()
         .port();
-    let spawned = Command::new("moto_server")
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
+    // `moto_server`, else the same server as a module (a console script not on PATH yet).
+    let args = ["-H", "127.0.0.1", "-p", &port.to_string()].map(str::to_owned);
+    let spawn = |program: &str, first: &[&str]| {
+        Command::new(program)
+            .args(first)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+    };
+    let spawned = spawn("moto_server", &[]).or_else(|e| {
+        let has_module = Command::new("python3")
+            .args(["-c", "import moto.server"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if has_module {
+            spawn("python3", &["-m", "moto.server"])
+        } else {
+            Err(e)
+        }
+    });
     let child = match spawned {
         Ok(child) => child,
         Err(e) => {
@@ -56,12 +73,15 @@ fn start_moto() -> Option<Moto> {
             return None;
         }
     };
-    let moto = Moto {
+    let mut moto = Moto {
         child,
         endpoint: format!("http://127.0.0.1:{port}"),
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = moto.child.try_wait() {
+            panic!("moto_server exited before listening: {status}");
+        }
         assert!(
             Instant::now() < deadline,
             "moto_server did not listen within 30 s"

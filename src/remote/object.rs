@@ -332,7 +332,9 @@ impl RemoteObject {
         let len = self.version.len;
         let fetched = self.backend.runtime.block_on(async {
             let result = self.get(GetOptions::default()).await?;
-            let mut bytes = Vec::with_capacity(len as usize);
+            // The length is the server's word: reserved up to 64 MiB, grown past that as
+            // bytes arrive, so that a lying length cannot ask for memory up front.
+            let mut bytes = Vec::with_capacity(len.min(64 << 20) as usize);
             let mut stream = result.into_stream();
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk?;

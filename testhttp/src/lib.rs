@@ -215,6 +215,8 @@ pub(crate) struct Shared {
     pub(crate) link: Option<Mutex<Link>>,
     pub(crate) stats: Counters,
     pub(crate) paths: Mutex<HashMap<String, PathStats>>,
+    /// Requests of the hub route by the revision in their URL.
+    pub(crate) revisions: Mutex<HashMap<String, u64>>,
     pub(crate) stopping: AtomicBool,
 }
 
@@ -268,6 +270,7 @@ impl Server {
             objects,
             stats: Counters::default(),
             paths: Mutex::new(HashMap::new()),
+            revisions: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             options,
         });
@@ -334,11 +337,27 @@ impl Server {
         paths.get(path).copied().unwrap_or_default()
     }
 
+    /// Requests of the hub route whose URL named `revision` (a branch or a commit), known
+    /// or not.
+    pub fn revision_requests(&self, revision: &str) -> u64 {
+        let revisions = self
+            .shared
+            .revisions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        revisions.get(revision).copied().unwrap_or_default()
+    }
+
     /// Sets every counter to zero (the most open connections to those open now).
     pub fn reset_stats(&self) {
         self.shared.stats.reset();
         self.shared
             .paths
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        self.shared
+            .revisions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();

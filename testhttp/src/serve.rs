@@ -284,6 +284,12 @@ fn locate(shared: &Shared, request: &Request) -> Option<Located> {
             revision,
             path,
         } => {
+            *shared
+                .revisions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(revision.clone())
+                .or_default() += 1;
             let known = revision == options.commit || options.branches.contains(&revision);
             if !known {
                 return None;

@@ -149,6 +149,9 @@ fn hub_and_static_routes_serve_ranges_with_etags() {
         get(&server, "/o/r/resolve/v2/sub/small.bin", &[]).status,
         404
     );
+    assert_eq!(server.revision_requests("v2"), 1);
+    assert_eq!(server.revision_requests(DEFAULT_COMMIT), 1);
+    assert_eq!(server.revision_requests("main"), 3);
     assert_eq!(get(&server, "/missing", &[]).status, 404);
     assert_eq!(get(&server, "/../etc/passwd", &[]).status, 404);
 

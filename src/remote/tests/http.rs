@@ -435,3 +435,34 @@ fn small_and_empty_objects_open_and_read() {
     empty.read_at(&mut dst, 0, 0).unwrap();
     assert!(empty.read_at(&mut dst, 1, 0).is_err());
 }
+
+#[test]
+fn every_file_of_a_hub_load_is_read_at_the_commit_the_first_answer_named() {
+    let a = pattern(100_000, 14);
+    let b = pattern(100_000, 15);
+    let files: [(&str, &[u8]); 2] = [("a.safetensors", &a), ("b.safetensors", &b)];
+    for hub_redirect in [false, true] {
+        let options = Options {
+            hub_redirect,
+            ..Options::default()
+        };
+        let (_dir, server) = serve(&files, options);
+        let base = server.url();
+        let hub = location("hf://o/r@main", settings(&base, &[], quick_tuning()));
+        let first = hub.open_file("a.safetensors").unwrap();
+        let second = hub.open_file("b.safetensors").unwrap();
+        for (object, data) in [(&first, &a), (&second, &b)] {
+            let mut dst = vec![0; 50_000];
+            object.read_at(&mut dst, 50_000, 50_000).unwrap();
+            assert!(dst == data[50_000..]);
+        }
+        // Only the first file's HEAD names the branch; everything after, the commit.
+        assert_eq!(
+            server.revision_requests("main"),
+            1,
+            "redirect: {hub_redirect}"
+        );
+        let at_commit = server.revision_requests(DEFAULT_COMMIT);
+        assert_eq!(at_commit, 5, "redirect: {hub_redirect}");
+    }
+}

@@ -367,6 +367,8 @@ mod plan;
 mod policy;
 mod prefetch;
 mod progress;
+#[cfg(feature = "remote")]
+mod remote;
 pub mod report;
 mod resolve;
 mod slice;

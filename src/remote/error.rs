@@ -1,0 +1,212 @@
+//! The remote layer's error: what failed (a kind), on which address and byte range, with the
+//! cause's text scrubbed of every credential the layer knows.
+//!
+//! It stays `pub(crate)`: the open path maps it onto the crate's one `Error` (a kind
+//! `Remote { url, range }` with this as its `source()`, and `NotFound`/`PermissionDenied`
+//! kept as the I/O kinds they are), as `Source::read_at` already does through `io::Error`.
+
+use std::fmt;
+use std::io;
+use std::ops::Range;
+
+/// What went wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RemoteErrorKind {
+    /// The address is not one this layer reads.
+    BadUrl,
+    /// The store could not be configured from the environment.
+    Config,
+    /// 404: no such object, repository, revision or file (never retried).
+    NotFound,
+    /// 401/403: the credentials do not allow it (never retried).
+    Denied,
+    /// The object is not the version opened (412 on `If-Match`, or another length).
+    Changed,
+    /// The server sent less or other than asked, and retries did not mend it.
+    Protocol,
+    /// Every retry failed (5xx, resets, short bodies, timeouts).
+    Failed,
+}
+
+impl RemoteErrorKind {
+    fn words(self) -> &'static str {
+        match self {
+            RemoteErrorKind::BadUrl => "bad remote address",
+            RemoteErrorKind::Config => "cannot configure the store for",
+            RemoteErrorKind::NotFound => "not found:",
+            RemoteErrorKind::Denied => "access denied to",
+            RemoteErrorKind::Changed => "changed since it was opened:",
+            RemoteErrorKind::Protocol => "unexpected answer from",
+            RemoteErrorKind::Failed => "failed to read",
+        }
+    }
+
+    /// The I/O kind a `Source::read_at` failure carries.
+    fn io_kind(self) -> io::ErrorKind {
+        match self {
+            RemoteErrorKind::NotFound => io::ErrorKind::NotFound,
+            RemoteErrorKind::Denied => io::ErrorKind::PermissionDenied,
+            RemoteErrorKind::BadUrl | RemoteErrorKind::Config => io::ErrorKind::InvalidInput,
+            RemoteErrorKind::Changed | RemoteErrorKind::Protocol | RemoteErrorKind::Failed => {
+                io::ErrorKind::Other
+            }
+        }
+    }
+}
+
+/// A remote operation that failed, on `url` (as shown: no credentials), maybe on a byte
+/// range of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RemoteError {
+    pub kind: RemoteErrorKind,
+    pub url: String,
+    pub range: Option<Range<u64>>,
+    /// The cause in words, scrubbed (see [`Redactor`]).
+    pub detail: String,
+}
+
+impl RemoteError {
+    pub(crate) fn new(kind: RemoteErrorKind, url: impl Into<String>, detail: String) -> Self {
+        Self {
+            kind,
+            url: url.into(),
+            range: None,
+            detail,
+        }
+    }
+
+    pub(crate) fn with_range(mut self, range: Range<u64>) -> Self {
+        self.range = Some(range);
+        self
+    }
+
+    /// As an `io::Error` of the matching kind (for the `Source` seam).
+    pub(crate) fn into_io(self) -> io::Error {
+        io::Error::new(self.kind.io_kind(), self)
+    }
+}
+
+impl fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.kind.words(), self.url)?;
+        if let Some(range) = &self.range {
+            write!(f, " (bytes {}..{})", range.start, range.end)?;
+        }
+        if !self.detail.is_empty() {
+            write!(f, ": {}", self.detail)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for RemoteError {}
+
+/// Removes known secrets from text that may quote a request (an error of the HTTP client
+/// names the URL, and a presigned URL's query or a URL's user information is a credential).
+///
+/// NOTE: the causes are kept as scrubbed text rather than as `source()` errors: object_store
+/// and reqwest errors print the URL they failed on, query included, and an error chain
+/// printed by the caller would show it.
+#[derive(Clone, Default)]
+pub(crate) struct Redactor {
+    secrets: Vec<String>,
+}
+
+impl fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Redactor({} secrets)", self.secrets.len())
+    }
+}
+
+impl Redactor {
+    /// Adds a secret; short ones (under 4 bytes) are ignored, as they would scrub ordinary
+    /// words.
+    pub(crate) fn add(&mut self, secret: &str) {
+        if secret.len() >= 4 && !self.secrets.iter().any(|s| s == secret) {
+            self.secrets.push(secret.to_owned());
+            // The longest first, so that a secret containing another goes whole.
+            self.secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        }
+    }
+
+    /// The text of `error` and its causes, scrubbed.
+    pub(crate) fn error_text(&self, error: &(dyn std::error::Error + 'static)) -> String {
+        let mut text = error.to_string();
+        let mut cause = error.source();
+        while let Some(e) = cause {
+            let more = e.to_string();
+            // object_store's messages often repeat their cause's text already.
+            if !text.contains(&more) {
+                text.push_str(": ");
+                text.push_str(&more);
+            }
+            cause = e.source();
+        }
+        self.scrub(&text)
+    }
+
+    pub(crate) fn scrub(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        for secret in &self.secrets {
+            text = text.replace(secret.as_str(), "<redacted>");
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_address_and_range_once() {
+        let e = RemoteError::new(
+            RemoteErrorKind::Failed,
+            "s3://b/model.safetensors",
+            "503 after 3 retries".into(),
+        )
+        .with_range(100..200);
+        assert_eq!(
+            e.to_string(),
+            "failed to read s3://b/model.safetensors (bytes 100..200): 503 after 3 retries"
+        );
+        let io = RemoteError::new(RemoteErrorKind::NotFound, "hf://o/r", String::new()).into_io();
+        assert_eq!(io.kind(), io::ErrorKind::NotFound);
+        assert_eq!(io.to_string(), "not found: hf://o/r");
+    }
+
+    #[derive(Debug)]
+    struct Outer(Inner);
+    #[derive(Debug)]
+    struct Inner;
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("request to http://h/x?sig=S3CR3T failed")
+        }
+    }
+    impl fmt::Display for Inner {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("token hf_abcdef rejected")
+        }
+    }
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+    impl std::error::Error for Inner {}
+
+    #[test]
+    fn the_redactor_scrubs_every_secret_of_the_chain() {
+        let mut r = Redactor::default();
+        r.add("sig=S3CR3T");
+        r.add("hf_abcdef");
+        r.add("ab"); // too short to scrub
+        let text = r.error_text(&Outer(Inner));
+        assert_eq!(
+            text,
+            "request to http://h/x?<redacted> failed: token <redacted> rejected"
+        );
+        assert!(!format!("{r:?}").contains("S3CR3T"));
+    }
+}

@@ -1,0 +1,359 @@
+//! Where a remote checkpoint's files are: the client of its bucket, HTTP base or hub
+//! repository, the prefix they are under, and each file opened as a [`RemoteObject`]; for
+//! `hf://`, every file at the one commit the first file's answer named.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use object_store::HeaderMap;
+
+use super::error::{Redactor, RemoteError, RemoteErrorKind};
+use super::hub::{HubConfig, HubFileMeta, is_commit};
+use super::object::{Backend, RemoteObject};
+use super::store::{self, IoRuntime, StoreEnv, Tuning};
+use super::url::RemoteUrl;
+
+/// Everything a remote load is configured by, read once.
+#[derive(Debug, Clone)]
+pub(crate) struct RemoteSettings {
+    pub env: StoreEnv,
+    pub hub: HubConfig,
+    pub tuning: Tuning,
+}
+
+impl RemoteSettings {
+    /// From the process's environment (`AWS_*`, `GOOGLE_*`, `AZURE_*`, `HF_*`).
+    pub(crate) fn from_env() -> Self {
+        Self {
+            env: StoreEnv::Process,
+            hub: HubConfig::from_env(),
+            tuning: Tuning::default(),
+        }
+    }
+}
+
+/// The hub's side of a location: the repository, the revision asked for, and the commit
+/// it resolved to with the client of that commit's files, once a file was opened.
+#[derive(Debug)]
+struct HubRepo {
+    repo: String,
+    revision: String,
+    /// Redirects are not followed: the hub's metadata is on its 302 to the CDN.
+    client: reqwest::Client,
+    pinned: Mutex<Option<(String, Arc<Backend>)>>,
+}
+
+/// A remote checkpoint's place, parsed and configured; no request is sent until a file is
+/// opened.
+#[derive(Debug)]
+pub(crate) struct RemoteLocation {
+    runtime: Arc<IoRuntime>,
+    settings: RemoteSettings,
+    redactor: Redactor,
+    /// The key prefix of the files under the base: empty or ending in `/`.
+    prefix: String,
+    /// The file the address named, where it named one.
+    file: Option<String>,
+    place: Place,
+}
+
+/// The client a location reads through.
+#[derive(Debug)]
+enum Place {
+    /// The store's client (`s3://`, `gs://`, `az://`, `http(s)://`).
+    Store(Arc<Backend>),
+    /// A hub repository, whose client is made once the commit is known.
+    Hub(HubRepo),
+}
+
+fn bad_url(text: &str, detail: impl Into<String>) -> RemoteError {
+    RemoteError::new(RemoteErrorKind::BadUrl, text, detail.into())
+}
+
+/// Splits `key` into the prefix of its directory (empty or ending in `/`) and, where the
+/// key names a file, that file's name.
+fn split_key(key: &str, names_file: bool) -> (String, Option<String>) {
+    if !names_file {
+        let prefix = if key.is_empty() {
+            String::new()
+        } else {
+            format!("{key}/")
+        };
+        return (prefix, None);
+    }
+    match key.rsplit_once('/') {
+        Some((dir, name)) => (format!("{dir}/"), Some(name.to_owned())),
+        None => (String::new(), Some(key.to_owned())),
+    }
+}
+
+impl RemoteLocation {
+    /// Parses `text` and builds the client it needs, on `runtime`.
+    pub(crate) fn new(
+        text: &str,
+        settings: RemoteSettings,
+        runtime: Arc<IoRuntime>,
+    ) -> Result<Self, RemoteError> {
+        let url = RemoteUrl::parse(text).map_err(|e| bad_url("the address", e.reason))?;
+        let shown = url.to_string();
+        let mut redactor = Redactor::default();
+        settings.env.add_secrets(&mut redactor);
+        if let Some(token) = &settings.hub.token {
+            redactor.add(token.secret());
+        }
+        let names_file = url.names_file();
+        let backend = |store, shown_base: String, redactor: &Redactor| {
+            Arc::new(Backend {
+                store,
+                runtime: Arc::clone(&runtime),
+                tuning: settings.tuning.clone(),
+                shown_base,
+                redactor: redactor.clone(),
+            })
+        };
+        let (prefix, file, place) = match &url {
+            RemoteUrl::Store { kind, bucket, key } => {
+                let base = RemoteUrl::Store {
+                    kind: *kind,
+                    bucket: bucket.clone(),
+                    key: String::new(),
+                };
+                let shown_base = format!("{base}/");
+                let s = store::bucket_store(
+                    *kind,
+                    bucket,
+                    &settings.env,
+                    &settings.tuning,
+                    &redactor,
+                    &shown,
+                )?;
+                let (prefix, file) = split_key(key, names_file);
+                (
+                    prefix,
+                    file,
+                    Place::Store(backend(s, shown_base, &redactor)),
+                )
+            }
+            RemoteUrl::Http { base, name, query } => {
+                if query.is_some() {
+                    // NOTE: object_store's HTTP store builds each request's URL from its base
+                    // and the object's path, so a query (a presigned URL's signature) cannot
+                    // be carried; presigned URLs need the read on reqwest directly.
+                    return Err(bad_url(&shown, "URLs with a query are not supported yet"));
+                }
+                let (base, file) = if names_file || name.is_empty() {
+                    (base.clone(), names_file.then(|| name.clone()))
+                } else {
+                    (format!("{base}{name}/"), None)
+                };
+                let shown_base = super::url::without_userinfo(&base);
+                let s = store::http_store(
+                    &base,
+                    HeaderMap::new(),
+                    &settings.tuning,
+                    &redactor,
+                    &shown,
+                )?;
+                (
+                    String::new(),
+                    file,
+                    Place::Store(backend(s, shown_base, &redactor)),
+                )
+            }
+            RemoteUrl::Hub {
+                repo,
+                revision,
+                subfolder,
+            } => {
+                let client = reqwest::Client::builder()
+                    .redirect(reqwest::redirect::Policy::none())
+                    .timeout(settings.tuning.request_timeout)
+                    .connect_timeout(settings.tuning.connect_timeout)
+                    .build()
+                    .map_err(|e| {
+                        RemoteError::new(RemoteErrorKind::Config, &shown, redactor.error_text(&e))
+                    })?;
+                let hub = HubRepo {
+                    repo: repo.clone(),
+                    revision: revision.clone().unwrap_or_else(|| "main".to_owned()),
+                    client,
+                    pinned: Mutex::new(None),
+                };
+                let (prefix, _) = split_key(subfolder, false);
+                (prefix, None, Place::Hub(hub))
+            }
+        };
+        Ok(RemoteLocation {
+            runtime,
+            settings,
+            redactor,
+            prefix,
+            file,
+            place,
+        })
+    }
+
+    /// The file the address named (`model.safetensors` of `s3://b/m/model.safetensors`),
+    /// `None` for a prefix or a repository.
+    pub(crate) fn file(&self) -> Option<&str> {
+        self.file.as_deref()
+    }
+
+    /// The commit an `hf://` location is pinned to, once a file was opened.
+    pub(crate) fn commit(&self) -> Option<String> {
+        let Place::Hub(hub) = &self.place else {
+            return None;
+        };
+        let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
+        pinned.as_ref().map(|(commit, _)| commit.clone())
+    }
+
+    /// Opens the file `name` of the location (a shard's name, relative to its prefix).
+    pub(crate) fn open_file(&self, name: &str) -> Result<RemoteObject, RemoteError> {
+        let key = format!("{}{name}", self.prefix);
+        match &self.place {
+            Place::Store(backend) => RemoteObject::open(backend, &key, None),
+            Place::Hub(hub) => {
+                let (meta, backend) = self.hub_file(hub, &key)?;
+                RemoteObject::open(&backend, &key, Some(meta))
+            }
+        }
+    }
+
+    /// The hub's metadata of `key`, and the client of the pinned commit (pinned here, by
+    /// the first file's answer).
+    fn hub_file(
+        &self,
+        hub: &HubRepo,
+        key: &str,
+    ) -> Result<(HubFileMeta, Arc<Backend>), RemoteError> {
+        let pinned = hub
+            .pinned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let revision = pinned.as_ref().map_or(hub.revision.as_str(), |(c, _)| c);
+        let config = &self.settings.hub;
+        let url = config.resolve_url(&hub.repo, revision, key);
+        let shown = format!("hf://{}@{}/{key}", hub.repo, revision.replace('/', "%2F"));
+        let meta = self.hub_head(hub, &url, &shown)?;
+        let commit = match (&meta.commit, &pinned) {
+            (Some(c), Some((pin, _))) if c != pin => {
+                let detail = format!("the hub answered for commit {c}, not {pin}");
+                return Err(RemoteError::new(RemoteErrorKind::Changed, shown, detail));
+            }
+            (Some(c), _) => c.clone(),
+            (None, Some((pin, _))) => pin.clone(),
+            (None, None) if is_commit(&hub.revision) => hub.revision.clone(),
+            (None, None) => {
+                let detail = "the hub's answer names no commit (X-Repo-Commit)".to_owned();
+                return Err(RemoteError::new(RemoteErrorKind::Protocol, shown, detail));
+            }
+        };
+        if let Some((_, backend)) = pinned {
+            return Ok((meta, backend));
+        }
+        let mut headers = HeaderMap::new();
+        if let Some(token) = &config.token {
+            let value = format!("Bearer {}", token.secret());
+            if let Ok(mut value) = object_store::HeaderValue::from_str(&value) {
+                value.set_sensitive(true);
+                headers.insert("authorization", value);
+            }
+        }
+        let base = config.resolve_base(&hub.repo, &commit);
+        let shown_base = format!("hf://{}@{commit}/", hub.repo);
+        let tuning = &self.settings.tuning;
+        let store = store::http_store(&base, headers, tuning, &self.redactor, &shown_base)?;
+        let backend = Arc::new(Backend {
+            store,
+            runtime: Arc::clone(&self.runtime),
+            tuning: tuning.clone(),
+            shown_base,
+            redactor: self.redactor.clone(),
+        });
+        let mut slot = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
+        // Two files opened at once may both pin: the first one's pin stands, and the
+        // other's file is checked against it.
+        match &*slot {
+            Some((pin, backend)) if *pin == commit => Ok((meta, Arc::clone(backend))),
+            Some((pin, _)) => {
+                let detail = format!("the hub answered for commit {commit}, not {pin}");
+                Err(RemoteError::new(RemoteErrorKind::Changed, shown, detail))
+            }
+            None => {
+                *slot = Some((commit, Arc::clone(&backend)));
+                Ok((meta, backend))
+            }
+        }
+    }
+
+    /// A HEAD of a resolve URL, not following the redirect, retried after a 5xx, a 429 or a
+    /// transport error with the layer's backoff.
+    fn hub_head(&self, hub: &HubRepo, url: &str, shown: &str) -> Result<HubFileMeta, RemoteError> {
+        let tuning = &self.settings.tuning;
+        let token = self.settings.hub.token.as_ref();
+        let mut backoff = tuning.init_backoff;
+        let mut last = String::new();
+        for attempt in 0..=tuning.max_retries {
+            if attempt > 0 {
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(tuning.max_backoff);
+            }
+            let mut request = hub.client.head(url);
+            if let Some(token) = token {
+                request = request.bearer_auth(token.secret());
+            }
+            // `send` arms its timeout when called: inside the runtime.
+            let answer = self.runtime.block_on(async move { request.send().await });
+            let response = match answer {
+                Ok(response) => response,
+                Err(e) => {
+                    last = self.redactor.error_text(&e);
+                    continue;
+                }
+            };
+            let status = response.status().as_u16();
+            let headers = response.headers();
+            let header = |name: &str| {
+                let value = headers.get(name)?.to_str().ok()?;
+                Some(value.to_owned())
+            };
+            let kind = match status {
+                200..=399 => return Ok(HubFileMeta::from_headers(status, header)),
+                401 | 403 => RemoteErrorKind::Denied,
+                404 => RemoteErrorKind::NotFound,
+                429 | 500..=599 => {
+                    last = format!("HTTP {status}");
+                    continue;
+                }
+                _ => RemoteErrorKind::Failed,
+            };
+            // The hub says which of repository, revision or file is missing.
+            let code = header("x-error-code").unwrap_or_default();
+            let detail = format!("HTTP {status} {code}").trim_end().to_owned();
+            return Err(RemoteError::new(kind, shown, self.redactor.scrub(&detail)));
+        }
+        let detail = format!("{last} after {} retries", tuning.max_retries);
+        Err(RemoteError::new(RemoteErrorKind::Failed, shown, detail))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_split_into_a_prefix_and_a_file() {
+        let s = |k, f| split_key(k, f);
+        assert_eq!(s("", false), (String::new(), None));
+        assert_eq!(s("models/llama", false), ("models/llama/".into(), None));
+        assert_eq!(
+            s("m/model.safetensors", true),
+            ("m/".into(), Some("model.safetensors".into()))
+        );
+        assert_eq!(
+            s("model.safetensors", true),
+            (String::new(), Some("model.safetensors".into()))
+        );
+    }
+}

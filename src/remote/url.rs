@@ -1,0 +1,411 @@
+//! Remote checkpoint addresses (`s3://`, `gs://`, `az://`, `http(s)://`, `hf://`), parsed from
+//! text into what names one object or a directory-like prefix, and shown without credentials.
+
+use std::fmt;
+
+/// An object store reached through its own protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StoreKind {
+    /// `s3://` (and `s3a://`): Amazon S3 or any S3-compatible store.
+    S3,
+    /// `gs://`: Google Cloud Storage.
+    Gcs,
+    /// `az://` (and `abfs://`, `abfss://`): Azure Blob Storage.
+    Azure,
+}
+
+impl StoreKind {
+    fn scheme(self) -> &'static str {
+        match self {
+            StoreKind::S3 => "s3",
+            StoreKind::Gcs => "gs",
+            StoreKind::Azure => "az",
+        }
+    }
+}
+
+/// A parsed remote address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RemoteUrl {
+    /// `s3://bucket/key`, `gs://bucket/key`, `az://container/key`: `key` may be empty (the
+    /// bucket's root), a prefix, or one object.
+    Store {
+        kind: StoreKind,
+        bucket: String,
+        key: String,
+    },
+    /// `http://` or `https://`: `base` is scheme, authority and path up to the last `/`, `name`
+    /// what follows it (empty for a URL ending in `/`). The query, kept for presigned URLs, is
+    /// part of the request but never of what is shown.
+    Http {
+        base: String,
+        name: String,
+        query: Option<String>,
+    },
+    /// `hf://org/repo[@revision][/subfolder]`: a model repository of the hub.
+    Hub {
+        repo: String,
+        revision: Option<String>,
+        subfolder: String,
+    },
+}
+
+/// Why an address was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UrlError {
+    /// What is wrong, in words (never the address's credentials).
+    pub reason: &'static str,
+}
+
+impl fmt::Display for UrlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.reason)
+    }
+}
+
+fn refuse<T>(reason: &'static str) -> Result<T, UrlError> {
+    Err(UrlError { reason })
+}
+
+/// Whether `text` names a remote checkpoint (its scheme is one this module reads), so that
+/// the open path can tell a URL from a local path before parsing it.
+pub(crate) fn is_remote(text: &str) -> bool {
+    text.split_once("://").is_some_and(|(scheme, _)| {
+        matches!(
+            scheme.to_ascii_lowercase().as_str(),
+            "s3" | "s3a" | "gs" | "az" | "abfs" | "abfss" | "http" | "https" | "hf"
+        )
+    })
+}
+
+impl RemoteUrl {
+    /// Parses an address; a local path (no known scheme) is an error here.
+    pub(crate) fn parse(text: &str) -> Result<RemoteUrl, UrlError> {
+        let Some((scheme, rest)) = text.split_once("://") else {
+            return refuse("not a URL (no scheme://)");
+        };
+        if text.chars().any(|c| c.is_control() || c == ' ') {
+            return refuse("a URL may not contain spaces or control characters");
+        }
+        let kind = match scheme.to_ascii_lowercase().as_str() {
+            "s3" | "s3a" => StoreKind::S3,
+            "gs" => StoreKind::Gcs,
+            "az" | "abfs" | "abfss" => StoreKind::Azure,
+            "http" | "https" => return parse_http(scheme, rest),
+            "hf" => return parse_hub(rest),
+            _ => return refuse("unknown scheme (s3, gs, az, http, https, hf)"),
+        };
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return refuse("no bucket name");
+        }
+        // `user@bucket` would be Azure's container@account form, and credentials otherwise.
+        if bucket.contains(['@', ':', '?', '#']) {
+            return refuse("a bucket name may not contain @, :, ? or #");
+        }
+        check_key(key)?;
+        Ok(RemoteUrl::Store {
+            kind,
+            bucket: bucket.to_owned(),
+            key: key.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// Whether the address names one `.safetensors` file or an index, rather than a
+    /// directory-like prefix or a repository.
+    pub(crate) fn names_file(&self) -> bool {
+        let last = match self {
+            RemoteUrl::Store { key, .. } => key.rsplit('/').next().unwrap_or_default(),
+            RemoteUrl::Http { name, .. } => name.as_str(),
+            RemoteUrl::Hub { .. } => return false,
+        };
+        last.ends_with(".safetensors") || last.ends_with(".json")
+    }
+}
+
+/// Keys are object names: no empty, `.` or `..` segment in the middle (object_store refuses
+/// them, and they would read as a path that leaves the prefix).
+fn check_key(key: &str) -> Result<(), UrlError> {
+    let key = key.trim_end_matches('/');
+    if key.is_empty() {
+        return Ok(());
+    }
+    if key
+        .split('/')
+        .any(|s| s.is_empty() || s == "." || s == "..")
+    {
+        return refuse("an object key may not have empty, . or .. segments");
+    }
+    Ok(())
+}
+
+fn parse_http(scheme: &str, rest: &str) -> Result<RemoteUrl, UrlError> {
+    // A fragment is never sent.
+    let rest = rest.split('#').next().unwrap_or_default();
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, Some(query.to_owned())),
+        None => (rest, None),
+    };
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    if authority.is_empty() {
+        return refuse("no host");
+    }
+    let (base_path, name) = path.rsplit_once('/').unwrap_or(("", path));
+    let base = if base_path.is_empty() {
+        format!("{}://{authority}/", scheme.to_ascii_lowercase())
+    } else {
+        format!("{}://{authority}/{base_path}/", scheme.to_ascii_lowercase())
+    };
+    Ok(RemoteUrl::Http {
+        base,
+        name: name.to_owned(),
+        query,
+    })
+}
+
+/// `org/repo[@revision][/subfolder]`; a revision with a slash (`refs/pr/1`) is written
+/// escaped, `refs%2Fpr%2F1`, as the hub's own tools do.
+fn parse_hub(rest: &str) -> Result<RemoteUrl, UrlError> {
+    let mut parts = rest.trim_end_matches('/').splitn(3, '/');
+    let (Some(org), Some(repo_rev)) = (parts.next(), parts.next()) else {
+        return refuse("hf:// needs org/repo");
+    };
+    let subfolder = parts.next().unwrap_or_default();
+    let (repo, revision) = match repo_rev.split_once('@') {
+        Some((repo, rev)) => (repo, Some(rev)),
+        None => (repo_rev, None),
+    };
+    let name_ok = |s: &str| {
+        !s.is_empty()
+            && s != "."
+            && s != ".."
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    };
+    if !name_ok(org) || !name_ok(repo) {
+        return refuse("hf:// org and repo names are letters, digits, -, _ and .");
+    }
+    let revision = match revision {
+        None => None,
+        Some(rev) => {
+            let decoded = rev.replace("%2F", "/").replace("%2f", "/");
+            if decoded.is_empty() || decoded.contains(['%', '?', '#', '@']) {
+                return refuse("a bad hf:// revision");
+            }
+            Some(decoded)
+        }
+    };
+    check_key(subfolder)?;
+    Ok(RemoteUrl::Hub {
+        repo: format!("{org}/{repo}"),
+        revision,
+        subfolder: subfolder.to_owned(),
+    })
+}
+
+impl fmt::Display for RemoteUrl {
+    /// The address as reports and errors show it: no user information, no query (a presigned
+    /// URL's signature is a credential).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RemoteUrl::Store { kind, bucket, key } => {
+                write!(f, "{}://{bucket}", kind.scheme())?;
+                if !key.is_empty() {
+                    write!(f, "/{key}")?;
+                }
+                Ok(())
+            }
+            RemoteUrl::Http { base, name, .. } => write!(f, "{}{name}", without_userinfo(base)),
+            RemoteUrl::Hub {
+                repo,
+                revision,
+                subfolder,
+            } => {
+                write!(f, "hf://{repo}")?;
+                if let Some(rev) = revision {
+                    write!(f, "@{}", rev.replace('/', "%2F"))?;
+                }
+                if !subfolder.is_empty() {
+                    write!(f, "/{subfolder}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `scheme://user:pass@host/...` without `user:pass@`.
+pub(crate) fn without_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(kind: StoreKind, bucket: &str, key: &str) -> RemoteUrl {
+        RemoteUrl::Store {
+            kind,
+            bucket: bucket.into(),
+            key: key.into(),
+        }
+    }
+
+    #[test]
+    fn store_urls_name_a_bucket_and_a_key_or_prefix() {
+        let cases = [
+            (
+                "s3://bucket/models/llama",
+                store(StoreKind::S3, "bucket", "models/llama"),
+            ),
+            (
+                "s3://bucket/models/llama/",
+                store(StoreKind::S3, "bucket", "models/llama"),
+            ),
+            (
+                "S3A://b/k.safetensors",
+                store(StoreKind::S3, "b", "k.safetensors"),
+            ),
+            ("s3://bucket", store(StoreKind::S3, "bucket", "")),
+            (
+                "gs://b/x/model.safetensors",
+                store(StoreKind::Gcs, "b", "x/model.safetensors"),
+            ),
+            (
+                "az://container/p",
+                store(StoreKind::Azure, "container", "p"),
+            ),
+            (
+                "abfss://container/p",
+                store(StoreKind::Azure, "container", "p"),
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(RemoteUrl::parse(text), Ok(want), "{text}");
+        }
+        let file = RemoteUrl::parse("s3://b/m/model.safetensors").unwrap();
+        assert!(file.names_file());
+        assert!(!RemoteUrl::parse("s3://b/m").unwrap().names_file());
+        assert!(
+            RemoteUrl::parse("gs://b/model.safetensors.index.json")
+                .unwrap()
+                .names_file()
+        );
+        assert_eq!(file.to_string(), "s3://b/m/model.safetensors");
+    }
+
+    #[test]
+    fn bad_addresses_are_refused_with_a_reason() {
+        for bad in [
+            "model.safetensors",
+            "/abs/path",
+            "ftp://host/x",
+            "s3://",
+            "s3:///key",
+            "s3://b/a//c",
+            "s3://b/../c",
+            "s3://key:secret@bucket/x",
+            "gs://b/a b",
+            "http:///x",
+            "hf://",
+            "hf://org",
+            "hf://org/",
+            "hf://org/re po",
+            "hf://../repo",
+            "hf://org/repo@",
+            "hf://org/repo@a%zz",
+            "hf://org/repo/sub/../x",
+        ] {
+            let err = RemoteUrl::parse(bad).unwrap_err();
+            assert!(!err.reason.is_empty(), "{bad}");
+            // The reason never repeats the address (it may hold credentials).
+            assert!(!err.to_string().contains("secret"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hub_urls_take_a_revision_and_a_subfolder() {
+        let hub = |repo: &str, revision: Option<&str>, subfolder: &str| RemoteUrl::Hub {
+            repo: repo.into(),
+            revision: revision.map(Into::into),
+            subfolder: subfolder.into(),
+        };
+        let cases = [
+            ("hf://org/repo", hub("org/repo", None, "")),
+            ("hf://org/repo/", hub("org/repo", None, "")),
+            ("hf://org/repo@main", hub("org/repo", Some("main"), "")),
+            (
+                "hf://org/repo@v1.0/sub/dir",
+                hub("org/repo", Some("v1.0"), "sub/dir"),
+            ),
+            ("hf://org/repo/unet", hub("org/repo", None, "unet")),
+            (
+                "hf://org/repo@refs%2Fpr%2F1",
+                hub("org/repo", Some("refs/pr/1"), ""),
+            ),
+            ("hf://Org-1/Repo_2.5", hub("Org-1/Repo_2.5", None, "")),
+        ];
+        for (text, want) in cases {
+            let got = RemoteUrl::parse(text).unwrap();
+            assert_eq!(got, want, "{text}");
+            assert!(!got.names_file());
+        }
+        let shown = RemoteUrl::parse("hf://org/repo@refs%2Fpr%2F1/sub").unwrap();
+        assert_eq!(shown.to_string(), "hf://org/repo@refs%2Fpr%2F1/sub");
+    }
+
+    #[test]
+    fn http_urls_are_shown_without_credentials() {
+        let url = RemoteUrl::parse(
+            "https://user:pw@host:8080/a/b/model.safetensors?X-Amz-Signature=abc#frag",
+        )
+        .unwrap();
+        assert_eq!(
+            url,
+            RemoteUrl::Http {
+                base: "https://user:pw@host:8080/a/b/".into(),
+                name: "model.safetensors".into(),
+                query: Some("X-Amz-Signature=abc".into()),
+            }
+        );
+        assert!(url.names_file());
+        assert_eq!(url.to_string(), "https://host:8080/a/b/model.safetensors");
+        let dir = RemoteUrl::parse("http://127.0.0.1:9/ckpt/").unwrap();
+        assert_eq!(dir.to_string(), "http://127.0.0.1:9/ckpt/");
+        assert!(!dir.names_file());
+        assert_eq!(
+            RemoteUrl::parse("http://h").unwrap().to_string(),
+            "http://h/"
+        );
+    }
+
+    #[test]
+    fn remote_schemes_are_told_from_paths() {
+        for remote in [
+            "s3://b",
+            "GS://b/k",
+            "az://c",
+            "https://h/x",
+            "hf://o/r",
+            "abfs://c/x",
+        ] {
+            assert!(is_remote(remote), "{remote}");
+        }
+        for local in [
+            "model.safetensors",
+            "/data/s3://x",
+            "file:///x",
+            "C:\\x",
+            "",
+        ] {
+            assert!(!is_remote(local), "{local}");
+        }
+    }
+}

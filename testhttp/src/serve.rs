@@ -1,0 +1,386 @@
+//! One connection's life: requests read, routed to an object, answered with its range,
+//! paced by the latency and the shared link, or broken by the fault the options ask for.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::http::{self, HeadError, RangeAsk, Request, Route};
+use crate::link::Link;
+use crate::objects::Object;
+use crate::{Fault, Shared};
+
+/// How long a blocked read waits before looking at the stop flag again.
+const POLL: Duration = Duration::from_millis(50);
+/// A connection answers at most this many requests, then closes (a bounded loop).
+const MAX_REQUESTS_PER_CONNECTION: u64 = 100_000;
+/// Bodies are sent in chunks of this size, each booked on the link.
+const CHUNK: usize = 64 * 1024;
+/// A request body (never expected) is read and dropped up to this size; more closes.
+const MAX_DISCARDED_BODY: u64 = 1 << 20;
+/// A client that stops reading is given up after this long.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How an answer ends the connection.
+enum After {
+    KeepAlive,
+    Close,
+    /// A fault already closed it.
+    Broken,
+}
+
+/// Serves `stream` until the client closes, idles past the timeout, asks to close, or the
+/// server stops.
+pub(crate) fn connection(shared: &Shared, mut stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(POLL));
+    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+    let mut buf = Vec::with_capacity(4096);
+    for _ in 0..MAX_REQUESTS_PER_CONNECTION {
+        let head = match read_head(shared, &mut stream, &mut buf) {
+            Ok(Some(head)) => head,
+            Ok(None) | Err(_) => return,
+        };
+        let request = match http::parse_head(&head) {
+            Ok(request) => request,
+            Err(e) => {
+                let status = if e == HeadError::TooLarge { 431 } else { 400 };
+                let _ = stream.write_all(&http::response_head(status, &[], 0, false));
+                return;
+            }
+        };
+        if !discard_body(&request, &mut stream, &mut buf) {
+            return;
+        }
+        match answer(shared, &request, &mut stream) {
+            Ok(After::KeepAlive) => {}
+            Ok(After::Close) => {
+                let _ = stream.shutdown(Shutdown::Write);
+                return;
+            }
+            Ok(After::Broken) | Err(_) => return,
+        }
+    }
+}
+
+/// Reads until a whole request head is in `buf`, and takes it out (what follows stays for
+/// the next request). `None` when the client closed, idled out, or the server stops.
+fn read_head(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> io::Result<Option<Vec<u8>>> {
+    let idle_since = Instant::now();
+    let mut chunk = [0; 4096];
+    loop {
+        if let Some(end) = http::head_end(buf) {
+            let rest = buf.split_off(end);
+            return Ok(Some(std::mem::replace(buf, rest)));
+        }
+        if buf.len() > http::MAX_HEAD {
+            // Answered 431 by the parser.
+            return Ok(Some(std::mem::take(buf)));
+        }
+        if shared.stopping.load(Ordering::Relaxed)
+            || idle_since.elapsed() > shared.options.idle_timeout
+        {
+            return Ok(None);
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => return Ok(None),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Drops a request's body (GET and HEAD have none; a client may still send one). False when
+/// it is too large or the client went away.
+fn discard_body(request: &Request, stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
+    let Ok(mut left) = request.content_length() else {
+        return false;
+    };
+    if left > MAX_DISCARDED_BODY {
+        return false;
+    }
+    let buffered = (buf.len() as u64).min(left) as usize;
+    buf.drain(..buffered);
+    left -= buffered as u64;
+    let deadline = Instant::now() + WRITE_TIMEOUT;
+    let mut chunk = [0; 4096];
+    while left > 0 && Instant::now() < deadline {
+        match stream.read(&mut chunk[..(left as usize).min(4096)]) {
+            Ok(0) => return false,
+            Ok(n) => left -= n as u64,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return false,
+        }
+    }
+    left == 0
+}
+
+fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Result<After> {
+    let n = shared.stats.requests.fetch_add(1, Ordering::Relaxed) + 1;
+    let options = &shared.options;
+    let keep_alive = request.keep_alive();
+    let after = if keep_alive {
+        After::KeepAlive
+    } else {
+        After::Close
+    };
+    let head_only = match request.method.as_str() {
+        "GET" => false,
+        "HEAD" => true,
+        _ => {
+            stream.write_all(&http::response_head(405, &[], 0, keep_alive))?;
+            return Ok(after);
+        }
+    };
+    if head_only {
+        shared.stats.head_requests.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Some(latency) = options.latency {
+        thread::sleep(latency);
+    }
+    let fault = options
+        .fault
+        .filter(|f| f.every > 0 && n.is_multiple_of(f.every))
+        .map(|f| f.fault);
+    if fault == Some(Fault::ServiceUnavailable) {
+        shared.stats.faults.fetch_add(1, Ordering::Relaxed);
+        stream.write_all(&http::response_head(503, &[], 0, keep_alive))?;
+        return Ok(after);
+    }
+
+    if let Some(token) = &options.token {
+        // As the hub for a private or gated repository: 401 without a token, 403 with
+        // another one.
+        let status = match request.header("authorization") {
+            None => Some(401),
+            Some(v) if v.strip_prefix("Bearer ") == Some(token.as_str()) => None,
+            Some(_) => Some(403),
+        };
+        if let Some(status) = status {
+            shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+            stream.write_all(&http::response_head(status, &[], 0, keep_alive))?;
+            return Ok(after);
+        }
+    }
+    let Some(Located {
+        path,
+        mut headers,
+        hub,
+    }) = locate(shared, request)
+    else {
+        stream.write_all(&http::response_head(404, &[], 0, keep_alive))?;
+        return Ok(after);
+    };
+    let Some(object) = shared.objects.get(&path, Instant::now()) else {
+        shared.count_path(&path, 0);
+        stream.write_all(&http::response_head(404, &[], 0, keep_alive))?;
+        return Ok(after);
+    };
+    headers.push(("ETag", object.etag.clone()));
+    if hub && options.hub_redirect {
+        // As the hub for an LFS file: its metadata on a 302 to where the bytes are.
+        shared.count_path(&path, 0);
+        headers.push(("Location", http::encode_path(&path)));
+        stream.write_all(&http::response_head(302, &headers, 0, keep_alive))?;
+        return Ok(after);
+    }
+    headers.push(("Accept-Ranges", "bytes".to_owned()));
+    if !http::if_match_passes(request.header("if-match"), &object.etag) {
+        shared.count_path(&path, 0);
+        stream.write_all(&http::response_head(412, &headers, 0, keep_alive))?;
+        return Ok(after);
+    }
+    let range_header = request.header("range");
+    if range_header.is_some() {
+        shared.stats.ranged_requests.fetch_add(1, Ordering::Relaxed);
+    }
+    let ask = if options.ignore_range {
+        RangeAsk::Whole
+    } else {
+        http::parse_range(range_header, object.len)
+    };
+    let (status, range) = match ask {
+        RangeAsk::Whole => (200, 0..object.len),
+        RangeAsk::Part(range) => {
+            let value = format!("bytes {}-{}/{}", range.start, range.end - 1, object.len);
+            headers.push(("Content-Range", value));
+            (206, range)
+        }
+        RangeAsk::Unsatisfiable => {
+            shared.count_path(&path, 0);
+            headers.push(("Content-Range", format!("bytes */{}", object.len)));
+            stream.write_all(&http::response_head(416, &headers, 0, keep_alive))?;
+            return Ok(after);
+        }
+    };
+    let len = range.end - range.start;
+    stream.write_all(&http::response_head(status, &headers, len, keep_alive))?;
+    if head_only {
+        shared.count_path(&path, 0);
+        return Ok(after);
+    }
+    let body_fault = fault.filter(|_| len > 0);
+    if body_fault.is_some() {
+        shared.stats.faults.fetch_add(1, Ordering::Relaxed);
+    }
+    // A broken body stops half way, so that the client has something to resume from.
+    let send = if body_fault.is_some() { len / 2 } else { len };
+    // Counted before sending, so that a client that has its answer sees it counted.
+    shared.count_path(&path, send);
+    send_body(shared, stream, &object, range.start, send)?;
+    match body_fault {
+        Some(Fault::ResetMidBody) => {
+            // SO_LINGER 0: close(2) then sends RST, not FIN (socket(7)).
+            let _ = socket2::SockRef::from(&*stream).set_linger(Some(Duration::ZERO));
+            Ok(After::Broken)
+        }
+        Some(Fault::ShortBody) => {
+            let _ = stream.shutdown(Shutdown::Both);
+            Ok(After::Broken)
+        }
+        Some(Fault::ServiceUnavailable) | None => Ok(after),
+    }
+}
+
+/// Where a request target leads.
+struct Located {
+    /// The object's path under the served directory.
+    path: String,
+    /// The headers the route adds (the hub's).
+    headers: Vec<(&'static str, String)>,
+    /// Whether it came by the hub's route.
+    hub: bool,
+}
+
+/// Where a target leads; `None` for a target outside the tree or a revision the hub does
+/// not have.
+fn locate(shared: &Shared, request: &Request) -> Option<Located> {
+    let options = &shared.options;
+    match http::route(&request.target)? {
+        Route::Static { path } => Some(Located {
+            path,
+            headers: Vec::new(),
+            hub: false,
+        }),
+        Route::Hub {
+            repo: _,
+            revision,
+            path,
+        } => {
+            *shared
+                .revisions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(revision.clone())
+                .or_default() += 1;
+            let known = revision == options.commit || options.branches.contains(&revision);
+            if !known {
+                return None;
+            }
+            let mut headers = vec![("X-Repo-Commit", options.commit.clone())];
+            if let Some(object) = shared.objects.get(&path, Instant::now()) {
+                headers.push(("X-Linked-Etag", format!("\"{}\"", object.sha256)));
+                headers.push(("X-Linked-Size", object.len.to_string()));
+            }
+            Some(Located {
+                path,
+                headers,
+                hub: true,
+            })
+        }
+    }
+}
+
+/// Sends `len` bytes of `object` from `start`, chunk by chunk, each after its time on the
+/// shared link.
+fn send_body(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    object: &Object,
+    start: u64,
+    len: u64,
+) -> io::Result<()> {
+    let mut buf = vec![0; CHUNK.min(len as usize)];
+    let mut sent = 0;
+    while sent < len {
+        let n = (len - sent).min(CHUNK as u64) as usize;
+        object.body.read_exact_at(&mut buf[..n], start + sent)?;
+        if let Some(link) = &shared.link {
+            let leaves_at = lock(link).reserve(Instant::now(), n as u64);
+            sleep_until(leaves_at);
+        }
+        // Counted before the write, so that a client that has the bytes sees them counted.
+        shared
+            .stats
+            .bytes_sent
+            .fetch_add(n as u64, Ordering::Relaxed);
+        stream.write_all(&buf[..n])?;
+        sent += n as u64;
+        if shared.stopping.load(Ordering::Relaxed) {
+            return Err(io::ErrorKind::Interrupted.into());
+        }
+    }
+    Ok(())
+}
+
+fn lock(link: &Mutex<Link>) -> std::sync::MutexGuard<'_, Link> {
+    link.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn sleep_until(at: Instant) {
+    let now = Instant::now();
+    if at > now {
+        thread::sleep(at - now);
+    }
+}
+
+/// The counters a server keeps, shared by its connections.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub requests: std::sync::atomic::AtomicU64,
+    pub head_requests: std::sync::atomic::AtomicU64,
+    pub ranged_requests: std::sync::atomic::AtomicU64,
+    pub bytes_sent: std::sync::atomic::AtomicU64,
+    pub faults: std::sync::atomic::AtomicU64,
+    pub refused: std::sync::atomic::AtomicU64,
+    pub connections: std::sync::atomic::AtomicU64,
+    pub open_connections: std::sync::atomic::AtomicU64,
+    pub max_open_connections: std::sync::atomic::AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn reset(&self) {
+        for c in [
+            &self.requests,
+            &self.head_requests,
+            &self.ranged_requests,
+            &self.bytes_sent,
+            &self.faults,
+            &self.refused,
+            &self.connections,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+        self.max_open_connections.store(
+            self.open_connections.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+    }
+}

@@ -114,6 +114,8 @@ pub struct FileReport {
     pub(crate) sha256: Option<String>,
     pub(crate) converted: usize,
     pub(crate) overflowed: u64,
+    /// What the node copy did for it (several local ranks), in words.
+    pub(crate) node_copy: Option<String>,
 }
 
 impl FileReport {
@@ -255,6 +257,9 @@ impl fmt::Display for LoadReport {
             }
             let direct = if file.direct_io { " (O_DIRECT)" } else { "" };
             writeln!(f, "    {}{direct}: {}", file.strategy, file.reason)?;
+            if let Some(note) = &file.node_copy {
+                writeln!(f, "    node copy: {note}")?;
+            }
             if file.converted > 0 {
                 writeln!(
                     f,

@@ -1,0 +1,564 @@
+//! One copy per node: the local ranks of a job that read the same files buffered fill one copy of each in shared memory through the prefetch chunk queue, and each maps it read-only.
+//!
+//! # How it goes
+//!
+//! With more than one local rank (the launchers' variables,
+//! `prefetch/launcher.rs`), a file the policy reads buffered, whole, without
+//! conversion, whose tensors sit aligned in it, gets a node copy:
+//!
+//! 1. Under the key's lock (`registry.rs`) a rank asks each live socket of
+//!    the key for its copy (`handoff.rs`): the peer must be this user's
+//!    process, the memory files sealed and of the files' lengths. Another
+//!    user's offer is refused, with the reason in the report. Where no rank
+//!    has a copy, this rank makes one, a sealed `memfd` per file, within the
+//!    memory guard (counted once for the node: the ranks that join add
+//!    nothing). Then it hands the copy out itself, from a socket of its own.
+//! 2. Unless the copy came complete, the ranks fill it through one chunk
+//!    queue (`prefetch/fill.rs`): each chunk read once, straight into its
+//!    place, with the queue's rules for ranks that die or stop.
+//! 3. Each rank maps its copies read-only: its tensors are views of them, as
+//!    of a buffered file's buffer. When its last tensor of the copy is
+//!    dropped, it stops handing the copy out; the memory goes back to the
+//!    system with the last rank's.
+//!
+//! Files that get no copy are read as before, by each rank (buffered, or
+//! mapped where the plan's memory guard says so), with the reason in the
+//! report. One rank alone reads as before, with nothing said.
+//!
+//! NOTE: each rank fills with 4 readers (prefetch's default streams), not the
+//! read engine's adaptive count: the queue's readers claim chunks one by
+//! one, and the engine's controller runs a list of reads fixed in advance.
+//! With 3 ranks that is 12 reads in flight on the node, what the engine
+//! settles at on the FUSE test mount (`policy::default_io_concurrency`).
+
+mod handoff;
+mod registry;
+
+use std::fmt;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::dest::node::{self as copy, CopyFill};
+use crate::error::Error;
+use crate::file::{OpenedFile, read_error};
+use crate::memory;
+use crate::options::Options;
+use crate::policy::{self, Environment, Strategy};
+use crate::prefetch::{self, LocalRank, Owner};
+use crate::report::human_bytes;
+use crate::storage::{BufferLayout, Storage};
+use crate::{os, trace};
+
+use handoff::{MAX_FILES, Offer, Refused, Server};
+use registry::{Entry, Lock};
+
+/// The chunk size where the caller set none: prefetch's.
+const CHUNK: u64 = 8 << 20;
+/// Readers per rank (see the `NOTE:` above).
+const STREAMS: usize = 4;
+
+/// What the node copy did for one file.
+pub(crate) enum PerFile {
+    /// Not considered (one rank alone, or a mapped file): nothing to say.
+    Absent,
+    /// Its tensors are views of the node copy; the note says how it came.
+    Copy { storage: Arc<Storage>, note: String },
+    /// Read by this rank alone, for this reason.
+    NotUsed(NotUsed),
+}
+
+impl PerFile {
+    /// The line the report shows, if any.
+    pub(crate) fn note(&self) -> Option<String> {
+        match self {
+            PerFile::Absent => None,
+            PerFile::Copy { note, .. } => Some(note.clone()),
+            PerFile::NotUsed(why) => Some(format!("not used: {why}")),
+        }
+    }
+}
+
+/// What the eligibility rule looks at, for one file read buffered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Facts {
+    /// Every tensor of the file is loaded.
+    pub all_tensors: bool,
+    /// The load converts dtypes.
+    pub converting: bool,
+    /// Every tensor sits at an offset aligned for its dtype.
+    pub aligned: bool,
+    /// The file's version can be told (device, inode, size, mtime).
+    pub identity: bool,
+}
+
+/// Why a file read buffered gets no node copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum NotUsed {
+    /// A filter: the copy is of whole files, the ranks' filters may differ.
+    Filtered,
+    /// A converting load reads its converted tensors itself.
+    Converting,
+    /// A tensor is misaligned in the file: a copy of the file could not
+    /// hand out typed views of it.
+    Unaligned,
+    /// No device and inode to tell its version by.
+    NoIdentity,
+    /// More files than one handoff carries.
+    TooManyFiles,
+    /// The copy does not fit the memory guard (a `memfd` is charged to the
+    /// cgroup like any memory).
+    DoesNotFit { needed: u64, available: u64 },
+    /// The rank that made the copy left this file out (its memory guard).
+    LeftOut,
+    /// Making, finding or filling the copy failed.
+    Failed(String),
+}
+
+impl fmt::Display for NotUsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotUsed::Filtered => {
+                f.write_str("a filter selects tensors; the copy is of whole files")
+            }
+            NotUsed::Converting => f.write_str("the load converts dtypes"),
+            NotUsed::Unaligned => f.write_str("a tensor is not aligned for its dtype in the file"),
+            NotUsed::NoIdentity => f.write_str("the file's version cannot be told"),
+            NotUsed::TooManyFiles => write!(f, "more than {MAX_FILES} files"),
+            NotUsed::DoesNotFit { needed, available } => write!(
+                f,
+                "the copy needs {} with its margin, {} available (MemAvailable and the cgroup's room): read by each rank",
+                human_bytes(*needed),
+                human_bytes(*available)
+            ),
+            NotUsed::LeftOut => {
+                f.write_str("the rank that made the copy left it out (its memory guard)")
+            }
+            NotUsed::Failed(why) => write!(f, "{why}: read by each rank"),
+        }
+    }
+}
+
+/// The rule: whether a file read buffered by several ranks gets a copy.
+pub(crate) fn eligible(facts: Facts) -> Result<(), NotUsed> {
+    if !facts.all_tensors {
+        Err(NotUsed::Filtered)
+    } else if facts.converting {
+        Err(NotUsed::Converting)
+    } else if !facts.aligned {
+        Err(NotUsed::Unaligned)
+    } else if !facts.identity {
+        Err(NotUsed::NoIdentity)
+    } else {
+        Ok(())
+    }
+}
+
+/// One load's part in node copies: per file of `files`, what it did.
+pub(crate) fn share(
+    files: &[&OpenedFile],
+    opts: &Options,
+    env: &Environment,
+    all_tensors: bool,
+) -> Vec<PerFile> {
+    let mut out: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
+    let rank = LocalRank::from_setting(opts.local_rank, env);
+    if rank.size < 2 {
+        return out;
+    }
+    let mut candidates: Vec<(usize, Vec<u8>)> = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        if f.map().is_some() || f.decision().strategy != Strategy::Buffered {
+            continue;
+        }
+        let id = registry::identity(f.source(), f.local().canonical());
+        let facts = Facts {
+            all_tensors,
+            converting: opts.dtype.is_some(),
+            aligned: BufferLayout::for_file(f.header(), &vec![true; f.header().tensors.len()])
+                .image,
+            identity: id.is_some(),
+        };
+        match (eligible(facts), id) {
+            (Ok(()), Some(id)) if candidates.len() < MAX_FILES => candidates.push((i, id)),
+            (Ok(()), _) => out[i] = PerFile::NotUsed(NotUsed::TooManyFiles),
+            (Err(why), _) => out[i] = PerFile::NotUsed(why),
+        }
+    }
+    if candidates.is_empty() {
+        return out;
+    }
+    let chosen: Vec<&OpenedFile> = candidates.iter().map(|&(i, _)| files[i]).collect();
+    let ids: Vec<Vec<u8>> = candidates.iter().map(|(_, id)| id.clone()).collect();
+    let results = match coordinate(&chosen, &ids, opts, env, &rank) {
+        Ok(results) => results,
+        Err(why) => chosen
+            .iter()
+            .map(|_| PerFile::NotUsed(NotUsed::Failed(why.clone())))
+            .collect(),
+    };
+    for (&(i, _), result) in candidates.iter().zip(results) {
+        out[i] = result;
+    }
+    trace::traced! {
+        for (f, per) in files.iter().zip(&out) {
+            if let Some(note) = per.note() {
+                tracing::info!(target: "safeload", file = %f.path().display(), node_copy = %note, "node copy");
+            }
+        }
+    }
+    out
+}
+
+/// Finds, or makes, the copy of `files`, fills it with the other ranks and
+/// maps it: per file, the copy or why not; `Err` where nothing could be
+/// done at all.
+fn coordinate(
+    files: &[&OpenedFile],
+    ids: &[Vec<u8>],
+    opts: &Options,
+    env: &Environment,
+    rank: &LocalRank,
+) -> Result<Vec<PerFile>, String> {
+    let prefetch = opts.prefetch.as_ref();
+    let chunk_size = prefetch
+        .and_then(|p| p.chunk_size)
+        .map_or(CHUNK, |c| c as u64);
+    let dir = prefetch
+        .and_then(|p| p.queue_dir.clone())
+        .unwrap_or_else(prefetch::default_queue_dir);
+    let job = prefetch::job_key(env.lookup(), os::parent_pid());
+    let key = registry::key(ids, chunk_size, &job);
+    let uid = os::effective_uid().ok_or("no user id")?;
+    let me = Owner::current();
+    let swept = registry::sweep(&dir);
+    let lock_path = registry::lock_path(&dir, key, uid);
+    let lock = Lock::take(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
+
+    // 1. A copy a live rank of this user hands out, else a new one.
+    let mut refusals = Vec::new();
+    let mut found = None;
+    for (path, entry) in registry::entries(&dir) {
+        let Entry::Socket { key: k, owner } = entry else {
+            continue;
+        };
+        if k != key || owner == me {
+            continue;
+        }
+        if !owner.alive() {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
+        match handoff::take(&path, owner.pid, key) {
+            Ok(got) => {
+                found = Some((got, owner.pid));
+                break;
+            }
+            Err(Refused::OtherUser { uid, pid }) => refusals.push(format!(
+                "refused the copy offered by pid {pid}: it runs as uid {uid}, not this user's"
+            )),
+            Err(Refused::Failed(why)) => refusals.push(format!("pid {}: {why}", owner.pid)),
+        }
+    }
+    let mut results: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
+    let (offer, memfds, origin) = match found {
+        Some(((offer, memfds), pid)) => {
+            let valid = offer.files.iter().all(|&(i, len)| {
+                usize::try_from(i)
+                    .ok()
+                    .and_then(|i| files.get(i))
+                    .is_some_and(|f| f.size() == len)
+            });
+            if !valid {
+                return Err(format!("pid {pid} offered a copy of other files"));
+            }
+            (offer, memfds, format!("received from pid {pid}"))
+        }
+        None => {
+            let (offer, memfds) = make(files, key, opts, &mut results)?;
+            (offer, memfds, "made here".to_string())
+        }
+    };
+    let dups: Vec<File> = memfds
+        .iter()
+        .map(File::try_clone)
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let server = Server::start(&registry::socket_path(&dir, key, me), offer.clone(), dups);
+    let server = match server {
+        Ok(server) => Some(server),
+        Err(e) => {
+            refusals.push(format!("not handed out from here: {e}"));
+            None
+        }
+    };
+    drop(lock);
+
+    // 2. The fill, unless the copy came complete.
+    let mut filled: Vec<usize> = vec![0; offer.files.len()];
+    let mut fill_chunk = chunk_size;
+    if !offer.complete {
+        let outcome = fill(files, &offer, &memfds, key, (&dir, chunk_size), opts, rank);
+        match outcome {
+            Ok((counts, outcome)) => {
+                filled = counts;
+                fill_chunk = outcome.chunk_size;
+                if let Some(why) = outcome.unshared {
+                    refusals.push(format!("chunks not shared ({why})"));
+                }
+                if outcome.finished_here > 0 {
+                    refusals.push(format!(
+                        "{} chunk(s) finished here after a stall",
+                        outcome.finished_here
+                    ));
+                }
+                if outcome.swept + swept > 0 {
+                    refusals.push(format!(
+                        "{} file(s) of dead jobs removed",
+                        outcome.swept + swept
+                    ));
+                }
+            }
+            Err(e) => return Err(format!("filling the copy: {e}")),
+        }
+        if let Some(server) = &server {
+            server.complete();
+        }
+    }
+
+    // 3. Each file's copy, mapped read-only; the server stops with the last.
+    let guard = Arc::new(Hold {
+        server,
+        lock_path,
+        dir: dir.clone(),
+        key,
+    });
+    let extra = if refusals.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", refusals.join("; "))
+    };
+    for ((&(i, len), memfd), filled) in offer.files.iter().zip(&memfds).zip(filled) {
+        let Some(file) = usize::try_from(i).ok().and_then(|i| files.get(i)) else {
+            continue;
+        };
+        let kept: Box<dyn Send + Sync> = Box::new(Arc::clone(&guard));
+        let storage =
+            copy::seal(memfd, file.path(), kept).map_err(|e| format!("mapping the copy: {e}"))?;
+        let note = format!(
+            "filled here {filled} of {} chunks, mapped from a memfd of {} {origin} (shared by the job's {} local ranks){extra}",
+            len.div_ceil(fill_chunk.max(1)),
+            human_bytes(len),
+            rank.size,
+        );
+        if let Some(slot) = results.get_mut(i as usize) {
+            *slot = PerFile::Copy {
+                storage: Arc::new(storage),
+                note,
+            };
+        }
+    }
+    for slot in &mut results {
+        if matches!(slot, PerFile::Absent) {
+            *slot = PerFile::NotUsed(NotUsed::LeftOut);
+        }
+    }
+    Ok(results)
+}
+
+/// A rank's hold on a copy, dropped with its last tensor of it: it stops
+/// handing the copy out, and the last live rank to do so removes the lock
+/// file, so that a finished job leaves nothing in the directory.
+struct Hold {
+    server: Option<Server>,
+    lock_path: PathBuf,
+    dir: PathBuf,
+    key: u64,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let lock = Lock::take(&self.lock_path).ok();
+        drop(self.server.take());
+        if let Some(lock) = lock {
+            lock.release_last(&self.dir, self.key);
+        }
+    }
+}
+
+/// A new copy of the files that fit the memory guard, in order; those that
+/// do not are marked in `results`.
+fn make(
+    files: &[&OpenedFile],
+    key: u64,
+    opts: &Options,
+    results: &mut [PerFile],
+) -> Result<(Offer, Vec<File>), String> {
+    let available = opts.memory_available.or_else(memory::available);
+    let mut offer = Offer {
+        key,
+        complete: false,
+        files: Vec::new(),
+    };
+    let mut memfds = Vec::new();
+    let mut total = 0u64;
+    for (i, f) in files.iter().enumerate() {
+        let len = f.size();
+        if let Err((needed, available)) =
+            policy::memory_fits(offer.files.len() + 1, total + len, available)
+        {
+            results[i] = PerFile::NotUsed(NotUsed::DoesNotFit { needed, available });
+            continue;
+        }
+        let memfd = copy::create(len).map_err(|e| format!("making a memfd: {e}"))?;
+        total += len;
+        offer.files.push((i as u64, len));
+        memfds.push(memfd);
+    }
+    Ok((offer, memfds))
+}
+
+/// Fills the copy through the chunk queue: per file of the offer, the
+/// chunks this rank read.
+fn fill(
+    files: &[&OpenedFile],
+    offer: &Offer,
+    memfds: &[File],
+    key: u64,
+    (dir, chunk_size): (&std::path::Path, u64),
+    opts: &Options,
+    rank: &LocalRank,
+) -> crate::error::Result<(Vec<usize>, prefetch::FillOutcome)> {
+    let mut sources = Vec::with_capacity(offer.files.len());
+    let mut writers = Vec::with_capacity(offer.files.len());
+    for (&(i, _), memfd) in offer.files.iter().zip(memfds) {
+        let Some(&file) = usize::try_from(i).ok().and_then(|i| files.get(i)) else {
+            continue;
+        };
+        let writer = CopyFill::new(memfd)
+            .map_err(|e| Error::io("mapping the node copy of", file.path(), None, e))?;
+        sources.push(file);
+        writers.push(writer);
+    }
+    let lens: Vec<u64> = sources.iter().map(|f| f.size()).collect();
+    let counts: Vec<AtomicUsize> = sources.iter().map(|_| AtomicUsize::new(0)).collect();
+    let read = |k: usize, offset: u64, len: u64| -> crate::error::Result<()> {
+        let (Some(file), Some(writer)) = (sources.get(k), writers.get(k)) else {
+            return Ok(());
+        };
+        writer
+            .read_chunk(file.local().file(), offset, len)
+            .map_err(|(at, e)| read_error("reading", file.source(), file.size(), at, e))?;
+        if let Some(c) = counts.get(k) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    };
+    // The queue's key: the copy's, and the user (another user's queue file
+    // of the same copy is not this one's to join).
+    let uid = os::effective_uid().unwrap_or(u32::MAX);
+    let material = [
+        &key.to_le_bytes()[..],
+        &uid.to_le_bytes(),
+        b"node copy queue",
+    ]
+    .concat();
+    let streams = opts
+        .prefetch
+        .as_ref()
+        .map_or(STREAMS, |p| p.stream_count().max(1));
+    let outcome = prefetch::fill_shared(
+        &lens,
+        (&material, dir),
+        (chunk_size, streams),
+        rank,
+        &read,
+        opts.progress.as_ref(),
+    )?;
+    for (f, expected) in sources.iter().zip(&lens) {
+        let now = f
+            .local()
+            .len_now()
+            .map_err(|e| Error::io("reading metadata of", f.path(), None, e))?;
+        if now != *expected {
+            return Err(crate::file::size_mismatch(f.path(), *expected, now));
+        }
+    }
+    Ok((
+        counts.into_iter().map(AtomicUsize::into_inner).collect(),
+        outcome,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rule() {
+        let ok = Facts {
+            all_tensors: true,
+            converting: false,
+            aligned: true,
+            identity: true,
+        };
+        assert_eq!(eligible(ok), Ok(()));
+        let table = [
+            (
+                Facts {
+                    all_tensors: false,
+                    ..ok
+                },
+                NotUsed::Filtered,
+            ),
+            (
+                Facts {
+                    converting: true,
+                    ..ok
+                },
+                NotUsed::Converting,
+            ),
+            (
+                Facts {
+                    aligned: false,
+                    ..ok
+                },
+                NotUsed::Unaligned,
+            ),
+            (
+                Facts {
+                    identity: false,
+                    ..ok
+                },
+                NotUsed::NoIdentity,
+            ),
+            (
+                Facts {
+                    all_tensors: false,
+                    converting: true,
+                    ..ok
+                },
+                NotUsed::Filtered,
+            ),
+        ];
+        for (facts, why) in table {
+            assert_eq!(eligible(facts), Err(why), "{facts:?}");
+        }
+    }
+
+    #[test]
+    fn reasons_in_words() {
+        let why = NotUsed::DoesNotFit {
+            needed: 3 << 30,
+            available: 1 << 30,
+        };
+        let text = PerFile::NotUsed(why).note().unwrap();
+        assert!(
+            text.starts_with("not used: the copy needs 3.00 GiB"),
+            "{text}"
+        );
+        assert!(text.contains("read by each rank"), "{text}");
+        assert_eq!(PerFile::Absent.note(), None);
+    }
+}

@@ -128,14 +128,14 @@ impl fmt::Display for NotUsed {
             NotUsed::TooManyFiles => write!(f, "more than {MAX_FILES} files"),
             NotUsed::DoesNotFit { needed, available } => write!(
                 f,
-                "the copy needs {} with its margin, {} available (MemAvailable and the cgroup's room): read by each rank",
+                "the copy needs {} with its margin, {} available (MemAvailable and the cgroup's room): each rank loads it alone",
                 human_bytes(*needed),
                 human_bytes(*available)
             ),
             NotUsed::LeftOut => {
                 f.write_str("the rank that made the copy left it out (its memory guard)")
             }
-            NotUsed::Failed(why) => write!(f, "{why}: read by each rank"),
+            NotUsed::Failed(why) => write!(f, "{why}: each rank loads it alone"),
         }
     }
 }
@@ -277,6 +277,11 @@ fn coordinate(
         }
         None => {
             let (offer, memfds) = make(files, key, opts, &mut results)?;
+            if offer.files.is_empty() {
+                // Nothing fits: no copy to hand out; a rank that comes next
+                // applies the guard to its own room.
+                return Ok(results);
+            }
             (offer, memfds, "made here".to_string())
         }
     };
@@ -558,7 +563,7 @@ mod tests {
             text.starts_with("not used: the copy needs 3.00 GiB"),
             "{text}"
         );
-        assert!(text.contains("read by each rank"), "{text}");
+        assert!(text.contains("each rank loads it alone"), "{text}");
         assert_eq!(PerFile::Absent.note(), None);
     }
 }

@@ -217,6 +217,10 @@ fn a_copy_offered_by_another_user_is_refused() {
     let source = tempfile::tempdir().unwrap();
     std::fs::set_permissions(source.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let (index, expected) = write_checkpoint(source.path(), 8, 2, "u");
+    for file in std::fs::read_dir(source.path()).unwrap() {
+        let perms = std::fs::Permissions::from_mode(0o644);
+        std::fs::set_permissions(file.unwrap().path(), perms).unwrap();
+    }
     let dir = private_dir();
     let job = job_id();
     let common = [
@@ -269,9 +273,6 @@ fn a_memory_limit_too_small_for_the_copy_falls_back_with_its_reason() {
     let setup = on_fuse(24, Options::default());
     let job = job_id();
     let held = [(HELD, "1".to_string())];
-    // 48 MiB: the process and its page cache fit, 24 MiB with the guard's
-    // margin (32 MiB and 2 MiB a file) does not.
-    cgroup.limit(48 << 20);
     let mut ranks: Vec<Rank> = (0..2)
         .map(|r| {
             let mut rank = Rank::from_command(rank_command(&setup.index, (r, 2), &job, &held));
@@ -284,10 +285,15 @@ fn a_memory_limit_too_small_for_the_copy_falls_back_with_its_reason() {
                 );
             }
             cgroup.enter(rank.pid());
-            writeln!(rank.child.stdin.as_mut().unwrap(), "go").unwrap();
             rank
         })
         .collect();
+    // 40 MiB of room: 24 MiB with the guard's margin (32 MiB and 2 MiB a
+    // file) does not fit, nor one file of 8 MiB read by each rank.
+    cgroup.limit(cgroup.usage() + (40 << 20));
+    for rank in &mut ranks {
+        writeln!(rank.child.stdin.as_mut().unwrap(), "go").unwrap();
+    }
     for rank in &mut ranks {
         let r = rank.loaded();
         assert_eq!(r.digest, setup.expected, "{r:?}");

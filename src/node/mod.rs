@@ -167,8 +167,10 @@ pub(crate) fn share(
     if rank.size < 2 {
         return out;
     }
-    let mut candidates: Vec<(usize, Vec<u8>)> = Vec::new();
-    for (i, f) in files.iter().enumerate() {
+    // The files that get a copy, with their identities; the others say why.
+    let mut chosen: Vec<&OpenedFile> = Vec::new();
+    let mut ids: Vec<Vec<u8>> = Vec::new();
+    for (&f, slot) in files.iter().zip(out.iter_mut()) {
         if f.map().is_some() || f.decision().strategy != Strategy::Buffered {
             continue;
         }
@@ -181,16 +183,17 @@ pub(crate) fn share(
             identity: id.is_some(),
         };
         match (eligible(facts), id) {
-            (Ok(()), Some(id)) if candidates.len() < MAX_FILES => candidates.push((i, id)),
-            (Ok(()), _) => out[i] = PerFile::NotUsed(NotUsed::TooManyFiles),
-            (Err(why), _) => out[i] = PerFile::NotUsed(why),
+            (Ok(()), Some(id)) if chosen.len() < MAX_FILES => {
+                chosen.push(f);
+                ids.push(id);
+            }
+            (Ok(()), _) => *slot = PerFile::NotUsed(NotUsed::TooManyFiles),
+            (Err(why), _) => *slot = PerFile::NotUsed(why),
         }
     }
-    if candidates.is_empty() {
+    if chosen.is_empty() {
         return out;
     }
-    let chosen: Vec<&OpenedFile> = candidates.iter().map(|&(i, _)| files[i]).collect();
-    let ids: Vec<Vec<u8>> = candidates.iter().map(|(_, id)| id.clone()).collect();
     let results = match coordinate(&chosen, &ids, opts, env, &rank) {
         Ok(results) => results,
         Err(why) => chosen
@@ -198,8 +201,15 @@ pub(crate) fn share(
             .map(|_| PerFile::NotUsed(NotUsed::Failed(why.clone())))
             .collect(),
     };
-    for (&(i, _), result) in candidates.iter().zip(results) {
-        out[i] = result;
+    // Back in the load's order: the chosen files are the Absent ones left
+    // among the buffered, in order.
+    let mut results = results.into_iter();
+    for (&f, slot) in files.iter().zip(out.iter_mut()) {
+        if chosen.iter().any(|c| std::ptr::eq(*c, f)) {
+            if let Some(result) = results.next() {
+                *slot = result;
+            }
+        }
     }
     trace::traced! {
         for (f, per) in files.iter().zip(&out) {
@@ -408,12 +418,12 @@ fn make(
     };
     let mut memfds = Vec::new();
     let mut total = 0u64;
-    for (i, f) in files.iter().enumerate() {
+    for (i, (f, slot)) in files.iter().zip(results.iter_mut()).enumerate() {
         let len = f.size();
         if let Err((needed, available)) =
             policy::memory_fits(offer.files.len() + 1, total + len, available)
         {
-            results[i] = PerFile::NotUsed(NotUsed::DoesNotFit { needed, available });
+            *slot = PerFile::NotUsed(NotUsed::DoesNotFit { needed, available });
             continue;
         }
         let memfd = copy::create(len).map_err(|e| format!("making a memfd: {e}"))?;

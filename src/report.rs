@@ -253,6 +253,13 @@ impl fmt::Display for LoadReport {
                     human_bytes(file.bytes_read),
                     file.elapsed.as_secs_f64()
                 )?,
+                None if file
+                    .node_copy
+                    .as_ref()
+                    .is_some_and(|n| n.starts_with("filled")) =>
+                {
+                    writeln!(f, "  views of the node copy")?
+                }
                 None => writeln!(f, "  mapped (pages are read when first touched)")?,
             }
             let direct = if file.direct_io { " (O_DIRECT)" } else { "" };

@@ -314,7 +314,19 @@ fn coordinate(
     let mut filled: Vec<usize> = vec![0; offer.files.len()];
     let mut fill_chunk = chunk_size;
     if !offer.complete {
-        let outcome = fill(files, &offer, &memfds, key, (&dir, chunk_size), opts, rank);
+        let complete = || {
+            if let Some(server) = &server {
+                server.complete();
+            }
+        };
+        let outcome = fill(
+            files,
+            (&offer, &memfds, &complete),
+            key,
+            (&dir, chunk_size),
+            opts,
+            rank,
+        );
         match outcome {
             Ok((counts, outcome)) => {
                 filled = counts;
@@ -336,9 +348,6 @@ fn coordinate(
                 }
             }
             Err(e) => return Err(format!("filling the copy: {e}")),
-        }
-        if let Some(server) = &server {
-            server.complete();
         }
     }
 
@@ -394,7 +403,9 @@ struct Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        let lock = Lock::take(&self.lock_path).ok();
+        // Not waited for: dropping tensors must not wait on a rank stopped
+        // under the lock (the lock file is then left for a later sweep).
+        let lock = Lock::try_take(&self.lock_path);
         drop(self.server.take());
         if let Some(lock) = lock {
             lock.release_last(&self.dir, self.key);
@@ -438,8 +449,7 @@ fn make(
 /// chunks this rank read.
 fn fill(
     files: &[&OpenedFile],
-    offer: &Offer,
-    memfds: &[File],
+    (offer, memfds, complete): (&Offer, &[File], &dyn Fn()),
     key: u64,
     (dir, chunk_size): (&std::path::Path, u64),
     opts: &Options,
@@ -489,6 +499,7 @@ fn fill(
         (chunk_size, streams),
         rank,
         &read,
+        complete,
         opts.progress.as_ref(),
     )?;
     for (f, expected) in sources.iter().zip(&lens) {

@@ -139,6 +139,19 @@ impl Lock {
         Err(io::Error::other("the lock file kept being replaced"))
     }
 
+    /// [`Lock::take`] without waiting: `None` where another rank holds it
+    /// (a rank stopped under it must not hold this one up).
+    pub(crate) fn try_take(path: &Path) -> Option<Lock> {
+        let file = os::open_private_rw(path).ok()?;
+        if !os::try_flock(&file).ok()? {
+            return None;
+        }
+        os::names_file(path, &file).then(|| Lock {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
     /// Removes the lock file if no live owner's socket of `key` is left in
     /// `dir`, then unlocks: the last rank of a copy leaves nothing behind.
     pub(crate) fn release_last(self, dir: &Path, key: u64) {
@@ -159,8 +172,8 @@ impl Drop for Lock {
 
 /// Removes what dead jobs left in `dir`: sockets whose owner is gone, then
 /// lock files (this user's) with no live owner's socket, each under its
-/// lock so that a rank creating a copy is never disturbed. Called with no
-/// lock held, so that two ranks sweeping never wait on each other's lock.
+/// lock so that a rank creating a copy is never disturbed; a lock another
+/// rank holds is left for a later sweep, so that sweeping never waits.
 /// Returns how many files were removed.
 pub(crate) fn sweep(dir: &Path) -> usize {
     let mut removed = 0;
@@ -180,9 +193,10 @@ pub(crate) fn sweep(dir: &Path) -> usize {
         if *path != lock_path(dir, key, uid) {
             continue; // another user's
         }
-        // Taken (and so found again) only to be removed: a rank that holds it
-        // is looking for a copy, and its socket comes before it lets go.
-        let Ok(lock) = Lock::take(path) else {
+        // Taken (and so found again) only to be removed, and only if free: a
+        // rank that holds it is looking for a copy, and its socket comes
+        // before it lets go.
+        let Some(lock) = Lock::try_take(path) else {
             continue;
         };
         let live = entries(dir).into_iter().any(

@@ -211,6 +211,19 @@ pub(crate) fn flock(file: &File, exclusive: bool) -> io::Result<()> {
     }
 }
 
+/// Takes an exclusive advisory lock with `flock(2)` if no one holds it:
+/// `false` where another open file description holds it (`EWOULDBLOCK`).
+pub(crate) fn try_flock(file: &File) -> io::Result<bool> {
+    loop {
+        match rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(true),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::WOULDBLOCK) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Whether the process `pid` may still exist: `kill(pid, 0)` fails with
 /// `ESRCH` only for a pid with no process (see kill(2)); a zombie, or a
 /// process of another user (`EPERM`), still answers that it exists.

@@ -44,13 +44,17 @@ pub(crate) struct FillOutcome {
 /// Fills files of `lens` bytes (in order) through the chunk queue named by
 /// `key_material` in `dir`, shared with the other ranks of `rank`: `read`
 /// reads one chunk (a file index, an offset, a length) into its place.
-/// `streams` readers in this process.
+/// `streams` readers in this process. `complete` is called once every chunk
+/// is in place, before this rank leaves the queue: a rank that joins after
+/// the last has left must learn from it that the fill is over, not start
+/// one anew.
 pub(crate) fn fill_shared(
     lens: &[u64],
     (key_material, dir): (&[u8], &Path),
     (chunk_size, streams): (u64, usize),
     rank: &LocalRank,
     read: &(dyn Fn(usize, u64, u64) -> Result<()> + Sync),
+    complete: &dyn Fn(),
     progress: Option<&Callback>,
 ) -> Result<FillOutcome> {
     let swept = sweep_stale(dir);
@@ -76,6 +80,7 @@ pub(crate) fn fill_shared(
     let me = Owner::current();
     let queue = Queue::shared(dir, key_material, layout, me, &mut make);
     let shared = queue.is_shared();
+    let unshared = (!shared).then(|| queue.note.clone().unwrap_or_default());
     let words = queue.words();
     let needed = init_from_header(words).needed;
     let (claimable, starts) = reader_plan(&chunks, rank, streams, shared);
@@ -109,13 +114,15 @@ pub(crate) fn fill_shared(
             }
         }
     }
+    complete();
     meter.finish();
+    drop(queue);
     Ok(FillOutcome {
         handled: outcome.handled,
         chunks: chunks.len(),
         chunk_size: plan.chunk_size,
         finished_here,
-        unshared: (!shared).then(|| queue.note.clone().unwrap_or_default()),
+        unshared,
         swept,
     })
 }

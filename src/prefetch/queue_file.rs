@@ -455,6 +455,28 @@ mod tests {
     }
 
     #[test]
+    fn the_sweep_removes_the_queues_of_dead_jobs_only() {
+        let (dir, path, queue) = created();
+        let named = |key: &str| dir.path().join(format!("safeload-prefetch-{key}.queue"));
+        // The same queue, its one rank dead: left by a killed job.
+        let mut words = words_of(&path);
+        words[HEADER_WORDS] = Owner::dead().word();
+        write_words(&named("dead"), &words);
+        // Its one rank alive (this process): a live job's.
+        std::fs::copy(&path, named("live")).unwrap();
+        // Empty: its creator died before sizing it.
+        std::fs::write(named("empty"), b"").unwrap();
+        // Another format version: not this build's to judge.
+        words[at::VERSION] = VERSION + 1;
+        write_words(&named("other"), &words);
+        assert_eq!(sweep_stale(dir.path()), 2);
+        assert!(!named("dead").exists() && !named("empty").exists());
+        assert!(named("live").exists() && named("other").exists());
+        assert!(path.exists(), "not a queue file name: left alone");
+        drop(queue);
+    }
+
+    #[test]
     fn a_live_queue_is_joined_not_replaced() {
         let (_dir, path, first) = created();
         let me = Owner::current();

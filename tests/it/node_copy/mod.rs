@@ -550,3 +550,35 @@ fn a_file_replaced_between_two_jobs_is_never_served_from_the_old_copy() {
         rank.release();
     }
 }
+
+/// `HF_SHARD_PREFETCH` set for ranks whose files are read buffered: the
+/// copy is filled, and nothing is read a second time to warm the page cache.
+#[test]
+fn prefetch_from_the_environment_fills_the_copy_and_reads_nothing_twice() {
+    if skip_without_fuse() {
+        return;
+    }
+    let setup = on_fuse(16, Options::default());
+    let job = job_id();
+    let env = [("HF_SHARD_PREFETCH", "4".to_string())];
+    let mut ranks: Vec<Rank> = (0..2)
+        .map(|r| Rank::spawn(&setup.index, (r, 2), &job, &env))
+        .collect();
+    for rank in &mut ranks {
+        let r = rank.loaded();
+        assert_eq!(r.digest, setup.expected, "{r:?}");
+        assert!(
+            r.notes.iter().all(|n| n.starts_with("filled here")),
+            "{r:?}"
+        );
+    }
+    for rank in ranks {
+        rank.release();
+    }
+    let served = setup.fs.stats().bytes_read;
+    assert!(
+        served as f64 <= 1.05 * setup.total as f64,
+        "{served} served for {}",
+        setup.total
+    );
+}

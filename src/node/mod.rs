@@ -25,6 +25,18 @@
 //! mapped where the plan's memory guard says so), with the reason in the
 //! report. One rank alone reads as before, with nothing said.
 //!
+//! # What it leaves to later
+//!
+//! - A rank stopped while it holds a key's lock (the milliseconds in which it
+//!   asks for a copy or makes one) holds up the ranks that start meanwhile
+//!   until it resumes; a rank stopped while it hands the copy out costs the
+//!   asker [`handoff::PATIENCE`] (2 s), then it asks another or makes its own.
+//! - A rank that received an unfinished copy in the instant before the last
+//!   filling rank left the queue starts the queue anew and reads the copy
+//!   again into the same place (the same bytes): twice at worst, never wrong.
+//! - The fill reads through the page cache, not with `O_DIRECT`: for a while
+//!   the node also holds a reclaimable page-cache copy of what was read.
+//!
 //! NOTE: each rank fills with 4 readers (prefetch's default streams), not the
 //! read engine's adaptive count: the queue's readers claim chunks one by
 //! one, and the engine's controller runs a list of reads fixed in advance.
@@ -247,7 +259,7 @@ fn coordinate(
     let lock = Lock::take(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
 
     // 1. A copy a live rank of this user hands out, else a new one.
-    let mut refusals = Vec::new();
+    let mut remarks = Vec::new();
     let mut found = None;
     for (path, entry) in registry::entries(&dir) {
         let Entry::Socket { key: k, owner } = entry else {
@@ -265,10 +277,10 @@ fn coordinate(
                 found = Some((got, owner.pid));
                 break;
             }
-            Err(Refused::OtherUser { uid, pid }) => refusals.push(format!(
+            Err(Refused::OtherUser { uid, pid }) => remarks.push(format!(
                 "refused the copy offered by pid {pid}: it runs as uid {uid}, not this user's"
             )),
-            Err(Refused::Failed(why)) => refusals.push(format!("pid {}: {why}", owner.pid)),
+            Err(Refused::Failed(why)) => remarks.push(format!("pid {}: {why}", owner.pid)),
         }
     }
     let mut results: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
@@ -304,7 +316,7 @@ fn coordinate(
     let server = match server {
         Ok(server) => Some(server),
         Err(e) => {
-            refusals.push(format!("not handed out from here: {e}"));
+            remarks.push(format!("not handed out from here: {e}"));
             None
         }
     };
@@ -332,16 +344,16 @@ fn coordinate(
                 filled = counts;
                 fill_chunk = outcome.chunk_size;
                 if let Some(why) = outcome.unshared {
-                    refusals.push(format!("chunks not shared ({why})"));
+                    remarks.push(format!("chunks not shared ({why})"));
                 }
                 if outcome.finished_here > 0 {
-                    refusals.push(format!(
+                    remarks.push(format!(
                         "{} chunk(s) finished here after a stall",
                         outcome.finished_here
                     ));
                 }
                 if outcome.swept + swept > 0 {
-                    refusals.push(format!(
+                    remarks.push(format!(
                         "{} file(s) of dead jobs removed",
                         outcome.swept + swept
                     ));
@@ -358,10 +370,10 @@ fn coordinate(
         dir: dir.clone(),
         key,
     });
-    let extra = if refusals.is_empty() {
+    let extra = if remarks.is_empty() {
         String::new()
     } else {
-        format!("; {}", refusals.join("; "))
+        format!("; {}", remarks.join("; "))
     };
     for ((&(i, len), memfd), filled) in offer.files.iter().zip(&memfds).zip(filled) {
         let Some(file) = usize::try_from(i).ok().and_then(|i| files.get(i)) else {

@@ -115,7 +115,13 @@ impl Run<'_> {
 
         // 3. Allocate, and fill every destination through one job queue.
         let mut filling = Vec::with_capacity(files.len());
-        let notes_of_copies: Vec<Option<String>> = copies.iter().map(node::PerFile::note).collect();
+        let notes_of_copies: Vec<(Option<String>, u64)> = copies
+            .iter()
+            .map(|c| match c {
+                node::PerFile::Copy { bytes_read, .. } => (c.note(), *bytes_read),
+                _ => (c.note(), 0),
+            })
+            .collect();
         for ((&(file, started_at), plan), copy) in files.iter().zip(plans).zip(&mut copies) {
             let copy = match std::mem::replace(copy, node::PerFile::Absent) {
                 node::PerFile::Copy { storage, .. } => Some(storage),
@@ -158,8 +164,9 @@ impl Run<'_> {
         // 4. Hand out tensors.
         let io_concurrency = io.as_ref().map_or(concurrency.start, |s| s.readers);
         let mut state_dict = assemble(resolved, sealed, clock, threads, io_concurrency)?;
-        for (file, note) in state_dict.report.files.iter_mut().zip(notes_of_copies) {
+        for (file, (note, read)) in state_dict.report.files.iter_mut().zip(notes_of_copies) {
             file.node_copy = note;
+            file.bytes_read += read;
         }
         state_dict.report.io = io;
         state_dict.report.prefetch = prefetched;

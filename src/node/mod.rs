@@ -50,7 +50,7 @@ use std::fmt;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::dest::node::{self as copy, CopyFill};
 use crate::error::Error;
@@ -75,8 +75,13 @@ const STREAMS: usize = 4;
 pub(crate) enum PerFile {
     /// Not considered (one rank alone, or a mapped file): nothing to say.
     Absent,
-    /// Its tensors are views of the node copy; the note says how it came.
-    Copy { storage: Arc<Storage>, note: String },
+    /// Its tensors are views of the node copy; the note says how it came,
+    /// `bytes_read` what this rank read of it.
+    Copy {
+        storage: Arc<Storage>,
+        note: String,
+        bytes_read: u64,
+    },
     /// Read by this rank alone, for this reason.
     NotUsed(NotUsed),
 }
@@ -323,7 +328,7 @@ fn coordinate(
     drop(lock);
 
     // 2. The fill, unless the copy came complete.
-    let mut filled: Vec<usize> = vec![0; offer.files.len()];
+    let mut filled: Vec<(usize, u64)> = vec![(0, 0); offer.files.len()];
     let mut fill_chunk = chunk_size;
     if !offer.complete {
         let complete = || {
@@ -375,7 +380,7 @@ fn coordinate(
     } else {
         format!("; {}", remarks.join("; "))
     };
-    for ((&(i, len), memfd), filled) in offer.files.iter().zip(&memfds).zip(filled) {
+    for ((&(i, len), memfd), (filled, bytes_read)) in offer.files.iter().zip(&memfds).zip(filled) {
         let Some(file) = usize::try_from(i).ok().and_then(|i| files.get(i)) else {
             continue;
         };
@@ -392,6 +397,7 @@ fn coordinate(
             *slot = PerFile::Copy {
                 storage: Arc::new(storage),
                 note,
+                bytes_read,
             };
         }
     }
@@ -458,7 +464,7 @@ fn make(
 }
 
 /// Fills the copy through the chunk queue: per file of the offer, the
-/// chunks this rank read.
+/// chunks and bytes this rank read.
 fn fill(
     files: &[&OpenedFile],
     (offer, memfds, complete): (&Offer, &[File], &dyn Fn()),
@@ -466,7 +472,7 @@ fn fill(
     (dir, chunk_size): (&std::path::Path, u64),
     opts: &Options,
     rank: &LocalRank,
-) -> crate::error::Result<(Vec<usize>, prefetch::FillOutcome)> {
+) -> crate::error::Result<(Vec<(usize, u64)>, prefetch::FillOutcome)> {
     let mut sources = Vec::with_capacity(offer.files.len());
     let mut writers = Vec::with_capacity(offer.files.len());
     for (&(i, _), memfd) in offer.files.iter().zip(memfds) {
@@ -479,7 +485,10 @@ fn fill(
         writers.push(writer);
     }
     let lens: Vec<u64> = sources.iter().map(|f| f.size()).collect();
-    let counts: Vec<AtomicUsize> = sources.iter().map(|_| AtomicUsize::new(0)).collect();
+    let counts: Vec<(AtomicUsize, AtomicU64)> = sources
+        .iter()
+        .map(|_| (AtomicUsize::new(0), AtomicU64::new(0)))
+        .collect();
     let read = |k: usize, offset: u64, len: u64| -> crate::error::Result<()> {
         let (Some(file), Some(writer)) = (sources.get(k), writers.get(k)) else {
             return Ok(());
@@ -487,8 +496,9 @@ fn fill(
         writer
             .read_chunk(file.local().file(), offset, len)
             .map_err(|(at, e)| read_error("reading", file.source(), file.size(), at, e))?;
-        if let Some(c) = counts.get(k) {
-            c.fetch_add(1, Ordering::Relaxed);
+        if let Some((chunks, bytes)) = counts.get(k) {
+            chunks.fetch_add(1, Ordering::Relaxed);
+            bytes.fetch_add(len, Ordering::Relaxed);
         }
         Ok(())
     };
@@ -524,7 +534,10 @@ fn fill(
         }
     }
     Ok((
-        counts.into_iter().map(AtomicUsize::into_inner).collect(),
+        counts
+            .into_iter()
+            .map(|(c, b)| (c.into_inner(), b.into_inner()))
+            .collect(),
         outcome,
     ))
 }

@@ -34,8 +34,6 @@
 //! - A rank that received an unfinished copy in the instant before the last
 //!   filling rank left the queue starts the queue anew and reads the copy
 //!   again into the same place (the same bytes): twice at worst, never wrong.
-//! - The fill reads through the page cache, not with `O_DIRECT`: for a while
-//!   the node also holds a reclaimable page-cache copy of what was read.
 //!
 //! NOTE: each rank fills with 4 readers (prefetch's default streams), not the
 //! read engine's adaptive count: the queue's readers claim chunks one by
@@ -60,6 +58,7 @@ use crate::options::Options;
 use crate::policy::{self, Environment, Strategy};
 use crate::prefetch::{self, LocalRank, Owner};
 use crate::report::human_bytes;
+use crate::source::{LocalFile, Source};
 use crate::storage::{BufferLayout, Storage};
 use crate::{os, trace};
 
@@ -409,6 +408,18 @@ fn coordinate(
     Ok(results)
 }
 
+/// `O_DIRECT` on these descriptors for as long as this lives (a checkpoint
+/// that stays open shares them).
+struct Direct<'a>(Vec<&'a LocalFile>);
+
+impl Drop for Direct<'_> {
+    fn drop(&mut self) {
+        for file in &self.0 {
+            let _ = file.set_direct(false);
+        }
+    }
+}
+
 /// A rank's hold on a copy, dropped with its last tensor of it: it stops
 /// handing the copy out, and the last live rank to do so removes the lock
 /// file, so that a finished job leaves nothing in the directory.
@@ -485,6 +496,22 @@ fn fill(
         writers.push(writer);
     }
     let lens: Vec<u64> = sources.iter().map(|f| f.size()).collect();
+    // Direct reads where the policy would read the file so (FUSE, cold): the
+    // daemon then answers in requests of up to its `max_read`, not in the
+    // page cache's 128 KiB, and no second, page-cache copy is left behind.
+    // The chunks are whole pages at page offsets of a page-aligned map; a
+    // file's last, partial block goes through the OS layer's bounce buffer.
+    let _direct = Direct(
+        sources
+            .iter()
+            .map(|f| f.local())
+            .filter(|l| {
+                let kind = l.mount().map(|m| m.kind);
+                policy::wants_direct_io(opts.direct_io, kind, true, || l.mostly_cached())
+                    && l.set_direct(true).is_ok()
+            })
+            .collect(),
+    );
     let counts: Vec<(AtomicUsize, AtomicU64)> = sources
         .iter()
         .map(|_| (AtomicUsize::new(0), AtomicU64::new(0)))

@@ -12,6 +12,11 @@ use safeload_testfs::{Options, skip_without_fuse};
 use super::*;
 use crate::common::cgroup::{Cgroup, Controller};
 
+/// What a rank that dies or stops may cost again: the chunks its 4 readers
+/// held (of 256 KiB), and per file (3) the page-cache read-ahead of the
+/// header read at open, which the fill's direct reads fetch again.
+const AGAIN: u64 = 4 * (256 << 10) + 3 * (128 << 10);
+
 /// A mount slow enough to act during the fill: 24 MiB at 16 MiB/s.
 fn slow_fuse() -> OnFuse {
     on_fuse(
@@ -68,9 +73,8 @@ fn a_rank_killed_mid_fill_is_finished_by_the_others() {
         rank.release();
     }
     let served = setup.fs.stats().bytes_read;
-    // The victim's 4 readers held at most 4 chunks of 256 KiB.
     assert!(
-        served <= setup.total + (1 << 20),
+        served <= setup.total + AGAIN,
         "{served} for {}",
         setup.total
     );
@@ -115,7 +119,7 @@ fn a_rank_stopped_mid_fill_is_taken_over_within_seconds() {
     }
     let served = setup.fs.stats().bytes_read;
     assert!(
-        served <= setup.total + (1 << 20),
+        served <= setup.total + AGAIN,
         "{served} for {}",
         setup.total
     );

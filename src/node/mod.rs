@@ -499,6 +499,9 @@ fn fill(
     // Direct reads where the policy would read the file so (FUSE, cold): the
     // daemon then answers in requests of up to its `max_read`, not in the
     // page cache's 128 KiB, and no second, page-cache copy is left behind.
+    // NOTE: 3 ranks of 256 MiB on the 2 ms test mount, 2026-12-02: the
+    // slowest rank 1.16-1.23x one rank alone through the page cache,
+    // 0.52-1.37x (median 1.07x) with direct reads (BENCHMARKS.md).
     // The chunks are whole pages at page offsets of a page-aligned map; a
     // file's last, partial block goes through the OS layer's bounce buffer.
     let _direct = Direct(

@@ -59,7 +59,7 @@ impl Run<'_> {
         // then the page cache warmed for the rest before any tensor byte is
         // touched (a file with a copy is read once already).
         let opened: Vec<&OpenedFile> = files.iter().map(|&(f, _)| f).collect();
-        let mut copies = node::share(&opened, opts, env, keep.is_none());
+        let mut copies = node::share(&opened, opts, env, keep);
         let job = prefetch::Job {
             local_rank: opts.local_rank,
             memory_available: opts.memory_available,

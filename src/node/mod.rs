@@ -97,7 +97,7 @@ impl PerFile {
 /// What the eligibility rule looks at, for one file read buffered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Facts {
-    /// Every tensor of the file is loaded.
+    /// Every tensor of the file is loaded (a filter may keep them all).
     pub all_tensors: bool,
     /// The load converts dtypes.
     pub converting: bool,
@@ -174,7 +174,7 @@ pub(crate) fn share(
     files: &[&OpenedFile],
     opts: &Options,
     env: &Environment,
-    all_tensors: bool,
+    keep: Option<&(dyn Fn(&str) -> bool + Sync)>,
 ) -> Vec<PerFile> {
     let mut out: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
     let rank = LocalRank::from_setting(opts.local_rank, env);
@@ -190,7 +190,7 @@ pub(crate) fn share(
         }
         let id = registry::identity(f.source(), f.local().canonical());
         let facts = Facts {
-            all_tensors,
+            all_tensors: keep.is_none_or(|keep| f.header().tensors.iter().all(|t| keep(&t.name))),
             converting: opts.dtype.is_some(),
             aligned: BufferLayout::for_file(f.header(), &vec![true; f.header().tensors.len()])
                 .image,

@@ -41,6 +41,8 @@ const BUFFERED: &str = "SAFELOAD_TEST_NODE_BUFFERED";
 const SETUID: &str = "SAFELOAD_TEST_NODE_SETUID";
 /// Set: wait for the parent's word before loading (to be moved into a cgroup).
 const HELD: &str = "SAFELOAD_TEST_NODE_HELD";
+/// Load only the tensors whose name starts with this (`Loader::filter`).
+const FILTER: &str = "SAFELOAD_TEST_NODE_FILTER";
 
 // ---------------------------------------------------------------------------
 // The child side.
@@ -70,6 +72,9 @@ fn act_as_rank() {
     let mut loader = Loader::new();
     if std::env::var_os(BUFFERED).is_some() {
         loader = loader.disable_mmap(true);
+    }
+    if let Ok(prefix) = std::env::var(FILTER) {
+        loader = loader.filter(move |name| name.starts_with(&prefix));
     }
     let (dir, chunk) = (std::env::var(DIR).ok(), std::env::var(CHUNK).ok());
     if dir.is_some() || chunk.is_some() {
@@ -581,4 +586,36 @@ fn prefetch_from_the_environment_fills_the_copy_and_reads_nothing_twice() {
         "{served} served for {}",
         setup.total
     );
+}
+
+/// A filter that keeps every tensor of some files: those files still get
+/// the copy; a file the filter cuts says why it gets none.
+#[test]
+fn a_filter_keeping_whole_files_shares_them_and_says_why_not_the_others() {
+    if skip_without_fuse() {
+        return;
+    }
+    // 12 tensors round-robin over 3 files: `m.w00` keeps w000-w009, all of
+    // the first file's (0, 3, 6, 9) and part of the others'.
+    let setup = on_fuse(24, Options::default());
+    let job = job_id();
+    let filter = [(FILTER, "m.w00".to_string())];
+    let kept: Vec<Spec> = naive_load(&shards_of(setup.source.path()))
+        .into_iter()
+        .filter(|s| s.name.starts_with("m.w00"))
+        .collect();
+    let mut ranks: Vec<Rank> = (0..2)
+        .map(|r| Rank::spawn(&setup.index, (r, 2), &job, &filter))
+        .collect();
+    for rank in &mut ranks {
+        let r = rank.loaded();
+        assert_eq!(r.digest, digest(&kept), "{r:?}");
+        assert!(r.notes[0].starts_with("filled here"), "{r:?}");
+        for note in &r.notes[1..] {
+            assert!(note.starts_with("not used: a filter selects"), "{note}");
+        }
+    }
+    for rank in ranks {
+        rank.release();
+    }
 }

@@ -361,6 +361,7 @@ mod jobs;
 mod load;
 mod memory;
 pub mod mount;
+mod node;
 mod options;
 mod os;
 mod plan;

@@ -291,6 +291,7 @@ impl Checkpoint {
                 sha256: None,
                 converted: 0,
                 overflowed: 0,
+                node_copy: None,
             })
             .collect();
         LoadReport {

@@ -4,6 +4,8 @@
 //! fill) or of a destination filled by the read engine. The contract is
 //! written out in `docs/ARCHITECTURE.md`, "The two seams".
 
+pub(crate) mod node;
+
 use std::io;
 use std::path::Path;
 

@@ -13,6 +13,7 @@ use crate::file::life::{Planned, Sealed};
 use crate::file::{OpenedFile, read_error, threads};
 use crate::jobs::DEFAULT_READ_SIZE;
 use crate::memory;
+use crate::node;
 use crate::options::Options;
 use crate::plan::{self, FileFacts, PlanOptions};
 use crate::policy::{self, Environment};
@@ -55,14 +56,23 @@ impl Run<'_> {
             mut notes,
             path,
         } = self;
-        // 1. Warm the page cache before any tensor byte is touched.
+        // 1. One copy per node of what several local ranks read buffered,
+        // then the page cache warmed for the rest before any tensor byte is
+        // touched (a file with a copy is read once already).
+        let opened: Vec<&OpenedFile> = files.iter().map(|&(f, _)| f).collect();
+        let mut copies = node::share(&opened, opts, env, keep);
         let job = prefetch::Job {
             local_rank: opts.local_rank,
             memory_available: opts.memory_available,
             env,
             progress: opts.progress.as_ref(),
         };
-        let handed: Vec<prefetch::LoadFile<'_>> = files.iter().map(|(f, _)| f.handed()).collect();
+        let handed: Vec<prefetch::LoadFile<'_>> = files
+            .iter()
+            .zip(&copies)
+            .filter(|(_, c)| !matches!(c, node::PerFile::Copy { .. }))
+            .map(|((f, _), _)| f.handed())
+            .collect();
         let prefetched = prefetch::before_load(&handed, opts.prefetch.as_ref(), &job)?;
         drop(handed);
 
@@ -74,10 +84,12 @@ impl Run<'_> {
         let facts: Vec<FileFacts<'_>> = files
             .iter()
             .zip(&cached)
-            .map(|((f, _), cached)| FileFacts {
+            .zip(&copies)
+            .map(|(((f, _), cached), copy)| FileFacts {
                 header: f.header(),
                 decision: f.decision(),
-                mapped: f.map().is_some(),
+                // A node copy is viewed as the file's map would be.
+                mapped: f.map().is_some() || matches!(copy, node::PerFile::Copy { .. }),
                 kind: f.source().mount().map(|m| m.kind),
                 mostly_cached: &**cached,
             })
@@ -104,8 +116,23 @@ impl Run<'_> {
 
         // 3. Allocate, and fill every destination through one job queue.
         let mut filling = Vec::with_capacity(files.len());
-        for (&(file, started_at), plan) in files.iter().zip(plans) {
-            filling.push(Planned::new(file, plan, started_at).fill(clock)?);
+        let notes_of_copies: Vec<(Option<String>, u64)> = copies
+            .iter()
+            .map(|c| match c {
+                node::PerFile::Copy { bytes_read, .. } => (c.note(), *bytes_read),
+                _ => (c.note(), 0),
+            })
+            .collect();
+        for ((&(file, started_at), plan), copy) in files.iter().zip(plans).zip(&mut copies) {
+            let copy = match std::mem::replace(copy, node::PerFile::Absent) {
+                node::PerFile::Copy { storage, .. } => Some(storage),
+                _ => None,
+            };
+            filling.push(
+                Planned::new(file, plan, started_at)
+                    .with_copy(copy)
+                    .fill(clock)?,
+            );
         }
         let concurrency = match opts.io_concurrency {
             Some(n) => Concurrency::pinned(n),
@@ -138,6 +165,10 @@ impl Run<'_> {
         // 4. Hand out tensors.
         let io_concurrency = io.as_ref().map_or(concurrency.start, |s| s.readers);
         let mut state_dict = assemble(resolved, sealed, clock, threads, io_concurrency)?;
+        for (file, (note, read)) in state_dict.report.files.iter_mut().zip(notes_of_copies) {
+            file.node_copy = note;
+            file.bytes_read += read;
+        }
         state_dict.report.io_concurrency_reason = io.as_ref().map(ToString::to_string);
         state_dict.report.prefetch = prefetched;
         state_dict.report.notes = notes;

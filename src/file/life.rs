@@ -23,6 +23,9 @@ pub(crate) struct Planned<'a> {
     file: &'a OpenedFile,
     plan: FilePlan,
     started_at: u64,
+    /// The file's node copy, where the ranks share one (`node/`): an image
+    /// of the file that a `Placement::Map` views instead of the file's map.
+    copy: Option<Arc<Storage>>,
 }
 
 /// Where a file's own tensors land while a load fills them.
@@ -87,7 +90,14 @@ impl<'a> Planned<'a> {
             file,
             plan,
             started_at,
+            copy: None,
         }
+    }
+
+    /// Its tensors are to be views of this node copy of the file.
+    pub(crate) fn with_copy(mut self, copy: Option<Arc<Storage>>) -> Self {
+        self.copy = copy;
+        self
     }
 
     /// Allocates the file's buffers, or maps it where the plan says so and
@@ -99,14 +109,19 @@ impl<'a> Planned<'a> {
             file,
             mut plan,
             started_at,
+            copy,
         } = self;
         let path = file.path();
         // A mapped file is done when its map is made: at its open, or now.
         let mut mapped_at = None;
         let destination = match &plan.placement {
-            Placement::Map => match file.map() {
+            Placement::Map => match copy.as_ref().or(file.map()) {
                 Some(map) => {
-                    mapped_at = file.mapped_at();
+                    // The node copy was mapped now, the file's own map at open.
+                    mapped_at = match copy {
+                        Some(_) => Some(Instant::now()),
+                        None => file.mapped_at(),
+                    };
                     Destination::Map(Arc::clone(map))
                 }
                 None => match map_checked(file.local(), file.header()) {
@@ -374,6 +389,7 @@ impl<'a> Sealed<'a> {
             elapsed: Duration::from_nanos(self.finished_at.saturating_sub(self.started_at)),
             metadata: header.metadata.clone(),
             sha256: self.sha256.as_ref().map(crate::verify::hex),
+            node_copy: None,
         })
     }
 }

@@ -215,6 +215,19 @@ pub(crate) fn flock(file: &File, exclusive: bool) -> io::Result<()> {
     }
 }
 
+/// Takes an exclusive advisory lock with `flock(2)` if no one holds it:
+/// `false` where another open file description holds it (`EWOULDBLOCK`).
+pub(crate) fn try_flock(file: &File) -> io::Result<bool> {
+    loop {
+        match rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(true),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::WOULDBLOCK) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Whether the process `pid` may still exist: `kill(pid, 0)` fails with
 /// `ESRCH` only for a pid with no process (see kill(2)); a zombie, or a
 /// process of another user (`EPERM`), still answers that it exists.
@@ -484,3 +497,9 @@ pub(crate) fn read_proc(file: super::ProcFile) -> io::Result<Vec<u8>> {
         ProcFile::Stat(pid) => std::fs::read(format!("/proc/{pid}/stat")),
     }
 }
+
+// The node copy (src/node/): an anonymous memory file, a shared map the
+// ranks fill, and the Unix socket that hands the file to the other ranks.
+#[path = "linux_node.rs"]
+mod node_copy;
+pub(crate) use node_copy::{FdListener, FdStream, SharedBytes, is_sealed_copy, memfd_copy};

@@ -7,8 +7,8 @@
 //! [`io::ErrorKind::Unsupported`], so that callers degrade (mmap stays the
 //! default, prefetch reads instead of advising, mount detection says
 //! "unknown") rather than fail. Safe wrappers come from `rustix` where it has
-//! one; the few calls it lacks (`cachestat(2)`, `mincore(2)`) and the shared
-//! queue map are the only `unsafe` here.
+//! one; the few calls it lacks (`cachestat(2)`, `mincore(2)`), the shared
+//! queue map and the writes into a node copy are the only `unsafe` here.
 //!
 //! # Selecting the stub on Linux
 //!
@@ -63,7 +63,11 @@ pub(crate) use imp::{
 pub(crate) use imp::{filesystem_magic, filesystem_magic_of};
 
 // Processes, locks and memory shared between them.
-pub(crate) use imp::{SharedWords, effective_uid, flock, parent_pid, pid_exists};
+pub(crate) use imp::{SharedWords, effective_uid, flock, parent_pid, pid_exists, try_flock};
+
+// The node copy: a sealed memory file, filled through a shared map, handed
+// to the job's other local ranks over a Unix socket.
+pub(crate) use imp::{FdListener, FdStream, SharedBytes, is_sealed_copy, memfd_copy};
 
 // The `/proc` files the crate parses.
 pub(crate) use imp::read_proc;

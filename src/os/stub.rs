@@ -89,6 +89,11 @@ pub(crate) fn flock(_file: &File, _exclusive: bool) -> io::Result<()> {
     unsupported()
 }
 
+/// No locks here: always granted, as `flock` is.
+pub(crate) fn try_flock(_file: &File) -> io::Result<bool> {
+    Ok(true)
+}
+
 /// Liveness cannot be asked here: every process is taken to exist.
 pub(crate) fn pid_exists(_pid: u32) -> bool {
     true
@@ -238,4 +243,84 @@ pub(crate) fn path_of(_file: &File) -> Option<std::path::PathBuf> {
 /// figures, and a process's start time is unknown.
 pub(crate) fn read_proc(_file: super::ProcFile) -> io::Result<Vec<u8>> {
     unsupported()
+}
+
+/// No memory files here: no node copy (each rank reads on its own).
+pub(crate) fn memfd_copy(_name: &str, _len: u64) -> io::Result<File> {
+    unsupported()
+}
+
+/// No memory files here.
+pub(crate) fn is_sealed_copy(_file: &File, _len: u64) -> bool {
+    false
+}
+
+/// No node copy to fill here.
+pub(crate) struct SharedBytes(());
+
+impl SharedBytes {
+    /// Unsupported.
+    pub(crate) fn map(_file: &File) -> io::Result<SharedBytes> {
+        unsupported()
+    }
+
+    /// Unsupported (never reached: nothing maps one).
+    pub(crate) fn read_from(
+        &self,
+        _from: &File,
+        _at: usize,
+        _len: usize,
+        offset: u64,
+    ) -> Result<(), (u64, io::Error)> {
+        Err((offset, io::Error::from(io::ErrorKind::Unsupported)))
+    }
+}
+
+/// No file handoff between processes here.
+pub(crate) struct FdListener(());
+
+impl FdListener {
+    /// Unsupported.
+    pub(crate) fn bind(_path: &Path) -> io::Result<FdListener> {
+        unsupported()
+    }
+
+    /// Unsupported (never reached: nothing binds one).
+    pub(crate) fn accept(&self) -> io::Result<FdStream> {
+        unsupported()
+    }
+}
+
+/// No file handoff between processes here.
+pub(crate) struct FdStream(());
+
+impl FdStream {
+    /// Unsupported.
+    pub(crate) fn connect(_path: &Path, _timeout: std::time::Duration) -> io::Result<FdStream> {
+        unsupported()
+    }
+
+    /// Unsupported.
+    pub(crate) fn set_timeout(&self, _timeout: std::time::Duration) -> io::Result<()> {
+        unsupported()
+    }
+
+    /// Unsupported.
+    pub(crate) fn peer(&self) -> io::Result<(u32, u32)> {
+        unsupported()
+    }
+
+    /// Unsupported.
+    pub(crate) fn send(&self, _bytes: &[u8], _files: &[&File]) -> io::Result<()> {
+        unsupported()
+    }
+
+    /// Unsupported.
+    pub(crate) fn recv(
+        &self,
+        _buf: &mut [u8],
+        _max_files: usize,
+    ) -> io::Result<(usize, Vec<File>)> {
+        unsupported()
+    }
 }

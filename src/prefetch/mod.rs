@@ -56,6 +56,7 @@
 //! plans the chunks once, opens the queue and hands the readers
 //! (`worker.rs`) their start offsets; `options.rs` holds the public builder.
 
+mod fill;
 mod launcher;
 pub use launcher::RankSource;
 mod load;
@@ -72,8 +73,12 @@ mod worker;
 use crate::memory;
 use crate::policy::Environment;
 
+pub(crate) use fill::{FillOutcome, fill_shared};
+pub(crate) use launcher::{LocalRank, job_key};
 pub(crate) use load::{LoadFile, before_load, warm};
 pub use options::PrefetchOptions;
+pub(crate) use owner::Owner;
+pub(crate) use queue_file::default_queue_dir;
 
 /// The settings of a prefetch that belong to the job, not to prefetch: the
 /// loader's ([`Loader::local_rank`](crate::Loader::local_rank),

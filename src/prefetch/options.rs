@@ -46,9 +46,9 @@ pub(super) type ChunkCallback = Arc<dyn Fn(&Path, Range<u64>) + Send + Sync>;
 pub struct PrefetchOptions {
     pub(super) streams: usize,
     pub(super) method: PrefetchMethod,
-    pub(super) chunk_size: Option<usize>,
+    pub(crate) chunk_size: Option<usize>,
     pub(super) shared_queue: bool,
-    pub(super) queue_dir: Option<PathBuf>,
+    pub(crate) queue_dir: Option<PathBuf>,
     pub(super) on_chunk: Option<ChunkCallback>,
 }
 

@@ -145,12 +145,80 @@ fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
 }
 
 /// `/dev/shm` where it is a directory, else the temporary directory.
-pub(super) fn default_queue_dir() -> PathBuf {
+pub(crate) fn default_queue_dir() -> PathBuf {
     let shm = Path::new("/dev/shm");
     if shm.is_dir() {
         shm.to_path_buf()
     } else {
         std::env::temp_dir()
+    }
+}
+
+/// Removes the queue files in `dir` that no live rank is attached to: what
+/// a killed job left (the last rank to leave removes a queue otherwise, and
+/// a job only replaces a stale file of its own key). Only this user's files
+/// are looked at, each under its lock, so that a rank creating or joining
+/// one is never disturbed. Returns how many were removed.
+pub(crate) fn sweep_stale(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let ours = name
+            .to_str()
+            .is_some_and(|n| n.starts_with("safeload-prefetch-") && n.ends_with(".queue"));
+        let path = entry.path();
+        // `open_private_rw` refuses another user's file.
+        let Ok(file) = (if ours {
+            os::open_private_rw(&path)
+        } else {
+            continue;
+        }) else {
+            continue;
+        };
+        if os::flock(&file, true).is_err() {
+            continue;
+        }
+        if os::names_file(&path, &file) && is_stale(&file) && std::fs::remove_file(&path).is_ok() {
+            removed += 1;
+        }
+        let _ = os::flock(&file, false);
+    }
+    removed
+}
+
+/// Whether a queue file, locked by the caller, is left by ranks that are
+/// all gone: empty or never initialized (its creator died under the lock),
+/// or valid with no live rank attached. A file of another format version
+/// is left alone.
+fn is_stale(file: &File) -> bool {
+    let Ok(len) = file.metadata().map(|m| m.len()) else {
+        return false;
+    };
+    if len == 0 {
+        return true;
+    }
+    let Ok(words) = os::SharedWords::map(file) else {
+        return false;
+    };
+    let w = words.words();
+    let word = |i: usize| w.get(i).map_or(0, |x| x.load(Ordering::Acquire));
+    let layout = Layout {
+        key: word(super::queue::at::KEY),
+        chunk_size: word(super::queue::at::CHUNK_SIZE),
+        // From the length, so that a corrupt count cannot overflow.
+        chunks: usize::try_from(len / 8)
+            .unwrap_or(0)
+            .saturating_sub(super::queue::HEADER_WORDS + 2 * SHARED_SLOTS),
+        total: word(super::queue::at::TOTAL),
+        slots: SHARED_SLOTS,
+    };
+    match validate(w, &layout) {
+        Err(Invalid::Magic) => true,
+        Ok(()) => live_attached(w, &layout, &Owner::alive) == 0,
+        Err(_) => false,
     }
 }
 
@@ -384,6 +452,28 @@ mod tests {
         // Another user's file, or a symlink, is never used.
         std::os::unix::fs::symlink("/dev/null", &path).unwrap();
         assert!(SharedQueue::open(&path, &layout(), me, &mut fresh_init).is_err());
+    }
+
+    #[test]
+    fn the_sweep_removes_the_queues_of_dead_jobs_only() {
+        let (dir, path, queue) = created();
+        let named = |key: &str| dir.path().join(format!("safeload-prefetch-{key}.queue"));
+        // The same queue, its one rank dead: left by a killed job.
+        let mut words = words_of(&path);
+        words[HEADER_WORDS] = Owner::dead().word();
+        write_words(&named("dead"), &words);
+        // Its one rank alive (this process): a live job's.
+        std::fs::copy(&path, named("live")).unwrap();
+        // Empty: its creator died before sizing it.
+        std::fs::write(named("empty"), b"").unwrap();
+        // Another format version: not this build's to judge.
+        words[at::VERSION] = VERSION + 1;
+        write_words(&named("other"), &words);
+        assert_eq!(sweep_stale(dir.path()), 2);
+        assert!(!named("dead").exists() && !named("empty").exists());
+        assert!(named("live").exists() && named("other").exists());
+        assert!(path.exists(), "not a queue file name: left alone");
+        drop(queue);
     }
 
     #[test]

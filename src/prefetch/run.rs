@@ -167,6 +167,7 @@ pub(super) fn run(
         heartbeats: heartbeat_words(words, queue.layout()),
         heartbeat: queue.heartbeat(),
         tally: Tally::default(),
+        sink: None,
     };
     let outcome = work.run(&starts)?;
     for _ in &targets {

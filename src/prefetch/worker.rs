@@ -57,6 +57,15 @@ pub(super) struct Work<'a> {
     pub heartbeat: Option<&'a AtomicU64>,
     /// What the readers did so far ([`Tally::default`] to start).
     pub tally: Tally,
+    /// Where a chunk's bytes go instead of the page cache (a node copy,
+    /// `fill.rs`); `None` to warm the page cache.
+    pub sink: Option<&'a dyn Sink>,
+}
+
+/// A destination the chunks are read into, each straight into its place.
+pub(super) trait Sink: Sync {
+    /// Reads `chunk` into its place.
+    fn fill(&self, chunk: Chunk) -> Result<()>;
 }
 
 /// What a rank's readers did so far, updated as they go.
@@ -308,6 +317,9 @@ impl Work<'_> {
         let (Some(&chunk), Some(word)) = (self.chunks.get(i), self.states.get(i)) else {
             return Ok(());
         };
+        if let Some(sink) = self.sink {
+            return self.fill(sink, i, chunk, (word, claim));
+        }
         let (Some(target), Some(&method)) =
             (self.targets.get(chunk.file), self.methods.get(chunk.file))
         else {
@@ -348,6 +360,32 @@ impl Work<'_> {
         self.meter.add(chunk.len);
         // Fails only if another rank took the chunk over, taking this
         // process for dead or stopped; it is warm either way.
+        swap(word, claim, DONE);
+        self.tally.progress.fetch_add(1, Ordering::Relaxed);
+        self.beat();
+        Ok(())
+    }
+
+    /// Reads chunk `i` into the sink, and marks it done.
+    fn fill(
+        &self,
+        sink: &dyn Sink,
+        i: usize,
+        chunk: Chunk,
+        (word, claim): (&AtomicU64, u64),
+    ) -> Result<()> {
+        if let Ok(mut handled) = self.tally.handled.lock() {
+            handled.push(i);
+        }
+        let started = Instant::now();
+        sink.fill(chunk)?;
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.tally.read_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.tally.reads.fetch_add(1, Ordering::Relaxed);
+        self.tally.warmed.fetch_add(chunk.len, Ordering::Relaxed);
+        self.meter.add(chunk.len);
+        // Fails only if another rank took the chunk over: it read the same
+        // bytes of the same file into the same place.
         swap(word, claim, DONE);
         self.tally.progress.fetch_add(1, Ordering::Relaxed);
         self.beat();
@@ -539,6 +577,7 @@ mod tests {
             heartbeats: beats,
             heartbeat: beats.first(),
             tally: Tally::default(),
+            sink: None,
         };
         let clock = Instant::now();
         let outcome = std::thread::scope(|s| {

@@ -79,6 +79,9 @@ impl Serialize for FileReport {
             sha256: &'a Option<String>,
             converted: usize,
             overflowed: u64,
+            /// What the node copy did, in words, where several local ranks
+            /// loaded the file.
+            node_copy: &'a Option<String>,
         }
         View {
             path: text(&self.path),
@@ -107,6 +110,7 @@ impl Serialize for FileReport {
             sha256: &self.sha256,
             converted: self.converted,
             overflowed: self.overflowed,
+            node_copy: &self.node_copy,
         }
         .serialize(serializer)
     }

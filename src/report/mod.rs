@@ -117,6 +117,10 @@ pub struct FileReport {
     pub sha256: Option<String>,
     /// The file's own `__metadata__`.
     pub metadata: Option<BTreeMap<String, String>>,
+    /// What the node copy did for it, in words, where several local ranks
+    /// loaded it: `filled here N of M chunks, mapped from ...`, or why no
+    /// copy was used.
+    pub node_copy: Option<String>,
 }
 
 impl FileReport {
@@ -188,6 +192,13 @@ impl fmt::Display for LoadReport {
                     human_bytes(file.bytes_read),
                     file.elapsed.as_secs_f64()
                 )?,
+                None if file
+                    .node_copy
+                    .as_ref()
+                    .is_some_and(|n| n.starts_with("filled")) =>
+                {
+                    writeln!(f, "  views of the node copy")?
+                }
                 None => writeln!(f, "  mapped (pages are read when first touched)")?,
             }
             let direct = if file.direct_io == DirectIo::On {
@@ -196,6 +207,9 @@ impl fmt::Display for LoadReport {
                 ""
             };
             writeln!(f, "    {}{direct}: {}", file.strategy, file.explain())?;
+            if let Some(note) = &file.node_copy {
+                writeln!(f, "    node copy: {note}")?;
+            }
             if file.converted > 0 {
                 writeln!(
                     f,

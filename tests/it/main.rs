@@ -32,6 +32,7 @@ mod fuse_prefetch_ranks;
 mod limits;
 mod load;
 mod malformed;
+mod node_copy;
 mod one_version;
 mod policy;
 mod prefetch;

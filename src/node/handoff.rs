@@ -1,0 +1,278 @@
+//! A node copy handed from rank to rank: the offer (which files, their lengths, whether the copy is complete) sent with the memory files attached over a Unix socket (`SCM_RIGHTS`), both ends checked to be this user's processes (`SO_PEERCRED`).
+//!
+//! Every rank that holds a copy hands it out, for as long as it holds it
+//! (a [`Server`] thread, stopped when its last tensor of the copy is
+//! dropped), so that a rank that joins late finds it even when the rank
+//! that created it is gone.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::os::{self, FdListener, FdStream};
+
+/// The most memory files one offer carries: the kernel's `SCM_MAX_FD` is
+/// 253 per message, and one message is one offer.
+pub(crate) const MAX_FILES: usize = 250;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"SLNODE01");
+
+/// How long a rank waits on another for an offer: a stopped rank must not
+/// hold up the others for long (it is then taken as not answering).
+pub(crate) const PATIENCE: Duration = Duration::from_secs(2);
+
+/// How often a serving thread looks for a connection, or for its stop: a
+/// non-blocking accept polled, so that dropping the copy stops the thread
+/// without a connection of its own to wake it (100 wake-ups a second of a
+/// thread that does nothing else, for as long as the rank holds tensors of
+/// the copy).
+const POLL: Duration = Duration::from_millis(10);
+
+/// What a copy holds: per file of the copy, its index among the load's
+/// files and its length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Offer {
+    pub key: u64,
+    pub complete: bool,
+    pub files: Vec<(u64, u64)>,
+}
+
+impl Offer {
+    fn encode(&self) -> Vec<u8> {
+        let mut words = vec![
+            MAGIC,
+            self.key,
+            u64::from(self.complete),
+            self.files.len() as u64,
+        ];
+        for &(index, len) in &self.files {
+            words.extend([index, len]);
+        }
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    /// The offer in `bytes`, if it is one, of at most [`MAX_FILES`] files.
+    fn decode(bytes: &[u8]) -> Option<Offer> {
+        let mut words = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()));
+        if bytes.len() % 8 != 0 || words.next()? != MAGIC {
+            return None;
+        }
+        let key = words.next()?;
+        let complete = match words.next()? {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
+        let n = usize::try_from(words.next()?).ok()?;
+        if n > MAX_FILES {
+            return None;
+        }
+        let files = (0..n)
+            .map(|_| Some((words.next()?, words.next()?)))
+            .collect::<Option<Vec<_>>>()?;
+        words.next().is_none().then_some(Offer {
+            key,
+            complete,
+            files,
+        })
+    }
+}
+
+/// Why an offer was not taken.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// The socket's process is another user's.
+    OtherUser { uid: u32, pid: u32 },
+    /// It did not answer, or answered something else than an offer of
+    /// this copy.
+    Failed(String),
+}
+
+/// Takes the offer of the socket at `path`: the peer must be this user's
+/// process `pid`; the files must be sealed memory files of the lengths
+/// offered.
+pub(crate) fn take(path: &Path, pid: u32, key: u64) -> Result<(Offer, Vec<File>), Refused> {
+    let failed = |what: &str, e: io::Error| Refused::Failed(format!("{what}: {e}"));
+    let stream = FdStream::connect(path, PATIENCE).map_err(|e| failed("connecting", e))?;
+    let (peer_pid, peer_uid) = stream.peer().map_err(|e| failed("credentials", e))?;
+    if Some(peer_uid) != os::effective_uid() {
+        return Err(Refused::OtherUser {
+            uid: peer_uid,
+            pid: peer_pid,
+        });
+    }
+    if peer_pid != pid {
+        return Err(Refused::Failed(format!(
+            "pid {peer_pid} answered for pid {pid}"
+        )));
+    }
+    let mut buf = vec![0u8; 32 + 16 * MAX_FILES + 8];
+    let (n, files) = stream
+        .recv(&mut buf, MAX_FILES)
+        .map_err(|e| failed("receiving", e))?;
+    let offer = buf
+        .get(..n)
+        .and_then(Offer::decode)
+        .filter(|o| o.key == key && o.files.len() == files.len())
+        .ok_or_else(|| Refused::Failed("not an offer of this copy".into()))?;
+    for (file, &(_, len)) in files.iter().zip(&offer.files) {
+        if !os::is_sealed_copy(file, len) {
+            return Err(Refused::Failed(
+                "a file offered is not a sealed copy of its length".into(),
+            ));
+        }
+    }
+    Ok((offer, files))
+}
+
+/// What a serving thread shares with the rank that started it.
+struct Shared {
+    stop: AtomicBool,
+    complete: AtomicBool,
+}
+
+/// A rank's copy handed out to the other ranks from a thread of its own,
+/// until dropped; dropping it removes the socket.
+pub(crate) struct Server {
+    path: PathBuf,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Binds `path` and hands out `files` as `offer` (its `complete` as
+    /// [`Server::complete`] says) to every process of this user that asks.
+    pub(crate) fn start(path: &Path, offer: Offer, files: Vec<File>) -> io::Result<Server> {
+        let listener = FdListener::bind(path)?;
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            complete: AtomicBool::new(offer.complete),
+        });
+        let theirs = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("safeload-node-copy".into())
+            .spawn(move || serve(&listener, offer, &files, &theirs));
+        let thread = match thread {
+            Ok(thread) => thread,
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                return Err(e);
+            }
+        };
+        Ok(Server {
+            path: path.to_path_buf(),
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// From now on the copy is offered as complete: a rank that joins maps
+    /// it at once.
+    pub(crate) fn complete(&self) {
+        self.shared.complete.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        let _ = std::fs::remove_file(&self.path);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve(listener: &FdListener, mut offer: Offer, files: &[File], shared: &Shared) {
+    let files: Vec<&File> = files.iter().collect();
+    while !shared.stop.load(Ordering::Acquire) {
+        let stream = match listener.accept() {
+            Ok(stream) => stream,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(POLL);
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => {
+                std::thread::sleep(POLL);
+                continue;
+            }
+        };
+        // Another user's process gets nothing: this job's bytes are not
+        // theirs to read.
+        let ours = stream
+            .peer()
+            .is_ok_and(|(_, uid)| Some(uid) == os::effective_uid());
+        if !ours || stream.set_timeout(PATIENCE).is_err() {
+            continue;
+        }
+        offer.complete = shared.complete.load(Ordering::Acquire);
+        let _ = stream.send(&offer.encode(), &files);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offers_round_trip_and_garbage_is_refused() {
+        let offer = Offer {
+            key: 7,
+            complete: true,
+            files: vec![(0, 100), (3, 4096)],
+        };
+        let bytes = offer.encode();
+        assert_eq!(Offer::decode(&bytes), Some(offer));
+        assert_eq!(Offer::decode(&bytes[..bytes.len() - 8]), None, "cut");
+        assert_eq!(Offer::decode(&bytes[1..]), None);
+        let mut bad = bytes.clone();
+        bad[16] = 2;
+        assert_eq!(Offer::decode(&bad), None, "complete is 0 or 1");
+        let mut many = bytes;
+        many[24..32].copy_from_slice(&(MAX_FILES as u64 + 1).to_le_bytes());
+        assert_eq!(Offer::decode(&many), None, "too many files");
+    }
+
+    // Sockets and memory files need the Linux OS layer.
+    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+    #[test]
+    fn a_copy_is_handed_over_sealed_and_served_until_dropped() {
+        use std::io::{Read, Seek, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let mut copy = os::memfd_copy("t", 5).unwrap();
+        copy.write_all(b"hello").unwrap();
+        assert!(copy.set_len(3).is_err(), "sealed against shrinking");
+        let offer = Offer {
+            key: 9,
+            complete: false,
+            files: vec![(2, 5)],
+        };
+        let server = Server::start(&path, offer.clone(), vec![copy]).unwrap();
+        let me = std::process::id();
+        let (got, files) = take(&path, me, 9).ok().unwrap();
+        assert_eq!(got, offer);
+        let mut text = String::new();
+        let mut file = &files[0];
+        file.rewind().unwrap();
+        file.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "hello", "the same memory");
+        server.complete();
+        assert!(take(&path, me, 9).ok().unwrap().0.complete);
+        assert!(matches!(take(&path, me, 8), Err(Refused::Failed(_))), "key");
+        assert!(
+            matches!(take(&path, me + 1, 9), Err(Refused::Failed(_))),
+            "pid"
+        );
+        drop(server);
+        assert!(!path.exists(), "the socket goes with the server");
+        assert!(matches!(take(&path, me, 9), Err(Refused::Failed(_))));
+    }
+}

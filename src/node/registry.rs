@@ -1,0 +1,283 @@
+//! Where a node copy is found: its key (the files' versions and the job), the names of its lock and of the sockets that hand it out, and the removal of what dead jobs left.
+//!
+//! In the queue directory (`/dev/shm`, else the temporary directory):
+//!
+//! - `safeload-node-<key>-u<uid>.lock`: a file `0600`, locked with
+//!   `flock(2)` while a rank looks for a copy, creates one or starts or stops
+//!   handing one out, so that two ranks never both create the copy;
+//! - `safeload-node-<key>-<owner>.sock`: one socket per rank that holds the
+//!   copy, named by its owner word (pid and start time, `prefetch/owner.rs`),
+//!   so that a socket whose process is gone is known dead by its name.
+//!
+//! The key covers each file's device, inode, size and modification time
+//! (with its canonical path), the chunk size and the job: a file replaced
+//! between two jobs, or another job, never finds this copy. The uid is not
+//! in the key: another user's copy of the same files is found, and refused
+//! by its credentials, with a reason (`handoff.rs`).
+//!
+//! A job killed at any point leaves sockets and a lock file; the next node
+//! copy on the node, of any job, removes the sockets of dead owners and the
+//! lock files no live owner's socket goes with ([`sweep`]), each under its
+//! lock, never anything of a live rank.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::os;
+use crate::prefetch::Owner;
+use crate::source::{Source, Version, VersionTag};
+
+const PREFIX: &str = "safeload-node-";
+
+/// FNV-1a, 64 bits: a stable hash (the same in every build and process).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The bytes that name one version of one file; `None` for a file whose
+/// version cannot be told (no inode numbers), which gets no copy.
+pub(crate) fn identity(source: &dyn Source, canonical: &Path) -> Option<Vec<u8>> {
+    let Version {
+        len,
+        tag: VersionTag::Inode { dev, ino, mtime_ns },
+    } = source.version()
+    else {
+        return None;
+    };
+    let mut bytes = Vec::with_capacity(64);
+    for word in [*dev, *ino, *len] {
+        bytes.extend_from_slice(&word.to_le_bytes());
+    }
+    bytes.extend_from_slice(&mtime_ns.to_le_bytes());
+    bytes.extend_from_slice(canonical.as_os_str().as_encoded_bytes());
+    bytes.push(0);
+    Some(bytes)
+}
+
+/// A node copy's key: the files' identities, the chunk size and the job.
+pub(crate) fn key(identities: &[Vec<u8>], chunk_size: u64, job: &str) -> u64 {
+    let mut material = b"safeload node copy 1\0".to_vec();
+    for id in identities {
+        material.extend_from_slice(id);
+    }
+    material.extend_from_slice(&chunk_size.to_le_bytes());
+    material.extend_from_slice(job.as_bytes());
+    fnv1a(&material)
+}
+
+/// The lock file of a key, for this user.
+pub(crate) fn lock_path(dir: &Path, key: u64, uid: u32) -> PathBuf {
+    dir.join(format!("{PREFIX}{key:016x}-u{uid}.lock"))
+}
+
+/// The socket of a key's copy handed out by `owner`.
+pub(crate) fn socket_path(dir: &Path, key: u64, owner: Owner) -> PathBuf {
+    dir.join(format!("{PREFIX}{key:016x}-{:016x}.sock", owner.word()))
+}
+
+/// What a name in the directory is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry {
+    Lock { key: u64 },
+    Socket { key: u64, owner: Owner },
+}
+
+/// Parses a file name of the directory; `None` for anything not ours.
+pub(crate) fn parse(name: &str) -> Option<Entry> {
+    let rest = name.strip_prefix(PREFIX)?;
+    let (key, rest) = rest.split_at_checked(16)?;
+    let key = u64::from_str_radix(key, 16).ok()?;
+    let rest = rest.strip_prefix('-')?;
+    if let Some(uid) = rest.strip_suffix(".lock").and_then(|r| r.strip_prefix('u')) {
+        uid.parse::<u32>().ok()?;
+        return Some(Entry::Lock { key });
+    }
+    let word = rest.strip_suffix(".sock")?;
+    if word.len() != 16 {
+        return None;
+    }
+    let owner = Owner::from_word(u64::from_str_radix(word, 16).ok()?)?;
+    Some(Entry::Socket { key, owner })
+}
+
+/// The entries of `dir` that are ours, with their paths.
+pub(crate) fn entries(dir: &Path) -> Vec<(PathBuf, Entry)> {
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    read.flatten()
+        .filter_map(|e| {
+            let entry = parse(e.file_name().to_str()?)?;
+            Some((e.path(), entry))
+        })
+        .collect()
+}
+
+/// The lock of a key, held until dropped.
+pub(crate) struct Lock {
+    path: PathBuf,
+    file: File,
+}
+
+impl Lock {
+    /// Opens (creating it `0600`, refusing another user's file) and locks
+    /// `path`, again if it was removed while this rank waited.
+    pub(crate) fn take(path: &Path) -> io::Result<Lock> {
+        for _ in 0..8 {
+            let file = os::open_private_rw(path)?;
+            os::flock(&file, true)?;
+            if os::names_file(path, &file) {
+                return Ok(Lock {
+                    path: path.to_path_buf(),
+                    file,
+                });
+            }
+        }
+        Err(io::Error::other("the lock file kept being replaced"))
+    }
+
+    /// [`Lock::take`] without waiting: `None` where another rank holds it
+    /// (a rank stopped under it must not hold this one up).
+    pub(crate) fn try_take(path: &Path) -> Option<Lock> {
+        let file = os::open_private_rw(path).ok()?;
+        if !os::try_flock(&file).ok()? {
+            return None;
+        }
+        os::names_file(path, &file).then(|| Lock {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    /// Removes the lock file if no live owner's socket of `key` is left in
+    /// `dir`, then unlocks: the last rank of a copy leaves nothing behind.
+    pub(crate) fn release_last(self, dir: &Path, key: u64) {
+        let live = entries(dir).into_iter().any(
+            |(_, e)| matches!(e, Entry::Socket { key: k, owner } if k == key && owner.alive()),
+        );
+        if !live {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        let _ = os::flock(&self.file, false);
+    }
+}
+
+/// Removes what dead jobs left in `dir`: sockets whose owner is gone, then
+/// lock files (this user's) with no live owner's socket, each under its
+/// lock so that a rank creating a copy is never disturbed; a lock another
+/// rank holds is left for a later sweep, so that sweeping never waits.
+/// Returns how many files were removed.
+pub(crate) fn sweep(dir: &Path) -> usize {
+    let mut removed = 0;
+    let found = entries(dir);
+    for (path, entry) in &found {
+        if let Entry::Socket { owner, .. } = entry {
+            if !owner.alive() && std::fs::remove_file(path).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    let uid = os::effective_uid().unwrap_or(u32::MAX);
+    for (path, entry) in &found {
+        let Entry::Lock { key } = *entry else {
+            continue;
+        };
+        if *path != lock_path(dir, key, uid) {
+            continue; // another user's
+        }
+        // Taken (and so found again) only to be removed, and only if free: a
+        // rank that holds it is looking for a copy, and its socket comes
+        // before it lets go.
+        let Some(lock) = Lock::try_take(path) else {
+            continue;
+        };
+        let live = entries(dir).into_iter().any(
+            |(_, e)| matches!(e, Entry::Socket { key: k, owner } if k == key && owner.alive()),
+        );
+        if !live && std::fs::remove_file(path).is_ok() {
+            removed += 1;
+        }
+        drop(lock);
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        let owner = Owner {
+            pid: 4242,
+            tag: 0x1234,
+        };
+        let dir = Path::new("/dev/shm");
+        let sock = socket_path(dir, 0xabc, owner);
+        let name = sock.file_name().unwrap().to_str().unwrap();
+        assert_eq!(parse(name), Some(Entry::Socket { key: 0xabc, owner }));
+        let lock = lock_path(dir, u64::MAX, 1000);
+        let name = lock.file_name().unwrap().to_str().unwrap();
+        assert_eq!(parse(name), Some(Entry::Lock { key: u64::MAX }));
+        for other in [
+            "safeload-prefetch-0000000000000abc.queue",
+            "safeload-node-xyz.sock",
+            "safeload-node-0000000000000abc-u.lock",
+            "safeload-node-0000000000000abc-0000000000000000.sock",
+            "safeload-node-0000000000000abc-00000000000010.sock",
+            "safeload-node-",
+        ] {
+            assert_eq!(parse(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn the_key_tells_versions_and_jobs_apart() {
+        let id = |ino: u8, mtime: u8| vec![1, ino, 3, mtime];
+        let base = key(&[id(1, 1)], 8 << 20, "torchelastic:a");
+        assert_eq!(base, key(&[id(1, 1)], 8 << 20, "torchelastic:a"));
+        assert_ne!(base, key(&[id(2, 1)], 8 << 20, "torchelastic:a"), "inode");
+        assert_ne!(base, key(&[id(1, 2)], 8 << 20, "torchelastic:a"), "mtime");
+        assert_ne!(base, key(&[id(1, 1)], 4 << 20, "torchelastic:a"), "chunks");
+        assert_ne!(base, key(&[id(1, 1)], 8 << 20, "torchelastic:b"), "job");
+    }
+
+    // Liveness and private files need the Linux OS layer.
+    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+    #[test]
+    fn the_sweep_removes_the_dead_and_keeps_the_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let uid = os::effective_uid().unwrap();
+        let me = Owner::current();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = Owner {
+            pid: child.id(),
+            tag: 1,
+        };
+        child.wait().unwrap();
+        let live_sock = socket_path(dir.path(), 1, me);
+        let dead_sock = socket_path(dir.path(), 2, dead);
+        let (live_lock, dead_lock) = (lock_path(dir.path(), 1, uid), lock_path(dir.path(), 2, uid));
+        for p in [&live_sock, &dead_sock] {
+            std::fs::write(p, b"").unwrap();
+        }
+        for p in [&live_lock, &dead_lock] {
+            drop(os::open_private_rw(p).unwrap());
+        }
+        assert_eq!(sweep(dir.path()), 2);
+        assert!(live_sock.exists() && live_lock.exists(), "a live owner's");
+        assert!(!dead_sock.exists() && !dead_lock.exists(), "a dead job's");
+        // The last owner leaving removes the lock file.
+        std::fs::remove_file(&live_sock).unwrap();
+        Lock::take(&live_lock).unwrap().release_last(dir.path(), 1);
+        assert!(!live_lock.exists());
+    }
+}

@@ -1,0 +1,201 @@
+//! The Linux calls of the node copy (`src/node/`): a sealed memory file (`memfd_create(2)`), a shared map written by positional reads straight into it, and the Unix socket that hands it to the other ranks (`SCM_RIGHTS`, `SO_PEERCRED`).
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+
+/// A new node copy of `len` bytes: a memory file (`memfd_create(2)`), which
+/// no filesystem's size limit applies to (a container's 64 MiB `/dev/shm`)
+/// and whose pages are charged to the memory cgroup of whoever touches them
+/// first, sealed against shrinking and growing (`F_SEAL_SHRINK`,
+/// `F_SEAL_GROW`, then `F_SEAL_SEAL`, see memfd_create(2)): no process that
+/// holds it can truncate it under another's map.
+pub(crate) fn memfd_copy(name: &str, len: u64) -> io::Result<File> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    let file = File::from(fd);
+    file.set_len(len)?;
+    rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+    Ok(file)
+}
+
+/// Whether `file` is a node copy as [`memfd_copy`] makes them, of `len`
+/// bytes: a file received from another process is mapped only then (an
+/// unsealed one could be truncated under the map).
+pub(crate) fn is_sealed_copy(file: &File, len: u64) -> bool {
+    use rustix::fs::SealFlags;
+    let sealed = rustix::fs::fcntl_get_seals(file)
+        .is_ok_and(|s| s.contains(SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL));
+    sealed && file.metadata().is_ok_and(|m| m.is_file() && m.len() == len)
+}
+
+/// A file mapped shared and writable, written by positional reads of
+/// another file straight into it: a node copy being filled. Nothing of this
+/// process reads its bytes through this map; they are read through a
+/// read-only map made once the fill is over.
+pub(crate) struct SharedBytes {
+    map: memmap2::MmapRaw,
+    /// The ranges reads are writing now: two reads of this process never
+    /// write the same bytes at once.
+    busy: std::sync::Mutex<Vec<std::ops::Range<usize>>>,
+}
+
+impl SharedBytes {
+    /// Maps all of `file` shared and writable.
+    pub(crate) fn map(file: &File) -> io::Result<SharedBytes> {
+        if file.metadata()?.len() == 0 {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        Ok(SharedBytes {
+            map: memmap2::MmapRaw::map_raw(file)?,
+            busy: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Reads `len` bytes of `from` at `offset` into the map at `at`
+    /// ([`super::super::read_at_least`]); fails without writing where the range
+    /// is outside the map or overlaps a read of this process in progress.
+    pub(crate) fn read_from(
+        &self,
+        from: &File,
+        at: usize,
+        len: usize,
+        offset: u64,
+    ) -> Result<(), (u64, io::Error)> {
+        let range = at..at.saturating_add(len);
+        let refused = |why: &str| {
+            (
+                offset,
+                io::Error::new(io::ErrorKind::InvalidInput, why.to_string()),
+            )
+        };
+        if range.end > self.map.len() || at.checked_add(len).is_none() {
+            return Err(refused("outside the node copy"));
+        }
+        {
+            let mut busy = self.busy.lock().map_err(|_| refused("poisoned"))?;
+            if busy
+                .iter()
+                .any(|r| r.start < range.end && range.start < r.end)
+            {
+                return Err(refused("the bytes are being written by another read"));
+            }
+            busy.push(range.clone());
+        }
+        // SAFETY: `[at, at + len)` lies within the live map (checked above);
+        // no other slice of this process covers it while the call runs: no
+        // code reads the bytes through this map, and `busy` keeps every other
+        // read of this process out of the range until it is removed below.
+        // Another process may write the same bytes meanwhile (a chunk taken
+        // over from a rank that resumes), with the same content, read from
+        // the same version of the same file; like the queue words
+        // (`SharedWords`), shared memory is outside this process's aliasing.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at), len) };
+        let result = super::super::read_at_least(from, dst, len, offset);
+        if let Ok(mut busy) = self.busy.lock() {
+            busy.retain(|r| *r != range);
+        }
+        result
+    }
+}
+
+/// A Unix socket listening for the other local ranks of a job, to hand them
+/// a node copy. Accepting does not block, so that the thread serving it can
+/// stop when told.
+pub(crate) struct FdListener(std::os::unix::net::UnixListener);
+
+impl FdListener {
+    /// Binds a socket at `path` (refused where something is there), mode
+    /// `0600`. A peer that connects in the instant before the mode is set is
+    /// still checked by its credentials ([`FdStream::peer`]).
+    pub(crate) fn bind(path: &Path) -> io::Result<FdListener> {
+        use std::os::unix::fs::PermissionsExt;
+        let listener = std::os::unix::net::UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
+        Ok(FdListener(listener))
+    }
+
+    /// A connection waiting, if any (`WouldBlock` when none).
+    pub(crate) fn accept(&self) -> io::Result<FdStream> {
+        let (stream, _) = self.0.accept()?;
+        stream.set_nonblocking(false)?;
+        Ok(FdStream(stream))
+    }
+}
+
+/// One end of a connection of [`FdListener`]: messages with files attached
+/// (`SCM_RIGHTS`, see unix(7)) and the peer's credentials.
+pub(crate) struct FdStream(std::os::unix::net::UnixStream);
+
+impl FdStream {
+    /// Connects to the socket at `path`; every later send and receive fails
+    /// after `timeout` (a stopped peer must not hang this process).
+    pub(crate) fn connect(path: &Path, timeout: std::time::Duration) -> io::Result<FdStream> {
+        let stream = std::os::unix::net::UnixStream::connect(path)?;
+        let stream = FdStream(stream);
+        stream.set_timeout(timeout)?;
+        Ok(stream)
+    }
+
+    /// Sends and receives fail after `timeout`.
+    pub(crate) fn set_timeout(&self, timeout: std::time::Duration) -> io::Result<()> {
+        self.0.set_read_timeout(Some(timeout))?;
+        self.0.set_write_timeout(Some(timeout))
+    }
+
+    /// The pid and uid of the process at the other end, as the kernel
+    /// recorded them when the connection was made (`SO_PEERCRED`).
+    pub(crate) fn peer(&self) -> io::Result<(u32, u32)> {
+        let cred = rustix::net::sockopt::socket_peercred(&self.0)?;
+        let pid = u32::try_from(cred.pid.as_raw_nonzero().get()).unwrap_or(0);
+        Ok((pid, cred.uid.as_raw()))
+    }
+
+    /// Sends `bytes` with `files` attached (at most 253, the kernel's
+    /// `SCM_MAX_FD`).
+    pub(crate) fn send(&self, bytes: &[u8], files: &[&File]) -> io::Result<()> {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        use std::os::fd::{AsFd, BorrowedFd};
+        let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
+        let mut space =
+            vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        let sent = rustix::net::sendmsg(
+            &self.0,
+            &[io::IoSlice::new(bytes)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        )?;
+        if sent != bytes.len() {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        Ok(())
+    }
+
+    /// Receives one message into `buf`, and the files attached to it (at
+    /// most `max_files`; more are closed). Returns the bytes received.
+    pub(crate) fn recv(&self, buf: &mut [u8], max_files: usize) -> io::Result<(usize, Vec<File>)> {
+        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        let mut space =
+            vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(max_files.max(1)))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let msg = rustix::net::recvmsg(
+            &self.0,
+            &mut [io::IoSliceMut::new(buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        )?;
+        let mut files = Vec::new();
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = message {
+                files.extend(fds.map(File::from));
+            }
+        }
+        files.truncate(max_files);
+        Ok((msg.bytes, files))
+    }
+}

@@ -54,26 +54,12 @@ pub enum RankSource {
 }
 
 impl RankSource {
-    fn invalid(self) -> RankSource {
-        match self {
-            RankSource::Caller { .. } => RankSource::Caller { valid: false },
-            RankSource::Launcher {
-                launcher,
-                rank_var,
-                rank,
-                size_var,
-                size,
-                ..
-            } => RankSource::Launcher {
-                launcher,
-                rank_var,
-                rank,
-                size_var,
-                size,
-                valid: false,
-            },
-            RankSource::Alone => RankSource::Alone,
+    /// The same source, its values found unusable (taken as one process).
+    fn invalid(mut self) -> RankSource {
+        if let RankSource::Caller { valid } | RankSource::Launcher { valid, .. } = &mut self {
+            *valid = false;
         }
+        self
     }
 }
 

@@ -1,16 +1,20 @@
-//! The bandwidth cap: the mount's link as a schedule of transmissions, one after another at a
-//! fixed rate; pure arithmetic on instants the caller passes in.
+//! The bandwidth cap: a test server's link as a schedule of transmissions, one after another at
+//! a fixed rate; pure arithmetic on instants the caller passes in. Shared by the FUSE test
+//! filesystem (a mount's `READ` answers) and the HTTP test server (`testhttp/`, which includes
+//! this file by path: one model of a link, no crate of its own for one file).
 //!
 //! Each answer books the link for its bytes, from when the link is free (or from now, if it
 //! idles), and may leave only when its last byte has crossed. Transmissions never overlap, so
 //! the bytes answered in any window of `w` seconds are at most `rate * w` plus the one answer
-//! whose transmission began before the window (at most one `READ`, 1 MiB). An idle link
+//! whose transmission began before the window (at most one answer: a `READ` of 1 MiB, or an
+//! HTTP body chunk of 64 KiB). An idle link
 //! saves no credit: a burst after a pause is paced like any other, as on a real link where
 //! each byte takes its time to cross.
 
 use std::time::{Duration, Instant};
 
-/// A link carrying `bytes_per_sec`, shared by every read worker of a mount.
+/// A link carrying `bytes_per_sec`, shared by every worker of a server (a mount's read
+/// workers, an HTTP server's connections).
 #[derive(Debug)]
 pub(crate) struct Link {
     bytes_per_sec: u64,

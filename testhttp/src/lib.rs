@@ -75,6 +75,7 @@
 // bodies) and parsed by pure functions tested on their own.
 
 mod http;
+#[path = "../../testfs/src/link.rs"]
 mod link;
 mod objects;
 mod serve;

@@ -60,9 +60,7 @@ fn a_rank_killed_mid_fill_is_finished_by_the_others() {
     let dir = private_dir();
     let job = job_id();
     let extra = small_chunks(dir.path());
-    let mut ranks: Vec<Rank> = (0..3)
-        .map(|r| Rank::spawn(&setup.index, (r, 3), &job, &extra))
-        .collect();
+    let mut ranks = spawn_job(&setup.index, 3, &job, &extra);
     wait_served(&setup, setup.total / 4);
     let mut victim = ranks.remove(1);
     victim.child.kill().unwrap();
@@ -95,9 +93,7 @@ fn a_rank_stopped_mid_fill_is_taken_over_within_seconds() {
     let dir = private_dir();
     let job = job_id();
     let extra = small_chunks(dir.path());
-    let mut ranks: Vec<Rank> = (0..3)
-        .map(|r| Rank::spawn(&setup.index, (r, 3), &job, &extra))
-        .collect();
+    let mut ranks = spawn_job(&setup.index, 3, &job, &extra);
     wait_served(&setup, setup.total / 4);
     signal(&ranks[1], Signal::STOP);
     let stopped = Instant::now();
@@ -154,16 +150,10 @@ fn all_ranks_killed_then_a_new_job_leaves_nothing() {
     assert!(left.iter().any(|n| n.ends_with(".queue")), "{left:?}");
 
     let job = job_id();
-    let mut ranks: Vec<Rank> = (0..2)
-        .map(|r| Rank::spawn(&setup.index, (r, 2), &job, &extra))
-        .collect();
+    let mut ranks = spawn_job(&setup.index, 2, &job, &extra);
     for rank in &mut ranks {
         let r = rank.loaded();
-        assert_eq!(r.digest, setup.expected, "{r:?}");
-        assert!(
-            r.notes.iter().all(|n| n.starts_with("filled here")),
-            "{r:?}"
-        );
+        r.assert_copied(setup.expected);
     }
     for rank in ranks {
         rank.release();
@@ -326,17 +316,11 @@ pub fn act_as_namespace() {
     assert!(status.success(), "mount: {status}");
     let job = job_id();
     let hold = [(HOLD, "1".to_string())];
-    let mut ranks: Vec<Rank> = (0..2)
-        .map(|r| Rank::spawn(&path, (r, 2), &job, &hold))
-        .collect();
+    let mut ranks = spawn_job(&path, 2, &job, &hold);
     let mut made = 0;
     for rank in &mut ranks {
         let r = rank.loaded();
-        assert_eq!(r.digest, expected, "{r:?}");
-        assert!(
-            r.notes.iter().all(|n| n.starts_with("filled here")),
-            "{r:?}"
-        );
+        r.assert_copied(expected);
         made += r.notes.iter().filter(|n| n.contains("made here")).count();
     }
     assert_eq!(

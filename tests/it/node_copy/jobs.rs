@@ -34,11 +34,7 @@ fn two_jobs_with_different_checkpoints_side_by_side() {
         .collect();
     for (expected, rank) in &mut ranks {
         let r = rank.loaded();
-        assert_eq!(r.digest, *expected, "{r:?}");
-        assert!(
-            r.notes.iter().all(|n| n.starts_with("filled here")),
-            "{r:?}"
-        );
+        r.assert_copied(*expected);
     }
     for (_, rank) in ranks {
         rank.release();
@@ -133,9 +129,7 @@ fn a_filter_keeping_whole_files_shares_them_and_says_why_not_the_others() {
         .into_iter()
         .filter(|s| s.name.starts_with("m.w00"))
         .collect();
-    let mut ranks: Vec<Rank> = (0..2)
-        .map(|r| Rank::spawn(&setup.index, (r, 2), &job, &filter))
-        .collect();
+    let mut ranks = spawn_job(&setup.index, 2, &job, &filter);
     for rank in &mut ranks {
         let r = rank.loaded();
         assert_eq!(r.digest, digest(&kept), "{r:?}");

@@ -208,6 +208,16 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// Asserts the rank's tensors are `expected`'s bytes and every file of
+    /// its load came from the node copy.
+    pub fn assert_copied(&self, expected: u64) {
+        assert_eq!(self.digest, expected, "{self:?}");
+        assert!(
+            self.notes.iter().all(|n| n.starts_with("filled here")),
+            "{self:?}"
+        );
+    }
+
     /// Chunks this rank filled, over every file (from "filled here N of M").
     pub fn filled(&self) -> (usize, usize) {
         self.notes.iter().fold((0, 0), |(n, m), note| {
@@ -239,6 +249,13 @@ pub fn rank_command(
         cmd.env(k, v);
     }
     cmd
+}
+
+/// The `size` local ranks of `job` loading `path`, started together.
+pub fn spawn_job(path: &Path, size: usize, job: &str, extra: &[(&str, String)]) -> Vec<Rank> {
+    (0..size)
+        .map(|r| Rank::spawn(path, (r, size), job, extra))
+        .collect()
 }
 
 impl Rank {
@@ -362,9 +379,7 @@ fn three_ranks_fill_one_copy_and_each_maps_it() {
     let job = job_id();
     let shm_before = shmem();
     let hold = [(HOLD, "1".to_string())];
-    let mut ranks: Vec<Rank> = (0..3)
-        .map(|r| Rank::spawn(&setup.index, (r, 3), &job, &hold))
-        .collect();
+    let mut ranks = spawn_job(&setup.index, 3, &job, &hold);
     let reports: Vec<Loaded> = ranks.iter_mut().map(Rank::loaded).collect();
     let shm_held = shmem().saturating_sub(shm_before);
     let maps: Vec<Vec<(u64, u64)>> = ranks.iter().map(|r| copies_mapped(r.pid())).collect();
@@ -457,16 +472,10 @@ fn prefetch_from_the_environment_fills_the_copy_and_reads_nothing_twice() {
     let setup = on_fuse(16, Options::default());
     let job = job_id();
     let env = [("HF_SHARD_PREFETCH", "4".to_string())];
-    let mut ranks: Vec<Rank> = (0..2)
-        .map(|r| Rank::spawn(&setup.index, (r, 2), &job, &env))
-        .collect();
+    let mut ranks = spawn_job(&setup.index, 2, &job, &env);
     for rank in &mut ranks {
         let r = rank.loaded();
-        assert_eq!(r.digest, setup.expected, "{r:?}");
-        assert!(
-            r.notes.iter().all(|n| n.starts_with("filled here")),
-            "{r:?}"
-        );
+        r.assert_copied(setup.expected);
     }
     for rank in ranks {
         rank.release();

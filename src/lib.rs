@@ -104,7 +104,8 @@
 //!
 //! Every decision is data: a file's [`report::Reason`] (the rule that chose
 //! its strategy), its [`report::Fallback`] (what overrode it) and its
-//! [`report::DirectIo`], each with `Display` for the words; the whole report
+//! [`report::DirectIo`], a prefetch's [`report::RankSource`] and
+//! [`report::SkipReason`]s, each with `Display` for the words; the whole report
 //! prints as a table, and with the `serde` feature serializes in the schema
 //! of `safeload load --json`. Errors say the file, and programs branch on
 //! [`Error::is_not_found`] and [`Error::is_corrupt`] without reading

@@ -8,6 +8,7 @@ use super::launcher::LocalRank;
 use super::options::PrefetchOptions;
 use super::residency::{Target, target_from};
 use super::run::{Plan, run};
+use super::skip::SkipReason;
 use crate::error::Operation;
 use crate::error::{Error, Result};
 use crate::mount::{Mount, MountKind};
@@ -96,13 +97,9 @@ pub(crate) fn before_load(
     let (warmed, left): (Vec<&LoadFile<'_>>, Vec<&LoadFile<'_>>) = files
         .iter()
         .partition(|f| f.mapped || policy::prefetch_warms_buffered(rank.size));
-    let left_reason = (!left.is_empty()).then(|| {
-        format!(
-            "{} file(s) of {} not warmed: read buffered by this rank alone, \
-             its own streaming reads take them",
-            human_bytes(left.iter().map(|f| f.len).sum()),
-            left.len()
-        )
+    let left_reason = (!left.is_empty()).then(|| SkipReason::ReadByThisRank {
+        bytes: left.iter().map(|f| f.len).sum(),
+        files: left.len(),
     });
     let targets = warmed
         .iter()
@@ -163,7 +160,7 @@ fn auto(files: &[LoadFile<'_>], job: &Job<'_>) -> Result<Option<PrefetchReport>>
     let init = plan.check(job.available());
     let (known, resident, needed, skipped) = (init.known, init.resident, init.needed, init.skipped);
     let guard_reason = init.guard_reason(total);
-    let not_run = |reason: String, skip: Option<String>| PrefetchReport {
+    let not_run = |reason: String, skip: Option<SkipReason>| PrefetchReport {
         resident_before: resident,
         skipped: if skip.is_some() { needed } else { 0 },
         skip_reasons: skip.into_iter().collect(),
@@ -177,7 +174,7 @@ fn auto(files: &[LoadFile<'_>], job: &Job<'_>) -> Result<Option<PrefetchReport>>
         ))),
         Err(AutoPrefetchSkip::DoesNotFit) => Ok(Some(not_run(
             format!("on {place}, the checkpoint does not fit the memory guard"),
-            Some(guard_reason.unwrap_or_default()),
+            guard_reason,
         ))),
         Ok(()) => {
             trace::traced! {

@@ -59,6 +59,8 @@
 mod fill;
 mod launcher;
 pub use launcher::RankSource;
+mod skip;
+pub use skip::SkipReason;
 mod load;
 mod options;
 mod owner;

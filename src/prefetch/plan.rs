@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use super::launcher::LocalRank;
 use super::queue::{DONE, FREE, SKIPPED};
-use crate::report::human_bytes;
+use super::skip::SkipReason;
 
 /// The memory guard warms at most this fraction of the memory available.
 const GUARD_NUMERATOR: u64 = 9;
@@ -165,29 +165,21 @@ pub(crate) struct Init {
 
 impl Init {
     /// The guard's decision in words, where it left bytes cold.
-    pub(crate) fn guard_reason(&self, total: u64) -> Option<String> {
+    pub(crate) fn guard_reason(&self, total: u64) -> Option<SkipReason> {
         if self.skipped == 0 {
             return None;
         }
         let (Some(available), Some(budget)) = (self.available, self.budget) else {
             return None;
         };
-        Some(format!(
-            "memory guard: warming {} more would exceed {} (90% of {} available){}; {} left cold",
-            human_bytes(self.needed),
-            human_bytes(budget),
-            human_bytes(available),
-            if self.resident > 0 {
-                format!(
-                    ", {} of {} already resident",
-                    human_bytes(self.resident),
-                    human_bytes(total)
-                )
-            } else {
-                String::new()
-            },
-            human_bytes(self.skipped)
-        ))
+        Some(SkipReason::MemoryGuard {
+            needed: self.needed,
+            budget,
+            available,
+            resident: self.resident,
+            total,
+            skipped: self.skipped,
+        })
     }
 }
 
@@ -342,7 +334,11 @@ mod tests {
         assert_eq!((init.resident, init.needed, init.skipped), (10, 30, 10));
         assert_eq!(init.budget, Some(22));
         let why = init.guard_reason(40).unwrap();
-        assert!(why.contains("memory guard"), "{why}");
+        assert!(
+            matches!(why, SkipReason::MemoryGuard { skipped: 10, .. }),
+            "{why}"
+        );
+        assert!(why.to_string().starts_with("memory guard: "), "{why}");
         // Unknown memory: no limit.
         let init = guard(&chunks, &[0; 4], None, true);
         assert_eq!(init.states, vec![FREE; 4]);

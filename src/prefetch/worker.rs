@@ -11,6 +11,7 @@ use super::owner::Owner;
 use super::plan::Chunk;
 use super::queue::{ChunkState, DONE, FREE, SKIPPED, SlotState, chunk_state, slot_state};
 use super::residency::Target;
+use super::skip::SkipReason;
 use super::takeover::{self, Verdict, Watch};
 use crate::error::Operation;
 use crate::error::{Error, Result};
@@ -73,7 +74,7 @@ pub(super) trait Sink: Sync {
 pub(super) struct Tally {
     warmed: AtomicU64,
     handled: Mutex<Vec<usize>>,
-    stalled: Mutex<Option<(u64, String)>>,
+    stalled: Mutex<Option<(u64, SkipReason)>>,
     failed: AtomicBool,
     error: Mutex<Option<Error>>,
     /// Bumped whenever a chunk of this rank finishes (for stall detection
@@ -103,7 +104,7 @@ pub(super) struct Outcome {
     /// Bytes read again because they had not landed.
     pub reread: u64,
     /// Bytes given up on after waiting [`STALL`], and why.
-    pub stalled: Option<(u64, String)>,
+    pub stalled: Option<(u64, SkipReason)>,
 }
 
 impl Work<'_> {
@@ -294,12 +295,11 @@ impl Work<'_> {
         let mut pids: Vec<u32> = waiting.iter().map(|&(_, o)| o.pid).collect();
         pids.sort_unstable();
         pids.dedup();
-        let why = format!(
-            "stopped waiting after {} s without progress for {} chunk(s) claimed by pid {:?}",
-            STALL.as_secs(),
-            waiting.len(),
-            pids
-        );
+        let why = SkipReason::Stalled {
+            seconds: STALL.as_secs(),
+            chunks: waiting.len(),
+            pids,
+        };
         if let Ok(mut slot) = self.tally.stalled.lock() {
             slot.get_or_insert((bytes, why));
         }

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde::ser::{Serialize, Serializer};
 
-use super::{DirectIo, Fallback, FileReport, LoadReport, PrefetchReport, Strategy};
+use super::{DirectIo, Fallback, FileReport, LoadReport, PrefetchReport, SkipReason, Strategy};
 use crate::mount::{Detection, Mount, MountKind};
 use crate::policy::PrefetchMethod;
 use crate::prefetch::RankSource;
@@ -142,7 +142,10 @@ impl Serialize for PrefetchReport {
             warmed: u64,
             reread: u64,
             skipped: u64,
-            skip_reasons: &'a [String],
+            /// In words.
+            skip_reasons: Vec<String>,
+            /// Each reason's stable name: `memory_guard`, `read_by_this_rank`, `stalled`.
+            skip_reason_codes: Vec<&'static str>,
             resident_after: Option<u64>,
             residency_known: bool,
             seconds: f64,
@@ -174,7 +177,16 @@ impl Serialize for PrefetchReport {
             warmed: self.warmed,
             reread: self.reread,
             skipped: self.skipped,
-            skip_reasons: &self.skip_reasons,
+            skip_reasons: self.skip_reasons.iter().map(ToString::to_string).collect(),
+            skip_reason_codes: self
+                .skip_reasons
+                .iter()
+                .map(|r| match r {
+                    SkipReason::MemoryGuard { .. } => "memory_guard",
+                    SkipReason::ReadByThisRank { .. } => "read_by_this_rank",
+                    SkipReason::Stalled { .. } => "stalled",
+                })
+                .collect(),
             resident_after: self.resident_after,
             residency_known: self.residency_known,
             seconds: self.elapsed.as_secs_f64(),

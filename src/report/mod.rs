@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::mount::Mount;
 use crate::mount::MountKind;
 pub use crate::policy::{DirectIo, Fallback, PrefetchMethod, Reason, Strategy};
-pub use crate::prefetch::RankSource;
+pub use crate::prefetch::{RankSource, SkipReason};
 pub use crate::progress::{Phase, Progress};
 
 #[cfg(feature = "serde")]
@@ -225,6 +225,12 @@ impl fmt::Display for LoadReport {
     }
 }
 
+/// Reasons in words, one after another.
+fn joined(reasons: &[SkipReason]) -> String {
+    let words: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+    words.join("; ")
+}
+
 pub(crate) fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = bytes as f64;
@@ -286,8 +292,8 @@ pub struct PrefetchReport {
     /// Bytes left cold on this node: by the memory guard, or because a rank
     /// holding them stopped making progress.
     pub skipped: u64,
-    /// Why bytes were skipped, in words.
-    pub skip_reasons: Vec<String>,
+    /// Why bytes were skipped.
+    pub skip_reasons: Vec<SkipReason>,
     /// Bytes in the page cache when this process finished, where residency
     /// can be checked.
     pub resident_after: Option<u64>,
@@ -308,7 +314,7 @@ impl fmt::Display for PrefetchReport {
         if !self.ran {
             write!(f, "not prefetched: {}", self.reason)?;
             if !self.skip_reasons.is_empty() {
-                write!(f, "; {}", self.skip_reasons.join("; "))?;
+                write!(f, "; {}", joined(&self.skip_reasons))?;
             }
             return Ok(());
         }
@@ -337,7 +343,7 @@ impl fmt::Display for PrefetchReport {
             human_bytes(self.skipped),
         )?;
         if !self.skip_reasons.is_empty() {
-            write!(f, " ({})", self.skip_reasons.join("; "))?;
+            write!(f, " ({})", joined(&self.skip_reasons))?;
         }
         if !self.residency_known {
             write!(f, ", residency not visible (every chunk read)")?;

@@ -13,6 +13,7 @@
 //! Prefetch in one process, on local files: `tests/it/prefetch.rs`.
 
 use safeload::report::DirectIo;
+use safeload::report::SkipReason;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -418,7 +419,7 @@ fn a_prefetch_then_a_buffered_load_reads_nothing_twice() {
             prefetch
                 .skip_reasons
                 .iter()
-                .any(|r| r.contains("not warmed")),
+                .any(|r| matches!(r, SkipReason::ReadByThisRank { .. })),
             "{name}: the report says why: {prefetch}"
         );
         for file in &sd.report().files {

@@ -11,6 +11,7 @@
 //! Ranks sharing a prefetch across processes, on FUSE:
 //! `tests/it/fuse_prefetch_ranks.rs`.
 
+use safeload::report::SkipReason;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -199,7 +200,12 @@ fn the_memory_guard_skips_and_says_why() {
         resident <= after && after <= resident + reclaimed,
         "{after} resident after, {resident} now, {reclaimed} reclaimed"
     );
-    let why = report.skip_reasons.join("; ");
+    let why: Vec<String> = report
+        .skip_reasons
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let why = why.join("; ");
     assert!(why.contains("memory guard"), "{why}");
     assert!(why.contains("90% of 1.00 MiB available"), "{why}");
     assert!(report.to_string().contains("memory guard"), "{report}");
@@ -293,7 +299,9 @@ fn prefetch_then_load_gives_the_same_tensors() {
             // streaming reads: a prefetch first would only add a pass.
             assert!(!p.ran, "{p}");
             assert!(
-                p.skip_reasons.iter().any(|r| r.contains("not warmed")),
+                p.skip_reasons
+                    .iter()
+                    .any(|r| matches!(r, SkipReason::ReadByThisRank { .. })),
                 "{p}"
             );
         } else {
@@ -358,7 +366,14 @@ fn auto_policy_prefetches_a_cold_network_checkpoint_then_maps_it() {
         total,
         "headers were read: {p}"
     );
-    assert!(p.skip_reasons[0].contains("memory guard"), "{p}");
+    assert!(
+        matches!(p.skip_reasons[0], SkipReason::MemoryGuard { .. }),
+        "{p}"
+    );
+    assert!(
+        p.skip_reasons[0].to_string().starts_with("memory guard"),
+        "{p}"
+    );
 
     // Turned off by the caller; and on a local disk not considered.
     assert!(load(Loader::new().prefetch(0)).report().prefetch.is_none());

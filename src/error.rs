@@ -7,6 +7,14 @@ use std::path::{Path, PathBuf};
 use safetensors::Dtype;
 
 /// A specialized `Result` whose error is [`Error`].
+///
+/// ```
+/// fn names(path: &std::path::Path) -> safeload::Result<Vec<String>> {
+///     let ck = safeload::Checkpoint::open(path)?;
+///     Ok(ck.tensors().map(|t| t.name().to_string()).collect())
+/// }
+/// assert!(names(std::path::Path::new("/no/such/checkpoint")).is_err());
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// An error from loading a checkpoint or reading a tensor.
@@ -43,6 +51,21 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Error(Box<Inner>);
 
 /// What an I/O call that failed was doing ([`ErrorKind::Io`]).
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let index = safeload::demo::write(dir.path())?;
+/// # let shard = std::fs::read_dir(dir.path())?.map(|e| e.unwrap().path())
+/// #     .find(|p| p.extension().is_some_and(|e| e == "safetensors")).unwrap();
+/// std::fs::remove_file(&shard)?;                 // a shard the index names is gone
+/// let err = safeload::load_state_dict(&index, None).unwrap_err();
+/// assert!(matches!(
+///     err.kind(),
+///     safeload::ErrorKind::Io { operation: safeload::Operation::Open, .. }
+/// ));
+/// assert_eq!(err.path(), Some(shard.as_path()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Operation {
@@ -144,6 +167,19 @@ impl fmt::Display for Prefix<'_> {
 ///
 /// `Display` gives this layer's message, lowercase and without the path or
 /// the cause (those are [`Error`]'s).
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("model.safetensors");
+/// std::fs::write(&path, b"not a checkpoint")?;
+/// let err = safeload::load_state_dict(&path, None).unwrap_err();
+/// match err.kind() {
+///     safeload::ErrorKind::HeaderTooLarge { len, limit } => assert!(len > limit),
+///     other => panic!("unexpected: {other}"),
+/// }
+/// assert!(err.is_corrupt());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorKind {

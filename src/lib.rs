@@ -412,6 +412,23 @@ pub use prefetch::PrefetchOptions;
 /// maps every file, `None` decides per file from its filesystem (and the
 /// `SAFELOAD_DISABLE_MMAP` environment variable). The same as
 /// `Loader::new().disable_mmap(..).load(path)`.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let index = safeload::demo::write(dir.path())?;
+/// let sd = safeload::load_state_dict(dir.path(), None)?;          // decided per file
+/// let buffered = safeload::load_state_dict(&index, Some(true))?;  // read into memory
+/// assert_eq!(sd.names().collect::<Vec<_>>(), buffered.names().collect::<Vec<_>>());
+/// assert_eq!(buffered.report().bytes_read(), buffered.total_bytes());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// A path that does not exist or holds no checkpoint
+/// ([`Error::is_not_found`]), a file that breaks the format
+/// ([`Error::is_corrupt`]), a failed read, or a buffered load that does not
+/// fit in memory ([`ErrorKind::InsufficientMemory`]); each names the file.
 pub fn load_state_dict(path: impl AsRef<Path>, disable_mmap: Option<bool>) -> Result<StateDict> {
     Loader::new()
         .read_mode(ReadMode::from_disable_mmap(disable_mmap))

@@ -11,6 +11,22 @@ use crate::tensor::Tensor;
 /// Tensors share their file's storage, so a `StateDict` costs one copy of the
 /// selected bytes at most (buffered), or none (mapped). It is `Send + Sync`,
 /// and tensors taken out of it (cloned) stay valid after it is dropped.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("model.safetensors");
+/// # let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+/// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 3], &data)?;
+/// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+/// let sd = safeload::load_state_dict(&path, None)?;
+/// assert_eq!((sd.len(), sd.total_bytes()), (1, 24));
+/// for (name, tensor) in sd.iter() {
+///     assert_eq!((name, tensor.dtype()), ("w", safeload::Dtype::F32));
+/// }
+/// let tensors: Vec<safeload::Tensor> = sd.into_tensors(); // taken out, no copy
+/// assert_eq!(tensors[0].name(), "w");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct StateDict {
     pub(crate) tensors: Vec<Tensor>,

@@ -17,6 +17,22 @@ use crate::storage::Storage;
 /// map or an aligned buffer) and a byte range in it, so cloning one is cheap
 /// and the bytes live as long as any tensor of that file does — also after the
 /// [`StateDict`](crate::StateDict) and the loader are gone.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("model.safetensors");
+/// # let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+/// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 3], &data)?;
+/// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+/// let sd = safeload::load_state_dict(&path, None)?;
+/// let w = sd.get("w").unwrap().clone();
+/// drop(sd);                                      // the tensor keeps its bytes alive
+/// assert_eq!(w.shape(), [2, 3]);
+/// let values: &[f32] = w.as_slice()?;            // zero-copy, checked
+/// assert_eq!(values, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+/// assert_eq!(w.to_dtype(safeload::Dtype::BF16)?.nbytes(), 12);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct Tensor {
     name: Arc<str>,
@@ -30,6 +46,19 @@ pub struct Tensor {
 ///
 /// Implemented for the fixed-width integers, `f32`, `f64`, [`half::f16`] and
 /// [`half::bf16`]. Sealed: the dtype check depends on the exact mapping.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("model.safetensors");
+/// # let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+/// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 3], &data)?;
+/// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+/// let sd = safeload::load_state_dict(&path, None)?;
+/// let w = sd.get("w").unwrap();
+/// assert!(w.as_slice::<f32>().is_ok());
+/// assert!(w.as_slice::<half::bf16>().is_err());  // the dtype is checked
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait Element: bytemuck::Pod + sealed::Sealed {
     /// The safetensors dtype whose bytes this type views.
     const DTYPE: Dtype;

@@ -72,6 +72,20 @@ struct Inner {
 }
 
 /// One tensor of an opened checkpoint, as its header describes it.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("model.safetensors");
+/// # let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+/// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 3], &data)?;
+/// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+/// let ck = safeload::Checkpoint::open(&path)?;
+/// let info = ck.get("w").unwrap();
+/// assert_eq!((info.dtype(), info.shape(), info.nbytes()), (safeload::Dtype::F32, &[2, 3][..], 24));
+/// assert!(info.is_float());
+/// assert_eq!(info.file(), path);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorInfo {
     name: Arc<str>,

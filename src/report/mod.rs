@@ -18,6 +18,23 @@ use crate::policy::{DISABLE_MMAP_ENV, FileDecision, auto_rule};
 
 /// How a load went: one [`FileReport`] per file, and the totals. `Display`
 /// prints it for people, a line or three per file.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let index = safeload::demo::write(dir.path())?;
+/// use safeload::report::{DirectIo, Strategy};
+///
+/// let sd = safeload::Loader::new().disable_mmap(true).load(&index)?;
+/// let report = sd.report();
+/// assert_eq!(report.bytes_read(), report.tensor_bytes());
+/// for file in &report.files {
+///     assert_eq!(file.strategy, Strategy::Buffered);
+///     eprintln!("{}: {} in {:?}, direct I/O {}", file.path.display(), file.explain(),
+///         file.elapsed, file.direct_io == DirectIo::On);
+/// }
+/// eprintln!("{report}");                          // the table
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct LoadReport {

@@ -10,14 +10,17 @@ use std::fmt;
 
 mod file;
 mod prefetch;
+mod reason;
 
+pub use file::AutoPolicy;
 pub(crate) use file::*;
-pub use file::{AutoPolicy, DirectIo, Fallback, Reason};
 pub(crate) use prefetch::{
     AutoPrefetchSkip, PrefetchAsk, auto_prefetch_runs, auto_prefetch_streams, prefetch_ask,
     prefetch_method, prefetch_warms_buffered,
 };
 pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod};
+pub(crate) use reason::auto_rule;
+pub use reason::{DirectIo, Fallback, Reason};
 
 /// How a file's bytes are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

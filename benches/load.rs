@@ -29,9 +29,9 @@ use safetensors::SafeTensors;
 mod common;
 
 use common::child::{self, Child, Job};
-use common::data::{self, TensorSpec};
+use common::data;
 use common::stats::{Spread, gib_s, median};
-use common::{args, proc};
+use common::{args, fuse, proc};
 
 /// The arms run by default.
 const DEFAULT_ARMS: [&str; 12] = [
@@ -104,42 +104,6 @@ fn limit_arm(arm: &str) -> Option<LimitArm> {
     })
 }
 
-/// The FUSE test filesystem as each of the hf-mount-like scenarios mounts
-/// it (the measurement matrix of the adaptive-concurrency work).
-fn mount_for(scenario: &str, root: &Path) -> Result<safeload_testfs::Mount, String> {
-    let base = safeload_testfs::Options {
-        fsname: "hf-mount".into(),
-        ..Default::default()
-    };
-    let options = match scenario {
-        "fuse-2ms-8t" => safeload_testfs::Options {
-            latency: Some(Duration::from_millis(2)),
-            daemon_threads: Some(8),
-            ..base
-        },
-        "fuse-8ms-32t" => safeload_testfs::Options {
-            latency: Some(Duration::from_millis(8)),
-            daemon_threads: Some(32),
-            ..base
-        },
-        "fuse-serial-2ms" => safeload_testfs::Options {
-            latency: Some(Duration::from_millis(2)),
-            daemon_threads: Some(1),
-            ..base
-        },
-        _ => safeload_testfs::Options {
-            latency: Some(Duration::from_millis(1)),
-            daemon_threads: Some(16),
-            first_byte_delay: Some(Duration::from_millis(60)),
-            fetch_block: 32 << 20,
-            bandwidth_bytes_per_sec: Some(900_000_000),
-            ..base
-        },
-    };
-    safeload_testfs::Mount::new(root, options)
-        .map_err(|e| format!("mounting the FUSE test filesystem for {scenario}: {e}"))
-}
-
 /// Local ranks in the multi-process scenario.
 const RANKS: usize = 3;
 
@@ -202,32 +166,6 @@ fn main() {
     }
 }
 
-// ---------------------------------------------------------------- checkpoint
-
-/// `shards` shards of about `size / shards` bytes each, of the mixed tensors
-/// (uneven shards: the last is half as large).
-fn layout(size: u64, shards: usize) -> Vec<Vec<TensorSpec>> {
-    let per_shard = size / shards as u64;
-    (0..shards)
-        .map(|s| {
-            let target = if s + 1 == shards {
-                per_shard / 2
-            } else {
-                per_shard
-            };
-            let mut tensors = Vec::new();
-            let mut bytes = 0;
-            while bytes < target {
-                let i = tensors.len();
-                let tensor = data::mixed(format!("layers.{s}.t{i}"), i);
-                bytes += tensor.len();
-                tensors.push(tensor);
-            }
-            tensors
-        })
-        .collect()
-}
-
 // ---------------------------------------------------------------- parent
 
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
@@ -253,8 +191,8 @@ struct Sample {
 
 fn parent(o: &Options) -> Result<(), String> {
     let size = (o.size_gib * (1u64 << 30) as f64) as u64;
-    let stem = format!("ckpt-{}mib-{}", size >> 20, o.shards);
-    let root = data::checkpoint(&o.dir, &stem, &layout(size, o.shards))
+    let stem = data::stem(size, o.shards);
+    let root = data::checkpoint(&o.dir, &stem, &data::sharded(size, o.shards))
         .map_err(|e| format!("generating: {e}"))?;
     let files = data::shard_files(&root);
     let total: u64 = files
@@ -271,9 +209,7 @@ fn parent(o: &Options) -> Result<(), String> {
     let mut samples: Vec<Sample> = Vec::new();
     for scenario in &o.scenarios {
         let mount = match scenario.as_str() {
-            "fuse-2ms-8t" | "fuse-8ms-32t" | "fuse-serial-2ms" | "fuse-remote" => {
-                Some(mount_for(scenario, &root)?)
-            }
+            s if fuse::HF_MOUNT_SCENARIOS.contains(&s) => Some(fuse::hf_mount(s, &root)?),
             "fuse" | "fuse-serial" => Some(
                 safeload_testfs::Mount::new(
                     &root,

@@ -400,7 +400,8 @@ pub use format::header::MAX_HEADER_LEN;
 pub use format::header::fuzz as __fuzz;
 #[doc(hidden)]
 pub use policy::{
-    AutoPolicy, DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, ReadMode, VERIFY_ENV,
+    AutoPolicy, DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, NODE_COPY_ENV, PREFETCH_ENV, ReadMode,
+    VERIFY_ENV,
 };
 #[doc(hidden)]
 pub use prefetch::PrefetchOptions;

@@ -54,6 +54,37 @@ pub fn mixed(name: String, i: usize) -> TensorSpec {
     TensorSpec::new(name, dtype, &[rows, 4096])
 }
 
+/// The directory stem of the checkpoint [`sharded`] lays out: `ckpt-{MiB}mib-{shards}`
+/// (kept under the data directory as `{stem}-v{DATA_VERSION}`).
+pub fn stem(size: u64, shards: usize) -> String {
+    format!("ckpt-{}mib-{shards}", size >> 20)
+}
+
+/// The load benchmark's checkpoint: `shards` shards of about `size / shards`
+/// bytes each, of the [`mixed`] tensors (uneven shards: the last is half as
+/// large).
+pub fn sharded(size: u64, shards: usize) -> Vec<Vec<TensorSpec>> {
+    let per_shard = size / shards as u64;
+    (0..shards)
+        .map(|s| {
+            let target = if s + 1 == shards {
+                per_shard / 2
+            } else {
+                per_shard
+            };
+            let mut tensors = Vec::new();
+            let mut bytes = 0;
+            while bytes < target {
+                let i = tensors.len();
+                let tensor = mixed(format!("layers.{s}.t{i}"), i);
+                bytes += tensor.len();
+                tensors.push(tensor);
+            }
+            tensors
+        })
+        .collect()
+}
+
 /// The name of shard `s` (from 0) of `n`, as the Hugging Face hub names them.
 pub fn shard_name(s: usize, n: usize) -> String {
     format!("model-{:05}-of-{n:05}.safetensors", s + 1)

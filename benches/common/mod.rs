@@ -11,6 +11,8 @@
 pub mod args;
 pub mod child;
 pub mod data;
+pub mod fuse;
+pub mod node_memory;
 pub mod proc;
 pub mod stats;
 

@@ -178,7 +178,9 @@ pub(crate) fn share(
 ) -> Vec<PerFile> {
     let mut out: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
     let rank = LocalRank::from_setting(opts.local_rank, env);
-    if rank.size < 2 {
+    // The benchmark's "today" arm turns it off (`policy::NODE_COPY_ENV`):
+    // then every rank reads alone, with nothing said, as one rank alone.
+    if rank.size < 2 || !policy::node_copy(env) {
         return out;
     }
     // The files that get a copy, with their identities; the others say why.

@@ -114,6 +114,7 @@ const VARIABLES: &[&str] = &[
     PREFETCH_ENV,
     HF_SHARD_PREFETCH_ENV,
     VERIFY_ENV,
+    NODE_COPY_ENV,
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
     "SLURM_LOCALID",
@@ -198,6 +199,25 @@ pub(crate) fn verify(caller: Option<bool>, env: &Environment, expected: bool) ->
     })
 }
 
+/// A test seam, for the node copy's benchmark and tests only: `0` (or
+/// `false`, `no`, `off`) turns the node copy off, so that the local ranks of
+/// a job each read their files alone, as before it (issue 25's "today" arm
+/// of `benches/node_copy.rs`). Anything else, or unset, leaves it on. Not
+/// part of the documented API: a user has no reason to want one copy per rank.
+pub const NODE_COPY_ENV: &str = "SAFELOAD_NODE_COPY";
+
+/// Whether the local ranks of a job may share a node copy (`node/`): on
+/// unless `SAFELOAD_NODE_COPY` turns it off. Read from the load's
+/// [`Environment`], taken once at the top of the load.
+pub(crate) fn node_copy(env: &Environment) -> bool {
+    !matches!(
+        env.get(NODE_COPY_ENV)
+            .map(|v| v.trim().to_ascii_lowercase())
+            .as_deref(),
+        Some("0" | "false" | "no" | "off")
+    )
+}
+
 /// The caller's mode if it is `Mmap` or `Buffered`, else the environment's,
 /// else auto.
 pub(crate) fn effective_mode(caller: ReadMode, env: &Environment) -> (ReadMode, Origin) {
@@ -265,6 +285,27 @@ mod tests {
                 verdict,
                 "{caller:?} {env:?} {expected}"
             );
+        }
+    }
+
+    #[test]
+    fn node_copy_on_unless_the_seam_turns_it_off() {
+        let table = [
+            (None, true),
+            (Some("0"), false),
+            (Some(" off "), false),
+            (Some("False"), false),
+            (Some("no"), false),
+            (Some("1"), true),
+            (Some("maybe"), true),
+            (Some(""), true),
+        ];
+        for (value, on) in table {
+            let env = match value {
+                Some(v) => Environment::from_pairs(&[(NODE_COPY_ENV, v)]),
+                None => Environment::default(),
+            };
+            assert_eq!(node_copy(&env), on, "{value:?}");
         }
     }
 

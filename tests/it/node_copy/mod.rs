@@ -487,3 +487,35 @@ fn prefetch_from_the_environment_fills_the_copy_and_reads_nothing_twice() {
         setup.total
     );
 }
+
+/// The benchmark's seam (`SAFELOAD_NODE_COPY=0`, benches/node_copy.rs's
+/// "today" arms): two ranks each read every file alone, as before the node
+/// copy, with nothing said; the same bytes.
+#[test]
+fn the_benchmarks_switch_turns_the_copy_off() {
+    if skip_without_fuse() {
+        return;
+    }
+    let setup = on_fuse(8, Options::default());
+    let job = job_id();
+    let off = [(safeload::NODE_COPY_ENV, "0".to_string())];
+    let mut ranks: Vec<Rank> = (0..2)
+        .map(|r| Rank::spawn(&setup.index, (r, 2), &job, &off))
+        .collect();
+    for rank in &mut ranks {
+        let r = rank.loaded();
+        assert_eq!(r.digest, setup.expected, "{r:?}");
+        assert!(r.notes.is_empty(), "{r:?}");
+        assert!(r.strategies.iter().all(|s| s == "buffered"), "{r:?}");
+    }
+    for rank in ranks {
+        rank.release();
+    }
+    // Each rank read every byte (and its headers, and O_DIRECT's rounding).
+    let served = setup.fs.stats().bytes_read;
+    assert!(
+        served as f64 >= 1.95 * setup.total as f64,
+        "{served} served for {}",
+        setup.total
+    );
+}

@@ -276,22 +276,7 @@ fn parent(o: &Options) -> Result<(), String> {
     check_checksums(&samples);
     let table = markdown(&samples, o, total);
     println!("{table}");
-    if let Some(parent) = o.json.parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
-    let json = serde_json::json!({
-        "checkpoint": root,
-        "files": files.len(),
-        "bytes": total,
-        "machine": proc::machine(),
-        "samples": samples,
-    });
-    std::fs::write(
-        &o.json,
-        serde_json::to_vec_pretty(&json).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| format!("writing {}: {e}", o.json.display()))?;
-    eprintln!("samples written to {}", o.json.display());
+    common::write_samples(&o.json, &root, files.len(), total, &samples)?;
     Ok(())
 }
 

@@ -410,22 +410,7 @@ fn parent(o: &Options) -> Result<(), String> {
         }
     }
     println!("{}", markdown(&samples, o, &arms, total));
-    if let Some(parent) = o.json.parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
-    let json = serde_json::json!({
-        "checkpoint": root,
-        "files": files.len(),
-        "bytes": total,
-        "machine": proc::machine(),
-        "samples": samples,
-    });
-    std::fs::write(
-        &o.json,
-        serde_json::to_vec_pretty(&json).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| format!("writing {}: {e}", o.json.display()))?;
-    eprintln!("samples written to {}", o.json.display());
+    common::write_samples(&o.json, &root, files.len(), total, &samples)?;
     let failed = samples.iter().filter(|s| s.error.is_some()).count();
     if failed > 0 {
         return Err(format!("{failed} run(s) failed or loaded wrong bytes"));

@@ -22,7 +22,36 @@ pub mod random;
 
 /// The order of the arms in round `round`: every arm once, rotated by one
 /// each round, so that no arm always runs first (after the cache was
-/// prepared) or always after the same neighbour.
+/// prepared). A rotation keeps the cyclic order: each arm follows the same
+/// neighbour every round (the first arm of a round excepted).
 pub fn rotated(arms: usize, round: usize) -> impl Iterator<Item = usize> {
     (0..arms).map(move |k| (k + round) % arms)
+}
+
+/// Writes a benchmark's samples to `path` as JSON, with the checkpoint
+/// (`root`, its file count and bytes) and the machine they were taken on.
+pub fn write_samples(
+    path: &std::path::Path,
+    root: &std::path::Path,
+    files: usize,
+    bytes: u64,
+    samples: &impl serde::Serialize,
+) -> Result<(), String> {
+    if let Some(parent) = path.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    let json = serde_json::json!({
+        "checkpoint": root,
+        "files": files,
+        "bytes": bytes,
+        "machine": proc::machine(),
+        "samples": samples,
+    });
+    std::fs::write(
+        path,
+        serde_json::to_vec_pretty(&json).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    eprintln!("samples written to {}", path.display());
+    Ok(())
 }

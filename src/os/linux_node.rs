@@ -82,14 +82,15 @@ impl SharedBytes {
             }
             busy.push(range.clone());
         }
-        // SAFETY: `[at, at + len)` lies within the live map (checked above);
-        // no other slice of this process covers it while the call runs: no
-        // code reads the bytes through this map, and `busy` keeps every other
-        // read of this process out of the range until it is removed below.
         // Another process may write the same bytes meanwhile (a chunk taken
         // over from a rank that resumes), with the same content, read from
         // the same version of the same file; like the queue words
         // (`SharedWords`), shared memory is outside this process's aliasing.
+        // No code of this process reads the bytes through this map, and
+        // `busy` keeps every other read of this process out of the range
+        // until it is removed below.
+        // SAFETY: `[at, at + len)` lies within the live map (checked above),
+        // and no other slice of this process covers it while the call runs.
         let dst = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at), len) };
         let result = super::super::read_at_least(from, dst, len, offset);
         if let Ok(mut busy) = self.busy.lock() {

@@ -492,25 +492,7 @@ fn run_ranks(
         };
         child = child
             // Nothing of the caller's that would change what safeload does.
-            .env_remove(&[
-                safeload::DISABLE_MMAP_ENV,
-                safeload::PREFETCH_ENV,
-                safeload::HF_SHARD_PREFETCH_ENV,
-                safeload::VERIFY_ENV,
-                safeload::NODE_COPY_ENV,
-                "SLURM_LOCALID",
-                "SLURM_NTASKS_PER_NODE",
-                "SLURM_TASKS_PER_NODE",
-                "OMPI_COMM_WORLD_LOCAL_RANK",
-                "OMPI_COMM_WORLD_LOCAL_SIZE",
-                "MPI_LOCALRANKID",
-                "MPI_LOCALNRANKS",
-                "SLURM_JOB_ID",
-                "SLURM_JOBID",
-                "SLURM_STEP_ID",
-                "SLURM_STEPID",
-                "OMPI_MCA_ess_base_jobid",
-            ])
+            .env_remove(safeload::ENV_VARIABLES)
             .env("LOCAL_RANK", rank.to_string())
             .env("LOCAL_WORLD_SIZE", arm.ranks.to_string())
             .env("TORCHELASTIC_RUN_ID", &job)

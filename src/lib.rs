@@ -401,7 +401,7 @@ pub use format::header::fuzz as __fuzz;
 #[doc(hidden)]
 pub use policy::{
     AutoPolicy, DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, NODE_COPY_ENV, PREFETCH_ENV, ReadMode,
-    VERIFY_ENV,
+    VARIABLES as ENV_VARIABLES, VERIFY_ENV,
 };
 #[doc(hidden)]
 pub use prefetch::PrefetchOptions;

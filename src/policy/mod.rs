@@ -108,8 +108,9 @@ pub(crate) struct Environment {
 }
 
 /// Every variable a decision reads: the read mode, prefetch, the launchers'
-/// local ranks and job ids.
-const VARIABLES: &[&str] = &[
+/// local ranks and job ids (public for the benchmarks, which clear them in
+/// the processes they start).
+pub const VARIABLES: &[&str] = &[
     DISABLE_MMAP_ENV,
     PREFETCH_ENV,
     HF_SHARD_PREFETCH_ENV,

@@ -119,11 +119,7 @@ fn a_rank_stopped_mid_fill_is_taken_over_within_seconds() {
         "{served} for {}",
         setup.total
     );
-    assert!(
-        leftovers(dir.path()).is_empty(),
-        "{:?}",
-        leftovers(dir.path())
-    );
+    assert_no_leftovers(dir.path());
 }
 
 /// Every rank killed mid-fill leaves sockets, a lock and a queue file; the
@@ -158,11 +154,7 @@ fn all_ranks_killed_then_a_new_job_leaves_nothing() {
     for rank in ranks {
         rank.release();
     }
-    assert!(
-        leftovers(dir.path()).is_empty(),
-        "{:?}",
-        leftovers(dir.path())
-    );
+    assert_no_leftovers(dir.path());
 }
 
 /// A rank that starts after the copy is complete maps it at once: it reads

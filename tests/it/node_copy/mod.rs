@@ -350,6 +350,12 @@ pub fn leftovers(dir: &Path) -> Vec<String> {
     names
 }
 
+/// Asserts that no safeload file is left in `dir`.
+pub fn assert_no_leftovers(dir: &Path) {
+    let left = leftovers(dir);
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// A private directory for the queue, locks and sockets, open to every
 /// user (as `/dev/shm` is).
 pub fn private_dir() -> TempDir {

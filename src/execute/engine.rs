@@ -102,7 +102,7 @@ pub(crate) fn read_all(
                         chunk,
                     );
                 }
-                if populate {
+                if let (true, Some(file)) = (populate, file) {
                     split_populate(&mut jobs, file_index, (storage.map(), file), chunk);
                     *populated = true;
                 }

@@ -71,7 +71,7 @@ impl Run<'_> {
             .iter()
             .zip(&copies)
             .filter(|(_, c)| !matches!(c, node::PerFile::Copy { .. }))
-            .map(|((f, _), _)| f.handed())
+            .filter_map(|((f, _), _)| f.handed())
             .collect();
         let prefetched = prefetch::before_load(&handed, opts.prefetch.as_ref(), &job)?;
         drop(handed);
@@ -79,7 +79,10 @@ impl Run<'_> {
         // 2. Plan, now that a prefetch has warmed what it warms.
         let cached: Vec<Box<dyn Fn() -> bool + '_>> = files
             .iter()
-            .map(|(f, _)| Box::new(move || f.local().mostly_cached()) as Box<dyn Fn() -> bool>)
+            .map(|(f, _)| {
+                Box::new(move || f.local().is_some_and(|l| l.mostly_cached()))
+                    as Box<dyn Fn() -> bool>
+            })
             .collect();
         let facts: Vec<FileFacts<'_>> = files
             .iter()
@@ -252,9 +255,9 @@ fn verify_files(opts: &Options, files: &mut [Sealed<'_>], threads: usize) -> Res
             Some(storage) => verify::of_map(storage.map()),
             None => {
                 let file = f.file();
-                verify::of_file(file.local().file(), file.header().file_len()).map_err(
-                    |(at, e)| read_error(Operation::Hash, file.source(), file.size(), at, e),
-                )?
+                verify::of_source(file.source(), file.header().file_len()).map_err(|(at, e)| {
+                    read_error(Operation::Hash, file.source(), file.size(), at, e)
+                })?
             }
         };
         Ok(digest)
@@ -272,7 +275,11 @@ fn verify_files(opts: &Options, files: &mut [Sealed<'_>], threads: usize) -> Res
             .iter()
             .find(|(n, _)| Some(*n) == name)
             .map(|&(_, d)| d)
-            .or_else(|| verify::expected_from_cache(opened.local().canonical()));
+            .or_else(|| opened.source().published_sha256())
+            .or_else(|| {
+                let local = opened.local()?;
+                verify::expected_from_cache(local.canonical())
+            });
         if let (Some(must), Some(actual)) = (must, file.sha256()) {
             if must != actual {
                 return Err(Error::new(

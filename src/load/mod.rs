@@ -390,6 +390,17 @@ impl Loader {
     pub fn warm(&self, path: impl AsRef<Path>) -> Result<crate::report::PrefetchReport> {
         let env = Environment::from_process();
         let resolved = resolve::resolve(path.as_ref())?;
+        if resolved.is_remote() {
+            // Local ranks loading one remote checkpoint share a node copy
+            // instead (`local_rank`).
+            return Err(crate::error::Error::remote(
+                crate::error::Operation::Prefetch,
+                path.as_ref(),
+                None,
+                "a remote checkpoint has no page cache to warm; load it".to_owned(),
+                std::io::ErrorKind::Unsupported,
+            ));
+        }
         let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
         let sources = file::open_sources(&self.opts, &resolved, &shards)?;
         let handed: Vec<prefetch::LoadFile<'_>> = sources

@@ -17,6 +17,8 @@ pub(crate) struct FileDecision {
     pub mount: Option<Mount>,
     pub fallback: Option<Fallback>,
     pub direct: DirectIo,
+    /// A remote object: read buffered whatever the mode, never mapped.
+    pub remote: bool,
 }
 
 impl FileDecision {
@@ -26,6 +28,7 @@ impl FileDecision {
         self.mode == ReadMode::Auto
             && self.strategy == Strategy::Buffered
             && self.fallback.is_none()
+            && !self.remote
     }
 
     /// The map was refused: read the file instead.
@@ -55,6 +58,7 @@ impl FileDecision {
     pub(crate) fn reason(&self) -> Reason {
         let disable_mmap = self.mode == ReadMode::Buffered;
         match self.origin {
+            _ if self.remote => Reason::Remote,
             _ if self.mode == ReadMode::Auto => {
                 Reason::Auto(self.mount.as_ref().map_or(MountKind::Unknown, |m| m.kind))
             }
@@ -129,6 +133,17 @@ pub(crate) fn choose(mode: ReadMode, origin: Origin, mount: Option<&Mount>) -> F
         mount: mount.cloned(),
         fallback: None,
         direct: DirectIo::Off,
+        remote: false,
+    }
+}
+
+/// Decides how to read a remote object: buffered, by ranged requests,
+/// whatever the mode (there is no file to map).
+pub(crate) fn choose_remote(mode: ReadMode, origin: Origin) -> FileDecision {
+    FileDecision {
+        strategy: Strategy::Buffered,
+        remote: true,
+        ..choose(mode, origin, None)
     }
 }
 

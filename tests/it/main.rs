@@ -45,6 +45,8 @@ mod verify;
 
 #[cfg(feature = "candle")]
 mod candle;
+#[cfg(feature = "remote")]
+mod remote;
 #[cfg(feature = "serde")]
 mod report_json;
 #[cfg(feature = "tracing")]

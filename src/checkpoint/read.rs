@@ -12,7 +12,6 @@ use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::file::{OpenedFile, read_error};
 use crate::jobs;
-use crate::jobs::DEFAULT_READ_SIZE;
 use crate::slice::{MERGE_GAP, SlicePlan};
 use crate::storage::{self, Storage};
 use crate::tensor::Tensor;
@@ -131,15 +130,14 @@ impl Checkpoint {
                 Ok(())
             });
         }
+        let (readers, read_size) = crate::policy::io_defaults(std::iter::once(file.source()));
         let concurrency = match self.inner().opts.io_concurrency {
             Some(n) => Concurrency::pinned(n),
-            None => Concurrency::adaptive(crate::policy::default_io_concurrency(
-                file.source().mount().iter().map(|m| m.kind),
-            )),
+            None => Concurrency::adaptive(readers),
         };
         // Pieces small enough that one tensor keeps every reader busy (a
         // mount serves each request after its latency), never under 1 MiB.
-        let most = self.inner().opts.read_size.unwrap_or(DEFAULT_READ_SIZE);
+        let most = self.inner().opts.read_size.unwrap_or(read_size);
         let piece = (plan.len / concurrency.start).clamp(1 << 20, most.max(1 << 20));
         owned(
             file,

@@ -11,7 +11,6 @@ use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::file::life::{Planned, Sealed};
 use crate::file::{OpenedFile, read_error, threads};
-use crate::jobs::DEFAULT_READ_SIZE;
 use crate::memory;
 use crate::node;
 use crate::options::Options;
@@ -137,15 +136,12 @@ impl Run<'_> {
                     .fill(clock)?,
             );
         }
+        let (readers, read_size) = policy::io_defaults(files.iter().map(|(f, _)| f.source()));
         let concurrency = match opts.io_concurrency {
             Some(n) => Concurrency::pinned(n),
-            None => Concurrency::adaptive(policy::default_io_concurrency(
-                files
-                    .iter()
-                    .filter_map(|(f, _)| f.source().mount().map(|m| m.kind)),
-            )),
+            None => Concurrency::adaptive(readers),
         };
-        let read_size = opts.read_size.unwrap_or(DEFAULT_READ_SIZE);
+        let read_size = opts.read_size.unwrap_or(read_size);
         let verify = policy::verify(opts.verify, env, !opts.expected_sha256.is_empty());
         let (io, readers) = engine::read_all(
             &mut filling,

@@ -198,6 +198,44 @@ pub(crate) fn converts_to(from: Dtype, to: Dtype) -> Option<usize> {
 /// (2026-11-29): 8 readers of 8 MiB took 1.08-1.65 s cold and 0.95-1.22 s
 /// warm, 4 readers 1.47-1.68 s and 1.37-2.08 s; 16 MiB chunks were within
 /// the noise of 8 MiB.
+/// Reads in flight a load of remote objects starts with (the adaptive
+/// controller doubles it while throughput rises, up to its maximum), and the
+/// size of one ranged request.
+///
+/// NOTE: the stores' guidance is 8-16 MiB per ranged GET (S3's performance
+/// guidelines; GCS's sliced downloads). Each request pays a round trip
+/// before its first byte: on the benchmark's 20 ms link of 1,500 MiB/s
+/// (BENCHMARKS.md) 16 MiB crosses in 10.7 ms, so the link fills with about
+/// 3 requests in flight per 16 MiB of bandwidth-delay product, and starting
+/// at 16 reaches the limit's 32 in one doubling. Readers write into the
+/// load's buffers, so bytes in flight cost no memory of their own; they are
+/// bounded by the controller's 64 readers (1 GiB at 16 MiB).
+pub(crate) const REMOTE_READERS: usize = 16;
+/// See [`REMOTE_READERS`].
+pub(crate) const REMOTE_READ_SIZE: usize = 16 << 20;
+
+/// The reads in flight to start with and the size of one read, for a load of
+/// `sources`, where the caller set neither: [`REMOTE_READERS`] and
+/// [`REMOTE_READ_SIZE`] where a source is remote, else the filesystems'
+/// ([`default_io_concurrency`], `jobs::DEFAULT_READ_SIZE`).
+pub(crate) fn io_defaults<'a>(
+    sources: impl Iterator<Item = &'a dyn crate::source::Source>,
+) -> (usize, usize) {
+    let mut remote = false;
+    let kinds: Vec<MountKind> = sources
+        .filter_map(|s| {
+            remote |= s.local().is_none();
+            s.mount().map(|m| m.kind)
+        })
+        .collect();
+    let readers = default_io_concurrency(kinds.into_iter());
+    if remote {
+        (readers.max(REMOTE_READERS), REMOTE_READ_SIZE)
+    } else {
+        (readers, crate::jobs::DEFAULT_READ_SIZE)
+    }
+}
+
 pub(crate) fn default_io_concurrency(kinds: impl Iterator<Item = MountKind>) -> usize {
     kinds
         .map(|kind| match kind {

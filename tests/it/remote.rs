@@ -455,3 +455,32 @@ fn s3_loads_through_moto_equal_local_loads() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("moto-secret-key-123"), "{stderr}");
 }
+
+#[test]
+fn local_ranks_fetch_each_byte_once_per_node() {
+    use crate::node_copy::{HOLD, digest, job_id, spawn_job};
+    let (dir, expected) = sharded();
+    let server = serve(dir.path(), Options::default());
+    let url = format!("{}/", server.url());
+    let total = total_size(&shards_of(dir.path()));
+    server.reset_stats();
+    // Each rank holds its tensors until all have loaded, as ranks of one job do.
+    let hold = [(HOLD, "1".to_string())];
+    let mut ranks = spawn_job(Path::new(&url), 3, &job_id(), &hold);
+    let want = digest(&expected);
+    for rank in &mut ranks {
+        rank.loaded().assert_copied(want);
+    }
+    for rank in ranks {
+        rank.release();
+    }
+    // The shards' bytes once (and each rank's header-only open: at most 64 KiB a file).
+    let shards: u64 = (0..3)
+        .map(|i| server.path_stats(&shard_name(i, 3)).bytes_sent)
+        .sum();
+    let opens = 3 * 3 * (64 << 10);
+    assert!(
+        shards <= total + opens,
+        "{shards} bytes sent for {total} bytes of shards"
+    );
+}

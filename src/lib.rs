@@ -11,7 +11,11 @@
 //! checkpoint from its headers alone and reads exactly what is asked for (a
 //! tensor, a rank's tensor-parallel part, a slice, a stream of tensors under
 //! a memory cap), converting dtypes on the way ([`Loader::dtype`]); the
-//! `candle` feature plugs it into candle's `VarBuilder`.
+//! `candle` feature plugs it into candle's `VarBuilder`. With the `remote`
+//! feature every call that takes a path also takes the address of a checkpoint
+//! in an object store or on the Hugging Face hub (`s3://bucket/prefix`,
+//! `hf://org/repo@revision`, `https://host/dir/`), read by ranged requests
+//! with no mount and no download (README, "Remote checkpoints").
 //!
 //! # Which call do I use
 //!
@@ -33,6 +37,7 @@
 //! | what was chosen and why, how fast | [`StateDict::report`] ([`report`]) |
 //! | tell "missing" from "corrupt" | [`Error::is_not_found`], [`Error::is_corrupt`] |
 //! | is a path on hf-mount / FUSE | [`mount::is_on_hf_mount`], [`mount::lookup`] |
+//! | load from S3, GCS, Azure, HTTP or the hub (feature `remote`) | any of the above with `s3://…`, `hf://org/repo@rev`, `https://…` for the path |
 //!
 //! # Loading
 //!

@@ -361,6 +361,12 @@ pub enum ErrorKind {
         /// The bytes given.
         actual: u64,
     },
+    /// The load was cancelled: its flag
+    /// ([`Loader::cancel_on`](crate::Loader::cancel_on)) was set, or its
+    /// future ([`Loader::load_async`](crate::Loader::load_async)) dropped.
+    /// The path is the checkpoint's.
+    #[error("the load was cancelled")]
+    Cancelled,
 }
 
 impl Error {

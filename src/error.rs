@@ -380,6 +380,12 @@ pub enum ErrorKind {
         /// What happened, in words, credentials removed.
         reason: String,
     },
+    /// The load was cancelled: its flag
+    /// ([`Loader::cancel_on`](crate::Loader::cancel_on)) was set, or its
+    /// future ([`Loader::load_async`](crate::Loader::load_async)) dropped.
+    /// The path is the checkpoint's.
+    #[error("the load was cancelled")]
+    Cancelled,
 }
 
 impl Error {

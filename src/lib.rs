@@ -34,6 +34,7 @@
 //! | warm the page cache first, split across local ranks | [`Loader::prefetch`] |
 //! | warm it alone, for a job script | [`Loader::warm`] |
 //! | check each file's SHA-256 | [`Loader::verify`] |
+//! | from async code, without blocking the executor; cancel | [`Loader::load_async`], [`Loader::open_async`]; [`Loader::cancel_on`] |
 //! | what was chosen and why, how fast | [`StateDict::report`] ([`report`]) |
 //! | tell "missing" from "corrupt" | [`Error::is_not_found`], [`Error::is_corrupt`] |
 //! | is a path on hf-mount / FUSE | [`mount::is_on_hf_mount`], [`mount::lookup`] |
@@ -351,6 +352,7 @@
 )]
 
 mod adapt;
+mod cancel;
 #[cfg(feature = "candle")]
 pub mod candle;
 mod checkpoint;

@@ -22,6 +22,7 @@
 mod common;
 
 mod api;
+mod async_load;
 mod checkpoint;
 mod convert_load;
 mod environment;

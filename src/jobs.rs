@@ -115,6 +115,83 @@ pub(crate) struct Tagged<'a> {
     pub job: Job<'a>,
 }
 
+impl<'a> Tagged<'a> {
+    /// The job cut to its first `size` bytes where it is a longer read, and
+    /// the rest of it; any other job whole.
+    fn cut(self, size: usize) -> (Tagged<'a>, Option<Tagged<'a>>) {
+        let file_index = self.file_index;
+        match self.job {
+            Job::Read {
+                file,
+                direct,
+                offset,
+                dst,
+                required,
+                hashed,
+            } if size > 0 && dst.len() > size => {
+                let (head, tail) = dst.split_at_mut(size);
+                let piece = |offset, dst, required| Tagged {
+                    file_index,
+                    job: Job::Read {
+                        file,
+                        direct,
+                        offset,
+                        dst,
+                        required,
+                        hashed,
+                    },
+                };
+                (
+                    piece(offset, head, required.min(size)),
+                    Some(piece(
+                        offset + size as u64,
+                        tail,
+                        required.saturating_sub(size),
+                    )),
+                )
+            }
+            job => (Tagged { file_index, job }, None),
+        }
+    }
+}
+
+/// The next job of the queue and its place in it: a longer read cut to
+/// `size` where the size is measured (its rest stays in the slot, and the
+/// cursor on it), else the whole job (the cursor moves past it). `None` once
+/// every job is taken.
+fn take<'a>(
+    queue: &[Mutex<Option<Tagged<'a>>>],
+    cursor: &AtomicUsize,
+    size: Option<usize>,
+) -> Option<(usize, Tagged<'a>)> {
+    loop {
+        let i = cursor.load(Ordering::Acquire);
+        let slot = queue.get(i)?;
+        let mut held = slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(tagged) = held.take() else {
+            drop(held);
+            // Taken whole by another reader, which moves the cursor too:
+            // whichever comes first moves it once.
+            let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
+            continue;
+        };
+        let (job, rest) = match size {
+            Some(size) => tagged.cut(size),
+            None => (tagged, None),
+        };
+        match rest {
+            Some(rest) => *held = Some(rest),
+            None => {
+                drop(held);
+                let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
+            }
+        }
+        return Some((i, job));
+    }
+}
+
 /// A failed job: which file, at which offset, and why.
 #[derive(Debug)]
 pub(crate) struct JobError {
@@ -297,13 +374,9 @@ pub(crate) fn run<'a>(
             return;
         }
         while !failed.load(Ordering::Relaxed) && control.wait_turn(reader) {
-            let i = cursor.fetch_add(1, Ordering::Relaxed);
-            let Some(slot) = queue.get(i) else {
+            let Some((i, tagged)) = take(&queue, &cursor, control.read_size()) else {
                 control.finish();
                 break;
-            };
-            let Some(tagged) = slot.lock().ok().and_then(|mut c| c.take()) else {
-                continue;
             };
             if cancel.is_set() {
                 failed.store(true, Ordering::Relaxed);
@@ -649,5 +722,47 @@ mod tests {
             result.unwrap();
             assert!(dst[..] == bytes[..], "direct {direct}");
         }
+    }
+
+    #[test]
+    fn reads_cut_to_the_measured_size_land_every_byte_once() {
+        use std::sync::atomic::AtomicU64;
+        let len = (20 << 20) + 12345;
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 13 % 251) as u8).collect();
+        let file = file_of(&bytes);
+        let mut dst = vec![0u8; len];
+        // Two jobs of 16 MiB and the rest, cut by the readers to 1 MiB reads.
+        let mut jobs = Vec::new();
+        split_read(
+            &mut jobs,
+            0,
+            (&file, false, true),
+            0,
+            &mut dst,
+            len,
+            16 << 20,
+        );
+        assert_eq!(jobs.len(), 2);
+        let sizes = crate::adapt::Sizes {
+            start: 1 << 20,
+            max: 4 << 20,
+            in_flight: 64 << 20,
+        };
+        let (pieces, landed) = (AtomicU64::new(0), AtomicU64::new(0));
+        let (result, _, settled) = run(
+            jobs,
+            Concurrency::adaptive(4).with_sizes(sizes),
+            &|_, outcome| {
+                pieces.fetch_add(1, Ordering::Relaxed);
+                let (_, piece) = outcome.landed.unwrap();
+                assert!(piece.len() <= 4 << 20);
+                landed.fetch_add(piece.len() as u64, Ordering::Relaxed);
+            },
+        );
+        result.unwrap();
+        assert!(dst == bytes, "every byte in place");
+        assert_eq!(landed.into_inner(), len as u64, "each byte read once");
+        assert!(pieces.into_inner() >= 6, "the jobs were cut");
+        assert!(settled.size.is_some(), "{settled}");
     }
 }

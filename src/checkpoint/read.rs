@@ -130,14 +130,19 @@ impl Checkpoint {
                 Ok(())
             });
         }
-        let (readers, read_size) = crate::policy::io_defaults(std::iter::once(file.source()));
-        let concurrency = match self.inner().opts.io_concurrency {
-            Some(n) => Concurrency::pinned(n),
-            None => Concurrency::adaptive(readers),
+        let opts = &self.inner().opts;
+        let (concurrency, most) = crate::policy::io_defaults(
+            std::iter::once(file.source()),
+            (opts.io_concurrency, opts.read_size),
+        );
+        // One tensor's pieces are cut in advance (no measured size, at most
+        // its start): small enough that it keeps every reader busy (a mount
+        // serves each request after its latency), never under 1 MiB.
+        let most = concurrency.sizes.map_or(most, |s| s.start);
+        let concurrency = Concurrency {
+            sizes: None,
+            ..concurrency
         };
-        // Pieces small enough that one tensor keeps every reader busy (a
-        // mount serves each request after its latency), never under 1 MiB.
-        let most = self.inner().opts.read_size.unwrap_or(read_size);
         let piece = (plan.len / concurrency.start).clamp(1 << 20, most.max(1 << 20));
         owned(
             file,

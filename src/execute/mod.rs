@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Instant;
 
-use crate::adapt::Concurrency;
 use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::file::life::{Planned, Sealed};
@@ -136,12 +135,10 @@ impl Run<'_> {
                     .fill(clock)?,
             );
         }
-        let (readers, read_size) = policy::io_defaults(files.iter().map(|(f, _)| f.source()));
-        let concurrency = match opts.io_concurrency {
-            Some(n) => Concurrency::pinned(n),
-            None => Concurrency::adaptive(readers),
-        };
-        let read_size = opts.read_size.unwrap_or(read_size);
+        let (concurrency, read_size) = policy::io_defaults(
+            files.iter().map(|(f, _)| f.source()),
+            (opts.io_concurrency, opts.read_size),
+        );
         let verify = policy::verify(opts.verify, env, !opts.expected_sha256.is_empty());
         let (io, readers) = engine::read_all(
             &mut filling,

@@ -199,28 +199,37 @@ pub(crate) fn converts_to(from: Dtype, to: Dtype) -> Option<usize> {
 /// warm, 4 readers 1.47-1.68 s and 1.37-2.08 s; 16 MiB chunks were within
 /// the noise of 8 MiB.
 /// Reads in flight a load of remote objects starts with (the adaptive
-/// controller doubles it while throughput rises, up to its maximum), and the
-/// size of one ranged request.
+/// controller doubles it while throughput rises), and the sizes of one
+/// ranged request it tries once the count settles (doubled from the start
+/// while throughput rises), under a cap on the bytes in flight.
 ///
 /// NOTE: the stores' guidance is 8-16 MiB per ranged GET (S3's performance
-/// guidelines; GCS's sliced downloads). Each request pays a round trip
-/// before its first byte: on the benchmark's 20 ms link of 1,500 MiB/s
-/// (BENCHMARKS.md) 16 MiB crosses in 10.7 ms, so the link fills with about
-/// 3 requests in flight per 16 MiB of bandwidth-delay product, and starting
-/// at 16 reaches the limit's 32 in one doubling. Readers write into the
-/// load's buffers, so bytes in flight cost no memory of their own; they are
-/// bounded by the controller's 64 readers (1 GiB at 16 MiB).
+/// guidelines; GCS's sliced downloads), hence the start at 16 MiB and 16
+/// requests; each request pays a round trip before its first byte, which
+/// larger requests amortize, hence up to 64 MiB where that pays. Readers
+/// write into the load's buffers, so bytes in flight cost no memory of their
+/// own: the cap (1 GiB, 64 requests of 16 MiB) bounds what one load asks of
+/// the store at once.
 pub(crate) const REMOTE_READERS: usize = 16;
 /// See [`REMOTE_READERS`].
-pub(crate) const REMOTE_READ_SIZE: usize = 16 << 20;
+pub(crate) const REMOTE_SIZES: crate::adapt::Sizes = crate::adapt::Sizes {
+    start: 16 << 20,
+    max: 64 << 20,
+    in_flight: 1 << 30,
+};
 
-/// The reads in flight to start with and the size of one read, for a load of
-/// `sources`, where the caller set neither: [`REMOTE_READERS`] and
-/// [`REMOTE_READ_SIZE`] where a source is remote, else the filesystems'
-/// ([`default_io_concurrency`], `jobs::DEFAULT_READ_SIZE`).
+/// How a load of `sources` reads where the caller set neither the reads in
+/// flight nor their size (`caller`: `Loader::io_concurrency`,
+/// `Loader::read_size`): the concurrency, and the size jobs are cut to
+/// before the run. Remote objects: [`REMOTE_READERS`], the size measured
+/// within [`REMOTE_SIZES`] (jobs of its largest, cut by the readers);
+/// elsewhere the filesystems' count ([`default_io_concurrency`]) and
+/// `jobs::DEFAULT_READ_SIZE`. A size or count the caller set is kept.
 pub(crate) fn io_defaults<'a>(
     sources: impl Iterator<Item = &'a dyn crate::source::Source>,
-) -> (usize, usize) {
+    caller: (Option<usize>, Option<usize>),
+) -> (crate::adapt::Concurrency, usize) {
+    use crate::adapt::Concurrency;
     let mut remote = false;
     let kinds: Vec<MountKind> = sources
         .filter_map(|s| {
@@ -229,10 +238,31 @@ pub(crate) fn io_defaults<'a>(
         })
         .collect();
     let readers = default_io_concurrency(kinds.into_iter());
-    if remote {
-        (readers.max(REMOTE_READERS), REMOTE_READ_SIZE)
-    } else {
-        (readers, crate::jobs::DEFAULT_READ_SIZE)
+    match caller {
+        (Some(n), size) => (
+            Concurrency::pinned(n),
+            size.unwrap_or(if remote {
+                REMOTE_SIZES.start
+            } else {
+                crate::jobs::DEFAULT_READ_SIZE
+            }),
+        ),
+        (None, Some(size)) => (
+            Concurrency::adaptive(if remote {
+                readers.max(REMOTE_READERS)
+            } else {
+                readers
+            }),
+            size,
+        ),
+        (None, None) if remote => (
+            Concurrency::adaptive(readers.max(REMOTE_READERS)).with_sizes(REMOTE_SIZES),
+            REMOTE_SIZES.max,
+        ),
+        (None, None) => (
+            Concurrency::adaptive(readers),
+            crate::jobs::DEFAULT_READ_SIZE,
+        ),
     }
 }
 

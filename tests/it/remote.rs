@@ -484,3 +484,53 @@ fn local_ranks_fetch_each_byte_once_per_node() {
         "{shards} bytes sent for {total} bytes of shards"
     );
 }
+
+#[test]
+fn an_async_remote_load_leaves_the_callers_runtime_free() {
+    use std::sync::{Arc, Mutex};
+    let (dir, expected) = sharded();
+    // 20 ms a request: the load takes a while, all of it off the runtime's thread.
+    let server = serve(
+        dir.path(),
+        Options {
+            latency: Some(Duration::from_millis(20)),
+            ..Options::default()
+        },
+    );
+    let url = format!("{}/", server.url());
+    // On a busy machine one run may see the runtime's thread descheduled: the bound must
+    // hold in one of three (an executor the load blocked would miss it in every one).
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let beats = Arc::new(Mutex::new((0u32, Duration::ZERO)));
+        let sd = runtime.block_on(async {
+            let counter = Arc::clone(&beats);
+            let beat = tokio::spawn(async move {
+                let mut interval = tokio::time::interval(Duration::from_millis(10));
+                let mut last = std::time::Instant::now();
+                loop {
+                    interval.tick().await;
+                    let now = std::time::Instant::now();
+                    let mut c = counter.lock().unwrap();
+                    c.0 += 1;
+                    c.1 = c.1.max(now - last);
+                    last = now;
+                }
+            });
+            let sd = Loader::new().read_size(1 << 20).load_async(&url).await;
+            beat.abort();
+            sd
+        });
+        assert_eq!(loaded(&sd.unwrap()), expected);
+        let (ticks, gap) = *beats.lock().unwrap();
+        seen.push((ticks, gap));
+        if ticks >= 3 && gap <= Duration::from_millis(50) {
+            return;
+        }
+    }
+    panic!("the heartbeat stalled in every run: (ticks, longest gap) {seen:?}");
+}

@@ -9,7 +9,11 @@
 //! that does not raise it by [`GAIN`] is undone and the count settles.
 //! Nothing is remembered across loads.
 //!
-//! Only the number of readers changes, not the size of a read. NOTE: a
+//! For a remote object (feature `remote`) the size of a ranged request is
+//! found the same way, once the readers settle: doubled from its start while
+//! throughput still rises, within [`Sizes`] and under a cap on the bytes in
+//! flight (readers times size); the readers split the queue's reads to the
+//! size of the moment. Elsewhere only the number of readers changes. NOTE: a
 //! direct read on FUSE reaches the daemon as requests of at most 1 MiB
 //! (`fs.fuse.max_pages_limit`), sent one after another for one `pread`
 //! (fuser and hf-mount ask for no asynchronous direct I/O), so a larger
@@ -52,13 +56,29 @@ const WINDOW: Duration = Duration::from_millis(100);
 pub(crate) struct Concurrency {
     pub start: usize,
     pub max: usize,
+    /// The size of one read, where it is measured too (remote objects).
+    pub sizes: Option<Sizes>,
+}
+
+/// The sizes one read may take, and the bytes all reads in flight may take
+/// together, where the size is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sizes {
+    pub start: usize,
+    pub max: usize,
+    /// Readers times size never exceeds this.
+    pub in_flight: u64,
 }
 
 impl Concurrency {
     /// A count the caller set (`Loader::io_concurrency`): no growing.
     pub(crate) fn pinned(readers: usize) -> Concurrency {
         let n = readers.max(1);
-        Concurrency { start: n, max: n }
+        Concurrency {
+            start: n,
+            max: n,
+            sizes: None,
+        }
     }
 
     /// The filesystem's default start, growing up to [`MAX_READERS`].
@@ -67,6 +87,25 @@ impl Concurrency {
         Concurrency {
             start,
             max: MAX_READERS.max(start),
+            sizes: None,
+        }
+    }
+
+    /// The same, with the size of a read measured too, within `sizes`
+    /// (readers capped so that they fit `sizes.in_flight` at the start size).
+    pub(crate) fn with_sizes(self, sizes: Sizes) -> Concurrency {
+        let start_size = sizes.start.max(1);
+        let fit = usize::try_from(sizes.in_flight / start_size as u64)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        Concurrency {
+            start: self.start.min(fit),
+            max: self.max.min(fit).max(self.start.min(fit)),
+            sizes: Some(Sizes {
+                start: start_size,
+                max: sizes.max.max(start_size),
+                in_flight: sizes.in_flight,
+            }),
         }
     }
 
@@ -75,6 +114,7 @@ impl Concurrency {
         Concurrency {
             start: self.start,
             max: self.max.min(MAX_CONVERTING_READERS.max(self.start)),
+            sizes: self.sizes,
         }
     }
 }
@@ -84,8 +124,11 @@ impl Concurrency {
 pub(crate) struct Settled {
     /// The readers allowed at the end.
     pub readers: usize,
-    /// Each count tried and the throughput it gave, in GiB/s.
-    pub steps: Vec<(usize, f64)>,
+    /// The size of a read at the end, where it was measured.
+    pub size: Option<usize>,
+    /// Each count (and size, where measured) tried and the throughput it
+    /// gave, in GiB/s.
+    pub steps: Vec<(usize, Option<usize>, f64)>,
     pub why: Why,
 }
 
@@ -96,7 +139,7 @@ pub(crate) enum Why {
     Pinned,
     /// Doubling it gained less than [`GAIN`].
     NoGain,
-    /// It reached the most allowed.
+    /// It reached the most allowed (readers, size, or bytes in flight).
     Max,
     /// The load ended before a measurement said more.
     Ended,
@@ -115,14 +158,26 @@ impl std::fmt::Display for Settled {
             }
             _ => {}
         }
-        write!(
-            f,
-            "{} read(s) in flight, found by measurement (",
-            self.readers
-        )?;
-        for (i, (n, rate)) in self.steps.iter().enumerate() {
+        let mib = |size: usize| size >> 20;
+        match self.size {
+            Some(size) => write!(
+                f,
+                "{} read(s) of {} MiB in flight, found by measurement (",
+                self.readers,
+                mib(size)
+            )?,
+            None => write!(
+                f,
+                "{} read(s) in flight, found by measurement (",
+                self.readers
+            )?,
+        }
+        for (i, (n, size, rate)) in self.steps.iter().enumerate() {
             let sep = if i > 0 { ", " } else { "" };
-            write!(f, "{sep}{n}: {rate:.2} GiB/s")?;
+            match size {
+                Some(size) => write!(f, "{sep}{n} x {} MiB: {rate:.2} GiB/s", mib(*size))?,
+                None => write!(f, "{sep}{n}: {rate:.2} GiB/s")?,
+            }
         }
         let why = match self.why {
             Why::NoGain => "doubling gained under 15 %",
@@ -136,6 +191,9 @@ impl std::fmt::Display for Settled {
 /// The controller the readers of one run share.
 pub(crate) struct Control {
     allowed: AtomicUsize,
+    /// The size of a read now, where it is measured (0: not measured).
+    size: AtomicUsize,
+    sizes: Option<Sizes>,
     finished: AtomicBool,
     max: usize,
     pinned: bool,
@@ -152,7 +210,10 @@ struct State {
     bytes: u64,
     reads: usize,
     best: Option<(usize, f64)>,
-    steps: Vec<(usize, f64)>,
+    /// The best size and its rate, once the readers settled and the size is
+    /// being measured.
+    best_size: Option<(usize, f64)>,
+    steps: Vec<(usize, Option<usize>, f64)>,
     why: Option<Why>,
 }
 
@@ -164,6 +225,8 @@ impl Control {
         let pinned = concurrency.start >= concurrency.max;
         Control {
             allowed: AtomicUsize::new(start),
+            size: AtomicUsize::new(concurrency.sizes.map_or(0, |s| s.start)),
+            sizes: concurrency.sizes,
             finished: AtomicBool::new(false),
             max,
             pinned,
@@ -173,6 +236,7 @@ impl Control {
                 bytes: 0,
                 reads: 0,
                 best: None,
+                best_size: None,
                 steps: Vec::new(),
                 why: pinned.then_some(Why::Pinned),
             }),
@@ -183,6 +247,12 @@ impl Control {
     /// The most readers that may ever run: the threads to start.
     pub(crate) fn max(&self) -> usize {
         self.max
+    }
+
+    /// The size a read is cut to now, where the size is measured.
+    pub(crate) fn read_size(&self) -> Option<usize> {
+        self.sizes?;
+        Some(self.size.load(Ordering::Acquire))
     }
 
     /// Waits until reader `index` may read; `false` once the run is over.
@@ -236,30 +306,82 @@ impl Control {
             return;
         }
         let rate = state.bytes as f64 / (1u64 << 30) as f64 / elapsed.as_secs_f64();
-        state.steps.push((allowed, rate));
-        let keep = match state.best {
-            None => true,
-            Some((_, best)) => rate >= best * GAIN,
-        };
-        if keep {
-            state.best = Some((allowed, rate));
-            if allowed >= self.max {
-                state.why = Some(Why::Max);
-            } else {
-                self.allowed
-                    .store((allowed * 2).min(self.max), Ordering::Release);
-                self.wake.notify_all();
-            }
+        let size = self.read_size();
+        state.steps.push((allowed, size, rate));
+        if let Some((best_size, best_rate)) = state.best_size {
+            self.measure_size(&mut state, (best_size, best_rate), rate);
         } else {
-            // Back to the count that did as well: the extra readers finish
-            // their read and wait.
-            let (readers, _) = state.best.unwrap_or((allowed, rate));
-            self.allowed.store(readers, Ordering::Release);
-            state.why = Some(Why::NoGain);
+            let keep = match state.best {
+                None => true,
+                Some((_, best)) => rate >= best * GAIN,
+            };
+            if keep {
+                state.best = Some((allowed, rate));
+                if allowed >= self.max || !self.room_for(allowed * 2, size) {
+                    self.readers_settled(&mut state, Why::Max, rate);
+                } else {
+                    self.allowed
+                        .store((allowed * 2).min(self.max), Ordering::Release);
+                    self.wake.notify_all();
+                }
+            } else {
+                // Back to the count that did as well: the extra readers
+                // finish their read and wait.
+                let (readers, best) = state.best.unwrap_or((allowed, rate));
+                self.allowed.store(readers, Ordering::Release);
+                self.readers_settled(&mut state, Why::NoGain, best);
+            }
         }
         state.start = Instant::now();
         state.bytes = 0;
         state.reads = 0;
+    }
+
+    /// Whether `readers` reads of `size` fit the bytes in flight allowed.
+    fn room_for(&self, readers: usize, size: Option<usize>) -> bool {
+        match (self.sizes, size) {
+            (Some(sizes), Some(size)) => {
+                (readers as u64).saturating_mul(size as u64) <= sizes.in_flight
+            }
+            _ => true,
+        }
+    }
+
+    /// The readers settled (`why`, at `rate`): done, or, where the size is
+    /// measured and may grow, the size's turn.
+    fn readers_settled(&self, state: &mut State, why: Why, rate: f64) {
+        let (Some(sizes), Some(size)) = (self.sizes, self.read_size()) else {
+            state.why = Some(why);
+            return;
+        };
+        let readers = self.allowed.load(Ordering::Acquire);
+        let next = size.saturating_mul(2);
+        if next > sizes.max || !self.room_for(readers, Some(next)) {
+            state.why = Some(why);
+            return;
+        }
+        state.best_size = Some((size, rate));
+        self.size.store(next, Ordering::Release);
+    }
+
+    /// One window of the size's turn: keep a doubling that paid and try the
+    /// next, else go back to the size that did as well.
+    fn measure_size(&self, state: &mut State, (best_size, best_rate): (usize, f64), rate: f64) {
+        let size = self.size.load(Ordering::Acquire);
+        if rate < best_rate * GAIN {
+            self.size.store(best_size, Ordering::Release);
+            state.why = Some(Why::NoGain);
+            return;
+        }
+        state.best_size = Some((size, rate));
+        let readers = self.allowed.load(Ordering::Acquire);
+        let next = size.saturating_mul(2);
+        let sizes = self.sizes.map_or(size, |s| s.max);
+        if next > sizes || !self.room_for(readers, Some(next)) {
+            state.why = Some(Why::Max);
+        } else {
+            self.size.store(next, Ordering::Release);
+        }
     }
 
     /// What the count settled on.
@@ -267,6 +389,7 @@ impl Control {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         Settled {
             readers: self.allowed.load(Ordering::Acquire),
+            size: self.read_size(),
             steps: state.steps.clone(),
             why: state.why.unwrap_or(Why::Ended),
         }
@@ -312,7 +435,7 @@ mod tests {
         let steps = control.settled().steps;
         assert_eq!(steps.len(), 1, "{steps:?}");
         assert_eq!(steps[0].0, 8);
-        assert!((steps[0].1 - 1.0).abs() < 0.01, "{steps:?}");
+        assert!((steps[0].2 - 1.0).abs() < 0.01, "{steps:?}");
         assert_eq!(control.allowed.load(Ordering::Acquire), 16);
     }
 
@@ -323,7 +446,7 @@ mod tests {
         assert_eq!(s.readers, 32, "{s}");
         assert_eq!(s.why, Why::NoGain);
         assert_eq!(
-            s.steps.iter().map(|&(n, _)| n).collect::<Vec<_>>(),
+            s.steps.iter().map(|&(n, _, _)| n).collect::<Vec<_>>(),
             [8, 16, 32, 64]
         );
         // A serialized mount: no doubling pays; back to the start.
@@ -339,6 +462,72 @@ mod tests {
         let s = drive(Concurrency::pinned(5), |n| n as f64);
         assert_eq!((s.readers, s.why, s.steps.len()), (5, Why::Pinned, 0));
         assert_eq!(s.to_string(), "5 read(s) in flight, as set");
+    }
+
+    /// Feeds the controller reads whose throughput is `rate(readers, size)`.
+    fn drive_sized(concurrency: Concurrency, rate: impl Fn(usize, usize) -> f64) -> Settled {
+        let control = Control::new(concurrency, 10_000);
+        control.state.lock().unwrap().warmed = true;
+        for _ in 0..40 {
+            let n = control.allowed.load(Ordering::Acquire);
+            let size = control.read_size().unwrap();
+            window(&control, rate(n, size));
+        }
+        control.settled()
+    }
+
+    #[test]
+    fn the_size_grows_once_the_readers_settle_within_the_bytes_in_flight() {
+        const MIB: usize = 1 << 20;
+        let sizes = Sizes {
+            start: 16 * MIB,
+            max: 64 * MIB,
+            in_flight: 1 << 30,
+        };
+        // A link that wants 32 requests in flight, and per request a round trip that
+        // larger requests amortize up to 32 MiB.
+        let link = |n: usize, size: usize| n.min(32) as f64 * (size.min(32 * MIB) / MIB) as f64;
+        let roomy = Sizes {
+            in_flight: 4 << 30,
+            ..sizes
+        };
+        let s = drive_sized(Concurrency::adaptive(16).with_sizes(roomy), link);
+        assert_eq!((s.readers, s.size), (32, Some(32 * MIB)), "{s}");
+        assert_eq!(s.why, Why::NoGain);
+        let tried: Vec<_> = s
+            .steps
+            .iter()
+            .map(|&(n, size, _)| (n, size.unwrap() / MIB))
+            .collect();
+        assert_eq!(tried, [(16, 16), (32, 16), (64, 16), (32, 32), (32, 64)]);
+        assert!(
+            s.to_string().starts_with("32 read(s) of 32 MiB in flight"),
+            "{s}"
+        );
+        // The same link under 1 GiB in flight: 32 x 64 MiB is not tried.
+        let s = drive_sized(Concurrency::adaptive(16).with_sizes(sizes), link);
+        assert_eq!(
+            (s.readers, s.size, s.why),
+            (32, Some(32 * MIB), Why::Max),
+            "{s}"
+        );
+        // Everything pays: up to the bytes in flight (64 x 16 MiB = 1 GiB), where the
+        // size cannot grow.
+        let s = drive_sized(Concurrency::adaptive(16).with_sizes(sizes), |n, size| {
+            (n * size) as f64
+        });
+        assert_eq!(
+            (s.readers, s.size, s.why),
+            (64, Some(16 * MIB), Why::Max),
+            "{s}"
+        );
+        // Readers start within the bytes in flight.
+        let small = Sizes {
+            in_flight: 64 * MIB as u64,
+            ..sizes
+        };
+        let c = Concurrency::adaptive(16).with_sizes(small);
+        assert_eq!((c.start, c.max), (4, 4));
     }
 
     #[test]

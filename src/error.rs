@@ -138,7 +138,9 @@ impl fmt::Display for Inner {
         // The OS's reason is part of the message ("... while opening:
         // No such file or directory"), so that a plain `{}` says what
         // happened; `source()` then skips the `io::Error` (see `Error`).
-        if let Some(cause) = &self.source {
+        // A remote error's reason is its kind's (the `io::Error` is for its
+        // kind only).
+        if let (Some(cause), ErrorKind::Io { .. }) = (&self.source, &self.kind) {
             write!(f, ": {cause}")?;
         }
         Ok(())
@@ -361,6 +363,29 @@ pub enum ErrorKind {
         /// The bytes given.
         actual: u64,
     },
+    /// A remote checkpoint's store or server (`s3://`, `hf://`, `https://`
+    /// and the others of the feature `remote`) refused a request, failed
+    /// after its retries, or answered for another version of the object
+    /// than the one opened. The error's path is the object's address,
+    /// without credentials; [`Error::is_not_found`] is true where the
+    /// object, repository or revision does not exist, and
+    /// [`Error::io_error`]'s kind is `PermissionDenied` where access was
+    /// denied.
+    #[error("remote error while {operation}{}: {reason}", bytes(range.as_ref()))]
+    Remote {
+        /// What was being done.
+        operation: Operation,
+        /// The bytes of the object asked for, for a read.
+        range: Option<std::ops::Range<u64>>,
+        /// What happened, in words, credentials removed.
+        reason: String,
+    },
+    /// The load was cancelled: its flag
+    /// ([`Loader::cancel_on`](crate::Loader::cancel_on)) was set, or its
+    /// future ([`Loader::load_async`](crate::Loader::load_async)) dropped.
+    /// The path is the checkpoint's.
+    #[error("the load was cancelled")]
+    Cancelled,
 }
 
 impl Error {
@@ -394,7 +419,7 @@ impl Error {
     /// no checkpoint in it, or a tensor of that name.
     pub fn is_not_found(&self) -> bool {
         match &self.0.kind {
-            ErrorKind::Io { .. } => self
+            ErrorKind::Io { .. } | ErrorKind::Remote { .. } => self
                 .io_error()
                 .is_some_and(|e| e.kind() == io::ErrorKind::NotFound),
             ErrorKind::NoCheckpoint { .. } | ErrorKind::TensorNotFound { .. } => true,
@@ -422,7 +447,9 @@ impl Error {
         )
     }
 
-    /// The underlying I/O error, for [`ErrorKind::Io`].
+    /// The underlying I/O error, for [`ErrorKind::Io`]; for
+    /// [`ErrorKind::Remote`], one of the matching kind (`NotFound`,
+    /// `PermissionDenied`, `Other`) carrying the same reason.
     pub fn io_error(&self) -> Option<&io::Error> {
         self.0.source.as_ref()
     }
@@ -451,6 +478,27 @@ impl Error {
         }))
     }
 
+    /// A remote failure (see [`ErrorKind::Remote`]): `kind` is the I/O kind
+    /// [`Error::io_error`] gives.
+    pub(crate) fn remote(
+        operation: Operation,
+        url: impl Into<PathBuf>,
+        range: Option<std::ops::Range<u64>>,
+        reason: String,
+        kind: io::ErrorKind,
+    ) -> Error {
+        let source = io::Error::new(kind, reason.clone());
+        Error(Box::new(Inner {
+            kind: ErrorKind::Remote {
+                operation,
+                range,
+                reason,
+            },
+            path: Some(url.into()),
+            source: Some(source),
+        }))
+    }
+
     pub(crate) fn io(
         operation: Operation,
         path: impl Into<PathBuf>,
@@ -463,6 +511,12 @@ impl Error {
             source: Some(source),
         }))
     }
+}
+
+fn bytes(range: Option<&std::ops::Range<u64>>) -> String {
+    range
+        .map(|r| format!(" (bytes {}..{})", r.start, r.end))
+        .unwrap_or_default()
 }
 
 fn at_offset(offset: Option<u64>) -> String {

@@ -12,6 +12,7 @@ use memmap2::Mmap;
 use safetensors::Dtype;
 
 use crate::adapt::{Concurrency, Control, Settled};
+use crate::cancel;
 use crate::format::header::Header;
 use crate::os;
 use crate::workers;
@@ -112,6 +113,83 @@ pub(crate) struct Outcome<'a> {
 pub(crate) struct Tagged<'a> {
     pub file_index: usize,
     pub job: Job<'a>,
+}
+
+impl<'a> Tagged<'a> {
+    /// The job cut to its first `size` bytes where it is a longer read, and
+    /// the rest of it; any other job whole.
+    fn cut(self, size: usize) -> (Tagged<'a>, Option<Tagged<'a>>) {
+        let file_index = self.file_index;
+        match self.job {
+            Job::Read {
+                file,
+                direct,
+                offset,
+                dst,
+                required,
+                hashed,
+            } if size > 0 && dst.len() > size => {
+                let (head, tail) = dst.split_at_mut(size);
+                let piece = |offset, dst, required| Tagged {
+                    file_index,
+                    job: Job::Read {
+                        file,
+                        direct,
+                        offset,
+                        dst,
+                        required,
+                        hashed,
+                    },
+                };
+                (
+                    piece(offset, head, required.min(size)),
+                    Some(piece(
+                        offset + size as u64,
+                        tail,
+                        required.saturating_sub(size),
+                    )),
+                )
+            }
+            job => (Tagged { file_index, job }, None),
+        }
+    }
+}
+
+/// The next job of the queue and its place in it: a longer read cut to
+/// `size` where the size is measured (its rest stays in the slot, and the
+/// cursor on it), else the whole job (the cursor moves past it). `None` once
+/// every job is taken.
+fn take<'a>(
+    queue: &[Mutex<Option<Tagged<'a>>>],
+    cursor: &AtomicUsize,
+    size: Option<usize>,
+) -> Option<(usize, Tagged<'a>)> {
+    loop {
+        let i = cursor.load(Ordering::Acquire);
+        let slot = queue.get(i)?;
+        let mut held = slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(tagged) = held.take() else {
+            drop(held);
+            // Taken whole by another reader, which moves the cursor too:
+            // whichever comes first moves it once.
+            let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
+            continue;
+        };
+        let (job, rest) = match size {
+            Some(size) => tagged.cut(size),
+            None => (tagged, None),
+        };
+        match rest {
+            Some(rest) => *held = Some(rest),
+            None => {
+                drop(held);
+                let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
+            }
+        }
+        return Some((i, job));
+    }
 }
 
 /// A failed job: which file, at which offset, and why.
@@ -258,12 +336,28 @@ pub(crate) fn split_populate<'a>(
 ///
 /// Readers are threads of their own, not the caller's rayon pool: they block
 /// on storage, and a slow network mount must not starve CPU work elsewhere.
+///
+/// A load cancelled on this thread (`cancel::current`) stops here: no job
+/// is started once its flags are set, each reader finishing the one it holds,
+/// and the failure is the job not taken, with `cancel::stopped()` as its error.
 pub(crate) fn run<'a>(
     jobs: Vec<Tagged<'a>>,
     concurrency: Concurrency,
     done: &(dyn Fn(usize, Outcome<'a>) + Sync),
 ) -> (Result<(), JobError>, workers::Started, Settled) {
+    let cancel = cancel::current();
     let control = Control::new(concurrency, jobs.len());
+    if let Some(first) = jobs.first().filter(|_| cancel.is_set()) {
+        // Cancelled before the read phase: no reader is started.
+        let error = not_taken(first);
+        control.finish();
+        let started = workers::Started {
+            requested: 1,
+            started: 1,
+            refused: None,
+        };
+        return (Err(error), started, control.settled());
+    }
     // One more thread faults in the destinations of the jobs ahead of the
     // readers when the reads bypass the page cache (see `fill_ahead`).
     let ahead = reads_bypass_the_page_cache(&jobs);
@@ -280,14 +374,20 @@ pub(crate) fn run<'a>(
             return;
         }
         while !failed.load(Ordering::Relaxed) && control.wait_turn(reader) {
-            let i = cursor.fetch_add(1, Ordering::Relaxed);
-            let Some(slot) = queue.get(i) else {
+            let Some((i, tagged)) = take(&queue, &cursor, control.read_size()) else {
                 control.finish();
                 break;
             };
-            let Some(tagged) = slot.lock().ok().and_then(|mut c| c.take()) else {
-                continue;
-            };
+            if cancel.is_set() {
+                failed.store(true, Ordering::Relaxed);
+                control.finish();
+                if let Ok(mut first) = first_error.lock() {
+                    if first.as_ref().is_none_or(|(j, _)| i < *j) {
+                        *first = Some((i, not_taken(&tagged)));
+                    }
+                }
+                break;
+            }
             let operation = match tagged.job {
                 Job::Read { .. } => Operation::Read,
                 Job::Convert { .. } => Operation::Convert,
@@ -327,6 +427,25 @@ pub(crate) fn run<'a>(
         None => Ok(()),
     };
     (result, started, control.settled())
+}
+
+/// The failure of a run cancelled before `job` was taken.
+fn not_taken(job: &Tagged<'_>) -> JobError {
+    let (operation, offset) = match &job.job {
+        Job::Read { offset, .. } => (Operation::Read, *offset),
+        Job::Convert {
+            source: ConvertSource::File { offset, .. },
+            ..
+        } => (Operation::Read, *offset),
+        Job::Convert { .. } => (Operation::Convert, 0),
+        Job::Populate { offset, .. } => (Operation::Populate, *offset as u64),
+    };
+    JobError {
+        file_index: job.file_index,
+        operation,
+        offset,
+        error: cancel::stopped(),
+    }
 }
 
 /// Whether any job is a direct read, the case where a helper faulting in destinations ahead of the
@@ -474,6 +593,7 @@ fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)> {
 #[cfg(test)]
 mod tests {
     use std::io::Write;
+    use std::sync::Arc;
 
     use super::*;
 
@@ -500,6 +620,84 @@ mod tests {
             .collect()
     }
 
+    /// Runs `f` on this thread in a load's scope whose flag is `flag`.
+    fn in_scope<R>(flag: &Arc<AtomicBool>, f: impl FnOnce() -> R) -> R {
+        let cancel = crate::cancel::Cancel::default().with_caller(Arc::clone(flag));
+        let mut out = None;
+        crate::cancel::scope(&cancel, std::path::Path::new("/m"), || {
+            out = Some(f());
+            Ok(())
+        })
+        .ok();
+        out.unwrap()
+    }
+
+    #[test]
+    fn a_run_cancelled_before_it_starts_reads_nothing() {
+        let file = file_of(&[1; 4 << 20]);
+        let mut dst = vec![0u8; 4 << 20];
+        let flag = Arc::new(AtomicBool::new(false));
+        let done = AtomicUsize::new(0);
+        let (result, _, _) = in_scope(&flag, || {
+            flag.store(true, Ordering::Relaxed);
+            run(
+                reads(&file, false, &mut dst),
+                Concurrency::pinned(2),
+                &|_, _| {
+                    done.fetch_add(1, Ordering::Relaxed);
+                },
+            )
+        });
+        let failure = result.unwrap_err();
+        assert_eq!((failure.file_index, failure.offset), (0, 0));
+        assert!(
+            failure
+                .error
+                .get_ref()
+                .is_some_and(|e| e.to_string() == "the load was cancelled")
+        );
+        assert_eq!(done.load(Ordering::Relaxed), 0);
+        assert!(dst.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_run_cancelled_midway_takes_no_further_job() {
+        let file = file_of(&[1; 4 << 20]);
+        let mut dst = vec![0u8; 4 << 20];
+        let flag = Arc::new(AtomicBool::new(false));
+        let done = AtomicUsize::new(0);
+        let (result, _, _) = in_scope(&flag, || {
+            run(
+                reads(&file, false, &mut dst),
+                Concurrency::pinned(1),
+                &|_, _| {
+                    done.fetch_add(1, Ordering::Relaxed);
+                    flag.store(true, Ordering::Relaxed);
+                },
+            )
+        });
+        // The one reader finished its first job, then saw the flag before
+        // the second.
+        let failure = result.unwrap_err();
+        assert_eq!((failure.file_index, failure.offset), (0, 1 << 20));
+        assert_eq!(done.load(Ordering::Relaxed), 1);
+        assert!(dst[..1 << 20].iter().all(|&b| b == 1));
+        assert!(dst[1 << 20..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_run_outside_a_cancelled_scope_is_not_cancelled() {
+        let file = file_of(&[1; 2 << 20]);
+        let mut dst = vec![0u8; 2 << 20];
+        let (result, _, _) = run(
+            reads(&file, false, &mut dst),
+            Concurrency::pinned(2),
+            &|_, _| {},
+        );
+        result.unwrap();
+        assert!(dst.iter().all(|&b| b == 1));
+    }
+
     #[test]
     fn only_direct_reads_bring_the_helper() {
         let file = file_of(&[1; 4096]);
@@ -524,5 +722,47 @@ mod tests {
             result.unwrap();
             assert!(dst[..] == bytes[..], "direct {direct}");
         }
+    }
+
+    #[test]
+    fn reads_cut_to_the_measured_size_land_every_byte_once() {
+        use std::sync::atomic::AtomicU64;
+        let len = (20 << 20) + 12345;
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 13 % 251) as u8).collect();
+        let file = file_of(&bytes);
+        let mut dst = vec![0u8; len];
+        // Two jobs of 16 MiB and the rest, cut by the readers to 1 MiB reads.
+        let mut jobs = Vec::new();
+        split_read(
+            &mut jobs,
+            0,
+            (&file, false, true),
+            0,
+            &mut dst,
+            len,
+            16 << 20,
+        );
+        assert_eq!(jobs.len(), 2);
+        let sizes = crate::adapt::Sizes {
+            start: 1 << 20,
+            max: 4 << 20,
+            in_flight: 64 << 20,
+        };
+        let (pieces, landed) = (AtomicU64::new(0), AtomicU64::new(0));
+        let (result, _, settled) = run(
+            jobs,
+            Concurrency::adaptive(4).with_sizes(sizes),
+            &|_, outcome| {
+                pieces.fetch_add(1, Ordering::Relaxed);
+                let (_, piece) = outcome.landed.unwrap();
+                assert!(piece.len() <= 4 << 20);
+                landed.fetch_add(piece.len() as u64, Ordering::Relaxed);
+            },
+        );
+        result.unwrap();
+        assert!(dst == bytes, "every byte in place");
+        assert_eq!(landed.into_inner(), len as u64, "each byte read once");
+        assert!(pieces.into_inner() >= 6, "the jobs were cut");
+        assert!(settled.size.is_some(), "{settled}");
     }
 }

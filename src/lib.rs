@@ -11,7 +11,11 @@
 //! checkpoint from its headers alone and reads exactly what is asked for (a
 //! tensor, a rank's tensor-parallel part, a slice, a stream of tensors under
 //! a memory cap), converting dtypes on the way ([`Loader::dtype`]); the
-//! `candle` feature plugs it into candle's `VarBuilder`.
+//! `candle` feature plugs it into candle's `VarBuilder`. With the `remote`
+//! feature every call that takes a path also takes the address of a checkpoint
+//! in an object store or on the Hugging Face hub (`s3://bucket/prefix`,
+//! `hf://org/repo@revision`, `https://host/dir/`), read by ranged requests
+//! with no mount and no download (README, "Remote checkpoints").
 //!
 //! # Which call do I use
 //!
@@ -30,9 +34,11 @@
 //! | warm the page cache first, split across local ranks | [`Loader::prefetch`] |
 //! | warm it alone, for a job script | [`Loader::warm`] |
 //! | check each file's SHA-256 | [`Loader::verify`] |
+//! | from async code, without blocking the executor; cancel | [`Loader::load_async`], [`Loader::open_async`]; [`Loader::cancel_on`] |
 //! | what was chosen and why, how fast | [`StateDict::report`] ([`report`]) |
 //! | tell "missing" from "corrupt" | [`Error::is_not_found`], [`Error::is_corrupt`] |
 //! | is a path on hf-mount / FUSE | [`mount::is_on_hf_mount`], [`mount::lookup`] |
+//! | load from S3, GCS, Azure, HTTP or the hub (feature `remote`) | any of the above with `s3://…`, `hf://org/repo@rev`, `https://…` for the path |
 //!
 //! # Loading
 //!
@@ -346,6 +352,7 @@
 )]
 
 mod adapt;
+mod cancel;
 #[cfg(feature = "candle")]
 pub mod candle;
 mod checkpoint;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use safetensors::Dtype;
 
+use crate::cancel::Cancel;
 use crate::mount::MountTable;
 use crate::policy::ReadMode;
 use crate::prefetch::PrefetchOptions;
@@ -31,6 +32,8 @@ pub(crate) struct Options {
     pub expected_sha256: Vec<(String, String)>,
     pub dtype: Option<Dtype>,
     pub progress: Option<crate::progress::Callback>,
+    /// What stops the load early (`Loader::cancel_on`, a dropped async load).
+    pub cancel: Cancel,
 }
 
 impl fmt::Debug for Options {
@@ -50,6 +53,7 @@ impl fmt::Debug for Options {
             .field("expected_sha256", &self.expected_sha256)
             .field("dtype", &self.dtype)
             .field("progress", &self.progress.as_ref().map(|_| "<fn>"))
+            .field("cancel", &self.cancel)
             .finish_non_exhaustive()
     }
 }

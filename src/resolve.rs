@@ -45,11 +45,33 @@ pub(crate) struct Resolved {
     /// symlink on the way to it (`current -> snapshots/<rev>`) is flipped.
     /// `None` for a single file named by its own path.
     dir: Option<Arc<os::Dir>>,
+    /// A remote checkpoint's place (feature `remote`): its files are remote
+    /// objects, opened through it.
+    #[cfg(feature = "remote")]
+    remote: Option<Arc<crate::remote::checkpoint::RemoteCheckpoint>>,
+}
+
+/// Whether `path` is a remote address (`s3://`, `gs://`, `az://`,
+/// `http(s)://`, `hf://`) rather than a local path: the schemes the feature
+/// `remote` reads.
+pub(crate) fn is_remote(path: &Path) -> bool {
+    let Some(text) = path.to_str() else {
+        return false;
+    };
+    text.split_once("://").is_some_and(|(scheme, _)| {
+        matches!(
+            scheme.to_ascii_lowercase().as_str(),
+            "s3" | "s3a" | "gs" | "az" | "abfs" | "abfss" | "http" | "https" | "hf"
+        )
+    })
 }
 
 /// Resolves `path` (a `.safetensors` file, an index, or a directory holding one
 /// of them) into the shard files to load.
 pub(crate) fn resolve(path: &Path) -> Result<Resolved> {
+    if is_remote(path) {
+        return resolve_remote(path);
+    }
     let meta = fs::metadata(path).map_err(|e| Error::io(Operation::Stat, path, None, e))?;
     if meta.is_dir() {
         let dir = os::Dir::open(path).map_err(|e| Error::io(Operation::Open, path, None, e))?;
@@ -75,6 +97,8 @@ pub(crate) fn resolve(path: &Path) -> Result<Resolved> {
         index: None,
         index_path: None,
         dir: None,
+        #[cfg(feature = "remote")]
+        remote: None,
     })
 }
 
@@ -130,19 +154,38 @@ fn single_in(path: &Path, dir: Arc<os::Dir>, name: &str) -> Resolved {
         index: None,
         index_path: None,
         dir: Some(dir),
+        #[cfg(feature = "remote")]
+        remote: None,
     }
 }
 
 fn resolve_index(dir_path: &Path, dir: Arc<os::Dir>, name: &str) -> Result<Resolved> {
     let index_path = dir_path.join(name);
-    let index_path = index_path.as_path();
     let file = dir
         .open_regular(name)
-        .map_err(|e| Error::io(Operation::Open, index_path, None, e))?;
-    let bytes = read_capped(&file, index_path, MAX_INDEX_BYTES)?;
-    let index = parse_index(&bytes)
-        .map_err(|reason| Error::new(ErrorKind::InvalidIndex { reason }, index_path))?;
+        .map_err(|e| Error::io(Operation::Open, &index_path, None, e))?;
+    let bytes = read_capped(&file, &index_path, MAX_INDEX_BYTES)?;
+    let (index, shards) = index_shards(&bytes, &index_path, |name| dir_path.join(name))?;
+    Ok(Resolved {
+        shards,
+        index: Some(index),
+        index_path: Some(index_path),
+        dir: Some(dir),
+        #[cfg(feature = "remote")]
+        remote: None,
+    })
+}
 
+/// Parses the index at `index_path` and lists its shards (sorted by name,
+/// each at `path_of(name)`), refusing a tensor named twice and a shard name
+/// that is not a plain file name.
+fn index_shards(
+    bytes: &[u8],
+    index_path: &Path,
+    path_of: impl Fn(&str) -> PathBuf,
+) -> Result<(Index, Vec<ShardFile>)> {
+    let index = parse_index(bytes)
+        .map_err(|reason| Error::new(ErrorKind::InvalidIndex { reason }, index_path))?;
     let mut seen_tensors: HashMap<&str, ()> = HashMap::with_capacity(index.weight_map.len());
     let mut names = BTreeSet::new();
     for (tensor, shard) in &index.weight_map {
@@ -169,18 +212,68 @@ fn resolve_index(dir_path: &Path, dir: Arc<os::Dir>, name: &str) -> Result<Resol
         .into_iter()
         .map(|name| ShardFile {
             name: name.to_string(),
-            path: dir_path.join(name),
+            path: path_of(name),
         })
         .collect();
+    Ok((index, shards))
+}
+
+/// A remote address resolved (feature `remote`): the file it names, else
+/// `model.safetensors`, else `model.safetensors.index.json` under it.
+#[cfg(feature = "remote")]
+fn resolve_remote(path: &Path) -> Result<Resolved> {
+    use crate::remote::checkpoint::{Found, RemoteCheckpoint};
+    let text = path.to_str().unwrap_or_default();
+    let (checkpoint, found) = RemoteCheckpoint::resolve(text)?;
+    let (shards, index, index_path) = match found {
+        Found::Single(name) => {
+            let path = PathBuf::from(checkpoint.shown(&name));
+            (vec![ShardFile { name, path }], None, None)
+        }
+        Found::Index(name, bytes) => {
+            let index_path = PathBuf::from(checkpoint.shown(&name));
+            let (index, shards) = index_shards(&bytes, &index_path, |name| {
+                PathBuf::from(checkpoint.shown(name))
+            })?;
+            (shards, Some(index), Some(index_path))
+        }
+    };
     Ok(Resolved {
         shards,
-        index: Some(index),
-        index_path: Some(index_path.to_path_buf()),
-        dir: Some(dir),
+        index,
+        index_path,
+        dir: None,
+        remote: Some(Arc::new(checkpoint)),
     })
 }
 
+/// A remote address given to a build without the feature `remote`.
+#[cfg(not(feature = "remote"))]
+fn resolve_remote(path: &Path) -> Result<Resolved> {
+    Err(Error::remote(
+        Operation::Open,
+        path,
+        None,
+        "remote checkpoints need safeload's cargo feature `remote`".to_owned(),
+        io::ErrorKind::Unsupported,
+    ))
+}
+
 impl Resolved {
+    /// The remote checkpoint its files are objects of, for a remote address.
+    #[cfg(feature = "remote")]
+    pub(crate) fn remote(&self) -> Option<&crate::remote::checkpoint::RemoteCheckpoint> {
+        self.remote.as_deref()
+    }
+
+    /// Whether its files are remote objects.
+    pub(crate) fn is_remote(&self) -> bool {
+        #[cfg(feature = "remote")]
+        return self.remote.is_some();
+        #[cfg(not(feature = "remote"))]
+        false
+    }
+
     /// Opens a shard for reading: through the checkpoint directory opened at
     /// resolution, or by its own path for a single file.
     pub(crate) fn open(&self, shard: &ShardFile) -> io::Result<File> {

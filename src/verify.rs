@@ -8,14 +8,11 @@
 //! reads.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::Path;
 use std::sync::Mutex;
 
 use memmap2::Mmap;
 use sha2::{Digest, Sha256};
-
-use crate::os;
 
 /// A SHA-256 digest.
 pub(crate) type Digest256 = [u8; 32];
@@ -111,9 +108,12 @@ pub(crate) fn of_map(map: &Mmap) -> Digest256 {
     Sha256::digest(&map[..]).into()
 }
 
-/// The SHA-256 of the first `len` bytes of an open file, by positional
+/// The SHA-256 of the first `len` bytes of a source, by positional
 /// reads of 8 MiB; the offset and error of a failed read.
-pub(crate) fn of_file(file: &File, len: u64) -> Result<Digest256, (u64, std::io::Error)> {
+pub(crate) fn of_source(
+    source: &dyn crate::source::Source,
+    len: u64,
+) -> Result<Digest256, (u64, std::io::Error)> {
     let mut sha = Sha256::new();
     let mut buf = vec![0u8; usize::try_from(len.min(8 << 20)).unwrap_or(8 << 20)];
     let mut at = 0u64;
@@ -124,7 +124,7 @@ pub(crate) fn of_file(file: &File, len: u64) -> Result<Digest256, (u64, std::io:
         let Some(piece) = buf.get_mut(..n) else {
             break;
         };
-        os::read_exact_at(file, piece, at)?;
+        source.read_at(piece, n, at)?;
         sha.update(&*piece);
         at += n as u64;
     }
@@ -205,12 +205,13 @@ mod tests {
         let data: Vec<u8> = (0..(9u32 << 20) + 17).map(|i| (i % 253) as u8).collect();
         std::fs::write(&path, &data).unwrap();
         let whole: Digest256 = Sha256::digest(&data).into();
-        let file = File::open(&path).unwrap();
-        assert_eq!(of_file(&file, data.len() as u64).unwrap(), whole);
-        let map = crate::storage::map_file(&file).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let source = crate::source::LocalFile::new(path.clone(), file, None).unwrap();
+        assert_eq!(of_source(&source, data.len() as u64).unwrap(), whole);
+        let map = crate::storage::map_file(source.file()).unwrap();
         assert_eq!(of_map(&map), whole);
         // Asking for more than the file has is the file ending early.
-        let (at, e) = of_file(&file, data.len() as u64 + 1).unwrap_err();
+        let (at, e) = of_source(&source, data.len() as u64 + 1).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
         assert!(at >= 8 << 20);
     }

@@ -154,6 +154,28 @@ fn a_sharded_checkpoint_loads_from_its_directory_its_index_or_a_shard() {
     }
 }
 
+#[test]
+fn load_and_inspect_take_a_remote_address() {
+    let dir = tempdir().unwrap();
+    write_sharded(dir.path(), 3, 4);
+    let server =
+        safeload_testhttp::Server::start(dir.path(), safeload_testhttp::Options::default())
+            .unwrap();
+    let url = format!("{}/", server.url());
+    let json = run(&["load", &url, "--json"]).expect_code(0).json();
+    assert_eq!(json["tensor_count"], 12, "{json}");
+    assert_eq!(json["files"][0]["strategy"], "buffered", "{json}");
+    let json = run(&["inspect", &url, "--json"]).expect_code(0).json();
+    assert_eq!(json["files"].as_array().map(Vec::len), Some(3), "{json}");
+    let missing = format!("{}/nothing/", server.url());
+    let failed = run(&["load", &missing]).expect_code(1);
+    assert!(
+        failed.stderr.contains(missing.trim_end_matches('/')),
+        "{}",
+        failed.stderr
+    );
+}
+
 // ---------------------------------------------------------------------------
 // inspect
 

@@ -12,7 +12,6 @@ use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::file::{OpenedFile, read_error};
 use crate::jobs;
-use crate::jobs::DEFAULT_READ_SIZE;
 use crate::slice::{MERGE_GAP, SlicePlan};
 use crate::storage::{self, Storage};
 use crate::tensor::Tensor;
@@ -131,15 +130,19 @@ impl Checkpoint {
                 Ok(())
             });
         }
-        let concurrency = match self.inner().opts.io_concurrency {
-            Some(n) => Concurrency::pinned(n),
-            None => Concurrency::adaptive(crate::policy::default_io_concurrency(
-                file.source().mount().iter().map(|m| m.kind),
-            )),
+        let opts = &self.inner().opts;
+        let (concurrency, most) = crate::policy::io_defaults(
+            std::iter::once(file.source()),
+            (opts.io_concurrency, opts.read_size),
+        );
+        // One tensor's pieces are cut in advance (no measured size, at most
+        // its start): small enough that it keeps every reader busy (a mount
+        // serves each request after its latency), never under 1 MiB.
+        let most = concurrency.sizes.map_or(most, |s| s.start);
+        let concurrency = Concurrency {
+            sizes: None,
+            ..concurrency
         };
-        // Pieces small enough that one tensor keeps every reader busy (a
-        // mount serves each request after its latency), never under 1 MiB.
-        let most = self.inner().opts.read_size.unwrap_or(DEFAULT_READ_SIZE);
         let piece = (plan.len / concurrency.start).clamp(1 << 20, most.max(1 << 20));
         owned(
             file,

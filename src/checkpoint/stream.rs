@@ -154,14 +154,12 @@ impl Checkpoint {
     /// takes it), no more than there are tensors.
     fn stream_readers(&self) -> usize {
         let inner = self.inner();
-        let concurrency = inner.opts.io_concurrency.unwrap_or_else(|| {
-            policy::default_io_concurrency(
-                inner
-                    .files
-                    .iter()
-                    .filter_map(|f| f.source().mount().map(|m| m.kind)),
-            )
-        });
+        let concurrency = policy::io_defaults(
+            inner.files.iter().map(|f| f.source()),
+            (inner.opts.io_concurrency, inner.opts.read_size),
+        )
+        .0
+        .start;
         concurrency.min(inner.tensors.len())
     }
 }

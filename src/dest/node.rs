@@ -33,14 +33,15 @@ impl CopyFill {
     /// copy (the copy is an image of the whole file).
     pub(crate) fn read_chunk(
         &self,
-        from: &File,
+        from: &dyn crate::source::Source,
         offset: u64,
         len: u64,
     ) -> Result<(), (u64, io::Error)> {
         let (Ok(at), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else {
             return Err((offset, io::Error::from(io::ErrorKind::InvalidInput)));
         };
-        self.0.read_from(from, at, len, offset)
+        self.0
+            .read_from(at, len, offset, |dst| from.read_at(dst, len, offset))
     }
 }
 

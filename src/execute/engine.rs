@@ -1,6 +1,6 @@
 //! The read engine of a load: every filling file's reads, conversions and populates put in one job queue (`jobs.rs`), from each file's source into its destinations, hashed as they land where verified.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::adapt::{Concurrency, Settled};
@@ -102,7 +102,7 @@ pub(crate) fn read_all(
                         chunk,
                     );
                 }
-                if populate {
+                if let (true, Some(file)) = (populate, file) {
                     split_populate(&mut jobs, file_index, (storage.map(), file), chunk);
                     *populated = true;
                 }
@@ -153,12 +153,13 @@ pub(crate) fn read_all(
         }
     }
     if !jobs.is_empty() {
-        // Progress: the bytes of every job, and a file done with its last.
-        let mut left: Vec<AtomicUsize> = (0..finished.len()).map(|_| AtomicUsize::new(0)).collect();
+        // Progress: the bytes of every job, and a file done with its last
+        // byte (counted in bytes: the readers may cut a read in pieces).
+        let mut left: Vec<AtomicU64> = (0..finished.len()).map(|_| AtomicU64::new(0)).collect();
         let mut total = 0u64;
         for job in &jobs {
             if let Some(n) = left.get_mut(job.file_index) {
-                *n.get_mut() += 1;
+                *n.get_mut() += job.job.bytes();
             }
             total += job.job.bytes();
         }
@@ -186,9 +187,10 @@ pub(crate) fn read_all(
         };
         let (result, started, io) = run(jobs, concurrency, &|file_index, outcome| {
             meter.add(outcome.bytes);
-            if left
-                .get(file_index)
-                .is_some_and(|n| n.fetch_sub(1, Ordering::AcqRel) == 1)
+            if outcome.bytes > 0
+                && left
+                    .get(file_index)
+                    .is_some_and(|n| n.fetch_sub(outcome.bytes, Ordering::AcqRel) == outcome.bytes)
             {
                 meter.file_done();
             }

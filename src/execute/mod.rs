@@ -6,12 +6,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Instant;
 
-use crate::adapt::Concurrency;
 use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::file::life::{Planned, Sealed};
 use crate::file::{OpenedFile, read_error, threads};
-use crate::jobs::DEFAULT_READ_SIZE;
 use crate::memory;
 use crate::node;
 use crate::options::Options;
@@ -71,7 +69,7 @@ impl Run<'_> {
             .iter()
             .zip(&copies)
             .filter(|(_, c)| !matches!(c, node::PerFile::Copy { .. }))
-            .map(|((f, _), _)| f.handed())
+            .filter_map(|((f, _), _)| f.handed())
             .collect();
         let prefetched = prefetch::before_load(&handed, opts.prefetch.as_ref(), &job)?;
         drop(handed);
@@ -79,7 +77,10 @@ impl Run<'_> {
         // 2. Plan, now that a prefetch has warmed what it warms.
         let cached: Vec<Box<dyn Fn() -> bool + '_>> = files
             .iter()
-            .map(|(f, _)| Box::new(move || f.local().mostly_cached()) as Box<dyn Fn() -> bool>)
+            .map(|(f, _)| {
+                Box::new(move || f.local().is_some_and(|l| l.mostly_cached()))
+                    as Box<dyn Fn() -> bool>
+            })
             .collect();
         let facts: Vec<FileFacts<'_>> = files
             .iter()
@@ -134,15 +135,10 @@ impl Run<'_> {
                     .fill(clock)?,
             );
         }
-        let concurrency = match opts.io_concurrency {
-            Some(n) => Concurrency::pinned(n),
-            None => Concurrency::adaptive(policy::default_io_concurrency(
-                files
-                    .iter()
-                    .filter_map(|(f, _)| f.source().mount().map(|m| m.kind)),
-            )),
-        };
-        let read_size = opts.read_size.unwrap_or(DEFAULT_READ_SIZE);
+        let (concurrency, read_size) = policy::io_defaults(
+            files.iter().map(|(f, _)| f.source()),
+            (opts.io_concurrency, opts.read_size),
+        );
         let verify = policy::verify(opts.verify, env, !opts.expected_sha256.is_empty());
         let (io, readers) = engine::read_all(
             &mut filling,
@@ -252,9 +248,9 @@ fn verify_files(opts: &Options, files: &mut [Sealed<'_>], threads: usize) -> Res
             Some(storage) => verify::of_map(storage.map()),
             None => {
                 let file = f.file();
-                verify::of_file(file.local().file(), file.header().file_len()).map_err(
-                    |(at, e)| read_error(Operation::Hash, file.source(), file.size(), at, e),
-                )?
+                verify::of_source(file.source(), file.header().file_len()).map_err(|(at, e)| {
+                    read_error(Operation::Hash, file.source(), file.size(), at, e)
+                })?
             }
         };
         Ok(digest)
@@ -272,7 +268,11 @@ fn verify_files(opts: &Options, files: &mut [Sealed<'_>], threads: usize) -> Res
             .iter()
             .find(|(n, _)| Some(*n) == name)
             .map(|&(_, d)| d)
-            .or_else(|| verify::expected_from_cache(opened.local().canonical()));
+            .or_else(|| opened.source().published_sha256())
+            .or_else(|| {
+                let local = opened.local()?;
+                verify::expected_from_cache(local.canonical())
+            });
         if let (Some(must), Some(actual)) = (must, file.sha256()) {
             if must != actual {
                 return Err(Error::new(

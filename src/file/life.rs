@@ -124,15 +124,22 @@ impl<'a> Planned<'a> {
                     };
                     Destination::Map(Arc::clone(map))
                 }
-                None => match map_checked(file.local(), file.header()) {
-                    Ok(map) => {
+                None => match file.local().map(|local| map_checked(local, file.header())) {
+                    None => {
+                        let e = std::io::Error::new(
+                            std::io::ErrorKind::Unsupported,
+                            "a remote object cannot be mapped",
+                        );
+                        return Err(Error::io(Operation::Map, path, None, e));
+                    }
+                    Some(Ok(map)) => {
                         mapped_at = Some(Instant::now());
                         Destination::Map(map)
                     }
-                    Err(MapError::Checked(e)) => return Err(e),
+                    Some(Err(MapError::Checked(e))) => return Err(e),
                     // The memory guard chose a map the filesystem refuses:
                     // the file cannot be read within the memory either.
-                    Err(MapError::Refused(e)) => {
+                    Some(Err(MapError::Refused(e))) => {
                         return Err(Error::io(Operation::Map, path, None, e));
                     }
                 },
@@ -151,9 +158,12 @@ impl<'a> Planned<'a> {
         };
         let mut direct = DirectGuard(None);
         if let Placement::Buffer { direct: true, .. } = plan.placement {
-            match file.local().set_direct(true) {
-                Ok(()) => direct = DirectGuard(Some(file.local())),
-                Err(e) => plan.decision.set_direct(DirectIo::Refused(e.to_string())),
+            match file.local().map(|local| (local, local.set_direct(true))) {
+                Some((local, Ok(()))) => direct = DirectGuard(Some(local)),
+                Some((_, Err(e))) => plan.decision.set_direct(DirectIo::Refused(e.to_string())),
+                None => plan
+                    .decision
+                    .set_direct(DirectIo::Refused("not a local file".to_owned())),
             }
         }
         Ok(Filling {
@@ -197,8 +207,8 @@ pub(crate) struct Parts<'f> {
     pub direct: bool,
     /// The converted tensors' plan and buffer.
     pub convert: Option<(&'f ConvertPlan, &'f mut [u8])>,
-    /// The file's descriptor, for populating its map.
-    pub file: &'f std::fs::File,
+    /// The file's descriptor, for populating its map (a local file's).
+    pub file: Option<&'f std::fs::File>,
     pub finished_at: &'f AtomicU64,
     pub overflowed: &'f AtomicU64,
     pub populated: &'f mut bool,
@@ -217,7 +227,7 @@ impl<'a> Filling<'a> {
             destination: &mut self.destination,
             direct: self.direct.0.is_some(),
             convert: self.convert.as_mut().map(|(p, b)| (&*p, b.bytes_mut())),
-            file: self.file.local().file(),
+            file: self.file.local().map(LocalFile::file),
             finished_at: &self.finished_at,
             overflowed: &self.overflowed,
             populated: &mut self.populated,
@@ -244,18 +254,16 @@ impl<'a> Filling<'a> {
             populated,
             direct,
         } = self;
-        if direct.0.is_some()
-            && let Some(why) = file.local().take_direct_dropped()
-        {
+        if let Some(why) = direct.0.and_then(LocalFile::take_direct_dropped) {
             plan.decision.set_direct(DirectIo::Dropped(why.to_string()));
         }
         drop(direct);
         let path = file.path();
         let expected = file.header().file_len();
-        if plan.reads() && file.map().is_none() {
-            // The file may have been truncated or grown during the read.
-            let now = file
-                .local()
+        // A local file may have been truncated or grown during the read (a
+        // remote object's every request required the version opened).
+        if let (true, None, Some(local)) = (plan.reads(), file.map(), file.local()) {
+            let now = local
                 .len_now()
                 .map_err(|e| Error::io(Operation::Stat, path, None, e))?;
             if now != expected {

@@ -22,7 +22,7 @@ use crate::{trace, workers};
 
 /// A file opened and its header checked: facts that no load changes.
 pub(crate) struct OpenedFile {
-    source: Arc<LocalFile>,
+    source: Arc<dyn Source>,
     header: Header,
     decision: FileDecision,
     map: Option<Arc<Storage>>,
@@ -37,9 +37,9 @@ impl OpenedFile {
         &*self.source
     }
 
-    /// The local file behind it.
-    pub(crate) fn local(&self) -> &LocalFile {
-        &self.source
+    /// The local file behind it; `None` for a remote object.
+    pub(crate) fn local(&self) -> Option<&LocalFile> {
+        self.source.local()
     }
 
     /// The path it was opened by.
@@ -77,9 +77,10 @@ impl OpenedFile {
     }
 
     /// The file handed to prefetch, which neither opens nor looks it up
-    /// again.
-    pub(crate) fn handed(&self) -> crate::prefetch::LoadFile<'_> {
-        crate::prefetch::LoadFile::of(&self.source, self.map.is_some())
+    /// again; `None` for a remote object (no page cache to warm).
+    pub(crate) fn handed(&self) -> Option<crate::prefetch::LoadFile<'_>> {
+        let local = self.local()?;
+        Some(crate::prefetch::LoadFile::of(local, self.map.is_some()))
     }
 }
 
@@ -163,8 +164,24 @@ pub(crate) fn open_sources(
         .collect()
 }
 
-/// Opens one shard (through the checkpoint's directory) and looks up its
-/// mount: the first step of every open.
+/// Opens one shard: a local file (through the checkpoint's directory, its
+/// mount looked up) or a remote object (feature `remote`). The first step of
+/// every open.
+fn open_any(
+    shard: &ShardFile,
+    resolved: &Resolved,
+    table: Option<&MountTable>,
+) -> Result<Arc<dyn Source>> {
+    #[cfg(feature = "remote")]
+    if let Some(remote) = resolved.remote() {
+        let object: Arc<dyn Source> = remote.take(&shard.name)?;
+        return Ok(object);
+    }
+    Ok(Arc::new(open_source(shard, resolved, table)?))
+}
+
+/// Opens one local shard (through the checkpoint's directory) and looks up
+/// its mount.
 fn open_source(
     shard: &ShardFile,
     resolved: &Resolved,
@@ -186,11 +203,22 @@ pub(crate) fn since(clock: Instant) -> u64 {
 /// decides how to read it, and maps it where the decision is a map.
 fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenedFile> {
     let opened_at = since(ctx.clock);
-    let source = open_source(shard, ctx.resolved, ctx.table)?;
-    let header = read_header(&source)?;
-    let mut decision = policy::choose(ctx.mode, ctx.origin, source.mount());
+    let source = open_any(shard, ctx.resolved, ctx.table)?;
+    let header = read_header(&*source)?;
+    let Some(local) = source.local() else {
+        // A remote object is read buffered, whatever the mode.
+        return Ok(OpenedFile {
+            decision: policy::choose_remote(ctx.mode, ctx.origin),
+            source,
+            header,
+            map: None,
+            opened_at,
+            mapped_at: None,
+        });
+    };
+    let mut decision = policy::choose(ctx.mode, ctx.origin, local.mount());
     let map = match decision.strategy {
-        Strategy::Mmap => match map_checked(&source, &header) {
+        Strategy::Mmap => match map_checked(local, &header) {
             Ok(map) => Some(map),
             Err(MapError::Checked(e)) => return Err(e),
             Err(MapError::Refused(e)) => {
@@ -203,7 +231,7 @@ fn open(shard: &ShardFile, ctx: &Context<'_>) -> Result<OpenedFile> {
     };
     let mapped_at = map.is_some().then(Instant::now);
     Ok(OpenedFile {
-        source: Arc::new(source),
+        source,
         header,
         decision,
         map,
@@ -244,7 +272,7 @@ pub(crate) fn size_mismatch(path: &Path, expected: u64, actual: u64) -> Error {
 
 /// Reads the 8-byte length, checks it against the limit and the file size,
 /// then reads and parses exactly that many bytes of header.
-fn read_header(source: &LocalFile) -> Result<Header> {
+fn read_header(source: &dyn Source) -> Result<Header> {
     let (path, size) = (source.path(), source.len());
     if size < PREFIX_LEN {
         return Err(Error::new(ErrorKind::FileTooSmall { len: size }, path));
@@ -272,6 +300,13 @@ pub(crate) fn read_error(
     offset: u64,
     error: std::io::Error,
 ) -> Error {
+    #[cfg(feature = "remote")]
+    if let Some(remote) = error
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<crate::remote::error::RemoteError>())
+    {
+        return remote.clone().into_error(operation);
+    }
     if error.kind() == std::io::ErrorKind::UnexpectedEof {
         if let Some(Ok(actual)) = source.local().map(LocalFile::len_now) {
             if actual < expected {

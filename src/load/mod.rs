@@ -1,10 +1,15 @@
-//! `Loader`: the options of a load, set as one expression, and its entry points (load, open, warm), each resolve -> open -> the rest in `execute/` or `checkpoint/`.
+//! `Loader`: the options of a load, set as one expression, and its entry points (load, open, warm, and the async forms of `future.rs`), each resolve -> open -> the rest in `execute/` or `checkpoint/`.
+
+mod future;
 
 use std::fmt;
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
+use crate::cancel;
 use crate::checkpoint::{self, Checkpoint};
 use crate::error::Result;
 use crate::execute::Run;
@@ -306,11 +311,20 @@ impl Loader {
     /// `*.safetensors` file.
     pub fn load(&self, path: impl AsRef<Path>) -> Result<StateDict> {
         let path = path.as_ref();
+        cancel::scope(&self.opts.cancel, path, || self.load_now(path))
+    }
+
+    /// [`load`](Self::load), in the scope of its cancel flags.
+    fn load_now(&self, path: &Path) -> Result<StateDict> {
         let clock = Instant::now();
         let env = Environment::from_process();
         let resolved = resolve::resolve(path)?;
         let shards = self.shards_to_open(&resolved);
         let (files, notes) = file::open_all(&self.opts, &resolved, &shards, &env, clock)?;
+        // Cancelled while opening: stop before anything is read.
+        if self.opts.cancel.is_set() {
+            return Err(cancel::cancelled(path));
+        }
         let files: Vec<_> = files.iter().map(|f| (f, f.opened_at())).collect();
         Run {
             opts: &self.opts,
@@ -339,7 +353,126 @@ impl Loader {
     /// As [`load`](Self::load) for resolving the files and reading their
     /// headers.
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Checkpoint> {
-        checkpoint::open_with(self.opts.clone(), path.as_ref())
+        let path = path.as_ref();
+        cancel::scope(&self.opts.cancel, path, || {
+            checkpoint::open_with(self.opts.clone(), path)
+        })
+    }
+
+    /// Stops this loader's loads and opens, blocking and async, once `flag`
+    /// is `true`: a load stops before its next read (each reader in flight
+    /// finishes the one it holds, a [`read_size`](Self::read_size) chunk or a
+    /// request), frees what it read, and fails with
+    /// [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled) naming the
+    /// checkpoint; one started while `flag` is `true` fails at once. The
+    /// crate only reads `flag`: set it back to `false` to load again.
+    ///
+    /// The flag is checked when a load starts, once its files are open, and
+    /// by each reader of the read engine before every read (or populate, or
+    /// conversion) it takes. Opening the files, a
+    /// [`prefetch`](Self::prefetch), the one copy per node of local ranks
+    /// and the hashing of [`verify`](Self::verify) run to their end before
+    /// it is seen; an open
+    /// checks it when it starts. [`warm`](Self::warm), and the reads of a
+    /// [`Checkpoint`] opened with this loader, do not check it.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
+    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    ///
+    /// let shutdown = Arc::new(AtomicBool::new(false));
+    /// let loader = safeload::Loader::new().cancel_on(Arc::clone(&shutdown));
+    /// assert!(loader.load(&path).is_ok());
+    ///
+    /// shutdown.store(true, Ordering::Relaxed);       // from any thread
+    /// let err = loader.load(&path).unwrap_err();
+    /// assert_eq!(err.kind(), &safeload::ErrorKind::Cancelled);
+    /// assert_eq!(err.path(), Some(path.as_path()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cancel_on(mut self, flag: Arc<AtomicBool>) -> Loader {
+        self.opts.cancel = std::mem::take(&mut self.opts.cancel).with_caller(flag);
+        self
+    }
+
+    /// [`load`](Self::load) as a future that never blocks the executor
+    /// polling it: the load runs on threads of the crate's own (one named
+    /// `safeload-async`, started at the first poll, and the readers a
+    /// blocking load starts), and its result completes the future. It needs
+    /// no particular runtime (tokio, async-std, smol, a hand-written
+    /// `block_on`) and no `spawn_blocking`; the default build has no async
+    /// dependency but a oneshot channel.
+    ///
+    /// [`on_progress`](Self::on_progress) reports as for `load`, from the
+    /// crate's threads. Dropping the future before it completes cancels the
+    /// load as [`cancel_on`](Self::cancel_on) does: it stops before its next
+    /// read, what it read is freed and its threads end, without the drop
+    /// waiting for them. A load cancelled by the loader's flag resolves to
+    /// [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled). Where the OS
+    /// refuses the thread, the future resolves to an
+    /// [`ErrorKind::Io`](crate::ErrorKind::Io) error (operation
+    /// [`Open`](crate::Operation::Open)) with the OS's reason.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
+    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+    /// // An engine's runtime: one thread, also serving its health checks.
+    /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    /// let sd = rt.block_on(async {
+    ///     safeload::Loader::new().disable_mmap(true).load_async(&path).await
+    /// })?;
+    /// assert_eq!(sd.get("w").unwrap().as_bytes(), [1, 2, 3, 4]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn load_async(
+        &self,
+        path: impl AsRef<Path>,
+    ) -> impl Future<Output = Result<StateDict>> + Send + 'static {
+        let path = path.as_ref().to_path_buf();
+        let (loader, stop) = self.stopped_by_drop();
+        future::InBackground::new(path.clone(), stop, move || loader.load(&path))
+    }
+
+    /// [`open`](Self::open) as a future that never blocks the executor
+    /// polling it, on a thread of the crate's own, as
+    /// [`load_async`](Self::load_async). Opening reads headers alone, which
+    /// is quick on a local disk but a request per file on a network mount;
+    /// it checks the loader's flag only when it starts, and an open whose
+    /// future was dropped runs to its end on its thread, which then drops
+    /// the checkpoint and ends.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
+    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+    /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    /// let ck = rt.block_on(safeload::Loader::new().open_async(&path))?;
+    /// assert_eq!(ck.get("w").unwrap().shape(), [4]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_async(
+        &self,
+        path: impl AsRef<Path>,
+    ) -> impl Future<Output = Result<Checkpoint>> + Send + 'static {
+        let path = path.as_ref().to_path_buf();
+        let (loader, stop) = self.stopped_by_drop();
+        future::InBackground::new(path.clone(), stop, move || loader.open(&path))
+    }
+
+    /// This loader, also cancelled by a flag of its own, and that flag (for
+    /// the future of an async load to set when it is dropped).
+    fn stopped_by_drop(&self) -> (Loader, Arc<AtomicBool>) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut loader = self.clone();
+        loader.opts.cancel = std::mem::take(&mut loader.opts.cancel).with_drop(Arc::clone(&stop));
+        (loader, stop)
     }
 
     /// The shards a load opens: all of them, or with a filter and an index,
@@ -390,6 +523,17 @@ impl Loader {
     pub fn warm(&self, path: impl AsRef<Path>) -> Result<crate::report::PrefetchReport> {
         let env = Environment::from_process();
         let resolved = resolve::resolve(path.as_ref())?;
+        if resolved.is_remote() {
+            // Local ranks loading one remote checkpoint share a node copy
+            // instead (`local_rank`).
+            return Err(crate::error::Error::remote(
+                crate::error::Operation::Prefetch,
+                path.as_ref(),
+                None,
+                "a remote checkpoint has no page cache to warm; load it".to_owned(),
+                std::io::ErrorKind::Unsupported,
+            ));
+        }
         let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
         let sources = file::open_sources(&self.opts, &resolved, &shards)?;
         let handed: Vec<prefetch::LoadFile<'_>> = sources

@@ -47,7 +47,7 @@ pub(super) fn fill(
     let _direct = Direct(
         sources
             .iter()
-            .map(|f| f.local())
+            .filter_map(|f| f.local())
             .filter(|l| {
                 let kind = l.mount().map(|m| m.kind);
                 policy::wants_direct_io(opts.direct_io, kind, true, || l.mostly_cached())
@@ -64,7 +64,7 @@ pub(super) fn fill(
             return Ok(());
         };
         writer
-            .read_chunk(file.local().file(), offset, len)
+            .read_chunk(file.source(), offset, len)
             .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))?;
         if let Some((chunks, bytes)) = counts.get(k) {
             chunks.fetch_add(1, Ordering::Relaxed);
@@ -94,9 +94,13 @@ pub(super) fn fill(
         complete,
         opts.progress.as_ref(),
     )?;
+    // A local file may have changed length meanwhile (a remote object's
+    // every request required the version opened).
     for (f, expected) in sources.iter().zip(&lens) {
-        let now = f
-            .local()
+        let Some(local) = f.local() else {
+            continue;
+        };
+        let now = local
             .len_now()
             .map_err(|e| Error::io(Operation::Stat, f.path(), None, e))?;
         if now != *expected {

@@ -190,7 +190,7 @@ pub(crate) fn share(
         if f.map().is_some() || f.decision().strategy != Strategy::Buffered {
             continue;
         }
-        let id = registry::identity(f.source(), f.local().canonical());
+        let id = registry::identity(f.source());
         let facts = Facts {
             all_tensors: keep.is_none_or(|keep| f.header().tensors.iter().all(|t| keep(&t.name))),
             converting: opts.dtype.is_some(),

@@ -37,22 +37,30 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// The bytes that name one version of one file; `None` for a file whose
-/// version cannot be told (no inode numbers), which gets no copy.
-pub(crate) fn identity(source: &dyn Source, canonical: &Path) -> Option<Vec<u8>> {
-    let Version {
-        len,
-        tag: VersionTag::Inode { dev, ino, mtime_ns },
-    } = source.version()
-    else {
-        return None;
-    };
+/// The bytes that name one version of one file: a local file's device,
+/// inode, length, modification time and canonical path; a remote object's
+/// address, length and ETag. `None` for a file whose version cannot be told
+/// (no inode numbers, no ETag), which gets no copy.
+pub(crate) fn identity(source: &dyn Source) -> Option<Vec<u8>> {
+    let Version { len, tag } = source.version();
     let mut bytes = Vec::with_capacity(64);
-    for word in [*dev, *ino, *len] {
-        bytes.extend_from_slice(&word.to_le_bytes());
+    match (tag, source.local()) {
+        (VersionTag::Inode { dev, ino, mtime_ns }, Some(local)) => {
+            for word in [*dev, *ino, *len] {
+                bytes.extend_from_slice(&word.to_le_bytes());
+            }
+            bytes.extend_from_slice(&mtime_ns.to_le_bytes());
+            bytes.extend_from_slice(local.canonical().as_os_str().as_encoded_bytes());
+        }
+        (VersionTag::ETag(etag), None) => {
+            bytes.extend_from_slice(b"remote\0");
+            bytes.extend_from_slice(source.path().as_os_str().as_encoded_bytes());
+            bytes.push(0);
+            bytes.extend_from_slice(&len.to_le_bytes());
+            bytes.extend_from_slice(etag.as_bytes());
+        }
+        _ => return None,
     }
-    bytes.extend_from_slice(&mtime_ns.to_le_bytes());
-    bytes.extend_from_slice(canonical.as_os_str().as_encoded_bytes());
     bytes.push(0);
     Some(bytes)
 }

@@ -52,15 +52,16 @@ impl SharedBytes {
         })
     }
 
-    /// Reads `len` bytes of `from` at `offset` into the map at `at`
-    /// ([`super::super::read_at_least`]); fails without writing where the range
-    /// is outside the map or overlaps a read of this process in progress.
+    /// Fills `len` bytes of the map at `at` with `read` (which reads them
+    /// from offset `offset` of a file); fails without writing where the
+    /// range is outside the map or overlaps a read of this process in
+    /// progress.
     pub(crate) fn read_from(
         &self,
-        from: &File,
         at: usize,
         len: usize,
         offset: u64,
+        read: impl FnOnce(&mut [u8]) -> Result<(), (u64, io::Error)>,
     ) -> Result<(), (u64, io::Error)> {
         let range = at..at.saturating_add(len);
         let refused = |why: &str| {
@@ -92,7 +93,7 @@ impl SharedBytes {
         // SAFETY: `[at, at + len)` lies within the live map (checked above),
         // and no other slice of this process covers it while the call runs.
         let dst = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at), len) };
-        let result = super::super::read_at_least(from, dst, len, offset);
+        let result = read(dst);
         if let Ok(mut busy) = self.busy.lock() {
             busy.retain(|r| *r != range);
         }

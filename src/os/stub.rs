@@ -267,10 +267,10 @@ impl SharedBytes {
     /// Unsupported (never reached: nothing maps one).
     pub(crate) fn read_from(
         &self,
-        _from: &File,
         _at: usize,
         _len: usize,
         offset: u64,
+        _read: impl FnOnce(&mut [u8]) -> Result<(), (u64, io::Error)>,
     ) -> Result<(), (u64, io::Error)> {
         Err((offset, io::Error::from(io::ErrorKind::Unsupported)))
     }

@@ -17,6 +17,8 @@ pub(crate) struct FileDecision {
     pub mount: Option<Mount>,
     pub fallback: Option<Fallback>,
     pub direct: DirectIo,
+    /// A remote object: read buffered whatever the mode, never mapped.
+    pub remote: bool,
 }
 
 impl FileDecision {
@@ -26,6 +28,7 @@ impl FileDecision {
         self.mode == ReadMode::Auto
             && self.strategy == Strategy::Buffered
             && self.fallback.is_none()
+            && !self.remote
     }
 
     /// The map was refused: read the file instead.
@@ -55,6 +58,7 @@ impl FileDecision {
     pub(crate) fn reason(&self) -> Reason {
         let disable_mmap = self.mode == ReadMode::Buffered;
         match self.origin {
+            _ if self.remote => Reason::Remote,
             _ if self.mode == ReadMode::Auto => {
                 Reason::Auto(self.mount.as_ref().map_or(MountKind::Unknown, |m| m.kind))
             }
@@ -129,6 +133,17 @@ pub(crate) fn choose(mode: ReadMode, origin: Origin, mount: Option<&Mount>) -> F
         mount: mount.cloned(),
         fallback: None,
         direct: DirectIo::Off,
+        remote: false,
+    }
+}
+
+/// Decides how to read a remote object: buffered, by ranged requests,
+/// whatever the mode (there is no file to map).
+pub(crate) fn choose_remote(mode: ReadMode, origin: Origin) -> FileDecision {
+    FileDecision {
+        strategy: Strategy::Buffered,
+        remote: true,
+        ..choose(mode, origin, None)
     }
 }
 
@@ -183,6 +198,74 @@ pub(crate) fn converts_to(from: Dtype, to: Dtype) -> Option<usize> {
 /// (2026-11-29): 8 readers of 8 MiB took 1.08-1.65 s cold and 0.95-1.22 s
 /// warm, 4 readers 1.47-1.68 s and 1.37-2.08 s; 16 MiB chunks were within
 /// the noise of 8 MiB.
+/// Reads in flight a load of remote objects starts with (the adaptive
+/// controller doubles it while throughput rises), and the sizes of one
+/// ranged request it tries once the count settles (doubled from the start
+/// while throughput rises), under a cap on the bytes in flight.
+///
+/// NOTE: the stores' guidance is 8-16 MiB per ranged GET (S3's performance
+/// guidelines; GCS's sliced downloads), hence the start at 16 MiB and 16
+/// requests; each request pays a round trip before its first byte, which
+/// larger requests amortize, hence up to 64 MiB where that pays. Readers
+/// write into the load's buffers, so bytes in flight cost no memory of their
+/// own: the cap (1 GiB, 64 requests of 16 MiB) bounds what one load asks of
+/// the store at once.
+pub(crate) const REMOTE_READERS: usize = 16;
+/// See [`REMOTE_READERS`].
+pub(crate) const REMOTE_SIZES: crate::adapt::Sizes = crate::adapt::Sizes {
+    start: 16 << 20,
+    max: 64 << 20,
+    in_flight: 1 << 30,
+};
+
+/// How a load of `sources` reads where the caller set neither the reads in
+/// flight nor their size (`caller`: `Loader::io_concurrency`,
+/// `Loader::read_size`): the concurrency, and the size jobs are cut to
+/// before the run. Remote objects: [`REMOTE_READERS`], the size measured
+/// within [`REMOTE_SIZES`] (jobs of its largest, cut by the readers);
+/// elsewhere the filesystems' count ([`default_io_concurrency`]) and
+/// `jobs::DEFAULT_READ_SIZE`. A size or count the caller set is kept.
+pub(crate) fn io_defaults<'a>(
+    sources: impl Iterator<Item = &'a dyn crate::source::Source>,
+    caller: (Option<usize>, Option<usize>),
+) -> (crate::adapt::Concurrency, usize) {
+    use crate::adapt::Concurrency;
+    let mut remote = false;
+    let kinds: Vec<MountKind> = sources
+        .filter_map(|s| {
+            remote |= s.local().is_none();
+            s.mount().map(|m| m.kind)
+        })
+        .collect();
+    let readers = default_io_concurrency(kinds.into_iter());
+    match caller {
+        (Some(n), size) => (
+            Concurrency::pinned(n),
+            size.unwrap_or(if remote {
+                REMOTE_SIZES.start
+            } else {
+                crate::jobs::DEFAULT_READ_SIZE
+            }),
+        ),
+        (None, Some(size)) => (
+            Concurrency::adaptive(if remote {
+                readers.max(REMOTE_READERS)
+            } else {
+                readers
+            }),
+            size,
+        ),
+        (None, None) if remote => (
+            Concurrency::adaptive(readers.max(REMOTE_READERS)).with_sizes(REMOTE_SIZES),
+            REMOTE_SIZES.max,
+        ),
+        (None, None) => (
+            Concurrency::adaptive(readers),
+            crate::jobs::DEFAULT_READ_SIZE,
+        ),
+    }
+}
+
 pub(crate) fn default_io_concurrency(kinds: impl Iterator<Item = MountKind>) -> usize {
     kinds
         .map(|kind| match kind {

@@ -37,16 +37,20 @@ pub enum Reason {
         /// `true` (`=1`): read buffered; `false` (`=0`): mapped.
         disable_mmap: bool,
     },
+    /// A remote object (feature `remote`): read by ranged requests into
+    /// memory, whatever was asked, since there is no file to map.
+    Remote,
 }
 
 impl Reason {
     /// A stable name for the variant, for logs and JSON (`"auto"`,
-    /// `"requested"`, `"environment"`).
+    /// `"requested"`, `"environment"`, `"remote"`).
     pub fn as_str(&self) -> &'static str {
         match self {
             Reason::Auto(_) => "auto",
             Reason::Requested { .. } => "requested",
             Reason::Environment { .. } => "environment",
+            Reason::Remote => "remote",
         }
     }
 }

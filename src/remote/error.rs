@@ -80,6 +80,27 @@ impl RemoteError {
         self
     }
 
+    /// The crate's error: [`ErrorKind::Remote`](crate::ErrorKind::Remote) on the address,
+    /// with the range and the reason (the kind's words, then the detail).
+    pub(crate) fn into_error(self, operation: crate::error::Operation) -> crate::error::Error {
+        let what = match self.kind {
+            RemoteErrorKind::BadUrl => "bad remote address",
+            RemoteErrorKind::Config => "cannot configure the store",
+            RemoteErrorKind::NotFound => "not found",
+            RemoteErrorKind::Denied => "access denied",
+            RemoteErrorKind::Changed => "the object changed since it was opened",
+            RemoteErrorKind::Protocol => "unexpected answer",
+            RemoteErrorKind::Failed => "request failed",
+        };
+        let reason = if self.detail.is_empty() {
+            what.to_owned()
+        } else {
+            format!("{what}: {}", self.detail)
+        };
+        let kind = self.kind.io_kind();
+        crate::error::Error::remote(operation, self.url, self.range, reason, kind)
+    }
+
     /// As an `io::Error` of the matching kind (for the `Source` seam).
     pub(crate) fn into_io(self) -> io::Error {
         io::Error::new(self.kind.io_kind(), self)

@@ -198,7 +198,37 @@ impl RemoteLocation {
         self.file.as_deref()
     }
 
+    /// The address the file `name` of the location is shown by: what a [`RemoteObject`] of
+    /// it names itself (at the pinned commit for `hf://`, once one is pinned).
+    pub(crate) fn shown_file(&self, name: &str) -> String {
+        format!("{}{name}", self.shown_prefix_slash())
+    }
+
+    /// The address of the location's prefix, as shown, without its last `/`.
+    pub(crate) fn shown_prefix(&self) -> String {
+        let mut shown = self.shown_prefix_slash();
+        if shown.ends_with('/') && !shown.ends_with("://") {
+            shown.pop();
+        }
+        shown
+    }
+
+    fn shown_prefix_slash(&self) -> String {
+        let base = match &self.place {
+            Place::Store(backend) => backend.shown_base.clone(),
+            Place::Hub(hub) => {
+                let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
+                match &*pinned {
+                    Some((_, backend)) => backend.shown_base.clone(),
+                    None => format!("hf://{}@{}/", hub.repo, hub.revision.replace('/', "%2F")),
+                }
+            }
+        };
+        format!("{base}{}", self.prefix)
+    }
+
     /// The commit an `hf://` location is pinned to, once a file was opened.
+    #[cfg(test)]
     pub(crate) fn commit(&self) -> Option<String> {
         let Place::Hub(hub) = &self.place else {
             return None;

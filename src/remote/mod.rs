@@ -6,15 +6,15 @@
 //! - `store.rs`: `object_store` clients configured from the environment, and the runtime of
 //!   the crate's own they run on;
 //! - `location.rs`: a checkpoint's place, its files opened there (for `hf://`, at one commit);
+//! - `checkpoint.rs`: the checkpoint found there (the named file, `model.safetensors` or the
+//!   index), with the objects opened while finding it, for the open path;
 //! - `object.rs`: one object, opened once, read by ranged GETs that require its ETag;
 //! - `error.rs`: the layer's error, scrubbed of credentials.
 //!
 //! A `RemoteObject` implements the crate's `Source` seam, so the read engine fills
 //! destinations from it as from a local file, buffered.
-// The open path (resolve, open, plan) calls this layer in issue 26's next step; until then
-// only the tests do.
-#![cfg_attr(not(test), allow(dead_code))]
 
+pub(crate) mod checkpoint;
 pub(crate) mod error;
 pub(crate) mod hub;
 pub(crate) mod location;

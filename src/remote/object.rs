@@ -166,6 +166,9 @@ impl RemoteObject {
                 }
             }
         }
+        if let Some(etag) = &object.etag {
+            object.version.tag = VersionTag::ETag(etag.clone());
+        }
         if let Some(size) = object.hub.as_ref().and_then(|h| h.size) {
             if size != object.version.len {
                 let detail = format!(
@@ -179,16 +182,19 @@ impl RemoteObject {
     }
 
     /// The ETag seen at open.
+    #[cfg(test)]
     pub(crate) fn etag(&self) -> Option<&str> {
         self.etag.as_deref()
     }
 
     /// What the hub said of the file (`hf://` only): its commit and SHA-256.
+    #[cfg(test)]
     pub(crate) fn hub(&self) -> Option<&HubFileMeta> {
         self.hub.as_ref()
     }
 
     /// Requests this object sent (the open's included; `object_store`'s retries not).
+    #[cfg(test)]
     pub(crate) fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
     }
@@ -371,10 +377,9 @@ impl RemoteObject {
     }
 }
 
-/// NOTE: the version's tag is `Unknown`: `VersionTag` (source/mod.rs) has no arm for an
-/// ETag yet. The open path's next step adds `VersionTag::ETag { etag: String }`, so that a
-/// node copy keyed by version tells two objects of one length apart; until then the ETag is
-/// enforced here, on every request, by `If-Match`.
+/// The version is the ETag seen at open (`VersionTag::ETag`), required by `If-Match` on
+/// every later request; a server that gives none leaves it `Unknown` (then only the length
+/// is checked, and no node copy is shared, since two versions could not be told apart).
 impl Source for RemoteObject {
     fn path(&self) -> &Path {
         &self.shown
@@ -398,5 +403,9 @@ impl Source for RemoteObject {
 
     fn mount(&self) -> Option<&Mount> {
         None
+    }
+
+    fn published_sha256(&self) -> Option<[u8; 32]> {
+        crate::verify::parse_hex(self.hub.as_ref()?.sha256()?)
     }
 }

@@ -87,6 +87,7 @@ pub(crate) enum StoreEnv {
     /// `AZURE_*`, with their aliases and extras, such as Azure's managed identity endpoint).
     Process,
     /// These variables instead, read by the same names (tests; a caller's own settings).
+    #[cfg_attr(not(test), allow(dead_code))]
     Vars(Vec<(String, String)>),
 }
 

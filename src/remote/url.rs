@@ -67,17 +67,6 @@ fn refuse<T>(reason: &'static str) -> Result<T, UrlError> {
     Err(UrlError { reason })
 }
 
-/// Whether `text` names a remote checkpoint (its scheme is one this module reads), so that
-/// the open path can tell a URL from a local path before parsing it.
-pub(crate) fn is_remote(text: &str) -> bool {
-    text.split_once("://").is_some_and(|(scheme, _)| {
-        matches!(
-            scheme.to_ascii_lowercase().as_str(),
-            "s3" | "s3a" | "gs" | "az" | "abfs" | "abfss" | "http" | "https" | "hf"
-        )
-    })
-}
-
 impl RemoteUrl {
     /// Parses an address; a local path (no known scheme) is an error here.
     pub(crate) fn parse(text: &str) -> Result<RemoteUrl, UrlError> {
@@ -388,6 +377,8 @@ mod tests {
 
     #[test]
     fn remote_schemes_are_told_from_paths() {
+        use crate::resolve::is_remote;
+        use std::path::Path;
         for remote in [
             "s3://b",
             "GS://b/k",
@@ -396,7 +387,7 @@ mod tests {
             "hf://o/r",
             "abfs://c/x",
         ] {
-            assert!(is_remote(remote), "{remote}");
+            assert!(is_remote(Path::new(remote)), "{remote}");
         }
         for local in [
             "model.safetensors",
@@ -405,7 +396,7 @@ mod tests {
             "C:\\x",
             "",
         ] {
-            assert!(!is_remote(local), "{local}");
+            assert!(!is_remote(Path::new(local)), "{local}");
         }
     }
 }

@@ -33,7 +33,12 @@ pub(crate) struct Version {
 pub(crate) enum VersionTag {
     /// A file of a filesystem: device, inode and modification time (ns).
     Inode { dev: u64, ino: u64, mtime_ns: i128 },
-    /// Nothing better is known (a platform without inode numbers).
+    /// A remote object: the entity tag its server gave (required by
+    /// `If-Match` on every later request), or the version id.
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
+    ETag(String),
+    /// Nothing better is known (a platform without inode numbers, a server
+    /// that gives no ETag).
     Unknown,
 }
 
@@ -74,6 +79,12 @@ pub(crate) trait Source: Send + Sync {
     /// direct I/O, the page cache); `None` for a source that is not a file
     /// of this machine.
     fn local(&self) -> Option<&LocalFile> {
+        None
+    }
+
+    /// The SHA-256 its store publishes for it, where it publishes one (the
+    /// hub's LFS object id): what `Loader::verify` checks it against.
+    fn published_sha256(&self) -> Option<[u8; 32]> {
         None
     }
 }

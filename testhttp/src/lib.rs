@@ -38,6 +38,8 @@
 //! assert!(server.stats().requests > 0);
 //! ```
 //!
+//! [`moto::Moto`] starts the other server the remote tests use, an S3-compatible store.
+//!
 //! # Knobs
 //!
 //! - [`Options::latency`]: slept before each answer, on its connection's thread.
@@ -77,6 +79,7 @@
 mod http;
 #[path = "../../testfs/src/link.rs"]
 mod link;
+pub mod moto;
 mod objects;
 mod serve;
 

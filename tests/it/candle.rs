@@ -282,3 +282,33 @@ fn safeload_errors_pass_through_candle() {
     let err = open(std::path::Path::new("/no/such/checkpoint")).unwrap_err();
     assert!(err.to_string().contains("/no/such/checkpoint"), "{err}");
 }
+
+/// The var builders take a remote address as they take a path (features `candle` and
+/// `remote`): tensors equal to a local load's.
+#[cfg(feature = "remote")]
+#[test]
+fn var_builders_read_a_remote_checkpoint() {
+    let dir = tempdir().unwrap();
+    let index = write_sharded(dir.path(), &every_dtype(), 2);
+    let server =
+        safeload_testhttp::Server::start(dir.path(), safeload_testhttp::Options::default())
+            .unwrap();
+    let url = format!("{}/", server.url());
+    let dev = Device::Cpu;
+    let local = safeload::candle::var_builder(&index, DType::F32, &dev).unwrap();
+    let remote = safeload::candle::var_builder(&url, DType::F32, &dev).unwrap();
+    for name in ["f32.matrix", "bf16.matrix", "f16.matrix"] {
+        let a = local.get((4, 6), name).unwrap();
+        let b = remote.get((4, 6), name).unwrap();
+        assert_eq!(bytes_of(&a), bytes_of(&b), "{name}");
+    }
+    let sharded = safeload::candle::sharded_var_builder(&url, DType::F32, &dev).unwrap();
+    let hint = candle_nn::var_builder::Shard {
+        dim: 0,
+        rank: 1,
+        world_size: 2,
+    };
+    let part = sharded.get_with_hints((2, 6), "f32.matrix", hint).unwrap();
+    let whole = local.get((4, 6), "f32.matrix").unwrap();
+    assert_eq!(bytes_of(&part), bytes_of(&whole.narrow(0, 2, 2).unwrap()));
+}

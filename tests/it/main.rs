@@ -22,6 +22,7 @@
 mod common;
 
 mod api;
+mod async_load;
 mod checkpoint;
 mod convert_load;
 mod environment;
@@ -45,6 +46,8 @@ mod verify;
 
 #[cfg(feature = "candle")]
 mod candle;
+#[cfg(feature = "remote")]
+mod remote;
 #[cfg(feature = "serde")]
 mod report_json;
 #[cfg(feature = "tracing")]

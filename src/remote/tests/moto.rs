@@ -1,12 +1,10 @@
 //! Remote objects read from an S3-compatible store, `moto_server` (the `moto[server]` Python
-//! package) started on `127.0.0.1` by the test: skipped, loudly, where it is not installed,
-//! and a failure instead under `SAFELOAD_REQUIRE_MOTO=1` (CI).
+//! package) started on `127.0.0.1` by the test (`safeload_testhttp::moto`): skipped, loudly,
+//! where it is not installed, and a failure instead under `SAFELOAD_REQUIRE_MOTO=1` (CI).
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+
+use safeload_testhttp::moto::Moto;
 
 use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
@@ -18,113 +16,13 @@ use crate::remote::store::{self, IoRuntime, StoreEnv};
 use crate::remote::url::StoreKind;
 use crate::source::Source;
 
-/// A `moto_server` of this test's own; killed and reaped on drop.
-struct Moto {
-    child: Child,
-    endpoint: String,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `moto_server` on a free loopback port and waits (at most 30 s) until it answers;
-/// `None`, after saying so on stderr, where it is not installed (a panic instead under
-/// `SAFELOAD_REQUIRE_MOTO=1`).
-fn start_moto() -> Option<Moto> {
-    let required = std::env::var_os("SAFELOAD_REQUIRE_MOTO").is_some_and(|v| v == "1");
-    // A port the OS just handed out and took back: free unless another process races for it.
-    let port = TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    // `moto_server`, else the same server as a module (a console script not on PATH yet).
-    let args = ["-H", "127.0.0.1", "-p", &port.to_string()].map(str::to_owned);
-    let spawn = |program: &str, first: &[&str]| {
-        Command::new(program)
-            .args(first)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-    };
-    let spawned = spawn("moto_server", &[]).or_else(|e| {
-        let has_module = Command::new("python3")
-            .args(["-c", "import moto.server"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if has_module {
-            spawn("python3", &["-m", "moto.server"])
-        } else {
-            Err(e)
-        }
-    });
-    let child = match spawned {
-        Ok(child) => child,
-        Err(e) => {
-            let reason = format!("moto_server cannot be started ({e}); pip install 'moto[server]'");
-            assert!(!required, "SAFELOAD_REQUIRE_MOTO=1 but {reason}");
-            eprintln!("SKIPPED: {reason}");
-            return None;
-        }
-    };
-    let mut moto = Moto {
-        child,
-        endpoint: format!("http://127.0.0.1:{port}"),
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(status)) = moto.child.try_wait() {
-            panic!("moto_server exited before listening: {status}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "moto_server did not listen within 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Some(moto)
-}
-
-/// Creates `bucket` with S3's `CreateBucket` (a bare `PUT /bucket`: object_store makes no
-/// buckets, and moto does not check signatures).
-fn create_bucket(endpoint: &str, bucket: &str) {
-    let addr = endpoint.trim_start_matches("http://");
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let request = format!(
-        "PUT /{bucket} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    assert!(answer.starts_with("HTTP/1.1 200"), "CreateBucket: {answer}");
-}
-
-fn s3_vars(endpoint: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("AWS_ENDPOINT_URL", endpoint.to_owned()),
-        ("AWS_ACCESS_KEY_ID", "testing".to_owned()),
-        ("AWS_SECRET_ACCESS_KEY", "moto-secret-key-123".to_owned()),
-        ("AWS_REGION", "us-east-1".to_owned()),
-        ("AWS_ALLOW_HTTP", "true".to_owned()),
-    ]
-}
-
 #[test]
 fn s3_objects_read_back_byte_for_byte_through_moto() {
-    let Some(moto) = start_moto() else {
+    let Some(moto) = Moto::start() else {
         return;
     };
-    create_bucket(&moto.endpoint, "models");
-    let vars = s3_vars(&moto.endpoint);
+    moto.create_bucket("models").unwrap();
+    let vars = moto.s3_vars();
     let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let tuning = quick_tuning();
 

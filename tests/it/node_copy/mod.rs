@@ -32,7 +32,7 @@ use tempfile::TempDir;
 const MODULE: &str = module_path!();
 
 /// Set: after loading, hold the tensors until a line arrives on stdin.
-const HOLD: &str = "SAFELOAD_TEST_NODE_HOLD";
+pub const HOLD: &str = "SAFELOAD_TEST_NODE_HOLD";
 /// The directory of the queue, locks and sockets (`PrefetchOptions::queue_dir`).
 const DIR: &str = "SAFELOAD_TEST_NODE_DIR";
 /// The chunk size (`PrefetchOptions::chunk_size`).

@@ -1,0 +1,145 @@
+//! A remote checkpoint resolved: its location, the index or single file found there (by the
+//! same names a local directory is searched for), and the objects opened while finding them,
+//! handed to the open path so that no file is opened twice.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::error::RemoteError;
+use super::location::{RemoteLocation, RemoteSettings};
+use super::object::RemoteObject;
+use super::store::IoRuntime;
+use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::resolve::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
+use crate::source::Source;
+
+/// A remote checkpoint's place and the objects opened so far, by file name.
+#[derive(Debug)]
+pub(crate) struct RemoteCheckpoint {
+    location: RemoteLocation,
+    opened: Mutex<HashMap<String, Arc<RemoteObject>>>,
+}
+
+/// What the address resolved to.
+pub(crate) enum Found {
+    /// One `.safetensors` file, by its name under the location.
+    Single(String),
+    /// An index: its name and bytes.
+    Index(String, Vec<u8>),
+}
+
+impl RemoteCheckpoint {
+    /// Parses `text`, configures its client from the process's environment, and finds the
+    /// checkpoint there: the file the address names, else `model.safetensors`, else
+    /// `model.safetensors.index.json` under the prefix (one ranged GET each; a missing one
+    /// answers 404 at once).
+    pub(crate) fn resolve(text: &str) -> Result<(RemoteCheckpoint, Found)> {
+        let runtime = IoRuntime::new().map_err(|e| {
+            Error::remote(
+                Operation::Open,
+                text,
+                None,
+                format!("cannot start the I/O runtime: {e}"),
+                e.kind(),
+            )
+        })?;
+        let location = RemoteLocation::new(text, RemoteSettings::from_env(), Arc::new(runtime))
+            .map_err(|e| e.into_error(Operation::Open))?;
+        let checkpoint = RemoteCheckpoint {
+            location,
+            opened: Mutex::new(HashMap::new()),
+        };
+        let found = checkpoint.find()?;
+        Ok((checkpoint, found))
+    }
+
+    fn find(&self) -> Result<Found> {
+        if let Some(name) = self.location.file().map(str::to_owned) {
+            if name.ends_with(".safetensors.index.json") {
+                let bytes = self.read_index(&name)?;
+                return Ok(Found::Index(name, bytes));
+            }
+            self.open(&name)?;
+            return Ok(Found::Single(name));
+        }
+        match self.open(SINGLE_FILE) {
+            Ok(_) => return Ok(Found::Single(SINGLE_FILE.to_owned())),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        match self.read_index(INDEX_FILE) {
+            Ok(bytes) => Ok(Found::Index(INDEX_FILE.to_owned(), bytes)),
+            Err(e) if e.is_not_found() => Err(Error::new(
+                ErrorKind::NoCheckpoint { found: Vec::new() },
+                self.location.shown_prefix(),
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The index `name`, read whole (refused past [`MAX_INDEX_BYTES`] before it is read).
+    fn read_index(&self, name: &str) -> Result<Vec<u8>> {
+        let object = self.open(name)?;
+        let len = object.len();
+        if len > MAX_INDEX_BYTES {
+            return Err(Error::new(
+                ErrorKind::InvalidIndex {
+                    reason: format!(
+                        "index of {len} bytes exceeds the limit of {MAX_INDEX_BYTES} bytes"
+                    ),
+                },
+                object.path(),
+            ));
+        }
+        let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(0)];
+        let want = bytes.len();
+        object
+            .read_at(&mut bytes, want, 0)
+            .map_err(|(at, e)| crate::file::read_error(Operation::Read, &*object, len, at, e))?;
+        // The index is read once; its object is not a shard.
+        self.forget(name);
+        Ok(bytes)
+    }
+
+    /// The object `name` of the location: the one opened while resolving, or opened now.
+    pub(crate) fn open(&self, name: &str) -> Result<Arc<RemoteObject>> {
+        if let Some(object) = self.lock().get(name) {
+            return Ok(Arc::clone(object));
+        }
+        let object = Arc::new(
+            self.location
+                .open_file(name)
+                .map_err(|e: RemoteError| e.into_error(Operation::Open))?,
+        );
+        self.lock().insert(name.to_owned(), Arc::clone(&object));
+        Ok(object)
+    }
+
+    /// Takes the object `name` opened while resolving, if any: the open path's first
+    /// step, which then owns it.
+    pub(crate) fn take(&self, name: &str) -> Result<Arc<RemoteObject>> {
+        let taken = self.lock().remove(name);
+        match taken {
+            Some(object) => Ok(object),
+            None => self
+                .location
+                .open_file(name)
+                .map(Arc::new)
+                .map_err(|e| e.into_error(Operation::Open)),
+        }
+    }
+
+    fn forget(&self, name: &str) {
+        self.lock().remove(name);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<RemoteObject>>> {
+        self.opened.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The address a file of the checkpoint is named by in reports and errors (at the
+    /// pinned commit, for `hf://`): the same a [`RemoteObject`] of it shows.
+    pub(crate) fn shown(&self, name: &str) -> String {
+        self.location.shown_file(name)
+    }
+}

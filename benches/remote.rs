@@ -8,8 +8,9 @@
 //! interleaved and rotated in each round, and the server's counters are zeroed before each.
 //!
 //! - `limit`: the server's limit, a raw client of the benchmark's own
-//!   (`common/http_client.rs`): 32 ranged GETs of 16 MiB in flight, one kept-alive
-//!   connection each, every byte of every file read into reused buffers and dropped.
+//!   (`common/http_client.rs`, driven by `common/remote_fetch.rs`): 32 ranged GETs of
+//!   16 MiB in flight, one kept-alive connection each, every byte of every file read into
+//!   reused buffers and dropped.
 //! - `safeload`: `Loader::new().load("hf://org/repo")` with `HF_ENDPOINT` at the server, no
 //!   option set; `safeload-http`: the same from `http://.../org/repo/resolve/main/`.
 //! - `download-then-load`: every file downloaded to local disk by the raw client with the
@@ -30,21 +31,22 @@
 //! crate. With `--moto-size-mib N` the same arms run again against `moto_server` (an
 //! S3-compatible store in Python; its speed is Python's, so its figures are quoted, not
 //! judged) on a checkpoint of about N MiB, through a counting proxy (`common/proxy.rs`).
+//! The tables (`common/remote_table.rs`) give every arm's medians (min-max), ratios taken
+//! per round and then their median, and each target against its median.
 //!
 //! ```text
 //! cargo bench --features remote --bench remote -- [--size-gib 2] [--shards 8] [--rounds 5]
 //!     [--arms limit,safeload,..] [--latency-ms 20] [--link-mib-s 1500] [--max-connections 64]
 //!     [--in-flight 32] [--request-mib 16] [--hub-streams 8] [--world 8] [--shard-threads 8]
+//!     [--touch-threads 2]
 //!     [--moto-size-mib 256] [--skip-testhttp] [--dir bench-data] [--download-dir DIR]
 //!     [--json bench-data/remote.json] [--timeout 600]
 //! ```
 
-use std::fmt::Write as _;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -54,15 +56,17 @@ mod common;
 // The remote benchmark's own helpers, beside the shared harness.
 #[path = "common/http_client.rs"]
 mod http_client;
-#[path = "common/moto.rs"]
-mod moto;
 #[path = "common/proxy.rs"]
 mod proxy;
+#[path = "common/remote_fetch.rs"]
+mod remote_fetch;
+#[path = "common/remote_table.rs"]
+mod remote_table;
 
 use common::child::{self, Child, Job};
-use common::stats::{Spread, gib_s, median};
 use common::{args, data, proc};
 use http_client::{Connection, Endpoint};
+use remote_fetch::Fetch;
 
 /// Every arm, in the order the tables print them.
 const ARMS: [&str; 7] = [
@@ -206,7 +210,7 @@ enum Server {
     Moto {
         proxy: proxy::Proxy,
         // Dropped after the proxy: stopped last.
-        _moto: moto::Moto,
+        _moto: safeload_testhttp::moto::Moto,
     },
 }
 
@@ -221,6 +225,9 @@ struct Traffic {
     index_requests: u64,
     /// The most connections open at once.
     connections: u64,
+    /// CPU time of the parent's threads during the arm (user + system), seconds: the test
+    /// server's (or the proxy's, in front of moto), to tell a server short of CPU.
+    server_cpu: f64,
 }
 
 impl Server {
@@ -253,6 +260,7 @@ impl Server {
                         .collect(),
                     index_requests: s.path_stats(index_name).requests,
                     connections: stats.max_open_connections,
+                    server_cpu: 0.0,
                 }
             }
             Server::Moto { proxy, .. } => {
@@ -271,6 +279,7 @@ impl Server {
                     file_requests: shards.iter().map(|(n, _)| of(n)).collect(),
                     index_requests: of(index_name),
                     connections: t.max_open,
+                    server_cpu: 0.0,
                 }
             }
         }
@@ -347,12 +356,21 @@ fn parent(o: &Options) -> Result<(), String> {
         run_rounds(o, &served, &mut samples);
         served_list.push(summary(&served));
     }
+    // A moto that cannot start or be filled fails the run, after the other tables.
+    let mut moto_error = None;
     if o.moto_size_mib > 0 {
-        let served = serve_moto(o, o.moto_size_mib << 20)?;
-        run_rounds(o, &served, &mut samples);
-        served_list.push(summary(&served));
+        match serve_moto(o, o.moto_size_mib << 20) {
+            Ok(served) => {
+                run_rounds(o, &served, &mut samples);
+                served_list.push(summary(&served));
+            }
+            Err(e) => {
+                eprintln!("moto: {e}");
+                moto_error = Some(e);
+            }
+        }
     }
-    println!("{}", markdown(o, &samples, &served_list));
+    println!("{}", remote_table::markdown(o, &samples, &served_list));
     let (root, files, total) = served_list
         .first()
         .map(|s| (s.root.clone(), s.files, s.total))
@@ -362,7 +380,7 @@ fn parent(o: &Options) -> Result<(), String> {
     if failed > 0 {
         return Err(format!("{failed} run(s) failed or loaded wrong bytes"));
     }
-    Ok(())
+    moto_error.map_or(Ok(()), |e| Err(format!("moto: {e}")))
 }
 
 /// A checkpoint on local disk, as the server is given it.
@@ -471,7 +489,7 @@ fn serve_testhttp(o: &Options, size: u64) -> Result<Served, String> {
 
 fn serve_moto(o: &Options, size: u64) -> Result<Served, String> {
     let local = checkpoint(o, size)?;
-    let moto = moto::Moto::start()?;
+    let moto = safeload_testhttp::moto::Moto::start().ok_or("moto_server is not installed")?;
     let prefix = local
         .root
         .file_name()
@@ -479,21 +497,27 @@ fn serve_moto(o: &Options, size: u64) -> Result<Served, String> {
         .unwrap_or("ckpt")
         .to_string();
     let start = Instant::now();
-    moto.upload(BUCKET, &prefix, &local.root)?;
+    upload(&moto, &prefix, &local)?;
     eprintln!(
         "moto_server at {}: {} uploaded in {:.1} s",
-        moto.addr,
+        moto.endpoint(),
         local.root.display(),
         start.elapsed().as_secs_f64()
     );
-    let proxy = proxy::Proxy::start(moto.addr).map_err(|e| format!("starting the proxy: {e}"))?;
-    let env = vec![
-        ("AWS_ENDPOINT_URL", proxy.url()),
-        ("AWS_ACCESS_KEY_ID", "x".to_string()),
-        ("AWS_SECRET_ACCESS_KEY", "x".to_string()),
-        ("AWS_REGION", "us-east-1".to_string()),
-        ("AWS_ALLOW_HTTP", "true".to_string()),
-    ];
+    let upstream = Endpoint::parse(moto.endpoint())?
+        .host
+        .parse()
+        .map_err(|e| format!("moto's address: {e}"))?;
+    let proxy = proxy::Proxy::start(upstream).map_err(|e| format!("starting the proxy: {e}"))?;
+    // moto's variables, its endpoint replaced by the proxy's.
+    let env = moto
+        .s3_vars()
+        .into_iter()
+        .map(|(k, v)| match k {
+            "AWS_ENDPOINT_URL" => (k, proxy.url()),
+            _ => (k, v),
+        })
+        .collect();
     let target = target(
         o,
         format!("{}/{BUCKET}/{prefix}/", proxy.url()),
@@ -502,6 +526,28 @@ fn serve_moto(o: &Options, size: u64) -> Result<Served, String> {
     );
     let server = Server::Moto { proxy, _moto: moto };
     Ok(served(o, server, local, target, env))
+}
+
+/// Creates the bucket and puts every file of `local` under `prefix/` (unsigned, path-style),
+/// each with the canned ACL `public-read`, so that the raw client's unsigned GETs are
+/// answered: moto refuses an unsigned GET of a private object, and an unsigned change of
+/// its ACL (403). The files are streamed from disk by the raw client.
+fn upload(moto: &safeload_testhttp::moto::Moto, prefix: &str, local: &Local) -> Result<(), String> {
+    moto.create_bucket(BUCKET)
+        .map_err(|e| format!("CreateBucket {BUCKET}: {e}"))?;
+    let mut conn = Connection::new(&Endpoint::parse(moto.endpoint())?.host);
+    for (name, len) in &local.files {
+        let path = local.root.join(name);
+        let mut file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let target = format!("/{BUCKET}/{prefix}/{name}");
+        let status = conn
+            .put(&target, "x-amz-acl: public-read\r\n", &mut file, *len)
+            .map_err(|e| format!("PUT {target}: {e}"))?;
+        if status != 200 {
+            return Err(format!("PUT {target}: status {status}"));
+        }
+    }
+    Ok(())
 }
 
 fn served(
@@ -548,8 +594,10 @@ fn run_rounds(o: &Options, served: &Served, samples: &mut Vec<Sample>) {
                 let _ = data::warm(&served.root);
             }
             served.server.reset();
+            let cpu = cpu_seconds();
             let mut sample = run_arm(o, served, arm, round);
             sample.traffic = served.server.traffic(&served.target.files);
+            sample.traffic.server_cpu = cpu_seconds() - cpu;
             if sample.error.is_none() {
                 sample.error = check(served, &sample);
             }
@@ -628,6 +676,21 @@ fn check(served: &Served, s: &Sample) -> Option<String> {
         .map(|c| format!("checksum {c:016x}, the naive read's {expect:016x}"))
 }
 
+/// This process's CPU time so far, user and system, all threads (getrusage(2)), seconds.
+fn cpu_seconds() -> f64 {
+    // SAFETY: `getrusage` writes only into the `rusage` we pass, which is zeroed (a valid
+    // value of this plain C struct) and lives across the call.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
+            return f64::NAN;
+        }
+        usage
+    };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
 // ---------------------------------------------------------------- the tables
 
 /// What the tables need of a served checkpoint once it is stopped.
@@ -647,263 +710,6 @@ fn summary(served: &Served) -> Summary {
         total: served.total,
         arms: served.arms.clone(),
     }
-}
-
-/// The runs of one arm on one server that did not fail.
-fn ok<'a>(samples: &'a [Sample], server: &str, arm: &str) -> Vec<&'a Sample> {
-    samples
-        .iter()
-        .filter(|s| s.server == server && s.arm == arm && s.error.is_none())
-        .collect()
-}
-
-/// Per round, `f(a's run, b's run)`, where both ran without error.
-fn per_round(
-    samples: &[Sample],
-    server: &str,
-    (a, b): (&str, &str),
-    f: impl Fn(&Sample, &Sample) -> f64,
-) -> Vec<f64> {
-    let bs = ok(samples, server, b);
-    ok(samples, server, a)
-        .into_iter()
-        .filter_map(|x| {
-            let y = bs.iter().find(|y| y.round == x.round)?;
-            Some(f(x, y))
-        })
-        .collect()
-}
-
-fn spread(runs: &[&Sample], f: impl Fn(&Sample) -> f64) -> Spread {
-    Spread::of(&runs.iter().map(|s| f(s)).collect::<Vec<_>>())
-}
-
-fn markdown(o: &Options, samples: &[Sample], served: &[Summary]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{} rounds, arms interleaved, each its own process; medians (min-max); ratios per round, then their median; {}\n",
-        o.rounds,
-        proc::machine()
-    );
-    for s in served {
-        let _ = writeln!(
-            out,
-            "{}: {} files, {:.2} GiB{}\n",
-            s.server,
-            s.files,
-            s.total as f64 / (1u64 << 30) as f64,
-            match s.server {
-                "testhttp" => format!(
-                    "; {} ms per request, a {} MiB/s link shared by every connection",
-                    o.latency_ms, o.link_mib_s
-                ),
-                _ => "; through a counting proxy".to_string(),
-            }
-        );
-    }
-    let _ = writeln!(
-        out,
-        "| server | arm | seconds | GiB/s sent | x limit | sent x checkpoint | requests | most per file | connections at once | peak RSS MiB |"
-    );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
-    for s in served {
-        for arm in &s.arms {
-            let runs = ok(samples, s.server, arm);
-            let failed = samples
-                .iter()
-                .filter(|x| x.server == s.server && &x.arm == arm && x.error.is_some())
-                .count();
-            let failed = if failed > 0 {
-                format!(" ({failed} failed)")
-            } else {
-                String::new()
-            };
-            if runs.is_empty() {
-                let _ = writeln!(out, "| {} | {arm}{failed} | | | | | | | | |", s.server);
-                continue;
-            }
-            let x_limit = if matches!(arm.as_str(), "safeload" | "safeload-http" | "limit") {
-                format!(
-                    "{:.2}",
-                    Spread::of(&per_round(samples, s.server, (arm, "limit"), |a, l| {
-                        l.figures.seconds / a.figures.seconds
-                    }))
-                )
-            } else {
-                String::new()
-            };
-            let most = runs
-                .iter()
-                .map(|r| r.traffic.file_requests.iter().copied().max().unwrap_or(0) as f64)
-                .collect::<Vec<_>>();
-            let _ = writeln!(
-                out,
-                "| {} | {arm}{failed} | {:.3} | {:.2} | {x_limit} | {:.3} | {:.0} | {:.0} | {:.0} | {:.0} |",
-                s.server,
-                spread(&runs, |r| r.figures.seconds),
-                spread(&runs, |r| gib_s(r.traffic.bytes, r.figures.seconds)),
-                spread(&runs, |r| r.traffic.bytes as f64 / s.total as f64),
-                median(
-                    &runs
-                        .iter()
-                        .map(|r| r.traffic.requests as f64)
-                        .collect::<Vec<_>>()
-                ),
-                median(&most),
-                median(
-                    &runs
-                        .iter()
-                        .map(|r| r.traffic.connections as f64)
-                        .collect::<Vec<_>>()
-                ),
-                median(
-                    &runs
-                        .iter()
-                        .map(|r| (r.figures.maxrss_kib >> 10) as f64)
-                        .collect::<Vec<_>>()
-                ),
-            );
-        }
-    }
-
-    // The downloads, part by part, against the remote load.
-    let _ = writeln!(
-        out,
-        "\n| server | arm | download s | then load s | total s | total x remote load | cold load s | total (cold load) s | x remote load |"
-    );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
-    for s in served {
-        for arm in s.arms.iter().filter(|a| a.contains("download")) {
-            let runs = ok(samples, s.server, arm);
-            let part = |f: fn(&Figures) -> Option<f64>| {
-                spread(&runs, |r| f(&r.figures).unwrap_or(f64::NAN))
-            };
-            let cold_total = |f: &Figures| {
-                f.download_seconds.unwrap_or(f64::NAN) + f.cold_load_seconds.unwrap_or(f64::NAN)
-            };
-            let vs = |total: &dyn Fn(&Figures) -> f64| {
-                Spread::of(&per_round(samples, s.server, (arm, "safeload"), |d, r| {
-                    total(&d.figures) / r.figures.seconds
-                }))
-            };
-            let _ = writeln!(
-                out,
-                "| {} | {arm} | {:.3} | {:.3} | {:.3} | {:.2} | {:.3} | {:.3} | {:.2} |",
-                s.server,
-                part(|f| f.download_seconds),
-                part(|f| f.load_seconds),
-                spread(&runs, |r| r.figures.seconds),
-                vs(&|f| f.seconds),
-                part(|f| f.cold_load_seconds),
-                spread(&runs, |r| cold_total(&r.figures)),
-                vs(&cold_total),
-            );
-        }
-    }
-
-    let _ = writeln!(out, "\nTargets (medians):\n");
-    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
-    for s in served {
-        let quoted = if s.server == "moto" {
-            " (quoted, not judged: moto's speed is Python's)"
-        } else {
-            ""
-        };
-        let med = |v: Vec<f64>| median(&v);
-        let limit = med(ok(samples, s.server, "limit")
-            .iter()
-            .map(|r| gib_s(r.traffic.bytes, r.figures.seconds))
-            .collect());
-        if limit.is_finite() && s.server == "testhttp" {
-            let link = o.link_mib_s as f64 / 1024.0;
-            let _ = writeln!(
-                out,
-                "- {}: the limit moved {limit:.3} GiB/s, {:.0}% of the {link:.3} GiB/s link",
-                s.server,
-                100.0 * limit / link
-            );
-        }
-        for arm in ["safeload", "safeload-http"] {
-            let x = med(per_round(samples, s.server, (arm, "limit"), |a, l| {
-                l.figures.seconds / a.figures.seconds
-            }));
-            if x.is_finite() {
-                let _ = writeln!(
-                    out,
-                    "- {}, {arm}: {x:.3}x the limit >= {LIMIT_TARGET}x {}{quoted}",
-                    s.server,
-                    verdict(x >= LIMIT_TARGET)
-                );
-            }
-        }
-        for arm in ["download-then-load", "hub-download-then-load"] {
-            let x = med(per_round(samples, s.server, (arm, "safeload"), |d, r| {
-                d.figures.seconds / r.figures.seconds
-            }));
-            let cold = med(per_round(samples, s.server, (arm, "safeload"), |d, r| {
-                (d.figures.download_seconds.unwrap_or(f64::NAN)
-                    + d.figures.cold_load_seconds.unwrap_or(f64::NAN))
-                    / r.figures.seconds
-            }));
-            if x.is_finite() {
-                let _ = writeln!(
-                    out,
-                    "- {}, remote load against {arm}: {x:.2}x faster (the load after the download cold: {cold:.2}x) {}{quoted}",
-                    s.server,
-                    verdict(x > 1.0)
-                );
-            }
-        }
-        let open = ok(samples, s.server, "open");
-        if !open.is_empty() {
-            let sent = med(open.iter().map(|r| r.traffic.bytes as f64).collect());
-            let most = med(open
-                .iter()
-                .map(|r| r.traffic.file_requests.iter().copied().max().unwrap_or(0) as f64)
-                .collect());
-            let index = med(open
-                .iter()
-                .map(|r| r.traffic.index_requests as f64)
-                .collect());
-            let seconds = med(open.iter().map(|r| r.figures.seconds).collect());
-            let shards = open.first().map_or(0, |r| r.traffic.file_requests.len());
-            let serial = shards as f64 * o.latency_ms as f64 / 1000.0;
-            let serial_note = if s.server == "testhttp" {
-                format!(
-                    "; {seconds:.3} s, {:.2}x {shards} x {} ms one file after another",
-                    seconds / serial,
-                    o.latency_ms
-                )
-            } else {
-                format!("; {seconds:.3} s")
-            };
-            let _ = writeln!(
-                out,
-                "- {}, header-only open: {:.3} MiB sent < 1 MiB {}; at most {most:.0} requests per file <= 2 {} (and {index:.0} of the index){serial_note}{quoted}",
-                s.server,
-                sent / (1 << 20) as f64,
-                verdict(sent < (1 << 20) as f64),
-                verdict(most <= 2.0),
-            );
-        }
-        let shard = ok(samples, s.server, "shard");
-        if !shard.is_empty() {
-            let x = med(shard
-                .iter()
-                .map(|r| r.traffic.bytes as f64 / s.total as f64)
-                .collect());
-            let bound = SHARD_SLACK / o.world as f64;
-            let _ = writeln!(
-                out,
-                "- {}, rank 0 of {}: {x:.4}x the checkpoint sent <= {bound:.4}x {}{quoted}",
-                s.server,
-                o.world,
-                verdict(x <= bound)
-            );
-        }
-    }
-    out
 }
 
 // ---------------------------------------------------------------- a child
@@ -937,8 +743,14 @@ fn run_arm_here(arm: &str, target: &Target, pool: &rayon::ThreadPool) -> Result<
         "limit" => limit(target),
         "safeload" => remote_load(&target.url, pool),
         "safeload-http" => remote_load(target.http_url.as_deref().ok_or("no http URL")?, pool),
-        "download-then-load" => download_then_load(target, Download::Ranged, pool),
-        "hub-download-then-load" => download_then_load(target, Download::PerFile, pool),
+        "download-then-load" => download_then_load(target, ranged(target), pool),
+        "hub-download-then-load" => {
+            let per_file = Fetch::PerFile {
+                streams: target.hub_streams,
+                buffer: target.request_bytes,
+            };
+            download_then_load(target, per_file, pool)
+        }
         "open" => open(&target.url),
         "shard" => shard(target, pool),
         other => Err(format!("no arm {other}")),
@@ -1046,197 +858,42 @@ fn shard(target: &Target, pool: &rayon::ThreadPool) -> Result<Figures, String> {
     })
 }
 
-/// A buffer of `len` bytes with every page written once, so that its first use is not
-/// counted as the page faults of fresh memory.
-fn buffer(len: usize) -> Vec<u8> {
-    let mut buf = vec![0u8; len];
-    for page in buf.chunks_mut(4096) {
-        page[0] = 1;
-    }
-    buf
-}
-
-/// `n` threads, each with a connection to `endpoint` and a buffer of `buf_len` bytes,
-/// taking jobs `0..jobs` from one queue: `work(conn, buf, job)` returns the bytes it moved.
-fn in_parallel(
-    endpoint: &Endpoint,
-    n: usize,
-    buf_len: usize,
-    jobs: usize,
-    work: impl Fn(&mut Connection, &mut [u8], usize) -> Result<u64, String> + Sync,
-    start: &mut Option<Instant>,
-) -> Result<u64, String> {
-    let mut buffers: Vec<Vec<u8>> = (0..n.min(jobs.max(1))).map(|_| buffer(buf_len)).collect();
-    *start = Some(Instant::now());
-    let next = AtomicUsize::new(0);
-    let moved = AtomicU64::new(0);
-    let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = buffers
-            .iter_mut()
-            .map(|buf| {
-                let (next, moved, work) = (&next, &moved, &work);
-                scope.spawn(move || {
-                    let mut conn = Connection::new(&endpoint.host);
-                    loop {
-                        let job = next.fetch_add(1, Ordering::Relaxed);
-                        if job >= jobs {
-                            return Ok(());
-                        }
-                        moved.fetch_add(work(&mut conn, buf, job)?, Ordering::Relaxed);
-                    }
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
-            .collect()
-    });
-    results.into_iter().collect::<Result<(), String>>()?;
-    Ok(moved.into_inner())
-}
-
-/// Every file cut in pieces of `piece` bytes: (file, range).
-fn pieces(files: &[(String, u64)], piece: u64) -> Vec<(usize, std::ops::Range<u64>)> {
-    let mut out = Vec::new();
-    for (i, (_, len)) in files.iter().enumerate() {
-        let mut at = 0;
-        while at < *len {
-            let end = (at + piece).min(*len);
-            out.push((i, at..end));
-            at = end;
-        }
-    }
-    out
-}
-
 /// The server's limit: `in_flight` ranged GETs of `request_bytes` into reused buffers,
 /// every byte of every file, dropped.
 fn limit(target: &Target) -> Result<Figures, String> {
-    let endpoint = Endpoint::parse(&target.raw)?;
-    let jobs = pieces(&target.files, target.request_bytes);
-    let mut start = None;
-    let bytes = in_parallel(
-        &endpoint,
-        target.in_flight,
-        target.request_bytes as usize,
-        jobs.len(),
-        |conn, buf, job| {
-            let (file, range) = &jobs[job];
-            let url = format!("{}{}", endpoint.path, target.files[*file].0);
-            conn.get(&url, Some(range.clone()), buf, |_, _| Ok(()))
-                .map_err(|e| format!("{url}: {e}"))
-        },
-        &mut start,
-    )?;
+    let fetched = remote_fetch::read_all(&target.raw, &target.files, ranged(target))?;
     Ok(Figures {
-        seconds: start.map_or(0.0, |s| s.elapsed().as_secs_f64()),
-        bytes,
+        seconds: fetched.seconds,
+        bytes: fetched.bytes,
         ..Figures::default()
     })
 }
 
-/// How the download arms fetch the files.
-#[derive(Clone, Copy)]
-enum Download {
-    /// `in_flight` ranged GETs of `request_bytes`, each written where it belongs (`pwrite`).
-    Ranged,
-    /// One GET per file, `hub_streams` files at once, each body written in order.
-    PerFile,
+/// The limit's way of fetching: `in_flight` ranged GETs of `request_bytes`.
+fn ranged(target: &Target) -> Fetch {
+    Fetch::Ranged {
+        in_flight: target.in_flight,
+        piece: target.request_bytes,
+    }
 }
 
+/// Every file downloaded into a temporary directory (`how`), then loaded twice: on the
+/// pages as the download left them, then cold.
 fn download_then_load(
     target: &Target,
-    how: Download,
+    how: Fetch,
     pool: &rayon::ThreadPool,
 ) -> Result<Figures, String> {
-    let endpoint = Endpoint::parse(&target.raw)?;
     let dir = tempfile::Builder::new()
         .prefix("remote-download-")
         .tempdir_in(&target.download_dir)
         .map_err(|e| format!("a directory under {}: {e}", target.download_dir.display()))?;
-    let create = |name: &str, len: Option<u64>| -> Result<File, String> {
-        let path = dir.path().join(name);
-        let file = File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        if let Some(len) = len {
-            file.set_len(len)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-        }
-        Ok(file)
-    };
-    let write = |file: &File, bytes: &[u8], at: u64| {
-        file.write_all_at(bytes, at)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("writing: {e}")))
-    };
-    let mut start = None;
-    let files: Vec<File>;
-    let bytes = match how {
-        Download::Ranged => {
-            let jobs = pieces(&target.files, target.request_bytes);
-            // The files are made inside the timed part: `in_parallel` starts the clock
-            // before its threads, so they are made by the first job of each.
-            let made: Vec<std::sync::OnceLock<Result<File, String>>> =
-                target.files.iter().map(|_| Default::default()).collect();
-            let bytes = in_parallel(
-                &endpoint,
-                target.in_flight,
-                target.request_bytes as usize,
-                jobs.len(),
-                |conn, buf, job| {
-                    let (i, range) = &jobs[job];
-                    let (name, len) = &target.files[*i];
-                    let file = made[*i]
-                        .get_or_init(|| create(name, Some(*len)))
-                        .as_ref()
-                        .map_err(Clone::clone)?;
-                    let url = format!("{}{name}", endpoint.path);
-                    conn.get(&url, Some(range.clone()), buf, |b, at| {
-                        write(file, b, range.start + at)
-                    })
-                    .map_err(|e| format!("{url}: {e}"))
-                },
-                &mut start,
-            )?;
-            files = made
-                .into_iter()
-                .filter_map(|m| m.into_inner().and_then(Result::ok))
-                .collect();
-            bytes
-        }
-        Download::PerFile => {
-            let made: Vec<Mutex<Option<File>>> =
-                target.files.iter().map(|_| Mutex::new(None)).collect();
-            let bytes = in_parallel(
-                &endpoint,
-                target.hub_streams,
-                target.request_bytes as usize,
-                target.files.len(),
-                |conn, buf, i| {
-                    let name = &target.files[i].0;
-                    let file = create(name, None)?;
-                    let url = format!("{}{name}", endpoint.path);
-                    let n = conn
-                        .get(&url, None, buf, |b, at| write(&file, b, at))
-                        .map_err(|e| format!("{url}: {e}"))?;
-                    *made[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
-                    Ok(n)
-                },
-                &mut start,
-            )?;
-            files = made
-                .into_iter()
-                .filter_map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
-                .collect();
-            bytes
-        }
-    };
-    let download = start.map_or(0.0, |s| s.elapsed().as_secs_f64());
+    let (fetched, files) = remote_fetch::download(&target.raw, &target.files, how, dir.path())?;
     let expected: u64 = target.files.iter().map(|(_, len)| len).sum();
-    if bytes != expected {
-        return Err(format!("downloaded {bytes} bytes of {expected}"));
+    if fetched.bytes != expected {
+        return Err(format!("downloaded {} bytes of {expected}", fetched.bytes));
     }
     let path = dir.path().to_str().ok_or("a temporary path not in UTF-8")?;
-    // The load on the pages as the download left them.
     let (load, tensor_bytes, tensors, sum) = load_and_touch(path, pool)?;
     // Again cold: synced (`posix_fadvise(DONTNEED)` drops clean pages only), then evicted.
     for file in &files {
@@ -1246,8 +903,8 @@ fn download_then_load(
     safeload::evict(dir.path()).map_err(|e| format!("evicting: {e}"))?;
     let (cold, _, _, cold_sum) = load_and_touch(path, pool)?;
     Ok(Figures {
-        seconds: download + load,
-        download_seconds: Some(download),
+        seconds: fetched.seconds + load,
+        download_seconds: Some(fetched.seconds),
         load_seconds: Some(load),
         cold_load_seconds: Some(cold),
         bytes: tensor_bytes,

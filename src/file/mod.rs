@@ -122,9 +122,13 @@ pub(crate) fn open_all(
         table: table.as_ref(),
         clock,
     };
-    let (files, openers) = workers::map(shards, threads(opts), "safeload-open", |shard| {
-        open(shard, &ctx)
-    })?;
+    // A remote file's open waits on a round trip, not a core: every file at
+    // once (up to the readers' most), unless the caller set the threads.
+    let width = match (resolved.is_remote(), opts.threads) {
+        (true, None) => shards.len().clamp(1, crate::adapt::MAX_READERS),
+        _ => threads(opts),
+    };
+    let (files, openers) = workers::map(shards, width, "safeload-open", |shard| open(shard, &ctx))?;
     let notes = openers
         .shortfall()
         .map(|s| format!("opening files: {s}"))

@@ -356,6 +356,7 @@ mod cancel;
 #[cfg(feature = "candle")]
 pub mod candle;
 mod checkpoint;
+mod cluster;
 #[doc(hidden)]
 pub mod convert;
 #[doc(hidden)]

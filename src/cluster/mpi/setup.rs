@@ -1,0 +1,110 @@
+//! From `MPI_COMM_WORLD` to one participant per node: the processes agree on how nodes are
+//! identified, split into one communicator per node, and the first process of each node joins
+//! the communicator of the participants, whose rank is the node's index.
+
+use mpi::topology::{Color, Rank, SimpleCommunicator};
+use mpi::traits::*;
+
+use super::identity::NodeIdentity;
+use super::{init, worker::complete};
+use crate::cluster::{ExchangeError, ExchangeErrorKind};
+
+/// Where this process stands in the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Placement {
+    /// The node's index, 0..nodes.
+    pub node: usize,
+    /// The number of nodes.
+    pub nodes: usize,
+    /// This process's rank among its node's processes (0 is the participant).
+    pub local_rank: usize,
+    /// The number of processes on this node.
+    pub local_ranks: usize,
+}
+
+/// Splits `MPI_COMM_WORLD` by node: where this process stands, and the participants'
+/// communicator where this process is its node's participant. A collective over the world:
+/// every process of the job calls it.
+///
+/// The splits are blocking collectives (MPI has no non-blocking split), so an all-gather of
+/// every process's identity, non-blocking, goes first: once it has completed every process has
+/// arrived, and the splits that follow do not wait on an absent one.
+pub(super) fn split_by_node(
+    identity: NodeIdentity,
+) -> Result<(Placement, Option<SimpleCommunicator>), ExchangeError> {
+    let world = SimpleCommunicator::world();
+    let (rank, size) = init::call(|| (world.rank(), world.size()));
+
+    let mine = identity.encode();
+    let mut all: Vec<Rank> = vec![0; 2 * index(size)];
+    mpi::request::scope(|scope| {
+        complete(init::call(|| {
+            world.immediate_all_gather_into(scope, &mine[..], &mut all[..])
+        }))
+    });
+    let tags = all.chunks_exact(2).filter_map(|pair| pair.first().copied());
+    if let Some((other, tag)) = tags.enumerate().find(|(_, tag)| *tag != mine[0]) {
+        return Err(ExchangeError::new(
+            ExchangeErrorKind::Setup,
+            format!(
+                "the processes are not identified the same way: world rank {rank} by {}, world \
+                 rank {other} by {}; set {} in every process or in none",
+                NodeIdentity::describe_tag(mine[0]),
+                NodeIdentity::describe_tag(tag),
+                super::identity::NODE_ID_ENV,
+            ),
+        ));
+    }
+
+    let (local, key) = match identity {
+        NodeIdentity::SharedMemory => (init::call(|| world.split_shared(rank)), rank),
+        NodeIdentity::Given { id, .. } => {
+            let local = init::call(|| world.split_by_color_with_key(Color::with_value(id), rank));
+            // A defined color always gives a communicator; `None` would be an MPI fault.
+            let local = local.ok_or_else(|| {
+                ExchangeError::new(
+                    ExchangeErrorKind::Setup,
+                    format!("MPI gave no communicator for the processes of node {id}"),
+                )
+            })?;
+            // The nodes are indexed in the order of their numbers.
+            (local, id)
+        }
+    };
+    let (local_rank, local_ranks) = init::call(|| (local.rank(), local.size()));
+    let color = if local_rank == 0 {
+        Color::with_value(0)
+    } else {
+        Color::undefined()
+    };
+    let participants = init::call(|| world.split_by_color_with_key(color, key));
+
+    // The participant tells its node's other processes the node's index and the count.
+    let mut place: [Rank; 2] = match &participants {
+        Some(comm) => init::call(|| [comm.rank(), comm.size()]),
+        None => [0, 0],
+    };
+    mpi::request::scope(|scope| {
+        complete(init::call(|| {
+            local
+                .process_at_rank(0)
+                .immediate_broadcast_into(scope, &mut place[..])
+        }))
+    });
+    init::call(|| drop(local));
+    let [node, nodes] = place;
+    Ok((
+        Placement {
+            node: index(node),
+            nodes: index(nodes),
+            local_rank: index(local_rank),
+            local_ranks: index(local_ranks),
+        },
+        participants,
+    ))
+}
+
+/// A rank or a size as an index (MPI's are never negative).
+pub(super) fn index(rank: Rank) -> usize {
+    usize::try_from(rank).unwrap_or_default()
+}

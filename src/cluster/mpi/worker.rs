@@ -1,0 +1,178 @@
+//! The exchange's MPI thread: it owns the communicators and the buffers that MPI reads and
+//! writes, runs the collectives the exchange hands it, and answers each when it completes.
+//!
+//! Why a thread: a collective whose peer stalls cannot be cancelled (MPI has no cancellation
+//! of collectives), and its buffer must stay valid until it completes. The caller waits for the
+//! answer with a deadline and returns an error when it passes; the buffer belongs to this
+//! thread, which goes on testing the pending request (slowly) for as long as the process lives.
+//! So a timeout never leaves MPI writing into memory the caller got back, and no `unsafe` is
+//! needed for it.
+
+use std::sync::mpsc::{Receiver, Sender};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use mpi::Count;
+use mpi::datatype::PartitionMut;
+use mpi::request::{Request, Scope};
+use mpi::topology::{Rank, SimpleCommunicator};
+use mpi::traits::*;
+
+use super::identity::NodeIdentity;
+use super::init;
+use super::setup::{Placement, index, split_by_node};
+use crate::cluster::{ExchangeError, ExchangeErrorKind};
+
+/// A collective for the thread to run.
+pub(super) enum Job {
+    /// Every node's bytes, in node order.
+    AllGather {
+        mine: Vec<u8>,
+        reply: Sender<Result<Vec<Vec<u8>>, ExchangeError>>,
+    },
+    /// `buf` sent from `root`, or overwritten with the root's; the buffer comes back in the
+    /// reply, for the next job.
+    Broadcast {
+        root: Rank,
+        buf: Vec<u8>,
+        reply: Sender<Vec<u8>>,
+    },
+}
+
+/// The thread's body: initialize MPI, split the world by node, say where this process stands
+/// on `ready`, then, on the participant, run `jobs` until the exchange is dropped.
+pub(super) fn run(
+    identity: NodeIdentity,
+    ready: Sender<Result<Placement, ExchangeError>>,
+    jobs: Receiver<Job>,
+) {
+    let participants = match init::ensure().and_then(|()| split_by_node(identity)) {
+        Ok((placement, participants)) => {
+            // The caller may have given up waiting: nothing to tell then.
+            let _ = ready.send(Ok(placement));
+            participants
+        }
+        Err(err) => {
+            let _ = ready.send(Err(err));
+            return;
+        }
+    };
+    let Some(comm) = participants else {
+        return;
+    };
+    while let Ok(job) = jobs.recv() {
+        match job {
+            Job::AllGather { mine, reply } => {
+                let _ = reply.send(all_gather(&comm, &mine));
+            }
+            Job::Broadcast {
+                root,
+                mut buf,
+                reply,
+            } => {
+                broadcast(&comm, root, &mut buf);
+                let _ = reply.send(buf);
+            }
+        }
+    }
+    // Freeing a communicator after `MPI_Finalize` (an exit under way) is an MPI error.
+    if !mpi::is_finalized() {
+        init::call(|| drop(comm));
+    }
+}
+
+fn broadcast(comm: &SimpleCommunicator, root: Rank, buf: &mut Vec<u8>) {
+    mpi::request::scope(|scope| {
+        complete(init::call(|| {
+            comm.process_at_rank(root)
+                .immediate_broadcast_into(scope, buf.as_mut_slice())
+        }))
+    });
+}
+
+/// Two collectives: every node's length, then the bytes (`MPI_Iallgatherv`). A total over
+/// MPI's count (`i32::MAX` bytes) is refused on every node alike, since every node sees the
+/// same lengths.
+fn all_gather(comm: &SimpleCommunicator, mine: &[u8]) -> Result<Vec<Vec<u8>>, ExchangeError> {
+    let nodes = index(init::call(|| comm.size()));
+    let len = u64::try_from(mine.len()).unwrap_or(u64::MAX);
+    let mut lens = vec![0u64; nodes];
+    mpi::request::scope(|scope| {
+        complete(init::call(|| {
+            comm.immediate_all_gather_into(scope, &len, &mut lens[..])
+        }))
+    });
+    let total: u64 = lens.iter().sum();
+    let too_large = || {
+        ExchangeError::new(
+            ExchangeErrorKind::Usage,
+            format!(
+                "all_gather of {total} bytes in all: more than MPI moves in one call ({} bytes)",
+                Count::MAX
+            ),
+        )
+    };
+    let mut counts: Vec<Count> = Vec::with_capacity(nodes);
+    let mut displs: Vec<Count> = Vec::with_capacity(nodes);
+    let mut at: Count = 0;
+    for &len in &lens {
+        let count = Count::try_from(len).map_err(|_| too_large())?;
+        counts.push(count);
+        displs.push(at);
+        at = at.checked_add(count).ok_or_else(too_large)?;
+    }
+    let mut all = vec![0u8; usize::try_from(total).map_err(|_| too_large())?];
+    {
+        let mut partition = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
+        mpi::request::scope(|scope| {
+            complete(init::call(|| {
+                comm.immediate_all_gather_varcount_into(scope, mine, &mut partition)
+            }))
+        });
+    }
+    let mut rest = all.as_slice();
+    let mut each = Vec::with_capacity(nodes);
+    for &len in &lens {
+        let (head, tail) = usize::try_from(len)
+            .ok()
+            .and_then(|len| rest.split_at_checked(len))
+            .ok_or_else(too_large)?;
+        each.push(head.to_vec());
+        rest = tail;
+    }
+    Ok(each)
+}
+
+/// Tests `request` until it completes, pausing between tests ([`pause`]). No deadline here:
+/// the caller's wait has it, and a request that never completes keeps this thread (and the
+/// buffer) for the rest of the process.
+pub(super) fn complete<'a, D: ?Sized, S: Scope<'a>>(mut request: Request<'a, D, S>) {
+    let start = Instant::now();
+    loop {
+        match init::call(move || request.test()) {
+            Ok(_) => return,
+            Err(pending) => request = pending,
+        }
+        pause(start.elapsed());
+    }
+}
+
+/// The pause before testing a pending collective again, after `waited`.
+///
+/// MPI moves the bytes of a non-blocking collective only inside MPI calls (Open MPI's `ob1`
+/// over shared memory and TCP has no progress thread), so the thread spins (yielding the core)
+/// for the first milliseconds, when the collective is most likely moving bytes, then tests
+/// every 100 µs: a node that arrives late (still reading its share) costs little CPU. After a
+/// second it is most likely a late or stalled node, tested every 10 ms.
+///
+/// NOTE: Open MPI's blocking collectives spin without pause; these steps are chosen, not
+/// measured on a fabric: the loopback tests move 3 MiB ranges through them.
+fn pause(waited: Duration) {
+    if waited < Duration::from_millis(5) {
+        thread::yield_now();
+    } else if waited < Duration::from_secs(1) {
+        thread::sleep(Duration::from_micros(100));
+    } else {
+        thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -95,6 +95,9 @@ pub enum Operation {
     Evict,
     /// Writing a file (the demo checkpoint).
     Write,
+    /// Moving a file's bytes between the nodes of a job, or agreeing on
+    /// them (`SAFELOAD_EXCHANGE`).
+    Exchange,
 }
 
 impl Operation {
@@ -114,6 +117,7 @@ impl Operation {
             Operation::Prefetch => "prefetching",
             Operation::Evict => "evicting from the page cache",
             Operation::Write => "writing",
+            Operation::Exchange => "exchanging between nodes",
         }
     }
 }

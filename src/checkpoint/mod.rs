@@ -222,6 +222,7 @@ impl Checkpoint {
             clock: Instant::now(),
             notes: Vec::new(),
             path: &inner.path,
+            exchange: None,
         }
         .finish(&files)
     }

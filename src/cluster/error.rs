@@ -6,6 +6,8 @@
 
 /// What went wrong in an exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// Setup, TimedOut and Broken come from the MPI exchange (feature `mpi`) and the tests' loopback.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) enum ExchangeErrorKind {
     /// The exchange could not be set up: MPI missing or initialized without the thread support
     /// it needs, a node identity that does not parse, nodes that disagree on how they are

@@ -23,9 +23,6 @@
 //! corrupt received ranges with `SAFELOAD_TEST_CORRUPT_EXCHANGE=<node>`, read only in test
 //! builds (`mpi.rs`).
 
-// Nothing above the trait calls it yet: the load is wired to it next (issue 27).
-#![cfg_attr(not(test), allow(dead_code, unused_imports))]
-
 mod checked;
 mod error;
 #[cfg(test)]
@@ -60,8 +57,56 @@ pub(crate) trait Exchange: Send + Sync {
     fn broadcast(&self, owner: usize, buf: &mut [u8]) -> Result<(), ExchangeError>;
 }
 
+/// The environment variable that turns the exchange on for a load (`mpi`), for job scripts
+/// and tests: the nodes of the job read each byte once between them.
+pub(crate) const EXCHANGE_ENV: &str = "SAFELOAD_EXCHANGE";
+
+/// This process's exchange, as the environment asks ([`EXCHANGE_ENV`]): `None` where it is
+/// unset (or `0`/`none`), else the node's exchange (`None` on a process that is not its
+/// node's participant) and the process's local rank and size among its node's processes.
+///
+/// # Errors
+///
+/// An exchange that cannot be joined (the timeout, a node identity that does not parse, MPI
+/// missing), or a value this build does not know (`mpi` without the feature `mpi`), in words.
+pub(crate) fn from_env() -> Result<Option<Joined>, String> {
+    let Ok(value) = std::env::var(EXCHANGE_ENV) else {
+        return Ok(None);
+    };
+    match value.trim() {
+        "" | "0" | "none" | "off" => Ok(None),
+        #[cfg(feature = "mpi")]
+        "mpi" => {
+            let settings = mpi::MpiSettings::from_env().map_err(|e| e.to_string())?;
+            let joined = mpi::MpiExchange::join(&settings).map_err(|e| e.to_string())?;
+            Ok(Some(Joined {
+                exchange: joined
+                    .exchange
+                    .map(|e| std::sync::Arc::new(e) as std::sync::Arc<dyn Exchange>),
+                local_rank: (joined.local_rank, joined.local_ranks),
+            }))
+        }
+        #[cfg(not(feature = "mpi"))]
+        "mpi" => Err(format!(
+            "{EXCHANGE_ENV}=mpi needs safeload built with the feature `mpi`"
+        )),
+        other => Err(format!(
+            "{EXCHANGE_ENV}={other:?} is not a known exchange (mpi)"
+        )),
+    }
+}
+
+/// A process's part in a job's exchange.
+pub(crate) struct Joined {
+    /// The node's exchange, on its participant.
+    pub exchange: Option<std::sync::Arc<dyn Exchange>>,
+    /// This process's rank and the number of processes on its node.
+    pub local_rank: (usize, usize),
+}
+
 /// The environment variable bounding every collective: seconds (a decimal number) a node
 /// waits for the others before it gives up with [`ExchangeErrorKind::TimedOut`].
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) const TIMEOUT_ENV: &str = "SAFELOAD_EXCHANGE_TIMEOUT_SECS";
 
 /// The bound on a collective where [`TIMEOUT_ENV`] is unset.
@@ -69,11 +114,13 @@ pub(crate) const TIMEOUT_ENV: &str = "SAFELOAD_EXCHANGE_TIMEOUT_SECS";
 /// A collective waits for the slowest node to arrive, and a node arrives at a range's broadcast
 /// only after reading its share up to it: the bound covers a read of a share's chunk from slow
 /// storage, not only the transfer. A minute is far above that, and far below a job's patience.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The deadline of every collective: [`TIMEOUT_ENV`] from `var` (a lookup of the environment),
 /// else [`DEFAULT_TIMEOUT`]. A value that is not a positive number of seconds is an error
 /// naming the variable.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn timeout_from(
     var: impl Fn(&str) -> Option<String>,
 ) -> Result<Duration, ExchangeError> {

@@ -12,9 +12,10 @@ use crate::jobs::{
     ConvertFrom, ConvertSource, Job, Tagged, run, split_convert, split_populate, split_read,
 };
 use crate::os::DIRECT_ALIGN;
+use crate::plan::cluster::Piece;
 use crate::progress::{Callback, Meter, Phase};
 use crate::source::Source;
-use crate::storage::Storage;
+use crate::storage::{Segment, Storage};
 use crate::verify::{Digest256, StreamHasher};
 
 /// Reads every buffered file, and populates mapped ones when asked, through
@@ -23,6 +24,10 @@ use crate::verify::{Digest256, StreamHasher};
 /// report, how many reads the load kept in flight and why, and where the OS
 /// refused some reader threads, how many ran. Sealing is the caller's next
 /// step ([`Filling::seal`]).
+///
+/// With `share` (a load split between the nodes of a job, `exchange.rs`),
+/// a buffered file's reads are only the pieces this node owns; the rest
+/// arrive from the other nodes afterwards.
 pub(crate) fn read_all(
     opened: &mut [Filling<'_>],
     concurrency: Concurrency,
@@ -30,6 +35,7 @@ pub(crate) fn read_all(
     (populate, verify): (bool, bool),
     clock: Instant,
     progress: Option<&Callback>,
+    share: Option<(&[Piece], usize)>,
 ) -> Result<(Option<Settled>, Option<String>)> {
     let mut shortfall = None;
     let mut settled = None;
@@ -128,7 +134,26 @@ pub(crate) fn read_all(
         };
         let mut rest: &mut [u8] = buffer.bytes_mut();
         let mut at = 0u64;
-        for segment in &layout.segments {
+        // This node's pieces of the file, as segments, where the load is
+        // shared between nodes; else the layout's segments.
+        let owned: Vec<Segment>;
+        let segments: &[Segment] = match share {
+            Some((pieces, me)) => {
+                owned = pieces
+                    .iter()
+                    .filter(|p| p.file == file_index && p.owner == me)
+                    .map(|p| Segment {
+                        src: p.src,
+                        dst: p.dst,
+                        len: p.len,
+                        required: p.required,
+                    })
+                    .collect();
+                &owned
+            }
+            None => &layout.segments,
+        };
+        for segment in segments {
             let skip = usize::try_from(segment.dst - at).unwrap_or(usize::MAX);
             let len = usize::try_from(segment.len).unwrap_or(usize::MAX);
             let Some((_, tail)) = rest.split_at_mut_checked(skip) else {

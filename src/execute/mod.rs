@@ -1,6 +1,7 @@
 //! A load once its files are open, shared by `Loader::load` and `Checkpoint::load_filtered`: prefetch, plan, fill (the read engine), seal, verify, assemble.
 
 pub(crate) mod engine;
+pub(crate) mod exchange;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -36,6 +37,10 @@ pub(crate) struct Run<'a> {
     pub notes: Vec<String>,
     /// The checkpoint's path, for errors about the whole load.
     pub path: &'a Path,
+    /// The job's exchange between nodes, on this node's participant
+    /// (`SAFELOAD_EXCHANGE`): the load's buffered reads split between the
+    /// nodes.
+    pub exchange: Option<&'a dyn crate::cluster::Exchange>,
 }
 
 impl Run<'_> {
@@ -53,6 +58,7 @@ impl Run<'_> {
             clock,
             mut notes,
             path,
+            exchange,
         } = self;
         // 1. One copy per node of what several local ranks read buffered,
         // then the page cache warmed for the rest before any tensor byte is
@@ -140,6 +146,19 @@ impl Run<'_> {
             (opts.io_concurrency, opts.read_size),
         );
         let verify = policy::verify(opts.verify, env, !opts.expected_sha256.is_empty());
+        // Split between the nodes of a job, where they agree on the files.
+        let exchange = exchange.filter(|e| e.nodes() > 1);
+        let share = match exchange {
+            Some(ex) => {
+                let facts = exchange::Facts {
+                    converting: opts.dtype.is_some(),
+                    verifying: verify,
+                };
+                exchange::agree(ex, &mut filling, &facts, path, &mut notes)?
+                    .map(|pieces| (ex, pieces))
+            }
+            None => None,
+        };
         let (io, readers) = engine::read_all(
             &mut filling,
             concurrency,
@@ -147,7 +166,11 @@ impl Run<'_> {
             (opts.populate, verify),
             clock,
             opts.progress.as_ref(),
+            share.as_ref().map(|(ex, p)| (p.as_slice(), ex.node())),
         )?;
+        if let Some((ex, pieces)) = &share {
+            notes.push(exchange::receive(*ex, &mut filling, pieces, clock)?);
+        }
         notes.extend(readers.map(|s| format!("reading: {s}")));
         let mut sealed = filling
             .into_iter()

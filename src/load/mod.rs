@@ -326,8 +326,24 @@ impl Loader {
             return Err(cancel::cancelled(path));
         }
         let files: Vec<_> = files.iter().map(|f| (f, f.opened_at())).collect();
+        // The job's exchange between nodes, where `SAFELOAD_EXCHANGE` asks:
+        // joined by every process, its local rank then the node's.
+        let joined = crate::cluster::from_env().map_err(|why| {
+            crate::error::Error::io(
+                crate::error::Operation::Exchange,
+                path,
+                None,
+                std::io::Error::other(why),
+            )
+        })?;
+        let mut opts = std::borrow::Cow::Borrowed(&self.opts);
+        if let Some(joined) = &joined {
+            if opts.local_rank.is_none() {
+                opts.to_mut().local_rank = Some(joined.local_rank);
+            }
+        }
         Run {
-            opts: &self.opts,
+            opts: &opts,
             resolved: &resolved,
             env: &env,
             keep: self
@@ -338,6 +354,7 @@ impl Loader {
             clock,
             notes,
             path,
+            exchange: joined.as_ref().and_then(|j| j.exchange.as_deref()),
         }
         .finish(&files)
     }

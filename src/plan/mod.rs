@@ -4,8 +4,6 @@
 //! residency of a file, the memory available) are closures asked only when a
 //! rule needs them, so that every rule is tested by tables.
 
-// The split between nodes (issue 27): called once the exchange is wired in.
-#[allow(dead_code)]
 pub(crate) mod cluster;
 #[cfg(test)]
 mod tests;

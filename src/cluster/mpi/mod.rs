@@ -61,7 +61,9 @@ use std::time::Duration;
 
 use mpi::topology::Rank;
 
-pub(crate) use identity::{NODE_ID_ENV, NodeIdentity, SLURM_NODE_ID_ENV};
+pub(crate) use identity::NodeIdentity;
+#[cfg(test)]
+pub(crate) use identity::{NODE_ID_ENV, SLURM_NODE_ID_ENV};
 
 use super::{Exchange, ExchangeError, ExchangeErrorKind, timeout_from};
 use worker::Job;
@@ -115,9 +117,12 @@ impl MpiSettings {
 /// Where a process stands in an MPI job, and its exchange if it is its node's participant.
 pub(crate) struct MpiMembership {
     /// The node's index, 0..nodes (the order of `SAFELOAD_NODE_ID` or `SLURM_NODEID` numbers,
-    /// else of the nodes' first world ranks).
+    /// else of the nodes' first world ranks). The load takes it from the exchange, on the
+    /// participant; the tests read it on every process.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) node: usize,
     /// The number of nodes.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) nodes: usize,
     /// This process's rank among its node's processes.
     pub(crate) local_rank: usize,

@@ -12,6 +12,8 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+mod loads;
+
 use super::{
     CHUNK, CORRUPT_ENV, MpiExchange, MpiMembership, MpiSettings, NODE_ID_ENV, SLURM_NODE_ID_ENV,
 };
@@ -413,6 +415,11 @@ fn child() {
     let Ok(role) = std::env::var(ROLE) else {
         return;
     };
+    if role == "load" {
+        // A load through the public API, which joins the exchange itself.
+        loads::act();
+        return;
+    }
     let settings = MpiSettings::from_env().unwrap();
     if role == "late" && settings.identity.encode()[1] == 1 {
         println!("NODE ? LATE");

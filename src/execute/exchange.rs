@@ -1,0 +1,181 @@
+//! A load split between the nodes of a job (issue 27): the nodes agree on the files and their plan, each reads its share of the buffered files' pieces from storage, then every piece is broadcast from the node that read it, checked by its digest, into the same place of every other node's buffer.
+//!
+//! Every node runs the same steps in the same order, so that the
+//! collectives match: one all-gather of the files' descriptions (also where
+//! a node cannot take part: it says why, and every node reads alone), then
+//! one checked broadcast per piece, in the split's order (`plan/cluster.rs`).
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use crate::cluster::{Exchange, ExchangeError, ExchangeErrorKind, broadcast_checked};
+use crate::error::{Error, Operation, Result};
+use crate::file::life::{Destination, Filling};
+use crate::file::since;
+use crate::plan::cluster::{self, FileFacts, PIECE, Piece};
+use crate::source::VersionTag;
+use crate::storage::BufferLayout;
+
+/// What a load that may be split between nodes needs to know of itself.
+pub(crate) struct Facts {
+    /// The load converts dtypes (its conversions read the files themselves).
+    pub converting: bool,
+    /// The load hashes each file whole as it reads it (`verify`).
+    pub verifying: bool,
+}
+
+/// Agrees with the other nodes on the files of `filling` and their plan:
+/// the pieces to split where every node can take part and sees the same
+/// files, versions and plan; `None` (every node reads alone) with the
+/// reason in `notes` otherwise.
+///
+/// # Errors
+///
+/// The all-gather failed (a node died or stalled), naming the checkpoint.
+pub(crate) fn agree(
+    exchange: &dyn Exchange,
+    filling: &mut [Filling<'_>],
+    facts: &Facts,
+    path: &std::path::Path,
+    notes: &mut Vec<String>,
+) -> Result<Option<Vec<Piece>>> {
+    let layouts: Vec<Option<BufferLayout>> = filling
+        .iter_mut()
+        .map(|f| match &*f.parts().destination {
+            Destination::Buffer { layout, .. } => Some(layout.clone()),
+            Destination::Map(_) => None,
+        })
+        .collect();
+    let names: Vec<String> = filling
+        .iter()
+        .map(|f| {
+            let path = f.file().path();
+            path.file_name()
+                .map_or_else(|| path.to_string_lossy(), |n| n.to_string_lossy())
+                .into_owned()
+        })
+        .collect();
+    let mut refusal = None;
+    if facts.converting {
+        refusal = Some("the load converts dtypes".to_owned());
+    } else if facts.verifying {
+        refusal = Some("verify hashes each file whole as it reads it".to_owned());
+    }
+    let mut described = Vec::with_capacity(filling.len());
+    for ((f, layout), name) in filling.iter().zip(&layouts).zip(&names) {
+        let version = match &f.file().source().version().tag {
+            VersionTag::Inode { mtime_ns, .. } => format!("mtime {mtime_ns}"),
+            VersionTag::ETag(etag) => format!("etag {etag}"),
+            VersionTag::Unknown => {
+                refusal.get_or_insert_with(|| format!("the version of {name} cannot be told"));
+                String::new()
+            }
+        };
+        described.push(FileFacts {
+            name,
+            len: f.file().size(),
+            version,
+            layout: layout.as_ref(),
+        });
+    }
+    let mut mine = match &refusal {
+        Some(why) => format!("no\t{why}\n").into_bytes(),
+        None => b"yes\n".to_vec(),
+    };
+    mine.extend(cluster::describe(&described));
+    let all = exchange
+        .all_gather(&mine)
+        .map_err(|e| exchange_error(path, None, &e))?;
+    let refused = all.iter().enumerate().find_map(|(node, d)| {
+        let text = String::from_utf8_lossy(d);
+        let first = text.lines().next().unwrap_or_default().to_owned();
+        first
+            .strip_prefix("no\t")
+            .map(|why| format!("node {node}: {why}"))
+    });
+    if let Some(why) = refused {
+        notes.push(format!("each node read alone ({why})"));
+        return Ok(None);
+    }
+    if let Err(why) = cluster::agree(&all) {
+        notes.push(format!("each node read alone ({why})"));
+        return Ok(None);
+    }
+    let refs: Vec<Option<&BufferLayout>> = layouts.iter().map(Option::as_ref).collect();
+    let pieces = cluster::split(&refs, PIECE, exchange.nodes());
+    Ok((!pieces.is_empty()).then_some(pieces))
+}
+
+/// Broadcasts every piece from its owner into the same place of every other
+/// node's buffer, checked by the owner's digest, in the split's order; what
+/// this node did, for the load's notes.
+///
+/// # Errors
+///
+/// A broadcast failed (a node died or stalled) or a piece arrived corrupted:
+/// the file and its offset, and why.
+pub(crate) fn receive(
+    exchange: &dyn Exchange,
+    filling: &mut [Filling<'_>],
+    pieces: &[Piece],
+    clock: Instant,
+) -> Result<String> {
+    let me = exchange.node();
+    let (mut read, mut received) = (0u64, 0u64);
+    for piece in pieces {
+        let Some(file) = filling.get_mut(piece.file) else {
+            continue;
+        };
+        let path = file.file().path().to_path_buf();
+        let parts = file.parts();
+        let Destination::Buffer { buffer, .. } = parts.destination else {
+            continue;
+        };
+        let range = usize::try_from(piece.dst)
+            .ok()
+            .zip(usize::try_from(piece.len).ok())
+            .and_then(|(start, len)| Some(start..start.checked_add(len)?));
+        let Some(bytes) = range.and_then(|r| buffer.bytes_mut().get_mut(r)) else {
+            let e = ExchangeError::new(
+                ExchangeErrorKind::Usage,
+                format!("a piece of {} bytes lies outside the buffer", piece.len),
+            );
+            return Err(exchange_error(&path, Some(piece.src), &e));
+        };
+        broadcast_checked(exchange, piece.owner, bytes)
+            .map_err(|e| exchange_error(&path, Some(piece.src), &e))?;
+        if piece.owner == me {
+            read += piece.len;
+        } else {
+            received += piece.len;
+            parts.finished_at.fetch_max(since(clock), Ordering::Relaxed);
+        }
+    }
+    let total = read + received;
+    Ok(format!(
+        "read once per cluster: this node (node {me} of {}) read {} of {} from storage and \
+         received the rest from the other nodes, each range's SHA-256 checked",
+        exchange.nodes(),
+        crate::report::human_bytes(read),
+        crate::report::human_bytes(total),
+    ))
+}
+
+/// The crate's error for a failed exchange: an I/O error of
+/// [`Operation::Exchange`] on `path` (at `offset` in the file, for a piece),
+/// of the kind that says what happened.
+fn exchange_error(path: &std::path::Path, offset: Option<u64>, e: &ExchangeError) -> Error {
+    let kind = match e.kind() {
+        ExchangeErrorKind::TimedOut => io::ErrorKind::TimedOut,
+        ExchangeErrorKind::Corrupt => io::ErrorKind::InvalidData,
+        ExchangeErrorKind::Broken => io::ErrorKind::BrokenPipe,
+        ExchangeErrorKind::Setup | ExchangeErrorKind::Usage => io::ErrorKind::Other,
+    };
+    Error::io(
+        Operation::Exchange,
+        path,
+        offset,
+        io::Error::new(kind, e.to_string()),
+    )
+}

@@ -104,12 +104,7 @@ mod tests {
     use super::*;
 
     fn identity(pairs: &[(&str, &str)]) -> Result<NodeIdentity, ExchangeError> {
-        NodeIdentity::from_vars(|name| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| v.to_string())
-        })
+        NodeIdentity::from_vars(crate::cluster::tests::vars(pairs))
     }
 
     #[test]

@@ -356,7 +356,7 @@ mod cancel;
 #[cfg(feature = "candle")]
 pub mod candle;
 mod checkpoint;
-mod cluster;
+pub mod cluster;
 #[doc(hidden)]
 pub mod convert;
 #[doc(hidden)]

@@ -32,6 +32,8 @@ pub(crate) struct Options {
     pub expected_sha256: Vec<(String, String)>,
     pub dtype: Option<Dtype>,
     pub progress: Option<crate::progress::Callback>,
+    /// The engine's communicator, for a load split between nodes.
+    pub exchange: Option<Arc<dyn crate::cluster::Communicator>>,
     /// What stops the load early (`Loader::cancel_on`, a dropped async load).
     pub cancel: Cancel,
 }
@@ -53,6 +55,10 @@ impl fmt::Debug for Options {
             .field("expected_sha256", &self.expected_sha256)
             .field("dtype", &self.dtype)
             .field("progress", &self.progress.as_ref().map(|_| "<fn>"))
+            .field(
+                "exchange",
+                &self.exchange.as_ref().map(|c| (c.node(), c.nodes())),
+            )
             .field("cancel", &self.cancel)
             .finish_non_exhaustive()
     }

@@ -1,29 +1,34 @@
-//! The exchange between nodes: a small trait for the collectives that move byte ranges from the
-//! node that read them to every other node, and the checked broadcast built on it.
+//! Read once per cluster: the nodes of a job split a checkpoint's reads between them and
+//! exchange the rest, through MPI (feature `mpi`, `SAFELOAD_EXCHANGE=mpi`) or the engine's own
+//! communicator ([`Communicator`], given to [`Loader::exchange`](crate::Loader::exchange)).
 //!
-//! Read once per cluster (issue 27) splits a checkpoint's reads among the nodes of a job; each
-//! node then receives the other nodes' shares over the fabric. The movement is an engine's job,
-//! not a protocol of ours: [`Exchange`] is what an engine implements with the communicator it
-//! already has (NCCL, a ring, MPI), and `mpi.rs` (feature `mpi`) implements it on MPI.
+//! Every node needs the whole checkpoint, so N nodes pull N times its bytes through the one
+//! filesystem or store they share. With an exchange, the nodes first compare the files they
+//! are about to load (names, lengths, versions, the plan of each buffer); each then reads its
+//! share of the buffered files' 64 MiB pieces from storage, and every piece is broadcast from
+//! the node that read it, with the SHA-256 it computed, checked by every receiver. Where the
+//! nodes do not load the same files, or one cannot take part, each reads alone and the load's
+//! notes say why. One process per node takes part; a node's other local ranks share its node
+//! copy.
 //!
-//! One participant per node takes part (the node copy's filler); the node's other local ranks
-//! take the bytes from the node copy, not from the exchange.
-//!
-//! # Contract
-//!
-//! Every node calls the same collectives, in the same order, with the same `owner` and length:
-//! a collective is matched by its place in that order, as in MPI. A node that stalls or dies
-//! turns into an [`ExchangeError`] of kind [`ExchangeErrorKind::TimedOut`] on the others after
-//! the deadline ([`TIMEOUT_ENV`]), never a hang; after that the exchange refuses every call.
-//!
-//! # Test seams
-//!
-//! `loopback.rs` (tests only) runs N nodes as threads of one process, so that code above the
-//! trait is tested without MPI, and can corrupt what a node receives. Under MPI the lib tests
-//! corrupt received ranges with `SAFELOAD_TEST_CORRUPT_EXCHANGE=<node>`, read only in test
-//! builds (`mpi.rs`).
+//! Under MPI the node is `SAFELOAD_NODE_ID`, else Slurm's `SLURM_NODEID`, else MPI's
+//! shared-memory split; every collective is bounded by `SAFELOAD_EXCHANGE_TIMEOUT_SECS` (60 s
+//! by default), so that a node that stalls is an error on the others, never a hang; a node
+//! that dies ends the job (Open MPI kills the other processes).
+
+// Inside: `Exchange`, the crate's trait for the collectives (an engine's `Communicator` is
+// adapted onto it, `communicator.rs`; MPI implements it, `mpi/`), the checked broadcast
+// built on it (`checked.rs`), and, for tests, `loopback.rs`, which runs N nodes as threads of
+// one process and can corrupt what a node receives. Under MPI the lib tests corrupt received
+// ranges with `SAFELOAD_TEST_CORRUPT_EXCHANGE=<node>`, read only in test builds.
+//
+// The contract of every implementation: the nodes make the same calls in the same order with
+// the same owner and length (a collective is matched by its place in that order, as in MPI);
+// a node that stalls or dies turns into an `ExchangeError` of kind `TimedOut` on the others
+// after the deadline, never a hang, and the exchange then refuses every call.
 
 mod checked;
+mod communicator;
 mod error;
 #[cfg(test)]
 pub(crate) mod loopback;
@@ -33,6 +38,8 @@ pub(crate) mod mpi;
 use std::time::Duration;
 
 pub(crate) use checked::broadcast_checked;
+pub use communicator::Communicator;
+pub(crate) use communicator::Engine;
 pub(crate) use error::{ExchangeError, ExchangeErrorKind};
 
 /// Collectives among the nodes of a job, one participant per node.

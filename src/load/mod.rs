@@ -297,6 +297,34 @@ impl Loader {
         self
     }
 
+    /// Splits the load's reads between the nodes of a job, through the
+    /// engine's own communicator (see [`Communicator`](crate::cluster::Communicator)):
+    /// each node reads its share of the buffered files from storage and
+    /// receives the rest, each range checked by its SHA-256; where the nodes
+    /// do not load the same files (names, lengths, versions, plans) or one
+    /// cannot take part (a converting or verifying load), each reads alone
+    /// and the report's notes say why. Call it on each node's participant
+    /// only (its other local ranks share its node copy). Without it,
+    /// `SAFELOAD_EXCHANGE=mpi` joins an MPI job (feature `mpi`).
+    ///
+    /// ```
+    /// # use std::io;
+    /// # struct Alone;
+    /// # impl safeload::cluster::Communicator for Alone {
+    /// #     fn node(&self) -> usize { 0 }
+    /// #     fn nodes(&self) -> usize { 1 }
+    /// #     fn all_gather(&self, mine: &[u8]) -> io::Result<Vec<Vec<u8>>> { Ok(vec![mine.to_vec()]) }
+    /// #     fn broadcast(&self, _: usize, _: &mut [u8]) -> io::Result<()> { Ok(()) }
+    /// # }
+    /// # let nccl = Alone;
+    /// let loader = safeload::Loader::new().disable_mmap(true).exchange(nccl);
+    /// # let _ = loader;
+    /// ```
+    pub fn exchange(mut self, communicator: impl crate::cluster::Communicator + 'static) -> Loader {
+        self.opts.exchange = Some(Arc::new(communicator));
+        self
+    }
+
     #[doc(hidden)]
     /// Decides filesystems from this mount table instead of the process's own
     /// (for tests, and for reasoning about another machine's mounts).
@@ -328,7 +356,12 @@ impl Loader {
         let files: Vec<_> = files.iter().map(|f| (f, f.opened_at())).collect();
         // The job's exchange between nodes, where `SAFELOAD_EXCHANGE` asks:
         // joined by every process, its local rank then the node's.
-        let joined = crate::cluster::from_env().map_err(|why| {
+        let engine = self.opts.exchange.clone().map(crate::cluster::Engine);
+        let joined = match engine {
+            Some(_) => Ok(None),
+            None => crate::cluster::from_env(),
+        };
+        let joined = joined.map_err(|why| {
             crate::error::Error::io(
                 crate::error::Operation::Exchange,
                 path,
@@ -354,7 +387,10 @@ impl Loader {
             clock,
             notes,
             path,
-            exchange: joined.as_ref().and_then(|j| j.exchange.as_deref()),
+            exchange: match &engine {
+                Some(engine) => Some(engine as &dyn crate::cluster::Exchange),
+                None => joined.as_ref().and_then(|j| j.exchange.as_deref()),
+            },
         }
         .finish(&files)
     }

@@ -24,6 +24,7 @@ mod common;
 mod api;
 mod async_load;
 mod checkpoint;
+mod cluster;
 mod convert_load;
 mod environment;
 mod fuse_faults;

@@ -1,4 +1,4 @@
-//! The read engine of a load: every filling file's reads, conversions and populates put in one job queue (`jobs.rs`), from each file's source into its destinations, hashed as they land where verified.
+//! The read engine of a load: every filling file's reads, conversions and populates put in one job queue (`jobs/`), from each file's source into its destinations, hashed as they land where verified.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -275,4 +275,4 @@ pub(crate) fn read_all(
 // others are in flight; a separate pass only adds a serial phase. What ships
 // instead overlaps the faulting with direct reads: one helper thread walking
 // the queue ahead of the readers (`reads_bypass_the_page_cache` in
-// `src/jobs.rs`, with its measurements).
+// `src/jobs/mod.rs`, with its measurements).

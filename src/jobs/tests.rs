@@ -1,0 +1,175 @@
+//! The job queue's tests: cancellation, the helper that fills ahead, reads cut to a measured size.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use super::*;
+
+fn file_of(bytes: &[u8]) -> crate::source::LocalFile {
+    let mut f = tempfile::tempfile().unwrap();
+    f.write_all(bytes).unwrap();
+    crate::source::LocalFile::new("test".into(), f, None).unwrap()
+}
+
+fn reads<'a>(file: &'a dyn Source, direct: bool, dst: &'a mut [u8]) -> Vec<Tagged<'a>> {
+    dst.chunks_mut(1 << 20)
+        .enumerate()
+        .map(|(k, dst)| Tagged {
+            file_index: 0,
+            job: Job::Read {
+                file,
+                direct,
+                offset: (k << 20) as u64,
+                required: dst.len(),
+                dst,
+                hashed: false,
+            },
+        })
+        .collect()
+}
+
+/// Runs `f` on this thread in a load's scope whose flag is `flag`.
+fn in_scope<R>(flag: &Arc<AtomicBool>, f: impl FnOnce() -> R) -> R {
+    let cancel = crate::cancel::Cancel::default().with_caller(Arc::clone(flag));
+    let mut out = None;
+    crate::cancel::scope(&cancel, std::path::Path::new("/m"), || {
+        out = Some(f());
+        Ok(())
+    })
+    .ok();
+    out.unwrap()
+}
+
+#[test]
+fn a_run_cancelled_before_it_starts_reads_nothing() {
+    let file = file_of(&[1; 4 << 20]);
+    let mut dst = vec![0u8; 4 << 20];
+    let flag = Arc::new(AtomicBool::new(false));
+    let done = AtomicUsize::new(0);
+    let (result, _, _) = in_scope(&flag, || {
+        flag.store(true, Ordering::Relaxed);
+        run(
+            reads(&file, false, &mut dst),
+            Concurrency::pinned(2),
+            &|_, _| {
+                done.fetch_add(1, Ordering::Relaxed);
+            },
+        )
+    });
+    let failure = result.unwrap_err();
+    assert_eq!((failure.file_index, failure.offset), (0, 0));
+    assert!(
+        failure
+            .error
+            .get_ref()
+            .is_some_and(|e| e.to_string() == "the load was cancelled")
+    );
+    assert_eq!(done.load(Ordering::Relaxed), 0);
+    assert!(dst.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn a_run_cancelled_midway_takes_no_further_job() {
+    let file = file_of(&[1; 4 << 20]);
+    let mut dst = vec![0u8; 4 << 20];
+    let flag = Arc::new(AtomicBool::new(false));
+    let done = AtomicUsize::new(0);
+    let (result, _, _) = in_scope(&flag, || {
+        run(
+            reads(&file, false, &mut dst),
+            Concurrency::pinned(1),
+            &|_, _| {
+                done.fetch_add(1, Ordering::Relaxed);
+                flag.store(true, Ordering::Relaxed);
+            },
+        )
+    });
+    // The one reader finished its first job, then saw the flag before
+    // the second.
+    let failure = result.unwrap_err();
+    assert_eq!((failure.file_index, failure.offset), (0, 1 << 20));
+    assert_eq!(done.load(Ordering::Relaxed), 1);
+    assert!(dst[..1 << 20].iter().all(|&b| b == 1));
+    assert!(dst[1 << 20..].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn a_run_outside_a_cancelled_scope_is_not_cancelled() {
+    let file = file_of(&[1; 2 << 20]);
+    let mut dst = vec![0u8; 2 << 20];
+    let (result, _, _) = run(
+        reads(&file, false, &mut dst),
+        Concurrency::pinned(2),
+        &|_, _| {},
+    );
+    result.unwrap();
+    assert!(dst.iter().all(|&b| b == 1));
+}
+
+#[test]
+fn only_direct_reads_bring_the_helper() {
+    let file = file_of(&[1; 4096]);
+    let mut dst = vec![0u8; 4096];
+    assert!(!reads_bypass_the_page_cache(&reads(&file, false, &mut dst)));
+    assert!(reads_bypass_the_page_cache(&reads(&file, true, &mut dst)));
+    assert!(!reads_bypass_the_page_cache(&[]));
+}
+
+#[test]
+fn reads_filled_ahead_land_every_byte_in_fresh_memory() {
+    let len = 24 << 20;
+    let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+    let file = file_of(&bytes);
+    for direct in [false, true] {
+        let mut dst = crate::storage::alloc_buffer(len).unwrap();
+        let (result, _, _) = run(
+            reads(&file, direct, &mut dst),
+            Concurrency::pinned(2),
+            &|_, _| {},
+        );
+        result.unwrap();
+        assert!(dst[..] == bytes[..], "direct {direct}");
+    }
+}
+
+#[test]
+fn reads_cut_to_the_measured_size_land_every_byte_once() {
+    use std::sync::atomic::AtomicU64;
+    let len = (20 << 20) + 12345;
+    let bytes: Vec<u8> = (0..len).map(|i| (i * 13 % 251) as u8).collect();
+    let file = file_of(&bytes);
+    let mut dst = vec![0u8; len];
+    // Two jobs of 16 MiB and the rest, cut by the readers to 1 MiB reads.
+    let mut jobs = Vec::new();
+    split_read(
+        &mut jobs,
+        0,
+        (&file, false, true),
+        0,
+        &mut dst,
+        len,
+        16 << 20,
+    );
+    assert_eq!(jobs.len(), 2);
+    let sizes = crate::adapt::Sizes {
+        start: 1 << 20,
+        max: 4 << 20,
+        in_flight: 64 << 20,
+    };
+    let (pieces, landed) = (AtomicU64::new(0), AtomicU64::new(0));
+    let (result, _, settled) = run(
+        jobs,
+        Concurrency::adaptive(4).with_sizes(sizes),
+        &|_, outcome| {
+            pieces.fetch_add(1, Ordering::Relaxed);
+            let (_, piece) = outcome.landed.unwrap();
+            assert!(piece.len() <= 4 << 20);
+            landed.fetch_add(piece.len() as u64, Ordering::Relaxed);
+        },
+    );
+    result.unwrap();
+    assert!(dst == bytes, "every byte in place");
+    assert_eq!(landed.into_inner(), len as u64, "each byte read once");
+    assert!(pieces.into_inner() >= 6, "the jobs were cut");
+    assert!(settled.size.is_some(), "{settled}");
+}

@@ -391,3 +391,45 @@ fn read_capped(file: &File, path: &Path, limit: u64) -> Result<Vec<u8>> {
     }
     Ok(bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A build without the feature `remote` does not look for a local file named like an
+    /// address: it says which feature reads it (run by the build of the portable OS layer,
+    /// which has no feature, in `.ci/run`).
+    #[cfg(not(feature = "remote"))]
+    #[test]
+    fn an_address_without_the_remote_feature_says_so() {
+        for url in ["s3://bucket/model", "hf://org/repo", "https://host/m/"] {
+            let e = resolve(Path::new(url)).unwrap_err();
+            assert!(matches!(e.kind(), ErrorKind::Remote { .. }), "{e}");
+            assert!(e.to_string().contains("feature `remote`"), "{e}");
+            assert_eq!(e.path(), Some(Path::new(url)));
+        }
+    }
+
+    #[test]
+    fn addresses_are_told_from_paths() {
+        for remote in [
+            "s3://b",
+            "GS://b/k",
+            "az://c",
+            "https://h/x",
+            "hf://o/r",
+            "abfs://c/x",
+        ] {
+            assert!(is_remote(Path::new(remote)), "{remote}");
+        }
+        for local in [
+            "model.safetensors",
+            "/data/s3://x",
+            "file:///x",
+            "C:\\x",
+            "",
+        ] {
+            assert!(!is_remote(Path::new(local)), "{local}");
+        }
+    }
+}

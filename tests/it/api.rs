@@ -151,19 +151,3 @@ fn metadata_is_one_map_type_everywhere() {
     let total: u64 = index_metadata.unwrap()["total_size"].parse().unwrap();
     assert_eq!(total, sd.total_bytes());
 }
-
-/// A build without the feature `remote` does not look for a local file named like a URL:
-/// it says which feature reads it.
-#[cfg(not(feature = "remote"))]
-#[test]
-fn a_url_without_the_remote_feature_says_so() {
-    for url in ["s3://bucket/model", "hf://org/repo", "https://host/m/"] {
-        let e = safeload::load_state_dict(url, None).unwrap_err();
-        assert!(
-            matches!(e.kind(), safeload::ErrorKind::Remote { .. }),
-            "{e}"
-        );
-        assert!(e.to_string().contains("feature `remote`"), "{e}");
-        assert_eq!(e.path(), Some(std::path::Path::new(url)));
-    }
-}

@@ -5,7 +5,13 @@
 //! written once and kept) with the crate's test HTTP server (`safeload-testhttp`): 20 ms per
 //! request, one 1,500 MiB/s link shared by every connection, by default. Each arm runs in a
 //! child process of its own (this binary again) that is given the server's URL; arms are
-//! interleaved and rotated in each round, and the server's counters are zeroed before each.
+//! interleaved in an order shuffled each round (`common::shuffled`: rotated, the arm after
+//! `fresh-memory` was the slowest in every round, whichever it was: `safeload` 4.19 s against
+//! `safeload-http` 2.50 s, and 2.10 s against 2.80 s with the two swapped), and the server's
+//! counters are zeroed before each. `--settle-secs N` rests N seconds before each arm: on
+//! the development VM, memory freed long enough is handed back to the host, and every arm
+//! that faults in fresh memory then pays more (5 s: the loads 3.8-5.1 s, `fresh-memory`
+//! 1.08 s, the limit unchanged).
 //!
 //! - `limit`: the server's limit, a raw client of the benchmark's own
 //!   (`common/http_client.rs`, driven by `common/remote_fetch.rs`): 32 ranged GETs of
@@ -40,7 +46,7 @@
 //!     [--in-flight 32] [--request-mib 16] [--hub-streams 8] [--world 8] [--shard-threads 8]
 //!     [--touch-threads 2]
 //!     [--moto-size-mib 256] [--skip-testhttp] [--dir bench-data] [--download-dir DIR]
-//!     [--json bench-data/remote.json] [--timeout 600]
+//!     [--json bench-data/remote.json] [--timeout 600] [--settle-secs 0]
 //! ```
 
 use std::fs::File;
@@ -147,6 +153,9 @@ struct Options {
     /// Seconds before an arm's process is killed.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
+    /// Seconds of rest before each arm (see the module's docs).
+    #[arg(long, default_value_t = 0.0)]
+    settle_secs: f64,
 }
 
 fn main() {
@@ -201,6 +210,8 @@ struct Figures {
     cold_checksum: Option<u64>,
     maxrss_kib: u64,
     error: Option<String>,
+    /// A load's own account: its elapsed time, the readers it settled at and why.
+    load_report: Option<String>,
 }
 
 // ---------------------------------------------------------------- the parent
@@ -315,30 +326,6 @@ struct Served {
     shard_checksum: u64,
     arms: Vec<String>,
 }
-
-/// Variables of the caller's that would change where or how a child reaches a server.
-const REMOTE_VARIABLES: [&str; 20] = [
-    "HF_ENDPOINT",
-    "HF_TOKEN",
-    "HF_TOKEN_PATH",
-    "HF_HUB_OFFLINE",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "AWS_ALLOW_HTTP",
-    "AWS_PROFILE",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "ALL_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "all_proxy",
-    "NO_PROXY",
-];
 
 fn parent(o: &Options) -> Result<(), String> {
     if o.rounds == 0 || o.in_flight == 0 || o.hub_streams == 0 || o.world == 0 {
@@ -588,12 +575,13 @@ fn served(
 fn run_rounds(o: &Options, served: &Served, samples: &mut Vec<Sample>) {
     let name = served.server.name();
     for round in 0..o.rounds {
-        for a in common::rotated(served.arms.len(), round) {
+        for a in common::shuffled(served.arms.len(), round) {
             let arm = &served.arms[a];
             if let Server::Http(_) = served.server {
                 // The served files in the page cache: the server's disk is not measured.
                 let _ = data::warm(&served.root);
             }
+            std::thread::sleep(Duration::from_secs_f64(o.settle_secs.max(0.0)));
             served.server.reset();
             let cpu = cpu_seconds();
             let mut sample = run_arm(o, served, arm, round);
@@ -632,7 +620,7 @@ fn run_arm(o: &Options, served: &Served, arm: &str, round: usize) -> Sample {
     let mut child = Child::new(arm, &served.root)
         .arg(target)
         .env_remove(safeload::ENV_VARIABLES)
-        .env_remove(&REMOTE_VARIABLES)
+        .env_remove(&safeload_testhttp::STORE_VARIABLES)
         .timeout(Duration::from_secs(o.timeout));
     for (key, value) in &served.env {
         child = child.env(key, value);
@@ -786,7 +774,10 @@ fn checksum(tensors: &[&[u8]], pool: &rayon::ThreadPool) -> u64 {
 
 /// Loads `path` with `Loader::new()` and touches it: the seconds, the tensors' bytes and
 /// checksum.
-fn load_and_touch(path: &str, pool: &rayon::ThreadPool) -> Result<(f64, u64, usize, u64), String> {
+fn load_and_touch(
+    path: &str,
+    pool: &rayon::ThreadPool,
+) -> Result<(f64, u64, usize, u64, String), String> {
     let start = Instant::now();
     let sd = safeload::Loader::new()
         .load(path)
@@ -795,16 +786,32 @@ fn load_and_touch(path: &str, pool: &rayon::ThreadPool) -> Result<(f64, u64, usi
     std::hint::black_box(touch(&tensors, pool));
     let seconds = start.elapsed().as_secs_f64();
     let bytes = tensors.iter().map(|t| t.len() as u64).sum();
-    Ok((seconds, bytes, tensors.len(), checksum(&tensors, pool)))
+    let report = sd.report();
+    let elapsed = report.files.iter().map(|f| f.elapsed.as_secs_f64());
+    let account = format!(
+        "load {:.3} s, files {:.3}-{:.3} s; {}",
+        report.elapsed.as_secs_f64(),
+        elapsed.clone().fold(f64::INFINITY, f64::min),
+        elapsed.fold(0.0, f64::max),
+        report.io_concurrency_reason.as_deref().unwrap_or("-")
+    );
+    Ok((
+        seconds,
+        bytes,
+        tensors.len(),
+        checksum(&tensors, pool),
+        account,
+    ))
 }
 
 fn remote_load(url: &str, pool: &rayon::ThreadPool) -> Result<Figures, String> {
-    let (seconds, bytes, tensors, sum) = load_and_touch(url, pool)?;
+    let (seconds, bytes, tensors, sum, account) = load_and_touch(url, pool)?;
     Ok(Figures {
         seconds,
         bytes,
         tensors,
         checksum: Some(sum),
+        load_report: Some(account),
         ..Figures::default()
     })
 }
@@ -922,14 +929,14 @@ fn download_then_load(
         return Err(format!("downloaded {} bytes of {expected}", fetched.bytes));
     }
     let path = dir.path().to_str().ok_or("a temporary path not in UTF-8")?;
-    let (load, tensor_bytes, tensors, sum) = load_and_touch(path, pool)?;
+    let (load, tensor_bytes, tensors, sum, _) = load_and_touch(path, pool)?;
     // Again cold: synced (`posix_fadvise(DONTNEED)` drops clean pages only), then evicted.
     for file in &files {
         file.sync_all().map_err(|e| format!("syncing: {e}"))?;
     }
     drop(files);
     safeload::evict(dir.path()).map_err(|e| format!("evicting: {e}"))?;
-    let (cold, _, _, cold_sum) = load_and_touch(path, pool)?;
+    let (cold, _, _, cold_sum, _) = load_and_touch(path, pool)?;
     Ok(Figures {
         seconds: fetched.seconds + load,
         download_seconds: Some(fetched.seconds),

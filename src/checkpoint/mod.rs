@@ -223,6 +223,7 @@ impl Checkpoint {
             notes: Vec::new(),
             path: &inner.path,
             exchange: None,
+            member: false,
         }
         .finish(&files)
     }

@@ -8,8 +8,9 @@
 //! share of the buffered files' 64 MiB pieces from storage, and every piece is broadcast from
 //! the node that read it, with the SHA-256 it computed, checked by every receiver. Where the
 //! nodes do not load the same files, or one cannot take part, each reads alone and the load's
-//! notes say why. One process per node takes part; a node's other local ranks share its node
-//! copy.
+//! notes say why. One process per node takes part (its local rank 0), and fills the node
+//! copy (`node/`) its node's other local ranks wait for and map: each byte is read once per
+//! cluster, however many processes each node runs.
 //!
 //! Under MPI the node is `SAFELOAD_NODE_ID`, else Slurm's `SLURM_NODEID`, else MPI's
 //! shared-memory split; every collective is bounded by `SAFELOAD_EXCHANGE_TIMEOUT_SECS` (60 s
@@ -91,6 +92,7 @@ pub(crate) fn from_env() -> Result<Option<Joined>, String> {
                     .exchange
                     .map(|e| std::sync::Arc::new(e) as std::sync::Arc<dyn Exchange>),
                 local_rank: (joined.local_rank, joined.local_ranks),
+                nodes: joined.nodes,
             }))
         }
         #[cfg(not(feature = "mpi"))]
@@ -109,6 +111,8 @@ pub(crate) struct Joined {
     pub exchange: Option<std::sync::Arc<dyn Exchange>>,
     /// This process's rank and the number of processes on its node.
     pub local_rank: (usize, usize),
+    /// The number of nodes in the job.
+    pub nodes: usize,
 }
 
 /// The environment variable bounding every collective: seconds (a decimal number) a node

@@ -45,6 +45,22 @@ impl CopyFill {
     }
 }
 
+impl CopyFill {
+    /// Runs `write` on the copy's `len` bytes at `at` (the exchange's
+    /// broadcast of a piece into its place).
+    pub(crate) fn write_with<R>(
+        &self,
+        at: u64,
+        len: u64,
+        write: impl FnOnce(&mut [u8]) -> R,
+    ) -> io::Result<R> {
+        let (Ok(at), Ok(len)) = (usize::try_from(at), usize::try_from(len)) else {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        };
+        self.0.write_with(at, len, write)
+    }
+}
+
 /// The filled copy, read-only, for the tensors of the file at `path`:
 /// `guard` is dropped with the last of them (the rank's part in handing
 /// the copy out ends then).

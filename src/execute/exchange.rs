@@ -4,18 +4,52 @@
 //! collectives match: one all-gather of the files' descriptions (also where
 //! a node cannot take part: it says why, and every node reads alone), then
 //! one checked broadcast per piece, in the split's order (`plan/cluster.rs`).
+//!
+//! A node of several local ranks takes part through its participant, whose
+//! node copies (`node/`) are filled here like its buffers: each an image of
+//! its file, split into pieces after the buffers', read or received into
+//! the copy the node's other ranks then map.
 
 use std::io;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::cluster::{Exchange, ExchangeError, ExchangeErrorKind, broadcast_checked};
+use crate::dest::node::CopyFill;
 use crate::error::{Error, Operation, Result};
 use crate::file::life::{Destination, Filling};
-use crate::file::since;
+use crate::file::{OpenedFile, read_error, since};
 use crate::plan::cluster::{self, FileFacts, PIECE, Piece};
 use crate::source::VersionTag;
-use crate::storage::BufferLayout;
+use crate::storage::{BufferLayout, Segment};
+
+/// A node copy the load fills (the participant's, `node::Pending`): the
+/// file and the writer of its copy.
+pub(crate) type Copy<'a> = (&'a OpenedFile, &'a CopyFill);
+
+/// The layout of a node copy: an image of the whole file.
+fn image(len: u64) -> BufferLayout {
+    BufferLayout {
+        placements: Vec::new(),
+        segments: vec![Segment {
+            src: 0,
+            dst: 0,
+            len,
+            required: len,
+        }],
+        len,
+        image: true,
+    }
+}
+
+/// The pieces of a load in which every node reads alone: the copies', all
+/// this node's (node 0 of 1), after the `buffers` places of the buffers.
+pub(crate) fn alone(buffers: usize, copies: &[Copy<'_>]) -> Vec<Piece> {
+    let images: Vec<BufferLayout> = copies.iter().map(|(f, _)| image(f.size())).collect();
+    let mut refs: Vec<Option<&BufferLayout>> = vec![None; buffers];
+    refs.extend(images.iter().map(Some));
+    cluster::split(&refs, PIECE, 1)
+}
 
 /// What a load that may be split between nodes needs to know of itself.
 pub(crate) struct Facts {
@@ -35,22 +69,28 @@ pub(crate) struct Facts {
 /// The all-gather failed (a node died or stalled), naming the checkpoint.
 pub(crate) fn agree(
     exchange: &dyn Exchange,
-    filling: &mut [Filling<'_>],
+    (filling, copies): (&mut [Filling<'_>], &[Copy<'_>]),
     facts: &Facts,
     path: &std::path::Path,
     notes: &mut Vec<String>,
 ) -> Result<Option<Vec<Piece>>> {
-    let layouts: Vec<Option<BufferLayout>> = filling
+    let mut layouts: Vec<Option<BufferLayout>> = filling
         .iter_mut()
         .map(|f| match &*f.parts().destination {
             Destination::Buffer { layout, .. } => Some(layout.clone()),
             Destination::Map(_) => None,
         })
         .collect();
-    let names: Vec<String> = filling
+    layouts.extend(copies.iter().map(|(f, _)| Some(image(f.size()))));
+    let files: Vec<&OpenedFile> = filling
+        .iter()
+        .map(Filling::file)
+        .chain(copies.iter().map(|(f, _)| *f))
+        .collect();
+    let names: Vec<String> = files
         .iter()
         .map(|f| {
-            let path = f.file().path();
+            let path = f.path();
             path.file_name()
                 .map_or_else(|| path.to_string_lossy(), |n| n.to_string_lossy())
                 .into_owned()
@@ -63,8 +103,8 @@ pub(crate) fn agree(
         refusal = Some("verify hashes each file whole as it reads it".to_owned());
     }
     let mut described = Vec::with_capacity(filling.len());
-    for ((f, layout), name) in filling.iter().zip(&layouts).zip(&names) {
-        let version = match &f.file().source().version().tag {
+    for ((f, layout), name) in files.iter().zip(&layouts).zip(&names) {
+        let version = match &f.source().version().tag {
             VersionTag::Inode { mtime_ns, .. } => format!("mtime {mtime_ns}"),
             VersionTag::ETag(etag) => format!("etag {etag}"),
             VersionTag::Unknown => {
@@ -74,7 +114,7 @@ pub(crate) fn agree(
         };
         described.push(FileFacts {
             name,
-            len: f.file().size(),
+            len: f.size(),
             version,
             layout: layout.as_ref(),
         });
@@ -117,13 +157,29 @@ pub(crate) fn agree(
 /// the file and its offset, and why.
 pub(crate) fn receive(
     exchange: &dyn Exchange,
-    filling: &mut [Filling<'_>],
+    (filling, copies): (&mut [Filling<'_>], &[Copy<'_>]),
     pieces: &[Piece],
     clock: Instant,
 ) -> Result<String> {
     let me = exchange.node();
     let (mut read, mut received) = (0u64, 0u64);
+    let buffers = filling.len();
     for piece in pieces {
+        if piece.owner == me {
+            read += piece.len;
+        } else {
+            received += piece.len;
+        }
+        if let Some((file, writer)) = piece.file.checked_sub(buffers).and_then(|k| copies.get(k)) {
+            let path = file.path();
+            writer
+                .write_with(piece.dst, piece.len, |bytes| {
+                    broadcast_checked(exchange, piece.owner, bytes)
+                })
+                .map_err(|e| Error::io(Operation::Exchange, path, Some(piece.src), e))?
+                .map_err(|e| exchange_error(path, Some(piece.src), &e))?;
+            continue;
+        }
         let Some(file) = filling.get_mut(piece.file) else {
             continue;
         };
@@ -145,10 +201,7 @@ pub(crate) fn receive(
         };
         broadcast_checked(exchange, piece.owner, bytes)
             .map_err(|e| exchange_error(&path, Some(piece.src), &e))?;
-        if piece.owner == me {
-            read += piece.len;
-        } else {
-            received += piece.len;
+        if piece.owner != me {
             parts.finished_at.fetch_max(since(clock), Ordering::Relaxed);
         }
     }
@@ -160,6 +213,61 @@ pub(crate) fn receive(
         crate::report::human_bytes(read),
         crate::report::human_bytes(total),
     ))
+}
+
+/// Makes each buffered file's `bytes_read` what this node read of it from
+/// storage: its tensor bytes in proportion to the bytes of its pieces this
+/// node (`me`) read, the rest having been received. The node copies' pieces
+/// (after the files' places) are counted where the copies are.
+pub(crate) fn count_reads(files: &mut [crate::report::FileReport], pieces: &[Piece], me: usize) {
+    for (i, file) in files.iter_mut().enumerate() {
+        let (mut own, mut all) = (0u128, 0u128);
+        for piece in pieces.iter().filter(|p| p.file == i) {
+            all += u128::from(piece.len);
+            if piece.owner == me {
+                own += u128::from(piece.len);
+            }
+        }
+        if let Some(read) = (u128::from(file.bytes_read) * own).checked_div(all) {
+            file.bytes_read = u64::try_from(read).unwrap_or(file.bytes_read);
+        }
+    }
+}
+
+/// Reads this node's pieces of the node copies (`me`'s, those after the
+/// `buffers` places of the buffers) from their files into the copies, on
+/// `threads` threads: the bytes read, per copy.
+///
+/// # Errors
+///
+/// A read failed: the file, the offset, and why.
+pub(crate) fn read_copies(
+    copies: &[Copy<'_>],
+    pieces: &[Piece],
+    (buffers, me): (usize, usize),
+    threads: usize,
+) -> Result<Vec<u64>> {
+    let own: Vec<(usize, Piece)> = pieces
+        .iter()
+        .filter(|p| p.owner == me)
+        .filter_map(|p| Some((p.file.checked_sub(buffers)?, *p)))
+        .filter(|(k, _)| *k < copies.len())
+        .collect();
+    crate::workers::map(&own, threads, "safeload-copy", |&(k, piece)| {
+        let Some(&(file, writer)) = copies.get(k) else {
+            return Ok(());
+        };
+        writer
+            .read_chunk(file.source(), piece.src, piece.len)
+            .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))
+    })?;
+    let mut read = vec![0u64; copies.len()];
+    for (k, piece) in &own {
+        if let Some(bytes) = read.get_mut(*k) {
+            *bytes += piece.len;
+        }
+    }
+    Ok(read)
 }
 
 /// The crate's error for a failed exchange: an I/O error of

@@ -41,6 +41,10 @@ pub(crate) struct Run<'a> {
     /// (`SAFELOAD_EXCHANGE`): the load's buffered reads split between the
     /// nodes.
     pub exchange: Option<&'a dyn crate::cluster::Exchange>,
+    /// This process is another local rank of a node whose participant
+    /// takes part in such a split: it waits for the participant's node
+    /// copies (`node::Role::Member`).
+    pub member: bool,
 }
 
 impl Run<'_> {
@@ -59,12 +63,20 @@ impl Run<'_> {
             mut notes,
             path,
             exchange,
+            member,
         } = self;
+        // Split between the nodes of a job, where there are several.
+        let exchange = exchange.filter(|e| e.nodes() > 1);
+        let role = match (exchange, member) {
+            (Some(_), _) => node::Role::Participant,
+            (None, true) => node::Role::Member,
+            (None, false) => node::Role::Queue,
+        };
         // 1. One copy per node of what several local ranks read buffered,
         // then the page cache warmed for the rest before any tensor byte is
         // touched (a file with a copy is read once already).
         let opened: Vec<&OpenedFile> = files.iter().map(|&(f, _)| f).collect();
-        let mut copies = node::share(&opened, opts, env, keep);
+        let (mut copies, pending) = node::share(&opened, opts, env, keep, role);
         let job = prefetch::Job {
             local_rank: opts.local_rank,
             memory_available: opts.memory_available,
@@ -123,7 +135,7 @@ impl Run<'_> {
 
         // 3. Allocate, and fill every destination through one job queue.
         let mut filling = Vec::with_capacity(files.len());
-        let notes_of_copies: Vec<(Option<String>, u64)> = copies
+        let mut notes_of_copies: Vec<(Option<String>, u64)> = copies
             .iter()
             .map(|c| match c {
                 node::PerFile::Copy { bytes_read, .. } => (c.note(), *bytes_read),
@@ -146,19 +158,41 @@ impl Run<'_> {
             (opts.io_concurrency, opts.read_size),
         );
         let verify = policy::verify(opts.verify, env, !opts.expected_sha256.is_empty());
+        // The node copies this load fills itself (the participant's).
+        let (copy_index, copy_files): (Vec<usize>, Vec<exchange::Copy<'_>>) = pending
+            .iter()
+            .flat_map(|p| &p.files)
+            .filter_map(|(i, writer)| Some((*i, (files.get(*i)?.0, writer))))
+            .unzip();
         // Split between the nodes of a job, where they agree on the files.
-        let exchange = exchange.filter(|e| e.nodes() > 1);
         let share = match exchange {
             Some(ex) => {
                 let facts = exchange::Facts {
                     converting: opts.dtype.is_some(),
                     verifying: verify,
                 };
-                exchange::agree(ex, &mut filling, &facts, path, &mut notes)?
-                    .map(|pieces| (ex, pieces))
+                let both = (filling.as_mut_slice(), copy_files.as_slice());
+                exchange::agree(ex, both, &facts, path, &mut notes)?.map(|pieces| (ex, pieces))
             }
             None => None,
         };
+        // This node's pieces of the copies, read before any broadcast;
+        // every piece where the nodes read alone.
+        let copy_pieces = match &share {
+            Some((ex, pieces)) => (pieces.clone(), ex.node()),
+            None => (exchange::alone(filling.len(), &copy_files), 0),
+        };
+        let copies_read = exchange::read_copies(
+            &copy_files,
+            &copy_pieces.0,
+            (filling.len(), copy_pieces.1),
+            threads(opts),
+        )?;
+        for (&i, read) in copy_index.iter().zip(copies_read) {
+            if let Some((_, bytes_read)) = notes_of_copies.get_mut(i) {
+                *bytes_read += read;
+            }
+        }
         let (io, readers) = engine::read_all(
             &mut filling,
             concurrency,
@@ -169,8 +203,14 @@ impl Run<'_> {
             share.as_ref().map(|(ex, p)| (p.as_slice(), ex.node())),
         )?;
         if let Some((ex, pieces)) = &share {
-            notes.push(exchange::receive(*ex, &mut filling, pieces, clock)?);
+            let both = (filling.as_mut_slice(), copy_files.as_slice());
+            notes.push(exchange::receive(*ex, both, pieces, clock)?);
         }
+        // Every byte of the copies in place: the node's other ranks may map them.
+        if let Some(pending) = &pending {
+            pending.complete();
+        }
+        drop(copy_files);
         notes.extend(readers.map(|s| format!("reading: {s}")));
         let mut sealed = filling
             .into_iter()
@@ -184,6 +224,9 @@ impl Run<'_> {
         // 4. Hand out tensors.
         let io_concurrency = io.as_ref().map_or(concurrency.start, |s| s.readers);
         let mut state_dict = assemble(resolved, sealed, clock, threads, io_concurrency)?;
+        if let Some((ex, pieces)) = &share {
+            exchange::count_reads(&mut state_dict.report.files, pieces, ex.node());
+        }
         for (file, (note, read)) in state_dict.report.files.iter_mut().zip(notes_of_copies) {
             file.node_copy = note;
             file.bytes_read += read;

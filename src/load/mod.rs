@@ -303,9 +303,10 @@ impl Loader {
     /// receives the rest, each range checked by its SHA-256; where the nodes
     /// do not load the same files (names, lengths, versions, plans) or one
     /// cannot take part (a converting or verifying load), each reads alone
-    /// and the report's notes say why. Call it on each node's participant
-    /// only (its other local ranks share its node copy). Without it,
-    /// `SAFELOAD_EXCHANGE=mpi` joins an MPI job (feature `mpi`).
+    /// and the report's notes say why. Call it on every process: a node's
+    /// local rank 0 takes part, its other local ranks map the node copy it
+    /// fills (a process given none reads its node's files alone). Without
+    /// it, `SAFELOAD_EXCHANGE=mpi` joins an MPI job (feature `mpi`).
     ///
     /// ```
     /// # use std::io;
@@ -358,23 +359,26 @@ impl Loader {
         // joined by every process, its local rank then the node's.
         let engine = self.opts.exchange.clone().map(crate::cluster::Engine);
         let joined = match engine {
-            Some(_) => Ok(None),
-            None => crate::cluster::from_env(),
+            Some(_) => None,
+            None => join_exchange(path)?,
         };
-        let joined = joined.map_err(|why| {
-            crate::error::Error::io(
-                crate::error::Operation::Exchange,
-                path,
-                None,
-                std::io::Error::other(why),
-            )
-        })?;
         let mut opts = std::borrow::Cow::Borrowed(&self.opts);
         if let Some(joined) = &joined {
             if opts.local_rank.is_none() {
                 opts.to_mut().local_rank = Some(joined.local_rank);
             }
         }
+        // One participant per node: the engine's communicator is used by
+        // local rank 0; the node's other ranks wait for its node copies, as
+        // the other processes of an MPI node do.
+        let engine_member = engine.as_ref().is_some_and(|e| {
+            use crate::cluster::Exchange;
+            let rank = crate::prefetch::LocalRank::from_setting(opts.local_rank, &env);
+            e.nodes() > 1 && rank.size > 1 && rank.rank > 0
+        });
+        let mpi_member = joined
+            .as_ref()
+            .is_some_and(|j| j.exchange.is_none() && j.nodes > 1);
         Run {
             opts: &opts,
             resolved: &resolved,
@@ -388,9 +392,11 @@ impl Loader {
             notes,
             path,
             exchange: match &engine {
+                Some(_) if engine_member => None,
                 Some(engine) => Some(engine as &dyn crate::cluster::Exchange),
                 None => joined.as_ref().and_then(|j| j.exchange.as_deref()),
             },
+            member: engine_member || mpi_member,
         }
         .finish(&files)
     }
@@ -594,8 +600,18 @@ impl Loader {
             .map(|s| prefetch::LoadFile::of(s, true))
             .collect();
         let options = self.opts.prefetch.clone().unwrap_or_default();
+        // Under `SAFELOAD_EXCHANGE`, the node's local ranks are the
+        // exchange's: each node warms its own page cache (the exchange moves
+        // bytes between the nodes' memories, which no page cache receives).
+        let joined = match &self.opts.exchange {
+            Some(_) => None,
+            None => join_exchange(path.as_ref())?,
+        };
         let job = prefetch::Job {
-            local_rank: self.opts.local_rank,
+            local_rank: self
+                .opts
+                .local_rank
+                .or(joined.as_ref().map(|j| j.local_rank)),
             memory_available: self.opts.memory_available,
             env: &env,
             progress: self.opts.progress.as_ref(),
@@ -603,4 +619,22 @@ impl Loader {
         let reason = format!("prefetch() with {} stream(s)", options.stream_count());
         prefetch::warm(&handed, &options, &job, reason)
     }
+}
+
+/// The job's exchange, where `SAFELOAD_EXCHANGE` asks for one: joined by
+/// every process of the job (a collective), `None` where it is unset.
+///
+/// # Errors
+///
+/// The exchange cannot be joined: an I/O error of
+/// [`Operation::Exchange`](crate::error::Operation::Exchange) on `path`.
+fn join_exchange(path: &Path) -> Result<Option<crate::cluster::Joined>> {
+    crate::cluster::from_env().map_err(|why| {
+        crate::error::Error::io(
+            crate::error::Operation::Exchange,
+            path,
+            None,
+            std::io::Error::other(why),
+        )
+    })
 }

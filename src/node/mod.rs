@@ -25,6 +25,18 @@
 //! mapped where the plan's memory guard says so), with the reason in the
 //! report. One rank alone reads as before, with nothing said.
 //!
+//! # Under a load split between nodes
+//!
+//! Where the nodes of a job read each byte once between them
+//! (`execute/exchange.rs`), the copy is the node's share of that split: the
+//! node's participant ([`Role::Participant`]) makes the copy and fills it
+//! itself, its node's pieces from storage and the other nodes' from the
+//! exchange, then offers it as complete; the node's other ranks
+//! ([`Role::Member`]) never make or fill a copy, they wait for the complete
+//! one (for as long as a live rank offers a copy being filled, and at most
+//! the exchange's timeout for one to be offered at all), and read alone,
+//! saying why, if none comes.
+//!
 //! # What it leaves to later
 //!
 //! - A rank stopped while it holds a key's lock (the milliseconds in which it
@@ -47,10 +59,11 @@ mod registry;
 
 use std::fmt;
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crate::dest::node as copy;
+use crate::dest::node::{self as copy, CopyFill};
 use crate::file::OpenedFile;
 use crate::memory;
 use crate::options::Options;
@@ -90,6 +103,37 @@ impl PerFile {
             PerFile::Absent => None,
             PerFile::Copy { note, .. } => Some(note.clone()),
             PerFile::NotUsed(why) => Some(format!("not used: {why}")),
+        }
+    }
+}
+
+/// How a rank takes part in its node's copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// The ranks fill the copy together through the chunk queue.
+    Queue,
+    /// The node's participant in a load split between nodes: it makes the
+    /// copy, and the load fills it ([`Pending`]) with the other nodes.
+    Participant,
+    /// Another rank of such a node: it waits for the participant's copy,
+    /// complete.
+    Member,
+}
+
+/// A copy this rank made or took, mapped, still to be filled by the load
+/// (the participant's, [`Role::Participant`]): per file, its index among the
+/// load's files and the writer of its copy. Offered as complete once
+/// [`complete`](Self::complete) is called.
+pub(crate) struct Pending {
+    pub files: Vec<(usize, CopyFill)>,
+    hold: Arc<Hold>,
+}
+
+impl Pending {
+    /// Every byte of every copy is in place: offered as complete from now on.
+    pub(crate) fn complete(&self) {
+        if let Some(server) = &self.hold.server {
+            server.complete();
         }
     }
 }
@@ -169,19 +213,22 @@ pub(crate) fn eligible(facts: Facts) -> Result<(), NotUsed> {
     }
 }
 
-/// One load's part in node copies: per file of `files`, what it did.
+/// One load's part in node copies: per file of `files`, what it did; and,
+/// for the participant of a load split between nodes, the copies the load
+/// is to fill.
 pub(crate) fn share(
     files: &[&OpenedFile],
     opts: &Options,
     env: &Environment,
     keep: Option<&(dyn Fn(&str) -> bool + Sync)>,
-) -> Vec<PerFile> {
+    role: Role,
+) -> (Vec<PerFile>, Option<Pending>) {
     let mut out: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
     let rank = LocalRank::from_setting(opts.local_rank, env);
     // The benchmark's "today" arm turns it off (`policy::NODE_COPY_ENV`):
     // then every rank reads alone, with nothing said, as one rank alone.
     if rank.size < 2 || !policy::node_copy(env) {
-        return out;
+        return (out, None);
     }
     // The files that get a copy, with their identities; the others say why.
     let mut chosen: Vec<&OpenedFile> = Vec::new();
@@ -208,15 +255,28 @@ pub(crate) fn share(
         }
     }
     if chosen.is_empty() {
-        return out;
+        return (out, None);
     }
-    let results = match coordinate(&chosen, &ids, opts, env, &rank) {
-        Ok(results) => results,
-        Err(why) => chosen
-            .iter()
-            .map(|_| PerFile::NotUsed(NotUsed::Failed(why.clone())))
-            .collect(),
+    let (results, mut pending) = match coordinate(&chosen, &ids, opts, env, (&rank, role)) {
+        Ok(done) => done,
+        Err(why) => (
+            chosen
+                .iter()
+                .map(|_| PerFile::NotUsed(NotUsed::Failed(why.clone())))
+                .collect(),
+            None,
+        ),
     };
+    // The pending copies by the load's index, not the chosen files'.
+    if let Some(pending) = &mut pending {
+        for (index, _) in &mut pending.files {
+            let chosen_file = chosen.get(*index).copied();
+            *index = files
+                .iter()
+                .position(|f| chosen_file.is_some_and(|c| std::ptr::eq(c, *f)))
+                .unwrap_or(usize::MAX);
+        }
+    }
     // Back in the load's order: the chosen files are the Absent ones left
     // among the buffered, in order.
     let mut results = results.into_iter();
@@ -234,8 +294,83 @@ pub(crate) fn share(
             }
         }
     }
-    out
+    (out, pending)
 }
+
+/// A copy another rank handed out: its offer and memory files, and its pid.
+type Found = ((Offer, Vec<File>), u32);
+
+/// A copy of `key` a live rank other than `me` hands out (complete, where
+/// `complete_only`), and its pid; whether a live rank offers one still
+/// being filled. Refusals go to `remarks`.
+fn find(
+    dir: &Path,
+    key: u64,
+    me: Owner,
+    complete_only: bool,
+    remarks: &mut Vec<String>,
+) -> (Option<Found>, bool) {
+    let mut filling = false;
+    for (path, entry) in registry::entries(dir) {
+        let Entry::Socket { key: k, owner } = entry else {
+            continue;
+        };
+        if k != key || owner == me {
+            continue;
+        }
+        if !owner.alive() {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
+        match handoff::take(&path, owner.pid, key) {
+            Ok(got) if complete_only && !got.0.complete => filling = true,
+            Ok(got) => return (Some((got, owner.pid)), true),
+            Err(Refused::OtherUser { uid, pid }) => remarks.push(format!(
+                "refused the copy offered by pid {pid}: it runs as uid {uid}, not this user's"
+            )),
+            Err(Refused::Failed(why)) => remarks.push(format!("pid {}: {why}", owner.pid)),
+        }
+    }
+    (None, filling)
+}
+
+/// How long a node's other ranks wait for a copy from their participant
+/// when no live rank offers one at all (it may still be opening its files).
+fn member_patience(env: &Environment) -> Duration {
+    crate::cluster::timeout_from(|name| env.get(name).map(str::to_owned))
+        .unwrap_or(crate::cluster::DEFAULT_TIMEOUT)
+}
+
+/// A member's wait (see [`Role::Member`]): the complete copy, under the
+/// key's lock, once a live rank offers it; `Err` with the reason once no
+/// live rank has offered a copy for [`member_patience`].
+fn wait_for_complete(
+    (dir, key, me): (&Path, u64, Owner),
+    lock_path: &Path,
+    patience: Duration,
+    remarks: &mut Vec<String>,
+) -> Result<(Lock, Found), String> {
+    let mut last_seen = Instant::now();
+    loop {
+        let lock = Lock::take(lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
+        let (found, filling) = find(dir, key, me, true, remarks);
+        if let Some(found) = found {
+            return Ok((lock, found));
+        }
+        drop(lock);
+        if filling {
+            last_seen = Instant::now();
+        } else if last_seen.elapsed() > patience {
+            return Err(format!(
+                "the node's participant offered no copy within {patience:?}"
+            ));
+        }
+        std::thread::sleep(MEMBER_POLL);
+    }
+}
+
+/// How often a member asks for the complete copy.
+const MEMBER_POLL: Duration = Duration::from_millis(20);
 
 /// Finds, or makes, the copy of `files`, fills it with the other ranks and
 /// maps it: per file, the copy or why not; `Err` where nothing could be
@@ -245,8 +380,8 @@ fn coordinate(
     ids: &[Vec<u8>],
     opts: &Options,
     env: &Environment,
-    rank: &LocalRank,
-) -> Result<Vec<PerFile>, String> {
+    (rank, role): (&LocalRank, Role),
+) -> Result<(Vec<PerFile>, Option<Pending>), String> {
     let prefetch = opts.prefetch.as_ref();
     let chunk_size = prefetch
         .and_then(|p| p.chunk_size)
@@ -260,33 +395,18 @@ fn coordinate(
     let me = Owner::current();
     let swept = registry::sweep(&dir);
     let lock_path = registry::lock_path(&dir, key, uid);
-    let lock = Lock::take(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
 
-    // 1. A copy a live rank of this user hands out, else a new one.
+    // 1. A copy a live rank of this user hands out, else a new one (a
+    // member waits for its participant's, complete).
     let mut remarks = Vec::new();
-    let mut found = None;
-    for (path, entry) in registry::entries(&dir) {
-        let Entry::Socket { key: k, owner } = entry else {
-            continue;
-        };
-        if k != key || owner == me {
-            continue;
-        }
-        if !owner.alive() {
-            let _ = std::fs::remove_file(&path);
-            continue;
-        }
-        match handoff::take(&path, owner.pid, key) {
-            Ok(got) => {
-                found = Some((got, owner.pid));
-                break;
-            }
-            Err(Refused::OtherUser { uid, pid }) => remarks.push(format!(
-                "refused the copy offered by pid {pid}: it runs as uid {uid}, not this user's"
-            )),
-            Err(Refused::Failed(why)) => remarks.push(format!("pid {}: {why}", owner.pid)),
-        }
-    }
+    let (lock, found) = if role == Role::Member {
+        let patience = member_patience(env);
+        let (lock, found) = wait_for_complete((&dir, key, me), &lock_path, patience, &mut remarks)?;
+        (lock, Some(found))
+    } else {
+        let lock = Lock::take(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
+        (lock, find(&dir, key, me, false, &mut remarks).0)
+    };
     let mut results: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
     let (offer, memfds, origin) = match found {
         Some(((offer, memfds), pid)) => {
@@ -306,7 +426,7 @@ fn coordinate(
             if offer.files.is_empty() {
                 // Nothing fits: no copy to hand out; a rank that comes next
                 // applies the guard to its own room.
-                return Ok(results);
+                return Ok((results, None));
             }
             (offer, memfds, "made here".to_string())
         }
@@ -326,10 +446,11 @@ fn coordinate(
     };
     drop(lock);
 
-    // 2. The fill, unless the copy came complete.
+    // 2. The fill, unless the copy came complete (or the load fills it).
     let mut filled: Vec<(usize, u64)> = vec![(0, 0); offer.files.len()];
     let mut fill_chunk = chunk_size;
-    if !offer.complete {
+    let deferred = !offer.complete && role == Role::Participant;
+    if !offer.complete && !deferred {
         let complete = || {
             if let Some(server) = &server {
                 server.complete();
@@ -379,16 +500,27 @@ fn coordinate(
     } else {
         format!("; {}", remarks.join("; "))
     };
+    let mut pending = Vec::new();
     for ((&(i, len), memfd), (filled, bytes_read)) in offer.files.iter().zip(&memfds).zip(filled) {
         let Some(file) = usize::try_from(i).ok().and_then(|i| files.get(i)) else {
             continue;
         };
         let kept: Box<dyn Send + Sync> = Box::new(Arc::clone(&guard));
+        // Mapped before a deferred fill: the map is shared, and the load
+        // hands out no tensor of it before the fill is over.
         let storage =
             copy::seal(memfd, file.path(), kept).map_err(|e| format!("mapping the copy: {e}"))?;
+        let how = if deferred {
+            pending.push((i as usize, CopyFill::new(memfd).map_err(|e| e.to_string())?));
+            "filled here by the node's part in the split between nodes".to_owned()
+        } else {
+            format!(
+                "filled here {filled} of {} chunks",
+                len.div_ceil(fill_chunk.max(1))
+            )
+        };
         let note = format!(
-            "filled here {filled} of {} chunks, mapped from a memfd of {} {origin} (shared by the job's {} local ranks){extra}",
-            len.div_ceil(fill_chunk.max(1)),
+            "{how}, mapped from a memfd of {} {origin} (shared by the job's {} local ranks){extra}",
             human_bytes(len),
             rank.size,
         );
@@ -405,7 +537,11 @@ fn coordinate(
             *slot = PerFile::NotUsed(NotUsed::LeftOut);
         }
     }
-    Ok(results)
+    let pending = deferred.then(|| Pending {
+        files: pending,
+        hold: guard,
+    });
+    Ok((results, pending))
 }
 
 /// A rank's hold on a copy, dropped with its last tensor of it: it stops

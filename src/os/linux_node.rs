@@ -63,13 +63,22 @@ impl SharedBytes {
         offset: u64,
         read: impl FnOnce(&mut [u8]) -> Result<(), (u64, io::Error)>,
     ) -> Result<(), (u64, io::Error)> {
+        self.write_with(at, len, read)
+            .map_err(|e| (offset, e))
+            .and_then(|r| r)
+    }
+
+    /// Runs `write` on the `len` bytes of the map at `at`; fails without
+    /// running it where the range is outside the map or overlaps a write of
+    /// this process in progress.
+    pub(crate) fn write_with<R>(
+        &self,
+        at: usize,
+        len: usize,
+        write: impl FnOnce(&mut [u8]) -> R,
+    ) -> io::Result<R> {
         let range = at..at.saturating_add(len);
-        let refused = |why: &str| {
-            (
-                offset,
-                io::Error::new(io::ErrorKind::InvalidInput, why.to_string()),
-            )
-        };
+        let refused = |why: &str| io::Error::new(io::ErrorKind::InvalidInput, why.to_string());
         if range.end > self.map.len() || at.checked_add(len).is_none() {
             return Err(refused("outside the node copy"));
         }
@@ -88,16 +97,16 @@ impl SharedBytes {
         // the same version of the same file; like the queue words
         // (`SharedWords`), shared memory is outside this process's aliasing.
         // No code of this process reads the bytes through this map, and
-        // `busy` keeps every other read of this process out of the range
+        // `busy` keeps every other write of this process out of the range
         // until it is removed below.
         // SAFETY: `[at, at + len)` lies within the live map (checked above),
         // and no other slice of this process covers it while the call runs.
         let dst = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at), len) };
-        let result = read(dst);
+        let result = write(dst);
         if let Ok(mut busy) = self.busy.lock() {
             busy.retain(|r| *r != range);
         }
-        result
+        Ok(result)
     }
 }
 

@@ -274,6 +274,16 @@ impl SharedBytes {
     ) -> Result<(), (u64, io::Error)> {
         Err((offset, io::Error::from(io::ErrorKind::Unsupported)))
     }
+
+    /// Unsupported (never reached: nothing maps one).
+    pub(crate) fn write_with<R>(
+        &self,
+        _at: usize,
+        _len: usize,
+        _write: impl FnOnce(&mut [u8]) -> R,
+    ) -> io::Result<R> {
+        unsupported()
+    }
 }
 
 /// No file handoff between processes here.

@@ -179,6 +179,33 @@ impl Default for Options {
 /// The commit of [`Options::default`].
 pub const DEFAULT_COMMIT: &str = "5afe10ad5afe10ad5afe10ad5afe10ad5afe10ad";
 
+/// The environment variables that say where and how a process reaches a remote store (the
+/// hub's, S3's, proxies): a test or benchmark removes them from a child it points at a
+/// server of its own, so that the caller's environment can send it nowhere else.
+pub const STORE_VARIABLES: [&str; 21] = [
+    "HF_ENDPOINT",
+    "HF_TOKEN",
+    "HF_TOKEN_PATH",
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ALLOW_HTTP",
+    "AWS_PROFILE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "NO_PROXY",
+];
+
 /// A snapshot of the server's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]

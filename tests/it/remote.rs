@@ -332,19 +332,7 @@ fn digest_of_specs(specs: &[Spec]) -> String {
 /// Runs role `role` on `url` with `vars` set; returns its stdout.
 fn run_child(role: &str, url: &str, vars: &[(&str, String)]) -> String {
     let mut cmd = child_command(MODULE, role, Path::new(url));
-    for var in [
-        "HF_ENDPOINT",
-        "HF_TOKEN",
-        "HF_HOME",
-        "AWS_ENDPOINT_URL",
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_REGION",
-        "AWS_DEFAULT_REGION",
-        "AWS_ALLOW_HTTP",
-        "AWS_PROFILE",
-    ] {
+    for var in safeload_testhttp::STORE_VARIABLES {
         cmd.env_remove(var);
     }
     // No token file of a real user is read.

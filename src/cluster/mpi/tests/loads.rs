@@ -51,6 +51,11 @@ pub(super) fn act() {
             for note in &sd.report().notes {
                 println!("NODE {node} NOTE {note}");
             }
+            for file in &sd.report().files {
+                if let Some(copy) = &file.node_copy {
+                    println!("NODE {node} COPY {copy}");
+                }
+            }
         }
         Err(e) => println!("NODE {node} ERROR {:?} {e}", e.io_error().map(|e| e.kind())),
     }
@@ -212,6 +217,88 @@ fn three_nodes_read_each_byte_once_and_load_the_same_tensors() {
     let today = read as f64 / total as f64;
     eprintln!("without the exchange: {read} of {total} ({today:.3}x)");
     assert!(today >= 2.95, "{today:.3}x");
+}
+
+#[test]
+fn nodes_of_two_local_ranks_read_each_byte_once_per_cluster() {
+    if skip_without_fuse() {
+        return;
+    }
+    let source = tempfile::tempdir().unwrap();
+    let expected = write_checkpoint(source.path(), 3, 16, 5);
+    let total: u64 = std::fs::read_dir(source.path())
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    let s = source.path();
+    // Two nodes of two processes each; the third mount is not used.
+    let (shared, paths) = mounts([s, s, s], None);
+    let list = joined(&paths);
+    let env = [("SAFELOAD_EXCHANGE", "mpi"), (PATHS, list.as_str())];
+    let nodes = [Some(0), Some(0), Some(1), Some(1)];
+    let Some(run) = mpirun("load", &nodes, &env, Duration::from_secs(120)) else {
+        return;
+    };
+    assert!(run.status.success(), "{}", run.show());
+    let digests = run.lines("DIGEST");
+    assert_eq!(digests.len(), 4, "{}", run.show());
+    for line in &digests {
+        assert!(
+            line.ends_with(&format!("{expected:016x}")),
+            "{line}\n{}",
+            run.show()
+        );
+    }
+    // The participants split the reads; every process's tensors are views of its node's copy,
+    // the members' received complete.
+    let notes = run.lines("NOTE");
+    let split = notes
+        .iter()
+        .filter(|n| n.contains("read once per cluster"))
+        .count();
+    assert_eq!(split, 2, "{}", run.show());
+    let copies = run.lines("COPY");
+    assert_eq!(copies.len(), 4 * 3, "{}", run.show());
+    let filled = copies
+        .iter()
+        .filter(|c| c.contains("split between nodes"))
+        .count();
+    let received = copies
+        .iter()
+        .filter(|c| c.contains("received from pid"))
+        .count();
+    assert_eq!((filled, received), (2 * 3, 2 * 3), "{}", run.show());
+    let read: u64 = shared.iter().map(|m| m.stats().bytes_read).sum();
+    let ratio = read as f64 / total as f64;
+    eprintln!("2 nodes x 2 local ranks: {read} of {total} read from the mounts ({ratio:.3}x)");
+    assert!(
+        ratio <= 1.05,
+        "{ratio:.3}x the checkpoint read\n{}",
+        run.show()
+    );
+    for m in &shared[..2] {
+        assert!(
+            m.stats().bytes_read > total / 4,
+            "every node read its share"
+        );
+    }
+    // Without the exchange, on fresh mounts: each node's ranks share one copy, each node reads
+    // everything (as when the copy took the files and left the exchange nothing to split).
+    let (alone, paths) = mounts([s, s, s], None);
+    let list = joined(&paths);
+    let Some(run) = mpirun(
+        "load",
+        &nodes,
+        &[(PATHS, list.as_str())],
+        Duration::from_secs(120),
+    ) else {
+        return;
+    };
+    assert!(run.status.success(), "{}", run.show());
+    let read: u64 = alone.iter().map(|m| m.stats().bytes_read).sum();
+    let today = read as f64 / total as f64;
+    eprintln!("2 nodes x 2 local ranks without the exchange: {read} of {total} ({today:.3}x)");
+    assert!((1.95..2.1).contains(&today), "{today:.3}x\n{}", run.show());
 }
 
 #[test]

@@ -154,6 +154,16 @@ fn as_u64(value: &Value) -> u64 {
         .unwrap_or_else(|| panic!("not a count: {value}"))
 }
 
+/// The sum of `key` over the files of a load's report.
+fn per_file(report: &Value, key: &str) -> u64 {
+    report["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| as_u64(&f[key]))
+        .sum()
+}
+
 #[test]
 fn load_under_mpirun_reads_each_byte_once_per_cluster() {
     if !have_mpirun() {
@@ -181,19 +191,8 @@ fn load_under_mpirun_reads_each_byte_once_per_cluster() {
                 .any(|n| n.as_str().unwrap().contains(&expected)),
             "{report}"
         );
-        let tensor_bytes: u64 = report["files"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| as_u64(&f["tensor_bytes"]))
-            .sum();
-        assert_eq!(tensor_bytes, total, "{report}");
-        let mine: u64 = report["files"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| as_u64(&f["bytes_read"]))
-            .sum();
+        assert_eq!(per_file(report, "tensor_bytes"), total, "{report}");
+        let mine = per_file(report, "bytes_read");
         assert!(mine > 0, "node {node} read its share: {report}");
         read += mine;
     }

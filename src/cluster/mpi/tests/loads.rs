@@ -151,6 +151,47 @@ fn joined(paths: &[PathBuf]) -> String {
 
 const NODES: [Option<u32>; 3] = [Some(0), Some(1), Some(2)];
 
+/// A job of `nodes` (a node id per process) loading `source` from fresh mounts of it, one per
+/// node id, with `env`: the run and the bytes each mount served; `None` where `mpirun` is
+/// missing (skipped).
+fn load_on_mounts(
+    source: &Path,
+    nodes: &[Option<u32>],
+    env: &[(&str, &str)],
+) -> Option<(super::Run, Vec<u64>)> {
+    let (mounts, paths) = mounts([source, source, source], None);
+    let list = joined(&paths);
+    let mut env = env.to_vec();
+    env.push((PATHS, list.as_str()));
+    let run = mpirun("load", nodes, &env, Duration::from_secs(120))?;
+    assert!(run.status.success(), "{}", run.show());
+    let served = mounts.iter().map(|m| m.stats().bytes_read).collect();
+    Some((run, served))
+}
+
+/// Asserts that every one of `count` processes printed the digest `expected`.
+fn assert_digests(run: &super::Run, count: usize, expected: u64) {
+    let digests = run.lines("DIGEST");
+    assert_eq!(digests.len(), count, "{}", run.show());
+    for line in &digests {
+        let ends = line.ends_with(&format!("{expected:016x}"));
+        assert!(ends, "{line}\n{}", run.show());
+    }
+}
+
+/// The bytes of the files in `dir`.
+fn bytes_in(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum()
+}
+
+/// The runs of `lines` that contain `what`.
+fn count(lines: &[String], what: &str) -> usize {
+    lines.iter().filter(|l| l.contains(what)).count()
+}
+
 #[test]
 fn three_nodes_read_each_byte_once_and_load_the_same_tensors() {
     if skip_without_fuse() {
@@ -158,39 +199,16 @@ fn three_nodes_read_each_byte_once_and_load_the_same_tensors() {
     }
     let source = tempfile::tempdir().unwrap();
     let expected = write_checkpoint(source.path(), 3, 32, 7);
-    let total: u64 = std::fs::read_dir(source.path())
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
-        .sum();
-    let s = source.path();
-    let (shared, paths) = mounts([s, s, s], None);
-    let list = joined(&paths);
-    let env = [("SAFELOAD_EXCHANGE", "mpi"), (PATHS, list.as_str())];
-    let Some(run) = mpirun("load", &NODES, &env, Duration::from_secs(120)) else {
+    let total = bytes_in(source.path());
+    let exchange = [("SAFELOAD_EXCHANGE", "mpi")];
+    let Some((run, served)) = load_on_mounts(source.path(), &NODES, &exchange) else {
         return;
     };
-    assert!(run.status.success(), "{}", run.show());
-    let digests = run.lines("DIGEST");
-    assert_eq!(digests.len(), 3, "{}", run.show());
-    for line in &digests {
-        assert!(
-            line.ends_with(&format!("{expected:016x}")),
-            "{line}\n{}",
-            run.show()
-        );
-    }
+    assert_digests(&run, 3, expected);
     let notes = run.lines("NOTE");
-    assert_eq!(
-        notes
-            .iter()
-            .filter(|n| n.contains("read once per cluster"))
-            .count(),
-        3,
-        "{}",
-        run.show()
-    );
+    assert_eq!(count(&notes, "read once per cluster"), 3, "{}", run.show());
     // Every byte from storage once, all nodes together (headers read by each: a little more).
-    let read: u64 = shared.iter().map(|m| m.stats().bytes_read).sum();
+    let read: u64 = served.iter().sum();
     let ratio = read as f64 / total as f64;
     eprintln!("bytes read from the 3 mounts: {read} of {total} ({ratio:.3}x)");
     assert!(
@@ -198,22 +216,12 @@ fn three_nodes_read_each_byte_once_and_load_the_same_tensors() {
         "{ratio:.3}x the checkpoint read\n{}",
         run.show()
     );
-    for m in &shared {
-        assert!(m.stats().bytes_read > 0, "every node read its share");
-    }
+    assert!(served.iter().all(|&b| b > 0), "every node read its share");
     // Without the exchange, on fresh mounts: each node reads everything.
-    let (alone, paths) = mounts([s, s, s], None);
-    let list = joined(&paths);
-    let Some(run) = mpirun(
-        "load",
-        &NODES,
-        &[(PATHS, list.as_str())],
-        Duration::from_secs(120),
-    ) else {
+    let Some((_, served)) = load_on_mounts(source.path(), &NODES, &[]) else {
         return;
     };
-    assert!(run.status.success(), "{}", run.show());
-    let read: u64 = alone.iter().map(|m| m.stats().bytes_read).sum();
+    let read: u64 = served.iter().sum();
     let today = read as f64 / total as f64;
     eprintln!("without the exchange: {read} of {total} ({today:.3}x)");
     assert!(today >= 2.95, "{today:.3}x");
@@ -226,49 +234,24 @@ fn nodes_of_two_local_ranks_read_each_byte_once_per_cluster() {
     }
     let source = tempfile::tempdir().unwrap();
     let expected = write_checkpoint(source.path(), 3, 16, 5);
-    let total: u64 = std::fs::read_dir(source.path())
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
-        .sum();
-    let s = source.path();
+    let total = bytes_in(source.path());
     // Two nodes of two processes each; the third mount is not used.
-    let (shared, paths) = mounts([s, s, s], None);
-    let list = joined(&paths);
-    let env = [("SAFELOAD_EXCHANGE", "mpi"), (PATHS, list.as_str())];
     let nodes = [Some(0), Some(0), Some(1), Some(1)];
-    let Some(run) = mpirun("load", &nodes, &env, Duration::from_secs(120)) else {
+    let exchange = [("SAFELOAD_EXCHANGE", "mpi")];
+    let Some((run, served)) = load_on_mounts(source.path(), &nodes, &exchange) else {
         return;
     };
-    assert!(run.status.success(), "{}", run.show());
-    let digests = run.lines("DIGEST");
-    assert_eq!(digests.len(), 4, "{}", run.show());
-    for line in &digests {
-        assert!(
-            line.ends_with(&format!("{expected:016x}")),
-            "{line}\n{}",
-            run.show()
-        );
-    }
+    assert_digests(&run, 4, expected);
     // The participants split the reads; every process's tensors are views of its node's copy,
     // the members' received complete.
     let notes = run.lines("NOTE");
-    let split = notes
-        .iter()
-        .filter(|n| n.contains("read once per cluster"))
-        .count();
-    assert_eq!(split, 2, "{}", run.show());
+    assert_eq!(count(&notes, "read once per cluster"), 2, "{}", run.show());
     let copies = run.lines("COPY");
     assert_eq!(copies.len(), 4 * 3, "{}", run.show());
-    let filled = copies
-        .iter()
-        .filter(|c| c.contains("split between nodes"))
-        .count();
-    let received = copies
-        .iter()
-        .filter(|c| c.contains("received from pid"))
-        .count();
+    let filled = count(&copies, "split between nodes");
+    let received = count(&copies, "received from pid");
     assert_eq!((filled, received), (2 * 3, 2 * 3), "{}", run.show());
-    let read: u64 = shared.iter().map(|m| m.stats().bytes_read).sum();
+    let read: u64 = served.iter().sum();
     let ratio = read as f64 / total as f64;
     eprintln!("2 nodes x 2 local ranks: {read} of {total} read from the mounts ({ratio:.3}x)");
     assert!(
@@ -276,29 +259,19 @@ fn nodes_of_two_local_ranks_read_each_byte_once_per_cluster() {
         "{ratio:.3}x the checkpoint read\n{}",
         run.show()
     );
-    for m in &shared[..2] {
-        assert!(
-            m.stats().bytes_read > total / 4,
-            "every node read its share"
-        );
-    }
+    assert!(
+        served[..2].iter().all(|&b| b > total / 4),
+        "every node read its share"
+    );
     // Without the exchange, on fresh mounts: each node's ranks share one copy, each node reads
     // everything (as when the copy took the files and left the exchange nothing to split).
-    let (alone, paths) = mounts([s, s, s], None);
-    let list = joined(&paths);
-    let Some(run) = mpirun(
-        "load",
-        &nodes,
-        &[(PATHS, list.as_str())],
-        Duration::from_secs(120),
-    ) else {
+    let Some((_, served)) = load_on_mounts(source.path(), &nodes, &[]) else {
         return;
     };
-    assert!(run.status.success(), "{}", run.show());
-    let read: u64 = alone.iter().map(|m| m.stats().bytes_read).sum();
+    let read: u64 = served.iter().sum();
     let today = read as f64 / total as f64;
     eprintln!("2 nodes x 2 local ranks without the exchange: {read} of {total} ({today:.3}x)");
-    assert!((1.95..2.1).contains(&today), "{today:.3}x\n{}", run.show());
+    assert!((1.95..2.1).contains(&today), "{today:.3}x");
 }
 
 #[test]

@@ -353,16 +353,20 @@ fn wait_for_complete(
     let mut last_seen = Instant::now();
     loop {
         let lock = Lock::take(lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
-        let (found, filling) = find(dir, key, me, true, remarks);
+        // What the last round of asking said, not every round's.
+        let mut said = Vec::new();
+        let (found, filling) = find(dir, key, me, true, &mut said);
         if let Some(found) = found {
+            remarks.extend(said);
             return Ok((lock, found));
         }
         drop(lock);
         if filling {
             last_seen = Instant::now();
         } else if last_seen.elapsed() > patience {
+            let why = said.last().map(|s| format!(" ({s})")).unwrap_or_default();
             return Err(format!(
-                "the node's participant offered no copy within {patience:?}"
+                "the node's participant offered no copy within {patience:?}{why}"
             ));
         }
         std::thread::sleep(MEMBER_POLL);

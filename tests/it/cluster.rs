@@ -13,6 +13,7 @@ use safeload::cluster::Communicator;
 use safeload::{ErrorKind, Loader, Operation};
 use safetensors::Dtype;
 
+use crate::common::child::{PATH, child_command, run_role};
 use crate::common::*;
 
 /// What the nodes of one job share: the slots of the current call and a barrier.
@@ -251,4 +252,76 @@ fn a_node_loading_other_files_makes_every_node_read_alone() {
             sd.report().notes
         );
     }
+}
+
+/// A job of two nodes whose collectives a node's other local rank never calls.
+struct NeverCalled;
+
+impl Communicator for NeverCalled {
+    fn node(&self) -> usize {
+        0
+    }
+
+    fn nodes(&self) -> usize {
+        2
+    }
+
+    fn all_gather(&self, _mine: &[u8]) -> io::Result<Vec<Vec<u8>>> {
+        panic!("a node's other local rank called all_gather")
+    }
+
+    fn broadcast(&self, _owner: usize, _buf: &mut [u8]) -> io::Result<()> {
+        panic!("a node's other local rank called broadcast")
+    }
+}
+
+#[test]
+fn child() {
+    run_role(&[("member-alone", member_alone)]);
+}
+
+/// A child: local rank 1 of 2 of a two-node job, whose participant never comes. It waits
+/// the exchange's timeout (1 s, set by the parent) for the node copy, then reads alone,
+/// saying why, with the tensors of a plain read.
+fn member_alone() {
+    let path = PathBuf::from(std::env::var(PATH).unwrap());
+    let start = Instant::now();
+    let sd = Loader::new()
+        .disable_mmap(true)
+        .local_rank(1, 2)
+        .exchange(NeverCalled)
+        .load(&path)
+        .unwrap();
+    let waited = start.elapsed();
+    assert!(
+        (Duration::from_secs(1)..Duration::from_secs(20)).contains(&waited),
+        "{waited:?}"
+    );
+    assert_eq!(loaded(&sd), naive_load(&shards_of(&path)));
+    for file in &sd.report().files {
+        let note = file.node_copy.as_deref().unwrap_or_default();
+        assert!(
+            note.contains("the node's participant offered no copy within 1s")
+                && note.contains("each rank loads it alone"),
+            "{note}"
+        );
+    }
+}
+
+#[test]
+fn a_nodes_other_rank_whose_participant_never_comes_reads_alone_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint(dir.path(), "w");
+    let out = child_command(module_path!(), "member-alone", dir.path())
+        .env("SAFELOAD_EXCHANGE_TIMEOUT_SECS", "1")
+        .env_remove("SAFELOAD_EXCHANGE")
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("CHILD-DONE member-alone\n"),
+        "{}\n{stdout}",
+        out.status
+    );
 }

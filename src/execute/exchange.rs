@@ -235,8 +235,9 @@ pub(crate) fn count_reads(files: &mut [crate::report::FileReport], pieces: &[Pie
 }
 
 /// Reads this node's pieces of the node copies (`me`'s, those after the
-/// `buffers` places of the buffers) from their files into the copies, on
-/// `threads` threads: the bytes read, per copy.
+/// `buffers` places of the buffers) from their files into the copies, in
+/// reads of `read_size` with `readers` at once, direct where the policy
+/// reads the file so: the bytes read, per copy.
 ///
 /// # Errors
 ///
@@ -245,26 +246,42 @@ pub(crate) fn read_copies(
     copies: &[Copy<'_>],
     pieces: &[Piece],
     (buffers, me): (usize, usize),
-    threads: usize,
+    (readers, read_size): (usize, usize),
+    opts: &crate::options::Options,
 ) -> Result<Vec<u64>> {
-    let own: Vec<(usize, Piece)> = pieces
-        .iter()
-        .filter(|p| p.owner == me)
-        .filter_map(|p| Some((p.file.checked_sub(buffers)?, *p)))
-        .filter(|(k, _)| *k < copies.len())
-        .collect();
-    crate::workers::map(&own, threads, "safeload-copy", |&(k, piece)| {
+    let size = (read_size.max(1) as u64).next_multiple_of(crate::os::page_size());
+    // Each own piece in reads of `size` (pieces start at page offsets: a
+    // copy is an image of its file, split at 64 MiB).
+    let mut reads: Vec<(usize, u64, u64)> = Vec::new();
+    for piece in pieces.iter().filter(|p| p.owner == me) {
+        let Some(k) = piece
+            .file
+            .checked_sub(buffers)
+            .filter(|k| *k < copies.len())
+        else {
+            continue;
+        };
+        let mut at = 0;
+        while at < piece.len {
+            let len = size.min(piece.len - at);
+            reads.push((k, piece.src + at, len));
+            at += len;
+        }
+    }
+    let files: Vec<&OpenedFile> = copies.iter().map(|(f, _)| *f).collect();
+    let _direct = crate::node::direct_reads(&files, opts);
+    crate::workers::map(&reads, readers, "safeload-copy", |&(k, offset, len)| {
         let Some(&(file, writer)) = copies.get(k) else {
             return Ok(());
         };
         writer
-            .read_chunk(file.source(), piece.src, piece.len)
+            .read_chunk(file.source(), offset, len)
             .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))
     })?;
     let mut read = vec![0u64; copies.len()];
-    for (k, piece) in &own {
+    for (k, _, len) in &reads {
         if let Some(bytes) = read.get_mut(*k) {
-            *bytes += piece.len;
+            *bytes += len;
         }
     }
     Ok(read)

@@ -186,7 +186,8 @@ impl Run<'_> {
             &copy_files,
             &copy_pieces.0,
             (filling.len(), copy_pieces.1),
-            threads(opts),
+            (concurrency.start, read_size),
+            opts,
         )?;
         for (&i, read) in copy_index.iter().zip(copies_read) {
             if let Some((_, bytes_read)) = notes_of_copies.get_mut(i) {

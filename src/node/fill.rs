@@ -44,17 +44,7 @@ pub(super) fn fill(
     // 0.52-1.37x (median 1.07x) with direct reads (BENCHMARKS.md).
     // The chunks are whole pages at page offsets of a page-aligned map; a
     // file's last, partial block goes through the OS layer's bounce buffer.
-    let _direct = Direct(
-        sources
-            .iter()
-            .filter_map(|f| f.local())
-            .filter(|l| {
-                let kind = l.mount().map(|m| m.kind);
-                policy::wants_direct_io(opts.direct_io, kind, true, || l.mostly_cached())
-                    && l.set_direct(true).is_ok()
-            })
-            .collect(),
-    );
+    let _direct = direct_reads(&sources, opts);
     let counts: Vec<(AtomicUsize, AtomicU64)> = sources
         .iter()
         .map(|_| (AtomicUsize::new(0), AtomicU64::new(0)))
@@ -116,9 +106,27 @@ pub(super) fn fill(
     ))
 }
 
+/// `O_DIRECT` on the descriptors of `files` where the policy would read the
+/// file so (FUSE, cold), for as long as the guard lives: reads straight
+/// into a node copy, whoever makes them (the chunk queue's readers here, the
+/// participant of a load split between nodes in `execute/exchange.rs`).
+pub(crate) fn direct_reads<'a>(files: &[&'a OpenedFile], opts: &Options) -> Direct<'a> {
+    Direct(
+        files
+            .iter()
+            .filter_map(|f| f.local())
+            .filter(|l| {
+                let kind = l.mount().map(|m| m.kind);
+                policy::wants_direct_io(opts.direct_io, kind, true, || l.mostly_cached())
+                    && l.set_direct(true).is_ok()
+            })
+            .collect(),
+    )
+}
+
 /// `O_DIRECT` on these descriptors for as long as this lives (a checkpoint
 /// that stays open shares them).
-struct Direct<'a>(Vec<&'a LocalFile>);
+pub(crate) struct Direct<'a>(Vec<&'a LocalFile>);
 
 impl Drop for Direct<'_> {
     fn drop(&mut self) {

@@ -57,6 +57,8 @@ mod fill;
 mod handoff;
 mod registry;
 
+pub(crate) use fill::direct_reads;
+
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};

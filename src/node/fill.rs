@@ -75,13 +75,19 @@ pub(super) fn fill(
         .prefetch
         .as_ref()
         .map_or(super::STREAMS, |p| p.stream_count().max(1));
+    // A rank that took the copy unfinished just before the last filler
+    // offered it complete finds it complete here, and fills nothing.
+    let done_elsewhere = || {
+        let me = prefetch::Owner::current();
+        super::find(dir, key, me, true, &mut Vec::new()).0.is_some()
+    };
     let outcome = prefetch::fill_shared(
         &lens,
         (&material, dir),
         (chunk_size, streams),
         rank,
         &read,
-        complete,
+        (complete, &done_elsewhere),
         opts.progress.as_ref(),
     )?;
     // A local file may have changed length meanwhile (a remote object's

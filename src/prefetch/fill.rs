@@ -47,14 +47,17 @@ pub(crate) struct FillOutcome {
 /// `streams` readers in this process. `complete` is called once every chunk
 /// is in place, before this rank leaves the queue: a rank that joins after
 /// the last has left must learn from it that the fill is over, not start
-/// one anew.
+/// one anew. `done_elsewhere` is asked by the rank that makes the queue
+/// file: where it says the fill is over (a rank that took the copy
+/// unfinished in the instant before the last filler called `complete`),
+/// every chunk starts done.
 pub(crate) fn fill_shared(
     lens: &[u64],
     (key_material, dir): (&[u8], &Path),
     (chunk_size, streams): (u64, usize),
     rank: &LocalRank,
     read: &(dyn Fn(usize, u64, u64) -> Result<()> + Sync),
-    complete: &dyn Fn(),
+    (complete, done_elsewhere): (&dyn Fn(), &dyn Fn() -> bool),
     progress: Option<&Callback>,
 ) -> Result<FillOutcome> {
     let swept = sweep_stale(dir);
@@ -67,9 +70,10 @@ pub(crate) fn fill_shared(
         total: plan.total,
         slots: 0,
     };
-    // A node copy starts empty: every chunk free, nothing resident.
+    // A node copy starts empty: every chunk free, nothing resident; unless
+    // its fill ended before this rank made the queue file.
     let mut make = || Init {
-        states: vec![FREE; chunks.len()],
+        states: vec![if done_elsewhere() { DONE } else { FREE }; chunks.len()],
         resident: 0,
         needed: plan.total,
         available: None,

@@ -471,7 +471,11 @@ fn serve_testhttp(o: &Options, size: u64) -> Result<Served, String> {
     }
     let mut target = target(o, base.clone(), format!("hf://{REPO}"), &local);
     target.http_url = Some(base);
-    let env = vec![("HF_ENDPOINT", server.url())];
+    // The arms stream: no hub cache is read or written (the cache's own arms set theirs).
+    let env = vec![
+        ("HF_ENDPOINT", server.url()),
+        ("SAFELOAD_HUB_CACHE", "0".to_owned()),
+    ];
     Ok(served(o, Server::Http(server), local, target, env))
 }
 

@@ -352,6 +352,8 @@
 )]
 
 mod adapt;
+#[cfg(feature = "remote")]
+mod cache;
 mod cancel;
 #[cfg(feature = "candle")]
 pub mod candle;
@@ -450,7 +452,7 @@ pub fn load_state_dict(path: impl AsRef<Path>, disable_mmap: Option<bool>) -> Re
 /// no-op off Linux.
 #[doc(hidden)]
 pub fn evict(path: impl AsRef<Path>) -> Result<()> {
-    let checkpoint = resolve::resolve(path.as_ref())?;
+    let checkpoint = resolve::resolve(path.as_ref(), resolve::Caching::default())?;
     let shards = checkpoint
         .shards
         .iter()

@@ -36,6 +36,10 @@ pub(crate) struct Options {
     pub exchange: Option<Arc<dyn crate::cluster::Communicator>>,
     /// What stops the load early (`Loader::cancel_on`, a dropped async load).
     pub cancel: Cancel,
+    /// Whether `hf://` goes through the hub cache (`Loader::hub_cache`).
+    pub hub_cache: Option<bool>,
+    /// The cache directory of other stores (`Loader::cache_dir`).
+    pub cache_dir: Option<std::path::PathBuf>,
 }
 
 impl fmt::Debug for Options {
@@ -60,6 +64,8 @@ impl fmt::Debug for Options {
                 &self.exchange.as_ref().map(|c| (c.node(), c.nodes())),
             )
             .field("cancel", &self.cancel)
+            .field("hub_cache", &self.hub_cache)
+            .field("cache_dir", &self.cache_dir)
             .finish_non_exhaustive()
     }
 }

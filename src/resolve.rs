@@ -10,15 +10,8 @@ use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::header::Header;
 use crate::format::index::{Index, is_plain_file_name, parse_index};
+use crate::format::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
 use crate::os;
-
-/// The file name of a single-file checkpoint in a directory.
-pub(crate) const SINGLE_FILE: &str = "model.safetensors";
-/// The file name of a sharded checkpoint's index in a directory.
-pub(crate) const INDEX_FILE: &str = "model.safetensors.index.json";
-/// Indexes of real checkpoints are a few MiB; a larger one is refused before
-/// it is read, so that a hostile file cannot make us allocate without bound.
-pub(crate) const MAX_INDEX_BYTES: u64 = 100_000_000;
 
 /// One file of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,9 +39,21 @@ pub(crate) struct Resolved {
     /// `None` for a single file named by its own path.
     dir: Option<Arc<os::Dir>>,
     /// A remote checkpoint's place (feature `remote`): its files are remote
-    /// objects, opened through it.
+    /// objects, or files of its cache, opened through it.
     #[cfg(feature = "remote")]
-    remote: Option<Arc<crate::remote::checkpoint::RemoteCheckpoint>>,
+    remote: Option<Arc<crate::cache::Remote>>,
+}
+
+/// The caches a remote address goes through: the caller's choices
+/// (`Loader::hub_cache`, `Loader::cache_dir`), over the environment's
+/// (`SAFELOAD_HUB_CACHE`, `SAFELOAD_CACHE_DIR`).
+#[derive(Debug, Clone, Copy, Default)]
+#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+pub(crate) struct Caching<'a> {
+    /// Whether `hf://` goes through the hub cache.
+    pub hub: Option<bool>,
+    /// The cache directory of other stores.
+    pub dir: Option<&'a Path>,
 }
 
 /// Whether `path` is a remote address (`s3://`, `gs://`, `az://`,
@@ -67,10 +72,11 @@ pub(crate) fn is_remote(path: &Path) -> bool {
 }
 
 /// Resolves `path` (a `.safetensors` file, an index, or a directory holding one
-/// of them) into the shard files to load.
-pub(crate) fn resolve(path: &Path) -> Result<Resolved> {
+/// of them, or a remote address through `caching`) into the shard files to
+/// load.
+pub(crate) fn resolve(path: &Path, caching: Caching<'_>) -> Result<Resolved> {
     if is_remote(path) {
-        return resolve_remote(path);
+        return resolve_remote(path, caching);
     }
     let meta = fs::metadata(path).map_err(|e| Error::io(Operation::Stat, path, None, e))?;
     if meta.is_dir() {
@@ -218,23 +224,22 @@ fn index_shards(
     Ok((index, shards))
 }
 
-/// A remote address resolved (feature `remote`): the file it names, else
-/// `model.safetensors`, else `model.safetensors.index.json` under it.
+/// A remote address resolved (feature `remote`), through its cache: the
+/// file it names, else `model.safetensors`, else
+/// `model.safetensors.index.json` under it.
 #[cfg(feature = "remote")]
-fn resolve_remote(path: &Path) -> Result<Resolved> {
-    use crate::remote::checkpoint::{Found, RemoteCheckpoint};
+fn resolve_remote(path: &Path, caching: Caching<'_>) -> Result<Resolved> {
+    use crate::remote::checkpoint::Found;
     let text = path.to_str().unwrap_or_default();
-    let (checkpoint, found) = RemoteCheckpoint::resolve(text)?;
+    let (checkpoint, found) = crate::cache::resolve(text, caching.hub, caching.dir)?;
     let (shards, index, index_path) = match found {
         Found::Single(name) => {
-            let path = PathBuf::from(checkpoint.shown(&name));
+            let path = checkpoint.shown(&name);
             (vec![ShardFile { name, path }], None, None)
         }
         Found::Index(name, bytes) => {
-            let index_path = PathBuf::from(checkpoint.shown(&name));
-            let (index, shards) = index_shards(&bytes, &index_path, |name| {
-                PathBuf::from(checkpoint.shown(name))
-            })?;
+            let index_path = checkpoint.shown(&name);
+            let (index, shards) = index_shards(&bytes, &index_path, |name| checkpoint.shown(name))?;
             (shards, Some(index), Some(index_path))
         }
     };
@@ -249,7 +254,7 @@ fn resolve_remote(path: &Path) -> Result<Resolved> {
 
 /// A remote address given to a build without the feature `remote`.
 #[cfg(not(feature = "remote"))]
-fn resolve_remote(path: &Path) -> Result<Resolved> {
+fn resolve_remote(path: &Path, _caching: Caching<'_>) -> Result<Resolved> {
     Err(Error::remote(
         Operation::Open,
         path,
@@ -260,9 +265,10 @@ fn resolve_remote(path: &Path) -> Result<Resolved> {
 }
 
 impl Resolved {
-    /// The remote checkpoint its files are objects of, for a remote address.
+    /// The remote checkpoint its files are objects of (or files of its
+    /// cache), for a remote address.
     #[cfg(feature = "remote")]
-    pub(crate) fn remote(&self) -> Option<&crate::remote::checkpoint::RemoteCheckpoint> {
+    pub(crate) fn remote(&self) -> Option<&crate::cache::Remote> {
         self.remote.as_deref()
     }
 
@@ -403,7 +409,7 @@ mod tests {
     #[test]
     fn an_address_without_the_remote_feature_says_so() {
         for url in ["s3://bucket/model", "hf://org/repo", "https://host/m/"] {
-            let e = resolve(Path::new(url)).unwrap_err();
+            let e = resolve(Path::new(url), Caching::default()).unwrap_err();
             assert!(matches!(e.kind(), ErrorKind::Remote { .. }), "{e}");
             assert!(e.to_string().contains("feature `remote`"), "{e}");
             assert_eq!(e.path(), Some(Path::new(url)));

@@ -308,6 +308,7 @@ impl Checkpoint {
                 converted: 0,
                 overflowed: 0,
                 node_copy: None,
+                cache: f.source().cache_use(),
             })
             .collect();
         LoadReport {
@@ -396,7 +397,7 @@ fn catalogue(files: &[OpenedFile]) -> Catalogue {
 pub(crate) fn open_with(opts: Options, path: &Path) -> Result<Checkpoint> {
     let clock = Instant::now();
     let env = Environment::from_process();
-    let resolved = resolve::resolve(path)?;
+    let resolved = resolve::resolve(path, crate::load::caching(&opts))?;
     let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
     let (files, notes) = file::open_all(&opts, &resolved, &shards, &env, clock)?;
     let Catalogue {

@@ -76,7 +76,18 @@ impl Run<'_> {
         // then the page cache warmed for the rest before any tensor byte is
         // touched (a file with a copy is read once already).
         let opened: Vec<&OpenedFile> = files.iter().map(|&(f, _)| f).collect();
+        let several = role != node::Role::Queue
+            || (prefetch::LocalRank::from_setting(opts.local_rank, env).size > 1
+                && policy::node_copy(env));
+        if several {
+            for write in opened.iter().filter_map(|f| f.source().cache_write()) {
+                write.pause();
+            }
+        }
         let (mut copies, pending) = node::share(&opened, opts, env, keep, role);
+        if several {
+            cache_copies(&opened, &copies, role);
+        }
         let job = prefetch::Job {
             local_rank: opts.local_rank,
             memory_available: opts.memory_available,
@@ -250,6 +261,32 @@ impl Run<'_> {
             }
         }
         Ok(state_dict)
+    }
+}
+
+/// What becomes of the cache writes of files fetched through a cache when
+/// several local ranks load them (their reads were paused): a file with a
+/// node copy is written whole from the copy by the rank that made it (and
+/// by no other), once, after the copy is complete; a file without one is
+/// written as this rank reads it.
+fn cache_copies(files: &[&OpenedFile], copies: &[node::PerFile], role: node::Role) {
+    use crate::source::NotCached;
+    for (file, copy) in files.iter().zip(copies) {
+        let Some(write) = file.source().cache_write() else {
+            continue;
+        };
+        match copy {
+            node::PerFile::Copy { .. } if role != node::Role::Queue => {
+                write.abandon(NotCached::Exchange);
+            }
+            node::PerFile::Copy {
+                storage,
+                made_here: true,
+                ..
+            } => write.write_image(storage.bytes()),
+            node::PerFile::Copy { .. } => write.abandon(NotCached::OtherRank),
+            _ => write.resume(),
+        }
     }
 }
 

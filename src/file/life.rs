@@ -398,6 +398,7 @@ impl<'a> Sealed<'a> {
             metadata: header.metadata.clone(),
             sha256: self.sha256.as_ref().map(crate::verify::hex),
             node_copy: None,
+            cache: file.source().cache_use(),
         })
     }
 }

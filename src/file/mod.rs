@@ -178,8 +178,7 @@ fn open_any(
 ) -> Result<Arc<dyn Source>> {
     #[cfg(feature = "remote")]
     if let Some(remote) = resolved.remote() {
-        let object: Arc<dyn Source> = remote.take(&shard.name)?;
-        return Ok(object);
+        return remote.take(&shard.name, table);
     }
     Ok(Arc::new(open_source(shard, resolved, table)?))
 }

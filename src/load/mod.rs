@@ -297,6 +297,35 @@ impl Loader {
         self
     }
 
+    /// Whether an `hf://` checkpoint goes through the Hugging Face cache
+    /// (feature `remote`; on by default): the files the cache holds at the
+    /// revision's commit are read from it as local files (mapped on a local
+    /// disk), the others fetched and written to it as they are read, in the
+    /// layout the hub's own clients share (`huggingface_hub`, `hf-hub`).
+    /// `false` streams every file and writes nothing (as does
+    /// `SAFELOAD_HUB_CACHE=0` where this is unset). The cache is
+    /// `HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+    /// `~/.cache/huggingface/hub`; with `HF_HUB_OFFLINE=1` nothing is asked
+    /// of the hub, and a file the cache lacks is an error naming it. Each
+    /// file's report says what the cache did
+    /// ([`FileReport::cache`](crate::report::FileReport::cache)).
+    pub fn hub_cache(mut self, on: bool) -> Loader {
+        self.opts.hub_cache = Some(on);
+        self
+    }
+
+    /// A cache directory for `s3://`, `gs://`, `az://` and `http(s)://`
+    /// checkpoints (feature `remote`; none by default, or
+    /// `SAFELOAD_CACHE_DIR`): each file is read from it where it holds the
+    /// object at its current length and ETag (asked of the store at open, as
+    /// always), else fetched and written to it as it is read, published once
+    /// every byte is in. A replaced object has another ETag, so it is
+    /// fetched again, never read stale.
+    pub fn cache_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Loader {
+        self.opts.cache_dir = Some(dir.into());
+        self
+    }
+
     /// Splits the load's reads between the nodes of a job, through the
     /// engine's own communicator (see [`Communicator`](crate::cluster::Communicator)):
     /// each node reads its share of the buffered files from storage and
@@ -347,7 +376,7 @@ impl Loader {
     fn load_now(&self, path: &Path) -> Result<StateDict> {
         let clock = Instant::now();
         let env = Environment::from_process();
-        let resolved = resolve::resolve(path)?;
+        let resolved = resolve::resolve(path, caching(&self.opts))?;
         let shards = self.shards_to_open(&resolved);
         let (files, notes) = file::open_all(&self.opts, &resolved, &shards, &env, clock)?;
         // Cancelled while opening: stop before anything is read.
@@ -581,7 +610,7 @@ impl Loader {
     /// are not errors: the ranks then split the bytes statically.
     pub fn warm(&self, path: impl AsRef<Path>) -> Result<crate::report::PrefetchReport> {
         let env = Environment::from_process();
-        let resolved = resolve::resolve(path.as_ref())?;
+        let resolved = resolve::resolve(path.as_ref(), caching(&self.opts))?;
         if resolved.is_remote() {
             // Local ranks loading one remote checkpoint share a node copy
             // instead (`local_rank`).
@@ -618,6 +647,14 @@ impl Loader {
         };
         let reason = format!("prefetch() with {} stream(s)", options.stream_count());
         prefetch::warm(&handed, &options, &job, reason)
+    }
+}
+
+/// The caches a remote address of a load with `opts` goes through.
+pub(crate) fn caching(opts: &Options) -> resolve::Caching<'_> {
+    resolve::Caching {
+        hub: opts.hub_cache,
+        dir: opts.cache_dir.as_deref(),
     }
 }
 

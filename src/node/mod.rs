@@ -90,11 +90,13 @@ pub(crate) enum PerFile {
     /// Not considered (one rank alone, or a mapped file): nothing to say.
     Absent,
     /// Its tensors are views of the node copy; the note says how it came,
-    /// `bytes_read` what this rank read of it.
+    /// `bytes_read` what this rank read of it, `made_here` whether this
+    /// rank made it (the one that writes it to a cache).
     Copy {
         storage: Arc<Storage>,
         note: String,
         bytes_read: u64,
+        made_here: bool,
     },
     /// Read by this rank alone, for this reason.
     NotUsed(NotUsed),
@@ -416,6 +418,7 @@ fn coordinate(
         (lock, find(&dir, key, me, false, &mut remarks).0)
     };
     let mut results: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
+    let made_here = found.is_none();
     let (offer, memfds, origin) = match found {
         Some(((offer, memfds), pid)) => {
             let valid = offer.files.iter().all(|&(i, len)| {
@@ -537,6 +540,7 @@ fn coordinate(
                 storage: Arc::new(storage),
                 note,
                 bytes_read,
+                made_here,
             };
         }
     }

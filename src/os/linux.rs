@@ -503,3 +503,11 @@ pub(crate) fn read_proc(file: super::ProcFile) -> io::Result<Vec<u8>> {
 #[path = "linux_node.rs"]
 mod node_copy;
 pub(crate) use node_copy::{FdListener, FdStream, SharedBytes, is_sealed_copy, memfd_copy};
+
+// The write-through cache (src/cache/): names walked, made and published in a
+// shared directory without following what another user may have put there.
+#[cfg(feature = "remote")]
+#[path = "linux_cache.rs"]
+mod cache_dir;
+#[cfg(feature = "remote")]
+pub(crate) use cache_dir::{EntryKind, reserve, write_all_at};

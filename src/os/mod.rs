@@ -72,6 +72,13 @@ pub(crate) use imp::{FdListener, FdStream, SharedBytes, is_sealed_copy, memfd_co
 // The `/proc` files the crate parses.
 pub(crate) use imp::read_proc;
 
+// The write-through cache: a directory's names seen without following them
+// (`Dir::entry`, `sub`, `read_link`, `open_nofollow`, `create_new`,
+// `open_lock`, `rename_noreplace`, `replace`, `symlink`, `remove`), space
+// reserved and positional writes (feature `remote`).
+#[cfg(feature = "remote")]
+pub(crate) use imp::{EntryKind, reserve, write_all_at};
+
 /// A file of `/proc` (proc(5)) the crate reads. The OS layer only reads it;
 /// the text is parsed where it is used (`mount/`, `memory.rs`,
 /// `prefetch/owner.rs`), by pure functions tested on every platform.

@@ -334,3 +334,178 @@ impl FdStream {
         unsupported()
     }
 }
+
+// The write-through cache (feature `remote`).
+#[cfg(feature = "remote")]
+pub(crate) use cache_dir::{EntryKind, reserve, write_all_at};
+
+#[cfg(feature = "remote")]
+mod cache_dir {
+    use std::fs::File;
+    use std::io;
+
+    #[cfg(not(unix))]
+    use super::unsupported;
+    use super::{Dir, open_regular};
+
+    /// What a name in a directory is, not following it.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub(crate) enum EntryKind {
+        /// No such name.
+        Missing,
+        /// A regular file of `len` bytes, last modified then.
+        File {
+            len: u64,
+            modified: Option<std::time::SystemTime>,
+        },
+        /// A directory.
+        Dir,
+        /// A symbolic link (not followed).
+        Link,
+        /// Anything else.
+        Other,
+    }
+
+    // The cache's calls by path: without `openat` a name can change between a
+    // check and its use, which `linux.rs` rules out; each call still refuses to
+    // follow a symlink where it checks for one.
+    impl Dir {
+        /// What `name` is here, without following it.
+        pub(crate) fn entry(&self, name: &str) -> io::Result<EntryKind> {
+            let meta = match std::fs::symlink_metadata(self.path.join(name)) {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(EntryKind::Missing),
+                Err(e) => return Err(e),
+            };
+            let kind = meta.file_type();
+            Ok(if kind.is_file() {
+                EntryKind::File {
+                    len: meta.len(),
+                    modified: meta.modified().ok(),
+                }
+            } else if kind.is_dir() {
+                EntryKind::Dir
+            } else if kind.is_symlink() {
+                EntryKind::Link
+            } else {
+                EntryKind::Other
+            })
+        }
+
+        /// The directory `name` here, made first where `create` asks; not
+        /// through a symlink.
+        pub(crate) fn sub(&self, name: &str, create: bool) -> io::Result<Dir> {
+            let path = self.path.join(name);
+            if create {
+                match std::fs::create_dir(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if !std::fs::symlink_metadata(&path)?.is_dir() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "not a directory",
+                ));
+            }
+            Ok(Dir { path })
+        }
+
+        /// The target of the symlink `name` here, as written.
+        pub(crate) fn read_link(&self, name: &str) -> io::Result<std::path::PathBuf> {
+            std::fs::read_link(self.path.join(name))
+        }
+
+        /// Opens the regular file `name` here for reading, not through a symlink.
+        pub(crate) fn open_nofollow(&self, name: &str) -> io::Result<File> {
+            let path = self.path.join(name);
+            if !std::fs::symlink_metadata(&path)?.is_file() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "not a regular file",
+                ));
+            }
+            open_regular(&path)
+        }
+
+        /// Creates the file `name` here for writing, where no name is.
+        pub(crate) fn create_new(&self, name: &str) -> io::Result<File> {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(self.path.join(name))
+        }
+
+        /// Opens the lock file `name` here, making it where missing.
+        pub(crate) fn open_lock(&self, name: &str) -> io::Result<File> {
+            let path = self.path.join(name);
+            if matches!(self.entry(name)?, EntryKind::Link | EntryKind::Other) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "not a regular file",
+                ));
+            }
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+        }
+
+        /// Renames `from` to `to` here unless `to` exists (a hard link, which
+        /// never replaces, then the removal of `from`): `false` where it does.
+        pub(crate) fn rename_noreplace(&self, from: &str, to: &str) -> io::Result<bool> {
+            match std::fs::hard_link(self.path.join(from), self.path.join(to)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+                Err(e) => return Err(e),
+            }
+            std::fs::remove_file(self.path.join(from))?;
+            Ok(true)
+        }
+
+        /// Renames `from` to `to` here, replacing what `to` names.
+        pub(crate) fn replace(&self, from: &str, to: &str) -> io::Result<()> {
+            std::fs::rename(self.path.join(from), self.path.join(to))
+        }
+
+        /// Makes `name` here a symlink to `target`.
+        pub(crate) fn symlink(&self, target: &str, name: &str) -> io::Result<()> {
+            #[cfg(unix)]
+            {
+                std::os::unix::fs::symlink(target, self.path.join(name))
+            }
+            #[cfg(not(unix))]
+            {
+                let _ = (target, name);
+                unsupported()
+            }
+        }
+
+        /// Removes the file or symlink `name` here.
+        pub(crate) fn remove(&self, name: &str) -> io::Result<()> {
+            std::fs::remove_file(self.path.join(name))
+        }
+    }
+
+    /// No space reservation here: writes may find the disk full.
+    pub(crate) fn reserve(_file: &File, _len: u64) -> io::Result<bool> {
+        Ok(false)
+    }
+
+    /// Writes all of `buf` at `offset`.
+    pub(crate) fn write_all_at(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::FileExt::write_all_at(file, buf, offset)
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = (file, buf, offset);
+            unsupported()
+        }
+    }
+}

@@ -10,7 +10,7 @@ use super::location::{RemoteLocation, RemoteSettings};
 use super::object::RemoteObject;
 use super::store::IoRuntime;
 use crate::error::{Error, ErrorKind, Operation, Result};
-use crate::resolve::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
+use crate::format::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
 use crate::source::Source;
 
 /// A remote checkpoint's place and the objects opened so far, by file name.
@@ -34,6 +34,14 @@ impl RemoteCheckpoint {
     /// `model.safetensors.index.json` under the prefix (one ranged GET each; a missing one
     /// answers 404 at once).
     pub(crate) fn resolve(text: &str) -> Result<(RemoteCheckpoint, Found)> {
+        let checkpoint = RemoteCheckpoint::new(text)?;
+        let found = checkpoint.find()?;
+        Ok((checkpoint, found))
+    }
+
+    /// Parses `text` and configures its client from the process's environment, sending
+    /// nothing yet.
+    pub(crate) fn new(text: &str) -> Result<RemoteCheckpoint> {
         let runtime = IoRuntime::new().map_err(|e| {
             Error::remote(
                 Operation::Open,
@@ -45,18 +53,23 @@ impl RemoteCheckpoint {
         })?;
         let location = RemoteLocation::new(text, RemoteSettings::from_env(), Arc::new(runtime))
             .map_err(|e| e.into_error(Operation::Open))?;
-        let checkpoint = RemoteCheckpoint {
+        Ok(RemoteCheckpoint {
             location,
             opened: Mutex::new(HashMap::new()),
-        };
-        let found = checkpoint.find()?;
-        Ok((checkpoint, found))
+        })
     }
 
-    fn find(&self) -> Result<Found> {
+    /// Where its files are.
+    pub(crate) fn location(&self) -> &RemoteLocation {
+        &self.location
+    }
+
+    /// Finds the checkpoint: the file the address names, else `model.safetensors`, else the
+    /// index (one request or two each).
+    pub(crate) fn find(&self) -> Result<Found> {
         if let Some(name) = self.location.file().map(str::to_owned) {
             if name.ends_with(".safetensors.index.json") {
-                let bytes = self.read_index(&name)?;
+                let (bytes, _) = self.read_index(&name)?;
                 return Ok(Found::Index(name, bytes));
             }
             self.open(&name)?;
@@ -68,7 +81,7 @@ impl RemoteCheckpoint {
             Err(e) => return Err(e),
         }
         match self.read_index(INDEX_FILE) {
-            Ok(bytes) => Ok(Found::Index(INDEX_FILE.to_owned(), bytes)),
+            Ok((bytes, _)) => Ok(Found::Index(INDEX_FILE.to_owned(), bytes)),
             Err(e) if e.is_not_found() => Err(Error::new(
                 ErrorKind::NoCheckpoint { found: Vec::new() },
                 self.location.shown_prefix(),
@@ -77,8 +90,9 @@ impl RemoteCheckpoint {
         }
     }
 
-    /// The index `name`, read whole (refused past [`MAX_INDEX_BYTES`] before it is read).
-    fn read_index(&self, name: &str) -> Result<Vec<u8>> {
+    /// The index `name`, read whole (refused past [`MAX_INDEX_BYTES`] before it is read),
+    /// and its object.
+    pub(crate) fn read_index(&self, name: &str) -> Result<(Vec<u8>, Arc<RemoteObject>)> {
         let object = self.open(name)?;
         let len = object.len();
         if len > MAX_INDEX_BYTES {
@@ -98,7 +112,13 @@ impl RemoteCheckpoint {
             .map_err(|(at, e)| crate::file::read_error(Operation::Read, &*object, len, at, e))?;
         // The index is read once; its object is not a shard.
         self.forget(name);
-        Ok(bytes)
+        Ok((bytes, object))
+    }
+
+    /// Keeps `object`, opened otherwise (`RemoteLocation::open_known`), as the file `name`
+    /// for the open path to take.
+    pub(crate) fn keep(&self, name: &str, object: Arc<RemoteObject>) {
+        self.lock().insert(name.to_owned(), object);
     }
 
     /// The object `name` of the location: the one opened while resolving, or opened now.

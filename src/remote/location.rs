@@ -42,6 +42,14 @@ struct HubRepo {
     pinned: Mutex<Option<(String, Arc<Backend>)>>,
 }
 
+/// The hub's answer to a HEAD of a file.
+enum Head {
+    /// The file, with its metadata.
+    Found(HubFileMeta),
+    /// No such file at the commit the revision names.
+    Missing { commit: String },
+}
+
 /// A remote checkpoint's place, parsed and configured; no request is sent until a file is
 /// opened.
 #[derive(Debug)]
@@ -242,20 +250,75 @@ impl RemoteLocation {
         let key = format!("{}{name}", self.prefix);
         match &self.place {
             Place::Store(backend) => RemoteObject::open(backend, &key, None),
-            Place::Hub(hub) => {
-                let (meta, backend) = self.hub_file(hub, &key)?;
-                RemoteObject::open(&backend, &key, Some(meta))
-            }
+            Place::Hub(hub) => match self.hub_file(hub, &key)? {
+                (Some(meta), backend) => RemoteObject::open(&backend, &key, Some(meta)),
+                (None, _) => Err(self.hub_missing(hub, &key)),
+            },
         }
     }
 
-    /// The hub's metadata of `key`, and the client of the pinned commit (pinned here, by
+    /// What the hub says of the file `name` of an `hf://` location, by one HEAD at the
+    /// revision (the pinned commit once there is one): the commit, pinned from now on, and
+    /// the file's metadata, or `None` where the hub answered that the file does not exist at
+    /// that commit. `None` for a location of another store.
+    pub(crate) fn hub_lookup(
+        &self,
+        name: &str,
+    ) -> Option<Result<(String, Option<HubFileMeta>), RemoteError>> {
+        let Place::Hub(hub) = &self.place else {
+            return None;
+        };
+        let key = format!("{}{name}", self.prefix);
+        Some(self.hub_file(hub, &key).map(|(meta, _)| {
+            let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
+            let commit = pinned.as_ref().map(|(c, _)| c.clone()).unwrap_or_default();
+            (commit, meta)
+        }))
+    }
+
+    /// Opens the file `name` of an `hf://` location whose metadata a [`hub_lookup`] gave
+    /// (no second HEAD): one ranged GET.
+    ///
+    /// [`hub_lookup`]: Self::hub_lookup
+    pub(crate) fn open_known(
+        &self,
+        name: &str,
+        meta: HubFileMeta,
+    ) -> Result<RemoteObject, RemoteError> {
+        let key = format!("{}{name}", self.prefix);
+        let backend = match &self.place {
+            Place::Hub(hub) => {
+                let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
+                pinned.as_ref().map(|(_, b)| Arc::clone(b))
+            }
+            Place::Store(backend) => Some(Arc::clone(backend)),
+        };
+        match backend {
+            Some(backend) => RemoteObject::open(&backend, &key, Some(meta)),
+            None => self.open_file(name),
+        }
+    }
+
+    /// The not-found error of a hub file the hub says does not exist.
+    fn hub_missing(&self, hub: &HubRepo, key: &str) -> RemoteError {
+        let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
+        let revision = pinned.as_ref().map_or(hub.revision.as_str(), |(c, _)| c);
+        let shown = format!("hf://{}@{}/{key}", hub.repo, revision.replace('/', "%2F"));
+        RemoteError::new(
+            RemoteErrorKind::NotFound,
+            shown,
+            "HTTP 404 EntryNotFound".into(),
+        )
+    }
+
+    /// The hub's metadata of `key` (`None` where the hub answered that it does not exist at
+    /// the commit its answer names), and the client of the pinned commit (pinned here, by
     /// the first file's answer).
     fn hub_file(
         &self,
         hub: &HubRepo,
         key: &str,
-    ) -> Result<(HubFileMeta, Arc<Backend>), RemoteError> {
+    ) -> Result<(Option<HubFileMeta>, Arc<Backend>), RemoteError> {
         let pinned = hub
             .pinned
             .lock()
@@ -265,8 +328,14 @@ impl RemoteLocation {
         let config = &self.settings.hub;
         let url = config.resolve_url(&hub.repo, revision, key);
         let shown = format!("hf://{}@{}/{key}", hub.repo, revision.replace('/', "%2F"));
-        let meta = self.hub_head(hub, &url, &shown)?;
-        let commit = match (&meta.commit, &pinned) {
+        let (meta, answered) = match self.hub_head(hub, &url, &shown)? {
+            Head::Found(meta) => {
+                let commit = meta.commit.clone();
+                (Some(meta), commit)
+            }
+            Head::Missing { commit } => (None, Some(commit)),
+        };
+        let commit = match (&answered, &pinned) {
             (Some(c), Some((pin, _))) if c != pin => {
                 let detail = format!("the hub answered for commit {c}, not {pin}");
                 return Err(RemoteError::new(RemoteErrorKind::Changed, shown, detail));
@@ -318,8 +387,9 @@ impl RemoteLocation {
     }
 
     /// A HEAD of a resolve URL, not following the redirect, retried after a 5xx, a 429 or a
-    /// transport error with the layer's backoff.
-    fn hub_head(&self, hub: &HubRepo, url: &str, shown: &str) -> Result<HubFileMeta, RemoteError> {
+    /// transport error with the layer's backoff. A 404 that names the commit (the hub's
+    /// answer for a file a revision does not have) is [`Head::Missing`].
+    fn hub_head(&self, hub: &HubRepo, url: &str, shown: &str) -> Result<Head, RemoteError> {
         let tuning = &self.settings.tuning;
         let token = self.settings.hub.token.as_ref();
         let mut backoff = tuning.init_backoff;
@@ -349,7 +419,13 @@ impl RemoteLocation {
                 Some(value.to_owned())
             };
             let kind = match status {
-                200..=399 => return Ok(HubFileMeta::from_headers(status, header)),
+                200..=399 => return Ok(Head::Found(HubFileMeta::from_headers(status, header))),
+                404 if header("x-error-code").as_deref() == Some("EntryNotFound") => {
+                    if let Some(commit) = header("x-repo-commit").filter(|c| is_commit(c)) {
+                        return Ok(Head::Missing { commit });
+                    }
+                    RemoteErrorKind::NotFound
+                }
                 401 | 403 => RemoteErrorKind::Denied,
                 404 => RemoteErrorKind::NotFound,
                 429 | 500..=599 => {

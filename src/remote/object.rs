@@ -182,15 +182,19 @@ impl RemoteObject {
     }
 
     /// The ETag seen at open.
-    #[cfg(test)]
     pub(crate) fn etag(&self) -> Option<&str> {
         self.etag.as_deref()
     }
 
     /// What the hub said of the file (`hf://` only): its commit and SHA-256.
-    #[cfg(test)]
     pub(crate) fn hub(&self) -> Option<&HubFileMeta> {
         self.hub.as_ref()
+    }
+
+    /// How many of its first bytes the open read and keeps: reads within them send
+    /// nothing.
+    pub(crate) fn kept_prefix(&self) -> u64 {
+        self.prefix.len() as u64
     }
 
     /// Requests this object sent (the open's included; `object_store`'s retries not).

@@ -10,7 +10,10 @@ use std::path::Path;
 
 use serde::ser::{Serialize, Serializer};
 
-use super::{DirectIo, Fallback, FileReport, LoadReport, PrefetchReport, SkipReason, Strategy};
+use super::{
+    CacheStore, CacheUse, DirectIo, Fallback, FileReport, LoadReport, PrefetchReport, SkipReason,
+    Strategy,
+};
 use crate::mount::{Detection, Mount, MountKind};
 use crate::policy::PrefetchMethod;
 use crate::prefetch::RankSource;
@@ -82,6 +85,20 @@ impl Serialize for FileReport {
             /// What the node copy did, in words, where several local ranks
             /// loaded the file.
             node_copy: &'a Option<String>,
+            /// What the cache did: `{"use": "hit"|"written"|"not_cached",
+            /// "store": "hub"|"directory", "reason": words, "reason_code"}`,
+            /// or null where the file came through none.
+            cache: Option<CacheView>,
+        }
+        #[derive(serde::Serialize)]
+        struct CacheView {
+            #[serde(rename = "use")]
+            usage: &'static str,
+            store: &'static str,
+            /// The whole of it in words.
+            text: String,
+            /// Why not cached: a stable code, or null.
+            reason_code: Option<&'static str>,
         }
         View {
             path: text(&self.path),
@@ -111,6 +128,18 @@ impl Serialize for FileReport {
             converted: self.converted,
             overflowed: self.overflowed,
             node_copy: &self.node_copy,
+            cache: self.cache.as_ref().map(|c| CacheView {
+                usage: c.as_str(),
+                store: match c.store() {
+                    CacheStore::Hub => "hub",
+                    _ => "directory",
+                },
+                text: c.to_string(),
+                reason_code: match c {
+                    CacheUse::NotCached { why, .. } => Some(why.as_str()),
+                    _ => None,
+                },
+            }),
         }
         .serialize(serializer)
     }

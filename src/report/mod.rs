@@ -10,6 +10,7 @@ use crate::mount::MountKind;
 pub use crate::policy::{DirectIo, Fallback, PrefetchMethod, Reason, Strategy};
 pub use crate::prefetch::{RankSource, SkipReason};
 pub use crate::progress::{Phase, Progress};
+pub use crate::source::{CacheStore, CacheUse, NotCached};
 
 #[cfg(feature = "serde")]
 mod json;
@@ -138,6 +139,10 @@ pub struct FileReport {
     /// loaded it: `filled here N of M chunks, mapped from ...`, or why no
     /// copy was used.
     pub node_copy: Option<String>,
+    /// What the cache did for it, where it came through one (feature
+    /// `remote`): read from the hub cache or the cache directory, written to
+    /// it as it was fetched, or why not.
+    pub cache: Option<CacheUse>,
 }
 
 impl FileReport {
@@ -226,6 +231,9 @@ impl fmt::Display for LoadReport {
             writeln!(f, "    {}{direct}: {}", file.strategy, file.explain())?;
             if let Some(note) = &file.node_copy {
                 writeln!(f, "    node copy: {note}")?;
+            }
+            if let Some(cache) = &file.cache {
+                writeln!(f, "    {cache}")?;
             }
             if file.converted > 0 {
                 writeln!(

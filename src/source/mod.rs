@@ -9,11 +9,13 @@
 //! buffered by the same engine. The contract is written out in
 //! `docs/ARCHITECTURE.md`, "The two seams".
 
+mod cache_use;
 mod local;
 
 use std::io;
 use std::path::Path;
 
+pub use cache_use::{CacheStore, CacheUse, NotCached};
 pub(crate) use local::LocalFile;
 
 use crate::mount::Mount;
@@ -87,4 +89,35 @@ pub(crate) trait Source: Send + Sync {
     fn published_sha256(&self) -> Option<[u8; 32]> {
         None
     }
+
+    /// What a cache did for the file, where it came through one (feature
+    /// `remote`: the hub cache, a cache directory).
+    fn cache_use(&self) -> Option<CacheUse> {
+        None
+    }
+
+    /// The cache write of a file fetched through a cache, for a load that
+    /// gets the file's bytes otherwise than by its own reads (a node copy).
+    fn cache_write(&self) -> Option<&dyn CacheWrite> {
+        None
+    }
+}
+
+/// A cache written as a file is fetched (a second place its bytes go): what
+/// a load may tell it besides the reads it sees.
+pub(crate) trait CacheWrite: Send + Sync {
+    /// The reads from now on are not written: the file's bytes reach the
+    /// load another way (a node copy), and [`write_image`](Self::write_image)
+    /// or [`abandon`](Self::abandon) says what becomes of the cache's copy.
+    fn pause(&self);
+
+    /// The reads from now on are written again.
+    fn resume(&self);
+
+    /// Writes the whole file from `image` (its bytes, all of them: a node
+    /// copy), then checks and publishes it as a fetched file would be.
+    fn write_image(&self, image: &[u8]);
+
+    /// The file is not written to the cache, for this reason.
+    fn abandon(&self, why: NotCached);
 }

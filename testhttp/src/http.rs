@@ -174,6 +174,16 @@ pub(crate) enum Route {
         revision: String,
         path: String,
     },
+    /// The hub API's `/api/models/{org}/{repo}/revision/{revision}` (a repository at a
+    /// revision, with its files) and `/api/models/{org}/{repo}/tree/{revision}` (its
+    /// files, with their sizes and digests): what `huggingface_hub`'s `snapshot_download`
+    /// asks before it downloads.
+    Api {
+        repo: String,
+        revision: String,
+        /// The tree rather than the revision.
+        tree: bool,
+    },
     /// `/{path}` of the static tree.
     Static { path: String },
 }
@@ -194,6 +204,21 @@ pub(crate) fn route(target: &str) -> Option<Route> {
                 .all(|p| !p.is_empty() && p != "." && p != ".." && !p.contains(['\0', '/', '\\']));
         ok.then(|| parts.join("/"))
     };
+    if segments.len() >= 6
+        && segments[0] == "api"
+        && segments[1] == "models"
+        && (segments[4] == "revision" || segments[4] == "tree")
+    {
+        let revision = segments[5].clone();
+        if revision.is_empty() || revision.contains('\0') {
+            return None;
+        }
+        return Some(Route::Api {
+            repo: clean(&segments[2..4])?,
+            revision,
+            tree: segments[4] == "tree",
+        });
+    }
     if segments.len() >= 5 && segments[2] == "resolve" {
         // A revision may be a branch with a slash, sent escaped (`refs%2Fpr%2F1`).
         let revision = segments[3].clone();
@@ -387,9 +412,26 @@ mod tests {
             "/a%2Fb",
             "/a/%zz",
             "/org/repo/resolve/main/../x",
+            "/api/models/../repo/revision/main",
         ] {
             assert_eq!(route(bad), None, "{bad}");
         }
+        assert_eq!(
+            route("/api/models/org/repo/revision/refs%2Fpr%2F1"),
+            Some(Route::Api {
+                repo: "org/repo".into(),
+                revision: "refs/pr/1".into(),
+                tree: false,
+            })
+        );
+        assert_eq!(
+            route("/api/models/org/repo/tree/main?recursive=True&expand=False"),
+            Some(Route::Api {
+                repo: "org/repo".into(),
+                revision: "main".into(),
+                tree: true,
+            })
+        );
     }
 
     #[test]

@@ -76,6 +76,7 @@
 // protocol subset is small (GET/HEAD, one range, `If-Match`, keep-alive, no request
 // bodies) and parsed by pure functions tested on their own.
 
+mod api;
 mod http;
 #[path = "../../testfs/src/link.rs"]
 mod link;
@@ -180,14 +181,22 @@ impl Default for Options {
 pub const DEFAULT_COMMIT: &str = "5afe10ad5afe10ad5afe10ad5afe10ad5afe10ad";
 
 /// The environment variables that say where and how a process reaches a remote store (the
-/// hub's, S3's, proxies): a test or benchmark removes them from a child it points at a
-/// server of its own, so that the caller's environment can send it nowhere else.
-pub const STORE_VARIABLES: [&str; 21] = [
+/// hub's, S3's, proxies) and where it caches what it fetched: a test or benchmark removes
+/// them from a child it points at a server of its own, so that the caller's environment can
+/// send it nowhere else and give it no cache of the caller's.
+pub const STORE_VARIABLES: [&str; 28] = [
     "HF_ENDPOINT",
     "HF_TOKEN",
     "HF_TOKEN_PATH",
     "HF_HOME",
     "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "XDG_CACHE_HOME",
+    "SAFELOAD_HUB_CACHE",
+    "SAFELOAD_CACHE_DIR",
+    "HF_HUB_DISABLE_SHARED_BLOBS",
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT_URL_S3",
     "AWS_ACCESS_KEY_ID",

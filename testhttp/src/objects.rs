@@ -1,5 +1,5 @@
 //! The objects the server hands out: a file of the served directory or a replacement, its
-//! bytes, length, ETag and SHA-256, computed once per version.
+//! bytes, length, ETag, SHA-256 and git blob id, computed once per version.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
 
+use sha1::Sha1;
 use sha2::{Digest, Sha256};
 
 /// One version of an object.
@@ -19,6 +20,9 @@ pub(crate) struct Object {
     pub etag: String,
     /// The SHA-256 hex of the contents (`X-Linked-Etag`, unquoted here).
     pub sha256: String,
+    /// The git blob id of the contents (the SHA-1 of `blob <len>\0` and them): what the hub
+    /// names a small, non-LFS file by.
+    pub git_oid: String,
     pub body: Body,
 }
 
@@ -46,6 +50,9 @@ impl Body {
     }
 }
 
+/// An object's SHA-256 and git blob id, in hex.
+type Digests = (String, String);
+
 /// A replacement of one object, in force from `at` on.
 #[derive(Debug)]
 struct Replaced {
@@ -57,8 +64,9 @@ struct Replaced {
 #[derive(Debug)]
 pub(crate) struct Objects {
     root: PathBuf,
-    /// Digests by path, valid for one (length, modification time) of the file.
-    digests: Mutex<HashMap<String, (u64, SystemTime, String)>>,
+    /// Digests (SHA-256, git blob id) by path, valid for one (length, modification time)
+    /// of the file.
+    digests: Mutex<HashMap<String, (u64, SystemTime, Digests)>>,
     replaced: Mutex<HashMap<String, Vec<Replaced>>>,
 }
 
@@ -74,16 +82,45 @@ impl Objects {
     /// Makes `contents` the object at `path` from `at` on (later replacements win).
     pub(crate) fn replace(&self, path: &str, contents: Vec<u8>, at: Instant) {
         let sha256 = hex_sha256(&contents);
+        let git_oid = hex(&git_hasher(contents.len() as u64)
+            .chain_update(&contents)
+            .finalize());
         let object = Object {
             len: contents.len() as u64,
             etag: format!("\"{sha256}\""),
             sha256,
+            git_oid,
             body: Body::Memory(contents.into()),
         };
         let mut replaced = self.replaced.lock().unwrap_or_else(PoisonError::into_inner);
         let list = replaced.entry(path.to_owned()).or_default();
         list.push(Replaced { at, object });
         list.sort_by_key(|r| r.at);
+    }
+
+    /// The paths of the served files (regular files, not through a symlink), sorted.
+    pub(crate) fn paths(&self) -> Vec<String> {
+        fn walk(dir: &std::path::Path, prefix: &str, out: &mut Vec<String>) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Ok(kind) = entry.file_type() else {
+                    continue;
+                };
+                let path = format!("{prefix}{name}");
+                if kind.is_dir() {
+                    walk(&entry.path(), &format!("{path}/"), out);
+                } else if kind.is_file() {
+                    out.push(path);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.root, "", &mut out);
+        out.sort();
+        out
     }
 
     /// The object at `path` (a confined relative path) now; `None` when there is none.
@@ -111,23 +148,24 @@ impl Objects {
                 .filter(|(l, m, _)| (*l, *m) == (len, mtime))
                 .map(|(_, _, sha)| sha.clone())
         };
-        let sha256 = match known {
-            Some(sha) => sha,
+        let (sha256, git_oid) = match known {
+            Some(digests) => digests,
             None => {
                 // Hashed outside the lock: two first requests may both hash, never wait on
                 // each other's file.
-                let sha = hex_sha256_file(&file, len).ok()?;
+                let digests = digests_of_file(&file, len).ok()?;
                 self.digests
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .insert(path.to_owned(), (len, mtime, sha.clone()));
-                sha
+                    .insert(path.to_owned(), (len, mtime, digests.clone()));
+                digests
             }
         };
         Some(Object {
             len,
             etag: format!("\"{sha256}\""),
             sha256,
+            git_oid,
             body: Body::File(Arc::new(file)),
         })
     }
@@ -138,17 +176,25 @@ pub fn hex_sha256(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-fn hex_sha256_file(file: &File, len: u64) -> io::Result<String> {
-    let mut hasher = Sha256::new();
+/// Git's hasher of a blob of `len` bytes, its header fed.
+fn git_hasher(len: u64) -> Sha1 {
+    Sha1::new().chain_update(format!("blob {len}\0").as_bytes())
+}
+
+/// The SHA-256 and the git blob id of a file, in one pass.
+fn digests_of_file(file: &File, len: u64) -> io::Result<Digests> {
+    let mut sha256 = Sha256::new();
+    let mut git = git_hasher(len);
     let mut buf = vec![0; 1 << 20];
     let mut offset = 0;
     while offset < len {
         let n = (len - offset).min(buf.len() as u64) as usize;
         file.read_exact_at(&mut buf[..n], offset)?;
-        hasher.update(&buf[..n]);
+        sha256.update(&buf[..n]);
+        git.update(&buf[..n]);
         offset += n as u64;
     }
-    Ok(hex(&hasher.finalize()))
+    Ok((hex(&sha256.finalize()), hex(&git.finalize())))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -171,6 +217,8 @@ mod tests {
         let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
         assert_eq!((a.len, a.sha256.as_str()), (3, abc));
         assert_eq!(a.etag, format!("\"{abc}\""));
+        // `printf abc | git hash-object --stdin`.
+        assert_eq!(a.git_oid, "f2ba8f84ab5c1bce84a7b441cb1959cfc7093b7f");
         assert!(objects.get("missing", t0).is_none());
 
         objects.replace("a", b"abcd".to_vec(), t0 + Duration::from_secs(60));

@@ -8,6 +8,7 @@ use std::sync::{Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::api;
 use crate::http::{self, HeadError, RangeAsk, Request, Route};
 use crate::link::Link;
 use crate::objects::Object;
@@ -179,30 +180,76 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
             return Ok(after);
         }
     }
-    let Some(Located {
+    let route = http::route(&request.target);
+    if let Some(Route::Api {
+        repo,
+        revision,
+        tree,
+    }) = &route
+    {
+        // The hub API: JSON, whole, never faulted past the 503 above.
+        let Some(body) = api::body(shared, repo, revision, *tree) else {
+            let headers = [("X-Error-Code", "RevisionNotFound".to_owned())];
+            stream.write_all(&http::response_head(404, &headers, 0, keep_alive))?;
+            return Ok(after);
+        };
+        let headers = [("Content-Type", "application/json".to_owned())];
+        let len = body.len() as u64;
+        stream.write_all(&http::response_head(200, &headers, len, keep_alive))?;
+        if !head_only {
+            shared.stats.bytes_sent.fetch_add(len, Ordering::Relaxed);
+            stream.write_all(&body)?;
+        }
+        return Ok(after);
+    }
+    let Located {
         path,
         mut headers,
         hub,
-    }) = locate(shared, request)
-    else {
-        stream.write_all(&http::response_head(404, &[], 0, keep_alive))?;
-        return Ok(after);
+    } = match locate(shared, route) {
+        Ok(located) => located,
+        Err(headers) => {
+            stream.write_all(&http::response_head(404, &headers, 0, keep_alive))?;
+            return Ok(after);
+        }
     };
     let Some(object) = shared.objects.get(&path, Instant::now()) else {
         shared.count_path(&path, 0);
-        stream.write_all(&http::response_head(404, &[], 0, keep_alive))?;
+        if hub {
+            // As the hub: the commit asked about, and that the file is not in it.
+            headers.push(("X-Error-Code", "EntryNotFound".to_owned()));
+        }
+        stream.write_all(&http::response_head(404, &headers, 0, keep_alive))?;
         return Ok(after);
     };
-    headers.push(("ETag", object.etag.clone()));
-    if hub && options.hub_redirect {
-        // As the hub for an LFS file: its metadata on a 302 to where the bytes are.
+    // The hub names a small file kept in git by its git blob id, an LFS file by its
+    // SHA-256 (and links the LFS object's digest and size).
+    let small = hub && api::is_small(&path);
+    let etag = if small {
+        format!("\"{}\"", object.git_oid)
+    } else {
+        object.etag.clone()
+    };
+    if hub && !small {
+        headers.push(("X-Linked-Etag", format!("\"{}\"", object.sha256)));
+        headers.push(("X-Linked-Size", object.len.to_string()));
+    }
+    headers.push(("ETag", etag.clone()));
+    if hub && !small && options.hub_redirect {
+        // As the hub for an LFS file: its metadata on a 302 to where the bytes are, an
+        // absolute URL (the hub's client follows only relative redirects itself: to a
+        // renamed repository).
         shared.count_path(&path, 0);
-        headers.push(("Location", http::encode_path(&path)));
+        let location = match request.header("host") {
+            Some(host) => format!("http://{host}{}", http::encode_path(&path)),
+            None => http::encode_path(&path),
+        };
+        headers.push(("Location", location));
         stream.write_all(&http::response_head(302, &headers, 0, keep_alive))?;
         return Ok(after);
     }
     headers.push(("Accept-Ranges", "bytes".to_owned()));
-    if !http::if_match_passes(request.header("if-match"), &object.etag) {
+    if !http::if_match_passes(request.header("if-match"), &etag) {
         shared.count_path(&path, 0);
         stream.write_all(&http::response_head(412, &headers, 0, keep_alive))?;
         return Ok(after);
@@ -269,16 +316,17 @@ struct Located {
     hub: bool,
 }
 
-/// Where a target leads; `None` for a target outside the tree or a revision the hub does
-/// not have.
-fn locate(shared: &Shared, request: &Request) -> Option<Located> {
+/// Where a target leads; `Err` with the headers of a 404 for a target outside the tree or
+/// a revision the hub does not have.
+fn locate(shared: &Shared, route: Option<Route>) -> Result<Located, Vec<(&'static str, String)>> {
     let options = &shared.options;
-    match http::route(&request.target)? {
-        Route::Static { path } => Some(Located {
+    match route.ok_or_else(Vec::new)? {
+        Route::Static { path } => Ok(Located {
             path,
             headers: Vec::new(),
             hub: false,
         }),
+        Route::Api { .. } => Err(Vec::new()),
         Route::Hub {
             repo: _,
             revision,
@@ -292,14 +340,10 @@ fn locate(shared: &Shared, request: &Request) -> Option<Located> {
                 .or_default() += 1;
             let known = revision == options.commit || options.branches.contains(&revision);
             if !known {
-                return None;
+                return Err(vec![("X-Error-Code", "RevisionNotFound".to_owned())]);
             }
-            let mut headers = vec![("X-Repo-Commit", options.commit.clone())];
-            if let Some(object) = shared.objects.get(&path, Instant::now()) {
-                headers.push(("X-Linked-Etag", format!("\"{}\"", object.sha256)));
-                headers.push(("X-Linked-Size", object.len.to_string()));
-            }
-            Some(Located {
+            let headers = vec![("X-Repo-Commit", options.commit.clone())];
+            Ok(Located {
                 path,
                 headers,
                 hub: true,

@@ -430,11 +430,70 @@ fn the_hub_route_can_redirect_like_the_hub_for_lfs_files() {
     );
     let answer = get(&server, "/o/r/resolve/main/model.safetensors", &[]);
     assert_eq!(answer.status, 302);
-    assert_eq!(answer.header("location"), Some("/model.safetensors"));
+    // Absolute, as the hub's redirect to its CDN (its client follows only relative ones).
+    assert_eq!(
+        answer.header("location"),
+        Some("http://test/model.safetensors")
+    );
     assert_eq!(answer.header("x-repo-commit"), Some(DEFAULT_COMMIT));
     assert_eq!(answer.header("x-linked-size"), Some("1000"));
     let sha = format!("\"{}\"", hex_sha256(&data));
     assert_eq!(answer.header("x-linked-etag"), Some(sha.as_str()));
     assert!(answer.body.is_empty());
     assert_eq!(get(&server, "/model.safetensors", &[]).body, data);
+}
+
+#[test]
+fn the_hub_route_answers_missing_files_and_small_files_as_the_hub_does() {
+    let (dir, _) = tree(1000);
+    std::fs::write(dir.path().join("config.json"), b"{}").unwrap();
+    let server = start(dir.path(), Options::default());
+    // A file the revision lacks: the commit, and which thing is missing.
+    let missing = get(&server, "/o/r/resolve/main/nothing.bin", &[]);
+    assert_eq!(missing.status, 404);
+    assert_eq!(missing.header("x-repo-commit"), Some(DEFAULT_COMMIT));
+    assert_eq!(missing.header("x-error-code"), Some("EntryNotFound"));
+    let revision = get(&server, "/o/r/resolve/other/model.safetensors", &[]);
+    assert_eq!(revision.status, 404);
+    assert_eq!(revision.header("x-error-code"), Some("RevisionNotFound"));
+    // A small file kept in git: its git blob id for ETag, no LFS metadata.
+    let small = get(&server, "/o/r/resolve/main/config.json", &[]);
+    assert_eq!((small.status, &small.body[..]), (200, &b"{}"[..]));
+    // `printf '{}' | git hash-object --stdin`.
+    let oid = "\"9e26dfeeb6e641a33dae4961196235bdb965b21b\"";
+    assert_eq!(small.header("etag"), Some(oid));
+    assert_eq!(small.header("x-linked-etag"), None);
+    let again = get(
+        &server,
+        "/o/r/resolve/main/config.json",
+        &[&format!("If-Match: {oid}")],
+    );
+    assert_eq!(again.status, 200);
+}
+
+#[test]
+fn the_hub_api_lists_a_revision_and_its_tree() {
+    let (dir, data) = tree(1000);
+    let server = start(dir.path(), Options::default());
+    let info = get(&server, "/api/models/o/r/revision/main", &[]);
+    assert_eq!(info.status, 200);
+    let info: serde_json::Value = serde_json::from_slice(&info.body).unwrap();
+    assert_eq!(info["sha"], DEFAULT_COMMIT);
+    assert_eq!(info["id"], "o/r");
+    let names: Vec<&str> = info["siblings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["rfilename"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["model.safetensors", "sub/small.bin"]);
+    let tree = get(&server, "/api/models/o/r/tree/main?recursive=True", &[]);
+    let tree: serde_json::Value = serde_json::from_slice(&tree.body).unwrap();
+    let model = &tree.as_array().unwrap()[0];
+    assert_eq!(model["path"], "model.safetensors");
+    assert_eq!(model["size"], 1000);
+    assert_eq!(model["lfs"]["oid"], hex_sha256(&data));
+    let unknown = get(&server, "/api/models/o/r/revision/v9", &[]);
+    assert_eq!(unknown.status, 404);
+    assert_eq!(unknown.header("x-error-code"), Some("RevisionNotFound"));
 }

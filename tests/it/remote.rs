@@ -335,8 +335,10 @@ fn run_child(role: &str, url: &str, vars: &[(&str, String)]) -> String {
     for var in safeload_testhttp::STORE_VARIABLES {
         cmd.env_remove(var);
     }
-    // No token file of a real user is read.
+    // No token file of a real user is read; these loads stream (the hub cache's own tests
+    // are `tests/it/hub_cache.rs`).
     cmd.env("HF_HOME", std::env::temp_dir().join("safeload-no-hf-home"));
+    cmd.env("SAFELOAD_HUB_CACHE", "0");
     for (k, v) in vars {
         cmd.env(k, v);
     }

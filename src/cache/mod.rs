@@ -1,0 +1,478 @@
+//! Remote checkpoints through a cache (feature `remote`): `hf://` through the Hugging Face cache in its own layout, other stores through a cache directory of this crate's; each file read from the cache where it holds it, else fetched and written to it as the load reads it, every file of a load at one commit.
+//!
+//! - `layout.rs`: the names (pure): where the caches are, the switches, the
+//!   hub cache's folders and links, temporary names;
+//! - `hub.rs`: the hub cache on disk, read and written;
+//! - `store.rs`: the cache directory of other stores;
+//! - `write.rs`: a file written as it is fetched, checked, published;
+//! - `source.rs`: the two sources a cache adds (a file of the cache, a
+//!   fetched file also written to it).
+//!
+//! # `hf://org/repo@rev/sub`
+//!
+//! 1. The commit: `rev` itself where it is one (no request); with
+//!    `HF_HUB_OFFLINE=1`, `refs/<rev>` of the cache (no request); else one
+//!    HEAD of `model.safetensors` at `rev`, whose answer names the commit
+//!    (`X-Repo-Commit`) and whether the file exists there. A hub that cannot
+//!    be reached is taken as offline where the cache has `refs/<rev>`.
+//! 2. The checkpoint at that commit: `model.safetensors` where the snapshot
+//!    or the hub has it, else the index, from the snapshot or fetched (and
+//!    written to the cache).
+//! 3. Each file: from the snapshot where it is there (a local file), else
+//!    fetched at the commit and written through (`write.rs`); offline, a
+//!    file the cache lacks is an error naming it.
+
+mod hub;
+pub(crate) mod layout;
+mod source;
+mod store;
+mod write;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::format::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
+use crate::mount::MountTable;
+use crate::remote::checkpoint::{Found, RemoteCheckpoint};
+use crate::remote::error::RemoteErrorKind;
+use crate::remote::hub::HubFileMeta;
+use crate::remote::object::RemoteObject;
+use crate::remote::url::RemoteUrl;
+use crate::source::{CacheStore, LocalFile, NotCached, Source};
+
+use hub::{HubTarget, RepoView, RepoWriter};
+use source::{Fetched, Hit};
+use store::StoreCache;
+use write::{Check, Target};
+
+/// What the environment says of the caches, read once per load.
+#[derive(Debug, Clone)]
+struct CacheEnv {
+    hub_root: Option<PathBuf>,
+    offline: bool,
+    hub_on: bool,
+    store_dir: Option<PathBuf>,
+}
+
+impl CacheEnv {
+    fn from_process(hub: Option<bool>, dir: Option<&Path>) -> CacheEnv {
+        let var = |name: &str| std::env::var(name).ok();
+        CacheEnv {
+            hub_root: layout::hub_root(var),
+            offline: layout::offline(var),
+            hub_on: layout::hub_cache_on(hub, var),
+            store_dir: layout::store_cache_dir(dir, var),
+        }
+    }
+}
+
+/// A remote checkpoint seen through its cache.
+pub(crate) struct Remote {
+    checkpoint: RemoteCheckpoint,
+    mode: Mode,
+    /// Files found in the cache, opened, by name, until the open path takes
+    /// them.
+    hits: Mutex<HashMap<String, (PathBuf, File)>>,
+}
+
+enum Mode {
+    /// No cache: every file fetched.
+    Off,
+    Hub(HubMode),
+    Directory(StoreCache),
+}
+
+struct HubMode {
+    view: Option<RepoView>,
+    writer: Option<Arc<RepoWriter>>,
+    commit: String,
+    /// The subfolder's path with its `/`, or empty.
+    prefix: String,
+    /// No request may be sent: what the cache lacks is an error.
+    offline: bool,
+}
+
+/// What the hub said of `model.safetensors` at the commit, if it was asked.
+enum Single {
+    Unknown,
+    Exists(HubFileMeta),
+    Missing,
+}
+
+/// Resolves the remote address `text` through its cache: `hub` and `dir`
+/// are the caller's choices (`Loader::hub_cache`, `Loader::cache_dir`),
+/// over the environment's.
+pub(crate) fn resolve(
+    text: &str,
+    hub: Option<bool>,
+    dir: Option<&Path>,
+) -> Result<(Remote, Found)> {
+    let env = CacheEnv::from_process(hub, dir);
+    match RemoteUrl::parse(text) {
+        Ok(RemoteUrl::Hub {
+            repo,
+            revision,
+            subfolder,
+        }) if env.hub_on => resolve_hub(text, &repo, revision.as_deref(), &subfolder, &env),
+        Ok(RemoteUrl::Store { .. } | RemoteUrl::Http { .. }) if env.store_dir.is_some() => {
+            let (checkpoint, found) = RemoteCheckpoint::resolve(text)?;
+            let store = StoreCache::new(env.store_dir.unwrap_or_default());
+            Ok((Remote::new(checkpoint, Mode::Directory(store)), found))
+        }
+        _ => {
+            let (checkpoint, found) = RemoteCheckpoint::resolve(text)?;
+            Ok((Remote::new(checkpoint, Mode::Off), found))
+        }
+    }
+}
+
+/// `hf://{repo}@{commit}[/{subfolder}]`.
+fn at_commit(repo: &str, commit: &str, subfolder: &str) -> String {
+    if subfolder.is_empty() {
+        format!("hf://{repo}@{commit}")
+    } else {
+        format!("hf://{repo}@{commit}/{subfolder}")
+    }
+}
+
+fn not_in_cache(shown: impl Into<PathBuf>, what: &str) -> Error {
+    Error::remote(
+        Operation::Open,
+        shown,
+        None,
+        format!("not in the hub cache, and HF_HUB_OFFLINE=1 forbids asking the hub: {what}"),
+        std::io::ErrorKind::NotFound,
+    )
+}
+
+fn resolve_hub(
+    text: &str,
+    repo: &str,
+    revision: Option<&str>,
+    subfolder: &str,
+    env: &CacheEnv,
+) -> Result<(Remote, Found)> {
+    let rev = revision.unwrap_or("main");
+    let view = env
+        .hub_root
+        .as_deref()
+        .and_then(|root| RepoView::open(root, repo));
+    let cached_commit = || view.as_ref().and_then(|v| v.commit_of(rev));
+    let mut offline = env.offline;
+    let mut single = Single::Unknown;
+    let (commit, checkpoint) = if let Some(commit) = layout::commit_name(rev) {
+        let checkpoint = RemoteCheckpoint::new(&at_commit(repo, &commit, subfolder))?;
+        (commit, checkpoint)
+    } else if offline {
+        let Some(commit) = cached_commit() else {
+            let what = format!("no refs/{rev} for {repo}");
+            return Err(not_in_cache(text, &what));
+        };
+        (
+            commit.clone(),
+            RemoteCheckpoint::new(&at_commit(repo, &commit, subfolder))?,
+        )
+    } else {
+        let checkpoint = RemoteCheckpoint::new(text)?;
+        let looked = checkpoint.location().hub_lookup(SINGLE_FILE);
+        match looked {
+            Some(Ok((commit, meta))) => {
+                let Some(commit) = layout::commit_name(&commit) else {
+                    let e = Error::remote(
+                        Operation::Open,
+                        text,
+                        None,
+                        "the hub's answer names no commit".to_owned(),
+                        std::io::ErrorKind::InvalidData,
+                    );
+                    return Err(e);
+                };
+                single = meta.map_or(Single::Missing, Single::Exists);
+                (commit, checkpoint)
+            }
+            // The hub cannot be reached: the cache's ref, as the hub's client does.
+            Some(Err(e)) if e.kind == RemoteErrorKind::Failed && cached_commit().is_some() => {
+                offline = true;
+                let commit = cached_commit().unwrap_or_default();
+                (
+                    commit.clone(),
+                    RemoteCheckpoint::new(&at_commit(repo, &commit, subfolder))?,
+                )
+            }
+            Some(Err(e)) => return Err(e.into_error(Operation::Open)),
+            None => return Err(not_in_cache(text, "not a hub address")),
+        }
+    };
+    let prefix = if subfolder.is_empty() {
+        String::new()
+    } else {
+        format!("{subfolder}/")
+    };
+    let no_exist = match single {
+        Single::Missing => vec![format!("{prefix}{SINGLE_FILE}")],
+        _ => Vec::new(),
+    };
+    let writer = env
+        .hub_root
+        .as_deref()
+        .map(|root| Arc::new(RepoWriter::new(root, repo, &commit, rev, no_exist)));
+    let remote = Remote::new(
+        checkpoint,
+        Mode::Hub(HubMode {
+            view,
+            writer,
+            commit,
+            prefix,
+            offline,
+        }),
+    );
+    let found = remote.find_hub(single)?;
+    Ok((remote, found))
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = match &self.mode {
+            Mode::Off => "off",
+            Mode::Hub(_) => "hub cache",
+            Mode::Directory(_) => "cache directory",
+        };
+        f.debug_struct("Remote")
+            .field("checkpoint", &self.checkpoint)
+            .field("cache", &mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Remote {
+    fn new(checkpoint: RemoteCheckpoint, mode: Mode) -> Remote {
+        Remote {
+            checkpoint,
+            mode,
+            hits: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn hits(&self) -> std::sync::MutexGuard<'_, HashMap<String, (PathBuf, File)>> {
+        self.hits.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the hub cache holds the file `name` at the commit (opened
+    /// and kept for the open path, the first time it is asked).
+    fn in_cache(&self, name: &str) -> bool {
+        let Mode::Hub(hub) = &self.mode else {
+            return false;
+        };
+        if self.hits().contains_key(name) {
+            return true;
+        }
+        let Some(view) = &hub.view else {
+            return false;
+        };
+        match view.file(&hub.commit, &format!("{}{name}", hub.prefix)) {
+            Some(found) => {
+                self.hits().insert(name.to_owned(), found);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The checkpoint at the pinned commit: `model.safetensors` where the
+    /// cache or the hub has it, else the index.
+    fn find_hub(&self, single: Single) -> Result<Found> {
+        let Mode::Hub(hub) = &self.mode else {
+            return self.checkpoint.find();
+        };
+        let single_found = |meta: HubFileMeta| -> Result<Found> {
+            if !self.in_cache(SINGLE_FILE) {
+                let object = self
+                    .checkpoint
+                    .location()
+                    .open_known(SINGLE_FILE, meta)
+                    .map_err(|e| e.into_error(Operation::Open))?;
+                self.checkpoint.keep(SINGLE_FILE, Arc::new(object));
+            }
+            Ok(Found::Single(SINGLE_FILE.to_owned()))
+        };
+        match single {
+            Single::Exists(meta) => single_found(meta),
+            Single::Missing => self.index(),
+            Single::Unknown => {
+                let marked = hub.view.as_ref().is_some_and(|v| {
+                    v.no_exist(&hub.commit, &format!("{}{SINGLE_FILE}", hub.prefix))
+                });
+                if self.in_cache(SINGLE_FILE) {
+                    Ok(Found::Single(SINGLE_FILE.to_owned()))
+                } else if marked || self.in_cache(INDEX_FILE) {
+                    self.index()
+                } else if hub.offline {
+                    let what = format!("neither {SINGLE_FILE} nor {INDEX_FILE} at {}", hub.commit);
+                    Err(not_in_cache(self.checkpoint.shown(SINGLE_FILE), &what))
+                } else {
+                    match self.checkpoint.location().hub_lookup(SINGLE_FILE) {
+                        Some(Ok((_, Some(meta)))) => single_found(meta),
+                        Some(Ok((_, None))) => self.index(),
+                        Some(Err(e)) => Err(e.into_error(Operation::Open)),
+                        None => self.checkpoint.find(),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The index: from the cache, else fetched and written to it.
+    fn index(&self) -> Result<Found> {
+        let found = self.hits().remove(INDEX_FILE);
+        if let Some((path, file)) = found {
+            return Ok(Found::Index(
+                INDEX_FILE.to_owned(),
+                read_index(&path, &file)?,
+            ));
+        }
+        if let Mode::Hub(hub) = &self.mode {
+            if hub.offline {
+                let what = format!("{INDEX_FILE} at {}", hub.commit);
+                return Err(not_in_cache(self.checkpoint.shown(INDEX_FILE), &what));
+            }
+        }
+        let (bytes, object) = match self.checkpoint.read_index(INDEX_FILE) {
+            Ok(read) => read,
+            Err(e) if e.is_not_found() => {
+                let prefix = self.checkpoint.location().shown_prefix();
+                return Err(Error::new(
+                    ErrorKind::NoCheckpoint { found: Vec::new() },
+                    prefix,
+                ));
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(write) = self.write_of(&object, INDEX_FILE) {
+            use crate::source::CacheWrite;
+            write.write_image(&bytes);
+        }
+        Ok(Found::Index(INDEX_FILE.to_owned(), bytes))
+    }
+
+    /// The write of the file `name` (its object fetched) to the hub cache;
+    /// `None` without a hub cache.
+    fn write_of(&self, object: &RemoteObject, name: &str) -> Option<write::Write> {
+        let (target, check) = self.hub_target(object, name)?;
+        let len = object.len();
+        Some(match check {
+            Ok(check) => write::Write::new(target, len, check, 0),
+            Err(why) => write::Write::refused(target, len, why),
+        })
+    }
+
+    /// Where the file `name` goes in the hub cache, and how it is checked
+    /// (or why it cannot be).
+    fn hub_target(
+        &self,
+        object: &RemoteObject,
+        name: &str,
+    ) -> Option<(Box<dyn Target>, std::result::Result<Check, NotCached>)> {
+        let Mode::Hub(hub) = &self.mode else {
+            return None;
+        };
+        let writer = hub.writer.as_ref()?;
+        // The hub's client names a blob by its linked ETag, else its ETag.
+        let etag = object
+            .hub()
+            .and_then(|m| m.linked_etag.clone())
+            .or_else(|| object.etag().map(str::to_owned))
+            .map(|e| layout::blob_name_of_etag(&e))
+            .unwrap_or_default();
+        let check = layout::named_digest(&etag)
+            .map(Check::Digest)
+            .ok_or(NotCached::NoDigest);
+        let target = HubTarget {
+            writer: Arc::clone(writer),
+            blob: etag,
+            path: format!("{}{name}", hub.prefix),
+        };
+        Some((Box::new(target), check))
+    }
+
+    /// The path or address the file `name` is shown by: its snapshot path
+    /// where the cache holds it, else its address (at the pinned commit).
+    pub(crate) fn shown(&self, name: &str) -> PathBuf {
+        if self.in_cache(name) {
+            if let Some((path, _)) = self.hits().get(name) {
+                return path.clone();
+            }
+        }
+        PathBuf::from(self.checkpoint.shown(name))
+    }
+
+    /// The file `name` as a source: from the cache where it holds it, else
+    /// fetched (written to the cache where there is one).
+    pub(crate) fn take(&self, name: &str, table: Option<&MountTable>) -> Result<Arc<dyn Source>> {
+        let hit = self.hits().remove(name);
+        if let Some((path, file)) = hit {
+            return hit_of(path, file, table, CacheStore::Hub);
+        }
+        if let Mode::Hub(hub) = &self.mode {
+            if hub.offline {
+                let what = format!("{name} at {}", hub.commit);
+                return Err(not_in_cache(self.checkpoint.shown(name), &what));
+            }
+        }
+        let object = self.checkpoint.take(name)?;
+        match &self.mode {
+            Mode::Off => Ok(object),
+            Mode::Hub(_) => match self.hub_target(&object, name) {
+                Some((target, Ok(check))) => Ok(Arc::new(Fetched::new(object, target, check))),
+                Some((target, Err(why))) => Ok(Arc::new(Fetched::refused(object, target, why))),
+                None => Ok(object),
+            },
+            Mode::Directory(store) => {
+                let address = object.path().to_string_lossy().into_owned();
+                let len = object.len();
+                let Some(etag) = object.etag().map(str::to_owned) else {
+                    let target = Box::new(store.target(&address, len, ""));
+                    return Ok(Arc::new(Fetched::refused(
+                        object,
+                        target,
+                        NotCached::NoDigest,
+                    )));
+                };
+                if let Some((path, file)) = store.lookup(&address, len, &etag) {
+                    return hit_of(path, file, table, CacheStore::Directory);
+                }
+                let target = Box::new(store.target(&address, len, &etag));
+                Ok(Arc::new(Fetched::new(object, target, Check::Whole)))
+            }
+        }
+    }
+}
+
+/// A file of the cache as the ordinary local source, reported as a hit.
+fn hit_of(
+    path: PathBuf,
+    file: File,
+    table: Option<&MountTable>,
+    store: CacheStore,
+) -> Result<Arc<dyn Source>> {
+    let local = LocalFile::new(path.clone(), file, table)
+        .map_err(|e| Error::io(Operation::Stat, path, None, e))?;
+    Ok(Arc::new(Hit { local, store }))
+}
+
+/// A cached index, read whole (refused past the index cap before it is
+/// read).
+fn read_index(path: &Path, file: &File) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    file.take(MAX_INDEX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(Operation::Read, path, None, e))?;
+    if bytes.len() as u64 > MAX_INDEX_BYTES {
+        let reason = format!("index of more than {MAX_INDEX_BYTES} bytes");
+        return Err(Error::new(ErrorKind::InvalidIndex { reason }, path));
+    }
+    Ok(bytes)
+}

@@ -1,0 +1,128 @@
+//! The two sources a cache puts behind the `Source` seam: a file read from the cache (a local file that says where it came from), and a fetched file whose every read is also written to the cache.
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::write::{Check, Target, Write};
+use crate::mount::Mount;
+use crate::remote::object::RemoteObject;
+use crate::source::{CacheStore, CacheUse, CacheWrite, LocalFile, Source, Version};
+
+/// A file of the cache: the ordinary local file (mapped on a local disk,
+/// as the policy says), reported as read from the cache.
+pub(crate) struct Hit {
+    pub local: LocalFile,
+    pub store: CacheStore,
+}
+
+impl Source for Hit {
+    fn path(&self) -> &Path {
+        self.local.path()
+    }
+
+    fn version(&self) -> &Version {
+        self.local.version()
+    }
+
+    fn read_at(
+        &self,
+        dst: &mut [u8],
+        required: usize,
+        offset: u64,
+    ) -> Result<(), (u64, io::Error)> {
+        self.local.read_at(dst, required, offset)
+    }
+
+    fn mount(&self) -> Option<&Mount> {
+        self.local.mount()
+    }
+
+    fn local(&self) -> Option<&LocalFile> {
+        Some(&self.local)
+    }
+
+    fn cache_use(&self) -> Option<CacheUse> {
+        Some(CacheUse::Hit { store: self.store })
+    }
+}
+
+/// A remote object whose reads are also written to the cache.
+pub(crate) struct Fetched {
+    object: Arc<RemoteObject>,
+    write: Write,
+}
+
+impl Fetched {
+    /// The object, written to `target` as it is read, checked by `check`.
+    pub(crate) fn new(object: Arc<RemoteObject>, target: Box<dyn Target>, check: Check) -> Fetched {
+        let len = object.len();
+        // Where the header ends, by the length prefix the open kept (no
+        // request): reads before it are the open's, and start no write.
+        let mut prefix = [0u8; 8];
+        let start_at = match object.read_at(&mut prefix, 8, 0) {
+            Ok(()) if object.kept_prefix() >= 8 => 8u64.saturating_add(u64::from_le_bytes(prefix)),
+            _ => 0,
+        };
+        Fetched {
+            write: Write::new(target, len, check, start_at),
+            object,
+        }
+    }
+
+    /// The object, not written, for this reason (reported as such).
+    pub(crate) fn refused(
+        object: Arc<RemoteObject>,
+        target: Box<dyn Target>,
+        why: crate::source::NotCached,
+    ) -> Fetched {
+        Fetched {
+            write: Write::refused(target, object.len(), why),
+            object,
+        }
+    }
+}
+
+impl Source for Fetched {
+    fn path(&self) -> &Path {
+        self.object.path()
+    }
+
+    fn version(&self) -> &Version {
+        self.object.version()
+    }
+
+    fn read_at(
+        &self,
+        dst: &mut [u8],
+        required: usize,
+        offset: u64,
+    ) -> Result<(), (u64, io::Error)> {
+        self.object.read_at(dst, required, offset)?;
+        let filled = self
+            .object
+            .len()
+            .saturating_sub(offset)
+            .min(dst.len() as u64) as usize;
+        if let Some(bytes) = dst.get(..filled) {
+            self.write.land(offset, bytes);
+        }
+        Ok(())
+    }
+
+    fn mount(&self) -> Option<&Mount> {
+        None
+    }
+
+    fn published_sha256(&self) -> Option<[u8; 32]> {
+        self.object.published_sha256()
+    }
+
+    fn cache_use(&self) -> Option<CacheUse> {
+        Some(self.write.outcome())
+    }
+
+    fn cache_write(&self) -> Option<&dyn CacheWrite> {
+        Some(&self.write)
+    }
+}

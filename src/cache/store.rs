@@ -1,0 +1,143 @@
+//! The cache directory of other stores (`s3://`, `gs://`, `az://`, `http(s)://`): an object's bytes kept in its address's folder under its length and ETag, so that a replaced object is another name (a miss, never stale bytes); only this user's own files are read back.
+//!
+//! ```text
+//! <dir>/safeload-objects/<h(address)>/address          the address, for listings
+//!                                    /<len>-<h(etag)>  the object's bytes
+//! ```
+//!
+//! Nothing here can check bytes against a digest (an object store's ETag is
+//! not one): a file is published once every byte of it was read under
+//! `If-Match` on the ETag it is named by, and read back only where this user
+//! (or root) owns it, so another user of a shared directory cannot plant one.
+
+use std::fs::File;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::layout::{self, ADDRESS_FILE, OBJECTS_FOLDER};
+use super::write::{Begun, Target, nonce};
+use crate::os::{self, Dir, EntryKind};
+use crate::source::{CacheStore, NotCached};
+
+/// A cache directory.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreCache {
+    root: PathBuf,
+}
+
+impl StoreCache {
+    pub(crate) fn new(root: PathBuf) -> StoreCache {
+        StoreCache { root }
+    }
+
+    /// The cached bytes of the object at `address` of `len` bytes and ETag
+    /// `etag`, opened, and their path; `None` where the cache has none this
+    /// user can trust.
+    pub(crate) fn lookup(&self, address: &str, len: u64, etag: &str) -> Option<(PathBuf, File)> {
+        let folder = layout::object_folder(address);
+        let version = layout::object_version(len, etag);
+        let dir = Dir::open(&self.root)
+            .ok()?
+            .sub(OBJECTS_FOLDER, false)
+            .ok()?
+            .sub(&folder, false)
+            .ok()?;
+        let file = dir.open_nofollow(&version).ok()?;
+        let meta = file.metadata().ok()?;
+        let owner = os::file_owner(&meta);
+        let trusted = owner.is_some() && (owner == os::effective_uid() || owner == Some(0));
+        let path = self.root.join(OBJECTS_FOLDER).join(folder).join(version);
+        (trusted && meta.len() == len).then_some((path, file))
+    }
+
+    /// Where the object's bytes are written as they are fetched.
+    pub(crate) fn target(&self, address: &str, len: u64, etag: &str) -> StoreTarget {
+        StoreTarget {
+            root: self.root.clone(),
+            folder: layout::object_folder(address),
+            version: layout::object_version(len, etag),
+            address: address.to_owned(),
+        }
+    }
+}
+
+/// Removes the temporary files of an object's folder that writers which died
+/// left: not written to for an hour (the cache directory takes no locks: a
+/// live writer writes on).
+fn sweep(dir: &Dir) {
+    let Ok(names) = dir.names() else {
+        return;
+    };
+    let now = std::time::SystemTime::now();
+    for name in names.iter().filter(|n| layout::is_temp_name(n)) {
+        if let Ok(EntryKind::File {
+            modified: Some(at), ..
+        }) = dir.entry(name)
+        {
+            if now
+                .duration_since(at)
+                .is_ok_and(|age| age > super::hub::STALE)
+            {
+                let _ = dir.remove(name);
+            }
+        }
+    }
+}
+
+/// One object version written to a cache directory.
+pub(crate) struct StoreTarget {
+    root: PathBuf,
+    folder: String,
+    version: String,
+    address: String,
+}
+
+impl StoreTarget {
+    fn folder(&self) -> io::Result<Dir> {
+        std::fs::create_dir_all(&self.root)?;
+        Dir::open(&self.root)?
+            .sub(OBJECTS_FOLDER, true)?
+            .sub(&self.folder, true)
+    }
+}
+
+impl Target for StoreTarget {
+    fn store(&self) -> CacheStore {
+        CacheStore::Directory
+    }
+
+    fn begin(&self, len: u64) -> Result<Begun, NotCached> {
+        let unwritable = |e: io::Error| NotCached::of_io(&e);
+        let dir = self.folder().map_err(unwritable)?;
+        sweep(&dir);
+        let temp = layout::temp_name(&self.version, nonce());
+        let file = dir.create_new(&temp).map_err(unwritable)?;
+        let begun = Begun {
+            dir,
+            temp,
+            file,
+            _lock: None,
+            moved: AtomicBool::new(false),
+        };
+        os::reserve(&begun.file, len).map_err(unwritable)?;
+        Ok(begun)
+    }
+
+    fn publish(&self, begun: &Begun) -> io::Result<bool> {
+        // The address first, for listings (a few bytes; kept if there).
+        if begun.dir.entry(ADDRESS_FILE)? == EntryKind::Missing {
+            let temp = layout::temp_name(ADDRESS_FILE, nonce());
+            let file = begun.dir.create_new(&temp)?;
+            let written = os::write_all_at(&file, self.address.as_bytes(), 0);
+            drop(file);
+            let moved = written.and_then(|()| begun.dir.rename_noreplace(&temp, ADDRESS_FILE));
+            if !matches!(moved, Ok(true)) {
+                let _ = begun.dir.remove(&temp);
+            }
+        }
+        let published = begun.dir.rename_noreplace(&begun.temp, &self.version)?;
+        begun.moved.store(published, Ordering::Relaxed);
+        Ok(published)
+    }
+}

@@ -1,0 +1,209 @@
+//! What a cache did for one file of a load, as data: read from it, written to it as the load fetched it, or why not; rendered to words once, here.
+
+use std::fmt;
+
+/// Which cache a file went through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CacheStore {
+    /// The Hugging Face cache (`hf://`), shared with the hub's own clients.
+    Hub,
+    /// The load's cache directory (`s3://`, `gs://`, `az://`, `http(s)://`;
+    /// [`Loader::cache_dir`](crate::Loader::cache_dir)).
+    Directory,
+}
+
+/// What a cache did for a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CacheUse {
+    /// Read from the cache: no byte of it was fetched.
+    Hit {
+        /// The cache.
+        store: CacheStore,
+    },
+    /// Fetched, and written to the cache as it was read; published there
+    /// once every byte was in and checked.
+    Written {
+        /// The cache.
+        store: CacheStore,
+    },
+    /// Fetched and not cached, for a reason.
+    NotCached {
+        /// The cache.
+        store: CacheStore,
+        /// Why.
+        why: NotCached,
+    },
+}
+
+/// Why a file fetched through a cache was not written to it. The load is
+/// never the worse for it: what failed is the cache's copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NotCached {
+    /// The load read only part of the file (a filter, a header-only open).
+    Partial {
+        /// Bytes of it the load read.
+        read: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// The cache's filesystem has no room for it.
+    NoSpace,
+    /// The cache cannot be written (read-only, or not this user's), with the
+    /// system's words.
+    Unwritable(String),
+    /// Another process holds the file's lock in the cache: it is writing the
+    /// same file.
+    Locked,
+    /// Another process published the same file first.
+    PublishedElsewhere,
+    /// The bytes do not hash to the digest the store gives for them.
+    Mismatch {
+        /// The store's digest, in hex.
+        expected: String,
+        /// The bytes', in hex.
+        actual: String,
+    },
+    /// The store gives no digest to check the file by before it is
+    /// published.
+    NoDigest,
+    /// Another local rank of the job writes it, from the node copy they
+    /// share.
+    OtherRank,
+    /// The load's bytes of it come from other nodes (a load split between
+    /// nodes): the node copy is not written to the cache.
+    Exchange,
+}
+
+impl fmt::Display for NotCached {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotCached::Partial { read, len } => {
+                write!(f, "the load read {read} of its {len} bytes")
+            }
+            NotCached::NoSpace => f.write_str("no space left in the cache"),
+            NotCached::Unwritable(why) => write!(f, "the cache cannot be written ({why})"),
+            NotCached::Locked => f.write_str("another process holds its lock"),
+            NotCached::PublishedElsewhere => f.write_str("another process published it first"),
+            NotCached::Mismatch { expected, actual } => {
+                write!(f, "its SHA-256 is {actual}, the store's is {expected}")
+            }
+            NotCached::NoDigest => f.write_str("the store gives no digest to check it by"),
+            NotCached::OtherRank => f.write_str("another local rank writes it"),
+            NotCached::Exchange => f.write_str("its bytes come from the other nodes"),
+        }
+    }
+}
+
+impl NotCached {
+    /// A stable code for the reason (the CLI's `--json`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            NotCached::Partial { .. } => "partial",
+            NotCached::NoSpace => "no_space",
+            NotCached::Unwritable(_) => "unwritable",
+            NotCached::Locked => "locked",
+            NotCached::PublishedElsewhere => "published_elsewhere",
+            NotCached::Mismatch { .. } => "mismatch",
+            NotCached::NoDigest => "no_digest",
+            NotCached::OtherRank => "other_rank",
+            NotCached::Exchange => "exchange",
+        }
+    }
+
+    /// The reason of a failed cache operation.
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
+    pub(crate) fn of_io(error: &std::io::Error) -> NotCached {
+        match error.kind() {
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => {
+                NotCached::NoSpace
+            }
+            _ => NotCached::Unwritable(error.to_string()),
+        }
+    }
+}
+
+impl CacheUse {
+    /// A stable code (the CLI's `--json`): `hit`, `written`, `not_cached`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CacheUse::Hit { .. } => "hit",
+            CacheUse::Written { .. } => "written",
+            CacheUse::NotCached { .. } => "not_cached",
+        }
+    }
+
+    /// The cache it was.
+    pub fn store(&self) -> CacheStore {
+        match self {
+            CacheUse::Hit { store }
+            | CacheUse::Written { store }
+            | CacheUse::NotCached { store, .. } => *store,
+        }
+    }
+}
+
+impl fmt::Display for CacheUse {
+    /// `from the hub cache`, `from the hub, written to the cache`, `from the
+    /// hub, not cached: <why>`; for a cache directory, the same of the store.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (hit, from) = match self.store() {
+            CacheStore::Hub => ("from the hub cache", "from the hub"),
+            CacheStore::Directory => ("from the cache directory", "from the store"),
+        };
+        match self {
+            CacheUse::Hit { .. } => f.write_str(hit),
+            CacheUse::Written { .. } => write!(f, "{from}, written to the cache"),
+            CacheUse::NotCached { why, .. } => write!(f, "{from}, not cached: {why}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_use_in_words() {
+        let hub = CacheStore::Hub;
+        let cases = [
+            (CacheUse::Hit { store: hub }, "from the hub cache"),
+            (
+                CacheUse::Written { store: hub },
+                "from the hub, written to the cache",
+            ),
+            (
+                CacheUse::NotCached {
+                    store: hub,
+                    why: NotCached::NoSpace,
+                },
+                "from the hub, not cached: no space left in the cache",
+            ),
+            (
+                CacheUse::NotCached {
+                    store: CacheStore::Directory,
+                    why: NotCached::Partial {
+                        read: 1 << 20,
+                        len: 4 << 20,
+                    },
+                },
+                "from the store, not cached: the load read 1048576 of its 4194304 bytes",
+            ),
+            (
+                CacheUse::Hit {
+                    store: CacheStore::Directory,
+                },
+                "from the cache directory",
+            ),
+        ];
+        for (usage, words) in cases {
+            assert_eq!(usage.to_string(), words);
+        }
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        assert_eq!(NotCached::of_io(&full), NotCached::NoSpace);
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert_eq!(NotCached::of_io(&denied).as_str(), "unwritable");
+    }
+}

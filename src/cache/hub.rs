@@ -115,12 +115,16 @@ impl RepoView {
             EntryKind::File { .. } => dir.open_nofollow(last).ok()?,
             _ => return None,
         };
-        let shown = self.dir_path.join("snapshots").join(commit).join(path);
-        Some((shown, file))
+        Some((self.snapshot_path(commit, path), file))
+    }
+
+    /// Where the snapshot of `commit` shows the file at `path`.
+    pub(crate) fn snapshot_path(&self, commit: &str, path: &str) -> PathBuf {
+        self.dir_path.join("snapshots").join(commit).join(path)
     }
 
     /// The blob `name`: a regular file, or a link into the shared store.
-    fn blob(&self, name: &str) -> Option<File> {
+    pub(crate) fn blob(&self, name: &str) -> Option<File> {
         let blobs = self.dir.sub("blobs", false).ok()?;
         match blobs.entry(name).ok()? {
             EntryKind::File { .. } => blobs.open_nofollow(name).ok(),
@@ -225,7 +229,7 @@ impl RepoWriter {
 
     /// Links `snapshots/<commit>/<path>` to the blob, replacing any other
     /// entry there (atomically, by a rename of a new link over it).
-    fn link(&self, path: &str, blob: &str) -> io::Result<()> {
+    pub(crate) fn link(&self, path: &str, blob: &str) -> io::Result<()> {
         let names = layout::names(path).ok_or_else(|| invalid("a path of the snapshot"))?;
         let (last, folders) = names.split_last().ok_or_else(|| invalid("an empty path"))?;
         let snapshot = self
@@ -249,7 +253,7 @@ impl RepoWriter {
     /// Records `refs/<revision>` = the commit (where it says otherwise), and
     /// the `.no_exist` markers: after a snapshot link, so that every ref
     /// names a snapshot there is.
-    fn record(&self) -> io::Result<()> {
+    pub(crate) fn record(&self) -> io::Result<()> {
         let repo = self.repo()?;
         for path in &self.no_exist {
             let Some(names) = layout::names(path) else {

@@ -327,7 +327,10 @@ impl Remote {
 
     /// The index: from the cache, else fetched and written to it.
     fn index(&self) -> Result<Found> {
-        let found = self.hits().remove(INDEX_FILE);
+        let found = match self.in_cache(INDEX_FILE) {
+            true => self.hits().remove(INDEX_FILE),
+            false => None,
+        };
         if let Some((path, file)) = found {
             return Ok(Found::Index(
                 INDEX_FILE.to_owned(),
@@ -380,13 +383,7 @@ impl Remote {
             return None;
         };
         let writer = hub.writer.as_ref()?;
-        // The hub's client names a blob by its linked ETag, else its ETag.
-        let etag = object
-            .hub()
-            .and_then(|m| m.linked_etag.clone())
-            .or_else(|| object.etag().map(str::to_owned))
-            .map(|e| layout::blob_name_of_etag(&e))
-            .unwrap_or_default();
+        let etag = blob_name(object);
         let check = layout::named_digest(&etag)
             .map(Check::Digest)
             .ok_or(NotCached::NoDigest);
@@ -425,11 +422,16 @@ impl Remote {
         let object = self.checkpoint.take(name)?;
         match &self.mode {
             Mode::Off => Ok(object),
-            Mode::Hub(_) => match self.hub_target(&object, name) {
-                Some((target, Ok(check))) => Ok(Arc::new(Fetched::new(object, target, check))),
-                Some((target, Err(why))) => Ok(Arc::new(Fetched::refused(object, target, why))),
-                None => Ok(object),
-            },
+            Mode::Hub(hub) => {
+                if let Some((path, file)) = self.blob_of(hub, &object, name) {
+                    return hit_of(path, file, table, CacheStore::Hub);
+                }
+                match self.hub_target(&object, name) {
+                    Some((target, Ok(check))) => Ok(Arc::new(Fetched::new(object, target, check))),
+                    Some((target, Err(why))) => Ok(Arc::new(Fetched::refused(object, target, why))),
+                    None => Ok(object),
+                }
+            }
             Mode::Directory(store) => {
                 let address = object.path().to_string_lossy().into_owned();
                 let len = object.len();
@@ -449,6 +451,38 @@ impl Remote {
             }
         }
     }
+}
+
+impl Remote {
+    /// The blob of a file the snapshot lacks but the cache has (another
+    /// commit's, or a snapshot link lost): linked from the snapshot and
+    /// opened, as the hub's client does, where it is a regular file of the
+    /// object's length; the path shown is the snapshot's.
+    fn blob_of(&self, hub: &HubMode, object: &RemoteObject, name: &str) -> Option<(PathBuf, File)> {
+        let view = hub.view.as_ref()?;
+        let writer = hub.writer.as_ref()?;
+        let blob = blob_name(object);
+        layout::named_digest(&blob)?;
+        let file = view.blob(&blob)?;
+        if file.metadata().ok()?.len() != object.len() {
+            return None;
+        }
+        let path = format!("{}{name}", hub.prefix);
+        writer.link(&path, &blob).ok()?;
+        let _ = writer.record();
+        Some((view.snapshot_path(&hub.commit, &path), file))
+    }
+}
+
+/// The name the hub's client gives a fetched file's blob: its linked ETag (an
+/// LFS file's SHA-256), else its ETag (a small file's git blob id).
+fn blob_name(object: &RemoteObject) -> String {
+    object
+        .hub()
+        .and_then(|m| m.linked_etag.clone())
+        .or_else(|| object.etag().map(str::to_owned))
+        .map(|e| layout::blob_name_of_etag(&e))
+        .unwrap_or_default()
 }
 
 /// A file of the cache as the ordinary local source, reported as a hit.

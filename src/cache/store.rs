@@ -1,8 +1,8 @@
 //! The cache directory of other stores (`s3://`, `gs://`, `az://`, `http(s)://`): an object's bytes kept in its address's folder under its length and ETag, so that a replaced object is another name (a miss, never stale bytes); only this user's own files are read back.
 //!
 //! ```text
-//! <dir>/safeload-objects/<h(address)>/address          the address, for listings
-//!                                    /<len>-<h(etag)>  the object's bytes
+//! <dir>/safeload-objects/<h(address)>/address                 the address, for listings
+//!                                    /<len>-<h(etag)>/<name>  the object's bytes, by its name
 //! ```
 //!
 //! Nothing here can check bytes against a digest (an object store's ETag is
@@ -37,17 +37,25 @@ impl StoreCache {
     pub(crate) fn lookup(&self, address: &str, len: u64, etag: &str) -> Option<(PathBuf, File)> {
         let folder = layout::object_folder(address);
         let version = layout::object_version(len, etag);
+        let name = object_name(address);
         let dir = Dir::open(&self.root)
             .ok()?
             .sub(OBJECTS_FOLDER, false)
             .ok()?
             .sub(&folder, false)
+            .ok()?
+            .sub(&version, false)
             .ok()?;
-        let file = dir.open_nofollow(&version).ok()?;
+        let file = dir.open_nofollow(&name).ok()?;
         let meta = file.metadata().ok()?;
         let owner = os::file_owner(&meta);
         let trusted = owner.is_some() && (owner == os::effective_uid() || owner == Some(0));
-        let path = self.root.join(OBJECTS_FOLDER).join(folder).join(version);
+        let path = self
+            .root
+            .join(OBJECTS_FOLDER)
+            .join(folder)
+            .join(version)
+            .join(name);
         (trusted && meta.len() == len).then_some((path, file))
     }
 
@@ -57,8 +65,20 @@ impl StoreCache {
             root: self.root.clone(),
             folder: layout::object_folder(address),
             version: layout::object_version(len, etag),
+            name: object_name(address),
             address: address.to_owned(),
         }
+    }
+}
+
+/// The name an object's bytes are kept by: the last part of its address
+/// (`model-00001-of-00003.safetensors`), where that is a plain name.
+fn object_name(address: &str) -> String {
+    let last = address.rsplit('/').next().unwrap_or_default();
+    if layout::is_plain(last) && !layout::is_temp_name(last) && last != ADDRESS_FILE {
+        last.to_owned()
+    } else {
+        "object".to_owned()
     }
 }
 
@@ -90,15 +110,19 @@ pub(crate) struct StoreTarget {
     root: PathBuf,
     folder: String,
     version: String,
+    name: String,
     address: String,
 }
 
 impl StoreTarget {
-    fn folder(&self) -> io::Result<Dir> {
+    /// The object's folder, and its version's, made where missing.
+    fn folders(&self) -> io::Result<(Dir, Dir)> {
         std::fs::create_dir_all(&self.root)?;
-        Dir::open(&self.root)?
+        let object = Dir::open(&self.root)?
             .sub(OBJECTS_FOLDER, true)?
-            .sub(&self.folder, true)
+            .sub(&self.folder, true)?;
+        let version = object.sub(&self.version, true)?;
+        Ok((object, version))
     }
 }
 
@@ -109,9 +133,21 @@ impl Target for StoreTarget {
 
     fn begin(&self, len: u64) -> Result<Begun, NotCached> {
         let unwritable = |e: io::Error| NotCached::of_io(&e);
-        let dir = self.folder().map_err(unwritable)?;
+        let (object, dir) = self.folders().map_err(unwritable)?;
         sweep(&dir);
-        let temp = layout::temp_name(&self.version, nonce());
+        // The address first, for listings (a few bytes; kept if there).
+        if matches!(object.entry(ADDRESS_FILE), Ok(EntryKind::Missing)) {
+            let temp = layout::temp_name(ADDRESS_FILE, nonce());
+            if let Ok(file) = object.create_new(&temp) {
+                let written = os::write_all_at(&file, self.address.as_bytes(), 0);
+                drop(file);
+                let moved = written.and_then(|()| object.rename_noreplace(&temp, ADDRESS_FILE));
+                if !matches!(moved, Ok(true)) {
+                    let _ = object.remove(&temp);
+                }
+            }
+        }
+        let temp = layout::temp_name(&self.name, nonce());
         let file = dir.create_new(&temp).map_err(unwritable)?;
         let begun = Begun {
             dir,
@@ -125,18 +161,7 @@ impl Target for StoreTarget {
     }
 
     fn publish(&self, begun: &Begun) -> io::Result<bool> {
-        // The address first, for listings (a few bytes; kept if there).
-        if begun.dir.entry(ADDRESS_FILE)? == EntryKind::Missing {
-            let temp = layout::temp_name(ADDRESS_FILE, nonce());
-            let file = begun.dir.create_new(&temp)?;
-            let written = os::write_all_at(&file, self.address.as_bytes(), 0);
-            drop(file);
-            let moved = written.and_then(|()| begun.dir.rename_noreplace(&temp, ADDRESS_FILE));
-            if !matches!(moved, Ok(true)) {
-                let _ = begun.dir.remove(&temp);
-            }
-        }
-        let published = begun.dir.rename_noreplace(&begun.temp, &self.version)?;
+        let published = begun.dir.rename_noreplace(&begun.temp, &self.name)?;
         begun.moved.store(published, Ordering::Relaxed);
         Ok(published)
     }

@@ -147,15 +147,21 @@ impl CacheUse {
 
 impl fmt::Display for CacheUse {
     /// `from the hub cache`, `from the hub, written to the cache`, `from the
-    /// hub, not cached: <why>`; for a cache directory, the same of the store.
+    /// hub, not cached: <why>`; for a cache directory, `from the cache
+    /// directory`, `from the store, written to the cache directory`, `from
+    /// the store, not cached: <why>`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (hit, from) = match self.store() {
-            CacheStore::Hub => ("from the hub cache", "from the hub"),
-            CacheStore::Directory => ("from the cache directory", "from the store"),
+        let (hit, from, cache) = match self.store() {
+            CacheStore::Hub => ("from the hub cache", "from the hub", "the cache"),
+            CacheStore::Directory => (
+                "from the cache directory",
+                "from the store",
+                "the cache directory",
+            ),
         };
         match self {
             CacheUse::Hit { .. } => f.write_str(hit),
-            CacheUse::Written { .. } => write!(f, "{from}, written to the cache"),
+            CacheUse::Written { .. } => write!(f, "{from}, written to {cache}"),
             CacheUse::NotCached { why, .. } => write!(f, "{from}, not cached: {why}"),
         }
     }

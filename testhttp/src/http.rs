@@ -270,6 +270,19 @@ pub(crate) fn encode_path(path: &str) -> String {
     out
 }
 
+/// The host a redirect to "the CDN" names: this server by the other name of loopback
+/// (`localhost` for `127.0.0.1` and back), so that a client sees another host; any other
+/// host as it is.
+pub(crate) fn cdn_host(host: &str) -> String {
+    if let Some(port) = host.strip_prefix("127.0.0.1") {
+        format!("localhost{port}")
+    } else if let Some(port) = host.strip_prefix("localhost") {
+        format!("127.0.0.1{port}")
+    } else {
+        host.to_owned()
+    }
+}
+
 /// A response head: the status line, the headers given, and `Content-Length`.
 pub(crate) fn response_head(
     status: u16,
@@ -432,6 +445,13 @@ mod tests {
                 tree: true,
             })
         );
+    }
+
+    #[test]
+    fn redirects_name_loopback_by_its_other_name() {
+        assert_eq!(cdn_host("127.0.0.1:8080"), "localhost:8080");
+        assert_eq!(cdn_host("localhost:8080"), "127.0.0.1:8080");
+        assert_eq!(cdn_host("hub.example"), "hub.example");
     }
 
     #[test]

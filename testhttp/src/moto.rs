@@ -105,17 +105,25 @@ impl Moto {
         self.put_raw(&format!("/{bucket}"), &[])
     }
 
-    /// Stores `bytes` as `key` of `bucket` (S3's `PutObject`, one unsigned `PUT`).
+    /// Stores `bytes` as `key` of `bucket` (S3's `PutObject`, one unsigned `PUT`), or
+    /// replaces what is there: the object is made writable by anyone (`x-amz-acl:
+    /// public-read-write`), since moto refuses an unsigned `PUT` over a private object.
     pub fn put(&self, bucket: &str, key: &str, bytes: &[u8]) -> io::Result<()> {
         self.put_raw(&format!("/{bucket}/{key}"), bytes)
     }
 
     fn put_raw(&self, target: &str, body: &[u8]) -> io::Result<()> {
+        let object = target.matches('/').count() > 1;
         let addr = self.endpoint.trim_start_matches("http://");
         let mut stream = TcpStream::connect(addr)?;
         stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+        let acl = if object {
+            "x-amz-acl: public-read-write\r\n"
+        } else {
+            ""
+        };
         let head = format!(
-            "PUT {target} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "PUT {target} HTTP/1.1\r\nHost: {addr}\r\n{acl}Content-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         );
         stream.write_all(head.as_bytes())?;

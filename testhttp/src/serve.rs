@@ -236,12 +236,16 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
     }
     headers.push(("ETag", etag.clone()));
     if hub && !small && options.hub_redirect {
-        // As the hub for an LFS file: its metadata on a 302 to where the bytes are, an
-        // absolute URL (the hub's client follows only relative redirects itself: to a
-        // renamed repository).
+        // As the hub for an LFS file: its metadata on a 302 to where the bytes are, on
+        // another host (the hub's client follows a redirect on the same host itself, as one
+        // to a renamed repository): loopback by its other name.
         shared.count_path(&path, 0);
         let location = match request.header("host") {
-            Some(host) => format!("http://{host}{}", http::encode_path(&path)),
+            Some(host) => format!(
+                "http://{}{}",
+                http::cdn_host(host),
+                http::encode_path(&path)
+            ),
             None => http::encode_path(&path),
         };
         headers.push(("Location", location));

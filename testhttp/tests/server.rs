@@ -430,7 +430,7 @@ fn the_hub_route_can_redirect_like_the_hub_for_lfs_files() {
     );
     let answer = get(&server, "/o/r/resolve/main/model.safetensors", &[]);
     assert_eq!(answer.status, 302);
-    // Absolute, as the hub's redirect to its CDN (its client follows only relative ones).
+    // Absolute, to another host, as the hub's redirect to its CDN.
     assert_eq!(
         answer.header("location"),
         Some("http://test/model.safetensors")

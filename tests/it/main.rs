@@ -48,6 +48,8 @@ mod verify;
 #[cfg(feature = "candle")]
 mod candle;
 #[cfg(feature = "remote")]
+mod hub_cache;
+#[cfg(feature = "remote")]
 mod remote;
 #[cfg(feature = "serde")]
 mod report_json;

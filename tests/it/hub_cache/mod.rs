@@ -1,0 +1,515 @@
+//! The hub cache (feature `remote`): `hf://` against the crate's test server acting as the hub
+//! (`HF_ENDPOINT`), the cache in a temporary directory (`HF_HUB_CACHE`). Each load runs in a
+//! child (the variables are the process's), which prints its tensors' digest and what the
+//! cache did for each file; the server's counters say what was fetched.
+//!
+//! - this file: cold, warm, partial, offline and verifying loads, the switches, the layout
+//!   written;
+//! - `python.rs`: the hub's own client (`huggingface_hub`) reads what a load wrote, and a
+//!   load reads what it wrote;
+//! - `faults.rs`: hostile names, a read-only or full cache, a killed load, two processes and
+//!   three local ranks at once;
+//! - `store.rs`: the cache directory of `s3://` (moto), an object replaced between loads.
+
+mod faults;
+mod python;
+mod store;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use safeload::Loader;
+use safeload::report::CacheUse;
+use safeload_testhttp::{DEFAULT_COMMIT, Options, Server};
+use safetensors::Dtype;
+use sha2::{Digest, Sha256};
+use tempfile::TempDir;
+
+use crate::common::child::{PATH, child_command, run_role};
+use crate::common::*;
+
+const MODULE: &str = module_path!();
+/// Set in a child: `1` verifies, a tensor name prefix filters, `0` turns the hub cache off
+/// by the builder.
+const VERIFY: &str = "SAFELOAD_TEST_HUB_VERIFY";
+const FILTER: &str = "SAFELOAD_TEST_HUB_FILTER";
+const BUILDER_CACHE: &str = "SAFELOAD_TEST_HUB_BUILDER_CACHE";
+/// Set in a child: wait for a line on stdin after loading, holding the tensors.
+const HOLD: &str = "SAFELOAD_TEST_HUB_HOLD";
+
+/// A checkpoint of three shards (every dtype, and a few MiB of F32) served as the hub serves
+/// a repository, with a `config.json` no load needs; and an empty cache.
+struct Hub {
+    files: TempDir,
+    server: Server,
+    expected: Vec<Spec>,
+    cache: TempDir,
+}
+
+impl Hub {
+    fn new(options: Options) -> Hub {
+        let files = tempfile::tempdir().unwrap();
+        let mut specs = every_dtype();
+        for i in 0..6 {
+            specs.push(spec(&format!("big.{i}"), Dtype::F32, &[256, 1024 + i]));
+        }
+        write_sharded(files.path(), &specs, 3);
+        std::fs::write(
+            files.path().join("config.json"),
+            br#"{"model_type": "test"}"#,
+        )
+        .unwrap();
+        let expected = naive_load(&shards_of(files.path()));
+        let server = Server::start(files.path(), options).unwrap();
+        Hub {
+            files,
+            server,
+            expected,
+            cache: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// The variables of a child that loads from this hub into this cache.
+    fn vars(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("HF_ENDPOINT", self.server.url()),
+            ("HF_HUB_CACHE", self.cache.path().display().to_string()),
+        ]
+    }
+
+    fn repo_dir(&self) -> PathBuf {
+        self.cache.path().join("models--org--model")
+    }
+
+    fn snapshot(&self) -> PathBuf {
+        self.repo_dir().join("snapshots").join(DEFAULT_COMMIT)
+    }
+
+    /// The served file `name`'s bytes.
+    fn bytes(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.files.path().join(name)).unwrap()
+    }
+
+    /// The names of the checkpoint's files (the index and its shards).
+    fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = (0..3).map(|i| shard_name(i, 3)).collect();
+        names.push("model.safetensors.index.json".to_owned());
+        names
+    }
+
+    /// Loads `hf://org/model` (or `url`) in a child with `extra` variables.
+    fn load(&self, url: &str, extra: &[(&'static str, String)]) -> Report {
+        let mut vars = self.vars();
+        vars.extend(extra.iter().cloned());
+        run_load(url, &vars)
+    }
+
+    /// Loads `url` in a child that is to fail; returns its error line.
+    fn fail(&self, url: &str, extra: &[(&'static str, String)]) -> String {
+        let mut vars = self.vars();
+        vars.extend(extra.iter().cloned());
+        failed_load(url, &vars)
+    }
+
+    /// The blob of the served file `name`, in the cache.
+    fn blob(&self, name: &str) -> PathBuf {
+        self.repo_dir()
+            .join("blobs")
+            .join(sha256_hex(&self.bytes(name)))
+    }
+
+    /// The digest of the whole checkpoint, as a child prints it.
+    fn digest(&self) -> String {
+        digest_of(&self.expected)
+    }
+}
+
+/// What a child's load printed: its tensors' digest and, per file name, the cache's use.
+#[derive(Debug, Clone, Default)]
+struct Report {
+    digest: String,
+    /// File name -> (the cache's use as a code, its words, the path loaded).
+    files: BTreeMap<String, (String, String, String)>,
+}
+
+impl Report {
+    fn code(&self, name: &str) -> &str {
+        self.files
+            .get(name)
+            .map_or("none", |(code, _, _)| code.as_str())
+    }
+
+    fn words(&self, name: &str) -> &str {
+        self.files
+            .get(name)
+            .map_or("", |(_, words, _)| words.as_str())
+    }
+
+    fn every(&self, code: &str) -> bool {
+        !self.files.is_empty() && self.files.values().all(|(c, _, _)| c == code)
+    }
+}
+
+fn digest_of(specs: &[Spec]) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for s in sorted(specs) {
+        s.name.hash(&mut h);
+        format!("{:?}{:?}", s.dtype, s.shape).hash(&mut h);
+        s.data.hash(&mut h);
+    }
+    format!("{:016x}", h.finish())
+}
+
+/// The command of a child loading `url` with `vars` (nothing of the caller's store or cache
+/// variables inherited).
+fn load_command(url: &str, vars: &[(&'static str, String)]) -> std::process::Command {
+    let mut cmd = child_command(MODULE, "load", Path::new(url));
+    for var in safeload_testhttp::STORE_VARIABLES {
+        cmd.env_remove(var);
+    }
+    // No token file of a real user is read.
+    cmd.env("HF_HOME", std::env::temp_dir().join("safeload-no-hf-home"));
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+fn parse(stdout: &str) -> Report {
+    let mut report = Report::default();
+    for line in stdout.lines() {
+        if let Some((_, d)) = line.split_once("HUB-DIGEST ") {
+            report.digest = d.trim().to_owned();
+        } else if let Some((_, rest)) = line.split_once("HUB-FILE ") {
+            let mut parts = rest.splitn(4, '\t');
+            let (Some(name), Some(code), Some(words), Some(path)) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            report
+                .files
+                .insert(name.into(), (code.into(), words.into(), path.into()));
+        }
+    }
+    report
+}
+
+/// Runs a load in a child and returns what it printed; fails unless it loaded.
+fn run_load(url: &str, vars: &[(&'static str, String)]) -> Report {
+    let out = load_command(url, vars)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.contains("CHILD-DONE load"),
+        "{url}: {}\n{stdout}",
+        out.status
+    );
+    parse(&stdout)
+}
+
+/// Runs a load in a child that is to fail; returns its stderr.
+fn failed_load(url: &str, vars: &[(&'static str, String)]) -> String {
+    let out = load_command(url, vars)
+        .env("SAFELOAD_TEST_HUB_EXPECT_ERROR", "1")
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.contains("CHILD-DONE load"),
+        "{url}: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .find_map(|l| l.split_once("HUB-ERROR ").map(|(_, e)| e.to_owned()))
+        .unwrap_or_default()
+}
+
+#[test]
+fn child() {
+    run_role(&[("load", act_load)]);
+}
+
+/// Loads `PATH`, prints the digest and each file's cache use; with
+/// `SAFELOAD_TEST_HUB_EXPECT_ERROR`, prints the error and whether it is "not found".
+fn act_load() {
+    let url = std::env::var(PATH).unwrap();
+    let mut loader = Loader::new();
+    if std::env::var(VERIFY).is_ok_and(|v| v == "1") {
+        loader = loader.verify(true);
+    }
+    if let Ok(prefix) = std::env::var(FILTER) {
+        loader = loader.filter(move |name| name.starts_with(&prefix));
+    }
+    if std::env::var(BUILDER_CACHE).is_ok_and(|v| v == "0") {
+        loader = loader.hub_cache(false);
+    }
+    if std::env::var_os("SAFELOAD_TEST_HUB_EXPECT_ERROR").is_some() {
+        let e = loader.load(&url).unwrap_err();
+        println!(
+            "HUB-ERROR {e} [not_found={} corrupt={}]",
+            e.is_not_found(),
+            e.is_corrupt()
+        );
+        return;
+    }
+    let sd = loader.load(&url).unwrap();
+    println!("HUB-DIGEST {}", digest_of(&loaded(&sd)));
+    for file in &sd.report().files {
+        let name = file.path.file_name().unwrap().to_string_lossy();
+        let (code, words) = match &file.cache {
+            Some(c) => (c.as_str().to_owned(), c.to_string()),
+            None => ("none".to_owned(), String::new()),
+        };
+        println!("HUB-FILE {name}\t{code}\t{words}\t{}", file.path.display());
+        // A hit is the ordinary local path: mapped on a local disk.
+        if matches!(file.cache, Some(CacheUse::Hit { .. })) {
+            assert_eq!(file.strategy, safeload::report::Strategy::Mmap, "{file:?}");
+        }
+    }
+    if std::env::var_os(HOLD).is_some() {
+        println!("HUB-HOLDING");
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Every name under `dir`, recursively, relative to it (symlinks not followed).
+fn tree(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            out.push(path.strip_prefix(dir).unwrap().display().to_string());
+            if entry.file_type().unwrap().is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Temporary files left anywhere under `dir`.
+fn incomplete(dir: &Path) -> Vec<String> {
+    tree(dir)
+        .into_iter()
+        .filter(|n| n.ends_with(".incomplete"))
+        .collect()
+}
+
+/// Asserts the cache holds `name` as the hub's client writes it: its bytes in
+/// `blobs/<sha256>` (a git blob id for the index), the snapshot's link to it, relative.
+fn assert_cached(hub: &Hub, name: &str) {
+    let bytes = hub.bytes(name);
+    let link = hub.snapshot().join(name);
+    let target = std::fs::read_link(&link)
+        .unwrap_or_else(|e| panic!("{}: {e}\n{:#?}", link.display(), tree(hub.cache.path())));
+    let blob = target.file_name().unwrap().to_string_lossy().into_owned();
+    assert_eq!(target, Path::new("../../blobs").join(&blob), "{name}");
+    if name.ends_with(".json") {
+        assert_eq!(
+            blob.len(),
+            40,
+            "a small file's blob is its git blob id: {blob}"
+        );
+    } else {
+        assert_eq!(blob, sha256_hex(&bytes), "{name}");
+    }
+    let stored = std::fs::read(hub.repo_dir().join("blobs").join(&blob)).unwrap();
+    assert!(stored == bytes, "{name}: the blob holds other bytes");
+}
+
+#[test]
+fn a_cold_load_fills_the_cache_in_the_hubs_layout() {
+    let hub = Hub::new(Options::default());
+    let report = hub.load("hf://org/model", &[]);
+    assert_eq!(report.digest, hub.digest());
+    for i in 0..3 {
+        let name = shard_name(i, 3);
+        assert_eq!(report.code(&name), "written", "{report:#?}");
+        assert_eq!(report.words(&name), "from the hub, written to the cache");
+    }
+    for name in hub.names() {
+        assert_cached(&hub, &name);
+    }
+    let refs = std::fs::read_to_string(hub.repo_dir().join("refs/main")).unwrap();
+    assert_eq!(refs, DEFAULT_COMMIT);
+    // The hub said model.safetensors does not exist at the commit: remembered as its client does.
+    assert!(
+        hub.repo_dir()
+            .join(".no_exist")
+            .join(DEFAULT_COMMIT)
+            .join("model.safetensors")
+            .is_file()
+    );
+    assert!(incomplete(hub.cache.path()).is_empty());
+    // A file of the snapshot the load does not need is not fetched.
+    assert_eq!(hub.server.path_stats("config.json").requests, 0);
+    // Each shard's bytes crossed the link once (and its header's first request).
+    for i in 0..3 {
+        let name = shard_name(i, 3);
+        let sent = hub.server.path_stats(&name).bytes_sent;
+        let len = hub.bytes(&name).len() as u64;
+        assert!(sent <= len + (64 << 10), "{name}: {sent} bytes for {len}");
+    }
+}
+
+#[test]
+fn a_second_load_reads_the_cache_and_asks_the_hub_one_question_at_most() {
+    let hub = Hub::new(Options::default());
+    hub.load("hf://org/model", &[]);
+    hub.server.reset_stats();
+    let again = hub.load("hf://org/model", &[]);
+    assert_eq!(again.digest, hub.digest());
+    assert!(again.every("hit"), "{again:#?}");
+    for (name, (_, words, path)) in &again.files {
+        assert_eq!(words, "from the hub cache");
+        assert_eq!(*path, hub.snapshot().join(name).display().to_string());
+    }
+    let stats = hub.server.stats();
+    assert!(stats.requests <= 1, "{stats:?}");
+    assert_eq!(stats.bytes_sent, 0, "{stats:?}");
+    // A commit, or offline: not a request.
+    hub.server.reset_stats();
+    let pinned = hub.load(&format!("hf://org/model@{DEFAULT_COMMIT}"), &[]);
+    assert!(pinned.every("hit"), "{pinned:#?}");
+    let offline = hub.load("hf://org/model", &[("HF_HUB_OFFLINE", "1".to_owned())]);
+    assert!(offline.every("hit"), "{offline:#?}");
+    assert_eq!(offline.digest, hub.digest());
+    assert_eq!(hub.server.stats().requests, 0);
+}
+
+#[test]
+fn a_partial_cache_reads_what_it_holds_and_fetches_the_rest_at_the_same_commit() {
+    let hub = Hub::new(Options::default());
+    hub.load("hf://org/model", &[]);
+    // One file gone from the cache; another's snapshot link lost, its blob kept.
+    let gone = shard_name(1, 3);
+    std::fs::remove_file(hub.snapshot().join(&gone)).unwrap();
+    std::fs::remove_file(hub.blob(&gone)).unwrap();
+    let unlinked = shard_name(2, 3);
+    std::fs::remove_file(hub.snapshot().join(&unlinked)).unwrap();
+    hub.server.reset_stats();
+    let report = hub.load("hf://org/model", &[]);
+    assert_eq!(report.digest, hub.digest());
+    assert_eq!(report.code(&gone), "written", "{report:#?}");
+    assert_eq!(report.code(&shard_name(0, 3)), "hit");
+    // The blob found by its name (the hub's answer), linked again as the hub's client does.
+    assert_eq!(report.code(&unlinked), "hit", "{report:#?}");
+    assert_cached(&hub, &unlinked);
+    assert!(hub.server.path_stats(&unlinked).bytes_sent <= 64 << 10);
+    // Only the missing file crossed the link, at the commit the revision named.
+    assert_eq!(hub.server.path_stats(&shard_name(0, 3)).requests, 0);
+    assert!(hub.server.revision_requests(DEFAULT_COMMIT) > 0);
+    assert_cached(&hub, &gone);
+    // Offline, a file the cache lacks is an error naming it.
+    std::fs::remove_file(hub.snapshot().join(&gone)).unwrap();
+    let e = hub.fail("hf://org/model", &[("HF_HUB_OFFLINE", "1".to_owned())]);
+    assert!(e.contains(&gone) && e.contains("not_found=true"), "{e}");
+    assert!(e.contains("HF_HUB_OFFLINE"), "{e}");
+    // Offline with no ref at all: says so.
+    let empty = tempfile::tempdir().unwrap();
+    let vars = [
+        ("HF_HUB_OFFLINE", "1".to_owned()),
+        ("HF_HUB_CACHE", empty.path().display().to_string()),
+    ];
+    let e = hub.fail("hf://org/model", &vars);
+    assert!(
+        e.contains("refs/main") && e.contains("not_found=true"),
+        "{e}"
+    );
+}
+
+#[test]
+fn verify_checks_a_snapshots_blob_against_its_name() {
+    let hub = Hub::new(Options::default());
+    hub.load("hf://org/model", &[]);
+    let name = shard_name(2, 3);
+    let verified = hub.load("hf://org/model", &[(VERIFY, "1".to_owned())]);
+    assert!(verified.every("hit"), "{verified:#?}");
+    // One byte of the blob changed, its length kept: only a digest finds it.
+    let blob = std::fs::canonicalize(hub.snapshot().join(&name)).unwrap();
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&blob, &bytes).unwrap();
+    let e = hub.fail("hf://org/model", &[(VERIFY, "1".to_owned())]);
+    assert!(e.contains("corrupt=true") && e.contains(&name), "{e}");
+}
+
+#[test]
+fn the_cache_off_streams_and_writes_nothing() {
+    let hub = Hub::new(Options::default());
+    for extra in [
+        ("SAFELOAD_HUB_CACHE", "0".to_owned()),
+        (BUILDER_CACHE, "0".to_owned()),
+    ] {
+        let report = hub.load("hf://org/model", &[extra]);
+        assert_eq!(report.digest, hub.digest());
+        assert!(report.every("none"), "{report:#?}");
+        assert!(
+            tree(hub.cache.path()).is_empty(),
+            "{:?}",
+            tree(hub.cache.path())
+        );
+    }
+}
+
+#[test]
+fn a_load_of_part_of_a_file_leaves_nothing_partial() {
+    let hub = Hub::new(Options::default());
+    let report = hub.load("hf://org/model", &[(FILTER, "big.".to_owned())]);
+    let partial: Vec<_> = report
+        .files
+        .values()
+        .filter(|(code, _, _)| code == "not_cached")
+        .collect();
+    assert!(!partial.is_empty(), "{report:#?}");
+    for (_, words, _) in partial {
+        assert!(words.contains("the load read"), "{words}");
+    }
+    assert!(incomplete(hub.cache.path()).is_empty());
+    // What was read whole is cached, and a later load of everything finds it.
+    let all = hub.load("hf://org/model", &[]);
+    assert_eq!(all.digest, hub.digest());
+}
+
+#[test]
+fn a_repository_with_one_file_is_found_in_the_cache_by_its_name() {
+    let files = tempfile::tempdir().unwrap();
+    let specs = every_dtype();
+    write_single(files.path(), &specs);
+    let server = Server::start(files.path(), Options::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let vars = [
+        ("HF_ENDPOINT", server.url()),
+        ("HF_HUB_CACHE", cache.path().display().to_string()),
+    ];
+    let cold = run_load("hf://org/single", &vars);
+    assert_eq!(cold.code("model.safetensors"), "written", "{cold:#?}");
+    server.reset_stats();
+    let warm = run_load("hf://org/single", &vars);
+    assert_eq!(warm.code("model.safetensors"), "hit", "{warm:#?}");
+    assert_eq!(warm.digest, cold.digest);
+    assert!(server.stats().requests <= 1);
+    assert!(!cache.path().join("models--org--single/.no_exist").exists());
+}

@@ -21,39 +21,68 @@ use crate::prefetch::Owner;
 pub(super) type Found = ((Offer, Vec<File>), u32);
 
 /// What a rank met while it looked for a copy: said in each file's note,
-/// each thing once.
+/// each thing once, another user's names at most [`NAMED`] of them (a
+/// directory can hold many).
 #[derive(Debug, Default)]
-pub(super) struct Remarks(Vec<String>);
+pub(super) struct Remarks {
+    said: Vec<String>,
+    ignored: Vec<Foreign>,
+    /// Another user's names beyond the first [`NAMED`].
+    more: usize,
+}
+
+/// How many of another user's names a note names.
+const NAMED: usize = 3;
 
 impl Remarks {
     pub(super) fn push(&mut self, remark: String) {
-        if !self.0.contains(&remark) {
-            self.0.push(remark);
+        if !self.said.contains(&remark) {
+            self.said.push(remark);
         }
     }
 
     /// Another user's name, never opened.
     fn ignored(&mut self, name: &Foreign) {
-        self.push(format!("ignored {} ({name})", name.name));
+        if self.ignored.contains(name) {
+            return;
+        }
+        if self.ignored.len() < NAMED {
+            self.ignored.push(name.clone());
+        } else {
+            self.more += 1;
+        }
     }
 
     pub(super) fn extend(&mut self, other: Remarks) {
-        for remark in other.0 {
+        for remark in other.said {
             self.push(remark);
         }
+        for name in &other.ignored {
+            self.ignored(name);
+        }
+        self.more += other.more;
     }
 
     /// The last remark, if any.
     fn last(&self) -> Option<&String> {
-        self.0.last()
+        self.said.last()
     }
 
     /// `"; "` and the remarks, or nothing.
     pub(super) fn suffix(&self) -> String {
-        if self.0.is_empty() {
+        let mut all = self.said.clone();
+        all.extend(
+            self.ignored
+                .iter()
+                .map(|f| format!("ignored {} ({f})", f.name)),
+        );
+        if self.more > 0 {
+            all.push(format!("ignored {} more such name(s)", self.more));
+        }
+        if all.is_empty() {
             String::new()
         } else {
-            format!("; {}", self.0.join("; "))
+            format!("; {}", all.join("; "))
         }
     }
 }
@@ -152,24 +181,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn remarks_are_said_once() {
+    fn remarks_are_said_once_and_foreign_names_counted_past_a_few() {
         let mut remarks = Remarks::default();
         assert_eq!(remarks.suffix(), "");
-        let foreign = Foreign {
-            name: "safeload-node-x.sock".into(),
+        let uid = u32::MAX - 7;
+        let foreign = |i: usize| Foreign {
+            name: format!("n{i}.sock"),
             kind: crate::os::NameKind::Fifo,
-            uid: Some(u32::MAX - 7),
+            uid: Some(uid),
         };
-        remarks.ignored(&foreign);
-        remarks.ignored(&foreign);
+        remarks.ignored(&foreign(0));
+        remarks.ignored(&foreign(0));
+        remarks.push("pid 7: refused".into());
         remarks.push("pid 7: refused".into());
         assert_eq!(
             remarks.suffix(),
-            format!(
-                "; ignored safeload-node-x.sock (a FIFO of uid {}, not this user's); pid 7: refused",
-                u32::MAX - 7
-            )
+            format!("; pid 7: refused; ignored n0.sock (a FIFO of uid {uid}, not this user's)")
         );
+        for i in 0..1000 {
+            remarks.ignored(&foreign(i));
+        }
+        let said = remarks.suffix();
+        assert_eq!(said.matches("ignored n").count(), NAMED, "{said}");
+        assert!(said.ends_with("; ignored 997 more such name(s)"), "{said}");
     }
 
     // Sockets, lstat and liveness need the Linux OS layer.

@@ -275,4 +275,38 @@ mod tests {
         assert!(!path.exists(), "the socket goes with the server");
         assert!(matches!(take(&path, me, 9), Err(Refused::Failed(_))));
     }
+
+    // Sockets need the Linux OS layer.
+    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+    #[test]
+    fn a_listener_that_never_answers_costs_at_most_the_patience() {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+        let dir = tempfile::tempdir().unwrap();
+        let socket = || rustix::net::socket(AddressFamily::UNIX, SocketType::STREAM, None).unwrap();
+        let me = std::process::id();
+        // A backlog of 0 holds one connection: with it taken, a blocking
+        // connect(2) would wait for as long as the listener lives.
+        let full = dir.path().join("full.sock");
+        let listener = socket();
+        rustix::net::bind(&listener, &SocketAddrUnix::new(&full).unwrap()).unwrap();
+        rustix::net::listen(&listener, 0).unwrap();
+        let queued = socket();
+        rustix::net::connect(&queued, &SocketAddrUnix::new(&full).unwrap()).unwrap();
+        // Room in its backlog, never an answer.
+        let silent = dir.path().join("silent.sock");
+        let _silent = std::os::unix::net::UnixListener::bind(&silent).unwrap();
+        for (path, what) in [(&full, "connecting"), (&silent, "receiving")] {
+            let started = std::time::Instant::now();
+            let refused = take(path, me, 1);
+            let took = started.elapsed();
+            assert!(
+                matches!(&refused, Err(Refused::Failed(why)) if why.starts_with(what)),
+                "{path:?}: {refused:?}"
+            );
+            assert!(
+                took >= PATIENCE && took < PATIENCE + Duration::from_secs(1),
+                "{path:?}: {took:?}"
+            );
+        }
+    }
 }

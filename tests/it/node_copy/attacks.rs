@@ -420,15 +420,16 @@ fn slowest(loads: &[Loaded]) -> f64 {
 }
 
 /// Every attack against ranks of `uid`: each rank ends within the patience
-/// of the quiet run's slowest (and a second for a busy machine), with the
-/// right bytes, saying what it met.
+/// of the quiet run's slowest (and 2 s for a busy machine: CI runs the
+/// other tests of the binary beside), with the right bytes, saying what it
+/// met.
 fn every_attack(uid: Option<u32>) {
     if skip_without_root() {
         return;
     }
     let scene = Scene::new(uid);
     let (quiet, key) = scene.quiet_run();
-    let bound = slowest(&quiet) + PATIENCE.as_secs_f64() + 1.0;
+    let bound = slowest(&quiet) + PATIENCE.as_secs_f64() + 2.0;
     for attack in Attack::ALL {
         let loads = scene.attacked_run(attack, key, HUNG);
         let reason = attack.reason();

@@ -502,7 +502,9 @@ pub(crate) fn read_proc(file: super::ProcFile) -> io::Result<Vec<u8>> {
 // ranks fill, and the Unix socket that hands the file to the other ranks.
 #[path = "linux_node.rs"]
 mod node_copy;
-pub(crate) use node_copy::{FdListener, FdStream, SharedBytes, is_sealed_copy, memfd_copy};
+pub(crate) use node_copy::{
+    FdListener, FdStream, SharedBytes, StopListening, is_sealed_copy, memfd_copy, name_kind,
+};
 
 // The write-through cache (src/cache/): names walked, made and published in a
 // shared directory without following what another user may have put there.

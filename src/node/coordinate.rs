@@ -54,6 +54,7 @@ pub(super) fn coordinate(
         (lock, ask::find(&dir, key, me, false, &mut remarks).0)
     };
     let mut results: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
+    let made_here = found.is_none();
     let (offer, memfds, origin) = match found {
         Some(((offer, memfds), pid)) => {
             let valid = offer.files.iter().all(|&(i, len)| {
@@ -178,6 +179,7 @@ pub(super) fn coordinate(
                 storage: Arc::new(storage),
                 note,
                 bytes_read,
+                made_here,
             };
         }
     }

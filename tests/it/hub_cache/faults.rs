@@ -117,7 +117,7 @@ fn a_cache_that_cannot_be_written_costs_the_cache_not_the_load() {
 }
 
 /// A tmpfs of `mib` MiB mounted on a temporary directory; unmounted on drop. `None`, after a
-/// `SKIPPED:` line, where it cannot be mounted (not root), unless `SAFELOAD_REQUIRE_MOUNT=1`.
+/// `SKIPPED:` line, where it cannot be mounted (not root), unless `SAFELOAD_REQUIRE_ROOT=1`.
 struct Tmpfs(TempDir);
 
 impl Tmpfs {
@@ -136,8 +136,8 @@ impl Tmpfs {
                 };
                 let reason = format!("cannot mount a tmpfs (root is needed): {reason}");
                 assert!(
-                    std::env::var_os("SAFELOAD_REQUIRE_MOUNT").is_none_or(|v| v != "1"),
-                    "SAFELOAD_REQUIRE_MOUNT=1 but {reason}"
+                    std::env::var_os("SAFELOAD_REQUIRE_ROOT").is_none_or(|v| v != "1"),
+                    "SAFELOAD_REQUIRE_ROOT=1 but {reason}"
                 );
                 eprintln!("SKIPPED: {reason}");
                 None

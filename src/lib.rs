@@ -446,6 +446,26 @@ pub fn load_state_dict(path: impl AsRef<Path>, disable_mmap: Option<bool>) -> Re
         .load(path)
 }
 
+/// What the Hugging Face cache holds (feature `remote`): where it is
+/// (`HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`),
+/// and for `repo` (`org/name`; every model repository where `None`) its
+/// snapshots, their files and the blobs they link to, the refs naming them
+/// and any temporary file of a download. What `safeload cache` prints. A
+/// cache that cannot be read lists as empty.
+///
+/// ```
+/// let listing = safeload::hub_cache(Some("org/model"));
+/// for repo in &listing.repos {
+///     for revision in &repo.revisions {
+///         let _ = (&revision.commit, &revision.refs, revision.files.len());
+///     }
+/// }
+/// ```
+#[cfg(feature = "remote")]
+pub fn hub_cache(repo: Option<&str>) -> report::CacheListing {
+    cache::list::listing(repo)
+}
+
 /// Drops every file of a checkpoint from the page cache
 /// (`posix_fadvise(POSIX_FADV_DONTNEED)`), for honest cold-cache benchmarks
 /// and tests. Pages that some process still maps, or that are dirty, stay. A

@@ -12,8 +12,10 @@ Exit status:
      could not be looked up (the message on stderr names the file)
   2  usage error (unknown flag, bad value, missing argument)
 
-Environment: SAFELOAD_DISABLE_MMAP, SAFELOAD_PREFETCH (or HF_SHARD_PREFETCH)
-and SAFELOAD_VERIFY are honoured as by the library; flags override them.";
+Environment: SAFELOAD_DISABLE_MMAP, SAFELOAD_PREFETCH (or HF_SHARD_PREFETCH),
+SAFELOAD_VERIFY, SAFELOAD_HUB_CACHE, SAFELOAD_CACHE_DIR and the hub's HF_ENDPOINT,
+HF_TOKEN, HF_HUB_CACHE, HF_HOME and HF_HUB_OFFLINE are honoured as by the
+library; flags override them.";
 
 /// Load safetensors checkpoints as fast as the storage under them allows,
 /// and say how each file was read and why.
@@ -78,6 +80,18 @@ are not read; at most 90 % of the memory available is warmed.
 Example, in a job script: warm, wait at a barrier, then load:
   srun safeload prefetch /shared/checkpoints/run-42 --streams 8")]
     Prefetch(PrefetchArgs),
+
+    /// List what the Hugging Face cache holds for a repository (or every one), or say where it is
+    #[command(after_help = "\
+The cache is the one the hub's own clients share (huggingface_hub, hf-hub):
+HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub. `load` and
+`inspect` of hf://org/repo read the files it holds and write the others to it
+(SAFELOAD_HUB_CACHE=0 turns that off; HF_HUB_OFFLINE=1 asks the hub nothing).
+
+Examples:
+  safeload cache
+  safeload cache org/model --json | jq '.repos[].revisions[].files[].path'")]
+    Cache(CacheArgs),
 }
 
 /// The checkpoint a command works on: a path, or the built-in demo.
@@ -182,6 +196,18 @@ pub struct PrefetchArgs {
     /// Draw no progress bar, even on a terminal
     #[arg(long)]
     pub no_progress: bool,
+}
+
+/// `safeload cache`.
+#[derive(Debug, Args)]
+pub struct CacheArgs {
+    /// A repository of the hub, org/name [default: every one the cache holds]
+    #[arg(value_name = "REPO")]
+    pub repo: Option<String>,
+
+    /// Print one JSON object on stdout
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The dtypes a load converts floating tensors to.

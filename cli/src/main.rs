@@ -28,6 +28,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => command::inspect::run(args),
         Command::Mounts(args) => command::mounts::run(args),
         Command::Prefetch(args) => command::prefetch::run(args),
+        Command::Cache(args) => command::cache::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

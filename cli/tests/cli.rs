@@ -176,6 +176,70 @@ fn load_and_inspect_take_a_remote_address() {
     );
 }
 
+#[test]
+fn load_inspect_and_cache_share_the_hub_cache() {
+    let dir = tempdir().unwrap();
+    write_sharded(dir.path(), 2, 3);
+    let server =
+        safeload_testhttp::Server::start(dir.path(), safeload_testhttp::Options::default())
+            .unwrap();
+    let cache = tempdir().unwrap();
+    let with_hub = |args: &[&str]| {
+        let mut command = safeload(args);
+        for var in safeload_testhttp::STORE_VARIABLES {
+            command.env_remove(var);
+        }
+        command
+            .env("HF_ENDPOINT", server.url())
+            .env("HF_HUB_CACHE", cache.path())
+            .env("HF_HOME", cache.path().join("no-home"));
+        Run::piped(command)
+    };
+    // Nothing cached yet: where the cache is, and nothing for the repository.
+    let empty = with_hub(&["cache", "org/model", "--json"])
+        .expect_code(0)
+        .json();
+    assert_eq!(empty["root"], cache.path().to_str().unwrap(), "{empty}");
+    assert_eq!(empty["repos"].as_array().map(Vec::len), Some(0), "{empty}");
+    let cold = with_hub(&["load", "hf://org/model", "--json"])
+        .expect_code(0)
+        .json();
+    for file in cold["files"].as_array().unwrap() {
+        assert_eq!(file["cache"]["use"], "written", "{file}");
+        assert_eq!(file["cache"]["store"], "hub", "{file}");
+    }
+    let warm = with_hub(&["load", "hf://org/model"]).expect_code(0);
+    assert!(
+        warm.stdout.contains("from the hub cache"),
+        "{}",
+        warm.stdout
+    );
+    let inspected = with_hub(&["inspect", "hf://org/model", "--json"])
+        .expect_code(0)
+        .json();
+    assert_eq!(inspected["files"].as_array().map(Vec::len), Some(2));
+    let listed = with_hub(&["cache", "org/model", "--json"])
+        .expect_code(0)
+        .json();
+    let revision = &listed["repos"][0]["revisions"][0];
+    assert_eq!(
+        revision["commit"],
+        safeload_testhttp::DEFAULT_COMMIT,
+        "{listed}"
+    );
+    assert_eq!(revision["refs"][0], "main", "{listed}");
+    // The two shards and the index, each with its blob.
+    let files = revision["files"].as_array().unwrap();
+    assert_eq!(files.len(), 3, "{listed}");
+    assert!(
+        files
+            .iter()
+            .all(|f| f["blob"].is_string() && f["size"].is_u64())
+    );
+    let text = with_hub(&["cache"]).expect_code(0);
+    assert!(text.stdout.contains("org/model"), "{}", text.stdout);
+}
+
 // ---------------------------------------------------------------------------
 // inspect
 

@@ -6,7 +6,8 @@
 //! - `store.rs`: the cache directory of other stores;
 //! - `write.rs`: a file written as it is fetched, checked, published;
 //! - `source.rs`: the two sources a cache adds (a file of the cache, a
-//!   fetched file also written to it).
+//!   fetched file also written to it);
+//! - `list.rs`: what the hub cache holds (`safeload cache`).
 //!
 //! # `hf://org/repo@rev/sub`
 //!
@@ -24,6 +25,7 @@
 
 mod hub;
 pub(crate) mod layout;
+pub(crate) mod list;
 mod source;
 mod store;
 mod write;

@@ -258,3 +258,69 @@ macro_rules! as_str {
 }
 
 as_str!(Strategy, MountKind, Detection, PrefetchMethod);
+
+impl Serialize for super::CacheListing {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct View<'a> {
+            /// The cache's directory, or null where nothing names one.
+            root: Option<String>,
+            exists: bool,
+            repos: Vec<Repo<'a>>,
+        }
+        #[derive(serde::Serialize)]
+        struct Repo<'a> {
+            repo: &'a str,
+            blobs: usize,
+            blob_bytes: u64,
+            incomplete: usize,
+            revisions: Vec<Revision<'a>>,
+        }
+        #[derive(serde::Serialize)]
+        struct Revision<'a> {
+            commit: &'a str,
+            refs: &'a [String],
+            files: Vec<File<'a>>,
+        }
+        #[derive(serde::Serialize)]
+        struct File<'a> {
+            path: &'a str,
+            /// The blob's name, or null.
+            blob: Option<&'a str>,
+            /// Its length, or null.
+            size: Option<u64>,
+        }
+        View {
+            root: self.root.as_deref().map(text),
+            exists: self.exists,
+            repos: self
+                .repos
+                .iter()
+                .map(|r| Repo {
+                    repo: &r.repo,
+                    blobs: r.blobs,
+                    blob_bytes: r.blob_bytes,
+                    incomplete: r.incomplete,
+                    revisions: r
+                        .revisions
+                        .iter()
+                        .map(|v| Revision {
+                            commit: &v.commit,
+                            refs: &v.refs,
+                            files: v
+                                .files
+                                .iter()
+                                .map(|f| File {
+                                    path: &f.path,
+                                    blob: f.blob.as_deref(),
+                                    size: f.size,
+                                })
+                                .collect(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+        .serialize(serializer)
+    }
+}

@@ -11,7 +11,9 @@ pub use crate::policy::{DirectIo, Fallback, PrefetchMethod, Reason, Strategy};
 pub use crate::prefetch::{RankSource, SkipReason};
 pub use crate::progress::{Phase, Progress};
 pub use crate::source::{CacheStore, CacheUse, NotCached};
+pub use cache::{CacheListing, CachedFile, CachedRepo, CachedRevision};
 
+mod cache;
 #[cfg(feature = "serde")]
 mod json;
 

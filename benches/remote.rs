@@ -31,6 +31,16 @@
 //! - `shard`: `Checkpoint::open(url)`, then `Checkpoint::shard(name, 0, rank 0, 8)` of
 //!   every tensor on 8 threads: the bytes the server sent over the checkpoint's.
 //!
+//! - `cache-cold`: `hf://org/repo` through an empty hub cache (a new `HF_HUB_CACHE` under
+//!   `--dir` each run): the load writes every file through to the cache, and returns once
+//!   they are published; against `safeload` (the same load, the cache off). The cache is
+//!   synced after the arm (the time it took is quoted: the kernel's writeback, which the
+//!   load does not wait for) and removed.
+//! - `cache-warm`: the same address through a cache that holds the checkpoint (filled once,
+//!   `bench-data/hub-cache-<checkpoint>`, kept): one request, then the snapshot's files as
+//!   local files; `local`: `Loader::new().load(<that snapshot>)`. Both cold: every blob
+//!   dropped from the page cache first.
+//!
 //! Every safeload arm's time includes touching one byte of every 4 KiB of what it loaded
 //! (so that a load whose tensors map a file pays for the reads), and its tensors are then
 //! checksummed, untimed, against a naive read of the local files with the `safetensors`
@@ -64,6 +74,8 @@ mod common;
 mod http_client;
 #[path = "common/proxy.rs"]
 mod proxy;
+#[path = "common/remote_cache.rs"]
+mod remote_cache;
 #[path = "common/remote_fetch.rs"]
 mod remote_fetch;
 #[path = "common/remote_table.rs"]
@@ -75,7 +87,7 @@ use http_client::{Connection, Endpoint};
 use remote_fetch::Fetch;
 
 /// Every arm, in the order the tables print them.
-const ARMS: [&str; 8] = [
+const ARMS: [&str; 11] = [
     "limit",
     "fresh-memory",
     "safeload",
@@ -84,7 +96,12 @@ const ARMS: [&str; 8] = [
     "hub-download-then-load",
     "open",
     "shard",
+    "cache-cold",
+    "cache-warm",
+    "local",
 ];
+/// The arms of the hub cache (issue 34), on the test server only (the hub).
+const CACHE_ARMS: [&str; 3] = ["cache-cold", "cache-warm", "local"];
 /// The hub's names for the test server's repository.
 const REPO: &str = "org/repo";
 /// The bucket the checkpoint is put in on moto.
@@ -93,6 +110,11 @@ const BUCKET: &str = "bench";
 const SHARD_SLACK: f64 = 1.15;
 /// The target on a remote load: this much of the limit's speed.
 const LIMIT_TARGET: f64 = 0.85;
+/// The target on a cold load writing through to the hub cache: this much of the same
+/// load's speed with the cache off.
+const CACHE_COLD_TARGET: f64 = 0.9;
+/// The target on a hit of the hub cache: this much of a local load's speed.
+const CACHE_WARM_TARGET: f64 = 0.95;
 
 /// A remote load against the server's limit and a download first (the module docs of
 /// benches/remote.rs say how).
@@ -190,6 +212,9 @@ struct Target {
     shard_threads: usize,
     touch_threads: usize,
     download_dir: PathBuf,
+    /// The filled hub cache's snapshot of the checkpoint (the `local` arm), where the
+    /// cache arms run.
+    snapshot: Option<PathBuf>,
 }
 
 /// What a child prints.
@@ -212,6 +237,10 @@ struct Figures {
     error: Option<String>,
     /// A load's own account: its elapsed time, the readers it settled at and why.
     load_report: Option<String>,
+    /// `cache-cold`: seconds the cache took to sync after the load (the parent's).
+    writeback_seconds: Option<f64>,
+    /// What the cache did for each file, where the load went through one.
+    cache_uses: Vec<String>,
 }
 
 // ---------------------------------------------------------------- the parent
@@ -446,6 +475,7 @@ fn target(o: &Options, raw: String, url: String, local: &Local) -> Target {
         shard_threads: o.shard_threads,
         touch_threads: o.touch_threads,
         download_dir: o.download_dir.clone().unwrap_or_else(|| o.dir.clone()),
+        snapshot: None,
     }
 }
 
@@ -476,6 +506,10 @@ fn serve_testhttp(o: &Options, size: u64) -> Result<Served, String> {
         ("HF_ENDPOINT", server.url()),
         ("SAFELOAD_HUB_CACHE", "0".to_owned()),
     ];
+    if o.arms.iter().any(|a| a == "cache-warm" || a == "local") {
+        let filled = remote_cache::filled(o, &local.root, &target, &env)?;
+        target.snapshot = Some(filled);
+    }
     Ok(served(o, Server::Http(server), local, target, env))
 }
 
@@ -554,6 +588,7 @@ fn served(
         .arms
         .iter()
         .filter(|a| target.http_url.is_some() || a.as_str() != "safeload-http")
+        .filter(|a| matches!(server, Server::Http(_)) || !CACHE_ARMS.contains(&a.as_str()))
         .cloned()
         .collect();
     eprintln!(
@@ -586,9 +621,16 @@ fn run_rounds(o: &Options, served: &Served, samples: &mut Vec<Sample>) {
                 let _ = data::warm(&served.root);
             }
             std::thread::sleep(Duration::from_secs_f64(o.settle_secs.max(0.0)));
+            let prepared = remote_cache::prepare(o, served, arm);
             served.server.reset();
             let cpu = cpu_seconds();
-            let mut sample = run_arm(o, served, arm, round);
+            let mut sample = match &prepared {
+                Ok(env) => run_arm(o, served, arm, round, env),
+                Err(e) => failed_sample(served, arm, round, e.clone()),
+            };
+            if let Ok(env) = &prepared {
+                sample.figures.writeback_seconds = remote_cache::finish(env);
+            }
             sample.traffic = served.server.traffic(&served.target.files);
             sample.traffic.server_cpu = cpu_seconds() - cpu;
             if sample.error.is_none() {
@@ -599,7 +641,10 @@ fn run_rounds(o: &Options, served: &Served, samples: &mut Vec<Sample>) {
                 (Some(d), Some(l), Some(c)) => {
                     format!(" (download {d:.3} + load {l:.3}; cold load {c:.3})")
                 }
-                _ => String::new(),
+                _ => match f.writeback_seconds {
+                    Some(w) => format!(" (then synced in {w:.3} s)"),
+                    None => String::new(),
+                },
             };
             eprintln!(
                 "  {name:<8} round {round} {arm:<22} {:>8.3} s{parts} {:>6.3}x sent {:>5} requests {:>3} connections {:>6} MiB RSS{}",
@@ -619,17 +664,9 @@ fn run_rounds(o: &Options, served: &Served, samples: &mut Vec<Sample>) {
     }
 }
 
-fn run_arm(o: &Options, served: &Served, arm: &str, round: usize) -> Sample {
-    let target = serde_json::to_string(&served.target).expect("the target serializes");
-    let mut child = Child::new(arm, &served.root)
-        .arg(target)
-        .env_remove(safeload::ENV_VARIABLES)
-        .env_remove(&safeload_testhttp::STORE_VARIABLES)
-        .timeout(Duration::from_secs(o.timeout));
-    for (key, value) in &served.env {
-        child = child.env(key, value);
-    }
-    let mut sample = Sample {
+/// A run that failed before its child started.
+fn failed_sample(served: &Served, arm: &str, round: usize, error: String) -> Sample {
+    Sample {
         server: served.server.name().into(),
         arm: arm.into(),
         round,
@@ -638,8 +675,29 @@ fn run_arm(o: &Options, served: &Served, arm: &str, round: usize) -> Sample {
             ..Figures::default()
         },
         traffic: Traffic::default(),
-        error: None,
-    };
+        error: Some(error),
+    }
+}
+
+fn run_arm(
+    o: &Options,
+    served: &Served,
+    arm: &str,
+    round: usize,
+    prepared: &remote_cache::Prepared,
+) -> Sample {
+    let target = serde_json::to_string(&served.target).expect("the target serializes");
+    let mut child = Child::new(arm, &served.root)
+        .arg(target)
+        .env_remove(safeload::ENV_VARIABLES)
+        .env_remove(&safeload_testhttp::STORE_VARIABLES)
+        .timeout(Duration::from_secs(o.timeout));
+    // The served checkpoint's variables, then the arm's own (the cache's) over them.
+    for (key, value) in served.env.iter().chain(&prepared.env) {
+        child = child.env(key, value);
+    }
+    let mut sample = failed_sample(served, arm, round, String::new());
+    sample.error = None;
     match child.run::<Figures>() {
         Ok(out) => {
             sample.error = out.figures.error.clone();
@@ -653,6 +711,20 @@ fn run_arm(o: &Options, served: &Served, arm: &str, round: usize) -> Sample {
 /// What is wrong with a run's bytes, if anything.
 fn check(served: &Served, s: &Sample) -> Option<String> {
     let f = &s.figures;
+    // The cache did what the arm is about for every file.
+    let cache_use = match s.arm.as_str() {
+        "cache-cold" => Some("written"),
+        "cache-warm" => Some("hit"),
+        _ => None,
+    };
+    if let Some(want) = cache_use {
+        if f.cache_uses.is_empty() || f.cache_uses.iter().any(|u| u != want) {
+            return Some(format!(
+                "the cache: {:?}, not every file {want}",
+                f.cache_uses
+            ));
+        }
+    }
     let expect = match s.arm.as_str() {
         "limit" => {
             return (f.bytes != served.total)
@@ -747,6 +819,14 @@ fn run_arm_here(arm: &str, target: &Target, pool: &rayon::ThreadPool) -> Result<
         }
         "open" => open(&target.url),
         "shard" => shard(target, pool),
+        "cache-cold" | "cache-warm" => remote_load(&target.url, pool),
+        "local" => {
+            let snapshot = target.snapshot.as_deref().ok_or("no filled cache")?;
+            remote_load(
+                snapshot.to_str().ok_or("a snapshot path not in UTF-8")?,
+                pool,
+            )
+        }
         other => Err(format!("no arm {other}")),
     }
 }
@@ -791,6 +871,12 @@ fn load_and_touch(
     let seconds = start.elapsed().as_secs_f64();
     let bytes = tensors.iter().map(|t| t.len() as u64).sum();
     let report = sd.report();
+    let uses: Vec<String> = report
+        .files
+        .iter()
+        .filter_map(|f| f.cache.as_ref().map(|c| c.as_str().to_owned()))
+        .collect();
+    CACHE_USES.with(|c| *c.borrow_mut() = uses);
     let elapsed = report.files.iter().map(|f| f.elapsed.as_secs_f64());
     let account = format!(
         "load {:.3} s, files {:.3}-{:.3} s; {}",
@@ -808,6 +894,11 @@ fn load_and_touch(
     ))
 }
 
+thread_local! {
+    /// What the cache did for each file of the last load on this thread.
+    static CACHE_USES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 fn remote_load(url: &str, pool: &rayon::ThreadPool) -> Result<Figures, String> {
     let (seconds, bytes, tensors, sum, account) = load_and_touch(url, pool)?;
     Ok(Figures {
@@ -816,6 +907,7 @@ fn remote_load(url: &str, pool: &rayon::ThreadPool) -> Result<Figures, String> {
         tensors,
         checksum: Some(sum),
         load_report: Some(account),
+        cache_uses: CACHE_USES.with(|c| c.take()),
         ..Figures::default()
     })
 }

@@ -6,7 +6,10 @@ use std::fmt::Write as _;
 
 use crate::common::proc;
 use crate::common::stats::{Spread, gib_s, median};
-use crate::{Figures, LIMIT_TARGET, Options, SHARD_SLACK, Sample, Summary};
+use crate::{
+    CACHE_COLD_TARGET, CACHE_WARM_TARGET, Figures, LIMIT_TARGET, Options, SHARD_SLACK, Sample,
+    Summary,
+};
 
 /// The runs of one arm on one server that did not fail.
 fn ok<'a>(samples: &'a [Sample], server: &str, arm: &str) -> Vec<&'a Sample> {
@@ -243,6 +246,58 @@ pub fn markdown(o: &Options, samples: &[Sample], served: &[Summary]) -> String {
                 sent / (1 << 20) as f64,
                 verdict(sent < (1 << 20) as f64),
                 verdict(most <= 2.0),
+            );
+        }
+        // The hub cache (issue 34): the write-through against the same load with the cache
+        // off, and a hit against a local load of the same files.
+        for (arm, against, target, what) in [
+            (
+                "cache-cold",
+                "safeload",
+                CACHE_COLD_TARGET,
+                "the cold load writing through to the hub cache",
+            ),
+            (
+                "cache-warm",
+                "local",
+                CACHE_WARM_TARGET,
+                "a hit of the hub cache",
+            ),
+        ] {
+            let x = per_round(samples, s.server, (arm, against), |a, b| {
+                b.figures.seconds / a.figures.seconds
+            });
+            if x.is_empty() {
+                continue;
+            }
+            let spread = Spread::of(&x);
+            let _ = writeln!(
+                out,
+                "- {}, {what} ({arm}): {spread:.3}x the speed of {against} >= {target}x {}",
+                s.server,
+                verdict(median(&x) >= target)
+            );
+        }
+        let cold = ok(samples, s.server, "cache-cold");
+        if !cold.is_empty() {
+            let synced = med(cold
+                .iter()
+                .filter_map(|r| r.figures.writeback_seconds)
+                .collect());
+            let _ = writeln!(
+                out,
+                "- {}, cache-cold: the cache then synced in {synced:.3} s (the kernel's writeback, after the load returned)",
+                s.server
+            );
+        }
+        let warm = ok(samples, s.server, "cache-warm");
+        if !warm.is_empty() {
+            let requests = med(warm.iter().map(|r| r.traffic.requests as f64).collect());
+            let _ = writeln!(
+                out,
+                "- {}, cache-warm: {requests:.0} request(s) to the hub <= 1 {}",
+                s.server,
+                verdict(requests <= 1.0)
             );
         }
         let shard = ok(samples, s.server, "shard");

@@ -1,0 +1,119 @@
+//! The remote benchmark's hub cache arms (issue 34): the cache each arm is given, made or
+//! emptied of the page cache before it, synced and removed after it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::common::child::Child;
+use crate::common::data;
+use crate::{Figures, Options, REPO, Served, Target};
+
+/// What an arm is given beyond the served checkpoint's variables.
+#[derive(Default)]
+pub struct Prepared {
+    pub env: Vec<(&'static str, String)>,
+    /// A cache made for this run: synced and removed after it.
+    fresh: Option<tempfile::TempDir>,
+}
+
+/// The snapshot of the checkpoint in the hub cache `cache`.
+fn snapshot_of(cache: &Path) -> PathBuf {
+    cache
+        .join(format!("models--{}", REPO.replace('/', "--")))
+        .join("snapshots")
+        .join(safeload_testhttp::DEFAULT_COMMIT)
+}
+
+/// The hub cache `filled` holds the snapshot of, from the snapshot.
+fn cache_of(snapshot: &Path) -> Option<&Path> {
+    snapshot.parent()?.parent()?.parent()
+}
+
+/// A hub cache holding the checkpoint (filled once, by a cold load in a child, and kept
+/// under `--dir`): its snapshot.
+pub fn filled(
+    o: &Options,
+    root: &Path,
+    target: &Target,
+    env: &[(&'static str, String)],
+) -> Result<PathBuf, String> {
+    let name = root.file_name().and_then(|n| n.to_str()).unwrap_or("ckpt");
+    let cache = o.dir.join(format!("hub-cache-{name}"));
+    let snapshot = snapshot_of(&cache);
+    let whole = |snapshot: &Path| {
+        target.files.iter().all(|(file, len)| {
+            std::fs::metadata(snapshot.join(file)).is_ok_and(|m| m.len() == *len)
+        })
+    };
+    if whole(&snapshot) {
+        return Ok(snapshot);
+    }
+    let json = serde_json::to_string(target).map_err(|e| e.to_string())?;
+    let mut child = Child::new("cache-cold", root)
+        .arg(json)
+        .env_remove(safeload::ENV_VARIABLES)
+        .env_remove(&safeload_testhttp::STORE_VARIABLES)
+        .timeout(Duration::from_secs(o.timeout));
+    for (key, value) in env.iter().chain(&cache_env(&cache)) {
+        child = child.env(key, value);
+    }
+    let out = child.run::<Figures>()?;
+    if let Some(e) = out.figures.error {
+        return Err(format!("filling the hub cache: {e}"));
+    }
+    if !whole(&snapshot) {
+        return Err(format!("{} is not whole after a load", snapshot.display()));
+    }
+    eprintln!("hub cache filled at {}", cache.display());
+    Ok(snapshot)
+}
+
+/// The variables of a load through the hub cache `cache`.
+fn cache_env(cache: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("SAFELOAD_HUB_CACHE", "1".to_owned()),
+        ("HF_HUB_CACHE", cache.display().to_string()),
+    ]
+}
+
+/// What `arm` is given: a new, empty hub cache (`cache-cold`), the filled one with its
+/// blobs dropped from the page cache (`cache-warm`), or those blobs alone dropped
+/// (`local`).
+pub fn prepare(o: &Options, served: &Served, arm: &str) -> Result<Prepared, String> {
+    let snapshot = served.target.snapshot.as_deref();
+    match arm {
+        "cache-cold" => {
+            let fresh = tempfile::Builder::new()
+                .prefix("hub-cache-cold-")
+                .tempdir_in(&o.dir)
+                .map_err(|e| format!("a cache under {}: {e}", o.dir.display()))?;
+            Ok(Prepared {
+                env: cache_env(fresh.path()),
+                fresh: Some(fresh),
+            })
+        }
+        "cache-warm" | "local" => {
+            let snapshot = snapshot.ok_or("no filled hub cache")?;
+            data::evict(&[snapshot])?;
+            let env = match arm {
+                "cache-warm" => cache_env(cache_of(snapshot).ok_or("no cache")?),
+                _ => Vec::new(),
+            };
+            Ok(Prepared { env, fresh: None })
+        }
+        _ => Ok(Prepared::default()),
+    }
+}
+
+/// After an arm: a cache made for it synced (the seconds it took: the writeback the load
+/// left to the kernel, so that the next arm does not pay for it) and removed.
+pub fn finish(prepared: &Prepared) -> Option<f64> {
+    let fresh = prepared.fresh.as_ref()?;
+    let start = Instant::now();
+    let dir = std::fs::File::open(fresh.path()).ok()?;
+    // SAFETY: `syncfs` takes a descriptor, which `dir` keeps open across the call.
+    let synced = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } == 0;
+    let seconds = start.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(fresh.path());
+    synced.then_some(seconds)
+}

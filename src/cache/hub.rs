@@ -350,15 +350,16 @@ impl Target for HubTarget {
         let Some((temp, file)) = made else {
             return Err(NotCached::Unwritable("no free temporary name".to_owned()));
         };
-        let begun = Begun {
+        let mut begun = Begun {
             dir: blobs,
             temp,
             file,
             _lock: lock,
             moved: AtomicBool::new(false),
+            reserved: false,
         };
         // Reserved first: a full disk is found now, not half way.
-        os::reserve(&begun.file, len).map_err(unwritable)?;
+        begun.reserved = os::reserve(&begun.file, len).map_err(unwritable)?;
         Ok(begun)
     }
 

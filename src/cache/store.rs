@@ -149,14 +149,15 @@ impl Target for StoreTarget {
         }
         let temp = layout::temp_name(&self.name, nonce());
         let file = dir.create_new(&temp).map_err(unwritable)?;
-        let begun = Begun {
+        let mut begun = Begun {
             dir,
             temp,
             file,
             _lock: None,
             moved: AtomicBool::new(false),
+            reserved: false,
         };
-        os::reserve(&begun.file, len).map_err(unwritable)?;
+        begun.reserved = os::reserve(&begun.file, len).map_err(unwritable)?;
         Ok(begun)
     }
 

@@ -46,6 +46,10 @@ pub(crate) struct Begun {
     pub _lock: Option<File>,
     /// Set once the temporary name is gone (renamed to the final one).
     pub moved: std::sync::atomic::AtomicBool,
+    /// Whether its space is reserved (`fallocate`): a write within it cannot
+    /// find the disk full, so that a shared map of it cannot fault on a full
+    /// disk (`SIGBUS`).
+    pub reserved: bool,
 }
 
 impl Drop for Begun {
@@ -145,6 +149,12 @@ enum Phase {
 
 struct Progress {
     begun: Arc<Begun>,
+    /// Where the file is mapped shared as the load's destination, in this
+    /// process's addresses: a read that lands there is in the file already
+    /// (it is recorded and hashed, not written); any other is written.
+    mapped: Option<Range<usize>>,
+    /// The file was handed out to be mapped, its map not yet registered.
+    handed: bool,
     /// The byte ranges written, sorted, merged.
     covered: Vec<Range<u64>>,
     /// Bytes from 0 hashed so far.
@@ -238,22 +248,33 @@ impl Write {
         if state.paused && !image {
             return;
         }
-        let begun = match &mut state.phase {
+        let (begun, mapped) = match &mut state.phase {
             Phase::Done(_) => return,
             Phase::Waiting { kept } if end <= self.start_at => {
                 kept.push((offset, bytes.to_vec()));
                 return;
             }
             Phase::Waiting { .. } => match self.begin(&mut state) {
-                Some(begun) => begun,
+                Some(begun) => (begun, false),
                 None => return,
             },
-            Phase::Writing(progress) => Arc::clone(&progress.begun),
+            Phase::Writing(progress) => {
+                // In the map at its own offset: the bytes are in the file.
+                let at = bytes.as_ptr() as usize;
+                let in_file = progress.mapped.as_ref().is_some_and(|map| {
+                    map.contains(&at)
+                        && at + bytes.len() <= map.end
+                        && (at - map.start) as u64 == offset
+                });
+                (Arc::clone(&progress.begun), in_file)
+            }
         };
         drop(state);
-        if let Err(e) = os::write_all_at(&begun.file, bytes, offset) {
-            self.abandon_with(NotCached::of_io(&e));
-            return;
+        if !mapped {
+            if let Err(e) = os::write_all_at(&begun.file, bytes, offset) {
+                self.abandon_with(NotCached::of_io(&e));
+                return;
+            }
         }
         let mut state = self.lock();
         if let Phase::Writing(progress) = &mut state.phase {
@@ -289,6 +310,8 @@ impl Write {
         }
         state.phase = Phase::Writing(Box::new(Progress {
             begun: Arc::clone(&begun),
+            mapped: None,
+            handed: false,
             covered,
             hashed: 0,
             hasher: Some(Hasher::new(self.check, self.len)),
@@ -419,6 +442,32 @@ fn cover(covered: &mut Vec<Range<u64>>, range: Range<u64>) {
 }
 
 impl CacheWrite for Write {
+    fn map_destination(&self) -> Option<File> {
+        let mut state = self.lock();
+        if state.paused || !matches!(state.phase, Phase::Waiting { .. }) {
+            return None;
+        }
+        let begun = self.begin(&mut state)?;
+        match &mut state.phase {
+            // Without reserved space a full disk would fault the map
+            // (`SIGBUS`): such a file is written as it is read instead.
+            Phase::Writing(progress) if begun.reserved => {
+                progress.handed = true;
+                begun.file.try_clone().ok()
+            }
+            _ => None,
+        }
+    }
+
+    fn mapped_at(&self, addresses: Range<usize>) {
+        let mut state = self.lock();
+        if let Phase::Writing(progress) = &mut state.phase {
+            if progress.handed && addresses.len() as u64 == self.len {
+                progress.mapped = Some(addresses);
+            }
+        }
+    }
+
     fn pause(&self) {
         self.lock().paused = true;
     }
@@ -486,6 +535,7 @@ mod tests {
                 file,
                 _lock: None,
                 moved: AtomicBool::new(false),
+                reserved: true,
             })
         }
         fn publish(&self, begun: &Begun) -> io::Result<bool> {

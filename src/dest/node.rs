@@ -46,6 +46,11 @@ impl CopyFill {
 }
 
 impl CopyFill {
+    /// The addresses the writable map of the copy spans in this process.
+    pub(crate) fn addresses(&self) -> std::ops::Range<usize> {
+        self.0.addresses()
+    }
+
     /// Runs `write` on the copy's `len` bytes at `at` (the exchange's
     /// broadcast of a piece into its place).
     pub(crate) fn write_with<R>(

@@ -1,16 +1,18 @@
 //! A load once its files are open, shared by `Loader::load` and `Checkpoint::load_filtered`: prefetch, plan, fill (the read engine), seal, verify, assemble.
 
+mod cached;
 pub(crate) mod engine;
 pub(crate) mod exchange;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::file::life::{Planned, Sealed};
-use crate::file::{OpenedFile, read_error, threads};
+use crate::file::{self, OpenedFile, read_error, threads};
 use crate::memory;
 use crate::node;
 use crate::options::Options;
@@ -85,9 +87,14 @@ impl Run<'_> {
             }
         }
         let (mut copies, pending) = node::share(&opened, opts, env, keep, role);
-        if several {
-            cache_copies(&opened, &copies, role);
-        }
+        // The files fetched through a cache: written from the node copy, or
+        // (read by this process alone) fetched into the file being written.
+        let cache_maps = if several {
+            cached::after_node_copies(&opened, &copies, role);
+            Vec::new()
+        } else {
+            cached::map_destinations(&opened, &mut copies, opts, keep)
+        };
         let job = prefetch::Job {
             local_rank: opts.local_rank,
             memory_available: opts.memory_available,
@@ -153,6 +160,12 @@ impl Run<'_> {
                 _ => (c.note(), 0),
             })
             .collect();
+        // A cache's file as the destination is no node copy: nothing to say.
+        for (i, _) in &cache_maps {
+            if let Some((note, _)) = notes_of_copies.get_mut(*i) {
+                *note = None;
+            }
+        }
         for ((&(file, started_at), plan), copy) in files.iter().zip(plans).zip(&mut copies) {
             let copy = match std::mem::replace(copy, node::PerFile::Absent) {
                 node::PerFile::Copy { storage, .. } => Some(storage),
@@ -169,10 +182,12 @@ impl Run<'_> {
             (opts.io_concurrency, opts.read_size),
         );
         let verify = policy::verify(opts.verify, env, !opts.expected_sha256.is_empty());
-        // The node copies this load fills itself (the participant's).
+        // The node copies this load fills itself (the participant's), and
+        // the files being written to a cache that are the load's destination.
         let (copy_index, copy_files): (Vec<usize>, Vec<exchange::Copy<'_>>) = pending
             .iter()
             .flat_map(|p| &p.files)
+            .chain(&cache_maps)
             .filter_map(|(i, writer)| Some((*i, (files.get(*i)?.0, writer))))
             .unzip();
         // Split between the nodes of a job, where they agree on the files.
@@ -203,6 +218,16 @@ impl Run<'_> {
         for (&i, read) in copy_index.iter().zip(copies_read) {
             if let Some((_, bytes_read)) = notes_of_copies.get_mut(i) {
                 *bytes_read += read;
+            }
+            // A cache's file is done when its last read is.
+            if cache_maps.iter().any(|(k, _)| *k == i) {
+                if let Some(filling) = filling.get_mut(i) {
+                    let done = file::since(clock);
+                    filling
+                        .parts()
+                        .finished_at
+                        .fetch_max(done, Ordering::Relaxed);
+                }
             }
         }
         let (io, readers) = engine::read_all(
@@ -261,32 +286,6 @@ impl Run<'_> {
             }
         }
         Ok(state_dict)
-    }
-}
-
-/// What becomes of the cache writes of files fetched through a cache when
-/// several local ranks load them (their reads were paused): a file with a
-/// node copy is written whole from the copy by the rank that made it (and
-/// by no other), once, after the copy is complete; a file without one is
-/// written as this rank reads it.
-fn cache_copies(files: &[&OpenedFile], copies: &[node::PerFile], role: node::Role) {
-    use crate::source::NotCached;
-    for (file, copy) in files.iter().zip(copies) {
-        let Some(write) = file.source().cache_write() else {
-            continue;
-        };
-        match copy {
-            node::PerFile::Copy { .. } if role != node::Role::Queue => {
-                write.abandon(NotCached::Exchange);
-            }
-            node::PerFile::Copy {
-                storage,
-                made_here: true,
-                ..
-            } => write.write_image(storage.bytes()),
-            node::PerFile::Copy { .. } => write.abandon(NotCached::OtherRank),
-            _ => write.resume(),
-        }
     }
 }
 

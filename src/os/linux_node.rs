@@ -52,6 +52,13 @@ impl SharedBytes {
         })
     }
 
+    /// The addresses the map spans in this process: a read whose
+    /// destination lies in them lands in the file itself.
+    pub(crate) fn addresses(&self) -> std::ops::Range<usize> {
+        let start = self.map.as_ptr() as usize;
+        start..start + self.map.len()
+    }
+
     /// Fills `len` bytes of the map at `at` with `read` (which reads them
     /// from offset `offset` of a file); fails without writing where the
     /// range is outside the map or overlaps a read of this process in

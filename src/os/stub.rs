@@ -275,6 +275,11 @@ impl SharedBytes {
         Err((offset, io::Error::from(io::ErrorKind::Unsupported)))
     }
 
+    /// Nothing (never reached: nothing maps one).
+    pub(crate) fn addresses(&self) -> std::ops::Range<usize> {
+        0..0
+    }
+
     /// Unsupported (never reached: nothing maps one).
     pub(crate) fn write_with<R>(
         &self,

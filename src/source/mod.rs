@@ -118,6 +118,19 @@ pub(crate) trait CacheWrite: Send + Sync {
     /// copy), then checks and publishes it as a fetched file would be.
     fn write_image(&self, image: &[u8]);
 
+    /// The file being written, its space reserved, for the load to map
+    /// shared as the destination of its reads, which then land once, in
+    /// the page cache, and are published once every byte is in and checked
+    /// (the reads still go through the source, which hashes them); `None`
+    /// where the write cannot begin, has begun, or its space cannot be
+    /// reserved (a full disk would then fault the map).
+    fn map_destination(&self) -> Option<std::fs::File>;
+
+    /// The file of [`map_destination`](Self::map_destination) is mapped
+    /// shared at these addresses of this process: a read landing there at
+    /// its own offset is in the file already.
+    fn mapped_at(&self, addresses: std::ops::Range<usize>);
+
     /// The file is not written to the cache, for this reason.
     fn abandon(&self, why: NotCached);
 }

@@ -55,7 +55,9 @@
 //! - [`Options::replace_after`], [`Server::replace`]: an object is replaced, from a moment
 //!   on, by other contents (and so another ETag).
 //! - [`Options::token`]: every request needs `Authorization: Bearer <token>` (401 without
-//!   one, 403 with another), as the hub for a private or gated repository.
+//!   one, 403 with another), as the hub for a private or gated repository; but not those
+//!   on the host [`Options::hub_redirect`] sends a client to, which stands for the hub's
+//!   CDN and its signed URLs.
 //!
 //! # Counters and bounds
 //!

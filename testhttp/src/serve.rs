@@ -166,7 +166,14 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
         return Ok(after);
     }
 
-    if let Some(token) = &options.token {
+    // The host the hub route redirects to (loopback by its other name, `http::cdn_host`)
+    // stands for the hub's CDN, whose signed URLs need no token (and a client drops its
+    // `Authorization` on a redirect to another host).
+    let cdn = options.hub_redirect
+        && request
+            .header("host")
+            .is_some_and(|h| h.starts_with("localhost"));
+    if let Some(token) = options.token.as_ref().filter(|_| !cdn) {
         // As the hub for a private or gated repository: 401 without a token, 403 with
         // another one.
         let status = match request.header("authorization") {

@@ -131,6 +131,8 @@ struct Report {
     digest: String,
     /// File name -> (the cache's use as a code, its words, the path loaded).
     files: BTreeMap<String, (String, String, String)>,
+    /// File name -> (bytes the load read of it, its size).
+    read: BTreeMap<String, (u64, u64)>,
 }
 
 impl Report {
@@ -180,7 +182,13 @@ fn load_command(url: &str, vars: &[(&'static str, String)]) -> std::process::Com
 fn parse(stdout: &str) -> Report {
     let mut report = Report::default();
     for line in stdout.lines() {
-        if let Some((_, d)) = line.split_once("HUB-DIGEST ") {
+        if let Some((_, rest)) = line.split_once("HUB-READ ") {
+            let parts: Vec<&str> = rest.split(' ').collect();
+            if let [name, read, size] = parts[..] {
+                let n = |t: &str| t.parse::<u64>().unwrap_or_default();
+                report.read.insert(name.to_owned(), (n(read), n(size)));
+            }
+        } else if let Some((_, d)) = line.split_once("HUB-DIGEST ") {
             report.digest = d.trim().to_owned();
         } else if let Some((_, rest)) = line.split_once("HUB-FILE ") {
             let mut parts = rest.splitn(4, '\t');
@@ -269,6 +277,7 @@ fn act_load() {
             None => ("none".to_owned(), String::new()),
         };
         println!("HUB-FILE {name}\t{code}\t{words}\t{}", file.path.display());
+        println!("HUB-READ {name} {} {}", file.bytes_read, file.size);
         // A hit is the ordinary local path: mapped on a local disk.
         if matches!(file.cache, Some(CacheUse::Hit { .. })) {
             assert_eq!(file.strategy, safeload::report::Strategy::Mmap, "{file:?}");
@@ -491,6 +500,49 @@ fn a_load_of_part_of_a_file_leaves_nothing_partial() {
     // What was read whole is cached, and a later load of everything finds it.
     let all = hub.load("hf://org/model", &[]);
     assert_eq!(all.digest, hub.digest());
+}
+
+#[test]
+fn a_file_read_whole_is_fetched_into_the_file_being_written() {
+    // Tensors aligned in their files (F32 only): each file is fetched whole into a shared map
+    // of the cache's temporary file, header included, and its tensors are views of it.
+    let files = tempfile::tempdir().unwrap();
+    let specs: Vec<Spec> = (0..6)
+        .map(|i| spec(&format!("w{i}"), Dtype::F32, &[128, 1024]))
+        .collect();
+    write_sharded(files.path(), &specs, 2);
+    let server = Server::start(files.path(), Options::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let vars = [
+        ("HF_ENDPOINT", server.url()),
+        ("HF_HUB_CACHE", cache.path().display().to_string()),
+    ];
+    let cold = run_load("hf://org/aligned", &vars);
+    assert_eq!(
+        cold.digest,
+        digest_of(&naive_load(&shards_of(files.path())))
+    );
+    for i in 0..2 {
+        let name = shard_name(i, 2);
+        assert_eq!(cold.code(&name), "written", "{cold:#?}");
+        let (read, size) = cold.read[&name];
+        assert_eq!(
+            read, size,
+            "{name}: the whole file, header and all, into its map"
+        );
+    }
+    // Filtered, a file is read in part: written as it is read, and not published.
+    let cache = tempfile::tempdir().unwrap();
+    let vars = [
+        ("HF_ENDPOINT", server.url()),
+        ("HF_HUB_CACHE", cache.path().display().to_string()),
+        (FILTER, "w0".to_owned()),
+    ];
+    let part = run_load("hf://org/aligned", &vars);
+    let (name, &(read, size)) = part.read.iter().next().unwrap();
+    assert!(read < size, "{part:#?}");
+    assert_eq!(part.code(name), "not_cached");
+    assert!(incomplete(cache.path()).is_empty());
 }
 
 #[test]

@@ -1,0 +1,113 @@
+//! A load's files written to a cache as they are fetched (feature `remote`, `src/cache/`): where the file being written is the load's destination (a shared map of it), and what becomes of the writes when local ranks share node copies.
+//!
+//! NOTE: a file read whole is fetched straight into a shared map of the
+//! cache's temporary file (its space reserved with `fallocate` first, so
+//! that a full disk is an error at the start, never a `SIGBUS`), and its
+//! tensors are views of that map, which stays valid when the file is
+//! renamed into the cache: the bytes land once, in the page cache, and the
+//! kernel writes them back. Rejected, by measurement: writing the loaded
+//! buffer's bytes to the file as they land (`pwrite` from each reader, as
+//! `cache::write` still does for files read in part or converted). On the
+//! 2-vCPU development VM (2026-12-02, `cargo bench --features remote --bench
+//! cache_write`, 2 GiB in 16 MiB pieces on 16 threads, the network taken
+//! away, 5 rounds interleaved, medians (min-max)): the loaded buffer alone
+//! 4.04 s (1.55-4.94), the buffer written through 15.7 s (6.9-17.4), 9.8
+//! CPU s, the shared map 4.63 s (3.65-6.25), 3.3 CPU s. Profiled, the
+//! written-through buffer spends 42 % of its CPU in the kernel's copy into
+//! the page cache and 40 % zeroing the buffer's fresh pages: it touches two
+//! checkpoints of fresh memory where the map touches one (on this VM,
+//! fresh memory is what a load pays most for). The machine was shared and
+//! noisy (load average 2-12).
+
+use std::sync::Arc;
+
+use crate::dest::node::{self as copy, CopyFill};
+use crate::file::OpenedFile;
+use crate::node;
+use crate::options::Options;
+use crate::policy::Strategy;
+use crate::source::NotCached;
+use crate::storage::BufferLayout;
+
+/// For each file fetched whole through a cache, read by this process alone
+/// (no node copy): the file being written, mapped shared as its
+/// destination (its `copies` slot becomes that map, which the plan views as
+/// the file's map), and the writer the load fills it through; by index.
+pub(crate) fn map_destinations(
+    files: &[&OpenedFile],
+    copies: &mut [node::PerFile],
+    opts: &Options,
+    keep: Option<&(dyn Fn(&str) -> bool + Sync)>,
+) -> Vec<(usize, CopyFill)> {
+    let mut maps = Vec::new();
+    for (i, (file, slot)) in files.iter().zip(copies.iter_mut()).enumerate() {
+        let Some(write) = file.source().cache_write() else {
+            continue;
+        };
+        if file.map().is_some()
+            || file.decision().strategy != Strategy::Buffered
+            || !matches!(slot, node::PerFile::Absent)
+        {
+            continue;
+        }
+        // What a node copy needs is what this needs: every tensor, as it is
+        // in the file, aligned for typed views of the map.
+        let header = file.header();
+        let facts = node::Facts {
+            all_tensors: keep.is_none_or(|keep| header.tensors.iter().all(|t| keep(&t.name))),
+            converting: opts.dtype.is_some(),
+            aligned: BufferLayout::for_file(header, &vec![true; header.tensors.len()]).image,
+            identity: true,
+        };
+        if node::eligible(facts).is_err() {
+            continue;
+        }
+        let Some(temp) = write.map_destination() else {
+            continue;
+        };
+        let held = temp.try_clone();
+        let mapped = CopyFill::new(&temp).and_then(|fill| {
+            let held: Box<dyn Send + Sync> = Box::new(held?);
+            Ok((fill, copy::seal(&temp, file.path(), held)?))
+        });
+        match mapped {
+            Ok((fill, storage)) => {
+                write.mapped_at(fill.addresses());
+                *slot = node::PerFile::Copy {
+                    storage: Arc::new(storage),
+                    note: String::new(),
+                    bytes_read: 0,
+                    made_here: true,
+                };
+                maps.push((i, fill));
+            }
+            Err(e) => write.abandon(NotCached::of_io(&e)),
+        }
+    }
+    maps
+}
+
+/// What becomes of the cache writes of files fetched through a cache when
+/// several local ranks load them (their reads were paused): a file with a
+/// node copy is written whole from the copy by the rank that made it (and
+/// by no other), once, after the copy is complete; a file without one is
+/// written as this rank reads it.
+pub(crate) fn after_node_copies(files: &[&OpenedFile], copies: &[node::PerFile], role: node::Role) {
+    for (file, copy) in files.iter().zip(copies) {
+        let Some(write) = file.source().cache_write() else {
+            continue;
+        };
+        match copy {
+            node::PerFile::Copy { .. } if role != node::Role::Queue => {
+                write.abandon(NotCached::Exchange);
+            }
+            node::PerFile::Copy {
+                storage,
+                made_here: true,
+                ..
+            } => write.write_image(storage.bytes()),
+            node::PerFile::Copy { .. } => write.abandon(NotCached::OtherRank),
+            _ => write.resume(),
+        }
+    }
+}

@@ -15,7 +15,9 @@
 //! feature every call that takes a path also takes the address of a checkpoint
 //! in an object store or on the Hugging Face hub (`s3://bucket/prefix`,
 //! `hf://org/repo@revision`, `https://host/dir/`), read by ranged requests
-//! with no mount and no download (README, "Remote checkpoints").
+//! with no mount and no download (README, "Remote checkpoints"); `hf://`
+//! through the Hugging Face cache the hub's own clients share, so that a
+//! restart loads from the local disk.
 //!
 //! # Which call do I use
 //!
@@ -39,6 +41,8 @@
 //! | tell "missing" from "corrupt" | [`Error::is_not_found`], [`Error::is_corrupt`] |
 //! | is a path on hf-mount / FUSE | [`mount::is_on_hf_mount`], [`mount::lookup`] |
 //! | load from S3, GCS, Azure, HTTP or the hub (feature `remote`) | any of the above with `s3://…`, `hf://org/repo@rev`, `https://…` for the path |
+//! | restart from the Hugging Face cache, filled as the hub's clients fill it (feature `remote`) | `hf://…` reads and writes it by default ([`Loader::hub_cache`]); what it holds: `hub_cache()` |
+//! | keep what `s3://`, `gs://`, `az://`, `https://` loads fetched (feature `remote`) | [`Loader::cache_dir`] |
 //!
 //! # Loading
 //!
@@ -148,6 +152,10 @@
 //! | `SAFELOAD_PREFETCH=<streams>` (`HF_SHARD_PREFETCH`) | warm the page cache first | [`Loader::prefetch`] |
 //! | `SAFELOAD_VERIFY=1` / `0` | check each file's SHA-256 | [`Loader::verify`] |
 //! | `LOCAL_RANK`/`LOCAL_WORLD_SIZE`, `SLURM_LOCALID`, Open MPI's, MPICH's | this process's local rank, for prefetch | [`Loader::local_rank`] |
+//! | `SAFELOAD_HUB_CACHE=0` | `hf://` streams, the Hugging Face cache neither read nor written | [`Loader::hub_cache`] |
+//! | `HF_HUB_CACHE`, `HF_HOME` | where the Hugging Face cache is (else `~/.cache/huggingface/hub`) | |
+//! | `HF_HUB_OFFLINE=1` | `hf://` asks the hub nothing: what the cache lacks is an error | |
+//! | `SAFELOAD_CACHE_DIR=<dir>` | `s3://`, `gs://`, `az://`, `http(s)://` read and write a cache there | [`Loader::cache_dir`] |
 //!
 //! # Memory
 //!

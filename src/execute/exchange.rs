@@ -270,10 +270,21 @@ pub(crate) fn read_copies(
     }
     let files: Vec<&OpenedFile> = copies.iter().map(|(f, _)| *f).collect();
     let _direct = crate::node::direct_reads(&files, opts);
+    // A cancelled load stops before its next read, as the read engine does.
+    let cancel = crate::cancel::current();
     crate::workers::map(&reads, readers, "safeload-copy", |&(k, offset, len)| {
         let Some(&(file, writer)) = copies.get(k) else {
             return Ok(());
         };
+        if cancel.is_set() {
+            let stopped = crate::cancel::stopped();
+            return Err(Error::io(
+                Operation::Read,
+                file.path(),
+                Some(offset),
+                stopped,
+            ));
+        }
         writer
             .read_chunk(file.source(), offset, len)
             .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))

@@ -199,8 +199,9 @@ fn a_cache_too_small_for_the_checkpoint_costs_the_cache_not_the_load() {
 
 #[test]
 fn a_killed_load_publishes_nothing_and_the_next_load_does() {
-    // Slow enough to be killed half way: 1 MiB/s for ~6 MiB.
-    let hub = Hub::new(Options {
+    // Slow enough to be killed half way: 1 MiB/s for ~6 MiB (each file fetched into the
+    // file being written).
+    let hub = Hub::aligned(Options {
         bandwidth_bytes_per_sec: Some(1 << 20),
         latency: Some(Duration::from_millis(20)),
         ..Options::default()
@@ -237,6 +238,36 @@ fn a_killed_load_publishes_nothing_and_the_next_load_does() {
         assert_eq!(next.code(name), "written", "{next:#?}");
         assert_cached(&hub, name);
     }
+}
+
+#[test]
+fn a_cancelled_load_publishes_nothing_and_leaves_nothing() {
+    // ~6 MiB at 1 MiB/s, each file fetched into the file being written: cancelled half a
+    // second in.
+    let hub = Hub::aligned(Options {
+        bandwidth_bytes_per_sec: Some(1 << 20),
+        ..Options::default()
+    });
+    let e = hub.fail(
+        "hf://org/model",
+        &[("SAFELOAD_TEST_HUB_CANCEL_MS", "500".to_owned())],
+    );
+    assert!(e.contains("cancelled=true"), "{e}");
+    for i in 0..3 {
+        let name = shard_name(i, 3);
+        assert!(
+            !blobs(&hub).contains(&sha256_hex(&hub.bytes(&name))),
+            "{name}"
+        );
+        assert!(std::fs::symlink_metadata(hub.snapshot().join(&name)).is_err());
+    }
+    assert!(
+        incomplete(hub.cache.path()).is_empty(),
+        "{:?}",
+        tree(hub.cache.path())
+    );
+    let next = hub.load("hf://org/model", &[]);
+    assert_eq!(next.digest, hub.digest());
 }
 
 /// Starts a load that holds its tensors once loaded until told to go.
@@ -282,7 +313,8 @@ fn release(mut child: std::process::Child, mut out: BufReader<std::process::Chil
 
 #[test]
 fn two_processes_loading_one_cold_repository_both_load_and_publish_each_file_once() {
-    let hub = Hub::new(Options {
+    // Each file fetched into the file being written by the process whose lock it is.
+    let hub = Hub::aligned(Options {
         latency: Some(Duration::from_millis(10)),
         ..Options::default()
     });

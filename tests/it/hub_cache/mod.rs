@@ -49,12 +49,25 @@ struct Hub {
 
 impl Hub {
     fn new(options: Options) -> Hub {
-        let files = tempfile::tempdir().unwrap();
         let mut specs = every_dtype();
         for i in 0..6 {
             specs.push(spec(&format!("big.{i}"), Dtype::F32, &[256, 1024 + i]));
         }
-        write_sharded(files.path(), &specs, 3);
+        Hub::of(&specs, options)
+    }
+
+    /// Tensors aligned in their files (F32 only, ~6 MiB): each file read whole is fetched
+    /// into a shared map of the file being written.
+    fn aligned(options: Options) -> Hub {
+        let specs: Vec<Spec> = (0..12)
+            .map(|i| spec(&format!("w{i:02}"), Dtype::F32, &[128, 1024]))
+            .collect();
+        Hub::of(&specs, options)
+    }
+
+    fn of(specs: &[Spec], options: Options) -> Hub {
+        let files = tempfile::tempdir().unwrap();
+        write_sharded(files.path(), specs, 3);
         std::fs::write(
             files.path().join("config.json"),
             br#"{"model_type": "test"}"#,
@@ -259,12 +272,22 @@ fn act_load() {
     if std::env::var(BUILDER_CACHE).is_ok_and(|v| v == "0") {
         loader = loader.hub_cache(false);
     }
+    if let Ok(ms) = std::env::var("SAFELOAD_TEST_HUB_CANCEL_MS") {
+        // Cancelled from another thread while it reads.
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        loader = loader.cancel_on(std::sync::Arc::clone(&flag));
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(ms.parse().unwrap()));
+            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
     if std::env::var_os("SAFELOAD_TEST_HUB_EXPECT_ERROR").is_some() {
         let e = loader.load(&url).unwrap_err();
         println!(
-            "HUB-ERROR {e} [not_found={} corrupt={}]",
+            "HUB-ERROR {e} [not_found={} corrupt={} cancelled={}]",
             e.is_not_found(),
-            e.is_corrupt()
+            e.is_corrupt(),
+            e.kind() == &safeload::ErrorKind::Cancelled
         );
         return;
     }

@@ -52,7 +52,8 @@ pub(crate) fn populate_read(map: &Mmap, offset: usize, len: usize) -> io::Result
 }
 
 /// Faults in the whole pages of `dst`, a range of a private anonymous
-/// buffer, writable (`MADV_POPULATE_WRITE`, Linux 5.14+), so that a read
+/// buffer or of a shared map being filled, writable (`MADV_POPULATE_WRITE`,
+/// Linux 5.14+), so that a read
 /// into it later takes no page faults. The contents are unchanged: a page
 /// already present is left as it is, a missing one arrives zero-filled, as
 /// a fault would bring it. A hint: errors (an old kernel's `EINVAL`, memory

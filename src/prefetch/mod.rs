@@ -58,9 +58,6 @@
 
 mod fill;
 mod launcher;
-pub use launcher::RankSource;
-mod skip;
-pub use skip::SkipReason;
 mod load;
 mod options;
 mod owner;

@@ -11,13 +11,13 @@ use super::owner::Owner;
 use super::plan::Chunk;
 use super::queue::{ChunkState, DONE, FREE, SKIPPED, SlotState, chunk_state, slot_state};
 use super::residency::Target;
-use super::skip::SkipReason;
 use super::takeover::{self, Verdict, Watch};
 use crate::error::Operation;
 use crate::error::{Error, Result};
 use crate::os;
 use crate::policy::PrefetchMethod;
 use crate::progress::Meter;
+use crate::report::SkipReason;
 use crate::workers;
 
 /// How often a reader with nothing to claim looks at the queue again.

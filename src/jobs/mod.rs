@@ -510,22 +510,13 @@ fn why_populate_failed(file: &File, offset: u64, len: usize, error: io::Error) -
     if error.raw_os_error() != Some(EFAULT) {
         return (offset, error);
     }
-    let mut scratch = vec![0u8; len.min(1 << 20)];
     let end = offset + len as u64;
-    let mut at = offset;
-    while at < end {
-        let n = usize::try_from(end - at)
-            .unwrap_or(usize::MAX)
-            .min(scratch.len());
-        let Some(buf) = scratch.get_mut(..n) else {
-            break;
-        };
-        if let Err(failure) = os::read_exact_at(file, buf, at) {
-            return failure;
-        }
-        at += n as u64;
+    match os::read_in_steps(offset..end, &mut Vec::new(), 1 << 20, |buf, at| {
+        os::read_exact_at(file, buf, at)
+    }) {
+        Err(failure) => failure,
+        Ok(()) => (offset, error),
     }
-    (offset, error)
 }
 
 thread_local! {

@@ -35,7 +35,7 @@ const WILLNEED_POLL: Duration = Duration::from_micros(500);
 const WILLNEED_IDLE: Duration = Duration::from_millis(50);
 
 /// The largest read of the `Pread` method: one scratch buffer per reader.
-const SCRATCH: u64 = 8 << 20;
+const SCRATCH: usize = 8 << 20;
 
 /// What the readers of one rank work from.
 pub(super) struct Work<'a> {
@@ -451,26 +451,11 @@ fn swap(word: &AtomicU64, from: u64, to: u64) -> bool {
 /// at most 8 MiB. A file that ends early ends the chunk (the load reports
 /// the truncation).
 fn read_chunk(target: &Target, file: &File, chunk: Chunk, scratch: &mut Vec<u8>) -> Result<()> {
-    let want = usize::try_from(chunk.len.min(SCRATCH))
-        .unwrap_or(1 << 20)
-        .max(1);
-    if scratch.len() < want {
-        scratch.resize(want, 0);
-    }
-    let mut offset = chunk.offset;
-    let end = chunk.offset + chunk.len;
-    while offset < end {
-        let len = usize::try_from(end - offset)
-            .unwrap_or(usize::MAX)
-            .min(scratch.len());
-        let Some(buf) = scratch.get_mut(..len) else {
-            break;
-        };
-        os::read_at_least(file, buf, 0, offset)
-            .map_err(|(at, e)| Error::io(Operation::Prefetch, &target.path, Some(at), e))?;
-        offset += len as u64;
-    }
-    Ok(())
+    let range = chunk.offset..chunk.offset + chunk.len;
+    os::read_in_steps(range, scratch, SCRATCH, |buf, at| {
+        os::read_at_least(file, buf, 0, at)
+    })
+    .map_err(|(at, e)| Error::io(Operation::Prefetch, &target.path, Some(at), e))
 }
 
 /// Asks for a chunk with `WILLNEED` in pieces the kernel honours whole,

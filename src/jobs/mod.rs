@@ -17,13 +17,6 @@ use crate::format::header::Header;
 use crate::os;
 use crate::workers;
 
-/// The default size of one read of a buffered file.
-///
-/// NOTE: set by the `load` benchmark (BENCHMARKS.md): large enough that
-/// per-request overhead vanishes and a FUSE mount sees requests in flight,
-/// small enough that readers stay balanced at the tail.
-pub(crate) const DEFAULT_READ_SIZE: usize = 8 << 20;
-
 /// One unit of I/O.
 pub(crate) enum Job<'a> {
     /// A positional read into its final destination. `required` bytes must

@@ -76,10 +76,14 @@ pub(super) fn fill(
         .as_ref()
         .map_or(super::STREAMS, |p| p.stream_count().max(1));
     // A rank that took the copy unfinished just before the last filler
-    // offered it complete finds it complete here, and fills nothing.
+    // offered it complete finds it complete here, and fills nothing. Asked
+    // under the queue file's lock: only this user's holders are asked, each
+    // for at most the handoff's patience (`ask.rs`).
     let done_elsewhere = || {
         let me = prefetch::Owner::current();
-        super::find(dir, key, me, true, &mut Vec::new()).0.is_some()
+        super::ask::find(dir, key, me, true, &mut super::ask::Remarks::default())
+            .0
+            .is_some()
     };
     let outcome = prefetch::fill_shared(
         &lens,

@@ -1,9 +1,13 @@
 //! A node copy handed from rank to rank: the offer (which files, their lengths, whether the copy is complete) sent with the memory files attached over a Unix socket (`SCM_RIGHTS`), both ends checked to be this user's processes (`SO_PEERCRED`).
 //!
 //! Every rank that holds a copy hands it out, for as long as it holds it
-//! (a [`Server`] thread, stopped when its last tensor of the copy is
-//! dropped), so that a rank that joins late finds it even when the rank
-//! that created it is gone.
+//! (a [`Server`] thread, asleep in `poll(2)` until a peer connects, stopped
+//! when its last tensor of the copy is dropped), so that a rank that joins
+//! late finds it even when the rank that created it is gone.
+//!
+//! Every wait on a peer is bounded by [`PATIENCE`]: the connect (a
+//! listener that never accepts, or whose backlog is full, would hold a
+//! blocking `connect(2)` for as long as it lives), the receive, the send.
 
 use std::fs::File;
 use std::io;
@@ -11,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::os::{self, FdListener, FdStream};
+use crate::os::{self, FdListener, FdStream, StopListening};
 
 /// The most memory files one offer carries: the kernel's `SCM_MAX_FD` is
 /// 253 per message, and one message is one offer.
@@ -25,12 +29,10 @@ const MAGIC: u64 = u64::from_le_bytes(*b"SLNODE01");
 /// hold up the others for long (it is then taken as not answering).
 pub(crate) const PATIENCE: Duration = Duration::from_secs(2);
 
-/// How often a serving thread looks for a connection, or for its stop: a
-/// non-blocking accept polled, so that dropping the copy stops the thread
-/// without a connection of its own to wake it (100 wake-ups a second of a
-/// thread that does nothing else, for as long as the rank holds tensors of
-/// the copy).
-const POLL: Duration = Duration::from_millis(10);
+/// How long a serving thread rests after an error of `accept(2)` or
+/// `poll(2)` other than a peer gone (out of descriptors, say), so that an
+/// error that lasts does not spin it.
+const BACK_OFF: Duration = Duration::from_millis(100);
 
 /// What a copy holds: per file of the copy, its index among the load's
 /// files and its length.
@@ -96,9 +98,10 @@ pub(crate) enum Refused {
 
 /// Takes the offer of the socket at `path`: the peer must be this user's
 /// process `pid`; the files must be sealed memory files of the lengths
-/// offered.
+/// offered. Connecting and receiving take at most [`PATIENCE`] together.
 pub(crate) fn take(path: &Path, pid: u32, key: u64) -> Result<(Offer, Vec<File>), Refused> {
     let failed = |what: &str, e: io::Error| Refused::Failed(format!("{what}: {e}"));
+    let deadline = Instant::now() + PATIENCE;
     let stream = FdStream::connect(path, PATIENCE).map_err(|e| failed("connecting", e))?;
     let (peer_pid, peer_uid) = stream.peer().map_err(|e| failed("credentials", e))?;
     if Some(peer_uid) != os::effective_uid() {
@@ -112,6 +115,10 @@ pub(crate) fn take(path: &Path, pid: u32, key: u64) -> Result<(Offer, Vec<File>)
             "pid {peer_pid} answered for pid {pid}"
         )));
     }
+    let left = deadline.saturating_duration_since(Instant::now());
+    stream
+        .set_timeout(left)
+        .map_err(|e| failed("receiving", e))?;
     let mut buf = vec![0u8; 32 + 16 * MAX_FILES + 8];
     let (n, files) = stream
         .recv(&mut buf, MAX_FILES)
@@ -131,17 +138,13 @@ pub(crate) fn take(path: &Path, pid: u32, key: u64) -> Result<(Offer, Vec<File>)
     Ok((offer, files))
 }
 
-/// What a serving thread shares with the rank that started it.
-struct Shared {
-    stop: AtomicBool,
-    complete: AtomicBool,
-}
-
 /// A rank's copy handed out to the other ranks from a thread of its own,
-/// until dropped; dropping it removes the socket.
+/// until dropped; dropping it removes the socket and wakes the thread to
+/// end.
 pub(crate) struct Server {
     path: PathBuf,
-    shared: Arc<Shared>,
+    complete: Arc<AtomicBool>,
+    stop: StopListening,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -150,11 +153,9 @@ impl Server {
     /// [`Server::complete`] says) to every process of this user that asks.
     pub(crate) fn start(path: &Path, offer: Offer, files: Vec<File>) -> io::Result<Server> {
         let listener = FdListener::bind(path)?;
-        let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
-            complete: AtomicBool::new(offer.complete),
-        });
-        let theirs = Arc::clone(&shared);
+        let stop = listener.stopper();
+        let complete = Arc::new(AtomicBool::new(offer.complete));
+        let theirs = Arc::clone(&complete);
         let thread = std::thread::Builder::new()
             .name("safeload-node-copy".into())
             .spawn(move || serve(&listener, offer, &files, &theirs));
@@ -167,7 +168,8 @@ impl Server {
         };
         Ok(Server {
             path: path.to_path_buf(),
-            shared,
+            complete,
+            stop,
             thread: Some(thread),
         })
     }
@@ -175,13 +177,13 @@ impl Server {
     /// From now on the copy is offered as complete: a rank that joins maps
     /// it at once.
     pub(crate) fn complete(&self) {
-        self.shared.complete.store(true, Ordering::Release);
+        self.complete.store(true, Ordering::Release);
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
+        self.stop.stop();
         let _ = std::fs::remove_file(&self.path);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -189,18 +191,16 @@ impl Drop for Server {
     }
 }
 
-fn serve(listener: &FdListener, mut offer: Offer, files: &[File], shared: &Shared) {
+/// Hands out the copy to each peer of this user that connects, until
+/// stopped; asleep in between.
+fn serve(listener: &FdListener, mut offer: Offer, files: &[File], complete: &AtomicBool) {
     let files: Vec<&File> = files.iter().collect();
-    while !shared.stop.load(Ordering::Acquire) {
-        let stream = match listener.accept() {
-            Ok(stream) => stream,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(POLL);
-                continue;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+    loop {
+        let stream = match listener.next() {
+            Ok(Some(stream)) => stream,
+            Ok(None) => return,
             Err(_) => {
-                std::thread::sleep(POLL);
+                std::thread::sleep(BACK_OFF);
                 continue;
             }
         };
@@ -212,7 +212,7 @@ fn serve(listener: &FdListener, mut offer: Offer, files: &[File], shared: &Share
         if !ours || stream.set_timeout(PATIENCE).is_err() {
             continue;
         }
-        offer.complete = shared.complete.load(Ordering::Acquire);
+        offer.complete = complete.load(Ordering::Acquire);
         let _ = stream.send(&offer.encode(), &files);
     }
 }
@@ -274,5 +274,39 @@ mod tests {
         drop(server);
         assert!(!path.exists(), "the socket goes with the server");
         assert!(matches!(take(&path, me, 9), Err(Refused::Failed(_))));
+    }
+
+    // Sockets need the Linux OS layer.
+    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+    #[test]
+    fn a_listener_that_never_answers_costs_at_most_the_patience() {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+        let dir = tempfile::tempdir().unwrap();
+        let socket = || rustix::net::socket(AddressFamily::UNIX, SocketType::STREAM, None).unwrap();
+        let me = std::process::id();
+        // A backlog of 0 holds one connection: with it taken, a blocking
+        // connect(2) would wait for as long as the listener lives.
+        let full = dir.path().join("full.sock");
+        let listener = socket();
+        rustix::net::bind(&listener, &SocketAddrUnix::new(&full).unwrap()).unwrap();
+        rustix::net::listen(&listener, 0).unwrap();
+        let queued = socket();
+        rustix::net::connect(&queued, &SocketAddrUnix::new(&full).unwrap()).unwrap();
+        // Room in its backlog, never an answer.
+        let silent = dir.path().join("silent.sock");
+        let _silent = std::os::unix::net::UnixListener::bind(&silent).unwrap();
+        for (path, what) in [(&full, "connecting"), (&silent, "receiving")] {
+            let started = std::time::Instant::now();
+            let refused = take(path, me, 1);
+            let took = started.elapsed();
+            assert!(
+                matches!(&refused, Err(Refused::Failed(why)) if why.starts_with(what)),
+                "{path:?}: {refused:?}"
+            );
+            assert!(
+                took >= PATIENCE && took < PATIENCE + Duration::from_secs(1),
+                "{path:?}: {took:?}"
+            );
+        }
     }
 }

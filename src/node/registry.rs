@@ -19,12 +19,22 @@
 //! copy on the node, of any job, removes the sockets of dead owners and the
 //! lock files no live owner's socket goes with ([`sweep`]), each under its
 //! lock, never anything of a live rank.
+//!
+//! The directory is shared (`/dev/shm` is every user's): any local user can
+//! make a name that parses as a holder's socket or a lock. Each name is
+//! looked at by `lstat(2)` before anything else ([`entries`]): a name that
+//! is not this user's, or a holder's name that is not a socket, is never
+//! connected to, followed, removed or counted as a live holder; it is
+//! reported once ([`Foreign`]). Removing this user's own names after that
+//! look is safe from a swap: in a sticky directory (`/dev/shm`, `/tmp`)
+//! another user cannot unlink them to put something else there (unlink(2),
+//! `EPERM`).
 
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::os;
+use crate::os::{self, NameKind};
 use crate::prefetch::Owner;
 use crate::source::{Source, Version, VersionTag};
 
@@ -93,6 +103,17 @@ pub(crate) enum Entry {
     Socket { key: u64, owner: Owner },
 }
 
+impl Entry {
+    /// What this user's name of the entry is: a lock is a file, a holder a
+    /// socket.
+    pub(crate) fn kind(&self) -> NameKind {
+        match self {
+            Entry::Lock { .. } => NameKind::File,
+            Entry::Socket { .. } => NameKind::Socket,
+        }
+    }
+}
+
 /// Parses a file name of the directory; `None` for anything not ours.
 pub(crate) fn parse(name: &str) -> Option<Entry> {
     let rest = name.strip_prefix(PREFIX)?;
@@ -111,15 +132,84 @@ pub(crate) fn parse(name: &str) -> Option<Entry> {
     Some(Entry::Socket { key, owner })
 }
 
-/// The entries of `dir` that are ours, with their paths.
-pub(crate) fn entries(dir: &Path) -> Vec<(PathBuf, Entry)> {
+/// A name of the directory that parses as one of ours.
+#[derive(Debug, Clone)]
+pub(crate) struct Name {
+    pub path: PathBuf,
+    pub entry: Entry,
+    /// Set where the name is another user's, or not what its name says
+    /// (a holder's name that is no socket, a lock that is no file).
+    pub foreign: Option<Foreign>,
+}
+
+impl Name {
+    /// Whether this is a live holder's socket of `key`: this user's socket,
+    /// its owner alive.
+    pub(crate) fn live_holder_of(&self, key: u64) -> bool {
+        matches!(self.entry, Entry::Socket { key: k, owner } if k == key && self.foreign.is_none() && owner.alive())
+    }
+}
+
+/// A name in the directory that is not this user's socket or lock: what it
+/// is (by `lstat(2)`) and whose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Foreign {
+    pub name: String,
+    pub kind: NameKind,
+    /// `None` where the platform cannot tell.
+    pub uid: Option<u32>,
+}
+
+impl std::fmt::Display for Foreign {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.uid {
+            Some(uid) if Some(uid) != os::effective_uid() => {
+                write!(f, "{} of uid {uid}, not this user's", self.kind)
+            }
+            Some(_) => write!(f, "{}, not what its name says", self.kind),
+            None => write!(f, "{} of an unknown user", self.kind),
+        }
+    }
+}
+
+/// What `meta` (by `lstat(2)`) says of a name meant to be this user's
+/// `meant` (a socket for a holder, a file for a lock or a queue): `None`
+/// where it is.
+fn foreign(name: &str, meant: NameKind, meta: &std::fs::Metadata) -> Option<Foreign> {
+    let kind = os::name_kind(meta);
+    let uid = os::file_owner(meta);
+    (uid.is_none() || uid != os::effective_uid() || kind != meant).then(|| Foreign {
+        name: name.to_owned(),
+        kind,
+        uid,
+    })
+}
+
+/// What `path` is, where it is not this user's `meant` (by `lstat(2)`):
+/// `None` where it is, or is not there.
+pub(crate) fn foreign_at(path: &Path, meant: NameKind) -> Option<Foreign> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    let name = path.file_name()?.to_string_lossy();
+    foreign(&name, meant, &meta)
+}
+
+/// The names of `dir` that parse as ours, each looked at by `lstat(2)`
+/// (`DirEntry::metadata` does not follow a symlink).
+pub(crate) fn entries(dir: &Path) -> Vec<Name> {
     let Ok(read) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     read.flatten()
         .filter_map(|e| {
-            let entry = parse(e.file_name().to_str()?)?;
-            Some((e.path(), entry))
+            let file_name = e.file_name();
+            let name = file_name.to_str()?;
+            let entry = parse(name)?;
+            let meta = e.metadata().ok()?;
+            Some(Name {
+                path: e.path(),
+                foreign: foreign(name, entry.kind(), &meta),
+                entry,
+            })
         })
         .collect()
 }
@@ -132,8 +222,17 @@ pub(crate) struct Lock {
 
 impl Lock {
     /// Opens (creating it `0600`, refusing another user's file) and locks
-    /// `path`, again if it was removed while this rank waited.
-    pub(crate) fn take(path: &Path) -> io::Result<Lock> {
+    /// `path`, again if it was removed while this rank waited. The error
+    /// says what is at `path` where it is not this user's lock file.
+    pub(crate) fn take(path: &Path) -> Result<Lock, String> {
+        let refused = |e: io::Error| match foreign_at(path, NameKind::File) {
+            Some(other) => format!("the lock file {} is {other}", path.display()),
+            None => format!("{}: {e}", path.display()),
+        };
+        Self::take_io(path).map_err(refused)
+    }
+
+    fn take_io(path: &Path) -> io::Result<Lock> {
         for _ in 0..8 {
             let file = os::open_private_rw(path)?;
             os::flock(&file, true)?;
@@ -163,9 +262,7 @@ impl Lock {
     /// Removes the lock file if no live owner's socket of `key` is left in
     /// `dir`, then unlocks: the last rank of a copy leaves nothing behind.
     pub(crate) fn release_last(self, dir: &Path, key: u64) {
-        let live = entries(dir).into_iter().any(
-            |(_, e)| matches!(e, Entry::Socket { key: k, owner } if k == key && owner.alive()),
-        );
+        let live = entries(dir).iter().any(|n| n.live_holder_of(key));
         if !live {
             let _ = std::fs::remove_file(&self.path);
         }
@@ -178,28 +275,29 @@ impl Drop for Lock {
     }
 }
 
-/// Removes what dead jobs left in `dir`: sockets whose owner is gone, then
-/// lock files (this user's) with no live owner's socket, each under its
+/// Removes what dead jobs of this user left in `dir`: sockets whose owner
+/// is gone, then lock files with no live owner's socket, each under its
 /// lock so that a rank creating a copy is never disturbed; a lock another
 /// rank holds is left for a later sweep, so that sweeping never waits.
-/// Returns how many files were removed.
+/// Another user's names are left alone. Returns how many files were
+/// removed.
 pub(crate) fn sweep(dir: &Path) -> usize {
     let mut removed = 0;
     let found = entries(dir);
-    for (path, entry) in &found {
-        if let Entry::Socket { owner, .. } = entry {
-            if !owner.alive() && std::fs::remove_file(path).is_ok() {
+    for name in found.iter().filter(|n| n.foreign.is_none()) {
+        if let Entry::Socket { owner, .. } = name.entry {
+            if !owner.alive() && std::fs::remove_file(&name.path).is_ok() {
                 removed += 1;
             }
         }
     }
     let uid = os::effective_uid().unwrap_or(u32::MAX);
-    for (path, entry) in &found {
-        let Entry::Lock { key } = *entry else {
+    for name in found.iter().filter(|n| n.foreign.is_none()) {
+        let (path, Entry::Lock { key }) = (&name.path, name.entry) else {
             continue;
         };
         if *path != lock_path(dir, key, uid) {
-            continue; // another user's
+            continue; // another user's name
         }
         // Taken (and so found again) only to be removed, and only if free: a
         // rank that holds it is looking for a copy, and its socket comes
@@ -207,9 +305,7 @@ pub(crate) fn sweep(dir: &Path) -> usize {
         let Some(lock) = Lock::try_take(path) else {
             continue;
         };
-        let live = entries(dir).into_iter().any(
-            |(_, e)| matches!(e, Entry::Socket { key: k, owner } if k == key && owner.alive()),
-        );
+        let live = entries(dir).iter().any(|n| n.live_holder_of(key));
         if !live && std::fs::remove_file(path).is_ok() {
             removed += 1;
         }
@@ -273,16 +369,21 @@ mod tests {
         child.wait().unwrap();
         let live_sock = socket_path(dir.path(), 1, me);
         let dead_sock = socket_path(dir.path(), 2, dead);
+        // Not a socket at a dead holder's name: not what its name says, so
+        // not the sweep's to remove.
+        let not_sock = socket_path(dir.path(), 3, dead);
         let (live_lock, dead_lock) = (lock_path(dir.path(), 1, uid), lock_path(dir.path(), 2, uid));
-        for p in [&live_sock, &dead_sock] {
-            std::fs::write(p, b"").unwrap();
-        }
+        let _listeners: Vec<_> = [&live_sock, &dead_sock]
+            .map(|p| std::os::unix::net::UnixListener::bind(p).unwrap())
+            .into();
+        std::fs::write(&not_sock, b"").unwrap();
         for p in [&live_lock, &dead_lock] {
             drop(os::open_private_rw(p).unwrap());
         }
         assert_eq!(sweep(dir.path()), 2);
         assert!(live_sock.exists() && live_lock.exists(), "a live owner's");
         assert!(!dead_sock.exists() && !dead_lock.exists(), "a dead job's");
+        assert!(not_sock.exists(), "not a holder's socket");
         // The last owner leaving removes the lock file.
         std::fs::remove_file(&live_sock).unwrap();
         Lock::take(&live_lock).unwrap().release_last(dir.path(), 1);

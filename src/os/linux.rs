@@ -502,4 +502,6 @@ pub(crate) fn read_proc(file: super::ProcFile) -> io::Result<Vec<u8>> {
 // ranks fill, and the Unix socket that hands the file to the other ranks.
 #[path = "linux_node.rs"]
 mod node_copy;
-pub(crate) use node_copy::{FdListener, FdStream, SharedBytes, is_sealed_copy, memfd_copy};
+pub(crate) use node_copy::{
+    FdListener, FdStream, SharedBytes, StopListening, is_sealed_copy, memfd_copy, name_kind,
+};

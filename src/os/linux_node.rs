@@ -110,28 +110,106 @@ impl SharedBytes {
     }
 }
 
+/// What a name in a directory is, by `lstat(2)` (a symlink is not
+/// followed): what the node copy's registry tells a holder's socket from
+/// whatever else another user may have put at its name.
+pub(crate) fn name_kind(meta: &std::fs::Metadata) -> crate::os::NameKind {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_socket() {
+        crate::os::NameKind::Socket
+    } else if t.is_file() {
+        crate::os::NameKind::File
+    } else if t.is_fifo() {
+        crate::os::NameKind::Fifo
+    } else if t.is_symlink() {
+        crate::os::NameKind::Symlink
+    } else if t.is_dir() {
+        crate::os::NameKind::Directory
+    } else {
+        crate::os::NameKind::Other
+    }
+}
+
 /// A Unix socket listening for the other local ranks of a job, to hand them
-/// a node copy. Accepting does not block, so that the thread serving it can
-/// stop when told.
-pub(crate) struct FdListener(std::os::unix::net::UnixListener);
+/// a node copy. Its thread sleeps in `poll(2)` until a peer connects or
+/// [`StopListening::stop`] is called: no periodic wake-ups, however long the
+/// rank holds the copy.
+pub(crate) struct FdListener {
+    listener: std::os::unix::net::UnixListener,
+    /// An `eventfd(2)` made readable by [`StopListening::stop`].
+    stop: std::sync::Arc<std::os::fd::OwnedFd>,
+}
+
+/// Wakes an [`FdListener`]'s [`FdListener::next`] for good.
+pub(crate) struct StopListening(std::sync::Arc<std::os::fd::OwnedFd>);
+
+impl StopListening {
+    /// From now on [`FdListener::next`] answers `None`, at once.
+    pub(crate) fn stop(&self) {
+        // An eventfd's counter only grows (to u64::MAX - 1): a write never
+        // blocks before that (eventfd(2)).
+        let _ = rustix::io::write(&*self.0, &1u64.to_ne_bytes());
+    }
+}
 
 impl FdListener {
     /// Binds a socket at `path` (refused where something is there), mode
     /// `0600`. A peer that connects in the instant before the mode is set is
     /// still checked by its credentials ([`FdStream::peer`]).
     pub(crate) fn bind(path: &Path) -> io::Result<FdListener> {
+        use rustix::event::EventfdFlags;
         use std::os::unix::fs::PermissionsExt;
+        let stop = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         let listener = std::os::unix::net::UnixListener::bind(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         listener.set_nonblocking(true)?;
-        Ok(FdListener(listener))
+        Ok(FdListener {
+            listener,
+            stop: std::sync::Arc::new(stop),
+        })
     }
 
-    /// A connection waiting, if any (`WouldBlock` when none).
-    pub(crate) fn accept(&self) -> io::Result<FdStream> {
-        let (stream, _) = self.0.accept()?;
-        stream.set_nonblocking(false)?;
-        Ok(FdStream(stream))
+    /// What stops [`FdListener::next`] from another thread.
+    pub(crate) fn stopper(&self) -> StopListening {
+        StopListening(std::sync::Arc::clone(&self.stop))
+    }
+
+    /// The next connection, once one arrives; `None` once stopped. Sleeps
+    /// in `poll(2)` on the socket and the stop meanwhile.
+    pub(crate) fn next(&self) -> io::Result<Option<FdStream>> {
+        use rustix::event::{PollFd, PollFlags};
+        loop {
+            let (stopped, _) = {
+                let mut fds = [
+                    PollFd::new(&*self.stop, PollFlags::IN),
+                    PollFd::new(&self.listener, PollFlags::IN),
+                ];
+                match rustix::event::poll(&mut fds, None) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                (!fds[0].revents().is_empty(), !fds[1].revents().is_empty())
+            };
+            if stopped {
+                return Ok(None);
+            }
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    stream.set_nonblocking(false)?;
+                    return Ok(Some(FdStream(stream)));
+                }
+                // Woken by a signal, or the peer left before the accept.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::Interrupted
+                            | io::ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
@@ -140,17 +218,41 @@ impl FdListener {
 pub(crate) struct FdStream(std::os::unix::net::UnixStream);
 
 impl FdStream {
-    /// Connects to the socket at `path`; every later send and receive fails
-    /// after `timeout` (a stopped peer must not hang this process).
+    /// Connects to the socket at `path`, waiting at most `timeout` for room
+    /// in its backlog; every later send and receive fails after `timeout`
+    /// too (a stopped peer, or a listener that never accepts, must not hang
+    /// this process).
+    ///
+    /// The timeout is set before `connect(2)`: on a Unix stream socket a
+    /// connect to a listener whose backlog is full sleeps until a slot
+    /// frees, for at most the socket's send timeout (`SO_SNDTIMEO`; Linux's
+    /// `unix_stream_connect` waits `sock_sndtimeo`), then fails with
+    /// `EAGAIN`. A non-blocking connect is no help there: a Unix socket
+    /// answers `EAGAIN` at once, with nothing to poll for.
     pub(crate) fn connect(path: &Path, timeout: std::time::Duration) -> io::Result<FdStream> {
-        let stream = std::os::unix::net::UnixStream::connect(path)?;
-        let stream = FdStream(stream);
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        let stream = FdStream(std::os::unix::net::UnixStream::from(fd));
         stream.set_timeout(timeout)?;
-        Ok(stream)
+        let addr = SocketAddrUnix::new(path)?;
+        match rustix::net::connect(&stream.0, &addr) {
+            Ok(()) => Ok(stream),
+            Err(rustix::io::Errno::AGAIN) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no room in its backlog within {timeout:?}"),
+            )),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Sends and receives fail after `timeout`.
     pub(crate) fn set_timeout(&self, timeout: std::time::Duration) -> io::Result<()> {
+        let timeout = timeout.max(std::time::Duration::from_millis(1));
         self.0.set_read_timeout(Some(timeout))?;
         self.0.set_write_timeout(Some(timeout))
     }

@@ -70,8 +70,36 @@ pub(crate) use imp::{filesystem_magic, filesystem_magic_of};
 pub(crate) use imp::{SharedWords, effective_uid, flock, parent_pid, pid_exists, try_flock};
 
 // The node copy: a sealed memory file, filled through a shared map, handed
-// to the job's other local ranks over a Unix socket.
-pub(crate) use imp::{FdListener, FdStream, SharedBytes, is_sealed_copy, memfd_copy};
+// to the job's other local ranks over a Unix socket; what a name is.
+pub(crate) use imp::{
+    FdListener, FdStream, SharedBytes, StopListening, is_sealed_copy, memfd_copy, name_kind,
+};
+
+/// What a name in a directory is, not following a symlink
+/// ([`name_kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NameKind {
+    Socket,
+    File,
+    Fifo,
+    Symlink,
+    Directory,
+    /// A device, or what this platform cannot tell.
+    Other,
+}
+
+impl std::fmt::Display for NameKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NameKind::Socket => "a socket",
+            NameKind::File => "a file",
+            NameKind::Fifo => "a FIFO",
+            NameKind::Symlink => "a symlink",
+            NameKind::Directory => "a directory",
+            NameKind::Other => "a special file",
+        })
+    }
+}
 
 // The `/proc` files the crate parses.
 pub(crate) use imp::read_proc;

@@ -286,8 +286,30 @@ impl SharedBytes {
     }
 }
 
+/// What a name is, as far as the standard library tells.
+pub(crate) fn name_kind(meta: &Metadata) -> super::NameKind {
+    let t = meta.file_type();
+    if t.is_file() {
+        super::NameKind::File
+    } else if t.is_symlink() {
+        super::NameKind::Symlink
+    } else if t.is_dir() {
+        super::NameKind::Directory
+    } else {
+        super::NameKind::Other
+    }
+}
+
 /// No file handoff between processes here.
 pub(crate) struct FdListener(());
+
+/// No file handoff between processes here.
+pub(crate) struct StopListening(());
+
+impl StopListening {
+    /// Nothing to stop (never reached: nothing binds a listener).
+    pub(crate) fn stop(&self) {}
+}
 
 impl FdListener {
     /// Unsupported.
@@ -295,8 +317,13 @@ impl FdListener {
         unsupported()
     }
 
+    /// Never reached: nothing binds one.
+    pub(crate) fn stopper(&self) -> StopListening {
+        StopListening(())
+    }
+
     /// Unsupported (never reached: nothing binds one).
-    pub(crate) fn accept(&self) -> io::Result<FdStream> {
+    pub(crate) fn next(&self) -> io::Result<Option<FdStream>> {
         unsupported()
     }
 }

@@ -9,7 +9,7 @@
 //! the 60 s stall guard) this rank reads itself at the end, so that a fill
 //! that returns `Ok` is complete.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::launcher::LocalRank;
 use super::owner::Owner;
@@ -35,8 +35,9 @@ pub(crate) struct FillOutcome {
     /// Chunks this rank read at the end because nobody finished them.
     pub finished_here: usize,
     /// Whether the chunks were shared with the other ranks through a queue
-    /// file; else this rank read every chunk itself, and why.
-    pub unshared: Option<String>,
+    /// file; else this rank read every chunk itself, and why (the queue
+    /// file's path and the error).
+    pub unshared: Option<(PathBuf, String)>,
     /// Queue files of dead jobs removed first.
     pub swept: usize,
 }
@@ -84,10 +85,19 @@ pub(crate) fn fill_shared(
     let me = Owner::current();
     let queue = Queue::shared(dir, key_material, layout, me, &mut make);
     let shared = queue.is_shared();
-    let unshared = (!shared).then(|| queue.note.clone().unwrap_or_default());
+    let unshared = (!shared).then(|| queue.refused.clone().unwrap_or_default());
     let words = queue.words();
     let needed = init_from_header(words).needed;
-    let (claimable, starts) = reader_plan(&chunks, rank, streams, shared);
+    // A queue of this rank's own: no other rank fills any of it, so this
+    // rank's readers claim every chunk (not a share, finished at the end by
+    // one reader).
+    let alone = LocalRank {
+        rank: 0,
+        size: 1,
+        source: rank.source.clone(),
+    };
+    let (claimable, starts) =
+        reader_plan(&chunks, if shared { rank } else { &alone }, streams, shared);
     let meter = Meter::new(progress, Phase::Read, needed, lens.len());
     let sink = ReadInto(read);
     let work = Work {
@@ -107,8 +117,8 @@ pub(crate) fn fill_shared(
         sink: Some(&sink),
     };
     let outcome = work.run(&starts)?;
-    // What is still not done was given up on by the stall guard (or lies
-    // outside this rank's share of a queue of its own): read it here.
+    // What is still not done was given up on by the stall guard: read it
+    // here.
     let mut finished_here = 0;
     for (i, state) in chunk_words(words, queue.layout()).iter().enumerate() {
         if state.load(std::sync::atomic::Ordering::Acquire) != DONE {

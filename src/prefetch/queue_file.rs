@@ -236,6 +236,8 @@ pub(super) struct Queue {
     /// Why the queue is not the shared file it could have been, or which
     /// file it replaced.
     pub note: Option<String>,
+    /// Where the shared file could not be had: its path and the error.
+    pub refused: Option<(PathBuf, String)>,
 }
 
 impl Queue {
@@ -253,6 +255,7 @@ impl Queue {
             layout,
             path: None,
             note,
+            refused: None,
         }
     }
 
@@ -287,13 +290,17 @@ impl Queue {
                 store: Store::Shared(queue),
                 layout: shared_layout,
                 path: Some(path),
+                refused: None,
             },
             Err(e) => {
                 let note = format!(
                     "no shared queue ({}: {e}): a fixed share of the bytes",
                     path.display()
                 );
-                Queue::local(layout, make, Some(note))
+                Queue {
+                    refused: Some((path, e.to_string())),
+                    ..Queue::local(layout, make, Some(note))
+                }
             }
         }
     }

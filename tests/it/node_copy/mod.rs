@@ -7,19 +7,24 @@
 //! files are shared memory, counted once however many ranks map them).
 //! Ranks killed, stopped, late, another user's, in a memory cgroup, in a
 //! private mount namespace with a 64 MiB `/dev/shm`: `faults.rs`; two jobs,
-//! a replaced file, filters: `jobs.rs`.
+//! a replaced file, filters: `jobs.rs`; another local user planting names
+//! in the queue directory: `attacks.rs`; a holder's serving thread while
+//! idle: `serving.rs`.
 //!
 //! Needs root and /dev/fuse: skipped (loudly) where they are missing, a
 //! failure under `SAFELOAD_REQUIRE_FUSE=1`.
 
+mod attacks;
 mod faults;
 mod jobs;
+mod serving;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::common::child::{PATH, child_command, run_role, wait_for_go};
 use crate::common::*;
@@ -56,6 +61,7 @@ fn child() {
     run_role(&[
         ("rank", act_as_rank),
         ("namespace", faults::act_as_namespace),
+        ("attacker", attacks::act_as_attacker),
     ]);
 }
 
@@ -89,8 +95,11 @@ fn act_as_rank() {
         }
         loader = loader.prefetch_with(options);
     }
+    let started = Instant::now();
     let sd = loader.load(&path).unwrap();
+    let seconds = started.elapsed().as_secs_f64();
     let text = sd.report().to_string();
+    println!("NODE-TIME {seconds:.6}");
     println!("NODE-DIGEST {:016x}", digest_of(&sd));
     for line in text.lines() {
         if let Some(note) = line.trim().strip_prefix("node copy: ") {
@@ -202,6 +211,8 @@ pub struct Rank {
 /// What a rank printed about its load.
 #[derive(Debug)]
 pub struct Loaded {
+    /// The wall time of the rank's `load` call, in seconds.
+    pub seconds: f64,
     pub digest: u64,
     pub notes: Vec<String>,
     pub strategies: Vec<String>,
@@ -276,7 +287,50 @@ impl Rank {
     /// Reads the rank's report (it has loaded, and holds its tensors if
     /// told to).
     pub fn loaded(&mut self) -> Loaded {
+        self.loaded_within(Duration::from_secs(300))
+    }
+
+    /// [`Rank::loaded`], the rank killed and the test failed where no
+    /// report came within `limit`, naming what each of its threads waited
+    /// in (`/proc/<pid>/task/*/wchan`).
+    pub fn loaded_within(&mut self, limit: Duration) -> Loaded {
+        let pid = self.pid();
+        let done = Arc::new(AtomicBool::new(false));
+        let watching = Arc::clone(&done);
+        let watchdog = std::thread::spawn(move || {
+            let start = Instant::now();
+            while start.elapsed() < limit {
+                if watching.load(Ordering::Acquire) {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let threads = thread_waits(pid);
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(pid as i32).unwrap(),
+                rustix::process::Signal::KILL,
+            );
+            Some(threads)
+        });
+        let report = self.read_report();
+        done.store(true, Ordering::Release);
+        let stuck = watchdog.join().unwrap();
+        match (report, stuck) {
+            (Some(loaded), None) => loaded,
+            (_, Some(threads)) => {
+                panic!("rank {pid} gave no report within {limit:?}; its threads: {threads:?}")
+            }
+            (None, None) => {
+                let status = self.child.wait().unwrap();
+                panic!("rank {pid} ended without a report: {status}");
+            }
+        }
+    }
+
+    /// The rank's report; `None` where its output ended first.
+    fn read_report(&mut self) -> Option<Loaded> {
         let mut loaded = Loaded {
+            seconds: 0.0,
             digest: 0,
             notes: Vec::new(),
             strategies: Vec::new(),
@@ -284,19 +338,20 @@ impl Rank {
         let mut line = String::new();
         loop {
             line.clear();
-            if self.out.read_line(&mut line).unwrap() == 0 {
-                let status = self.child.wait().unwrap();
-                panic!("rank {} ended without a report: {status}", self.child.id());
+            if self.out.read_line(&mut line).unwrap_or(0) == 0 {
+                return None;
             }
             let line = line.trim_end();
-            if let Some(d) = line.split_once("NODE-DIGEST ").map(|(_, d)| d) {
+            if let Some((_, t)) = line.split_once("NODE-TIME ") {
+                loaded.seconds = t.parse().unwrap();
+            } else if let Some(d) = line.split_once("NODE-DIGEST ").map(|(_, d)| d) {
                 loaded.digest = u64::from_str_radix(d, 16).unwrap();
             } else if let Some((_, note)) = line.split_once("NODE-NOTE ") {
                 loaded.notes.push(note.to_string());
             } else if let Some((_, s)) = line.split_once("NODE-STRATEGY ") {
                 loaded.strategies.push(s.to_string());
             } else if line.ends_with("NODE-END") {
-                return loaded;
+                return Some(loaded);
             }
         }
     }
@@ -309,6 +364,39 @@ impl Rank {
         let status = self.child.wait().unwrap();
         assert!(status.success(), "rank failed: {status}");
     }
+}
+
+/// Per thread of process `pid`: its name and the kernel function it
+/// sleeps in (`wchan`), to say where a rank that hangs waits.
+pub fn thread_waits(pid: u32) -> Vec<(String, String)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .map(|t| {
+            let read = |f: &str| {
+                std::fs::read_to_string(t.path().join(f))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string()
+            };
+            (read("comm"), read("wchan"))
+        })
+        .collect()
+}
+
+/// Whether this test must be skipped for want of root (playing another
+/// user): says so, or fails under `SAFELOAD_REQUIRE_ROOT=1` (CI).
+pub fn skip_without_root() -> bool {
+    if rustix::process::geteuid().is_root() {
+        return false;
+    }
+    if std::env::var_os("SAFELOAD_REQUIRE_ROOT").is_some_and(|v| v == "1") {
+        panic!("root is required (SAFELOAD_REQUIRE_ROOT=1): the test plays other users");
+    }
+    eprintln!("SKIPPED: playing another user needs root");
+    true
 }
 
 /// The node's shared memory (`Shmem` of /proc/meminfo), in bytes: memory

@@ -1,0 +1,253 @@
+//! Asking the other ranks for a copy: each live holder's socket of this user, in turn, every wait bounded; another user's names skipped unopened and said once.
+//!
+//! The asking happens under a lock other ranks wait on (the key's, or the
+//! fill's queue file's), so nothing here waits on a process without a
+//! bound: only this user's sockets are connected to (`registry::entries`
+//! looks at each name by `lstat(2)` first), and each connection, its
+//! connect included, is given [`PATIENCE`](super::handoff::PATIENCE)
+//! (`handoff::take`). Another user can make names there, never make a rank
+//! wait on them.
+
+use std::fs::File;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::handoff::{self, Offer, Refused};
+use super::registry::{self, Entry, Foreign, Lock};
+use crate::policy::Environment;
+use crate::prefetch::Owner;
+
+/// A copy another rank handed out: its offer and memory files, and its pid.
+pub(super) type Found = ((Offer, Vec<File>), u32);
+
+/// What a rank met while it looked for a copy: said in each file's note,
+/// each thing once, another user's names at most [`NAMED`] of them (a
+/// directory can hold many).
+#[derive(Debug, Default)]
+pub(super) struct Remarks {
+    said: Vec<String>,
+    ignored: Vec<Foreign>,
+    /// Another user's names beyond the first [`NAMED`].
+    more: usize,
+}
+
+/// How many of another user's names a note names.
+const NAMED: usize = 3;
+
+impl Remarks {
+    pub(super) fn push(&mut self, remark: String) {
+        if !self.said.contains(&remark) {
+            self.said.push(remark);
+        }
+    }
+
+    /// Another user's name, never opened.
+    fn ignored(&mut self, name: &Foreign) {
+        if self.ignored.contains(name) {
+            return;
+        }
+        if self.ignored.len() < NAMED {
+            self.ignored.push(name.clone());
+        } else {
+            self.more += 1;
+        }
+    }
+
+    pub(super) fn extend(&mut self, other: Remarks) {
+        for remark in other.said {
+            self.push(remark);
+        }
+        for name in &other.ignored {
+            self.ignored(name);
+        }
+        self.more += other.more;
+    }
+
+    /// The last remark, if any.
+    fn last(&self) -> Option<&String> {
+        self.said.last()
+    }
+
+    /// `"; "` and the remarks, or nothing.
+    pub(super) fn suffix(&self) -> String {
+        let mut all = self.said.clone();
+        all.extend(
+            self.ignored
+                .iter()
+                .map(|f| format!("ignored {} ({f})", f.name)),
+        );
+        if self.more > 0 {
+            all.push(format!("ignored {} more such name(s)", self.more));
+        }
+        if all.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", all.join("; "))
+        }
+    }
+}
+
+/// A copy of `key` a live rank of this user other than `me` hands out
+/// (complete, where `complete_only`), and its pid; whether a live rank
+/// offers one still being filled. Each holder costs at most
+/// [`PATIENCE`](handoff::PATIENCE); another user's names cost nothing.
+pub(super) fn find(
+    dir: &Path,
+    key: u64,
+    me: Owner,
+    complete_only: bool,
+    remarks: &mut Remarks,
+) -> (Option<Found>, bool) {
+    let mut filling = false;
+    let names = registry::entries(dir);
+    // Another user's names of this key, said whether or not a copy is found
+    // before them: they cost nothing, and are never opened.
+    for name in &names {
+        if let (Entry::Socket { key: k, .. }, Some(foreign)) = (name.entry, &name.foreign) {
+            if k == key {
+                remarks.ignored(foreign);
+            }
+        }
+    }
+    for name in names {
+        let Entry::Socket { key: k, owner } = name.entry else {
+            continue;
+        };
+        if k != key || owner == me || name.foreign.is_some() {
+            continue;
+        }
+        if !owner.alive() {
+            // This user's name (by lstat, just now): in a sticky directory
+            // no other user can have put something else there since.
+            let _ = std::fs::remove_file(&name.path);
+            continue;
+        }
+        match handoff::take(&name.path, owner.pid, key) {
+            Ok(got) if complete_only && !got.0.complete => filling = true,
+            Ok(got) => return (Some((got, owner.pid)), true),
+            Err(Refused::OtherUser { uid, pid }) => remarks.push(format!(
+                "refused the copy offered by pid {pid}: it runs as uid {uid}, not this user's"
+            )),
+            Err(Refused::Failed(why)) => remarks.push(format!("pid {}: {why}", owner.pid)),
+        }
+    }
+    (None, filling)
+}
+
+/// How long a node's other ranks wait for a copy from their participant
+/// when no live rank offers one at all (it may still be opening its files).
+pub(super) fn member_patience(env: &Environment) -> Duration {
+    crate::cluster::timeout_from(|name| env.get(name).map(str::to_owned))
+        .unwrap_or(crate::cluster::DEFAULT_TIMEOUT)
+}
+
+/// How often a member asks for the complete copy.
+const MEMBER_POLL: Duration = Duration::from_millis(20);
+
+/// A member's wait (see [`Role::Member`](super::Role::Member)): the
+/// complete copy, under the key's lock, once a live rank offers it; `Err`
+/// with the reason once no live rank has offered a copy for `patience`.
+pub(super) fn wait_for_complete(
+    (dir, key, me): (&Path, u64, Owner),
+    lock_path: &Path,
+    patience: Duration,
+    remarks: &mut Remarks,
+) -> Result<(Lock, Found), String> {
+    let mut last_seen = Instant::now();
+    loop {
+        let lock = Lock::take(lock_path)?;
+        // What the last round of asking said, not every round's.
+        let mut said = Remarks::default();
+        let (found, filling) = find(dir, key, me, true, &mut said);
+        if let Some(found) = found {
+            remarks.extend(said);
+            return Ok((lock, found));
+        }
+        drop(lock);
+        if filling {
+            last_seen = Instant::now();
+        } else if last_seen.elapsed() > patience {
+            let why = said.last().map(|s| format!(" ({s})")).unwrap_or_default();
+            return Err(format!(
+                "the node's participant offered no copy within {patience:?}{why}"
+            ));
+        }
+        std::thread::sleep(MEMBER_POLL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remarks_are_said_once_and_foreign_names_counted_past_a_few() {
+        let mut remarks = Remarks::default();
+        assert_eq!(remarks.suffix(), "");
+        let uid = u32::MAX - 7;
+        let foreign = |i: usize| Foreign {
+            name: format!("n{i}.sock"),
+            kind: crate::os::NameKind::Fifo,
+            uid: Some(uid),
+        };
+        remarks.ignored(&foreign(0));
+        remarks.ignored(&foreign(0));
+        remarks.push("pid 7: refused".into());
+        remarks.push("pid 7: refused".into());
+        assert_eq!(
+            remarks.suffix(),
+            format!("; pid 7: refused; ignored n0.sock (a FIFO of uid {uid}, not this user's)")
+        );
+        for i in 0..1000 {
+            remarks.ignored(&foreign(i));
+        }
+        let said = remarks.suffix();
+        assert_eq!(said.matches("ignored n").count(), NAMED, "{said}");
+        assert!(said.ends_with("; ignored 997 more such name(s)"), "{said}");
+    }
+
+    // Sockets, lstat and liveness need the Linux OS layer.
+    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+    #[test]
+    fn names_that_are_not_this_users_sockets_are_never_connected_to_or_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = Owner::current();
+        let other = Owner {
+            pid: std::process::id(),
+            tag: me.tag ^ 1,
+        };
+        let dead = Owner {
+            pid: u32::MAX >> 2,
+            tag: 1,
+        };
+        // A live owner's name holding a FIFO, a dead owner's holding a file,
+        // and a symlink to a listener that would never answer.
+        let fifo = registry::socket_path(dir.path(), 5, Owner { pid: 1, tag: 0 });
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let file = registry::socket_path(dir.path(), 5, dead);
+        std::fs::write(&file, b"").unwrap();
+        let hidden = dir.path().join("hidden.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&hidden).unwrap();
+        let link = registry::socket_path(dir.path(), 5, other);
+        std::os::unix::fs::symlink(&hidden, &link).unwrap();
+        let mut remarks = Remarks::default();
+        let started = Instant::now();
+        let (found, filling) = find(dir.path(), 5, me, false, &mut remarks);
+        assert!(found.is_none() && !filling);
+        assert!(started.elapsed() < Duration::from_millis(500));
+        let said = remarks.suffix();
+        assert!(said.contains("a FIFO, not what its name says"), "{said}");
+        assert!(said.contains("a file, not what its name says"), "{said}");
+        assert!(said.contains("a symlink, not what its name says"), "{said}");
+        for path in [&fifo, &file, &link] {
+            assert!(std::fs::symlink_metadata(path).is_ok(), "{path:?} kept");
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! One load's node copies: found among the other ranks or made under the key's lock, filled with them, mapped read-only, and held (handed out) until the last tensor goes.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::ask::{self, Remarks};
+use super::handoff::{Offer, Server};
+use super::registry::{self, Lock};
+use super::{CHUNK, NotUsed, Pending, PerFile, Role, fill};
+use crate::dest::node::{self as copy, CopyFill};
+use crate::file::OpenedFile;
+use crate::memory;
+use crate::options::Options;
+use crate::os;
+use crate::policy::{self, Environment};
+use crate::prefetch::{self, LocalRank, Owner};
+use crate::report::human_bytes;
+
+/// Finds, or makes, the copy of `files`, fills it with the other ranks and
+/// maps it: per file, the copy or why not; `Err` where nothing could be
+/// done at all.
+pub(super) fn coordinate(
+    files: &[&OpenedFile],
+    ids: &[Vec<u8>],
+    opts: &Options,
+    env: &Environment,
+    (rank, role): (&LocalRank, Role),
+) -> Result<(Vec<PerFile>, Option<Pending>), String> {
+    let prefetch = opts.prefetch.as_ref();
+    let chunk_size = prefetch
+        .and_then(|p| p.chunk_size)
+        .map_or(CHUNK, |c| c as u64);
+    let dir = prefetch
+        .and_then(|p| p.queue_dir.clone())
+        .unwrap_or_else(prefetch::default_queue_dir);
+    let job = prefetch::job_key(env.lookup(), os::parent_pid());
+    let key = registry::key(ids, chunk_size, &job);
+    let uid = os::effective_uid().ok_or("no user id")?;
+    let me = Owner::current();
+    let swept = registry::sweep(&dir);
+    let lock_path = registry::lock_path(&dir, key, uid);
+
+    // 1. A copy a live rank of this user hands out, else a new one (a
+    // member waits for its participant's, complete).
+    let mut remarks = Remarks::default();
+    let (lock, found) = if role == Role::Member {
+        let patience = ask::member_patience(env);
+        let (lock, found) =
+            ask::wait_for_complete((&dir, key, me), &lock_path, patience, &mut remarks)?;
+        (lock, Some(found))
+    } else {
+        let lock = Lock::take(&lock_path)?;
+        (lock, ask::find(&dir, key, me, false, &mut remarks).0)
+    };
+    let mut results: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
+    let (offer, memfds, origin) = match found {
+        Some(((offer, memfds), pid)) => {
+            let valid = offer.files.iter().all(|&(i, len)| {
+                usize::try_from(i)
+                    .ok()
+                    .and_then(|i| files.get(i))
+                    .is_some_and(|f| f.size() == len)
+            });
+            if !valid {
+                return Err(format!("pid {pid} offered a copy of other files"));
+            }
+            (offer, memfds, format!("received from pid {pid}"))
+        }
+        None => {
+            let (offer, memfds) = make(files, key, opts, &mut results)?;
+            if offer.files.is_empty() {
+                // Nothing fits: no copy to hand out; a rank that comes next
+                // applies the guard to its own room.
+                return Ok((results, None));
+            }
+            (offer, memfds, "made here".to_string())
+        }
+    };
+    let dups: Vec<File> = memfds
+        .iter()
+        .map(File::try_clone)
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let server = Server::start(&registry::socket_path(&dir, key, me), offer.clone(), dups);
+    let server = match server {
+        Ok(server) => Some(server),
+        Err(e) => {
+            remarks.push(format!("not handed out from here: {e}"));
+            None
+        }
+    };
+    drop(lock);
+
+    // 2. The fill, unless the copy came complete (or the load fills it).
+    let mut filled: Vec<(usize, u64)> = vec![(0, 0); offer.files.len()];
+    let mut fill_chunk = chunk_size;
+    let deferred = !offer.complete && role == Role::Participant;
+    if !offer.complete && !deferred {
+        let complete = || {
+            if let Some(server) = &server {
+                server.complete();
+            }
+        };
+        let outcome = fill::fill(
+            files,
+            (&offer, &memfds, &complete),
+            key,
+            (&dir, chunk_size),
+            opts,
+            rank,
+        );
+        match outcome {
+            Ok((counts, outcome)) => {
+                filled = counts;
+                fill_chunk = outcome.chunk_size;
+                // A queue not shared is this rank's alone: it read every
+                // chunk, and nothing stalled.
+                match outcome.unshared {
+                    Some((path, e)) => {
+                        let why = match registry::foreign_at(&path, os::NameKind::File) {
+                            Some(other) => format!("the chunk queue {} is {other}", path.display()),
+                            None => format!("the chunk queue {}: {e}", path.display()),
+                        };
+                        remarks.push(format!("not shared: {why}; every chunk read here"));
+                    }
+                    None if outcome.finished_here > 0 => remarks.push(format!(
+                        "{} chunk(s) finished here after a stall",
+                        outcome.finished_here
+                    )),
+                    None => {}
+                }
+                if outcome.swept + swept > 0 {
+                    remarks.push(format!(
+                        "{} file(s) of dead jobs removed",
+                        outcome.swept + swept
+                    ));
+                }
+            }
+            Err(e) => return Err(format!("filling the copy: {e}")),
+        }
+    }
+
+    // 3. Each file's copy, mapped read-only; the server stops with the last.
+    let guard = Arc::new(Hold {
+        server,
+        lock_path,
+        dir: dir.clone(),
+        key,
+    });
+    let extra = remarks.suffix();
+    let mut pending = Vec::new();
+    for ((&(i, len), memfd), (filled, bytes_read)) in offer.files.iter().zip(&memfds).zip(filled) {
+        let Some(file) = usize::try_from(i).ok().and_then(|i| files.get(i)) else {
+            continue;
+        };
+        let kept: Box<dyn Send + Sync> = Box::new(Arc::clone(&guard));
+        // Mapped before a deferred fill: the map is shared, and the load
+        // hands out no tensor of it before the fill is over.
+        let storage =
+            copy::seal(memfd, file.path(), kept).map_err(|e| format!("mapping the copy: {e}"))?;
+        let how = if deferred {
+            pending.push((i as usize, CopyFill::new(memfd).map_err(|e| e.to_string())?));
+            "filled here by the node's part in the split between nodes".to_owned()
+        } else {
+            format!(
+                "filled here {filled} of {} chunks",
+                len.div_ceil(fill_chunk.max(1))
+            )
+        };
+        let note = format!(
+            "{how}, mapped from a memfd of {} {origin} (shared by the job's {} local ranks){extra}",
+            human_bytes(len),
+            rank.size,
+        );
+        if let Some(slot) = results.get_mut(i as usize) {
+            *slot = PerFile::Copy {
+                storage: Arc::new(storage),
+                note,
+                bytes_read,
+            };
+        }
+    }
+    for slot in &mut results {
+        if matches!(slot, PerFile::Absent) {
+            *slot = PerFile::NotUsed(NotUsed::LeftOut);
+        }
+    }
+    let pending = deferred.then(|| Pending {
+        files: pending,
+        hold: guard,
+    });
+    Ok((results, pending))
+}
+
+/// A rank's hold on a copy, dropped with its last tensor of it: it stops
+/// handing the copy out, and the last live rank to do so removes the lock
+/// file, so that a finished job leaves nothing in the directory.
+pub(super) struct Hold {
+    server: Option<Server>,
+    lock_path: PathBuf,
+    dir: PathBuf,
+    key: u64,
+}
+
+impl Hold {
+    /// The copy is offered as complete from now on.
+    pub(super) fn complete(&self) {
+        if let Some(server) = &self.server {
+            server.complete();
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        // Not waited for: dropping tensors must not wait on a rank stopped
+        // under the lock (the lock file is then left for a later sweep).
+        let lock = Lock::try_take(&self.lock_path);
+        drop(self.server.take());
+        if let Some(lock) = lock {
+            lock.release_last(&self.dir, self.key);
+        }
+    }
+}
+
+/// A new copy of the files that fit the memory guard, in order; those that
+/// do not are marked in `results`.
+fn make(
+    files: &[&OpenedFile],
+    key: u64,
+    opts: &Options,
+    results: &mut [PerFile],
+) -> Result<(Offer, Vec<File>), String> {
+    let available = opts.memory_available.or_else(memory::available);
+    let mut offer = Offer {
+        key,
+        complete: false,
+        files: Vec::new(),
+    };
+    let mut memfds = Vec::new();
+    let mut total = 0u64;
+    for (i, (f, slot)) in files.iter().zip(results.iter_mut()).enumerate() {
+        let len = f.size();
+        if let Err((needed, available)) =
+            policy::memory_fits(offer.files.len() + 1, total + len, available)
+        {
+            *slot = PerFile::NotUsed(NotUsed::DoesNotFit { needed, available });
+            continue;
+        }
+        let memfd = copy::create(len).map_err(|e| format!("making a memfd: {e}"))?;
+        total += len;
+        offer.files.push((i as u64, len));
+        memfds.push(memfd);
+    }
+    Ok((offer, memfds))
+}

@@ -10,15 +10,8 @@ use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::header::Header;
 use crate::format::index::{Index, is_plain_file_name, parse_index};
+use crate::format::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
 use crate::os;
-
-/// The file name of a single-file checkpoint in a directory.
-pub(crate) const SINGLE_FILE: &str = "model.safetensors";
-/// The file name of a sharded checkpoint's index in a directory.
-pub(crate) const INDEX_FILE: &str = "model.safetensors.index.json";
-/// Indexes of real checkpoints are a few MiB; a larger one is refused before
-/// it is read, so that a hostile file cannot make us allocate without bound.
-pub(crate) const MAX_INDEX_BYTES: u64 = 100_000_000;
 
 /// One file of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,10 +1,21 @@
-//! The file formats, parsed from bytes and never from files: the safetensors header and the sharded index.
+//! The checkpoint formats, parsed from bytes and never from files: the safetensors header, the sharded index, and the names a checkpoint gives them.
 //!
 //! Pure, so that every check is exercised by unit tests, property tests and
-//! the fuzz targets alike; `checkpoint` and `load` do the I/O around it.
+//! the fuzz targets alike; `resolve`, `remote` and `file` do the I/O around
+//! it, local or remote, with the same names and limits.
 
 pub(crate) mod header;
 pub(crate) mod index;
+
+/// The file name of a single-file checkpoint in a directory (or under a
+/// remote prefix).
+pub(crate) const SINGLE_FILE: &str = "model.safetensors";
+/// The file name of a sharded checkpoint's index in a directory (or under a
+/// remote prefix).
+pub(crate) const INDEX_FILE: &str = "model.safetensors.index.json";
+/// Indexes of real checkpoints are a few MiB; a larger one is refused before
+/// it is read, so that a hostile file cannot make us allocate without bound.
+pub(crate) const MAX_INDEX_BYTES: u64 = 100_000_000;
 
 /// Whether `dtype` is a floating-point type: the IEEE and bfloat types, the
 /// F8, F6 and F4 variants, and the complex C64.

@@ -36,6 +36,16 @@
 //!     [--sample-ms 20] [--before-exe PATH] [--dir bench-data] [--json bench-data/node_copy.json]
 //!     [--timeout 600]
 //! ```
+//!
+//! With `--attacks` (as root), the node copy against another local user
+//! instead (issue 32): each attack of the attack tests, timed against runs
+//! with no attacker, for ranks of root and of an ordinary user
+//! (`common/node_attacks.rs` says how):
+//!
+//! ```text
+//! cargo bench --bench node_copy -- --attacks [--rounds 5] [--timeout 30]
+//!     [--json bench-data/node_copy_attacks.json]
+//! ```
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -46,6 +56,13 @@ use clap::Parser;
 use safetensors::SafeTensors;
 
 mod common;
+
+/// Another local user's process (shared with the attack tests).
+#[path = "../tests/it/node_copy/attacker.rs"]
+mod attacker;
+/// `--attacks`: the node copy against another local user.
+#[path = "common/node_attacks.rs"]
+mod attacks;
 
 use common::child::{self, Child, Held, Job};
 use common::node_memory::{Peak, Sampler};
@@ -127,6 +144,11 @@ fn arm_name(name: &str) -> Result<String, String> {
 #[derive(Parser)]
 #[command(name = "node_copy")]
 struct Options {
+    /// Instead: each attack of another local user on the node copy, timed
+    /// against runs with no attacker (as root; only --rounds, --timeout and
+    /// --json apply).
+    #[arg(long, conflicts_with_all = ["size_gib", "shards", "scenarios", "arms", "sample_ms", "before_exe", "dir"])]
+    attacks: bool,
     /// The checkpoint's size, GiB.
     #[arg(long, default_value_t = 2.0)]
     size_gib: f64,
@@ -151,20 +173,37 @@ struct Options {
     /// Where the checkpoint is written and kept.
     #[arg(long, default_value = "bench-data")]
     dir: PathBuf,
-    /// Where every sample is written.
-    #[arg(long, default_value = "bench-data/node_copy.json")]
-    json: PathBuf,
-    /// Seconds before an arm's processes are killed.
-    #[arg(long, default_value_t = 600)]
-    timeout: u64,
+    /// Where every sample is written [default: bench-data/node_copy.json;
+    /// with --attacks, bench-data/node_copy_attacks.json].
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Seconds before an arm's processes are killed [default: 600; with
+    /// --attacks, 30].
+    #[arg(long)]
+    timeout: Option<u64>,
 }
+
+/// Where the samples go, unless `--json` says.
+const JSON: &str = "bench-data/node_copy.json";
+/// Seconds before an arm's processes are killed, unless `--timeout` says.
+const TIMEOUT: u64 = 600;
 
 fn main() {
     if let Some(job) = Job::from_env() {
-        run_rank(&job);
+        match job.arm.as_str() {
+            attacks::RANK => attacks::run_rank(&job),
+            attacks::ATTACKER => attacker::act_from_env(),
+            _ => run_rank(&job),
+        }
         return;
     }
-    if let Err(e) = parent(&args::parse()) {
+    let o: Options = args::parse();
+    let result = if o.attacks {
+        attacks::parent(&o)
+    } else {
+        parent(&o)
+    };
+    if let Err(e) = result {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
@@ -410,7 +449,8 @@ fn parent(o: &Options) -> Result<(), String> {
         }
     }
     println!("{}", markdown(&samples, o, &arms, total));
-    common::write_samples(&o.json, &root, files.len(), total, &samples)?;
+    let json = o.json.clone().unwrap_or_else(|| JSON.into());
+    common::write_samples(&json, &root, files.len(), total, &samples)?;
     let failed = samples.iter().filter(|s| s.error.is_some()).count();
     if failed > 0 {
         return Err(format!("{failed} run(s) failed or loaded wrong bytes"));
@@ -496,7 +536,7 @@ fn run_ranks(
             .env("LOCAL_RANK", rank.to_string())
             .env("LOCAL_WORLD_SIZE", arm.ranks.to_string())
             .env("TORCHELASTIC_RUN_ID", &job)
-            .timeout(Duration::from_secs(o.timeout));
+            .timeout(Duration::from_secs(o.timeout.unwrap_or(TIMEOUT)));
         if arm.variant == Variant::Today {
             child = child.env(safeload::NODE_COPY_ENV, "0");
         }

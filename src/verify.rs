@@ -115,19 +115,11 @@ pub(crate) fn of_source(
     len: u64,
 ) -> Result<Digest256, (u64, std::io::Error)> {
     let mut sha = Sha256::new();
-    let mut buf = vec![0u8; usize::try_from(len.min(8 << 20)).unwrap_or(8 << 20)];
-    let mut at = 0u64;
-    while at < len {
-        let n = usize::try_from(len - at)
-            .unwrap_or(usize::MAX)
-            .min(buf.len());
-        let Some(piece) = buf.get_mut(..n) else {
-            break;
-        };
-        source.read_at(piece, n, at)?;
+    crate::os::read_in_steps(0..len, &mut Vec::new(), 8 << 20, |piece, at| {
+        source.read_at(piece, piece.len(), at)?;
         sha.update(&*piece);
-        at += n as u64;
-    }
+        Ok(())
+    })?;
     Ok(sha.finalize().into())
 }
 

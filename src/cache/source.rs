@@ -118,6 +118,14 @@ impl Source for Fetched {
         self.object.published_sha256()
     }
 
+    fn own_error(
+        &self,
+        operation: crate::error::Operation,
+        error: &io::Error,
+    ) -> Option<crate::error::Error> {
+        self.object.own_error(operation, error)
+    }
+
     fn cache_use(&self) -> Option<CacheUse> {
         Some(self.write.outcome())
     }

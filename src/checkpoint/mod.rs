@@ -397,7 +397,11 @@ fn catalogue(files: &[OpenedFile]) -> Catalogue {
 pub(crate) fn open_with(opts: Options, path: &Path) -> Result<Checkpoint> {
     let clock = Instant::now();
     let env = Environment::from_process();
-    let resolved = resolve::resolve(path, crate::load::caching(&opts))?;
+    let caching = resolve::Caching {
+        hub: opts.hub_cache,
+        dir: opts.cache_dir.as_deref(),
+    };
+    let resolved = resolve::resolve(path, caching)?;
     let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
     let (files, notes) = file::open_all(&opts, &resolved, &shards, &env, clock)?;
     let Catalogue {

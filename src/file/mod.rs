@@ -16,6 +16,7 @@ use crate::mount::MountTable;
 use crate::options::Options;
 use crate::policy::{self, Environment, FileDecision, Origin, ReadMode, Strategy};
 use crate::resolve::{Resolved, ShardFile};
+pub(crate) use crate::source::read_error;
 use crate::source::{LocalFile, Source};
 use crate::storage::Storage;
 use crate::{trace, workers};
@@ -292,30 +293,4 @@ fn read_header(source: &dyn Source) -> Result<Header> {
         .read_at(&mut json, want, PREFIX_LEN)
         .map_err(|(at, e)| read_error(Operation::Read, source, size, at, e))?;
     header::parse(&json, size).map_err(|kind| Error::new(kind, path))
-}
-
-/// The error of a failed read (`operation` says of what); a read that ended
-/// early means the file shrank, which is reported as such.
-pub(crate) fn read_error(
-    operation: Operation,
-    source: &dyn Source,
-    expected: u64,
-    offset: u64,
-    error: std::io::Error,
-) -> Error {
-    #[cfg(feature = "remote")]
-    if let Some(remote) = error
-        .get_ref()
-        .and_then(|e| e.downcast_ref::<crate::remote::error::RemoteError>())
-    {
-        return remote.clone().into_error(operation);
-    }
-    if error.kind() == std::io::ErrorKind::UnexpectedEof {
-        if let Some(Ok(actual)) = source.local().map(LocalFile::len_now) {
-            if actual < expected {
-                return size_mismatch(source.path(), expected, actual);
-            }
-        }
-    }
-    Error::io(operation, source.path(), Some(offset), error)
 }

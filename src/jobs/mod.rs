@@ -1,9 +1,9 @@
-//! The read engine's job queue: a load's I/O as (file, offset, length) jobs — positional reads into their final place, conversions, populates — pulled by a bounded set of reader threads.
+//! The read engine's job queue: a load's I/O as (file, offset, length) jobs — positional reads into their final place, conversions, populates — pulled by a bounded set of reader threads (the jobs made in `split.rs`, each run in `execute.rs`).
+
+mod execute;
+mod split;
 
 use std::fs::File;
-
-use crate::error::Operation;
-use crate::source::Source;
 use std::io;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -13,16 +13,12 @@ use safetensors::Dtype;
 
 use crate::adapt::{Concurrency, Control, Settled};
 use crate::cancel;
-use crate::format::header::Header;
+use crate::error::Operation;
 use crate::os;
+use crate::source::Source;
 use crate::workers;
-
-/// The default size of one read of a buffered file.
-///
-/// NOTE: set by the `load` benchmark (BENCHMARKS.md): large enough that
-/// per-request overhead vanishes and a FUSE mount sees requests in flight,
-/// small enough that readers stay balanced at the tail.
-pub(crate) const DEFAULT_READ_SIZE: usize = 8 << 20;
+use execute::execute;
+pub(crate) use split::{ConvertFrom, split_convert, split_populate, split_read};
 
 /// One unit of I/O.
 pub(crate) enum Job<'a> {
@@ -202,131 +198,6 @@ pub(crate) struct JobError {
     pub error: io::Error,
 }
 
-/// Splits the read of a run of `dst`, filled from `file` at `offset`, into
-/// jobs of at most `chunk` bytes. `required` bytes of `dst` must be read; the
-/// rest may lie past the end of the file.
-pub(crate) fn split_read<'a>(
-    out: &mut Vec<Tagged<'a>>,
-    file_index: usize,
-    (file, direct, hashed): (&'a dyn Source, bool, bool),
-    offset: u64,
-    dst: &'a mut [u8],
-    required: usize,
-    chunk: usize,
-) {
-    let mut at = 0usize;
-    for piece in dst.chunks_mut(chunk.max(1)) {
-        let len = piece.len();
-        out.push(Tagged {
-            file_index,
-            job: Job::Read {
-                file,
-                direct,
-                offset: offset + at as u64,
-                dst: piece,
-                required: required.saturating_sub(at).min(len),
-                hashed,
-            },
-        });
-        at += len;
-    }
-}
-
-/// Where the tensors a file converts come from.
-pub(crate) enum ConvertFrom<'a> {
-    Map(&'a [u8]),
-    File(&'a dyn Source),
-}
-
-/// Splits the conversion of a file's converted tensors (`placements` into
-/// `dst`, as `to`) into jobs of about `chunk` source bytes, whole elements
-/// each.
-pub(crate) fn split_convert<'a>(
-    out: &mut Vec<Tagged<'a>>,
-    file_index: usize,
-    (header, placements, to): (&Header, &[Option<u64>], Dtype),
-    dst: &'a mut [u8],
-    from: ConvertFrom<'a>,
-    chunk: usize,
-) {
-    let to_size = to.bitsize() / 8;
-    let mut rest = dst;
-    let mut at = 0u64;
-    for (tensor, placement) in header.tensors.iter().zip(placements) {
-        let Some(place) = *placement else {
-            continue;
-        };
-        let size = (tensor.dtype.bitsize() / 8).max(1);
-        let elements = usize::try_from((tensor.end - tensor.start) / size as u64).unwrap_or(0);
-        let skip = usize::try_from(place.saturating_sub(at)).unwrap_or(usize::MAX);
-        let Some((_, tail)) = rest.split_at_mut_checked(skip) else {
-            return;
-        };
-        let Some((mut target, tail)) = tail.split_at_mut_checked(elements * to_size) else {
-            return;
-        };
-        rest = tail;
-        at = place + (elements * to_size) as u64;
-        let per_job = (chunk / size).max(1);
-        let mut src = header.data_start + tensor.start;
-        while !target.is_empty() {
-            let take = per_job.min(target.len() / to_size);
-            let (piece, tail) = target.split_at_mut(take * to_size);
-            target = tail;
-            let len = take * size;
-            let source = match &from {
-                ConvertFrom::Map(bytes) => {
-                    let start = usize::try_from(src).unwrap_or(usize::MAX);
-                    let Some(s) = start.checked_add(len).and_then(|end| bytes.get(start..end))
-                    else {
-                        return;
-                    };
-                    ConvertSource::Mapped(s)
-                }
-                ConvertFrom::File(file) => ConvertSource::File {
-                    file: *file,
-                    offset: src,
-                    len,
-                },
-            };
-            out.push(Tagged {
-                file_index,
-                job: Job::Convert {
-                    source,
-                    from: tensor.dtype,
-                    to,
-                    dst: piece,
-                },
-            });
-            src += len as u64;
-        }
-    }
-}
-
-/// Splits the population of a whole map into jobs of at most `chunk` bytes.
-pub(crate) fn split_populate<'a>(
-    out: &mut Vec<Tagged<'a>>,
-    file_index: usize,
-    (map, file): (&'a Mmap, &'a File),
-    chunk: usize,
-) {
-    let chunk = chunk.max(1);
-    let mut offset = 0;
-    while offset < map.len() {
-        let len = chunk.min(map.len() - offset);
-        out.push(Tagged {
-            file_index,
-            job: Job::Populate {
-                map,
-                file,
-                offset,
-                len,
-            },
-        });
-        offset += len;
-    }
-}
-
 /// Runs every job, pulling from one queue so that uneven files keep every
 /// reader busy, with as many in flight as `concurrency` and the measured
 /// throughput allow (`adapt.rs`). `done(file_index, outcome)` is called as
@@ -497,103 +368,6 @@ fn fill_ahead(queue: &[Mutex<Option<Tagged<'_>>>], cursor: &AtomicUsize, failed:
             }
         }
         i += 1;
-    }
-}
-
-/// The real cause of a failed populate. `MADV_POPULATE_READ` answers
-/// `EFAULT` for a page it could not bring in, whatever the reason (EIO, a
-/// truncated file, a dead FUSE daemon); reading the range with `pread`
-/// gives the error, and its offset, that the filesystem gave. Where the
-/// read succeeds (the failure was transient), the populate's own error.
-fn why_populate_failed(file: &File, offset: u64, len: usize, error: io::Error) -> (u64, io::Error) {
-    const EFAULT: i32 = 14;
-    if error.raw_os_error() != Some(EFAULT) {
-        return (offset, error);
-    }
-    let mut scratch = vec![0u8; len.min(1 << 20)];
-    let end = offset + len as u64;
-    let mut at = offset;
-    while at < end {
-        let n = usize::try_from(end - at)
-            .unwrap_or(usize::MAX)
-            .min(scratch.len());
-        let Some(buf) = scratch.get_mut(..n) else {
-            break;
-        };
-        if let Err(failure) = os::read_exact_at(file, buf, at) {
-            return failure;
-        }
-        at += n as u64;
-    }
-    (offset, error)
-}
-
-thread_local! {
-    /// A reader's buffer for the source bytes of conversions it reads: one
-    /// per reader thread, reused, so a converting load faults in no memory
-    /// but its destinations.
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Runs one job; a read of a hashed file gives back its bytes for the
-/// hasher, a conversion what overflowed.
-fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)> {
-    match job {
-        Job::Read {
-            file,
-            direct: _,
-            offset,
-            dst,
-            required,
-            hashed,
-        } => {
-            file.read_at(dst, required, offset)?;
-            // The bytes are in place and no reader writes them again.
-            let filled: &'a [u8] = dst;
-            Ok(Outcome {
-                landed: hashed.then(|| (offset, filled.get(..required).unwrap_or(filled))),
-                overflowed: 0,
-                bytes: required as u64,
-            })
-        }
-        Job::Convert {
-            source,
-            from,
-            to,
-            dst,
-        } => {
-            let bytes = match &source {
-                ConvertSource::Mapped(src) => src.len(),
-                ConvertSource::File { len, .. } => *len,
-            } as u64;
-            let converted = match source {
-                ConvertSource::Mapped(src) => crate::convert::convert(from, to, src, dst),
-                ConvertSource::File { file, offset, len } => SCRATCH.with(|scratch| {
-                    let mut scratch = scratch.borrow_mut();
-                    scratch.resize(len, 0);
-                    let src = scratch.get_mut(..len).unwrap_or_default();
-                    file.read_at(src, len, offset)
-                        .map(|()| crate::convert::convert(from, to, src, dst))
-                })?,
-            };
-            let converted = converted.map_err(|e| (0, io::Error::other(e.to_string())))?;
-            Ok(Outcome {
-                landed: None,
-                overflowed: converted.overflowed(),
-                bytes,
-            })
-        }
-        Job::Populate {
-            map,
-            file,
-            offset,
-            len,
-        } => os::populate_read(map, offset, len)
-            .map(|()| Outcome {
-                bytes: len as u64,
-                ..Outcome::default()
-            })
-            .map_err(|e| why_populate_failed(file, offset as u64, len, e)),
     }
 }
 

@@ -1,8 +1,8 @@
-//! The async facade of `Loader`: a blocking load or open run on a thread of the crate's own, its answer handed to a future through a oneshot; dropping the future unfinished cancels the work.
+//! The async forms of `Loader`'s entry points: a blocking load or open run on a thread of the crate's own, its answer handed to a future through a oneshot; dropping the future unfinished cancels the work.
 
 use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +11,90 @@ use std::thread;
 
 use futures_channel::oneshot;
 
+use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Operation, Result};
+use crate::state_dict::StateDict;
+
+use super::Loader;
+
+// The async forms of `Loader`'s entry points.
+impl Loader {
+    /// [`load`](Self::load) as a future that never blocks the executor
+    /// polling it: the load runs on threads of the crate's own (one named
+    /// `safeload-async`, started at the first poll, and the readers a
+    /// blocking load starts), and its result completes the future. It needs
+    /// no particular runtime (tokio, async-std, smol, a hand-written
+    /// `block_on`) and no `spawn_blocking`; the default build has no async
+    /// dependency but a oneshot channel.
+    ///
+    /// [`on_progress`](Self::on_progress) reports as for `load`, from the
+    /// crate's threads. Dropping the future before it completes cancels the
+    /// load as [`cancel_on`](Self::cancel_on) does: it stops before its next
+    /// read, what it read is freed and its threads end, without the drop
+    /// waiting for them. A load cancelled by the loader's flag resolves to
+    /// [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled). Where the OS
+    /// refuses the thread, the future resolves to an
+    /// [`ErrorKind::Io`](crate::ErrorKind::Io) error (operation
+    /// [`Open`](crate::Operation::Open)) with the OS's reason.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
+    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+    /// // An engine's runtime: one thread, also serving its health checks.
+    /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    /// let sd = rt.block_on(async {
+    ///     safeload::Loader::new().disable_mmap(true).load_async(&path).await
+    /// })?;
+    /// assert_eq!(sd.get("w").unwrap().as_bytes(), [1, 2, 3, 4]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn load_async(
+        &self,
+        path: impl AsRef<Path>,
+    ) -> impl Future<Output = Result<StateDict>> + Send + 'static {
+        let path = path.as_ref().to_path_buf();
+        let (loader, stop) = self.stopped_by_drop();
+        InBackground::new(path.clone(), stop, move || loader.load(&path))
+    }
+
+    /// [`open`](Self::open) as a future that never blocks the executor
+    /// polling it, on a thread of the crate's own, as
+    /// [`load_async`](Self::load_async). Opening reads headers alone, which
+    /// is quick on a local disk but a request per file on a network mount;
+    /// it checks the loader's flag only when it starts, and an open whose
+    /// future was dropped runs to its end on its thread, which then drops
+    /// the checkpoint and ends.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
+    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+    /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    /// let ck = rt.block_on(safeload::Loader::new().open_async(&path))?;
+    /// assert_eq!(ck.get("w").unwrap().shape(), [4]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_async(
+        &self,
+        path: impl AsRef<Path>,
+    ) -> impl Future<Output = Result<Checkpoint>> + Send + 'static {
+        let path = path.as_ref().to_path_buf();
+        let (loader, stop) = self.stopped_by_drop();
+        InBackground::new(path.clone(), stop, move || loader.open(&path))
+    }
+
+    /// This loader, also cancelled by a flag of its own, and that flag (for
+    /// the future of an async load to set when it is dropped).
+    fn stopped_by_drop(&self) -> (Loader, Arc<AtomicBool>) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut loader = self.clone();
+        loader.opts.cancel = std::mem::take(&mut loader.opts.cancel).with_drop(Arc::clone(&stop));
+        (loader, stop)
+    }
+}
 
 /// The name of the thread each async load runs on.
 const THREAD_NAME: &str = "safeload-async";

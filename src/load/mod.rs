@@ -1,26 +1,17 @@
-//! `Loader`: the options of a load, set as one expression, and its entry points (load, open, warm, and the async forms of `future.rs`), each resolve -> open -> the rest in `execute/` or `checkpoint/`.
+//! `Loader`: the options of a load, set as one expression (its entry points in `run.rs`, their async forms in `future.rs`).
 
 mod future;
+mod run;
 
 use std::fmt;
-use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
 
-use crate::cancel;
-use crate::checkpoint::{self, Checkpoint};
-use crate::error::Result;
-use crate::execute::Run;
-use crate::file;
 use crate::mount::MountTable;
 use crate::options::Options;
-use crate::policy::{Environment, ReadMode};
-use crate::prefetch::{self, PrefetchOptions};
+use crate::policy::ReadMode;
+use crate::prefetch::PrefetchOptions;
 use crate::progress::Progress;
-use crate::resolve::{self, Resolved, ShardFile};
-use crate::state_dict::StateDict;
 use safetensors::Dtype;
 
 /// Loads checkpoints; the options of a load, set as one expression.
@@ -226,9 +217,10 @@ impl Loader {
     }
 
     /// Calls `report` with the bytes and files done out of their totals as a
-    /// load (or [`warm`](Self::warm), or [`Checkpoint::for_each`]) goes on:
-    /// for buffered reads, conversions, populated maps, prefetch and
-    /// streaming, at most about 20 times a second and once when a phase
+    /// load (or [`warm`](Self::warm), or
+    /// [`Checkpoint::for_each`](crate::Checkpoint::for_each)) goes on: for
+    /// buffered reads, conversions, populated maps, prefetch and streaming,
+    /// at most about 20 times a second and once when a phase
     /// ends. From the threads doing the work: keep it short. Nothing is
     /// printed by the library itself; a progress bar is the caller's.
     ///
@@ -363,90 +355,6 @@ impl Loader {
         self
     }
 
-    /// Loads the checkpoint at `path`: a `.safetensors` file, a
-    /// `*.safetensors.index.json`, or a directory holding
-    /// `model.safetensors`, `model.safetensors.index.json` or exactly one
-    /// `*.safetensors` file.
-    pub fn load(&self, path: impl AsRef<Path>) -> Result<StateDict> {
-        let path = path.as_ref();
-        cancel::scope(&self.opts.cancel, path, || self.load_now(path))
-    }
-
-    /// [`load`](Self::load), in the scope of its cancel flags.
-    fn load_now(&self, path: &Path) -> Result<StateDict> {
-        let clock = Instant::now();
-        let env = Environment::from_process();
-        let resolved = resolve::resolve(path, caching(&self.opts))?;
-        let shards = self.shards_to_open(&resolved);
-        let (files, notes) = file::open_all(&self.opts, &resolved, &shards, &env, clock)?;
-        // Cancelled while opening: stop before anything is read.
-        if self.opts.cancel.is_set() {
-            return Err(cancel::cancelled(path));
-        }
-        let files: Vec<_> = files.iter().map(|f| (f, f.opened_at())).collect();
-        // The job's exchange between nodes, where `SAFELOAD_EXCHANGE` asks:
-        // joined by every process, its local rank then the node's.
-        let engine = self.opts.exchange.clone().map(crate::cluster::Engine);
-        let joined = match engine {
-            Some(_) => None,
-            None => join_exchange(path)?,
-        };
-        let mut opts = std::borrow::Cow::Borrowed(&self.opts);
-        if let Some(joined) = &joined {
-            if opts.local_rank.is_none() {
-                opts.to_mut().local_rank = Some(joined.local_rank);
-            }
-        }
-        // One participant per node: the engine's communicator is used by
-        // local rank 0; the node's other ranks wait for its node copies, as
-        // the other processes of an MPI node do.
-        let engine_member = engine.as_ref().is_some_and(|e| {
-            use crate::cluster::Exchange;
-            let rank = crate::prefetch::LocalRank::from_setting(opts.local_rank, &env);
-            e.nodes() > 1 && rank.size > 1 && rank.rank > 0
-        });
-        let mpi_member = joined
-            .as_ref()
-            .is_some_and(|j| j.exchange.is_none() && j.nodes > 1);
-        Run {
-            opts: &opts,
-            resolved: &resolved,
-            env: &env,
-            keep: self
-                .opts
-                .filter
-                .as_deref()
-                .map(|f| f as &(dyn Fn(&str) -> bool + Sync)),
-            clock,
-            notes,
-            path,
-            exchange: match &engine {
-                Some(_) if engine_member => None,
-                Some(engine) => Some(engine as &dyn crate::cluster::Exchange),
-                None => joined.as_ref().and_then(|j| j.exchange.as_deref()),
-            },
-            member: engine_member || mpi_member,
-        }
-        .finish(&files)
-    }
-
-    /// Opens the checkpoint at `path` from its headers alone, with this
-    /// loader's options, for reads of the tensors an engine wants
-    /// ([`Checkpoint`]): the same resolution and checks as
-    /// [`load`](Self::load), every file opened once and kept open, mapped
-    /// files mapped (which reads nothing).
-    ///
-    /// # Errors
-    ///
-    /// As [`load`](Self::load) for resolving the files and reading their
-    /// headers.
-    pub fn open(&self, path: impl AsRef<Path>) -> Result<Checkpoint> {
-        let path = path.as_ref();
-        cancel::scope(&self.opts.cancel, path, || {
-            checkpoint::open_with(self.opts.clone(), path)
-        })
-    }
-
     /// Stops this loader's loads and opens, blocking and async, once `flag`
     /// is `true`: a load stops before its next read (each reader in flight
     /// finishes the one it holds, a [`read_size`](Self::read_size) chunk or a
@@ -462,7 +370,7 @@ impl Loader {
     /// and the hashing of [`verify`](Self::verify) run to their end before
     /// it is seen; an open
     /// checks it when it starts. [`warm`](Self::warm), and the reads of a
-    /// [`Checkpoint`] opened with this loader, do not check it.
+    /// [`Checkpoint`](crate::Checkpoint) opened with this loader, do not check it.
     ///
     /// ```
     /// # let dir = tempfile::tempdir()?;
@@ -486,192 +394,4 @@ impl Loader {
         self.opts.cancel = std::mem::take(&mut self.opts.cancel).with_caller(flag);
         self
     }
-
-    /// [`load`](Self::load) as a future that never blocks the executor
-    /// polling it: the load runs on threads of the crate's own (one named
-    /// `safeload-async`, started at the first poll, and the readers a
-    /// blocking load starts), and its result completes the future. It needs
-    /// no particular runtime (tokio, async-std, smol, a hand-written
-    /// `block_on`) and no `spawn_blocking`; the default build has no async
-    /// dependency but a oneshot channel.
-    ///
-    /// [`on_progress`](Self::on_progress) reports as for `load`, from the
-    /// crate's threads. Dropping the future before it completes cancels the
-    /// load as [`cancel_on`](Self::cancel_on) does: it stops before its next
-    /// read, what it read is freed and its threads end, without the drop
-    /// waiting for them. A load cancelled by the loader's flag resolves to
-    /// [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled). Where the OS
-    /// refuses the thread, the future resolves to an
-    /// [`ErrorKind::Io`](crate::ErrorKind::Io) error (operation
-    /// [`Open`](crate::Operation::Open)) with the OS's reason.
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir()?;
-    /// # let path = dir.path().join("model.safetensors");
-    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
-    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// // An engine's runtime: one thread, also serving its health checks.
-    /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
-    /// let sd = rt.block_on(async {
-    ///     safeload::Loader::new().disable_mmap(true).load_async(&path).await
-    /// })?;
-    /// assert_eq!(sd.get("w").unwrap().as_bytes(), [1, 2, 3, 4]);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn load_async(
-        &self,
-        path: impl AsRef<Path>,
-    ) -> impl Future<Output = Result<StateDict>> + Send + 'static {
-        let path = path.as_ref().to_path_buf();
-        let (loader, stop) = self.stopped_by_drop();
-        future::InBackground::new(path.clone(), stop, move || loader.load(&path))
-    }
-
-    /// [`open`](Self::open) as a future that never blocks the executor
-    /// polling it, on a thread of the crate's own, as
-    /// [`load_async`](Self::load_async). Opening reads headers alone, which
-    /// is quick on a local disk but a request per file on a network mount;
-    /// it checks the loader's flag only when it starts, and an open whose
-    /// future was dropped runs to its end on its thread, which then drops
-    /// the checkpoint and ends.
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir()?;
-    /// # let path = dir.path().join("model.safetensors");
-    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
-    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
-    /// let ck = rt.block_on(safeload::Loader::new().open_async(&path))?;
-    /// assert_eq!(ck.get("w").unwrap().shape(), [4]);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn open_async(
-        &self,
-        path: impl AsRef<Path>,
-    ) -> impl Future<Output = Result<Checkpoint>> + Send + 'static {
-        let path = path.as_ref().to_path_buf();
-        let (loader, stop) = self.stopped_by_drop();
-        future::InBackground::new(path.clone(), stop, move || loader.open(&path))
-    }
-
-    /// This loader, also cancelled by a flag of its own, and that flag (for
-    /// the future of an async load to set when it is dropped).
-    fn stopped_by_drop(&self) -> (Loader, Arc<AtomicBool>) {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut loader = self.clone();
-        loader.opts.cancel = std::mem::take(&mut loader.opts.cancel).with_drop(Arc::clone(&stop));
-        (loader, stop)
-    }
-
-    /// The shards a load opens: all of them, or with a filter and an index,
-    /// those the index says hold a tensor the filter keeps.
-    fn shards_to_open<'a>(&self, resolved: &'a Resolved) -> Vec<&'a ShardFile> {
-        match (&self.opts.filter, &resolved.index) {
-            (Some(keep), Some(index)) => {
-                let wanted: std::collections::HashSet<&str> = index
-                    .weight_map
-                    .iter()
-                    .filter(|(tensor, _)| keep(tensor))
-                    .map(|(_, shard)| shard.as_str())
-                    .collect();
-                resolved
-                    .shards
-                    .iter()
-                    .filter(|s| wanted.contains(s.name.as_str()))
-                    .collect()
-            }
-            _ => resolved.shards.iter().collect(),
-        }
-    }
-
-    /// Warms the page cache with the checkpoint at `path` without loading
-    /// it, for a job script that warms, waits at a barrier, then loads: with
-    /// this loader's [`prefetch`](Self::prefetch) streams (4 when unset),
-    /// local rank and memory settings. Run it in every local rank: they
-    /// split the bytes between them through a shared queue, and each returns
-    /// once every chunk is warm or skipped.
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir()?;
-    /// # let path = dir.path().join("model.safetensors");
-    /// # let data = vec![0u8; 1 << 20];
-    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 20], &data)?;
-    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// let report = safeload::Loader::new().prefetch(2).warm(&path)?;
-    /// assert_eq!(report.total_bytes, std::fs::metadata(&path)?.len());
-    /// eprintln!("{report}");
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// When the checkpoint cannot be resolved, a file cannot be opened, or a
-    /// read fails (with the file and offset). Problems with the shared queue
-    /// are not errors: the ranks then split the bytes statically.
-    pub fn warm(&self, path: impl AsRef<Path>) -> Result<crate::report::PrefetchReport> {
-        let env = Environment::from_process();
-        let resolved = resolve::resolve(path.as_ref(), caching(&self.opts))?;
-        if resolved.is_remote() {
-            // Local ranks loading one remote checkpoint share a node copy
-            // instead (`local_rank`).
-            return Err(crate::error::Error::remote(
-                crate::error::Operation::Prefetch,
-                path.as_ref(),
-                None,
-                "a remote checkpoint has no page cache to warm; load it".to_owned(),
-                std::io::ErrorKind::Unsupported,
-            ));
-        }
-        let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
-        let sources = file::open_sources(&self.opts, &resolved, &shards)?;
-        let handed: Vec<prefetch::LoadFile<'_>> = sources
-            .iter()
-            .map(|s| prefetch::LoadFile::of(s, true))
-            .collect();
-        let options = self.opts.prefetch.clone().unwrap_or_default();
-        // Under `SAFELOAD_EXCHANGE`, the node's local ranks are the
-        // exchange's: each node warms its own page cache (the exchange moves
-        // bytes between the nodes' memories, which no page cache receives).
-        let joined = match &self.opts.exchange {
-            Some(_) => None,
-            None => join_exchange(path.as_ref())?,
-        };
-        let job = prefetch::Job {
-            local_rank: self
-                .opts
-                .local_rank
-                .or(joined.as_ref().map(|j| j.local_rank)),
-            memory_available: self.opts.memory_available,
-            env: &env,
-            progress: self.opts.progress.as_ref(),
-        };
-        let reason = format!("prefetch() with {} stream(s)", options.stream_count());
-        prefetch::warm(&handed, &options, &job, reason)
-    }
-}
-
-/// The caches a remote address of a load with `opts` goes through.
-pub(crate) fn caching(opts: &Options) -> resolve::Caching<'_> {
-    resolve::Caching {
-        hub: opts.hub_cache,
-        dir: opts.cache_dir.as_deref(),
-    }
-}
-
-/// The job's exchange, where `SAFELOAD_EXCHANGE` asks for one: joined by
-/// every process of the job (a collective), `None` where it is unset.
-///
-/// # Errors
-///
-/// The exchange cannot be joined: an I/O error of
-/// [`Operation::Exchange`](crate::error::Operation::Exchange) on `path`.
-fn join_exchange(path: &Path) -> Result<Option<crate::cluster::Joined>> {
-    crate::cluster::from_env().map_err(|why| {
-        crate::error::Error::io(
-            crate::error::Operation::Exchange,
-            path,
-            None,
-            std::io::Error::other(why),
-        )
-    })
 }

@@ -39,6 +39,10 @@ use std::io;
 #[cfg_attr(all(target_os = "linux", not(safeload_os_stub)), path = "linux.rs")]
 #[cfg_attr(not(all(target_os = "linux", not(safeload_os_stub))), path = "stub.rs")]
 mod imp;
+mod steps;
+
+// Portable, on top of the list below: a range read through a scratch buffer.
+pub(crate) use steps::read_in_steps;
 
 // What this platform can answer: whether it has a mount table and
 // filesystem magic numbers (`false` makes every mount lookup "unknown").

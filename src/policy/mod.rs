@@ -1,24 +1,29 @@
 //! Every automatic decision of a load, made from facts passed in: how each file is read, whether with direct I/O, prefetch and its method, whether files are hashed; each with a typed reason (rendered to words once, in `report.rs`).
 //!
 //! `mod.rs` holds the modes a caller sets and the environment read once per
-//! load; `file.rs` the decisions about one file (strategy, direct I/O, reads
-//! in flight, the memory guard); `prefetch.rs` whether and how the page cache
-//! is warmed. Nothing here does I/O: the facts (mount, residency, memory) are
+//! load; `file.rs` the decisions about one file (strategy, direct I/O,
+//! conversion); `reads.rs` the reads in flight and their size; `guard.rs`
+//! the memory guard; `prefetch.rs` whether and how the page cache is
+//! warmed. Nothing here does I/O: the facts (mount, residency, memory) are
 //! passed in, so every rule is tested by tables.
 
 use std::fmt;
 
 mod file;
+mod guard;
 mod prefetch;
+mod reads;
 mod reason;
 
 pub use file::AutoPolicy;
 pub(crate) use file::*;
+pub(crate) use guard::{memory_fits, memory_guard};
 pub(crate) use prefetch::{
     AutoPrefetchSkip, PrefetchAsk, auto_prefetch_runs, auto_prefetch_streams, prefetch_ask,
     prefetch_method, prefetch_warms_buffered,
 };
 pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod};
+pub(crate) use reads::io_defaults;
 pub(crate) use reason::auto_rule;
 pub use reason::{DirectIo, Fallback, Reason};
 

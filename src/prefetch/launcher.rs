@@ -1,8 +1,7 @@
 //! Which local rank this process is, from the launchers' variables (torchrun, Slurm, Open MPI, MPICH), and the job key that keeps one job's queue apart from another's.
 
-use std::fmt;
-
 use crate::policy::Environment;
+use crate::report::RankSource;
 
 /// This process's place among the job's processes on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,83 +12,12 @@ pub(crate) struct LocalRank {
     pub source: RankSource,
 }
 
-/// Where a process's local rank and the number of local ranks came from
-/// ([`PrefetchReport::rank_source`](crate::report::PrefetchReport::rank_source)).
-/// `Display` says it in words, e.g. `LOCAL_RANK=1 LOCAL_WORLD_SIZE=8
-/// (torchrun)`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize),
-    serde(rename_all = "snake_case")
-)]
-#[non_exhaustive]
-pub enum RankSource {
-    /// [`Loader::local_rank`](crate::Loader::local_rank); `valid` is false
-    /// where the rank was not below the size (then taken as one process).
-    Caller {
-        /// Whether the values were usable.
-        valid: bool,
-    },
-    /// A launcher's variables, as they were set; `valid` is false where
-    /// they were not numbers or the rank not below the size (then taken as
-    /// one process).
-    Launcher {
-        /// `torchrun`, `Slurm`, `Open MPI` or `MPICH/Intel MPI`.
-        launcher: &'static str,
-        /// The rank's variable, e.g. `LOCAL_RANK`.
-        rank_var: &'static str,
-        /// Its value.
-        rank: String,
-        /// The size's variable, e.g. `LOCAL_WORLD_SIZE`.
-        size_var: &'static str,
-        /// Its value.
-        size: String,
-        /// Whether the values were usable.
-        valid: bool,
-    },
-    /// No launcher variable was set: one process.
-    #[default]
-    Alone,
-}
-
-impl RankSource {
-    /// The same source, its values found unusable (taken as one process).
-    fn invalid(mut self) -> RankSource {
-        if let RankSource::Caller { valid } | RankSource::Launcher { valid, .. } = &mut self {
-            *valid = false;
-        }
-        self
+/// The same source, its values found unusable (taken as one process).
+fn invalid(mut source: RankSource) -> RankSource {
+    if let RankSource::Caller { valid } | RankSource::Launcher { valid, .. } = &mut source {
+        *valid = false;
     }
-}
-
-impl fmt::Display for RankSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RankSource::Caller { valid } => {
-                f.write_str("local_rank() was set")?;
-                if !valid {
-                    f.write_str(": invalid, taken as one process")?;
-                }
-                Ok(())
-            }
-            RankSource::Launcher {
-                launcher,
-                rank_var,
-                rank,
-                size_var,
-                size,
-                valid,
-            } => {
-                write!(f, "{rank_var}={rank} {size_var}={size} ({launcher})")?;
-                if !valid {
-                    f.write_str(": invalid, taken as one process")?;
-                }
-                Ok(())
-            }
-            RankSource::Alone => f.write_str("no launcher variables"),
-        }
-    }
+    source
 }
 
 impl LocalRank {
@@ -115,7 +43,7 @@ impl LocalRank {
 
     fn checked(rank: usize, size: usize, source: RankSource) -> LocalRank {
         if size == 0 || rank >= size {
-            return LocalRank::single(source.invalid());
+            return LocalRank::single(invalid(source));
         }
         LocalRank { rank, size, source }
     }
@@ -166,7 +94,7 @@ pub(crate) fn detect_local_rank(env: impl Fn(&str) -> Option<String>) -> LocalRa
         let size = leading_number(&size_text);
         return match (rank, size) {
             (Some(rank), Some(size)) => LocalRank::checked(rank, size, source),
-            _ => LocalRank::single(source.invalid()),
+            _ => LocalRank::single(invalid(source)),
         };
     }
     LocalRank::single(RankSource::Alone)

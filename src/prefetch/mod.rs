@@ -54,13 +54,11 @@
 //! through it) opens the files once and hands them over (`load.rs`), with
 //! the policy's answer to whether to run (`policy/prefetch.rs`); `run.rs`
 //! plans the chunks once, opens the queue and hands the readers
-//! (`worker.rs`) their start offsets; `options.rs` holds the public builder.
+//! (`worker.rs`) their start offsets; each chunk is warmed by `warm.rs`;
+//! `options.rs` holds the public builder.
 
 mod fill;
 mod launcher;
-pub use launcher::RankSource;
-mod skip;
-pub use skip::SkipReason;
 mod load;
 mod options;
 mod owner;
@@ -70,6 +68,7 @@ mod queue_file;
 mod residency;
 mod run;
 mod takeover;
+mod warm;
 mod worker;
 
 use crate::memory;

@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use super::launcher::LocalRank;
 use super::queue::{DONE, FREE, SKIPPED};
-use super::skip::SkipReason;
+use crate::report::SkipReason;
 
 /// The memory guard warms at most this fraction of the memory available.
 const GUARD_NUMERATOR: u64 = 9;

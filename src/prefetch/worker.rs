@@ -1,6 +1,5 @@
-//! A rank's readers: claim a free chunk, else take over a chunk whose holder died or stopped (`takeover.rs`) or wait for it; warm it by reading or by `WILLNEED`, beating the rank's heartbeat as they go; then check that what they warmed landed.
+//! A rank's readers: claim a free chunk, else take over a chunk whose holder died or stopped (`takeover.rs`) or wait for it; warm it (`warm.rs`: by reading or by `WILLNEED`), beating the rank's heartbeat as they go; then check that what they warmed landed.
 
-use std::fs::File;
 use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -11,13 +10,12 @@ use super::owner::Owner;
 use super::plan::Chunk;
 use super::queue::{ChunkState, DONE, FREE, SKIPPED, SlotState, chunk_state, slot_state};
 use super::residency::Target;
-use super::skip::SkipReason;
 use super::takeover::{self, Verdict, Watch};
-use crate::error::Operation;
+use super::warm::{advise_and_wait, read_chunk};
 use crate::error::{Error, Result};
-use crate::os;
 use crate::policy::PrefetchMethod;
 use crate::progress::Meter;
+use crate::report::SkipReason;
 use crate::workers;
 
 /// How often a reader with nothing to claim looks at the queue again.
@@ -28,14 +26,6 @@ const POLL: Duration = Duration::from_millis(2);
 /// The last resort, for what the take-over rule leaves alone (see
 /// `takeover.rs`): a stopped rank's chunks are taken over within 2 s.
 const STALL: Duration = Duration::from_secs(60);
-
-/// After `WILLNEED`, the residency of a chunk is polled this often, and the
-/// rest is read when nothing has landed for `WILLNEED_IDLE`.
-const WILLNEED_POLL: Duration = Duration::from_micros(500);
-const WILLNEED_IDLE: Duration = Duration::from_millis(50);
-
-/// The largest read of the `Pread` method: one scratch buffer per reader.
-const SCRATCH: u64 = 8 << 20;
 
 /// What the readers of one rank work from.
 pub(super) struct Work<'a> {
@@ -447,75 +437,12 @@ fn swap(word: &AtomicU64, from: u64, to: u64) -> bool {
         .is_ok()
 }
 
-/// Reads a chunk through the page cache into a scratch buffer, in reads of
-/// at most 8 MiB. A file that ends early ends the chunk (the load reports
-/// the truncation).
-fn read_chunk(target: &Target, file: &File, chunk: Chunk, scratch: &mut Vec<u8>) -> Result<()> {
-    let want = usize::try_from(chunk.len.min(SCRATCH))
-        .unwrap_or(1 << 20)
-        .max(1);
-    if scratch.len() < want {
-        scratch.resize(want, 0);
-    }
-    let mut offset = chunk.offset;
-    let end = chunk.offset + chunk.len;
-    while offset < end {
-        let len = usize::try_from(end - offset)
-            .unwrap_or(usize::MAX)
-            .min(scratch.len());
-        let Some(buf) = scratch.get_mut(..len) else {
-            break;
-        };
-        os::read_at_least(file, buf, 0, offset)
-            .map_err(|(at, e)| Error::io(Operation::Prefetch, &target.path, Some(at), e))?;
-        offset += len as u64;
-    }
-    Ok(())
-}
-
-/// Asks for a chunk with `WILLNEED` in pieces the kernel honours whole,
-/// waits while its pages arrive (calling `progress` as they do), and reads
-/// what has not arrived once nothing has for a while (the kernel may drop
-/// read-ahead under load).
-fn advise_and_wait(
-    target: &Target,
-    chunk: Chunk,
-    scratch: &mut Vec<u8>,
-    pages: &mut Vec<u8>,
-    progress: &dyn Fn(),
-) -> Result<()> {
-    let end = chunk.offset + chunk.len;
-    let piece = target.advice_piece.max(1);
-    let mut offset = chunk.offset;
-    while offset < end {
-        let len = piece.min(end - offset);
-        if os::advise_willneed(&target.file, offset, len).is_err() {
-            return read_chunk(target, &target.file, chunk, scratch);
-        }
-        offset += len;
-    }
-    let mut last = 0;
-    let mut last_change = Instant::now();
-    loop {
-        match target.landed(chunk.offset, chunk.len, pages) {
-            Some(r) if r >= chunk.len => return Ok(()),
-            Some(r) if r > last => {
-                last = r;
-                last_change = Instant::now();
-                progress();
-            }
-            Some(_) if last_change.elapsed() < WILLNEED_IDLE => {}
-            _ => return read_chunk(target, &target.file, chunk, scratch),
-        }
-        std::thread::sleep(WILLNEED_POLL);
-    }
-}
-
 // A holder that is another live process (the parent, by `getppid(2)`) needs the Linux OS
 // layer; the stub knows no parent and has no shared queue to race on.
 #[cfg(all(test, target_os = "linux", not(safeload_os_stub)))]
 mod tests {
     use super::*;
+    use crate::os;
     use crate::prefetch::plan::{guard, plan_chunks};
     use crate::prefetch::queue::{Layout, chunk_words, heartbeat_words, init_words, slot_words};
     use crate::prefetch::residency::{open_targets, resolve_method};

@@ -11,7 +11,7 @@ use super::object::RemoteObject;
 use super::store::IoRuntime;
 use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::format::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
-use crate::source::Source;
+use crate::source::{Source, read_error};
 
 /// A remote checkpoint's place and the objects opened so far, by file name.
 #[derive(Debug)]
@@ -109,7 +109,7 @@ impl RemoteCheckpoint {
         let want = bytes.len();
         object
             .read_at(&mut bytes, want, 0)
-            .map_err(|(at, e)| crate::file::read_error(Operation::Read, &*object, len, at, e))?;
+            .map_err(|(at, e)| read_error(Operation::Read, &*object, len, at, e))?;
         // The index is read once; its object is not a shard.
         self.forget(name);
         Ok((bytes, object))

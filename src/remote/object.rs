@@ -13,6 +13,7 @@ use object_store::{GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt}
 use super::error::{Redactor, RemoteError, RemoteErrorKind};
 use super::hub::HubFileMeta;
 use super::store::{IoRuntime, Tuning};
+use crate::error::{Error, Operation};
 use crate::mount::Mount;
 use crate::source::{Source, Version, VersionTag};
 
@@ -411,5 +412,10 @@ impl Source for RemoteObject {
 
     fn published_sha256(&self) -> Option<[u8; 32]> {
         crate::verify::parse_hex(self.hub.as_ref()?.sha256()?)
+    }
+
+    fn own_error(&self, operation: Operation, error: &std::io::Error) -> Option<Error> {
+        let remote = error.get_ref()?.downcast_ref::<RemoteError>()?;
+        Some(remote.clone().into_error(operation))
     }
 }

@@ -10,13 +10,13 @@ use std::path::Path;
 
 use serde::ser::{Serialize, Serializer};
 
+use super::RankSource;
 use super::{
     CacheStore, CacheUse, DirectIo, Fallback, FileReport, LoadReport, PrefetchReport, SkipReason,
     Strategy,
 };
 use crate::mount::{Detection, Mount, MountKind};
 use crate::policy::PrefetchMethod;
-use crate::prefetch::RankSource;
 
 /// A path as a string (lossy where not UTF-8).
 fn text(path: &Path) -> String {

@@ -1,4 +1,4 @@
-//! What a load did, as data and as text: per file the filesystem, strategy, reason, bytes and time; the prefetch's rank split and guard; byte and rate formatting.
+//! What a load did, as data and as text: per file the filesystem, strategy, reason, bytes and time, the typed reasons in words, byte and rate formatting (a prefetch's report in `prefetch.rs`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -8,14 +8,15 @@ use std::time::Duration;
 use crate::mount::Mount;
 use crate::mount::MountKind;
 pub use crate::policy::{DirectIo, Fallback, PrefetchMethod, Reason, Strategy};
-pub use crate::prefetch::{RankSource, SkipReason};
 pub use crate::progress::{Phase, Progress};
 pub use crate::source::{CacheStore, CacheUse, NotCached};
 pub use cache::{CacheListing, CachedFile, CachedRepo, CachedRevision};
+pub use prefetch::{PrefetchReport, RankSource, SkipReason};
 
 mod cache;
 #[cfg(feature = "serde")]
 mod json;
+mod prefetch;
 
 use crate::policy::{DISABLE_MMAP_ENV, FileDecision, auto_rule};
 
@@ -252,12 +253,6 @@ impl fmt::Display for LoadReport {
     }
 }
 
-/// Reasons in words, one after another.
-fn joined(reasons: &[SkipReason]) -> String {
-    let words: Vec<String> = reasons.iter().map(ToString::to_string).collect();
-    words.join("; ")
-}
-
 pub(crate) fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = bytes as f64;
@@ -271,111 +266,6 @@ pub(crate) fn human_bytes(bytes: u64) -> String {
         format!("{bytes} B")
     } else {
         format!("{value:.2} {name}")
-    }
-}
-
-/// What a prefetch did, for this process: the rank split, what was already
-/// in the page cache, what this process warmed, what the memory guard left
-/// cold and why. `Display` prints it as one line.
-#[derive(Debug, Clone, Default)]
-#[non_exhaustive]
-pub struct PrefetchReport {
-    /// Whether anything was warmed or checked; `false` when prefetch was
-    /// considered and not done (see [`reason`](Self::reason)).
-    pub ran: bool,
-    /// Why prefetch ran, or why not, in words.
-    pub reason: String,
-    /// This process's rank among the job's processes on this node.
-    pub rank: usize,
-    /// The number of the job's processes on this node.
-    pub local_size: usize,
-    /// Where the rank and size came from.
-    pub rank_source: RankSource,
-    /// Readers in this process.
-    pub streams: usize,
-    /// How chunks were warmed (of the first file, where files differ).
-    pub method: PrefetchMethod,
-    /// Whether the ranks shared one queue (else each warmed a fixed share).
-    pub shared_queue: bool,
-    /// Why the queue was not shared, or what was replaced to share it.
-    pub queue_note: Option<String>,
-    /// Files prefetched.
-    pub files: usize,
-    /// Their total size, in bytes.
-    pub total_bytes: u64,
-    /// The chunk size used, in bytes.
-    pub chunk_size: u64,
-    /// Chunks in the checkpoint.
-    pub chunks: usize,
-    /// Chunks this process claimed and handled (resident or not).
-    pub chunks_handled: usize,
-    /// Bytes already in the page cache before warming began (when the queue
-    /// was made, for a shared queue).
-    pub resident_before: u64,
-    /// Bytes this process brought into the page cache.
-    pub warmed: u64,
-    /// Bytes this process found missing after warming and read again.
-    pub reread: u64,
-    /// Bytes left cold on this node: by the memory guard, or because a rank
-    /// holding them stopped making progress.
-    pub skipped: u64,
-    /// Why bytes were skipped.
-    pub skip_reasons: Vec<SkipReason>,
-    /// Bytes in the page cache when this process finished, where residency
-    /// can be checked.
-    pub resident_after: Option<u64>,
-    /// Whether page-cache residency could be checked. The kernel hides it
-    /// for files the caller neither owns nor may write (`cachestat(2)`,
-    /// `mincore(2)`); every chunk is then read, which costs a copy where
-    /// the pages are already cached.
-    pub residency_known: bool,
-    /// Wall time of this process's prefetch.
-    pub elapsed: Duration,
-    /// The shared queue's file, where one was used (for tests).
-    #[doc(hidden)]
-    pub queue_path: Option<PathBuf>,
-}
-
-impl fmt::Display for PrefetchReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if !self.ran {
-            write!(f, "not prefetched: {}", self.reason)?;
-            if !self.skip_reasons.is_empty() {
-                write!(f, "; {}", joined(&self.skip_reasons))?;
-            }
-            return Ok(());
-        }
-        let queue = match (&self.queue_path, &self.queue_note) {
-            (Some(path), _) => format!("shared queue {}", path.display()),
-            (None, Some(note)) => note.clone(),
-            (None, None) => "one process".to_string(),
-        };
-        write!(
-            f,
-            "prefetched: {}; rank {} of {} ({}), {} stream(s), {}, {}; {} in {} file(s): {} already resident, {} warmed here ({} of {} chunks), {} re-read, {} skipped",
-            self.reason,
-            self.rank,
-            self.local_size,
-            self.rank_source,
-            self.streams,
-            self.method,
-            queue,
-            human_bytes(self.total_bytes),
-            self.files,
-            human_bytes(self.resident_before),
-            human_bytes(self.warmed),
-            self.chunks_handled,
-            self.chunks,
-            human_bytes(self.reread),
-            human_bytes(self.skipped),
-        )?;
-        if !self.skip_reasons.is_empty() {
-            write!(f, " ({})", joined(&self.skip_reasons))?;
-        }
-        if !self.residency_known {
-            write!(f, ", residency not visible (every chunk read)")?;
-        }
-        write!(f, "; {:.3} s", self.elapsed.as_secs_f64())
     }
 }
 

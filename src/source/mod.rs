@@ -18,6 +18,7 @@ use std::path::Path;
 pub use cache_use::{CacheStore, CacheUse, NotCached};
 pub(crate) use local::LocalFile;
 
+use crate::error::{Error, ErrorKind, Operation};
 use crate::mount::Mount;
 
 /// One version of a file, as seen when it was opened: what must not change
@@ -101,6 +102,14 @@ pub(crate) trait Source: Send + Sync {
     fn cache_write(&self) -> Option<&dyn CacheWrite> {
         None
     }
+
+    /// The crate's error for a failure [`read_at`](Self::read_at) returned,
+    /// where the source made that failure itself and says more than its I/O
+    /// kind (a remote object: the status, address and byte range); `None`
+    /// for an ordinary I/O error, which [`read_error`] maps.
+    fn own_error(&self, _operation: Operation, _error: &io::Error) -> Option<Error> {
+        None
+    }
 }
 
 /// A cache written as a file is fetched (a second place its bytes go): what
@@ -133,4 +142,28 @@ pub(crate) trait CacheWrite: Send + Sync {
 
     /// The file is not written to the cache, for this reason.
     fn abandon(&self, why: NotCached);
+}
+
+/// The error of a failed read of `source` (`operation` says of what) at
+/// `offset`, `expected` being the length it was opened with: the source's own
+/// error where it made one, a file that ended early reported as having
+/// shrunk, else the I/O error naming the file and offset.
+pub(crate) fn read_error(
+    operation: Operation,
+    source: &dyn Source,
+    expected: u64,
+    offset: u64,
+    error: io::Error,
+) -> Error {
+    if let Some(own) = source.own_error(operation, &error) {
+        return own;
+    }
+    if error.kind() == io::ErrorKind::UnexpectedEof {
+        if let Some(Ok(actual)) = source.local().map(LocalFile::len_now) {
+            if actual < expected {
+                return Error::new(ErrorKind::SizeMismatch { expected, actual }, source.path());
+            }
+        }
+    }
+    Error::io(operation, source.path(), Some(offset), error)
 }

@@ -248,10 +248,12 @@ fn a_cancelled_load_publishes_nothing_and_leaves_nothing() {
         bandwidth_bytes_per_sec: Some(1 << 20),
         ..Options::default()
     });
-    let e = hub.fail(
-        "hf://org/model",
-        &[("SAFELOAD_TEST_HUB_CANCEL_MS", "500".to_owned())],
-    );
+    // Reads of 64 KiB: a reader stops at its next one.
+    let vars = [
+        ("SAFELOAD_TEST_HUB_CANCEL_MS", "500".to_owned()),
+        ("SAFELOAD_TEST_HUB_READ_SIZE", (64 << 10).to_string()),
+    ];
+    let e = hub.fail("hf://org/model", &vars);
     assert!(e.contains("cancelled=true"), "{e}");
     for i in 0..3 {
         let name = shard_name(i, 3);

@@ -272,6 +272,9 @@ fn act_load() {
     if std::env::var(BUILDER_CACHE).is_ok_and(|v| v == "0") {
         loader = loader.hub_cache(false);
     }
+    if let Ok(bytes) = std::env::var("SAFELOAD_TEST_HUB_READ_SIZE") {
+        loader = loader.read_size(bytes.parse().unwrap());
+    }
     if let Ok(ms) = std::env::var("SAFELOAD_TEST_HUB_CANCEL_MS") {
         // Cancelled from another thread while it reads.
         let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -8,12 +8,14 @@
 //! Ranks killed, stopped, late, another user's, in a memory cgroup, in a
 //! private mount namespace with a 64 MiB `/dev/shm`: `faults.rs`; two jobs,
 //! a replaced file, filters: `jobs.rs`; another local user planting names
-//! in the queue directory: `attacks.rs`; a holder's serving thread while
+//! in the queue directory: `attacks.rs` (the attacker's process:
+//! `attacker.rs`, shared with the benchmark); a holder's serving thread while
 //! idle: `serving.rs`.
 //!
 //! Needs root and /dev/fuse: skipped (loudly) where they are missing, a
 //! failure under `SAFELOAD_REQUIRE_FUSE=1`.
 
+mod attacker;
 mod attacks;
 mod faults;
 mod jobs;
@@ -61,7 +63,7 @@ fn child() {
     run_role(&[
         ("rank", act_as_rank),
         ("namespace", faults::act_as_namespace),
-        ("attacker", attacks::act_as_attacker),
+        ("attacker", attacker::act_from_env),
     ]);
 }
 

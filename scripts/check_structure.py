@@ -1,0 +1,516 @@
+#!/usr/bin/env python3
+"""Checks the crate's structure: no file under src/ over 600 lines (each
+opening with its `//!` line), no import circle between the top-level modules
+of src/, no import pointing up the layers listed in docs/ARCHITECTURE.md, and
+that page's file table naming every source file (and no file that is gone).
+
+    python3 scripts/check_structure.py [CRATE_DIR]      # exit 1 on a breach
+    python3 scripts/check_structure.py --graph          # the edges, for the picture
+
+What counts as an import: every `crate::<module>` path (also inside `use
+crate::{..}` groups and `super::` paths that climb to the root) in the code
+that is built without `cfg(test)`, comments, strings and test modules left
+out. A path through the root (`crate::Loader`) counts as an import of the
+module the root re-exports it from. The module tree is followed from
+`src/lib.rs` through its `mod` declarations (and their `path` attributes), so
+a test module's file is known as one whatever its name.
+
+The layers are data in docs/ARCHITECTURE.md: the fenced block after the line
+`<!-- layers: read by scripts/check_structure.py -->`, one layer per line, top
+first, `name: module module ..`. A module imports modules of its own layer
+(no circle among them) and of the layers below, never one of a layer above;
+every top-level module of src/ is in exactly one layer (`lib` is the crate
+root, `lib.rs`).
+"""
+import re
+import sys
+from pathlib import Path
+
+MAX_LINES = 600
+LAYERS_MARKER = "<!-- layers: read by scripts/check_structure.py -->"
+FILE_TABLE_HEADING = "## One line per file"
+IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+ROOT = "lib"
+
+
+def blank(text):
+    """The text with every character but newlines turned into a space."""
+    return re.sub(r"[^\n]", " ", text)
+
+
+CHAR_LITERAL = re.compile(r"'(?:\\(?:x[0-9a-fA-F]{2}|u\{[0-9a-fA-F]+\}|.)|[^\\'\n])'")
+RAW_STRING = re.compile(r'b?r(#*)"')
+
+
+def mask(src, keep_strings):
+    """`src` with comments blanked and, unless `keep_strings`, the insides of
+    string and char literals too: the same length, lines where they were."""
+    out = []
+    i, n = 0, len(src)
+    while i < n:
+        c = src[i]
+        prev_ident = i > 0 and (src[i - 1].isalnum() or src[i - 1] == "_")
+        if src.startswith("//", i):
+            j = src.find("\n", i)
+            j = n if j < 0 else j
+            out.append(blank(src[i:j]))
+            i = j
+        elif src.startswith("/*", i):
+            depth, j = 0, i
+            while j < n:
+                if src.startswith("/*", j):
+                    depth, j = depth + 1, j + 2
+                elif src.startswith("*/", j):
+                    depth, j = depth - 1, j + 2
+                    if depth == 0:
+                        break
+                else:
+                    j += 1
+            out.append(blank(src[i:j]))
+            i = j
+        elif not prev_ident and RAW_STRING.match(src, i):
+            m = RAW_STRING.match(src, i)
+            end = src.find('"' + m.group(1), m.end())
+            end = n if end < 0 else end + 1 + len(m.group(1))
+            out.append(src[i:end] if keep_strings else blank(src[i:end]))
+            i = end
+        elif c == '"' or (c == "b" and not prev_ident and src.startswith('b"', i)):
+            j = i + (2 if c == "b" else 1)
+            while j < n and src[j] != '"':
+                j += 2 if src[j] == "\\" else 1
+            j = min(j + 1, n)
+            out.append(src[i:j] if keep_strings else blank(src[i:j]))
+            i = j
+        elif c == "'" and CHAR_LITERAL.match(src, i):
+            m = CHAR_LITERAL.match(src, i)
+            out.append(src[i:m.end()] if keep_strings else blank(src[i:m.end()]))
+            i = m.end()
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def matching(text, open_at):
+    """The index just past the bracket that closes the one at `open_at`."""
+    pairs = {"{": "}", "(": ")", "[": "]"}
+    stack = []
+    for j in range(open_at, len(text)):
+        ch = text[j]
+        if ch in pairs:
+            stack.append(pairs[ch])
+        elif stack and ch == stack[-1]:
+            stack.pop()
+            if not stack:
+                return j + 1
+    return len(text)
+
+
+TEST_CFG = re.compile(r"#\s*\[\s*cfg\s*\(\s*(?:test|all\s*\(\s*test\b[^\]]*\))\s*\)\s*\]")
+ATTRIBUTE = re.compile(r"\s*#\s*\[")
+
+
+def test_regions(code):
+    """The spans of items built only under `cfg(test)`, and the names of the
+    outline modules (`mod x;`) among them."""
+    regions, test_mods = [], set()
+    for m in TEST_CFG.finditer(code):
+        j = m.end()
+        while True:
+            a = ATTRIBUTE.match(code, j)
+            if not a:
+                break
+            j = matching(code, a.end() - 1)
+        item = re.match(r"\s*(?:pub\s*(?:\([^)]*\))?\s*)?(\w+)(?:\s+(" + IDENT + r"))?", code[j:])
+        keyword = item.group(1) if item else ""
+        end, k = len(code), j
+        while k < len(code):
+            ch = code[k]
+            if ch == ";":
+                end = k + 1
+                break
+            if ch in "([":
+                k = matching(code, k)
+                continue
+            if ch == "{":
+                if keyword == "use":
+                    k = matching(code, k)
+                    continue
+                end = matching(code, k)
+                break
+            k += 1
+        if keyword == "mod" and item.group(2) and code[j:end].rstrip().endswith(";"):
+            test_mods.add(item.group(2))
+        regions.append((m.start(), end))
+    return regions, test_mods
+
+
+def inside(pos, regions):
+    return any(a <= pos < b for a, b in regions)
+
+
+MOD_DECL = re.compile(
+    r"((?:#\s*\[[^\]]*\]\s*)*)(?:pub\s*(?:\([^)]*\))?\s*)?\bmod\s+(" + IDENT + r")\s*;"
+)
+INLINE_MOD = re.compile(r"\bmod\s+(" + IDENT + r")\s*\{")
+
+
+class Source:
+    """One file of the module tree: its module path, text and non-test code."""
+
+    def __init__(self, path, module):
+        self.path = path
+        self.module = module  # e.g. ["prefetch", "worker"]; [] for lib.rs
+        self.text = path.read_text()
+        with_strings = mask(self.text, keep_strings=True)
+        code = mask(self.text, keep_strings=False)
+        self.regions, test_mods = test_regions(code)
+        self.code = "".join(
+            blank(ch) if inside(i, self.regions) else ch for i, ch in enumerate(code)
+        ) if self.regions else code
+        self.children = []
+        for m in MOD_DECL.finditer(with_strings):
+            name = m.group(2)
+            if name in test_mods or inside(m.start(2), self.regions):
+                continue
+            if inside_inline_module(code, m.start(2)):
+                continue
+            paths = re.findall(r'path\s*=\s*"([^"]+)"', m.group(1))
+            self.children.append((name, paths))
+        self.inline = [
+            (m.group(1), m.end() - 1, matching(self.code, m.end() - 1))
+            for m in INLINE_MOD.finditer(self.code)
+        ]
+
+    def line_of(self, pos):
+        return self.text.count("\n", 0, pos) + 1
+
+    def module_at(self, pos):
+        """The module path at `pos`, inline modules included."""
+        path = list(self.module)
+        for name, a, b in self.inline:
+            if a <= pos < b:
+                path.append(name)
+        return path
+
+
+def inside_inline_module(code, pos):
+    for m in INLINE_MOD.finditer(code):
+        if m.end() - 1 <= pos < matching(code, m.end() - 1):
+            return True
+    return False
+
+
+def module_tree(src_dir):
+    """Every non-test source file reached from lib.rs, by its module path."""
+    files = []
+    todo = [(src_dir / "lib.rs", [])]
+    while todo:
+        path, module = todo.pop()
+        source = Source(path, module)
+        files.append(source)
+        is_dir_owner = path.name in ("lib.rs", "mod.rs")
+        base = path.parent if is_dir_owner else path.parent / path.stem
+        for name, paths in source.children:
+            candidates = [path.parent / p for p in paths] or [
+                base / f"{name}.rs",
+                base / name / "mod.rs",
+            ]
+            for candidate in candidates:
+                if candidate.is_file():
+                    todo.append((candidate, module + [name]))
+                    if not paths:
+                        break
+    return files
+
+
+def split_group(text):
+    """The elements of a `{a, b::c, d::{e}}` group, split at top-level commas."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def first_names(code, pos):
+    """The first segment of each path starting at `pos` (a name or a group)."""
+    if code[pos] == "{":
+        end = matching(code, pos)
+        names = []
+        for part in split_group(code[pos + 1:end - 1]):
+            m = re.match(IDENT, part)
+            if m:
+                names.append(m.group(0))
+        return names
+    m = re.match(IDENT, code[pos:])
+    return [m.group(0)] if m else []
+
+
+def root_names(lib, modules):
+    """What a `crate::<name>` path means at the root: name -> module."""
+    names = {}
+    for m in re.finditer(r"\buse\s+([^;]+);", lib.code):
+        for path, alias in expand_use(m.group(1).replace("\n", " ")):
+            segments = [s for s in path if s not in ("crate", "self")]
+            if segments and segments[0] in modules:
+                names[alias] = segments[0]
+    for m in re.finditer(r"\b(?:fn|struct|enum|trait|type|const|static)\s+(" + IDENT + ")", lib.code):
+        names.setdefault(m.group(1), ROOT)
+    return names
+
+
+def expand_use(tree, prefix=()):
+    """`a::{b, c::d as e}` -> [(["a","b"], "b"), (["a","c","d"], "e")]."""
+    tree = tree.strip().lstrip(":").strip()
+    m = re.match(r"((?:" + IDENT + r"\s*::\s*)*)\{", tree)
+    if m and tree.endswith("}"):
+        head = tuple(s.strip() for s in m.group(1).split("::") if s.strip())
+        out = []
+        for part in split_group(tree[m.end():-1]):
+            out += expand_use(part, prefix + head)
+        return out
+    alias = None
+    am = re.match(r"(.*)\bas\s+(" + IDENT + r")\s*$", tree)
+    if am:
+        tree, alias = am.group(1), am.group(2)
+    segments = tuple(s.strip() for s in tree.split("::") if s.strip())
+    if not segments or segments[-1] == "*":
+        return []
+    full = prefix + segments
+    if segments[-1] == "self":
+        full = full[:-1]
+    return [(list(full), alias or full[-1])] if full else []
+
+
+CRATE_PATH = re.compile(r"\bcrate\s*::\s*(?=[A-Za-z_{])")
+SUPER_PATH = re.compile(r"(?<![\w:])(?:self\s*::\s*)?((?:super\s*::\s*)+)(?=[A-Za-z_{])")
+
+
+def imports(files):
+    """(from module, to module) -> [(file, line)], between top-level modules."""
+    modules = {f.module[0] for f in files if f.module}
+    lib = next(f for f in files if not f.module)
+    at_root = root_names(lib, modules)
+
+    def resolve(name):
+        if name in modules:
+            return name
+        return at_root.get(name)
+
+    edges = {}
+
+    def add(source, pos, names):
+        here = source.module[0] if source.module else ROOT
+        for name in names:
+            target = resolve(name)
+            if target and target != here:
+                edges.setdefault((here, target), []).append((source.path, source.line_of(pos)))
+
+    for source in files:
+        code = source.code
+        for m in CRATE_PATH.finditer(code):
+            add(source, m.start(), first_names(code, m.end()))
+        for m in SUPER_PATH.finditer(code):
+            ups = m.group(1).count("super")
+            path = source.module_at(m.start())
+            if ups >= len(path):  # climbs to the root: what follows is a root name
+                add(source, m.start(), first_names(code, m.end()))
+        if not source.module:  # the root names its modules by bare paths
+            for m in re.finditer(r"(?<![\w:])(" + IDENT + r")\s*::", code):
+                if m.group(1) in modules:
+                    add(source, m.start(), [m.group(1)])
+    return modules, edges
+
+
+def circles(modules, edges):
+    """The strongly connected components of more than one module (Tarjan)."""
+    graph = {m: sorted({b for (a, b) in edges if a == m}) for m in modules | {ROOT}}
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, []):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def shortest_cycle(comp, edges):
+    """A shortest circle through the modules of `comp`, as the modules met
+    (the first again at the end)."""
+    inside = set(comp)
+    best = None
+    for start in comp:
+        previous = {start: None}
+        queue = [start]
+        found = None
+        while queue and not found:
+            nxt = []
+            for a in queue:
+                for b in sorted(b for (x, b) in edges if x == a and b in inside):
+                    if b == start:
+                        found = a
+                        break
+                    if b not in previous:
+                        previous[b] = a
+                        nxt.append(b)
+                if found:
+                    break
+            queue = nxt
+        if found is None:
+            continue
+        path = [start]
+        at = found
+        while at != start:
+            path.append(at)
+            at = previous[at]
+        cycle = [start] + path[:0:-1] + [start]
+        if best is None or len(cycle) < len(best):
+            best = cycle
+    return best or list(comp) + [comp[0]]
+
+
+def read_layers(doc):
+    """The layers block of ARCHITECTURE.md: [(layer name, [modules])], top first."""
+    text = doc.read_text()
+    at = text.find(LAYERS_MARKER)
+    if at < 0:
+        raise SystemExit(f"{doc}: no line `{LAYERS_MARKER}`")
+    block = re.search(r"```[^\n]*\n(.*?)```", text[at:], re.S)
+    if not block:
+        raise SystemExit(f"{doc}: no fenced block after the layers marker")
+    layers = []
+    for line in block.group(1).splitlines():
+        if not line.strip():
+            continue
+        name, _, mods = line.partition(":")
+        layers.append((name.strip(), mods.split()))
+    return layers
+
+
+def file_table(doc):
+    """The paths named in the first column of the "One line per file" table
+    (relative to src/; a folder ends in `/`)."""
+    text = doc.read_text()
+    at = text.find(FILE_TABLE_HEADING)
+    if at < 0:
+        raise SystemExit(f"{doc}: no section `{FILE_TABLE_HEADING}`")
+    section = text[at:]
+    following = section.find("\n## ", len(FILE_TABLE_HEADING))
+    if following >= 0:
+        section = section[:following]
+    names = []
+    for line in section.splitlines():
+        cells = line.split("|")
+        if line.startswith("|") and len(cells) > 2:
+            names += re.findall(r"`([^`]+)`", cells[1])
+    return names
+
+
+def check(crate):
+    """Every breach of the rules, as lines of text."""
+    src = crate / "src"
+    doc = crate / "docs" / "ARCHITECTURE.md"
+    problems = []
+    for path in sorted(src.rglob("*.rs")):
+        text = path.read_text()
+        lines = text.count("\n")
+        if lines > MAX_LINES:
+            problems.append(f"{path.relative_to(crate)}: {lines} lines (at most {MAX_LINES})")
+        if not text.startswith("//!"):
+            problems.append(f"{path.relative_to(crate)}: no `//!` line first, saying its one job")
+    files = module_tree(src)
+    modules, edges = imports(files)
+
+    named = file_table(doc)
+    for source in files:
+        rel = source.path.relative_to(src).as_posix()
+        if not any(rel == n or (n.endswith("/") and rel.startswith(n)) for n in named):
+            problems.append(f"docs/ARCHITECTURE.md: src/{rel} is in no row of the file table")
+    for name in named:
+        if not (src / name).exists():
+            problems.append(f"docs/ARCHITECTURE.md: the file table names src/{name}, which is gone")
+
+    def where(a, b):
+        path, line = edges[(a, b)][0]
+        return f"{path.relative_to(crate)}:{line}"
+
+    for comp in circles(modules, edges):
+        cycle = shortest_cycle(comp, edges)
+        steps = "; ".join(f"{a} -> {b} ({where(a, b)})" for a, b in zip(cycle, cycle[1:]))
+        problems.append(f"import circle between {', '.join(comp)}: {steps}")
+
+    layers = read_layers(doc)
+    level = {}
+    for depth, (name, mods) in enumerate(layers):
+        for mod in mods:
+            if mod in level:
+                problems.append(f"layers: `{mod}` is listed twice")
+            level[mod] = (depth, name)
+    for mod in sorted((modules | {ROOT}) - set(level)):
+        problems.append(f"layers: module `{mod}` is in no layer of docs/ARCHITECTURE.md")
+    for mod in sorted(set(level) - modules - {ROOT}):
+        problems.append(f"layers: `{mod}` is listed but is no module of src/")
+    for (a, b) in sorted(edges):
+        if a in level and b in level and level[b][0] < level[a][0]:
+            problems.append(
+                f"upward import: {a} ({level[a][1]}) imports {b} ({level[b][1]}), "
+                f"a layer above ({where(a, b)})"
+            )
+    return problems
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    crate = Path(args[0]) if args else Path(__file__).resolve().parent.parent
+    if "--graph" in sys.argv:
+        modules, edges = imports(module_tree(crate / "src"))
+        for (a, b), at in sorted(edges.items()):
+            print(f"{a} -> {b}  ({len(at)}: {at[0][0].relative_to(crate)}:{at[0][1]})")
+        return 0
+    problems = check(crate)
+    for p in problems:
+        print(p)
+    if problems:
+        print(f"structure check: {len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    print(
+        "structure check: no file over 600 lines, no import circle, every import down the layers, "
+        "every file in the table"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

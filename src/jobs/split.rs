@@ -1,0 +1,135 @@
+//! A file's reads, conversions and populates cut into jobs of about the measured size, each writing a disjoint part of its destination.
+
+use std::fs::File;
+
+use memmap2::Mmap;
+use safetensors::Dtype;
+
+use super::{ConvertSource, Job, Tagged};
+use crate::format::header::Header;
+use crate::source::Source;
+
+/// Splits the read of a run of `dst`, filled from `file` at `offset`, into
+/// jobs of at most `chunk` bytes. `required` bytes of `dst` must be read; the
+/// rest may lie past the end of the file.
+pub(crate) fn split_read<'a>(
+    out: &mut Vec<Tagged<'a>>,
+    file_index: usize,
+    (file, direct, hashed): (&'a dyn Source, bool, bool),
+    offset: u64,
+    dst: &'a mut [u8],
+    required: usize,
+    chunk: usize,
+) {
+    let mut at = 0usize;
+    for piece in dst.chunks_mut(chunk.max(1)) {
+        let len = piece.len();
+        out.push(Tagged {
+            file_index,
+            job: Job::Read {
+                file,
+                direct,
+                offset: offset + at as u64,
+                dst: piece,
+                required: required.saturating_sub(at).min(len),
+                hashed,
+            },
+        });
+        at += len;
+    }
+}
+
+/// Where the tensors a file converts come from.
+pub(crate) enum ConvertFrom<'a> {
+    Map(&'a [u8]),
+    File(&'a dyn Source),
+}
+
+/// Splits the conversion of a file's converted tensors (`placements` into
+/// `dst`, as `to`) into jobs of about `chunk` source bytes, whole elements
+/// each.
+pub(crate) fn split_convert<'a>(
+    out: &mut Vec<Tagged<'a>>,
+    file_index: usize,
+    (header, placements, to): (&Header, &[Option<u64>], Dtype),
+    dst: &'a mut [u8],
+    from: ConvertFrom<'a>,
+    chunk: usize,
+) {
+    let to_size = to.bitsize() / 8;
+    let mut rest = dst;
+    let mut at = 0u64;
+    for (tensor, placement) in header.tensors.iter().zip(placements) {
+        let Some(place) = *placement else {
+            continue;
+        };
+        let size = (tensor.dtype.bitsize() / 8).max(1);
+        let elements = usize::try_from((tensor.end - tensor.start) / size as u64).unwrap_or(0);
+        let skip = usize::try_from(place.saturating_sub(at)).unwrap_or(usize::MAX);
+        let Some((_, tail)) = rest.split_at_mut_checked(skip) else {
+            return;
+        };
+        let Some((mut target, tail)) = tail.split_at_mut_checked(elements * to_size) else {
+            return;
+        };
+        rest = tail;
+        at = place + (elements * to_size) as u64;
+        let per_job = (chunk / size).max(1);
+        let mut src = header.data_start + tensor.start;
+        while !target.is_empty() {
+            let take = per_job.min(target.len() / to_size);
+            let (piece, tail) = target.split_at_mut(take * to_size);
+            target = tail;
+            let len = take * size;
+            let source = match &from {
+                ConvertFrom::Map(bytes) => {
+                    let start = usize::try_from(src).unwrap_or(usize::MAX);
+                    let Some(s) = start.checked_add(len).and_then(|end| bytes.get(start..end))
+                    else {
+                        return;
+                    };
+                    ConvertSource::Mapped(s)
+                }
+                ConvertFrom::File(file) => ConvertSource::File {
+                    file: *file,
+                    offset: src,
+                    len,
+                },
+            };
+            out.push(Tagged {
+                file_index,
+                job: Job::Convert {
+                    source,
+                    from: tensor.dtype,
+                    to,
+                    dst: piece,
+                },
+            });
+            src += len as u64;
+        }
+    }
+}
+
+/// Splits the population of a whole map into jobs of at most `chunk` bytes.
+pub(crate) fn split_populate<'a>(
+    out: &mut Vec<Tagged<'a>>,
+    file_index: usize,
+    (map, file): (&'a Mmap, &'a File),
+    chunk: usize,
+) {
+    let chunk = chunk.max(1);
+    let mut offset = 0;
+    while offset < map.len() {
+        let len = chunk.min(map.len() - offset);
+        out.push(Tagged {
+            file_index,
+            job: Job::Populate {
+                map,
+                file,
+                offset,
+                len,
+            },
+        });
+        offset += len;
+    }
+}

@@ -1,0 +1,285 @@
+//! What a prefetch did, as data and as text: the report of one process's prefetch, where its local rank came from, and why bytes were left cold.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::human_bytes;
+use crate::policy::PrefetchMethod;
+
+/// What a prefetch did, for this process: the rank split, what was already
+/// in the page cache, what this process warmed, what the memory guard left
+/// cold and why. `Display` prints it as one line.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct PrefetchReport {
+    /// Whether anything was warmed or checked; `false` when prefetch was
+    /// considered and not done (see [`reason`](Self::reason)).
+    pub ran: bool,
+    /// Why prefetch ran, or why not, in words.
+    pub reason: String,
+    /// This process's rank among the job's processes on this node.
+    pub rank: usize,
+    /// The number of the job's processes on this node.
+    pub local_size: usize,
+    /// Where the rank and size came from.
+    pub rank_source: RankSource,
+    /// Readers in this process.
+    pub streams: usize,
+    /// How chunks were warmed (of the first file, where files differ).
+    pub method: PrefetchMethod,
+    /// Whether the ranks shared one queue (else each warmed a fixed share).
+    pub shared_queue: bool,
+    /// Why the queue was not shared, or what was replaced to share it.
+    pub queue_note: Option<String>,
+    /// Files prefetched.
+    pub files: usize,
+    /// Their total size, in bytes.
+    pub total_bytes: u64,
+    /// The chunk size used, in bytes.
+    pub chunk_size: u64,
+    /// Chunks in the checkpoint.
+    pub chunks: usize,
+    /// Chunks this process claimed and handled (resident or not).
+    pub chunks_handled: usize,
+    /// Bytes already in the page cache before warming began (when the queue
+    /// was made, for a shared queue).
+    pub resident_before: u64,
+    /// Bytes this process brought into the page cache.
+    pub warmed: u64,
+    /// Bytes this process found missing after warming and read again.
+    pub reread: u64,
+    /// Bytes left cold on this node: by the memory guard, or because a rank
+    /// holding them stopped making progress.
+    pub skipped: u64,
+    /// Why bytes were skipped.
+    pub skip_reasons: Vec<SkipReason>,
+    /// Bytes in the page cache when this process finished, where residency
+    /// can be checked.
+    pub resident_after: Option<u64>,
+    /// Whether page-cache residency could be checked. The kernel hides it
+    /// for files the caller neither owns nor may write (`cachestat(2)`,
+    /// `mincore(2)`); every chunk is then read, which costs a copy where
+    /// the pages are already cached.
+    pub residency_known: bool,
+    /// Wall time of this process's prefetch.
+    pub elapsed: Duration,
+    /// The shared queue's file, where one was used (for tests).
+    #[doc(hidden)]
+    pub queue_path: Option<PathBuf>,
+}
+
+impl fmt::Display for PrefetchReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.ran {
+            write!(f, "not prefetched: {}", self.reason)?;
+            if !self.skip_reasons.is_empty() {
+                write!(f, "; {}", joined(&self.skip_reasons))?;
+            }
+            return Ok(());
+        }
+        let queue = match (&self.queue_path, &self.queue_note) {
+            (Some(path), _) => format!("shared queue {}", path.display()),
+            (None, Some(note)) => note.clone(),
+            (None, None) => "one process".to_string(),
+        };
+        write!(
+            f,
+            "prefetched: {}; rank {} of {} ({}), {} stream(s), {}, {}; {} in {} file(s): {} already resident, {} warmed here ({} of {} chunks), {} re-read, {} skipped",
+            self.reason,
+            self.rank,
+            self.local_size,
+            self.rank_source,
+            self.streams,
+            self.method,
+            queue,
+            human_bytes(self.total_bytes),
+            self.files,
+            human_bytes(self.resident_before),
+            human_bytes(self.warmed),
+            self.chunks_handled,
+            self.chunks,
+            human_bytes(self.reread),
+            human_bytes(self.skipped),
+        )?;
+        if !self.skip_reasons.is_empty() {
+            write!(f, " ({})", joined(&self.skip_reasons))?;
+        }
+        if !self.residency_known {
+            write!(f, ", residency not visible (every chunk read)")?;
+        }
+        write!(f, "; {:.3} s", self.elapsed.as_secs_f64())
+    }
+}
+
+/// Reasons in words, one after another.
+fn joined(reasons: &[SkipReason]) -> String {
+    let words: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+    words.join("; ")
+}
+
+/// Where a process's local rank and the number of local ranks came from
+/// ([`PrefetchReport::rank_source`]).
+/// `Display` says it in words, e.g. `LOCAL_RANK=1 LOCAL_WORLD_SIZE=8
+/// (torchrun)`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum RankSource {
+    /// [`Loader::local_rank`](crate::Loader::local_rank); `valid` is false
+    /// where the rank was not below the size (then taken as one process).
+    Caller {
+        /// Whether the values were usable.
+        valid: bool,
+    },
+    /// A launcher's variables, as they were set; `valid` is false where
+    /// they were not numbers or the rank not below the size (then taken as
+    /// one process).
+    Launcher {
+        /// `torchrun`, `Slurm`, `Open MPI` or `MPICH/Intel MPI`.
+        launcher: &'static str,
+        /// The rank's variable, e.g. `LOCAL_RANK`.
+        rank_var: &'static str,
+        /// Its value.
+        rank: String,
+        /// The size's variable, e.g. `LOCAL_WORLD_SIZE`.
+        size_var: &'static str,
+        /// Its value.
+        size: String,
+        /// Whether the values were usable.
+        valid: bool,
+    },
+    /// No launcher variable was set: one process.
+    #[default]
+    Alone,
+}
+
+impl fmt::Display for RankSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RankSource::Caller { valid } => {
+                f.write_str("local_rank() was set")?;
+                if !valid {
+                    f.write_str(": invalid, taken as one process")?;
+                }
+                Ok(())
+            }
+            RankSource::Launcher {
+                launcher,
+                rank_var,
+                rank,
+                size_var,
+                size,
+                valid,
+            } => {
+                write!(f, "{rank_var}={rank} {size_var}={size} ({launcher})")?;
+                if !valid {
+                    f.write_str(": invalid, taken as one process")?;
+                }
+                Ok(())
+            }
+            RankSource::Alone => f.write_str("no launcher variables"),
+        }
+    }
+}
+
+/// Why a prefetch left bytes cold
+/// ([`PrefetchReport::skip_reasons`]).
+/// `Display` says it in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum SkipReason {
+    /// Warming `needed` more bytes would pass the budget, 90 % of the
+    /// memory `available` (the smaller of `MemAvailable` and the cgroup's
+    /// room); `resident` of the `total` were in the page cache already, and
+    /// `skipped` bytes were left cold.
+    MemoryGuard {
+        /// Bytes not in the page cache.
+        needed: u64,
+        /// The most that may be warmed.
+        budget: u64,
+        /// The memory available.
+        available: u64,
+        /// Bytes already in the page cache.
+        resident: u64,
+        /// Bytes of the files prefetched.
+        total: u64,
+        /// Bytes left cold.
+        skipped: u64,
+    },
+    /// Files this rank alone reads buffered: its own streaming reads take
+    /// them, and a prefetch through the page cache would read them twice.
+    ReadByThisRank {
+        /// Their bytes.
+        bytes: u64,
+        /// How many files.
+        files: usize,
+    },
+    /// Ranks holding chunks made no progress for `seconds`: their chunks
+    /// were left, not waited for.
+    Stalled {
+        /// How long this rank waited.
+        seconds: u64,
+        /// Chunks left.
+        chunks: usize,
+        /// The processes that held them.
+        pids: Vec<u32>,
+    },
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SkipReason::MemoryGuard {
+                needed,
+                budget,
+                available,
+                resident,
+                total,
+                skipped,
+            } => {
+                write!(
+                    f,
+                    "memory guard: warming {} more would exceed {} (90% of {} available)",
+                    human_bytes(*needed),
+                    human_bytes(*budget),
+                    human_bytes(*available),
+                )?;
+                if *resident > 0 {
+                    write!(
+                        f,
+                        ", {} of {} already resident",
+                        human_bytes(*resident),
+                        human_bytes(*total)
+                    )?;
+                }
+                write!(f, "; {} left cold", human_bytes(*skipped))
+            }
+            SkipReason::ReadByThisRank { bytes, files } => write!(
+                f,
+                "{} file(s) of {} not warmed: read buffered by this rank alone, \
+                 its own streaming reads take them",
+                files,
+                human_bytes(*bytes)
+            ),
+            SkipReason::Stalled {
+                seconds,
+                chunks,
+                pids,
+            } => write!(
+                f,
+                "stopped waiting after {seconds} s without progress for {chunks} chunk(s) \
+                 claimed by pid {pids:?}"
+            ),
+        }
+    }
+}

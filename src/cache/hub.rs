@@ -26,6 +26,22 @@ const SMALL_FILE: u64 = 4096;
 /// holds, was left by a writer that died: a sweep removes it.
 pub(crate) const STALE: std::time::Duration = std::time::Duration::from_secs(3600);
 
+/// A file found in a cache, opened: the path it is shown by, and the SHA-256
+/// its blob's name vouches for, where the name is one.
+pub(crate) struct Cached {
+    pub path: PathBuf,
+    pub file: File,
+    pub sha256: Option<[u8; 32]>,
+}
+
+/// The SHA-256 a blob's name vouches for.
+pub(crate) fn sha256_of_name(blob: &str) -> Option<[u8; 32]> {
+    match layout::named_digest(blob)? {
+        layout::Named::Sha256(digest) => Some(digest),
+        layout::Named::GitBlob(_) => None,
+    }
+}
+
 /// A repository's folder in the hub cache, as it is when looked at.
 pub(crate) struct RepoView {
     root: Dir,
@@ -95,7 +111,7 @@ impl RepoView {
     /// it is shown by (`<repo folder>/snapshots/<commit>/<path>`); `None`
     /// where the snapshot lacks it, its link is broken, or leads anywhere
     /// but a blob of this repository.
-    pub(crate) fn file(&self, commit: &str, path: &str) -> Option<(PathBuf, File)> {
+    pub(crate) fn file(&self, commit: &str, path: &str) -> Option<Cached> {
         let names = layout::names(path)?;
         let (last, folders) = names.split_last()?;
         let snapshot = self
@@ -105,17 +121,21 @@ impl RepoView {
             .sub(commit, false)
             .ok()?;
         let dir = walk(snapshot, folders, false).ok()?;
-        let file = match dir.entry(last).ok()? {
+        let (file, sha256) = match dir.entry(last).ok()? {
             EntryKind::Link => {
                 let target = dir.read_link(last).ok()?;
                 let blob = layout::blob_of_link(&target, folders.len(), &self.dir_path)?;
-                self.blob(&blob)?
+                (self.blob(&blob)?, sha256_of_name(&blob))
             }
             // A cache written where symlinks are not supported holds the files.
-            EntryKind::File { .. } => dir.open_nofollow(last).ok()?,
+            EntryKind::File { .. } => (dir.open_nofollow(last).ok()?, None),
             _ => return None,
         };
-        Some((self.snapshot_path(commit, path), file))
+        Some(Cached {
+            path: self.snapshot_path(commit, path),
+            file,
+            sha256,
+        })
     }
 
     /// Where the snapshot of `commit` shows the file at `path`.

@@ -46,7 +46,7 @@ use crate::remote::object::RemoteObject;
 use crate::remote::url::RemoteUrl;
 use crate::source::{CacheStore, LocalFile, NotCached, Source};
 
-use hub::{HubTarget, RepoView, RepoWriter};
+use hub::{Cached, HubTarget, RepoView, RepoWriter};
 use source::{Fetched, Hit};
 use store::StoreCache;
 use write::{Check, Target};
@@ -78,7 +78,7 @@ pub(crate) struct Remote {
     mode: Mode,
     /// Files found in the cache, opened, by name, until the open path takes
     /// them.
-    hits: Mutex<HashMap<String, (PathBuf, File)>>,
+    hits: Mutex<HashMap<String, Cached>>,
 }
 
 enum Mode {
@@ -259,7 +259,7 @@ impl Remote {
         }
     }
 
-    fn hits(&self) -> std::sync::MutexGuard<'_, HashMap<String, (PathBuf, File)>> {
+    fn hits(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cached>> {
         self.hits.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -333,11 +333,9 @@ impl Remote {
             true => self.hits().remove(INDEX_FILE),
             false => None,
         };
-        if let Some((path, file)) = found {
-            return Ok(Found::Index(
-                INDEX_FILE.to_owned(),
-                read_index(&path, &file)?,
-            ));
+        if let Some(cached) = found {
+            let bytes = read_index(&cached.path, &cached.file)?;
+            return Ok(Found::Index(INDEX_FILE.to_owned(), bytes));
         }
         if let Mode::Hub(hub) = &self.mode {
             if hub.offline {
@@ -401,8 +399,8 @@ impl Remote {
     /// where the cache holds it, else its address (at the pinned commit).
     pub(crate) fn shown(&self, name: &str) -> PathBuf {
         if self.in_cache(name) {
-            if let Some((path, _)) = self.hits().get(name) {
-                return path.clone();
+            if let Some(cached) = self.hits().get(name) {
+                return cached.path.clone();
             }
         }
         PathBuf::from(self.checkpoint.shown(name))
@@ -412,8 +410,8 @@ impl Remote {
     /// fetched (written to the cache where there is one).
     pub(crate) fn take(&self, name: &str, table: Option<&MountTable>) -> Result<Arc<dyn Source>> {
         let hit = self.hits().remove(name);
-        if let Some((path, file)) = hit {
-            return hit_of(path, file, table, CacheStore::Hub);
+        if let Some(cached) = hit {
+            return hit_of(cached, table, CacheStore::Hub);
         }
         if let Mode::Hub(hub) = &self.mode {
             if hub.offline {
@@ -425,8 +423,8 @@ impl Remote {
         match &self.mode {
             Mode::Off => Ok(object),
             Mode::Hub(hub) => {
-                if let Some((path, file)) = self.blob_of(hub, &object, name) {
-                    return hit_of(path, file, table, CacheStore::Hub);
+                if let Some(cached) = self.blob_of(hub, &object, name) {
+                    return hit_of(cached, table, CacheStore::Hub);
                 }
                 match self.hub_target(&object, name) {
                     Some((target, Ok(check))) => Ok(Arc::new(Fetched::new(object, target, check))),
@@ -446,7 +444,12 @@ impl Remote {
                     )));
                 };
                 if let Some((path, file)) = store.lookup(&address, len, &etag) {
-                    return hit_of(path, file, table, CacheStore::Directory);
+                    let cached = Cached {
+                        path,
+                        file,
+                        sha256: None,
+                    };
+                    return hit_of(cached, table, CacheStore::Directory);
                 }
                 let target = Box::new(store.target(&address, len, &etag));
                 Ok(Arc::new(Fetched::new(object, target, Check::Whole)))
@@ -460,7 +463,7 @@ impl Remote {
     /// commit's, or a snapshot link lost): linked from the snapshot and
     /// opened, as the hub's client does, where it is a regular file of the
     /// object's length; the path shown is the snapshot's.
-    fn blob_of(&self, hub: &HubMode, object: &RemoteObject, name: &str) -> Option<(PathBuf, File)> {
+    fn blob_of(&self, hub: &HubMode, object: &RemoteObject, name: &str) -> Option<Cached> {
         let view = hub.view.as_ref()?;
         let writer = hub.writer.as_ref()?;
         let blob = blob_name(object);
@@ -472,7 +475,11 @@ impl Remote {
         let path = format!("{}{name}", hub.prefix);
         writer.link(&path, &blob).ok()?;
         let _ = writer.record();
-        Some((view.snapshot_path(&hub.commit, &path), file))
+        Some(Cached {
+            path: view.snapshot_path(&hub.commit, &path),
+            file,
+            sha256: hub::sha256_of_name(&blob),
+        })
     }
 }
 
@@ -489,14 +496,18 @@ fn blob_name(object: &RemoteObject) -> String {
 
 /// A file of the cache as the ordinary local source, reported as a hit.
 fn hit_of(
-    path: PathBuf,
-    file: File,
+    cached: Cached,
     table: Option<&MountTable>,
     store: CacheStore,
 ) -> Result<Arc<dyn Source>> {
+    let Cached { path, file, sha256 } = cached;
     let local = LocalFile::new(path.clone(), file, table)
         .map_err(|e| Error::io(Operation::Stat, path, None, e))?;
-    Ok(Arc::new(Hit { local, store }))
+    Ok(Arc::new(Hit {
+        local,
+        store,
+        sha256,
+    }))
 }
 
 /// A cached index, read whole (refused past the index cap before it is

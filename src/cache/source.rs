@@ -14,6 +14,10 @@ use crate::source::{CacheStore, CacheUse, CacheWrite, LocalFile, Source, Version
 pub(crate) struct Hit {
     pub local: LocalFile,
     pub store: CacheStore,
+    /// The SHA-256 its blob's name vouches for (the repository's name of
+    /// it, also where the blob links into the hub's shared store, whose
+    /// names are not SHA-256s): what `verify` checks it against.
+    pub sha256: Option<[u8; 32]>,
 }
 
 impl Source for Hit {
@@ -40,6 +44,10 @@ impl Source for Hit {
 
     fn local(&self) -> Option<&LocalFile> {
         Some(&self.local)
+    }
+
+    fn published_sha256(&self) -> Option<[u8; 32]> {
+        self.sha256
     }
 
     fn cache_use(&self) -> Option<CacheUse> {

@@ -492,6 +492,36 @@ fn verify_checks_a_snapshots_blob_against_its_name() {
 }
 
 #[test]
+fn blobs_that_link_into_the_hubs_shared_store_are_followed_and_verified() {
+    let hub = Hub::new(Options::default());
+    hub.load("hf://org/model", &[]);
+    // One blob moved into the shared store, as the hub's client keeps Xet files: the
+    // store's name is not the file's SHA-256, the repository's link to it is.
+    let name = shard_name(1, 3);
+    let store_hash = sha256_hex(b"a xet hash stands here");
+    let store = hub.cache.path().join("blobs");
+    let entry = store.join(&store_hash[..2]).join(&store_hash);
+    std::fs::create_dir_all(entry.parent().unwrap()).unwrap();
+    std::fs::rename(hub.blob(&name), &entry).unwrap();
+    let link = format!("../../blobs/{}/{store_hash}", &store_hash[..2]);
+    std::os::unix::fs::symlink(&link, hub.blob(&name)).unwrap();
+    // Unmarked, `blobs/` is no store of the hub's: not followed, the file fetched again.
+    let unmarked = hub.load("hf://org/model", &[]);
+    assert_eq!(unmarked.digest, hub.digest());
+    assert_ne!(unmarked.code(&name), "hit", "{unmarked:#?}");
+    std::fs::write(store.join(".huggingface-shared-blobs"), "1\n").unwrap();
+    let marked = hub.load("hf://org/model", &[(VERIFY, "1".to_owned())]);
+    assert_eq!(marked.digest, hub.digest());
+    assert!(marked.every("hit"), "{marked:#?}");
+    // Checked against the repository's name of the blob.
+    let mut bytes = std::fs::read(&entry).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&entry, &bytes).unwrap();
+    let e = hub.fail("hf://org/model", &[(VERIFY, "1".to_owned())]);
+    assert!(e.contains("corrupt=true") && e.contains(&name), "{e}");
+}
+
+#[test]
 fn the_cache_off_streams_and_writes_nothing() {
     let hub = Hub::new(Options::default());
     for extra in [

@@ -602,6 +602,50 @@ fn a_file_read_whole_is_fetched_into_the_file_being_written() {
 }
 
 #[test]
+fn a_subfolder_at_a_revision_with_slashes_is_cached_as_the_hubs_client_caches_it() {
+    let files = tempfile::tempdir().unwrap();
+    let sub = files.path().join("unet");
+    std::fs::create_dir(&sub).unwrap();
+    write_sharded(&sub, &every_dtype(), 2);
+    let expected = digest_of(&naive_load(&shards_of(&sub)));
+    let server = Server::start(
+        files.path(),
+        Options {
+            branches: vec!["main".to_owned(), "refs/pr/1".to_owned()],
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let vars = [
+        ("HF_ENDPOINT", server.url()),
+        ("HF_HUB_CACHE", cache.path().display().to_string()),
+    ];
+    let url = "hf://org/pipe@refs%2Fpr%2F1/unet";
+    let cold = run_load(url, &vars);
+    assert_eq!(cold.digest, expected);
+    let repo = cache.path().join("models--org--pipe");
+    let refs = std::fs::read_to_string(repo.join("refs/refs/pr/1")).unwrap();
+    assert_eq!(refs, DEFAULT_COMMIT);
+    let snapshot = repo.join("snapshots").join(DEFAULT_COMMIT).join("unet");
+    for i in 0..2 {
+        let link = std::fs::read_link(snapshot.join(shard_name(i, 2))).unwrap();
+        // One `../` more for the subfolder.
+        assert!(link.starts_with("../../../blobs"), "{}", link.display());
+    }
+    let offline = run_load(
+        url,
+        &[
+            vars[0].clone(),
+            vars[1].clone(),
+            ("HF_HUB_OFFLINE", "1".to_owned()),
+        ],
+    );
+    assert_eq!(offline.digest, expected);
+    assert!(offline.every("hit"), "{offline:#?}");
+}
+
+#[test]
 fn a_repository_with_one_file_is_found_in_the_cache_by_its_name() {
     let files = tempfile::tempdir().unwrap();
     let specs = every_dtype();

@@ -241,6 +241,32 @@ fn a_killed_load_publishes_nothing_and_the_next_load_does() {
 }
 
 #[test]
+fn what_dead_writers_left_is_swept_and_what_live_ones_write_is_not() {
+    let hub = Hub::new(Options::default());
+    let blobs_dir = hub.repo_dir().join("blobs");
+    std::fs::create_dir_all(&blobs_dir).unwrap();
+    let sha = sha256_hex(&hub.bytes(&shard_name(0, 3)));
+    let old = blobs_dir.join(format!("{sha}.deadbeef.incomplete"));
+    let fresh = blobs_dir.join(format!("{sha}.cafef00d.incomplete"));
+    for path in [&old, &fresh] {
+        std::fs::write(path, b"half a file").unwrap();
+    }
+    // Not written to for two hours: its writer is gone.
+    let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(2 * 3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(two_hours_ago)
+        .unwrap();
+    let report = hub.load("hf://org/model", &[]);
+    assert_eq!(report.digest, hub.digest());
+    assert!(!old.exists(), "a dead writer's file is swept");
+    assert!(fresh.exists(), "a live writer's file is left alone");
+    assert_cached(&hub, &shard_name(0, 3));
+}
+
+#[test]
 fn a_cancelled_load_publishes_nothing_and_leaves_nothing() {
     // ~6 MiB at 1 MiB/s, each file fetched into the file being written: cancelled half a
     // second in.

@@ -340,6 +340,12 @@
 //!   decisions and timings.
 //! - `serde` (off): `serde::Serialize` for the reports ([`report`]) and
 //!   mounts ([`mount::Mount`]), in the schema of `safeload load --json`.
+//! - `remote` (off): `s3://`, `gs://`, `az://`, `http(s)://` and `hf://`
+//!   addresses wherever a path is taken (`object_store` on a runtime of the
+//!   crate's own); `hf://` through the Hugging Face cache
+//!   ([`Loader::hub_cache`]), the others through a cache directory where one
+//!   is named ([`Loader::cache_dir`]).
+//! - `mpi` (off): read once per cluster over MPI (`SAFELOAD_EXCHANGE=mpi`).
 //!
 //! Mount detection works on Linux; elsewhere every filesystem is "unknown"
 //! and files are mapped.

@@ -271,7 +271,7 @@
 //! let ck = safeload::Loader::new().open(&index)?;
 //! let mut uploaded = 0u64;
 //! ck.for_each(256 << 20, |tensor| -> Result<(), safeload::Error> {
-//!     uploaded += tensor.nbytes() as u64; // e.g. copy to the device, then drop
+//!     uploaded += tensor.nbytes(); // e.g. copy to the device, then drop
 //!     Ok(())
 //! })?;
 //! assert_eq!(uploaded, ck.total_bytes());

@@ -16,7 +16,7 @@ use crate::execute::Run;
 use crate::file::{self, OpenedFile};
 use crate::options::Options;
 use crate::policy::Environment;
-use crate::report::{DirectIo, FileReport, LoadReport};
+use crate::report::{DirectIo, FileReport, LoadReport, Note};
 use crate::resolve::{self, Resolved, ShardFile};
 use crate::state_dict::StateDict;
 
@@ -368,7 +368,8 @@ pub(crate) fn open_with(opts: Options, path: &Path) -> Result<Checkpoint> {
     let env = Environment::from_process();
     let resolved = resolve::resolve(path)?;
     let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
-    let (files, notes) = file::open_all(&opts, &resolved, &shards, &env, clock)?;
+    let (files, mut notes) = file::open_all(&opts, &resolved, &shards, &env, clock)?;
+    notes.extend(file::fetched_whole(&files));
     let Catalogue {
         tensors,
         by_name,
@@ -391,7 +392,7 @@ pub(crate) fn open_with(opts: Options, path: &Path) -> Result<Checkpoint> {
 }
 
 /// The report of an opening: per file how it is read and why, nothing read.
-fn opening_report(files: &[OpenedFile], notes: Vec<String>, elapsed: Duration) -> LoadReport {
+fn opening_report(files: &[OpenedFile], notes: Vec<Note>, elapsed: Duration) -> LoadReport {
     let files = files
         .iter()
         .map(|f| FileReport {

@@ -1,6 +1,6 @@
 //! One prefetch from open files to its report: the chunks planned once, the queue opened (shared or this process's own), the readers started, what landed counted.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::Job;
 use super::launcher::{LocalRank, job_key};
@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::os;
 use crate::policy::PrefetchMethod;
 use crate::progress::{Meter, Phase};
-use crate::report::PrefetchReport;
+use crate::report::{Note, PrefetchReport};
 
 /// A prefetch planned: the files, their chunks, this process's rank, and
 /// the first residency check where one was made. Planned once, whether the
@@ -57,9 +57,10 @@ impl Plan {
         &self,
         streams: usize,
         method: PrefetchMethod,
-        reason: String,
+        reason: Note,
     ) -> PrefetchReport {
         PrefetchReport {
+            ran: false,
             reason,
             rank: self.rank.rank,
             local_size: self.rank.size,
@@ -70,7 +71,18 @@ impl Plan {
             total_bytes: self.chunks.total,
             chunk_size: self.chunks.chunk_size,
             chunks: self.chunks.chunks.len(),
-            ..PrefetchReport::default()
+            shared_queue: false,
+            queue_note: None,
+            chunks_handled: 0,
+            resident_before: 0,
+            warmed: 0,
+            reread: 0,
+            skipped: 0,
+            skip_reasons: Vec::new(),
+            resident_after: None,
+            residency_known: false,
+            elapsed: Duration::ZERO,
+            queue_path: None,
         }
     }
 }
@@ -81,7 +93,7 @@ pub(super) fn run(
     plan: Plan,
     options: &PrefetchOptions,
     job: &Job<'_>,
-    reason: String,
+    reason: Note,
 ) -> Result<PrefetchReport> {
     let clock = Instant::now();
     let methods: Vec<PrefetchMethod> = plan
@@ -92,7 +104,7 @@ pub(super) fn run(
     let method = methods.first().copied().unwrap_or(PrefetchMethod::Pread);
     let mut report = plan.report(options.streams, method, reason);
     if options.streams == 0 {
-        report.reason = "streams(0): prefetch is off".to_string();
+        report.reason = Note::PrefetchOff;
         return Ok(report);
     }
     report.ran = true;
@@ -123,8 +135,7 @@ pub(super) fn run(
         slots: 0,
     };
     let queue = if rank.size > 1 && !options.shared_queue {
-        let note = "shared_queue(false): a fixed share of the bytes".to_string();
-        Queue::local(layout, &mut make, Some(note))
+        Queue::local(layout, &mut make, Some(Note::FixedShares))
     } else if rank.size > 1 {
         let mut key_material = Vec::new();
         for t in &targets {

@@ -406,6 +406,10 @@ impl Source for RemoteObject {
         None
     }
 
+    fn fetched_whole(&self) -> bool {
+        self.ranges_ignored()
+    }
+
     fn published_sha256(&self) -> Option<[u8; 32]> {
         crate::verify::parse_hex(self.hub.as_ref()?.sha256()?)
     }

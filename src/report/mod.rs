@@ -378,7 +378,7 @@ impl fmt::Display for Reason {
             Reason::Environment { disable_mmap } => {
                 write!(f, "{DISABLE_MMAP_ENV}={} is set", u8::from(*disable_mmap))
             }
-            Reason::Remote => f.write_str("a remote object, read by ranged requests"),
+            Reason::Remote => f.write_str("a remote object, read into memory (no file to map)"),
         }
     }
 }

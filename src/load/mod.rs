@@ -170,8 +170,13 @@ impl Loader {
     }
 
     /// This process's rank among the job's processes on this node, and their
-    /// number, for prefetch, instead of the launcher's variables
-    /// (`LOCAL_RANK`/`LOCAL_WORLD_SIZE`, `SLURM_LOCALID`, ...).
+    /// number, for prefetch and the node copy, instead of the launcher's
+    /// variables (`LOCAL_RANK`/`LOCAL_WORLD_SIZE`, `SLURM_LOCALID`, ...).
+    ///
+    /// Which processes are one job is not set here: the job's identity is
+    /// `SAFELOAD_JOB_ID` where set, else the launcher's job id, else the
+    /// parent process (the crate docs, "One job, one copy per node"); ranks
+    /// started without a launcher by one parent are one job already.
     pub fn local_rank(mut self, rank: usize, size: usize) -> Loader {
         self.opts.local_rank = Some((rank, size));
         self

@@ -1,6 +1,6 @@
 //! One prefetch from open files to its report: the chunks planned once, the queue opened (shared or this process's own), the readers started, what landed counted.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::Job;
 use super::launcher::{LocalRank, job_key};
@@ -60,7 +60,6 @@ impl Plan {
         reason: Note,
     ) -> PrefetchReport {
         PrefetchReport {
-            ran: false,
             reason,
             rank: self.rank.rank,
             local_size: self.rank.size,
@@ -71,18 +70,7 @@ impl Plan {
             total_bytes: self.chunks.total,
             chunk_size: self.chunks.chunk_size,
             chunks: self.chunks.chunks.len(),
-            shared_queue: false,
-            queue_note: None,
-            chunks_handled: 0,
-            resident_before: 0,
-            warmed: 0,
-            reread: 0,
-            skipped: 0,
-            skip_reasons: Vec::new(),
-            resident_after: None,
-            residency_known: false,
-            elapsed: Duration::ZERO,
-            queue_path: None,
+            ..PrefetchReport::default()
         }
     }
 }

@@ -529,36 +529,8 @@ mod tests {
         assert_eq!(json["path"], "/q/\u{fffd}.queue");
         let report = PrefetchReport {
             elapsed: Duration::from_millis(1500),
-            ..empty()
+            ..PrefetchReport::default()
         };
         assert_eq!(serde_json::to_value(&report).unwrap()["elapsed"], 1.5);
-    }
-
-    fn empty() -> PrefetchReport {
-        PrefetchReport {
-            ran: false,
-            reason: Note::PrefetchOff,
-            rank: 0,
-            local_size: 1,
-            rank_source: RankSource::Alone,
-            streams: 0,
-            method: PrefetchMethod::Auto,
-            shared_queue: false,
-            queue_note: None,
-            files: 0,
-            total_bytes: 0,
-            chunk_size: 0,
-            chunks: 0,
-            chunks_handled: 0,
-            resident_before: 0,
-            warmed: 0,
-            reread: 0,
-            skipped: 0,
-            skip_reasons: Vec::new(),
-            resident_after: None,
-            residency_known: false,
-            elapsed: Duration::ZERO,
-            queue_path: None,
-        }
     }
 }

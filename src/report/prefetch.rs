@@ -75,6 +75,37 @@ pub struct PrefetchReport {
     pub queue_path: Option<PathBuf>,
 }
 
+/// A prefetch that did nothing: off ([`Note::PrefetchOff`]), one process.
+impl Default for PrefetchReport {
+    fn default() -> Self {
+        PrefetchReport {
+            ran: false,
+            reason: Note::PrefetchOff,
+            rank: 0,
+            local_size: 1,
+            rank_source: RankSource::Alone,
+            streams: 0,
+            method: PrefetchMethod::Auto,
+            shared_queue: false,
+            queue_note: None,
+            files: 0,
+            total_bytes: 0,
+            chunk_size: 0,
+            chunks: 0,
+            chunks_handled: 0,
+            resident_before: 0,
+            warmed: 0,
+            reread: 0,
+            skipped: 0,
+            skip_reasons: Vec::new(),
+            resident_after: None,
+            residency_known: false,
+            elapsed: Duration::ZERO,
+            queue_path: None,
+        }
+    }
+}
+
 impl PrefetchReport {
     /// Bytes this process read (warmed and re-read) per second of
     /// [`elapsed`](Self::elapsed), in GiB/s; `None` where it read nothing.

@@ -36,6 +36,8 @@
 //! | check each file's SHA-256 | [`Loader::verify`] |
 //! | from async code, without blocking the executor; cancel | [`Loader::load_async`], [`Loader::open_async`]; [`Loader::cancel_on`] |
 //! | what was chosen and why, how fast | [`StateDict::report`] ([`report`]) |
+//! | whether the local ranks shared one copy, who made it | [`FileReport::node_copy`](report::FileReport::node_copy) ([`report::NodeCopy`]) |
+//! | the report as JSON (feature `serde`) | `serde_json::to_string(sd.report())`, the schema in [the report module](report#json) |
 //! | tell "missing" from "corrupt" | [`Error::is_not_found`], [`Error::is_corrupt`] |
 //! | is a path on hf-mount / FUSE | [`mount::is_on_hf_mount`], [`mount::lookup`] |
 //! | load from S3, GCS, Azure, HTTP or the hub (feature `remote`) | any of the above with `s3://…`, `hf://org/repo@rev`, `https://…` for the path |

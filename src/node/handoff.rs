@@ -317,8 +317,11 @@ mod tests {
                 matches!(&refused, Err(Refused::Failed(why)) if why.starts_with(what)),
                 "{path:?}: {refused:?}"
             );
+            // The bound is the patience; the slack is for a machine busy with
+            // the binary's other tests (1 s was exceeded once under CI-like load).
+            // What the test guards against is a wait as long as the listener lives.
             assert!(
-                took >= PATIENCE && took < PATIENCE + Duration::from_secs(1),
+                took >= PATIENCE && took < PATIENCE + Duration::from_secs(3),
                 "{path:?}: {took:?}"
             );
         }

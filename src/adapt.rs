@@ -145,49 +145,6 @@ pub(crate) enum Why {
     Ended,
 }
 
-impl std::fmt::Display for Settled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.why {
-            Why::Pinned => return write!(f, "{} read(s) in flight, as set", self.readers),
-            _ if self.steps.is_empty() => {
-                return write!(
-                    f,
-                    "{} read(s) in flight (too short a load to measure)",
-                    self.readers
-                );
-            }
-            _ => {}
-        }
-        let mib = |size: usize| size >> 20;
-        match self.size {
-            Some(size) => write!(
-                f,
-                "{} read(s) of {} MiB in flight, found by measurement (",
-                self.readers,
-                mib(size)
-            )?,
-            None => write!(
-                f,
-                "{} read(s) in flight, found by measurement (",
-                self.readers
-            )?,
-        }
-        for (i, (n, size, rate)) in self.steps.iter().enumerate() {
-            let sep = if i > 0 { ", " } else { "" };
-            match size {
-                Some(size) => write!(f, "{sep}{n} x {} MiB: {rate:.2} GiB/s", mib(*size))?,
-                None => write!(f, "{sep}{n}: {rate:.2} GiB/s")?,
-            }
-        }
-        let why = match self.why {
-            Why::NoGain => "doubling gained under 15 %",
-            Why::Max => "the most allowed",
-            _ => "the load ended",
-        };
-        write!(f, "; {why})")
-    }
-}
-
 /// The controller the readers of one run share.
 pub(crate) struct Control {
     allowed: AtomicUsize,
@@ -400,6 +357,11 @@ impl Control {
 mod tests {
     use super::*;
 
+    /// What the report says of a settled count.
+    fn said(settled: &Settled) -> String {
+        crate::report::Note::reads(settled).to_string()
+    }
+
     /// Feeds the controller reads whose throughput is `rate(readers)`.
     fn drive(concurrency: Concurrency, rate: impl Fn(usize) -> f64) -> Settled {
         let control = Control::new(concurrency, 10_000);
@@ -443,7 +405,7 @@ mod tests {
     fn grows_while_throughput_rises_and_settles_where_it_stops() {
         // A mount serving 32 requests at once: throughput grows to 32 readers.
         let s = drive(Concurrency::adaptive(8), |n| n.min(32) as f64 * 0.05);
-        assert_eq!(s.readers, 32, "{s}");
+        assert_eq!(s.readers, 32, "{s:?}");
         assert_eq!(s.why, Why::NoGain);
         assert_eq!(
             s.steps.iter().map(|&(n, _, _)| n).collect::<Vec<_>>(),
@@ -451,17 +413,17 @@ mod tests {
         );
         // A serialized mount: no doubling pays; back to the start.
         let s = drive(Concurrency::adaptive(12), |_| 0.3);
-        assert_eq!((s.readers, s.why), (12, Why::NoGain), "{s}");
+        assert_eq!((s.readers, s.why), (12, Why::NoGain), "{s:?}");
         // Always more: up to the most allowed, then stop measuring.
         let s = drive(Concurrency::adaptive(8), |n| n as f64);
-        assert_eq!((s.readers, s.why), (MAX_READERS, Why::Max), "{s}");
+        assert_eq!((s.readers, s.why), (MAX_READERS, Why::Max), "{s:?}");
         // Converting loads stop at 16.
         let s = drive(Concurrency::adaptive(8).converting(), |n| n as f64);
         assert_eq!((s.readers, s.why), (MAX_CONVERTING_READERS, Why::Max));
         // Pinned: never moves.
         let s = drive(Concurrency::pinned(5), |n| n as f64);
         assert_eq!((s.readers, s.why, s.steps.len()), (5, Why::Pinned, 0));
-        assert_eq!(s.to_string(), "5 read(s) in flight, as set");
+        assert_eq!(said(&s), "5 read(s) in flight, as set");
     }
 
     /// Feeds the controller reads whose throughput is `rate(readers, size)`.
@@ -492,7 +454,7 @@ mod tests {
             ..sizes
         };
         let s = drive_sized(Concurrency::adaptive(16).with_sizes(roomy), link);
-        assert_eq!((s.readers, s.size), (32, Some(32 * MIB)), "{s}");
+        assert_eq!((s.readers, s.size), (32, Some(32 * MIB)), "{s:?}");
         assert_eq!(s.why, Why::NoGain);
         let tried: Vec<_> = s
             .steps
@@ -501,15 +463,15 @@ mod tests {
             .collect();
         assert_eq!(tried, [(16, 16), (32, 16), (64, 16), (32, 32), (32, 64)]);
         assert!(
-            s.to_string().starts_with("32 read(s) of 32 MiB in flight"),
-            "{s}"
+            said(&s).starts_with("32 read(s) of 32 MiB in flight"),
+            "{s:?}"
         );
         // The same link under 1 GiB in flight: 32 x 64 MiB is not tried.
         let s = drive_sized(Concurrency::adaptive(16).with_sizes(sizes), link);
         assert_eq!(
             (s.readers, s.size, s.why),
             (32, Some(32 * MIB), Why::Max),
-            "{s}"
+            "{s:?}"
         );
         // Everything pays: up to the bytes in flight (64 x 16 MiB = 1 GiB), where the
         // size cannot grow.
@@ -519,7 +481,7 @@ mod tests {
         assert_eq!(
             (s.readers, s.size, s.why),
             (64, Some(16 * MIB), Why::Max),
-            "{s}"
+            "{s:?}"
         );
         // Readers start within the bytes in flight.
         let small = Sizes {
@@ -546,7 +508,7 @@ mod tests {
         });
         let settled = control.settled();
         assert_eq!((settled.readers, settled.why), (2, Why::Ended));
-        assert!(settled.to_string().contains("too short"), "{settled}");
+        assert!(said(&settled).contains("too short"), "{settled:?}");
         // Never more readers than jobs.
         assert_eq!(Control::new(Concurrency::adaptive(8), 3).max(), 3);
     }

@@ -126,6 +126,10 @@ impl Source for Fetched {
         self.object.published_sha256()
     }
 
+    fn fetched_whole(&self) -> bool {
+        self.object.fetched_whole()
+    }
+
     fn own_error(
         &self,
         operation: crate::error::Operation,

@@ -78,7 +78,8 @@ pub(crate) fn map_destinations(
                 write.mapped_at(fill.addresses());
                 *slot = node::PerFile::Copy {
                     storage: Arc::new(storage),
-                    note: String::new(),
+                    // No node copy: the load reports none for it (`execute`).
+                    report: crate::report::NodeCopy::LeftOut,
                     bytes_read: 0,
                     made_here: true,
                 };

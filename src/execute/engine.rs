@@ -14,6 +14,7 @@ use crate::jobs::{
 use crate::os::DIRECT_ALIGN;
 use crate::plan::cluster::Piece;
 use crate::progress::{Callback, Meter, Phase};
+use crate::report::Note;
 use crate::source::Source;
 use crate::storage::{Segment, Storage};
 use crate::verify::{Digest256, StreamHasher};
@@ -36,7 +37,7 @@ pub(crate) fn read_all(
     clock: Instant,
     progress: Option<&Callback>,
     share: Option<(&[Piece], usize)>,
-) -> Result<(Option<Settled>, Option<String>)> {
+) -> Result<(Option<Settled>, Option<Note>)> {
     let mut shortfall = None;
     let mut settled = None;
     // The bytes before a whole-file buffer's image (the header), hashed
@@ -233,7 +234,7 @@ pub(crate) fn read_all(
                 f.fetch_max(since(clock), Ordering::Relaxed);
             }
         });
-        shortfall = started.shortfall();
+        shortfall = Note::threads("reading", &started);
         settled = Some(io);
         meter.finish();
         drop(finished);

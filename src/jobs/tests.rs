@@ -171,5 +171,5 @@ fn reads_cut_to_the_measured_size_land_every_byte_once() {
     assert!(dst == bytes, "every byte in place");
     assert_eq!(landed.into_inner(), len as u64, "each byte read once");
     assert!(pieces.into_inner() >= 6, "the jobs were cut");
-    assert!(settled.size.is_some(), "{settled}");
+    assert!(settled.size.is_some(), "{settled:?}");
 }

@@ -125,6 +125,16 @@ impl NotCached {
     }
 }
 
+impl CacheStore {
+    /// A stable code: `hub`, `directory`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheStore::Hub => "hub",
+            CacheStore::Directory => "directory",
+        }
+    }
+}
+
 impl CacheUse {
     /// A stable code (the CLI's `--json`): `hit`, `written`, `not_cached`.
     pub fn as_str(&self) -> &'static str {

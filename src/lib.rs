@@ -147,6 +147,7 @@
 //! | `SAFELOAD_DISABLE_MMAP=1` / `0` | read buffered / map, instead of the auto choice | [`Loader::disable_mmap`] |
 //! | `SAFELOAD_PREFETCH=<streams>` (`HF_SHARD_PREFETCH`) | warm the page cache first | [`Loader::prefetch`] |
 //! | `SAFELOAD_VERIFY=1` / `0` | check each file's SHA-256 | [`Loader::verify`] |
+//! | `SAFELOAD_HUGE_PAGES=1` / `0` / `auto` | back buffered loads' memory with transparent huge pages, or not, or measure which costs less | [`Loader::huge_pages`] |
 //! | `LOCAL_RANK`/`LOCAL_WORLD_SIZE`, `SLURM_LOCALID`, Open MPI's, MPICH's | this process's local rank, for prefetch | [`Loader::local_rank`] |
 //!
 //! # Memory
@@ -393,6 +394,7 @@ mod workers;
 use std::path::Path;
 
 pub use checkpoint::{Checkpoint, TensorInfo};
+pub use dest::pages::HugePages;
 pub use error::{Error, ErrorKind, Operation, Result};
 pub use load::Loader;
 pub use report::LoadReport;
@@ -408,8 +410,8 @@ pub use format::header::MAX_HEADER_LEN;
 pub use format::header::fuzz as __fuzz;
 #[doc(hidden)]
 pub use policy::{
-    AutoPolicy, DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, NODE_COPY_ENV, PREFETCH_ENV, ReadMode,
-    VARIABLES as ENV_VARIABLES, VERIFY_ENV,
+    AutoPolicy, DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, HUGE_PAGES_ENV, NODE_COPY_ENV,
+    PREFETCH_ENV, ReadMode, VARIABLES as ENV_VARIABLES, VERIFY_ENV,
 };
 #[doc(hidden)]
 pub use prefetch::PrefetchOptions;

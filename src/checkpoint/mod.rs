@@ -316,6 +316,7 @@ impl Checkpoint {
             threads: 0,
             io_concurrency: 0,
             prefetch: None,
+            fresh_memory: None,
             notes: self.inner.notes.clone(),
             io_concurrency_reason: None,
         }

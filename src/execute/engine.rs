@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::adapt::{Concurrency, Settled};
+use crate::dest::pages::PageSizes;
 use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::file::life::{Destination, Filling, Parts};
@@ -23,19 +24,20 @@ use crate::verify::{Digest256, StreamHasher};
 /// chunks land (its digest left in the file's state). Returns, for the
 /// report, how many reads the load kept in flight and why, and where the OS
 /// refused some reader threads, how many ran. Sealing is the caller's next
-/// step ([`Filling::seal`]).
+/// step ([`Filling::seal`]). Every destination is faulted in through
+/// `pages`, which measures what each page size costs where it may choose.
 ///
 /// With `share` (a load split between the nodes of a job, `exchange.rs`),
 /// a buffered file's reads are only the pieces this node owns; the rest
 /// arrive from the other nodes afterwards.
 pub(crate) fn read_all(
     opened: &mut [Filling<'_>],
-    concurrency: Concurrency,
-    chunk: usize,
+    (concurrency, chunk): (Concurrency, usize),
     (populate, verify): (bool, bool),
     clock: Instant,
     progress: Option<&Callback>,
     share: Option<(&[Piece], usize)>,
+    pages: &PageSizes,
 ) -> Result<(Option<Settled>, Option<String>)> {
     let mut shortfall = None;
     let mut settled = None;
@@ -210,7 +212,7 @@ pub(crate) fn read_all(
         } else {
             concurrency
         };
-        let (result, started, io) = run(jobs, concurrency, &|file_index, outcome| {
+        let (result, started, io) = run(jobs, concurrency, pages, &|file_index, outcome| {
             meter.add(outcome.bytes);
             if outcome.bytes > 0
                 && left

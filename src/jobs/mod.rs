@@ -8,13 +8,15 @@ use std::io;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use std::time::{Duration, Instant};
+
 use memmap2::Mmap;
 use safetensors::Dtype;
 
 use crate::adapt::{Concurrency, Control, Settled};
 use crate::cancel;
+use crate::dest::pages::PageSizes;
 use crate::error::Operation;
-use crate::os;
 use crate::source::Source;
 use crate::workers;
 use execute::execute;
@@ -151,22 +153,50 @@ impl<'a> Tagged<'a> {
     }
 }
 
+/// A job waiting in the queue, and whether its destination was faulted in
+/// already (by the helper that walks ahead of the readers).
+struct Waiting<'a> {
+    tagged: Tagged<'a>,
+    faulted: bool,
+}
+
+/// One place of the queue: its job until a reader takes it (or, cut, the
+/// rest of it).
+type Slot<'a> = Mutex<Option<Waiting<'a>>>;
+
+/// A job a reader took: where it was in the queue, whether its destination
+/// is faulted in already, and how long the reader waited for it on the
+/// helper faulting it in.
+struct Taken<'a> {
+    index: usize,
+    tagged: Tagged<'a>,
+    faulted: bool,
+    waited: Duration,
+}
+
 /// The next job of the queue and its place in it: a longer read cut to
 /// `size` where the size is measured (its rest stays in the slot, and the
 /// cursor on it), else the whole job (the cursor moves past it). `None` once
 /// every job is taken.
-fn take<'a>(
-    queue: &[Mutex<Option<Tagged<'a>>>],
-    cursor: &AtomicUsize,
-    size: Option<usize>,
-) -> Option<(usize, Tagged<'a>)> {
+fn take<'a>(queue: &[Slot<'a>], cursor: &AtomicUsize, size: Option<usize>) -> Option<Taken<'a>> {
+    let mut waited = Duration::ZERO;
     loop {
         let i = cursor.load(Ordering::Acquire);
         let slot = queue.get(i)?;
-        let mut held = slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some(tagged) = held.take() else {
+        // A slot held long is the helper's, faulting its job in: the wait
+        // is the fault's, not the storage's (`Control::completed`).
+        let mut held = match slot.try_lock() {
+            Ok(held) => held,
+            Err(_) => {
+                let start = Instant::now();
+                let held = slot
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                waited += start.elapsed();
+                held
+            }
+        };
+        let Some(Waiting { tagged, faulted }) = held.take() else {
             drop(held);
             // Taken whole by another reader, which moves the cursor too:
             // whichever comes first moves it once.
@@ -178,13 +208,23 @@ fn take<'a>(
             None => (tagged, None),
         };
         match rest {
-            Some(rest) => *held = Some(rest),
+            Some(rest) => {
+                *held = Some(Waiting {
+                    tagged: rest,
+                    faulted,
+                })
+            }
             None => {
                 drop(held);
                 let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
             }
         }
-        return Some((i, job));
+        return Some(Taken {
+            index: i,
+            tagged: job,
+            faulted,
+            waited,
+        });
     }
 }
 
@@ -205,6 +245,12 @@ pub(crate) struct JobError {
 /// in queue order among those seen); also returns how many readers ran and
 /// what the count settled on.
 ///
+/// Every destination is fresh memory, faulted in by `pages` before its
+/// bytes land: by a helper walking ahead of the readers where the reads
+/// bypass the page cache, else (or where the helper is behind) by the
+/// reader that takes the job, just before its read; the time a reader
+/// spends so is not counted as the storage's (`Control::completed`).
+///
 /// Readers are threads of their own, not the caller's rayon pool: they block
 /// on storage, and a slow network mount must not starve CPU work elsewhere.
 ///
@@ -214,6 +260,7 @@ pub(crate) struct JobError {
 pub(crate) fn run<'a>(
     jobs: Vec<Tagged<'a>>,
     concurrency: Concurrency,
+    pages: &PageSizes,
     done: &(dyn Fn(usize, Outcome<'a>) + Sync),
 ) -> (Result<(), JobError>, workers::Started, Settled) {
     let cancel = cancel::current();
@@ -232,8 +279,15 @@ pub(crate) fn run<'a>(
     // One more thread faults in the destinations of the jobs ahead of the
     // readers when the reads bypass the page cache (see `fill_ahead`).
     let ahead = reads_bypass_the_page_cache(&jobs);
-    let queue: Vec<Mutex<Option<Tagged<'_>>>> =
-        jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
+    let queue: Vec<Slot<'_>> = jobs
+        .into_iter()
+        .map(|tagged| {
+            Mutex::new(Some(Waiting {
+                tagged,
+                faulted: false,
+            }))
+        })
+        .collect();
     let cursor = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let first_error: Mutex<Option<(usize, JobError)>> = Mutex::new(None);
@@ -241,11 +295,17 @@ pub(crate) fn run<'a>(
     let filler = control.max();
     let work = |reader: usize| {
         if ahead && reader == filler {
-            fill_ahead(&queue, &cursor, &failed);
+            fill_ahead(&queue, &cursor, &failed, pages);
             return;
         }
         while !failed.load(Ordering::Relaxed) && control.wait_turn(reader) {
-            let Some((i, tagged)) = take(&queue, &cursor, control.read_size()) else {
+            let Some(Taken {
+                index: i,
+                mut tagged,
+                faulted,
+                waited,
+            }) = take(&queue, &cursor, control.read_size())
+            else {
                 control.finish();
                 break;
             };
@@ -264,9 +324,18 @@ pub(crate) fn run<'a>(
                 Job::Convert { .. } => Operation::Convert,
                 Job::Populate { .. } => Operation::Populate,
             };
+            // The destination faulted in here, where no helper did.
+            let mut faulting = waited;
+            if let (false, true, Some(dst)) =
+                (faulted, pages.readers_fault(), tagged.job.destination())
+            {
+                let start = Instant::now();
+                pages.fault_in(dst);
+                faulting += start.elapsed();
+            }
             match execute(tagged.job) {
                 Ok(outcome) => {
-                    control.completed(outcome.bytes);
+                    control.completed(outcome.bytes, faulting);
                     done(tagged.file_index, outcome);
                 }
                 Err((offset, error)) => {
@@ -350,9 +419,9 @@ fn reads_bypass_the_page_cache(jobs: &[Tagged<'_>]) -> bool {
 }
 
 /// Walks the queue ahead of the readers and faults in the destination of
-/// every job not yet taken (`MADV_POPULATE_WRITE`), so that the readers'
+/// every job not yet taken (`PageSizes::fault_in`), so that the readers'
 /// copies land in present pages.
-fn fill_ahead(queue: &[Mutex<Option<Tagged<'_>>>], cursor: &AtomicUsize, failed: &AtomicBool) {
+fn fill_ahead(queue: &[Slot<'_>], cursor: &AtomicUsize, failed: &AtomicBool, pages: &PageSizes) {
     let mut i = 0;
     while !failed.load(Ordering::Relaxed) {
         i = i.max(cursor.load(Ordering::Relaxed) + 1);
@@ -361,10 +430,11 @@ fn fill_ahead(queue: &[Mutex<Option<Tagged<'_>>>], cursor: &AtomicUsize, failed:
         };
         // A job a reader holds, or has taken, is the reader's to fault.
         if let Ok(mut job) = slot.try_lock() {
-            if let Some(tagged) = job.as_mut() {
-                if let Some(dst) = tagged.job.destination() {
-                    os::populate_write(dst);
+            if let Some(waiting) = job.as_mut().filter(|w| !w.faulted) {
+                if let Some(dst) = waiting.tagged.job.destination() {
+                    pages.fault_in(dst);
                 }
+                waiting.faulted = true;
             }
         }
         i += 1;

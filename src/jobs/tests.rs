@@ -5,6 +5,11 @@ use std::sync::Arc;
 
 use super::*;
 
+/// No advice: the tests' destinations are vectors of the heap.
+fn pages() -> PageSizes {
+    PageSizes::unadvised()
+}
+
 fn file_of(bytes: &[u8]) -> crate::source::LocalFile {
     let mut f = tempfile::tempfile().unwrap();
     f.write_all(bytes).unwrap();
@@ -51,6 +56,7 @@ fn a_run_cancelled_before_it_starts_reads_nothing() {
         run(
             reads(&file, false, &mut dst),
             Concurrency::pinned(2),
+            &pages(),
             &|_, _| {
                 done.fetch_add(1, Ordering::Relaxed);
             },
@@ -78,6 +84,7 @@ fn a_run_cancelled_midway_takes_no_further_job() {
         run(
             reads(&file, false, &mut dst),
             Concurrency::pinned(1),
+            &pages(),
             &|_, _| {
                 done.fetch_add(1, Ordering::Relaxed);
                 flag.store(true, Ordering::Relaxed);
@@ -100,6 +107,7 @@ fn a_run_outside_a_cancelled_scope_is_not_cancelled() {
     let (result, _, _) = run(
         reads(&file, false, &mut dst),
         Concurrency::pinned(2),
+        &pages(),
         &|_, _| {},
     );
     result.unwrap();
@@ -125,6 +133,7 @@ fn reads_filled_ahead_land_every_byte_in_fresh_memory() {
         let (result, _, _) = run(
             reads(&file, direct, &mut dst),
             Concurrency::pinned(2),
+            &pages(),
             &|_, _| {},
         );
         result.unwrap();
@@ -160,6 +169,7 @@ fn reads_cut_to_the_measured_size_land_every_byte_once() {
     let (result, _, settled) = run(
         jobs,
         Concurrency::adaptive(4).with_sizes(sizes),
+        &pages(),
         &|_, outcome| {
             pieces.fetch_add(1, Ordering::Relaxed);
             let (_, piece) = outcome.landed.unwrap();

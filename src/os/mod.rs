@@ -59,8 +59,8 @@ pub(crate) use imp::{is_direct, set_direct};
 
 // Page-cache and memory hints, and what the page cache holds.
 pub(crate) use imp::{
-    advise_huge_pages, advise_willneed, cached_pages, evict, mincore_pages, page_size,
-    populate_read, populate_write, readahead_limit,
+    advise_page_size, advise_willneed, cached_pages, evict, mincore_pages, page_size,
+    populate_read, populate_write, readahead_limit, thread_cpu_time,
 };
 
 // Filesystems: the `statfs(2)` magic number.
@@ -104,9 +104,10 @@ impl std::fmt::Display for NameKind {
 // The `/proc` files the crate parses.
 pub(crate) use imp::read_proc;
 
-/// A file of `/proc` (proc(5)) the crate reads. The OS layer only reads it;
-/// the text is parsed where it is used (`mount/`, `memory.rs`,
-/// `prefetch/owner.rs`), by pure functions tested on every platform.
+/// A file of `/proc` (proc(5)), or of `/sys` for the kernel's settings, the
+/// crate reads. The OS layer only reads it; the text is parsed where it is
+/// used (`mount/`, `memory.rs`, `prefetch/owner.rs`, `dest/pages.rs`), by
+/// pure functions tested on every platform.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ProcFile {
     /// `/proc/self/mountinfo`: this process's mount table, with device
@@ -123,6 +124,26 @@ pub(crate) enum ProcFile {
     SelfStat,
     /// `/proc/<pid>/stat`: another process's state and start time.
     Stat(u32),
+    /// A setting of transparent huge pages, under
+    /// `/sys/kernel/mm/transparent_hugepage/` (the kernel's
+    /// `admin-guide/mm/transhuge`).
+    HugePages(HugePageSetting),
+}
+
+/// The settings of transparent huge pages a load reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HugePageSetting {
+    /// `enabled`: `always`, `madvise` or `never`, for anonymous memory.
+    Enabled,
+}
+
+impl HugePageSetting {
+    /// The setting's file name.
+    pub(crate) fn file_name(self) -> &'static str {
+        match self {
+            HugePageSetting::Enabled => "enabled",
+        }
+    }
 }
 
 /// The alignment direct I/O needs of offsets, lengths and buffers. 4 KiB

@@ -10,8 +10,8 @@ use std::path::Path;
 
 use serde::ser::{Serialize, Serializer};
 
-use super::RankSource;
 use super::{DirectIo, Fallback, FileReport, LoadReport, PrefetchReport, SkipReason, Strategy};
+use super::{FreshMemory, RankSource};
 use crate::mount::{Detection, Mount, MountKind};
 use crate::policy::PrefetchMethod;
 
@@ -33,6 +33,7 @@ impl Serialize for LoadReport {
             io_concurrency_reason: &'a Option<String>,
             overflowed: u64,
             prefetch: &'a Option<PrefetchReport>,
+            fresh_memory: &'a Option<FreshMemory>,
             notes: &'a [String],
             files: &'a [FileReport],
         }
@@ -46,8 +47,37 @@ impl Serialize for LoadReport {
             io_concurrency_reason: &self.io_concurrency_reason,
             overflowed: self.overflowed(),
             prefetch: &self.prefetch,
+            fresh_memory: &self.fresh_memory,
             notes: &self.notes,
             files: &self.files,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl Serialize for FreshMemory {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct View {
+            /// `auto`, `on` or `off`.
+            mode: &'static str,
+            /// Why, in words.
+            reason: String,
+            /// `caller`, `environment`, `unavailable` or `measured`.
+            reason_code: &'static str,
+            huge_bytes: u64,
+            base_bytes: u64,
+            huge_gib_s: Option<f64>,
+            base_gib_s: Option<f64>,
+        }
+        View {
+            mode: self.mode.as_str(),
+            reason: self.reason.to_string(),
+            reason_code: self.reason.as_str(),
+            huge_bytes: self.huge_bytes,
+            base_bytes: self.base_bytes,
+            huge_gib_s: self.huge_gib_s,
+            base_gib_s: self.base_gib_s,
         }
         .serialize(serializer)
     }

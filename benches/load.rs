@@ -518,15 +518,25 @@ fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {scenario} | {arm}{err} | {seconds:.3} | {:.2} | {sys:.2} | {:.2} | {:.2} | {:.2} | {rss:.0} | {read:.0} | {served:.2} |",
+                "| {scenario} | {arm}{err} | {seconds:.3} | {:.2} | {sys:.2} | {:.2} | {} | {} | {rss:.0} | {read:.0} | {served:.2} |",
                 seconds.max / m,
                 gib_s(total, m),
-                limit / m,
-                fresh / m,
+                ratio(limit, m),
+                ratio(fresh, m),
             );
         }
     }
     out
+}
+
+/// `bound / seconds` to two places, or nothing where no bound arm ran.
+fn ratio(bound: f64, seconds: f64) -> String {
+    let x = bound / seconds;
+    if x.is_finite() {
+        format!("{x:.2}")
+    } else {
+        String::new()
+    }
 }
 
 // ---------------------------------------------------------------- child

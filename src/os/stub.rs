@@ -265,7 +265,7 @@ pub(crate) struct SharedBytes(());
 
 impl SharedBytes {
     /// Unsupported.
-    pub(crate) fn map(_file: &File) -> io::Result<SharedBytes> {
+    pub(crate) fn map(_file: &File, _huge: Option<bool>) -> io::Result<SharedBytes> {
         unsupported()
     }
 

@@ -189,10 +189,10 @@ fn a_probe_needs_two_whole_huge_pages_inside_the_destination() {
     assert_eq!(cut.probe, Some(1 << 20));
 }
 
-/// The bytes of this process's memory in the mapping at `addr` that are
-/// backed by transparent huge pages (`AnonHugePages` of /proc/self/smaps).
+/// The value of `field` (`AnonHugePages:`, `VmFlags:`) of the mapping of
+/// this process at `addr`, from /proc/self/smaps.
 #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
-fn huge_bytes_at(addr: usize) -> u64 {
+fn smaps_field(addr: usize, field: &str) -> String {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
     let mut inside = false;
     for line in smaps.lines() {
@@ -204,12 +204,42 @@ fn huge_bytes_at(addr: usize) -> u64 {
                 continue;
             }
         }
-        if let (true, Some(kib)) = (inside, line.strip_prefix("AnonHugePages:")) {
-            let kib: u64 = kib.trim().trim_end_matches("kB").trim().parse().unwrap();
-            return kib << 10;
+        if let (true, Some(value)) = (inside, line.strip_prefix(field)) {
+            return value.trim().to_string();
         }
     }
-    panic!("no mapping at {addr:#x}");
+    panic!("no {field} for a mapping at {addr:#x}");
+}
+
+/// The bytes of this process's memory in the mapping at `addr` that are
+/// backed by transparent huge pages.
+#[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+fn huge_bytes_at(addr: usize) -> u64 {
+    let kib = smaps_field(addr, "AnonHugePages:");
+    kib.trim_end_matches("kB").trim().parse::<u64>().unwrap() << 10
+}
+
+#[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+#[test]
+fn a_node_copy_asks_for_the_page_size_it_is_told() {
+    use crate::dest::node::{CopyFill, create, huge_page_advice};
+    let copy = create(8 << 20).unwrap();
+    // `hg`: huge pages asked for (MADV_HUGEPAGE), `nh`: refused (see proc(5)).
+    for (mode, has, lacks) in [
+        (HugePages::On, Some("hg"), "nh"),
+        (HugePages::Off, Some("nh"), "hg"),
+        (HugePages::Auto, None, "hg"),
+    ] {
+        let writer = CopyFill::new(&copy, mode).unwrap();
+        let flags = smaps_field(writer.as_ptr() as usize, "VmFlags:");
+        let flags: Vec<&str> = flags.split_whitespace().collect();
+        assert!(
+            has.is_none_or(|f| flags.contains(&f)),
+            "{mode:?}: {flags:?}"
+        );
+        assert!(!flags.contains(&lacks), "{mode:?}: {flags:?}");
+        assert_eq!(huge_page_advice(mode), has.map(|f| f == "hg"));
+    }
 }
 
 #[cfg(all(target_os = "linux", not(safeload_os_stub)))]

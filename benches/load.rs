@@ -51,8 +51,10 @@ const DEFAULT_ARMS: [&str; 12] = [
 ];
 /// Arms for tuning, run when named with `--arms` (and `fresh-...`, see
 /// [`FreshArm`]).
-const EXTRA_ARMS: [&str; 6] = [
+const EXTRA_ARMS: [&str; 8] = [
     "safeload-auto-prefetch",
+    "safeload-huge-on",
+    "safeload-huge-off",
     "safeload-prefetch-static",
     "safeload-auto-io1",
     "safeload-auto-io32",
@@ -380,6 +382,7 @@ fn run_arm_child(
         .env_remove(&[
             "SAFELOAD_DISABLE_MMAP",
             "SAFELOAD_PREFETCH",
+            "SAFELOAD_HUGE_PAGES",
             "HF_SHARD_PREFETCH",
             "LOCAL_RANK",
             "LOCAL_WORLD_SIZE",
@@ -600,6 +603,9 @@ fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
             let loader = match arm {
                 "safeload-auto" => safeload::Loader::new(),
                 "safeload-auto-io1" => safeload::Loader::new().io_concurrency(1),
+                // The page size of fresh memory forced, beside auto's measured choice.
+                "safeload-huge-on" => safeload::Loader::new().huge_pages(safeload::HugePages::On),
+                "safeload-huge-off" => safeload::Loader::new().huge_pages(safeload::HugePages::Off),
                 "safeload-auto-io32" => safeload::Loader::new().io_concurrency(32),
                 "safeload-mmap" => safeload::Loader::new().disable_mmap(false),
                 "safeload-buffered" => safeload::Loader::new().disable_mmap(true).direct_io(false),

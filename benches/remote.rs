@@ -798,11 +798,16 @@ fn load_and_touch(
     let report = sd.report();
     let elapsed = report.files.iter().map(|f| f.elapsed.as_secs_f64());
     let account = format!(
-        "load {:.3} s, files {:.3}-{:.3} s; {}",
+        "load {:.3} s, files {:.3}-{:.3} s; {}{}",
         report.elapsed.as_secs_f64(),
         elapsed.clone().fold(f64::INFINITY, f64::min),
         elapsed.fold(0.0, f64::max),
-        report.io_concurrency_reason.as_deref().unwrap_or("-")
+        report.io_concurrency_reason.as_deref().unwrap_or("-"),
+        report
+            .fresh_memory
+            .as_ref()
+            .map(|f| format!("; {f}"))
+            .unwrap_or_default()
     );
     Ok((
         seconds,

@@ -7,9 +7,13 @@
 //! several rounds.
 //! Each arm loads the checkpoint and checksums every tensor byte on the same
 //! pool of threads, so lazy loaders pay for their reads; the child reports
-//! seconds and peak RSS. A "limit" arm reads the same bytes with plain large
-//! `pread`s: the storage's streaming speed. Prints a markdown table of
-//! medians (min-max) and writes every sample as JSON.
+//! seconds, its CPU time in the kernel and peak RSS. A "limit" arm reads the
+//! same bytes with plain large `pread`s into reused buffers: the storage's
+//! streaming speed. A "fresh" arm makes the same reads into one map of fresh
+//! memory the size of the checkpoint, faulted in by the reads: what a load
+//! into memory of its own costs at best here (`x fresh`). Prints a markdown
+//! table of medians (min-max), each arm's slowest round over its median, and
+//! writes every sample as JSON.
 //!
 //! ```text
 //! cargo bench --bench load -- [--size-gib 2] [--shards 8] [--rounds 3]
@@ -35,9 +39,10 @@ use common::stats::{Spread, gib_s, median};
 use common::{args, fuse, proc};
 
 /// The arms run by default.
-const DEFAULT_ARMS: [&str; 12] = [
+const DEFAULT_ARMS: [&str; 13] = [
     "limit",
     "limit-direct",
+    "fresh-direct",
     "safeload-auto",
     "safeload-mmap",
     "safeload-buffered",
@@ -88,16 +93,17 @@ struct LimitArm {
     fresh: bool,
 }
 
-/// The fresh-memory arms, `fresh[-direct][-huge]-N`: the limit's reads
-/// (16 MiB `pread`s pulled from one queue by N readers, `O_DIRECT` with
-/// `-direct`) into one fresh anonymous map the size of the checkpoint, each
+/// The fresh-memory arms, `fresh[-direct][-huge][-N]`: the limit's reads
+/// (16 MiB `pread`s pulled from one queue by N readers, `--limit-threads`
+/// without `-N`; `O_DIRECT` with `-direct`) into one fresh anonymous map the
+/// size of the checkpoint, each
 /// file at its offset, faulted in by the reads themselves (plain pages; with
 /// `-huge`, `MADV_HUGEPAGE` on the map), then checksummed as the loaders'
 /// arms are. What any load into memory of its own costs on this storage:
 /// the bound a buffered load is measured against.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct FreshArm {
-    threads: usize,
+    threads: Option<usize>,
     direct: bool,
     huge: bool,
 }
@@ -112,7 +118,10 @@ fn fresh_arm(arm: &str) -> Option<FreshArm> {
         Some(rest) => (true, rest),
         None => (false, rest),
     };
-    let threads = rest.strip_prefix('-')?.parse().ok().filter(|&n| n > 0)?;
+    let threads = match rest {
+        "" => None,
+        n => Some(n.strip_prefix('-')?.parse().ok().filter(|&n| n > 0)?),
+    };
     Some(FreshArm {
         threads,
         direct,
@@ -179,7 +188,7 @@ struct Options {
 fn arms_help() -> String {
     format!(
         "arms: {DEFAULT_ARMS:?} by default, and {EXTRA_ARMS:?}, and \
-         limit[-direct][-fresh][-N] (N readers), fresh[-direct][-huge]-N"
+         limit[-direct][-fresh][-N] (N readers), fresh[-direct][-huge][-N]"
     )
 }
 
@@ -594,7 +603,7 @@ fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
             l.threads.unwrap_or(limit_threads),
             (l.direct, l.fresh),
         ),
-        _ if let Some(f) = fresh_arm(arm) => fresh(&files, f),
+        _ if let Some(f) = fresh_arm(arm) => fresh(&files, f.threads.unwrap_or(limit_threads), f),
         "memmap2" => baseline(&files, 1, true),
         "memmap2-4t" => baseline(&files, 4, true),
         "fs-read" => baseline(&files, 1, false),
@@ -801,7 +810,7 @@ fn limit(files: &[PathBuf], threads: usize, (direct, fresh): (bool, bool)) -> Ar
 
 /// The reads of [`limit`] into one fresh map (see [`FreshArm`]), then every
 /// tensor byte checksummed on the current rayon pool, as the loaders' arms.
-fn fresh(files: &[PathBuf], arm: FreshArm) -> ArmResult {
+fn fresh(files: &[PathBuf], threads: usize, arm: FreshArm) -> ArmResult {
     const CHUNK: u64 = 16 << 20;
     // Per file: its descriptor, length, data section start and offset in the map.
     let mut opened = Vec::new();
@@ -850,7 +859,7 @@ fn fresh(files: &[PathBuf], arm: FreshArm) -> ArmResult {
         .collect();
     let next = AtomicUsize::new(0);
     let failed: Vec<String> = std::thread::scope(|scope| {
-        let hs: Vec<_> = (0..arm.threads)
+        let hs: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| -> Result<(), String> {
                     loop {

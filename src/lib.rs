@@ -160,6 +160,14 @@
 //! on every buffered tensor. A mapped load costs page cache, shared with every
 //! other process mapping the same files.
 //!
+//! That memory is fresh: the kernel backs each page before a read can land
+//! in it, which on many hosts costs more than the storage. A load faults its
+//! destinations in ahead of (or just before) the reads, in the page size
+//! [`Loader::huge_pages`] asks for, else the one it measures cheaper as it
+//! goes (transparent huge pages cost a quarter of base pages where free ones
+//! are at hand, and many times more where the kernel or a virtual machine's
+//! host must make them); [`LoadReport::fresh_memory`] says which.
+//!
 //! # Threads
 //!
 //! Everything a load does that blocks on storage (opening and parsing files,

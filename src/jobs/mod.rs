@@ -407,10 +407,16 @@ fn not_taken(job: &Tagged<'_>) -> JobError {
 /// warm O_DIRECT: 1.40 s against 1.60 s. Where the reads copy from the page
 /// cache, both cores are already busy copying and the helper only takes CPU
 /// from them: warm buffered 2.1 s with it against 0.9 s without, so it does
-/// not run there. Rejected: faulting each destination in by the reader
-/// itself just before its read (`MADV_POPULATE_WRITE`, no overlap): FUSE
-/// 3.19 s, warm 0.79 s against 0.9 s (within noise), cold unchanged; and
-/// no huge pages (`MADV_HUGEPAGE` off): warm buffered 1.55 s against 0.9 s.
+/// not run there; there each reader faults its destination in itself just
+/// before its read (warm 0.79 s against 0.9 s with the faults in the copy,
+/// within noise; as the helper's only role on FUSE it was 3.19 s), so that
+/// every piece is faulted in the page size chosen, and timed.
+///
+/// NOTE: huge pages (`MADV_HUGEPAGE`) on every destination (warm buffered
+/// 0.9 s against 1.55 s without, 2026-12-01) made buffered loads bimodal
+/// on the development VM once its free memory went back to the host
+/// between loads (issue 35); the page size is now measured as the pieces
+/// are faulted in (`dest/pages.rs`).
 fn reads_bypass_the_page_cache(jobs: &[Tagged<'_>]) -> bool {
     jobs.iter().any(|t| match &t.job {
         Job::Read { direct, file, .. } => *direct || file.local().is_none(),

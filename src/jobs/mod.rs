@@ -184,7 +184,7 @@ fn take<'a>(queue: &[Slot<'a>], cursor: &AtomicUsize, size: Option<usize>) -> Op
         let i = cursor.load(Ordering::Acquire);
         let slot = queue.get(i)?;
         // A slot held long is the helper's, faulting its job in: the wait
-        // is the fault's, not the storage's (`Control::completed`).
+        // counts as faulting (`Control::completed`).
         let mut held = match slot.try_lock() {
             Ok(held) => held,
             Err(_) => {
@@ -248,8 +248,9 @@ pub(crate) struct JobError {
 /// Every destination is fresh memory, faulted in by `pages` before its
 /// bytes land: by a helper walking ahead of the readers where the reads
 /// bypass the page cache, else (or where the helper is behind) by the
-/// reader that takes the job, just before its read; the time a reader
-/// spends so is not counted as the storage's (`Control::completed`).
+/// reader that takes the job, just before its read; a window of the
+/// adaptive count that its readers mostly spent so is measured again
+/// (`Control::completed`).
 ///
 /// Readers are threads of their own, not the caller's rayon pool: they block
 /// on storage, and a slow network mount must not starve CPU work elsewhere.

@@ -8,8 +8,9 @@ the median seconds (min-max) of each build and their ratio.
         --size-gib 2 --shards 8 --scenarios warm,cold,fuse --arms safeload-auto,...
 
 Each run of a binary interleaves its arms, each in a child process, as
-`cargo bench --bench load` does; alternating whole runs of the two builds
-keeps a noisy machine's drift out of the ratio.
+`cargo bench --bench load` does, in an order shuffled each round;
+alternating whole runs of the two builds keeps a noisy machine's drift out
+of the ratio.
 
 `--after-arms A,B` (before `--`) adds arms that only the after build has (a
 bound such as `fresh-direct-32`, the same reads into fresh memory) to its
@@ -18,6 +19,7 @@ also gives the median system CPU time of the arm's process where the build
 reports it.
 """
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -42,17 +44,24 @@ def main():
     if rest[:1] == ["--"]:
         rest = rest[1:]
 
-    def args_of(name):
-        """The benchmark's arguments for one build: the after build's arms
-        with `--after-arms` added."""
-        if name != "after" or not after_arms:
-            return rest
+    def args_of(name, r):
+        """The benchmark's arguments for one build in round `r`: the after
+        build's arms with `--after-arms` added, and the arms in an order
+        shuffled with the round as the seed (each run is one round of the
+        benchmark, which runs its arms in the order given): no arm always
+        follows the same neighbour."""
         out = list(rest)
+        if name == "after" and after_arms:
+            if "--arms" in out:
+                at = out.index("--arms") + 1
+                out[at] = ",".join([out[at], *after_arms])
+            else:
+                out += ["--arms", ",".join(after_arms)]
         if "--arms" in out:
             at = out.index("--arms") + 1
-            out[at] = ",".join([out[at], *after_arms])
-        else:
-            out += ["--arms", ",".join(after_arms)]
+            arms = out[at].split(",")
+            random.Random(r).shuffle(arms)
+            out[at] = ",".join(arms)
         return out
 
     out = Path(tempfile.mkdtemp(prefix="safeload-compare-"))
@@ -63,7 +72,7 @@ def main():
             order.reverse()
         for name, binary in order:
             path = out / f"{name}-{r}.json"
-            cmd = [binary, "--rounds", "1", "--json", str(path), *args_of(name)]
+            cmd = [binary, "--rounds", "1", "--json", str(path), *args_of(name, r)]
             print(f"round {r}: {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             samples[name] += json.loads(path.read_text())["samples"]

@@ -274,6 +274,11 @@ impl Control {
         self.max
     }
 
+    /// The readers allowed to read now.
+    pub(crate) fn readers(&self) -> usize {
+        self.allowed.load(Ordering::Acquire)
+    }
+
     /// The size a read is cut to now, where the size is measured.
     pub(crate) fn read_size(&self) -> Option<usize> {
         self.sizes?;

@@ -53,6 +53,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use safeload::report::NodeCopy;
 use safetensors::SafeTensors;
 
 mod common;
@@ -311,26 +312,24 @@ fn run_rank(job: &Job) {
             figures.tensor_bytes = report.tensor_bytes();
             figures.digest = sampled_digest(sd.iter().map(|(n, t)| (n, t.as_bytes())));
             figures.files = report.files.len();
-            let notes: Vec<&str> = report
+            let copies: Vec<&NodeCopy> = report
                 .files
                 .iter()
-                .filter_map(|f| f.node_copy.as_deref())
+                .filter_map(|f| f.node_copy.as_ref())
                 .collect();
-            figures.copies = notes
-                .iter()
-                .filter(|n| n.starts_with("filled here"))
-                .count();
-            figures.filled = notes.iter().fold((0, 0), |(a, b), note| {
-                let words: Vec<&str> = note.split(' ').collect();
-                match words.as_slice() {
-                    ["filled", "here", n, "of", m, ..] => (
-                        a + n.parse::<usize>().unwrap_or(0),
-                        b + m.parse::<usize>().unwrap_or(0),
-                    ),
-                    _ => (a, b),
+            for copy in &copies {
+                if let NodeCopy::Shared {
+                    filled_here,
+                    chunks,
+                    ..
+                } = copy
+                {
+                    figures.copies += 1;
+                    figures.filled.0 += filled_here;
+                    figures.filled.1 += chunks;
                 }
-            });
-            figures.note = notes.first().map(|n| n.to_string());
+            }
+            figures.note = copies.first().map(|c| c.to_string());
         }
         Err(e) => figures.error = Some(e.to_string()),
     }

@@ -802,7 +802,10 @@ fn load_and_touch(
         report.elapsed.as_secs_f64(),
         elapsed.clone().fold(f64::INFINITY, f64::min),
         elapsed.fold(0.0, f64::max),
-        report.io_concurrency_reason.as_deref().unwrap_or("-"),
+        report
+            .io_concurrency_reason
+            .as_ref()
+            .map_or("-".to_string(), ToString::to_string),
         report
             .fresh_memory
             .as_ref()

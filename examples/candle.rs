@@ -1,4 +1,5 @@
-//! Builds a small candle model from the built-in demo checkpoint, through
+//! Builds a small candle model from a demo checkpoint (written here with the `safetensors`
+//! crate, `examples/common/demo.rs`), through
 //! safeload's lazy `VarBuilder`, and checks its output against the weights
 //! safeload loads.
 //!
@@ -8,9 +9,13 @@
 
 use candle_core::{DType, Device, IndexOp, Module, Tensor};
 
+/// The demo checkpoint, written with the `safetensors` crate.
+#[path = "common/demo.rs"]
+mod demo;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let index = safeload::demo::write(dir.path())?;
+    let index = demo::write(dir.path())?;
     let device = Device::Cpu;
 
     // The model: the demo's first MLP projection (2048 x 1024, F16 in the

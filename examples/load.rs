@@ -1,20 +1,25 @@
 //! Loads a checkpoint and prints how each file was read.
 //!
 //! ```text
-//! cargo run --release --example load                       # a built-in demo checkpoint
+//! cargo run --release --example load                       # a demo checkpoint, written first
 //! cargo run --release --example load -- PATH [--disable-mmap | --mmap] [--threads N] [--io N] [--chunk-mib N]
 //! ```
 //!
 //! The report as JSON is the CLI's: `safeload load PATH --json`.
 //!
 //! With no PATH it writes a small sharded demo checkpoint (several dtypes,
-//! three shards) to a temporary directory and loads that.
+//! three shards; `examples/common/demo.rs`, with the `safetensors` crate) to a
+//! temporary directory and loads that.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use safeload::Loader;
+
+/// The demo checkpoint, written with the `safetensors` crate.
+#[path = "common/demo.rs"]
+mod demo;
 
 struct Args {
     path: Option<PathBuf>,
@@ -62,7 +67,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let path = match &args.path {
         Some(path) => path.clone(),
         None => {
-            let index = safeload::demo::write(demo.path())?;
+            let index = demo::write(demo.path())?;
             println!(
                 "no path given: wrote a demo checkpoint to {}",
                 demo.path().display()

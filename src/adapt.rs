@@ -145,49 +145,6 @@ pub(crate) enum Why {
     Ended,
 }
 
-impl std::fmt::Display for Settled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.why {
-            Why::Pinned => return write!(f, "{} read(s) in flight, as set", self.readers),
-            _ if self.steps.is_empty() => {
-                return write!(
-                    f,
-                    "{} read(s) in flight (too short a load to measure)",
-                    self.readers
-                );
-            }
-            _ => {}
-        }
-        let mib = |size: usize| size >> 20;
-        match self.size {
-            Some(size) => write!(
-                f,
-                "{} read(s) of {} MiB in flight, found by measurement (",
-                self.readers,
-                mib(size)
-            )?,
-            None => write!(
-                f,
-                "{} read(s) in flight, found by measurement (",
-                self.readers
-            )?,
-        }
-        for (i, (n, size, rate)) in self.steps.iter().enumerate() {
-            let sep = if i > 0 { ", " } else { "" };
-            match size {
-                Some(size) => write!(f, "{sep}{n} x {} MiB: {rate:.2} GiB/s", mib(*size))?,
-                None => write!(f, "{sep}{n}: {rate:.2} GiB/s")?,
-            }
-        }
-        let why = match self.why {
-            Why::NoGain => "doubling gained under 15 %",
-            Why::Max => "the most allowed",
-            _ => "the load ended",
-        };
-        write!(f, "; {why})")
-    }
-}
-
 /// The share of a window's reader time spent faulting memory in above
 /// which the window is measured again rather than judged.
 ///
@@ -206,7 +163,7 @@ const FAULTING: f64 = 0.2;
 /// then the load's bound, whatever the count).
 const REMEASURED: u32 = 3;
 
-/// The controller the readers of one run share./// The controller the readers of one run share.
+/// The controller the readers of one run share.
 pub(crate) struct Control {
     allowed: AtomicUsize,
     /// The size of a read now, where it is measured (0: not measured).
@@ -272,11 +229,6 @@ impl Control {
     /// The most readers that may ever run: the threads to start.
     pub(crate) fn max(&self) -> usize {
         self.max
-    }
-
-    /// The readers allowed to read now.
-    pub(crate) fn readers(&self) -> usize {
-        self.allowed.load(Ordering::Acquire)
     }
 
     /// The size a read is cut to now, where the size is measured.

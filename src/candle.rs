@@ -29,7 +29,7 @@
 //! | `F8_E5M2`, the FNUZ F8 types, `C64` | an error ([`ErrorKind::UnsupportedConversion`]); ask for a float dtype with [`to_candle_as`](crate::Tensor::to_candle_as) to convert them |
 //!
 //! A float tensor asked for as F32, F16 or BF16 is converted by safeload's
-//! own conversion (round to nearest even, see [`convert`](crate::convert)),
+//! own conversion (round to nearest even, as [`Loader::dtype`](crate::Loader::dtype)),
 //! straight into candle's storage: one copy.
 
 use std::sync::Mutex;
@@ -395,7 +395,7 @@ pub fn var_builder_from(
 }
 
 /// A candle backend for tensor parallelism over an opened checkpoint: each
-/// tensor asked for with a [`Shard`](candle_nn::var_builder::Shard) hint is
+/// tensor asked for with a [`Shard`](https://docs.rs/candle-nn/0.11/candle_nn/var_builder/struct.Shard.html) hint is
 /// read as [`Checkpoint::shard`] reads it (only the rank's bytes); split as
 /// `torch.tensor_split` does, so a dimension need not divide evenly.
 #[derive(Debug, Clone)]
@@ -403,7 +403,7 @@ pub struct ShardedCheckpoint {
     inner: CheckpointBackend,
 }
 
-/// A `VarBuilder` whose hints are the rank's [`Shard`](candle_nn::var_builder::Shard).
+/// A `VarBuilder` whose hints are the rank's [`Shard`](https://docs.rs/candle-nn/0.11/candle_nn/var_builder/struct.Shard.html).
 pub type ShardedVarBuilder<'a> = candle_nn::var_builder::VarBuilderArgs<'a, ShardedCheckpoint>;
 
 impl candle_nn::var_builder::Backend for ShardedCheckpoint {

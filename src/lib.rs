@@ -36,6 +36,8 @@
 //! | check each file's SHA-256 | [`Loader::verify`] |
 //! | from async code, without blocking the executor; cancel | [`Loader::load_async`], [`Loader::open_async`]; [`Loader::cancel_on`] |
 //! | what was chosen and why, how fast | [`StateDict::report`] ([`report`]) |
+//! | whether the local ranks shared one copy, who made it | [`FileReport::node_copy`](report::FileReport::node_copy) ([`report::NodeCopy`]) |
+//! | the report as JSON (feature `serde`) | `serde_json::to_string(sd.report())`, the schema in [the report module](report#json) |
 //! | tell "missing" from "corrupt" | [`Error::is_not_found`], [`Error::is_corrupt`] |
 //! | is a path on hf-mount / FUSE | [`mount::is_on_hf_mount`], [`mount::lookup`] |
 //! | load from S3, GCS, Azure, HTTP or the hub (feature `remote`) | any of the above with `s3://…`, `hf://org/repo@rev`, `https://…` for the path |
@@ -109,13 +111,18 @@
 //! # Reports and errors
 //!
 //! Every decision is data: a file's [`report::Reason`] (the rule that chose
-//! its strategy), its [`report::Fallback`] (what overrode it) and its
-//! [`report::DirectIo`], a prefetch's [`report::RankSource`] and
-//! [`report::SkipReason`]s, each with `Display` for the words; the whole report
-//! prints as a table, and with the `serde` feature serializes in the schema
-//! of `safeload load --json`. Errors say the file, and programs branch on
-//! [`Error::is_not_found`] and [`Error::is_corrupt`] without reading
-//! strings:
+//! its strategy), its [`report::Fallback`] (what overrode it), its
+//! [`report::DirectIo`] and its [`report::NodeCopy`] (who made the copy its
+//! local ranks share, or why there was none), a prefetch's
+//! [`report::RankSource`] and [`report::SkipReason`]s, and everything else a
+//! report says ([`report::Note`]: why a prefetch ran, how the reads in flight
+//! were found, what went otherwise than planned), each with `Display` for the
+//! words and `as_str()` for a stable code; the whole report prints as a
+//! table, and with the `serde` feature serializes in one schema under the
+//! Rust names, the one `safeload load --json` prints
+//! ([the report module's "JSON"](report#json), with a complete example).
+//! Errors say the file, and programs branch on [`Error::is_not_found`] and
+//! [`Error::is_corrupt`] without reading strings:
 //!
 //! ```
 //! # let dir = tempfile::tempdir()?;
@@ -148,7 +155,9 @@
 //! | `SAFELOAD_PREFETCH=<streams>` (`HF_SHARD_PREFETCH`) | warm the page cache first | [`Loader::prefetch`] |
 //! | `SAFELOAD_VERIFY=1` / `0` | check each file's SHA-256 | [`Loader::verify`] |
 //! | `SAFELOAD_HUGE_PAGES=1` / `0` / `auto` | back buffered loads' memory with transparent huge pages, or not, or measure which costs less | [`Loader::huge_pages`] |
-//! | `LOCAL_RANK`/`LOCAL_WORLD_SIZE`, `SLURM_LOCALID`, Open MPI's, MPICH's | this process's local rank, for prefetch | [`Loader::local_rank`] |
+//! | `LOCAL_RANK`/`LOCAL_WORLD_SIZE`, `SLURM_LOCALID`, Open MPI's, MPICH's | this process's local rank, for prefetch and the node copy | [`Loader::local_rank`] |
+//! | `SAFELOAD_JOB_ID=<id>` | the job's identity: what keys its ranks' shared queue and node copy (see "One job, one copy per node") | — |
+//! | `SAFELOAD_EXCHANGE=mpi`, `SAFELOAD_NODE_ID`, `SAFELOAD_EXCHANGE_TIMEOUT_SECS` | the nodes of a job read each byte once between them (feature `mpi`; README, "Many nodes") | [`Loader::exchange`] |
 //!
 //! # Memory
 //!
@@ -212,7 +221,16 @@
 //!
 //! ```
 //! # let dir = tempfile::tempdir()?;
-//! # let index = safeload::demo::write(dir.path())?;
+//! # let data = vec![0u8; 64 * 32 * 2];
+//! # let mut weight_map = std::collections::BTreeMap::new();
+//! # for i in 0..2 {
+//! #     let (name, file) = (format!("model.layers.{i}.mlp.up.weight"), format!("model-0000{}-of-00002.safetensors", i + 1));
+//! #     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![64, 32], &data)?;
+//! #     safetensors::serialize_to_file([(name.as_str(), view)], None, &dir.path().join(&file))?;
+//! #     weight_map.insert(name, file);
+//! # }
+//! # let index = dir.path().join("model.safetensors.index.json");
+//! # std::fs::write(&index, serde_json::json!({ "weight_map": weight_map }).to_string())?;
 //! // torchrun --nproc-per-node 8 train.py  (here: the one process of a job of one)
 //! # let rank_vars = [("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")];
 //! let local_rank = std::env::var("LOCAL_RANK").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
@@ -241,6 +259,35 @@
 //!   on a kernel network filesystem that will be mapped, when they are not
 //!   already resident and fit the guard.
 //!
+//! # One job, one copy per node
+//!
+//! Where several local ranks of a job load the same files read buffered
+//! (FUSE, hf-mount, a remote store), they fill one copy per file in
+//! node-shared memory, each chunk read once on the node, and each maps it
+//! read-only; one rank alone reads as before. Each file's
+//! [`FileReport::node_copy`](report::FileReport::node_copy) says which rank
+//! made the copy, from which process this one took it and how many chunks it
+//! filled, or why there was none ([`report::NodeCopy`]).
+//!
+//! What makes processes one job is the job's identity, which keys the shared
+//! queue of prefetch and the node copy, together with the files (device,
+//! inode, size and modification time; a remote object's address, length and
+//! ETag), the chunk size and the user:
+//!
+//! 1. `SAFELOAD_JOB_ID`, where set (by hand or by the job script);
+//! 2. else the launcher's job id: torchrun's `TORCHELASTIC_RUN_ID`, Slurm's
+//!    `SLURM_JOB_ID` and `SLURM_STEP_ID`, Open MPI's `OMPI_MCA_ess_base_jobid`;
+//! 3. else the parent process: the ranks one launcher starts on a node are
+//!    its children (MPICH's Hydra, a shell script's `&`).
+//!
+//! Two jobs on a node with the same identity (two runs of one script under
+//! one parent, or a launcher id reused) share the copy of the files both
+//! load, which costs nothing but their memory living as long as either
+//! holds it; set `SAFELOAD_JOB_ID` apart to keep them apart, or alike to
+//! make processes no launcher groups one job. Every rank of a job must see
+//! the same value. No other user's process can join: the queue and the
+//! copy's names are this user's, and each name is checked before use.
+//!
 //! # Reading only what is needed
 //!
 //! [`Checkpoint::open`] (or [`Loader::open`], with the loader's options)
@@ -251,7 +298,16 @@
 //!
 //! ```
 //! # let dir = tempfile::tempdir()?;
-//! # let index = safeload::demo::write(dir.path())?;
+//! # let data = vec![0u8; 64 * 32 * 2];
+//! # let mut weight_map = std::collections::BTreeMap::new();
+//! # for i in 0..2 {
+//! #     let (name, file) = (format!("model.layers.{i}.mlp.up.weight"), format!("model-0000{}-of-00002.safetensors", i + 1));
+//! #     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![64, 32], &data)?;
+//! #     safetensors::serialize_to_file([(name.as_str(), view)], None, &dir.path().join(&file))?;
+//! #     weight_map.insert(name, file);
+//! # }
+//! # let index = dir.path().join("model.safetensors.index.json");
+//! # std::fs::write(&index, serde_json::json!({ "weight_map": weight_map }).to_string())?;
 //! use safeload::Checkpoint;
 //!
 //! let (rank, world) = (1, 4);
@@ -276,11 +332,20 @@
 //!
 //! ```
 //! # let dir = tempfile::tempdir()?;
-//! # let index = safeload::demo::write(dir.path())?;
+//! # let data = vec![0u8; 64 * 32 * 2];
+//! # let mut weight_map = std::collections::BTreeMap::new();
+//! # for i in 0..2 {
+//! #     let (name, file) = (format!("model.layers.{i}.mlp.up.weight"), format!("model-0000{}-of-00002.safetensors", i + 1));
+//! #     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![64, 32], &data)?;
+//! #     safetensors::serialize_to_file([(name.as_str(), view)], None, &dir.path().join(&file))?;
+//! #     weight_map.insert(name, file);
+//! # }
+//! # let index = dir.path().join("model.safetensors.index.json");
+//! # std::fs::write(&index, serde_json::json!({ "weight_map": weight_map }).to_string())?;
 //! let ck = safeload::Loader::new().open(&index)?;
 //! let mut uploaded = 0u64;
 //! ck.for_each(256 << 20, |tensor| -> Result<(), safeload::Error> {
-//!     uploaded += tensor.nbytes() as u64; // e.g. copy to the device, then drop
+//!     uploaded += tensor.nbytes(); // e.g. copy to the device, then drop
 //!     Ok(())
 //! })?;
 //! assert_eq!(uploaded, ck.total_bytes());
@@ -340,7 +405,18 @@
 //! - `tracing` (off): `tracing` events for each file's strategy, prefetch
 //!   decisions and timings.
 //! - `serde` (off): `serde::Serialize` for the reports ([`report`]) and
-//!   mounts ([`mount::Mount`]), in the schema of `safeload load --json`.
+//!   mounts ([`mount::Mount`]), in the schema of `safeload load --json`
+//!   ([the report module's "JSON"](report#json)).
+//! - `remote` (off): every call that takes a path also takes `s3://`,
+//!   `gs://`, `az://`, `http(s)://` and `hf://org/repo@revision` addresses,
+//!   read by ranged requests on a runtime of the crate's own (`object_store`);
+//!   credentials from each store's usual variables (README, "Remote
+//!   checkpoints").
+//! - `mpi` (off): [`Loader::exchange`]'s MPI implementation, selected by
+//!   `SAFELOAD_EXCHANGE=mpi`, so that the nodes of a job read each byte once
+//!   between them (needs an MPI library, Open MPI or MPICH, and libclang to
+//!   build; README, "Many nodes"). Without it an engine can still pass its
+//!   own [`cluster::Communicator`].
 //!
 //! Mount detection works on Linux; elsewhere every filesystem is "unknown"
 //! and files are mapped.
@@ -434,7 +510,16 @@ pub use prefetch::PrefetchOptions;
 ///
 /// ```
 /// # let dir = tempfile::tempdir()?;
-/// # let index = safeload::demo::write(dir.path())?;
+/// # let data = vec![0u8; 64 * 32 * 2];
+/// # let mut weight_map = std::collections::BTreeMap::new();
+/// # for i in 0..2 {
+/// #     let (name, file) = (format!("model.layers.{i}.mlp.up.weight"), format!("model-0000{}-of-00002.safetensors", i + 1));
+/// #     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![64, 32], &data)?;
+/// #     safetensors::serialize_to_file([(name.as_str(), view)], None, &dir.path().join(&file))?;
+/// #     weight_map.insert(name, file);
+/// # }
+/// # let index = dir.path().join("model.safetensors.index.json");
+/// # std::fs::write(&index, serde_json::json!({ "weight_map": weight_map }).to_string())?;
 /// let sd = safeload::load_state_dict(dir.path(), None)?;          // decided per file
 /// let buffered = safeload::load_state_dict(&index, Some(true))?;  // read into memory
 /// assert_eq!(sd.names().collect::<Vec<_>>(), buffered.names().collect::<Vec<_>>());

@@ -74,7 +74,7 @@ impl StateDict {
 
     /// The bytes of all tensors' data.
     pub fn total_bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.nbytes() as u64).sum()
+        self.tensors.iter().map(Tensor::nbytes).sum()
     }
 
     /// The files' `__metadata__` entries merged (the first file that sets a

@@ -125,10 +125,11 @@ impl Tensor {
         self.storage.bytes().get(self.range.clone()).unwrap_or(&[])
     }
 
-    /// The number of bytes of the tensor's data (as
-    /// [`TensorInfo::nbytes`](crate::TensorInfo::nbytes) in the file).
-    pub fn nbytes(&self) -> usize {
-        self.range.len()
+    /// The number of bytes of the tensor's data, a `u64` as every byte count
+    /// of the crate ([`TensorInfo::nbytes`](crate::TensorInfo::nbytes) in the
+    /// file; [`as_bytes`](Self::as_bytes)`().len()` in memory).
+    pub fn nbytes(&self) -> u64 {
+        self.range.len() as u64
     }
 
     /// Whether its dtype is a floating-point type (see
@@ -208,9 +209,9 @@ impl Tensor {
     }
 
     /// The tensor converted to `dtype`, into an allocation of its own, with
-    /// the rules of [`convert`](crate::convert) (round to nearest even,
-    /// overflow to infinity, NaN kept, F64 through F32). The same dtype is a
-    /// clone (no copy).
+    /// the rules of [`Loader::dtype`](crate::Loader::dtype) (round to nearest
+    /// even, overflow to infinity, NaN kept, F64 through F32). The same dtype
+    /// is a clone (no copy).
     ///
     /// ```
     /// # let dir = tempfile::tempdir()?;

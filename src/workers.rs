@@ -25,19 +25,6 @@ pub(crate) struct Started {
     pub refused: Option<io::Error>,
 }
 
-impl Started {
-    /// "3 of 8 threads ran, the OS refused more (...)" where some were
-    /// refused.
-    pub(crate) fn shortfall(&self) -> Option<String> {
-        self.refused.as_ref().map(|e| {
-            format!(
-                "{} of {} threads ran, the OS refused more ({e})",
-                self.started, self.requested
-            )
-        })
-    }
-}
-
 /// Runs `work(i)` on `workers` threads, `i` in `0..workers`, the calling
 /// thread being worker 0, and returns when all are done.
 ///

@@ -119,7 +119,10 @@ pub fn run_rank(job: &Job) {
         Ok(sd) => {
             figures.digest = crate::sampled_digest(sd.iter().map(|(n, t)| (n, t.as_bytes())));
             let files = &sd.report().files;
-            figures.notes = files.iter().filter_map(|f| f.node_copy.clone()).collect();
+            figures.notes = files
+                .iter()
+                .filter_map(|f| f.node_copy.as_ref().map(ToString::to_string))
+                .collect();
         }
         Err(e) => figures.error = Some(e.to_string()),
     }

@@ -1,34 +1,25 @@
-//! The `--json` shapes: the library's reports in their `serde` schema, with what each command adds; one place to read what a script gets.
+//! The `--json` shapes: the library's reports in their `serde` schema (the library's `report` module docs, "JSON"), with what each command adds; one place to read what a script gets.
 //!
-//! Every key is always present (`null` where a value does not apply), paths
-//! are strings (lossy where not UTF-8), byte counts are integers, times are
-//! seconds as floats. Rates (`gib_per_s`) are `null` where nothing was read:
-//! a lazily mapped file is read after the load, when its pages are touched.
+//! `safeload load --json` prints the load's `LoadReport` as the library
+//! serializes it, nothing added or renamed: the same document an engine
+//! gets from `serde_json::to_string(sd.report())`. `inspect` lists each file
+//! as that schema's file (`files`), with the tensors beside. Every key is
+//! always present (`null` where a value does not apply), paths are strings
+//! (lossy where not UTF-8), byte counts are integers, durations seconds as
+//! floats. Rates (`gib_per_s`) are `null` where nothing was read: a lazily
+//! mapped file is read after the load, when its pages are touched.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use safeload::mount::{Mount, MountEntry};
-use safeload::report::Strategy;
-use safeload::{AutoPolicy, Checkpoint, LoadReport, StateDict};
+use safeload::report::FileReport;
+use safeload::{AutoPolicy, Checkpoint};
 use serde::Serialize;
-
-/// `safeload load --json`: the library's report (its `serde` schema),
-/// with what the command knows beside it.
-#[derive(Serialize)]
-pub struct Load<'a> {
-    pub path: String,
-    pub demo: bool,
-    pub tensor_count: usize,
-    /// The dtype floating tensors were converted to, where asked.
-    pub dtype: Option<String>,
-    #[serde(flatten)]
-    pub report: &'a LoadReport,
-}
 
 /// `safeload inspect --json`.
 #[derive(Serialize)]
-pub struct Inspect {
+pub struct Inspect<'a> {
     pub path: String,
     pub demo: bool,
     pub tensor_count: usize,
@@ -38,22 +29,10 @@ pub struct Inspect {
     /// The sharded index's `metadata` object (values that are not strings
     /// as their JSON text).
     pub index_metadata: Option<BTreeMap<String, String>>,
-    pub files: Vec<InspectedFile>,
+    /// Each file as a load's report has it: totals, metadata, and how a load
+    /// would read it (nothing read yet).
+    pub files: &'a [FileReport],
     pub tensors: Vec<TensorEntry>,
-}
-
-/// One file's totals, metadata, and how a load would read it.
-#[derive(Serialize)]
-pub struct InspectedFile {
-    pub path: String,
-    pub size: u64,
-    pub tensor_count: usize,
-    pub tensor_bytes: u64,
-    pub metadata: Option<BTreeMap<String, String>>,
-    pub strategy: Strategy,
-    pub reason: String,
-    pub reason_code: &'static str,
-    pub mount: Option<Mount>,
 }
 
 /// One tensor, from its header.
@@ -108,28 +87,9 @@ fn text(path: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
 
-impl<'a> Load<'a> {
-    /// The JSON of a finished load.
-    pub fn new(
-        path: &Path,
-        demo: bool,
-        sd: &'a StateDict,
-        dtype: Option<safeload::Dtype>,
-    ) -> Load<'a> {
-        Load {
-            path: text(path),
-            demo,
-            tensor_count: sd.len(),
-            dtype: dtype.map(|d| d.to_string()),
-            report: sd.report(),
-        }
-    }
-}
-
-impl Inspect {
+impl<'a> Inspect<'a> {
     /// The JSON of an opened checkpoint.
-    pub fn new(path: &Path, demo: bool, checkpoint: &Checkpoint) -> Inspect {
-        let report = checkpoint.report();
+    pub fn new(path: &Path, demo: bool, checkpoint: &'a Checkpoint) -> Inspect<'a> {
         Inspect {
             path: text(path),
             demo,
@@ -137,21 +97,7 @@ impl Inspect {
             tensor_bytes: checkpoint.total_bytes(),
             metadata: checkpoint.metadata().clone(),
             index_metadata: checkpoint.index_metadata().cloned(),
-            files: report
-                .files
-                .iter()
-                .map(|file| InspectedFile {
-                    path: text(&file.path),
-                    size: file.size,
-                    tensor_count: file.tensors,
-                    tensor_bytes: file.tensor_bytes,
-                    metadata: file.metadata.clone(),
-                    strategy: file.strategy,
-                    reason: file.explain(),
-                    reason_code: file.reason.as_str(),
-                    mount: file.mount.clone(),
-                })
-                .collect(),
+            files: &checkpoint.report().files,
             tensors: checkpoint
                 .tensors()
                 .map(|t| TensorEntry {

@@ -186,9 +186,9 @@ fn load_under_mpirun_reads_each_byte_once_per_cluster() {
         let notes = report["notes"].as_array().unwrap();
         let expected = format!("this node (node {node} of 3)");
         assert!(
-            notes
-                .iter()
-                .any(|n| n.as_str().unwrap().contains(&expected)),
+            notes.iter().any(|n| n["code"] == "read_once_per_cluster"
+                && n["node"] == node
+                && n["text"].as_str().unwrap().contains(&expected)),
             "{report}"
         );
         assert_eq!(per_file(report, "tensor_bytes"), total, "{report}");

@@ -2,6 +2,11 @@
 
 use super::*;
 
+/// What the report says of a settled count.
+fn said(settled: &Settled) -> String {
+    crate::report::Note::reads(settled).to_string()
+}
+
 /// Feeds the controller reads whose throughput is `rate(readers)`.
 fn drive(concurrency: Concurrency, rate: impl Fn(usize) -> f64) -> Settled {
     let control = Control::new(concurrency, 10_000);
@@ -53,8 +58,8 @@ fn a_window_mostly_spent_faulting_is_measured_again() {
         // grows to the mount's 32; not told, 16 readers looked no better
         // than 8.
         let s = control.settled();
-        assert_eq!(s.readers, settled, "{s}");
-        assert!(s.steps.iter().all(|&(_, _, rate)| rate > 0.3), "{s}");
+        assert_eq!(s.readers, settled, "{s:?}");
+        assert!(s.steps.iter().all(|&(_, _, rate)| rate > 0.3), "{s:?}");
     }
     // Memory that stays slow: after three windows measured again, the
     // fourth is judged as it is.
@@ -93,7 +98,7 @@ fn the_first_window_is_not_measured() {
 fn grows_while_throughput_rises_and_settles_where_it_stops() {
     // A mount serving 32 requests at once: throughput grows to 32 readers.
     let s = drive(Concurrency::adaptive(8), |n| n.min(32) as f64 * 0.05);
-    assert_eq!(s.readers, 32, "{s}");
+    assert_eq!(s.readers, 32, "{s:?}");
     assert_eq!(s.why, Why::NoGain);
     assert_eq!(
         s.steps.iter().map(|&(n, _, _)| n).collect::<Vec<_>>(),
@@ -101,17 +106,17 @@ fn grows_while_throughput_rises_and_settles_where_it_stops() {
     );
     // A serialized mount: no doubling pays; back to the start.
     let s = drive(Concurrency::adaptive(12), |_| 0.3);
-    assert_eq!((s.readers, s.why), (12, Why::NoGain), "{s}");
+    assert_eq!((s.readers, s.why), (12, Why::NoGain), "{s:?}");
     // Always more: up to the most allowed, then stop measuring.
     let s = drive(Concurrency::adaptive(8), |n| n as f64);
-    assert_eq!((s.readers, s.why), (MAX_READERS, Why::Max), "{s}");
+    assert_eq!((s.readers, s.why), (MAX_READERS, Why::Max), "{s:?}");
     // Converting loads stop at 16.
     let s = drive(Concurrency::adaptive(8).converting(), |n| n as f64);
     assert_eq!((s.readers, s.why), (MAX_CONVERTING_READERS, Why::Max));
     // Pinned: never moves.
     let s = drive(Concurrency::pinned(5), |n| n as f64);
     assert_eq!((s.readers, s.why, s.steps.len()), (5, Why::Pinned, 0));
-    assert_eq!(s.to_string(), "5 read(s) in flight, as set");
+    assert_eq!(said(&s), "5 read(s) in flight, as set");
 }
 
 /// Feeds the controller reads whose throughput is `rate(readers, size)`.
@@ -142,7 +147,7 @@ fn the_size_grows_once_the_readers_settle_within_the_bytes_in_flight() {
         ..sizes
     };
     let s = drive_sized(Concurrency::adaptive(16).with_sizes(roomy), link);
-    assert_eq!((s.readers, s.size), (32, Some(32 * MIB)), "{s}");
+    assert_eq!((s.readers, s.size), (32, Some(32 * MIB)), "{s:?}");
     assert_eq!(s.why, Why::NoGain);
     let tried: Vec<_> = s
         .steps
@@ -151,15 +156,15 @@ fn the_size_grows_once_the_readers_settle_within_the_bytes_in_flight() {
         .collect();
     assert_eq!(tried, [(16, 16), (32, 16), (64, 16), (32, 32), (32, 64)]);
     assert!(
-        s.to_string().starts_with("32 read(s) of 32 MiB in flight"),
-        "{s}"
+        said(&s).starts_with("32 read(s) of 32 MiB in flight"),
+        "{s:?}"
     );
     // The same link under 1 GiB in flight: 32 x 64 MiB is not tried.
     let s = drive_sized(Concurrency::adaptive(16).with_sizes(sizes), link);
     assert_eq!(
         (s.readers, s.size, s.why),
         (32, Some(32 * MIB), Why::Max),
-        "{s}"
+        "{s:?}"
     );
     // Everything pays: up to the bytes in flight (64 x 16 MiB = 1 GiB), where the
     // size cannot grow.
@@ -169,7 +174,7 @@ fn the_size_grows_once_the_readers_settle_within_the_bytes_in_flight() {
     assert_eq!(
         (s.readers, s.size, s.why),
         (64, Some(16 * MIB), Why::Max),
-        "{s}"
+        "{s:?}"
     );
     // Readers start within the bytes in flight.
     let small = Sizes {
@@ -196,7 +201,7 @@ fn a_short_run_says_so_and_waiting_readers_leave() {
     });
     let settled = control.settled();
     assert_eq!((settled.readers, settled.why), (2, Why::Ended));
-    assert!(settled.to_string().contains("too short"), "{settled}");
+    assert!(said(&settled).contains("too short"), "{settled:?}");
     // Never more readers than jobs.
     assert_eq!(Control::new(Concurrency::adaptive(8), 3).max(), 3);
 }

@@ -16,7 +16,7 @@ use crate::execute::Run;
 use crate::file::{self, OpenedFile};
 use crate::options::Options;
 use crate::policy::Environment;
-use crate::report::{DirectIo, FileReport, LoadReport};
+use crate::report::{DirectIo, FileReport, LoadReport, Note};
 use crate::resolve::{self, Resolved, ShardFile};
 use crate::state_dict::StateDict;
 
@@ -66,8 +66,8 @@ struct Inner {
     tensors: Vec<TensorInfo>,
     by_name: HashMap<Arc<str>, usize>,
     metadata: BTreeMap<String, String>,
-    notes: Vec<String>,
-    opened_in: Duration,
+    /// The report of the opening, made once.
+    report: LoadReport,
     path: PathBuf,
 }
 
@@ -285,41 +285,10 @@ impl Checkpoint {
 
     /// How each file is read and why (mapped, or read with positional
     /// reads), with its filesystem: a [`LoadReport`] of the opening, in
-    /// which no tensor byte has been read yet.
-    pub fn report(&self) -> LoadReport {
-        let files = self
-            .inner
-            .files
-            .iter()
-            .map(|f| FileReport {
-                path: f.path().to_path_buf(),
-                size: f.size(),
-                tensors: f.header().tensors.len(),
-                tensor_bytes: f.header().tensors.iter().map(|t| t.end - t.start).sum(),
-                bytes_read: 0,
-                strategy: f.decision().strategy,
-                reason: f.decision().reason(),
-                fallback: f.decision().fallback.clone(),
-                direct_io: DirectIo::Off,
-                mount: f.source().mount().cloned(),
-                elapsed: Duration::ZERO,
-                metadata: f.header().metadata.clone(),
-                sha256: None,
-                converted: 0,
-                overflowed: 0,
-                node_copy: None,
-            })
-            .collect();
-        LoadReport {
-            files,
-            elapsed: self.inner.opened_in,
-            threads: 0,
-            io_concurrency: 0,
-            prefetch: None,
-            fresh_memory: None,
-            notes: self.inner.notes.clone(),
-            io_concurrency_reason: None,
-        }
+    /// which no tensor byte has been read yet. By reference, as
+    /// [`StateDict::report`].
+    pub fn report(&self) -> &LoadReport {
+        &self.inner.report
     }
 
     /// The info of `name`, or [`ErrorKind::TensorNotFound`].
@@ -399,12 +368,14 @@ pub(crate) fn open_with(opts: Options, path: &Path) -> Result<Checkpoint> {
     let env = Environment::from_process();
     let resolved = resolve::resolve(path)?;
     let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
-    let (files, notes) = file::open_all(&opts, &resolved, &shards, &env, clock)?;
+    let (files, mut notes) = file::open_all(&opts, &resolved, &shards, &env, clock)?;
+    notes.extend(file::fetched_whole(&files));
     let Catalogue {
         tensors,
         by_name,
         metadata,
     } = catalogue(&files);
+    let report = opening_report(&files, notes, clock.elapsed());
     Ok(Checkpoint {
         inner: Arc::new(Inner {
             opts,
@@ -414,11 +385,45 @@ pub(crate) fn open_with(opts: Options, path: &Path) -> Result<Checkpoint> {
             tensors,
             by_name,
             metadata,
-            notes,
-            opened_in: clock.elapsed(),
+            report,
             path: path.to_path_buf(),
         }),
     })
+}
+
+/// The report of an opening: per file how it is read and why, nothing read.
+fn opening_report(files: &[OpenedFile], notes: Vec<Note>, elapsed: Duration) -> LoadReport {
+    let files = files
+        .iter()
+        .map(|f| FileReport {
+            path: f.path().to_path_buf(),
+            size: f.size(),
+            tensors: f.header().tensors.len(),
+            tensor_bytes: f.header().tensors.iter().map(|t| t.end - t.start).sum(),
+            bytes_read: 0,
+            strategy: f.decision().strategy,
+            reason: f.decision().reason(),
+            fallback: f.decision().fallback.clone(),
+            direct_io: DirectIo::Off,
+            mount: f.source().mount().cloned(),
+            elapsed: Duration::ZERO,
+            metadata: f.header().metadata.clone(),
+            sha256: None,
+            converted: 0,
+            overflowed: 0,
+            node_copy: None,
+        })
+        .collect();
+    LoadReport {
+        files,
+        elapsed,
+        threads: 0,
+        io_concurrency: 0,
+        prefetch: None,
+        fresh_memory: None,
+        notes,
+        io_concurrency_reason: None,
+    }
 }
 
 // Engines read from one checkpoint on many threads.

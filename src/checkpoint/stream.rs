@@ -118,7 +118,7 @@ impl Checkpoint {
     ///
     /// /// A device with room for `free` more bytes.
     /// struct Device {
-    ///     free: usize,
+    ///     free: u64,
     /// }
     ///
     /// impl Device {

@@ -41,7 +41,16 @@ use super::{Exchange, ExchangeError, ExchangeErrorKind};
 /// }
 ///
 /// # let dir = tempfile::tempdir()?;
-/// # let index = safeload::demo::write(dir.path())?;
+/// # let data = vec![0u8; 64 * 32 * 2];
+/// # let mut weight_map = std::collections::BTreeMap::new();
+/// # for i in 0..2 {
+/// #     let (name, file) = (format!("model.layers.{i}.mlp.up.weight"), format!("model-0000{}-of-00002.safetensors", i + 1));
+/// #     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![64, 32], &data)?;
+/// #     safetensors::serialize_to_file([(name.as_str(), view)], None, &dir.path().join(&file))?;
+/// #     weight_map.insert(name, file);
+/// # }
+/// # let index = dir.path().join("model.safetensors.index.json");
+/// # std::fs::write(&index, serde_json::json!({ "weight_map": weight_map }).to_string())?;
 /// let sd = safeload::Loader::new().disable_mmap(true).exchange(Alone).load(&index)?;
 /// assert!(sd.len() > 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -15,6 +15,7 @@ use crate::jobs::{
 use crate::os::DIRECT_ALIGN;
 use crate::plan::cluster::Piece;
 use crate::progress::{Callback, Meter, Phase};
+use crate::report::Note;
 use crate::source::Source;
 use crate::storage::{Segment, Storage};
 use crate::verify::{Digest256, StreamHasher};
@@ -38,7 +39,7 @@ pub(crate) fn read_all(
     progress: Option<&Callback>,
     share: Option<(&[Piece], usize)>,
     pages: &PageSizes,
-) -> Result<(Option<Settled>, Option<String>)> {
+) -> Result<(Option<Settled>, Option<Note>)> {
     let mut shortfall = None;
     let mut settled = None;
     // The bytes before a whole-file buffer's image (the header), hashed
@@ -235,7 +236,7 @@ pub(crate) fn read_all(
                 f.fetch_max(since(clock), Ordering::Relaxed);
             }
         });
-        shortfall = started.shortfall();
+        shortfall = Note::threads("reading", &started);
         settled = Some(io);
         meter.finish();
         drop(finished);

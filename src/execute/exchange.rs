@@ -20,6 +20,7 @@ use crate::error::{Error, Operation, Result};
 use crate::file::life::{Destination, Filling};
 use crate::file::{OpenedFile, read_error, since};
 use crate::plan::cluster::{self, FileFacts, PIECE, Piece};
+use crate::report::Note;
 use crate::source::VersionTag;
 use crate::storage::{BufferLayout, Segment};
 
@@ -72,7 +73,7 @@ pub(crate) fn agree(
     (filling, copies): (&mut [Filling<'_>], &[Copy<'_>]),
     facts: &Facts,
     path: &std::path::Path,
-    notes: &mut Vec<String>,
+    notes: &mut Vec<Note>,
 ) -> Result<Option<Vec<Piece>>> {
     let mut layouts: Vec<Option<BufferLayout>> = filling
         .iter_mut()
@@ -135,11 +136,13 @@ pub(crate) fn agree(
             .map(|why| format!("node {node}: {why}"))
     });
     if let Some(why) = refused {
-        notes.push(format!("each node read alone ({why})"));
+        notes.push(Note::NodesReadAlone { why });
         return Ok(None);
     }
     if let Err(why) = cluster::agree(&all) {
-        notes.push(format!("each node read alone ({why})"));
+        notes.push(Note::NodesReadAlone {
+            why: why.to_string(),
+        });
         return Ok(None);
     }
     let refs: Vec<Option<&BufferLayout>> = layouts.iter().map(Option::as_ref).collect();
@@ -160,7 +163,7 @@ pub(crate) fn receive(
     (filling, copies): (&mut [Filling<'_>], &[Copy<'_>]),
     pieces: &[Piece],
     clock: Instant,
-) -> Result<String> {
+) -> Result<Note> {
     let me = exchange.node();
     let (mut read, mut received) = (0u64, 0u64);
     let buffers = filling.len();
@@ -206,13 +209,12 @@ pub(crate) fn receive(
         }
     }
     let total = read + received;
-    Ok(format!(
-        "read once per cluster: this node (node {me} of {}) read {} of {} from storage and \
-         received the rest from the other nodes, each range's SHA-256 checked",
-        exchange.nodes(),
-        crate::report::human_bytes(read),
-        crate::report::human_bytes(total),
-    ))
+    Ok(Note::ReadOncePerCluster {
+        node: me,
+        nodes: exchange.nodes(),
+        read,
+        total,
+    })
 }
 
 /// Makes each buffered file's `bytes_read` what this node read of it from
@@ -278,10 +280,11 @@ pub(crate) fn read_copies(
             .read_chunk(file.source(), offset, len)
             .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))
     })?;
+    // Tensor data only, as the report's `bytes_read` counts it.
     let mut read = vec![0u64; copies.len()];
-    for (k, _, len) in &reads {
-        if let Some(bytes) = read.get_mut(*k) {
-            *bytes += len;
+    for &(k, offset, len) in &reads {
+        if let (Some(bytes), Some((file, _))) = (read.get_mut(k), copies.get(k)) {
+            *bytes += crate::node::tensor_part(file.header().data_start, offset, len);
         }
     }
     Ok(read)

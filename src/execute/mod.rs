@@ -18,7 +18,7 @@ use crate::options::Options;
 use crate::plan::{self, FileFacts, PlanOptions};
 use crate::policy::{self, Environment};
 use crate::prefetch;
-use crate::report::LoadReport;
+use crate::report::{LoadReport, Note};
 use crate::resolve::Resolved;
 use crate::state_dict::StateDict;
 use crate::trace;
@@ -35,7 +35,7 @@ pub(crate) struct Run<'a> {
     pub keep: Option<&'a (dyn Fn(&str) -> bool + Sync)>,
     pub clock: Instant,
     /// What went otherwise than planned so far (threads refused).
-    pub notes: Vec<String>,
+    pub notes: Vec<Note>,
     /// The checkpoint's path, for errors about the whole load.
     pub path: &'a Path,
     /// The job's exchange between nodes, on this node's participant
@@ -136,11 +136,11 @@ impl Run<'_> {
 
         // 3. Allocate, and fill every destination through one job queue.
         let mut filling = Vec::with_capacity(files.len());
-        let mut notes_of_copies: Vec<(Option<String>, u64)> = copies
+        let mut notes_of_copies: Vec<(Option<crate::report::NodeCopy>, u64)> = copies
             .iter()
             .map(|c| match c {
-                node::PerFile::Copy { bytes_read, .. } => (c.note(), *bytes_read),
-                _ => (c.note(), 0),
+                node::PerFile::Copy { bytes_read, .. } => (c.report(), *bytes_read),
+                _ => (c.report(), 0),
             })
             .collect();
         for ((&(file, started_at), plan), copy) in files.iter().zip(plans).zip(&mut copies) {
@@ -215,7 +215,8 @@ impl Run<'_> {
             pending.complete();
         }
         drop(copy_files);
-        notes.extend(readers.map(|s| format!("reading: {s}")));
+        notes.extend(readers);
+        notes.extend(crate::file::fetched_whole(files.iter().map(|&(f, _)| f)));
         let mut sealed = filling
             .into_iter()
             .map(|f| f.seal())
@@ -235,7 +236,7 @@ impl Run<'_> {
             file.node_copy = note;
             file.bytes_read += read;
         }
-        state_dict.report.io_concurrency_reason = io.as_ref().map(ToString::to_string);
+        state_dict.report.io_concurrency_reason = io.as_ref().map(Note::reads);
         state_dict.report.prefetch = prefetched;
         state_dict.report.fresh_memory = pages.report();
         state_dict.report.notes = notes;

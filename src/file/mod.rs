@@ -15,6 +15,7 @@ use crate::format::header::{self, Header, PREFIX_LEN};
 use crate::mount::MountTable;
 use crate::options::Options;
 use crate::policy::{self, Environment, FileDecision, Origin, ReadMode, Strategy};
+use crate::report::Note;
 use crate::resolve::{Resolved, ShardFile};
 pub(crate) use crate::source::read_error;
 use crate::source::{LocalFile, Source};
@@ -99,6 +100,16 @@ pub(crate) fn threads(opts: &Options) -> usize {
     opts.threads.unwrap_or_else(workers::default_width).max(1)
 }
 
+/// What the report says of files a server sends whole, ignoring `Range`
+/// (each fetched once, by its first request), if there are any.
+pub(crate) fn fetched_whole<'a>(files: impl IntoIterator<Item = &'a OpenedFile>) -> Option<Note> {
+    let files = files
+        .into_iter()
+        .filter(|f| f.source().fetched_whole())
+        .count();
+    (files > 0).then_some(Note::RangesIgnored { files })
+}
+
 /// Opens `shards` of `resolved` in parallel, each with its header read and
 /// checked, its mount found and its way of being read decided (and mapped,
 /// where it is mapped); then checks the headers against each other and the
@@ -110,7 +121,7 @@ pub(crate) fn open_all(
     shards: &[&ShardFile],
     env: &Environment,
     clock: Instant,
-) -> Result<(Vec<OpenedFile>, Vec<String>)> {
+) -> Result<(Vec<OpenedFile>, Vec<Note>)> {
     let (mode, origin) = policy::effective_mode(opts.mode, env);
     let table = match &opts.mount_table {
         Some(table) => Some(table.clone()),
@@ -130,9 +141,7 @@ pub(crate) fn open_all(
         _ => threads(opts),
     };
     let (files, openers) = workers::map(shards, width, "safeload-open", |shard| open(shard, &ctx))?;
-    let notes = openers
-        .shortfall()
-        .map(|s| format!("opening files: {s}"))
+    let notes = Note::threads("opening files", &openers)
         .into_iter()
         .collect();
     let headers: Vec<_> = files.iter().map(|f| (f.path(), &f.header)).collect();

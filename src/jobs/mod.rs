@@ -175,56 +175,75 @@ struct Taken<'a> {
 }
 
 /// The next job of the queue and its place in it: a longer read cut to
-/// `size` where the size is measured (its rest stays in the slot, and the
-/// cursor on it), else the whole job (the cursor moves past it). `None` once
-/// every job is taken.
+/// `size` where the size is measured (its rest stays in the slot), else the
+/// whole job. `None` once every job is taken.
+///
+/// The first job from the cursor on that no one holds: a slot locked is
+/// the helper's, faulting its job in, and is passed over (the cursor stays
+/// on it, and the next reader takes it once the helper is done), so that
+/// no reader waits on the helper while other jobs are there to take; only
+/// where every job left is held does a reader wait (the wait counts as
+/// faulting, `Control::completed`). The cursor moves past the slots found
+/// empty, in order.
+///
+/// NOTE: a reader waiting on the helper's slot made a helper slower than
+/// the readers the load's one faulting thread: each reader waited in turn
+/// for the job the helper held. On the development VM, when every page
+/// cost the host a fault (0.3 GiB/s per thread, 2026-12-03), a remote load
+/// of 2.2 GiB took 7.5 s, its first file done at 6.1 s. Passed over, the
+/// helper's job waits instead, and the readers fault in the jobs they take
+/// themselves, on every core.
 fn take<'a>(queue: &[Slot<'a>], cursor: &AtomicUsize, size: Option<usize>) -> Option<Taken<'a>> {
     let mut waited = Duration::ZERO;
     loop {
-        let i = cursor.load(Ordering::Acquire);
-        let slot = queue.get(i)?;
-        // A slot held long is the helper's, faulting its job in: the wait
-        // counts as faulting (`Control::completed`).
-        let mut held = match slot.try_lock() {
-            Ok(held) => held,
-            Err(_) => {
-                let start = Instant::now();
-                let held = slot
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                waited += start.elapsed();
-                held
-            }
-        };
-        let Some(Waiting { tagged, faulted }) = held.take() else {
-            drop(held);
-            // Taken whole by another reader, which moves the cursor too:
-            // whichever comes first moves it once.
-            let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
-            continue;
-        };
-        let (job, rest) = match size {
-            Some(size) => tagged.cut(size),
-            None => (tagged, None),
-        };
-        match rest {
-            Some(rest) => {
-                *held = Some(Waiting {
-                    tagged: rest,
-                    faulted,
-                })
-            }
-            None => {
+        let mut held_by_helper = None;
+        let mut i = cursor.load(Ordering::Acquire);
+        while let Some(slot) = queue.get(i) {
+            let mut held = match slot.try_lock() {
+                Ok(held) => held,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    held_by_helper.get_or_insert(i);
+                    i += 1;
+                    continue;
+                }
+            };
+            let Some(Waiting { tagged, faulted }) = held.take() else {
                 drop(held);
+                // Taken whole by another reader: whichever comes first moves
+                // the cursor past it, where it is the cursor's.
                 let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
+                i += 1;
+                continue;
+            };
+            let (job, rest) = match size {
+                Some(size) => tagged.cut(size),
+                None => (tagged, None),
+            };
+            match rest {
+                Some(rest) => {
+                    *held = Some(Waiting {
+                        tagged: rest,
+                        faulted,
+                    })
+                }
+                None => {
+                    drop(held);
+                    let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
+                }
             }
+            return Some(Taken {
+                index: i,
+                tagged: job,
+                faulted,
+                waited,
+            });
         }
-        return Some(Taken {
-            index: i,
-            tagged: job,
-            faulted,
-            waited,
-        });
+        // Every job left is held: wait for the first, then look again.
+        let slot = queue.get(held_by_helper?)?;
+        let start = Instant::now();
+        drop(slot.lock());
+        waited += start.elapsed();
     }
 }
 
@@ -296,7 +315,7 @@ pub(crate) fn run<'a>(
     let filler = control.max();
     let work = |reader: usize| {
         if ahead && reader == filler {
-            fill_ahead(&queue, (&cursor, &|| control.readers()), &failed, pages);
+            fill_ahead(&queue, &cursor, &failed, pages);
             return;
         }
         while !failed.load(Ordering::Relaxed) && control.wait_turn(reader) {
@@ -427,27 +446,14 @@ fn reads_bypass_the_page_cache(jobs: &[Tagged<'_>]) -> bool {
 
 /// Walks the queue ahead of the readers and faults in the destination of
 /// every job not yet taken (`PageSizes::fault_in`), so that the readers'
-/// copies land in present pages. It keeps as many jobs ahead of the queue's
-/// cursor as `readers()` says are reading: the jobs the readers take next
-/// are theirs to fault in where the helper is behind.
-///
-/// NOTE: from the job right after the cursor, a helper slower than the
-/// readers held the very job each of them took next (faulting it in under
-/// its lock) and every reader waited on it: fresh memory faulted in on one
-/// thread. On the development VM, when every page cost the host a fault
-/// (0.3 GiB/s per thread, 2026-12-03), a remote load of 2.2 GiB took 7.5 s,
-/// its first file done at 6.1 s. Kept ahead, it leaves the readers to fault
-/// the jobs they take in themselves, on every core, while it works further
-/// on.
-fn fill_ahead(
-    queue: &[Slot<'_>],
-    (cursor, readers): (&AtomicUsize, &dyn Fn() -> usize),
-    failed: &AtomicBool,
-    pages: &PageSizes,
-) {
+/// copies land in present pages. A job it holds is passed over by the
+/// readers (`take`): where it is slower than they are, they fault the jobs
+/// they take in themselves, and it goes on from the first job after the
+/// cursor.
+fn fill_ahead(queue: &[Slot<'_>], cursor: &AtomicUsize, failed: &AtomicBool, pages: &PageSizes) {
     let mut i = 0;
     while !failed.load(Ordering::Relaxed) {
-        i = i.max(cursor.load(Ordering::Relaxed) + readers().max(1));
+        i = i.max(cursor.load(Ordering::Relaxed) + 1);
         let Some(slot) = queue.get(i) else {
             break;
         };

@@ -181,5 +181,38 @@ fn reads_cut_to_the_measured_size_land_every_byte_once() {
     assert!(dst == bytes, "every byte in place");
     assert_eq!(landed.into_inner(), len as u64, "each byte read once");
     assert!(pieces.into_inner() >= 6, "the jobs were cut");
-    assert!(settled.size.is_some(), "{settled}");
+    assert!(settled.size.is_some(), "{settled:?}");
+}
+
+#[test]
+fn a_reader_passes_over_a_job_the_helper_holds_and_waits_only_for_the_last() {
+    let file = file_of(&[1; 3 << 20]);
+    let mut dst = vec![0u8; 3 << 20];
+    let queue: Vec<Slot<'_>> = reads(&file, false, &mut dst)
+        .into_iter()
+        .map(|tagged| {
+            Mutex::new(Some(Waiting {
+                tagged,
+                faulted: false,
+            }))
+        })
+        .collect();
+    let cursor = AtomicUsize::new(0);
+    // The helper faulting the first job in, under its lock.
+    let held = queue[0].lock().unwrap();
+    let next = take(&queue, &cursor, None).unwrap();
+    assert_eq!((next.index, next.waited), (1, Duration::ZERO));
+    assert_eq!(cursor.load(Ordering::Acquire), 0, "the cursor stays on it");
+    assert_eq!(take(&queue, &cursor, None).unwrap().index, 2);
+    // Only the held job is left: a reader waits for it, and takes it.
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| take(&queue, &cursor, None).map(|t| (t.index, t.waited)));
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+        let (index, waited) = reader.join().unwrap().unwrap();
+        assert_eq!(index, 0);
+        assert!(waited >= Duration::from_millis(40), "{waited:?}");
+    });
+    assert!(take(&queue, &cursor, None).is_none());
+    assert_eq!(cursor.load(Ordering::Acquire), 3, "past every slot");
 }

@@ -101,8 +101,7 @@ impl Loader {
 
     /// The size of one read of a buffered file (default: 8 MiB); direct
     /// reads round it down to whole 4 KiB blocks. Values below 4 KiB are
-    /// raised to it. (Prefetch cuts files into chunks of its own size,
-    /// [`PrefetchOptions::chunk_size`].)
+    /// raised to it. (Prefetch cuts files into chunks of its own size, 8 MiB.)
     pub fn read_size(mut self, bytes: usize) -> Loader {
         self.opts.read_size = Some(bytes.max(4096));
         self
@@ -187,8 +186,13 @@ impl Loader {
     }
 
     /// This process's rank among the job's processes on this node, and their
-    /// number, for prefetch, instead of the launcher's variables
-    /// (`LOCAL_RANK`/`LOCAL_WORLD_SIZE`, `SLURM_LOCALID`, ...).
+    /// number, for prefetch and the node copy, instead of the launcher's
+    /// variables (`LOCAL_RANK`/`LOCAL_WORLD_SIZE`, `SLURM_LOCALID`, ...).
+    ///
+    /// Which processes are one job is not set here: the job's identity is
+    /// `SAFELOAD_JOB_ID` where set, else the launcher's job id, else the
+    /// parent process (the crate docs, "One job, one copy per node"); ranks
+    /// started without a launcher by one parent are one job already.
     pub fn local_rank(mut self, rank: usize, size: usize) -> Loader {
         self.opts.local_rank = Some((rank, size));
         self
@@ -205,9 +209,8 @@ impl Loader {
     /// F6, C64) and tensors already of `dtype` stay as they are. Rounding is
     /// to nearest, ties to even; a value beyond the target's range becomes
     /// infinite (counted in [`FileReport::overflowed`](crate::report::FileReport::overflowed));
-    /// NaN stays NaN; F64 rounds through F32, as `torch.Tensor.to` does (see
-    /// [`convert`](crate::convert)). A `dtype` that is not a target converts
-    /// nothing.
+    /// NaN stays NaN; F64 rounds through F32, as `torch.Tensor.to` does. A
+    /// `dtype` that is not a target converts nothing.
     ///
     /// ```
     /// # let dir = tempfile::tempdir()?;

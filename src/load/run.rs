@@ -181,7 +181,9 @@ impl Loader {
             env: &env,
             progress: self.opts.progress.as_ref(),
         };
-        let reason = format!("prefetch() with {} stream(s)", options.stream_count());
+        let reason = crate::report::Note::PrefetchRequested {
+            streams: options.stream_count(),
+        };
         prefetch::warm(&handed, &options, &job, reason)
     }
 }

@@ -1,59 +1,33 @@
 //! The mount table: reading it, finding the mount a path lives on, and classifying its filesystem.
 //!
 //! The loader picks mmap or buffered reads per file from the filesystem under it
-//! (see the crate docs). This module answers "what is this file on?" in three layers:
+//! (see the crate docs). This module answers "what is this file on?": [`lookup`] finds the
+//! mount a path lives on in this process's mount table (`/proc/self/mountinfo`), falling back
+//! to the filesystem magic of `statfs(2)` when the table has no answer, and says how it found
+//! it ([`Detection`]); [`MountKind`] is what the policy decides from, and
+//! [`is_on_hf_mount`] the question most callers have.
 //!
-//! 1. **Pure parsing and classification**, tested on every platform:
-//!    [`MountTable::parse`] reads the text of `/proc/<pid>/mountinfo` or `/proc/mounts`,
-//!    [`classify`](fn@classify) turns a filesystem type, source and options into a [`MountKind`], and
-//!    [`MountTable::find`] picks the mount of a canonical path, given its device number.
-//! 2. **Lookups against a table** ([`lookup_in`], [`lookup_file_in`]): resolve a path (or
-//!    `fstat` an open file) and find its mount in a table read once per load, falling back
-//!    to the filesystem magic of `statfs(2)` when the table has no answer.
-//! 3. **Convenience lookups** ([`lookup`], [`lookup_file`], [`is_on_hf_mount`]) that read the
-//!    current process's table first.
-//!
-//! Off Linux there is no mount table to read: [`MountTable::current`] is empty and every
-//! lookup answers [`MountKind::Unknown`] with [`Detection::Unsupported`], never an error.
+//! Off Linux there is no mount table to read: every lookup answers [`MountKind::Unknown`]
+//! with [`Detection::Unsupported`], never an error.
 //!
 //! # Examples
 //!
-//! Classify a mount from its fields:
-//!
 //! ```
-//! use safeload::mount::{classify, MountKind};
+//! use safeload::mount::{self, Detection, MountKind};
 //!
-//! assert_eq!(classify("fuse", "hf-mount", "rw,user_id=0,group_id=0"), MountKind::HfMount);
-//! assert_eq!(classify("nfs4", "fileserver:/export", "rw,addr=10.0.0.5"), MountKind::Network);
-//! assert_eq!(classify("ext4", "/dev/nvme0n1p1", "rw,relatime"), MountKind::Local);
-//! ```
-//!
-//! Reason about a table captured on another machine:
-//!
-//! ```
-//! use std::path::Path;
-//! use safeload::mount::{MountKind, MountTable};
-//!
-//! let table = MountTable::parse(
-//!     "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n\
-//!      612 27 0:58 / /mnt/hub rw,nosuid,nodev,relatime - fuse hf-mount rw,user_id=0,group_id=0\n",
-//! );
-//! let shard = Path::new("/mnt/hub/org/model/model-00001-of-00002.safetensors");
-//! let entry = table.find(shard, None).unwrap();
-//! assert_eq!(entry.mount_point(), Path::new("/mnt/hub"));
-//! assert_eq!(entry.kind(), MountKind::HfMount);
-//! ```
-//!
-//! Look up the files of a load against one reading of the table:
-//!
-//! ```
-//! use safeload::mount::{lookup_in, MountTable};
-//!
-//! let table = MountTable::current()?;
-//! let mount = lookup_in(&table, &std::env::temp_dir())?;
-//! let _ = (mount.kind, mount.detected_by);
+//! let here = mount::lookup(std::env::temp_dir())?;
+//! println!("{} ({}) at {}, found by {}", here.kind, here.fs_type, here.mount_point.display(),
+//!     here.detected_by);
+//! if here.kind.is_fuse_like() {
+//!     // mmap page faults can stall here: load with `disable_mmap(true)`.
+//! }
+//! assert!(!mount::is_on_hf_mount(std::env::temp_dir()) || here.kind == MountKind::HfMount);
+//! # let _ = Detection::Device;
 //! # Ok::<(), std::io::Error>(())
 //! ```
+//!
+//! `safeload mounts [PATH]` (the command line) prints the same, and what the auto policy
+//! does there.
 //!
 //! # Formats
 //!
@@ -71,7 +45,7 @@
 //! inside a field as `\040`, `\011`, `\012` and `\134` (`fs/proc_namespace.c`); this module
 //! decodes every `\ooo` escape in the root, mount point, type and source. Options are kept as
 //! the kernel writes them, so that splitting them on `,` stays unambiguous (a comma inside an
-//! option value is `\054`); [`MountEntry::option`] decodes one value.
+//! option value is `\054`), and decoded one value at a time.
 
 use std::fmt;
 use std::fs::File;
@@ -275,12 +249,19 @@ pub fn lookup_in(table: &MountTable, path: &Path) -> io::Result<Mount> {
     }
 }
 
-/// What `path` lives on, found in this process's mount table ([`lookup_in`] with
-/// [`MountTable::current`]; a table that cannot be read leaves the answer to `statfs(2)`).
+/// What `path` lives on, found in this process's mount table.
+///
+/// The path is canonicalized (symlinks resolved: a Hugging Face cache snapshot links its files
+/// into `../../blobs/`, which may be on another mount) and stat'ed for its device number; the
+/// mount table entry of that device whose mount point holds the path answers
+/// ([`Detection::Device`]), else the longest mount point holding it
+/// ([`Detection::PathPrefix`]). When no entry matches, or the table cannot be read, the
+/// `statfs(2)` magic number of the file decides ([`Detection::Statfs`]). Off Linux, answers
+/// [`MountKind::Unknown`] without touching the path.
 ///
 /// # Errors
 ///
-/// As [`lookup_in`].
+/// The error of canonicalizing, `stat`ing or `statfs`ing the path; the caller names the path.
 ///
 /// ```
 /// let mount = safeload::mount::lookup(std::env::temp_dir())?;

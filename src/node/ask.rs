@@ -14,18 +14,20 @@ use std::time::{Duration, Instant};
 
 use super::handoff::{self, Offer, Refused};
 use super::registry::{self, Entry, Foreign, Lock};
+use crate::os;
 use crate::policy::Environment;
 use crate::prefetch::Owner;
+use crate::report::Note;
 
 /// A copy another rank handed out: its offer and memory files, and its pid.
 pub(super) type Found = ((Offer, Vec<File>), u32);
 
-/// What a rank met while it looked for a copy: said in each file's note,
+/// What a rank met while it looked for a copy: said in each file's report,
 /// each thing once, another user's names at most [`NAMED`] of them (a
 /// directory can hold many).
 #[derive(Debug, Default)]
 pub(super) struct Remarks {
-    said: Vec<String>,
+    said: Vec<Note>,
     ignored: Vec<Foreign>,
     /// Another user's names beyond the first [`NAMED`].
     more: usize,
@@ -35,7 +37,7 @@ pub(super) struct Remarks {
 const NAMED: usize = 3;
 
 impl Remarks {
-    pub(super) fn push(&mut self, remark: String) {
+    pub(super) fn push(&mut self, remark: Note) {
         if !self.said.contains(&remark) {
             self.said.push(remark);
         }
@@ -64,26 +66,24 @@ impl Remarks {
     }
 
     /// The last remark, if any.
-    fn last(&self) -> Option<&String> {
+    fn last(&self) -> Option<&Note> {
         self.said.last()
     }
 
-    /// `"; "` and the remarks, or nothing.
-    pub(super) fn suffix(&self) -> String {
+    /// Every remark, another user's names after the rest.
+    pub(super) fn notes(&self) -> Vec<Note> {
+        let me = os::effective_uid();
         let mut all = self.said.clone();
-        all.extend(
-            self.ignored
-                .iter()
-                .map(|f| format!("ignored {} ({f})", f.name)),
-        );
+        all.extend(self.ignored.iter().map(|f| Note::ForeignName {
+            name: f.name.clone(),
+            kind: f.kind.to_string(),
+            uid: f.uid,
+            this_user: f.uid.is_some() && f.uid == me,
+        }));
         if self.more > 0 {
-            all.push(format!("ignored {} more such name(s)", self.more));
+            all.push(Note::MoreForeignNames { count: self.more });
         }
-        if all.is_empty() {
-            String::new()
-        } else {
-            format!("; {}", all.join("; "))
-        }
+        all
     }
 }
 
@@ -125,10 +125,11 @@ pub(super) fn find(
         match handoff::take(&name.path, owner.pid, key) {
             Ok(got) if complete_only && !got.0.complete => filling = true,
             Ok(got) => return (Some((got, owner.pid)), true),
-            Err(Refused::OtherUser { uid, pid }) => remarks.push(format!(
-                "refused the copy offered by pid {pid}: it runs as uid {uid}, not this user's"
-            )),
-            Err(Refused::Failed(why)) => remarks.push(format!("pid {}: {why}", owner.pid)),
+            Err(Refused::OtherUser { uid, pid }) => remarks.push(Note::OfferRefused { pid, uid }),
+            Err(Refused::Failed(why)) => remarks.push(Note::HolderFailed {
+                pid: owner.pid,
+                why,
+            }),
         }
     }
     (None, filling)
@@ -180,10 +181,16 @@ pub(super) fn wait_for_complete(
 mod tests {
     use super::*;
 
+    /// The remarks in words, as a report shows them after a copy's line.
+    fn said(remarks: &Remarks) -> String {
+        let words: Vec<String> = remarks.notes().iter().map(ToString::to_string).collect();
+        words.join("; ")
+    }
+
     #[test]
     fn remarks_are_said_once_and_foreign_names_counted_past_a_few() {
         let mut remarks = Remarks::default();
-        assert_eq!(remarks.suffix(), "");
+        assert_eq!(remarks.notes(), []);
         let uid = u32::MAX - 7;
         let foreign = |i: usize| Foreign {
             name: format!("n{i}.sock"),
@@ -192,18 +199,26 @@ mod tests {
         };
         remarks.ignored(&foreign(0));
         remarks.ignored(&foreign(0));
-        remarks.push("pid 7: refused".into());
-        remarks.push("pid 7: refused".into());
+        let refused = Note::HolderFailed {
+            pid: 7,
+            why: "refused".into(),
+        };
+        remarks.push(refused.clone());
+        remarks.push(refused);
         assert_eq!(
-            remarks.suffix(),
-            format!("; pid 7: refused; ignored n0.sock (a FIFO of uid {uid}, not this user's)")
+            said(&remarks),
+            format!("pid 7: refused; ignored n0.sock (a FIFO of uid {uid}, not this user's)")
         );
         for i in 0..1000 {
             remarks.ignored(&foreign(i));
         }
-        let said = remarks.suffix();
-        assert_eq!(said.matches("ignored n").count(), NAMED, "{said}");
-        assert!(said.ends_with("; ignored 997 more such name(s)"), "{said}");
+        let notes = remarks.notes();
+        let named = notes
+            .iter()
+            .filter(|n| matches!(n, Note::ForeignName { .. }))
+            .count();
+        assert_eq!(named, NAMED, "{notes:?}");
+        assert_eq!(notes.last(), Some(&Note::MoreForeignNames { count: 997 }));
     }
 
     // Sockets, lstat and liveness need the Linux OS layer.
@@ -242,7 +257,7 @@ mod tests {
         let (found, filling) = find(dir.path(), 5, me, false, &mut remarks);
         assert!(found.is_none() && !filling);
         assert!(started.elapsed() < Duration::from_millis(500));
-        let said = remarks.suffix();
+        let said = said(&remarks);
         assert!(said.contains("a FIFO, not what its name says"), "{said}");
         assert!(said.contains("a file, not what its name says"), "{said}");
         assert!(said.contains("a symlink, not what its name says"), "{said}");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::ask::{self, Remarks};
 use super::handoff::{Offer, Server};
 use super::registry::{self, Lock};
-use super::{CHUNK, NotUsed, Pending, PerFile, Role, fill};
+use super::{CHUNK, Pending, PerFile, Role, fill};
 use crate::dest::node::{self as copy, CopyFill};
 use crate::file::OpenedFile;
 use crate::memory;
@@ -15,7 +15,7 @@ use crate::options::Options;
 use crate::os;
 use crate::policy::{self, Environment};
 use crate::prefetch::{self, LocalRank, Owner};
-use crate::report::human_bytes;
+use crate::report::{NodeCopy, Note};
 
 /// Finds, or makes, the copy of `files`, fills it with the other ranks and
 /// maps it: per file, the copy or why not; `Err` where nothing could be
@@ -54,7 +54,7 @@ pub(super) fn coordinate(
         (lock, ask::find(&dir, key, me, false, &mut remarks).0)
     };
     let mut results: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
-    let (offer, memfds, origin) = match found {
+    let (offer, memfds, received_from) = match found {
         Some(((offer, memfds), pid)) => {
             let valid = offer.files.iter().all(|&(i, len)| {
                 usize::try_from(i)
@@ -65,16 +65,17 @@ pub(super) fn coordinate(
             if !valid {
                 return Err(format!("pid {pid} offered a copy of other files"));
             }
-            (offer, memfds, format!("received from pid {pid}"))
+            (offer, memfds, Some(pid))
         }
         None => {
-            let (offer, memfds) = make(files, key, opts, &mut results)?;
+            let maker = (me.pid, u32::try_from(rank.rank).unwrap_or(u32::MAX));
+            let (offer, memfds) = make(files, (key, maker), opts, &mut results)?;
             if offer.files.is_empty() {
                 // Nothing fits: no copy to hand out; a rank that comes next
                 // applies the guard to its own room.
                 return Ok((results, None));
             }
-            (offer, memfds, "made here".to_string())
+            (offer, memfds, None)
         }
     };
     let dups: Vec<File> = memfds
@@ -86,7 +87,7 @@ pub(super) fn coordinate(
     let server = match server {
         Ok(server) => Some(server),
         Err(e) => {
-            remarks.push(format!("not handed out from here: {e}"));
+            remarks.push(Note::NotHandedOut { why: e.to_string() });
             None
         }
     };
@@ -121,22 +122,24 @@ pub(super) fn coordinate(
                 match outcome.unshared {
                     Some((path, e)) => {
                         let why = match registry::foreign_at(&path, os::NameKind::File) {
-                            Some(other) => format!("the chunk queue {} is {other}", path.display()),
-                            None => format!("the chunk queue {}: {e}", path.display()),
+                            Some(other) => other.to_string(),
+                            None => format!("unusable: {e}"),
                         };
-                        remarks.push(format!("not shared: {why}; every chunk read here"));
+                        remarks.push(Note::QueueNotShared {
+                            path,
+                            why,
+                            node_copy: true,
+                        });
                     }
-                    None if outcome.finished_here > 0 => remarks.push(format!(
-                        "{} chunk(s) finished here after a stall",
-                        outcome.finished_here
-                    )),
+                    None if outcome.finished_here > 0 => remarks.push(Note::FinishedAfterStall {
+                        chunks: outcome.finished_here,
+                    }),
                     None => {}
                 }
                 if outcome.swept + swept > 0 {
-                    remarks.push(format!(
-                        "{} file(s) of dead jobs removed",
-                        outcome.swept + swept
-                    ));
+                    remarks.push(Note::DeadJobsRemoved {
+                        files: outcome.swept + swept,
+                    });
                 }
             }
             Err(e) => return Err(format!("filling the copy: {e}")),
@@ -150,7 +153,7 @@ pub(super) fn coordinate(
         dir: dir.clone(),
         key,
     });
-    let extra = remarks.suffix();
+    let remarks = remarks.notes();
     let mut pending = Vec::new();
     for ((&(i, len), memfd), (filled, bytes_read)) in offer.files.iter().zip(&memfds).zip(filled) {
         let Some(file) = usize::try_from(i).ok().and_then(|i| files.get(i)) else {
@@ -161,32 +164,37 @@ pub(super) fn coordinate(
         // hands out no tensor of it before the fill is over.
         let storage =
             copy::seal(memfd, file.path(), kept).map_err(|e| format!("mapping the copy: {e}"))?;
-        let how = if deferred {
+        if deferred {
             let writer = CopyFill::new(memfd, huge_pages).map_err(|e| e.to_string())?;
             pending.push((i as usize, writer));
-            "filled here by the node's part in the split between nodes".to_owned()
+        }
+        let chunks = if deferred {
+            0
         } else {
-            format!(
-                "filled here {filled} of {} chunks",
-                len.div_ceil(fill_chunk.max(1))
-            )
+            usize::try_from(len.div_ceil(fill_chunk.max(1))).unwrap_or(usize::MAX)
         };
-        let note = format!(
-            "{how}, mapped from a memfd of {} {origin} (shared by the job's {} local ranks){extra}",
-            human_bytes(len),
-            rank.size,
-        );
+        let report = NodeCopy::Shared {
+            made_by_pid: offer.maker.0,
+            made_by_rank: offer.maker.1 as usize,
+            received_from,
+            filled_here: filled,
+            chunks,
+            by_exchange: deferred,
+            bytes: len,
+            ranks: rank.size,
+            remarks: remarks.clone(),
+        };
         if let Some(slot) = results.get_mut(i as usize) {
             *slot = PerFile::Copy {
                 storage: Arc::new(storage),
-                note,
+                report,
                 bytes_read,
             };
         }
     }
     for slot in &mut results {
         if matches!(slot, PerFile::Absent) {
-            *slot = PerFile::NotUsed(NotUsed::LeftOut);
+            *slot = PerFile::NotUsed(NodeCopy::LeftOut);
         }
     }
     let pending = deferred.then(|| Pending {
@@ -231,7 +239,7 @@ impl Drop for Hold {
 /// do not are marked in `results`.
 fn make(
     files: &[&OpenedFile],
-    key: u64,
+    (key, maker): (u64, (u32, u32)),
     opts: &Options,
     results: &mut [PerFile],
 ) -> Result<(Offer, Vec<File>), String> {
@@ -239,6 +247,7 @@ fn make(
     let mut offer = Offer {
         key,
         complete: false,
+        maker,
         files: Vec::new(),
     };
     let mut memfds = Vec::new();
@@ -248,7 +257,7 @@ fn make(
         if let Err((needed, available)) =
             policy::memory_fits(offer.files.len() + 1, total + len, available)
         {
-            *slot = PerFile::NotUsed(NotUsed::DoesNotFit { needed, available });
+            *slot = PerFile::NotUsed(NodeCopy::DoesNotFit { needed, available });
             continue;
         }
         let memfd = copy::create(len).map_err(|e| format!("making a memfd: {e}"))?;

@@ -1,9 +1,6 @@
-//! Which files read buffered get a node copy, and why one does not (`NotUsed`), in words.
+//! Which files read buffered get a node copy, and why one does not (the report's `NodeCopy`).
 
-use std::fmt;
-
-use super::handoff::MAX_FILES;
-use crate::report::human_bytes;
+use crate::report::NodeCopy;
 
 /// What the eligibility rule looks at, for one file read buffered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,63 +15,16 @@ pub(crate) struct Facts {
     pub identity: bool,
 }
 
-/// Why a file read buffered gets no node copy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum NotUsed {
-    /// A filter: the copy is of whole files, the ranks' filters may differ.
-    Filtered,
-    /// A converting load reads its converted tensors itself.
-    Converting,
-    /// A tensor is misaligned in the file: a copy of the file could not
-    /// hand out typed views of it.
-    Unaligned,
-    /// No device and inode to tell its version by.
-    NoIdentity,
-    /// More files than one handoff carries.
-    TooManyFiles,
-    /// The copy does not fit the memory guard (a `memfd` is charged to the
-    /// cgroup like any memory).
-    DoesNotFit { needed: u64, available: u64 },
-    /// The rank that made the copy left this file out (its memory guard).
-    LeftOut,
-    /// Making, finding or filling the copy failed.
-    Failed(String),
-}
-
-impl fmt::Display for NotUsed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NotUsed::Filtered => {
-                f.write_str("a filter selects tensors; the copy is of whole files")
-            }
-            NotUsed::Converting => f.write_str("the load converts dtypes"),
-            NotUsed::Unaligned => f.write_str("a tensor is not aligned for its dtype in the file"),
-            NotUsed::NoIdentity => f.write_str("the file's version cannot be told"),
-            NotUsed::TooManyFiles => write!(f, "more than {MAX_FILES} files"),
-            NotUsed::DoesNotFit { needed, available } => write!(
-                f,
-                "the copy needs {} with its margin, {} available (MemAvailable and the cgroup's room): each rank loads it alone",
-                human_bytes(*needed),
-                human_bytes(*available)
-            ),
-            NotUsed::LeftOut => {
-                f.write_str("the rank that made the copy left it out (its memory guard)")
-            }
-            NotUsed::Failed(why) => write!(f, "{why}: each rank loads it alone"),
-        }
-    }
-}
-
 /// The rule: whether a file read buffered by several ranks gets a copy.
-pub(crate) fn eligible(facts: Facts) -> Result<(), NotUsed> {
+pub(crate) fn eligible(facts: Facts) -> Result<(), NodeCopy> {
     if !facts.all_tensors {
-        Err(NotUsed::Filtered)
+        Err(NodeCopy::Filtered)
     } else if facts.converting {
-        Err(NotUsed::Converting)
+        Err(NodeCopy::Converting)
     } else if !facts.aligned {
-        Err(NotUsed::Unaligned)
+        Err(NodeCopy::Unaligned)
     } else if !facts.identity {
-        Err(NotUsed::NoIdentity)
+        Err(NodeCopy::NoIdentity)
     } else {
         Ok(())
     }
@@ -83,7 +33,6 @@ pub(crate) fn eligible(facts: Facts) -> Result<(), NotUsed> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::PerFile;
 
     #[test]
     fn the_rule() {
@@ -100,28 +49,28 @@ mod tests {
                     all_tensors: false,
                     ..ok
                 },
-                NotUsed::Filtered,
+                NodeCopy::Filtered,
             ),
             (
                 Facts {
                     converting: true,
                     ..ok
                 },
-                NotUsed::Converting,
+                NodeCopy::Converting,
             ),
             (
                 Facts {
                     aligned: false,
                     ..ok
                 },
-                NotUsed::Unaligned,
+                NodeCopy::Unaligned,
             ),
             (
                 Facts {
                     identity: false,
                     ..ok
                 },
-                NotUsed::NoIdentity,
+                NodeCopy::NoIdentity,
             ),
             (
                 Facts {
@@ -129,26 +78,11 @@ mod tests {
                     converting: true,
                     ..ok
                 },
-                NotUsed::Filtered,
+                NodeCopy::Filtered,
             ),
         ];
         for (facts, why) in table {
             assert_eq!(eligible(facts), Err(why), "{facts:?}");
         }
-    }
-
-    #[test]
-    fn reasons_in_words() {
-        let why = NotUsed::DoesNotFit {
-            needed: 3 << 30,
-            available: 1 << 30,
-        };
-        let text = PerFile::NotUsed(why).note().unwrap();
-        assert!(
-            text.starts_with("not used: the copy needs 3.00 GiB"),
-            "{text}"
-        );
-        assert!(text.contains("each rank loads it alone"), "{text}");
-        assert_eq!(PerFile::Absent.note(), None);
     }
 }

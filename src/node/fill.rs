@@ -16,7 +16,8 @@ use crate::prefetch::{self, LocalRank};
 use crate::source::{LocalFile, Source};
 
 /// Fills the copy through the chunk queue: per file of the offer, the
-/// chunks and bytes this rank read.
+/// chunks this rank read and the bytes of tensor data in them (the report's
+/// `bytes_read`: a chunk that holds the header counts its tensor data only).
 pub(super) fn fill(
     files: &[&OpenedFile],
     (offer, memfds, complete): (&Offer, &[File], &dyn Fn()),
@@ -59,7 +60,10 @@ pub(super) fn fill(
             .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))?;
         if let Some((chunks, bytes)) = counts.get(k) {
             chunks.fetch_add(1, Ordering::Relaxed);
-            bytes.fetch_add(len, Ordering::Relaxed);
+            bytes.fetch_add(
+                tensor_part(file.header().data_start, offset, len),
+                Ordering::Relaxed,
+            );
         }
         Ok(())
     };
@@ -117,6 +121,12 @@ pub(super) fn fill(
     ))
 }
 
+/// The bytes of `offset..offset + len` of a file at or after `data_start`,
+/// where its tensor data begins.
+pub(crate) fn tensor_part(data_start: u64, offset: u64, len: u64) -> u64 {
+    (offset + len).saturating_sub(offset.max(data_start))
+}
+
 /// `O_DIRECT` on the descriptors of `files` where the policy would read the
 /// file so (FUSE, cold), for as long as the guard lives: reads straight
 /// into a node copy, whoever makes them (the chunk queue's readers here, the
@@ -144,5 +154,25 @@ impl Drop for Direct<'_> {
         for file in &self.0 {
             let _ = file.set_direct(false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tensor_part;
+
+    #[test]
+    fn a_chunk_counts_its_tensor_data_only() {
+        // A header of 100 bytes: the first chunk holds it, the others none.
+        assert_eq!(tensor_part(100, 0, 4096), 3996);
+        assert_eq!(tensor_part(100, 4096, 4096), 4096);
+        assert_eq!(tensor_part(100, 0, 100), 0);
+        assert_eq!(tensor_part(100, 0, 50), 0);
+        // The chunks of a file add up to its tensor data.
+        let (size, chunk, data) = (10_000u64, 4096u64, 100u64);
+        let sum: u64 = (0..size.div_ceil(chunk))
+            .map(|i| tensor_part(data, i * chunk, chunk.min(size - i * chunk)))
+            .sum();
+        assert_eq!(sum, size - data);
     }
 }

@@ -80,8 +80,8 @@ mod fill;
 mod handoff;
 mod registry;
 
-pub(crate) use eligible::{Facts, NotUsed, eligible};
-pub(crate) use fill::direct_reads;
+pub(crate) use eligible::{Facts, eligible};
+pub(crate) use fill::{direct_reads, tensor_part};
 
 use std::sync::Arc;
 
@@ -90,6 +90,7 @@ use crate::file::OpenedFile;
 use crate::options::Options;
 use crate::policy::{self, Environment, Strategy};
 use crate::prefetch::LocalRank;
+use crate::report::NodeCopy;
 use crate::storage::{BufferLayout, Storage};
 use crate::trace;
 
@@ -105,24 +106,23 @@ pub(super) const STREAMS: usize = 4;
 pub(crate) enum PerFile {
     /// Not considered (one rank alone, or a mapped file): nothing to say.
     Absent,
-    /// Its tensors are views of the node copy; the note says how it came,
-    /// `bytes_read` what this rank read of it.
+    /// Its tensors are views of the node copy; `report` says how it came,
+    /// `bytes_read` what this rank read of its tensor data.
     Copy {
         storage: Arc<Storage>,
-        note: String,
+        report: NodeCopy,
         bytes_read: u64,
     },
     /// Read by this rank alone, for this reason.
-    NotUsed(NotUsed),
+    NotUsed(NodeCopy),
 }
 
 impl PerFile {
-    /// The line the report shows, if any.
-    pub(crate) fn note(&self) -> Option<String> {
+    /// What the report says of it, if anything.
+    pub(crate) fn report(&self) -> Option<NodeCopy> {
         match self {
             PerFile::Absent => None,
-            PerFile::Copy { note, .. } => Some(note.clone()),
-            PerFile::NotUsed(why) => Some(format!("not used: {why}")),
+            PerFile::Copy { report, .. } | PerFile::NotUsed(report) => Some(report.clone()),
         }
     }
 }
@@ -193,7 +193,7 @@ pub(crate) fn share(
                 chosen.push(f);
                 ids.push(id);
             }
-            (Ok(()), _) => *slot = PerFile::NotUsed(NotUsed::TooManyFiles),
+            (Ok(()), _) => *slot = PerFile::NotUsed(NodeCopy::TooManyFiles { most: MAX_FILES }),
             (Err(why), _) => *slot = PerFile::NotUsed(why),
         }
     }
@@ -205,7 +205,7 @@ pub(crate) fn share(
         Err(why) => (
             chosen
                 .iter()
-                .map(|_| PerFile::NotUsed(NotUsed::Failed(why.clone())))
+                .map(|_| PerFile::NotUsed(NodeCopy::Failed { why: why.clone() }))
                 .collect(),
             None,
         ),
@@ -232,8 +232,8 @@ pub(crate) fn share(
     }
     trace::traced! {
         for (f, per) in files.iter().zip(&out) {
-            if let Some(note) = per.note() {
-                tracing::info!(target: "safeload", file = %f.path().display(), node_copy = %note, "node copy");
+            if let Some(copy) = per.report() {
+                tracing::info!(target: "safeload", file = %f.path().display(), node_copy = %copy, "node copy");
             }
         }
     }

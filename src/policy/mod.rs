@@ -107,6 +107,12 @@ impl ReadMode {
 /// buffered, `0` maps. An explicit builder call overrides it.
 pub const DISABLE_MMAP_ENV: &str = "SAFELOAD_DISABLE_MMAP";
 
+/// The job's identity, set by hand: what keys the local ranks' shared queue
+/// and their node copy (with the files and the chunk size), before any
+/// launcher's job id. Ranks of one job on a node must see the same value;
+/// two jobs, different ones.
+pub(crate) const JOB_ID_ENV: &str = "SAFELOAD_JOB_ID";
+
 /// The environment, read once at the top of a load (or a prefetch) so that
 /// every decision of it sees the same values.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -127,6 +133,7 @@ pub const VARIABLES: &[&str] = &[
     "SAFELOAD_EXCHANGE",
     "SAFELOAD_NODE_ID",
     "SAFELOAD_EXCHANGE_TIMEOUT_SECS",
+    JOB_ID_ENV,
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
     "SLURM_LOCALID",

@@ -96,21 +96,10 @@ pub(crate) enum PrefetchAsk {
     /// `Loader::prefetch(n)` / `prefetch_with`.
     Caller(usize),
     /// `SAFELOAD_PREFETCH=n` (else `HF_SHARD_PREFETCH=n`): the streams and
-    /// the setting in words.
-    Environment(usize, String),
+    /// the variable that set them.
+    Environment(usize, &'static str),
     /// Neither: the auto policy decides.
     Unset,
-}
-
-impl PrefetchAsk {
-    /// The reason a requested prefetch runs, in words; `None` for `Unset`.
-    pub(crate) fn reason(&self) -> Option<String> {
-        match self {
-            PrefetchAsk::Caller(streams) => Some(format!("prefetch({streams}) was requested")),
-            PrefetchAsk::Environment(_, setting) => Some(format!("{setting} is set")),
-            PrefetchAsk::Unset => None,
-        }
-    }
 }
 
 /// Whether a requested prefetch warms a file the load reads buffered: only
@@ -142,10 +131,7 @@ pub(crate) fn prefetch_ask(caller: Option<usize>, env: &Environment) -> Prefetch
         .into_iter()
         .find_map(|name| {
             let streams = env.get(name)?.trim().parse::<usize>().ok()?;
-            Some(PrefetchAsk::Environment(
-                streams,
-                format!("{name}={streams}"),
-            ))
+            Some(PrefetchAsk::Environment(streams, name))
         })
         .unwrap_or(PrefetchAsk::Unset)
 }
@@ -224,12 +210,12 @@ mod tests {
         assert_eq!(prefetch_ask(Some(2), &env), PrefetchAsk::Caller(2));
         assert_eq!(
             prefetch_ask(None, &env),
-            PrefetchAsk::Environment(3, "SAFELOAD_PREFETCH=3".into())
+            PrefetchAsk::Environment(3, "SAFELOAD_PREFETCH")
         );
         let hf = Environment::from_pairs(&[(PREFETCH_ENV, "lots"), (HF_SHARD_PREFETCH_ENV, " 5 ")]);
         assert_eq!(
             prefetch_ask(None, &hf),
-            PrefetchAsk::Environment(5, "HF_SHARD_PREFETCH=5".into())
+            PrefetchAsk::Environment(5, "HF_SHARD_PREFETCH")
         );
         assert_eq!(
             prefetch_ask(None, &Environment::default()),
@@ -242,23 +228,19 @@ mod tests {
         let theirs = HF_SHARD_PREFETCH_ENV;
         assert_eq!(
             prefetch_ask(None, &env(&[(ours, " 4 ")])),
-            PrefetchAsk::Environment(4, "SAFELOAD_PREFETCH=4".into())
+            PrefetchAsk::Environment(4, "SAFELOAD_PREFETCH")
         );
         assert_eq!(
             prefetch_ask(None, &env(&[(theirs, "8")])),
-            PrefetchAsk::Environment(8, "HF_SHARD_PREFETCH=8".into())
+            PrefetchAsk::Environment(8, "HF_SHARD_PREFETCH")
         );
         assert_eq!(
             prefetch_ask(None, &env(&[(ours, "0"), (theirs, "8")])),
-            PrefetchAsk::Environment(0, "SAFELOAD_PREFETCH=0".into())
+            PrefetchAsk::Environment(0, "SAFELOAD_PREFETCH")
         );
         assert_eq!(
             prefetch_ask(None, &env(&[(ours, "yes")])),
             PrefetchAsk::Unset
-        );
-        assert_eq!(
-            PrefetchAsk::Caller(4).reason().unwrap(),
-            "prefetch(4) was requested"
         );
     }
 

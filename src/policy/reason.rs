@@ -16,11 +16,6 @@ use crate::mount::MountKind;
 /// assert_eq!(Reason::Requested { disable_mmap: true }.to_string(), "disable_mmap(true) was requested");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize),
-    serde(rename_all = "snake_case")
-)]
 #[non_exhaustive]
 pub enum Reason {
     /// The auto policy's rule for a file on this kind of filesystem
@@ -76,11 +71,6 @@ pub(crate) fn auto_rule(kind: MountKind) -> (Strategy, &'static str) {
 
 /// What overrode the first choice of a file's strategy.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize),
-    serde(rename_all = "snake_case")
-)]
 #[non_exhaustive]
 pub enum Fallback {
     /// The filesystem refused the map (the OS error, in words); the file is
@@ -104,11 +94,6 @@ pub enum Fallback {
 
 /// Direct I/O (`O_DIRECT`: reads that bypass the page cache) for a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize),
-    serde(rename_all = "snake_case")
-)]
 #[non_exhaustive]
 pub enum DirectIo {
     /// Not used: not asked for, or not applicable (mapped, or not laid out

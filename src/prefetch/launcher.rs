@@ -111,10 +111,14 @@ fn leading_number(text: &str) -> Option<usize> {
 }
 
 /// What identifies the job, so that its ranks share a queue and other jobs
-/// do not: the launcher's job id, else the parent process (the ranks of one
-/// launcher on a node are its children).
+/// do not: `SAFELOAD_JOB_ID` where the caller set it, else the launcher's job
+/// id (torchrun's run id, Slurm's job and step, Open MPI's job id), else the
+/// parent process (the ranks of one launcher on a node are its children).
 pub(crate) fn job_key(env: impl Fn(&str) -> Option<String>, parent_pid: u32) -> String {
     let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+    if let Some(id) = set(crate::policy::JOB_ID_ENV) {
+        return format!("safeload:{id}");
+    }
     if let Some(id) = set("TORCHELASTIC_RUN_ID") {
         return format!("torchelastic:{id}");
     }
@@ -226,6 +230,23 @@ pub(super) mod tests {
         );
         let r = detect_local_rank(env_of(&[("LOCAL_RANK", "9"), ("LOCAL_WORLD_SIZE", "4")]));
         assert!(r.source.to_string().contains("invalid"), "{}", r.source);
+    }
+
+    #[test]
+    fn the_job_id_set_by_hand_comes_before_every_launchers() {
+        let both = [
+            ("SAFELOAD_JOB_ID", "serve-a"),
+            ("TORCHELASTIC_RUN_ID", "abc"),
+        ];
+        assert_eq!(job_key(env_of(&both), 7), "safeload:serve-a");
+        let other = [
+            ("SAFELOAD_JOB_ID", "serve-b"),
+            ("TORCHELASTIC_RUN_ID", "abc"),
+        ];
+        assert_ne!(job_key(env_of(&both), 7), job_key(env_of(&other), 7));
+        // Empty is unset.
+        let empty = [("SAFELOAD_JOB_ID", " "), ("SLURM_JOB_ID", "42")];
+        assert_eq!(job_key(env_of(&empty), 7), "slurm:42.");
     }
 
     #[test]

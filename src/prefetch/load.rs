@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::mount::{Mount, MountKind};
 use crate::policy::{self, AutoPrefetchSkip, PrefetchAsk, PrefetchMethod};
 use crate::report::SkipReason;
-use crate::report::{PrefetchReport, human_bytes};
+use crate::report::{Note, PrefetchReport};
 use crate::source::{LocalFile, Source};
 use crate::trace;
 
@@ -91,7 +91,14 @@ pub(crate) fn before_load(
         }
         return Ok(None);
     }
-    let reason = ask.reason().unwrap_or_default();
+    let reason = match ask {
+        PrefetchAsk::Environment(streams, variable) => {
+            Note::PrefetchFromEnvironment { variable, streams }
+        }
+        _ => Note::PrefetchRequested {
+            streams: options.streams,
+        },
+    };
     // One rank alone reads its buffered files itself (see the policy).
     let rank = LocalRank::from_setting(job.local_rank, job.env);
     let (warmed, left): (Vec<&LoadFile<'_>>, Vec<&LoadFile<'_>>) = files
@@ -123,7 +130,7 @@ pub(crate) fn warm(
     files: &[LoadFile<'_>],
     options: &PrefetchOptions,
     job: &Job<'_>,
-    reason: String,
+    reason: Note,
 ) -> Result<PrefetchReport> {
     let targets = files
         .iter()
@@ -146,21 +153,17 @@ fn auto(files: &[LoadFile<'_>], job: &Job<'_>) -> Result<Option<PrefetchReport>>
             targets.push(f.target()?);
         }
     }
-    let Some(first) = targets.first() else {
+    // Only files on a network filesystem are picked: each has its mount.
+    let Some(mount) = targets.iter().find_map(|t| t.mount.clone()) else {
         return Ok(None);
     };
-    let place = first
-        .mount
-        .as_ref()
-        .map(|m| format!("{} ({}) at {}", m.kind, m.fs_type, m.mount_point.display()))
-        .unwrap_or_default();
     let options = PrefetchOptions::new().streams(streams);
     let mut plan = Plan::new(targets, &options, job);
     let total = plan.chunks.total;
     let init = plan.check(job.available());
     let (known, resident, needed, skipped) = (init.known, init.resident, init.needed, init.skipped);
     let guard_reason = init.guard_reason(total);
-    let not_run = |reason: String, skip: Option<SkipReason>| PrefetchReport {
+    let not_run = |reason: Note, skip: Option<SkipReason>| PrefetchReport {
         resident_before: resident,
         skipped: if skip.is_some() { needed } else { 0 },
         skip_reasons: skip.into_iter().collect(),
@@ -168,23 +171,22 @@ fn auto(files: &[LoadFile<'_>], job: &Job<'_>) -> Result<Option<PrefetchReport>>
         ..plan.report(streams, PrefetchMethod::Auto, reason)
     };
     match policy::auto_prefetch_runs(known, needed, skipped) {
-        Err(AutoPrefetchSkip::Resident) => Ok(Some(not_run(
-            format!("on {place}, already in the page cache"),
-            None,
-        ))),
+        Err(AutoPrefetchSkip::Resident) => {
+            Ok(Some(not_run(Note::PrefetchAutoResident { mount }, None)))
+        }
         Err(AutoPrefetchSkip::DoesNotFit) => Ok(Some(not_run(
-            format!("on {place}, the checkpoint does not fit the memory guard"),
+            Note::PrefetchAutoDoesNotFit { mount },
             guard_reason,
         ))),
         Ok(()) => {
             trace::traced! {
-                tracing::info!(target: "safeload", place = %place, "the auto policy prefetches before mapping");
+                tracing::info!(target: "safeload", mount = %mount.mount_point.display(), "the auto policy prefetches before mapping");
             }
-            let reason = format!(
-                "on {place}, {} of {} not in the page cache: warmed first, then mapped",
-                human_bytes(needed),
-                human_bytes(total)
-            );
+            let reason = Note::PrefetchAuto {
+                mount,
+                needed,
+                total,
+            };
             // The residency just checked goes on with the plan: not checked twice.
             run(plan, &options, job, reason).map(Some)
         }

@@ -26,6 +26,7 @@ use super::queue::{
     slot_words, validate,
 };
 use crate::os;
+use crate::report::Note;
 
 /// A queue file mapped by this rank, left (and removed, by the last live
 /// rank) on drop.
@@ -235,7 +236,7 @@ pub(super) struct Queue {
     pub path: Option<PathBuf>,
     /// Why the queue is not the shared file it could have been, or which
     /// file it replaced.
-    pub note: Option<String>,
+    pub note: Option<Note>,
     /// Where the shared file could not be had: its path and the error.
     pub refused: Option<(PathBuf, String)>,
 }
@@ -246,7 +247,7 @@ impl Queue {
     pub(super) fn local(
         layout: Layout,
         make: &mut dyn FnMut() -> Init,
-        note: Option<String>,
+        note: Option<Note>,
     ) -> Queue {
         let words: Vec<AtomicU64> = (0..layout.words()).map(|_| AtomicU64::new(0)).collect();
         init_words(&words, &layout, &make(), None);
@@ -286,17 +287,18 @@ impl Queue {
             Ok(queue) => Queue {
                 note: queue
                     .replaced
-                    .map(|why| format!("replaced a queue file: {}", why.as_str())),
+                    .map(|why| Note::QueueReplaced { why: why.as_str() }),
                 store: Store::Shared(queue),
                 layout: shared_layout,
                 path: Some(path),
                 refused: None,
             },
             Err(e) => {
-                let note = format!(
-                    "no shared queue ({}: {e}): a fixed share of the bytes",
-                    path.display()
-                );
+                let note = Note::QueueNotShared {
+                    path: path.clone(),
+                    why: e.to_string(),
+                    node_copy: false,
+                };
                 Queue {
                     refused: Some((path, e.to_string())),
                     ..Queue::local(layout, make, Some(note))

@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::os;
 use crate::policy::PrefetchMethod;
 use crate::progress::{Meter, Phase};
-use crate::report::PrefetchReport;
+use crate::report::{Note, PrefetchReport};
 
 /// A prefetch planned: the files, their chunks, this process's rank, and
 /// the first residency check where one was made. Planned once, whether the
@@ -57,7 +57,7 @@ impl Plan {
         &self,
         streams: usize,
         method: PrefetchMethod,
-        reason: String,
+        reason: Note,
     ) -> PrefetchReport {
         PrefetchReport {
             reason,
@@ -81,7 +81,7 @@ pub(super) fn run(
     plan: Plan,
     options: &PrefetchOptions,
     job: &Job<'_>,
-    reason: String,
+    reason: Note,
 ) -> Result<PrefetchReport> {
     let clock = Instant::now();
     let methods: Vec<PrefetchMethod> = plan
@@ -92,7 +92,7 @@ pub(super) fn run(
     let method = methods.first().copied().unwrap_or(PrefetchMethod::Pread);
     let mut report = plan.report(options.streams, method, reason);
     if options.streams == 0 {
-        report.reason = "streams(0): prefetch is off".to_string();
+        report.reason = Note::PrefetchOff;
         return Ok(report);
     }
     report.ran = true;
@@ -123,8 +123,7 @@ pub(super) fn run(
         slots: 0,
     };
     let queue = if rank.size > 1 && !options.shared_queue {
-        let note = "shared_queue(false): a fixed share of the bytes".to_string();
-        Queue::local(layout, &mut make, Some(note))
+        Queue::local(layout, &mut make, Some(Note::FixedShares))
     } else if rank.size > 1 {
         let mut key_material = Vec::new();
         for t in &targets {

@@ -13,6 +13,7 @@ use object_store::{GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt}
 use super::error::{Redactor, RemoteError, RemoteErrorKind};
 use super::hub::HubFileMeta;
 use super::store::{IoRuntime, Tuning};
+use super::whole;
 use crate::error::{Error, Operation};
 use crate::mount::Mount;
 use crate::source::{Source, Version, VersionTag};
@@ -87,8 +88,10 @@ pub(crate) struct RemoteObject {
 
 impl RemoteObject {
     /// Opens `key` (relative to the backend's base) with one ranged GET of its first
-    /// [`Tuning::open_prefix`] bytes, which gives its length and ETag; a server that ignores
-    /// the range, or an empty object (416), costs a HEAD more.
+    /// [`Tuning::open_prefix`] bytes, which gives its length and ETag. A server that ignores
+    /// the range answers with the whole object, which is kept (`whole.rs`): every read is
+    /// then served from it, and the file costs that one request. An empty object (416), or
+    /// a whole answer that could not be kept (no `Content-Length`), costs a HEAD more.
     pub(crate) fn open(
         backend: &Arc<Backend>,
         key: &str,
@@ -122,7 +125,7 @@ impl RemoteObject {
             range: Some(GetRange::Bounded(first.clone())),
             ..GetOptions::default()
         };
-        let opened = backend.runtime.block_on(async {
+        let (opened, kept) = backend.runtime.block_on(whole::keeping(async {
             let result = object.get(options).await?;
             let (len, etag) = (result.meta.size, result.meta.e_tag.clone());
             let want = result.range.end - result.range.start;
@@ -132,7 +135,7 @@ impl RemoteObject {
                 prefix.extend_from_slice(&chunk?);
             }
             Ok::<_, object_store::Error>((len, etag, prefix, want))
-        });
+        }));
         match opened {
             Ok((len, etag, prefix, want)) => {
                 if prefix.len() as u64 != want {
@@ -153,6 +156,14 @@ impl RemoteObject {
                     Failure::RangeIgnored => object.ranges_ignored.store(true, Ordering::Relaxed),
                     Failure::Other => {}
                 }
+                if let (Failure::RangeIgnored, Some(kept)) = (failure, kept) {
+                    // The whole object, answered for the range: its length, its ETag,
+                    // and every byte any read asks for.
+                    object.version.len = kept.body.len() as u64;
+                    object.etag = kept.etag;
+                    object.prefix = kept.body;
+                    return object.finish_open();
+                }
                 // Ranges ignored, or an answer such as 416 for an empty object: the HEAD says.
                 let head = backend.runtime.block_on(object.head());
                 match head {
@@ -167,19 +178,24 @@ impl RemoteObject {
                 }
             }
         }
-        if let Some(etag) = &object.etag {
-            object.version.tag = VersionTag::ETag(etag.clone());
+        object.finish_open()
+    }
+
+    /// The version from the ETag seen, checked against what the hub said.
+    fn finish_open(mut self) -> Result<RemoteObject, RemoteError> {
+        if let Some(etag) = &self.etag {
+            self.version.tag = VersionTag::ETag(etag.clone());
         }
-        if let Some(size) = object.hub.as_ref().and_then(|h| h.size) {
-            if size != object.version.len {
+        if let Some(size) = self.hub.as_ref().and_then(|h| h.size) {
+            if size != self.version.len {
                 let detail = format!(
                     "the hub says {size} bytes, the object has {}",
-                    object.version.len
+                    self.version.len
                 );
-                return Err(object.error(RemoteErrorKind::Changed, detail));
+                return Err(self.error(RemoteErrorKind::Changed, detail));
             }
         }
-        Ok(object)
+        Ok(self)
     }
 
     /// The ETag seen at open.
@@ -404,6 +420,10 @@ impl Source for RemoteObject {
 
     fn mount(&self) -> Option<&Mount> {
         None
+    }
+
+    fn fetched_whole(&self) -> bool {
+        self.ranges_ignored()
     }
 
     fn published_sha256(&self) -> Option<[u8; 32]> {

@@ -14,6 +14,7 @@ use object_store::{BackoffConfig, ClientConfigKey, ClientOptions, ObjectStore, R
 
 use super::error::{Redactor, RemoteError, RemoteErrorKind};
 use super::url::StoreKind;
+use super::whole::KeepWhole;
 
 /// The layer's timeouts, retries and first read, owned once.
 #[derive(Debug, Clone, PartialEq)]
@@ -152,6 +153,7 @@ pub(crate) fn bucket_store(
                 }
             }
             let b = b.with_bucket_name(bucket).with_retry(tuning.retry());
+            let b = b.with_http_connector(KeepWhole);
             Arc::new(b.build().map_err(fail)?)
         }
         StoreKind::Gcs => {
@@ -170,6 +172,7 @@ pub(crate) fn bucket_store(
                 }
             }
             let b = b.with_bucket_name(bucket).with_retry(tuning.retry());
+            let b = b.with_http_connector(KeepWhole);
             Arc::new(b.build().map_err(fail)?)
         }
         StoreKind::Azure => {
@@ -188,6 +191,7 @@ pub(crate) fn bucket_store(
                 }
             }
             let b = b.with_container_name(bucket).with_retry(tuning.retry());
+            let b = b.with_http_connector(KeepWhole);
             Arc::new(b.build().map_err(fail)?)
         }
     };
@@ -215,6 +219,7 @@ pub(crate) fn http_store(
         .with_url(base.trim_end_matches('/'))
         .with_client_options(options)
         .with_retry(tuning.retry())
+        .with_http_connector(KeepWhole)
         .build()
         .map_err(|e| config_error(shown, redactor, &e))?;
     Ok(Arc::new(store))

@@ -1,4 +1,91 @@
-//! What a load did, as data and as text: per file the filesystem, strategy, reason, bytes and time, the typed reasons in words, byte and rate formatting (a prefetch's report in `prefetch.rs`).
+//! What a load did, as data and as text: per file the filesystem, strategy, reason, bytes and time, the typed reasons in words, byte and rate formatting (a prefetch's report in `prefetch.rs`, the node copy's in `node_copy.rs`, the notes in `note.rs`).
+//!
+//! A [`LoadReport`] holds one [`FileReport`] per file and, where one ran or
+//! was considered, a [`PrefetchReport`]. Every decision in them is data: a
+//! file's [`Reason`], [`Fallback`], [`DirectIo`] and [`NodeCopy`], a
+//! prefetch's [`RankSource`] and [`SkipReason`]s, and every other thing a
+//! report says ([`Note`]: why a prefetch ran, how the reads in flight were
+//! found, what went otherwise than planned). Each has `Display` for its
+//! words and `as_str()` for a stable code to branch on.
+//!
+//! # JSON
+//!
+//! With the `serde` feature every report type is `serde::Serialize`, and
+//! `safeload load --json` prints the same document. One schema, the Rust
+//! names:
+//!
+//! - each field under its own name, every key always present (`null` for
+//!   `None`); a duration (`elapsed`) in seconds, as a float; a path as a
+//!   string (lossy where not UTF-8);
+//! - beside the fields, what the type computes, under its method's name: a
+//!   report's `bytes_read`, `tensor_bytes`, `overflowed` and `gib_per_s`; a
+//!   file's `explain`, `gib_per_s` and `lazy`; a prefetch's `gib_per_s`;
+//! - an enum without data (`Strategy`, `MountKind`, `Detection`,
+//!   `PrefetchMethod`) is its code, e.g. `"buffered"`; an enum with data is an
+//!   object of its `code` (`as_str()`), its `text` (`Display`) and its data
+//!   by field name, a tuple variant's value named `kind`
+//!   ([`Reason::Auto`]), `error` ([`Fallback::MmapRefused`],
+//!   [`DirectIo::Refused`]) or `why` ([`DirectIo::Dropped`]);
+//! - a [`Note`]'s `tried` (how the reads in flight were found) lists
+//!   `[readers, read size or null, GiB/s]` for each count tried.
+//!
+//! A complete document: local rank 1 of 3 that took the node copy of one
+//! file from rank 0 and read the other alone, the prefetch asked for by
+//! `HF_SHARD_PREFETCH`:
+//!
+//! ```json
+#![doc = include_str!("example.json")]
+//! ```
+//!
+//! Parsed back, it branches on codes and fields; a load's own report has the
+//! same keys wherever both have a value:
+//!
+//! ```
+//! # #[cfg(feature = "serde")] {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("model.safetensors");
+//! # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
+//! # safetensors::serialize_to_file([("w", view)], None, &path)?;
+//! # const EXAMPLE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/report/example.json"));
+//! # /// The keys of `example` and `real` are the same wherever both have an
+//! # /// object (of the same variant, where it has a code); arrays by their
+//! # /// first elements; a file's own metadata aside.
+//! # fn same_keys(example: &Value, real: &Value, at: &str) {
+//! #     match (example, real) {
+//! #         (Value::Object(e), Value::Object(r)) => {
+//! #             if e.get("code") != r.get("code") {
+//! #                 return;
+//! #             }
+//! #             let keys = |m: &serde_json::Map<String, Value>| m.keys().cloned().collect::<Vec<_>>();
+//! #             assert_eq!(keys(e), keys(r), "the keys of {at}");
+//! #             for (k, v) in e.iter().filter(|(k, _)| *k != "metadata") {
+//! #                 same_keys(v, &r[k], &format!("{at}.{k}"));
+//! #             }
+//! #         }
+//! #         (Value::Array(e), Value::Array(r)) => {
+//! #             if let (Some(e), Some(r)) = (e.first(), r.first()) {
+//! #                 same_keys(e, r, &format!("{at}[0]"));
+//! #             }
+//! #         }
+//! #         _ => {}
+//! #     }
+//! # }
+//! use serde_json::Value;
+//!
+//! let example: Value = serde_json::from_str(EXAMPLE)?;
+//! let copy = &example["files"][0]["node_copy"];
+//! assert_eq!(copy["code"], "shared");
+//! assert_eq!((copy["made_by_rank"].as_u64(), copy["received_from"].as_u64()), (Some(0), Some(4211)));
+//! assert_eq!(example["files"][1]["node_copy"]["code"], "does_not_fit");
+//! assert_eq!(example["notes"][0]["code"], "threads_refused");
+//!
+//! let sd = safeload::Loader::new().disable_mmap(true).prefetch(1).load(&path)?;
+//! let report = serde_json::to_value(sd.report())?;
+//! assert_eq!(report["files"][0]["tensors"], 1);
+//! same_keys(&example, &report, "report");
+//! # }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,10 +97,14 @@ use crate::mount::Mount;
 use crate::mount::MountKind;
 pub use crate::policy::{DirectIo, Fallback, PrefetchMethod, Reason, Strategy};
 pub use crate::progress::{Phase, Progress};
+pub use node_copy::NodeCopy;
+pub use note::Note;
 pub use prefetch::{PrefetchReport, RankSource, SkipReason};
 
 #[cfg(feature = "serde")]
 mod json;
+mod node_copy;
+mod note;
 mod prefetch;
 
 use crate::policy::{DISABLE_MMAP_ENV, FileDecision, auto_rule};
@@ -23,7 +114,16 @@ use crate::policy::{DISABLE_MMAP_ENV, FileDecision, auto_rule};
 ///
 /// ```
 /// # let dir = tempfile::tempdir()?;
-/// # let index = safeload::demo::write(dir.path())?;
+/// # let data = vec![0u8; 64 * 32 * 2];
+/// # let mut weight_map = std::collections::BTreeMap::new();
+/// # for i in 0..2 {
+/// #     let (name, file) = (format!("model.layers.{i}.mlp.up.weight"), format!("model-0000{}-of-00002.safetensors", i + 1));
+/// #     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![64, 32], &data)?;
+/// #     safetensors::serialize_to_file([(name.as_str(), view)], None, &dir.path().join(&file))?;
+/// #     weight_map.insert(name, file);
+/// # }
+/// # let index = dir.path().join("model.safetensors.index.json");
+/// # std::fs::write(&index, serde_json::json!({ "weight_map": weight_map }).to_string())?;
 /// use safeload::report::{DirectIo, Strategy};
 ///
 /// let sd = safeload::Loader::new().disable_mmap(true).load(&index)?;
@@ -50,9 +150,12 @@ pub struct LoadReport {
     /// ([`Loader::io_concurrency`](crate::Loader::io_concurrency)), or the
     /// one the load settled on by measuring throughput.
     pub io_concurrency: usize,
-    /// How [`io_concurrency`](Self::io_concurrency) was found, in words:
-    /// each count tried and its throughput; `None` where nothing was read.
-    pub io_concurrency_reason: Option<String>,
+    /// How [`io_concurrency`](Self::io_concurrency) was found: set by the
+    /// caller ([`Note::ReadsSet`]), or measured, each count tried with its
+    /// throughput ([`Note::ReadsSettled`], [`Note::ReadsAtMost`],
+    /// [`Note::ReadsUntilEnd`], [`Note::ReadsUnmeasured`]); `None` where
+    /// nothing was read.
+    pub io_concurrency_reason: Option<Note>,
     /// What the page-cache prefetch before the load did and why: `Some`
     /// where it was asked for ([`Loader::prefetch`](crate::Loader::prefetch),
     /// `SAFELOAD_PREFETCH`) or considered by the auto policy (files on a
@@ -63,10 +166,13 @@ pub struct LoadReport {
     /// ([`Loader::huge_pages`](crate::Loader::huge_pages)); `None` where
     /// nothing was read into memory of the load's own.
     pub fresh_memory: Option<FreshMemory>,
-    /// What the load could not do as planned and did otherwise, in words:
-    /// e.g. fewer reader threads than asked because the OS refused more
-    /// (`RLIMIT_NPROC`, a cgroup's `pids.max`). Empty when all went to plan.
-    pub notes: Vec<String>,
+    /// What the load could not do as planned and did otherwise: fewer
+    /// threads than asked because the OS refused more
+    /// ([`Note::ThreadsRefused`]), a server that ignores `Range`
+    /// ([`Note::RangesIgnored`]), the reads split between nodes or not
+    /// ([`Note::ReadOncePerCluster`], [`Note::NodesReadAlone`]). Empty when
+    /// all went to plan.
+    pub notes: Vec<Note>,
 }
 
 impl LoadReport {
@@ -112,8 +218,9 @@ pub struct FileReport {
     /// Bytes of tensor data loaded from it (after the filter).
     pub tensor_bytes: u64,
     /// Bytes read at load time: the tensor data of a buffered file (and of
-    /// its converted tensors), the whole file where a map was populated;
-    /// zero for a file mapped lazily.
+    /// its converted tensors), the whole file where a map was populated,
+    /// the tensor data of the chunks this rank filled of a node copy; zero
+    /// for a file mapped lazily.
     pub bytes_read: u64,
     /// Whether it was mapped or read.
     pub strategy: Strategy,
@@ -141,10 +248,11 @@ pub struct FileReport {
     pub sha256: Option<String>,
     /// The file's own `__metadata__`.
     pub metadata: Option<BTreeMap<String, String>>,
-    /// What the node copy did for it, in words, where several local ranks
-    /// loaded it: `filled here N of M chunks, mapped from ...`, or why no
-    /// copy was used.
-    pub node_copy: Option<String>,
+    /// What the node copy did for it, where several local ranks loaded it
+    /// read buffered: which rank made the copy, from which process this one
+    /// took it, how many chunks it filled, or why there was none; `None`
+    /// for one rank alone, or a mapped file.
+    pub node_copy: Option<NodeCopy>,
 }
 
 impl FileReport {
@@ -219,11 +327,7 @@ impl fmt::Display for LoadReport {
                     human_bytes(file.bytes_read),
                     file.elapsed.as_secs_f64()
                 )?,
-                None if file
-                    .node_copy
-                    .as_ref()
-                    .is_some_and(|n| n.starts_with("filled")) =>
-                {
+                None if matches!(file.node_copy, Some(NodeCopy::Shared { .. })) => {
                     writeln!(f, "  views of the node copy")?
                 }
                 None => writeln!(f, "  mapped (pages are read when first touched)")?,
@@ -292,7 +396,31 @@ impl fmt::Display for Reason {
             Reason::Environment { disable_mmap } => {
                 write!(f, "{DISABLE_MMAP_ENV}={} is set", u8::from(*disable_mmap))
             }
-            Reason::Remote => f.write_str("a remote object, read by ranged requests"),
+            Reason::Remote => f.write_str("a remote object, read into memory (no file to map)"),
+        }
+    }
+}
+
+impl Fallback {
+    /// A stable name for the variant, for logs and JSON: `"mmap_refused"`
+    /// or `"memory_guard"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Fallback::MmapRefused(_) => "mmap_refused",
+            Fallback::MemoryGuard { .. } => "memory_guard",
+        }
+    }
+}
+
+impl DirectIo {
+    /// A stable name for the variant, for logs and JSON: `"off"`, `"on"`,
+    /// `"refused"` or `"dropped"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DirectIo::Off => "off",
+            DirectIo::On => "on",
+            DirectIo::Refused(_) => "refused",
+            DirectIo::Dropped(_) => "dropped",
         }
     }
 }

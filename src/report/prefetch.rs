@@ -4,20 +4,24 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::human_bytes;
+use super::{Note, human_bytes};
 use crate::policy::PrefetchMethod;
 
 /// What a prefetch did, for this process: the rank split, what was already
 /// in the page cache, what this process warmed, what the memory guard left
 /// cold and why. `Display` prints it as one line.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct PrefetchReport {
     /// Whether anything was warmed or checked; `false` when prefetch was
     /// considered and not done (see [`reason`](Self::reason)).
     pub ran: bool,
-    /// Why prefetch ran, or why not, in words.
-    pub reason: String,
+    /// Why prefetch ran, or why not: asked for ([`Note::PrefetchRequested`],
+    /// [`Note::PrefetchFromEnvironment`], [`Note::PrefetchOff`]), or the auto
+    /// policy's word on files of a network filesystem
+    /// ([`Note::PrefetchAuto`], [`Note::PrefetchAutoResident`],
+    /// [`Note::PrefetchAutoDoesNotFit`]).
+    pub reason: Note,
     /// This process's rank among the job's processes on this node.
     pub rank: usize,
     /// The number of the job's processes on this node.
@@ -30,8 +34,10 @@ pub struct PrefetchReport {
     pub method: PrefetchMethod,
     /// Whether the ranks shared one queue (else each warmed a fixed share).
     pub shared_queue: bool,
-    /// Why the queue was not shared, or what was replaced to share it.
-    pub queue_note: Option<String>,
+    /// Why the queue was not shared ([`Note::FixedShares`],
+    /// [`Note::QueueNotShared`]), or what was replaced to share it
+    /// ([`Note::QueueReplaced`]).
+    pub queue_note: Option<Note>,
     /// Files prefetched.
     pub files: usize,
     /// Their total size, in bytes.
@@ -69,6 +75,45 @@ pub struct PrefetchReport {
     pub queue_path: Option<PathBuf>,
 }
 
+/// A prefetch that did nothing: off ([`Note::PrefetchOff`]), one process.
+impl Default for PrefetchReport {
+    fn default() -> Self {
+        PrefetchReport {
+            ran: false,
+            reason: Note::PrefetchOff,
+            rank: 0,
+            local_size: 1,
+            rank_source: RankSource::Alone,
+            streams: 0,
+            method: PrefetchMethod::Auto,
+            shared_queue: false,
+            queue_note: None,
+            files: 0,
+            total_bytes: 0,
+            chunk_size: 0,
+            chunks: 0,
+            chunks_handled: 0,
+            resident_before: 0,
+            warmed: 0,
+            reread: 0,
+            skipped: 0,
+            skip_reasons: Vec::new(),
+            resident_after: None,
+            residency_known: false,
+            elapsed: Duration::ZERO,
+            queue_path: None,
+        }
+    }
+}
+
+impl PrefetchReport {
+    /// Bytes this process read (warmed and re-read) per second of
+    /// [`elapsed`](Self::elapsed), in GiB/s; `None` where it read nothing.
+    pub fn gib_per_s(&self) -> Option<f64> {
+        super::gib_per_s(self.warmed + self.reread, self.elapsed)
+    }
+}
+
 impl fmt::Display for PrefetchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if !self.ran {
@@ -80,7 +125,7 @@ impl fmt::Display for PrefetchReport {
         }
         let queue = match (&self.queue_path, &self.queue_note) {
             (Some(path), _) => format!("shared queue {}", path.display()),
-            (None, Some(note)) => note.clone(),
+            (None, Some(note)) => note.to_string(),
             (None, None) => "one process".to_string(),
         };
         write!(
@@ -123,11 +168,6 @@ fn joined(reasons: &[SkipReason]) -> String {
 /// `Display` says it in words, e.g. `LOCAL_RANK=1 LOCAL_WORLD_SIZE=8
 /// (torchrun)`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize),
-    serde(rename_all = "snake_case")
-)]
 #[non_exhaustive]
 pub enum RankSource {
     /// [`Loader::local_rank`](crate::Loader::local_rank); `valid` is false
@@ -156,6 +196,18 @@ pub enum RankSource {
     /// No launcher variable was set: one process.
     #[default]
     Alone,
+}
+
+impl RankSource {
+    /// A stable name for the variant, for logs and JSON: `"caller"`,
+    /// `"launcher"` or `"alone"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RankSource::Caller { .. } => "caller",
+            RankSource::Launcher { .. } => "launcher",
+            RankSource::Alone => "alone",
+        }
+    }
 }
 
 impl fmt::Display for RankSource {
@@ -191,11 +243,6 @@ impl fmt::Display for RankSource {
 /// ([`PrefetchReport::skip_reasons`]).
 /// `Display` says it in words.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize),
-    serde(rename_all = "snake_case")
-)]
 #[non_exhaustive]
 pub enum SkipReason {
     /// Warming `needed` more bytes would pass the budget, 90 % of the
@@ -234,6 +281,18 @@ pub enum SkipReason {
         /// The processes that held them.
         pids: Vec<u32>,
     },
+}
+
+impl SkipReason {
+    /// A stable name for the variant, for logs and JSON: `"memory_guard"`,
+    /// `"read_by_this_rank"` or `"stalled"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SkipReason::MemoryGuard { .. } => "memory_guard",
+            SkipReason::ReadByThisRank { .. } => "read_by_this_rank",
+            SkipReason::Stalled { .. } => "stalled",
+        }
+    }
 }
 
 impl fmt::Display for SkipReason {

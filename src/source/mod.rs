@@ -89,6 +89,12 @@ pub(crate) trait Source: Send + Sync {
         None
     }
 
+    /// Whether the source is fetched whole by one request rather than read
+    /// in ranges (a remote server that ignores `Range`): the report says so.
+    fn fetched_whole(&self) -> bool {
+        false
+    }
+
     /// The crate's error for a failure [`read_at`](Self::read_at) returned,
     /// where the source made that failure itself and says more than its I/O
     /// kind (a remote object: the status, address and byte range); `None`

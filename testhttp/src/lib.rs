@@ -1,4 +1,6 @@
-//! An HTTP/1.1 server of safeload's own for its remote tests and benchmarks.
+//! A library, not a program: an HTTP/1.1 server that safeload's remote tests and benchmarks start in their own process.
+//!
+//! (To run one by hand: `cargo run -p safeload-testhttp --example serve -- DIR`.)
 //!
 //! [`Server::start`] serves a directory on `127.0.0.1`, on a port the OS picks, from a fixed
 //! pool of threads, until the [`Server`] is dropped. It answers two kinds of target:
@@ -252,11 +254,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn count_path(&self, path: &str, bytes: u64) {
+    /// A request that reached the object at `path`.
+    pub(crate) fn count_path(&self, path: &str) {
         let mut paths = self.paths.lock().unwrap_or_else(PoisonError::into_inner);
-        let stats = paths.entry(path.to_owned()).or_default();
-        stats.requests += 1;
-        stats.bytes_sent += bytes;
+        paths.entry(path.to_owned()).or_default().requests += 1;
+    }
+
+    /// `bytes` of the object at `path` about to be written, counted with the server's total
+    /// at the same moment: the two agree for every answer, also one the client hung up on.
+    pub(crate) fn count_bytes(&self, path: &str, bytes: u64) {
+        self.stats.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+        let mut paths = self.paths.lock().unwrap_or_else(PoisonError::into_inner);
+        paths.entry(path.to_owned()).or_default().bytes_sent += bytes;
     }
 }
 

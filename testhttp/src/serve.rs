@@ -189,21 +189,21 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
         return Ok(after);
     };
     let Some(object) = shared.objects.get(&path, Instant::now()) else {
-        shared.count_path(&path, 0);
+        shared.count_path(&path);
         stream.write_all(&http::response_head(404, &[], 0, keep_alive))?;
         return Ok(after);
     };
     headers.push(("ETag", object.etag.clone()));
     if hub && options.hub_redirect {
         // As the hub for an LFS file: its metadata on a 302 to where the bytes are.
-        shared.count_path(&path, 0);
+        shared.count_path(&path);
         headers.push(("Location", http::encode_path(&path)));
         stream.write_all(&http::response_head(302, &headers, 0, keep_alive))?;
         return Ok(after);
     }
     headers.push(("Accept-Ranges", "bytes".to_owned()));
     if !http::if_match_passes(request.header("if-match"), &object.etag) {
-        shared.count_path(&path, 0);
+        shared.count_path(&path);
         stream.write_all(&http::response_head(412, &headers, 0, keep_alive))?;
         return Ok(after);
     }
@@ -224,7 +224,7 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
             (206, range)
         }
         RangeAsk::Unsatisfiable => {
-            shared.count_path(&path, 0);
+            shared.count_path(&path);
             headers.push(("Content-Range", format!("bytes */{}", object.len)));
             stream.write_all(&http::response_head(416, &headers, 0, keep_alive))?;
             return Ok(after);
@@ -233,7 +233,7 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
     let len = range.end - range.start;
     stream.write_all(&http::response_head(status, &headers, len, keep_alive))?;
     if head_only {
-        shared.count_path(&path, 0);
+        shared.count_path(&path);
         return Ok(after);
     }
     let body_fault = fault.filter(|_| len > 0);
@@ -243,8 +243,8 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
     // A broken body stops half way, so that the client has something to resume from.
     let send = if body_fault.is_some() { len / 2 } else { len };
     // Counted before sending, so that a client that has its answer sees it counted.
-    shared.count_path(&path, send);
-    send_body(shared, stream, &object, range.start, send)?;
+    shared.count_path(&path);
+    send_body(shared, stream, (&path, &object), range.start, send)?;
     match body_fault {
         Some(Fault::ResetMidBody) => {
             // SO_LINGER 0: close(2) then sends RST, not FIN (socket(7)).
@@ -313,7 +313,7 @@ fn locate(shared: &Shared, request: &Request) -> Option<Located> {
 fn send_body(
     shared: &Shared,
     stream: &mut TcpStream,
-    object: &Object,
+    (path, object): (&str, &Object),
     start: u64,
     len: u64,
 ) -> io::Result<()> {
@@ -326,11 +326,10 @@ fn send_body(
             let leaves_at = lock(link).reserve(Instant::now(), n as u64);
             sleep_until(leaves_at);
         }
-        // Counted before the write, so that a client that has the bytes sees them counted.
-        shared
-            .stats
-            .bytes_sent
-            .fetch_add(n as u64, Ordering::Relaxed);
+        // Counted before the write, so that a client that has the bytes sees them counted;
+        // a client that hangs up leaves this chunk counted in both counters, the rest in
+        // neither.
+        shared.count_bytes(path, n as u64);
         stream.write_all(&buf[..n])?;
         sent += n as u64;
         if shared.stopping.load(Ordering::Relaxed) {

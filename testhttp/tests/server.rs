@@ -251,6 +251,45 @@ fn ignored_ranges_answer_the_whole_object() {
     assert_eq!(answer.body, data);
 }
 
+/// A client that hangs up part way through a body: the server's total and the object's own
+/// count of bytes sent agree, and both stop short of the whole body.
+#[test]
+fn counters_agree_for_an_answer_the_client_hung_up_on() {
+    let len = 32 << 20;
+    let (dir, _) = tree(len);
+    let server = start(
+        dir.path(),
+        Options {
+            bandwidth_bytes_per_sec: Some(16 << 20),
+            ..Options::default()
+        },
+    );
+    let mut stream = TcpStream::connect(server.addr()).unwrap();
+    let request = "GET /model.safetensors HTTP/1.1\r\nHost: test\r\n\r\n";
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut some = vec![0; 256 << 10];
+    stream.read_exact(&mut some).unwrap();
+    drop(stream);
+    // The server stops at its next write to the closed connection.
+    let mut last = u64::MAX;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        thread::sleep(Duration::from_millis(200));
+        let sent = server.stats().bytes_sent;
+        if sent == last || Instant::now() > deadline {
+            break;
+        }
+        last = sent;
+    }
+    let (total, object) = (
+        server.stats().bytes_sent,
+        server.path_stats("model.safetensors"),
+    );
+    assert_eq!(object.requests, 1);
+    assert_eq!(object.bytes_sent, total, "per path and in total");
+    assert!(total >= 256 << 10 && total < len as u64, "{total} of {len}");
+}
+
 #[test]
 fn a_replaced_object_gets_another_etag_after_its_delay() {
     let (dir, data) = tree(1000);

@@ -18,9 +18,9 @@ pub const ROLE: &str = "SAFELOAD_TEST_PREFETCH_ROLE";
 pub const PATH: &str = "SAFELOAD_TEST_PREFETCH_PATH";
 
 /// The variables of torchrun, Slurm, Open MPI and MPICH (Hydra) that tell a process
-/// its local rank, and safeload's own prefetch switch: removed from every
-/// child's environment.
-pub const LAUNCHER_VARS: [&str; 16] = [
+/// its local rank and its job, and safeload's own prefetch switch and job id: removed
+/// from every child's environment.
+pub const LAUNCHER_VARS: [&str; 17] = [
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
     "TORCHELASTIC_RUN_ID",
@@ -37,6 +37,7 @@ pub const LAUNCHER_VARS: [&str; 16] = [
     "MPI_LOCALRANKID",
     "MPI_LOCALNRANKS",
     "SAFELOAD_PREFETCH",
+    "SAFELOAD_JOB_ID",
 ];
 
 /// This test binary, to run the `child` test of `module` (the caller's

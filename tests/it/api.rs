@@ -132,7 +132,7 @@ fn floating_dtypes_are_told_apart() {
         );
         assert_eq!(info.is_float(), float, "{:?}", info.dtype());
         assert_eq!(sd.get(info.name()).unwrap().is_float(), float);
-        assert_eq!(sd.get(info.name()).unwrap().nbytes() as u64, info.nbytes());
+        assert_eq!(sd.get(info.name()).unwrap().nbytes(), info.nbytes());
     }
 }
 

@@ -34,7 +34,7 @@ fn opening_lists_every_tensor_in_load_order_from_the_headers() {
             .iter()
             .find(|f| info.file() == f.path)
             .unwrap();
-        assert!(file.tensors > 0 && tensor.nbytes() as u64 == info.nbytes());
+        assert!(file.tensors > 0 && tensor.nbytes() == info.nbytes());
     }
     assert!(ck.get("no.such.tensor").is_none());
 }

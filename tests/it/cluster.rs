@@ -10,6 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use safeload::cluster::Communicator;
+use safeload::report::{NodeCopy, Note};
 use safeload::{ErrorKind, Loader, Operation};
 use safetensors::Dtype;
 
@@ -150,11 +151,21 @@ fn nodes_read_their_share_and_receive_the_rest() {
             .report()
             .notes
             .iter()
-            .find(|n| n.starts_with("read once per cluster"))
+            .find(|n| matches!(n, Note::ReadOncePerCluster { .. }))
             .unwrap_or_else(|| panic!("node {node}: {:?}", sd.report().notes));
         // Three files, one piece each, one per node: a third read here.
-        assert!(note.contains(&format!("node {node} of 3")), "{note}");
-        assert!(note.contains("read 4.00 MiB of 12.0"), "{note}");
+        let Note::ReadOncePerCluster {
+            node: this,
+            nodes,
+            read,
+            total,
+        } = note
+        else {
+            unreachable!()
+        };
+        assert_eq!((*this, *nodes), (node, 3), "{note}");
+        assert_eq!(*read * 3, *total, "{note}");
+        assert!(note.to_string().contains("read 4.00 MiB of 12.0"), "{note}");
     }
 }
 
@@ -215,7 +226,7 @@ fn a_node_loading_other_files_makes_every_node_read_alone() {
             sd.report()
                 .notes
                 .iter()
-                .any(|n| n.starts_with("each node read alone (node 2 sees another")),
+                .any(|n| matches!(n, Note::NodesReadAlone { why } if why.starts_with("node 2 sees another"))),
             "node {node}: {:?}",
             sd.report().notes
         );
@@ -247,7 +258,7 @@ fn a_node_loading_other_files_makes_every_node_read_alone() {
             sd.report()
                 .notes
                 .iter()
-                .any(|n| n.contains("each node read alone (node 0: the load converts dtypes)")),
+                .any(|n| n.to_string() == "each node read alone (node 0: the load converts dtypes)"),
             "{:?}",
             sd.report().notes
         );
@@ -299,11 +310,14 @@ fn member_alone() {
     );
     assert_eq!(loaded(&sd), naive_load(&shards_of(&path)));
     for file in &sd.report().files {
-        let note = file.node_copy.as_deref().unwrap_or_default();
+        let copy = file.node_copy.as_ref().unwrap();
         assert!(
-            note.contains("the node's participant offered no copy within 1s")
-                && note.contains("each rank loads it alone"),
-            "{note}"
+            matches!(copy, NodeCopy::Failed { why } if why.starts_with("the node's participant offered no copy within 1s")),
+            "{copy:?}"
+        );
+        assert!(
+            copy.to_string().contains("each rank loads it alone"),
+            "{copy}"
         );
     }
 }

@@ -68,7 +68,7 @@ fn a_converting_load_equals_converting_each_tensor() {
                     assert_eq!(got.as_bytes(), twin.as_bytes(), "{mode} {name} -> {to}");
                     assert!(got.is_aligned(), "{mode} {name}");
                     converted += 1;
-                    let mut dst = vec![0u8; twin.nbytes()];
+                    let mut dst = vec![0u8; twin.nbytes() as usize];
                     overflowed += safeload::convert::convert(
                         original.dtype(),
                         to,

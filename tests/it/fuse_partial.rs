@@ -106,7 +106,7 @@ fn a_rank_reads_its_part_and_a_filter_its_tensors() {
     let part = ck.shard("wide", 1, 5, 8).unwrap();
     let wide = 8u64 * (512 << 10) * 4;
     let read = fs.stats().bytes_read;
-    assert_eq!(part.nbytes() as u64, wide / 8);
+    assert_eq!(part.nbytes(), wide / 8);
     assert!(
         read >= wide / 8 && read <= wide / 8 + wide / 100,
         "a dim-1 eighth of a wide matrix read {read} of {wide}"

@@ -67,10 +67,16 @@ fn load_in_child() {
                 .iter()
                 .map(|t| t.as_bytes().iter().map(|&b| u64::from(b)).sum::<u64>())
                 .sum();
+            // Each note's code, then its words.
+            let notes: Vec<String> = sd
+                .report()
+                .notes
+                .iter()
+                .map(|n| format!("{}: {n}", n.as_str()))
+                .collect();
             println!(
-                "RESULT ok {} sum={sum} notes={:?}",
+                "RESULT ok {} sum={sum} notes={notes:?}",
                 strategies.join(","),
-                sd.report().notes
             );
         }
         Err(e) => println!("RESULT err {:?} {e}", e.kind()),
@@ -217,7 +223,8 @@ fn with_no_thread_to_spawn_loads_run_on_the_calling_thread() {
         );
         if mode == "threads" {
             assert!(
-                outcome.result.contains("the OS refused more"),
+                outcome.result.contains("threads_refused: reading: ")
+                    && outcome.result.contains("the OS refused more"),
                 "the report says fewer threads ran: {}",
                 outcome.result
             );

@@ -11,7 +11,7 @@
 //! Ranks sharing a prefetch across processes, on FUSE:
 //! `tests/it/fuse_prefetch_ranks.rs`.
 
-use safeload::report::SkipReason;
+use safeload::report::{Note, SkipReason};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -293,7 +293,7 @@ fn prefetch_then_load_gives_the_same_tensors() {
             .unwrap();
         assert_eq!(loaded(&sd), naive, "disable_mmap({disable_mmap})");
         let p = sd.report().prefetch.as_ref().expect("asked for");
-        assert!(p.reason.contains("prefetch(3)"), "{p}");
+        assert_eq!(p.reason, Note::PrefetchRequested { streams: 3 }, "{p}");
         if disable_mmap {
             // One rank alone reads its buffered files with its own
             // streaming reads: a prefetch first would only add a pass.
@@ -336,7 +336,14 @@ fn auto_policy_prefetches_a_cold_network_checkpoint_then_maps_it() {
         .as_ref()
         .expect("considered on a network filesystem");
     assert!(p.ran, "{p}");
-    assert!(p.reason.contains("on network (nfs4) at /"), "{p}");
+    assert!(
+        matches!(&p.reason, Note::PrefetchAuto { mount, .. } if mount.fs_type == "nfs4"),
+        "{p}"
+    );
+    assert!(
+        p.reason.to_string().starts_with("on network (nfs4) at /"),
+        "{p}"
+    );
     assert_eq!(p.streams, 4);
     // The loader has read each file's header by then: those pages were
     // resident already.
@@ -353,7 +360,7 @@ fn auto_policy_prefetches_a_cold_network_checkpoint_then_maps_it() {
     let sd = load(Loader::new());
     let p = sd.report().prefetch.as_ref().unwrap();
     assert!(!p.ran, "{p}");
-    assert!(p.reason.contains("already in the page cache"), "{p}");
+    assert!(matches!(p.reason, Note::PrefetchAutoResident { .. }), "{p}");
     assert!(sd.report().to_string().contains("not prefetched"));
 
     // Cold, but larger than the memory guard allows.

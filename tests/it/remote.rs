@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use safeload::report::{Reason, Strategy};
+use safeload::report::{Note, Reason, Strategy};
 use safeload::{Checkpoint, ErrorKind, Loader};
 use safeload_testhttp::moto::Moto;
 use safeload_testhttp::{DEFAULT_COMMIT, Fault, FaultEvery, Options, Replacement, Server};
@@ -183,8 +183,12 @@ fn faults_are_retried_and_the_load_is_exact() {
     }
 }
 
+/// A server that ignores `Range` (as `python3 -m http.server` does) answers
+/// one request per file, each file sent once: the open's first answer, the
+/// whole file, is kept and every read served from it (no HEAD, no second
+/// GET); the tensors are right, and the report says so, typed.
 #[test]
-fn a_server_that_ignores_range_is_read_once_per_file() {
+fn a_server_that_ignores_range_answers_one_request_per_file() {
     let (dir, expected) = sharded();
     let server = serve(
         dir.path(),
@@ -198,13 +202,42 @@ fn a_server_that_ignores_range_is_read_once_per_file() {
         .load(format!("{}/", server.url()))
         .unwrap();
     assert_eq!(loaded(&sd), expected);
-    let total = total_size(&shards_of(dir.path()));
-    let index = std::fs::metadata(dir.path().join("model.safetensors.index.json"))
-        .unwrap()
-        .len();
-    // Each shard's first answer (the open's) and one whole fetch: at most twice each file.
-    let sent = server.stats().bytes_sent;
-    assert!(sent <= 2 * (total + index), "{sent} for {total}");
+    let shards = shards_of(dir.path());
+    let index = "model.safetensors.index.json";
+    let mut sent = 0;
+    for name in shards
+        .iter()
+        .map(|p| p.file_name().unwrap().to_str().unwrap().to_owned())
+        .chain([index.to_owned()])
+    {
+        let file = server.path_stats(&name);
+        let len = std::fs::metadata(dir.path().join(&name)).unwrap().len();
+        assert_eq!(file.requests, 1, "{name}: {file:?}");
+        assert_eq!(file.bytes_sent, len, "{name}: sent once, whole");
+        sent += len;
+    }
+    // Besides: the directory's probe for a single `model.safetensors` (404).
+    let probe = server.path_stats("model.safetensors");
+    assert_eq!((probe.requests, probe.bytes_sent), (1, 0));
+    let stats = server.stats();
+    assert_eq!(stats.head_requests, 0, "{stats:?}");
+    assert_eq!(stats.requests, shards.len() as u64 + 2, "{stats:?}");
+    assert_eq!(stats.bytes_sent, sent, "{stats:?}");
+    let notes = &sd.report().notes;
+    assert_eq!(
+        notes,
+        &[Note::RangesIgnored {
+            files: shards.len()
+        }],
+        "{notes:?}"
+    );
+    assert!(
+        sd.report()
+            .to_string()
+            .contains("note: the server ignores Range: each file fetched whole"),
+        "{}",
+        sd.report()
+    );
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The reports as JSON (feature `serde`): a load's report serialized and
-//! parsed back has every file with its reason as a stable code beside the
-//! words, the schema `safeload load --json` prints.
+//! parsed back has the Rust names, each enum with data an object of its
+//! code, its words and its fields, the schema `safeload load --json` prints.
 
 use serde_json::Value;
 use tempfile::tempdir;
@@ -10,7 +10,7 @@ use safeload::report::{DirectIo, Reason, Strategy};
 use safeload::{Dtype, Loader};
 
 #[test]
-fn a_serialized_report_parses_back_with_codes_beside_the_words() {
+fn a_serialized_report_parses_back_under_the_rust_names() {
     let dir = tempdir().unwrap();
     let specs = vec![
         spec("a", Dtype::F32, &[64, 64]),
@@ -25,11 +25,19 @@ fn a_serialized_report_parses_back_with_codes_beside_the_words() {
         .unwrap();
     let report = sd.report();
     let json: Value = serde_json::from_str(&serde_json::to_string(report).unwrap()).unwrap();
+    if std::env::var_os("SAFELOAD_TEST_PRINT_JSON").is_some() {
+        println!("{}", serde_json::to_string_pretty(&json).unwrap());
+    }
 
     assert_eq!(json["tensor_bytes"], report.tensor_bytes());
     assert_eq!(json["bytes_read"], report.bytes_read());
     assert_eq!(json["threads"], report.threads);
-    assert!(json["seconds"].as_f64().unwrap() > 0.0);
+    assert!(json["elapsed"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        json["io_concurrency_reason"]["code"],
+        report.io_concurrency_reason.as_ref().unwrap().as_str()
+    );
+    assert_eq!(json["notes"], Value::Array(Vec::new()));
     let files = json["files"].as_array().unwrap();
     assert_eq!(files.len(), report.files.len());
     for (file, typed) in files.iter().zip(&report.files) {
@@ -38,13 +46,15 @@ fn a_serialized_report_parses_back_with_codes_beside_the_words() {
         assert_eq!(typed.direct_io, DirectIo::Off);
         assert_eq!(file["path"], typed.path.to_str().unwrap());
         assert_eq!(file["strategy"], "buffered");
-        assert_eq!(file["reason_code"], "requested");
-        assert_eq!(file["reason"], typed.explain());
+        assert_eq!(file["reason"]["code"], "requested");
+        assert_eq!(file["reason"]["text"], typed.reason.to_string());
+        assert_eq!(file["reason"]["disable_mmap"], true);
+        assert_eq!(file["explain"], typed.explain());
         assert_eq!(file["fallback"], Value::Null);
-        assert_eq!(file["direct_io"], false);
-        assert_eq!(file["direct_io_state"], "off");
-        assert_eq!(file["tensor_count"], typed.tensors);
+        assert_eq!(file["direct_io"]["code"], "off");
+        assert_eq!(file["tensors"], typed.tensors);
         assert_eq!(file["lazy"], false);
+        assert_eq!(file["node_copy"], Value::Null);
         assert_eq!(
             file["mount"]["kind"],
             typed.mount.as_ref().unwrap().kind.as_str()
@@ -53,7 +63,12 @@ fn a_serialized_report_parses_back_with_codes_beside_the_words() {
     let prefetch = &json["prefetch"];
     let typed = report.prefetch.as_ref().unwrap();
     assert_eq!(prefetch["ran"], typed.ran);
-    assert_eq!(prefetch["rank_source_code"], "alone");
-    assert_eq!(prefetch["rank_source"], typed.rank_source.to_string());
-    assert_eq!(prefetch["file_count"], typed.files);
+    assert_eq!(prefetch["reason"]["code"], "prefetch_requested");
+    assert_eq!(prefetch["reason"]["streams"], 1);
+    assert_eq!(prefetch["rank_source"]["code"], "alone");
+    assert_eq!(
+        prefetch["rank_source"]["text"],
+        typed.rank_source.to_string()
+    );
+    assert_eq!(prefetch["files"], typed.files);
 }

@@ -398,7 +398,7 @@ fn cap_in_child() {
     let (mut handed_out, mut fullest) = (0u64, 0u64);
     ck.for_each(CAP, |t| -> safeload::Result<()> {
         let name = t.name().to_string();
-        handed_out += t.nbytes() as u64;
+        handed_out += t.nbytes();
         // A clone kept, the tensor itself dropped: the bytes stay counted
         // until every clone is gone.
         held.push_back(t.clone());
@@ -413,7 +413,7 @@ fn cap_in_child() {
             read >= handed_out,
             "{name}: {read} read, {handed_out} handed out"
         );
-        let held_bytes: u64 = held.iter().map(|t| t.nbytes() as u64).sum();
+        let held_bytes: u64 = held.iter().map(|t| t.nbytes()).sum();
         let ahead = read - handed_out;
         assert!(
             held_bytes + ahead <= CAP,

@@ -4,9 +4,9 @@ use safeload::Loader;
 
 use crate::args::LoadArgs;
 use crate::failure::Failure;
+use crate::output;
 use crate::progress::Bars;
 use crate::source::Source;
-use crate::{json, output};
 
 /// Runs `safeload load`.
 pub fn run(args: &LoadArgs) -> Result<(), Failure> {
@@ -17,14 +17,10 @@ pub fn run(args: &LoadArgs) -> Result<(), Failure> {
     let bars = Bars::on_stderr(!args.no_progress);
     let loader = loader(args, &bars);
     let sd = bars.close(loader.load(source.path()))?;
-    let dtype = args.dtype.map(|d| d.dtype());
     if args.json {
-        return output::json(&json::Load::new(
-            source.path(),
-            source.is_demo(),
-            &sd,
-            dtype,
-        ));
+        // The library's document as it is: one schema for the command and
+        // for engines that serialize the report themselves.
+        return output::json(sd.report());
     }
     // The library's report says it all but which checkpoint and how many
     // tensors; its rates already leave out files that were mapped lazily.

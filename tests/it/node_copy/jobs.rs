@@ -46,6 +46,53 @@ fn two_jobs_with_different_checkpoints_side_by_side() {
     );
 }
 
+/// What keys a node copy is the job's identity: two jobs on one node whose
+/// launcher gives the same id (here torchrun's run id) meet in one copy,
+/// and `SAFELOAD_JOB_ID` set apart keeps them apart (each job its own
+/// copy, made by one of its own ranks).
+#[test]
+fn jobs_with_the_same_launcher_id_meet_unless_the_job_id_sets_them_apart() {
+    if skip_without_fuse() {
+        return;
+    }
+    let setup = on_fuse(8, Options::default());
+    let run_id = job_id();
+    let hold = (HOLD, "1".to_string());
+    // The ranks of two jobs, the first job's holding its copy meanwhile:
+    // per job, the pids of the processes that made its ranks' copies.
+    let makers_of = |job_ids: [Option<&str>; 2]| -> Vec<Vec<u32>> {
+        let mut jobs: Vec<Vec<Rank>> = Vec::new();
+        let mut makers = Vec::new();
+        for id in job_ids {
+            let mut extra = vec![hold.clone()];
+            if let Some(id) = id {
+                extra.push(("SAFELOAD_JOB_ID", id.to_string()));
+            }
+            let mut ranks = spawn_job(&setup.index, 2, &run_id, &extra);
+            let mut made: Vec<u32> = Vec::new();
+            for rank in &mut ranks {
+                let r = rank.loaded();
+                r.assert_copied(setup.expected);
+                made.extend(r.copies.iter().map(|c| c.made_by.unwrap().0));
+            }
+            made.sort_unstable();
+            made.dedup();
+            makers.push(made);
+            jobs.push(ranks);
+        }
+        for rank in jobs.into_iter().flatten() {
+            rank.release();
+        }
+        makers
+    };
+    let met = makers_of([None, None]);
+    assert_eq!(met[0].len(), 1, "{met:?}");
+    assert_eq!(met[0], met[1], "the same launcher id: one copy for both");
+    let apart = makers_of([Some("serve-a"), Some("serve-b")]);
+    assert_eq!((apart[0].len(), apart[1].len()), (1, 1), "{apart:?}");
+    assert_ne!(apart[0], apart[1], "SAFELOAD_JOB_ID apart: a copy each");
+}
+
 /// A file replaced between two jobs (same size, same job id, the first
 /// job still holding its copy): the second job never gets the old copy.
 #[test]

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::child::{PATH, child_command, run_role, wait_for_go};
 use crate::common::*;
+use safeload::report::NodeCopy;
 use safeload::{Loader, PrefetchOptions};
 use safeload_testfs::{Mount, Options, skip_without_fuse};
 use safetensors::Dtype;
@@ -103,13 +104,33 @@ fn act_as_rank() {
     let text = sd.report().to_string();
     println!("NODE-TIME {seconds:.6}");
     println!("NODE-DIGEST {:016x}", digest_of(&sd));
-    for line in text.lines() {
-        if let Some(note) = line.trim().strip_prefix("node copy: ") {
-            println!("NODE-NOTE {note}");
-        }
-    }
     for file in &sd.report().files {
         println!("NODE-STRATEGY {}", file.strategy);
+        let Some(copy) = &file.node_copy else {
+            continue;
+        };
+        println!("NODE-NOTE {copy}");
+        let (maker, from, filled) = match copy {
+            NodeCopy::Shared {
+                made_by_pid,
+                made_by_rank,
+                received_from,
+                filled_here,
+                chunks,
+                ..
+            } => (
+                format!("{made_by_pid}/{made_by_rank}"),
+                received_from.map_or("-".to_string(), |p| p.to_string()),
+                format!("{filled_here}/{chunks}"),
+            ),
+            _ => ("-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "NODE-COPY {} {maker} {from} {filled} {} {}",
+            copy.as_str(),
+            file.bytes_read,
+            file.tensor_bytes
+        );
     }
     println!("NODE-END");
     eprintln!("{text}");
@@ -216,8 +237,44 @@ pub struct Loaded {
     /// The wall time of the rank's `load` call, in seconds.
     pub seconds: f64,
     pub digest: u64,
+    /// Each file's node copy in words.
     pub notes: Vec<String>,
+    /// Each file's node copy as data.
+    pub copies: Vec<Copied>,
     pub strategies: Vec<String>,
+}
+
+/// A file's `NodeCopy` as a rank printed it: its code, and for a shared
+/// copy who made it, whom this rank took it from and the chunks it filled;
+/// with the file's `bytes_read` and `tensor_bytes`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Copied {
+    pub code: String,
+    /// The maker's pid and local rank.
+    pub made_by: Option<(u32, usize)>,
+    pub received_from: Option<u32>,
+    /// Chunks filled here, of the copy's.
+    pub filled: Option<(usize, usize)>,
+    pub bytes_read: u64,
+    pub tensor_bytes: u64,
+}
+
+impl Copied {
+    fn parse(line: &str) -> Copied {
+        let f: Vec<&str> = line.split(' ').collect();
+        let pair = |s: &str| -> Option<(String, String)> {
+            let (a, b) = s.split_once('/')?;
+            Some((a.to_string(), b.to_string()))
+        };
+        Copied {
+            code: f[0].to_string(),
+            made_by: pair(f[1]).map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())),
+            received_from: f[2].parse().ok(),
+            filled: pair(f[3]).map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())),
+            bytes_read: f[4].parse().unwrap(),
+            tensor_bytes: f[5].parse().unwrap(),
+        }
+    }
 }
 
 impl Loaded {
@@ -225,24 +282,15 @@ impl Loaded {
     /// its load came from the node copy.
     pub fn assert_copied(&self, expected: u64) {
         assert_eq!(self.digest, expected, "{self:?}");
-        assert!(
-            self.notes.iter().all(|n| n.starts_with("filled here")),
-            "{self:?}"
-        );
+        assert!(self.copies.iter().all(|c| c.code == "shared"), "{self:?}");
     }
 
-    /// Chunks this rank filled, over every file (from "filled here N of M").
+    /// Chunks this rank filled, over every file, of the copies' chunks.
     pub fn filled(&self) -> (usize, usize) {
-        self.notes.iter().fold((0, 0), |(n, m), note| {
-            let words: Vec<&str> = note.split(' ').collect();
-            match words.as_slice() {
-                ["filled", "here", a, "of", b, ..] => (
-                    n + a.parse::<usize>().unwrap(),
-                    m + b.parse::<usize>().unwrap(),
-                ),
-                _ => (n, m),
-            }
-        })
+        self.copies
+            .iter()
+            .filter_map(|c| c.filled)
+            .fold((0, 0), |(n, m), (a, b)| (n + a, m + b))
     }
 }
 
@@ -335,6 +383,7 @@ impl Rank {
             seconds: 0.0,
             digest: 0,
             notes: Vec::new(),
+            copies: Vec::new(),
             strategies: Vec::new(),
         };
         let mut line = String::new();
@@ -350,6 +399,8 @@ impl Rank {
                 loaded.digest = u64::from_str_radix(d, 16).unwrap();
             } else if let Some((_, note)) = line.split_once("NODE-NOTE ") {
                 loaded.notes.push(note.to_string());
+            } else if let Some((_, copy)) = line.split_once("NODE-COPY ") {
+                loaded.copies.push(Copied::parse(copy));
             } else if let Some((_, s)) = line.split_once("NODE-STRATEGY ") {
                 loaded.strategies.push(s.to_string());
             } else if line.ends_with("NODE-END") {
@@ -459,7 +510,11 @@ pub fn private_dir() -> TempDir {
 /// served once, every rank hands out the same tensors as a naive load, the
 /// node holds the checkpoint once in shared memory while they all hold
 /// their tensors, each chunk was filled by exactly one rank, and they leave
-/// nothing behind.
+/// nothing behind. Each rank's report carries the copy as data: one rank
+/// made every copy, the other two took them from a rank of the job (the
+/// maker's pid and local rank named), the chunks filled add up to the
+/// copies' chunks, and the `bytes_read` of the three ranks to the tensor
+/// data once (the headers the chunks hold counted nowhere).
 #[test]
 fn three_ranks_fill_one_copy_and_each_maps_it() {
     if skip_without_fuse() {
@@ -500,7 +555,31 @@ fn three_ranks_fill_one_copy_and_each_maps_it() {
             r.notes.iter().all(|n| n.starts_with("filled here")),
             "{r:?}"
         );
+        assert_eq!(r.copies.len(), 3, "{r:?}");
+        assert!(r.copies.iter().all(|c| c.code == "shared"), "{r:?}");
     }
+    // The typed node copy: who made it, whom each rank took it from.
+    let makers: Vec<usize> = (0..3)
+        .filter(|&i| reports[i].copies.iter().all(|c| c.received_from.is_none()))
+        .collect();
+    assert_eq!(makers.len(), 1, "one rank made the copies: {reports:?}");
+    let maker = makers[0];
+    for (i, r) in reports.iter().enumerate() {
+        for c in &r.copies {
+            assert_eq!(c.made_by, Some((pids[maker], maker)), "rank {i}: {c:?}");
+            if i != maker {
+                let from = c.received_from.expect("taken from another rank");
+                assert!(from != pids[i] && pids.contains(&from), "rank {i}: {c:?}");
+            }
+        }
+    }
+    let tensor_data: u64 = reports[0].copies.iter().map(|c| c.tensor_bytes).sum();
+    let read: u64 = reports
+        .iter()
+        .flat_map(|r| &r.copies)
+        .map(|c| c.bytes_read)
+        .sum();
+    assert_eq!(read, tensor_data, "bytes_read counts tensor data, once");
     assert!(
         served as f64 <= 1.05 * total as f64,
         "{served} bytes served for {total}"

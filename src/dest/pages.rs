@@ -30,7 +30,7 @@ use std::fmt;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::os::{self, HugePageSetting, ProcFile};
+use crate::os::{self, ProcFile};
 
 /// Whether the memory a buffered load reads into is backed by transparent
 /// huge pages ([`Loader::huge_pages`](crate::Loader::huge_pages),
@@ -175,7 +175,7 @@ impl HostHugePages {
 
     /// This host's, read from `/sys`.
     pub(crate) fn of_host() -> HostHugePages {
-        let text = os::read_proc(ProcFile::HugePages(HugePageSetting::Enabled)).ok();
+        let text = os::read_proc(ProcFile::HugePagesEnabled).ok();
         let text = text.as_deref().and_then(|t| std::str::from_utf8(t).ok());
         HostHugePages::from_enabled(text)
     }

@@ -524,10 +524,7 @@ pub(crate) fn read_proc(file: super::ProcFile) -> io::Result<Vec<u8>> {
         ProcFile::SelfCgroup => std::fs::read("/proc/self/cgroup"),
         ProcFile::SelfStat => std::fs::read("/proc/self/stat"),
         ProcFile::Stat(pid) => std::fs::read(format!("/proc/{pid}/stat")),
-        ProcFile::HugePages(setting) => std::fs::read(format!(
-            "/sys/kernel/mm/transparent_hugepage/{}",
-            setting.file_name()
-        )),
+        ProcFile::HugePagesEnabled => std::fs::read("/sys/kernel/mm/transparent_hugepage/enabled"),
     }
 }
 

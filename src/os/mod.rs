@@ -124,26 +124,10 @@ pub(crate) enum ProcFile {
     SelfStat,
     /// `/proc/<pid>/stat`: another process's state and start time.
     Stat(u32),
-    /// A setting of transparent huge pages, under
-    /// `/sys/kernel/mm/transparent_hugepage/` (the kernel's
-    /// `admin-guide/mm/transhuge`).
-    HugePages(HugePageSetting),
-}
-
-/// The settings of transparent huge pages a load reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HugePageSetting {
-    /// `enabled`: `always`, `madvise` or `never`, for anonymous memory.
-    Enabled,
-}
-
-impl HugePageSetting {
-    /// The setting's file name.
-    pub(crate) fn file_name(self) -> &'static str {
-        match self {
-            HugePageSetting::Enabled => "enabled",
-        }
-    }
+    /// `/sys/kernel/mm/transparent_hugepage/enabled`: whether anonymous
+    /// memory may get transparent huge pages (`always`, `madvise`, `never`;
+    /// the kernel's `admin-guide/mm/transhuge`).
+    HugePagesEnabled,
 }
 
 /// The alignment direct I/O needs of offsets, lengths and buffers. 4 KiB

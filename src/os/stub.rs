@@ -5,7 +5,7 @@ use std::io;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 
-use memmap2::{Mmap, MmapMut};
+use memmap2::Mmap;
 
 /// Whether this platform has a mount table and filesystem magic numbers.
 pub(crate) const MOUNT_DETECTION: bool = false;

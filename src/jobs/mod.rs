@@ -344,13 +344,19 @@ pub(crate) fn run<'a>(
                 Job::Convert { .. } => Operation::Convert,
                 Job::Populate { .. } => Operation::Populate,
             };
-            // The destination faulted in here, where no helper did.
+            // The destination faulted in here, where no helper did (its
+            // page size asked for only, where the read copies out of the
+            // page cache: `PageSizes::prepare`).
             let mut faulting = waited;
             if let (false, true, Some(dst)) =
                 (faulted, pages.readers_fault(), tagged.job.destination())
             {
                 let start = Instant::now();
-                pages.fault_in(dst);
+                if ahead {
+                    pages.fault_in(dst);
+                } else {
+                    pages.prepare(dst);
+                }
                 faulting += start.elapsed();
             }
             match execute(tagged.job) {

@@ -273,3 +273,43 @@ fn fresh_memory_faulted_in_is_zero_and_counted_and_off_means_no_huge_page() {
         }
     }
 }
+
+#[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+#[test]
+fn a_destination_prepared_for_a_copy_is_left_to_it_but_for_the_samples() {
+    let len = 24 << 20;
+    let mut buffer = crate::storage::alloc_buffer(len).unwrap();
+    let pages = PageSizes::new(
+        HugePages::Auto,
+        PageReason::Measured,
+        HostHugePages::of_host(),
+    );
+    for piece in buffer.chunks_mut(MIB8) {
+        pages.prepare(piece);
+    }
+    let report = pages.report().unwrap();
+    assert_eq!(
+        report.huge_bytes + report.base_bytes,
+        len as u64,
+        "{report:?}"
+    );
+    // The first piece held the samples, both sizes measured; the pieces
+    // after it were only advised: nothing of them is resident yet.
+    if pages.reason == PageReason::Measured {
+        assert!(
+            report.huge_gib_s.is_some() && report.base_gib_s.is_some(),
+            "{report:?}"
+        );
+    }
+    let rss_kib = |at: usize| {
+        let rss = smaps_field(buffer.as_ptr() as usize + at, "Rss:");
+        rss.trim_end_matches("kB").trim().parse::<u64>().unwrap()
+    };
+    assert_eq!(rss_kib(MIB8 + (1 << 20)), 0, "the second piece untouched");
+    assert_eq!(
+        rss_kib(2 * MIB8 + (1 << 20)),
+        0,
+        "the third piece untouched"
+    );
+    assert!(buffer.iter().all(|&b| b == 0));
+}

@@ -433,10 +433,12 @@ fn not_taken(job: &Tagged<'_>) -> JobError {
 /// warm O_DIRECT: 1.40 s against 1.60 s. Where the reads copy from the page
 /// cache, both cores are already busy copying and the helper only takes CPU
 /// from them: warm buffered 2.1 s with it against 0.9 s without, so it does
-/// not run there; there each reader faults its destination in itself just
-/// before its read (warm 0.79 s against 0.9 s with the faults in the copy,
-/// within noise; as the helper's only role on FUSE it was 3.19 s), so that
-/// every piece is faulted in the page size chosen, and timed.
+/// not run there; there each reader asks for its destination's page size
+/// and lets the copy fault it in (`PageSizes::prepare`: faulted in first,
+/// the copy ran out of the cache). Where the helper is behind direct
+/// readers, each faults the job it takes in itself (as the helper's only
+/// role on FUSE that was 3.19 s; beside it, it spreads the faulting on every
+/// core).
 ///
 /// NOTE: huge pages (`MADV_HUGEPAGE`) on every destination (warm buffered
 /// 0.9 s against 1.55 s without, 2026-12-01) made buffered loads bimodal

@@ -26,131 +26,13 @@
 //! from the settings at the start (`defrag` and the free huge blocks of
 //! `/proc/buddyinfo` looked the same in both modes).
 
-use std::fmt;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::os::{self, ProcFile};
 
-/// Whether the memory a buffered load reads into is backed by transparent
-/// huge pages ([`Loader::huge_pages`](crate::Loader::huge_pages),
-/// `SAFELOAD_HUGE_PAGES`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum HugePages {
-    /// `SAFELOAD_HUGE_PAGES` if set, else measured while the load faults
-    /// its memory in: the page size that costs less per byte.
-    #[default]
-    Auto,
-    /// Always ask for huge pages (`MADV_HUGEPAGE`): the kernel may still
-    /// fall back to base pages, and with `defrag` set to stall, may stall
-    /// to compact memory for them.
-    On,
-    /// Never (`MADV_NOHUGEPAGE`): base pages only.
-    Off,
-}
-
-impl HugePages {
-    /// `"auto"`, `"on"` or `"off"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HugePages::Auto => "auto",
-            HugePages::On => "on",
-            HugePages::Off => "off",
-        }
-    }
-
-    /// The mode a value of `SAFELOAD_HUGE_PAGES` names: `1`/`on`/`true`,
-    /// `0`/`off`/`false`, `auto`; `None` for anything else.
-    pub(crate) fn parse(value: &str) -> Option<HugePages> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "1" | "true" | "yes" | "on" => Some(HugePages::On),
-            "0" | "false" | "no" | "off" => Some(HugePages::Off),
-            "auto" => Some(HugePages::Auto),
-            _ => None,
-        }
-    }
-}
-
-/// Why a load's fresh memory had the page size it had.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PageReason {
-    /// The caller chose ([`Loader::huge_pages`](crate::Loader::huge_pages)).
-    Caller,
-    /// `SAFELOAD_HUGE_PAGES` chose.
-    Environment,
-    /// The host offers no transparent huge pages (`enabled` is `never`, or
-    /// there are none on this platform): base pages, nothing measured.
-    Unavailable,
-    /// Measured: each size's cost per byte as the load faulted its memory
-    /// in, the cheaper one used.
-    Measured,
-}
-
-impl PageReason {
-    /// A stable name: `caller`, `environment`, `unavailable`, `measured`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PageReason::Caller => "caller",
-            PageReason::Environment => "environment",
-            PageReason::Unavailable => "unavailable",
-            PageReason::Measured => "measured",
-        }
-    }
-}
-
-impl fmt::Display for PageReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            PageReason::Caller => "as set",
-            PageReason::Environment => "as SAFELOAD_HUGE_PAGES says",
-            PageReason::Unavailable => "the host offers no transparent huge pages",
-            PageReason::Measured => "the cheaper size as measured",
-        })
-    }
-}
-
-/// How a load's fresh memory was faulted in: in which page sizes, why, and
-/// what each cost where it was measured.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct FreshMemory {
-    /// The mode in force ([`HugePages::Auto`] where measured).
-    pub mode: HugePages,
-    /// Why the sizes were what they were.
-    pub reason: PageReason,
-    /// Bytes faulted in with huge pages asked for (the kernel may have
-    /// given base pages for some).
-    pub huge_bytes: u64,
-    /// Bytes faulted in as base pages.
-    pub base_bytes: u64,
-    /// GiB faulted in per second of a faulting thread's CPU time, with huge
-    /// pages asked for: the last measure, `None` where none was taken.
-    pub huge_gib_s: Option<f64>,
-    /// The same for base pages.
-    pub base_gib_s: Option<f64>,
-}
-
-impl fmt::Display for FreshMemory {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        write!(
-            f,
-            "fresh memory: {:.2} GiB as huge pages, {:.2} GiB as base pages ({}",
-            gib(self.huge_bytes),
-            gib(self.base_bytes),
-            self.reason
-        )?;
-        if let (Some(huge), Some(base)) = (self.huge_gib_s, self.base_gib_s) {
-            write!(
-                f,
-                ": huge {huge:.2} GiB/s, base {base:.2} GiB/s per faulting thread"
-            )?;
-        }
-        f.write_str(")")
-    }
-}
+mod choice;
+pub use choice::{FreshMemory, HugePages, PageReason};
 
 /// The host's transparent huge pages, from its settings' text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,6 +119,19 @@ pub(crate) struct PageSizes {
     /// not own alone, such as a reader's scratch vector).
     advise: bool,
     state: Mutex<State>,
+    /// The load's buffers, each with the size its pages are asked for from
+    /// an address on ([`register`](Self::register)).
+    buffers: Mutex<Vec<Advised>>,
+}
+
+/// A buffer of the load, and the advice on it: `size` from `from` to its
+/// end.
+#[derive(Debug, Clone, Copy)]
+struct Advised {
+    start: usize,
+    end: usize,
+    from: usize,
+    size: Size,
 }
 
 #[derive(Debug, Default)]
@@ -357,6 +252,7 @@ impl PageSizes {
                 gap: FIRST_GAP,
                 ..State::default()
             }),
+            buffers: Mutex::new(Vec::new()),
         }
     }
 
@@ -380,12 +276,6 @@ impl PageSizes {
     /// The size for the next destination of `len` bytes at `addr`, and a
     /// probe of the other size where one is due.
     fn cut(&self, addr: usize, len: usize) -> Cut {
-        self.cut_with(addr, len, true)
-    }
-
-    /// [`cut`](Self::cut), the gap between probes growing after each
-    /// (`grow`) or not.
-    fn cut_with(&self, addr: usize, len: usize, grow: bool) -> Cut {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let size = match self.mode {
             HugePages::On => {
@@ -416,7 +306,7 @@ impl PageSizes {
             .map(|_| start - addr);
         if probe.is_some() {
             state.since_probe = 0;
-            if !never_measured && grow {
+            if !never_measured {
                 state.gap = (state.gap * 2).min(MAX_GAP);
             }
         }
@@ -450,7 +340,7 @@ impl PageSizes {
                 let (probed, tail) = rest.split_at_mut(PROBE.min(rest.len()));
                 let measures: Vec<(usize, Option<Duration>)> = probed
                     .chunks_mut(HUGE)
-                    .map(|page| (page.len(), self.fault(page, size.other())))
+                    .map(|page| (page.len(), self.fault_probe(page, size.other())))
                     .collect();
                 if self.advise {
                     let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -467,17 +357,20 @@ impl PageSizes {
     /// out of the page cache is about to fault in, without faulting it in:
     /// a copy into pages faulted in just before (8 MiB zeroed, then
     /// written) runs out of the cache, where one that faults each page as
-    /// it goes writes it while it is still there. Every [`FIRST_GAP`]
-    /// pieces, two huge pages of each size are faulted in first and timed,
-    /// the measures the size in use is chosen by here.
+    /// it goes writes it while it is still there. Where a probe is due (as
+    /// for [`fault_in`](Self::fault_in)), two huge pages of each size are
+    /// faulted in first and timed: the measures the size in use is chosen
+    /// by here.
     ///
     /// NOTE: the same warm loads on the development VM (2026-12-02, 7
     /// rounds, 2.2 GiB read through the page cache by 8 readers) took
     /// 0.37-1.49 s with each destination faulted in first, against
     /// 0.29-0.31 s for the copy's own faults (both on huge pages, in the
-    /// rounds where those were fast).
+    /// rounds where those were fast); sampled every 8 pieces, 0.445 s
+    /// against 0.368 s for huge pages asked for without a measure (10
+    /// rounds, the medians), hence the probes' growing gaps here too.
     pub(crate) fn prepare(&self, dst: &mut [u8]) {
-        let Cut { size, probe } = self.cut_with(dst.as_ptr() as usize, dst.len(), false);
+        let Cut { size, probe } = self.cut(dst.as_ptr() as usize, dst.len());
         let (head, rest) = match probe {
             Some(at) => dst.split_at_mut(at.min(dst.len())),
             None => (dst, &mut [][..]),
@@ -487,7 +380,7 @@ impl PageSizes {
             let (probed, used) = sampled.split_at_mut(PROBE.min(sampled.len()));
             let measures: Vec<(usize, Option<Duration>)> = probed
                 .chunks_mut(HUGE)
-                .map(|page| (page.len(), self.fault(page, size.other())))
+                .map(|page| (page.len(), self.fault_probe(page, size.other())))
                 .collect();
             let cpu = self.fault(used, size);
             if self.advise {
@@ -500,9 +393,7 @@ impl PageSizes {
             if piece.is_empty() {
                 continue;
             }
-            if self.advise && self.reason != PageReason::Unavailable {
-                os::advise_page_size(piece, size == Size::Huge);
-            }
+            self.advise_part(piece, size);
             if self.advise {
                 self.record(size, piece.len(), None);
             }
@@ -512,12 +403,86 @@ impl PageSizes {
     /// Faults `piece` in with `size` advised (where sizes are), and returns
     /// the CPU time it took this thread.
     fn fault(&self, piece: &mut [u8], size: Size) -> Option<Duration> {
-        if self.advise && self.reason != PageReason::Unavailable {
-            os::advise_page_size(piece, size == Size::Huge);
-        }
+        self.advise_part(piece, size);
         let before = os::thread_cpu_time();
         os::populate_write(piece);
         before.and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)))
+    }
+
+    /// A probe's page: faulted in with `size` advised on it alone (its
+    /// buffer's advice for the pages after it stays as it is).
+    fn fault_probe(&self, page: &mut [u8], size: Size) -> Option<Duration> {
+        if self.advise && self.reason != PageReason::Unavailable {
+            os::advise_page_size(page, size == Size::Huge);
+        }
+        let before = os::thread_cpu_time();
+        os::populate_write(page);
+        before.and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)))
+    }
+
+    /// A buffer of the load, whose pages are asked for in the size in use
+    /// now, all at once: a part of it faulted in later in the same size
+    /// needs no advice of its own (`advise_part`).
+    ///
+    /// NOTE: advice given piece by piece (`madvise(2)` on every 8 MiB, each
+    /// a change to the memory map while the other readers' copies fault
+    /// their pages in) cost warm buffered loads on the development VM
+    /// 0.57 s against 0.42 s with the advice given once per buffer
+    /// (2026-12-02, 8 shuffled rounds, 2.2 GiB, the medians).
+    pub(crate) fn register(&self, buffer: &mut [u8]) {
+        if !self.advise || buffer.is_empty() {
+            return;
+        }
+        let size = match self.mode {
+            HugePages::On => Size::Huge,
+            HugePages::Off => Size::Base,
+            HugePages::Auto => self
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .in_use(),
+        };
+        if self.reason != PageReason::Unavailable {
+            os::advise_page_size(buffer, size == Size::Huge);
+        }
+        let start = buffer.as_ptr() as usize;
+        let mut buffers = self.buffers.lock().unwrap_or_else(PoisonError::into_inner);
+        buffers.push(Advised {
+            start,
+            end: start + buffer.len(),
+            from: start,
+            size,
+        });
+    }
+
+    /// Asks for `size` for `part` before it is faulted in: nothing where
+    /// its buffer is asked so already from before it, else the rest of
+    /// the buffer from it on (a part of no buffer registered: itself).
+    fn advise_part(&self, part: &mut [u8], size: Size) {
+        if !self.advise || self.reason == PageReason::Unavailable || part.is_empty() {
+            return;
+        }
+        let at = part.as_ptr() as usize;
+        let mut buffers = self.buffers.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(buffer) = buffers.iter_mut().find(|b| (b.start..b.end).contains(&at)) else {
+            drop(buffers);
+            os::advise_page_size(part, size == Size::Huge);
+            return;
+        };
+        if buffer.size == size && at >= buffer.from {
+            return;
+        }
+        let rest = buffer.end - at;
+        *buffer = Advised {
+            from: at,
+            size,
+            ..*buffer
+        };
+        drop(buffers);
+        // The rest of a buffer the load registered and owns, alive while
+        // its destinations are faulted in (other readers hold parts of it:
+        // the advice changes no byte, only the size of pages faulted later).
+        os::advise_page_size_of_range(at, rest, size == Size::Huge);
     }
 
     /// What was done, for the report: `None` where nothing was faulted in

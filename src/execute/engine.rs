@@ -95,7 +95,11 @@ pub(crate) fn read_all(
         overflowed.push(Some(overflow));
         // The converted tensors: from the map where the file is mapped,
         // else read by the readers (plain reads: the runs are not blocks).
-        let mut conversion = convert.map(|(part, dst)| (&part.placements, part.to, dst));
+        // Every buffer asked for the page size in use, once (`PageSizes::register`).
+        let mut conversion = convert.map(|(part, dst)| {
+            pages.register(dst);
+            (&part.placements, part.to, dst)
+        });
         let (buffer, layout) = match destination {
             Destination::Buffer { buffer, layout } => (buffer, layout),
             Destination::Map(storage) => {
@@ -135,6 +139,7 @@ pub(crate) fn read_all(
         } else {
             chunk
         };
+        pages.register(buffer.bytes_mut());
         let mut rest: &mut [u8] = buffer.bytes_mut();
         let mut at = 0u64;
         // This node's pieces of the file, as segments, where the load is

@@ -101,6 +101,30 @@ pub(crate) fn advise_page_size(dst: &mut [u8], huge: bool) {
     let _ = unsafe { rustix::mm::madvise(first as *mut std::ffi::c_void, end - first, advice) };
 }
 
+/// [`advise_page_size`] for `len` bytes at `addr`, a range of this
+/// process's private anonymous memory that other threads may be writing:
+/// both advices only say which page size later faults use, and change no
+/// byte, so no borrow of the range is needed. A range that is not one
+/// mapping of this process's memory gets `ENOMEM` or `EINVAL`, ignored.
+pub(crate) fn advise_page_size_of_range(addr: usize, len: usize, huge: bool) {
+    let page = rustix::param::page_size();
+    let first = addr.next_multiple_of(page);
+    let end = addr.saturating_add(len) / page * page;
+    if end <= first {
+        return;
+    }
+    let advice = if huge {
+        rustix::mm::Advice::LinuxHugepage
+    } else {
+        rustix::mm::Advice::LinuxNoHugepage
+    };
+    // SAFETY: `MADV_HUGEPAGE` and `MADV_NOHUGEPAGE` set a flag of the
+    // mappings in `[first, end)` (madvise(2)): they neither read, write,
+    // free nor unmap memory, so no byte another thread holds changes, and an
+    // address of no mapping is refused with an error.
+    let _ = unsafe { rustix::mm::madvise(first as *mut std::ffi::c_void, end - first, advice) };
+}
+
 /// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`,
 /// clock_gettime(2)), in the kernel and in user space, to the nanosecond:
 /// what faulting memory in costs the thread, whatever else runs on the

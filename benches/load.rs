@@ -3,12 +3,17 @@
 //! Generates a synthetic sharded checkpoint (kept between runs under
 //! `bench-data/`), then for each scenario (warm page cache, cold, a FUSE mount
 //! with 2 ms per read, the same with reads serialized) runs every arm in a
-//! child process of its own, arms interleaved and rotated, for several rounds.
+//! child process of its own, arms interleaved (shuffled each round), for
+//! several rounds.
 //! Each arm loads the checkpoint and checksums every tensor byte on the same
 //! pool of threads, so lazy loaders pay for their reads; the child reports
-//! seconds and peak RSS. A "limit" arm reads the same bytes with plain large
-//! `pread`s: the storage's streaming speed. Prints a markdown table of
-//! medians (min-max) and writes every sample as JSON.
+//! seconds, its CPU time in the kernel and peak RSS. A "limit" arm reads the
+//! same bytes with plain large `pread`s into reused buffers: the storage's
+//! streaming speed. A "fresh" arm makes the same reads into one map of fresh
+//! memory the size of the checkpoint, faulted in by the reads: what a load
+//! into memory of its own costs at best here (`x fresh`). Prints a markdown
+//! table of medians (min-max), each arm's slowest round over its median, and
+//! writes every sample as JSON.
 //!
 //! ```text
 //! cargo bench --bench load -- [--size-gib 2] [--shards 8] [--rounds 3]
@@ -34,9 +39,10 @@ use common::stats::{Spread, gib_s, median};
 use common::{args, fuse, proc};
 
 /// The arms run by default.
-const DEFAULT_ARMS: [&str; 12] = [
+const DEFAULT_ARMS: [&str; 13] = [
     "limit",
     "limit-direct",
+    "fresh-direct",
     "safeload-auto",
     "safeload-mmap",
     "safeload-buffered",
@@ -48,9 +54,12 @@ const DEFAULT_ARMS: [&str; 12] = [
     "fs-read",
     "fs-read-4t",
 ];
-/// Arms for tuning, run when named with `--arms`.
-const EXTRA_ARMS: [&str; 6] = [
+/// Arms for tuning, run when named with `--arms` (and `fresh-...`, see
+/// [`FreshArm`]).
+const EXTRA_ARMS: [&str; 8] = [
     "safeload-auto-prefetch",
+    "safeload-huge-on",
+    "safeload-huge-off",
     "safeload-prefetch-static",
     "safeload-auto-io1",
     "safeload-auto-io32",
@@ -82,6 +91,42 @@ struct LimitArm {
     threads: Option<usize>,
     direct: bool,
     fresh: bool,
+}
+
+/// The fresh-memory arms, `fresh[-direct][-huge][-N]`: the limit's reads
+/// (16 MiB `pread`s pulled from one queue by N readers, `--limit-threads`
+/// without `-N`; `O_DIRECT` with `-direct`) into one fresh anonymous map the
+/// size of the checkpoint, each
+/// file at its offset, faulted in by the reads themselves (plain pages; with
+/// `-huge`, `MADV_HUGEPAGE` on the map), then checksummed as the loaders'
+/// arms are. What any load into memory of its own costs on this storage:
+/// the bound a buffered load is measured against.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct FreshArm {
+    threads: Option<usize>,
+    direct: bool,
+    huge: bool,
+}
+
+fn fresh_arm(arm: &str) -> Option<FreshArm> {
+    let rest = arm.strip_prefix("fresh")?;
+    let (direct, rest) = match rest.strip_prefix("-direct") {
+        Some(rest) => (true, rest),
+        None => (false, rest),
+    };
+    let (huge, rest) = match rest.strip_prefix("-huge") {
+        Some(rest) => (true, rest),
+        None => (false, rest),
+    };
+    let threads = match rest {
+        "" => None,
+        n => Some(n.strip_prefix('-')?.parse().ok().filter(|&n| n > 0)?),
+    };
+    Some(FreshArm {
+        threads,
+        direct,
+        huge,
+    })
 }
 
 fn limit_arm(arm: &str) -> Option<LimitArm> {
@@ -143,12 +188,16 @@ struct Options {
 fn arms_help() -> String {
     format!(
         "arms: {DEFAULT_ARMS:?} by default, and {EXTRA_ARMS:?}, and \
-         limit[-direct][-fresh][-N] (N readers)"
+         limit[-direct][-fresh][-N] (N readers), fresh[-direct][-huge][-N]"
     )
 }
 
 fn arm_name(arm: &str) -> Result<String, String> {
-    if DEFAULT_ARMS.contains(&arm) || EXTRA_ARMS.contains(&arm) || limit_arm(arm).is_some() {
+    if DEFAULT_ARMS.contains(&arm)
+        || EXTRA_ARMS.contains(&arm)
+        || limit_arm(arm).is_some()
+        || fresh_arm(arm).is_some()
+    {
         Ok(arm.to_string())
     } else {
         Err(arms_help())
@@ -177,6 +226,12 @@ struct Sample {
     bytes: u64,
     checksum: u64,
     maxrss_kib: u64,
+    /// CPU seconds of the arm's process(es), in the kernel and in user
+    /// space (`getrusage(2)`, summed over ranks).
+    #[serde(default)]
+    sys_seconds: f64,
+    #[serde(default)]
+    user_seconds: f64,
     /// Bytes this arm's process(es) caused to be read from storage
     /// (`read_bytes` of /proc/self/io, summed over ranks).
     read_bytes: u64,
@@ -228,7 +283,7 @@ fn parent(o: &Options) -> Result<(), String> {
             .as_ref()
             .map_or(root.clone(), |m| m.path().to_path_buf());
         for round in 0..o.rounds {
-            for a in common::rotated(o.arms.len(), round) {
+            for a in common::shuffled(o.arms.len(), round) {
                 let arm = &o.arms[a];
                 if scenario == "warm" {
                     let _ = data::warm(&root);
@@ -251,8 +306,9 @@ fn parent(o: &Options) -> Result<(), String> {
                     sample.served = mount.stats().bytes_read;
                 }
                 eprintln!(
-                    "  {scenario:<11} round {round} {arm:<26} {:>8.3} s {:>7.2} GiB/s {:>7} MiB RSS {:>7} MiB read {:>5.2}x served{}{}",
+                    "  {scenario:<11} round {round} {arm:<26} {:>8.3} s {:>6.2} s sys {:>7.2} GiB/s {:>7} MiB RSS {:>7} MiB read {:>5.2}x served{}{}",
                     sample.seconds,
+                    sample.sys_seconds,
                     gib_s(sample.bytes, sample.seconds),
                     sample.maxrss_kib >> 10,
                     sample.read_bytes >> 20,
@@ -299,6 +355,8 @@ fn run_ranks(o: &Options, scenario: &str, arm: &str, round: usize, path: &Path) 
     merged.seconds = samples.iter().map(|s| s.seconds).fold(0.0, f64::max);
     merged.read_bytes = samples.iter().map(|s| s.read_bytes).sum();
     merged.maxrss_kib = samples.iter().map(|s| s.maxrss_kib).max().unwrap_or(0);
+    merged.sys_seconds = samples.iter().map(|s| s.sys_seconds).sum();
+    merged.user_seconds = samples.iter().map(|s| s.user_seconds).sum();
     merged.error = samples.iter().find_map(|s| s.error.clone());
     merged
 }
@@ -310,6 +368,8 @@ struct Figures {
     bytes: u64,
     checksum: u64,
     maxrss_kib: u64,
+    sys_seconds: f64,
+    user_seconds: f64,
     read_bytes: u64,
     error: Option<String>,
 }
@@ -331,6 +391,7 @@ fn run_arm_child(
         .env_remove(&[
             "SAFELOAD_DISABLE_MMAP",
             "SAFELOAD_PREFETCH",
+            "SAFELOAD_HUGE_PAGES",
             "HF_SHARD_PREFETCH",
             "LOCAL_RANK",
             "LOCAL_WORLD_SIZE",
@@ -352,6 +413,8 @@ fn run_arm_child(
         bytes: 0,
         checksum: 0,
         maxrss_kib: 0,
+        sys_seconds: f64::NAN,
+        user_seconds: f64::NAN,
         read_bytes: 0,
         served: 0,
         note: None,
@@ -364,6 +427,8 @@ fn run_arm_child(
             sample.bytes = f.bytes;
             sample.checksum = f.checksum;
             sample.maxrss_kib = f.maxrss_kib;
+            sample.sys_seconds = f.sys_seconds;
+            sample.user_seconds = f.user_seconds;
             sample.read_bytes = f.read_bytes;
             sample.error = f.error;
             sample.note = out
@@ -402,9 +467,9 @@ fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
     );
     let _ = writeln!(
         out,
-        "| scenario | arm | seconds | GiB/s | x limit | peak RSS MiB | read from storage MiB | served by FUSE x checkpoint |"
+        "| scenario | arm | seconds | slowest / median | sys s | GiB/s | x limit | x fresh | peak RSS MiB | read from storage MiB | served by FUSE x checkpoint |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
     for scenario in &o.scenarios {
         let of = |arm: &str| -> Vec<&Sample> {
             samples
@@ -427,6 +492,15 @@ fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
             .map(|a| median(&ok(a)))
             .filter(|s| s.is_finite())
             .fold(f64::INFINITY, f64::min);
+        // The bound of a load into memory of its own: the fastest of the
+        // fresh-memory arms run here.
+        let fresh = o
+            .arms
+            .iter()
+            .filter(|a| fresh_arm(a).is_some())
+            .map(|a| median(&ok(a)))
+            .filter(|s| s.is_finite())
+            .fold(f64::INFINITY, f64::min);
         for arm in &o.arms {
             let runs = of(arm);
             let seconds = Spread::of(&ok(arm));
@@ -435,6 +509,13 @@ fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
             let of_runs =
                 |f: fn(&Sample) -> f64| median(&runs.iter().map(|s| f(s)).collect::<Vec<_>>());
             let rss = of_runs(|s| s.maxrss_kib as f64 / 1024.0);
+            let sys = Spread::of(
+                &runs
+                    .iter()
+                    .filter(|s| s.error.is_none())
+                    .map(|s| s.sys_seconds)
+                    .collect::<Vec<_>>(),
+            );
             let read = of_runs(|s| s.read_bytes as f64 / (1 << 20) as f64);
             let served = median(
                 &runs
@@ -449,13 +530,25 @@ fn markdown(samples: &[Sample], o: &Options, total: u64) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {scenario} | {arm}{err} | {seconds:.3} | {:.2} | {:.2} | {rss:.0} | {read:.0} | {served:.2} |",
+                "| {scenario} | {arm}{err} | {seconds:.3} | {:.2} | {sys:.2} | {:.2} | {} | {} | {rss:.0} | {read:.0} | {served:.2} |",
+                seconds.max / m,
                 gib_s(total, m),
-                limit / m,
+                ratio(limit, m),
+                ratio(fresh, m),
             );
         }
     }
     out
+}
+
+/// `bound / seconds` to two places, or nothing where no bound arm ran.
+fn ratio(bound: f64, seconds: f64) -> String {
+    let x = bound / seconds;
+    if x.is_finite() {
+        format!("{x:.2}")
+    } else {
+        String::new()
+    }
 }
 
 // ---------------------------------------------------------------- child
@@ -475,8 +568,11 @@ fn run_child(job: &Job) {
         Ok((b, c)) => (b, c, None),
         Err(e) => (0, 0, Some(e)),
     };
+    let (user_seconds, sys_seconds) = proc::cpu_seconds();
     child::report(&Figures {
         seconds,
+        sys_seconds,
+        user_seconds,
         bytes,
         checksum,
         maxrss_kib: proc::max_rss_kib(),
@@ -507,6 +603,7 @@ fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
             l.threads.unwrap_or(limit_threads),
             (l.direct, l.fresh),
         ),
+        _ if let Some(f) = fresh_arm(arm) => fresh(&files, f.threads.unwrap_or(limit_threads), f),
         "memmap2" => baseline(&files, 1, true),
         "memmap2-4t" => baseline(&files, 4, true),
         "fs-read" => baseline(&files, 1, false),
@@ -515,6 +612,9 @@ fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
             let loader = match arm {
                 "safeload-auto" => safeload::Loader::new(),
                 "safeload-auto-io1" => safeload::Loader::new().io_concurrency(1),
+                // The page size of fresh memory forced, beside auto's measured choice.
+                "safeload-huge-on" => safeload::Loader::new().huge_pages(safeload::HugePages::On),
+                "safeload-huge-off" => safeload::Loader::new().huge_pages(safeload::HugePages::Off),
                 "safeload-auto-io32" => safeload::Loader::new().io_concurrency(32),
                 "safeload-mmap" => safeload::Loader::new().disable_mmap(false),
                 "safeload-buffered" => safeload::Loader::new().disable_mmap(true).direct_io(false),
@@ -558,8 +658,14 @@ fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
                 .as_ref()
                 .map(|r| format!("; {r}"))
                 .unwrap_or_default();
+            let fresh = sd
+                .report()
+                .fresh_memory
+                .as_ref()
+                .map(|f| format!("; {f}"))
+                .unwrap_or_default();
             eprintln!(
-                "{buffered}/{} files buffered, {direct} with O_DIRECT{io}",
+                "{buffered}/{} files buffered, {direct} with O_DIRECT{io}{fresh}",
                 files.len()
             );
             Ok(sum_tensors(sd.tensors().iter().map(|t| t.as_bytes())))
@@ -700,6 +806,103 @@ fn limit(files: &[PathBuf], threads: usize, (direct, fresh): (bool, bool)) -> Ar
     results.into_iter().try_fold((0u64, 0u64), |acc, r| {
         r.map(|(b, c)| (acc.0 + b, acc.1.wrapping_add(c)))
     })
+}
+
+/// The reads of [`limit`] into one fresh map (see [`FreshArm`]), then every
+/// tensor byte checksummed on the current rayon pool, as the loaders' arms.
+fn fresh(files: &[PathBuf], threads: usize, arm: FreshArm) -> ArmResult {
+    const CHUNK: u64 = 16 << 20;
+    // Per file: its descriptor, length, data section start and offset in the map.
+    let mut opened = Vec::new();
+    let mut total = 0u64;
+    for path in files {
+        let f = File::open(path).map_err(|e| e.to_string())?;
+        let len = f.metadata().map_err(|e| e.to_string())?.len();
+        let mut prefix = [0u8; 8];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut prefix, 0).map_err(|e| e.to_string())?;
+        let data_start = 8 + u64::from_le_bytes(prefix);
+        let f = if arm.direct {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+                .map_err(|e| e.to_string())?
+        } else {
+            f
+        };
+        opened.push((f, len, data_start, total));
+        total += len.next_multiple_of(CHUNK.max(4096));
+    }
+    let mut map = memmap2::MmapMut::map_anon(total as usize).map_err(|e| e.to_string())?;
+    if arm.huge {
+        let _ = map.advise(memmap2::Advice::HugePage);
+    }
+    // Every chunk of every file (file, offset, length, its place), a
+    // disjoint part of the map each.
+    type Chunk<'a> = (usize, u64, u64, &'a mut [u8]);
+    let mut chunks: Vec<Chunk<'_>> = Vec::new();
+    let mut rest: &mut [u8] = &mut map;
+    for (i, &(_, len, _, _)) in opened.iter().enumerate() {
+        let (mine, tail) = rest.split_at_mut(len.next_multiple_of(CHUNK) as usize);
+        rest = tail;
+        for (k, piece) in mine.chunks_mut(CHUNK as usize).enumerate() {
+            let off = k as u64 * CHUNK;
+            if off < len {
+                chunks.push((i, off, (len - off).min(CHUNK), piece));
+            }
+        }
+    }
+    let queue: Vec<std::sync::Mutex<Option<Chunk<'_>>>> = chunks
+        .into_iter()
+        .map(|c| std::sync::Mutex::new(Some(c)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let failed: Vec<String> = std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| -> Result<(), String> {
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(slot) = queue.get(k) else {
+                            return Ok(());
+                        };
+                        let Some((i, off, len, buf)) = slot.lock().expect("slot").take() else {
+                            continue;
+                        };
+                        let want = if arm.direct {
+                            len.next_multiple_of(4096)
+                        } else {
+                            len
+                        } as usize;
+                        let mut done = 0usize;
+                        while (done as u64) < len {
+                            let n = std::os::unix::fs::FileExt::read_at(
+                                &opened[i].0,
+                                &mut buf[done..want],
+                                off + done as u64,
+                            )
+                            .map_err(|e| e.to_string())?;
+                            if n == 0 {
+                                return Err("short file".into());
+                            }
+                            done += n;
+                        }
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .filter_map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())).err())
+            .collect()
+    });
+    if let Some(e) = failed.into_iter().next() {
+        return Err(e);
+    }
+    let tensors = opened
+        .iter()
+        .map(|&(_, len, data_start, at)| &map[(at + data_start) as usize..(at + len) as usize]);
+    Ok(sum_tensors(tensors))
 }
 
 /// The checksum of a piece of the data section that starts `offset` bytes

@@ -16,7 +16,9 @@
 //! - `limit`: the server's limit, a raw client of the benchmark's own
 //!   (`common/http_client.rs`, driven by `common/remote_fetch.rs`): 32 ranged GETs of
 //!   16 MiB in flight, one kept-alive connection each, every byte of every file read into
-//!   reused buffers and dropped.
+//!   reused buffers and dropped; `limit-fresh`: the same reads, each body copied to its place
+//!   in one map of the checkpoint's size that the process never touched (plain pages), as a
+//!   load into memory of its own must land them: the bound a load is held to (`x fresh`).
 //! - `safeload`: `Loader::new().load("hf://org/repo")` with `HF_ENDPOINT` at the server, no
 //!   option set; `safeload-http`: the same from `http://.../org/repo/resolve/main/`.
 //! - `download-then-load`: every file downloaded to local disk by the raw client with the
@@ -87,8 +89,9 @@ use http_client::{Connection, Endpoint};
 use remote_fetch::Fetch;
 
 /// Every arm, in the order the tables print them.
-const ARMS: [&str; 11] = [
+const ARMS: [&str; 12] = [
     "limit",
+    "limit-fresh",
     "fresh-memory",
     "safeload",
     "safeload-http",
@@ -234,6 +237,10 @@ struct Figures {
     checksum: Option<u64>,
     cold_checksum: Option<u64>,
     maxrss_kib: u64,
+    /// CPU seconds of the child in the kernel (`getrusage(2)`): for a load, mostly faulting
+    /// its fresh memory in and the sockets' copies.
+    #[serde(default)]
+    sys_seconds: f64,
     error: Option<String>,
     /// A load's own account: its elapsed time, the readers it settled at and why.
     load_report: Option<String>,
@@ -726,7 +733,7 @@ fn check(served: &Served, s: &Sample) -> Option<String> {
         }
     }
     let expect = match s.arm.as_str() {
-        "limit" => {
+        "limit" | "limit-fresh" => {
             return (f.bytes != served.total)
                 .then(|| format!("read {} bytes of {}", f.bytes, served.total));
         }
@@ -793,6 +800,7 @@ fn run_child(job: &Job) {
                 ..Figures::default()
             });
             f.maxrss_kib = proc::max_rss_kib();
+            f.sys_seconds = proc::cpu_seconds().1;
             f
         }
         _ => Figures {
@@ -806,6 +814,7 @@ fn run_child(job: &Job) {
 fn run_arm_here(arm: &str, target: &Target, pool: &rayon::ThreadPool) -> Result<Figures, String> {
     match arm {
         "limit" => limit(target),
+        "limit-fresh" => limit_fresh(target),
         "fresh-memory" => fresh_memory(target, pool),
         "safeload" => remote_load(&target.url, pool),
         "safeload-http" => remote_load(target.http_url.as_deref().ok_or("no http URL")?, pool),
@@ -879,14 +888,19 @@ fn load_and_touch(
     CACHE_USES.with(|c| *c.borrow_mut() = uses);
     let elapsed = report.files.iter().map(|f| f.elapsed.as_secs_f64());
     let account = format!(
-        "load {:.3} s, files {:.3}-{:.3} s; {}",
+        "load {:.3} s, files {:.3}-{:.3} s; {}{}",
         report.elapsed.as_secs_f64(),
         elapsed.clone().fold(f64::INFINITY, f64::min),
         elapsed.fold(0.0, f64::max),
         report
             .io_concurrency_reason
             .as_ref()
-            .map_or("-".to_string(), ToString::to_string)
+            .map_or("-".to_string(), ToString::to_string),
+        report
+            .fresh_memory
+            .as_ref()
+            .map(|f| format!("; {f}"))
+            .unwrap_or_default()
     );
     Ok((
         seconds,
@@ -970,6 +984,19 @@ fn shard(target: &Target, pool: &rayon::ThreadPool) -> Result<Figures, String> {
 /// every byte of every file, dropped.
 fn limit(target: &Target) -> Result<Figures, String> {
     let fetched = remote_fetch::read_all(&target.raw, &target.files, ranged(target))?;
+    Ok(Figures {
+        seconds: fetched.seconds,
+        bytes: fetched.bytes,
+        ..Figures::default()
+    })
+}
+
+/// The limit's reads into fresh memory (`remote_fetch::read_into_fresh`): the same ranged
+/// GETs, every body copied to its place in one map of the checkpoint's size that this
+/// process never touched. The bound of a load into memory of its own on this link.
+fn limit_fresh(target: &Target) -> Result<Figures, String> {
+    let (fetched, map) = remote_fetch::read_into_fresh(&target.raw, &target.files, ranged(target))?;
+    std::hint::black_box(&map);
     Ok(Figures {
         seconds: fetched.seconds,
         bytes: fetched.bytes,

@@ -145,6 +145,24 @@ pub(crate) enum Why {
     Ended,
 }
 
+/// The share of a window's reader time spent faulting memory in above
+/// which the window is measured again rather than judged.
+///
+/// NOTE: a window judged on its reads alone, the faulting time taken out
+/// of it, misled the other way: on the 2 ms, 8-thread test mount (2026-12-03)
+/// 12 readers that faulted most of a window in were credited 2.50 GiB/s,
+/// the daemon's 8 threads busy with the others' requests all along, and 24
+/// readers' 0.91 GiB/s after it undid the doubling (3.26 s, against 2.1 s
+/// for the same load otherwise). No extrapolation holds both where the
+/// readers and where the storage are the bound; a window that is mostly
+/// faults says little of the storage, so it is not taken as a measure.
+const FAULTING: f64 = 0.2;
+
+/// How many windows in a row may be measured again for their faults;
+/// the next one is judged as it is (memory that stays slow to fault in is
+/// then the load's bound, whatever the count).
+const REMEASURED: u32 = 3;
+
 /// The controller the readers of one run share.
 pub(crate) struct Control {
     allowed: AtomicUsize,
@@ -166,6 +184,11 @@ struct State {
     start: Instant,
     bytes: u64,
     reads: usize,
+    /// Time the window's readers spent faulting their own destinations in
+    /// (or waiting for the helper to), summed over readers.
+    faulting: Duration,
+    /// Windows in a row measured again for their faults.
+    remeasured: u32,
     best: Option<(usize, f64)>,
     /// The best size and its rate, once the readers settled and the size is
     /// being measured.
@@ -192,6 +215,8 @@ impl Control {
                 start: Instant::now(),
                 bytes: 0,
                 reads: 0,
+                faulting: Duration::ZERO,
+                remeasured: 0,
                 best: None,
                 best_size: None,
                 steps: Vec::new(),
@@ -238,9 +263,19 @@ impl Control {
         self.wake.notify_all();
     }
 
-    /// A read of `bytes` finished: counts it, and at the end of a window
-    /// decides whether to double the readers, keep them, or go back.
-    pub(crate) fn completed(&self, bytes: u64) {
+    /// A read of `bytes` finished, after its reader spent `faulting`
+    /// faulting its destination in (or waiting for the helper to): counts
+    /// it, and at the end of a window decides whether to double the
+    /// readers, keep them, or go back.
+    ///
+    /// A window is the storage's measure only where its readers mostly
+    /// read: one in which they spent over a fifth of their time faulting
+    /// memory in ([`FAULTING`]) is measured again, up to [`REMEASURED`]
+    /// times in a row. Fresh memory can cost more than the reads for a
+    /// while (huge pages the host must back again, a compaction), and such
+    /// a window would undo a doubling the storage paid for (64 readers once
+    /// read 0.57 GiB/s in one, and the count settled lower).
+    pub(crate) fn completed(&self, bytes: u64, faulting: Duration) {
         if self.pinned {
             return;
         }
@@ -250,6 +285,7 @@ impl Control {
         }
         state.bytes += bytes;
         state.reads += 1;
+        state.faulting += faulting;
         let allowed = self.allowed.load(Ordering::Acquire);
         let elapsed = state.start.elapsed();
         if elapsed < WINDOW || state.reads < allowed {
@@ -260,8 +296,19 @@ impl Control {
             state.start = Instant::now();
             state.bytes = 0;
             state.reads = 0;
+            state.faulting = Duration::ZERO;
             return;
         }
+        let reader_time = elapsed.as_secs_f64() * allowed as f64;
+        if state.faulting.as_secs_f64() > FAULTING * reader_time && state.remeasured < REMEASURED {
+            state.remeasured += 1;
+            state.start = Instant::now();
+            state.bytes = 0;
+            state.reads = 0;
+            state.faulting = Duration::ZERO;
+            return;
+        }
+        state.remeasured = 0;
         let rate = state.bytes as f64 / (1u64 << 30) as f64 / elapsed.as_secs_f64();
         let size = self.read_size();
         state.steps.push((allowed, size, rate));
@@ -292,6 +339,7 @@ impl Control {
         state.start = Instant::now();
         state.bytes = 0;
         state.reads = 0;
+        state.faulting = Duration::ZERO;
     }
 
     /// Whether `readers` reads of `size` fit the bytes in flight allowed.
@@ -354,162 +402,4 @@ impl Control {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What the report says of a settled count.
-    fn said(settled: &Settled) -> String {
-        crate::report::Note::reads(settled).to_string()
-    }
-
-    /// Feeds the controller reads whose throughput is `rate(readers)`.
-    fn drive(concurrency: Concurrency, rate: impl Fn(usize) -> f64) -> Settled {
-        let control = Control::new(concurrency, 10_000);
-        control.state.lock().unwrap().warmed = true;
-        for _ in 0..40 {
-            let n = control.allowed.load(Ordering::Acquire);
-            window(&control, rate(n));
-        }
-        control.settled()
-    }
-
-    /// One window's worth of reads at `rate` GiB/s, the window's time passed.
-    fn window(control: &Control, rate: f64) {
-        let n = control.allowed.load(Ordering::Acquire);
-        {
-            let mut state = control.state.lock().unwrap();
-            state.start = Instant::now() - WINDOW;
-            state.bytes = (rate * (1u64 << 30) as f64 * WINDOW.as_secs_f64()) as u64 - n as u64;
-            state.reads = n - 1;
-        }
-        control.completed(n as u64);
-    }
-
-    #[test]
-    fn the_first_window_is_not_measured() {
-        let control = Control::new(Concurrency::adaptive(8), 10_000);
-        // The readers' start: slow, and not taken as the rate of 8 readers.
-        window(&control, 0.01);
-        assert!(control.settled().steps.is_empty());
-        assert_eq!(control.allowed.load(Ordering::Acquire), 8);
-        // The next window is the first measured one, and it doubles.
-        window(&control, 1.0);
-        let steps = control.settled().steps;
-        assert_eq!(steps.len(), 1, "{steps:?}");
-        assert_eq!(steps[0].0, 8);
-        assert!((steps[0].2 - 1.0).abs() < 0.01, "{steps:?}");
-        assert_eq!(control.allowed.load(Ordering::Acquire), 16);
-    }
-
-    #[test]
-    fn grows_while_throughput_rises_and_settles_where_it_stops() {
-        // A mount serving 32 requests at once: throughput grows to 32 readers.
-        let s = drive(Concurrency::adaptive(8), |n| n.min(32) as f64 * 0.05);
-        assert_eq!(s.readers, 32, "{s:?}");
-        assert_eq!(s.why, Why::NoGain);
-        assert_eq!(
-            s.steps.iter().map(|&(n, _, _)| n).collect::<Vec<_>>(),
-            [8, 16, 32, 64]
-        );
-        // A serialized mount: no doubling pays; back to the start.
-        let s = drive(Concurrency::adaptive(12), |_| 0.3);
-        assert_eq!((s.readers, s.why), (12, Why::NoGain), "{s:?}");
-        // Always more: up to the most allowed, then stop measuring.
-        let s = drive(Concurrency::adaptive(8), |n| n as f64);
-        assert_eq!((s.readers, s.why), (MAX_READERS, Why::Max), "{s:?}");
-        // Converting loads stop at 16.
-        let s = drive(Concurrency::adaptive(8).converting(), |n| n as f64);
-        assert_eq!((s.readers, s.why), (MAX_CONVERTING_READERS, Why::Max));
-        // Pinned: never moves.
-        let s = drive(Concurrency::pinned(5), |n| n as f64);
-        assert_eq!((s.readers, s.why, s.steps.len()), (5, Why::Pinned, 0));
-        assert_eq!(said(&s), "5 read(s) in flight, as set");
-    }
-
-    /// Feeds the controller reads whose throughput is `rate(readers, size)`.
-    fn drive_sized(concurrency: Concurrency, rate: impl Fn(usize, usize) -> f64) -> Settled {
-        let control = Control::new(concurrency, 10_000);
-        control.state.lock().unwrap().warmed = true;
-        for _ in 0..40 {
-            let n = control.allowed.load(Ordering::Acquire);
-            let size = control.read_size().unwrap();
-            window(&control, rate(n, size));
-        }
-        control.settled()
-    }
-
-    #[test]
-    fn the_size_grows_once_the_readers_settle_within_the_bytes_in_flight() {
-        const MIB: usize = 1 << 20;
-        let sizes = Sizes {
-            start: 16 * MIB,
-            max: 64 * MIB,
-            in_flight: 1 << 30,
-        };
-        // A link that wants 32 requests in flight, and per request a round trip that
-        // larger requests amortize up to 32 MiB.
-        let link = |n: usize, size: usize| n.min(32) as f64 * (size.min(32 * MIB) / MIB) as f64;
-        let roomy = Sizes {
-            in_flight: 4 << 30,
-            ..sizes
-        };
-        let s = drive_sized(Concurrency::adaptive(16).with_sizes(roomy), link);
-        assert_eq!((s.readers, s.size), (32, Some(32 * MIB)), "{s:?}");
-        assert_eq!(s.why, Why::NoGain);
-        let tried: Vec<_> = s
-            .steps
-            .iter()
-            .map(|&(n, size, _)| (n, size.unwrap() / MIB))
-            .collect();
-        assert_eq!(tried, [(16, 16), (32, 16), (64, 16), (32, 32), (32, 64)]);
-        assert!(
-            said(&s).starts_with("32 read(s) of 32 MiB in flight"),
-            "{s:?}"
-        );
-        // The same link under 1 GiB in flight: 32 x 64 MiB is not tried.
-        let s = drive_sized(Concurrency::adaptive(16).with_sizes(sizes), link);
-        assert_eq!(
-            (s.readers, s.size, s.why),
-            (32, Some(32 * MIB), Why::Max),
-            "{s:?}"
-        );
-        // Everything pays: up to the bytes in flight (64 x 16 MiB = 1 GiB), where the
-        // size cannot grow.
-        let s = drive_sized(Concurrency::adaptive(16).with_sizes(sizes), |n, size| {
-            (n * size) as f64
-        });
-        assert_eq!(
-            (s.readers, s.size, s.why),
-            (64, Some(16 * MIB), Why::Max),
-            "{s:?}"
-        );
-        // Readers start within the bytes in flight.
-        let small = Sizes {
-            in_flight: 64 * MIB as u64,
-            ..sizes
-        };
-        let c = Concurrency::adaptive(16).with_sizes(small);
-        assert_eq!((c.start, c.max), (4, 4));
-    }
-
-    #[test]
-    fn a_short_run_says_so_and_waiting_readers_leave() {
-        let control = Control::new(Concurrency::adaptive(2), 100);
-        assert!(control.wait_turn(0));
-        assert!(control.wait_turn(1));
-        std::thread::scope(|s| {
-            let waiter = s.spawn(|| control.wait_turn(5));
-            std::thread::sleep(Duration::from_millis(20));
-            control.finish();
-            assert!(
-                !waiter.join().unwrap(),
-                "a finished run lets waiting readers go"
-            );
-        });
-        let settled = control.settled();
-        assert_eq!((settled.readers, settled.why), (2, Why::Ended));
-        assert!(said(&settled).contains("too short"), "{settled:?}");
-        // Never more readers than jobs.
-        assert_eq!(Control::new(Concurrency::adaptive(8), 3).max(), 3);
-    }
-}
+mod tests;

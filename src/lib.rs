@@ -158,6 +158,7 @@
 //! | `SAFELOAD_DISABLE_MMAP=1` / `0` | read buffered / map, instead of the auto choice | [`Loader::disable_mmap`] |
 //! | `SAFELOAD_PREFETCH=<streams>` (`HF_SHARD_PREFETCH`) | warm the page cache first | [`Loader::prefetch`] |
 //! | `SAFELOAD_VERIFY=1` / `0` | check each file's SHA-256 | [`Loader::verify`] |
+//! | `SAFELOAD_HUGE_PAGES=1` / `0` / `auto` | back buffered loads' memory with transparent huge pages, or not, or measure which costs less | [`Loader::huge_pages`] |
 //! | `LOCAL_RANK`/`LOCAL_WORLD_SIZE`, `SLURM_LOCALID`, Open MPI's, MPICH's | this process's local rank, for prefetch and the node copy | [`Loader::local_rank`] |
 //! | `SAFELOAD_JOB_ID=<id>` | the job's identity: what keys its ranks' shared queue and node copy (see "One job, one copy per node") | — |
 //! | `SAFELOAD_EXCHANGE=mpi`, `SAFELOAD_NODE_ID`, `SAFELOAD_EXCHANGE_TIMEOUT_SECS` | the nodes of a job read each byte once between them (feature `mpi`; README, "Many nodes") | [`Loader::exchange`] |
@@ -175,6 +176,14 @@
 //! (also for files written without alignment), so [`Tensor::as_slice`] works
 //! on every buffered tensor. A mapped load costs page cache, shared with every
 //! other process mapping the same files.
+//!
+//! That memory is fresh: the kernel backs each page before a read can land
+//! in it, which on many hosts costs more than the storage. A load faults its
+//! destinations in ahead of (or just before) the reads, in the page size
+//! [`Loader::huge_pages`] asks for, else the one it measures cheaper as it
+//! goes (transparent huge pages cost a quarter of base pages where free ones
+//! are at hand, and many times more where the kernel or a virtual machine's
+//! host must make them); [`LoadReport::fresh_memory`] says which.
 //!
 //! # Threads
 //!
@@ -481,6 +490,7 @@ mod workers;
 use std::path::Path;
 
 pub use checkpoint::{Checkpoint, TensorInfo};
+pub use dest::pages::HugePages;
 pub use error::{Error, ErrorKind, Operation, Result};
 pub use load::Loader;
 pub use report::LoadReport;
@@ -496,8 +506,8 @@ pub use format::header::MAX_HEADER_LEN;
 pub use format::header::fuzz as __fuzz;
 #[doc(hidden)]
 pub use policy::{
-    AutoPolicy, DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, NODE_COPY_ENV, PREFETCH_ENV, ReadMode,
-    VARIABLES as ENV_VARIABLES, VERIFY_ENV,
+    AutoPolicy, DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, HUGE_PAGES_ENV, NODE_COPY_ENV,
+    PREFETCH_ENV, ReadMode, VARIABLES as ENV_VARIABLES, VERIFY_ENV,
 };
 #[doc(hidden)]
 pub use prefetch::PrefetchOptions;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use safetensors::Dtype;
 
 use crate::cancel::Cancel;
+use crate::dest::pages::HugePages;
 use crate::mount::MountTable;
 use crate::policy::ReadMode;
 use crate::prefetch::PrefetchOptions;
@@ -25,6 +26,7 @@ pub(crate) struct Options {
     pub mount_table: Option<MountTable>,
     pub populate: bool,
     pub direct_io: Option<bool>,
+    pub huge_pages: HugePages,
     pub memory_available: Option<u64>,
     pub prefetch: Option<PrefetchOptions>,
     pub local_rank: Option<(usize, usize)>,
@@ -52,6 +54,7 @@ impl fmt::Debug for Options {
             .field("filter", &self.filter.as_ref().map(|_| "<fn>"))
             .field("populate", &self.populate)
             .field("direct_io", &self.direct_io)
+            .field("huge_pages", &self.huge_pages)
             .field("memory_available", &self.memory_available)
             .field("prefetch", &self.prefetch)
             .field("local_rank", &self.local_rank)

@@ -16,6 +16,9 @@ use crate::os::DIRECT_ALIGN;
 /// engine filled and then made read-only.
 pub(crate) struct Storage {
     map: Mmap,
+    /// The bytes of the map that are the file's (an owned buffer's map may
+    /// be longer, see [`alloc_buffer`]).
+    len: usize,
     path: PathBuf,
     /// Dropped with the storage, after the map (fields drop in order): how
     /// a stream learns that the bytes it lent are unmapped, so that its
@@ -26,9 +29,19 @@ pub(crate) struct Storage {
 impl Storage {
     pub(crate) fn new(map: Mmap, path: PathBuf) -> Storage {
         Storage {
+            len: map.len(),
             map,
             path,
             _on_drop: None,
+        }
+    }
+
+    /// The first `len` bytes of `map` (an owned buffer, whose map may be
+    /// longer), read-only.
+    pub(crate) fn owned(map: Mmap, len: usize, path: PathBuf) -> Storage {
+        Storage {
+            len: len.min(map.len()),
+            ..Storage::new(map, path)
         }
     }
 
@@ -40,17 +53,16 @@ impl Storage {
         guard: Box<dyn Send + Sync>,
     ) -> Storage {
         Storage {
-            map,
-            path,
             _on_drop: Some(guard),
+            ..Storage::new(map, path)
         }
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
-        &self.map
+        self.map.get(..self.len).unwrap_or_default()
     }
 
-    /// The map itself (to populate it, or hash it).
+    /// The map itself (a file's map, to populate it, or hash it).
     pub(crate) fn map(&self) -> &Mmap {
         &self.map
     }
@@ -74,15 +86,23 @@ pub(crate) fn map_file(file: &File) -> io::Result<Mmap> {
     unsafe { MmapOptions::new().map(file) }
 }
 
-/// An anonymous, zero-filled, page-aligned allocation for a buffered read.
-/// The kernel backs it lazily, so a never-written page costs nothing; large
-/// ones are offered transparent huge pages.
+/// An anonymous, zero-filled, page-aligned allocation for a buffered read,
+/// of at least `len` bytes (the caller uses the first `len`). The kernel
+/// backs it lazily, so a never-written page costs nothing. One of 2 MiB or
+/// more is mapped in whole huge pages, which Linux places on a huge page
+/// boundary (since 6.7, for lengths that are multiples of one since 6.12),
+/// so that each huge page of it can be one: whether it is is the load's
+/// choice, as it faults the buffer in (`dest/pages.rs`); no advice is
+/// given here.
 pub(crate) fn alloc_buffer(len: usize) -> io::Result<MmapMut> {
-    let map = MmapMut::map_anon(len)?;
-    if len >= 2 << 20 {
-        crate::os::advise_huge_pages(&map);
-    }
-    Ok(map)
+    const HUGE: usize = 2 << 20;
+    let len = if len >= HUGE {
+        len.checked_next_multiple_of(HUGE)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?
+    } else {
+        len
+    };
+    MmapMut::map_anon(len)
 }
 
 /// Where each selected tensor lands in a buffer, and which runs of the file

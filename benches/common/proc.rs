@@ -34,6 +34,24 @@ pub fn max_rss_kib() -> u64 {
     }
 }
 
+/// This process's CPU time so far, all threads (`getrusage(2)`): user and
+/// system seconds. The system time of a load is what the kernel spent for
+/// it (faulting fresh memory in, copies, I/O): a figure the machine's other
+/// work moves less than the wall time.
+pub fn cpu_seconds() -> (f64, f64) {
+    // SAFETY: `getrusage` writes only into the `rusage` we pass, which is
+    // zeroed (a valid value of this plain C struct) and lives across the call.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
+            return (f64::NAN, f64::NAN);
+        }
+        usage
+    };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (seconds(usage.ru_utime), seconds(usage.ru_stime))
+}
+
 /// Bytes this process caused to be fetched from storage (`read_bytes` of
 /// `/proc/self/io`); reads a FUSE daemon does for it do not count.
 pub fn read_bytes() -> u64 {

@@ -35,6 +35,39 @@ pub fn read_all(base: &str, files: &[(String, u64)], how: Fetch) -> Result<Fetch
     fetch(base, files, how, |_, _, _| Ok(()))
 }
 
+/// Reads every byte of `files` as [`read_all`] does, into fresh memory: one anonymous map
+/// the size of the checkpoint (each file at its offset, plain pages, none touched before the
+/// clock starts), every body copied to its place as it arrives, as a load into memory of its
+/// own must land it. Only ranged GETs (`Fetch::Ranged`): each piece is one part of the map.
+pub fn read_into_fresh(
+    base: &str,
+    files: &[(String, u64)],
+    how: Fetch,
+) -> Result<(Fetched, memmap2::MmapMut), String> {
+    let Fetch::Ranged { piece, .. } = how else {
+        return Err("fresh memory is read into by ranged GETs".into());
+    };
+    let total: u64 = files.iter().map(|(_, len)| len).sum();
+    let mut map = memmap2::MmapMut::map_anon(total as usize).map_err(|e| e.to_string())?;
+    // One part of the map per GET (per file, its pieces in order): a body's bytes land in
+    // their own, which no other thread writes.
+    let mut parts: Vec<Vec<Mutex<&mut [u8]>>> = Vec::with_capacity(files.len());
+    let mut rest: &mut [u8] = &mut map;
+    for (_, len) in files {
+        let (file, tail) = rest.split_at_mut(*len as usize);
+        rest = tail;
+        parts.push(file.chunks_mut(piece as usize).map(Mutex::new).collect());
+    }
+    let fetched = fetch(base, files, how, |i, bytes, at| {
+        let (k, within) = ((at / piece) as usize, (at % piece) as usize);
+        let mut part = parts[i][k].lock().unwrap_or_else(PoisonError::into_inner);
+        part[within..within + bytes.len()].copy_from_slice(bytes);
+        Ok(())
+    })?;
+    drop(parts);
+    Ok((fetched, map))
+}
+
 /// Downloads `files` into `dir`: with ranged GETs, each piece written where it belongs
 /// (`pwrite` into a file made at its length); one GET per file, its body written in order.
 /// The files are made inside the timed part. Returns them, open, for the caller to sync.

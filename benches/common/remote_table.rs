@@ -11,6 +11,12 @@ use crate::{
     Summary,
 };
 
+/// The target on a remote load against the same reads into fresh memory (issue 35).
+const FRESH_TARGET: f64 = 0.95;
+/// The slowest round of a remote load over its median, at most (issue 35), unless the
+/// fresh-memory arm's own spread is wider in the same run.
+const TAIL_TARGET: f64 = 1.3;
+
 /// The runs of one arm on one server that did not fail.
 fn ok<'a>(samples: &'a [Sample], server: &str, arm: &str) -> Vec<&'a Sample> {
     samples
@@ -71,9 +77,9 @@ pub fn markdown(o: &Options, samples: &[Sample], served: &[Summary]) -> String {
     }
     let _ = writeln!(
         out,
-        "| server | arm | seconds | GiB/s sent | x limit | sent x checkpoint | requests | most per file | connections at once | server CPU s | peak RSS MiB |"
+        "| server | arm | seconds | GiB/s sent | x limit | sent x checkpoint | requests | most per file | connections at once | server CPU s | sys s | peak RSS MiB |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for s in served {
         for arm in &s.arms {
             let runs = ok(samples, s.server, arm);
@@ -87,10 +93,13 @@ pub fn markdown(o: &Options, samples: &[Sample], served: &[Summary]) -> String {
                 String::new()
             };
             if runs.is_empty() {
-                let _ = writeln!(out, "| {} | {arm}{failed} | | | | | | | | | |", s.server);
+                let _ = writeln!(out, "| {} | {arm}{failed} | | | | | | | | | | |", s.server);
                 continue;
             }
-            let x_limit = if matches!(arm.as_str(), "safeload" | "safeload-http" | "limit") {
+            let x_limit = if matches!(
+                arm.as_str(),
+                "safeload" | "safeload-http" | "limit" | "limit-fresh"
+            ) {
                 format!(
                     "{:.2}",
                     Spread::of(&per_round(samples, s.server, (arm, "limit"), |a, l| {
@@ -104,7 +113,7 @@ pub fn markdown(o: &Options, samples: &[Sample], served: &[Summary]) -> String {
                 |f: &dyn Fn(&Sample) -> f64| median(&runs.iter().map(|r| f(r)).collect::<Vec<_>>());
             let _ = writeln!(
                 out,
-                "| {} | {arm}{failed} | {:.3} | {:.2} | {x_limit} | {:.3} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} |",
+                "| {} | {arm}{failed} | {:.3} | {:.2} | {x_limit} | {:.3} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} |",
                 s.server,
                 spread(&runs, |r| r.figures.seconds),
                 spread(&runs, |r| gib_s(r.traffic.bytes, r.figures.seconds)),
@@ -113,6 +122,7 @@ pub fn markdown(o: &Options, samples: &[Sample], served: &[Summary]) -> String {
                 med(&|r| most_per_file(r) as f64),
                 med(&|r| r.traffic.connections as f64),
                 med(&|r| r.traffic.server_cpu),
+                spread(&runs, |r| r.figures.sys_seconds),
                 med(&|r| (r.figures.maxrss_kib >> 10) as f64),
             );
         }
@@ -176,6 +186,29 @@ pub fn markdown(o: &Options, samples: &[Sample], served: &[Summary]) -> String {
             );
         }
         for arm in ["safeload", "safeload-http"] {
+            // Against the same reads into fresh memory: medians of the whole run (the
+            // target's), and each arm's slowest round over its median.
+            let seconds = |arm: &str| {
+                Spread::of(
+                    &ok(samples, s.server, arm)
+                        .iter()
+                        .map(|r| r.figures.seconds)
+                        .collect::<Vec<_>>(),
+                )
+            };
+            let (load, fresh) = (seconds(arm), seconds("limit-fresh"));
+            if load.median.is_finite() && fresh.median.is_finite() {
+                let x = fresh.median / load.median;
+                let tail = load.max / load.median;
+                let _ = writeln!(
+                    out,
+                    "- {}, {arm}: {x:.3}x the same reads into fresh memory (limit-fresh) >= {FRESH_TARGET}x {}; slowest round {tail:.2}x its median <= {TAIL_TARGET}x {} (limit-fresh {:.2}x){quoted}",
+                    s.server,
+                    verdict(x >= FRESH_TARGET),
+                    verdict(tail <= TAIL_TARGET || tail <= fresh.max / fresh.median),
+                    fresh.max / fresh.median,
+                );
+            }
             let x = med(per_round(samples, s.server, (arm, "limit"), |a, l| {
                 l.figures.seconds / a.figures.seconds
             }));

@@ -425,6 +425,7 @@ fn opening_report(files: &[OpenedFile], notes: Vec<Note>, elapsed: Duration) -> 
         threads: 0,
         io_concurrency: 0,
         prefetch: None,
+        fresh_memory: None,
         notes,
         io_concurrency_reason: None,
     }

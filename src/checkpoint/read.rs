@@ -8,6 +8,7 @@ use memmap2::Mmap;
 
 use super::{Checkpoint, TensorInfo};
 use crate::adapt::Concurrency;
+use crate::dest::pages::PageSizes;
 use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::file::{OpenedFile, read_error};
@@ -290,7 +291,9 @@ fn read_runs(
             );
         }
     }
-    let (result, _, _) = jobs::run(jobs, concurrency, &|_, _| {});
+    // Scratch vectors and a caller's tensor: no page size is advised.
+    let pages = PageSizes::unadvised();
+    let (result, _, _) = jobs::run(jobs, concurrency, &pages, &|_, _| {});
     if let Err(failure) = result {
         return Err(read_error(
             Operation::Read,

@@ -1,10 +1,11 @@
-//! Where a file's bytes land: the `Fill` seam (memory the read engine writes, then seals read-only for tensors to view), and its first implementation, an owned aligned buffer.
+//! Where a file's bytes land: the `Fill` seam (memory the read engine writes, then seals read-only for tensors to view), and its first implementation, an owned aligned buffer (faulted in by `pages.rs`).
 //!
 //! A file's own tensors are views either of its read-only map (nothing to
 //! fill) or of a destination filled by the read engine. The contract is
 //! written out in `docs/ARCHITECTURE.md`, "The two seams".
 
 pub(crate) mod node;
+pub(crate) mod pages;
 
 use std::io;
 use std::path::Path;
@@ -34,22 +35,27 @@ pub(crate) trait Fill: Send {
 }
 
 /// An anonymous, page-aligned allocation owned by the load (see
-/// [`storage::alloc_buffer`]).
-pub(crate) struct OwnedBuffer(MmapMut);
+/// [`storage::alloc_buffer`]), faulted in by the read engine
+/// ([`pages::PageSizes`]).
+pub(crate) struct OwnedBuffer {
+    map: MmapMut,
+    len: usize,
+}
 
 impl OwnedBuffer {
     /// A zero-filled buffer of `len` bytes.
     pub(crate) fn new(len: usize) -> io::Result<OwnedBuffer> {
-        storage::alloc_buffer(len).map(OwnedBuffer)
+        storage::alloc_buffer(len).map(|map| OwnedBuffer { map, len })
     }
 }
 
 impl Fill for OwnedBuffer {
     fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.0
+        self.map.get_mut(..self.len).unwrap_or_default()
     }
 
     fn seal(self: Box<Self>, path: &Path) -> io::Result<Storage> {
-        Ok(Storage::new(self.0.make_read_only()?, path.to_path_buf()))
+        let map = self.map.make_read_only()?;
+        Ok(Storage::owned(map, self.len, path.to_path_buf()))
     }
 }

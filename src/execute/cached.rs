@@ -25,6 +25,7 @@
 use std::sync::Arc;
 
 use crate::dest::node::{self as copy, CopyFill};
+use crate::dest::pages::HugePages;
 use crate::file::OpenedFile;
 use crate::node;
 use crate::options::Options;
@@ -69,7 +70,9 @@ pub(crate) fn map_destinations(
             continue;
         };
         let held = temp.try_clone();
-        let mapped = CopyFill::new(&temp).and_then(|fill| {
+        // The file's pages are the page cache's, not fresh anonymous memory:
+        // no page size is asked for them (`HugePages::Auto` gives no advice).
+        let mapped = CopyFill::new(&temp, HugePages::Auto).and_then(|fill| {
             let held: Box<dyn Send + Sync> = Box::new(held?);
             Ok((fill, copy::seal(&temp, file.path(), held)?))
         });

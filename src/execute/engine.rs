@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::adapt::{Concurrency, Settled};
+use crate::dest::pages::PageSizes;
 use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::file::life::{Destination, Filling, Parts};
@@ -24,19 +25,20 @@ use crate::verify::{Digest256, StreamHasher};
 /// chunks land (its digest left in the file's state). Returns, for the
 /// report, how many reads the load kept in flight and why, and where the OS
 /// refused some reader threads, how many ran. Sealing is the caller's next
-/// step ([`Filling::seal`]).
+/// step ([`Filling::seal`]). Every destination is faulted in through
+/// `pages`, which measures what each page size costs where it may choose.
 ///
 /// With `share` (a load split between the nodes of a job, `exchange.rs`),
 /// a buffered file's reads are only the pieces this node owns; the rest
 /// arrive from the other nodes afterwards.
 pub(crate) fn read_all(
     opened: &mut [Filling<'_>],
-    concurrency: Concurrency,
-    chunk: usize,
+    (concurrency, chunk): (Concurrency, usize),
     (populate, verify): (bool, bool),
     clock: Instant,
     progress: Option<&Callback>,
     share: Option<(&[Piece], usize)>,
+    pages: &PageSizes,
 ) -> Result<(Option<Settled>, Option<Note>)> {
     let mut shortfall = None;
     let mut settled = None;
@@ -93,7 +95,11 @@ pub(crate) fn read_all(
         overflowed.push(Some(overflow));
         // The converted tensors: from the map where the file is mapped,
         // else read by the readers (plain reads: the runs are not blocks).
-        let mut conversion = convert.map(|(part, dst)| (&part.placements, part.to, dst));
+        // Every buffer asked for the page size in use, once (`PageSizes::register`).
+        let mut conversion = convert.map(|(part, dst)| {
+            pages.register(dst);
+            (&part.placements, part.to, dst)
+        });
         let (buffer, layout) = match destination {
             Destination::Buffer { buffer, layout } => (buffer, layout),
             Destination::Map(storage) => {
@@ -133,6 +139,7 @@ pub(crate) fn read_all(
         } else {
             chunk
         };
+        pages.register(buffer.bytes_mut());
         let mut rest: &mut [u8] = buffer.bytes_mut();
         let mut at = 0u64;
         // This node's pieces of the file, as segments, where the load is
@@ -211,7 +218,7 @@ pub(crate) fn read_all(
         } else {
             concurrency
         };
-        let (result, started, io) = run(jobs, concurrency, &|file_index, outcome| {
+        let (result, started, io) = run(jobs, concurrency, pages, &|file_index, outcome| {
             meter.add(outcome.bytes);
             if outcome.bytes > 0
                 && left

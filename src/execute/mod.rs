@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use crate::dest::pages::{HostHugePages, PageSizes};
 use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::file::life::{Planned, Sealed};
@@ -230,14 +231,16 @@ impl Run<'_> {
                 }
             }
         }
+        let (huge_pages, origin) = policy::huge_pages(opts.huge_pages, env);
+        let pages = PageSizes::new(huge_pages, origin, HostHugePages::of_host());
         let (io, readers) = engine::read_all(
             &mut filling,
-            concurrency,
-            read_size,
+            (concurrency, read_size),
             (opts.populate, verify),
             clock,
             opts.progress.as_ref(),
             share.as_ref().map(|(ex, p)| (p.as_slice(), ex.node())),
+            &pages,
         )?;
         if let Some((ex, pieces)) = &share {
             let both = (filling.as_mut_slice(), copy_files.as_slice());
@@ -271,6 +274,7 @@ impl Run<'_> {
         }
         state_dict.report.io_concurrency_reason = io.as_ref().map(Note::reads);
         state_dict.report.prefetch = prefetched;
+        state_dict.report.fresh_memory = pages.report();
         state_dict.report.notes = notes;
         trace::traced! {
             let report = &state_dict.report;
@@ -326,6 +330,7 @@ fn assemble(
             threads,
             io_concurrency,
             prefetch: None,
+            fresh_memory: None,
             notes: Vec::new(),
             io_concurrency_reason: None,
         },

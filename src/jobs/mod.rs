@@ -8,13 +8,15 @@ use std::io;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use std::time::{Duration, Instant};
+
 use memmap2::Mmap;
 use safetensors::Dtype;
 
 use crate::adapt::{Concurrency, Control, Settled};
 use crate::cancel;
+use crate::dest::pages::PageSizes;
 use crate::error::Operation;
-use crate::os;
 use crate::source::Source;
 use crate::workers;
 use execute::execute;
@@ -151,40 +153,97 @@ impl<'a> Tagged<'a> {
     }
 }
 
+/// A job waiting in the queue, and whether its destination was faulted in
+/// already (by the helper that walks ahead of the readers).
+struct Waiting<'a> {
+    tagged: Tagged<'a>,
+    faulted: bool,
+}
+
+/// One place of the queue: its job until a reader takes it (or, cut, the
+/// rest of it).
+type Slot<'a> = Mutex<Option<Waiting<'a>>>;
+
+/// A job a reader took: where it was in the queue, whether its destination
+/// is faulted in already, and how long the reader waited for it on the
+/// helper faulting it in.
+struct Taken<'a> {
+    index: usize,
+    tagged: Tagged<'a>,
+    faulted: bool,
+    waited: Duration,
+}
+
 /// The next job of the queue and its place in it: a longer read cut to
-/// `size` where the size is measured (its rest stays in the slot, and the
-/// cursor on it), else the whole job (the cursor moves past it). `None` once
-/// every job is taken.
-fn take<'a>(
-    queue: &[Mutex<Option<Tagged<'a>>>],
-    cursor: &AtomicUsize,
-    size: Option<usize>,
-) -> Option<(usize, Tagged<'a>)> {
+/// `size` where the size is measured (its rest stays in the slot), else the
+/// whole job. `None` once every job is taken.
+///
+/// The first job from the cursor on that no one holds: a slot locked is
+/// the helper's, faulting its job in, and is passed over (the cursor stays
+/// on it, and the next reader takes it once the helper is done), so that
+/// no reader waits on the helper while other jobs are there to take; only
+/// where every job left is held does a reader wait (the wait counts as
+/// faulting, `Control::completed`). The cursor moves past the slots found
+/// empty, in order.
+///
+/// NOTE: a reader waiting on the helper's slot made a helper slower than
+/// the readers the load's one faulting thread: each reader waited in turn
+/// for the job the helper held. On the development VM, when every page
+/// cost the host a fault (0.3 GiB/s per thread, 2026-12-03), a remote load
+/// of 2.2 GiB took 7.5 s, its first file done at 6.1 s. Passed over, the
+/// helper's job waits instead, and the readers fault in the jobs they take
+/// themselves, on every core.
+fn take<'a>(queue: &[Slot<'a>], cursor: &AtomicUsize, size: Option<usize>) -> Option<Taken<'a>> {
+    let mut waited = Duration::ZERO;
     loop {
-        let i = cursor.load(Ordering::Acquire);
-        let slot = queue.get(i)?;
-        let mut held = slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some(tagged) = held.take() else {
-            drop(held);
-            // Taken whole by another reader, which moves the cursor too:
-            // whichever comes first moves it once.
-            let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
-            continue;
-        };
-        let (job, rest) = match size {
-            Some(size) => tagged.cut(size),
-            None => (tagged, None),
-        };
-        match rest {
-            Some(rest) => *held = Some(rest),
-            None => {
+        let mut held_by_helper = None;
+        let mut i = cursor.load(Ordering::Acquire);
+        while let Some(slot) = queue.get(i) {
+            let mut held = match slot.try_lock() {
+                Ok(held) => held,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    held_by_helper.get_or_insert(i);
+                    i += 1;
+                    continue;
+                }
+            };
+            let Some(Waiting { tagged, faulted }) = held.take() else {
                 drop(held);
+                // Taken whole by another reader: whichever comes first moves
+                // the cursor past it, where it is the cursor's.
                 let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
+                i += 1;
+                continue;
+            };
+            let (job, rest) = match size {
+                Some(size) => tagged.cut(size),
+                None => (tagged, None),
+            };
+            match rest {
+                Some(rest) => {
+                    *held = Some(Waiting {
+                        tagged: rest,
+                        faulted,
+                    })
+                }
+                None => {
+                    drop(held);
+                    let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
+                }
             }
+            return Some(Taken {
+                index: i,
+                tagged: job,
+                faulted,
+                waited,
+            });
         }
-        return Some((i, job));
+        // Every job left is held: wait for the first, then look again.
+        let slot = queue.get(held_by_helper?)?;
+        let start = Instant::now();
+        drop(slot.lock());
+        waited += start.elapsed();
     }
 }
 
@@ -205,6 +264,13 @@ pub(crate) struct JobError {
 /// in queue order among those seen); also returns how many readers ran and
 /// what the count settled on.
 ///
+/// Every destination is fresh memory, faulted in by `pages` before its
+/// bytes land: by a helper walking ahead of the readers where the reads
+/// bypass the page cache, else (or where the helper is behind) by the
+/// reader that takes the job, just before its read; a window of the
+/// adaptive count that its readers mostly spent so is measured again
+/// (`Control::completed`).
+///
 /// Readers are threads of their own, not the caller's rayon pool: they block
 /// on storage, and a slow network mount must not starve CPU work elsewhere.
 ///
@@ -214,6 +280,7 @@ pub(crate) struct JobError {
 pub(crate) fn run<'a>(
     jobs: Vec<Tagged<'a>>,
     concurrency: Concurrency,
+    pages: &PageSizes,
     done: &(dyn Fn(usize, Outcome<'a>) + Sync),
 ) -> (Result<(), JobError>, workers::Started, Settled) {
     let cancel = cancel::current();
@@ -232,8 +299,15 @@ pub(crate) fn run<'a>(
     // One more thread faults in the destinations of the jobs ahead of the
     // readers when the reads bypass the page cache (see `fill_ahead`).
     let ahead = reads_bypass_the_page_cache(&jobs);
-    let queue: Vec<Mutex<Option<Tagged<'_>>>> =
-        jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
+    let queue: Vec<Slot<'_>> = jobs
+        .into_iter()
+        .map(|tagged| {
+            Mutex::new(Some(Waiting {
+                tagged,
+                faulted: false,
+            }))
+        })
+        .collect();
     let cursor = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let first_error: Mutex<Option<(usize, JobError)>> = Mutex::new(None);
@@ -241,11 +315,17 @@ pub(crate) fn run<'a>(
     let filler = control.max();
     let work = |reader: usize| {
         if ahead && reader == filler {
-            fill_ahead(&queue, &cursor, &failed);
+            fill_ahead(&queue, &cursor, &failed, pages);
             return;
         }
         while !failed.load(Ordering::Relaxed) && control.wait_turn(reader) {
-            let Some((i, tagged)) = take(&queue, &cursor, control.read_size()) else {
+            let Some(Taken {
+                index: i,
+                mut tagged,
+                faulted,
+                waited,
+            }) = take(&queue, &cursor, control.read_size())
+            else {
                 control.finish();
                 break;
             };
@@ -264,9 +344,24 @@ pub(crate) fn run<'a>(
                 Job::Convert { .. } => Operation::Convert,
                 Job::Populate { .. } => Operation::Populate,
             };
+            // The destination faulted in here, where no helper did (its
+            // page size asked for only, where the read copies out of the
+            // page cache: `PageSizes::prepare`).
+            let mut faulting = waited;
+            if let (false, true, Some(dst)) =
+                (faulted, pages.readers_fault(), tagged.job.destination())
+            {
+                let start = Instant::now();
+                if ahead {
+                    pages.fault_in(dst);
+                } else {
+                    pages.prepare(dst);
+                }
+                faulting += start.elapsed();
+            }
             match execute(tagged.job) {
                 Ok(outcome) => {
-                    control.completed(outcome.bytes);
+                    control.completed(outcome.bytes, faulting);
                     done(tagged.file_index, outcome);
                 }
                 Err((offset, error)) => {
@@ -338,10 +433,18 @@ fn not_taken(job: &Tagged<'_>) -> JobError {
 /// warm O_DIRECT: 1.40 s against 1.60 s. Where the reads copy from the page
 /// cache, both cores are already busy copying and the helper only takes CPU
 /// from them: warm buffered 2.1 s with it against 0.9 s without, so it does
-/// not run there. Rejected: faulting each destination in by the reader
-/// itself just before its read (`MADV_POPULATE_WRITE`, no overlap): FUSE
-/// 3.19 s, warm 0.79 s against 0.9 s (within noise), cold unchanged; and
-/// no huge pages (`MADV_HUGEPAGE` off): warm buffered 1.55 s against 0.9 s.
+/// not run there; there each reader asks for its destination's page size
+/// and lets the copy fault it in (`PageSizes::prepare`: faulted in first,
+/// the copy ran out of the cache). Where the helper is behind direct
+/// readers, each faults the job it takes in itself (as the helper's only
+/// role on FUSE that was 3.19 s; beside it, it spreads the faulting on every
+/// core).
+///
+/// NOTE: huge pages (`MADV_HUGEPAGE`) on every destination (warm buffered
+/// 0.9 s against 1.55 s without, 2026-12-01) made buffered loads bimodal
+/// on the development VM once its free memory went back to the host
+/// between loads (issue 35); the page size is now measured as the pieces
+/// are faulted in (`dest/pages.rs`).
 fn reads_bypass_the_page_cache(jobs: &[Tagged<'_>]) -> bool {
     jobs.iter().any(|t| match &t.job {
         Job::Read { direct, file, .. } => *direct || file.local().is_none(),
@@ -350,9 +453,12 @@ fn reads_bypass_the_page_cache(jobs: &[Tagged<'_>]) -> bool {
 }
 
 /// Walks the queue ahead of the readers and faults in the destination of
-/// every job not yet taken (`MADV_POPULATE_WRITE`), so that the readers'
-/// copies land in present pages.
-fn fill_ahead(queue: &[Mutex<Option<Tagged<'_>>>], cursor: &AtomicUsize, failed: &AtomicBool) {
+/// every job not yet taken (`PageSizes::fault_in`), so that the readers'
+/// copies land in present pages. A job it holds is passed over by the
+/// readers (`take`): where it is slower than they are, they fault the jobs
+/// they take in themselves, and it goes on from the first job after the
+/// cursor.
+fn fill_ahead(queue: &[Slot<'_>], cursor: &AtomicUsize, failed: &AtomicBool, pages: &PageSizes) {
     let mut i = 0;
     while !failed.load(Ordering::Relaxed) {
         i = i.max(cursor.load(Ordering::Relaxed) + 1);
@@ -361,10 +467,11 @@ fn fill_ahead(queue: &[Mutex<Option<Tagged<'_>>>], cursor: &AtomicUsize, failed:
         };
         // A job a reader holds, or has taken, is the reader's to fault.
         if let Ok(mut job) = slot.try_lock() {
-            if let Some(tagged) = job.as_mut() {
-                if let Some(dst) = tagged.job.destination() {
-                    os::populate_write(dst);
+            if let Some(waiting) = job.as_mut().filter(|w| !w.faulted) {
+                if let Some(dst) = waiting.tagged.job.destination() {
+                    pages.fault_in(dst);
                 }
+                waiting.faulted = true;
             }
         }
         i += 1;

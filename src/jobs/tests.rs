@@ -5,6 +5,11 @@ use std::sync::Arc;
 
 use super::*;
 
+/// No advice: the tests' destinations are vectors of the heap.
+fn pages() -> PageSizes {
+    PageSizes::unadvised()
+}
+
 fn file_of(bytes: &[u8]) -> crate::source::LocalFile {
     let mut f = tempfile::tempfile().unwrap();
     f.write_all(bytes).unwrap();
@@ -51,6 +56,7 @@ fn a_run_cancelled_before_it_starts_reads_nothing() {
         run(
             reads(&file, false, &mut dst),
             Concurrency::pinned(2),
+            &pages(),
             &|_, _| {
                 done.fetch_add(1, Ordering::Relaxed);
             },
@@ -78,6 +84,7 @@ fn a_run_cancelled_midway_takes_no_further_job() {
         run(
             reads(&file, false, &mut dst),
             Concurrency::pinned(1),
+            &pages(),
             &|_, _| {
                 done.fetch_add(1, Ordering::Relaxed);
                 flag.store(true, Ordering::Relaxed);
@@ -100,6 +107,7 @@ fn a_run_outside_a_cancelled_scope_is_not_cancelled() {
     let (result, _, _) = run(
         reads(&file, false, &mut dst),
         Concurrency::pinned(2),
+        &pages(),
         &|_, _| {},
     );
     result.unwrap();
@@ -125,6 +133,7 @@ fn reads_filled_ahead_land_every_byte_in_fresh_memory() {
         let (result, _, _) = run(
             reads(&file, direct, &mut dst),
             Concurrency::pinned(2),
+            &pages(),
             &|_, _| {},
         );
         result.unwrap();
@@ -160,6 +169,7 @@ fn reads_cut_to_the_measured_size_land_every_byte_once() {
     let (result, _, settled) = run(
         jobs,
         Concurrency::adaptive(4).with_sizes(sizes),
+        &pages(),
         &|_, outcome| {
             pieces.fetch_add(1, Ordering::Relaxed);
             let (_, piece) = outcome.landed.unwrap();
@@ -172,4 +182,37 @@ fn reads_cut_to_the_measured_size_land_every_byte_once() {
     assert_eq!(landed.into_inner(), len as u64, "each byte read once");
     assert!(pieces.into_inner() >= 6, "the jobs were cut");
     assert!(settled.size.is_some(), "{settled:?}");
+}
+
+#[test]
+fn a_reader_passes_over_a_job_the_helper_holds_and_waits_only_for_the_last() {
+    let file = file_of(&[1; 3 << 20]);
+    let mut dst = vec![0u8; 3 << 20];
+    let queue: Vec<Slot<'_>> = reads(&file, false, &mut dst)
+        .into_iter()
+        .map(|tagged| {
+            Mutex::new(Some(Waiting {
+                tagged,
+                faulted: false,
+            }))
+        })
+        .collect();
+    let cursor = AtomicUsize::new(0);
+    // The helper faulting the first job in, under its lock.
+    let held = queue[0].lock().unwrap();
+    let next = take(&queue, &cursor, None).unwrap();
+    assert_eq!((next.index, next.waited), (1, Duration::ZERO));
+    assert_eq!(cursor.load(Ordering::Acquire), 0, "the cursor stays on it");
+    assert_eq!(take(&queue, &cursor, None).unwrap().index, 2);
+    // Only the held job is left: a reader waits for it, and takes it.
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| take(&queue, &cursor, None).map(|t| (t.index, t.waited)));
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+        let (index, waited) = reader.join().unwrap().unwrap();
+        assert_eq!(index, 0);
+        assert!(waited >= Duration::from_millis(40), "{waited:?}");
+    });
+    assert!(take(&queue, &cursor, None).is_none());
+    assert_eq!(cursor.load(Ordering::Acquire), 3, "past every slot");
 }

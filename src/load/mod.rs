@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use crate::dest::pages::HugePages;
 use crate::mount::MountTable;
 use crate::options::Options;
 use crate::policy::ReadMode;
@@ -129,6 +130,21 @@ impl Loader {
     /// apply to files read whole; a filtered or packed file is read plainly.
     pub fn direct_io(mut self, direct: bool) -> Loader {
         self.opts.direct_io = Some(direct);
+        self
+    }
+
+    /// Whether the memory buffered reads land in is backed by transparent
+    /// huge pages. [`HugePages::Auto`] (the default) honours
+    /// `SAFELOAD_HUGE_PAGES` (`1`/`on`, `0`/`off`, `auto`), else measures
+    /// while the load faults its memory in, and uses the page size that
+    /// costs less per byte there (huge pages cost a quarter of base pages
+    /// where free ones are at hand, and many times more where the kernel
+    /// must compact memory for them or a virtual machine's host must back
+    /// them again). `On` always asks for them, `Off` never. The report says
+    /// which were used and why
+    /// ([`LoadReport::fresh_memory`](crate::LoadReport::fresh_memory)).
+    pub fn huge_pages(mut self, huge_pages: HugePages) -> Loader {
+        self.opts.huge_pages = huge_pages;
         self
     }
 

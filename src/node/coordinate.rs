@@ -94,7 +94,9 @@ pub(super) fn coordinate(
     };
     drop(lock);
 
-    // 2. The fill, unless the copy came complete (or the load fills it).
+    // 2. The fill, unless the copy came complete (or the load fills it),
+    // its pages of the size the caller or the environment asks for.
+    let huge_pages = policy::huge_pages(opts.huge_pages, env).0;
     let mut filled: Vec<(usize, u64)> = vec![(0, 0); offer.files.len()];
     let mut fill_chunk = chunk_size;
     let deferred = !offer.complete && role == Role::Participant;
@@ -109,7 +111,7 @@ pub(super) fn coordinate(
             (&offer, &memfds, &complete),
             key,
             (&dir, chunk_size),
-            opts,
+            (opts, huge_pages),
             rank,
         );
         match outcome {
@@ -164,7 +166,8 @@ pub(super) fn coordinate(
         let storage =
             copy::seal(memfd, file.path(), kept).map_err(|e| format!("mapping the copy: {e}"))?;
         if deferred {
-            pending.push((i as usize, CopyFill::new(memfd).map_err(|e| e.to_string())?));
+            let writer = CopyFill::new(memfd, huge_pages).map_err(|e| e.to_string())?;
+            pending.push((i as usize, writer));
         }
         let chunks = if deferred {
             0

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::handoff::Offer;
 use crate::dest::node::CopyFill;
+use crate::dest::pages::HugePages;
 use crate::error::Error;
 use crate::error::Operation;
 use crate::file::{OpenedFile, read_error};
@@ -22,7 +23,7 @@ pub(super) fn fill(
     (offer, memfds, complete): (&Offer, &[File], &dyn Fn()),
     key: u64,
     (dir, chunk_size): (&std::path::Path, u64),
-    opts: &Options,
+    (opts, huge_pages): (&Options, HugePages),
     rank: &LocalRank,
 ) -> crate::error::Result<(Vec<(usize, u64)>, prefetch::FillOutcome)> {
     let mut sources = Vec::with_capacity(offer.files.len());
@@ -31,8 +32,8 @@ pub(super) fn fill(
         let Some(&file) = usize::try_from(i).ok().and_then(|i| files.get(i)) else {
             continue;
         };
-        let writer =
-            CopyFill::new(memfd).map_err(|e| Error::io(Operation::Map, file.path(), None, e))?;
+        let writer = CopyFill::new(memfd, huge_pages)
+            .map_err(|e| Error::io(Operation::Map, file.path(), None, e))?;
         sources.push(file);
         writers.push(writer);
     }

@@ -78,10 +78,63 @@ pub(crate) fn populate_write(dst: &mut [u8]) {
     };
 }
 
-/// Offers transparent huge pages for an anonymous buffer (`MADV_HUGEPAGE`).
-/// A hint: without THP the kernel answers `EINVAL` and nothing changes.
-pub(crate) fn advise_huge_pages(map: &MmapMut) {
-    let _ = map.advise(memmap2::Advice::HugePage);
+/// Asks the kernel to back the whole pages of `dst`, a range of a private
+/// anonymous buffer or of a shared memory file's map, with transparent huge
+/// pages (`MADV_HUGEPAGE`) or with base pages only (`MADV_NOHUGEPAGE`), see
+/// madvise(2); the advice applies to the pages faulted in after it. A hint:
+/// without THP the kernel answers `EINVAL`, and nothing changes.
+pub(crate) fn advise_page_size(dst: &mut [u8], huge: bool) {
+    let page = rustix::param::page_size();
+    let start = dst.as_mut_ptr() as usize;
+    let first = start.next_multiple_of(page);
+    let end = (start + dst.len()) / page * page;
+    if end <= first {
+        return;
+    }
+    let advice = if huge {
+        rustix::mm::Advice::LinuxHugepage
+    } else {
+        rustix::mm::Advice::LinuxNoHugepage
+    };
+    // SAFETY: `[first, end)` lies within `dst`, this process's writable
+    // memory borrowed mutably for the call; the advice changes no byte of it
+    // and unmaps nothing (it only marks which page size later faults use).
+    let _ = unsafe { rustix::mm::madvise(first as *mut std::ffi::c_void, end - first, advice) };
+}
+
+/// [`advise_page_size`] for `len` bytes at `addr`, a range of this
+/// process's private anonymous memory that other threads may be writing:
+/// both advices only say which page size later faults use, and change no
+/// byte, so no borrow of the range is needed. A range that is not one
+/// mapping of this process's memory gets `ENOMEM` or `EINVAL`, ignored.
+pub(crate) fn advise_page_size_of_range(addr: usize, len: usize, huge: bool) {
+    let page = rustix::param::page_size();
+    let first = addr.next_multiple_of(page);
+    let end = addr.saturating_add(len) / page * page;
+    if end <= first {
+        return;
+    }
+    let advice = if huge {
+        rustix::mm::Advice::LinuxHugepage
+    } else {
+        rustix::mm::Advice::LinuxNoHugepage
+    };
+    // SAFETY: `MADV_HUGEPAGE` and `MADV_NOHUGEPAGE` set a flag of the
+    // mappings in `[first, end)` (madvise(2)): they neither read, write,
+    // free nor unmap memory, so no byte another thread holds changes, and an
+    // address of no mapping is refused with an error.
+    let _ = unsafe { rustix::mm::madvise(first as *mut std::ffi::c_void, end - first, advice) };
+}
+
+/// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`,
+/// clock_gettime(2)), in the kernel and in user space, to the nanosecond:
+/// what faulting memory in costs the thread, whatever else runs on the
+/// machine meanwhile (a wait for a CPU is not counted).
+pub(crate) fn thread_cpu_time() -> Option<std::time::Duration> {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    let secs = u64::try_from(t.tv_sec).ok()?;
+    let nanos = u32::try_from(t.tv_nsec).ok()?;
+    Some(std::time::Duration::new(secs, nanos))
 }
 
 /// Drops a file's clean pages from the page cache
@@ -496,6 +549,7 @@ pub(crate) fn read_proc(file: super::ProcFile) -> io::Result<Vec<u8>> {
         ProcFile::SelfCgroup => std::fs::read("/proc/self/cgroup"),
         ProcFile::SelfStat => std::fs::read("/proc/self/stat"),
         ProcFile::Stat(pid) => std::fs::read(format!("/proc/{pid}/stat")),
+        ProcFile::HugePagesEnabled => std::fs::read("/sys/kernel/mm/transparent_hugepage/enabled"),
     }
 }
 

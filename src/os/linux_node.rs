@@ -41,13 +41,27 @@ pub(crate) struct SharedBytes {
 }
 
 impl SharedBytes {
-    /// Maps all of `file` shared and writable.
-    pub(crate) fn map(file: &File) -> io::Result<SharedBytes> {
+    /// Maps all of `file` shared and writable; with `huge`, asks for
+    /// transparent huge pages for the memory file's pages this map faults
+    /// in (`Some(true)`, `MADV_HUGEPAGE`: granted where the host's
+    /// `shmem_enabled` is `advise`, `always` or `within_size`), or for base
+    /// pages only (`Some(false)`, `MADV_NOHUGEPAGE`). A hint: refused, the
+    /// map is kept as it is.
+    pub(crate) fn map(file: &File, huge: Option<bool>) -> io::Result<SharedBytes> {
         if file.metadata()?.len() == 0 {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         }
+        let map = memmap2::MmapRaw::map_raw(file)?;
+        if let Some(huge) = huge {
+            let advice = if huge {
+                memmap2::Advice::HugePage
+            } else {
+                memmap2::Advice::NoHugePage
+            };
+            let _ = map.advise(advice);
+        }
         Ok(SharedBytes {
-            map: memmap2::MmapRaw::map_raw(file)?,
+            map,
             busy: std::sync::Mutex::new(Vec::new()),
         })
     }

@@ -59,8 +59,8 @@ pub(crate) use imp::{is_direct, set_direct};
 
 // Page-cache and memory hints, and what the page cache holds.
 pub(crate) use imp::{
-    advise_huge_pages, advise_willneed, cached_pages, evict, mincore_pages, page_size,
-    populate_read, populate_write, readahead_limit,
+    advise_page_size, advise_page_size_of_range, advise_willneed, cached_pages, evict,
+    mincore_pages, page_size, populate_read, populate_write, readahead_limit, thread_cpu_time,
 };
 
 // Filesystems: the `statfs(2)` magic number.
@@ -111,9 +111,10 @@ pub(crate) use imp::read_proc;
 #[cfg(feature = "remote")]
 pub(crate) use imp::{EntryKind, reserve, write_all_at};
 
-/// A file of `/proc` (proc(5)) the crate reads. The OS layer only reads it;
-/// the text is parsed where it is used (`mount/`, `memory.rs`,
-/// `prefetch/owner.rs`), by pure functions tested on every platform.
+/// A file of `/proc` (proc(5)), or of `/sys` for the kernel's settings, the
+/// crate reads. The OS layer only reads it; the text is parsed where it is
+/// used (`mount/`, `memory.rs`, `prefetch/owner.rs`, `dest/pages.rs`), by
+/// pure functions tested on every platform.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ProcFile {
     /// `/proc/self/mountinfo`: this process's mount table, with device
@@ -130,6 +131,10 @@ pub(crate) enum ProcFile {
     SelfStat,
     /// `/proc/<pid>/stat`: another process's state and start time.
     Stat(u32),
+    /// `/sys/kernel/mm/transparent_hugepage/enabled`: whether anonymous
+    /// memory may get transparent huge pages (`always`, `madvise`, `never`;
+    /// the kernel's `admin-guide/mm/transhuge`).
+    HugePagesEnabled,
 }
 
 /// The alignment direct I/O needs of offsets, lengths and buffers. 4 KiB

@@ -5,7 +5,7 @@ use std::io;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 
-use memmap2::{Mmap, MmapMut};
+use memmap2::Mmap;
 
 /// Whether this platform has a mount table and filesystem magic numbers.
 pub(crate) const MOUNT_DETECTION: bool = false;
@@ -52,7 +52,15 @@ pub(crate) fn populate_read(_map: &Mmap, _offset: usize, _len: usize) -> io::Res
 }
 
 /// No huge pages here.
-pub(crate) fn advise_huge_pages(_map: &MmapMut) {}
+pub(crate) fn advise_page_size(_dst: &mut [u8], _huge: bool) {}
+
+/// No huge pages here.
+pub(crate) fn advise_page_size_of_range(_addr: usize, _len: usize, _huge: bool) {}
+
+/// No thread CPU clock here: fresh memory's cost is not measured.
+pub(crate) fn thread_cpu_time() -> Option<std::time::Duration> {
+    None
+}
 
 /// No page-cache eviction here.
 pub(crate) fn evict(_file: &File) -> io::Result<()> {
@@ -240,7 +248,7 @@ pub(crate) fn path_of(_file: &File) -> Option<std::path::PathBuf> {
 }
 
 /// No `/proc` here: mount detection says "unknown", the memory guard has no
-/// figures, and a process's start time is unknown.
+/// figures, a process's start time is unknown, and there are no huge pages.
 pub(crate) fn read_proc(_file: super::ProcFile) -> io::Result<Vec<u8>> {
     unsupported()
 }
@@ -260,7 +268,7 @@ pub(crate) struct SharedBytes(());
 
 impl SharedBytes {
     /// Unsupported.
-    pub(crate) fn map(_file: &File) -> io::Result<SharedBytes> {
+    pub(crate) fn map(_file: &File, _huge: Option<bool>) -> io::Result<SharedBytes> {
         unsupported()
     }
 

@@ -9,6 +9,8 @@
 
 use std::fmt;
 
+use crate::dest::pages::{HugePages, PageReason};
+
 mod file;
 mod guard;
 mod prefetch;
@@ -126,6 +128,7 @@ pub const VARIABLES: &[&str] = &[
     PREFETCH_ENV,
     HF_SHARD_PREFETCH_ENV,
     VERIFY_ENV,
+    HUGE_PAGES_ENV,
     NODE_COPY_ENV,
     "SAFELOAD_EXCHANGE",
     "SAFELOAD_NODE_ID",
@@ -234,6 +237,26 @@ pub(crate) fn node_copy(env: &Environment) -> bool {
     )
 }
 
+/// The environment variable that asks for transparent huge pages (`1`,
+/// `on`) or base pages (`0`, `off`) for the memory buffered loads read into,
+/// or lets the load measure (`auto`), where the caller leaves
+/// [`Loader::huge_pages`](crate::Loader::huge_pages) at
+/// [`HugePages::Auto`].
+pub const HUGE_PAGES_ENV: &str = "SAFELOAD_HUGE_PAGES";
+
+/// The page size of a load's fresh memory, and who chose it: the caller's
+/// `On` or `Off`, else `SAFELOAD_HUGE_PAGES`'s, else measured (`Auto`,
+/// [`PageReason::Measured`]).
+pub(crate) fn huge_pages(caller: HugePages, env: &Environment) -> (HugePages, PageReason) {
+    if caller != HugePages::Auto {
+        return (caller, PageReason::Caller);
+    }
+    match env.get(HUGE_PAGES_ENV).and_then(HugePages::parse) {
+        Some(mode) if mode != HugePages::Auto => (mode, PageReason::Environment),
+        _ => (HugePages::Auto, PageReason::Measured),
+    }
+}
+
 /// The caller's mode if it is `Mmap` or `Buffered`, else the environment's,
 /// else auto.
 pub(crate) fn effective_mode(caller: ReadMode, env: &Environment) -> (ReadMode, Origin) {
@@ -322,6 +345,27 @@ mod tests {
                 None => Environment::default(),
             };
             assert_eq!(node_copy(&env), on, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn huge_pages_by_caller_then_environment_then_measured() {
+        use HugePages::{Auto, Off, On};
+        use PageReason::{Caller, Environment as Env, Measured};
+        let env = |v: &str| Environment::from_pairs(&[(HUGE_PAGES_ENV, v)]);
+        let none = Environment::default();
+        let table = [
+            (On, env("0"), (On, Caller)),
+            (Off, env("on"), (Off, Caller)),
+            (Auto, env(" 1 "), (On, Env)),
+            (Auto, env("OFF"), (Off, Env)),
+            (Auto, env("false"), (Off, Env)),
+            (Auto, env("auto"), (Auto, Measured)),
+            (Auto, env("huge"), (Auto, Measured)),
+            (Auto, none, (Auto, Measured)),
+        ];
+        for (caller, env, expected) in table {
+            assert_eq!(huge_pages(caller, &env), expected, "{caller:?} {env:?}");
         }
     }
 

@@ -12,9 +12,10 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 
 use super::{
-    CacheUse, DirectIo, Fallback, FileReport, LoadReport, NodeCopy, Note, PrefetchReport,
-    RankSource, Reason, SkipReason, Strategy,
+    CacheUse, DirectIo, Fallback, FileReport, FreshMemory, LoadReport, NodeCopy, Note, PageReason,
+    PrefetchReport, RankSource, Reason, SkipReason, Strategy,
 };
+use crate::dest::pages::HugePages;
 use crate::mount::{Detection, Mount, MountKind};
 use crate::policy::PrefetchMethod;
 
@@ -62,6 +63,7 @@ impl Serialize for LoadReport {
             io_concurrency: usize,
             io_concurrency_reason: &'a Option<Note>,
             prefetch: &'a Option<PrefetchReport>,
+            fresh_memory: &'a Option<FreshMemory>,
             notes: &'a [Note],
             bytes_read: u64,
             tensor_bytes: u64,
@@ -75,6 +77,7 @@ impl Serialize for LoadReport {
             io_concurrency: self.io_concurrency,
             io_concurrency_reason: &self.io_concurrency_reason,
             prefetch: &self.prefetch,
+            fresh_memory: &self.fresh_memory,
             notes: &self.notes,
             bytes_read: self.bytes_read(),
             tensor_bytes: self.tensor_bytes(),
@@ -131,6 +134,29 @@ impl Serialize for FileReport {
             explain: self.explain(),
             gib_per_s: self.gib_per_s(),
             lazy: self.lazy(),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl Serialize for FreshMemory {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct View {
+            mode: HugePages,
+            reason: PageReason,
+            huge_bytes: u64,
+            base_bytes: u64,
+            huge_gib_s: Option<f64>,
+            base_gib_s: Option<f64>,
+        }
+        View {
+            mode: self.mode,
+            reason: self.reason,
+            huge_bytes: self.huge_bytes,
+            base_bytes: self.base_bytes,
+            huge_gib_s: self.huge_gib_s,
+            base_gib_s: self.base_gib_s,
         }
         .serialize(serializer)
     }
@@ -404,7 +430,14 @@ macro_rules! as_str {
     )*};
 }
 
-as_str!(Strategy, MountKind, Detection, PrefetchMethod);
+as_str!(
+    Strategy,
+    MountKind,
+    Detection,
+    PrefetchMethod,
+    HugePages,
+    PageReason
+);
 
 #[cfg(test)]
 mod tests {

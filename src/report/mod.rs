@@ -92,6 +92,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::dest::pages::{FreshMemory, PageReason};
 use crate::mount::Mount;
 use crate::mount::MountKind;
 pub use crate::policy::{DirectIo, Fallback, PrefetchMethod, Reason, Strategy};
@@ -163,6 +164,11 @@ pub struct LoadReport {
     /// `SAFELOAD_PREFETCH`) or considered by the auto policy (files on a
     /// network filesystem), also when it decided not to run.
     pub prefetch: Option<PrefetchReport>,
+    /// How the memory buffered reads landed in was faulted in: in which
+    /// page sizes, why, and what each cost where measured
+    /// ([`Loader::huge_pages`](crate::Loader::huge_pages)); `None` where
+    /// nothing was read into memory of the load's own.
+    pub fresh_memory: Option<FreshMemory>,
     /// What the load could not do as planned and did otherwise: fewer
     /// threads than asked because the OS refused more
     /// ([`Note::ThreadsRefused`]), a server that ignores `Range`
@@ -305,6 +311,9 @@ impl fmt::Display for LoadReport {
         }
         if let Some(prefetch) = &self.prefetch {
             writeln!(f, "  {prefetch}")?;
+        }
+        if let Some(fresh) = &self.fresh_memory {
+            writeln!(f, "  {fresh}")?;
         }
         for note in &self.notes {
             writeln!(f, "  note: {note}")?;

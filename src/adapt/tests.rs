@@ -1,0 +1,207 @@
+//! The controller's tests: windows of reads at given rates (and faulting), and where the count and size settle.
+
+use super::*;
+
+/// What the report says of a settled count.
+fn said(settled: &Settled) -> String {
+    crate::report::Note::reads(settled).to_string()
+}
+
+/// Feeds the controller reads whose throughput is `rate(readers)`.
+fn drive(concurrency: Concurrency, rate: impl Fn(usize) -> f64) -> Settled {
+    let control = Control::new(concurrency, 10_000);
+    control.state.lock().unwrap().warmed = true;
+    for _ in 0..40 {
+        let n = control.allowed.load(Ordering::Acquire);
+        window(&control, rate(n));
+    }
+    control.settled()
+}
+
+/// One window's worth of reads at `rate` GiB/s, the window's time passed.
+fn window(control: &Control, rate: f64) {
+    faulting_window(control, rate, Duration::ZERO);
+}
+
+/// The same, the readers having spent `faulting` together on their
+/// destinations.
+fn faulting_window(control: &Control, rate: f64, faulting: Duration) {
+    let n = control.allowed.load(Ordering::Acquire);
+    {
+        let mut state = control.state.lock().unwrap();
+        state.start = Instant::now() - WINDOW;
+        state.bytes = (rate * (1u64 << 30) as f64 * WINDOW.as_secs_f64()) as u64 - n as u64;
+        state.reads = n - 1;
+    }
+    control.completed(n as u64, faulting);
+}
+
+#[test]
+fn a_window_mostly_spent_faulting_is_measured_again() {
+    // A mount serving 32 requests at once, 0.05 GiB/s per request.
+    let storage = |n: usize| n.min(32) as f64 * 0.05;
+    for (faults, settled) in [(false, 8), (true, 32)] {
+        let control = Control::new(Concurrency::adaptive(8), 10_000);
+        control.state.lock().unwrap().warmed = true;
+        window(&control, storage(8));
+        assert_eq!(control.allowed.load(Ordering::Acquire), 16);
+        // 16 readers, each faulting fresh memory in for half the window:
+        // half the reads.
+        let half = WINDOW / 2 * 16;
+        let said = if faults { half } else { Duration::ZERO };
+        faulting_window(&control, storage(16) / 2.0, said);
+        for _ in 0..10 {
+            let n = control.allowed.load(Ordering::Acquire);
+            window(&control, storage(n));
+        }
+        // Told of the faults, the window is measured again and the count
+        // grows to the mount's 32; not told, 16 readers looked no better
+        // than 8.
+        let s = control.settled();
+        assert_eq!(s.readers, settled, "{s:?}");
+        assert!(s.steps.iter().all(|&(_, _, rate)| rate > 0.3), "{s:?}");
+    }
+    // Memory that stays slow: after three windows measured again, the
+    // fourth is judged as it is.
+    let control = Control::new(Concurrency::adaptive(8), 10_000);
+    control.state.lock().unwrap().warmed = true;
+    for _ in 0..REMEASURED {
+        faulting_window(&control, 0.1, WINDOW * 8);
+        assert!(control.settled().steps.is_empty());
+    }
+    faulting_window(&control, 0.1, WINDOW * 8);
+    assert_eq!(control.settled().steps.len(), 1);
+    // A window with a little faulting is judged.
+    let control = Control::new(Concurrency::adaptive(8), 10_000);
+    control.state.lock().unwrap().warmed = true;
+    faulting_window(&control, 0.4, WINDOW);
+    assert_eq!(control.settled().steps.len(), 1);
+}
+
+#[test]
+fn the_first_window_is_not_measured() {
+    let control = Control::new(Concurrency::adaptive(8), 10_000);
+    // The readers' start: slow, and not taken as the rate of 8 readers.
+    window(&control, 0.01);
+    assert!(control.settled().steps.is_empty());
+    assert_eq!(control.allowed.load(Ordering::Acquire), 8);
+    // The next window is the first measured one, and it doubles.
+    window(&control, 1.0);
+    let steps = control.settled().steps;
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    assert_eq!(steps[0].0, 8);
+    assert!((steps[0].2 - 1.0).abs() < 0.01, "{steps:?}");
+    assert_eq!(control.allowed.load(Ordering::Acquire), 16);
+}
+
+#[test]
+fn grows_while_throughput_rises_and_settles_where_it_stops() {
+    // A mount serving 32 requests at once: throughput grows to 32 readers.
+    let s = drive(Concurrency::adaptive(8), |n| n.min(32) as f64 * 0.05);
+    assert_eq!(s.readers, 32, "{s:?}");
+    assert_eq!(s.why, Why::NoGain);
+    assert_eq!(
+        s.steps.iter().map(|&(n, _, _)| n).collect::<Vec<_>>(),
+        [8, 16, 32, 64]
+    );
+    // A serialized mount: no doubling pays; back to the start.
+    let s = drive(Concurrency::adaptive(12), |_| 0.3);
+    assert_eq!((s.readers, s.why), (12, Why::NoGain), "{s:?}");
+    // Always more: up to the most allowed, then stop measuring.
+    let s = drive(Concurrency::adaptive(8), |n| n as f64);
+    assert_eq!((s.readers, s.why), (MAX_READERS, Why::Max), "{s:?}");
+    // Converting loads stop at 16.
+    let s = drive(Concurrency::adaptive(8).converting(), |n| n as f64);
+    assert_eq!((s.readers, s.why), (MAX_CONVERTING_READERS, Why::Max));
+    // Pinned: never moves.
+    let s = drive(Concurrency::pinned(5), |n| n as f64);
+    assert_eq!((s.readers, s.why, s.steps.len()), (5, Why::Pinned, 0));
+    assert_eq!(said(&s), "5 read(s) in flight, as set");
+}
+
+/// Feeds the controller reads whose throughput is `rate(readers, size)`.
+fn drive_sized(concurrency: Concurrency, rate: impl Fn(usize, usize) -> f64) -> Settled {
+    let control = Control::new(concurrency, 10_000);
+    control.state.lock().unwrap().warmed = true;
+    for _ in 0..40 {
+        let n = control.allowed.load(Ordering::Acquire);
+        let size = control.read_size().unwrap();
+        window(&control, rate(n, size));
+    }
+    control.settled()
+}
+
+#[test]
+fn the_size_grows_once_the_readers_settle_within_the_bytes_in_flight() {
+    const MIB: usize = 1 << 20;
+    let sizes = Sizes {
+        start: 16 * MIB,
+        max: 64 * MIB,
+        in_flight: 1 << 30,
+    };
+    // A link that wants 32 requests in flight, and per request a round trip that
+    // larger requests amortize up to 32 MiB.
+    let link = |n: usize, size: usize| n.min(32) as f64 * (size.min(32 * MIB) / MIB) as f64;
+    let roomy = Sizes {
+        in_flight: 4 << 30,
+        ..sizes
+    };
+    let s = drive_sized(Concurrency::adaptive(16).with_sizes(roomy), link);
+    assert_eq!((s.readers, s.size), (32, Some(32 * MIB)), "{s:?}");
+    assert_eq!(s.why, Why::NoGain);
+    let tried: Vec<_> = s
+        .steps
+        .iter()
+        .map(|&(n, size, _)| (n, size.unwrap() / MIB))
+        .collect();
+    assert_eq!(tried, [(16, 16), (32, 16), (64, 16), (32, 32), (32, 64)]);
+    assert!(
+        said(&s).starts_with("32 read(s) of 32 MiB in flight"),
+        "{s:?}"
+    );
+    // The same link under 1 GiB in flight: 32 x 64 MiB is not tried.
+    let s = drive_sized(Concurrency::adaptive(16).with_sizes(sizes), link);
+    assert_eq!(
+        (s.readers, s.size, s.why),
+        (32, Some(32 * MIB), Why::Max),
+        "{s:?}"
+    );
+    // Everything pays: up to the bytes in flight (64 x 16 MiB = 1 GiB), where the
+    // size cannot grow.
+    let s = drive_sized(Concurrency::adaptive(16).with_sizes(sizes), |n, size| {
+        (n * size) as f64
+    });
+    assert_eq!(
+        (s.readers, s.size, s.why),
+        (64, Some(16 * MIB), Why::Max),
+        "{s:?}"
+    );
+    // Readers start within the bytes in flight.
+    let small = Sizes {
+        in_flight: 64 * MIB as u64,
+        ..sizes
+    };
+    let c = Concurrency::adaptive(16).with_sizes(small);
+    assert_eq!((c.start, c.max), (4, 4));
+}
+
+#[test]
+fn a_short_run_says_so_and_waiting_readers_leave() {
+    let control = Control::new(Concurrency::adaptive(2), 100);
+    assert!(control.wait_turn(0));
+    assert!(control.wait_turn(1));
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| control.wait_turn(5));
+        std::thread::sleep(Duration::from_millis(20));
+        control.finish();
+        assert!(
+            !waiter.join().unwrap(),
+            "a finished run lets waiting readers go"
+        );
+    });
+    let settled = control.settled();
+    assert_eq!((settled.readers, settled.why), (2, Why::Ended));
+    assert!(said(&settled).contains("too short"), "{settled:?}");
+    // Never more readers than jobs.
+    assert_eq!(Control::new(Concurrency::adaptive(8), 3).max(), 3);
+}

@@ -1,0 +1,516 @@
+//! Fresh memory for a load's destinations: faulted in before the reads land, in the page size the host serves best (transparent huge pages or base pages), as the caller, the environment or the host's settings say, else as measured while the load faults its memory in.
+//!
+//! Every byte a buffered load reads lands in memory the process never
+//! touched, and the kernel must back each page before the read can fill it:
+//! allocate it, zero it, and on a virtual machine often have the host back
+//! it too. What that costs depends on the page size and on the host, and
+//! changes from one minute to the next. Huge pages (2 MiB) cost a quarter
+//! of base pages where free ones are at hand, and many times more where the
+//! kernel must compact memory for them (`defrag`), or where the host must
+//! back each one again (a guest whose free memory is handed back to its
+//! host). So a load measures: it faults its destinations in a piece at a
+//! time ([`PageSizes::fault_in`]), times each piece on the faulting
+//! thread's CPU clock (a wait for a CPU is not counted, so the machine's
+//! other work moves it little), and keeps using the size that costs less
+//! per byte, trying the other one now and then on a probe of one huge page.
+//!
+//! NOTE: measured on the development VM (a Firecracker guest whose balloon
+//! reports free memory to the host; THP `enabled` and `defrag` both
+//! `madvise`), 2026-12-03, `MADV_POPULATE_WRITE` of 16 MiB pieces, thread
+//! CPU time: base pages 5-7 ms per piece whatever came before; huge pages
+//! 1.4 ms right after another process freed its memory, 31-43 ms once that
+//! memory had rested a few seconds (reported to the host, which backs it
+//! again page by page), the first two or three pieces fast either way.
+//! The cost of one size says nothing of the other's, and the cheaper one
+//! changes within a load: hence a measurement that goes on, not a decision
+//! from the settings at the start (`defrag` and the free huge blocks of
+//! `/proc/buddyinfo` looked the same in both modes).
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::os::{self, ProcFile};
+
+mod choice;
+pub use choice::{FreshMemory, HugePages, PageReason};
+
+/// The host's transparent huge pages, from its settings' text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HostHugePages {
+    /// `enabled` is `always` or `madvise`: asking for them may get them.
+    Offered,
+    /// `enabled` is `never`, or there is no such setting.
+    Absent,
+}
+
+impl HostHugePages {
+    /// Whether anonymous memory may get huge pages, from the text of
+    /// `/sys/kernel/mm/transparent_hugepage/enabled`, whose selected value
+    /// is in brackets (`always [madvise] never`); `None` (no such file) is
+    /// [`Absent`](Self::Absent).
+    pub(crate) fn from_enabled(text: Option<&str>) -> HostHugePages {
+        match text.and_then(selected) {
+            Some("always" | "madvise") => HostHugePages::Offered,
+            _ => HostHugePages::Absent,
+        }
+    }
+
+    /// This host's, read from `/sys`.
+    pub(crate) fn of_host() -> HostHugePages {
+        let text = os::read_proc(ProcFile::HugePagesEnabled).ok();
+        let text = text.as_deref().and_then(|t| std::str::from_utf8(t).ok());
+        HostHugePages::from_enabled(text)
+    }
+}
+
+/// The selected value of a kernel setting listed with it in brackets
+/// (`always defer [madvise] never`).
+pub(crate) fn selected(text: &str) -> Option<&str> {
+    let start = text.find('[')?;
+    let rest = text.get(start + 1..)?;
+    let end = rest.find(']')?;
+    rest.get(..end)
+}
+
+/// A page size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Size {
+    Base,
+    Huge,
+}
+
+impl Size {
+    fn other(self) -> Size {
+        match self {
+            Size::Base => Size::Huge,
+            Size::Huge => Size::Base,
+        }
+    }
+}
+
+/// One huge page on x86-64 and arm64 with 4 KiB base pages: the alignment
+/// a huge page needs.
+const HUGE: usize = 2 << 20;
+
+/// A probe of the size not in use: two huge pages, each measured.
+const PROBE: usize = 2 * HUGE;
+
+/// Pieces faulted in with the size in use between two probes of the other
+/// one, at first; doubled after each probe, up to [`MAX_GAP`].
+///
+/// NOTE: a probe of the losing size costs little once (two huge pages:
+/// 12 ms on the development VM when huge pages were slow, against 2 ms as
+/// base pages), but a probe every few pieces adds up over a load, and so do
+/// the pieces of a size that a lucky probe switched to (left again after
+/// two): the gap grows whatever the probe found, so that a load of 2 GiB in
+/// pieces of 8 MiB probes five times (after 64 MiB, 192, 448, 960 and
+/// 1,984), and a change of the host's mode is still seen within a few
+/// hundred MiB at first. The size in use is measured on every piece.
+const FIRST_GAP: u32 = 8;
+/// See [`FIRST_GAP`].
+const MAX_GAP: u32 = 256;
+
+/// How a run's fresh memory is faulted in, and what was measured: shared
+/// by every thread that faults destinations in.
+pub(crate) struct PageSizes {
+    mode: HugePages,
+    reason: PageReason,
+    /// Whether the sizes are advised at all (not for memory the load does
+    /// not own alone, such as a reader's scratch vector).
+    advise: bool,
+    state: Mutex<State>,
+    /// The load's buffers, each with the size its pages are asked for from
+    /// an address on ([`register`](Self::register)).
+    buffers: Mutex<Vec<Advised>>,
+}
+
+/// A buffer of the load, and the advice on it: `size` from `from` to its
+/// end.
+#[derive(Debug, Clone, Copy)]
+struct Advised {
+    start: usize,
+    end: usize,
+    from: usize,
+    size: Size,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    base: Measured,
+    huge: Measured,
+    /// Pieces since the size not in use was last tried, and the gap before
+    /// the next try.
+    since_probe: u32,
+    gap: u32,
+}
+
+/// What one page size was given and cost.
+#[derive(Debug, Default, Clone, Copy)]
+struct Measured {
+    /// Nanoseconds of CPU per byte of the last [`SAMPLES`] pieces faulted
+    /// in with this size (or of the huge pages of its last probe, which
+    /// drops older ones), the newest first.
+    samples: [Option<f64>; SAMPLES],
+    bytes: u64,
+}
+
+/// The measures of each size its cost is taken from.
+///
+/// NOTE: one measure alone misleads. On the development VM a probe of base
+/// pages once took 6.8 ms for 2 MiB (3.2 ns per byte, ten times the others
+/// around it), and taken as base pages' cost it kept a load on huge pages
+/// that cost seven times as much, for 260 MiB. A size's cost is the median
+/// of its last three measures, the smallest while there are fewer (a probe
+/// is two measures, one per huge page): a measure far above the others
+/// moves nothing, and a size in use whose cost changes for good is left
+/// within two pieces.
+const SAMPLES: usize = 3;
+
+impl Measured {
+    /// The cost per byte this size is taken to have, if measured.
+    fn cost(&self) -> Option<f64> {
+        let mut known: Vec<f64> = self.samples.iter().flatten().copied().collect();
+        known.sort_by(f64::total_cmp);
+        match known.as_slice() {
+            [_, middle, _] => Some(*middle),
+            [low, ..] => Some(*low),
+            [] => None,
+        }
+    }
+
+    fn add(&mut self, per_byte: f64) {
+        self.samples.rotate_right(1);
+        if let Some(newest) = self.samples.first_mut() {
+            *newest = Some(per_byte);
+        }
+    }
+}
+
+impl State {
+    fn of(&mut self, size: Size) -> &mut Measured {
+        match size {
+            Size::Base => &mut self.base,
+            Size::Huge => &mut self.huge,
+        }
+    }
+
+    /// The size in use: the one measured cheaper (huge where tied, and
+    /// first, until base pages were measured too).
+    fn in_use(&self) -> Size {
+        match (self.base.cost(), self.huge.cost()) {
+            (Some(base), Some(huge)) if base < huge => Size::Base,
+            (Some(_), None) => Size::Base,
+            _ => Size::Huge,
+        }
+    }
+
+    /// Counts a measure of `size`: `bytes` faulted in with `cpu` of CPU
+    /// time (`None` where the clock could not be read).
+    fn record(&mut self, size: Size, bytes: usize, cpu: Option<Duration>) {
+        let measured = self.of(size);
+        measured.bytes += bytes as u64;
+        if let Some(cpu) = cpu.filter(|_| bytes > 0) {
+            measured.add(cpu.as_nanos() as f64 / bytes as f64);
+        }
+    }
+
+    /// Counts a probe of `size`, a measure per huge page: they replace what
+    /// was measured of it before the gap.
+    fn record_probe(&mut self, size: Size, pages: &[(usize, Option<Duration>)]) {
+        self.of(size).samples = [None; SAMPLES];
+        for &(bytes, cpu) in pages {
+            self.record(size, bytes, cpu);
+        }
+    }
+}
+
+/// How one destination is cut for faulting in: the size in use for all of
+/// it, or a probe of the other size on one huge page within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cut {
+    size: Size,
+    /// The probe's offset in the destination (aligned to a huge page in
+    /// memory), where one is due and fits.
+    probe: Option<usize>,
+}
+
+impl PageSizes {
+    /// How a load faults its memory in: `mode`, set by `origin`
+    /// ([`PageReason::Caller`] or [`PageReason::Environment`]; anything
+    /// else for [`HugePages::Auto`]), on a host whose huge pages are `host`.
+    pub(crate) fn new(mode: HugePages, origin: PageReason, host: HostHugePages) -> PageSizes {
+        let (mode, reason) = match (mode, host) {
+            (HugePages::Auto, HostHugePages::Absent) => (HugePages::Off, PageReason::Unavailable),
+            (HugePages::Auto, HostHugePages::Offered) => (HugePages::Auto, PageReason::Measured),
+            (mode, _) => (mode, origin),
+        };
+        PageSizes {
+            mode,
+            reason,
+            advise: true,
+            state: Mutex::new(State {
+                gap: FIRST_GAP,
+                ..State::default()
+            }),
+            buffers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// For memory a load does not own alone (partial reads into scratch
+    /// vectors): faulted in ahead where that pays, with no advice.
+    pub(crate) fn unadvised() -> PageSizes {
+        PageSizes {
+            advise: false,
+            ..PageSizes::new(HugePages::Auto, PageReason::Measured, HostHugePages::Absent)
+        }
+    }
+
+    /// Whether a reader should fault its job's destination in itself before
+    /// reading into it (where no helper did): so wherever sizes are
+    /// advised, so that every piece is faulted in the size chosen and
+    /// measured.
+    pub(crate) fn readers_fault(&self) -> bool {
+        self.advise
+    }
+
+    /// The size for the next destination of `len` bytes at `addr`, and a
+    /// probe of the other size where one is due.
+    fn cut(&self, addr: usize, len: usize) -> Cut {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let size = match self.mode {
+            HugePages::On => {
+                return Cut {
+                    size: Size::Huge,
+                    probe: None,
+                };
+            }
+            HugePages::Off => {
+                return Cut {
+                    size: Size::Base,
+                    probe: None,
+                };
+            }
+            HugePages::Auto => state.in_use(),
+        };
+        let never_measured = state.of(size.other()).cost().is_none();
+        state.since_probe += 1;
+        if !never_measured && state.since_probe < state.gap {
+            return Cut { size, probe: None };
+        }
+        // Two huge pages of the destination, from its first huge page
+        // boundary.
+        let start = addr.next_multiple_of(HUGE);
+        let probe = start
+            .checked_add(PROBE)
+            .filter(|&end| end <= addr.saturating_add(len))
+            .map(|_| start - addr);
+        if probe.is_some() {
+            state.since_probe = 0;
+            if !never_measured {
+                state.gap = (state.gap * 2).min(MAX_GAP);
+            }
+        }
+        Cut { size, probe }
+    }
+
+    fn record(&self, size: Size, bytes: usize, cpu: Option<Duration>) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.record(size, bytes, cpu);
+    }
+
+    /// Faults `dst` in, writable, in the size in use (and a probe of the
+    /// other where one is due), timing each part on this thread's CPU
+    /// clock. `dst` is fresh: part of a private anonymous buffer no byte of
+    /// which was written yet (a byte written before is kept, but its page's
+    /// size is then the kernel's choice).
+    pub(crate) fn fault_in(&self, dst: &mut [u8]) {
+        let Cut { size, probe } = self.cut(dst.as_ptr() as usize, dst.len());
+        let part = |piece: &mut [u8], size: Size| {
+            if piece.is_empty() {
+                return;
+            }
+            let cpu = self.fault(piece, size);
+            if self.advise {
+                self.record(size, piece.len(), cpu);
+            }
+        };
+        match probe {
+            Some(at) => {
+                let (head, rest) = dst.split_at_mut(at.min(dst.len()));
+                let (probed, tail) = rest.split_at_mut(PROBE.min(rest.len()));
+                let measures: Vec<(usize, Option<Duration>)> = probed
+                    .chunks_mut(HUGE)
+                    .map(|page| (page.len(), self.fault_probe(page, size.other())))
+                    .collect();
+                if self.advise {
+                    let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                    state.record_probe(size.other(), &measures);
+                }
+                part(head, size);
+                part(tail, size);
+            }
+            None => part(dst, size),
+        }
+    }
+
+    /// Asks for the size in use for `dst`, a fresh destination that a copy
+    /// out of the page cache is about to fault in, without faulting it in:
+    /// a copy into pages faulted in just before (8 MiB zeroed, then
+    /// written) runs out of the cache, where one that faults each page as
+    /// it goes writes it while it is still there. Where a probe is due (as
+    /// for [`fault_in`](Self::fault_in)), two huge pages of each size are
+    /// faulted in first and timed: the measures the size in use is chosen
+    /// by here.
+    ///
+    /// NOTE: the same warm loads on the development VM (2026-12-02, 7
+    /// rounds, 2.2 GiB read through the page cache by 8 readers) took
+    /// 0.37-1.49 s with each destination faulted in first, against
+    /// 0.29-0.31 s for the copy's own faults (both on huge pages, in the
+    /// rounds where those were fast); sampled every 8 pieces, 0.445 s
+    /// against 0.368 s for huge pages asked for without a measure (10
+    /// rounds, the medians), hence the probes' growing gaps here too.
+    pub(crate) fn prepare(&self, dst: &mut [u8]) {
+        let Cut { size, probe } = self.cut(dst.as_ptr() as usize, dst.len());
+        let (head, rest) = match probe {
+            Some(at) => dst.split_at_mut(at.min(dst.len())),
+            None => (dst, &mut [][..]),
+        };
+        let (sampled, tail) = rest.split_at_mut((2 * PROBE).min(rest.len()));
+        if !sampled.is_empty() {
+            let (probed, used) = sampled.split_at_mut(PROBE.min(sampled.len()));
+            let measures: Vec<(usize, Option<Duration>)> = probed
+                .chunks_mut(HUGE)
+                .map(|page| (page.len(), self.fault_probe(page, size.other())))
+                .collect();
+            let cpu = self.fault(used, size);
+            if self.advise {
+                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                state.record_probe(size.other(), &measures);
+                state.record(size, used.len(), cpu);
+            }
+        }
+        for piece in [head, tail] {
+            if piece.is_empty() {
+                continue;
+            }
+            self.advise_part(piece, size);
+            if self.advise {
+                self.record(size, piece.len(), None);
+            }
+        }
+    }
+
+    /// Faults `piece` in with `size` advised (where sizes are), and returns
+    /// the CPU time it took this thread.
+    fn fault(&self, piece: &mut [u8], size: Size) -> Option<Duration> {
+        self.advise_part(piece, size);
+        let before = os::thread_cpu_time();
+        os::populate_write(piece);
+        before.and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)))
+    }
+
+    /// A probe's page: faulted in with `size` advised on it alone (its
+    /// buffer's advice for the pages after it stays as it is).
+    fn fault_probe(&self, page: &mut [u8], size: Size) -> Option<Duration> {
+        if self.advise && self.reason != PageReason::Unavailable {
+            os::advise_page_size(page, size == Size::Huge);
+        }
+        let before = os::thread_cpu_time();
+        os::populate_write(page);
+        before.and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)))
+    }
+
+    /// A buffer of the load, whose pages are asked for in the size in use
+    /// now, all at once: a part of it faulted in later in the same size
+    /// needs no advice of its own (`advise_part`).
+    ///
+    /// NOTE: advice given piece by piece (`madvise(2)` on every 8 MiB, each
+    /// a change to the memory map while the other readers' copies fault
+    /// their pages in) cost warm buffered loads on the development VM
+    /// 0.57 s against 0.42 s with the advice given once per buffer
+    /// (2026-12-02, 8 shuffled rounds, 2.2 GiB, the medians).
+    pub(crate) fn register(&self, buffer: &mut [u8]) {
+        if !self.advise || buffer.is_empty() {
+            return;
+        }
+        let size = match self.mode {
+            HugePages::On => Size::Huge,
+            HugePages::Off => Size::Base,
+            HugePages::Auto => self
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .in_use(),
+        };
+        if self.reason != PageReason::Unavailable {
+            os::advise_page_size(buffer, size == Size::Huge);
+        }
+        let start = buffer.as_ptr() as usize;
+        let mut buffers = self.buffers.lock().unwrap_or_else(PoisonError::into_inner);
+        buffers.push(Advised {
+            start,
+            end: start + buffer.len(),
+            from: start,
+            size,
+        });
+    }
+
+    /// Asks for `size` for `part` before it is faulted in: nothing where
+    /// its buffer is asked so already from before it, else the rest of
+    /// the buffer from it on (a part of no buffer registered: itself).
+    fn advise_part(&self, part: &mut [u8], size: Size) {
+        if !self.advise || self.reason == PageReason::Unavailable || part.is_empty() {
+            return;
+        }
+        let at = part.as_ptr() as usize;
+        let mut buffers = self.buffers.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(buffer) = buffers.iter_mut().find(|b| (b.start..b.end).contains(&at)) else {
+            drop(buffers);
+            os::advise_page_size(part, size == Size::Huge);
+            return;
+        };
+        if buffer.size == size && at >= buffer.from {
+            return;
+        }
+        let rest = buffer.end - at;
+        *buffer = Advised {
+            from: at,
+            size,
+            ..*buffer
+        };
+        drop(buffers);
+        // The rest of a buffer the load registered and owns, alive while
+        // its destinations are faulted in (other readers hold parts of it:
+        // the advice changes no byte, only the size of pages faulted later).
+        os::advise_page_size_of_range(at, rest, size == Size::Huge);
+    }
+
+    /// What was done, for the report: `None` where nothing was faulted in
+    /// through here.
+    pub(crate) fn report(&self) -> Option<FreshMemory> {
+        if !self.advise {
+            return None;
+        }
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let (base_bytes, huge_bytes) = (state.base.bytes, state.huge.bytes);
+        if base_bytes + huge_bytes == 0 {
+            return None;
+        }
+        // Nanoseconds per byte to GiB per second.
+        let rate = |cost: Option<f64>| {
+            cost.filter(|c| *c > 0.0)
+                .map(|c| 1e9 / c / (1u64 << 30) as f64)
+        };
+        Some(FreshMemory {
+            mode: self.mode,
+            reason: self.reason,
+            huge_bytes,
+            base_bytes,
+            huge_gib_s: rate(state.huge.cost()),
+            base_gib_s: rate(state.base.cost()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,315 @@
+//! The page sizes' tests: the host's settings read, the choice by measured cost (a table of hosts), and fresh memory faulted in for real.
+
+use super::*;
+
+#[test]
+fn the_selected_setting_is_the_one_in_brackets() {
+    assert_eq!(selected("always [madvise] never\n"), Some("madvise"));
+    assert_eq!(selected("[always] madvise never"), Some("always"));
+    assert_eq!(
+        selected("always defer defer+madvise [madvise] never"),
+        Some("madvise")
+    );
+    assert_eq!(selected("always madvise never"), None);
+    assert_eq!(selected("always [madvise"), None);
+    let offered = |t| HostHugePages::from_enabled(Some(t));
+    assert_eq!(offered("always [madvise] never"), HostHugePages::Offered);
+    assert_eq!(offered("[always] madvise never"), HostHugePages::Offered);
+    assert_eq!(offered("always madvise [never]"), HostHugePages::Absent);
+    assert_eq!(offered("garbage"), HostHugePages::Absent);
+    assert_eq!(HostHugePages::from_enabled(None), HostHugePages::Absent);
+}
+
+#[test]
+fn the_mode_from_its_words() {
+    for (text, mode) in [
+        ("1", Some(HugePages::On)),
+        (" ON ", Some(HugePages::On)),
+        ("true", Some(HugePages::On)),
+        ("0", Some(HugePages::Off)),
+        ("off", Some(HugePages::Off)),
+        ("Auto", Some(HugePages::Auto)),
+        ("2", None),
+        ("", None),
+    ] {
+        assert_eq!(HugePages::parse(text), mode, "{text:?}");
+    }
+}
+
+#[test]
+fn who_chose_and_what_the_host_offers() {
+    use HostHugePages::{Absent, Offered};
+    let table = [
+        (
+            (HugePages::Auto, Offered),
+            (HugePages::Auto, PageReason::Measured),
+        ),
+        (
+            (HugePages::Auto, Absent),
+            (HugePages::Off, PageReason::Unavailable),
+        ),
+        ((HugePages::On, Absent), (HugePages::On, PageReason::Caller)),
+        (
+            (HugePages::Off, Offered),
+            (HugePages::Off, PageReason::Caller),
+        ),
+    ];
+    for ((mode, host), expected) in table {
+        let pages = PageSizes::new(mode, PageReason::Caller, host);
+        assert_eq!((pages.mode, pages.reason), expected, "{mode:?} {host:?}");
+    }
+}
+
+/// Faults `pieces` destinations of `len` bytes in, as `fault_in` cuts them,
+/// with a cost per byte of `cost(piece, size)` instead of the clock's;
+/// returns the size each piece was faulted in (most of its bytes), and
+/// where a probe was made.
+fn drive(
+    pages: &PageSizes,
+    pieces: usize,
+    len: usize,
+    cost: impl Fn(usize, Size) -> f64,
+) -> Vec<(Size, bool)> {
+    (0..pieces)
+        .map(|i| {
+            // Destinations one after another, the first on a huge page.
+            let addr = (64 << 30) + i * len;
+            let Cut { size, probe } = pages.cut(addr, len);
+            let nanos = |bytes: usize, size: Size| {
+                Some(Duration::from_nanos((cost(i, size) * bytes as f64) as u64))
+            };
+            if probe.is_some() {
+                let page = (HUGE, nanos(HUGE, size.other()));
+                let mut state = pages.state.lock().unwrap();
+                state.record_probe(size.other(), &[page, page]);
+                drop(state);
+                pages.record(size, len - PROBE, nanos(len - PROBE, size));
+            } else {
+                pages.record(size, len, nanos(len, size));
+            }
+            (size, probe.is_some())
+        })
+        .collect()
+}
+
+fn measuring() -> PageSizes {
+    PageSizes::new(
+        HugePages::Auto,
+        PageReason::Measured,
+        HostHugePages::Offered,
+    )
+}
+
+const MIB8: usize = 8 << 20;
+
+#[test]
+fn huge_pages_where_they_are_cheaper_and_base_pages_where_they_are_not() {
+    use Size::{Base, Huge};
+    // Measured on the development VM, nanoseconds per byte: base pages
+    // 0.36; huge pages 0.08 where free ones were at hand, 2.2 where the
+    // host backed them again.
+    let fast = |_, size| if size == Huge { 0.08 } else { 0.36 };
+    let slow = |_, size| if size == Huge { 2.2 } else { 0.36 };
+    let pages = measuring();
+    let run = drive(&pages, 40, MIB8, fast);
+    // The first piece tries both; huge pages win and stay.
+    assert_eq!(run[0], (Huge, true));
+    assert!(run.iter().all(|&(size, _)| size == Huge), "{run:?}");
+    let probes = run.iter().filter(|&&(_, probe)| probe).count() as u64;
+    assert_eq!(probes, 3, "after 0, 8 and 24 pieces");
+    let report = pages.report().unwrap();
+    assert_eq!(report.reason, PageReason::Measured);
+    assert_eq!(report.huge_bytes, 40 * MIB8 as u64 - probes * PROBE as u64);
+    assert!((report.huge_gib_s.unwrap() - 1e9 / 0.08 / (1u64 << 30) as f64).abs() < 0.5);
+
+    let pages = measuring();
+    let run = drive(&pages, 300, MIB8, slow);
+    // One piece of huge pages (with a probe of base pages), then base pages.
+    assert_eq!(run[0], (Huge, true));
+    assert!(run[1..].iter().all(|&(size, _)| size == Base), "{run:?}");
+    // Probes of huge pages, fewer and fewer: after 8, 16, 32, 64, 128 pieces.
+    let probes: Vec<usize> = (0..run.len()).filter(|&i| run[i].1).collect();
+    assert_eq!(probes, [0, 8, 24, 56, 120, 248], "{probes:?}");
+    let report = pages.report().unwrap();
+    let probed = (probes.len() - 1) as u64 * PROBE as u64;
+    assert_eq!(report.huge_bytes, (MIB8 - PROBE) as u64 + probed);
+    assert_eq!(
+        report.base_bytes + report.huge_bytes,
+        300 * MIB8 as u64,
+        "{report:?}"
+    );
+}
+
+#[test]
+fn a_change_of_the_hosts_mode_is_followed() {
+    use Size::{Base, Huge};
+    // Huge pages fast for 20 pieces (memory another process just freed),
+    // slow after; then fast again from piece 100 on.
+    let cost = |i: usize, size| match size {
+        Base => 0.36,
+        Huge if (20..100).contains(&i) => 2.2,
+        Huge => 0.08,
+    };
+    let pages = measuring();
+    let run = drive(&pages, 200, MIB8, cost);
+    assert!(run[..20].iter().all(|&(s, _)| s == Huge), "{run:?}");
+    // Two slow pieces are seen (one alone could be a fluke), and the next
+    // ones are of base pages.
+    assert_eq!((run[20].0, run[21].0), (Huge, Huge));
+    assert!(run[22..100].iter().all(|&(s, _)| s == Base), "{run:?}");
+    // Back to huge pages after the first probe once they are fast again
+    // (the probes came after 8, 24, 56 and 120 pieces).
+    let back = (100..200).find(|&i| run[i].0 == Huge).unwrap();
+    assert_eq!(back, 121, "{run:?}");
+    assert!(run[back + 1..].iter().all(|&(s, _)| s == Huge));
+}
+
+#[test]
+fn a_caller_or_a_host_without_them_decides_and_nothing_is_probed() {
+    let cost = |_, size| if size == Size::Huge { 2.2 } else { 0.36 };
+    for (mode, host, size) in [
+        (HugePages::On, HostHugePages::Offered, Size::Huge),
+        (HugePages::Off, HostHugePages::Offered, Size::Base),
+        (HugePages::Auto, HostHugePages::Absent, Size::Base),
+    ] {
+        let pages = PageSizes::new(mode, PageReason::Caller, host);
+        let run = drive(&pages, 50, MIB8, cost);
+        assert!(run.iter().all(|&r| r == (size, false)), "{mode:?}: {run:?}");
+    }
+}
+
+#[test]
+fn a_probe_needs_two_whole_huge_pages_inside_the_destination() {
+    let pages = measuring();
+    // 4.5 MiB from 1 MiB past a huge page boundary: no two whole ones inside.
+    let cut = pages.cut((64 << 30) + (1 << 20), 9 << 19);
+    assert_eq!(cut.probe, None);
+    // 5 MiB from the same place: the two from the next boundary on.
+    let cut = pages.cut((64 << 30) + (1 << 20), 5 << 20);
+    assert_eq!(cut.probe, Some(1 << 20));
+}
+
+/// The value of `field` (`AnonHugePages:`, `VmFlags:`) of the mapping of
+/// this process at `addr`, from /proc/self/smaps.
+#[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+fn smaps_field(addr: usize, field: &str) -> String {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = first.split_once('-') {
+            if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+            {
+                inside = (lo..hi).contains(&addr);
+                continue;
+            }
+        }
+        if let (true, Some(value)) = (inside, line.strip_prefix(field)) {
+            return value.trim().to_string();
+        }
+    }
+    panic!("no {field} for a mapping at {addr:#x}");
+}
+
+/// The bytes of this process's memory in the mapping at `addr` that are
+/// backed by transparent huge pages.
+#[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+fn huge_bytes_at(addr: usize) -> u64 {
+    let kib = smaps_field(addr, "AnonHugePages:");
+    kib.trim_end_matches("kB").trim().parse::<u64>().unwrap() << 10
+}
+
+#[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+#[test]
+fn a_node_copy_asks_for_the_page_size_it_is_told() {
+    use crate::dest::node::{CopyFill, create, huge_page_advice};
+    let copy = create(8 << 20).unwrap();
+    // `hg`: huge pages asked for (MADV_HUGEPAGE), `nh`: refused (see proc(5)).
+    for (mode, has, lacks) in [
+        (HugePages::On, Some("hg"), "nh"),
+        (HugePages::Off, Some("nh"), "hg"),
+        (HugePages::Auto, None, "hg"),
+    ] {
+        let writer = CopyFill::new(&copy, mode).unwrap();
+        let flags = smaps_field(writer.addresses().start, "VmFlags:");
+        let flags: Vec<&str> = flags.split_whitespace().collect();
+        assert!(
+            has.is_none_or(|f| flags.contains(&f)),
+            "{mode:?}: {flags:?}"
+        );
+        assert!(!flags.contains(&lacks), "{mode:?}: {flags:?}");
+        assert_eq!(huge_page_advice(mode), has.map(|f| f == "hg"));
+    }
+}
+
+#[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+#[test]
+fn fresh_memory_faulted_in_is_zero_and_counted_and_off_means_no_huge_page() {
+    let len = 24 << 20;
+    for mode in [HugePages::Auto, HugePages::Off, HugePages::On] {
+        let mut buffer = crate::storage::alloc_buffer(len).unwrap();
+        let pages = PageSizes::new(mode, PageReason::Caller, HostHugePages::of_host());
+        for piece in buffer.chunks_mut(MIB8) {
+            pages.fault_in(piece);
+        }
+        assert!(buffer.iter().all(|&b| b == 0), "{mode:?}");
+        let report = pages.report().unwrap();
+        assert_eq!(
+            report.huge_bytes + report.base_bytes,
+            len as u64,
+            "{report:?}"
+        );
+        let addr = buffer.as_ptr() as usize;
+        if mode == HugePages::Off {
+            assert_eq!(report.huge_bytes, 0);
+            assert_eq!(huge_bytes_at(addr), 0, "base pages only");
+        }
+        if pages.reason == PageReason::Measured {
+            // Both sizes were measured on the first piece.
+            assert!(
+                report.huge_gib_s.is_some() && report.base_gib_s.is_some(),
+                "{report:?}"
+            );
+        }
+    }
+}
+
+#[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+#[test]
+fn a_destination_prepared_for_a_copy_is_left_to_it_but_for_the_samples() {
+    let len = 24 << 20;
+    let mut buffer = crate::storage::alloc_buffer(len).unwrap();
+    let pages = PageSizes::new(
+        HugePages::Auto,
+        PageReason::Measured,
+        HostHugePages::of_host(),
+    );
+    for piece in buffer.chunks_mut(MIB8) {
+        pages.prepare(piece);
+    }
+    let report = pages.report().unwrap();
+    assert_eq!(
+        report.huge_bytes + report.base_bytes,
+        len as u64,
+        "{report:?}"
+    );
+    // The first piece held the samples, both sizes measured; the pieces
+    // after it were only advised: nothing of them is resident yet.
+    if pages.reason == PageReason::Measured {
+        assert!(
+            report.huge_gib_s.is_some() && report.base_gib_s.is_some(),
+            "{report:?}"
+        );
+    }
+    let rss_kib = |at: usize| {
+        let rss = smaps_field(buffer.as_ptr() as usize + at, "Rss:");
+        rss.trim_end_matches("kB").trim().parse::<u64>().unwrap()
+    };
+    assert_eq!(rss_kib(MIB8 + (1 << 20)), 0, "the second piece untouched");
+    assert_eq!(
+        rss_kib(2 * MIB8 + (1 << 20)),
+        0,
+        "the third piece untouched"
+    );
+    assert!(buffer.iter().all(|&b| b == 0));
+}

@@ -770,24 +770,7 @@ fn limit(files: &[PathBuf], threads: usize, (direct, fresh): (bool, bool)) -> Ar
                             let _ = new.advise(memmap2::Advice::HugePage);
                             kept.push(std::mem::replace(&mut buf, new));
                         }
-                        let want = if direct {
-                            len.next_multiple_of(4096)
-                        } else {
-                            len
-                        } as usize;
-                        let mut done = 0usize;
-                        while (done as u64) < len {
-                            let n = std::os::unix::fs::FileExt::read_at(
-                                &handles[i],
-                                &mut buf[done..want],
-                                off + done as u64,
-                            )
-                            .map_err(|e| e.to_string())?;
-                            if n == 0 {
-                                return Err("short file".into());
-                            }
-                            done += n;
-                        }
+                        read_piece(&handles[i], &mut buf, off, len, direct)?;
                         // Only tensor bytes count, as for the other arms.
                         let skip = data_start.saturating_sub(off).min(len) as usize;
                         let piece = &buf[skip..len as usize];
@@ -870,24 +853,7 @@ fn fresh(files: &[PathBuf], threads: usize, arm: FreshArm) -> ArmResult {
                         let Some((i, off, len, buf)) = slot.lock().expect("slot").take() else {
                             continue;
                         };
-                        let want = if arm.direct {
-                            len.next_multiple_of(4096)
-                        } else {
-                            len
-                        } as usize;
-                        let mut done = 0usize;
-                        while (done as u64) < len {
-                            let n = std::os::unix::fs::FileExt::read_at(
-                                &opened[i].0,
-                                &mut buf[done..want],
-                                off + done as u64,
-                            )
-                            .map_err(|e| e.to_string())?;
-                            if n == 0 {
-                                return Err("short file".into());
-                            }
-                            done += n;
-                        }
+                        read_piece(&opened[i].0, buf, off, len, arm.direct)?;
                     }
                 })
             })
@@ -911,4 +877,31 @@ fn fresh(files: &[PathBuf], threads: usize, arm: FreshArm) -> ArmResult {
 fn checksum_aligned(piece: &[u8], offset: u64) -> u64 {
     debug_assert_eq!(offset % 8, 0);
     data::checksum(piece)
+}
+
+/// Reads `len` bytes of `file` at `off` into the start of `buf`, in as many
+/// reads as it takes; with `direct`, each read asks for whole 4 KiB blocks
+/// (`buf` holds `len` rounded up).
+fn read_piece(
+    file: &std::fs::File,
+    buf: &mut [u8],
+    off: u64,
+    len: u64,
+    direct: bool,
+) -> Result<(), String> {
+    let want = if direct {
+        len.next_multiple_of(4096)
+    } else {
+        len
+    } as usize;
+    let mut done = 0usize;
+    while (done as u64) < len {
+        let n = std::os::unix::fs::FileExt::read_at(file, &mut buf[done..want], off + done as u64)
+            .map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("short file".into());
+        }
+        done += n;
+    }
+    Ok(())
 }

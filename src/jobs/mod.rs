@@ -174,6 +174,18 @@ struct Taken<'a> {
     waited: Duration,
 }
 
+/// The queue of `jobs`, none of them faulted in yet.
+fn queue_of(jobs: Vec<Tagged<'_>>) -> Vec<Slot<'_>> {
+    jobs.into_iter()
+        .map(|tagged| {
+            Mutex::new(Some(Waiting {
+                tagged,
+                faulted: false,
+            }))
+        })
+        .collect()
+}
+
 /// The next job of the queue and its place in it: a longer read cut to
 /// `size` where the size is measured (its rest stays in the slot), else the
 /// whole job. `None` once every job is taken.
@@ -299,15 +311,7 @@ pub(crate) fn run<'a>(
     // One more thread faults in the destinations of the jobs ahead of the
     // readers when the reads bypass the page cache (see `fill_ahead`).
     let ahead = reads_bypass_the_page_cache(&jobs);
-    let queue: Vec<Slot<'_>> = jobs
-        .into_iter()
-        .map(|tagged| {
-            Mutex::new(Some(Waiting {
-                tagged,
-                faulted: false,
-            }))
-        })
-        .collect();
+    let queue = queue_of(jobs);
     let cursor = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let first_error: Mutex<Option<(usize, JobError)>> = Mutex::new(None);

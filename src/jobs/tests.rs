@@ -188,15 +188,7 @@ fn reads_cut_to_the_measured_size_land_every_byte_once() {
 fn a_reader_passes_over_a_job_the_helper_holds_and_waits_only_for_the_last() {
     let file = file_of(&[1; 3 << 20]);
     let mut dst = vec![0u8; 3 << 20];
-    let queue: Vec<Slot<'_>> = reads(&file, false, &mut dst)
-        .into_iter()
-        .map(|tagged| {
-            Mutex::new(Some(Waiting {
-                tagged,
-                faulted: false,
-            }))
-        })
-        .collect();
+    let queue = queue_of(reads(&file, false, &mut dst));
     let cursor = AtomicUsize::new(0);
     // The helper faulting the first job in, under its lock.
     let held = queue[0].lock().unwrap();

@@ -84,22 +84,7 @@ pub(crate) fn populate_write(dst: &mut [u8]) {
 /// madvise(2); the advice applies to the pages faulted in after it. A hint:
 /// without THP the kernel answers `EINVAL`, and nothing changes.
 pub(crate) fn advise_page_size(dst: &mut [u8], huge: bool) {
-    let page = rustix::param::page_size();
-    let start = dst.as_mut_ptr() as usize;
-    let first = start.next_multiple_of(page);
-    let end = (start + dst.len()) / page * page;
-    if end <= first {
-        return;
-    }
-    let advice = if huge {
-        rustix::mm::Advice::LinuxHugepage
-    } else {
-        rustix::mm::Advice::LinuxNoHugepage
-    };
-    // SAFETY: `[first, end)` lies within `dst`, this process's writable
-    // memory borrowed mutably for the call; the advice changes no byte of it
-    // and unmaps nothing (it only marks which page size later faults use).
-    let _ = unsafe { rustix::mm::madvise(first as *mut std::ffi::c_void, end - first, advice) };
+    advise_page_size_of_range(dst.as_mut_ptr() as usize, dst.len(), huge);
 }
 
 /// [`advise_page_size`] for `len` bytes at `addr`, a range of this

@@ -9,11 +9,13 @@
 //! that does not raise it by [`GAIN`] is undone and the count settles.
 //! Nothing is remembered across loads.
 //!
-//! For a remote object (feature `remote`) the size of a ranged request is
-//! found the same way, once the readers settle: doubled from its start while
-//! throughput still rises, within [`Sizes`] and under a cap on the bytes in
-//! flight (readers times size); the readers split the queue's reads to the
-//! size of the moment. Elsewhere only the number of readers changes. NOTE: a
+//! Where a load is given a range of read sizes ([`Sizes`]), the size is
+//! found the same way once the readers settle: doubled from its start while
+//! throughput still rises, under a cap on the bytes in flight (readers
+//! times size); the readers split the queue's reads to the size of the
+//! moment. Remote objects (feature `remote`) are given a range of one size
+//! with the cap (`policy/reads.rs`, whose NOTE says why); elsewhere only the
+//! number of readers changes. NOTE: a
 //! direct read on FUSE reaches the daemon as requests of at most 1 MiB
 //! (`fs.fuse.max_pages_limit`), sent one after another for one `pread`
 //! (fuser and hf-mount ask for no asynchronous direct I/O), so a larger

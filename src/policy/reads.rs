@@ -12,30 +12,36 @@ use crate::source::Source;
 const DEFAULT_READ_SIZE: usize = 8 << 20;
 
 /// Reads in flight a load of remote objects starts with (the adaptive
-/// controller doubles it while throughput rises), and the sizes of one
-/// ranged request it tries once the count settles (doubled from the start
-/// while throughput rises), under a cap on the bytes in flight.
+/// controller doubles it while throughput rises), and the size of one ranged
+/// request, under a cap on the bytes in flight.
 ///
 /// NOTE: the stores' guidance is 8-16 MiB per ranged GET (S3's performance
-/// guidelines; GCS's sliced downloads), hence the start at 16 MiB and 16
-/// requests; each request pays a round trip before its first byte, which
-/// larger requests amortize, hence up to 64 MiB where that pays. Readers
-/// write into the load's buffers, so bytes in flight cost no memory of their
-/// own: the cap (1 GiB, 64 requests of 16 MiB) bounds what one load asks of
-/// the store at once.
+/// guidelines; GCS's sliced downloads), hence 16 MiB and 16 requests to
+/// start. Readers write into the load's buffers, so bytes in flight cost no
+/// memory of their own: the cap (1 GiB, 64 requests of 16 MiB) bounds what
+/// one load asks of the store at once.
+///
+/// NOTE: the size is no longer doubled once the count settles (it went up
+/// to 64 MiB): on the test HTTP server (20 ms, 1,500 MiB/s, 2.2 GiB in 8
+/// shards) every load tried 16 x 32 MiB, read 0.80-0.91 GiB/s in that
+/// window against 1.42-1.50 GiB/s at 16 MiB, and went back; the detour cost
+/// `hf://` 2.418 s against 1.919 s with the size kept at 16 MiB (medians of
+/// 8 interleaved rounds each, 2026-12-02, BENCHMARKS.md). The controller
+/// still measures sizes within a range ([`Sizes`]); this range leaves it
+/// none to try.
 const REMOTE_READERS: usize = 16;
 /// See [`REMOTE_READERS`].
 const REMOTE_SIZES: Sizes = Sizes {
     start: 16 << 20,
-    max: 64 << 20,
+    max: 16 << 20,
     in_flight: 1 << 30,
 };
 
 /// How a load of `sources` reads where the caller set neither the reads in
 /// flight nor their size (`caller`: `Loader::io_concurrency`,
 /// `Loader::read_size`): the concurrency, and the size jobs are cut to
-/// before the run. Remote objects: [`REMOTE_READERS`], the size measured
-/// within [`REMOTE_SIZES`] (jobs of its largest, cut by the readers);
+/// before the run. Remote objects: [`REMOTE_READERS`] of the size in
+/// [`REMOTE_SIZES`];
 /// elsewhere the filesystems' count ([`default_io_concurrency`]) and
 /// [`DEFAULT_READ_SIZE`]. A size or count the caller set is kept.
 pub(crate) fn io_defaults<'a>(

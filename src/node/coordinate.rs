@@ -227,15 +227,33 @@ impl Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        // Not waited for: dropping tensors must not wait on a rank stopped
-        // under the lock (the lock file is then left for a later sweep).
         let lock = Lock::try_take(&self.lock_path);
         drop(self.server.take());
+        // Ranks that drop their copies at the same moment each hold the
+        // lock while they look for a live holder; one that finds the lock
+        // taken tries again for a moment, so that the last of them sees the
+        // others' sockets gone and removes the lock file (two ranks of a
+        // test dropping together had each left it to the other). Waited for
+        // no longer: dropping tensors must not wait on a rank stopped under
+        // the lock (the lock file is then left for a later sweep).
+        let lock = lock.or_else(|| {
+            (0..DROP_TRIES).find_map(|_| {
+                std::thread::sleep(DROP_BACK_OFF);
+                Lock::try_take(&self.lock_path)
+            })
+        });
         if let Some(lock) = lock {
             lock.release_last(&self.dir, self.key);
         }
     }
 }
+
+/// How often, and how far apart, a rank dropping its copy tries again for
+/// a lock another rank holds (20 x 10 ms: a look at the directory takes
+/// well under a millisecond).
+const DROP_TRIES: usize = 20;
+/// See [`DROP_TRIES`].
+const DROP_BACK_OFF: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// A new copy of the files that fit the memory guard, in order; those that
 /// do not are marked in `results`.

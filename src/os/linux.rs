@@ -104,10 +104,10 @@ pub(crate) fn advise_page_size_of_range(addr: usize, len: usize, huge: bool) {
     } else {
         rustix::mm::Advice::LinuxNoHugepage
     };
-    // SAFETY: `MADV_HUGEPAGE` and `MADV_NOHUGEPAGE` set a flag of the
-    // mappings in `[first, end)` (madvise(2)): they neither read, write,
-    // free nor unmap memory, so no byte another thread holds changes, and an
-    // address of no mapping is refused with an error.
+    // Both advices only set a flag of the mappings in `[first, end)`
+    // (madvise(2)); an address of no mapping is refused with an error.
+    // SAFETY: no byte is read, written, freed or unmapped, so memory other
+    // threads hold is unchanged and no borrow of the range is needed.
     let _ = unsafe { rustix::mm::madvise(first as *mut std::ffi::c_void, end - first, advice) };
 }
 

@@ -308,11 +308,10 @@ fn a_destination_prepared_for_a_copy_is_left_to_it_but_for_the_samples() {
         let page = rustix::param::page_size();
         let start = buffer.as_ptr() as usize + at;
         let mut vec = vec![0u8; MIB8 / page];
-        // SAFETY: `start` lies in `buffer`, page-aligned (the buffer is
-        // mapped in whole huge pages and `at` is a multiple of 8 MiB), and
-        // the 8 MiB from it are within the buffer (24 MiB), borrowed for
-        // the call; `vec` holds one byte per page of the range, what
-        // mincore(2) writes. Nothing is read or written in the buffer.
+        // The range: 8 MiB of `buffer` (24 MiB, mapped in whole huge pages)
+        // at a multiple of 8 MiB, so page-aligned; `buffer` is borrowed.
+        // SAFETY: the range lies in live memory of this process; `vec` has
+        // the byte per page mincore(2) writes; the buffer is not touched.
         let rc = unsafe { libc::mincore(start as *mut libc::c_void, MIB8, vec.as_mut_ptr()) };
         assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
         vec.iter().filter(|&&b| b & 1 != 0).count()

@@ -338,14 +338,7 @@ impl PageSizes {
             Some(at) => {
                 let (head, rest) = dst.split_at_mut(at.min(dst.len()));
                 let (probed, tail) = rest.split_at_mut(PROBE.min(rest.len()));
-                let measures: Vec<(usize, Option<Duration>)> = probed
-                    .chunks_mut(HUGE)
-                    .map(|page| (page.len(), self.fault_probe(page, size.other())))
-                    .collect();
-                if self.advise {
-                    let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-                    state.record_probe(size.other(), &measures);
-                }
+                self.probe(probed, size.other());
                 part(head, size);
                 part(tail, size);
             }
@@ -378,15 +371,10 @@ impl PageSizes {
         let (sampled, tail) = rest.split_at_mut((2 * PROBE).min(rest.len()));
         if !sampled.is_empty() {
             let (probed, used) = sampled.split_at_mut(PROBE.min(sampled.len()));
-            let measures: Vec<(usize, Option<Duration>)> = probed
-                .chunks_mut(HUGE)
-                .map(|page| (page.len(), self.fault_probe(page, size.other())))
-                .collect();
+            self.probe(probed, size.other());
             let cpu = self.fault(used, size);
             if self.advise {
-                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-                state.record_probe(size.other(), &measures);
-                state.record(size, used.len(), cpu);
+                self.record(size, used.len(), cpu);
             }
         }
         for piece in [head, tail] {
@@ -404,20 +392,26 @@ impl PageSizes {
     /// the CPU time it took this thread.
     fn fault(&self, piece: &mut [u8], size: Size) -> Option<Duration> {
         self.advise_part(piece, size);
-        let before = os::thread_cpu_time();
-        os::populate_write(piece);
-        before.and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)))
+        timed_populate(piece)
     }
 
-    /// A probe's page: faulted in with `size` advised on it alone (its
-    /// buffer's advice for the pages after it stays as it is).
-    fn fault_probe(&self, page: &mut [u8], size: Size) -> Option<Duration> {
-        if self.advise && self.reason != PageReason::Unavailable {
-            os::advise_page_size(page, size == Size::Huge);
+    /// Faults in `probed` page by page, each with `size` advised on it
+    /// alone (its buffer's advice for the pages after it stays as it is),
+    /// and records what each cost.
+    fn probe(&self, probed: &mut [u8], size: Size) {
+        let measures: Vec<(usize, Option<Duration>)> = probed
+            .chunks_mut(HUGE)
+            .map(|page| {
+                if self.advise && self.reason != PageReason::Unavailable {
+                    os::advise_page_size(page, size == Size::Huge);
+                }
+                (page.len(), timed_populate(page))
+            })
+            .collect();
+        if self.advise {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.record_probe(size, &measures);
         }
-        let before = os::thread_cpu_time();
-        os::populate_write(page);
-        before.and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)))
     }
 
     /// A buffer of the load, whose pages are asked for in the size in use
@@ -510,6 +504,14 @@ impl PageSizes {
             base_gib_s: rate(state.base.cost()),
         })
     }
+}
+
+/// Faults `piece` in, writable, and returns the CPU time it took this
+/// thread (`None` where the clock cannot be read).
+fn timed_populate(piece: &mut [u8]) -> Option<Duration> {
+    let before = os::thread_cpu_time();
+    os::populate_write(piece);
+    before.and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)))
 }
 
 #[cfg(test)]

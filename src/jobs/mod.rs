@@ -17,6 +17,7 @@ use crate::adapt::{Concurrency, Control, Settled};
 use crate::cancel;
 use crate::dest::pages::PageSizes;
 use crate::error::Operation;
+use crate::os;
 use crate::source::Source;
 use crate::workers;
 use execute::execute;
@@ -352,6 +353,10 @@ pub(crate) fn run<'a>(
             // page size asked for only, where the read copies out of the
             // page cache: `PageSizes::prepare`).
             let mut faulting = waited;
+            // A copy out of the page cache into a destination left to fault
+            // in as it goes: timed on this thread's CPU clock, the measure
+            // of the page size it was given.
+            let mut prepared = None;
             if let (false, true, Some(dst)) =
                 (faulted, pages.readers_fault(), tagged.job.destination())
             {
@@ -359,11 +364,18 @@ pub(crate) fn run<'a>(
                 if ahead {
                     pages.fault_in(dst);
                 } else {
-                    pages.prepare(dst);
+                    prepared = Some((pages.prepare(dst), os::thread_cpu_time()));
                 }
                 faulting += start.elapsed();
             }
-            match execute(tagged.job) {
+            let result = execute(tagged.job);
+            if let Some((prepared, before)) = prepared {
+                let cpu = before
+                    .filter(|_| operation == Operation::Read && result.is_ok())
+                    .and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)));
+                pages.copied(prepared, cpu);
+            }
+            match result {
                 Ok(outcome) => {
                     control.completed(outcome.bytes, faulting);
                     done(tagged.file_index, outcome);

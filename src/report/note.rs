@@ -484,9 +484,14 @@ mod tests {
             note.to_string()
                 .ends_with("8: 3.00 GiB/s; the most allowed)")
         );
-        assert_eq!(
-            Note::reads(&settled(Why::Ended, Vec::new())),
-            Note::ReadsUnmeasured { readers: 8 }
+        let note = Note::reads(&settled(Why::Ended, Vec::new()));
+        assert_eq!(note, Note::ReadsUnmeasured { readers: 8 });
+        assert!(note.to_string().contains("too short"), "{note}");
+        let note = Note::reads(&settled(Why::Max, vec![(32, Some(32 << 20), 1.5)]));
+        assert!(
+            note.to_string()
+                .starts_with("8 read(s) of 16 MiB in flight"),
+            "{note}"
         );
         assert_eq!(
             Note::reads(&settled(Why::Pinned, Vec::new())).to_string(),

@@ -96,7 +96,9 @@ pub struct FreshMemory {
     /// Bytes faulted in as base pages.
     pub base_bytes: u64,
     /// GiB faulted in per second of a faulting thread's CPU time, with huge
-    /// pages asked for: the last measure, `None` where none was taken.
+    /// pages asked for (where a copy out of the page cache faulted them in,
+    /// GiB copied per second of the copying thread's: what the size cost
+    /// the copy): the last measure, `None` where none was taken.
     pub huge_gib_s: Option<f64>,
     /// The same for base pages.
     pub base_gib_s: Option<f64>,

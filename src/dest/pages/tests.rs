@@ -164,6 +164,90 @@ fn a_change_of_the_hosts_mode_is_followed() {
     assert!(run[back + 1..].iter().all(|&(s, _)| s == Huge));
 }
 
+/// Copies `pieces` destinations of `len` bytes out of the page cache one
+/// after another, as `prepare` chooses their sizes, each copy costing
+/// `cost(piece, size)` per byte; returns the size of each piece and whether
+/// it was a probe.
+fn drive_copies(
+    pages: &PageSizes,
+    pieces: usize,
+    len: usize,
+    cost: impl Fn(usize, Size) -> f64,
+) -> Vec<(Size, bool)> {
+    (0..pieces)
+        .map(|i| {
+            let prepared = pages.choose((64 << 30) + i * len, len);
+            let (size, probe) = (prepared.size, prepared.probe);
+            let nanos = (cost(i, size) * len as f64) as u64;
+            pages.copied(prepared, Some(Duration::from_nanos(nanos)));
+            (size, probe)
+        })
+        .collect()
+}
+
+#[test]
+fn copies_choose_the_size_they_cost_least_in() {
+    use Size::{Base, Huge};
+    // A copy's cost per byte, its faults included: base pages take an
+    // exception each, so cost more in a copy than in a populate.
+    let fast = |_, size| if size == Huge { 0.25 } else { 0.6 };
+    let pages = measuring();
+    let run = drive_copies(&pages, 40, MIB8, fast);
+    // The first piece is a probe of base pages, the second one of huge
+    // pages (base pages were in use, the only ones measured); then huge
+    // pages, with a whole piece of base pages after 8 and 16 more.
+    let probes: Vec<usize> = (0..run.len()).filter(|&i| run[i].1).collect();
+    assert_eq!(probes, [0, 1, 9, 25], "{run:?}");
+    assert_eq!(run[..2], [(Base, true), (Huge, true)]);
+    for (i, &(size, probe)) in run.iter().enumerate().skip(2) {
+        assert_eq!(size, if probe { Base } else { Huge }, "piece {i}: {run:?}");
+    }
+    let report = pages.report().unwrap();
+    assert_eq!(report.base_bytes, 3 * MIB8 as u64);
+    assert_eq!(report.huge_bytes, 37 * MIB8 as u64);
+
+    // Huge pages the host must back again, from piece 20 to 100: left
+    // within two pieces (a cost is the median of three), back at the first
+    // probe after they are cheap again.
+    let cost = |i: usize, size| match size {
+        Base => 0.6,
+        Huge if (20..100).contains(&i) => 2.4,
+        Huge => 0.25,
+    };
+    let pages = measuring();
+    let run = drive_copies(&pages, 200, MIB8, cost);
+    assert!(run[1..22].iter().all(|&(s, p)| s == Huge || p), "{run:?}");
+    assert!(run[22..100].iter().all(|&(s, p)| s == Base || p), "{run:?}");
+    let back = (100..200).find(|&i| run[i].0 == Huge).unwrap();
+    assert!(run[back].1 && back <= 130, "{back}: {run:?}");
+    assert!(
+        run[back + 1..].iter().all(|&(s, p)| s == Huge || p),
+        "{run:?}"
+    );
+}
+
+#[test]
+fn one_probe_at_a_time_and_one_given_back_untimed_ends_it() {
+    let pages = measuring();
+    // Eight readers take their first destinations before any copy ends:
+    // one probe among them.
+    let taken: Vec<Prepared> = (0..8)
+        .map(|i| pages.choose((64 << 30) + i * MIB8, MIB8))
+        .collect();
+    assert_eq!(taken.iter().filter(|p| p.probe).count(), 1, "{taken:?}");
+    // Given back untimed (a conversion, a failed read): counted, nothing
+    // measured, and the next due probe is made.
+    for prepared in taken {
+        pages.copied(prepared, None);
+    }
+    let state = pages.state.lock().unwrap();
+    assert!(!state.probing);
+    assert_eq!(state.base.cost(), None);
+    assert_eq!(state.base.bytes + state.huge.bytes, 8 * MIB8 as u64);
+    drop(state);
+    assert!(pages.choose(64 << 30, MIB8).probe);
+}
+
 #[test]
 fn a_caller_or_a_host_without_them_decides_and_nothing_is_probed() {
     let cost = |_, size| if size == Size::Huge { 2.2 } else { 0.36 };
@@ -276,7 +360,7 @@ fn fresh_memory_faulted_in_is_zero_and_counted_and_off_means_no_huge_page() {
 
 #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
 #[test]
-fn a_destination_prepared_for_a_copy_is_left_to_it_but_for_the_samples() {
+fn a_destination_prepared_for_a_copy_is_left_to_it() {
     let len = 24 << 20;
     let mut buffer = crate::storage::alloc_buffer(len).unwrap();
     let pages = PageSizes::new(
@@ -284,8 +368,18 @@ fn a_destination_prepared_for_a_copy_is_left_to_it_but_for_the_samples() {
         PageReason::Measured,
         HostHugePages::of_host(),
     );
-    for piece in buffer.chunks_mut(MIB8) {
-        pages.prepare(piece);
+    let prepared: Vec<Prepared> = buffer.chunks_mut(MIB8).map(|p| pages.prepare(p)).collect();
+    if pages.reason == PageReason::Measured {
+        // The first piece is the probe of base pages (huge ones are in use
+        // until measured).
+        let sizes: Vec<(Size, bool)> = prepared.iter().map(|p| (p.size, p.probe)).collect();
+        assert_eq!(
+            sizes,
+            [(Size::Base, true), (Size::Huge, false), (Size::Huge, false)]
+        );
+    }
+    for (i, p) in prepared.into_iter().enumerate() {
+        pages.copied(p, Some(Duration::from_millis(1 + i as u64)));
     }
     let report = pages.report().unwrap();
     assert_eq!(
@@ -293,8 +387,6 @@ fn a_destination_prepared_for_a_copy_is_left_to_it_but_for_the_samples() {
         len as u64,
         "{report:?}"
     );
-    // The first piece held the samples, both sizes measured; the pieces
-    // after it were only advised: nothing of them is resident yet.
     if pages.reason == PageReason::Measured {
         assert!(
             report.huge_gib_s.is_some() && report.base_gib_s.is_some(),
@@ -316,6 +408,7 @@ fn a_destination_prepared_for_a_copy_is_left_to_it_but_for_the_samples() {
         assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
         vec.iter().filter(|&&b| b & 1 != 0).count()
     };
+    assert_eq!(resident(0), 0, "the first piece untouched");
     assert_eq!(resident(MIB8), 0, "the second piece untouched");
     assert_eq!(resident(2 * MIB8), 0, "the third piece untouched");
     assert!(buffer.iter().all(|&b| b == 0));

@@ -56,10 +56,12 @@ const DEFAULT_ARMS: [&str; 13] = [
 ];
 /// Arms for tuning, run when named with `--arms` (and `fresh-...`, see
 /// [`FreshArm`]).
-const EXTRA_ARMS: [&str; 8] = [
+const EXTRA_ARMS: [&str; 10] = [
     "safeload-auto-prefetch",
     "safeload-huge-on",
     "safeload-huge-off",
+    "safeload-buffered-direct-huge-on",
+    "safeload-buffered-direct-huge-off",
     "safeload-prefetch-static",
     "safeload-auto-io1",
     "safeload-auto-io32",
@@ -621,6 +623,14 @@ fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
                 "safeload-buffered-direct" => {
                     safeload::Loader::new().disable_mmap(true).direct_io(true)
                 }
+                "safeload-buffered-direct-huge-on" => safeload::Loader::new()
+                    .disable_mmap(true)
+                    .direct_io(true)
+                    .huge_pages(safeload::HugePages::On),
+                "safeload-buffered-direct-huge-off" => safeload::Loader::new()
+                    .disable_mmap(true)
+                    .direct_io(true)
+                    .huge_pages(safeload::HugePages::Off),
                 "safeload-populate" => safeload::Loader::new().disable_mmap(false).populate(true),
                 // The cost of integrity: every file's SHA-256, mapped files in a
                 // pass of their own, buffered ones as their chunks land.

@@ -148,6 +148,9 @@ struct State {
     /// A destination of the size not in use is being copied into, its copy
     /// to be timed ([`PageSizes::prepare`]): no other probe until it is.
     probing: bool,
+    /// Bytes faulted in for reads of a local disk with `O_DIRECT`, on huge
+    /// pages whatever was measured ([`PageSizes::fault_in`]).
+    disk_bytes: u64,
 }
 
 /// A destination prepared for a copy out of the page cache, to be given back
@@ -169,6 +172,28 @@ struct Measured {
     samples: [Option<f64>; SAMPLES],
     bytes: u64,
 }
+
+/// How many times its measured cost base pages are taken to cost for a
+/// direct read of a local disk: huge pages unless they cost more than this
+/// many times as much to fault in.
+///
+/// NOTE: a direct read is split into requests of physically contiguous
+/// memory, so base pages cut it into requests of the device's most segments
+/// times 4 KiB. On the development VM (a virtio disk: 254 segments, 4 MiB
+/// requests at most), 2026-12-03, 2.2 GiB read with `O_DIRECT` in 16 MiB
+/// pieces by 16 threads into buffers faulted in before (a C program, 7 runs
+/// alternating): 2.05-2.37 s into base pages against 0.86-1.03 s into huge
+/// pages, at 0.1-0.3 s of system time either way; with 4 threads the same.
+/// That is about 0.5 ns per byte of the read's time, where base pages cost
+/// 0.25-0.35 ns per byte to fault in: 4x. Huge pages cost 0.08-0.13 ns per
+/// byte where the host has them at hand (then they win on both counts) and
+/// 2.2-2.5 once it must back them again: then, faulting 2.2 GiB on two
+/// cores takes longer than the larger requests save. Buffered loads of the
+/// load benchmark's checkpoint with `O_DIRECT` (cold, 9 interleaved rounds,
+/// 2026-12-03): huge pages always 1.165 s (0.968-1.795), base pages always
+/// 1.647 s (1.416-2.071), huge pages for disk reads whatever they cost
+/// 1.159 s (0.952-3.130: 5.6 s of system time in the slowest).
+const DISK_WEIGHT: f64 = 4.0;
 
 /// The measures of each size its cost is taken from.
 ///
@@ -211,10 +236,12 @@ impl State {
     }
 
     /// The size in use: the one measured cheaper (huge where tied, and
-    /// first, until base pages were measured too).
-    fn in_use(&self) -> Size {
+    /// first, until base pages were measured too), base pages' cost
+    /// weighed [`DISK_WEIGHT`] times for a direct read of a local disk.
+    fn in_use(&self, disk: bool) -> Size {
+        let weight = if disk { DISK_WEIGHT } else { 1.0 };
         match (self.base.cost(), self.huge.cost()) {
-            (Some(base), Some(huge)) if base < huge => Size::Base,
+            (Some(base), Some(huge)) if base * weight < huge => Size::Base,
             (Some(_), None) => Size::Base,
             _ => Size::Huge,
         }
@@ -291,7 +318,7 @@ impl PageSizes {
 
     /// The size for the next destination of `len` bytes at `addr`, and a
     /// probe of the other size where one is due.
-    fn cut(&self, addr: usize, len: usize) -> Cut {
+    fn cut(&self, addr: usize, len: usize, disk: bool) -> Cut {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let size = match self.mode {
             HugePages::On => {
@@ -306,7 +333,7 @@ impl PageSizes {
                     probe: None,
                 };
             }
-            HugePages::Auto => state.in_use(),
+            HugePages::Auto => state.in_use(disk),
         };
         let never_measured = state.of(size.other()).cost().is_none();
         state.since_probe += 1;
@@ -339,8 +366,16 @@ impl PageSizes {
     /// clock. `dst` is fresh: part of a private anonymous buffer no byte of
     /// which was written yet (a byte written before is kept, but its page's
     /// size is then the kernel's choice).
-    pub(crate) fn fault_in(&self, dst: &mut [u8]) {
-        let Cut { size, probe } = self.cut(dst.as_ptr() as usize, dst.len());
+    ///
+    /// Where `dst` is for a read of a local disk with `O_DIRECT` (`disk`),
+    /// base pages' measured cost is weighed [`DISK_WEIGHT`] times: they
+    /// make the disk's requests smaller.
+    pub(crate) fn fault_in(&self, dst: &mut [u8], disk: bool) {
+        if disk && self.mode == HugePages::Auto {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.disk_bytes += dst.len() as u64;
+        }
+        let Cut { size, probe } = self.cut(dst.as_ptr() as usize, dst.len(), disk);
         let part = |piece: &mut [u8], size: Size| {
             if piece.is_empty() {
                 return;
@@ -407,7 +442,7 @@ impl PageSizes {
     /// fault in: the one in use, or the other where a probe is due and no
     /// other probe is being copied into.
     fn choose(&self, addr: usize, len: usize) -> Prepared {
-        let Cut { size, probe } = self.cut(addr, len);
+        let Cut { size, probe } = self.cut(addr, len, false);
         let probe = probe.is_some() && self.mode == HugePages::Auto;
         if probe {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -489,7 +524,7 @@ impl PageSizes {
                 .state
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .in_use(),
+                .in_use(false),
         };
         if self.reason != PageReason::Unavailable {
             os::advise_page_size(buffer, size == Size::Huge);
@@ -550,9 +585,16 @@ impl PageSizes {
             cost.filter(|c| *c > 0.0)
                 .map(|c| 1e9 / c / (1u64 << 30) as f64)
         };
+        // Every byte for direct reads of a local disk: their size was set.
+        let reason = match self.reason {
+            PageReason::Measured if state.disk_bytes == base_bytes + huge_bytes => {
+                PageReason::DiskReads
+            }
+            reason => reason,
+        };
         Some(FreshMemory {
             mode: self.mode,
-            reason: self.reason,
+            reason,
             huge_bytes,
             base_bytes,
             huge_gib_s: rate(state.huge.cost()),

@@ -17,6 +17,7 @@ use crate::adapt::{Concurrency, Control, Settled};
 use crate::cancel;
 use crate::dest::pages::PageSizes;
 use crate::error::Operation;
+use crate::mount::MountKind;
 use crate::os;
 use crate::source::Source;
 use crate::workers;
@@ -66,6 +67,18 @@ impl Job<'_> {
         match self {
             Job::Read { dst, .. } | Job::Convert { dst, .. } => Some(dst),
             Job::Populate { .. } => None,
+        }
+    }
+
+    /// Whether the job reads a file on a local disk with `O_DIRECT`: its
+    /// destination's pages set the size of the disk's requests
+    /// (`PageSizes::fault_in`).
+    fn reads_a_disk_directly(&self) -> bool {
+        match self {
+            Job::Read {
+                direct: true, file, ..
+            } => file.mount().is_some_and(|m| m.kind == MountKind::Local),
+            _ => false,
         }
     }
 
@@ -357,12 +370,13 @@ pub(crate) fn run<'a>(
             // in as it goes: timed on this thread's CPU clock, the measure
             // of the page size it was given.
             let mut prepared = None;
+            let disk = tagged.job.reads_a_disk_directly();
             if let (false, true, Some(dst)) =
                 (faulted, pages.readers_fault(), tagged.job.destination())
             {
                 let start = Instant::now();
                 if ahead {
-                    pages.fault_in(dst);
+                    pages.fault_in(dst, disk);
                 } else {
                     prepared = Some((pages.prepare(dst), os::thread_cpu_time()));
                 }
@@ -484,8 +498,9 @@ fn fill_ahead(queue: &[Slot<'_>], cursor: &AtomicUsize, failed: &AtomicBool, pag
         // A job a reader holds, or has taken, is the reader's to fault.
         if let Ok(mut job) = slot.try_lock() {
             if let Some(waiting) = job.as_mut().filter(|w| !w.faulted) {
+                let disk = waiting.tagged.job.reads_a_disk_directly();
                 if let Some(dst) = waiting.tagged.job.destination() {
-                    pages.fault_in(dst);
+                    pages.fault_in(dst, disk);
                 }
                 waiting.faulted = true;
             }

@@ -70,11 +70,22 @@ fn drive(
     len: usize,
     cost: impl Fn(usize, Size) -> f64,
 ) -> Vec<(Size, bool)> {
+    drive_for(pages, pieces, len, false, cost)
+}
+
+/// [`drive`], for direct reads of a local disk where `disk`.
+fn drive_for(
+    pages: &PageSizes,
+    pieces: usize,
+    len: usize,
+    disk: bool,
+    cost: impl Fn(usize, Size) -> f64,
+) -> Vec<(Size, bool)> {
     (0..pieces)
         .map(|i| {
             // Destinations one after another, the first on a huge page.
             let addr = (64 << 30) + i * len;
-            let Cut { size, probe } = pages.cut(addr, len);
+            let Cut { size, probe } = pages.cut(addr, len, disk);
             let nanos = |bytes: usize, size: Size| {
                 Some(Duration::from_nanos((cost(i, size) * bytes as f64) as u64))
             };
@@ -138,6 +149,26 @@ fn huge_pages_where_they_are_cheaper_and_base_pages_where_they_are_not() {
         300 * MIB8 as u64,
         "{report:?}"
     );
+}
+
+#[test]
+fn a_disk_read_takes_huge_pages_unless_they_cost_over_four_times_as_much() {
+    use Size::{Base, Huge};
+    // Nanoseconds per byte: huge pages at 1.0 (three times base pages'
+    // 0.36), then 2.2 from piece 50 on (six times).
+    let cost = |i: usize, size| match size {
+        Base => 0.36,
+        Huge if i < 50 => 1.0,
+        Huge => 2.2,
+    };
+    let pages = measuring();
+    let run = drive_for(&pages, 100, MIB8, true, cost);
+    assert!(run[..52].iter().all(|&(s, _)| s == Huge), "{run:?}");
+    assert!(run[52..].iter().all(|&(s, _)| s == Base), "{run:?}");
+    // The same costs for any other read: base pages from the second piece.
+    let pages = measuring();
+    let run = drive_for(&pages, 100, MIB8, false, cost);
+    assert!(run[1..].iter().all(|&(s, _)| s == Base), "{run:?}");
 }
 
 #[test]
@@ -248,6 +279,46 @@ fn one_probe_at_a_time_and_one_given_back_untimed_ends_it() {
     assert!(pages.choose(64 << 30, MIB8).probe);
 }
 
+#[cfg(all(target_os = "linux", not(safeload_os_stub)))]
+#[test]
+fn direct_reads_of_a_disk_are_said_and_off_still_means_base_pages() {
+    let len = 24 << 20;
+    let host = HostHugePages::of_host();
+    for (mode, disk_share) in [
+        (HugePages::Auto, 3),
+        (HugePages::Auto, 2),
+        (HugePages::Off, 3),
+    ] {
+        let mut buffer = crate::storage::alloc_buffer(len).unwrap();
+        let pages = PageSizes::new(mode, PageReason::Caller, host);
+        // The first `disk_share` pieces of three are for direct reads of a
+        // disk, the rest for any other read.
+        for (i, piece) in buffer.chunks_mut(MIB8).enumerate() {
+            pages.fault_in(piece, i < disk_share);
+        }
+        assert!(buffer.iter().all(|&b| b == 0));
+        let report = pages.report().unwrap();
+        assert_eq!(report.huge_bytes + report.base_bytes, len as u64);
+        match (mode, host, disk_share) {
+            (HugePages::Auto, HostHugePages::Offered, 3) => {
+                // The sizes are the host's to decide (weighed: see
+                // `a_disk_read_takes_huge_pages_unless...`); the reason says
+                // whose reads they were.
+                assert_eq!(report.reason, PageReason::DiskReads, "{report:?}");
+                assert!(report.to_string().contains("direct reads of a local disk"));
+            }
+            (HugePages::Auto, HostHugePages::Offered, _) => {
+                // The other piece measured as ever: the load's reason.
+                assert_eq!(report.reason, PageReason::Measured, "{report:?}");
+            }
+            _ => {
+                assert_eq!(report.base_bytes, len as u64, "{mode:?} {report:?}");
+                assert_ne!(report.reason, PageReason::DiskReads);
+            }
+        }
+    }
+}
+
 #[test]
 fn a_caller_or_a_host_without_them_decides_and_nothing_is_probed() {
     let cost = |_, size| if size == Size::Huge { 2.2 } else { 0.36 };
@@ -266,10 +337,10 @@ fn a_caller_or_a_host_without_them_decides_and_nothing_is_probed() {
 fn a_probe_needs_two_whole_huge_pages_inside_the_destination() {
     let pages = measuring();
     // 4.5 MiB from 1 MiB past a huge page boundary: no two whole ones inside.
-    let cut = pages.cut((64 << 30) + (1 << 20), 9 << 19);
+    let cut = pages.cut((64 << 30) + (1 << 20), 9 << 19, false);
     assert_eq!(cut.probe, None);
     // 5 MiB from the same place: the two from the next boundary on.
-    let cut = pages.cut((64 << 30) + (1 << 20), 5 << 20);
+    let cut = pages.cut((64 << 30) + (1 << 20), 5 << 20, false);
     assert_eq!(cut.probe, Some(1 << 20));
 }
 
@@ -334,7 +405,7 @@ fn fresh_memory_faulted_in_is_zero_and_counted_and_off_means_no_huge_page() {
         let mut buffer = crate::storage::alloc_buffer(len).unwrap();
         let pages = PageSizes::new(mode, PageReason::Caller, HostHugePages::of_host());
         for piece in buffer.chunks_mut(MIB8) {
-            pages.fault_in(piece);
+            pages.fault_in(piece, false);
         }
         assert!(buffer.iter().all(|&b| b == 0), "{mode:?}");
         let report = pages.report().unwrap();

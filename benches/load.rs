@@ -56,8 +56,10 @@ const DEFAULT_ARMS: [&str; 13] = [
 ];
 /// Arms for tuning, run when named with `--arms` (and `fresh-...`, see
 /// [`FreshArm`]).
-const EXTRA_ARMS: [&str; 10] = [
+const EXTRA_ARMS: [&str; 12] = [
     "safeload-auto-prefetch",
+    "safeload-buffered-huge-on",
+    "safeload-buffered-huge-off",
     "safeload-huge-on",
     "safeload-huge-off",
     "safeload-buffered-direct-huge-on",
@@ -623,6 +625,14 @@ fn run_arm(arm: &str, path: &Path, limit_threads: usize) -> ArmResult {
                 "safeload-buffered-direct" => {
                     safeload::Loader::new().disable_mmap(true).direct_io(true)
                 }
+                "safeload-buffered-huge-on" => safeload::Loader::new()
+                    .disable_mmap(true)
+                    .direct_io(false)
+                    .huge_pages(safeload::HugePages::On),
+                "safeload-buffered-huge-off" => safeload::Loader::new()
+                    .disable_mmap(true)
+                    .direct_io(false)
+                    .huge_pages(safeload::HugePages::Off),
                 "safeload-buffered-direct-huge-on" => safeload::Loader::new()
                     .disable_mmap(true)
                     .direct_io(true)

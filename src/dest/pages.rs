@@ -176,12 +176,14 @@ struct Measured {
 /// requests at most), 2026-12-03, 2.2 GiB read with `O_DIRECT` in 16 MiB
 /// pieces by 16 threads into buffers faulted in before (a C program, 7 runs
 /// alternating): 2.05-2.37 s into base pages against 0.86-1.03 s into huge
-/// pages, at 0.1-0.3 s of system time either way; with 4 threads the same.
-/// That is about 0.5 ns per byte of the read's time, where base pages cost
-/// 0.25-0.35 ns per byte to fault in: 4x. Huge pages cost 0.08-0.13 ns per
-/// byte where the host has them at hand (then they win on both counts) and
-/// 2.2-2.5 once it must back them again: then, faulting 2.2 GiB on two
-/// cores takes longer than the larger requests save. Buffered loads of the
+/// pages, at 0.08-0.63 s of system time either way; with 4 threads the same.
+/// That is about 0.5 ns more per byte of the read's time, on top of base
+/// pages' 0.25-0.35 ns per byte to fault in: 2.5-3x their fault alone. Huge
+/// pages cost 0.08-0.13 ns per byte where the host has them at hand (then
+/// they win on both counts) and 2.2-2.5 once it must back them again, 7-9x
+/// base pages: then faulting 2.2 GiB on two cores takes longer than the
+/// larger requests save. The weight, 4, lies between the two, and was
+/// checked by the benchmark below. Buffered loads of the
 /// load benchmark's checkpoint with `O_DIRECT` (cold, 9 interleaved rounds,
 /// 2026-12-03): huge pages always 1.165 s (0.968-1.795), base pages always
 /// 1.647 s (1.416-2.071), huge pages for disk reads whatever they cost

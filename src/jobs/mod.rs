@@ -378,7 +378,8 @@ pub(crate) fn run<'a>(
                 if ahead {
                     pages.fault_in(dst, disk);
                 } else {
-                    prepared = Some((pages.prepare(dst), os::thread_cpu_time()));
+                    let timed = operation == Operation::Read;
+                    prepared = Some((pages.prepare(dst, timed), os::thread_cpu_time()));
                 }
                 faulting += start.elapsed();
             }

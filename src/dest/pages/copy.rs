@@ -38,8 +38,15 @@ impl PageSizes {
     /// each), a populate faults them in a loop in the kernel. Earlier (the
     /// same loads, 2026-12-02) each destination faulted in first took
     /// 0.37-1.49 s against 0.29-0.31 s for the copy's own faults.
-    pub(crate) fn prepare(&self, dst: &mut [u8]) -> Prepared {
-        let prepared = self.choose(dst.as_ptr() as usize, dst.len());
+    ///
+    /// A destination whose copy will not be timed (`timed` false: a
+    /// conversion writes it) gets the size in use and is never a probe.
+    pub(crate) fn prepare(&self, dst: &mut [u8], timed: bool) -> Prepared {
+        let prepared = if timed {
+            self.choose(dst.as_ptr() as usize, dst.len())
+        } else {
+            self.untimed(dst.len())
+        };
         let size = prepared.size;
         if prepared.probe {
             // The whole huge pages of `dst` alone: its neighbours, in
@@ -71,6 +78,25 @@ impl PageSizes {
         Prepared {
             size: if probe { size.other() } else { size },
             probe,
+            bytes: len,
+        }
+    }
+
+    /// The size in use for a destination of `len` bytes whose copy is not
+    /// timed.
+    pub(super) fn untimed(&self, len: usize) -> Prepared {
+        let size = match self.mode {
+            HugePages::On => Size::Huge,
+            HugePages::Off => Size::Base,
+            HugePages::Auto => self
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .in_use(false),
+        };
+        Prepared {
+            size,
+            probe: false,
             bytes: len,
         }
     }

@@ -276,6 +276,9 @@ fn one_probe_at_a_time_and_one_given_back_untimed_ends_it() {
     assert_eq!(state.base.cost(), None);
     assert_eq!(state.base.bytes + state.huge.bytes, 8 * MIB8 as u64);
     drop(state);
+    // A destination a conversion writes is never the probe, and leaves
+    // the due one to the next timed copy.
+    assert!(!pages.untimed(MIB8).probe);
     assert!(pages.choose(64 << 30, MIB8).probe);
 }
 
@@ -439,7 +442,10 @@ fn a_destination_prepared_for_a_copy_is_left_to_it() {
         PageReason::Measured,
         HostHugePages::of_host(),
     );
-    let prepared: Vec<Prepared> = buffer.chunks_mut(MIB8).map(|p| pages.prepare(p)).collect();
+    let prepared: Vec<Prepared> = buffer
+        .chunks_mut(MIB8)
+        .map(|p| pages.prepare(p, true))
+        .collect();
     if pages.reason == PageReason::Measured {
         // The first piece is the probe of base pages (huge ones are in use
         // until measured).

@@ -151,8 +151,8 @@ struct State {
     /// A destination of the size not in use is being copied into, its copy
     /// to be timed ([`PageSizes::prepare`]): no other probe until it is.
     probing: bool,
-    /// Bytes faulted in for reads of a local disk with `O_DIRECT`, on huge
-    /// pages whatever was measured ([`PageSizes::fault_in`]).
+    /// Bytes faulted in for reads of a local disk with `O_DIRECT`, whose
+    /// base pages are weighed [`DISK_WEIGHT`] times ([`PageSizes::fault_in`]).
     disk_bytes: u64,
 }
 
@@ -431,15 +431,7 @@ impl PageSizes {
         if !self.advise || buffer.is_empty() {
             return;
         }
-        let size = match self.mode {
-            HugePages::On => Size::Huge,
-            HugePages::Off => Size::Base,
-            HugePages::Auto => self
-                .state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .in_use(false),
-        };
+        let size = self.size_in_use();
         if self.reason != PageReason::Unavailable {
             os::advise_page_size(buffer, size == Size::Huge);
         }
@@ -451,6 +443,20 @@ impl PageSizes {
             from: start,
             size,
         });
+    }
+
+    /// The size the mode says, or in use as measured (no probe, no disk
+    /// read's weight): what a buffer or an untimed copy is given.
+    fn size_in_use(&self) -> Size {
+        match self.mode {
+            HugePages::On => Size::Huge,
+            HugePages::Off => Size::Base,
+            HugePages::Auto => self
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .in_use(false),
+        }
     }
 
     /// Asks for `size` for `part` before it is faulted in: nothing where

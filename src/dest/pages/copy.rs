@@ -69,8 +69,9 @@ impl PageSizes {
     /// fault in: the one in use, or the other where a probe is due and no
     /// other probe is being copied into.
     pub(super) fn choose(&self, addr: usize, len: usize) -> Prepared {
+        // `cut` probes under `HugePages::Auto` only.
         let Cut { size, probe } = self.cut(addr, len, false);
-        let probe = probe.is_some() && self.mode == HugePages::Auto;
+        let probe = probe.is_some();
         if probe {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             state.probing = true;
@@ -85,17 +86,8 @@ impl PageSizes {
     /// The size in use for a destination of `len` bytes whose copy is not
     /// timed.
     pub(super) fn untimed(&self, len: usize) -> Prepared {
-        let size = match self.mode {
-            HugePages::On => Size::Huge,
-            HugePages::Off => Size::Base,
-            HugePages::Auto => self
-                .state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .in_use(false),
-        };
         Prepared {
-            size,
+            size: self.size_in_use(),
             probe: false,
             bytes: len,
         }

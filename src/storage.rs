@@ -13,13 +13,19 @@ use crate::os::DIRECT_ALIGN;
 ///
 /// Both strategies end in a read-only [`Mmap`]: the file's own map, or an
 /// anonymous one (page-aligned, so aligned for every dtype) that the read
-/// engine filled and then made read-only.
+/// engine filled and then made read-only ([`Buffer::seal`]). An owned
+/// buffer's map may be longer than its bytes (it is rounded up to whole huge
+/// pages); that padding never leaves this module: [`bytes`](Self::bytes) is
+/// exactly the data.
 pub(crate) struct Storage {
     map: Mmap,
-    /// The bytes of the map that are the file's (an owned buffer's map may
-    /// be longer, see [`alloc_buffer`]).
+    /// The bytes of the map that are data: all of a file's map, the first
+    /// `len` of a buffer's.
     len: usize,
     path: PathBuf,
+    /// Whether the map is a file's (all of it data, its pages the page
+    /// cache's), not an owned buffer's.
+    of_file: bool,
     /// Dropped with the storage, after the map (fields drop in order): how
     /// a stream learns that the bytes it lent are unmapped, so that its
     /// budget can lend them again.
@@ -27,44 +33,31 @@ pub(crate) struct Storage {
 }
 
 impl Storage {
-    pub(crate) fn new(map: Mmap, path: PathBuf) -> Storage {
+    /// A whole file's map (or a node copy's, an image of its file), every
+    /// byte of it data; `guard`, where given, is dropped with the map.
+    pub(crate) fn of_file(
+        map: Mmap,
+        path: PathBuf,
+        guard: Option<Box<dyn Send + Sync>>,
+    ) -> Storage {
         Storage {
             len: map.len(),
             map,
             path,
-            _on_drop: None,
+            of_file: true,
+            _on_drop: guard,
         }
     }
 
-    /// The first `len` bytes of `map` (an owned buffer, whose map may be
-    /// longer), read-only.
-    pub(crate) fn owned(map: Mmap, len: usize, path: PathBuf) -> Storage {
-        Storage {
-            len: len.min(map.len()),
-            ..Storage::new(map, path)
-        }
+    /// A file's map, to populate or hash it; `None` for an owned buffer.
+    pub(crate) fn file_map(&self) -> Option<&Mmap> {
+        self.of_file.then_some(&self.map)
     }
 
-    /// A storage that drops `guard` once the map is gone, that is when the
-    /// last tensor viewing it is dropped.
-    pub(crate) fn with_drop_guard(
-        map: Mmap,
-        path: PathBuf,
-        guard: Box<dyn Send + Sync>,
-    ) -> Storage {
-        Storage {
-            _on_drop: Some(guard),
-            ..Storage::new(map, path)
-        }
-    }
-
+    /// The data: exactly the bytes the storage holds, never a buffer's
+    /// padding.
     pub(crate) fn bytes(&self) -> &[u8] {
         self.map.get(..self.len).unwrap_or_default()
-    }
-
-    /// The map itself (a file's map, to populate it, or hash it).
-    pub(crate) fn map(&self) -> &Mmap {
-        &self.map
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -86,23 +79,59 @@ pub(crate) fn map_file(file: &File) -> io::Result<Mmap> {
     unsafe { MmapOptions::new().map(file) }
 }
 
-/// An anonymous, zero-filled, page-aligned allocation for a buffered read,
-/// of at least `len` bytes (the caller uses the first `len`). The kernel
-/// backs it lazily, so a never-written page costs nothing. One of 2 MiB or
-/// more is mapped in whole huge pages, which Linux places on a huge page
-/// boundary (since 6.7, for lengths that are multiples of one since 6.12),
-/// so that each huge page of it can be one: whether it is is the load's
-/// choice, as it faults the buffer in (`dest/pages.rs`); no advice is
-/// given here.
-pub(crate) fn alloc_buffer(len: usize) -> io::Result<MmapMut> {
-    const HUGE: usize = 2 << 20;
-    let len = if len >= HUGE {
-        len.checked_next_multiple_of(HUGE)
-            .ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?
-    } else {
-        len
-    };
-    MmapMut::map_anon(len)
+/// An owned buffer being filled: an anonymous, zero-filled, page-aligned
+/// allocation of which exactly `len` bytes are handed out, then sealed into
+/// a [`Storage`] of exactly those bytes.
+///
+/// The kernel backs it lazily, so a never-written page costs nothing. One of
+/// 2 MiB or more is mapped in whole huge pages, which Linux places on a huge
+/// page boundary (since 6.7, for lengths that are multiples of one since
+/// 6.12), so that each huge page of it can be one: whether it is is the
+/// load's choice, as it faults the buffer in (`dest/pages.rs`); no advice is
+/// given here. The rounding is this type's secret: nothing outside it sees a
+/// byte past `len`.
+pub(crate) struct Buffer {
+    map: MmapMut,
+    len: usize,
+}
+
+impl Buffer {
+    /// A zero-filled buffer of `len` bytes.
+    pub(crate) fn new(len: usize) -> io::Result<Buffer> {
+        const HUGE: usize = 2 << 20;
+        let mapped = if len >= HUGE {
+            len.checked_next_multiple_of(HUGE)
+                .ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?
+        } else {
+            len
+        };
+        Ok(Buffer {
+            map: MmapMut::map_anon(mapped)?,
+            len,
+        })
+    }
+
+    /// The buffer's bytes, exactly `len` of them.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        self.map.get_mut(..self.len).unwrap_or_default()
+    }
+
+    /// The bytes made read-only, for tensors to view; `guard`, where given,
+    /// is dropped with them.
+    pub(crate) fn seal(
+        self,
+        path: PathBuf,
+        guard: Option<Box<dyn Send + Sync>>,
+    ) -> io::Result<Storage> {
+        let map = self.map.make_read_only()?;
+        Ok(Storage {
+            map,
+            len: self.len,
+            path,
+            of_file: false,
+            _on_drop: guard,
+        })
+    }
 }
 
 /// Where each selected tensor lands in a buffer, and which runs of the file

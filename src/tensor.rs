@@ -83,21 +83,43 @@ element! {
 }
 
 impl Tensor {
+    /// The tensor `name` of `dtype` and `shape` at `range` of `storage`.
+    ///
+    /// The one way a tensor is made, and where its length is checked: the
+    /// range must be exactly what `dtype` and `shape` need, within the
+    /// storage's data. A caller that took a length from anywhere else (a
+    /// buffer, a map) gets [`ErrorKind::LengthMismatch`] naming the tensor,
+    /// never a tensor with bytes past its end.
     pub(crate) fn new(
         name: Arc<str>,
         dtype: Dtype,
         shape: Vec<usize>,
         storage: Arc<Storage>,
         range: Range<usize>,
-    ) -> Tensor {
-        debug_assert!(range.end <= storage.bytes().len());
-        Tensor {
+    ) -> Result<Tensor> {
+        let needed = crate::format::byte_len(dtype, &shape);
+        let within = range.start <= range.end && range.end <= storage.bytes().len();
+        if needed != Some(range.len() as u64) || !within {
+            return Err(Error::new(
+                ErrorKind::LengthMismatch {
+                    tensor: Some(name.to_string()),
+                    expected: needed.unwrap_or(u64::MAX),
+                    actual: if within {
+                        range.len() as u64
+                    } else {
+                        storage.bytes().len().saturating_sub(range.start) as u64
+                    },
+                },
+                storage.path(),
+            ));
+        }
+        Ok(Tensor {
             name,
             dtype,
             shape,
             storage,
             range,
-        }
+        })
     }
 
     /// The tensor's name in the checkpoint.
@@ -247,9 +269,9 @@ impl Tensor {
             .num_elements()
             .checked_mul(dtype.bitsize() / 8)
             .ok_or_else(unsupported)?;
-        let mut buffer = crate::storage::alloc_buffer(len)
+        let mut buffer = crate::storage::Buffer::new(len)
             .map_err(|e| Error::io(Operation::Allocate, self.storage.path(), None, e))?;
-        let dst = buffer.get_mut(..len).unwrap_or_default();
+        let dst = buffer.bytes_mut();
         crate::convert::convert(self.dtype, dtype, self.as_bytes(), dst).map_err(|e| {
             // The pair is supported and the lengths are the tensor's own:
             // only a tensor whose bytes disagree with its shape lands here.
@@ -264,17 +286,17 @@ impl Tensor {
                 other => other.clone(),
             })
         })?;
-        let map = buffer
-            .make_read_only()
-            .map_err(|e| Error::io(Operation::Seal, self.storage.path(), None, e))?;
-        let storage = Arc::new(Storage::new(map, self.storage.path().to_path_buf()));
-        Ok(Tensor::new(
+        let path = self.storage.path();
+        let storage = buffer
+            .seal(path.to_path_buf(), None)
+            .map_err(|e| Error::io(Operation::Seal, path, None, e))?;
+        Tensor::new(
             Arc::clone(&self.name),
             dtype,
             self.shape.clone(),
-            storage,
+            Arc::new(storage),
             0..len,
-        ))
+        )
     }
 
     fn error(&self, kind: ErrorKind) -> Error {

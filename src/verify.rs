@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 
-use memmap2::Mmap;
 use sha2::{Digest, Sha256};
 
 /// A SHA-256 digest.
@@ -104,8 +103,8 @@ impl<'a> StreamHasher<'a> {
 }
 
 /// The SHA-256 of a whole mapped file.
-pub(crate) fn of_map(map: &Mmap) -> Digest256 {
-    Sha256::digest(&map[..]).into()
+pub(crate) fn of_bytes(bytes: &[u8]) -> Digest256 {
+    Sha256::digest(bytes).into()
 }
 
 /// The SHA-256 of the first `len` bytes of a source, by positional
@@ -201,7 +200,7 @@ mod tests {
         let source = crate::source::LocalFile::new(path.clone(), file, None).unwrap();
         assert_eq!(of_source(&source, data.len() as u64).unwrap(), whole);
         let map = crate::storage::map_file(source.file()).unwrap();
-        assert_eq!(of_map(&map), whole);
+        assert_eq!(of_bytes(&map), whole);
         // Asking for more than the file has is the file ending early.
         let (at, e) = of_source(&source, data.len() as u64 + 1).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);

@@ -4,8 +4,6 @@ use std::sync::Arc;
 
 use std::ops::Range;
 
-use memmap2::Mmap;
-
 use super::{Checkpoint, TensorInfo};
 use crate::adapt::Concurrency;
 use crate::dest::pages::PageSizes;
@@ -14,7 +12,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::file::{OpenedFile, read_error};
 use crate::jobs;
 use crate::slice::{MERGE_GAP, SlicePlan};
-use crate::storage::{self, Storage};
+use crate::storage::{Buffer, Storage};
 use crate::tensor::Tensor;
 
 impl Checkpoint {
@@ -109,13 +107,7 @@ impl Checkpoint {
             let whole = range_in(info, storage)?;
             if let Some(run) = plan.contiguous() {
                 let range = whole.start + run.start..whole.start + run.end;
-                return Ok(Tensor::new(
-                    name,
-                    info.dtype(),
-                    plan.shape,
-                    Arc::clone(storage),
-                    range,
-                ));
+                return Tensor::new(name, info.dtype(), plan.shape, Arc::clone(storage), range);
             }
             let src = storage.bytes().get(whole).unwrap_or_default();
             return owned(file, name, info.dtype(), plan.shape, plan.len, |dst| {
@@ -170,16 +162,7 @@ impl Checkpoint {
         if let Some(storage) = file.map() {
             return view(info, storage);
         }
-        let map = read_sealed(file, info)?;
-        let len = map.len();
-        let storage = Arc::new(Storage::new(map, file.path().to_path_buf()));
-        Ok(Tensor::new(
-            Arc::from(info.name()),
-            info.dtype(),
-            info.shape().to_vec(),
-            storage,
-            0..len,
-        ))
+        read_whole(file, info, None)
     }
 
     /// Reads the bytes of `name` into `dst`, memory the caller owns (an
@@ -222,14 +205,13 @@ fn owned(
     len: usize,
     fill: impl FnOnce(&mut [u8]) -> Result<()>,
 ) -> Result<Tensor> {
-    let mut buffer = storage::alloc_buffer(len)
-        .map_err(|e| Error::io(Operation::Allocate, file.path(), None, e))?;
-    fill(buffer.get_mut(..len).unwrap_or_default())?;
-    let map = buffer
-        .make_read_only()
+    let mut buffer =
+        Buffer::new(len).map_err(|e| Error::io(Operation::Allocate, file.path(), None, e))?;
+    fill(buffer.bytes_mut())?;
+    let storage = buffer
+        .seal(file.path().to_path_buf(), None)
         .map_err(|e| Error::io(Operation::Seal, file.path(), None, e))?;
-    let storage = Arc::new(Storage::new(map, file.path().to_path_buf()));
-    Ok(Tensor::new(name, dtype, shape, storage, 0..len))
+    Tensor::new(name, dtype, shape, Arc::new(storage), 0..len)
 }
 
 /// Reads the runs of `plan` (of the tensor at `base` in `file`) into `dst`:
@@ -322,30 +304,41 @@ fn read_runs(
     Ok(())
 }
 
-/// The bytes of `info` read with positional reads into an allocation of
-/// their own (page-aligned, so aligned for every dtype), made read-only:
-/// exactly the tensor's bytes, whether or not the file is mapped.
-pub(super) fn read_sealed(file: &OpenedFile, info: &TensorInfo) -> Result<Mmap> {
+/// `info` read with positional reads into an allocation of its own
+/// (page-aligned, so aligned for every dtype), made read-only: exactly the
+/// tensor's bytes, whether or not the file is mapped; `guard`, where given,
+/// is dropped with them.
+pub(super) fn read_whole(
+    file: &OpenedFile,
+    info: &TensorInfo,
+    guard: Option<Box<dyn Send + Sync>>,
+) -> Result<Tensor> {
     let len = usize_of(info.nbytes, file)?;
-    let mut buffer = storage::alloc_buffer(len)
-        .map_err(|e| Error::io(Operation::Allocate, file.path(), None, e))?;
-    let dst = buffer.get_mut(..len).unwrap_or_default();
-    read_exact(file, dst, info.offset)?;
-    buffer
-        .make_read_only()
-        .map_err(|e| Error::io(Operation::Seal, file.path(), None, e))
+    let mut buffer =
+        Buffer::new(len).map_err(|e| Error::io(Operation::Allocate, file.path(), None, e))?;
+    read_exact(file, buffer.bytes_mut(), info.offset)?;
+    let storage = buffer
+        .seal(file.path().to_path_buf(), guard)
+        .map_err(|e| Error::io(Operation::Seal, file.path(), None, e))?;
+    tensor_of(info, Arc::new(storage), 0..len)
+}
+
+/// `info` at `range` of `storage`: its name, dtype and shape, the length
+/// checked against them.
+fn tensor_of(info: &TensorInfo, storage: Arc<Storage>, range: Range<usize>) -> Result<Tensor> {
+    Tensor::new(
+        Arc::from(info.name()),
+        info.dtype(),
+        info.shape().to_vec(),
+        storage,
+        range,
+    )
 }
 
 /// A view of a mapped file's bytes of `info`.
 fn view(info: &TensorInfo, storage: &Arc<Storage>) -> Result<Tensor> {
     let range = range_in(info, storage)?;
-    Ok(Tensor::new(
-        Arc::from(info.name()),
-        info.dtype(),
-        info.shape().to_vec(),
-        Arc::clone(storage),
-        range,
-    ))
+    tensor_of(info, Arc::clone(storage), range)
 }
 
 /// Where `info`'s bytes are in its file's map; the header was checked

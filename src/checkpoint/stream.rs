@@ -3,12 +3,11 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use super::read::read_sealed;
+use super::read::read_whole;
 use super::{Checkpoint, TensorInfo};
 use crate::error::{Error, Result};
 use crate::policy;
 use crate::progress::{Meter, Phase};
-use crate::storage::Storage;
 use crate::tensor::Tensor;
 use crate::workers;
 
@@ -244,17 +243,7 @@ fn stream<E: From<Error>>(
 /// file is unmapped, and the file's one map is shared by all its tensors,
 /// so dropping a view would give nothing back.
 fn read_owned(ck: &Checkpoint, info: &TensorInfo, lease: Lease) -> Result<Tensor> {
-    let file = ck.file_of(info)?;
-    let map = read_sealed(file, info)?;
-    let len = map.len();
-    let storage = Storage::with_drop_guard(map, file.path().to_path_buf(), Box::new(lease));
-    Ok(Tensor::new(
-        Arc::from(info.name()),
-        info.dtype(),
-        info.shape().to_vec(),
-        Arc::new(storage),
-        0..len,
-    ))
+    read_whole(ck.file_of(info)?, info, Some(Box::new(lease)))
 }
 
 /// The bytes lent out and the next tensor to lend: what readers claim

@@ -10,8 +10,6 @@ pub(crate) mod pages;
 use std::io;
 use std::path::Path;
 
-use memmap2::MmapMut;
-
 use crate::storage::{self, Storage};
 
 /// Memory a load fills, then seals.
@@ -34,28 +32,15 @@ pub(crate) trait Fill: Send {
     fn seal(self: Box<Self>, path: &Path) -> io::Result<Storage>;
 }
 
-/// An anonymous, page-aligned allocation owned by the load (see
-/// [`storage::alloc_buffer`]), faulted in by the read engine
+/// An anonymous, page-aligned allocation owned by the load
+/// ([`storage::Buffer`]), faulted in by the read engine
 /// ([`pages::PageSizes`]).
-pub(crate) struct OwnedBuffer {
-    map: MmapMut,
-    len: usize,
-}
-
-impl OwnedBuffer {
-    /// A zero-filled buffer of `len` bytes.
-    pub(crate) fn new(len: usize) -> io::Result<OwnedBuffer> {
-        storage::alloc_buffer(len).map(|map| OwnedBuffer { map, len })
-    }
-}
-
-impl Fill for OwnedBuffer {
+impl Fill for storage::Buffer {
     fn bytes_mut(&mut self) -> &mut [u8] {
-        self.map.get_mut(..self.len).unwrap_or_default()
+        storage::Buffer::bytes_mut(self)
     }
 
     fn seal(self: Box<Self>, path: &Path) -> io::Result<Storage> {
-        let map = self.map.make_read_only()?;
-        Ok(Storage::owned(map, self.len, path.to_path_buf()))
+        storage::Buffer::seal(*self, path.to_path_buf(), None)
     }
 }

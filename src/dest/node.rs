@@ -100,5 +100,5 @@ impl CopyFill {
 /// the copy out ends then).
 pub(crate) fn seal(copy: &File, path: &Path, guard: Box<dyn Send + Sync>) -> io::Result<Storage> {
     let map = storage::map_file(copy)?;
-    Ok(Storage::with_drop_guard(map, path.to_path_buf(), guard))
+    Ok(Storage::of_file(map, path.to_path_buf(), Some(guard)))
 }

@@ -115,8 +115,8 @@ pub(crate) fn read_all(
                         chunk,
                     );
                 }
-                if let (true, Some(file)) = (populate, file) {
-                    split_populate(&mut jobs, file_index, (storage.map(), file), chunk);
+                if let (true, Some(file), Some(map)) = (populate, file, storage.file_map()) {
+                    split_populate(&mut jobs, file_index, (map, file), chunk);
                     *populated = true;
                 }
                 continue;

@@ -354,7 +354,7 @@ fn verify_files(opts: &Options, files: &mut [Sealed<'_>], threads: usize) -> Res
     let missing: Vec<&Sealed<'_>> = files.iter().filter(|f| f.sha256().is_none()).collect();
     let (digests, _) = workers::map(&missing, threads, "safeload-verify", |f| {
         let digest = match f.map() {
-            Some(storage) => verify::of_map(storage.map()),
+            Some(storage) => verify::of_bytes(storage.bytes()),
             None => {
                 let file = f.file();
                 verify::of_source(file.source(), file.header().file_len()).map_err(|(at, e)| {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use super::{MapError, OpenedFile, map_checked, size_mismatch};
-use crate::dest::{Fill, OwnedBuffer};
+use crate::dest::Fill;
 use crate::error::Operation;
 use crate::error::{Error, Result};
 use crate::format::header::Header;
@@ -14,6 +14,7 @@ use crate::plan::{ConvertPlan, FilePlan, Placement};
 use crate::policy::DirectIo;
 use crate::report::FileReport;
 use crate::source::{LocalFile, Source};
+use crate::storage::Buffer;
 use crate::storage::{BufferLayout, Storage};
 use crate::tensor::Tensor;
 use crate::verify::Digest256;
@@ -192,7 +193,7 @@ impl<'a> Planned<'a> {
 /// An owned buffer of `len` bytes for `file`.
 fn alloc(len: u64, file: &OpenedFile) -> Result<Box<dyn Fill>> {
     let len = usize::try_from(len).unwrap_or(usize::MAX);
-    match OwnedBuffer::new(len) {
+    match Buffer::new(len) {
         Ok(buffer) => Ok(Box::new(buffer)),
         Err(e) => Err(Error::io(Operation::Allocate, file.path(), None, e)),
     }
@@ -375,7 +376,7 @@ impl<'a> Sealed<'a> {
                 entry.shape.clone(),
                 Arc::clone(holder),
                 range,
-            ));
+            )?);
         }
         Ok(FileReport {
             path: file.path().to_path_buf(),

@@ -276,7 +276,11 @@ pub(crate) fn map_checked(
             mapped,
         )));
     }
-    Ok(Arc::new(Storage::new(map, source.path().to_path_buf())))
+    Ok(Arc::new(Storage::of_file(
+        map,
+        source.path().to_path_buf(),
+        None,
+    )))
 }
 
 pub(crate) fn size_mismatch(path: &Path, expected: u64, actual: u64) -> Error {

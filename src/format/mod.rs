@@ -17,6 +17,17 @@ pub(crate) const INDEX_FILE: &str = "model.safetensors.index.json";
 /// it is read, so that a hostile file cannot make us allocate without bound.
 pub(crate) const MAX_INDEX_BYTES: u64 = 100_000_000;
 
+/// The bytes a tensor of `dtype` and `shape` takes: `None` where the count
+/// overflows or does not end on a byte boundary (a packed dtype cut inside a
+/// byte), which no valid header has.
+pub(crate) fn byte_len(dtype: safetensors::Dtype, shape: &[usize]) -> Option<u64> {
+    let bits = shape
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d as u64))?
+        .checked_mul(dtype.bitsize() as u64)?;
+    (bits % 8 == 0).then_some(bits / 8)
+}
+
 /// Whether `dtype` is a floating-point type: the IEEE and bfloat types, the
 /// F8, F6 and F4 variants, and the complex C64.
 pub(crate) fn is_float(dtype: safetensors::Dtype) -> bool {

@@ -129,15 +129,16 @@ fn reads_filled_ahead_land_every_byte_in_fresh_memory() {
     let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
     let file = file_of(&bytes);
     for direct in [false, true] {
-        let mut dst = crate::storage::alloc_buffer(len).unwrap();
+        let mut owned = crate::storage::Buffer::new(len).unwrap();
+        let dst = owned.bytes_mut();
         let (result, _, _) = run(
-            reads(&file, direct, &mut dst),
+            reads(&file, direct, dst),
             Concurrency::pinned(2),
             &pages(),
             &|_, _| {},
         );
         result.unwrap();
-        assert!(dst[..] == bytes[..], "direct {direct}");
+        assert!(owned.bytes_mut()[..] == bytes[..], "direct {direct}");
     }
 }
 

@@ -174,3 +174,47 @@ fn a_checkpoint_is_shared_by_threads() {
         });
     }
 }
+
+/// A BERT word-embedding table read alone, buffered: exactly its 46,881,792 bytes (not
+/// rounded up to the 2 MiB of its buffer), the reference's; and a 3 MiB F16 tensor
+/// streamed gives as many values as it has elements.
+#[test]
+fn a_tensor_read_into_a_buffer_of_its_own_is_exactly_its_bytes() {
+    let dir = tempdir().unwrap();
+    let specs = [
+        spec(
+            "embeddings.word_embeddings.weight",
+            safeload::Dtype::F32,
+            &[30522, 384],
+        ),
+        spec("encoder.f16", safeload::Dtype::F16, &[3, 524_288]),
+    ];
+    let path = write_single(dir.path(), &specs);
+    let reference = naive_load(std::slice::from_ref(&path));
+    for (name, loader) in read_modes() {
+        let ck = loader.open(&path).unwrap();
+        for want in &reference {
+            let t = ck.read(&want.name).unwrap();
+            assert_eq!(t.nbytes(), want.data.len() as u64, "{name} {}", want.name);
+            assert_eq!(t.as_bytes().len(), want.data.len(), "{name} {}", want.name);
+            assert!(t.as_bytes() == want.data.as_slice(), "{name} {}", want.name);
+        }
+        assert_eq!(
+            ck.read("embeddings.word_embeddings.weight")
+                .unwrap()
+                .as_bytes()
+                .len(),
+            46_881_792
+        );
+        let _streaming = streaming();
+        ck.for_each(1 << 20, |t| {
+            let want = reference.iter().find(|s| s.name == t.name()).unwrap();
+            assert_eq!(t.as_bytes().len(), want.data.len(), "{name} {}", t.name());
+            if t.name() == "encoder.f16" {
+                assert_eq!(t.to_f32().unwrap().len(), 3 * 524_288);
+            }
+            Ok::<(), safeload::Error>(())
+        })
+        .unwrap();
+    }
+}

@@ -25,6 +25,7 @@ mod api;
 mod async_load;
 mod checkpoint;
 mod cluster;
+mod contract;
 mod convert_load;
 mod environment;
 mod fuse_faults;

@@ -292,7 +292,8 @@ fn direct_reads_of_a_disk_are_said_and_off_still_means_base_pages() {
         (HugePages::Auto, 2),
         (HugePages::Off, 3),
     ] {
-        let mut buffer = crate::storage::alloc_buffer(len).unwrap();
+        let mut owned = crate::storage::Buffer::new(len).unwrap();
+        let buffer = owned.bytes_mut();
         let pages = PageSizes::new(mode, PageReason::Caller, host);
         // The first `disk_share` pieces of three are for direct reads of a
         // disk, the rest for any other read.
@@ -405,7 +406,8 @@ fn a_node_copy_asks_for_the_page_size_it_is_told() {
 fn fresh_memory_faulted_in_is_zero_and_counted_and_off_means_no_huge_page() {
     let len = 24 << 20;
     for mode in [HugePages::Auto, HugePages::Off, HugePages::On] {
-        let mut buffer = crate::storage::alloc_buffer(len).unwrap();
+        let mut owned = crate::storage::Buffer::new(len).unwrap();
+        let buffer = owned.bytes_mut();
         let pages = PageSizes::new(mode, PageReason::Caller, HostHugePages::of_host());
         for piece in buffer.chunks_mut(MIB8) {
             pages.fault_in(piece, false);
@@ -436,7 +438,8 @@ fn fresh_memory_faulted_in_is_zero_and_counted_and_off_means_no_huge_page() {
 #[test]
 fn a_destination_prepared_for_a_copy_is_left_to_it() {
     let len = 24 << 20;
-    let mut buffer = crate::storage::alloc_buffer(len).unwrap();
+    let mut owned = crate::storage::Buffer::new(len).unwrap();
+    let buffer = owned.bytes_mut();
     let pages = PageSizes::new(
         HugePages::Auto,
         PageReason::Measured,

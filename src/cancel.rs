@@ -3,9 +3,11 @@
 //! A load is cancelled by the caller's flag ([`Loader::cancel_on`](crate::Loader::cancel_on))
 //! or, for an async load, by its future being dropped (`load/future.rs`). The flags are
 //! checked where a load can stop cheaply: when it starts, between opening its files and
-//! reading them, and by every reader of the job queue before it takes its next job
-//! (`jobs::run`). A phase with a loop of its own (prefetch, the node copy, hashing for
-//! `verify`) runs to its end first.
+//! reading them, by every reader of the job queue before it takes its next job
+//! (`jobs::run`), and every 20 ms by each remote request in flight, which is then dropped
+//! (`remote/watch.rs`); a cache write publishes nothing once they are set. The threads a
+//! load starts (`workers`) see its flags. A local phase with a loop of its own (prefetch,
+//! the node copy, hashing for `verify`) runs to its end first.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -88,6 +90,15 @@ pub(crate) fn scope<T>(
             error
         }
     })
+}
+
+/// Runs `f` with `cancel` as this thread's flags: a helper thread of a load
+/// (`workers`) takes the load's, so that what it runs (a remote request
+/// above all) stops when they are set.
+pub(crate) fn within<T>(cancel: Cancel, f: impl FnOnce() -> T) -> T {
+    let outer = CURRENT.with(|current| current.replace(cancel));
+    let _restore = Restore(Some(outer));
+    f()
 }
 
 /// Puts the outer scope's flags back when dropped.

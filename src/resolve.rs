@@ -54,6 +54,9 @@ pub(crate) struct Caching<'a> {
     pub hub: Option<bool>,
     /// The cache directory of other stores.
     pub dir: Option<&'a Path>,
+    /// Whether the load checks SHA-256 digests: a hub cache's snapshot file that is no
+    /// link to a blob named by its digest then needs the hub's.
+    pub verify: bool,
 }
 
 /// Whether `path` is a remote address (`s3://`, `gs://`, `az://`,
@@ -231,7 +234,8 @@ fn index_shards(
 fn resolve_remote(path: &Path, caching: Caching<'_>) -> Result<Resolved> {
     use crate::remote::checkpoint::Found;
     let text = path.to_str().unwrap_or_default();
-    let (checkpoint, found) = crate::cache::resolve(text, caching.hub, caching.dir)?;
+    let (checkpoint, found) =
+        crate::cache::resolve(text, caching.hub, caching.dir, caching.verify)?;
     let (shards, index, index_path) = match found {
         Found::Single(name) => {
             let path = checkpoint.shown(&name);

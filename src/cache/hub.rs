@@ -32,6 +32,9 @@ pub(crate) struct Cached {
     pub path: PathBuf,
     pub file: File,
     pub sha256: Option<[u8; 32]>,
+    /// A regular file in the snapshot (a cache written where symlinks are not
+    /// supported), not a link to a blob its name vouches for.
+    pub plain: bool,
 }
 
 /// The SHA-256 a blob's name vouches for.
@@ -121,20 +124,21 @@ impl RepoView {
             .sub(commit, false)
             .ok()?;
         let dir = walk(snapshot, folders, false).ok()?;
-        let (file, sha256) = match dir.entry(last).ok()? {
+        let (file, sha256, plain) = match dir.entry(last).ok()? {
             EntryKind::Link => {
                 let target = dir.read_link(last).ok()?;
                 let blob = layout::blob_of_link(&target, folders.len(), &self.dir_path)?;
-                (self.blob(&blob)?, sha256_of_name(&blob))
+                (self.blob(&blob)?, sha256_of_name(&blob), false)
             }
             // A cache written where symlinks are not supported holds the files.
-            EntryKind::File { .. } => (dir.open_nofollow(last).ok()?, None),
+            EntryKind::File { .. } => (dir.open_nofollow(last).ok()?, None, true),
             _ => return None,
         };
         Some(Cached {
             path: self.snapshot_path(commit, path),
             file,
             sha256,
+            plain,
         })
     }
 

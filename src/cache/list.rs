@@ -55,6 +55,9 @@ fn list_repo(repo: String, root: &Dir, dir: &Dir, dir_path: &Path) -> CachedRepo
         for name in blobs.names().unwrap_or_default() {
             if layout::is_temp_name(&name) {
                 listed.incomplete += 1;
+            } else if layout::named_digest(&name).is_none() {
+                // Not a blob (`hf-hub`'s `<sha>.lock`, anything else): not counted.
+                continue;
             } else if let Some(size) = blob_size(root, &blobs, &name) {
                 listed.blobs += 1;
                 listed.blob_bytes += size;

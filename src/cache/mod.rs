@@ -5,6 +5,8 @@
 //! - `hub.rs`: the hub cache on disk, read and written;
 //! - `store.rs`: the cache directory of other stores;
 //! - `write.rs`: a file written as it is fetched, checked, published;
+//! - `hits.rs`: the cache's own files as sources (a hit), and the digest a
+//!   snapshot file to be verified needs;
 //! - `source.rs`: the two sources a cache adds (a file of the cache, a
 //!   fetched file also written to it);
 //! - `list.rs`: what the hub cache holds (`safeload cache`).
@@ -23,6 +25,7 @@
 //!    fetched at the commit and written through (`write.rs`); offline, a
 //!    file the cache lacks is an error naming it.
 
+mod hits;
 mod hub;
 pub(crate) mod layout;
 pub(crate) mod list;
@@ -44,10 +47,11 @@ use crate::remote::error::RemoteErrorKind;
 use crate::remote::hub::HubFileMeta;
 use crate::remote::object::RemoteObject;
 use crate::remote::url::RemoteUrl;
-use crate::source::{CacheStore, LocalFile, NotCached, Source};
+use crate::source::{NotCached, Source};
 
+use hits::{HitOf, blob_name, hit_of};
 use hub::{Cached, HubTarget, RepoView, RepoWriter};
-use source::{Fetched, Hit};
+use source::Fetched;
 use store::StoreCache;
 use write::{Check, Target};
 
@@ -58,16 +62,18 @@ struct CacheEnv {
     offline: bool,
     hub_on: bool,
     store_dir: Option<PathBuf>,
+    verify: bool,
 }
 
 impl CacheEnv {
-    fn from_process(hub: Option<bool>, dir: Option<&Path>) -> CacheEnv {
+    fn from_process(hub: Option<bool>, dir: Option<&Path>, verify: bool) -> CacheEnv {
         let var = |name: &str| std::env::var(name).ok();
         CacheEnv {
             hub_root: layout::hub_root(var),
             offline: layout::offline(var),
             hub_on: layout::hub_cache_on(hub, var),
             store_dir: layout::store_cache_dir(dir, var),
+            verify,
         }
     }
 }
@@ -96,6 +102,8 @@ struct HubMode {
     prefix: String,
     /// No request may be sent: what the cache lacks is an error.
     offline: bool,
+    /// The load checks digests (see [`Remote::with_digest`]).
+    verify: bool,
 }
 
 /// What the hub said of `model.safetensors` at the commit, if it was asked.
@@ -107,13 +115,14 @@ enum Single {
 
 /// Resolves the remote address `text` through its cache: `hub` and `dir`
 /// are the caller's choices (`Loader::hub_cache`, `Loader::cache_dir`),
-/// over the environment's.
+/// over the environment's; `verify`, whether the load checks digests.
 pub(crate) fn resolve(
     text: &str,
     hub: Option<bool>,
     dir: Option<&Path>,
+    verify: bool,
 ) -> Result<(Remote, Found)> {
-    let env = CacheEnv::from_process(hub, dir);
+    let env = CacheEnv::from_process(hub, dir, verify);
     match RemoteUrl::parse(text) {
         Ok(RemoteUrl::Hub {
             repo,
@@ -180,7 +189,22 @@ fn resolve_hub(
         )
     } else {
         let checkpoint = RemoteCheckpoint::new(text)?;
-        let looked = checkpoint.location().hub_lookup(SINGLE_FILE);
+        let mut looked = checkpoint.location().hub_lookup(SINGLE_FILE);
+        if let Some(Ok((commit, None))) = &looked {
+            if commit.is_empty() {
+                // A 404 that names no commit (a mirror's or a proxy's): the index's answer
+                // names it, as the load without the cache goes on to the index.
+                looked = match checkpoint.location().hub_lookup(INDEX_FILE) {
+                    Some(Ok((commit, Some(_)))) => Some(Ok((commit, None))),
+                    Some(Ok((_, None))) => {
+                        let prefix = checkpoint.location().shown_prefix();
+                        let found = Vec::new();
+                        return Err(Error::new(ErrorKind::NoCheckpoint { found }, prefix));
+                    }
+                    other => other,
+                };
+            }
+        }
         match looked {
             Some(Ok((commit, meta))) => {
                 let Some(commit) = layout::commit_name(&commit) else {
@@ -230,6 +254,7 @@ fn resolve_hub(
             commit,
             prefix,
             offline,
+            verify: env.verify,
         }),
     );
     let found = remote.find_hub(single)?;
@@ -410,8 +435,9 @@ impl Remote {
     /// fetched (written to the cache where there is one).
     pub(crate) fn take(&self, name: &str, table: Option<&MountTable>) -> Result<Arc<dyn Source>> {
         let hit = self.hits().remove(name);
-        if let Some(cached) = hit {
-            return hit_of(cached, table, CacheStore::Hub);
+        if let (Some(cached), Mode::Hub(hub)) = (hit, &self.mode) {
+            let cached = self.with_digest(name, cached)?;
+            return hit_of(cached, table, HitOf::Hub(&hub.commit));
         }
         if let Mode::Hub(hub) = &self.mode {
             if hub.offline {
@@ -424,7 +450,7 @@ impl Remote {
             Mode::Off => Ok(object),
             Mode::Hub(hub) => {
                 if let Some(cached) = self.blob_of(hub, &object, name) {
-                    return hit_of(cached, table, CacheStore::Hub);
+                    return hit_of(cached, table, HitOf::Hub(&hub.commit));
                 }
                 match self.hub_target(&object, name) {
                     Some((target, Ok(check))) => Ok(Arc::new(Fetched::new(object, target, check))),
@@ -448,66 +474,15 @@ impl Remote {
                         path,
                         file,
                         sha256: None,
+                        plain: false,
                     };
-                    return hit_of(cached, table, CacheStore::Directory);
+                    return hit_of(cached, table, HitOf::Directory(etag));
                 }
                 let target = Box::new(store.target(&address, len, &etag));
                 Ok(Arc::new(Fetched::new(object, target, Check::Whole)))
             }
         }
     }
-}
-
-impl Remote {
-    /// The blob of a file the snapshot lacks but the cache has (another
-    /// commit's, or a snapshot link lost): linked from the snapshot and
-    /// opened, as the hub's client does, where it is a regular file of the
-    /// object's length; the path shown is the snapshot's.
-    fn blob_of(&self, hub: &HubMode, object: &RemoteObject, name: &str) -> Option<Cached> {
-        let view = hub.view.as_ref()?;
-        let writer = hub.writer.as_ref()?;
-        let blob = blob_name(object);
-        layout::named_digest(&blob)?;
-        let file = view.blob(&blob)?;
-        if file.metadata().ok()?.len() != object.len() {
-            return None;
-        }
-        let path = format!("{}{name}", hub.prefix);
-        writer.link(&path, &blob).ok()?;
-        let _ = writer.record();
-        Some(Cached {
-            path: view.snapshot_path(&hub.commit, &path),
-            file,
-            sha256: hub::sha256_of_name(&blob),
-        })
-    }
-}
-
-/// The name the hub's client gives a fetched file's blob: its linked ETag (an
-/// LFS file's SHA-256), else its ETag (a small file's git blob id).
-fn blob_name(object: &RemoteObject) -> String {
-    object
-        .hub()
-        .and_then(|m| m.linked_etag.clone())
-        .or_else(|| object.etag().map(str::to_owned))
-        .map(|e| layout::blob_name_of_etag(&e))
-        .unwrap_or_default()
-}
-
-/// A file of the cache as the ordinary local source, reported as a hit.
-fn hit_of(
-    cached: Cached,
-    table: Option<&MountTable>,
-    store: CacheStore,
-) -> Result<Arc<dyn Source>> {
-    let Cached { path, file, sha256 } = cached;
-    let local = LocalFile::new(path.clone(), file, table)
-        .map_err(|e| Error::io(Operation::Stat, path, None, e))?;
-    Ok(Arc::new(Hit {
-        local,
-        store,
-        sha256,
-    }))
 }
 
 /// A cached index, read whole (refused past the index cap before it is

@@ -18,6 +18,10 @@ pub(crate) struct Hit {
     /// it, also where the blob links into the hub's shared store, whose
     /// names are not SHA-256s): what `verify` checks it against.
     pub sha256: Option<[u8; 32]>,
+    /// The hub commit of the snapshot it is read from (the hub cache).
+    pub commit: Option<String>,
+    /// The object's entity tag the cache keyed it by (a cache directory).
+    pub etag: Option<String>,
 }
 
 impl Source for Hit {
@@ -52,6 +56,14 @@ impl Source for Hit {
 
     fn cache_use(&self) -> Option<CacheUse> {
         Some(CacheUse::Hit { store: self.store })
+    }
+
+    fn commit(&self) -> Option<&str> {
+        self.commit.as_deref()
+    }
+
+    fn etag(&self) -> Option<&str> {
+        self.etag.as_deref()
     }
 }
 
@@ -144,5 +156,9 @@ impl Source for Fetched {
 
     fn cache_write(&self) -> Option<&dyn CacheWrite> {
         Some(&self.write)
+    }
+
+    fn commit(&self) -> Option<&str> {
+        self.object.commit()
     }
 }

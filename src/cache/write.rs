@@ -178,6 +178,8 @@ pub(crate) struct Write {
     /// write: they are kept until one reads past it.
     start_at: u64,
     state: Mutex<State>,
+    /// The flags of the load that fetches it: set, nothing is published.
+    cancel: crate::cancel::Cancel,
 }
 
 /// Bytes read back from the temporary file at a time to hash them.
@@ -198,6 +200,7 @@ impl Write {
                 phase: Phase::Waiting { kept: Vec::new() },
                 paused: false,
             }),
+            cancel: crate::cancel::current(),
         }
     }
 
@@ -370,6 +373,7 @@ impl Write {
         let Progress { begun, hasher, .. } = *progress;
         let outcome = match hasher.and_then(|h| h.mismatch(self.check)) {
             Some((expected, actual)) => Err(NotCached::Mismatch { expected, actual }),
+            None if self.cancel.is_set() => Err(NotCached::Cancelled),
             None => match self.target.publish(&begun) {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(NotCached::PublishedElsewhere),

@@ -366,9 +366,11 @@ fn catalogue(files: &[OpenedFile]) -> Catalogue {
 pub(crate) fn open_with(opts: Options, path: &Path) -> Result<Checkpoint> {
     let clock = Instant::now();
     let env = Environment::from_process();
+    // An open reads headers, and verifies nothing.
     let caching = resolve::Caching {
         hub: opts.hub_cache,
         dir: opts.cache_dir.as_deref(),
+        verify: false,
     };
     let resolved = resolve::resolve(path, caching)?;
     let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
@@ -417,6 +419,8 @@ fn opening_report(files: &[OpenedFile], notes: Vec<Note>, elapsed: Duration) -> 
             overflowed: 0,
             node_copy: None,
             cache: f.source().cache_use(),
+            commit: f.source().commit().map(str::to_owned),
+            etag: f.source().etag().map(str::to_owned),
         })
         .collect();
     LoadReport {

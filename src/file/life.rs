@@ -400,6 +400,8 @@ impl<'a> Sealed<'a> {
             sha256: self.sha256.as_ref().map(crate::verify::hex),
             node_copy: None,
             cache: file.source().cache_use(),
+            commit: file.source().commit().map(str::to_owned),
+            etag: file.source().etag().map(str::to_owned),
         })
     }
 }

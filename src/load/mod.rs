@@ -376,15 +376,18 @@ impl Loader {
 
     /// Stops this loader's loads and opens, blocking and async, once `flag`
     /// is `true`: a load stops before its next read (each reader in flight
-    /// finishes the one it holds, a [`read_size`](Self::read_size) chunk or a
-    /// request), frees what it read, and fails with
+    /// finishes the local one it holds, a [`read_size`](Self::read_size)
+    /// chunk; a remote request in flight is dropped within 20 ms), frees what
+    /// it read, publishes nothing to a cache from then on, and fails with
     /// [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled) naming the
     /// checkpoint; one started while `flag` is `true` fails at once. The
     /// crate only reads `flag`: set it back to `false` to load again.
     ///
-    /// The flag is checked when a load starts, once its files are open, and
-    /// by each reader of the read engine before every read (or populate, or
-    /// conversion) it takes. Opening the files, a
+    /// The flag is checked when a load starts, once its files are open, by
+    /// each reader of the read engine before every read (or populate, or
+    /// conversion) it takes, and every 20 ms by each remote request (feature
+    /// `remote`: resolving, opening and reading, the node copy's maker's too).
+    /// Opening local files, a
     /// [`prefetch`](Self::prefetch), the one copy per node of local ranks
     /// and the hashing of [`verify`](Self::verify) run to their end before
     /// it is seen; an open

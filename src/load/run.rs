@@ -190,9 +190,11 @@ impl Loader {
 
 /// The caches a remote address of a load with `opts` goes through.
 pub(crate) fn caching(opts: &crate::options::Options) -> resolve::Caching<'_> {
+    let env = crate::policy::Environment::from_process();
     resolve::Caching {
         hub: opts.hub_cache,
         dir: opts.cache_dir.as_deref(),
+        verify: crate::policy::verify(opts.verify, &env, !opts.expected_sha256.is_empty()),
     }
 }
 

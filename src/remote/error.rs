@@ -26,6 +26,10 @@ pub(crate) enum RemoteErrorKind {
     Protocol,
     /// Every retry failed (5xx, resets, short bodies, timeouts).
     Failed,
+    /// The request moved less than the pace asks (`watch.rs`), and so did its retry.
+    Stalled,
+    /// The load was cancelled while the request was in flight: it was dropped.
+    Cancelled,
 }
 
 impl RemoteErrorKind {
@@ -38,6 +42,8 @@ impl RemoteErrorKind {
             RemoteErrorKind::Changed => "changed since it was opened:",
             RemoteErrorKind::Protocol => "unexpected answer from",
             RemoteErrorKind::Failed => "failed to read",
+            RemoteErrorKind::Stalled => "no progress from",
+            RemoteErrorKind::Cancelled => "cancelled while reading",
         }
     }
 
@@ -47,6 +53,8 @@ impl RemoteErrorKind {
             RemoteErrorKind::NotFound => io::ErrorKind::NotFound,
             RemoteErrorKind::Denied => io::ErrorKind::PermissionDenied,
             RemoteErrorKind::BadUrl | RemoteErrorKind::Config => io::ErrorKind::InvalidInput,
+            RemoteErrorKind::Stalled => io::ErrorKind::TimedOut,
+            RemoteErrorKind::Cancelled => io::ErrorKind::Interrupted,
             RemoteErrorKind::Changed | RemoteErrorKind::Protocol | RemoteErrorKind::Failed => {
                 io::ErrorKind::Other
             }
@@ -91,6 +99,8 @@ impl RemoteError {
             RemoteErrorKind::Changed => "the object changed since it was opened",
             RemoteErrorKind::Protocol => "unexpected answer",
             RemoteErrorKind::Failed => "request failed",
+            RemoteErrorKind::Stalled => "the server stalled",
+            RemoteErrorKind::Cancelled => "cancelled",
         };
         let reason = if self.detail.is_empty() {
             what.to_owned()

@@ -11,6 +11,7 @@ use super::hub::{HubConfig, HubFileMeta, is_commit};
 use super::object::{Backend, RemoteObject};
 use super::store::{self, IoRuntime, StoreEnv, Tuning};
 use super::url::RemoteUrl;
+use super::watch::Interrupt;
 
 /// Everything a remote load is configured by, read once.
 #[derive(Debug, Clone)]
@@ -26,7 +27,7 @@ impl RemoteSettings {
         Self {
             env: StoreEnv::Process,
             hub: HubConfig::from_env(),
-            tuning: Tuning::default(),
+            tuning: Tuning::from_env(),
         }
     }
 }
@@ -46,8 +47,9 @@ struct HubRepo {
 enum Head {
     /// The file, with its metadata.
     Found(HubFileMeta),
-    /// No such file at the commit the revision names.
-    Missing { commit: String },
+    /// No such file at the commit the revision names (`None` where the answer does not
+    /// name it, as some mirrors and proxies answer).
+    Missing { commit: Option<String> },
 }
 
 /// A remote checkpoint's place, parsed and configured; no request is sent until a file is
@@ -251,8 +253,8 @@ impl RemoteLocation {
         match &self.place {
             Place::Store(backend) => RemoteObject::open(backend, &key, None),
             Place::Hub(hub) => match self.hub_file(hub, &key)? {
-                (Some(meta), backend) => RemoteObject::open(&backend, &key, Some(meta)),
-                (None, _) => Err(self.hub_missing(hub, &key)),
+                (Some(meta), Some(backend)) => RemoteObject::open(&backend, &key, Some(meta)),
+                _ => Err(self.hub_missing(hub, &key)),
             },
         }
     }
@@ -260,7 +262,8 @@ impl RemoteLocation {
     /// What the hub says of the file `name` of an `hf://` location, by one HEAD at the
     /// revision (the pinned commit once there is one): the commit, pinned from now on, and
     /// the file's metadata, or `None` where the hub answered that the file does not exist at
-    /// that commit. `None` for a location of another store.
+    /// that commit (the commit then empty where neither the answer nor an earlier one named
+    /// it). `None` for a location of another store.
     pub(crate) fn hub_lookup(
         &self,
         name: &str,
@@ -311,14 +314,14 @@ impl RemoteLocation {
         )
     }
 
-    /// The hub's metadata of `key` (`None` where the hub answered that it does not exist at
-    /// the commit its answer names), and the client of the pinned commit (pinned here, by
-    /// the first file's answer).
+    /// The hub's metadata of `key` (`None` where the hub answered that it does not exist),
+    /// and the client of the pinned commit (pinned here, by the first answer that names a
+    /// commit; `None` while none did).
     fn hub_file(
         &self,
         hub: &HubRepo,
         key: &str,
-    ) -> Result<(Option<HubFileMeta>, Arc<Backend>), RemoteError> {
+    ) -> Result<(Option<HubFileMeta>, Option<Arc<Backend>>), RemoteError> {
         let pinned = hub
             .pinned
             .lock()
@@ -333,23 +336,29 @@ impl RemoteLocation {
                 let commit = meta.commit.clone();
                 (Some(meta), commit)
             }
-            Head::Missing { commit } => (None, Some(commit)),
+            Head::Missing { commit } => (None, commit),
         };
-        let commit = match (&answered, &pinned) {
-            (Some(c), Some((pin, _))) if c != pin => {
-                let detail = format!("the hub answered for commit {c}, not {pin}");
+        // A commit asked for is the commit: an answer for another one (a mirror or proxy
+        // that serves a branch for anything) is refused, never filed under the one asked.
+        let asked = pinned
+            .as_ref()
+            .map(|(pin, _)| pin.as_str())
+            .or_else(|| is_commit(&hub.revision).then_some(hub.revision.as_str()));
+        let commit = match (&answered, asked) {
+            (Some(c), Some(asked)) if c != asked => {
+                let detail = format!("the hub answered for commit {c}, not {asked}");
                 return Err(RemoteError::new(RemoteErrorKind::Changed, shown, detail));
             }
             (Some(c), _) => c.clone(),
-            (None, Some((pin, _))) => pin.clone(),
-            (None, None) if is_commit(&hub.revision) => hub.revision.clone(),
+            (None, Some(asked)) => asked.to_owned(),
+            (None, None) if meta.is_none() => return Ok((None, None)),
             (None, None) => {
                 let detail = "the hub's answer names no commit (X-Repo-Commit)".to_owned();
                 return Err(RemoteError::new(RemoteErrorKind::Protocol, shown, detail));
             }
         };
         if let Some((_, backend)) = pinned {
-            return Ok((meta, backend));
+            return Ok((meta, Some(backend)));
         }
         let mut headers = HeaderMap::new();
         if let Some(token) = &config.token {
@@ -374,26 +383,29 @@ impl RemoteLocation {
         // Two files opened at once may both pin: the first one's pin stands, and the
         // other's file is checked against it.
         match &*slot {
-            Some((pin, backend)) if *pin == commit => Ok((meta, Arc::clone(backend))),
+            Some((pin, backend)) if *pin == commit => Ok((meta, Some(Arc::clone(backend)))),
             Some((pin, _)) => {
                 let detail = format!("the hub answered for commit {commit}, not {pin}");
                 Err(RemoteError::new(RemoteErrorKind::Changed, shown, detail))
             }
             None => {
                 *slot = Some((commit, Arc::clone(&backend)));
-                Ok((meta, backend))
+                Ok((meta, Some(backend)))
             }
         }
     }
 
     /// A HEAD of a resolve URL, not following the redirect, retried after a 5xx, a 429 or a
-    /// transport error with the layer's backoff. A 404 that names the commit (the hub's
-    /// answer for a file a revision does not have) is [`Head::Missing`].
+    /// transport error with the layer's backoff; one left unanswered for the pace's window
+    /// is dropped and sent once more, and a hub that refuses the connection is asked twice
+    /// (the cache's ref is then used at once where it has one). A 404 `EntryNotFound` (the
+    /// hub's answer for a file a revision does not have) is [`Head::Missing`].
     fn hub_head(&self, hub: &HubRepo, url: &str, shown: &str) -> Result<Head, RemoteError> {
         let tuning = &self.settings.tuning;
         let token = self.settings.hub.token.as_ref();
         let mut backoff = tuning.init_backoff;
         let mut last = String::new();
+        let (mut stalls, mut refused) = (0, 0);
         for attempt in 0..=tuning.max_retries {
             if attempt > 0 {
                 std::thread::sleep(backoff);
@@ -404,12 +416,34 @@ impl RemoteLocation {
                 request = request.bearer_auth(token.secret());
             }
             // `send` arms its timeout when called: inside the runtime.
-            let answer = self.runtime.block_on(async move { request.send().await });
+            let answer = self
+                .runtime
+                .request(tuning.pace, |_| async move { request.send().await });
             let response = match answer {
-                Ok(response) => response,
-                Err(e) => {
+                Ok(Ok(response)) => response,
+                Ok(Err(e)) => {
                     last = self.redactor.error_text(&e);
+                    refused += usize::from(e.is_connect());
+                    if refused > 1 {
+                        break;
+                    }
                     continue;
+                }
+                Err(Interrupt::Stalled { .. }) if stalls < tuning.pace.retries => {
+                    stalls += 1;
+                    continue;
+                }
+                Err(Interrupt::Stalled { .. }) => {
+                    let detail = format!(
+                        "no answer to a HEAD in {:.0} s, twice ({})",
+                        tuning.pace.window.as_secs_f64(),
+                        super::watch::STALL_VAR
+                    );
+                    return Err(RemoteError::new(RemoteErrorKind::Stalled, shown, detail));
+                }
+                Err(Interrupt::Cancelled) => {
+                    let detail = "the load was cancelled".to_owned();
+                    return Err(RemoteError::new(RemoteErrorKind::Cancelled, shown, detail));
                 }
             };
             let status = response.status().as_u16();
@@ -421,10 +455,8 @@ impl RemoteLocation {
             let kind = match status {
                 200..=399 => return Ok(Head::Found(HubFileMeta::from_headers(status, header))),
                 404 if header("x-error-code").as_deref() == Some("EntryNotFound") => {
-                    if let Some(commit) = header("x-repo-commit").filter(|c| is_commit(c)) {
-                        return Ok(Head::Missing { commit });
-                    }
-                    RemoteErrorKind::NotFound
+                    let commit = header("x-repo-commit").filter(|c| is_commit(c));
+                    return Ok(Head::Missing { commit });
                 }
                 401 | 403 => RemoteErrorKind::Denied,
                 404 => RemoteErrorKind::NotFound,
@@ -439,7 +471,12 @@ impl RemoteLocation {
             let detail = format!("HTTP {status} {code}").trim_end().to_owned();
             return Err(RemoteError::new(kind, shown, self.redactor.scrub(&detail)));
         }
-        let detail = format!("{last} after {} retries", tuning.max_retries);
+        let tries = if refused > 1 {
+            refused
+        } else {
+            tuning.max_retries + 1
+        };
+        let detail = format!("{last} ({tries} tries)");
         Err(RemoteError::new(RemoteErrorKind::Failed, shown, detail))
     }
 }

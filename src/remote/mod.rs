@@ -21,6 +21,7 @@ pub(crate) mod location;
 pub(crate) mod object;
 pub(crate) mod store;
 pub(crate) mod url;
+mod watch;
 mod whole;
 
 #[cfg(test)]

@@ -13,7 +13,8 @@ use object_store::{GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt}
 use super::error::{Redactor, RemoteError, RemoteErrorKind};
 use super::hub::HubFileMeta;
 use super::store::{IoRuntime, Tuning};
-use super::whole;
+use super::watch::{Interrupt, Moved};
+use super::whole::{self, Whole};
 use crate::error::{Error, Operation};
 use crate::mount::Mount;
 use crate::source::{Source, Version, VersionTag};
@@ -121,21 +122,27 @@ impl RemoteObject {
             requests: AtomicU64::new(0),
         };
         let first = 0..backend.tuning.open_prefix.max(1);
-        let options = GetOptions {
-            range: Some(GetRange::Bounded(first.clone())),
-            ..GetOptions::default()
-        };
-        let (opened, kept) = backend.runtime.block_on(whole::keeping(async {
-            let result = object.get(options).await?;
-            let (len, etag) = (result.meta.size, result.meta.e_tag.clone());
-            let want = result.range.end - result.range.start;
-            let mut prefix = Vec::with_capacity(want as usize);
-            let mut stream = result.into_stream();
-            while let Some(chunk) = stream.next().await {
-                prefix.extend_from_slice(&chunk?);
-            }
-            Ok::<_, object_store::Error>((len, etag, prefix, want))
-        }));
+        let cap = whole_cap(object.hub.as_ref());
+        let (opened, kept) = object.retrying_stalls(first.clone(), |moved| {
+            let options = GetOptions {
+                range: Some(GetRange::Bounded(first.clone())),
+                ..GetOptions::default()
+            };
+            let object = &object;
+            whole::keeping(cap, Arc::clone(&moved), async move {
+                let result = object.get(options).await?;
+                let (len, etag) = (result.meta.size, result.meta.e_tag.clone());
+                let want = result.range.end - result.range.start;
+                let mut prefix = Vec::with_capacity(want as usize);
+                let mut stream = result.into_stream();
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk?;
+                    moved.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    prefix.extend_from_slice(&chunk);
+                }
+                Ok::<_, object_store::Error>((len, etag, prefix, want))
+            })
+        })?;
         match opened {
             Ok((len, etag, prefix, want)) => {
                 if prefix.len() as u64 != want {
@@ -156,16 +163,20 @@ impl RemoteObject {
                     Failure::RangeIgnored => object.ranges_ignored.store(true, Ordering::Relaxed),
                     Failure::Other => {}
                 }
-                if let (Failure::RangeIgnored, Some(kept)) = (failure, kept) {
-                    // The whole object, answered for the range: its length, its ETag,
-                    // and every byte any read asks for.
-                    object.version.len = kept.body.len() as u64;
-                    object.etag = kept.etag;
-                    object.prefix = kept.body;
-                    return object.finish_open();
+                match (failure, kept) {
+                    (Failure::RangeIgnored, Whole::Kept(kept)) => {
+                        // The whole object, answered for the range: its length, its ETag,
+                        // and every byte any read asks for.
+                        object.version.len = kept.body.len() as u64;
+                        object.etag = kept.etag;
+                        object.prefix = kept.body;
+                        return object.finish_open();
+                    }
+                    (_, Whole::TooLarge(len)) => return Err(object.too_large(len, cap)),
+                    _ => {}
                 }
                 // Ranges ignored, or an answer such as 416 for an empty object: the HEAD says.
-                let head = backend.runtime.block_on(object.head());
+                let head = object.retrying_stalls(0..0, |_| object.head())?;
                 match head {
                     Ok(meta) if failure == Failure::RangeIgnored || meta.size == 0 => {
                         object.version.len = meta.size;
@@ -227,6 +238,48 @@ impl RemoteObject {
 
     fn error(&self, kind: RemoteErrorKind, detail: String) -> RemoteError {
         RemoteError::new(kind, self.shown.to_string_lossy(), detail)
+    }
+
+    /// The error of a request of `range` dropped for `why`.
+    fn interrupted(&self, why: Interrupt, range: Range<u64>) -> RemoteError {
+        let (kind, detail) = match why {
+            Interrupt::Cancelled => (RemoteErrorKind::Cancelled, "the load was cancelled".into()),
+            Interrupt::Stalled { moved } => (
+                RemoteErrorKind::Stalled,
+                self.backend.tuning.pace.stall_words(range.start + moved),
+            ),
+        };
+        self.error(kind, detail).with_range(range)
+    }
+
+    /// A whole answer stating `len` bytes, past `cap`.
+    fn too_large(&self, len: u64, cap: u64) -> RemoteError {
+        let detail = format!(
+            "the server ignores Range and answers with the whole object, {len} bytes, more \
+             than the {cap} bytes it may take in memory"
+        );
+        self.error(RemoteErrorKind::Protocol, detail)
+    }
+
+    /// Runs the request `make` gives (of `range`, for the error) on the backend's runtime,
+    /// watched; a stalled one again, from the start, up to the pace's retries.
+    fn retrying_stalls<F: std::future::Future + Send>(
+        &self,
+        range: Range<u64>,
+        mut make: impl FnMut(Moved) -> F,
+    ) -> Result<F::Output, RemoteError>
+    where
+        F::Output: Send,
+    {
+        let pace = self.backend.tuning.pace;
+        let mut stalls = 0;
+        loop {
+            match self.backend.runtime.request(pace, &mut make) {
+                Ok(out) => return Ok(out),
+                Err(Interrupt::Stalled { .. }) if stalls < pace.retries => stalls += 1,
+                Err(why) => return Err(self.interrupted(why, range)),
+            }
+        }
     }
 
     async fn get(&self, mut options: GetOptions) -> object_store::Result<GetResult> {
@@ -291,29 +344,50 @@ impl RemoteObject {
     /// turned out to ignore ranges before sending any byte.
     fn read_ranges(&self, dst: &mut [u8], range: Range<u64>) -> Option<Result<(), RemoteError>> {
         let mut got = 0usize;
+        let pace = self.backend.tuning.pace;
+        let mut stalls = 0;
         // Each pass is one request (with object_store's retries inside it); a pass only
-        // repeats after a body that ended cleanly but short, which is bounded here.
-        for _ in 0..=self.backend.tuning.max_retries {
+        // repeats after a body that ended cleanly but short, or one that stalled, which are
+        // bounded here.
+        for _ in 0..=self.backend.tuning.max_retries + pace.retries {
             let from = range.start + got as u64;
             let options = GetOptions {
                 range: Some(GetRange::Bounded(from..range.end)),
                 ..GetOptions::default()
             };
-            let pass = self.backend.runtime.block_on(async {
+            let (into, reached) = (&mut *dst, &mut got);
+            let pass = self.backend.runtime.request(pace, |moved| async move {
                 let result = self.get(options).await?;
                 let mut stream = result.into_stream();
                 while let Some(chunk) = stream.next().await {
                     let chunk = chunk?;
-                    let Some(slot) = dst.get_mut(got..got + chunk.len()) else {
+                    let Some(slot) = into.get_mut(*reached..*reached + chunk.len()) else {
                         return Ok(false);
                     };
                     slot.copy_from_slice(&chunk);
-                    got += chunk.len();
+                    *reached += chunk.len();
+                    moved.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                 }
                 Ok::<_, object_store::Error>(true)
             });
             let failed =
                 |kind, detail| Some(Err(self.error(kind, detail).with_range(range.clone())));
+            let pass = match pass {
+                Ok(pass) => pass,
+                Err(Interrupt::Stalled { .. }) if stalls < pace.retries => {
+                    stalls += 1;
+                    continue;
+                }
+                Err(why) => {
+                    // The error's range starts at the byte reached.
+                    let reached = range.start + got as u64..range.end;
+                    let why = match why {
+                        Interrupt::Stalled { .. } => Interrupt::Stalled { moved: 0 },
+                        cancelled => cancelled,
+                    };
+                    return Some(Err(self.interrupted(why, reached)));
+                }
+            };
             match pass {
                 Ok(true) if got == dst.len() => return Some(Ok(())),
                 Ok(true) => continue,
@@ -357,21 +431,26 @@ impl RemoteObject {
             return Ok(Arc::clone(bytes));
         }
         let len = self.version.len;
-        let fetched = self.backend.runtime.block_on(async {
+        let cap = whole_cap(self.hub.as_ref());
+        if len > cap {
+            return Err(self.too_large(len, cap).with_range(0..len));
+        }
+        let fetched = self.retrying_stalls(0..len, |moved| async move {
             let result = self.get(GetOptions::default()).await?;
-            // The length is the server's word: reserved up to 64 MiB, grown past that as
-            // bytes arrive, so that a lying length cannot ask for memory up front.
-            let mut bytes = Vec::with_capacity(len.min(64 << 20) as usize);
+            // The length is the server's word: grown as bytes arrive, never reserved from
+            // it, so that a lying length cannot ask for memory up front.
+            let mut bytes = Vec::new();
             let mut stream = result.into_stream();
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk?;
                 if bytes.len() + chunk.len() > len as usize {
                     return Ok(None);
                 }
+                moved.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                 bytes.extend_from_slice(&chunk);
             }
             Ok::<_, object_store::Error>(Some(bytes))
-        });
+        })?;
         let kind_of = |e: &object_store::Error| match classify(e) {
             Failure::NotFound => RemoteErrorKind::NotFound,
             Failure::Denied => RemoteErrorKind::Denied,
@@ -395,6 +474,17 @@ impl RemoteObject {
                 Err(self.error(kind_of(&e), text).with_range(0..len))
             }
         }
+    }
+}
+
+/// The most bytes of a whole answer (a server that ignores `Range`) an object may hold in
+/// memory: what the hub said the file is, where it said; else half the memory available
+/// (`memory::available`), so that a stated length far past the checkpoint is refused before
+/// a byte is kept.
+fn whole_cap(hub: Option<&HubFileMeta>) -> u64 {
+    match hub.and_then(|h| h.size) {
+        Some(size) => size,
+        None => crate::memory::available().map_or(u64::MAX, |available| available / 2),
     }
 }
 
@@ -428,6 +518,10 @@ impl Source for RemoteObject {
 
     fn fetched_whole(&self) -> bool {
         self.ranges_ignored()
+    }
+
+    fn commit(&self) -> Option<&str> {
+        self.hub.as_ref()?.commit.as_deref()
     }
 
     fn published_sha256(&self) -> Option<[u8; 32]> {

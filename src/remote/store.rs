@@ -14,6 +14,7 @@ use object_store::{BackoffConfig, ClientConfigKey, ClientOptions, ObjectStore, R
 
 use super::error::{Redactor, RemoteError, RemoteErrorKind};
 use super::url::StoreKind;
+use super::watch::{Interrupt, Moved, Pace, watched};
 use super::whole::KeepWhole;
 
 /// The layer's timeouts, retries and first read, owned once.
@@ -33,27 +34,41 @@ pub(crate) struct Tuning {
     /// The bytes read by the open's ranged GET, kept: a safetensors header's 8-byte length
     /// and, for most checkpoints, the whole header.
     pub open_prefix: u64,
+    /// The pace every request must keep (`watch.rs`).
+    pub pace: Pace,
 }
 
 impl Default for Tuning {
     /// NOTE: the defaults follow the stores' guidance rather than a measurement here (none
     /// was possible without a real store): S3's and GCS's clients time a request out after
     /// tens of seconds and retry 3-10 times with exponential backoff from ~100 ms; 60 s
-    /// covers a 64 MiB ranged GET at ~1 MiB/s.
+    /// covers a 16 MiB ranged GET at ~280 KiB/s. A server that stops sending is caught
+    /// sooner by the pace (`watch.rs`); no retry starts 30 s after a request's first try.
     fn default() -> Self {
         Self {
             request_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
             max_retries: 5,
-            retry_timeout: Duration::from_secs(120),
+            retry_timeout: Duration::from_secs(30),
             init_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
             open_prefix: 64 * 1024,
+            pace: Pace::default(),
         }
     }
 }
 
 impl Tuning {
+    /// The defaults, with the pace's window from the environment
+    /// (`SAFELOAD_REMOTE_STALL_SECS`).
+    pub(crate) fn from_env() -> Self {
+        let var = std::env::var(super::watch::STALL_VAR).ok();
+        Self {
+            pace: Pace::from_var(var.as_deref()),
+            ..Self::default()
+        }
+    }
+
     fn retry(&self) -> RetryConfig {
         RetryConfig {
             backoff: BackoffConfig {
@@ -245,10 +260,30 @@ impl IoRuntime {
         })
     }
 
+    /// Runs the request `make` gives on this runtime, blocking the calling thread (one of
+    /// the crate's), watched (`watch.rs`): dropped once it moves less than `pace` asks, or
+    /// as soon as the flags of the load on the calling thread are set. `make` is handed
+    /// the counter its body's bytes go to.
+    pub(crate) fn request<F>(
+        &self,
+        pace: Pace,
+        make: impl FnOnce(Moved) -> F,
+    ) -> Result<F::Output, Interrupt>
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        let cancel = crate::cancel::current();
+        let moved = Moved::default();
+        let request = make(std::sync::Arc::clone(&moved));
+        self.block_on(async move { watched(request, &moved, pace, &cancel).await })
+    }
+
     /// Runs `future` to completion on this runtime, blocking the calling thread (one of the
     /// crate's): from a thread inside some other tokio runtime, where blocking on another
-    /// runtime would panic, on a scoped thread of its own.
-    pub(crate) fn block_on<F>(&self, future: F) -> F::Output
+    /// runtime would panic, on a scoped thread of its own. Unwatched: the layer's requests
+    /// go through [`request`](Self::request).
+    pub(super) fn block_on<F>(&self, future: F) -> F::Output
     where
         F: Future + Send,
         F::Output: Send,

@@ -152,6 +152,22 @@ fn parse_http(scheme: &str, rest: &str) -> Result<RemoteUrl, UrlError> {
     })
 }
 
+/// Whether `name` is an org or repository name the hub takes (as its client checks a repo
+/// id): 1 to 96 of letters, digits, `-`, `_` and `.`, no `--` or `..`, not starting or ending
+/// with `-` or `.`. The cache folder joins org and name with `--`
+/// (`models--org--name`), so a name with `--` could make two addresses share one folder.
+fn hub_name_ok(name: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c != '-' && c != '.');
+    (1..=96).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && !name.contains("--")
+        && !name.contains("..")
+        && edge(name.chars().next())
+        && edge(name.chars().last())
+}
+
 /// `org/repo[@revision][/subfolder]`; a revision with a slash (`refs/pr/1`) is written
 /// escaped, `refs%2Fpr%2F1`, as the hub's own tools do.
 fn parse_hub(rest: &str) -> Result<RemoteUrl, UrlError> {
@@ -164,15 +180,11 @@ fn parse_hub(rest: &str) -> Result<RemoteUrl, UrlError> {
         Some((repo, rev)) => (repo, Some(rev)),
         None => (repo_rev, None),
     };
-    let name_ok = |s: &str| {
-        !s.is_empty()
-            && s != "."
-            && s != ".."
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-    };
-    if !name_ok(org) || !name_ok(repo) {
-        return refuse("hf:// org and repo names are letters, digits, -, _ and .");
+    if !hub_name_ok(org) || !hub_name_ok(repo) {
+        return refuse(
+            "hf:// org and repo names are 1 to 96 letters, digits, -, _ and ., with no -- or .. \
+             and neither starting nor ending with - or .",
+        );
     }
     let revision = match revision {
         None => None,
@@ -308,6 +320,12 @@ mod tests {
             "hf://org/",
             "hf://org/re po",
             "hf://../repo",
+            "hf://org/repo--x",
+            "hf://org--repo/x",
+            "hf://org/-repo",
+            "hf://org/repo.",
+            "hf://.org/repo",
+            "hf://org/re..po",
             "hf://org/repo@",
             "hf://org/repo@a%zz",
             "hf://org/repo/sub/../x",

@@ -10,7 +10,9 @@
 //! answered `200` with a `Content-Length` has its body read to the end and
 //! kept, and `object_store` gets the answer without its body (and fails it
 //! as before). Outside [`keeping`], and for every other answer, nothing
-//! changes.
+//! changes. The length such an answer states is the server's word: past the
+//! cap [`keeping`] is given the body is refused unread, and below it the
+//! body is kept as its bytes arrive, never reserved from the stated length.
 //!
 //! NOTE: the hook is `object_store`'s own seam for HTTP clients
 //! (`HttpConnector`, `HttpService`): the request and its retries stay the
@@ -19,12 +21,15 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 
 use futures_util::StreamExt;
 use object_store::ClientOptions;
 use object_store::client::{
     HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
 };
+
+use super::watch::Moved;
 
 /// The whole object a server sent for a ranged request, and its ETag.
 #[derive(Debug)]
@@ -33,18 +38,47 @@ pub(crate) struct Kept {
     pub etag: Option<String>,
 }
 
+/// What became of a whole answer to the request [`keeping`] ran.
+#[derive(Debug)]
+pub(crate) enum Whole {
+    /// None came (the range was honoured, or the answer failed otherwise).
+    None,
+    /// Kept.
+    Kept(Kept),
+    /// Refused unread: it stated this many bytes, more than the cap.
+    TooLarge(u64),
+}
+
+/// The state of one [`keeping`] call.
+struct Keep {
+    cap: u64,
+    moved: Moved,
+    whole: Whole,
+}
+
 tokio::task_local! {
     /// Where the connector leaves a whole answer, inside [`keeping`].
-    static KEPT: RefCell<Option<Kept>>;
+    static KEEP: RefCell<Keep>;
 }
 
 /// Runs `request`, keeping the whole object a server answers a ranged
-/// request of it with (`200` for a `Range`) instead of dropping it.
-pub(crate) async fn keeping<T>(request: impl Future<Output = T>) -> (T, Option<Kept>) {
-    KEPT.scope(RefCell::new(None), async {
+/// request of it with (`200` for a `Range`) instead of dropping it, where it
+/// states at most `cap` bytes; its bytes are counted into `moved` as they
+/// arrive.
+pub(crate) async fn keeping<T>(
+    cap: u64,
+    moved: Moved,
+    request: impl Future<Output = T>,
+) -> (T, Whole) {
+    let keep = Keep {
+        cap,
+        moved,
+        whole: Whole::None,
+    };
+    KEEP.scope(RefCell::new(keep), async {
         let out = request.await;
-        let kept = KEPT.with(|k| k.borrow_mut().take());
-        (out, kept)
+        let whole = KEEP.with(|k| std::mem::replace(&mut k.borrow_mut().whole, Whole::None));
+        (out, whole)
     })
     .await
 }
@@ -81,20 +115,30 @@ impl HttpService for Service {
                 .headers()
                 .get("content-length")
                 .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-            let wanted =
-                ranged && response.status().as_u16() == 200 && KEPT.try_with(|_| ()).is_ok();
-            let Some(len) = len.filter(|_| wanted) else {
+            let keep = KEEP.try_with(|k| {
+                let k = k.borrow();
+                (k.cap, std::sync::Arc::clone(&k.moved))
+            });
+            let (Ok((cap, moved)), true) = (keep, ranged && response.status().as_u16() == 200)
+            else {
+                return Ok(response);
+            };
+            let Some(len) = len else {
                 return Ok(response);
             };
             let (parts, body) = response.into_parts();
+            if len as u64 > cap {
+                // Refused unread: the body is dropped with its connection.
+                let _ = KEEP.try_with(|k| k.borrow_mut().whole = Whole::TooLarge(len as u64));
+                return Ok(HttpResponse::from_parts(parts, Vec::new().into()));
+            }
             let etag = parts
                 .headers
                 .get("etag")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            // The length is the server's word: reserved up to 64 MiB, grown as
-            // bytes arrive, and never past it.
-            let mut bytes = Vec::with_capacity(len.min(64 << 20));
+            // Grown as bytes arrive, never reserved from the stated length.
+            let mut bytes = Vec::new();
             let mut stream = body.bytes_stream();
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk?;
@@ -102,11 +146,12 @@ impl HttpService for Service {
                     // More than it said: nothing kept, the open asks again.
                     return Ok(HttpResponse::from_parts(parts, Vec::new().into()));
                 }
+                moved.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                 bytes.extend_from_slice(&chunk);
             }
             if bytes.len() == len {
                 let kept = Kept { body: bytes, etag };
-                let _ = KEPT.try_with(|k| *k.borrow_mut() = Some(kept));
+                let _ = KEEP.try_with(|k| k.borrow_mut().whole = Whole::Kept(kept));
             }
             Ok(HttpResponse::from_parts(parts, Vec::new().into()))
         })

@@ -26,7 +26,8 @@ pub struct CachedRepo {
     pub repo: String,
     /// Its snapshots, one per commit.
     pub revisions: Vec<CachedRevision>,
-    /// Blobs in `blobs/`.
+    /// Blobs in `blobs/`: files named by a digest (a SHA-256, or a git
+    /// blob id), not the lock files another client keeps there.
     pub blobs: usize,
     /// Their bytes.
     pub blob_bytes: u64,

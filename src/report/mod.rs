@@ -86,6 +86,25 @@
 //! # }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! ## A remote file's
+//!
+//! A file of a remote checkpoint (feature `remote`) has its `cache` (what a
+//! cache did for it, [`CacheUse`]), its hub `commit` (`hf://`) and its
+//! `etag` (the version every read of it required). A shard of `hf://` fetched
+//! and written to the hub cache, one read from the cache, and one fetched but
+//! not written (the load read only part of it):
+//!
+//! ```json
+#![doc = include_str!("example_cache.json")]
+//! ```
+//!
+//! The codes: a [`CacheUse`] is `hit`, `written` or `not_cached`, with its
+//! `store` ([`CacheStore`], a plain code: `hub` or `directory`); a
+//! `not_cached`'s `why` ([`NotCached`]) is `partial` (with `read` and `len`),
+//! `no_space`, `unwritable` (with the system's `error`), `locked`,
+//! `published_elsewhere`, `mismatch` (with the `expected` and `actual`
+//! SHA-256), `no_digest`, `other_rank`, `exchange` or `cancelled`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -260,6 +279,13 @@ pub struct FileReport {
     /// `remote`): read from the hub cache or the cache directory, written to
     /// it as it was fetched, or why not.
     pub cache: Option<CacheUse>,
+    /// The hub commit the file is at, for an `hf://` checkpoint's file
+    /// (fetched or read from the hub cache): what an engine pins its next
+    /// start to (`hf://org/repo@<commit>`).
+    pub commit: Option<String>,
+    /// The entity tag of a remote object (fetched, or read from a cache
+    /// directory that keyed it by it): the version every read required.
+    pub etag: Option<String>,
 }
 
 impl FileReport {
@@ -350,6 +376,11 @@ impl fmt::Display for LoadReport {
             }
             if let Some(cache) = &file.cache {
                 writeln!(f, "    {cache}")?;
+            }
+            match (&file.commit, &file.etag) {
+                (Some(commit), _) => writeln!(f, "    at commit {commit}")?,
+                (None, Some(etag)) => writeln!(f, "    etag {etag}")?,
+                (None, None) => {}
             }
             if file.converted > 0 {
                 writeln!(

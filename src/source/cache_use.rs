@@ -75,6 +75,9 @@ pub enum NotCached {
     /// The load's bytes of it come from other nodes (a load split between
     /// nodes): the node copy is not written to the cache.
     Exchange,
+    /// The load was cancelled before the file was complete: nothing is
+    /// published after a cancel.
+    Cancelled,
 }
 
 impl fmt::Display for NotCached {
@@ -93,6 +96,7 @@ impl fmt::Display for NotCached {
             NotCached::NoDigest => f.write_str("the store gives no digest to check it by"),
             NotCached::OtherRank => f.write_str("another local rank writes it"),
             NotCached::Exchange => f.write_str("its bytes come from the other nodes"),
+            NotCached::Cancelled => f.write_str("the load was cancelled"),
         }
     }
 }
@@ -110,6 +114,7 @@ impl NotCached {
             NotCached::NoDigest => "no_digest",
             NotCached::OtherRank => "other_rank",
             NotCached::Exchange => "exchange",
+            NotCached::Cancelled => "cancelled",
         }
     }
 

@@ -97,6 +97,21 @@ pub(crate) trait Source: Send + Sync {
         None
     }
 
+    /// The hub commit the file is at, for a file of an `hf://` checkpoint
+    /// (fetched, or read from the hub cache).
+    fn commit(&self) -> Option<&str> {
+        None
+    }
+
+    /// The entity tag of the remote object the file is (or was fetched as),
+    /// which every read of it required.
+    fn etag(&self) -> Option<&str> {
+        match &self.version().tag {
+            VersionTag::ETag(etag) => Some(etag),
+            _ => None,
+        }
+    }
+
     /// The cache write of a file fetched through a cache, for a load that
     /// gets the file's bytes otherwise than by its own reads (a node copy).
     fn cache_write(&self) -> Option<&dyn CacheWrite> {

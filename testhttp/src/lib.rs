@@ -7,11 +7,12 @@
 //!
 //! - **the Hugging Face hub's resolve endpoint**, `/{org}/{repo}/resolve/{revision}/{path}`:
 //!   `path` under the directory, for any `org/repo`, at [`Options::commit`] or any of
-//!   [`Options::branches`] (another revision is 404), with the headers the hub gives for an
-//!   LFS file: `X-Repo-Commit` (the commit), `X-Linked-Etag` (the file's SHA-256, quoted) and
-//!   `X-Linked-Size`. The hub answers an LFS file with a redirect to its CDN, and a small
-//!   file in place: this server answers in place, or with [`Options::hub_redirect`] with a
-//!   `302` carrying those headers and a `Location` on the static route.
+//!   [`Options::branches`] (or [`Options::foreign_commit`]; another revision is 404), with
+//!   the headers the hub gives for an LFS file: `X-Repo-Commit` (the commit),
+//!   `X-Linked-Etag` (the file's SHA-256, quoted) and `X-Linked-Size`. The hub answers an
+//!   LFS file with a redirect to its CDN, and a small file in place: this server answers in
+//!   place, or with [`Options::hub_redirect`] with a `302` carrying those headers and a
+//!   `Location` on the static route.
 //! - **a static tree**, `/{path}`, as any file server or a presigned object-store URL.
 //!
 //! Both answer `GET` and `HEAD` with a strong `ETag` (the contents' SHA-256, quoted),
@@ -61,13 +62,28 @@
 //!   on the host [`Options::hub_redirect`] sends a client to, which stands for the hub's
 //!   CDN and its signed URLs.
 //!
+//! Hostile servers, each knob on its own:
+//!
+//! - [`Options::drip`]: object bodies trickle out one byte per pause.
+//! - [`Options::silent_heads`], [`Options::silent_gets`]: `HEAD`s, or `GET`s (but of the
+//!   hub API), are read and never answered; the connection is held open, silent, until the
+//!   client hangs up or the server stops ([`Stats::unanswered`] counts them).
+//! - [`Options::claimed_len`] (with [`Options::ignore_range`]): whole-object answers claim
+//!   another `Content-Length` (a terabyte, say) and a `GET` pads the object with zeros to
+//!   meet it, for as long as the client reads.
+//! - [`Options::foreign_commit`]: the hub route answers a request pinned to that commit with
+//!   [`Options::commit`]'s files, and names that one in `X-Repo-Commit`.
+//! - [`Options::no_commit_on_404`]: the hub route's `EntryNotFound` carries no
+//!   `X-Repo-Commit`, as some mirrors and proxies answer.
+//!
 //! # Counters and bounds
 //!
 //! [`Server::stats`] and [`Server::path_stats`] count requests, bytes of bodies sent, and
 //! per object path. Every loop is bounded: a connection answers at most 100,000 requests and
 //! closes after [`Options::idle_timeout`] without one; a client that stops reading is given
-//! up after 10 s; a dropped server stops accepting, ends every connection within 50 ms of its
-//! current chunk, and joins its threads.
+//! up after 10 s; a request held unanswered ends at the client's hang-up; a dropped server
+//! stops accepting, ends every connection within 50 ms of its current chunk, byte or hold
+//! (also a body's write its client is not taking), and joins its threads.
 #![deny(missing_docs)]
 
 // NOTE: HTTP/1.1 is hand-written here (`http.rs`, `serve.rs`: about 500 lines) rather than
@@ -81,6 +97,7 @@
 // bodies) and parsed by pure functions tested on their own.
 
 mod api;
+mod body;
 mod http;
 #[path = "../../testfs/src/link.rs"]
 mod link;
@@ -161,6 +178,36 @@ pub struct Options {
     /// The hub route answers `302` to the static route (with its metadata headers), as the
     /// hub for an LFS file.
     pub hub_redirect: bool,
+    /// Every `GET` body of an object (hub or static route; not the hub API's JSON) is sent
+    /// one byte at a time, this pause between bytes, after a head sent at once: a server
+    /// that answers at once and then trickles. Each byte is counted and booked on the link
+    /// as a chunk is; the body ends early when the client hangs up or the server stops.
+    pub drip: Option<Duration>,
+    /// A `HEAD` request (any target) is read and never answered: the connection is held
+    /// open, silent, until the client hangs up or the server stops. Counted in
+    /// [`Stats::head_requests`] and [`Stats::unanswered`]; it holds one of the
+    /// [`max_connections`](Self::max_connections) threads meanwhile.
+    pub silent_heads: bool,
+    /// The same for a `GET` request of any target but the hub API's (which still answers):
+    /// held silent until the client hangs up or the server stops; counted in
+    /// [`Stats::unanswered`].
+    pub silent_gets: bool,
+    /// With [`ignore_range`](Self::ignore_range) only (ignored without it): the whole-object
+    /// `200` answers, `HEAD` and `GET`, state `Content-Length: <claimed_len>` instead of the
+    /// object's length, and a `GET` sends the object's bytes then zeros until the claim is
+    /// met (or only the claim's first bytes of a longer object), the client hangs up, or
+    /// the server stops: a hostile server claiming a terabyte. The hub's `X-Linked-Size`
+    /// still says the real length. Nothing is allocated for the claim: bodies go out a
+    /// 64 KiB chunk at a time, counted as any other.
+    pub claimed_len: Option<u64>,
+    /// A commit (normally 40 hex digits) the hub route takes as a revision as if it were
+    /// [`commit`](Self::commit): it answers with the served files, named by
+    /// `X-Repo-Commit: <commit>`, so that a client pinned to this commit gets another
+    /// commit's files and is told so. The hub API does not know it (404).
+    pub foreign_commit: Option<String>,
+    /// The hub route's `404` for a file the revision lacks (`X-Error-Code: EntryNotFound`)
+    /// carries no `X-Repo-Commit`, as some mirrors and proxies answer.
+    pub no_commit_on_404: bool,
 }
 
 impl Default for Options {
@@ -177,6 +224,12 @@ impl Default for Options {
             idle_timeout: Duration::from_secs(2),
             token: None,
             hub_redirect: false,
+            drip: None,
+            silent_heads: false,
+            silent_gets: false,
+            claimed_len: None,
+            foreign_commit: None,
+            no_commit_on_404: false,
         }
     }
 }
@@ -235,6 +288,9 @@ pub struct Stats {
     pub faults: u64,
     /// Requests refused for their token (401, 403).
     pub refused: u64,
+    /// Requests held without an answer ([`Options::silent_heads`],
+    /// [`Options::silent_gets`]), counted when the hold begins (and so also once it ended).
+    pub unanswered: u64,
     /// Connections accepted.
     pub connections: u64,
     /// The most connections served at once.
@@ -372,6 +428,7 @@ impl Server {
             bytes_sent: get(&c.bytes_sent),
             faults: get(&c.faults),
             refused: get(&c.refused),
+            unanswered: get(&c.unanswered),
             connections: get(&c.connections),
             max_open_connections: get(&c.max_open_connections),
         }

@@ -1,35 +1,33 @@
 //! One connection's life: requests read, routed to an object, answered with its range,
-//! paced by the latency and the shared link, or broken by the fault the options ask for.
+//! paced by the latency and the shared link, or broken by the fault the options ask for, or
+//! held unanswered.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::api;
+use crate::body::send_body;
 use crate::http::{self, HeadError, RangeAsk, Request, Route};
-use crate::link::Link;
-use crate::objects::Object;
-use crate::{Fault, Shared};
+use crate::{Fault, Shared, api};
 
 /// How long a blocked read waits before looking at the stop flag again.
-const POLL: Duration = Duration::from_millis(50);
+pub(crate) const POLL: Duration = Duration::from_millis(50);
 /// A connection answers at most this many requests, then closes (a bounded loop).
 const MAX_REQUESTS_PER_CONNECTION: u64 = 100_000;
-/// Bodies are sent in chunks of this size, each booked on the link.
-const CHUNK: usize = 64 * 1024;
 /// A request body (never expected) is read and dropped up to this size; more closes.
 const MAX_DISCARDED_BODY: u64 = 1 << 20;
 /// A client that stops reading is given up after this long.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How an answer ends the connection.
 enum After {
     KeepAlive,
     Close,
-    /// A fault already closed it.
+    /// A fault already closed it, or a request held unanswered left it with no place for
+    /// another answer.
     Broken,
 }
 
@@ -133,6 +131,32 @@ fn discard_body(request: &Request, stream: &mut TcpStream, buf: &mut Vec<u8>) ->
     left == 0
 }
 
+/// Holds a request unanswered ([`Options::silent_heads`](crate::Options::silent_heads),
+/// [`Options::silent_gets`](crate::Options::silent_gets)): sends nothing, reads and drops
+/// whatever the client still sends, until it hangs up or the server stops. Each read waits
+/// at most [`POLL`] (the socket's read timeout), so the loop never spins and sees a stop
+/// within one poll.
+fn hold_unanswered(shared: &Shared, stream: &mut TcpStream) -> After {
+    shared.stats.unanswered.fetch_add(1, Ordering::Relaxed);
+    let mut chunk = [0; 4096];
+    while !shared.stopping.load(Ordering::Relaxed) {
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    // Nothing was answered: the connection cannot serve another request.
+    After::Broken
+}
+
 fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Result<After> {
     let n = shared.stats.requests.fetch_add(1, Ordering::Relaxed) + 1;
     let options = &shared.options;
@@ -152,6 +176,17 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
     };
     if head_only {
         shared.stats.head_requests.fetch_add(1, Ordering::Relaxed);
+    }
+    let route = http::route(&request.target);
+    // Held before anything else (latency, faults, token, routing): a server that says
+    // nothing at all.
+    let silent = if head_only {
+        options.silent_heads
+    } else {
+        options.silent_gets && !matches!(route, Some(Route::Api { .. }))
+    };
+    if silent {
+        return Ok(hold_unanswered(shared, stream));
     }
     if let Some(latency) = options.latency {
         thread::sleep(latency);
@@ -187,7 +222,6 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
             return Ok(after);
         }
     }
-    let route = http::route(&request.target);
     if let Some(Route::Api {
         repo,
         revision,
@@ -223,7 +257,11 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
     let Some(object) = shared.objects.get(&path, Instant::now()) else {
         shared.count_path(&path);
         if hub {
-            // As the hub: the commit asked about, and that the file is not in it.
+            // As the hub: the commit asked about, and that the file is not in it; or, as
+            // some mirrors and proxies, only the latter.
+            if options.no_commit_on_404 {
+                headers.retain(|(name, _)| *name != "X-Repo-Commit");
+            }
             headers.push(("X-Error-Code", "EntryNotFound".to_owned()));
         }
         stream.write_all(&http::response_head(404, &headers, 0, keep_alive))?;
@@ -274,8 +312,11 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
     } else {
         http::parse_range(range_header, object.len)
     };
+    // A hostile server's claim for its whole-object answers, met by filler past the
+    // object's end (`send_body`), or short of it.
+    let claimed = options.claimed_len.filter(|_| options.ignore_range);
     let (status, range) = match ask {
-        RangeAsk::Whole => (200, 0..object.len),
+        RangeAsk::Whole => (200, 0..claimed.unwrap_or(object.len)),
         RangeAsk::Part(range) => {
             let value = format!("bytes {}-{}/{}", range.start, range.end - 1, object.len);
             headers.push(("Content-Range", value));
@@ -349,7 +390,11 @@ fn locate(shared: &Shared, route: Option<Route>) -> Result<Located, Vec<(&'stati
                 .unwrap_or_else(PoisonError::into_inner)
                 .entry(revision.clone())
                 .or_default() += 1;
-            let known = revision == options.commit || options.branches.contains(&revision);
+            // The foreign commit is answered as if it were this one: with this one's files,
+            // and named so.
+            let known = revision == options.commit
+                || options.branches.contains(&revision)
+                || options.foreign_commit.as_ref() == Some(&revision);
             if !known {
                 return Err(vec![("X-Error-Code", "RevisionNotFound".to_owned())]);
             }
@@ -363,48 +408,6 @@ fn locate(shared: &Shared, route: Option<Route>) -> Result<Located, Vec<(&'stati
     }
 }
 
-/// Sends `len` bytes of `object` from `start`, chunk by chunk, each after its time on the
-/// shared link.
-fn send_body(
-    shared: &Shared,
-    stream: &mut TcpStream,
-    (path, object): (&str, &Object),
-    start: u64,
-    len: u64,
-) -> io::Result<()> {
-    let mut buf = vec![0; CHUNK.min(len as usize)];
-    let mut sent = 0;
-    while sent < len {
-        let n = (len - sent).min(CHUNK as u64) as usize;
-        object.body.read_exact_at(&mut buf[..n], start + sent)?;
-        if let Some(link) = &shared.link {
-            let leaves_at = lock(link).reserve(Instant::now(), n as u64);
-            sleep_until(leaves_at);
-        }
-        // Counted before the write, so that a client that has the bytes sees them counted;
-        // a client that hangs up leaves this chunk counted in both counters, the rest in
-        // neither.
-        shared.count_bytes(path, n as u64);
-        stream.write_all(&buf[..n])?;
-        sent += n as u64;
-        if shared.stopping.load(Ordering::Relaxed) {
-            return Err(io::ErrorKind::Interrupted.into());
-        }
-    }
-    Ok(())
-}
-
-fn lock(link: &Mutex<Link>) -> std::sync::MutexGuard<'_, Link> {
-    link.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn sleep_until(at: Instant) {
-    let now = Instant::now();
-    if at > now {
-        thread::sleep(at - now);
-    }
-}
-
 /// The counters a server keeps, shared by its connections.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -414,6 +417,7 @@ pub(crate) struct Counters {
     pub bytes_sent: std::sync::atomic::AtomicU64,
     pub faults: std::sync::atomic::AtomicU64,
     pub refused: std::sync::atomic::AtomicU64,
+    pub unanswered: std::sync::atomic::AtomicU64,
     pub connections: std::sync::atomic::AtomicU64,
     pub open_connections: std::sync::atomic::AtomicU64,
     pub max_open_connections: std::sync::atomic::AtomicU64,
@@ -428,6 +432,7 @@ impl Counters {
             &self.bytes_sent,
             &self.faults,
             &self.refused,
+            &self.unanswered,
             &self.connections,
         ] {
             c.store(0, Ordering::Relaxed);

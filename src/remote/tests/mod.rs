@@ -22,6 +22,7 @@ fn quick_tuning() -> Tuning {
         init_backoff: Duration::from_millis(5),
         max_backoff: Duration::from_millis(50),
         open_prefix: 4096,
+        pace: super::watch::Pace::default(),
     }
 }
 

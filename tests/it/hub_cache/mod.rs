@@ -12,6 +12,7 @@
 //! - `store.rs`: the cache directory of `s3://` (moto), an object replaced between loads.
 
 mod faults;
+mod hostile;
 mod python;
 mod store;
 
@@ -255,7 +256,11 @@ fn failed_load(url: &str, vars: &[(&'static str, String)]) -> String {
 
 #[test]
 fn child() {
-    run_role(&[("load", act_load)]);
+    run_role(&[
+        ("load", act_load),
+        ("hostile", hostile::act),
+        ("claim", hostile::act_claim),
+    ]);
 }
 
 /// Loads `PATH`, prints the digest and each file's cache use; with

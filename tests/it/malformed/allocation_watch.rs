@@ -75,7 +75,7 @@ pub(super) const SMALL: usize = 16 << 20;
 /// Runs `f` and returns the largest single allocation the process requested
 /// meanwhile. Only in a child process that runs this test alone (see the
 /// module's docs).
-pub(super) fn largest_allocation_during(f: impl FnOnce()) -> usize {
+pub(crate) fn largest_allocation_during(f: impl FnOnce()) -> usize {
     assert!(
         std::env::var_os(ROLE).is_some(),
         "the watch sees the whole process: measure in a child (`run_alone`)"

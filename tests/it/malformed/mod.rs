@@ -25,6 +25,8 @@ use crate::common::{Spec, loaded, sorted};
 use safeload::{Error, load_state_dict};
 
 mod allocation_watch;
+#[cfg(feature = "remote")]
+pub(crate) use allocation_watch::largest_allocation_during;
 mod directories;
 mod fuzz_seeds;
 mod huge_lengths;

@@ -1,0 +1,127 @@
+//! The cache's own files as a load's sources: a snapshot file or a blob found there (a hit, reported with the commit or ETag it is at), and the digest a file to be verified needs where its name vouches for none.
+
+use std::sync::Arc;
+
+use super::hub::{self, Cached};
+use super::{HubMode, Mode, Remote, layout};
+use crate::error::{Error, Operation, Result};
+use crate::mount::MountTable;
+use crate::remote::object::RemoteObject;
+use crate::source::{CacheStore, LocalFile, Source};
+
+use super::source::Hit;
+
+impl Remote {
+    /// A snapshot file to be verified that is no link to a blob its name vouches for (a
+    /// regular file, as a cache without symlinks holds them, or one planted there), with the
+    /// hub's SHA-256 of it, by one HEAD: the load's `verify` then checks the bytes against
+    /// it. Offline, or where the hub gives no SHA-256, it cannot be checked, and is refused.
+    pub(super) fn with_digest(&self, name: &str, mut cached: Cached) -> Result<Cached> {
+        let Mode::Hub(hub) = &self.mode else {
+            return Ok(cached);
+        };
+        if !hub.verify || !cached.plain || cached.sha256.is_some() {
+            return Ok(cached);
+        }
+        let refuse = |why: String| {
+            let reason = format!(
+                "cannot verify a snapshot file that is not a link to a blob named by its \
+                 SHA-256: {why}"
+            );
+            Err(Error::remote(
+                Operation::Hash,
+                cached.path.clone(),
+                None,
+                reason,
+                std::io::ErrorKind::InvalidData,
+            ))
+        };
+        if hub.offline {
+            return refuse("HF_HUB_OFFLINE=1 forbids asking the hub for it".into());
+        }
+        let digest = match self.checkpoint.location().hub_lookup(name) {
+            Some(Ok((_, Some(meta)))) => meta.sha256().and_then(crate::verify::parse_hex),
+            Some(Err(e)) => return Err(e.into_error(Operation::Hash)),
+            _ => None,
+        };
+        match digest {
+            Some(digest) => {
+                cached.sha256 = Some(digest);
+                Ok(cached)
+            }
+            None => refuse("the hub gives no SHA-256 of it".into()),
+        }
+    }
+
+    /// The blob of a file the snapshot lacks but the cache has (another
+    /// commit's, or a snapshot link lost): linked from the snapshot and
+    /// opened, as the hub's client does, where it is a regular file of the
+    /// object's length; the path shown is the snapshot's.
+    pub(super) fn blob_of(
+        &self,
+        hub: &HubMode,
+        object: &RemoteObject,
+        name: &str,
+    ) -> Option<Cached> {
+        let view = hub.view.as_ref()?;
+        let writer = hub.writer.as_ref()?;
+        let blob = blob_name(object);
+        layout::named_digest(&blob)?;
+        let file = view.blob(&blob)?;
+        if file.metadata().ok()?.len() != object.len() {
+            return None;
+        }
+        let path = format!("{}{name}", hub.prefix);
+        writer.link(&path, &blob).ok()?;
+        let _ = writer.record();
+        Some(Cached {
+            path: view.snapshot_path(&hub.commit, &path),
+            file,
+            sha256: hub::sha256_of_name(&blob),
+            plain: false,
+        })
+    }
+}
+
+/// The name the hub's client gives a fetched file's blob: its linked ETag (an
+/// LFS file's SHA-256), else its ETag (a small file's git blob id).
+pub(super) fn blob_name(object: &RemoteObject) -> String {
+    object
+        .hub()
+        .and_then(|m| m.linked_etag.clone())
+        .or_else(|| object.etag().map(str::to_owned))
+        .map(|e| layout::blob_name_of_etag(&e))
+        .unwrap_or_default()
+}
+
+/// Which cache a hit came from, and what names its version there.
+pub(super) enum HitOf<'a> {
+    /// The hub cache's snapshot of this commit.
+    Hub(&'a str),
+    /// A cache directory, where the object had this entity tag.
+    Directory(String),
+}
+
+/// A file of the cache as the ordinary local source, reported as a hit.
+pub(super) fn hit_of(
+    cached: Cached,
+    table: Option<&MountTable>,
+    of: HitOf<'_>,
+) -> Result<Arc<dyn Source>> {
+    let Cached {
+        path, file, sha256, ..
+    } = cached;
+    let local = LocalFile::new(path.clone(), file, table)
+        .map_err(|e| Error::io(Operation::Stat, path, None, e))?;
+    let (store, commit, etag) = match of {
+        HitOf::Hub(commit) => (CacheStore::Hub, Some(commit.to_owned()), None),
+        HitOf::Directory(etag) => (CacheStore::Directory, None, Some(etag)),
+    };
+    Ok(Arc::new(Hit {
+        local,
+        store,
+        sha256,
+        commit,
+        etag,
+    }))
+}

@@ -26,8 +26,8 @@ const VERIFY: &str = "SAFELOAD_TEST_HOSTILE_VERIFY";
 /// Set in a child: this many reads in flight (`Loader::io_concurrency`).
 const READERS: &str = "SAFELOAD_TEST_HOSTILE_READERS";
 
-/// A slow link's checkpoint: 48 MiB of F32 in 3 shards, read by two readers (`READERS`)
-/// in requests of 16 MiB, each of seconds on a 4 MiB/s link.
+/// A slow link's checkpoint: 48 MiB of F32 in 3 shards, read by eight readers (`READERS`)
+/// sharing a 4 MiB/s link: each request of several MiB takes seconds.
 fn slow_hub() -> Hub {
     let specs: Vec<Spec> = (0..12)
         .map(|i| spec(&format!("w{i:02}"), Dtype::F32, &[1024, 1024]))
@@ -41,10 +41,10 @@ fn slow_hub() -> Hub {
     )
 }
 
-/// The variables of a slow hub's child: two readers, requests of 16 MiB.
+/// The variables of a slow hub's child: eight readers.
 fn slow_vars(hub: &Hub) -> Vec<(&'static str, String)> {
     let mut vars = hub.vars();
-    vars.push((READERS, "2".to_owned()));
+    vars.push((READERS, "8".to_owned()));
     vars
 }
 

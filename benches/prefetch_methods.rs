@@ -16,7 +16,8 @@
 //! the page cache) against a warm mapped load that faults every page in.
 //!
 //! The FUSE arm needs root and /dev/fuse; without them it is skipped. The
-//! results go in the `NOTE:`s of `src/prefetch.rs`.
+//! results go in BENCHMARKS.md ("policy/prefetch.rs: PrefetchMethod" and
+//! "prefetch/residency.rs: SAMPLES").
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Checks the crate's structure: no file under src/ over 600 lines (each
-opening with its `//!` line), no import circle between the top-level modules
-of src/, no import pointing up the layers listed in docs/ARCHITECTURE.md, and
-that page's file table naming every source file (and no file that is gone).
+opening with its `//!` line), no non-test function over 80 lines, no import
+circle between the top-level modules of src/, no import pointing up the layers
+listed in docs/ARCHITECTURE.md, and that page's file table naming every source
+file (and no file that is gone).
 
     python3 scripts/check_structure.py [CRATE_DIR]      # exit 1 on a breach
     python3 scripts/check_structure.py --graph          # the edges, for the picture
@@ -21,12 +22,27 @@ first, `name: module module ..`. A module imports modules of its own layer
 (no circle among them) and of the layers below, never one of a layer above;
 every top-level module of src/ is in exactly one layer (`lib` is the crate
 root, `lib.rs`).
+
+What counts as a long function (the project's rule, also a hook's): in every
+`.rs` file under src/ but test files (named `tests.rs` or `*_tests.rs`, or
+under a folder named `tests`), a line that starts a function (`fn name`,
+after `pub`, `pub(..)`, `const`, `async`, `unsafe`, `extern ".."`, from the
+line's first non-space character) down to the line that closes its body (for
+rustfmt's code, the first later line that is its indentation and `}`): end -
+start + 1 lines, at most 80. A function without a body (`fn f(&self);`) is
+none; a nested function counts on its own as well as within the outer one.
+Comments and string literals are no code. Left out: items built only under
+`cfg(test)` (the attribute on a `mod`, `fn`, `impl`, `use`, `const`,
+`static`, `trait`, .. item: that item, to its `;` or its closing brace), and
+so the body of a `#[cfg(test)] mod tests { .. }`; the code after such an item
+still counts.
 """
 import re
 import sys
 from pathlib import Path
 
 MAX_LINES = 600
+MAX_FN_LINES = 80
 LAYERS_MARKER = "<!-- layers: read by scripts/check_structure.py -->"
 FILE_TABLE_HEADING = "## One line per file"
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -147,6 +163,125 @@ def test_regions(code):
 
 def inside(pos, regions):
     return any(a <= pos < b for a, b in regions)
+
+
+FN_START = re.compile(
+    r'^(\s*)(pub(\([a-z:]+\))? )?(const )?(async )?(unsafe )?(extern "[^"]*" )?fn (\w+)'
+)
+TEST_ITEM = re.compile(
+    r"\s*(?:pub\s*(?:\([^)]*\))?\s*)?"
+    r"(mod|fn|impl|use|const|static|struct|enum|union|trait|type|unsafe|async|extern|macro_rules)\b"
+)
+
+
+def item_end(code, j, keyword):
+    """The index just past the item starting at `j`: its `;`, or the brace
+    closing its body (a `use` group is no body)."""
+    k = j
+    while k < len(code):
+        ch = code[k]
+        if ch == ";":
+            return k + 1
+        if ch in "([":
+            k = matching(code, k)
+            continue
+        if ch == "{":
+            if keyword == "use":
+                k = matching(code, k)
+                continue
+            return matching(code, k)
+        if ch == "}":  # the block around it closes: no item after all
+            return k
+        k += 1
+    return len(code)
+
+
+def test_item_lines(code):
+    """The (first, last) lines of the items built only under `cfg(test)`: a
+    `#[cfg(test)]` (or `cfg(all(test, ..))`) attribute, any attributes after
+    it, and the item they are on. One on a field, a statement or a match arm
+    is no item, and hides nothing."""
+    spans = []
+    for m in TEST_CFG.finditer(code):
+        j = m.end()
+        while True:
+            a = ATTRIBUTE.match(code, j)
+            if not a:
+                break
+            j = matching(code, a.end() - 1)
+        item = TEST_ITEM.match(code, j)
+        if not item:
+            continue
+        end = item_end(code, item.end(), item.group(1))
+        first = code.count("\n", 0, m.start()) + 1
+        last = code.count("\n", 0, max(end - 1, m.start())) + 1
+        spans.append((first, last))
+    return spans
+
+
+def is_test_file(rel):
+    """A file of tests by its path under src/: `tests.rs`, `*_tests.rs`, or
+    under a folder named `tests`."""
+    parts = rel.parts
+    return rel.name == "tests.rs" or rel.name.endswith("_tests.rs") or "tests" in parts[:-1]
+
+
+def functions(text):
+    """Every function with a body outside the `cfg(test)` items of `text`:
+    (line, name, lines), line counted from 1."""
+    with_strings = mask(text, keep_strings=True)
+    code = mask(text, keep_strings=False)
+    hidden = test_item_lines(code)
+    starts, at = [], 0
+    for line in code.split("\n"):
+        starts.append(at)
+        at += len(line) + 1
+    out = []
+    for number, line in enumerate(with_strings.split("\n"), 1):
+        m = FN_START.match(line)
+        if not m:
+            continue
+        start = starts[number - 1]
+        fn_at = start + m.start(8) - 3
+        if code[fn_at:fn_at + 2] != "fn":  # a string's text, not code
+            continue
+        if any(a <= number <= b for a, b in hidden):
+            continue
+        k, body = start + m.end(), None
+        while k < len(code):
+            ch = code[k]
+            if ch == ";" or ch == "}":
+                break
+            if ch in "([":
+                k = matching(code, k)
+                continue
+            if ch == "{":
+                body = k
+                break
+            k += 1
+        if body is None:  # a declaration: `fn f(&self);`
+            continue
+        close = matching(code, body) - 1
+        end = code.count("\n", 0, close) + 1
+        out.append((number, m.group(8), end - number + 1))
+    return out
+
+
+def long_functions(crate):
+    """Every non-test function under src/ over MAX_FN_LINES lines, as lines
+    of text: `path:line name (N lines, at most 80)`."""
+    src = crate / "src"
+    problems = []
+    for path in sorted(src.rglob("*.rs")):
+        if is_test_file(path.relative_to(src)):
+            continue
+        for line, name, length in functions(path.read_text()):
+            if length > MAX_FN_LINES:
+                problems.append(
+                    f"{path.relative_to(crate)}:{line} {name} "
+                    f"({length} lines, at most {MAX_FN_LINES})"
+                )
+    return problems
 
 
 MOD_DECL = re.compile(
@@ -450,6 +585,7 @@ def check(crate):
             problems.append(f"{path.relative_to(crate)}: {lines} lines (at most {MAX_LINES})")
         if not text.startswith("//!"):
             problems.append(f"{path.relative_to(crate)}: no `//!` line first, saying its one job")
+    problems += long_functions(crate)
     files = module_tree(src)
     modules, edges = imports(files)
 
@@ -506,8 +642,8 @@ def main():
         print(f"structure check: {len(problems)} problem(s)", file=sys.stderr)
         return 1
     print(
-        "structure check: no file over 600 lines, no import circle, every import down the layers, "
-        "every file in the table"
+        "structure check: no file over 600 lines, no non-test function over 80 lines, "
+        "no import circle, every import down the layers, every file in the table"
     )
     return 0
 

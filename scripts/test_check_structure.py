@@ -85,6 +85,13 @@ def crate(**changes):
     return files
 
 
+def function(name, lines, indent="", head="fn"):
+    """A function `name` of `lines` lines (at least 2) at `indent`, its
+    signature `head name()`."""
+    body = "".join(f"{indent}    let _ = {i};\n" for i in range(lines - 2))
+    return f"{indent}{head} {name}() {{\n{body}{indent}}}\n"
+
+
 class StructureCheck(unittest.TestCase):
     def check(self, files, rows=None, layers=LAYERS):
         c = Crate(files, rows, layers)
@@ -200,6 +207,98 @@ class StructureCheck(unittest.TestCase):
                       base__tests_rs="#[test]\nfn t() {}\n" + "//\n" * 600)
         problems = self.check(files, rows=[r for r in files if "tests" not in r])
         self.assertOne(problems, "src/base/tests.rs", "lines (at most 600)")
+
+    def test_a_long_function_fails(self):
+        problems = self.check(crate(base_rs="pub struct Error;\n" + function("long", 81)))
+        self.assertOne(problems, "src/base.rs:3 long (81 lines, at most 80)")
+        self.assertEqual(self.check(crate(base_rs="pub struct Error;\n" + function("f", 80))), [])
+        # Whatever comes before `fn`: visibility, const, async, unsafe, an ABI; a method.
+        heads = ['pub fn', 'pub(crate) fn', 'pub(super) const unsafe fn', 'pub async fn',
+                 'unsafe extern "C" fn', 'extern "C" fn']
+        for head in heads:
+            base = "pub struct Error;\n" + function("g", 81, head=head)
+            problems = self.check(crate(base_rs=base))
+            self.assertOne(problems, "src/base.rs:3 g (81 lines, at most 80)")
+        method = "pub struct Error;\nimpl Error {\n" + function("m", 90, "    ", "pub fn") + "}\n"
+        self.assertOne(self.check(crate(base_rs=method)), "src/base.rs:4 m (90 lines, at most 80)")
+
+    def test_a_long_function_in_test_code_passes(self):
+        in_module = ("pub struct Error;\n#[cfg(test)]\nmod tests {\n    use super::*;\n"
+                     + function("t", 200, "    ") + "}\n")
+        self.assertEqual(self.check(crate(base_rs=in_module)), [])
+        # An item of its own under cfg(test), with attributes after the cfg.
+        items = ("pub struct Error;\n#[cfg(test)]\n#[allow(dead_code)]\n" + function("h", 100)
+                 + "#[cfg(all(test, unix))]\nimpl Error {\n" + function("m", 100, "    ") + "}\n"
+                 + "#[cfg(test)]\npub(crate) trait T {\n" + function("d", 100, "    ") + "}\n")
+        self.assertEqual(self.check(crate(base_rs=items)), [])
+        # Files of tests by their name or folder, whatever their declaration.
+        files = crate(base_rs="pub struct Error;\n#[cfg(test)]\nmod tests;\n#[cfg(test)]\n"
+                              "mod more_tests;\n",
+                      base__tests_rs=function("t", 200),
+                      base__more_tests_rs=function("u", 200),
+                      base__tests__deep_rs=function("v", 200))
+        self.assertEqual(self.check(files), [])
+
+    def test_a_long_function_after_a_test_item_fails(self):
+        # The code after a `#[cfg(test)]` item is built: its function counts.
+        for item in ["#[cfg(test)]\nfn helper() {}\n", "#[cfg(test)] fn helper() {}\n",
+                     "#[cfg(test)]\nfn helper() {\n    let _ = 1;\n}\n",
+                     "#[cfg(test)]\nuse crate::helper;\n", "#[cfg(test)]\nmod tests;\n",
+                     "#[cfg(test)]\nconst N: [u8; 2] = [0; 2];\n"]:
+            base = "pub struct Error;\n" + item + function("long", 81)
+            line = base.count("\n", 0, base.index("fn long")) + 2  # the `//!` line first
+            self.assertOne(self.check(crate(base_rs=base)),
+                           f"src/base.rs:{line} long (81 lines, at most 80)")
+        # A cfg(test) field, statement or match arm hides nothing after it.
+        base = ("pub struct Error {\n    #[cfg(test)]\n    pub(crate) x: u8,\n}\n"
+                + function("long", 81))
+        self.assertOne(self.check(crate(base_rs=base)), "src/base.rs:6 long (81 lines")
+        body = "    #[cfg(test)]\n    if true {\n        return;\n    }\n" + "    let _ = 0;\n" * 78
+        base = "pub struct Error;\nfn long() {\n" + body + "}\n" + function("next", 81)
+        problems = self.check(crate(base_rs=base))
+        self.assertEqual(len(problems), 2, problems)
+        self.assertIn("src/base.rs:3 long (84 lines, at most 80)", problems[0])
+        self.assertIn("src/base.rs:87 next (81 lines, at most 80)", problems[1])
+
+    def test_a_declaration_is_no_function(self):
+        filler = "".join(f"    const C{i}: u8 = {i};\n" for i in range(100))
+        base = ("pub struct Error;\npub trait Read {\n    fn f(&self);\n"
+                "    fn g(\n        &self,\n        at: u64,\n    ) -> u8\n    where\n"
+                "        Self: Sized;\n"
+                + filler + "    fn h(&self, buf: [u8; 4]) -> [u8; 4];\n" + filler
+                + "    fn provided(&self) -> u8 {\n        1\n    }\n}\n"
+                "extern \"C\" {\n    fn c_f(x: u8);\n}\n" + filler.replace("const", "static"))
+        self.assertEqual(self.check(crate(base_rs=base)), [])
+
+    def test_one_line_functions_end_on_their_line(self):
+        # `fn a() {}` ends at once, not at the next `}` of its indentation.
+        base = ("pub struct Error;\nimpl Error {\n    fn a() {}\n    pub fn b(&self) -> u8 { 1 }\n"
+                + function("c", 79, "    ") + "}\n")
+        self.assertEqual(self.check(crate(base_rs=base)), [])
+
+    def test_a_nested_function_is_measured(self):
+        inner = function("inner", 81, "    ")
+        outer = "fn outer() {\n    let _ = 0;\n" + inner + "    let _ = 1;\n}\n"
+        problems = self.check(crate(base_rs="pub struct Error;\n" + outer))
+        self.assertEqual(len(problems), 2, problems)
+        self.assertIn("src/base.rs:3 outer (85 lines, at most 80)", problems[0])
+        self.assertIn("src/base.rs:5 inner (81 lines, at most 80)", problems[1])
+        # The outer one counts the inner one's lines; within 80 both pass.
+        outer = "fn outer() {\n" + function("inner", 60, "    ") + "    let _ = 1;\n}\n"
+        self.assertEqual(self.check(crate(base_rs="pub struct Error;\n" + outer)), [])
+        outer = "fn outer() {\n" + function("inner", 78, "    ") + "    let _ = 1;\n}\n"
+        self.assertOne(self.check(crate(base_rs="pub struct Error;\n" + outer)),
+                       "src/base.rs:3 outer (81 lines, at most 80)")
+
+    def test_fn_in_comments_and_strings_is_no_function(self):
+        filler = "// filler\n" * 100
+        base = ("pub struct Error;\n/// fn fake() {\n" + filler + "/// }\n"
+                "/*\nfn fake2() {\n" + filler + "}\n*/\n"
+                'const S: &str = "\nfn fake3() {\n' + filler + '}\n";\n'
+                # A string's line that looks like a function, a block after it.
+                'const T: (&str, u8) = ("\nfn fake4() {\n", {\n' + "    let _ = 0;\n" * 90
+                + "    1\n});\n")
+        self.assertEqual(self.check(crate(base_rs=base)), [])
 
     def test_a_file_without_its_doc_line_fails(self):
         files = crate(base_rs="mod nodoc;\npub struct Error;\n", base__nodoc_rs="fn f() {}\n")

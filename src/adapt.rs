@@ -9,19 +9,11 @@
 //! that does not raise it by [`GAIN`] is undone and the count settles.
 //! Nothing is remembered across loads.
 //!
-//! Where a load is given a range of read sizes ([`Sizes`]), the size is
-//! found the same way once the readers settle: doubled from its start while
-//! throughput still rises, under a cap on the bytes in flight (readers
-//! times size); the readers split the queue's reads to the size of the
-//! moment. Remote objects (feature `remote`) are given a range of one size
-//! with the cap (`policy/reads.rs`, whose NOTE says why); elsewhere only the
-//! number of readers changes. NOTE: a
-//! direct read on FUSE reaches the daemon as requests of at most 1 MiB
-//! (`fs.fuse.max_pages_limit`), sent one after another for one `pread`
-//! (fuser and hf-mount ask for no asynchronous direct I/O), so a larger
-//! `pread` adds no request in flight; on the local disk 8 and 16 MiB reads
-//! were within noise (BENCHMARKS.md). More requests in flight come only from
-//! more readers.
+//! Only the number of readers changes; a read's size is fixed before the
+//! run (`policy/reads.rs`). NOTE: a direct read on FUSE reaches the daemon
+//! as requests of at most 1 MiB (`fs.fuse.max_pages_limit`), sent one after
+//! another for one `pread`, so a larger `pread` adds no request in flight:
+//! more requests in flight come only from more readers.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
@@ -44,9 +36,8 @@ pub(crate) const MAX_CONVERTING_READERS: usize = 16;
 
 /// The throughput a doubling must add to be kept.
 ///
-/// NOTE: the development VM's mounts vary 10-20 % between windows at a
-/// fixed count; 15 % keeps noise from growing the count, and a doubling that
-/// pays gains far more (8 to 32 readers on an 8 ms, 32-thread mount: 3.5x).
+/// NOTE: above the noise between windows at a fixed count, far below what a
+/// doubling that pays gains (BENCHMARKS.md, "adapt.rs: GAIN").
 pub(crate) const GAIN: f64 = 1.15;
 
 /// The shortest window a throughput is measured over. Every allowed reader
@@ -58,29 +49,13 @@ const WINDOW: Duration = Duration::from_millis(100);
 pub(crate) struct Concurrency {
     pub start: usize,
     pub max: usize,
-    /// The size of one read, where it is measured too (remote objects).
-    pub sizes: Option<Sizes>,
-}
-
-/// The sizes one read may take, and the bytes all reads in flight may take
-/// together, where the size is measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Sizes {
-    pub start: usize,
-    pub max: usize,
-    /// Readers times size never exceeds this.
-    pub in_flight: u64,
 }
 
 impl Concurrency {
     /// A count the caller set (`Loader::io_concurrency`): no growing.
     pub(crate) fn pinned(readers: usize) -> Concurrency {
         let n = readers.max(1);
-        Concurrency {
-            start: n,
-            max: n,
-            sizes: None,
-        }
+        Concurrency { start: n, max: n }
     }
 
     /// The filesystem's default start, growing up to [`MAX_READERS`].
@@ -89,25 +64,6 @@ impl Concurrency {
         Concurrency {
             start,
             max: MAX_READERS.max(start),
-            sizes: None,
-        }
-    }
-
-    /// The same, with the size of a read measured too, within `sizes`
-    /// (readers capped so that they fit `sizes.in_flight` at the start size).
-    pub(crate) fn with_sizes(self, sizes: Sizes) -> Concurrency {
-        let start_size = sizes.start.max(1);
-        let fit = usize::try_from(sizes.in_flight / start_size as u64)
-            .unwrap_or(usize::MAX)
-            .max(1);
-        Concurrency {
-            start: self.start.min(fit),
-            max: self.max.min(fit).max(self.start.min(fit)),
-            sizes: Some(Sizes {
-                start: start_size,
-                max: sizes.max.max(start_size),
-                in_flight: sizes.in_flight,
-            }),
         }
     }
 
@@ -116,7 +72,6 @@ impl Concurrency {
         Concurrency {
             start: self.start,
             max: self.max.min(MAX_CONVERTING_READERS.max(self.start)),
-            sizes: self.sizes,
         }
     }
 }
@@ -126,22 +81,19 @@ impl Concurrency {
 pub(crate) struct Settled {
     /// The readers allowed at the end.
     pub readers: usize,
-    /// The size of a read at the end, where it was measured.
-    pub size: Option<usize>,
-    /// Each count (and size, where measured) tried and the throughput it
-    /// gave, in GiB/s.
-    pub steps: Vec<(usize, Option<usize>, f64)>,
-    pub why: Why,
+    /// Each count tried and the throughput it gave, in GiB/s.
+    pub steps: Vec<(usize, f64)>,
+    pub why: SettleReason,
 }
 
 /// Why the count stopped where it did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Why {
+pub(crate) enum SettleReason {
     /// The caller set it.
     Pinned,
     /// Doubling it gained less than [`GAIN`].
     NoGain,
-    /// It reached the most allowed (readers, size, or bytes in flight).
+    /// It reached the most allowed.
     Max,
     /// The load ended before a measurement said more.
     Ended,
@@ -150,14 +102,9 @@ pub(crate) enum Why {
 /// The share of a window's reader time spent faulting memory in above
 /// which the window is measured again rather than judged.
 ///
-/// NOTE: a window judged on its reads alone, the faulting time taken out
-/// of it, misled the other way: on the 2 ms, 8-thread test mount (2026-12-03)
-/// 12 readers that faulted most of a window in were credited 2.50 GiB/s,
-/// the daemon's 8 threads busy with the others' requests all along, and 24
-/// readers' 0.91 GiB/s after it undid the doubling (3.26 s, against 2.1 s
-/// for the same load otherwise). No extrapolation holds both where the
-/// readers and where the storage are the bound; a window that is mostly
-/// faults says little of the storage, so it is not taken as a measure.
+/// NOTE: a window that is mostly faults says little of the storage, so it
+/// is not taken as a measure; judging it on its reads alone misled the other
+/// way (BENCHMARKS.md, "adapt.rs: FAULTING").
 const FAULTING: f64 = 0.2;
 
 /// How many windows in a row may be measured again for their faults;
@@ -168,9 +115,6 @@ const REMEASURED: u32 = 3;
 /// The controller the readers of one run share.
 pub(crate) struct Control {
     allowed: AtomicUsize,
-    /// The size of a read now, where it is measured (0: not measured).
-    size: AtomicUsize,
-    sizes: Option<Sizes>,
     finished: AtomicBool,
     max: usize,
     pinned: bool,
@@ -192,11 +136,8 @@ struct State {
     /// Windows in a row measured again for their faults.
     remeasured: u32,
     best: Option<(usize, f64)>,
-    /// The best size and its rate, once the readers settled and the size is
-    /// being measured.
-    best_size: Option<(usize, f64)>,
-    steps: Vec<(usize, Option<usize>, f64)>,
-    why: Option<Why>,
+    steps: Vec<(usize, f64)>,
+    why: Option<SettleReason>,
 }
 
 impl Control {
@@ -207,8 +148,6 @@ impl Control {
         let pinned = concurrency.start >= concurrency.max;
         Control {
             allowed: AtomicUsize::new(start),
-            size: AtomicUsize::new(concurrency.sizes.map_or(0, |s| s.start)),
-            sizes: concurrency.sizes,
             finished: AtomicBool::new(false),
             max,
             pinned,
@@ -220,9 +159,8 @@ impl Control {
                 faulting: Duration::ZERO,
                 remeasured: 0,
                 best: None,
-                best_size: None,
                 steps: Vec::new(),
-                why: pinned.then_some(Why::Pinned),
+                why: pinned.then_some(SettleReason::Pinned),
             }),
             wake: Condvar::new(),
         }
@@ -231,12 +169,6 @@ impl Control {
     /// The most readers that may ever run: the threads to start.
     pub(crate) fn max(&self) -> usize {
         self.max
-    }
-
-    /// The size a read is cut to now, where the size is measured.
-    pub(crate) fn read_size(&self) -> Option<usize> {
-        self.sizes?;
-        Some(self.size.load(Ordering::Acquire))
     }
 
     /// Waits until reader `index` may read; `false` once the run is over.
@@ -312,31 +244,26 @@ impl Control {
         }
         state.remeasured = 0;
         let rate = state.bytes as f64 / (1u64 << 30) as f64 / elapsed.as_secs_f64();
-        let size = self.read_size();
-        state.steps.push((allowed, size, rate));
-        if let Some((best_size, best_rate)) = state.best_size {
-            self.measure_size(&mut state, (best_size, best_rate), rate);
-        } else {
-            let keep = match state.best {
-                None => true,
-                Some((_, best)) => rate >= best * GAIN,
-            };
-            if keep {
-                state.best = Some((allowed, rate));
-                if allowed >= self.max || !self.room_for(allowed * 2, size) {
-                    self.readers_settled(&mut state, Why::Max, rate);
-                } else {
-                    self.allowed
-                        .store((allowed * 2).min(self.max), Ordering::Release);
-                    self.wake.notify_all();
-                }
+        state.steps.push((allowed, rate));
+        let keep = match state.best {
+            None => true,
+            Some((_, best)) => rate >= best * GAIN,
+        };
+        if keep {
+            state.best = Some((allowed, rate));
+            if allowed >= self.max {
+                state.why = Some(SettleReason::Max);
             } else {
-                // Back to the count that did as well: the extra readers
-                // finish their read and wait.
-                let (readers, best) = state.best.unwrap_or((allowed, rate));
-                self.allowed.store(readers, Ordering::Release);
-                self.readers_settled(&mut state, Why::NoGain, best);
+                self.allowed
+                    .store((allowed * 2).min(self.max), Ordering::Release);
+                self.wake.notify_all();
             }
+        } else {
+            // Back to the count that did as well: the extra readers finish
+            // their read and wait.
+            let (readers, _) = state.best.unwrap_or((allowed, rate));
+            self.allowed.store(readers, Ordering::Release);
+            state.why = Some(SettleReason::NoGain);
         }
         state.start = Instant::now();
         state.bytes = 0;
@@ -344,61 +271,13 @@ impl Control {
         state.faulting = Duration::ZERO;
     }
 
-    /// Whether `readers` reads of `size` fit the bytes in flight allowed.
-    fn room_for(&self, readers: usize, size: Option<usize>) -> bool {
-        match (self.sizes, size) {
-            (Some(sizes), Some(size)) => {
-                (readers as u64).saturating_mul(size as u64) <= sizes.in_flight
-            }
-            _ => true,
-        }
-    }
-
-    /// The readers settled (`why`, at `rate`): done, or, where the size is
-    /// measured and may grow, the size's turn.
-    fn readers_settled(&self, state: &mut State, why: Why, rate: f64) {
-        let (Some(sizes), Some(size)) = (self.sizes, self.read_size()) else {
-            state.why = Some(why);
-            return;
-        };
-        let readers = self.allowed.load(Ordering::Acquire);
-        let next = size.saturating_mul(2);
-        if next > sizes.max || !self.room_for(readers, Some(next)) {
-            state.why = Some(why);
-            return;
-        }
-        state.best_size = Some((size, rate));
-        self.size.store(next, Ordering::Release);
-    }
-
-    /// One window of the size's turn: keep a doubling that paid and try the
-    /// next, else go back to the size that did as well.
-    fn measure_size(&self, state: &mut State, (best_size, best_rate): (usize, f64), rate: f64) {
-        let size = self.size.load(Ordering::Acquire);
-        if rate < best_rate * GAIN {
-            self.size.store(best_size, Ordering::Release);
-            state.why = Some(Why::NoGain);
-            return;
-        }
-        state.best_size = Some((size, rate));
-        let readers = self.allowed.load(Ordering::Acquire);
-        let next = size.saturating_mul(2);
-        let sizes = self.sizes.map_or(size, |s| s.max);
-        if next > sizes || !self.room_for(readers, Some(next)) {
-            state.why = Some(Why::Max);
-        } else {
-            self.size.store(next, Ordering::Release);
-        }
-    }
-
     /// What the count settled on.
     pub(crate) fn settled(&self) -> Settled {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         Settled {
             readers: self.allowed.load(Ordering::Acquire),
-            size: self.read_size(),
             steps: state.steps.clone(),
-            why: state.why.unwrap_or(Why::Ended),
+            why: state.why.unwrap_or(SettleReason::Ended),
         }
     }
 }

@@ -67,7 +67,7 @@ thread_local! {
 ///
 /// NOTE: the flags reach `jobs::run` through this thread-local scope rather
 /// than as one more argument of every phase in between (`Run::finish`,
-/// `engine::read_all`): those signatures stay the read engine's own, and
+/// `queue::read_all`): those signatures stay the read engine's own, and
 /// `jobs::run` reads the flags once, on the load's thread, before it starts
 /// its readers. A queue run on another thread (none today) would not see them.
 pub(crate) fn scope<T>(

@@ -72,3 +72,13 @@ impl fmt::Debug for Options {
             .finish_non_exhaustive()
     }
 }
+
+impl Options {
+    /// What the caller set of the reads: in flight, and their size.
+    pub(crate) fn caller_reads(&self) -> crate::policy::CallerReads {
+        crate::policy::CallerReads {
+            io_concurrency: self.io_concurrency,
+            read_size: self.read_size,
+        }
+    }
+}

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::layout::{self, SHARED_STORE_MARKER};
-use super::write::{Begun, Target, nonce};
+use super::write::{Target, TempFile, nonce};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::{CacheStore, NotCached};
 
@@ -344,7 +344,7 @@ impl Target for HubTarget {
         CacheStore::Hub
     }
 
-    fn begin(&self, len: u64) -> Result<Begun, NotCached> {
+    fn begin(&self, len: u64) -> Result<TempFile, NotCached> {
         let unwritable = |e: io::Error| NotCached::of_io(&e);
         let blobs = self
             .writer
@@ -374,7 +374,7 @@ impl Target for HubTarget {
         let Some((temp, file)) = made else {
             return Err(NotCached::Unwritable("no free temporary name".to_owned()));
         };
-        let mut begun = Begun {
+        let mut begun = TempFile {
             dir: blobs,
             temp,
             file,
@@ -387,7 +387,7 @@ impl Target for HubTarget {
         Ok(begun)
     }
 
-    fn publish(&self, begun: &Begun) -> io::Result<bool> {
+    fn publish(&self, begun: &TempFile) -> io::Result<bool> {
         let published = begun.dir.rename_noreplace(&begun.temp, &self.blob)?;
         begun.moved.store(published, Ordering::Relaxed);
         if !published {

@@ -75,24 +75,17 @@ pub(crate) fn offline(var: impl Fn(&str) -> Option<String>) -> bool {
     let value = var("HF_HUB_OFFLINE")
         .filter(|v| !v.is_empty())
         .or_else(|| var("TRANSFORMERS_OFFLINE"));
-    value.is_some_and(|v| {
-        matches!(
-            v.trim().to_ascii_uppercase().as_str(),
-            "1" | "ON" | "YES" | "TRUE"
-        )
-    })
+    value.as_deref().and_then(crate::policy::switch) == Some(true)
 }
 
 /// Whether `hf://` goes through the hub cache: the caller's choice, else
 /// `SAFELOAD_HUB_CACHE` (`0`, `false`, `no`, `off` turn it off), else on.
 pub(crate) fn hub_cache_on(caller: Option<bool>, var: impl Fn(&str) -> Option<String>) -> bool {
     caller.unwrap_or_else(|| {
-        !matches!(
-            var(HUB_CACHE_ENV)
-                .map(|v| v.trim().to_ascii_lowercase())
-                .as_deref(),
-            Some("0" | "false" | "no" | "off")
-        )
+        var(HUB_CACHE_ENV)
+            .as_deref()
+            .and_then(crate::policy::switch)
+            != Some(false)
     })
 }
 

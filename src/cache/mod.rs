@@ -45,6 +45,7 @@ use crate::mount::MountTable;
 use crate::remote::checkpoint::{Found, RemoteCheckpoint};
 use crate::remote::error::RemoteErrorKind;
 use crate::remote::hub::HubFileMeta;
+use crate::remote::location::HubLookup;
 use crate::remote::object::RemoteObject;
 use crate::remote::url::RemoteUrl;
 use crate::source::{NotCached, Source};
@@ -107,7 +108,7 @@ struct HubMode {
 }
 
 /// What the hub said of `model.safetensors` at the commit, if it was asked.
-enum Single {
+enum SingleFile {
     Unknown,
     Exists(HubFileMeta),
     Missing,
@@ -160,6 +161,31 @@ fn not_in_cache(shown: impl Into<PathBuf>, what: &str) -> Error {
     )
 }
 
+/// The address of a hub repository, split.
+struct HubAddress<'a> {
+    text: &'a str,
+    repo: &'a str,
+    rev: &'a str,
+    subfolder: &'a str,
+}
+
+impl HubAddress<'_> {
+    /// The checkpoint at `commit`.
+    fn at(&self, commit: &str) -> Result<RemoteCheckpoint> {
+        RemoteCheckpoint::new(&at_commit(self.repo, commit, self.subfolder))
+    }
+}
+
+/// Where a hub address's commit came from.
+struct Resolved {
+    commit: String,
+    checkpoint: RemoteCheckpoint,
+    /// What the hub said of `model.safetensors`, where it was asked.
+    single: SingleFile,
+    /// No request may be sent (asked, or the hub could not be reached).
+    offline: bool,
+}
+
 fn resolve_hub(
     text: &str,
     repo: &str,
@@ -167,98 +193,128 @@ fn resolve_hub(
     subfolder: &str,
     env: &CacheEnv,
 ) -> Result<(Remote, Found)> {
-    let rev = revision.unwrap_or("main");
+    let address = HubAddress {
+        text,
+        repo,
+        rev: revision.unwrap_or("main"),
+        subfolder,
+    };
     let view = env
         .hub_root
         .as_deref()
         .and_then(|root| RepoView::open(root, repo));
-    let cached_commit = || view.as_ref().and_then(|v| v.commit_of(rev));
-    let mut offline = env.offline;
-    let mut single = Single::Unknown;
-    let (commit, checkpoint) = if let Some(commit) = layout::commit_name(rev) {
-        let checkpoint = RemoteCheckpoint::new(&at_commit(repo, &commit, subfolder))?;
-        (commit, checkpoint)
-    } else if offline {
-        let Some(commit) = cached_commit() else {
-            let what = format!("no refs/{rev} for {repo}");
-            return Err(not_in_cache(text, &what));
-        };
-        (
-            commit.clone(),
-            RemoteCheckpoint::new(&at_commit(repo, &commit, subfolder))?,
-        )
-    } else {
-        let checkpoint = RemoteCheckpoint::new(text)?;
-        let mut looked = checkpoint.location().hub_lookup(SINGLE_FILE);
-        if let Some(Ok((commit, None))) = &looked {
-            if commit.is_empty() {
-                // A 404 that names no commit (a mirror's or a proxy's): the index's answer
-                // names it, as the load without the cache goes on to the index.
-                looked = match checkpoint.location().hub_lookup(INDEX_FILE) {
-                    Some(Ok((commit, Some(_)))) => Some(Ok((commit, None))),
-                    Some(Ok((_, None))) => {
-                        let prefix = checkpoint.location().shown_prefix();
-                        let found = Vec::new();
-                        return Err(Error::new(ErrorKind::NoCheckpoint { found }, prefix));
-                    }
-                    other => other,
-                };
-            }
-        }
-        match looked {
-            Some(Ok((commit, meta))) => {
-                let Some(commit) = layout::commit_name(&commit) else {
-                    let e = Error::remote(
-                        Operation::Open,
-                        text,
-                        None,
-                        "the hub's answer names no commit".to_owned(),
-                        std::io::ErrorKind::InvalidData,
-                    );
-                    return Err(e);
-                };
-                single = meta.map_or(Single::Missing, Single::Exists);
-                (commit, checkpoint)
-            }
-            // The hub cannot be reached: the cache's ref, as the hub's client does.
-            Some(Err(e)) if e.kind == RemoteErrorKind::Failed && cached_commit().is_some() => {
-                offline = true;
-                let commit = cached_commit().unwrap_or_default();
-                (
-                    commit.clone(),
-                    RemoteCheckpoint::new(&at_commit(repo, &commit, subfolder))?,
-                )
-            }
-            Some(Err(e)) => return Err(e.into_error(Operation::Open)),
-            None => return Err(not_in_cache(text, "not a hub address")),
-        }
-    };
+    let resolved = resolve_commit(&address, view.as_ref(), env.offline)?;
     let prefix = if subfolder.is_empty() {
         String::new()
     } else {
         format!("{subfolder}/")
     };
-    let no_exist = match single {
-        Single::Missing => vec![format!("{prefix}{SINGLE_FILE}")],
+    let no_exist = match resolved.single {
+        SingleFile::Missing => vec![format!("{prefix}{SINGLE_FILE}")],
         _ => Vec::new(),
     };
+    let commit = resolved.commit;
     let writer = env
         .hub_root
         .as_deref()
-        .map(|root| Arc::new(RepoWriter::new(root, repo, &commit, rev, no_exist)));
+        .map(|root| Arc::new(RepoWriter::new(root, repo, &commit, address.rev, no_exist)));
     let remote = Remote::new(
-        checkpoint,
+        resolved.checkpoint,
         Mode::Hub(HubMode {
             view,
             writer,
             commit,
             prefix,
-            offline,
+            offline: resolved.offline,
             verify: env.verify,
         }),
     );
-    let found = remote.find_hub(single)?;
+    let found = remote.find_hub(resolved.single)?;
     Ok((remote, found))
+}
+
+/// The commit of a hub address: the revision itself where it is one; with
+/// `offline`, the cache's ref; else one HEAD of `model.safetensors` (and of
+/// the index where its 404 names no commit), the cache's ref where the hub
+/// cannot be reached.
+fn resolve_commit(
+    address: &HubAddress<'_>,
+    view: Option<&RepoView>,
+    offline: bool,
+) -> Result<Resolved> {
+    let cached_commit = || view.and_then(|v| v.commit_of(address.rev));
+    let resolved = |commit: String, single, offline| -> Result<Resolved> {
+        let checkpoint = address.at(&commit)?;
+        Ok(Resolved {
+            commit,
+            checkpoint,
+            single,
+            offline,
+        })
+    };
+    if let Some(commit) = layout::commit_name(address.rev) {
+        return resolved(commit, SingleFile::Unknown, offline);
+    }
+    if offline {
+        let Some(commit) = cached_commit() else {
+            let what = format!("no refs/{} for {}", address.rev, address.repo);
+            return Err(not_in_cache(address.text, &what));
+        };
+        return resolved(commit, SingleFile::Unknown, true);
+    }
+    let checkpoint = RemoteCheckpoint::new(address.text)?;
+    match lookup_single(&checkpoint)? {
+        Some(Ok((commit, meta))) => {
+            let Some(commit) = layout::commit_name(&commit) else {
+                let e = Error::remote(
+                    Operation::Open,
+                    address.text,
+                    None,
+                    "the hub's answer names no commit".to_owned(),
+                    std::io::ErrorKind::InvalidData,
+                );
+                return Err(e);
+            };
+            Ok(Resolved {
+                commit,
+                checkpoint,
+                single: meta.map_or(SingleFile::Missing, SingleFile::Exists),
+                offline,
+            })
+        }
+        // The hub cannot be reached: the cache's ref, as the hub's client does.
+        Some(Err(e)) if e.kind == RemoteErrorKind::Failed && cached_commit().is_some() => resolved(
+            cached_commit().unwrap_or_default(),
+            SingleFile::Unknown,
+            true,
+        ),
+        Some(Err(e)) => Err(e.into_error(Operation::Open)),
+        None => Err(not_in_cache(address.text, "not a hub address")),
+    }
+}
+
+/// What the hub says of `model.safetensors` at the checkpoint's revision,
+/// and its commit; where its 404 names no commit (a mirror's or a proxy's),
+/// the index's answer names it, as the load without the cache goes on to
+/// the index.
+fn lookup_single(checkpoint: &RemoteCheckpoint) -> Result<HubLookup> {
+    let location = checkpoint.location();
+    let looked = location.hub_lookup(SINGLE_FILE);
+    let Some(Ok((commit, None))) = &looked else {
+        return Ok(looked);
+    };
+    if !commit.is_empty() {
+        return Ok(looked);
+    }
+    match location.hub_lookup(INDEX_FILE) {
+        Some(Ok((commit, Some(_)))) => Ok(Some(Ok((commit, None)))),
+        Some(Ok((_, None))) => {
+            let prefix = location.shown_prefix();
+            let found = Vec::new();
+            Err(Error::new(ErrorKind::NoCheckpoint { found }, prefix))
+        }
+        other => Ok(other),
+    }
 }
 
 impl std::fmt::Debug for Remote {
@@ -311,7 +367,7 @@ impl Remote {
 
     /// The checkpoint at the pinned commit: `model.safetensors` where the
     /// cache or the hub has it, else the index.
-    fn find_hub(&self, single: Single) -> Result<Found> {
+    fn find_hub(&self, single: SingleFile) -> Result<Found> {
         let Mode::Hub(hub) = &self.mode else {
             return self.checkpoint.find();
         };
@@ -327,9 +383,9 @@ impl Remote {
             Ok(Found::Single(SINGLE_FILE.to_owned()))
         };
         match single {
-            Single::Exists(meta) => single_found(meta),
-            Single::Missing => self.index(),
-            Single::Unknown => {
+            SingleFile::Exists(meta) => single_found(meta),
+            SingleFile::Missing => self.index(),
+            SingleFile::Unknown => {
                 let marked = hub.view.as_ref().is_some_and(|v| {
                     v.no_exist(&hub.commit, &format!("{}{SINGLE_FILE}", hub.prefix))
                 });

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::layout::{self, ADDRESS_FILE, OBJECTS_FOLDER};
-use super::write::{Begun, Target, nonce};
+use super::write::{Target, TempFile, nonce};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::{CacheStore, NotCached};
 
@@ -131,7 +131,7 @@ impl Target for StoreTarget {
         CacheStore::Directory
     }
 
-    fn begin(&self, len: u64) -> Result<Begun, NotCached> {
+    fn begin(&self, len: u64) -> Result<TempFile, NotCached> {
         let unwritable = |e: io::Error| NotCached::of_io(&e);
         let (object, dir) = self.folders().map_err(unwritable)?;
         sweep(&dir);
@@ -149,7 +149,7 @@ impl Target for StoreTarget {
         }
         let temp = layout::temp_name(&self.name, nonce());
         let file = dir.create_new(&temp).map_err(unwritable)?;
-        let mut begun = Begun {
+        let mut begun = TempFile {
             dir,
             temp,
             file,
@@ -161,7 +161,7 @@ impl Target for StoreTarget {
         Ok(begun)
     }
 
-    fn publish(&self, begun: &Begun) -> io::Result<bool> {
+    fn publish(&self, begun: &TempFile) -> io::Result<bool> {
         let published = begun.dir.rename_noreplace(&begun.temp, &self.name)?;
         begun.moved.store(published, Ordering::Relaxed);
         Ok(published)

@@ -27,16 +27,16 @@ pub(crate) trait Target: Send + Sync {
     /// Makes the temporary file for `len` bytes, its space reserved where
     /// the filesystem can (and locked where the cache locks), or says why
     /// not.
-    fn begin(&self, len: u64) -> Result<Begun, NotCached>;
+    fn begin(&self, len: u64) -> Result<TempFile, NotCached>;
 
     /// Publishes the complete, checked temporary file of `begun` under its
     /// final name (and whatever makes it found there): `Ok(false)` where
     /// another process published that name first.
-    fn publish(&self, begun: &Begun) -> io::Result<bool>;
+    fn publish(&self, begun: &TempFile) -> io::Result<bool>;
 }
 
 /// A temporary file being written: removed when dropped unless published.
-pub(crate) struct Begun {
+pub(crate) struct TempFile {
     /// The folder of the temporary and final names.
     pub dir: Dir,
     pub temp: String,
@@ -52,7 +52,7 @@ pub(crate) struct Begun {
     pub reserved: bool,
 }
 
-impl Drop for Begun {
+impl Drop for TempFile {
     fn drop(&mut self) {
         if !self.moved.load(Ordering::Relaxed) {
             let _ = self.dir.remove(&self.temp);
@@ -148,7 +148,7 @@ enum Phase {
 }
 
 struct Progress {
-    begun: Arc<Begun>,
+    begun: Arc<TempFile>,
     /// Where the file is mapped shared as the load's destination, in this
     /// process's addresses: a read that lands there is in the file already
     /// (it is recorded and hashed, not written); any other is written.
@@ -288,7 +288,7 @@ impl Write {
 
     /// Makes the temporary file and writes what was kept; `None` where that
     /// failed (the write is then over, saying why).
-    fn begin(&self, state: &mut MutexGuard<'_, State>) -> Option<Arc<Begun>> {
+    fn begin(&self, state: &mut MutexGuard<'_, State>) -> Option<Arc<TempFile>> {
         let kept = match std::mem::replace(&mut state.phase, Phase::Done(Ok(()))) {
             Phase::Waiting { kept } => kept,
             other => {

@@ -12,7 +12,7 @@ impl Target for Folder {
     fn store(&self) -> CacheStore {
         CacheStore::Directory
     }
-    fn begin(&self, len: u64) -> Result<Begun, NotCached> {
+    fn begin(&self, len: u64) -> Result<TempFile, NotCached> {
         if let Some(why) = &self.begin_fails {
             return Err(why.clone());
         }
@@ -20,7 +20,7 @@ impl Target for Folder {
         let temp = super::super::layout::temp_name("final", nonce());
         let file = dir.create_new(&temp).map_err(|e| NotCached::of_io(&e))?;
         file.set_len(len).map_err(|e| NotCached::of_io(&e))?;
-        Ok(Begun {
+        Ok(TempFile {
             dir,
             temp,
             file,
@@ -29,7 +29,7 @@ impl Target for Folder {
             reserved: true,
         })
     }
-    fn publish(&self, begun: &Begun) -> io::Result<bool> {
+    fn publish(&self, begun: &TempFile) -> io::Result<bool> {
         let done = begun.dir.rename_noreplace(&begun.temp, "final")?;
         begun.moved.store(done, Ordering::Relaxed);
         Ok(done)

@@ -124,18 +124,10 @@ impl Checkpoint {
             });
         }
         let opts = &self.inner().opts;
-        let (concurrency, most) = crate::policy::io_defaults(
-            std::iter::once(file.source()),
-            (opts.io_concurrency, opts.read_size),
-        );
-        // One tensor's pieces are cut in advance (no measured size, at most
-        // its start): small enough that it keeps every reader busy (a mount
-        // serves each request after its latency), never under 1 MiB.
-        let most = concurrency.sizes.map_or(most, |s| s.start);
-        let concurrency = Concurrency {
-            sizes: None,
-            ..concurrency
-        };
+        let (concurrency, most) =
+            crate::policy::io_defaults(std::iter::once(file.source()), opts.caller_reads());
+        // One tensor's pieces: small enough that it keeps every reader busy
+        // (a mount serves each request after its latency), never under 1 MiB.
         let piece = (plan.len / concurrency.start).clamp(1 << 20, most.max(1 << 20));
         owned(
             file,
@@ -235,44 +227,7 @@ fn read_runs(
         .filter(|r| r.runs.len() > 1)
         .map(|r| vec![0u8; r.src.len()])
         .collect();
-    let mut jobs = Vec::new();
-    {
-        let mut rest: &mut [u8] = dst;
-        let mut at = 0usize;
-        let mut scratch_iter = scratch.iter_mut();
-        for read in &reads {
-            let target: &mut [u8] = if read.runs.len() > 1 {
-                match scratch_iter.next() {
-                    Some(buffer) => buffer,
-                    None => break,
-                }
-            } else {
-                let Some(run) = plan.runs.get(read.runs.start) else {
-                    break;
-                };
-                let Some((_, tail)) = rest.split_at_mut_checked(run.dst - at) else {
-                    break;
-                };
-                let Some((into, tail)) = tail.split_at_mut_checked(run.len) else {
-                    break;
-                };
-                rest = tail;
-                at = run.dst + run.len;
-                into
-            };
-            let len = target.len();
-            let offset = base + read.src.start as u64;
-            jobs::split_read(
-                &mut jobs,
-                0,
-                (file.source(), false, false),
-                offset,
-                target,
-                len,
-                piece,
-            );
-        }
-    }
+    let jobs = queue_reads(file, base, plan, &reads, (dst, &mut scratch), piece);
     // Scratch vectors and a caller's tensor: no page size is advised.
     let pages = PageSizes::unadvised();
     let (result, _, _) = jobs::run(jobs, concurrency, &pages, &|_, _| {});
@@ -302,6 +257,53 @@ fn read_runs(
         }
     }
     Ok(())
+}
+
+/// The jobs of `reads`: a read of one run straight into its place in
+/// `dst`, a merged one into its scratch buffer, each cut in pieces of
+/// `piece` bytes.
+fn queue_reads<'a>(
+    file: &'a OpenedFile,
+    base: u64,
+    plan: &SlicePlan,
+    reads: &[crate::slice::Read],
+    (dst, scratch): (&'a mut [u8], &'a mut [Vec<u8>]),
+    piece: usize,
+) -> Vec<jobs::Tagged<'a>> {
+    let mut jobs = Vec::new();
+    let mut rest: &mut [u8] = dst;
+    let mut at = 0usize;
+    let mut scratch_iter = scratch.iter_mut();
+    for read in reads {
+        let target: &mut [u8] = if read.runs.len() > 1 {
+            match scratch_iter.next() {
+                Some(buffer) => buffer,
+                None => break,
+            }
+        } else {
+            let Some(run) = plan.runs.get(read.runs.start) else {
+                break;
+            };
+            let Some((_, tail)) = rest.split_at_mut_checked(run.dst - at) else {
+                break;
+            };
+            let Some((into, tail)) = tail.split_at_mut_checked(run.len) else {
+                break;
+            };
+            rest = tail;
+            at = run.dst + run.len;
+            into
+        };
+        let len = target.len();
+        let offset = base + read.src.start as u64;
+        let how = jobs::ReadFrom {
+            source: file.source(),
+            direct: false,
+            hashed: false,
+        };
+        jobs::split_read(&mut jobs, 0, how, offset, target, len, piece);
+    }
+    jobs
 }
 
 /// `info` read with positional reads into an allocation of its own

@@ -155,7 +155,7 @@ impl Checkpoint {
         let inner = self.inner();
         let concurrency = policy::io_defaults(
             inner.files.iter().map(|f| f.source()),
-            (inner.opts.io_concurrency, inner.opts.read_size),
+            inner.opts.caller_reads(),
         )
         .0
         .start;
@@ -229,14 +229,10 @@ fn stream<E: From<Error>>(
 /// `info`'s bytes read into an allocation of their own, `lease` dropped
 /// with it.
 ///
-/// NOTE: a tensor is one positional read by one reader, not cut into
-/// pieces that several readers share as a load's read engine does: the
-/// readers work on different tensors instead, and a piece in flight would
-/// need its own share of the budget. Measured 2026-12-01 on the development
-/// VM (2 cores, `cargo bench --bench stream`, 2 GiB in 8 shards, tensors of
-/// 16 KiB to 48 MiB, cap 256 MiB, 5 runs): warm 0.96 s (0.65-1.35), cold
-/// 1.95 s (1.75-2.06), against 1.62 s (0.74-3.91) and 1.78 s (1.30-2.38)
-/// for a whole buffered load of the same bytes.
+/// NOTE: a tensor is one positional read by one reader, not pieces shared
+/// by several: the readers work on different tensors instead, and a piece in
+/// flight would need its own share of the budget (BENCHMARKS.md,
+/// "checkpoint/stream.rs: read_owned").
 ///
 /// NOTE: views of a mapped file were rejected: the pages of a map that are
 /// touched stay resident in the process (`RssFile`, proc(5)) until the whole

@@ -15,14 +15,9 @@ use super::f8;
 
 /// Elements per block.
 ///
-/// NOTE: `cargo bench --bench convert` on the 2-core AMD EPYC (2026-12-01,
-/// load 7 to 10 from other builds), 128 MiB of source, five interleaved runs
-/// per size, BF16 -> F16: the median of the runs' medians was 67, 96, 55,
-/// 64 and 64 ms for 256, 512, 1024, 2048 and 4096 elements, each size
-/// spreading over 45-100 ms from run to run (512 had two runs hit by the
-/// load): no size stood out. 2048 keeps the scratch at 12 KiB of stack, and
-/// the per-block dispatch (a match, `half`'s cached CPU-feature check) costs
-/// nanoseconds against microseconds of work per block.
+/// NOTE: no size from 256 to 4096 stood out; 2048 keeps the scratch at
+/// 12 KiB of stack, and the per-block dispatch costs nanoseconds against
+/// microseconds of work (BENCHMARKS.md, "convert/kernel.rs: BLOCK").
 pub(super) const BLOCK: usize = 2048;
 
 /// A source dtype [`convert`](super::convert) reads.
@@ -205,11 +200,9 @@ fn convert_block(source: Source, target: Target, src: &[u8], dst: &mut [u8], s: 
 /// cache and seldom holds an infinity or a NaN, so it is mostly checked, not
 /// counted, and the source is rarely scanned.
 ///
-/// NOTE: in cache (a 2048-element F16 block, best of 7, 2026-12-01),
-/// checking for a non-finite value took 0.05 ns per element and counting
-/// infinities with a 64-bit sum 0.31, more than the F32 -> F16 conversion
-/// itself (0.24); three more runs under load kept the ratio (0.1-0.2
-/// against 0.4-1.0).
+/// NOTE: checking for a non-finite value costs a fraction of counting
+/// infinities, which costs more than the conversion itself (BENCHMARKS.md,
+/// "convert/kernel.rs: overflow_in_block").
 fn overflow_in_block(source: Source, target: Target, src: &[u8], dst: &[u8]) -> u64 {
     if !target.any_non_finite(dst) {
         return 0;
@@ -289,14 +282,9 @@ fn encode_f32(target: Target, values: &[f32], dst: &mut [u8], stage: &mut [u16; 
 /// infinity (the tests check it). F32 to F16 uses F16C or NEON where the CPU
 /// has it; F32 to BF16 is a plain loop.
 ///
-/// NOTE: two alternatives measured and rejected, in cache (one 2048-element
-/// block converted 20000 times, best of 7, on the 2-core AMD EPYC used for
-/// the benchmark, 2026-12-01, under load): a branch-free F32 to BF16 rounding (add
-/// 0x7FFF plus the kept part's lowest bit, then shift) ran at 0.45 ns per
-/// element against 0.41 for `half`'s loop, within the noise; a portable
-/// branch-free F32 to F16 (the same rounding for normals, a float addition
-/// of 0.5 to round subnormals) at 0.80 ns against 0.24 for `half`'s F16C
-/// path.
+/// NOTE: branch-free conversions of our own were measured and rejected: no
+/// faster than `half`'s loop for BF16, far slower than its F16C path for F16
+/// (BENCHMARKS.md, "convert/kernel.rs: encode_halves").
 fn encode_halves<H>(values: &[f32], dst: &mut [u8], stage: &mut [u16; BLOCK])
 where
     H: bytemuck::Pod,

@@ -30,16 +30,9 @@ pub(crate) fn create(len: u64) -> io::Result<File> {
 ///
 /// NOTE: a node copy is filled through the prefetch's chunk queue, not the
 /// read engine that measures page sizes (`pages.rs`), so `Auto` asks for
-/// nothing. Measured on the development VM (2026-12-03, a 1 GiB memfd
-/// faulted in by `MADV_POPULATE_WRITE` through a shared map, thread CPU
-/// time): base pages 0.46-1.6 GiB/s; shared huge pages (`shmem_enabled`
-/// set to `advise` for the measure; the host's is `never`) 1.0, 1.8 and
-/// 4.0 GiB/s in three runs: the same two modes as anonymous memory (fast
-/// where the host still backs the memory, slower than base pages where it
-/// must back it again), so no default. `MFD_HUGETLB` takes its pages from
-/// the administrator's pool (`vm.nr_hugepages`, 0 here; a pool too small
-/// fails the fault): 11.3 GiB/s from a pool used before, 0.7 GiB/s from a
-/// new one; the crate does not use it, since the pool is not its to take.
+/// nothing: shared huge pages beat base pages or lose to them as the host
+/// backs them, as anonymous ones do, so no default; `MFD_HUGETLB`'s pool is
+/// not the crate's to take (BENCHMARKS.md, "dest/node.rs: huge_page_advice").
 pub(crate) fn huge_page_advice(huge_pages: HugePages) -> Option<bool> {
     match huge_pages {
         HugePages::On => Some(true),

@@ -17,17 +17,10 @@
 //! and is what is timed there ([`PageSizes::prepare`]): its pages' size is
 //! the one in use, or on a probe the other one for a whole destination.
 //!
-//! NOTE: measured on the development VM (a Firecracker guest whose balloon
-//! reports free memory to the host; THP `enabled` and `defrag` both
-//! `madvise`), 2026-12-03, `MADV_POPULATE_WRITE` of 16 MiB pieces, thread
-//! CPU time: base pages 5-7 ms per piece whatever came before; huge pages
-//! 1.4 ms right after another process freed its memory, 31-43 ms once that
-//! memory had rested a few seconds (reported to the host, which backs it
-//! again page by page), the first two or three pieces fast either way.
-//! The cost of one size says nothing of the other's, and the cheaper one
-//! changes within a load: hence a measurement that goes on, not a decision
-//! from the settings at the start (`defrag` and the free huge blocks of
-//! `/proc/buddyinfo` looked the same in both modes).
+//! NOTE: the cost of one size says nothing of the other's, and the cheaper
+//! one changes within a load while the settings look the same: hence a
+//! measurement that goes on, not a decision from the settings at the start
+//! (BENCHMARKS.md, "dest/pages.rs: the module").
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -104,14 +97,11 @@ const PROBE: usize = 2 * HUGE;
 /// Pieces faulted in with the size in use between two probes of the other
 /// one, at first; doubled after each probe, up to [`MAX_GAP`].
 ///
-/// NOTE: a probe of the losing size costs little once (two huge pages:
-/// 12 ms on the development VM when huge pages were slow, against 2 ms as
-/// base pages), but a probe every few pieces adds up over a load, and so do
-/// the pieces of a size that a lucky probe switched to (left again after
-/// two): the gap grows whatever the probe found, so that a load of 2 GiB in
-/// pieces of 8 MiB probes five times (after 64 MiB, 192, 448, 960 and
-/// 1,984), and a change of the host's mode is still seen within a few
-/// hundred MiB at first. The size in use is measured on every piece.
+/// NOTE: one probe of the losing size costs little, but probes add up over
+/// a load, as do the pieces a lucky probe switches to: the gap grows
+/// whatever the probe found, and a change of the host's mode is still seen
+/// within a few hundred MiB at first (BENCHMARKS.md, "dest/pages.rs:
+/// FIRST_GAP"). The size in use is measured on every piece.
 const FIRST_GAP: u32 = 8;
 /// See [`FIRST_GAP`].
 const MAX_GAP: u32 = 256;
@@ -170,36 +160,20 @@ struct Measured {
 /// direct read of a local disk: huge pages unless they cost more than this
 /// many times as much to fault in.
 ///
-/// NOTE: a direct read is split into requests of physically contiguous
-/// memory, so base pages cut it into requests of the device's most segments
-/// times 4 KiB. On the development VM (a virtio disk: 254 segments, 4 MiB
-/// requests at most), 2026-12-03, 2.2 GiB read with `O_DIRECT` in 16 MiB
-/// pieces by 16 threads into buffers faulted in before (a C program, 7 runs
-/// alternating): 2.05-2.37 s into base pages against 0.86-1.03 s into huge
-/// pages, at 0.08-0.63 s of system time either way; with 4 threads the same.
-/// That is about 0.5 ns more per byte of the read's time, on top of base
-/// pages' 0.25-0.35 ns per byte to fault in: 2.5-3x their fault alone. Huge
-/// pages cost 0.08-0.13 ns per byte where the host has them at hand (then
-/// they win on both counts) and 2.2-2.5 once it must back them again, 7-9x
-/// base pages: then faulting 2.2 GiB on two cores takes longer than the
-/// larger requests save. The weight, 4, lies between the two, and was
-/// checked by the benchmark below. Buffered loads of the
-/// load benchmark's checkpoint with `O_DIRECT` (cold, 9 interleaved rounds,
-/// 2026-12-03): huge pages always 1.165 s (0.968-1.795), base pages always
-/// 1.647 s (1.416-2.071), huge pages for disk reads whatever they cost
-/// 1.159 s (0.952-3.130: 5.6 s of system time in the slowest).
+/// NOTE: base pages cut a direct read into small requests (the device's
+/// most segments times 4 KiB), which costs more than their fault alone; the
+/// weight lies between that and what huge pages cost once the host must back
+/// them again (BENCHMARKS.md, "dest/pages.rs: DISK_WEIGHT").
 const DISK_WEIGHT: f64 = 4.0;
 
 /// The measures of each size its cost is taken from.
 ///
-/// NOTE: one measure alone misleads. On the development VM a probe of base
-/// pages once took 6.8 ms for 2 MiB (3.2 ns per byte, ten times the others
-/// around it), and taken as base pages' cost it kept a load on huge pages
-/// that cost seven times as much, for 260 MiB. A size's cost is the median
-/// of its last three measures, the smallest while there are fewer (a probe
-/// is two measures, one per huge page): a measure far above the others
-/// moves nothing, and a size in use whose cost changes for good is left
-/// within two pieces.
+/// NOTE: one measure alone misleads: a probe far above the others once kept
+/// a load on the costlier size (BENCHMARKS.md, "dest/pages.rs: SAMPLES").
+/// A size's cost is the median of its last three measures, the smallest
+/// while there are fewer (a probe is two measures, one per huge page): a
+/// measure far above the others moves nothing, and a size in use whose cost
+/// changes for good is left within two pieces.
 const SAMPLES: usize = 3;
 
 impl Measured {
@@ -265,7 +239,7 @@ impl State {
 /// How one destination is cut for faulting in: the size in use for all of
 /// it, or a probe of the other size on one huge page within it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Cut {
+struct PieceSize {
     size: Size,
     /// The probe's offset in the destination (aligned to a huge page in
     /// memory), where one is due and fits.
@@ -313,17 +287,17 @@ impl PageSizes {
 
     /// The size for the next destination of `len` bytes at `addr`, and a
     /// probe of the other size where one is due.
-    fn cut(&self, addr: usize, len: usize, disk: bool) -> Cut {
+    fn cut(&self, addr: usize, len: usize, disk: bool) -> PieceSize {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let size = match self.mode {
             HugePages::On => {
-                return Cut {
+                return PieceSize {
                     size: Size::Huge,
                     probe: None,
                 };
             }
             HugePages::Off => {
-                return Cut {
+                return PieceSize {
                     size: Size::Base,
                     probe: None,
                 };
@@ -333,7 +307,7 @@ impl PageSizes {
         let never_measured = state.of(size.other()).cost().is_none();
         state.since_probe += 1;
         if state.probing || (!never_measured && state.since_probe < state.gap) {
-            return Cut { size, probe: None };
+            return PieceSize { size, probe: None };
         }
         // Two huge pages of the destination, from its first huge page
         // boundary.
@@ -348,7 +322,7 @@ impl PageSizes {
                 state.gap = (state.gap * 2).min(MAX_GAP);
             }
         }
-        Cut { size, probe }
+        PieceSize { size, probe }
     }
 
     fn record(&self, size: Size, bytes: usize, cpu: Option<Duration>) {
@@ -370,7 +344,7 @@ impl PageSizes {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             state.disk_bytes += dst.len() as u64;
         }
-        let Cut { size, probe } = self.cut(dst.as_ptr() as usize, dst.len(), disk);
+        let PieceSize { size, probe } = self.cut(dst.as_ptr() as usize, dst.len(), disk);
         let part = |piece: &mut [u8], size: Size| {
             if piece.is_empty() {
                 return;
@@ -422,11 +396,9 @@ impl PageSizes {
     /// now, all at once: a part of it faulted in later in the same size
     /// needs no advice of its own (`advise_part`).
     ///
-    /// NOTE: advice given piece by piece (`madvise(2)` on every 8 MiB, each
-    /// a change to the memory map while the other readers' copies fault
-    /// their pages in) cost warm buffered loads on the development VM
-    /// 0.57 s against 0.42 s with the advice given once per buffer
-    /// (2026-12-02, 8 shuffled rounds, 2.2 GiB, the medians).
+    /// NOTE: once per buffer, because advice given piece by piece changes the
+    /// memory map while the other readers' copies fault their pages in, which
+    /// slowed warm loads (BENCHMARKS.md, "dest/pages.rs: PageSizes::register").
     pub(crate) fn register(&self, buffer: &mut [u8]) {
         if !self.advise || buffer.is_empty() {
             return;

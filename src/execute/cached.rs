@@ -5,22 +5,11 @@
 //! that a full disk is an error at the start, never a `SIGBUS`), and its
 //! tensors are views of that map, which stays valid when the file is
 //! renamed into the cache: the bytes land once, in the page cache, and the
-//! kernel writes them back. Rejected, by measurement: writing the loaded
-//! buffer's bytes to the file as they land (`pwrite` from each reader, as
-//! `cache::write` still does for files read in part or converted). On the
-//! 2-vCPU development VM (2026-12-02, `cargo bench --features remote --bench
-//! cache_write -- --size-gib 2 --rounds 5`: 16 MiB pieces copied in on 16
-//! threads, the network taken away, arms interleaved, medians (min-max)):
-//! the loaded buffer alone 4.77 s (2.64-7.50), 4.68 CPU s; the buffer and
-//! its writes 9.22 s (4.64-15.11), 8.56 CPU s, 0.61x the buffer's speed; the
-//! shared map 4.65 s (3.70-5.09), 3.33 CPU s, 1.07x; the shared map with each
-//! piece faulted in first (`MADV_POPULATE_WRITE`) 4.02 s (3.55-4.91), 1.27x.
-//! Profiled, the written buffer spends 42 % of its CPU in the kernel's copy
-//! into the page cache and 40 % zeroing the buffer's fresh pages: it touches
-//! two checkpoints of fresh memory where the map touches one (on this VM,
-//! fresh memory is what a load pays most for), and holds twice the memory
-//! until the writeback. The machine was shared and noisy (load average
-//! 2-12 during the runs).
+//! kernel writes them back. Writing the loaded buffer's bytes to the file as
+//! they land (`pwrite`, as `cache::write` still does for files read in part
+//! or converted) was measured and rejected: it touches twice the fresh memory
+//! and holds twice the memory until the writeback (BENCHMARKS.md,
+//! "execute/cached.rs: the module").
 
 use std::sync::Arc;
 

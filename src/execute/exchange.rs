@@ -28,6 +28,24 @@ use crate::storage::{BufferLayout, Segment};
 /// file and the writer of its copy.
 pub(crate) type Copy<'a> = (&'a OpenedFile, &'a CopyFill);
 
+/// Where the copies are among a load's pieces, and whose pieces to read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Place {
+    /// The places of the buffers, before the copies'.
+    pub buffers: usize,
+    /// This node's index: its pieces are the ones read here.
+    pub me: usize,
+}
+
+/// How the copies' pieces are read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CopyReads {
+    /// Reads at once.
+    pub readers: usize,
+    /// The size of one read.
+    pub read_size: usize,
+}
+
 /// The layout of a node copy: an image of the whole file.
 fn image(len: u64) -> BufferLayout {
     BufferLayout {
@@ -75,6 +93,38 @@ pub(crate) fn agree(
     path: &std::path::Path,
     notes: &mut Vec<Note>,
 ) -> Result<Option<Vec<Piece>>> {
+    let files = compared(filling, copies);
+    let mut refusal = refusal(facts);
+    let described = describe(&files, &mut refusal);
+    let all = exchange
+        .all_gather(&offer(refusal.as_deref(), &described))
+        .map_err(|e| exchange_error(path, None, &e))?;
+    if let Some(why) = refused(&all) {
+        notes.push(Note::NodesReadAlone { why });
+        return Ok(None);
+    }
+    if let Err(why) = cluster::agree(&all) {
+        notes.push(Note::NodesReadAlone {
+            why: why.to_string(),
+        });
+        return Ok(None);
+    }
+    let refs: Vec<Option<&BufferLayout>> = files.iter().map(|f| f.layout.as_ref()).collect();
+    let pieces = cluster::split(&refs, PIECE, exchange.nodes());
+    Ok((!pieces.is_empty()).then_some(pieces))
+}
+
+/// One file the nodes compare: its name, and its layout where it is read
+/// into memory (`None`: mapped).
+struct Compared<'a> {
+    file: &'a OpenedFile,
+    name: String,
+    layout: Option<BufferLayout>,
+}
+
+/// Lists the files the nodes compare, in the split's places: those of
+/// `filling`, then the node copies (each an image of its file).
+fn compared<'a>(filling: &'a mut [Filling<'_>], copies: &[Copy<'a>]) -> Vec<Compared<'a>> {
     let mut layouts: Vec<Option<BufferLayout>> = filling
         .iter_mut()
         .map(|f| match &*f.parts().destination {
@@ -88,23 +138,43 @@ pub(crate) fn agree(
         .map(Filling::file)
         .chain(copies.iter().map(|(f, _)| *f))
         .collect();
-    let names: Vec<String> = files
-        .iter()
-        .map(|f| {
-            let path = f.path();
-            path.file_name()
-                .map_or_else(|| path.to_string_lossy(), |n| n.to_string_lossy())
-                .into_owned()
+    files
+        .into_iter()
+        .zip(layouts)
+        .map(|(file, layout)| Compared {
+            file,
+            name: file_name(file),
+            layout,
         })
-        .collect();
+        .collect()
+}
+
+/// The name a file goes by among the nodes: its file name, else its path.
+fn file_name(f: &OpenedFile) -> String {
+    let path = f.path();
+    path.file_name()
+        .map_or_else(|| path.to_string_lossy(), |n| n.to_string_lossy())
+        .into_owned()
+}
+
+/// Why this load cannot be split between the nodes whatever its files, if
+/// it cannot.
+fn refusal(facts: &Facts) -> Option<String> {
     let mut refusal = None;
     if facts.converting {
         refusal = Some("the load converts dtypes".to_owned());
     } else if facts.verifying {
         refusal = Some("verify hashes each file whole as it reads it".to_owned());
     }
-    let mut described = Vec::with_capacity(filling.len());
-    for ((f, layout), name) in files.iter().zip(&layouts).zip(&names) {
+    refusal
+}
+
+/// Describes each file for the comparison; a file whose version cannot be
+/// told becomes the `refusal`, where there is none yet.
+fn describe<'f>(files: &'f [Compared<'_>], refusal: &mut Option<String>) -> Vec<FileFacts<'f>> {
+    let mut described = Vec::with_capacity(files.len());
+    for compared in files {
+        let (f, name) = (compared.file, compared.name.as_str());
         let version = match &f.source().version().tag {
             VersionTag::Inode { mtime_ns, .. } => format!("mtime {mtime_ns}"),
             VersionTag::ETag(etag) => format!("etag {etag}"),
@@ -117,37 +187,32 @@ pub(crate) fn agree(
             name,
             len: f.size(),
             version,
-            layout: layout.as_ref(),
+            layout: compared.layout.as_ref(),
         });
     }
-    let mut mine = match &refusal {
+    described
+}
+
+/// What this node gives the all-gather: whether it takes part (`yes`, or
+/// `no` and why), then its files' descriptions.
+fn offer(refusal: Option<&str>, described: &[FileFacts<'_>]) -> Vec<u8> {
+    let mut mine = match refusal {
         Some(why) => format!("no\t{why}\n").into_bytes(),
         None => b"yes\n".to_vec(),
     };
-    mine.extend(cluster::describe(&described));
-    let all = exchange
-        .all_gather(&mine)
-        .map_err(|e| exchange_error(path, None, &e))?;
-    let refused = all.iter().enumerate().find_map(|(node, d)| {
+    mine.extend(cluster::describe(described));
+    mine
+}
+
+/// The first node that cannot take part, and why, from what every node gave.
+fn refused(all: &[Vec<u8>]) -> Option<String> {
+    all.iter().enumerate().find_map(|(node, d)| {
         let text = String::from_utf8_lossy(d);
         let first = text.lines().next().unwrap_or_default().to_owned();
         first
             .strip_prefix("no\t")
             .map(|why| format!("node {node}: {why}"))
-    });
-    if let Some(why) = refused {
-        notes.push(Note::NodesReadAlone { why });
-        return Ok(None);
-    }
-    if let Err(why) = cluster::agree(&all) {
-        notes.push(Note::NodesReadAlone {
-            why: why.to_string(),
-        });
-        return Ok(None);
-    }
-    let refs: Vec<Option<&BufferLayout>> = layouts.iter().map(Option::as_ref).collect();
-    let pieces = cluster::split(&refs, PIECE, exchange.nodes());
-    Ok((!pieces.is_empty()).then_some(pieces))
+    })
 }
 
 /// Broadcasts every piece from its owner into the same place of every other
@@ -247,8 +312,8 @@ pub(crate) fn count_reads(files: &mut [crate::report::FileReport], pieces: &[Pie
 pub(crate) fn read_copies(
     copies: &[Copy<'_>],
     pieces: &[Piece],
-    (buffers, me): (usize, usize),
-    (readers, read_size): (usize, usize),
+    Place { buffers, me }: Place,
+    CopyReads { readers, read_size }: CopyReads,
     opts: &crate::options::Options,
 ) -> Result<Vec<u64>> {
     let size = (read_size.max(1) as u64).next_multiple_of(crate::os::page_size());

@@ -1,26 +1,29 @@
 //! A load once its files are open, shared by `Loader::load` and `Checkpoint::load_filtered`: prefetch, plan, fill (the read engine), seal, verify, assemble.
 
 mod cached;
-pub(crate) mod engine;
 pub(crate) mod exchange;
+pub(crate) mod queue;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use crate::adapt::Concurrency;
+use crate::dest::node::CopyFill;
 use crate::dest::pages::{HostHugePages, PageSizes};
 use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
-use crate::file::life::{Planned, Sealed};
+use crate::file::life::{Filling, Planned, Sealed};
 use crate::file::{self, OpenedFile, read_error, threads};
 use crate::memory;
 use crate::node;
 use crate::options::Options;
-use crate::plan::{self, FileFacts, PlanOptions};
+use crate::plan::cluster::Piece;
+use crate::plan::{self, FileFacts, FilePlan, PlanOptions};
 use crate::policy::{self, Environment};
 use crate::prefetch;
-use crate::report::{LoadReport, Note};
+use crate::report::{LoadReport, NodeCopy, Note, PrefetchReport};
 use crate::resolve::Resolved;
 use crate::state_dict::StateDict;
 use crate::trace;
@@ -50,248 +53,356 @@ pub(crate) struct Run<'a> {
     pub member: bool,
 }
 
+/// One file of a load as its stages see it: opened, what the node copy did
+/// for it, and the copy the load fills itself, where it fills one.
+struct Entry<'a> {
+    file: &'a OpenedFile,
+    /// Nanoseconds from the load's start at which its part began.
+    started_at: u64,
+    /// What the node copy did for it; a copy's storage is taken when the
+    /// file's destinations are made.
+    copy: node::PerFile,
+    /// What the report says of its node copy (nothing for a cache's file
+    /// that is its destination).
+    copy_report: Option<NodeCopy>,
+    /// Bytes of its tensor data this rank read into a copy.
+    copy_read: u64,
+    /// The copy the load fills: the participant's node copy, or the cache's
+    /// file being written, mapped as its destination.
+    fills: Option<Fills>,
+}
+
+/// A copy the load fills through its writer.
+struct Fills {
+    writer: CopyFill,
+    /// The cache's file being written (done when its last read is), not a
+    /// node copy.
+    cache_file: bool,
+}
+
 impl Run<'_> {
-    /// Everything a load does once its files are open: warm the page cache
-    /// where asked or where the auto policy says so, plan (which tensors,
-    /// where they land, direct I/O, the memory guard), fill the destinations
-    /// through one job queue, seal them, hash and check where asked, hand
-    /// out tensors.
-    pub(crate) fn finish(self, files: &[(&OpenedFile, u64)]) -> Result<StateDict> {
-        let Run {
-            opts,
-            resolved,
-            env,
-            keep,
-            clock,
-            mut notes,
-            path,
-            exchange,
-            member,
-        } = self;
+    /// Everything a load does once its files are open: share node copies,
+    /// warm the page cache where asked or where the auto policy says so,
+    /// plan (which tensors, where they land, direct I/O, the memory guard),
+    /// make the destinations, split the reads between nodes where there are
+    /// several, fill the destinations through one job queue, seal them,
+    /// hash and check where asked, hand out tensors with the report.
+    pub(crate) fn finish(mut self, files: &[(&OpenedFile, u64)]) -> Result<StateDict> {
         // Split between the nodes of a job, where there are several.
-        let exchange = exchange.filter(|e| e.nodes() > 1);
-        let role = match (exchange, member) {
-            (Some(_), _) => node::Role::Participant,
-            (None, true) => node::Role::Member,
-            (None, false) => node::Role::Queue,
-        };
-        // 1. One copy per node of what several local ranks read buffered,
-        // then the page cache warmed for the rest before any tensor byte is
-        // touched (a file with a copy is read once already).
-        let opened: Vec<&OpenedFile> = files.iter().map(|&(f, _)| f).collect();
-        let several = role != node::Role::Queue
-            || (prefetch::LocalRank::from_setting(opts.local_rank, env).size > 1
-                && policy::node_copy(env));
-        if several {
-            for write in opened.iter().filter_map(|f| f.source().cache_write()) {
-                write.pause();
-            }
-        }
-        let (mut copies, pending) = node::share(&opened, opts, env, keep, role);
-        // The files fetched through a cache: written from the node copy, or
-        // (read by this process alone) fetched into the file being written.
-        let cache_maps = if several {
-            cached::after_node_copies(&opened, &copies, role);
-            Vec::new()
-        } else {
-            cached::map_destinations(&opened, &mut copies, opts, keep)
-        };
-        let job = prefetch::Job {
-            local_rank: opts.local_rank,
-            memory_available: opts.memory_available,
-            env,
-            progress: opts.progress.as_ref(),
-        };
-        let handed: Vec<prefetch::LoadFile<'_>> = files
+        let exchange = self.exchange.filter(|e| e.nodes() > 1);
+        let (mut entries, pending) = self.share_copies(files, exchange.is_some());
+        let prefetched = self.prefetch(&entries)?;
+        let plans = self.plan(&entries)?;
+        let mut filling = allocate(&mut entries, plans, self.clock)?;
+        let reads = self.reads(files);
+        let copies: Vec<exchange::Copy<'_>> = entries
             .iter()
-            .zip(&copies)
-            .filter(|(_, c)| !matches!(c, node::PerFile::Copy { .. }))
-            .filter_map(|((f, _), _)| f.handed())
+            .filter_map(|e| Some((e.file, &e.fills.as_ref()?.writer)))
             .collect();
-        let prefetched = prefetch::before_load(&handed, opts.prefetch.as_ref(), &job)?;
-        drop(handed);
-
-        // 2. Plan, now that a prefetch has warmed what it warms.
-        let cached: Vec<Box<dyn Fn() -> bool + '_>> = files
-            .iter()
-            .map(|(f, _)| {
-                Box::new(move || f.local().is_some_and(|l| l.mostly_cached()))
-                    as Box<dyn Fn() -> bool>
-            })
-            .collect();
-        let facts: Vec<FileFacts<'_>> = files
-            .iter()
-            .zip(&cached)
-            .zip(&copies)
-            .map(|(((f, _), cached), copy)| FileFacts {
-                header: f.header(),
-                decision: f.decision(),
-                // A node copy is viewed as the file's map would be.
-                mapped: f.map().is_some() || matches!(copy, node::PerFile::Copy { .. }),
-                kind: f.source().mount().map(|m| m.kind),
-                mostly_cached: &**cached,
-            })
-            .collect();
-        let plan_opts = PlanOptions {
-            keep,
-            dtype: opts.dtype,
-            direct_io: opts.direct_io,
-        };
-        // Asking the kernel and the cgroup costs more than a small mapped
-        // load: the plan asks only where something is to be read.
-        let plans = plan::plan(&facts, &plan_opts, || {
-            opts.memory_available.or_else(memory::available)
-        })
-        .map_err(|no| {
-            Error::new(
-                ErrorKind::InsufficientMemory {
-                    needed: no.needed,
-                    available: no.available,
-                },
-                path,
-            )
-        })?;
-
-        // 3. Allocate, and fill every destination through one job queue.
-        let mut filling = Vec::with_capacity(files.len());
-        let mut notes_of_copies: Vec<(Option<crate::report::NodeCopy>, u64)> = copies
-            .iter()
-            .map(|c| match c {
-                node::PerFile::Copy { bytes_read, .. } => (c.report(), *bytes_read),
-                _ => (c.report(), 0),
-            })
-            .collect();
-        // A cache's file as the destination is no node copy: nothing to say.
-        for (i, _) in &cache_maps {
-            if let Some((note, _)) = notes_of_copies.get_mut(*i) {
-                *note = None;
-            }
-        }
-        for ((&(file, started_at), plan), copy) in files.iter().zip(plans).zip(&mut copies) {
-            let copy = match std::mem::replace(copy, node::PerFile::Absent) {
-                node::PerFile::Copy { storage, .. } => Some(storage),
-                _ => None,
-            };
-            filling.push(
-                Planned::new(file, plan, started_at)
-                    .with_copy(copy)
-                    .fill(clock)?,
-            );
-        }
-        let (concurrency, read_size) = policy::io_defaults(
-            files.iter().map(|(f, _)| f.source()),
-            (opts.io_concurrency, opts.read_size),
-        );
-        let verify = policy::verify(opts.verify, env, !opts.expected_sha256.is_empty());
-        // The node copies this load fills itself (the participant's), and
-        // the files being written to a cache that are the load's destination.
-        let (copy_index, copy_files): (Vec<usize>, Vec<exchange::Copy<'_>>) = pending
-            .iter()
-            .flat_map(|p| &p.files)
-            .chain(&cache_maps)
-            .filter_map(|(i, writer)| Some((*i, (files.get(*i)?.0, writer))))
-            .unzip();
-        // Split between the nodes of a job, where they agree on the files.
         let share = match exchange {
             Some(ex) => {
                 let facts = exchange::Facts {
-                    converting: opts.dtype.is_some(),
-                    verifying: verify,
+                    converting: self.opts.dtype.is_some(),
+                    verifying: reads.verify,
                 };
-                let both = (filling.as_mut_slice(), copy_files.as_slice());
-                exchange::agree(ex, both, &facts, path, &mut notes)?.map(|pieces| (ex, pieces))
+                let both = (filling.as_mut_slice(), copies.as_slice());
+                exchange::agree(ex, both, &facts, self.path, &mut self.notes)?
+                    .map(|pieces| (ex, pieces))
             }
             None => None,
         };
-        // This node's pieces of the copies, read before any broadcast;
-        // every piece where the nodes read alone.
-        let copy_pieces = match &share {
-            Some((ex, pieces)) => (pieces.clone(), ex.node()),
-            None => (exchange::alone(filling.len(), &copy_files), 0),
+        let copies_read = self.read_copies(&copies, &share, &reads, filling.len())?;
+        self.mark_cache_files_done(&entries, &mut filling);
+        let pages = self.pages();
+        let read_options = queue::ReadOptions {
+            concurrency: reads.concurrency,
+            read_size: reads.read_size,
+            populate: self.opts.populate,
+            verify: reads.verify,
+            clock: self.clock,
+            progress: self.opts.progress.as_ref(),
+            share: share.as_ref().map(|(ex, p)| (p.as_slice(), ex.node())),
+            pages: &pages,
         };
-        let copies_read = exchange::read_copies(
-            &copy_files,
-            &copy_pieces.0,
-            (filling.len(), copy_pieces.1),
-            (concurrency.start, read_size),
-            opts,
-        )?;
-        for (&i, read) in copy_index.iter().zip(copies_read) {
-            if let Some((_, bytes_read)) = notes_of_copies.get_mut(i) {
-                *bytes_read += read;
-            }
-            // A cache's file is done when its last read is.
-            if cache_maps.iter().any(|(k, _)| *k == i) {
-                if let Some(filling) = filling.get_mut(i) {
-                    let done = file::since(clock);
-                    filling
-                        .parts()
-                        .finished_at
-                        .fetch_max(done, Ordering::Relaxed);
-                }
-            }
-        }
-        let (huge_pages, origin) = policy::huge_pages(opts.huge_pages, env);
-        let pages = PageSizes::new(huge_pages, origin, HostHugePages::of_host());
-        let (io, readers) = engine::read_all(
-            &mut filling,
-            (concurrency, read_size),
-            (opts.populate, verify),
-            clock,
-            opts.progress.as_ref(),
-            share.as_ref().map(|(ex, p)| (p.as_slice(), ex.node())),
-            &pages,
-        )?;
+        let (io, readers) = queue::read_all(&mut filling, &read_options)?;
         if let Some((ex, pieces)) = &share {
-            let both = (filling.as_mut_slice(), copy_files.as_slice());
-            notes.push(exchange::receive(*ex, both, pieces, clock)?);
+            let both = (filling.as_mut_slice(), copies.as_slice());
+            self.notes
+                .push(exchange::receive(*ex, both, pieces, self.clock)?);
         }
         // Every byte of the copies in place: the node's other ranks may map them.
         if let Some(pending) = &pending {
             pending.complete();
         }
-        drop(copy_files);
-        notes.extend(readers);
-        notes.extend(crate::file::fetched_whole(files.iter().map(|&(f, _)| f)));
-        let mut sealed = filling
-            .into_iter()
-            .map(|f| f.seal())
-            .collect::<Result<Vec<_>>>()?;
-        let threads = threads(opts);
-        if verify {
-            verify_files(opts, &mut sealed, threads)?;
+        drop(copies);
+        for (entry, read) in entries
+            .iter_mut()
+            .filter(|e| e.fills.is_some())
+            .zip(copies_read)
+        {
+            entry.copy_read += read;
         }
-
-        // 4. Hand out tensors.
-        let io_concurrency = io.as_ref().map_or(concurrency.start, |s| s.readers);
-        let mut state_dict = assemble(resolved, sealed, clock, threads, io_concurrency)?;
+        self.notes.extend(readers);
+        self.notes
+            .extend(crate::file::fetched_whole(files.iter().map(|&(f, _)| f)));
+        let threads = threads(self.opts);
+        let sealed = self.seal(filling, threads, reads.verify)?;
+        let io_concurrency = io.as_ref().map_or(reads.concurrency.start, |s| s.readers);
+        let mut state_dict = assemble(self.resolved, sealed, self.clock, threads, io_concurrency)?;
+        let report = &mut state_dict.report;
         if let Some((ex, pieces)) = &share {
-            exchange::count_reads(&mut state_dict.report.files, pieces, ex.node());
+            exchange::count_reads(&mut report.files, pieces, ex.node());
         }
-        for (file, (note, read)) in state_dict.report.files.iter_mut().zip(notes_of_copies) {
-            file.node_copy = note;
-            file.bytes_read += read;
+        for (file, entry) in report.files.iter_mut().zip(entries) {
+            file.node_copy = entry.copy_report;
+            file.bytes_read += entry.copy_read;
         }
-        state_dict.report.io_concurrency_reason = io.as_ref().map(Note::reads);
-        state_dict.report.prefetch = prefetched;
-        state_dict.report.fresh_memory = pages.report();
-        state_dict.report.notes = notes;
-        trace::traced! {
-            let report = &state_dict.report;
-            tracing::info!(
-                target: "safeload",
-                files = report.files.len(),
-                tensor_bytes = report.tensor_bytes(),
-                bytes_read = report.bytes_read(),
-                seconds = report.elapsed.as_secs_f64(),
-                "loaded"
-            );
-            for note in &report.notes {
-                tracing::warn!(target: "safeload", note = %note, "the load ran otherwise than planned");
-            }
-        }
+        report.io_concurrency_reason = io.as_ref().map(Note::reads);
+        report.prefetch = prefetched;
+        report.fresh_memory = pages.report();
+        report.notes = self.notes;
+        trace_loaded(report);
         Ok(state_dict)
     }
+
+    /// How this process takes part in its node's copies.
+    fn role(&self, split: bool) -> node::Role {
+        match (split, self.member) {
+            (true, _) => node::Role::Participant,
+            (false, true) => node::Role::Member,
+            (false, false) => node::Role::Queue,
+        }
+    }
+
+    /// One copy per node of what several local ranks read buffered (a file
+    /// with a copy is read once already); the files fetched through a
+    /// cache written from the node copy, or (read by this process alone)
+    /// fetched into the file being written. Each file's entry, and the
+    /// copies the load fills for the node's other ranks.
+    fn share_copies<'f>(
+        &self,
+        files: &[(&'f OpenedFile, u64)],
+        split: bool,
+    ) -> (Vec<Entry<'f>>, Option<node::Pending>) {
+        let (opts, env) = (self.opts, self.env);
+        let role = self.role(split);
+        let opened: Vec<&OpenedFile> = files.iter().map(|&(f, _)| f).collect();
+        let shared_by_ranks = role != node::Role::Queue
+            || (prefetch::LocalRank::from_setting(opts.local_rank, env).size > 1
+                && policy::node_copy(env));
+        if shared_by_ranks {
+            for write in opened.iter().filter_map(|f| f.source().cache_write()) {
+                write.pause();
+            }
+        }
+        let (mut copies, mut pending) = node::share(&opened, opts, env, self.keep, role);
+        let cache_maps = if shared_by_ranks {
+            cached::after_node_copies(&opened, &copies, role);
+            Vec::new()
+        } else {
+            cached::map_destinations(&opened, &mut copies, opts, self.keep)
+        };
+        let mut entries: Vec<Entry<'f>> = files
+            .iter()
+            .zip(copies)
+            .map(|(&(file, started_at), copy)| Entry {
+                file,
+                started_at,
+                copy_report: copy.report(),
+                copy_read: match &copy {
+                    node::PerFile::Copy { bytes_read, .. } => *bytes_read,
+                    _ => 0,
+                },
+                copy,
+                fills: None,
+            })
+            .collect();
+        let node_copies = pending.iter_mut().flat_map(|p| p.files.drain(..));
+        let fills = node_copies
+            .map(|(i, writer)| (i, writer, false))
+            .chain(cache_maps.into_iter().map(|(i, writer)| (i, writer, true)));
+        for (i, writer, cache_file) in fills {
+            if let Some(entry) = entries.get_mut(i) {
+                // A cache's file as the destination is no node copy: nothing to say.
+                if cache_file {
+                    entry.copy_report = None;
+                }
+                entry.fills = Some(Fills { writer, cache_file });
+            }
+        }
+        (entries, pending)
+    }
+
+    /// The page cache warmed for the files without a copy, before any
+    /// tensor byte is touched.
+    fn prefetch(&self, entries: &[Entry<'_>]) -> Result<Option<PrefetchReport>> {
+        let job = prefetch::Job {
+            local_rank: self.opts.local_rank,
+            memory_available: self.opts.memory_available,
+            env: self.env,
+            progress: self.opts.progress.as_ref(),
+        };
+        let handed: Vec<prefetch::LoadFile<'_>> = entries
+            .iter()
+            .filter(|e| !matches!(e.copy, node::PerFile::Copy { .. }))
+            .filter_map(|e| e.file.handed())
+            .collect();
+        prefetch::before_load(&handed, self.opts.prefetch.as_ref(), &job)
+    }
+
+    /// Each file's plan, now that a prefetch has warmed what it warms.
+    fn plan(&self, entries: &[Entry<'_>]) -> Result<Vec<FilePlan>> {
+        let cached: Vec<Box<dyn Fn() -> bool + '_>> = entries
+            .iter()
+            .map(|e| {
+                let f = e.file;
+                Box::new(move || f.local().is_some_and(|l| l.mostly_cached()))
+                    as Box<dyn Fn() -> bool>
+            })
+            .collect();
+        let facts: Vec<FileFacts<'_>> = entries
+            .iter()
+            .zip(&cached)
+            .map(|(e, cached)| FileFacts {
+                header: e.file.header(),
+                decision: e.file.decision(),
+                // A node copy is viewed as the file's map would be.
+                mapped: e.file.map().is_some() || matches!(e.copy, node::PerFile::Copy { .. }),
+                kind: e.file.source().mount().map(|m| m.kind),
+                mostly_cached: &**cached,
+            })
+            .collect();
+        let plan_opts = PlanOptions {
+            keep: self.keep,
+            dtype: self.opts.dtype,
+            direct_io: self.opts.direct_io,
+        };
+        // Asking the kernel and the cgroup costs more than a small mapped
+        // load: the plan asks only where something is to be read.
+        let available = || self.opts.memory_available.or_else(memory::available);
+        plan::plan(&facts, &plan_opts, available).map_err(|no| {
+            let kind = ErrorKind::InsufficientMemory {
+                needed: no.needed,
+                available: no.available,
+            };
+            Error::new(kind, self.path)
+        })
+    }
+
+    /// How the load's reads go: in flight, their size, and whether they are
+    /// hashed.
+    fn reads(&self, files: &[(&OpenedFile, u64)]) -> Reads {
+        let opts = self.opts;
+        let (concurrency, read_size) =
+            policy::io_defaults(files.iter().map(|(f, _)| f.source()), opts.caller_reads());
+        let verify = policy::verify(opts.verify, self.env, !opts.expected_sha256.is_empty());
+        Reads {
+            concurrency,
+            read_size,
+            verify,
+        }
+    }
+
+    /// This node's pieces of the copies the load fills, read before any
+    /// broadcast (every piece where the nodes read alone): the bytes read,
+    /// per copy.
+    fn read_copies(
+        &self,
+        copies: &[exchange::Copy<'_>],
+        share: &Option<(&dyn crate::cluster::Exchange, Vec<Piece>)>,
+        reads: &Reads,
+        buffers: usize,
+    ) -> Result<Vec<u64>> {
+        let (pieces, me) = match share {
+            Some((ex, pieces)) => (pieces.clone(), ex.node()),
+            None => (exchange::alone(buffers, copies), 0),
+        };
+        let place = exchange::Place { buffers, me };
+        let run = exchange::CopyReads {
+            readers: reads.concurrency.start,
+            read_size: reads.read_size,
+        };
+        exchange::read_copies(copies, &pieces, place, run, self.opts)
+    }
+
+    /// The page sizes of the load's fresh memory.
+    fn pages(&self) -> PageSizes {
+        let (huge_pages, origin) = policy::huge_pages(self.opts.huge_pages, self.env);
+        PageSizes::new(huge_pages, origin, HostHugePages::of_host())
+    }
+
+    /// A cache's file is done when its last read is.
+    fn mark_cache_files_done(&self, entries: &[Entry<'_>], filling: &mut [Filling<'_>]) {
+        let done = file::since(self.clock);
+        for (entry, filling) in entries.iter().zip(filling.iter_mut()) {
+            if entry.fills.as_ref().is_some_and(|f| f.cache_file) {
+                filling
+                    .parts()
+                    .finished_at
+                    .fetch_max(done, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Every file sealed, then hashed and checked where the load verifies.
+    fn seal<'f>(
+        &self,
+        filling: Vec<Filling<'f>>,
+        threads: usize,
+        verify: bool,
+    ) -> Result<Vec<Sealed<'f>>> {
+        let mut sealed = filling
+            .into_iter()
+            .map(Filling::seal)
+            .collect::<Result<Vec<_>>>()?;
+        if verify {
+            verify_files(self.opts, &mut sealed, threads)?;
+        }
+        Ok(sealed)
+    }
+}
+
+/// How a load's reads go.
+struct Reads {
+    concurrency: Concurrency,
+    read_size: usize,
+    verify: bool,
+}
+
+/// Each file's destinations: its buffers, or its map, or its node copy's.
+fn allocate<'f>(
+    entries: &mut [Entry<'f>],
+    plans: Vec<FilePlan>,
+    clock: Instant,
+) -> Result<Vec<Filling<'f>>> {
+    let mut filling = Vec::with_capacity(entries.len());
+    for (entry, plan) in entries.iter_mut().zip(plans) {
+        let copy = match std::mem::replace(&mut entry.copy, node::PerFile::Absent) {
+            node::PerFile::Copy { storage, .. } => Some(storage),
+            _ => None,
+        };
+        let planned = Planned::new(entry.file, plan, entry.started_at).with_copy(copy);
+        filling.push(planned.fill(clock)?);
+    }
+    Ok(filling)
+}
+
+/// What the load did, for `tracing` (feature `tracing`).
+fn trace_loaded(report: &LoadReport) {
+    trace::traced! {
+        tracing::info!(
+            target: "safeload",
+            files = report.files.len(),
+            tensor_bytes = report.tensor_bytes(),
+            bytes_read = report.bytes_read(),
+            seconds = report.elapsed.as_secs_f64(),
+            "loaded"
+        );
+        for note in &report.notes {
+            tracing::warn!(target: "safeload", note = %note, "the load ran otherwise than planned");
+        }
+    }
+    let _ = report;
 }
 
 /// The `StateDict` of sealed files: every selected tensor a view of its

@@ -1,15 +1,18 @@
 //! A file's life in one load, owned here: planned, then filling (its destinations allocated, the read engine writing them), then sealed (read-only, its tensors handed out). Each state is a type; each transition consumes the one before.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 use std::time::Instant;
 
+use safetensors::Dtype;
+
 use super::{MapError, OpenedFile, map_checked, size_mismatch};
 use crate::dest::Fill;
 use crate::error::Operation;
 use crate::error::{Error, Result};
-use crate::format::header::Header;
+use crate::format::header::{Header, TensorEntry};
 use crate::plan::{ConvertPlan, FilePlan, Placement};
 use crate::policy::DirectIo;
 use crate::report::FileReport;
@@ -112,42 +115,17 @@ impl<'a> Planned<'a> {
             started_at,
             copy,
         } = self;
-        let path = file.path();
-        // A mapped file is done when its map is made: at its open, or now.
-        let mut mapped_at = None;
-        let destination = match &plan.placement {
-            Placement::Map => match copy.as_ref().or(file.map()) {
-                Some(map) => {
-                    // The node copy was mapped now, the file's own map at open.
-                    mapped_at = match copy {
-                        Some(_) => Some(Instant::now()),
-                        None => file.mapped_at(),
-                    };
-                    Destination::Map(Arc::clone(map))
-                }
-                None => match file.local().map(|local| map_checked(local, file.header())) {
-                    None => {
-                        let e = std::io::Error::new(
-                            std::io::ErrorKind::Unsupported,
-                            "a remote object cannot be mapped",
-                        );
-                        return Err(Error::io(Operation::Map, path, None, e));
-                    }
-                    Some(Ok(map)) => {
-                        mapped_at = Some(Instant::now());
-                        Destination::Map(map)
-                    }
-                    Some(Err(MapError::Checked(e))) => return Err(e),
-                    // The memory guard chose a map the filesystem refuses:
-                    // the file cannot be read within the memory either.
-                    Some(Err(MapError::Refused(e))) => {
-                        return Err(Error::io(Operation::Map, path, None, e));
-                    }
+        let Placed {
+            destination,
+            mapped_at,
+        } = match &plan.placement {
+            Placement::Map => place_map(file, copy)?,
+            Placement::Buffer { layout, .. } => Placed {
+                destination: Destination::Buffer {
+                    buffer: alloc(layout.len, file)?,
+                    layout: layout.clone(),
                 },
-            },
-            Placement::Buffer { layout, .. } => Destination::Buffer {
-                buffer: alloc(layout.len, file)?,
-                layout: layout.clone(),
+                mapped_at: None,
             },
         };
         let convert = match plan.convert.take() {
@@ -157,37 +135,92 @@ impl<'a> Planned<'a> {
             }
             None => None,
         };
-        let mut direct = DirectGuard(None);
-        if let Placement::Buffer { direct: true, .. } = plan.placement {
-            match file.local().map(|local| (local, local.set_direct(true))) {
-                Some((local, Ok(()))) => direct = DirectGuard(Some(local)),
-                Some((_, Err(e))) => plan.decision.set_direct(DirectIo::Refused(e.to_string())),
-                None => plan
-                    .decision
-                    .set_direct(DirectIo::Refused("not a local file".to_owned())),
-            }
-        }
+        let direct = direct_io(file, &mut plan);
         Ok(Filling {
             file,
             plan,
             destination,
             convert,
             started_at,
-            finished_at: AtomicU64::new(
-                mapped_at
-                    .map(|at| {
-                        let since = at.saturating_duration_since(clock).as_nanos();
-                        u64::try_from(since).unwrap_or(u64::MAX)
-                    })
-                    .unwrap_or(0)
-                    .max(started_at),
-            ),
+            finished_at: AtomicU64::new(done_at(mapped_at, clock, started_at)),
             overflowed: AtomicU64::new(0),
             sha256: None,
             populated: false,
             direct,
         })
     }
+}
+
+/// Where a file's own tensors land, and when it was mapped if that made it
+/// done.
+struct Placed {
+    destination: Destination,
+    /// A mapped file is done when its map is made: at its open, or now.
+    mapped_at: Option<Instant>,
+}
+
+/// Maps a file whose plan says so: its node copy, its map from its open, or a
+/// map made now.
+fn place_map(file: &OpenedFile, copy: Option<Arc<Storage>>) -> Result<Placed> {
+    let path = file.path();
+    match copy.as_ref().or(file.map()) {
+        Some(map) => {
+            // The node copy was mapped now, the file's own map at open.
+            let mapped_at = match copy {
+                Some(_) => Some(Instant::now()),
+                None => file.mapped_at(),
+            };
+            Ok(Placed {
+                destination: Destination::Map(Arc::clone(map)),
+                mapped_at,
+            })
+        }
+        None => match file.local().map(|local| map_checked(local, file.header())) {
+            None => {
+                let e = std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    "a remote object cannot be mapped",
+                );
+                Err(Error::io(Operation::Map, path, None, e))
+            }
+            Some(Ok(map)) => Ok(Placed {
+                destination: Destination::Map(map),
+                mapped_at: Some(Instant::now()),
+            }),
+            Some(Err(MapError::Checked(e))) => Err(e),
+            // The memory guard chose a map the filesystem refuses:
+            // the file cannot be read within the memory either.
+            Some(Err(MapError::Refused(e))) => Err(Error::io(Operation::Map, path, None, e)),
+        },
+    }
+}
+
+/// Turns `O_DIRECT` on where the plan reads the file into a buffer directly,
+/// noting in the plan's decision why it could not be.
+fn direct_io<'a>(file: &'a OpenedFile, plan: &mut FilePlan) -> DirectGuard<'a> {
+    let mut direct = DirectGuard(None);
+    if let Placement::Buffer { direct: true, .. } = plan.placement {
+        match file.local().map(|local| (local, local.set_direct(true))) {
+            Some((local, Ok(()))) => direct = DirectGuard(Some(local)),
+            Some((_, Err(e))) => plan.decision.set_direct(DirectIo::Refused(e.to_string())),
+            None => plan
+                .decision
+                .set_direct(DirectIo::Refused("not a local file".to_owned())),
+        }
+    }
+    direct
+}
+
+/// When a file is done so far, in nanoseconds from `clock`: when it was
+/// mapped, if it was, and never before its part in the load began.
+fn done_at(mapped_at: Option<Instant>, clock: Instant, started_at: u64) -> u64 {
+    mapped_at
+        .map(|at| {
+            let since = at.saturating_duration_since(clock).as_nanos();
+            u64::try_from(since).unwrap_or(u64::MAX)
+        })
+        .unwrap_or(0)
+        .max(started_at)
 }
 
 /// An owned buffer of `len` bytes for `file`.
@@ -324,51 +357,28 @@ impl<'a> Sealed<'a> {
     pub(crate) fn into_tensors(self, tensors: &mut Vec<Tensor>) -> Result<FileReport> {
         let file = self.file;
         let header = file.header();
-        let buffered = self.layout.is_some();
-        let mut count = 0;
-        let mut bytes = 0u64;
-        let mut bytes_read = 0u64;
-        let mut converted = 0usize;
+        let mut handed = Handed::default();
         for (i, entry) in header.tensors.iter().enumerate() {
             if !self.plan.selected.get(i).copied().unwrap_or(false) {
                 continue;
             }
-            // Where the tensor's bytes are: a converted part of its own, or
-            // the file's storage; and whether they were read from the file.
-            let place = self
-                .converted
-                .as_ref()
-                .and_then(|(part, into)| Some((part, into, part.placements.get(i).copied()??)));
-            let (dtype, holder, range, read) = match place {
-                Some((part, into, place)) => {
-                    let len = entry.num_elements().unwrap_or(0) * (part.to.bitsize() / 8);
-                    let range = usize::try_from(place)
-                        .ok()
-                        .and_then(|s| Some(s..s.checked_add(len)?))
-                        .filter(|r| r.end <= into.bytes().len());
-                    converted += 1;
-                    (part.to, into, range, buffered)
-                }
-                None => {
-                    let start = match &self.layout {
-                        Some(layout) => layout.placements.get(i).copied().flatten(),
-                        None => Some(header.data_start + entry.start),
-                    };
-                    let range = start.and_then(|s| {
-                        let s = usize::try_from(s).ok()?;
-                        let e = s.checked_add(usize::try_from(entry.end - entry.start).ok()?)?;
-                        (e <= self.storage.bytes().len()).then_some(s..e)
-                    });
-                    (entry.dtype, &self.storage, range, buffered)
-                }
-            };
+            let Located {
+                dtype,
+                holder,
+                range,
+                converted,
+                read,
+            } = self.locate(i, entry);
+            if converted {
+                handed.converted += 1;
+            }
             let Some(range) = range else {
                 return Err(size_mismatch(file.path(), header.file_len(), file.size()));
             };
-            count += 1;
-            bytes += range.len() as u64;
+            handed.tensors += 1;
+            handed.tensor_bytes += range.len() as u64;
             if read {
-                bytes_read += entry.end - entry.start;
+                handed.bytes_read += entry.end - entry.start;
             }
             tensors.push(Tensor::new(
                 Arc::from(entry.name.as_str()),
@@ -378,17 +388,69 @@ impl<'a> Sealed<'a> {
                 range,
             )?);
         }
-        Ok(FileReport {
+        Ok(self.report(&handed))
+    }
+
+    /// Finds where tensor `i` (`entry`) lies: its dtype, the storage holding
+    /// it and its range there (`None`: past the storage's end).
+    fn locate(&self, i: usize, entry: &TensorEntry) -> Located<'_> {
+        let buffered = self.layout.is_some();
+        // Where the tensor's bytes are: a converted part of its own, or
+        // the file's storage; and whether they were read from the file.
+        let place = self
+            .converted
+            .as_ref()
+            .and_then(|(part, into)| Some((part, into, part.placements.get(i).copied()??)));
+        match place {
+            Some((part, into, place)) => {
+                let len = entry.num_elements().unwrap_or(0) * (part.to.bitsize() / 8);
+                let range = usize::try_from(place)
+                    .ok()
+                    .and_then(|s| Some(s..s.checked_add(len)?))
+                    .filter(|r| r.end <= into.bytes().len());
+                Located {
+                    dtype: part.to,
+                    holder: into,
+                    range,
+                    converted: true,
+                    read: buffered,
+                }
+            }
+            None => {
+                let start = match &self.layout {
+                    Some(layout) => layout.placements.get(i).copied().flatten(),
+                    None => Some(self.file.header().data_start + entry.start),
+                };
+                let range = start.and_then(|s| {
+                    let s = usize::try_from(s).ok()?;
+                    let e = s.checked_add(usize::try_from(entry.end - entry.start).ok()?)?;
+                    (e <= self.storage.bytes().len()).then_some(s..e)
+                });
+                Located {
+                    dtype: entry.dtype,
+                    holder: &self.storage,
+                    range,
+                    converted: false,
+                    read: buffered,
+                }
+            }
+        }
+    }
+
+    /// Writes the file's report from what it handed out.
+    fn report(&self, handed: &Handed) -> FileReport {
+        let file = self.file;
+        FileReport {
             path: file.path().to_path_buf(),
             size: file.size(),
-            tensors: count,
-            tensor_bytes: bytes,
+            tensors: handed.tensors,
+            tensor_bytes: handed.tensor_bytes,
             bytes_read: if self.populated {
                 file.size()
             } else {
-                bytes_read
+                handed.bytes_read
             },
-            converted,
+            converted: handed.converted,
             overflowed: self.overflowed,
             strategy: self.plan.decision.strategy,
             reason: self.plan.decision.reason(),
@@ -396,12 +458,34 @@ impl<'a> Sealed<'a> {
             direct_io: self.plan.decision.direct.clone(),
             mount: file.source().mount().cloned(),
             elapsed: Duration::from_nanos(self.finished_at.saturating_sub(self.started_at)),
-            metadata: header.metadata.clone(),
+            metadata: file.header().metadata.clone(),
             sha256: self.sha256.as_ref().map(crate::verify::hex),
             node_copy: None,
             cache: file.source().cache_use(),
             commit: file.source().commit().map(str::to_owned),
             etag: file.source().etag().map(str::to_owned),
-        })
+        }
     }
+}
+
+/// Where one tensor lies among a sealed file's storages.
+struct Located<'s> {
+    dtype: Dtype,
+    /// The storage holding its bytes.
+    holder: &'s Arc<Storage>,
+    /// Its bytes in `holder`; `None` when they would lie past its end.
+    range: Option<Range<usize>>,
+    /// Whether it is a converted part's.
+    converted: bool,
+    /// Whether its bytes were read from the file (not views of its map).
+    read: bool,
+}
+
+/// What a sealed file handed out, counted for its report.
+#[derive(Default)]
+struct Handed {
+    tensors: usize,
+    tensor_bytes: u64,
+    bytes_read: u64,
+    converted: usize,
 }

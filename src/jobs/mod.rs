@@ -22,7 +22,9 @@ use crate::os;
 use crate::source::Source;
 use crate::workers;
 use execute::execute;
-pub(crate) use split::{ConvertFrom, split_convert, split_populate, split_read};
+pub(crate) use split::{
+    Conversion, ConvertFrom, MappedFile, ReadFrom, split_convert, split_populate, split_read,
+};
 
 /// One unit of I/O.
 pub(crate) enum Job<'a> {
@@ -127,46 +129,6 @@ pub(crate) struct Tagged<'a> {
     pub job: Job<'a>,
 }
 
-impl<'a> Tagged<'a> {
-    /// The job cut to its first `size` bytes where it is a longer read, and
-    /// the rest of it; any other job whole.
-    fn cut(self, size: usize) -> (Tagged<'a>, Option<Tagged<'a>>) {
-        let file_index = self.file_index;
-        match self.job {
-            Job::Read {
-                file,
-                direct,
-                offset,
-                dst,
-                required,
-                hashed,
-            } if size > 0 && dst.len() > size => {
-                let (head, tail) = dst.split_at_mut(size);
-                let piece = |offset, dst, required| Tagged {
-                    file_index,
-                    job: Job::Read {
-                        file,
-                        direct,
-                        offset,
-                        dst,
-                        required,
-                        hashed,
-                    },
-                };
-                (
-                    piece(offset, head, required.min(size)),
-                    Some(piece(
-                        offset + size as u64,
-                        tail,
-                        required.saturating_sub(size),
-                    )),
-                )
-            }
-            job => (Tagged { file_index, job }, None),
-        }
-    }
-}
-
 /// A job waiting in the queue, and whether its destination was faulted in
 /// already (by the helper that walks ahead of the readers).
 struct Waiting<'a> {
@@ -200,9 +162,8 @@ fn queue_of(jobs: Vec<Tagged<'_>>) -> Vec<Slot<'_>> {
         .collect()
 }
 
-/// The next job of the queue and its place in it: a longer read cut to
-/// `size` where the size is measured (its rest stays in the slot), else the
-/// whole job. `None` once every job is taken.
+/// The next job of the queue and its place in it; `None` once every job is
+/// taken.
 ///
 /// The first job from the cursor on that no one holds: a slot locked is
 /// the helper's, faulting its job in, and is passed over (the cursor stays
@@ -212,14 +173,9 @@ fn queue_of(jobs: Vec<Tagged<'_>>) -> Vec<Slot<'_>> {
 /// faulting, `Control::completed`). The cursor moves past the slots found
 /// empty, in order.
 ///
-/// NOTE: a reader waiting on the helper's slot made a helper slower than
-/// the readers the load's one faulting thread: each reader waited in turn
-/// for the job the helper held. On the development VM, when every page
-/// cost the host a fault (0.3 GiB/s per thread, 2026-12-03), a remote load
-/// of 2.2 GiB took 7.5 s, its first file done at 6.1 s. Passed over, the
-/// helper's job waits instead, and the readers fault in the jobs they take
-/// themselves, on every core.
-fn take<'a>(queue: &[Slot<'a>], cursor: &AtomicUsize, size: Option<usize>) -> Option<Taken<'a>> {
+/// NOTE: readers that waited on the helper's slot made a slow helper the
+/// load's one faulting thread (BENCHMARKS.md, "jobs/mod.rs: take").
+fn take<'a>(queue: &[Slot<'a>], cursor: &AtomicUsize) -> Option<Taken<'a>> {
     let mut waited = Duration::ZERO;
     loop {
         let mut held_by_helper = None;
@@ -242,25 +198,11 @@ fn take<'a>(queue: &[Slot<'a>], cursor: &AtomicUsize, size: Option<usize>) -> Op
                 i += 1;
                 continue;
             };
-            let (job, rest) = match size {
-                Some(size) => tagged.cut(size),
-                None => (tagged, None),
-            };
-            match rest {
-                Some(rest) => {
-                    *held = Some(Waiting {
-                        tagged: rest,
-                        faulted,
-                    })
-                }
-                None => {
-                    drop(held);
-                    let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
-                }
-            }
+            drop(held);
+            let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
             return Some(Taken {
                 index: i,
-                tagged: job,
+                tagged,
                 faulted,
                 waited,
             });
@@ -325,105 +267,139 @@ pub(crate) fn run<'a>(
     // One more thread faults in the destinations of the jobs ahead of the
     // readers when the reads bypass the page cache (see `fill_ahead`).
     let ahead = reads_bypass_the_page_cache(&jobs);
-    let queue = queue_of(jobs);
-    let cursor = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let first_error: Mutex<Option<(usize, JobError)>> = Mutex::new(None);
-
-    let filler = control.max();
+    let readers = Readers {
+        queue: queue_of(jobs),
+        cursor: AtomicUsize::new(0),
+        failed: AtomicBool::new(false),
+        first_error: Mutex::new(None),
+        control,
+        pages,
+        cancel,
+        ahead,
+        done,
+    };
+    let filler = readers.control.max();
     let work = |reader: usize| {
         if ahead && reader == filler {
-            fill_ahead(&queue, &cursor, &failed, pages);
-            return;
-        }
-        while !failed.load(Ordering::Relaxed) && control.wait_turn(reader) {
-            let Some(Taken {
-                index: i,
-                mut tagged,
-                faulted,
-                waited,
-            }) = take(&queue, &cursor, control.read_size())
-            else {
-                control.finish();
-                break;
-            };
-            if cancel.is_set() {
-                failed.store(true, Ordering::Relaxed);
-                control.finish();
-                if let Ok(mut first) = first_error.lock() {
-                    if first.as_ref().is_none_or(|(j, _)| i < *j) {
-                        *first = Some((i, not_taken(&tagged)));
-                    }
-                }
-                break;
-            }
-            let operation = match tagged.job {
-                Job::Read { .. } => Operation::Read,
-                Job::Convert { .. } => Operation::Convert,
-                Job::Populate { .. } => Operation::Populate,
-            };
-            // The destination faulted in here, where no helper did (its
-            // page size asked for only, where the read copies out of the
-            // page cache: `PageSizes::prepare`).
-            let mut faulting = waited;
-            // A copy out of the page cache into a destination left to fault
-            // in as it goes: timed on this thread's CPU clock, the measure
-            // of the page size it was given.
-            let mut prepared = None;
-            let disk = tagged.job.reads_a_disk_directly();
-            if let (false, true, Some(dst)) =
-                (faulted, pages.readers_fault(), tagged.job.destination())
-            {
-                let start = Instant::now();
-                if ahead {
-                    pages.fault_in(dst, disk);
-                } else {
-                    let timed = operation == Operation::Read;
-                    prepared = Some((pages.prepare(dst, timed), os::thread_cpu_time()));
-                }
-                faulting += start.elapsed();
-            }
-            let result = execute(tagged.job);
-            if let Some((prepared, before)) = prepared {
-                let cpu = before
-                    .filter(|_| operation == Operation::Read && result.is_ok())
-                    .and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)));
-                pages.copied(prepared, cpu);
-            }
-            match result {
-                Ok(outcome) => {
-                    control.completed(outcome.bytes, faulting);
-                    done(tagged.file_index, outcome);
-                }
-                Err((offset, error)) => {
-                    failed.store(true, Ordering::Relaxed);
-                    control.finish();
-                    if let Ok(mut first) = first_error.lock() {
-                        if first.as_ref().is_none_or(|(j, _)| i < *j) {
-                            let file_index = tagged.file_index;
-                            *first = Some((
-                                i,
-                                JobError {
-                                    file_index,
-                                    operation,
-                                    offset,
-                                    error,
-                                },
-                            ));
-                        }
-                    }
-                }
-            }
+            fill_ahead(&readers.queue, &readers.cursor, &readers.failed, pages);
+        } else {
+            readers.work(reader);
         }
     };
-
-    let started = workers::run(control.max() + usize::from(ahead), "safeload-read", work);
-    control.finish();
-    let result = match first_error.into_inner().ok().flatten() {
+    let started = workers::run(filler + usize::from(ahead), "safeload-read", work);
+    readers.control.finish();
+    let settled = readers.control.settled();
+    let result = match readers.first_error.into_inner().ok().flatten() {
         Some((_, error)) => Err(error),
         None => Ok(()),
     };
-    (result, started, control.settled())
+    (result, started, settled)
+}
+
+/// What a run's readers share.
+struct Readers<'a, 'r> {
+    queue: Vec<Slot<'a>>,
+    cursor: AtomicUsize,
+    failed: AtomicBool,
+    /// The earliest failure in queue order, and its place.
+    first_error: Mutex<Option<(usize, JobError)>>,
+    control: Control,
+    pages: &'r PageSizes,
+    cancel: cancel::Cancel,
+    /// Whether a helper faults destinations in ahead of the readers.
+    ahead: bool,
+    done: &'r (dyn Fn(usize, Outcome<'a>) + Sync),
+}
+
+impl<'a> Readers<'a, '_> {
+    /// Reader `reader`'s loop: takes jobs while its turn lasts and none
+    /// failed; stops at a cancel.
+    fn work(&self, reader: usize) {
+        while !self.failed.load(Ordering::Relaxed) && self.control.wait_turn(reader) {
+            let Some(taken) = take(&self.queue, &self.cursor) else {
+                self.control.finish();
+                break;
+            };
+            if self.cancel.is_set() {
+                let error = not_taken(&taken.tagged);
+                self.fail(taken.index, error);
+                break;
+            }
+            self.run_one(taken);
+        }
+    }
+
+    /// Runs one job: its destination faulted in where no helper did, its
+    /// outcome counted and handed on, or its failure recorded.
+    fn run_one(&self, taken: Taken<'a>) {
+        let Taken {
+            index,
+            mut tagged,
+            faulted,
+            waited,
+        } = taken;
+        let operation = match tagged.job {
+            Job::Read { .. } => Operation::Read,
+            Job::Convert { .. } => Operation::Convert,
+            Job::Populate { .. } => Operation::Populate,
+        };
+        // The destination faulted in here, where no helper did (its page
+        // size asked for only, where the read copies out of the page cache:
+        // `PageSizes::prepare`).
+        let mut faulting = waited;
+        // A copy out of the page cache into a destination left to fault in
+        // as it goes: timed on this thread's CPU clock, the measure of the
+        // page size it was given.
+        let mut prepared = None;
+        let disk = tagged.job.reads_a_disk_directly();
+        let pages = self.pages;
+        if let (false, true, Some(dst)) = (faulted, pages.readers_fault(), tagged.job.destination())
+        {
+            let start = Instant::now();
+            if self.ahead {
+                pages.fault_in(dst, disk);
+            } else {
+                let timed = operation == Operation::Read;
+                prepared = Some((pages.prepare(dst, timed), os::thread_cpu_time()));
+            }
+            faulting += start.elapsed();
+        }
+        let result = execute(tagged.job);
+        if let Some((prepared, before)) = prepared {
+            let cpu = before
+                .filter(|_| operation == Operation::Read && result.is_ok())
+                .and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)));
+            pages.copied(prepared, cpu);
+        }
+        match result {
+            Ok(outcome) => {
+                self.control.completed(outcome.bytes, faulting);
+                (self.done)(tagged.file_index, outcome);
+            }
+            Err((offset, error)) => {
+                let file_index = tagged.file_index;
+                let error = JobError {
+                    file_index,
+                    operation,
+                    offset,
+                    error,
+                };
+                self.fail(index, error);
+            }
+        }
+    }
+
+    /// The job at `index` failed (or was not taken): the run stops, and
+    /// keeps the earliest failure in queue order.
+    fn fail(&self, index: usize, error: JobError) {
+        self.failed.store(true, Ordering::Relaxed);
+        self.control.finish();
+        if let Ok(mut first) = self.first_error.lock() {
+            if first.as_ref().is_none_or(|(j, _)| index < *j) {
+                *first = Some((index, error));
+            }
+        }
+    }
 }
 
 /// The failure of a run cancelled before `job` was taken.
@@ -448,34 +424,11 @@ fn not_taken(job: &Tagged<'_>) -> JobError {
 /// Whether any job is a direct read or a read of a remote object, the cases where a helper faulting
 /// in destinations ahead of the readers pays: the readers wait on the storage or the network.
 ///
-/// NOTE: remote, measured through the test HTTP server (20 ms, 1,500 MiB/s, the 2.2 GiB
-/// checkpoint, 2026-12-02, loads by hand one after another): 60 % of the client's CPU zeroes
-/// fresh pages (`clear_page_erms`), 8 % copies bodies out of hyper's buffers; with the helper
-/// 1.87-2.01 s (median 1.92) against 1.78-2.59 s (2.28) without, over 12 loads each.
-///
-/// NOTE: measured with the `load` benchmark (2.2 GiB, 8 shards, 2 vCPUs, 5
-/// interleaved rounds, BENCHMARKS.md 2026-12-01). A buffered load spends most
-/// of its CPU zeroing fresh pages (`clear_page_erms`, 74 % of a warm load's
-/// profile). Where the reads are O_DIRECT the readers wait on the storage
-/// and a core is idle: the helper moves the zeroing there. FUSE 2 ms / 8
-/// daemon threads: 2.17 s with the helper against 2.94 s without (and the
-/// adaptive count then finds gains up to 64 in flight, where the readers'
-/// own faults had flattened it at 12); cold local: 0.97 s against 0.99 s;
-/// warm O_DIRECT: 1.40 s against 1.60 s. Where the reads copy from the page
-/// cache, both cores are already busy copying and the helper only takes CPU
-/// from them: warm buffered 2.1 s with it against 0.9 s without, so it does
-/// not run there; there each reader asks for its destination's page size
-/// and lets the copy fault it in (`PageSizes::prepare`: faulted in first,
-/// the copy ran out of the cache). Where the helper is behind direct
-/// readers, each faults the job it takes in itself (as the helper's only
-/// role on FUSE that was 3.19 s; beside it, it spreads the faulting on every
-/// core).
-///
-/// NOTE: huge pages (`MADV_HUGEPAGE`) on every destination (warm buffered
-/// 0.9 s against 1.55 s without, 2026-12-01) made buffered loads bimodal
-/// on the development VM once its free memory went back to the host
-/// between loads (issue 35); the page size is now measured as the pieces
-/// are faulted in (`dest/pages.rs`).
+/// NOTE: there the readers wait on the storage or the network and a core is
+/// idle, and the helper moves the zeroing of fresh pages there; where reads
+/// copy from the page cache both cores are busy copying and it only takes
+/// CPU from them, so it does not run (BENCHMARKS.md, "jobs/mod.rs:
+/// reads_bypass_the_page_cache").
 fn reads_bypass_the_page_cache(jobs: &[Tagged<'_>]) -> bool {
     jobs.iter().any(|t| match &t.job {
         Job::Read { direct, file, .. } => *direct || file.local().is_none(),

@@ -9,13 +9,32 @@ use super::{ConvertSource, Job, Tagged};
 use crate::format::header::Header;
 use crate::source::Source;
 
-/// Splits the read of a run of `dst`, filled from `file` at `offset`, into
+/// Where a read's bytes come from, and how they are read.
+#[derive(Clone, Copy)]
+pub(crate) struct ReadFrom<'a> {
+    pub source: &'a dyn Source,
+    /// Whether the source's descriptor has `O_DIRECT` set.
+    pub direct: bool,
+    /// Whether the bytes are handed on once read (a file hashed as it loads).
+    pub hashed: bool,
+}
+
+/// What a file converts: the tensors of `header` placed in its buffer at
+/// `placements` (`None`: not converted), as `to`.
+#[derive(Clone, Copy)]
+pub(crate) struct Conversion<'p> {
+    pub header: &'p Header,
+    pub placements: &'p [Option<u64>],
+    pub to: Dtype,
+}
+
+/// Splits the read of a run of `dst`, filled from `from` at `offset`, into
 /// jobs of at most `chunk` bytes. `required` bytes of `dst` must be read; the
 /// rest may lie past the end of the file.
 pub(crate) fn split_read<'a>(
     out: &mut Vec<Tagged<'a>>,
     file_index: usize,
-    (file, direct, hashed): (&'a dyn Source, bool, bool),
+    from: ReadFrom<'a>,
     offset: u64,
     dst: &'a mut [u8],
     required: usize,
@@ -27,12 +46,12 @@ pub(crate) fn split_read<'a>(
         out.push(Tagged {
             file_index,
             job: Job::Read {
-                file,
-                direct,
+                file: from.source,
+                direct: from.direct,
                 offset: offset + at as u64,
                 dst: piece,
                 required: required.saturating_sub(at).min(len),
-                hashed,
+                hashed: from.hashed,
             },
         });
         at += len;
@@ -45,13 +64,16 @@ pub(crate) enum ConvertFrom<'a> {
     File(&'a dyn Source),
 }
 
-/// Splits the conversion of a file's converted tensors (`placements` into
-/// `dst`, as `to`) into jobs of about `chunk` source bytes, whole elements
-/// each.
+/// Splits the conversion of a file's converted tensors (into `dst`) into
+/// jobs of about `chunk` source bytes, whole elements each.
 pub(crate) fn split_convert<'a>(
     out: &mut Vec<Tagged<'a>>,
     file_index: usize,
-    (header, placements, to): (&Header, &[Option<u64>], Dtype),
+    Conversion {
+        header,
+        placements,
+        to,
+    }: Conversion<'_>,
     dst: &'a mut [u8],
     from: ConvertFrom<'a>,
     chunk: usize,
@@ -110,11 +132,18 @@ pub(crate) fn split_convert<'a>(
     }
 }
 
+/// A file's map and the file (read to learn why a range failed to populate).
+#[derive(Clone, Copy)]
+pub(crate) struct MappedFile<'a> {
+    pub map: &'a Mmap,
+    pub file: &'a File,
+}
+
 /// Splits the population of a whole map into jobs of at most `chunk` bytes.
 pub(crate) fn split_populate<'a>(
     out: &mut Vec<Tagged<'a>>,
     file_index: usize,
-    (map, file): (&'a Mmap, &'a File),
+    MappedFile { map, file }: MappedFile<'a>,
     chunk: usize,
 ) {
     let chunk = chunk.max(1);

@@ -143,49 +143,6 @@ fn reads_filled_ahead_land_every_byte_in_fresh_memory() {
 }
 
 #[test]
-fn reads_cut_to_the_measured_size_land_every_byte_once() {
-    use std::sync::atomic::AtomicU64;
-    let len = (20 << 20) + 12345;
-    let bytes: Vec<u8> = (0..len).map(|i| (i * 13 % 251) as u8).collect();
-    let file = file_of(&bytes);
-    let mut dst = vec![0u8; len];
-    // Two jobs of 16 MiB and the rest, cut by the readers to 1 MiB reads.
-    let mut jobs = Vec::new();
-    split_read(
-        &mut jobs,
-        0,
-        (&file, false, true),
-        0,
-        &mut dst,
-        len,
-        16 << 20,
-    );
-    assert_eq!(jobs.len(), 2);
-    let sizes = crate::adapt::Sizes {
-        start: 1 << 20,
-        max: 4 << 20,
-        in_flight: 64 << 20,
-    };
-    let (pieces, landed) = (AtomicU64::new(0), AtomicU64::new(0));
-    let (result, _, settled) = run(
-        jobs,
-        Concurrency::adaptive(4).with_sizes(sizes),
-        &pages(),
-        &|_, outcome| {
-            pieces.fetch_add(1, Ordering::Relaxed);
-            let (_, piece) = outcome.landed.unwrap();
-            assert!(piece.len() <= 4 << 20);
-            landed.fetch_add(piece.len() as u64, Ordering::Relaxed);
-        },
-    );
-    result.unwrap();
-    assert!(dst == bytes, "every byte in place");
-    assert_eq!(landed.into_inner(), len as u64, "each byte read once");
-    assert!(pieces.into_inner() >= 6, "the jobs were cut");
-    assert!(settled.size.is_some(), "{settled:?}");
-}
-
-#[test]
 fn a_reader_passes_over_a_job_the_helper_holds_and_waits_only_for_the_last() {
     let file = file_of(&[1; 3 << 20]);
     let mut dst = vec![0u8; 3 << 20];
@@ -193,19 +150,19 @@ fn a_reader_passes_over_a_job_the_helper_holds_and_waits_only_for_the_last() {
     let cursor = AtomicUsize::new(0);
     // The helper faulting the first job in, under its lock.
     let held = queue[0].lock().unwrap();
-    let next = take(&queue, &cursor, None).unwrap();
+    let next = take(&queue, &cursor).unwrap();
     assert_eq!((next.index, next.waited), (1, Duration::ZERO));
     assert_eq!(cursor.load(Ordering::Acquire), 0, "the cursor stays on it");
-    assert_eq!(take(&queue, &cursor, None).unwrap().index, 2);
+    assert_eq!(take(&queue, &cursor).unwrap().index, 2);
     // Only the held job is left: a reader waits for it, and takes it.
     std::thread::scope(|s| {
-        let reader = s.spawn(|| take(&queue, &cursor, None).map(|t| (t.index, t.waited)));
+        let reader = s.spawn(|| take(&queue, &cursor).map(|t| (t.index, t.waited)));
         std::thread::sleep(Duration::from_millis(50));
         drop(held);
         let (index, waited) = reader.join().unwrap().unwrap();
         assert_eq!(index, 0);
         assert!(waited >= Duration::from_millis(40), "{waited:?}");
     });
-    assert!(take(&queue, &cursor, None).is_none());
+    assert!(take(&queue, &cursor).is_none());
     assert_eq!(cursor.load(Ordering::Acquire), 3, "past every slot");
 }

@@ -120,11 +120,9 @@ type Answer<T> = thread::Result<Result<T>>;
 ///
 /// NOTE: one thread per async load, started by the first poll, rather than a
 /// pool kept by the crate: a load is rare and long, and starting a thread is
-/// cheap beside it. The longest poll of a 512 MiB async load, the one that
-/// starts the thread, took 0.07-0.3 ms, up to 9 ms while another build
-/// loaded both cores (2 vCPUs, the heartbeat test of
-/// tests/it/async_load.rs, 2026-12-02); a pool would keep threads alive
-/// between loads, which a server that loads once would carry for nothing.
+/// cheap beside it (BENCHMARKS.md, "load/future.rs: InBackground"); a pool
+/// would keep threads alive between loads, which a server that loads once
+/// would carry for nothing.
 pub(crate) struct InBackground<T> {
     /// The checkpoint's path, for the error where no thread could start.
     path: PathBuf,

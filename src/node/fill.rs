@@ -25,57 +25,22 @@ pub(super) fn fill(
     (dir, chunk_size): (&std::path::Path, u64),
     (opts, huge_pages): (&Options, HugePages),
     rank: &LocalRank,
-) -> crate::error::Result<(Vec<(usize, u64)>, prefetch::FillOutcome)> {
-    let mut sources = Vec::with_capacity(offer.files.len());
-    let mut writers = Vec::with_capacity(offer.files.len());
-    for (&(i, _), memfd) in offer.files.iter().zip(memfds) {
-        let Some(&file) = usize::try_from(i).ok().and_then(|i| files.get(i)) else {
-            continue;
-        };
-        let writer = CopyFill::new(memfd, huge_pages)
-            .map_err(|e| Error::io(Operation::Map, file.path(), None, e))?;
-        sources.push(file);
-        writers.push(writer);
-    }
+) -> crate::error::Result<(Vec<ReadHere>, prefetch::FillOutcome)> {
+    let parts = parts_of_offer(files, offer, memfds, huge_pages)?;
+    let sources: Vec<&OpenedFile> = parts.iter().map(|part| part.file).collect();
     let lens: Vec<u64> = sources.iter().map(|f| f.size()).collect();
     // Direct reads where the policy would read the file so (FUSE, cold): the
     // daemon then answers in requests of up to its `max_read`, not in the
     // page cache's 128 KiB, and no second, page-cache copy is left behind.
-    // NOTE: 3 ranks of 256 MiB on the 2 ms test mount, 2026-12-02: the
-    // slowest rank 1.16-1.23x one rank alone through the page cache,
-    // 0.52-1.37x (median 1.07x) with direct reads (BENCHMARKS.md).
+    // NOTE: the slowest of 3 ranks on the 2 ms test mount kept closer to one
+    // rank alone with direct reads (BENCHMARKS.md, "node/fill.rs: fill").
     // The chunks are whole pages at page offsets of a page-aligned map; a
     // file's last, partial block goes through the OS layer's bounce buffer.
     let _direct = direct_reads(&sources, opts);
-    let counts: Vec<(AtomicUsize, AtomicU64)> = sources
-        .iter()
-        .map(|_| (AtomicUsize::new(0), AtomicU64::new(0)))
-        .collect();
     let read = |k: usize, offset: u64, len: u64| -> crate::error::Result<()> {
-        let (Some(file), Some(writer)) = (sources.get(k), writers.get(k)) else {
-            return Ok(());
-        };
-        writer
-            .read_chunk(file.source(), offset, len)
-            .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))?;
-        if let Some((chunks, bytes)) = counts.get(k) {
-            chunks.fetch_add(1, Ordering::Relaxed);
-            bytes.fetch_add(
-                tensor_part(file.header().data_start, offset, len),
-                Ordering::Relaxed,
-            );
-        }
-        Ok(())
+        parts.get(k).map_or(Ok(()), |part| part.read(offset, len))
     };
-    // The queue's key: the copy's, and the user (another user's queue file
-    // of the same copy is not this one's to join).
-    let uid = os::effective_uid().unwrap_or(u32::MAX);
-    let material = [
-        &key.to_le_bytes()[..],
-        &uid.to_le_bytes(),
-        b"node copy queue",
-    ]
-    .concat();
+    let material = queue_material(key);
     let streams = opts
         .prefetch
         .as_ref()
@@ -99,26 +64,110 @@ pub(super) fn fill(
         (complete, &done_elsewhere),
         opts.progress.as_ref(),
     )?;
+    check_lengths(&parts)?;
+    Ok((parts.into_iter().map(Part::counts).collect(), outcome))
+}
+
+/// What this rank read of one file of the copy.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct ReadHere {
+    /// Chunks this rank read.
+    pub chunks: usize,
+    /// Bytes of tensor data in them.
+    pub bytes: u64,
+}
+
+/// One file of the offer as the fill sees it: the file its chunks are read
+/// from, the writer of its copy, and what this rank read of it.
+struct Part<'a> {
+    file: &'a OpenedFile,
+    writer: CopyFill,
+    /// Chunks this rank read.
+    chunks: AtomicUsize,
+    /// Bytes of tensor data in them.
+    bytes: AtomicU64,
+}
+
+impl Part<'_> {
+    /// Reads `len` bytes at `offset` of the file into its copy, and counts
+    /// them.
+    fn read(&self, offset: u64, len: u64) -> crate::error::Result<()> {
+        let file = self.file;
+        self.writer
+            .read_chunk(file.source(), offset, len)
+            .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))?;
+        self.chunks.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(
+            tensor_part(file.header().data_start, offset, len),
+            Ordering::Relaxed,
+        );
+        Ok(())
+    }
+
+    /// What this rank read of the file.
+    fn counts(self) -> ReadHere {
+        ReadHere {
+            chunks: self.chunks.into_inner(),
+            bytes: self.bytes.into_inner(),
+        }
+    }
+}
+
+/// The offer's files among `files`, in its order, each with a writer of its
+/// copy (its pages faulted in as `huge_pages` says).
+fn parts_of_offer<'a>(
+    files: &[&'a OpenedFile],
+    offer: &Offer,
+    memfds: &[File],
+    huge_pages: HugePages,
+) -> crate::error::Result<Vec<Part<'a>>> {
+    let mut parts = Vec::with_capacity(offer.files.len());
+    for (&(i, _), memfd) in offer.files.iter().zip(memfds) {
+        let Some(&file) = usize::try_from(i).ok().and_then(|i| files.get(i)) else {
+            continue;
+        };
+        let writer = CopyFill::new(memfd, huge_pages)
+            .map_err(|e| Error::io(Operation::Map, file.path(), None, e))?;
+        parts.push(Part {
+            file,
+            writer,
+            chunks: AtomicUsize::new(0),
+            bytes: AtomicU64::new(0),
+        });
+    }
+    Ok(parts)
+}
+
+/// The fill queue's key material: the copy's key, and the user.
+fn queue_material(key: u64) -> Vec<u8> {
+    // The queue's key: the copy's, and the user (another user's queue file
+    // of the same copy is not this one's to join).
+    let uid = os::effective_uid().unwrap_or(u32::MAX);
+    [
+        &key.to_le_bytes()[..],
+        &uid.to_le_bytes(),
+        b"node copy queue",
+    ]
+    .concat()
+}
+
+/// Checks that each local file is still of the length it was opened at.
+fn check_lengths(parts: &[Part<'_>]) -> crate::error::Result<()> {
     // A local file may have changed length meanwhile (a remote object's
     // every request required the version opened).
-    for (f, expected) in sources.iter().zip(&lens) {
+    for part in parts {
+        let (f, expected) = (part.file, part.file.size());
         let Some(local) = f.local() else {
             continue;
         };
         let now = local
             .len_now()
             .map_err(|e| Error::io(Operation::Stat, f.path(), None, e))?;
-        if now != *expected {
-            return Err(crate::file::size_mismatch(f.path(), *expected, now));
+        if now != expected {
+            return Err(crate::file::size_mismatch(f.path(), expected, now));
         }
     }
-    Ok((
-        counts
-            .into_iter()
-            .map(|(c, b)| (c.into_inner(), b.into_inner()))
-            .collect(),
-        outcome,
-    ))
+    Ok(())
 }
 
 /// The bytes of `offset..offset + len` of a file at or after `data_start`,

@@ -153,15 +153,12 @@ pub(crate) fn choose_remote(mode: ReadMode, origin: Origin) -> FileDecision {
 /// mostly in the page cache (`mostly_cached` is asked only then). Direct
 /// reads need a buffer laid out in whole blocks (`image`).
 ///
-/// NOTE: measured with `cargo bench --bench load` (BENCHMARKS.md, 2.2 GiB,
-/// medians of 3). On FUSE, page-cache reads reach the daemon as requests of
-/// at most 128 KiB (the kernel caps FUSE read-ahead) while direct reads go
-/// out as 1 MiB requests: at 2 ms per request, 3.04 s direct against 5.61 s
-/// through the page cache; serialized, 2.24 s against 12.0 s (0.62 GiB). On
-/// the local ext4 virtio disk, cold, direct reads into huge-page buffers took
-/// 1.40 s against 3.33 s. Warm files are read through the page cache (the
-/// residency check). Kernel network filesystems are not measured here, so
-/// they keep plain reads.
+/// NOTE: on FUSE, page-cache reads reach the daemon as requests of at most
+/// 128 KiB (the kernel caps FUSE read-ahead), direct reads as 1 MiB ones; a
+/// cold local disk was faster direct too (BENCHMARKS.md, "policy/file.rs:
+/// wants_direct_io"). Warm files are read through the page cache (the
+/// residency check); kernel network filesystems, not measured, keep plain
+/// reads.
 pub(crate) fn wants_direct_io(
     caller: Option<bool>,
     kind: Option<MountKind>,

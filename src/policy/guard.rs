@@ -7,14 +7,11 @@
 /// [`InsufficientMemory`](crate::ErrorKind::InsufficientMemory), never the
 /// OOM killer.
 ///
-/// NOTE: measured 2026-12-01 on the development VM (cgroup v1, limit set to
-/// the tensor bytes plus an extra, `examples/load --disable-mmap` of 512 MiB
-/// in 4 files, warm and cold/O_DIRECT): an extra of 2 MiB or more loaded,
-/// 1 MiB was OOM-killed; the cgroup's peak was 513-515 MiB. Beyond that
-/// process's 1-2 MiB, a transparent huge page can round each buffer up by
-/// 2 MiB, page tables take 1/512 of the bytes (8 bytes per 4 KiB page), and
-/// the caller's process has threads of its own: hence 32 MiB, plus 2 MiB per
-/// file, plus 1/512 of the bytes.
+/// NOTE: beyond what a load was measured to need under a cgroup limit
+/// (BENCHMARKS.md, "policy/guard.rs: memory_margin"), a transparent huge
+/// page can round each buffer up by 2 MiB, page tables take 1/512 of the
+/// bytes (8 bytes per 4 KiB page), and the caller's process has threads of
+/// its own: hence 32 MiB, plus 2 MiB per file, plus 1/512 of the bytes.
 fn memory_margin(files: usize, bytes: u64) -> u64 {
     const FIXED: u64 = 32 << 20;
     const PER_FILE: u64 = 2 << 20;

@@ -25,7 +25,7 @@ pub(crate) use prefetch::{
     prefetch_method, prefetch_warms_buffered,
 };
 pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod};
-pub(crate) use reads::io_defaults;
+pub(crate) use reads::{CallerReads, io_defaults};
 pub(crate) use reason::auto_rule;
 pub use reason::{DirectIo, Fallback, Reason};
 
@@ -205,17 +205,19 @@ pub const VERIFY_ENV: &str = "SAFELOAD_VERIFY";
 /// ([`Loader::expect_sha256`](crate::Loader::expect_sha256)). Off by
 /// default: hashing reads every byte of a mapped file at load time.
 pub(crate) fn verify(caller: Option<bool>, env: &Environment, expected: bool) -> bool {
-    caller.unwrap_or_else(|| {
-        match env
-            .get(VERIFY_ENV)
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref()
-        {
-            Some("1" | "true" | "yes" | "on") => true,
-            Some("0" | "false" | "no" | "off") => false,
-            _ => expected,
-        }
-    })
+    caller.unwrap_or_else(|| env.get(VERIFY_ENV).and_then(switch).unwrap_or(expected))
+}
+
+/// The value of an on/off variable: `1`, `true`, `yes`, `on` is on; `0`,
+/// `false`, `no`, `off` is off (any case, spaces around ignored); anything
+/// else is `None`. The one reading of every switch the crate takes from the
+/// environment.
+pub(crate) fn switch(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
 }
 
 /// A test seam, for the node copy's benchmark and tests only: `0` (or
@@ -229,12 +231,7 @@ pub const NODE_COPY_ENV: &str = "SAFELOAD_NODE_COPY";
 /// unless `SAFELOAD_NODE_COPY` turns it off. Read from the load's
 /// [`Environment`], taken once at the top of the load.
 pub(crate) fn node_copy(env: &Environment) -> bool {
-    !matches!(
-        env.get(NODE_COPY_ENV)
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref(),
-        Some("0" | "false" | "no" | "off")
-    )
+    env.get(NODE_COPY_ENV).and_then(switch) != Some(false)
 }
 
 /// The environment variable that asks for transparent huge pages (`1`,
@@ -251,9 +248,10 @@ pub(crate) fn huge_pages(caller: HugePages, env: &Environment) -> (HugePages, Pa
     if caller != HugePages::Auto {
         return (caller, PageReason::Caller);
     }
-    match env.get(HUGE_PAGES_ENV).and_then(HugePages::parse) {
-        Some(mode) if mode != HugePages::Auto => (mode, PageReason::Environment),
-        _ => (HugePages::Auto, PageReason::Measured),
+    match env.get(HUGE_PAGES_ENV).and_then(switch) {
+        Some(true) => (HugePages::On, PageReason::Environment),
+        Some(false) => (HugePages::Off, PageReason::Environment),
+        None => (HugePages::Auto, PageReason::Measured),
     }
 }
 
@@ -263,19 +261,35 @@ pub(crate) fn effective_mode(caller: ReadMode, env: &Environment) -> (ReadMode, 
     if caller != ReadMode::Auto {
         return (caller, Origin::Caller);
     }
-    let value = env
-        .get(DISABLE_MMAP_ENV)
-        .map(|v| v.trim().to_ascii_lowercase());
-    match value.as_deref() {
-        Some("1" | "true" | "yes" | "on") => (ReadMode::Buffered, Origin::Environment),
-        Some("0" | "false" | "no" | "off") => (ReadMode::Mmap, Origin::Environment),
-        _ => (ReadMode::Auto, Origin::Default),
+    match env.get(DISABLE_MMAP_ENV).and_then(switch) {
+        Some(true) => (ReadMode::Buffered, Origin::Environment),
+        Some(false) => (ReadMode::Mmap, Origin::Environment),
+        None => (ReadMode::Auto, Origin::Default),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_switch_is_on_off_or_neither() {
+        for (text, value) in [
+            ("1", Some(true)),
+            (" ON ", Some(true)),
+            ("true", Some(true)),
+            ("Yes", Some(true)),
+            ("0", Some(false)),
+            ("off", Some(false)),
+            ("NO", Some(false)),
+            ("false", Some(false)),
+            ("auto", None),
+            ("2", None),
+            ("", None),
+        ] {
+            assert_eq!(switch(text), value, "{text:?}");
+        }
+    }
 
     #[test]
     fn caller_beats_environment_beats_auto() {

@@ -14,42 +14,12 @@ pub const PREFETCH_ENV: &str = "SAFELOAD_PREFETCH";
 /// for `transformers`.
 pub const HF_SHARD_PREFETCH_ENV: &str = "HF_SHARD_PREFETCH";
 
-// NOTE: which method warms fastest (`default_method`). Measured 2026-11-29
-// on this project's 2-core VM (Linux 6.18; / is ext4 on a virtio disk with
-// read_ahead_kb 8192; the FUSE mount is safeload-testfs with 2 ms per READ
-// and read_ahead_kb 128, serving a file on that ext4), a 1 GiB file evicted
-// with posix_fadvise(DONTNEED) before every run (on the mount and the source
-// under it), arms interleaved with their order alternating by round, medians:
-//
-//     cargo bench --bench prefetch_methods -- --size-mib 1024 \
-//         --rounds 3 --streams 1,4 --dir /var/tmp
-//
-//     | filesystem | method   | streams | median s | GiB/s | runs (s)            |
-//     |------------|----------|---------|----------|-------|---------------------|
-//     | local ext4 | pread    | 1       | 1.667    | 0.60  | 1.67, 1.82, 1.63    |
-//     | local ext4 | willneed | 1       | 1.900    | 0.53  | 2.04, 1.90, 1.88    |
-//     | local ext4 | pread    | 4       | 1.987    | 0.50  | 2.22, 1.99, 1.50    |
-//     | local ext4 | willneed | 4       | 1.368    | 0.73  | 1.37, 0.56, 2.36    |
-//     | FUSE 2 ms  | pread    | 1       | 12.863   | 0.08  | 11.81, 12.86, 13.58 |
-//     | FUSE 2 ms  | willneed | 1       | 2.070    | 0.48  | 2.07, 1.66, 2.26    |
-//     | FUSE 2 ms  | pread    | 4       | 4.548    | 0.22  | 3.32, 4.55, 5.36    |
-//     | FUSE 2 ms  | willneed | 4       | 1.595    | 0.63  | 1.60, 3.22, 1.27    |
-//
-// Two more runs agreed: `--rounds 3 --streams 1,4` gave local 2.36/2.10 s
-// (pread/willneed, 1 stream) and 1.86/1.33 s (4 streams), FUSE 12.6/1.72 s
-// and 3.74/1.65 s; `--rounds 5 --streams 4` gave local 1.86/1.70 s and FUSE
-// 4.28/2.00 s. The local disk is shared with other VMs and noisy (one run
-// took 0.56 s, another 2.6 s): there the two methods are within noise of
-// each other. On FUSE, `WILLNEED` wins by 2-3x with 4 streams and 6-7x with
-// one: each call queues read-ahead requests that the kernel sends
-// asynchronously (up to `max_background` in flight), where a `pread` waits
-// on one read-ahead window at a time. `WILLNEED` also copies nothing into
-// user space, and reads exactly the range asked (no read-ahead into a chunk
-// the memory guard skips). So it is the default wherever `mincore` can show
-// the pages land; elsewhere reads are the only way to know. Kernel network
-// filesystems (NFS, Lustre, ...) could not be measured here; they share
-// FUSE's latency-bound shape, and the fallback read covers what a
-// `WILLNEED` does not bring in.
+// NOTE: which method warms fastest (`prefetch_method`): on FUSE `WILLNEED`
+// wins by several times (the kernel sends its read-ahead asynchronously,
+// where a `pread` waits on one window at a time), on a local disk the two are
+// within noise, and `WILLNEED` copies nothing into user space; so it is the
+// default wherever `mincore` can show the pages land (BENCHMARKS.md,
+// "policy/prefetch.rs: PrefetchMethod").
 
 /// How a chunk is brought into the page cache.
 ///
@@ -108,14 +78,10 @@ pub(crate) enum PrefetchAsk {
 /// streaming reads, in flight as many as measured throughput says, and takes
 /// what is already in the page cache from there.
 ///
-/// NOTE: measured with `cargo bench --bench load -- --scenarios fuse-2ms-8t`
-/// (2.22 GiB, 8 shards, hf-mount-like test mount, 2 ms per request, 8 daemon
-/// threads, 5 interleaved rounds, 2026-12-01). One rank, a prefetch of 4
-/// streams then the buffered load from the page cache: 1.00x the checkpoint
-/// served but 6.9 s, against 2.3 s for the load alone with direct reads
-/// (FUSE page-cache reads reach the daemon as 128 KiB requests, direct ones
-/// as 1 MiB). Before the direct-I/O decision moved after the prefetch, the
-/// same prefetch then read everything a second time (2.01x served).
+/// NOTE: on FUSE a rank alone that warmed its files and then loaded from the
+/// page cache was far slower than its load alone with direct reads: FUSE
+/// page-cache reads reach the daemon as 128 KiB requests, direct ones as
+/// 1 MiB (BENCHMARKS.md, "policy/prefetch.rs: prefetch_warms_buffered").
 pub(crate) fn prefetch_warms_buffered(local_size: usize) -> bool {
     local_size > 1
 }

@@ -1,6 +1,6 @@
 //! How many reads a load keeps in flight and how large each is, where the caller set neither: by the filesystems and sources it reads.
 
-use crate::adapt::{Concurrency, Sizes};
+use crate::adapt::Concurrency;
 use crate::mount::MountKind;
 use crate::source::Source;
 
@@ -13,40 +13,36 @@ const DEFAULT_READ_SIZE: usize = 8 << 20;
 
 /// Reads in flight a load of remote objects starts with (the adaptive
 /// controller doubles it while throughput rises), and the size of one ranged
-/// request, under a cap on the bytes in flight.
+/// request.
 ///
 /// NOTE: the stores' guidance is 8-16 MiB per ranged GET (S3's performance
 /// guidelines; GCS's sliced downloads), hence 16 MiB and 16 requests to
-/// start. Readers write into the load's buffers, so bytes in flight cost no
-/// memory of their own: the cap (1 GiB, 64 requests of 16 MiB) bounds what
-/// one load asks of the store at once.
-///
-/// NOTE: the size is no longer doubled once the count settles (it went up
-/// to 64 MiB): on the test HTTP server (20 ms, 1,500 MiB/s, 2.2 GiB in 8
-/// shards) every load tried 16 x 32 MiB, read 0.80-0.91 GiB/s in that
-/// window against 1.42-1.50 GiB/s at 16 MiB, and went back; the detour cost
-/// `hf://` 2.418 s against 1.919 s with the size kept at 16 MiB (medians of
-/// 8 interleaved rounds each, 2026-12-02, BENCHMARKS.md). The controller
-/// still measures sizes within a range ([`Sizes`]); this range leaves it
-/// none to try.
+/// start; 64 requests of 16 MiB (the most readers) are 1 GiB in flight. A
+/// larger size was measured slower (BENCHMARKS.md, "policy/reads.rs:
+/// REMOTE_READ_SIZE").
 const REMOTE_READERS: usize = 16;
 /// See [`REMOTE_READERS`].
-const REMOTE_SIZES: Sizes = Sizes {
-    start: 16 << 20,
-    max: 16 << 20,
-    in_flight: 1 << 30,
-};
+const REMOTE_READ_SIZE: usize = 16 << 20;
+
+/// What the caller set of a load's reads.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CallerReads {
+    /// Reads in flight (`Loader::io_concurrency`).
+    pub io_concurrency: Option<usize>,
+    /// The size of one read (`Loader::read_size`).
+    pub read_size: Option<usize>,
+}
 
 /// How a load of `sources` reads where the caller set neither the reads in
 /// flight nor their size (`caller`: `Loader::io_concurrency`,
 /// `Loader::read_size`): the concurrency, and the size jobs are cut to
-/// before the run. Remote objects: [`REMOTE_READERS`] of the size in
-/// [`REMOTE_SIZES`];
+/// before the run. Remote objects: [`REMOTE_READERS`] of
+/// [`REMOTE_READ_SIZE`];
 /// elsewhere the filesystems' count ([`default_io_concurrency`]) and
 /// [`DEFAULT_READ_SIZE`]. A size or count the caller set is kept.
 pub(crate) fn io_defaults<'a>(
     sources: impl Iterator<Item = &'a dyn Source>,
-    caller: (Option<usize>, Option<usize>),
+    caller: CallerReads,
 ) -> (Concurrency, usize) {
     let mut remote = false;
     let kinds: Vec<MountKind> = sources
@@ -56,11 +52,11 @@ pub(crate) fn io_defaults<'a>(
         })
         .collect();
     let readers = default_io_concurrency(kinds.into_iter());
-    match caller {
+    match (caller.io_concurrency, caller.read_size) {
         (Some(n), size) => (
             Concurrency::pinned(n),
             size.unwrap_or(if remote {
-                REMOTE_SIZES.start
+                REMOTE_READ_SIZE
             } else {
                 DEFAULT_READ_SIZE
             }),
@@ -74,8 +70,8 @@ pub(crate) fn io_defaults<'a>(
             size,
         ),
         (None, None) if remote => (
-            Concurrency::adaptive(readers.max(REMOTE_READERS)).with_sizes(REMOTE_SIZES),
-            REMOTE_SIZES.max,
+            Concurrency::adaptive(readers.max(REMOTE_READERS)),
+            REMOTE_READ_SIZE,
         ),
         (None, None) => (Concurrency::adaptive(readers), DEFAULT_READ_SIZE),
     }
@@ -85,10 +81,8 @@ pub(crate) fn io_defaults<'a>(
 /// needs many requests in flight to hide each one's latency (within the
 /// kernel's default of 12 background requests per mount); elsewhere 8.
 ///
-/// NOTE: on the local virtio disk, 2.2 GiB buffered, 3 interleaved runs
-/// (2026-11-29): 8 readers of 8 MiB took 1.08-1.65 s cold and 0.95-1.22 s
-/// warm, 4 readers 1.47-1.68 s and 1.37-2.08 s; 16 MiB chunks were within
-/// the noise of 8 MiB.
+/// NOTE: 8 beat 4 on a local disk, cold and warm (BENCHMARKS.md,
+/// "policy/reads.rs: default_io_concurrency").
 fn default_io_concurrency(kinds: impl Iterator<Item = MountKind>) -> usize {
     kinds
         .map(|kind| match kind {

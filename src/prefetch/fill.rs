@@ -18,7 +18,7 @@ use super::queue::{
     DONE, FREE, Layout, chunk_words, heartbeat_words, init_from_header, slot_words,
 };
 use super::queue_file::{Queue, sweep_stale};
-use super::worker::{Sink, Tally, Work};
+use super::worker::{Outcome, Sink, Tally, Work};
 use crate::error::Result;
 use crate::os;
 use crate::progress::{Callback, Meter, Phase};
@@ -63,18 +63,52 @@ pub(crate) fn fill_shared(
 ) -> Result<FillOutcome> {
     let swept = sweep_stale(dir);
     let plan = ChunkPlan::new(lens, chunk_size, os::page_size());
-    let chunks = plan.chunks;
+    let me = Owner::current();
+    let queue = open_queue(&plan, key_material, dir, me, done_elsewhere);
+    let shared = queue.is_shared();
+    let unshared = (!shared).then(|| queue.refused.clone().unwrap_or_default());
+    let needed = init_from_header(queue.words()).needed;
+    let meter = Meter::new(progress, Phase::Read, needed, lens.len());
+    let fill = Fill {
+        queue: &queue,
+        chunks: &plan.chunks,
+        sink: ReadInto(read),
+    };
+    let outcome = fill.read_shares(rank, streams, me, &meter)?;
+    let finished_here = fill.finish_stalled()?;
+    complete();
+    meter.finish();
+    drop(queue);
+    Ok(FillOutcome {
+        handled: outcome.handled,
+        chunks: plan.chunks.len(),
+        chunk_size: plan.chunk_size,
+        finished_here,
+        unshared,
+        swept,
+    })
+}
+
+/// The fill's queue: the file of `key_material` in `dir`, shared with the
+/// other ranks, or this rank's own where the file cannot be had.
+fn open_queue(
+    plan: &ChunkPlan,
+    key_material: &[u8],
+    dir: &Path,
+    me: Owner,
+    done_elsewhere: &dyn Fn() -> bool,
+) -> Queue {
     let layout = Layout {
         key: 0,
         chunk_size: plan.chunk_size,
-        chunks: chunks.len(),
+        chunks: plan.chunks.len(),
         total: plan.total,
         slots: 0,
     };
     // A node copy starts empty: every chunk free, nothing resident; unless
     // its fill ended before this rank made the queue file.
     let mut make = || Init {
-        states: vec![if done_elsewhere() { DONE } else { FREE }; chunks.len()],
+        states: vec![if done_elsewhere() { DONE } else { FREE }; plan.chunks.len()],
         resident: 0,
         needed: plan.total,
         available: None,
@@ -82,63 +116,80 @@ pub(crate) fn fill_shared(
         skipped: 0,
         known: false,
     };
-    let me = Owner::current();
-    let queue = Queue::shared(dir, key_material, layout, me, &mut make);
-    let shared = queue.is_shared();
-    let unshared = (!shared).then(|| queue.refused.clone().unwrap_or_default());
-    let words = queue.words();
-    let needed = init_from_header(words).needed;
-    // A queue of this rank's own: no other rank fills any of it, so this
-    // rank's readers claim every chunk (not a share, finished at the end by
-    // one reader).
-    let alone = LocalRank {
-        rank: 0,
-        size: 1,
-        source: rank.source.clone(),
-    };
-    let (claimable, starts) =
-        reader_plan(&chunks, if shared { rank } else { &alone }, streams, shared);
-    let meter = Meter::new(progress, Phase::Read, needed, lens.len());
-    let sink = ReadInto(read);
-    let work = Work {
-        targets: &[],
-        methods: &[],
-        chunks: &chunks,
-        states: chunk_words(words, queue.layout()),
-        me,
-        shared,
-        claimable,
-        on_chunk: None,
-        meter: &meter,
-        slots: slot_words(words, queue.layout()),
-        heartbeats: heartbeat_words(words, queue.layout()),
-        heartbeat: queue.heartbeat(),
-        tally: Tally::default(),
-        sink: Some(&sink),
-    };
-    let outcome = work.run(&starts)?;
-    // What is still not done was given up on by the stall guard: read it
-    // here.
-    let mut finished_here = 0;
-    for (i, state) in chunk_words(words, queue.layout()).iter().enumerate() {
-        if state.load(std::sync::atomic::Ordering::Acquire) != DONE {
-            if let Some(&chunk) = chunks.get(i) {
-                sink.fill(chunk)?;
-                finished_here += 1;
+    Queue::shared(dir, key_material, layout, me, &mut make)
+}
+
+/// A fill under way, as its steps share it: the queue, its chunks, and the
+/// caller's read that puts each chunk in its place.
+struct Fill<'a> {
+    queue: &'a Queue,
+    chunks: &'a [Chunk],
+    sink: ReadInto<'a>,
+}
+
+impl Fill<'_> {
+    /// This rank's readers over the queue: `streams` of them, with the other
+    /// ranks of `rank` where the queue is shared.
+    fn read_shares(
+        &self,
+        rank: &LocalRank,
+        streams: usize,
+        me: Owner,
+        meter: &Meter,
+    ) -> Result<Outcome> {
+        let shared = self.queue.is_shared();
+        let words = self.queue.words();
+        // A queue of this rank's own: no other rank fills any of it, so this
+        // rank's readers claim every chunk (not a share, finished at the end by
+        // one reader).
+        let alone = LocalRank {
+            rank: 0,
+            size: 1,
+            source: rank.source.clone(),
+        };
+        let (claimable, starts) = reader_plan(
+            self.chunks,
+            if shared { rank } else { &alone },
+            streams,
+            shared,
+        );
+        let work = Work {
+            targets: &[],
+            methods: &[],
+            chunks: self.chunks,
+            states: chunk_words(words, self.queue.layout()),
+            me,
+            shared,
+            claimable,
+            on_chunk: None,
+            meter,
+            slots: slot_words(words, self.queue.layout()),
+            heartbeats: heartbeat_words(words, self.queue.layout()),
+            heartbeat: self.queue.heartbeat(),
+            tally: Tally::default(),
+            sink: Some(&self.sink),
+        };
+        work.run(&starts)
+    }
+
+    /// Reads here every chunk the readers left undone: how many there were.
+    fn finish_stalled(&self) -> Result<usize> {
+        // What is still not done was given up on by the stall guard: read it
+        // here.
+        let mut finished_here = 0;
+        for (i, state) in chunk_words(self.queue.words(), self.queue.layout())
+            .iter()
+            .enumerate()
+        {
+            if state.load(std::sync::atomic::Ordering::Acquire) != DONE {
+                if let Some(&chunk) = self.chunks.get(i) {
+                    self.sink.fill(chunk)?;
+                    finished_here += 1;
+                }
             }
         }
+        Ok(finished_here)
     }
-    complete();
-    meter.finish();
-    drop(queue);
-    Ok(FillOutcome {
-        handled: outcome.handled,
-        chunks: chunks.len(),
-        chunk_size: plan.chunk_size,
-        finished_here,
-        unshared,
-        swept,
-    })
 }
 
 /// The caller's read as a [`Sink`].

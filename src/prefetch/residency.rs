@@ -20,17 +20,13 @@ use crate::storage;
 /// Pages sampled per chunk before a chunk is taken as resident.
 ///
 /// NOTE: counting a chunk's cached pages costs a page-cache lookup per page
-/// in the kernel, for `cachestat(2)` and `mincore(2)` alike: 16 ms per GiB on
-/// this project's VM (`perf`: all of it in `filemap_cachestat`); two full
-/// passes made a warm 1 GiB prefetch take 32 ms where a warm mapped load with
-/// `populate(true)` took 88-125 ms (26-36 %). Sampling 16 pages per chunk
-/// (one per 512 KiB of an 8 MiB chunk), counting exactly only where a sample
-/// is missing, and skipping the final count when nothing was read, brings it
-/// to 2.7-3.1 ms against 119-129 ms, 2.2-2.4 % (`benches/prefetch_methods.rs`,
-/// its "warm" line, 2026-11-29).
+/// in the kernel (`cachestat(2)` and `mincore(2)` alike), a large share of a
+/// warm load; one sample per 512 KiB of an 8 MiB chunk, counted exactly only
+/// where a sample is missing, makes it a small one (BENCHMARKS.md,
+/// "prefetch/residency.rs: SAMPLES").
 const SAMPLES: u64 = 16;
 
-/// How residency of a file's pages is found ([`Sight`]). Neither way: the
+/// How residency of a file's pages is found ([`ResidencyView`]). Neither way: the
 /// kernel does not let this process see it.
 pub(super) struct Probe {
     /// `cachestat(2)` (Linux 6.5+) works: one call counts the pages present
@@ -191,7 +187,7 @@ pub(super) fn target_from(
 /// Which calls show this process a file's page cache, from what
 /// `cachestat(2)` answered and whether `mincore(2)` can see the file's pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Sight {
+pub(super) enum ResidencyView {
     /// `cachestat(2)` counts, and `mincore(2)` on a map tells what landed.
     Both,
     /// `cachestat(2)` only: `mincore(2)` would report every page present.
@@ -203,7 +199,7 @@ pub(super) enum Sight {
     Hidden,
 }
 
-/// The decision behind [`Sight`]. Each call is used where it answers truly:
+/// The decision behind [`ResidencyView`]. Each call is used where it answers truly:
 /// `cachestat(2)` where it succeeds, `mincore(2)` where the kernel shows
 /// this process the file's pages ([`visible_to_mincore`]). `EPERM` from
 /// `cachestat(2)` is no different from any other failure: it comes from its
@@ -211,12 +207,15 @@ pub(super) enum Sight {
 /// `mincore(2)`, since Linux 6.14), where the rule below says no too, or
 /// from a seccomp filter or security module that does not know the call,
 /// which leaves `mincore(2)` working.
-pub(super) fn sight(cachestat: Result<(), io::ErrorKind>, visible_to_mincore: bool) -> Sight {
+pub(super) fn residency_view(
+    cachestat: Result<(), io::ErrorKind>,
+    visible_to_mincore: bool,
+) -> ResidencyView {
     match (cachestat, visible_to_mincore) {
-        (Ok(()), true) => Sight::Both,
-        (Ok(()), false) => Sight::Cachestat,
-        (Err(_), true) => Sight::Mincore,
-        (Err(_), false) => Sight::Hidden,
+        (Ok(()), true) => ResidencyView::Both,
+        (Ok(()), false) => ResidencyView::Cachestat,
+        (Err(_), true) => ResidencyView::Mincore,
+        (Err(_), false) => ResidencyView::Hidden,
     }
 }
 
@@ -226,12 +225,12 @@ fn probe_for(file: &File, path: &Path, meta: &std::fs::Metadata) -> Probe {
         return Probe::HIDDEN;
     }
     let cachestat = os::cached_pages(file, 0, 1).map(drop).map_err(|e| e.kind());
-    let sight = sight(cachestat, visible_to_mincore(path, meta));
-    let map = matches!(sight, Sight::Both | Sight::Mincore)
+    let sight = residency_view(cachestat, visible_to_mincore(path, meta));
+    let map = matches!(sight, ResidencyView::Both | ResidencyView::Mincore)
         .then(|| storage::map_file(file).ok())
         .flatten();
     Probe {
-        cachestat: matches!(sight, Sight::Both | Sight::Cachestat),
+        cachestat: matches!(sight, ResidencyView::Both | ResidencyView::Cachestat),
         map,
     }
 }
@@ -291,19 +290,31 @@ mod tests {
     #[test]
     fn each_call_is_used_where_it_tells_the_truth() {
         use io::ErrorKind::{PermissionDenied, Unsupported};
-        assert_eq!(sight(Ok(()), true), Sight::Both);
+        assert_eq!(residency_view(Ok(()), true), ResidencyView::Both);
         // Kernels before cachestat(2) checked permissions (6.5 to 6.13)
         // answer it for anyone; mincore(2) would still report every page of
         // a file this user may not write.
-        assert_eq!(sight(Ok(()), false), Sight::Cachestat);
+        assert_eq!(residency_view(Ok(()), false), ResidencyView::Cachestat);
         // EPERM where mincore(2) can see (a seccomp filter that does not
         // know the call): mincore(2), as on a kernel without cachestat(2).
-        assert_eq!(sight(Err(PermissionDenied), true), Sight::Mincore);
-        assert_eq!(sight(Err(Unsupported), true), Sight::Mincore);
+        assert_eq!(
+            residency_view(Err(PermissionDenied), true),
+            ResidencyView::Mincore
+        );
+        assert_eq!(
+            residency_view(Err(Unsupported), true),
+            ResidencyView::Mincore
+        );
         // A user who neither owns nor may write the file: hidden, not
         // "every page present".
-        assert_eq!(sight(Err(PermissionDenied), false), Sight::Hidden);
-        assert_eq!(sight(Err(Unsupported), false), Sight::Hidden);
+        assert_eq!(
+            residency_view(Err(PermissionDenied), false),
+            ResidencyView::Hidden
+        );
+        assert_eq!(
+            residency_view(Err(Unsupported), false),
+            ResidencyView::Hidden
+        );
     }
 
     /// The stub OS layer has neither call: residency is unknown, and a

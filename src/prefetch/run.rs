@@ -11,7 +11,7 @@ use super::plan::{ChunkPlan, Init, reader_plan};
 use super::queue::{Layout, chunk_words, heartbeat_words, init_from_header, slot_words};
 use super::queue_file::{Queue, default_queue_dir};
 use super::residency::{Target, initial_states, resolve_method};
-use super::worker::{Tally, Work};
+use super::worker::{Outcome, Tally, Work};
 use crate::error::Result;
 use crate::os;
 use crate::policy::PrefetchMethod;
@@ -98,11 +98,7 @@ pub(super) fn run(
     report.ran = true;
     let Plan {
         targets,
-        chunks: ChunkPlan {
-            total,
-            chunk_size,
-            chunks,
-        },
+        chunks,
         rank,
         mut checked,
     } = plan;
@@ -110,69 +106,20 @@ pub(super) fn run(
     let mut make = || {
         checked
             .take()
-            .unwrap_or_else(|| initial_states(&targets, &chunks, job.available()))
+            .unwrap_or_else(|| initial_states(&targets, &chunks.chunks, job.available()))
     };
-
-    // The queue: shared where there are other ranks, else this process's.
-    // Its name and key cover the files, the chunk size and the job.
-    let layout = Layout {
-        key: 0,
-        chunk_size,
-        chunks: chunks.len(),
-        total,
-        slots: 0,
-    };
-    let queue = if rank.size > 1 && !options.shared_queue {
-        Queue::local(layout, &mut make, Some(Note::FixedShares))
-    } else if rank.size > 1 {
-        let mut key_material = Vec::new();
-        for t in &targets {
-            key_material.extend_from_slice(&t.identity);
-        }
-        key_material.extend_from_slice(&chunk_size.to_le_bytes());
-        let job_key = job_key(job.env.lookup(), os::parent_pid());
-        key_material.extend_from_slice(job_key.as_bytes());
-        let dir = options.queue_dir.clone().unwrap_or_else(default_queue_dir);
-        Queue::shared(&dir, &key_material, layout, me, &mut make)
-    } else {
-        Queue::local(layout, &mut make, None)
-    };
-    report.queue_note = queue.note.clone();
-    report.queue_path = queue.path.clone();
-    report.shared_queue = report.queue_path.is_some();
-    let shared = queue.is_shared();
-    let words = queue.words();
-    let init = init_from_header(words);
-    report.resident_before = init.resident;
-    report.residency_known = init.known;
-    report.skipped = init.skipped;
-    report.skip_reasons.extend(init.guard_reason(total));
-
-    let (claimable, starts) = reader_plan(&chunks, &rank, options.streams, shared);
-    // This rank's share is not known in advance (ranks take chunks from
-    // each other): the total is every byte not yet resident.
-    let meter = Meter::new(job.progress, Phase::Prefetch, init.needed, targets.len());
-    let work = Work {
+    let run = Run {
         targets: &targets,
         methods: &methods,
         chunks: &chunks,
-        states: chunk_words(words, queue.layout()),
+        rank: &rank,
+        options,
+        job,
         me,
-        shared,
-        claimable,
-        on_chunk: options.on_chunk.as_ref(),
-        meter: &meter,
-        slots: slot_words(words, queue.layout()),
-        heartbeats: heartbeat_words(words, queue.layout()),
-        heartbeat: queue.heartbeat(),
-        tally: Tally::default(),
-        sink: None,
     };
-    let outcome = work.run(&starts)?;
-    for _ in &targets {
-        meter.file_done();
-    }
-    meter.finish();
+    let queue = run.open_queue(&mut make);
+    let init = note_queue(&mut report, &queue, chunks.total);
+    let outcome = run.read(&queue, init.needed)?;
     report.chunks_handled = outcome.handled;
     report.warmed = outcome.warmed;
     report.reread = outcome.reread;
@@ -180,17 +127,122 @@ pub(super) fn run(
         report.skipped += bytes;
         report.skip_reasons.push(why);
     }
-    report.resident_after = if !shared && outcome.handled == 0 && init.known {
-        // Nothing changed since the check a moment ago, in this process.
-        Some(init.resident)
-    } else {
-        let mut scratch = Vec::new();
-        targets
-            .iter()
-            .map(|t| t.resident_total(chunk_size, &mut scratch))
-            .sum()
-    };
+    report.resident_after = run.resident_after(&init, queue.is_shared(), outcome.handled);
     drop(queue);
     report.elapsed = clock.elapsed();
     Ok(report)
+}
+
+/// A run under way, as its steps share it: the files, how each is read,
+/// their chunks, this rank, and the options and job it runs under.
+struct Run<'a> {
+    targets: &'a [Target],
+    methods: &'a [PrefetchMethod],
+    chunks: &'a ChunkPlan,
+    rank: &'a LocalRank,
+    options: &'a PrefetchOptions,
+    job: &'a Job<'a>,
+    me: Owner,
+}
+
+impl Run<'_> {
+    /// The queue, its chunk states from `make` where this rank creates it.
+    fn open_queue(&self, make: &mut dyn FnMut() -> Init) -> Queue {
+        // The queue: shared where there are other ranks, else this process's.
+        // Its name and key cover the files, the chunk size and the job.
+        let layout = Layout {
+            key: 0,
+            chunk_size: self.chunks.chunk_size,
+            chunks: self.chunks.chunks.len(),
+            total: self.chunks.total,
+            slots: 0,
+        };
+        if self.rank.size > 1 && !self.options.shared_queue {
+            Queue::local(layout, make, Some(Note::FixedShares))
+        } else if self.rank.size > 1 {
+            let mut key_material = Vec::new();
+            for t in self.targets {
+                key_material.extend_from_slice(&t.identity);
+            }
+            key_material.extend_from_slice(&self.chunks.chunk_size.to_le_bytes());
+            let job_key = job_key(self.job.env.lookup(), os::parent_pid());
+            key_material.extend_from_slice(job_key.as_bytes());
+            let dir = self
+                .options
+                .queue_dir
+                .clone()
+                .unwrap_or_else(default_queue_dir);
+            Queue::shared(&dir, &key_material, layout, self.me, make)
+        } else {
+            Queue::local(layout, make, None)
+        }
+    }
+
+    /// This rank's readers over the queue, counted on the caller's meter:
+    /// `needed` bytes were not resident when the queue was made.
+    fn read(&self, queue: &Queue, needed: u64) -> Result<Outcome> {
+        let shared = queue.is_shared();
+        let words = queue.words();
+        let chunks = &self.chunks.chunks;
+        let (claimable, starts) = reader_plan(chunks, self.rank, self.options.streams, shared);
+        // This rank's share is not known in advance (ranks take chunks from
+        // each other): the total is every byte not yet resident.
+        let meter = Meter::new(
+            self.job.progress,
+            Phase::Prefetch,
+            needed,
+            self.targets.len(),
+        );
+        let work = Work {
+            targets: self.targets,
+            methods: self.methods,
+            chunks,
+            states: chunk_words(words, queue.layout()),
+            me: self.me,
+            shared,
+            claimable,
+            on_chunk: self.options.on_chunk.as_ref(),
+            meter: &meter,
+            slots: slot_words(words, queue.layout()),
+            heartbeats: heartbeat_words(words, queue.layout()),
+            heartbeat: queue.heartbeat(),
+            tally: Tally::default(),
+            sink: None,
+        };
+        let outcome = work.run(&starts)?;
+        for _ in self.targets {
+            meter.file_done();
+        }
+        meter.finish();
+        Ok(outcome)
+    }
+
+    /// Bytes of the files resident once the readers are done: the check
+    /// before, where nothing can have changed, else asked again.
+    fn resident_after(&self, init: &Init, shared: bool, handled: usize) -> Option<u64> {
+        if !shared && handled == 0 && init.known {
+            // Nothing changed since the check a moment ago, in this process.
+            Some(init.resident)
+        } else {
+            let mut scratch = Vec::new();
+            self.targets
+                .iter()
+                .map(|t| t.resident_total(self.chunks.chunk_size, &mut scratch))
+                .sum()
+        }
+    }
+}
+
+/// What the queue says before any read, into the report: its note and path,
+/// and the residency and memory guard its header holds (returned).
+fn note_queue(report: &mut PrefetchReport, queue: &Queue, total: u64) -> Init {
+    report.queue_note = queue.note.clone();
+    report.queue_path = queue.path.clone();
+    report.shared_queue = report.queue_path.is_some();
+    let init = init_from_header(queue.words());
+    report.resident_before = init.resident;
+    report.residency_known = init.known;
+    report.skipped = init.skipped;
+    report.skip_reasons.extend(init.guard_reason(total));
+    init
 }

@@ -31,31 +31,14 @@
 //! storage). For those the 60 s stall guard in `worker.rs` remains: the
 //! waiting reader gives up and reports the chunks as not warmed.
 //!
-//! NOTE: the numbers. A healthy holder must keep its chunks, and a stopped
-//! rank must cost seconds, not a minute. A healthy holder's heartbeat goes
-//! quiet for at most one chunk read (less with `WILLNEED`, which beats as
-//! pages land, and at the end of a run, when its waiting readers beat every
-//! 2 ms), so the wait only has to outlast the slowest healthy read. Measured
-//! on this project's VM (2 cores, 2026-12-01): a 1 GiB file evicted, then
-//! prefetched in 8 MiB chunks by 1, 4 and 12 readers of one process (12 for
-//! three ranks of four), both methods, two rounds, on the local disk and on
-//! the FUSE test filesystem with 0 and 2 ms per request; the longest gap
-//! between two chunks finishing in one process was 209 ms (one reader,
-//! local disk, `pread`; 117 ms on FUSE), and the slowest chunk of a run
-//! took at most 9.9 times the run's mean chunk (209 ms against 21 ms; 602
-//! ms against 207 ms with 12 readers). Hence a floor of 500 ms, 2.4 times
-//! the longest gap and 19 times the healthy FUSE read of 8 MiB at
-//! 0.3 GiB/s (26 ms), and 8 times the mean above it, so that on slow or
-//! contended storage the wait grows with the reads (1.7 s for the 207 ms
-//! mean, against its 602 ms slowest chunk). The cap bounds what a stopped rank
-//! costs (the 1.5 s job that took 61.7 s): at worst 2 s of waiting
-//! and the reads of its chunks. A live rank whose only busy reader needs
-//! more than 2 s for one chunk (8 MiB at under 4 MiB/s), with no waiting
-//! reader to beat for it, may see that chunk read a second time, once. In
-//! `a_stopped_rank_is_taken_over_within_seconds` (tests/it/fuse_prefetch_ranks) the two
-//! running ranks finished 60.1 s after the stop without this rule, 0.56 s
-//! with it (0.31 s with a 250 ms floor, tried first and rejected for the
-//! 209 ms gap above).
+//! NOTE: the numbers. A healthy holder must keep its chunks (its heartbeat
+//! goes quiet for at most one chunk read), and a stopped rank must cost
+//! seconds, not a minute: the 500 ms floor is a few times the longest gap
+//! measured between two chunks, 8 times the mean chunk lets the wait grow on
+//! slow storage, and the 2 s cap bounds what a stopped rank costs
+//! (BENCHMARKS.md, "prefetch/takeover.rs: the numbers"). A live rank whose
+//! only busy reader needs more than 2 s for one chunk (8 MiB at under
+//! 4 MiB/s), with no waiting reader to beat for it, may see it read twice.
 
 use std::time::{Duration, Instant};
 

@@ -10,7 +10,7 @@ use super::error::{Redactor, RemoteError, RemoteErrorKind};
 use super::hub::{HubConfig, HubFileMeta, is_commit};
 use super::object::{Backend, RemoteObject};
 use super::store::{self, IoRuntime, StoreEnv, Tuning};
-use super::url::RemoteUrl;
+use super::url::{RemoteUrl, StoreKind};
 use super::watch::Interrupt;
 
 /// Everything a remote load is configured by, read once.
@@ -42,6 +42,11 @@ struct HubRepo {
     client: reqwest::Client,
     pinned: Mutex<Option<(String, Arc<Backend>)>>,
 }
+
+/// What the hub says of a file of an `hf://` location ([`RemoteLocation::hub_lookup`]):
+/// the commit, and the file's metadata or `None` where it does not exist there; `None`
+/// for a location of another store.
+pub(crate) type HubLookup = Option<Result<(String, Option<HubFileMeta>), RemoteError>>;
 
 /// The hub's answer to a HEAD of a file.
 enum Head {
@@ -96,6 +101,104 @@ fn split_key(key: &str, names_file: bool) -> (String, Option<String>) {
     }
 }
 
+/// What a location's client is built from: the address as shown, whether
+/// it names a file, the settings, the runtime and the redactor.
+struct Setup<'a> {
+    shown: String,
+    names_file: bool,
+    settings: &'a RemoteSettings,
+    runtime: &'a Arc<IoRuntime>,
+    redactor: &'a Redactor,
+}
+
+/// A location's key prefix, the file it names, and its client.
+type Parts = (String, Option<String>, Place);
+
+impl Setup<'_> {
+    fn backend(
+        &self,
+        store: Arc<dyn object_store::ObjectStore>,
+        shown_base: String,
+    ) -> Arc<Backend> {
+        Arc::new(Backend {
+            store,
+            runtime: Arc::clone(self.runtime),
+            tuning: self.settings.tuning.clone(),
+            shown_base,
+            redactor: self.redactor.clone(),
+        })
+    }
+
+    /// `s3://`, `gs://`, `az://`: the bucket's client, the key's prefix and file.
+    fn store(&self, kind: StoreKind, bucket: &str, key: &str) -> Result<Parts, RemoteError> {
+        let base = RemoteUrl::Store {
+            kind,
+            bucket: bucket.to_owned(),
+            key: String::new(),
+        };
+        let shown_base = format!("{base}/");
+        let (env, tuning) = (&self.settings.env, &self.settings.tuning);
+        let s = store::bucket_store(kind, bucket, env, tuning, self.redactor, &self.shown)?;
+        let (prefix, file) = split_key(key, self.names_file);
+        Ok((prefix, file, Place::Store(self.backend(s, shown_base))))
+    }
+
+    /// `http(s)://`: the client of the base (the directory the address names, or the
+    /// named file's).
+    fn http(&self, base: &str, name: &str, query: bool) -> Result<Parts, RemoteError> {
+        if query {
+            // NOTE: object_store's HTTP store builds each request's URL from its base
+            // and the object's path, so a query (a presigned URL's signature) cannot
+            // be carried; presigned URLs need the read on reqwest directly.
+            return Err(bad_url(
+                &self.shown,
+                "URLs with a query are not supported yet",
+            ));
+        }
+        let (base, file) = if self.names_file || name.is_empty() {
+            (base.to_owned(), self.names_file.then(|| name.to_owned()))
+        } else {
+            (format!("{base}{name}/"), None)
+        };
+        let shown_base = super::url::without_userinfo(&base);
+        let tuning = &self.settings.tuning;
+        let s = store::http_store(&base, HeaderMap::new(), tuning, self.redactor, &self.shown)?;
+        Ok((
+            String::new(),
+            file,
+            Place::Store(self.backend(s, shown_base)),
+        ))
+    }
+
+    /// `hf://`: the hub's client (redirects not followed); the commit's client is made
+    /// once a file's answer names it.
+    fn hub(
+        &self,
+        repo: &str,
+        revision: Option<&str>,
+        subfolder: &str,
+    ) -> Result<Parts, RemoteError> {
+        let tuning = &self.settings.tuning;
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(tuning.request_timeout)
+            .connect_timeout(tuning.connect_timeout)
+            .build()
+            .map_err(|e| {
+                let text = self.redactor.error_text(&e);
+                RemoteError::new(RemoteErrorKind::Config, &self.shown, text)
+            })?;
+        let hub = HubRepo {
+            repo: repo.to_owned(),
+            revision: revision.unwrap_or("main").to_owned(),
+            client,
+            pinned: Mutex::new(None),
+        };
+        let (prefix, _) = split_key(subfolder, false);
+        Ok((prefix, None, Place::Hub(hub)))
+    }
+}
+
 impl RemoteLocation {
     /// Parses `text` and builds the client it needs, on `runtime`.
     pub(crate) fn new(
@@ -104,93 +207,26 @@ impl RemoteLocation {
         runtime: Arc<IoRuntime>,
     ) -> Result<Self, RemoteError> {
         let url = RemoteUrl::parse(text).map_err(|e| bad_url("the address", e.reason))?;
-        let shown = url.to_string();
         let mut redactor = Redactor::default();
         settings.env.add_secrets(&mut redactor);
         if let Some(token) = &settings.hub.token {
             redactor.add(token.secret());
         }
-        let names_file = url.names_file();
-        let backend = |store, shown_base: String, redactor: &Redactor| {
-            Arc::new(Backend {
-                store,
-                runtime: Arc::clone(&runtime),
-                tuning: settings.tuning.clone(),
-                shown_base,
-                redactor: redactor.clone(),
-            })
+        let setup = Setup {
+            shown: url.to_string(),
+            names_file: url.names_file(),
+            settings: &settings,
+            runtime: &runtime,
+            redactor: &redactor,
         };
         let (prefix, file, place) = match &url {
-            RemoteUrl::Store { kind, bucket, key } => {
-                let base = RemoteUrl::Store {
-                    kind: *kind,
-                    bucket: bucket.clone(),
-                    key: String::new(),
-                };
-                let shown_base = format!("{base}/");
-                let s = store::bucket_store(
-                    *kind,
-                    bucket,
-                    &settings.env,
-                    &settings.tuning,
-                    &redactor,
-                    &shown,
-                )?;
-                let (prefix, file) = split_key(key, names_file);
-                (
-                    prefix,
-                    file,
-                    Place::Store(backend(s, shown_base, &redactor)),
-                )
-            }
-            RemoteUrl::Http { base, name, query } => {
-                if query.is_some() {
-                    // NOTE: object_store's HTTP store builds each request's URL from its base
-                    // and the object's path, so a query (a presigned URL's signature) cannot
-                    // be carried; presigned URLs need the read on reqwest directly.
-                    return Err(bad_url(&shown, "URLs with a query are not supported yet"));
-                }
-                let (base, file) = if names_file || name.is_empty() {
-                    (base.clone(), names_file.then(|| name.clone()))
-                } else {
-                    (format!("{base}{name}/"), None)
-                };
-                let shown_base = super::url::without_userinfo(&base);
-                let s = store::http_store(
-                    &base,
-                    HeaderMap::new(),
-                    &settings.tuning,
-                    &redactor,
-                    &shown,
-                )?;
-                (
-                    String::new(),
-                    file,
-                    Place::Store(backend(s, shown_base, &redactor)),
-                )
-            }
+            RemoteUrl::Store { kind, bucket, key } => setup.store(*kind, bucket, key)?,
+            RemoteUrl::Http { base, name, query } => setup.http(base, name, query.is_some())?,
             RemoteUrl::Hub {
                 repo,
                 revision,
                 subfolder,
-            } => {
-                let client = reqwest::Client::builder()
-                    .redirect(reqwest::redirect::Policy::none())
-                    .timeout(settings.tuning.request_timeout)
-                    .connect_timeout(settings.tuning.connect_timeout)
-                    .build()
-                    .map_err(|e| {
-                        RemoteError::new(RemoteErrorKind::Config, &shown, redactor.error_text(&e))
-                    })?;
-                let hub = HubRepo {
-                    repo: repo.clone(),
-                    revision: revision.clone().unwrap_or_else(|| "main".to_owned()),
-                    client,
-                    pinned: Mutex::new(None),
-                };
-                let (prefix, _) = split_key(subfolder, false);
-                (prefix, None, Place::Hub(hub))
-            }
+            } => setup.hub(repo, revision.as_deref(), subfolder)?,
         };
         Ok(RemoteLocation {
             runtime,
@@ -264,10 +300,7 @@ impl RemoteLocation {
     /// the file's metadata, or `None` where the hub answered that the file does not exist at
     /// that commit (the commit then empty where neither the answer nor an earlier one named
     /// it). `None` for a location of another store.
-    pub(crate) fn hub_lookup(
-        &self,
-        name: &str,
-    ) -> Option<Result<(String, Option<HubFileMeta>), RemoteError>> {
+    pub(crate) fn hub_lookup(&self, name: &str) -> HubLookup {
         let Place::Hub(hub) = &self.place else {
             return None;
         };

@@ -30,6 +30,10 @@ pub(crate) struct Backend {
     pub redactor: Redactor,
 }
 
+/// What the open's first GET gives: the object's length, its ETag, the bytes received,
+/// and the bytes asked for.
+type FirstGet = object_store::Result<(u64, Option<String>, Vec<u8>, u64)>;
+
 /// How a failed request is handled, from `object_store`'s error kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Failure {
@@ -123,14 +127,32 @@ impl RemoteObject {
         };
         let first = 0..backend.tuning.open_prefix.max(1);
         let cap = whole_cap(object.hub.as_ref());
-        let (opened, kept) = object.retrying_stalls(first.clone(), |moved| {
+        let (opened, kept) = object.first_get(first.clone(), cap)?;
+        match opened {
+            Ok((len, etag, prefix, want)) => {
+                if prefix.len() as u64 != want {
+                    let e = object.error(RemoteErrorKind::Protocol, "a short first body".into());
+                    return Err(e.with_range(0..want));
+                }
+                object.version.len = len;
+                object.etag = etag;
+                object.prefix = prefix;
+                object.finish_open()
+            }
+            Err(e) => object.open_after(&e, kept, first, cap),
+        }
+    }
+
+    /// The open's ranged GET of `first`: the object's length, ETag, the bytes received
+    /// and the bytes asked for; and the whole object where the server answered with it.
+    fn first_get(&self, first: Range<u64>, cap: u64) -> Result<(FirstGet, Whole), RemoteError> {
+        self.retrying_stalls(first.clone(), |moved| {
             let options = GetOptions {
                 range: Some(GetRange::Bounded(first.clone())),
                 ..GetOptions::default()
             };
-            let object = &object;
             whole::keeping(cap, Arc::clone(&moved), async move {
-                let result = object.get(options).await?;
+                let result = self.get(options).await?;
                 let (len, etag) = (result.meta.size, result.meta.e_tag.clone());
                 let want = result.range.end - result.range.start;
                 let mut prefix = Vec::with_capacity(want as usize);
@@ -142,54 +164,53 @@ impl RemoteObject {
                 }
                 Ok::<_, object_store::Error>((len, etag, prefix, want))
             })
-        })?;
-        match opened {
-            Ok((len, etag, prefix, want)) => {
-                if prefix.len() as u64 != want {
-                    let e = object.error(RemoteErrorKind::Protocol, "a short first body".into());
-                    return Err(e.with_range(0..want));
-                }
-                object.version.len = len;
-                object.etag = etag;
-                object.prefix = prefix;
+        })
+    }
+
+    /// The open after its first GET failed with `e`: a typed error for a missing, denied
+    /// or changed object; the whole object where the server sent it for the range (or an
+    /// error past `cap`); else, for ranges ignored or an empty object (416), a HEAD.
+    fn open_after(
+        mut self,
+        e: &object_store::Error,
+        kept: Whole,
+        first: Range<u64>,
+        cap: u64,
+    ) -> Result<RemoteObject, RemoteError> {
+        let failure = classify(e);
+        let text = self.backend.redactor.error_text(e);
+        match failure {
+            Failure::NotFound => return Err(self.error(RemoteErrorKind::NotFound, text)),
+            Failure::Denied => return Err(self.error(RemoteErrorKind::Denied, text)),
+            Failure::Changed => return Err(self.error(RemoteErrorKind::Changed, text)),
+            Failure::RangeIgnored => self.ranges_ignored.store(true, Ordering::Relaxed),
+            Failure::Other => {}
+        }
+        match (failure, kept) {
+            (Failure::RangeIgnored, Whole::Kept(kept)) => {
+                // The whole object, answered for the range: its length, its ETag, and
+                // every byte any read asks for.
+                self.version.len = kept.body.len() as u64;
+                self.etag = kept.etag;
+                self.prefix = kept.body;
+                return self.finish_open();
             }
-            Err(e) => {
-                let failure = classify(&e);
-                let text = backend.redactor.error_text(&e);
-                match failure {
-                    Failure::NotFound => return Err(object.error(RemoteErrorKind::NotFound, text)),
-                    Failure::Denied => return Err(object.error(RemoteErrorKind::Denied, text)),
-                    Failure::Changed => return Err(object.error(RemoteErrorKind::Changed, text)),
-                    Failure::RangeIgnored => object.ranges_ignored.store(true, Ordering::Relaxed),
-                    Failure::Other => {}
-                }
-                match (failure, kept) {
-                    (Failure::RangeIgnored, Whole::Kept(kept)) => {
-                        // The whole object, answered for the range: its length, its ETag,
-                        // and every byte any read asks for.
-                        object.version.len = kept.body.len() as u64;
-                        object.etag = kept.etag;
-                        object.prefix = kept.body;
-                        return object.finish_open();
-                    }
-                    (_, Whole::TooLarge(len)) => return Err(object.too_large(len, cap)),
-                    _ => {}
-                }
-                // Ranges ignored, or an answer such as 416 for an empty object: the HEAD says.
-                let head = object.retrying_stalls(0..0, |_| object.head())?;
-                match head {
-                    Ok(meta) if failure == Failure::RangeIgnored || meta.size == 0 => {
-                        object.version.len = meta.size;
-                        object.etag = meta.e_tag;
-                    }
-                    _ => {
-                        let e = object.error(RemoteErrorKind::Failed, text);
-                        return Err(e.with_range(first));
-                    }
-                }
+            (_, Whole::TooLarge(len)) => return Err(self.too_large(len, cap)),
+            _ => {}
+        }
+        // Ranges ignored, or an answer such as 416 for an empty object: the HEAD says.
+        let head = self.retrying_stalls(0..0, |_| self.head())?;
+        match head {
+            Ok(meta) if failure == Failure::RangeIgnored || meta.size == 0 => {
+                self.version.len = meta.size;
+                self.etag = meta.e_tag;
+                self.finish_open()
+            }
+            _ => {
+                let e = self.error(RemoteErrorKind::Failed, text);
+                Err(e.with_range(first))
             }
         }
-        object.finish_open()
     }
 
     /// The version from the ETag seen, checked against what the hub said.

@@ -33,7 +33,7 @@ use super::watch::Moved;
 
 /// The whole object a server sent for a ranged request, and its ETag.
 #[derive(Debug)]
-pub(crate) struct Kept {
+pub(crate) struct WholeBody {
     pub body: Vec<u8>,
     pub etag: Option<String>,
 }
@@ -44,7 +44,7 @@ pub(crate) enum Whole {
     /// None came (the range was honoured, or the answer failed otherwise).
     None,
     /// Kept.
-    Kept(Kept),
+    Kept(WholeBody),
     /// Refused unread: it stated this many bytes, more than the cap.
     TooLarge(u64),
 }
@@ -150,7 +150,7 @@ impl HttpService for Service {
                 bytes.extend_from_slice(&chunk);
             }
             if bytes.len() == len {
-                let kept = Kept { body: bytes, etag };
+                let kept = WholeBody { body: bytes, etag };
                 let _ = KEEP.try_with(|k| k.borrow_mut().whole = Whole::Kept(kept));
             }
             Ok(HttpResponse::from_parts(parts, Vec::new().into()))

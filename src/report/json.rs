@@ -403,21 +403,9 @@ impl Serialize for Note {
             } => fields!(S; name, kind, uid, this_user),
             Note::MoreForeignNames { count } => fields!(S; count),
             Note::ReadsSet { readers } | Note::ReadsUnmeasured { readers } => fields!(S; readers),
-            Note::ReadsSettled {
-                readers,
-                read_size,
-                tried,
-            }
-            | Note::ReadsAtMost {
-                readers,
-                read_size,
-                tried,
-            }
-            | Note::ReadsUntilEnd {
-                readers,
-                read_size,
-                tried,
-            } => fields!(S; readers, read_size, tried),
+            Note::ReadsSettled { readers, tried }
+            | Note::ReadsAtMost { readers, tried }
+            | Note::ReadsUntilEnd { readers, tried } => fields!(S; readers, tried),
         };
         tagged(serializer, self.as_str(), self.to_string(), data)
     }
@@ -504,8 +492,7 @@ mod tests {
             }),
             serde_json::to_value(Note::ReadsSettled {
                 readers: 8,
-                read_size: None,
-                tried: vec![(4, None, 0.3)],
+                tried: vec![(4, 0.3)],
             }),
             serde_json::to_value(Note::PrefetchFromEnvironment {
                 variable: "HF_SHARD_PREFETCH",

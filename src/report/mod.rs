@@ -27,7 +27,7 @@
 //!   ([`Reason::Auto`]), `error` ([`Fallback::MmapRefused`],
 //!   [`DirectIo::Refused`]) or `why` ([`DirectIo::Dropped`]);
 //! - a [`Note`]'s `tried` (how the reads in flight were found) lists
-//!   `[readers, read size or null, GiB/s]` for each count tried.
+//!   `[readers, GiB/s]` for each count tried.
 //!
 //! A complete document: local rank 1 of 3 that took the node copy of one
 //! file from rank 0 and read the other alone, the prefetch asked for by

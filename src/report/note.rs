@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use super::human_bytes;
-use crate::adapt::{Settled, Why};
+use crate::adapt::{SettleReason, Settled};
 use crate::mount::Mount;
 use crate::workers::Started;
 
@@ -194,31 +194,22 @@ pub enum Note {
     ReadsSettled {
         /// Reads in flight at the end.
         readers: usize,
-        /// The size of one read at the end, where it was measured too
-        /// (remote objects).
-        read_size: Option<u64>,
-        /// Each count tried, with its read size where measured, and the
-        /// throughput it gave in GiB/s, in order.
-        tried: Vec<(usize, Option<u64>, f64)>,
+        /// Each count tried, and the throughput it gave in GiB/s, in order.
+        tried: Vec<(usize, f64)>,
     },
-    /// Found by measurement: they reached the most allowed (readers, read
-    /// size or bytes in flight).
+    /// Found by measurement: they reached the most allowed.
     ReadsAtMost {
         /// As in [`ReadsSettled`](Self::ReadsSettled).
         readers: usize,
         /// As in [`ReadsSettled`](Self::ReadsSettled).
-        read_size: Option<u64>,
-        /// As in [`ReadsSettled`](Self::ReadsSettled).
-        tried: Vec<(usize, Option<u64>, f64)>,
+        tried: Vec<(usize, f64)>,
     },
     /// Found by measurement: the load ended while throughput still rose.
     ReadsUntilEnd {
         /// As in [`ReadsSettled`](Self::ReadsSettled).
         readers: usize,
         /// As in [`ReadsSettled`](Self::ReadsSettled).
-        read_size: Option<u64>,
-        /// As in [`ReadsSettled`](Self::ReadsSettled).
-        tried: Vec<(usize, Option<u64>, f64)>,
+        tried: Vec<(usize, f64)>,
     },
 }
 
@@ -269,30 +260,13 @@ impl Note {
     /// How the read engine's count settled.
     pub(crate) fn reads(settled: &Settled) -> Note {
         let readers = settled.readers;
-        let read_size = settled.size.map(|s| s as u64);
-        let tried: Vec<(usize, Option<u64>, f64)> = settled
-            .steps
-            .iter()
-            .map(|&(n, size, rate)| (n, size.map(|s| s as u64), rate))
-            .collect();
+        let tried = settled.steps.clone();
         match settled.why {
-            Why::Pinned => Note::ReadsSet { readers },
+            SettleReason::Pinned => Note::ReadsSet { readers },
             _ if tried.is_empty() => Note::ReadsUnmeasured { readers },
-            Why::NoGain => Note::ReadsSettled {
-                readers,
-                read_size,
-                tried,
-            },
-            Why::Max => Note::ReadsAtMost {
-                readers,
-                read_size,
-                tried,
-            },
-            Why::Ended => Note::ReadsUntilEnd {
-                readers,
-                read_size,
-                tried,
-            },
+            SettleReason::NoGain => Note::ReadsSettled { readers, tried },
+            SettleReason::Max => Note::ReadsAtMost { readers, tried },
+            SettleReason::Ended => Note::ReadsUntilEnd { readers, tried },
         }
     }
 }
@@ -309,6 +283,42 @@ fn place(mount: &Mount) -> String {
 
 impl fmt::Display for Note {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Note::ThreadsRefused { .. }
+            | Note::RangesIgnored { .. }
+            | Note::ReadOncePerCluster { .. }
+            | Note::NodesReadAlone { .. } => self.fmt_load(f),
+            Note::PrefetchRequested { .. }
+            | Note::PrefetchFromEnvironment { .. }
+            | Note::PrefetchOff
+            | Note::PrefetchAuto { .. }
+            | Note::PrefetchAutoResident { .. }
+            | Note::PrefetchAutoDoesNotFit { .. } => self.fmt_prefetch(f),
+            Note::FixedShares | Note::QueueNotShared { .. } | Note::QueueReplaced { .. } => {
+                self.fmt_queue(f)
+            }
+            Note::OfferRefused { .. }
+            | Note::HolderFailed { .. }
+            | Note::NotHandedOut { .. }
+            | Note::FinishedAfterStall { .. }
+            | Note::DeadJobsRemoved { .. }
+            | Note::ForeignName { .. }
+            | Note::MoreForeignNames { .. } => self.fmt_node_copy(f),
+            Note::ReadsSet { .. }
+            | Note::ReadsUnmeasured { .. }
+            | Note::ReadsSettled { .. }
+            | Note::ReadsAtMost { .. }
+            | Note::ReadsUntilEnd { .. } => self.fmt_reads(f),
+        }
+    }
+}
+
+// Each family's words. `fmt` sends each variant to its family; a variant of
+// another family, which it never sends, says its code.
+impl Note {
+    /// The words of a load's notes: threads refused, ranges ignored, the
+    /// cluster's reads.
+    fn fmt_load(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Note::ThreadsRefused {
                 work,
@@ -337,6 +347,14 @@ impl fmt::Display for Note {
                 human_bytes(*total),
             ),
             Note::NodesReadAlone { why } => write!(f, "each node read alone ({why})"),
+            _ => f.write_str(self.as_str()),
+        }
+    }
+
+    /// The words of a prefetch's reason: who asked for it, or what the auto
+    /// policy saw.
+    fn fmt_prefetch(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             Note::PrefetchRequested { streams } => write!(f, "prefetch({streams}) was requested"),
             Note::PrefetchFromEnvironment { variable, streams } => {
                 write!(f, "{variable}={streams} is set")
@@ -361,6 +379,14 @@ impl fmt::Display for Note {
                 "{}, the checkpoint does not fit the memory guard",
                 place(mount)
             ),
+            _ => f.write_str(self.as_str()),
+        }
+    }
+
+    /// The words of a prefetch's queue: fixed shares, or what became of the
+    /// shared queue file.
+    fn fmt_queue(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             Note::FixedShares => f.write_str("shared_queue(false): a fixed share of the bytes"),
             Note::QueueNotShared {
                 path,
@@ -377,6 +403,14 @@ impl fmt::Display for Note {
                 path.display()
             ),
             Note::QueueReplaced { why } => write!(f, "replaced a queue file: {why}"),
+            _ => f.write_str(self.as_str()),
+        }
+    }
+
+    /// The words of a node copy's remarks: its holders, its chunks, and the
+    /// names in its queue directory left alone.
+    fn fmt_node_copy(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             Note::OfferRefused { pid, uid } => write!(
                 f,
                 "refused the copy offered by pid {pid}: it runs as uid {uid}, not this user's"
@@ -402,59 +436,43 @@ impl fmt::Display for Note {
             Note::MoreForeignNames { count } => {
                 write!(f, "ignored {count} more such name(s)")
             }
+            _ => f.write_str(self.as_str()),
+        }
+    }
+
+    /// The words of how the reads in flight were found: set, or measured.
+    fn fmt_reads(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             Note::ReadsSet { readers } => write!(f, "{readers} read(s) in flight, as set"),
             Note::ReadsUnmeasured { readers } => write!(
                 f,
                 "{readers} read(s) in flight (too short a load to measure)"
             ),
-            Note::ReadsSettled {
-                readers,
-                read_size,
-                tried,
-            } => measured(
-                f,
-                (*readers, *read_size, tried),
-                "doubling gained under 15 %",
-            ),
-            Note::ReadsAtMost {
-                readers,
-                read_size,
-                tried,
-            } => measured(f, (*readers, *read_size, tried), "the most allowed"),
-            Note::ReadsUntilEnd {
-                readers,
-                read_size,
-                tried,
-            } => measured(f, (*readers, *read_size, tried), "the load ended"),
+            Note::ReadsSettled { readers, tried } => {
+                measured(f, *readers, tried, "doubling gained under 15 %")
+            }
+            Note::ReadsAtMost { readers, tried } => {
+                measured(f, *readers, tried, "the most allowed")
+            }
+            Note::ReadsUntilEnd { readers, tried } => {
+                measured(f, *readers, tried, "the load ended")
+            }
+            _ => f.write_str(self.as_str()),
         }
     }
 }
 
-/// One count tried: readers, the read size where it was measured, GiB/s.
-type Tried = (usize, Option<u64>, f64);
-
-/// `4 read(s) of 16 MiB in flight, found by measurement (4 x 16 MiB: 1.02
-/// GiB/s, ...; why)`.
+/// `4 read(s) in flight, found by measurement (4: 1.02 GiB/s, ...; why)`.
 fn measured(
     f: &mut fmt::Formatter<'_>,
-    (readers, size, tried): (usize, Option<u64>, &[Tried]),
+    readers: usize,
+    tried: &[(usize, f64)],
     why: &str,
 ) -> fmt::Result {
-    let mib = |size: u64| size >> 20;
-    match size {
-        Some(size) => write!(
-            f,
-            "{readers} read(s) of {} MiB in flight, found by measurement (",
-            mib(size)
-        )?,
-        None => write!(f, "{readers} read(s) in flight, found by measurement (")?,
-    }
-    for (i, (n, size, rate)) in tried.iter().enumerate() {
+    write!(f, "{readers} read(s) in flight, found by measurement (")?;
+    for (i, (n, rate)) in tried.iter().enumerate() {
         let sep = if i > 0 { ", " } else { "" };
-        match size {
-            Some(size) => write!(f, "{sep}{n} x {} MiB: {rate:.2} GiB/s", mib(*size))?,
-            None => write!(f, "{sep}{n}: {rate:.2} GiB/s")?,
-        }
+        write!(f, "{sep}{n}: {rate:.2} GiB/s")?;
     }
     write!(f, "; {why})")
 }
@@ -465,38 +483,77 @@ mod tests {
 
     #[test]
     fn the_reads_in_flight_said_as_before() {
-        let settled = |why, steps: Vec<(usize, Option<usize>, f64)>| Settled {
+        let settled = |why, steps: Vec<(usize, f64)>| Settled {
             readers: 8,
-            size: Some(16 << 20),
             steps,
             why,
         };
-        let note = Note::reads(&settled(Why::NoGain, vec![(4, Some(16 << 20), 1.0)]));
+        let note = Note::reads(&settled(SettleReason::NoGain, vec![(4, 1.0)]));
         assert_eq!(note.as_str(), "reads_settled");
         assert_eq!(
             note.to_string(),
-            "8 read(s) of 16 MiB in flight, found by measurement (4 x 16 MiB: 1.00 GiB/s; \
-             doubling gained under 15 %)"
+            "8 read(s) in flight, found by measurement (4: 1.00 GiB/s; doubling gained under 15 %)"
         );
-        let note = Note::reads(&settled(Why::Max, vec![(4, None, 2.0), (8, None, 3.0)]));
+        let note = Note::reads(&settled(SettleReason::Max, vec![(4, 2.0), (8, 3.0)]));
         assert!(matches!(&note, Note::ReadsAtMost { tried, .. } if tried.len() == 2));
         assert!(
             note.to_string()
                 .ends_with("8: 3.00 GiB/s; the most allowed)")
         );
-        let note = Note::reads(&settled(Why::Ended, Vec::new()));
+        let note = Note::reads(&settled(SettleReason::Ended, Vec::new()));
         assert_eq!(note, Note::ReadsUnmeasured { readers: 8 });
         assert!(note.to_string().contains("too short"), "{note}");
-        let note = Note::reads(&settled(Why::Max, vec![(32, Some(32 << 20), 1.5)]));
-        assert!(
-            note.to_string()
-                .starts_with("8 read(s) of 16 MiB in flight"),
-            "{note}"
-        );
         assert_eq!(
-            Note::reads(&settled(Why::Pinned, Vec::new())).to_string(),
+            Note::reads(&settled(SettleReason::Pinned, Vec::new())).to_string(),
             "8 read(s) in flight, as set"
         );
+    }
+
+    /// `fmt` sends every variant to the family that has its words: none
+    /// says only its code.
+    #[test]
+    #[rustfmt::skip] // One variant a line, as a table.
+    fn every_variant_has_words_of_its_own() {
+        let mount = || Mount {
+            source: "hf-mount".into(),
+            mount_point: "/mnt/hub".into(),
+            fs_type: "fuse".into(),
+            kind: crate::mount::MountKind::HfMount,
+            detected_by: crate::mount::Detection::Device,
+        };
+        let why = || String::from("why");
+        let tried = || vec![(1, 1.0)];
+        let notes = [
+            Note::ThreadsRefused { work: "reading", started: 1, requested: 2, error: why() },
+            Note::RangesIgnored { files: 2 },
+            Note::ReadOncePerCluster { node: 0, nodes: 2, read: 1, total: 2 },
+            Note::NodesReadAlone { why: why() },
+            Note::PrefetchRequested { streams: 1 },
+            Note::PrefetchFromEnvironment { variable: "SAFELOAD_PREFETCH", streams: 1 },
+            Note::PrefetchOff,
+            Note::PrefetchAuto { mount: mount(), needed: 1, total: 2 },
+            Note::PrefetchAutoResident { mount: mount() },
+            Note::PrefetchAutoDoesNotFit { mount: mount() },
+            Note::FixedShares,
+            Note::QueueNotShared { path: "/tmp/q".into(), why: why(), node_copy: false },
+            Note::QueueNotShared { path: "/tmp/q".into(), why: why(), node_copy: true },
+            Note::QueueReplaced { why: "stale" },
+            Note::OfferRefused { pid: 1, uid: 2 },
+            Note::HolderFailed { pid: 1, why: why() },
+            Note::NotHandedOut { why: why() },
+            Note::FinishedAfterStall { chunks: 1 },
+            Note::DeadJobsRemoved { files: 1 },
+            Note::ForeignName { name: why(), kind: why(), uid: None, this_user: false },
+            Note::MoreForeignNames { count: 1 },
+            Note::ReadsSet { readers: 1 },
+            Note::ReadsUnmeasured { readers: 1 },
+            Note::ReadsSettled { readers: 1, tried: tried() },
+            Note::ReadsAtMost { readers: 1, tried: tried() },
+            Note::ReadsUntilEnd { readers: 1, tried: tried() },
+        ];
+        for note in &notes {
+            assert_ne!(note.to_string(), note.as_str(), "{note:?}");
+        }
     }
 
     #[test]

@@ -52,22 +52,11 @@ use crate::error::{Error, ErrorKind};
 /// skipping it costs one more request, roughly the storage's fixed latency
 /// per request. Gaps under latency times bandwidth are cheaper read.
 ///
-/// NOTE: derived from the FUSE measurements in `src/policy/file.rs`
-/// (BENCHMARKS.md, a mount answering each read after 2 ms, 1 MiB direct
-/// requests), not yet measured with slices. One request at a time, 0.62 GiB
-/// took 2.24 s: 3.5 ms per MiB, of which 2 ms is latency, so ~0.65 GiB/s
-/// beyond it and a break-even gap of ~1.3 MiB. With 12 requests in flight
-/// (2.2 GiB in 3.04 s, ~0.72 GiB/s), one more request costs ~2 ms / 12 of the
-/// load's time, the transfer of ~124 KiB. A local NVMe disk (tens of µs per
-/// request at ~3 GiB/s) breaks even near 100 KiB, but local files are mapped
-/// and slices copied from the map, so this constant matters less there. A
-/// fixed gap `G` costs at worst `max(G / low, high / G)` times the best
-/// choice for a storage whose break-even lies between `low` and `high`; for
-/// 124 KiB to 1.3 MiB that is smallest at their geometric mean, ~410 KiB.
-/// Hence 512 KiB: at worst 4.1x the best when reads are concurrent, 2.6x when
-/// serialized (256 KiB: 2.1x and 5.2x; 1 MiB: 8.3x and 1.3x). A merged read
-/// holds at most this many dropped bytes per gap, and never more than the
-/// rows it covers.
+/// NOTE: 512 KiB lies near the geometric mean of the break-even gaps
+/// derived from the FUSE measurements (reads in flight and one at a time),
+/// where a fixed gap's worst case against the best choice is smallest
+/// (BENCHMARKS.md, "slice/mod.rs: MERGE_GAP"). A merged read holds at most this many dropped
+/// bytes per gap, and never more than the rows it covers.
 pub(crate) const MERGE_GAP: usize = 512 << 10;
 
 /// The bytes of a tensor (relative to its first byte) that hold a slice, and where each lands in the result.
@@ -234,6 +223,44 @@ fn shard_ranges(
 
 /// The plan behind [`SlicePlan::new`], with its errors as data.
 fn plan(dtype: Dtype, shape: &[usize], ranges: &[Range<usize>]) -> Result<SlicePlan, Invalid> {
+    check_ranges(shape, ranges)?;
+    let elements = checked_size(dtype, shape)?;
+    let result_shape = result_shape(shape, ranges);
+    if result_shape.contains(&0) {
+        return Ok(SlicePlan {
+            shape: result_shape,
+            len: 0,
+            runs: Vec::new(),
+        });
+    }
+    // From here no dimension is empty (a non-empty result needs every range
+    // and every trailing dimension non-empty), so `elements` is the exact
+    // product of the shape and every stride below divides it.
+    let strides = strides(shape).ok_or(Invalid::ElementsOverflow)?;
+    let Some(cut) = innermost_cut(shape, ranges, &strides) else {
+        // Every range whole: the tensor itself.
+        let len = byte_offset(elements, dtype)?;
+        return Ok(SlicePlan {
+            shape: result_shape,
+            len,
+            runs: vec![Run {
+                src: 0,
+                dst: 0,
+                len,
+            }],
+        });
+    };
+    let runs = strided_runs(dtype, ranges, &strides, &cut)?;
+    Ok(SlicePlan {
+        shape: result_shape,
+        len: runs.len,
+        runs: runs.runs,
+    })
+}
+
+/// Refuses more ranges than dimensions, and a range that ends before it
+/// starts or past its dimension.
+fn check_ranges(shape: &[usize], ranges: &[Range<usize>]) -> Result<(), Invalid> {
     if ranges.len() > shape.len() {
         return Err(Invalid::TooManyRanges {
             ranges: ranges.len(),
@@ -255,6 +282,11 @@ fn plan(dtype: Dtype, shape: &[usize], ranges: &[Range<usize>]) -> Result<SliceP
             });
         }
     }
+    Ok(())
+}
+
+/// Checks that the tensor's own size fits, and returns its element count.
+fn checked_size(dtype: Dtype, shape: &[usize]) -> Result<usize, Invalid> {
     let bits = dtype.bitsize();
     // The tensor's own size, in elements and in bytes (a packed tail
     // rounded up), must fit before any offset into it is computed; then no
@@ -264,55 +296,73 @@ fn plan(dtype: Dtype, shape: &[usize], ranges: &[Range<usize>]) -> Result<SliceP
     let _tensor_len = whole_bytes
         .checked_add(usize::from(rest_bits != 0))
         .ok_or(Invalid::BytesOverflow)?;
+    Ok(elements)
+}
 
-    let result_shape: Vec<usize> = ranges
+/// The result's shape: the ranges' lengths, then the whole trailing dimensions.
+fn result_shape(shape: &[usize], ranges: &[Range<usize>]) -> Vec<usize> {
+    ranges
         .iter()
         .map(ExactSizeIterator::len)
         .chain(shape.iter().skip(ranges.len()).copied())
-        .collect();
-    if result_shape.contains(&0) {
-        return Ok(SlicePlan {
-            shape: result_shape,
-            len: 0,
-            runs: Vec::new(),
-        });
-    }
-    // From here no dimension is empty (a non-empty result needs every range
-    // and every trailing dimension non-empty), so `elements` is the exact
-    // product of the shape and every stride below divides it.
-    let strides = strides(shape).ok_or(Invalid::ElementsOverflow)?;
-    let at_byte = |element: usize| byte_offset(element, dtype);
+        .collect()
+}
 
+/// The last sliced dimension not taken whole, where a slice's runs are cut.
+struct Cut<'r> {
+    /// Its index.
+    dim: usize,
+    /// Its range.
+    range: &'r Range<usize>,
+    /// Its stride, in elements.
+    stride: usize,
+}
+
+/// Finds where a slice's runs are cut; `None` when every range is whole.
+fn innermost_cut<'r>(
+    shape: &[usize],
+    ranges: &'r [Range<usize>],
+    strides: &[usize],
+) -> Option<Cut<'r>> {
     // The last sliced dimension not taken whole: below it runs are contiguous.
     let innermost = ranges
         .iter()
-        .zip(&strides)
+        .zip(strides)
         .enumerate()
         .zip(shape)
         .rev()
         .find(|((_, (range, _)), len)| range.start != 0 || range.end != **len);
-    let Some(((innermost, (inner, &inner_stride)), _)) = innermost else {
-        // Every range whole: the tensor itself.
-        let len = at_byte(elements)?;
-        return Ok(SlicePlan {
-            shape: result_shape,
-            len,
-            runs: vec![Run {
-                src: 0,
-                dst: 0,
-                len,
-            }],
-        });
-    };
-    let outer = ranges.iter().take(innermost);
+    innermost.map(|((dim, (range, &stride)), _)| Cut { dim, range, stride })
+}
 
-    let block = inner
+/// A slice's runs and the result's length in bytes.
+struct Runs {
+    /// The runs, in increasing order of source and destination.
+    runs: Vec<Run>,
+    /// The result's length in bytes: where the last run ends in it.
+    len: usize,
+}
+
+/// Lays out the runs of a slice cut at `cut`: one block of the cut
+/// dimension's range per index of the dimensions before it.
+fn strided_runs(
+    dtype: Dtype,
+    ranges: &[Range<usize>],
+    strides: &[usize],
+    cut: &Cut<'_>,
+) -> Result<Runs, Invalid> {
+    let at_byte = |element: usize| byte_offset(element, dtype);
+    let outer = ranges.iter().take(cut.dim);
+
+    let block = cut
+        .range
         .len()
-        .checked_mul(inner_stride)
+        .checked_mul(cut.stride)
         .ok_or(Invalid::ElementsOverflow)?;
-    let inner_start = inner
+    let inner_start = cut
+        .range
         .start
-        .checked_mul(inner_stride)
+        .checked_mul(cut.stride)
         .ok_or(Invalid::ElementsOverflow)?;
     let run_count = outer
         .clone()
@@ -328,7 +378,7 @@ fn plan(dtype: Dtype, shape: &[usize], ranges: &[Range<usize>]) -> Result<SliceP
     for _ in 0..run_count {
         let start = index
             .iter()
-            .zip(&strides)
+            .zip(strides)
             .try_fold(inner_start, |offset, (&i, &stride)| {
                 offset.checked_add(i.checked_mul(stride)?)
             })
@@ -339,19 +389,24 @@ fn plan(dtype: Dtype, shape: &[usize], ranges: &[Range<usize>]) -> Result<SliceP
         runs.push(Run { src, dst, len });
         // The result is no larger than the tensor, whose size fits.
         dst = dst.checked_add(len).ok_or(Invalid::BytesOverflow)?;
-        for (i, range) in index.iter_mut().zip(outer.clone()).rev() {
-            *i = i.saturating_add(1);
-            if *i < range.end {
-                break;
-            }
-            *i = range.start;
-        }
+        advance(&mut index, outer.clone());
     }
-    Ok(SlicePlan {
-        shape: result_shape,
-        len: dst,
-        runs,
-    })
+    Ok(Runs { runs, len: dst })
+}
+
+/// Turns the odometer `index` over the `outer` ranges one step: its last
+/// digit first, each digit that passes its range's end back to its start.
+fn advance<'r, I>(index: &mut [usize], outer: I)
+where
+    I: DoubleEndedIterator<Item = &'r Range<usize>> + ExactSizeIterator,
+{
+    for (i, range) in index.iter_mut().zip(outer).rev() {
+        *i = i.saturating_add(1);
+        if *i < range.end {
+            break;
+        }
+        *i = range.start;
+    }
 }
 
 /// The number of elements of `shape`: 0 if any dimension is, else their

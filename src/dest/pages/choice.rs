@@ -29,17 +29,6 @@ impl HugePages {
             HugePages::Off => "off",
         }
     }
-
-    /// The mode a value of `SAFELOAD_HUGE_PAGES` names: `1`/`on`/`true`,
-    /// `0`/`off`/`false`, `auto`; `None` for anything else.
-    pub(crate) fn parse(value: &str) -> Option<HugePages> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "1" | "true" | "yes" | "on" => Some(HugePages::On),
-            "0" | "false" | "no" | "off" => Some(HugePages::Off),
-            "auto" => Some(HugePages::Auto),
-            _ => None,
-        }
-    }
 }
 
 /// Why a load's fresh memory had the page size it had.

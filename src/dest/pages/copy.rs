@@ -3,7 +3,7 @@
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use super::{Cut, HUGE, HugePages, PROBE, PageReason, PageSizes, Size};
+use super::{HUGE, HugePages, PROBE, PageReason, PageSizes, PieceSize, Size};
 use crate::os;
 
 /// A destination prepared for a copy out of the page cache, to be given back
@@ -29,15 +29,10 @@ impl PageSizes {
     /// chosen by on this path.
     ///
     /// NOTE: the copy's own faults are what a size costs here, not a
-    /// populate's. On the development VM (2026-12-03, warm loads of 2.2 GiB
-    /// in 8 MiB pieces, 9 rounds interleaved) sizes chosen by probes of
-    /// `MADV_POPULATE_WRITE` (base pages 3.4-4.1 GiB/s against huge pages'
-    /// 0.36-0.46 once the host backed them again) made the slow loads
-    /// 1.09-1.33 s on base pages, where the same loads kept on huge pages
-    /// took 0.50-0.87 s: a copy takes a fault per base page (an exception
-    /// each), a populate faults them in a loop in the kernel. Earlier (the
-    /// same loads, 2026-12-02) each destination faulted in first took
-    /// 0.37-1.49 s against 0.29-0.31 s for the copy's own faults.
+    /// populate's: a copy takes a fault per base page (an exception each), a
+    /// populate faults them in a loop in the kernel, and sizes chosen by
+    /// populates slowed the copies (BENCHMARKS.md, "dest/pages/copy.rs:
+    /// PageSizes::prepare").
     ///
     /// A destination whose copy will not be timed (`timed` false: a
     /// conversion writes it) gets the size in use and is never a probe.
@@ -70,7 +65,7 @@ impl PageSizes {
     /// other probe is being copied into.
     pub(super) fn choose(&self, addr: usize, len: usize) -> Prepared {
         // `cut` probes under `HugePages::Auto` only.
-        let Cut { size, probe } = self.cut(addr, len, false);
+        let PieceSize { size, probe } = self.cut(addr, len, false);
         let probe = probe.is_some();
         if probe {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);

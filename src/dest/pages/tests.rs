@@ -21,22 +21,6 @@ fn the_selected_setting_is_the_one_in_brackets() {
 }
 
 #[test]
-fn the_mode_from_its_words() {
-    for (text, mode) in [
-        ("1", Some(HugePages::On)),
-        (" ON ", Some(HugePages::On)),
-        ("true", Some(HugePages::On)),
-        ("0", Some(HugePages::Off)),
-        ("off", Some(HugePages::Off)),
-        ("Auto", Some(HugePages::Auto)),
-        ("2", None),
-        ("", None),
-    ] {
-        assert_eq!(HugePages::parse(text), mode, "{text:?}");
-    }
-}
-
-#[test]
 fn who_chose_and_what_the_host_offers() {
     use HostHugePages::{Absent, Offered};
     let table = [
@@ -85,7 +69,7 @@ fn drive_for(
         .map(|i| {
             // Destinations one after another, the first on a huge page.
             let addr = (64 << 30) + i * len;
-            let Cut { size, probe } = pages.cut(addr, len, disk);
+            let PieceSize { size, probe } = pages.cut(addr, len, disk);
             let nanos = |bytes: usize, size: Size| {
                 Some(Duration::from_nanos((cost(i, size) * bytes as f64) as u64))
             };
@@ -116,9 +100,9 @@ const MIB8: usize = 8 << 20;
 #[test]
 fn huge_pages_where_they_are_cheaper_and_base_pages_where_they_are_not() {
     use Size::{Base, Huge};
-    // Measured on the development VM, nanoseconds per byte: base pages
-    // 0.36; huge pages 0.08 where free ones were at hand, 2.2 where the
-    // host backed them again.
+    // Measured costs in nanoseconds per byte, huge pages at hand or backed
+    // again by the host (BENCHMARKS.md, "dest/pages/tests.rs: the measured
+    // costs").
     let fast = |_, size| if size == Huge { 0.08 } else { 0.36 };
     let slow = |_, size| if size == Huge { 2.2 } else { 0.36 };
     let pages = measuring();

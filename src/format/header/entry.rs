@@ -29,87 +29,92 @@ pub(super) struct Entry {
 /// in order, which the reference's derived `TensorInfo` accepts too.
 impl<'de> Deserialize<'de> for Entry {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        /// The fields by name; any other is skipped.
-        enum Field {
-            Dtype,
-            Shape,
-            DataOffsets,
-            Unknown,
-        }
-        impl<'de> Deserialize<'de> for Field {
-            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                struct Name;
-                impl Visitor<'_> for Name {
-                    type Value = Field;
-                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                        f.write_str("a field name")
-                    }
-                    fn visit_str<E: de::Error>(self, name: &str) -> Result<Field, E> {
-                        Ok(match name {
-                            "dtype" => Field::Dtype,
-                            "shape" => Field::Shape,
-                            "data_offsets" => Field::DataOffsets,
-                            _ => Field::Unknown,
-                        })
-                    }
-                }
-                deserializer.deserialize_identifier(Name)
-            }
-        }
-        /// A field's value, refused if the field was already given.
-        fn once<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
-            map: &mut A,
-            slot: &mut Option<T>,
-            name: &'static str,
-        ) -> Result<(), A::Error> {
-            if slot.is_some() {
-                return Err(de::Error::duplicate_field(name));
-            }
-            *slot = Some(map.next_value()?);
-            Ok(())
-        }
-
-        struct EntryVisitor;
-        impl<'de> Visitor<'de> for EntryVisitor {
-            type Value = Entry;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("struct Entry")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entry, A::Error> {
-                let (mut dtype, mut shape, mut data_offsets) = (None, None, None);
-                while let Some(field) = map.next_key()? {
-                    match field {
-                        Field::Dtype => once(&mut map, &mut dtype, "dtype")?,
-                        Field::Shape => once(&mut map, &mut shape, "shape")?,
-                        Field::DataOffsets => once(&mut map, &mut data_offsets, "data_offsets")?,
-                        Field::Unknown => {
-                            map.next_value::<Skip>()?;
-                        }
-                    }
-                }
-                let DtypeName(dtype) = dtype.ok_or_else(|| de::Error::missing_field("dtype"))?;
-                let shape = shape.ok_or_else(|| de::Error::missing_field("shape"))?;
-                let Offsets(data_offsets) =
-                    data_offsets.ok_or_else(|| de::Error::missing_field("data_offsets"))?;
-                Ok(Entry {
-                    dtype,
-                    shape,
-                    data_offsets,
-                })
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Entry, A::Error> {
-                let short = |read| de::Error::invalid_length(read, &"struct Entry with 3 elements");
-                let DtypeName(dtype) = seq.next_element()?.ok_or_else(|| short(0))?;
-                let shape = seq.next_element()?.ok_or_else(|| short(1))?;
-                let Offsets(data_offsets) = seq.next_element()?.ok_or_else(|| short(2))?;
-                Ok(Entry {
-                    dtype,
-                    shape,
-                    data_offsets,
-                })
-            }
-        }
         deserializer.deserialize_struct("Entry", &["dtype", "shape", "data_offsets"], EntryVisitor)
+    }
+}
+
+/// The fields by name; any other is skipped.
+enum Field {
+    Dtype,
+    Shape,
+    DataOffsets,
+    Unknown,
+}
+
+impl<'de> Deserialize<'de> for Field {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl Visitor<'_> for Name {
+            type Value = Field;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<Field, E> {
+                Ok(match name {
+                    "dtype" => Field::Dtype,
+                    "shape" => Field::Shape,
+                    "data_offsets" => Field::DataOffsets,
+                    _ => Field::Unknown,
+                })
+            }
+        }
+        deserializer.deserialize_identifier(Name)
+    }
+}
+
+/// A field's value, refused if the field was already given.
+fn once<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
+    map: &mut A,
+    slot: &mut Option<T>,
+    name: &'static str,
+) -> Result<(), A::Error> {
+    if slot.is_some() {
+        return Err(de::Error::duplicate_field(name));
+    }
+    *slot = Some(map.next_value()?);
+    Ok(())
+}
+
+/// Reads an [`Entry`] from an object of its fields or an array of them.
+struct EntryVisitor;
+
+impl<'de> Visitor<'de> for EntryVisitor {
+    type Value = Entry;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("struct Entry")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entry, A::Error> {
+        let (mut dtype, mut shape, mut data_offsets) = (None, None, None);
+        while let Some(field) = map.next_key()? {
+            match field {
+                Field::Dtype => once(&mut map, &mut dtype, "dtype")?,
+                Field::Shape => once(&mut map, &mut shape, "shape")?,
+                Field::DataOffsets => once(&mut map, &mut data_offsets, "data_offsets")?,
+                Field::Unknown => {
+                    map.next_value::<Skip>()?;
+                }
+            }
+        }
+        let DtypeName(dtype) = dtype.ok_or_else(|| de::Error::missing_field("dtype"))?;
+        let shape = shape.ok_or_else(|| de::Error::missing_field("shape"))?;
+        let Offsets(data_offsets) =
+            data_offsets.ok_or_else(|| de::Error::missing_field("data_offsets"))?;
+        Ok(Entry {
+            dtype,
+            shape,
+            data_offsets,
+        })
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Entry, A::Error> {
+        let short = |read| de::Error::invalid_length(read, &"struct Entry with 3 elements");
+        let DtypeName(dtype) = seq.next_element()?.ok_or_else(|| short(0))?;
+        let shape = seq.next_element()?.ok_or_else(|| short(1))?;
+        let Offsets(data_offsets) = seq.next_element()?.ok_or_else(|| short(2))?;
+        Ok(Entry {
+            dtype,
+            shape,
+            data_offsets,
+        })
     }
 }
 
@@ -174,13 +179,11 @@ impl<'de> Deserialize<'de> for Offsets {
 /// recursion is bounded by that limit: a nest a million deep is refused at
 /// its 128th level, not by a stack overflow.
 ///
-/// NOTE: [`de::IgnoredAny`], used here until 2026-12-01 (a derived
-/// `Deserialize` skips unknown fields with it), checks none of the three:
-/// serde_json skips it with a loop over a stack of its own, so that a
-/// 100,000-deep nest in an unknown field of an entry was accepted, as were
-/// `"\ud800"` and `1e400`, all three refused by the reference. A depth
-/// counter of this crate's own was rejected: serde_json's own count is the
-/// reference's by construction, and already bounds every other value here.
+/// NOTE: [`de::IgnoredAny`], used here before (a derived `Deserialize`
+/// skips unknown fields with it), checks none of the three: serde_json skips
+/// it with a stack of its own, so a 100,000-deep nest, `"\ud800"` and `1e400`
+/// in an unknown field were accepted (CHANGELOG.md). A depth counter of our
+/// own was rejected: serde_json's count is the reference's by construction.
 pub(super) struct Skip;
 
 impl<'de> Deserialize<'de> for Skip {

@@ -98,14 +98,12 @@ pub(crate) fn header_len(prefix: &[u8], file_len: u64) -> Result<u64, ErrorKind>
 /// arithmetic), no name twice, nothing after the last tensor.
 ///
 /// NOTE: the entries are read with the crate's own `Dtype` deserializer,
-/// but not through its `Metadata`, whose deserializer goes
-/// through serde's `flatten`: that buffers the whole header into a
-/// generic tree before building a hash map from it. On a 1.35 M-tensor,
-/// 94 MB header that cost more time and memory than the rest of the load
-/// (BENCHMARKS.md, "Big headers"); one pass into a vector, one sort by
-/// offset and a set of names for duplicates does the same checks. The
-/// property tests, the fuzz target and `seed_corpus_verdicts_are_the_references`
-/// hold the two parsers to the same verdict on damaged files.
+/// but not through its `Metadata`, whose serde `flatten` buffers the whole
+/// header into a generic tree: on a big header that cost more than the rest
+/// of the load (BENCHMARKS.md, "Big headers"). One pass into a vector, one
+/// sort by offset and a set of names does the same checks; the property
+/// tests, the fuzz target and `seed_corpus_verdicts_are_the_references` hold
+/// the two parsers to the same verdict on damaged files.
 ///
 /// JSON nested deeper than [`MAX_NESTING`] levels is refused, as the
 /// reference refuses it.

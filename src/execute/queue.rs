@@ -1,0 +1,359 @@
+//! The read engine of a load: every filling file's reads, conversions and populates put in one job queue (`jobs/`), from each file's source into its destinations, hashed as they land where verified.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::adapt::{Concurrency, Settled};
+use crate::dest::pages::PageSizes;
+use crate::error::Operation;
+use crate::error::{Error, ErrorKind, Result};
+use crate::file::life::{Destination, Filling, Parts};
+use crate::file::{read_error, since};
+use crate::jobs::{
+    Conversion, ConvertFrom, ConvertSource, Job, JobError, MappedFile, ReadFrom, Tagged, run,
+    split_convert, split_populate, split_read,
+};
+use crate::os::DIRECT_ALIGN;
+use crate::plan::cluster::Piece;
+use crate::progress::{Callback, Meter, Phase};
+use crate::report::Note;
+use crate::source::Source;
+use crate::storage::{Segment, Storage};
+use crate::verify::{Digest256, StreamHasher};
+use crate::workers;
+
+/// How the read engine runs a load's jobs.
+#[derive(Clone, Copy)]
+pub(crate) struct ReadOptions<'a> {
+    /// Reads in flight, where they start and how far they may grow.
+    pub concurrency: Concurrency,
+    /// The size jobs are cut to.
+    pub read_size: usize,
+    /// Populate mapped files (`Loader::populate`).
+    pub populate: bool,
+    /// Hash each file read whole as its bytes land (`Loader::verify`).
+    pub verify: bool,
+    /// The load's start, for each file's finishing time.
+    pub clock: Instant,
+    pub progress: Option<&'a Callback>,
+    /// A load split between the nodes of a job: the pieces, and this node's
+    /// index (its pieces are the ones read here).
+    pub share: Option<(&'a [Piece], usize)>,
+    /// The page sizes every destination is faulted in with.
+    pub pages: &'a PageSizes,
+}
+
+/// Reads every buffered file, and populates mapped ones when asked, through
+/// one queue of jobs. With `verify`, a file read whole is hashed as its
+/// chunks land (its digest left in the file's state). Returns, for the
+/// report, how many reads the load kept in flight and why, and where the OS
+/// refused some reader threads, how many ran. Sealing is the caller's next
+/// step ([`Filling::seal`]). Every destination is faulted in through
+/// `pages`, which measures what each page size costs where it may choose.
+///
+/// With `share` (a load split between the nodes of a job, `exchange.rs`),
+/// a buffered file's reads are only the pieces this node owns; the rest
+/// arrive from the other nodes afterwards.
+pub(crate) fn read_all(
+    opened: &mut [Filling<'_>],
+    options: &ReadOptions<'_>,
+) -> Result<(Option<Settled>, Option<Note>)> {
+    let prefixes = read_prefixes(opened, options.verify)?;
+    let lens: Vec<u64> = opened
+        .iter()
+        .map(|s| s.file().header().file_len())
+        .collect();
+    let sources: Vec<&dyn Source> = opened.iter().map(|s| s.file().source()).collect();
+    let hashers: Vec<Option<StreamHasher<'_>>> = prefixes
+        .iter()
+        .map(|p| p.as_deref().map(StreamHasher::new))
+        .collect();
+    let mut queued = Queued::default();
+    for (file_index, shard) in opened.iter_mut().enumerate() {
+        let hashed = matches!(prefixes.get(file_index), Some(Some(_)));
+        queued.file(file_index, shard.parts(), hashed, options);
+    }
+    if queued.jobs.is_empty() {
+        return Ok((None, None));
+    }
+    let (result, started, io) = queued.run(&hashers, options);
+    let digests: Vec<Option<Digest256>> = hashers
+        .into_iter()
+        .zip(&lens)
+        .map(|(h, &len)| h.and_then(|h| h.finish(len)))
+        .collect();
+    for (shard, digest) in opened.iter_mut().zip(digests) {
+        if let Some(digest) = digest {
+            shard.set_sha256(digest);
+        }
+    }
+    if let Err(failure) = result {
+        return Err(match sources.get(failure.file_index) {
+            Some(&source) => read_error(
+                failure.operation,
+                source,
+                source.len(),
+                failure.offset,
+                failure.error,
+            ),
+            None => Error::without_path(ErrorKind::Io {
+                operation: failure.operation,
+                offset: Some(failure.offset),
+            }),
+        });
+    }
+    Ok((Some(io), Note::threads("reading", &started)))
+}
+
+/// For each file, with `verify`, the bytes before its buffer's image (the
+/// header), read to be hashed first where the buffer holds the rest of the
+/// file; `None` for the others.
+fn read_prefixes(opened: &mut [Filling<'_>], verify: bool) -> Result<Vec<Option<Vec<u8>>>> {
+    let mut prefixes = Vec::with_capacity(opened.len());
+    for shard in opened.iter_mut() {
+        let parts = shard.parts();
+        let base = match &*parts.destination {
+            Destination::Buffer { layout, .. } if verify && layout.image => {
+                layout.segments.first().map(|s| s.src)
+            }
+            _ => None,
+        };
+        let Some(base) = base else {
+            prefixes.push(None);
+            continue;
+        };
+        let mut prefix = vec![0u8; usize::try_from(base).unwrap_or(0)];
+        let want = prefix.len();
+        parts
+            .source
+            .read_at(&mut prefix, want, 0)
+            .map_err(|(at, e)| {
+                read_error(Operation::Read, parts.source, parts.source.len(), at, e)
+            })?;
+        prefixes.push(Some(prefix));
+    }
+    Ok(prefixes)
+}
+
+/// A load's jobs, and per file what the run updates as they complete.
+#[derive(Default)]
+struct Queued<'a> {
+    jobs: Vec<Tagged<'a>>,
+    finished: Vec<&'a AtomicU64>,
+    overflowed: Vec<&'a AtomicU64>,
+}
+
+impl<'a> Queued<'a> {
+    /// Queues the jobs of file `file_index`: its conversions, its populates
+    /// where it is mapped, its reads where it is buffered (`hashed`: handed
+    /// to its hasher as they land).
+    fn file(
+        &mut self,
+        file_index: usize,
+        parts: Parts<'a>,
+        hashed: bool,
+        options: &ReadOptions<'_>,
+    ) {
+        let Parts {
+            source,
+            header,
+            destination,
+            direct,
+            convert,
+            file,
+            finished_at,
+            overflowed,
+            populated,
+        } = parts;
+        self.finished.push(finished_at);
+        self.overflowed.push(overflowed);
+        let chunk = options.read_size;
+        // The converted tensors: from the map where the file is mapped,
+        // else read by the readers (plain reads: the runs are not blocks).
+        // Every buffer asked for the page size in use, once (`PageSizes::register`).
+        let conversion = convert.map(|(part, dst)| {
+            options.pages.register(dst);
+            let conversion = Conversion {
+                header,
+                placements: part.placements.as_slice(),
+                to: part.to,
+            };
+            (conversion, dst)
+        });
+        let (buffer, layout) = match destination {
+            Destination::Buffer { buffer, layout } => (buffer, layout),
+            Destination::Map(storage) => {
+                let storage: &Storage = storage;
+                if let Some((plan, dst)) = conversion {
+                    let from = ConvertFrom::Map(storage.bytes());
+                    split_convert(&mut self.jobs, file_index, plan, dst, from, chunk);
+                }
+                *populated = self.populate(file_index, storage, file, options);
+                return;
+            }
+        };
+        if let Some((plan, dst)) = conversion {
+            let from = ConvertFrom::File(source);
+            split_convert(&mut self.jobs, file_index, plan, dst, from, chunk);
+        }
+        // Direct reads need whole blocks: round the chunk down to one.
+        let chunk = if direct {
+            (chunk as u64 - chunk as u64 % DIRECT_ALIGN).max(DIRECT_ALIGN) as usize
+        } else {
+            chunk
+        };
+        options.pages.register(buffer.bytes_mut());
+        let segments = segments_of(&layout.segments, options.share, file_index);
+        let from = ReadFrom {
+            source,
+            direct,
+            hashed,
+        };
+        self.reads(file_index, from, &segments, buffer.bytes_mut(), chunk);
+    }
+
+    /// Queues the reads of `segments` into `buffer`, each cut in jobs of at
+    /// most `chunk` bytes.
+    fn reads(
+        &mut self,
+        file_index: usize,
+        from: ReadFrom<'a>,
+        segments: &[Segment],
+        buffer: &'a mut [u8],
+        chunk: usize,
+    ) {
+        let mut rest = buffer;
+        let mut at = 0u64;
+        for segment in segments {
+            let skip = usize::try_from(segment.dst - at).unwrap_or(usize::MAX);
+            let len = usize::try_from(segment.len).unwrap_or(usize::MAX);
+            let Some((_, tail)) = rest.split_at_mut_checked(skip) else {
+                break;
+            };
+            let Some((dst, tail)) = tail.split_at_mut_checked(len) else {
+                break;
+            };
+            rest = tail;
+            at = segment.dst + segment.len;
+            let required = usize::try_from(segment.required).unwrap_or(len);
+            let jobs = &mut self.jobs;
+            split_read(jobs, file_index, from, segment.src, dst, required, chunk);
+        }
+    }
+
+    /// Queues the populates of a mapped file where the load populates (and
+    /// the map is a file's): whether it did.
+    fn populate(
+        &mut self,
+        file_index: usize,
+        storage: &'a Storage,
+        file: Option<&'a std::fs::File>,
+        options: &ReadOptions<'_>,
+    ) -> bool {
+        let (true, Some(file), Some(map)) = (options.populate, file, storage.file_map()) else {
+            return false;
+        };
+        let mapped = MappedFile { map, file };
+        split_populate(&mut self.jobs, file_index, mapped, options.read_size);
+        true
+    }
+
+    /// Runs the jobs, with progress, each file's finishing time, its
+    /// hasher fed and its overflows counted as they complete.
+    fn run(
+        self,
+        hashers: &[Option<StreamHasher<'a>>],
+        options: &ReadOptions<'_>,
+    ) -> (Result<(), JobError>, workers::Started, Settled) {
+        let Queued {
+            jobs,
+            finished,
+            overflowed,
+        } = self;
+        // Progress: the bytes of every job, and a file done with its last
+        // byte (counted in bytes).
+        let mut left: Vec<AtomicU64> = (0..finished.len()).map(|_| AtomicU64::new(0)).collect();
+        let mut total = 0u64;
+        for job in &jobs {
+            if let Some(n) = left.get_mut(job.file_index) {
+                *n.get_mut() += job.job.bytes();
+            }
+            total += job.job.bytes();
+        }
+        let files_total = left
+            .iter()
+            .filter(|n| n.load(Ordering::Relaxed) > 0)
+            .count();
+        let meter = Meter::new(options.progress, Phase::Read, total, files_total);
+        // Reads that convert from a file hold a scratch buffer each.
+        let converting = jobs.iter().any(|j| {
+            matches!(
+                j.job,
+                Job::Convert {
+                    source: ConvertSource::File { .. },
+                    ..
+                }
+            )
+        });
+        let concurrency = if converting {
+            options.concurrency.converting()
+        } else {
+            options.concurrency
+        };
+        let clock = options.clock;
+        // The closure is written at the call so that its argument has the
+        // jobs' own lifetime: the hashers keep the bytes it hands them.
+        let ran = run(jobs, concurrency, options.pages, &|file_index, outcome| {
+            meter.add(outcome.bytes);
+            if outcome.bytes > 0
+                && left
+                    .get(file_index)
+                    .is_some_and(|n| n.fetch_sub(outcome.bytes, Ordering::AcqRel) == outcome.bytes)
+            {
+                meter.file_done();
+            }
+            if let (Some((offset, bytes)), Some(Some(hasher))) =
+                (outcome.landed, hashers.get(file_index))
+            {
+                hasher.land(offset, bytes);
+            }
+            if outcome.overflowed > 0 {
+                if let Some(counter) = overflowed.get(file_index) {
+                    counter.fetch_add(outcome.overflowed, Ordering::Relaxed);
+                }
+            }
+            if let Some(f) = finished.get(file_index) {
+                f.fetch_max(since(clock), Ordering::Relaxed);
+            }
+        });
+        meter.finish();
+        ran
+    }
+}
+
+/// The segments of a file's buffer this node reads: where the load is
+/// split between nodes, this node's pieces of file `file_index`; else the
+/// layout's.
+fn segments_of<'s>(
+    layout: &'s [Segment],
+    share: Option<(&[Piece], usize)>,
+    file_index: usize,
+) -> std::borrow::Cow<'s, [Segment]> {
+    match share {
+        Some((pieces, me)) => pieces
+            .iter()
+            .filter(|p| p.file == file_index && p.owner == me)
+            .map(|p| Segment {
+                src: p.src,
+                dst: p.dst,
+                len: p.len,
+                required: p.required,
+            })
+            .collect(),
+        None => std::borrow::Cow::Borrowed(layout),
+    }
+}
+
+// NOTE: a separate pass prefaulting fresh buffers before the reads only adds
+// a serial phase; the faulting overlaps the reads instead (the helper of
+// `jobs/mod.rs`; BENCHMARKS.md, "execute/queue.rs: prefaulting").

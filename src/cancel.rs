@@ -6,8 +6,9 @@
 //! reading them, by every reader of the job queue before it takes its next job
 //! (`jobs::run`), and every 20 ms by each remote request in flight, which is then dropped
 //! (`remote/watch.rs`); a cache write publishes nothing once they are set. The threads a
-//! load starts (`workers`) see its flags. A local phase with a loop of its own (prefetch,
-//! the node copy, hashing for `verify`) runs to its end first.
+//! load starts (`workers`) see its flags, and the one read loop (`jobs::drain`) checks them
+//! before every piece, whatever its source (the load's reads, a prefetch's or a node
+//! copy's chunks, the exchange's pieces). Hashing for `verify` runs to its end first.
 
 use std::cell::RefCell;
 use std::fmt;

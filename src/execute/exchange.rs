@@ -11,14 +11,16 @@
 //! the copy the node's other ranks then map.
 
 use std::io;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use crate::adapt::Concurrency;
 use crate::cluster::{Exchange, ExchangeError, ExchangeErrorKind, broadcast_checked};
 use crate::dest::node::CopyFill;
 use crate::error::{Error, Operation, Result};
 use crate::file::life::{Destination, Filling};
 use crate::file::{OpenedFile, read_error, since};
+use crate::jobs::{self, JobSource, Ran};
 use crate::plan::cluster::{self, FileFacts, PIECE, Piece};
 use crate::report::Note;
 use crate::source::VersionTag;
@@ -337,25 +339,14 @@ pub(crate) fn read_copies(
     }
     let files: Vec<&OpenedFile> = copies.iter().map(|(f, _)| *f).collect();
     let _direct = crate::node::direct_reads(&files, opts);
-    // A cancelled load stops before its next read, as the read engine does.
-    let cancel = crate::cancel::current();
-    crate::workers::map(&reads, readers, "safeload-copy", |&(k, offset, len)| {
-        let Some(&(file, writer)) = copies.get(k) else {
-            return Ok(());
-        };
-        if cancel.is_set() {
-            let stopped = crate::cancel::stopped();
-            return Err(Error::io(
-                Operation::Read,
-                file.path(),
-                Some(offset),
-                stopped,
-            ));
-        }
-        writer
-            .read_chunk(file.source(), offset, len)
-            .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))
-    })?;
+    let source = CopyPieces {
+        copies,
+        reads: &reads,
+        cursor: AtomicUsize::new(0),
+    };
+    let concurrency = Concurrency::pinned(readers);
+    let (result, _, _) = jobs::drain(&source, concurrency, reads.len(), "safeload-copy");
+    result?;
     // Tensor data only, as the report's `bytes_read` counts it.
     let mut read = vec![0u64; copies.len()];
     for &(k, offset, len) in &reads {
@@ -364,6 +355,50 @@ pub(crate) fn read_copies(
         }
     }
     Ok(read)
+}
+
+/// This node's reads of the copies (the copy, the offset, the length), as
+/// a source of the read loop, taken in order.
+struct CopyPieces<'c, 'a> {
+    copies: &'c [Copy<'a>],
+    reads: &'c [(usize, u64, u64)],
+    cursor: AtomicUsize,
+}
+
+impl JobSource for CopyPieces<'_, '_> {
+    type Job = usize;
+    type Error = Error;
+
+    fn next(&self, _reader: usize) -> Option<(usize, usize)> {
+        let i = self.cursor.fetch_add(1, Ordering::Relaxed);
+        (i < self.reads.len()).then_some((i, i))
+    }
+
+    fn run(&self, i: usize) -> Result<Ran> {
+        let Some(&(k, offset, len)) = self.reads.get(i) else {
+            return Ok(Ran::default());
+        };
+        let Some(&(file, writer)) = self.copies.get(k) else {
+            return Ok(Ran::default());
+        };
+        writer
+            .read_chunk(file.source(), offset, len)
+            .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))?;
+        Ok(Ran {
+            bytes: len,
+            faulting: std::time::Duration::ZERO,
+        })
+    }
+
+    fn cancelled(&self, i: usize) -> Error {
+        let (k, offset, _) = self.reads.get(i).copied().unwrap_or_default();
+        let path = self.copies.get(k).map(|(f, _)| f.path());
+        let stopped = crate::cancel::stopped();
+        match path {
+            Some(path) => Error::io(Operation::Read, path, Some(offset), stopped),
+            None => Error::without_path(crate::error::ErrorKind::Cancelled),
+        }
+    }
 }
 
 /// The crate's error for a failed exchange: an I/O error of

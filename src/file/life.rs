@@ -16,7 +16,7 @@ use crate::format::header::{Header, TensorEntry};
 use crate::plan::{ConvertPlan, FilePlan, Placement};
 use crate::policy::DirectIo;
 use crate::report::FileReport;
-use crate::source::{LocalFile, Source};
+use crate::source::{DirectGuard, LocalFile, Source};
 use crate::storage::Buffer;
 use crate::storage::{BufferLayout, Storage};
 use crate::tensor::Tensor;
@@ -72,17 +72,6 @@ pub(crate) struct Sealed<'a> {
     overflowed: u64,
     sha256: Option<Digest256>,
     populated: bool,
-}
-
-/// `O_DIRECT` on a descriptor for as long as this lives.
-struct DirectGuard<'a>(Option<&'a LocalFile>);
-
-impl Drop for DirectGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(local) = self.0.take() {
-            let _ = local.set_direct(false);
-        }
-    }
 }
 
 impl<'a> Planned<'a> {
@@ -198,11 +187,11 @@ fn place_map(file: &OpenedFile, copy: Option<Arc<Storage>>) -> Result<Placed> {
 /// Turns `O_DIRECT` on where the plan reads the file into a buffer directly,
 /// noting in the plan's decision why it could not be.
 fn direct_io<'a>(file: &'a OpenedFile, plan: &mut FilePlan) -> DirectGuard<'a> {
-    let mut direct = DirectGuard(None);
+    let mut direct = DirectGuard::default();
     if let Placement::Buffer { direct: true, .. } = plan.placement {
-        match file.local().map(|local| (local, local.set_direct(true))) {
-            Some((local, Ok(()))) => direct = DirectGuard(Some(local)),
-            Some((_, Err(e))) => plan.decision.set_direct(DirectIo::Refused(e.to_string())),
+        match file.local().map(|local| direct.add(local)) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => plan.decision.set_direct(DirectIo::Refused(e.to_string())),
             None => plan
                 .decision
                 .set_direct(DirectIo::Refused("not a local file".to_owned())),
@@ -259,7 +248,7 @@ impl<'a> Filling<'a> {
             source: self.file.source(),
             header: self.file.header(),
             destination: &mut self.destination,
-            direct: self.direct.0.is_some(),
+            direct: self.direct.is_on(),
             convert: self.convert.as_mut().map(|(p, b)| (&*p, b.bytes_mut())),
             file: self.file.local().map(LocalFile::file),
             finished_at: &self.finished_at,
@@ -288,7 +277,7 @@ impl<'a> Filling<'a> {
             populated,
             direct,
         } = self;
-        if let Some(why) = direct.0.and_then(LocalFile::take_direct_dropped) {
+        if let Some(why) = direct.dropped() {
             plan.decision.set_direct(DirectIo::Dropped(why.to_string()));
         }
         drop(direct);

@@ -384,13 +384,12 @@ impl Loader {
     /// crate only reads `flag`: set it back to `false` to load again.
     ///
     /// The flag is checked when a load starts, once its files are open, by
-    /// each reader of the read engine before every read (or populate, or
-    /// conversion) it takes, and every 20 ms by each remote request (feature
-    /// `remote`: resolving, opening and reading, the node copy's maker's too).
-    /// Opening local files, a
-    /// [`prefetch`](Self::prefetch), the one copy per node of local ranks
-    /// and the hashing of [`verify`](Self::verify) run to their end before
-    /// it is seen; an open
+    /// each reader of the read loop before every piece it takes (a read, a
+    /// populate, a conversion; a chunk of a [`prefetch`](Self::prefetch) or
+    /// of the one copy per node of local ranks), and every 20 ms by each
+    /// remote request (feature `remote`: resolving, opening and reading).
+    /// Opening local files and the hashing of [`verify`](Self::verify) run to
+    /// their end before it is seen; an open
     /// checks it when it starts. [`warm`](Self::warm), and the reads of a
     /// [`Checkpoint`](crate::Checkpoint) opened with this loader, do not check it.
     ///

@@ -13,7 +13,7 @@ use crate::options::Options;
 use crate::os;
 use crate::policy;
 use crate::prefetch::{self, LocalRank};
-use crate::source::{LocalFile, Source};
+use crate::source::{DirectGuard, Source};
 
 /// Fills the copy through the chunk queue: per file of the offer, the
 /// chunks this rank read and the bytes of tensor data in them (the report's
@@ -180,30 +180,16 @@ pub(crate) fn tensor_part(data_start: u64, offset: u64, len: u64) -> u64 {
 /// file so (FUSE, cold), for as long as the guard lives: reads straight
 /// into a node copy, whoever makes them (the chunk queue's readers here, the
 /// participant of a load split between nodes in `execute/exchange.rs`).
-pub(crate) fn direct_reads<'a>(files: &[&'a OpenedFile], opts: &Options) -> Direct<'a> {
-    Direct(
-        files
-            .iter()
-            .filter_map(|f| f.local())
-            .filter(|l| {
-                let kind = l.mount().map(|m| m.kind);
-                policy::wants_direct_io(opts.direct_io, kind, true, || l.mostly_cached())
-                    && l.set_direct(true).is_ok()
-            })
-            .collect(),
-    )
-}
-
-/// `O_DIRECT` on these descriptors for as long as this lives (a checkpoint
-/// that stays open shares them).
-pub(crate) struct Direct<'a>(Vec<&'a LocalFile>);
-
-impl Drop for Direct<'_> {
-    fn drop(&mut self) {
-        for file in &self.0 {
-            let _ = file.set_direct(false);
+pub(crate) fn direct_reads<'a>(files: &[&'a OpenedFile], opts: &Options) -> DirectGuard<'a> {
+    let mut guard = DirectGuard::default();
+    for local in files.iter().filter_map(|f| f.local()) {
+        let kind = local.mount().map(|m| m.kind);
+        if policy::wants_direct_io(opts.direct_io, kind, true, || local.mostly_cached()) {
+            // Refused: the file is read through the page cache.
+            let _ = guard.add(local);
         }
     }
+    guard
 }
 
 #[cfg(test)]

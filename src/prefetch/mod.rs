@@ -57,6 +57,7 @@
 //! (`worker.rs`) their start offsets; each chunk is warmed by `warm.rs`;
 //! `options.rs` holds the public builder.
 
+mod claims;
 mod fill;
 mod launcher;
 mod load;

@@ -5,6 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use super::claims::{Claims, Reader};
 use super::options::ChunkCallback;
 use super::owner::Owner;
 use super::plan::Chunk;
@@ -12,11 +13,12 @@ use super::queue::{ChunkState, DONE, FREE, SKIPPED, SlotState, chunk_state, slot
 use super::residency::Target;
 use super::takeover::{self, Verdict, Watch};
 use super::warm::{advise_and_wait, read_chunk};
+use crate::adapt::Concurrency;
 use crate::error::{Error, Result};
+use crate::jobs;
 use crate::policy::PrefetchMethod;
 use crate::progress::Meter;
 use crate::report::SkipReason;
-use crate::workers;
 
 /// How often a reader with nothing to claim looks at the queue again.
 const POLL: Duration = Duration::from_millis(2);
@@ -65,7 +67,7 @@ pub(super) struct Tally {
     warmed: AtomicU64,
     handled: Mutex<Vec<usize>>,
     stalled: Mutex<Option<(u64, SkipReason)>>,
-    failed: AtomicBool,
+    pub(super) failed: AtomicBool,
     error: Mutex<Option<Error>>,
     /// Bumped whenever a chunk of this rank finishes (for stall detection
     /// along with the queue's own states).
@@ -115,58 +117,38 @@ impl Work<'_> {
         })
     }
 
-    /// Runs one reader per start, on threads of their own: they block on
-    /// storage, and must not occupy the caller's rayon pool.
+    /// Runs one reader per start, in the read loop (`jobs::drain`): the
+    /// chunk queue is its source ([`Claims`]).
     fn run_readers(&self, starts: &[usize]) {
-        let reader = |start: usize| {
-            if let Err(e) = self.reader(start) {
-                self.tally.failed.store(true, Ordering::Relaxed);
-                if let Ok(mut slot) = self.tally.error.lock() {
-                    slot.get_or_insert(e);
-                }
-            }
-        };
         if starts.is_empty() {
             return;
         }
-        workers::run(starts.len(), "safeload-prefetch", |i| {
-            if let Some(&start) = starts.get(i) {
-                reader(start);
-            }
-        });
-    }
-
-    fn reader(&self, start: usize) -> Result<()> {
-        let mut scratch = Vec::new();
-        let mut pages = Vec::new();
-        let mut cursor = start;
-        // Kept across waits: a holder quiet since this reader first looked
-        // stays quiet while the reader handles the chunk it took over.
-        let mut watch = Watch::default();
-        while !self.tally.failed.load(Ordering::Relaxed) {
-            let next = match self.claim_free(&mut cursor) {
-                Some(i) => Some((i, self.me.word())),
-                None if self.shared => self.wait_or_take_over(&mut watch),
-                None => None,
-            };
-            let Some((i, claim)) = next else {
-                return Ok(());
-            };
-            self.beat();
-            if let Err(e) = self.handle(i, claim, &mut scratch, &mut pages) {
-                // Let another rank try it.
-                if let Some(w) = self.states.get(i) {
-                    swap(w, claim, FREE);
-                }
-                return Err(e);
+        let claims = Claims {
+            work: self,
+            readers: starts
+                .iter()
+                .map(|&cursor| {
+                    Mutex::new(Reader {
+                        cursor,
+                        watch: Watch::default(),
+                    })
+                })
+                .collect(),
+        };
+        let concurrency = Concurrency::pinned(starts.len());
+        let pieces = self.chunks.len().max(starts.len());
+        let (result, _, _) = jobs::drain(&claims, concurrency, pieces, "safeload-prefetch");
+        if let Err(e) = result {
+            self.tally.failed.store(true, Ordering::Relaxed);
+            if let Ok(mut slot) = self.tally.error.lock() {
+                slot.get_or_insert(e);
             }
         }
-        Ok(())
     }
 
     /// Claims the next free chunk at or after `cursor` in the claimable
     /// range, wrapping around.
-    fn claim_free(&self, cursor: &mut usize) -> Option<usize> {
+    pub(super) fn claim_free(&self, cursor: &mut usize) -> Option<usize> {
         let range = self.claimable.clone();
         if range.is_empty() {
             return None;
@@ -186,7 +168,7 @@ impl Work<'_> {
 
     /// This rank runs: other ranks watch the count to tell a stopped rank
     /// from a busy one.
-    fn beat(&self) {
+    pub(super) fn beat(&self) {
         if let Some(beat) = self.heartbeat {
             beat.fetch_add(1, Ordering::Relaxed);
         }
@@ -211,7 +193,7 @@ impl Work<'_> {
     /// holders; the chunk and the claim written, or `None` when every chunk
     /// is finished, or when nothing has finished for [`STALL`] (recorded in
     /// `stalled`).
-    fn wait_or_take_over(&self, watch: &mut Watch) -> Option<(usize, u64)> {
+    pub(super) fn wait_or_take_over(&self, watch: &mut Watch) -> Option<(usize, u64)> {
         let mut last_seen = (usize::MAX, 0usize);
         let mut last_change = Instant::now();
         loop {
@@ -297,7 +279,7 @@ impl Work<'_> {
 
     /// Warms chunk `i`, claimed by this rank with the word `claim`, and
     /// marks it done.
-    fn handle(
+    pub(super) fn handle(
         &self,
         i: usize,
         claim: u64,
@@ -432,7 +414,7 @@ impl Work<'_> {
 /// Moves a chunk word from `from` to `to` if it still holds `from`: every
 /// change of a chunk's state is one compare-and-swap, so of two ranks that
 /// race for a chunk exactly one wins.
-fn swap(word: &AtomicU64, from: u64, to: u64) -> bool {
+pub(super) fn swap(word: &AtomicU64, from: u64, to: u64) -> bool {
     word.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
         .is_ok()
 }

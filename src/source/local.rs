@@ -142,3 +142,37 @@ impl Source for LocalFile {
         Some(self)
     }
 }
+/// `O_DIRECT` on local files' descriptors for as long as this lives, off
+/// again when it is dropped: the one guard of every read that bypasses the
+/// page cache (a buffered file's, a node copy's fill).
+#[derive(Default)]
+pub(crate) struct DirectGuard<'a>(Vec<&'a LocalFile>);
+
+impl<'a> DirectGuard<'a> {
+    /// Turns `O_DIRECT` on for `file` until the guard is dropped; the
+    /// system's refusal otherwise.
+    pub(crate) fn add(&mut self, file: &'a LocalFile) -> io::Result<()> {
+        file.set_direct(true)?;
+        self.0.push(file);
+        Ok(())
+    }
+
+    /// Whether any descriptor has `O_DIRECT` on.
+    pub(crate) fn is_on(&self) -> bool {
+        !self.0.is_empty()
+    }
+
+    /// Why a read took `O_DIRECT` off a descriptor since the guard turned it
+    /// on, if one did.
+    pub(crate) fn dropped(&self) -> Option<DirectDropped> {
+        self.0.iter().find_map(|file| file.take_direct_dropped())
+    }
+}
+
+impl Drop for DirectGuard<'_> {
+    fn drop(&mut self) {
+        for file in &self.0 {
+            let _ = file.set_direct(false);
+        }
+    }
+}

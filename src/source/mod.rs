@@ -16,7 +16,7 @@ use std::io;
 use std::path::Path;
 
 pub use cache_use::{CacheStore, CacheUse, NotCached};
-pub(crate) use local::LocalFile;
+pub(crate) use local::{DirectGuard, LocalFile};
 
 use crate::error::{Error, ErrorKind, Operation};
 use crate::mount::Mount;

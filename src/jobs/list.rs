@@ -1,0 +1,258 @@
+//! The fixed list of a load's jobs as a source of the read loop: one queue the readers take from in order, the destination of each faulted in before its bytes land (by a helper walking ahead of the readers where the reads bypass the page cache, else by the reader), each outcome handed on.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::execute::execute;
+use super::{ConvertSource, Job, JobError, JobSource, Outcome, Ran, Tagged};
+use crate::cancel;
+use crate::dest::pages::PageSizes;
+use crate::error::Operation;
+use crate::os;
+
+/// A load's jobs in one queue, and what the readers share of them.
+pub(super) struct List<'a, 'r> {
+    pub queue: Vec<Slot<'a>>,
+    pub cursor: AtomicUsize,
+    pub pages: &'r PageSizes,
+    /// Whether a helper faults destinations in ahead of the readers.
+    pub ahead: bool,
+    pub done: &'r (dyn Fn(usize, Outcome<'a>) + Sync),
+}
+
+impl<'a> JobSource for List<'a, '_> {
+    type Job = Taken<'a>;
+    type Error = JobError;
+
+    fn next(&self, _reader: usize) -> Option<(usize, Taken<'a>)> {
+        take(&self.queue, &self.cursor).map(|taken| (taken.index, taken))
+    }
+
+    fn run(&self, taken: Taken<'a>) -> Result<Ran, JobError> {
+        self.run_one(taken)
+    }
+
+    fn cancelled(&self, taken: Taken<'a>) -> JobError {
+        not_taken(&taken.tagged)
+    }
+
+    fn helps(&self) -> bool {
+        self.ahead
+    }
+
+    fn help(&self, stop: &AtomicBool) {
+        fill_ahead(&self.queue, &self.cursor, stop, self.pages);
+    }
+}
+
+impl<'a> List<'a, '_> {
+    /// Runs one job: its destination faulted in where no helper did, its
+    /// outcome counted and handed on, or its failure recorded.
+    fn run_one(&self, taken: Taken<'a>) -> Result<Ran, JobError> {
+        let Taken {
+            index: _,
+            mut tagged,
+            faulted,
+            waited,
+        } = taken;
+        let operation = match tagged.job {
+            Job::Read { .. } => Operation::Read,
+            Job::Convert { .. } => Operation::Convert,
+            Job::Populate { .. } => Operation::Populate,
+        };
+        // The destination faulted in here, where no helper did (its page
+        // size asked for only, where the read copies out of the page cache:
+        // `PageSizes::prepare`).
+        let mut faulting = waited;
+        // A copy out of the page cache into a destination left to fault in
+        // as it goes: timed on this thread's CPU clock, the measure of the
+        // page size it was given.
+        let mut prepared = None;
+        let disk = tagged.job.reads_a_disk_directly();
+        let pages = self.pages;
+        if let (false, true, Some(dst)) = (faulted, pages.readers_fault(), tagged.job.destination())
+        {
+            let start = Instant::now();
+            if self.ahead {
+                pages.fault_in(dst, disk);
+            } else {
+                let timed = operation == Operation::Read;
+                prepared = Some((pages.prepare(dst, timed), os::thread_cpu_time()));
+            }
+            faulting += start.elapsed();
+        }
+        let result = execute(tagged.job);
+        if let Some((prepared, before)) = prepared {
+            let cpu = before
+                .filter(|_| operation == Operation::Read && result.is_ok())
+                .and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)));
+            pages.copied(prepared, cpu);
+        }
+        match result {
+            Ok(outcome) => {
+                let bytes = outcome.bytes;
+                (self.done)(tagged.file_index, outcome);
+                Ok(Ran { bytes, faulting })
+            }
+            Err((offset, error)) => Err(JobError {
+                file_index: tagged.file_index,
+                operation,
+                offset,
+                error,
+            }),
+        }
+    }
+}
+
+/// A job waiting in the queue, and whether its destination was faulted in
+/// already (by the helper that walks ahead of the readers).
+pub(super) struct Waiting<'a> {
+    tagged: Tagged<'a>,
+    faulted: bool,
+}
+
+/// One place of the queue: its job until a reader takes it (or, cut, the
+/// rest of it).
+pub(super) type Slot<'a> = Mutex<Option<Waiting<'a>>>;
+
+/// A job a reader took: where it was in the queue, whether its destination
+/// is faulted in already, and how long the reader waited for it on the
+/// helper faulting it in.
+pub(super) struct Taken<'a> {
+    pub index: usize,
+    pub tagged: Tagged<'a>,
+    pub faulted: bool,
+    pub waited: Duration,
+}
+
+/// The queue of `jobs`, none of them faulted in yet.
+pub(super) fn queue_of(jobs: Vec<Tagged<'_>>) -> Vec<Slot<'_>> {
+    jobs.into_iter()
+        .map(|tagged| {
+            Mutex::new(Some(Waiting {
+                tagged,
+                faulted: false,
+            }))
+        })
+        .collect()
+}
+
+/// The next job of the queue and its place in it; `None` once every job is
+/// taken.
+///
+/// The first job from the cursor on that no one holds: a slot locked is
+/// the helper's, faulting its job in, and is passed over (the cursor stays
+/// on it, and the next reader takes it once the helper is done), so that
+/// no reader waits on the helper while other jobs are there to take; only
+/// where every job left is held does a reader wait (the wait counts as
+/// faulting, `Control::completed`). The cursor moves past the slots found
+/// empty, in order.
+///
+/// NOTE: readers that waited on the helper's slot made a slow helper the
+/// load's one faulting thread (BENCHMARKS.md, "jobs/mod.rs: take").
+pub(super) fn take<'a>(queue: &[Slot<'a>], cursor: &AtomicUsize) -> Option<Taken<'a>> {
+    let mut waited = Duration::ZERO;
+    loop {
+        let mut held_by_helper = None;
+        let mut i = cursor.load(Ordering::Acquire);
+        while let Some(slot) = queue.get(i) {
+            let mut held = match slot.try_lock() {
+                Ok(held) => held,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    held_by_helper.get_or_insert(i);
+                    i += 1;
+                    continue;
+                }
+            };
+            let Some(Waiting { tagged, faulted }) = held.take() else {
+                drop(held);
+                // Taken whole by another reader: whichever comes first moves
+                // the cursor past it, where it is the cursor's.
+                let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
+                i += 1;
+                continue;
+            };
+            drop(held);
+            let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
+            return Some(Taken {
+                index: i,
+                tagged,
+                faulted,
+                waited,
+            });
+        }
+        // Every job left is held: wait for the first, then look again.
+        let slot = queue.get(held_by_helper?)?;
+        let start = Instant::now();
+        drop(slot.lock());
+        waited += start.elapsed();
+    }
+}
+
+/// The failure of a run cancelled before `job` was taken.
+pub(super) fn not_taken(job: &Tagged<'_>) -> JobError {
+    let (operation, offset) = match &job.job {
+        Job::Read { offset, .. } => (Operation::Read, *offset),
+        Job::Convert {
+            source: ConvertSource::File { offset, .. },
+            ..
+        } => (Operation::Read, *offset),
+        Job::Convert { .. } => (Operation::Convert, 0),
+        Job::Populate { offset, .. } => (Operation::Populate, *offset as u64),
+    };
+    JobError {
+        file_index: job.file_index,
+        operation,
+        offset,
+        error: cancel::stopped(),
+    }
+}
+
+/// Whether any job is a direct read or a read of a remote object, the cases where a helper faulting
+/// in destinations ahead of the readers pays: the readers wait on the storage or the network.
+///
+/// NOTE: there the readers wait on the storage or the network and a core is
+/// idle, and the helper moves the zeroing of fresh pages there; where reads
+/// copy from the page cache both cores are busy copying and it only takes
+/// CPU from them, so it does not run (BENCHMARKS.md, "jobs/mod.rs:
+/// reads_bypass_the_page_cache").
+pub(super) fn reads_bypass_the_page_cache(jobs: &[Tagged<'_>]) -> bool {
+    jobs.iter().any(|t| match &t.job {
+        Job::Read { direct, file, .. } => *direct || file.local().is_none(),
+        _ => false,
+    })
+}
+
+/// Walks the queue ahead of the readers and faults in the destination of
+/// every job not yet taken (`PageSizes::fault_in`), so that the readers'
+/// copies land in present pages. A job it holds is passed over by the
+/// readers (`take`): where it is slower than they are, they fault the jobs
+/// they take in themselves, and it goes on from the first job after the
+/// cursor.
+pub(super) fn fill_ahead(
+    queue: &[Slot<'_>],
+    cursor: &AtomicUsize,
+    failed: &AtomicBool,
+    pages: &PageSizes,
+) {
+    let mut i = 0;
+    while !failed.load(Ordering::Relaxed) {
+        i = i.max(cursor.load(Ordering::Relaxed) + 1);
+        let Some(slot) = queue.get(i) else {
+            break;
+        };
+        // A job a reader holds, or has taken, is the reader's to fault.
+        if let Ok(mut job) = slot.try_lock() {
+            if let Some(waiting) = job.as_mut().filter(|w| !w.faulted) {
+                let disk = waiting.tagged.job.reads_a_disk_directly();
+                if let Some(dst) = waiting.tagged.job.destination() {
+                    pages.fault_in(dst, disk);
+                }
+                waiting.faulted = true;
+            }
+        }
+        i += 1;
+    }
+}

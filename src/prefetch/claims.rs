@@ -1,0 +1,100 @@
+//! The chunk queue as a source of the read loop (`jobs::drain`): a reader's next chunk is a free one, else one taken over from a holder that died or stopped, else one it waits for; each warmed or read into the sink by `Work::handle`.
+
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::queue::FREE;
+use super::takeover::Watch;
+use super::worker::{Work, swap};
+use crate::error::{Error, Operation, Result};
+use crate::jobs::{JobSource, Ran};
+
+/// One reader's place in the queue: where it looks for a free chunk next,
+/// and what it saw of the holders it waits for (kept across waits: a holder
+/// quiet since this reader first looked stays quiet while the reader handles
+/// the chunk it took over).
+pub(super) struct Reader {
+    pub cursor: usize,
+    pub watch: Watch,
+}
+
+/// The chunk queue as a source of the read loop: a reader's next chunk is a
+/// free one (from its cursor on), else one it takes over from a holder
+/// that died or stopped, else, where the queue is shared, one it waits for;
+/// each warmed (or read into the sink) and marked done, the rank's
+/// heartbeat beating as it goes.
+pub(super) struct Claims<'w, 'a> {
+    pub work: &'w Work<'a>,
+    pub readers: Vec<Mutex<Reader>>,
+}
+
+thread_local! {
+    /// A reader's scratch buffer and residency vector, reused across the
+    /// chunks it handles.
+    static BUFFERS: std::cell::RefCell<(Vec<u8>, Vec<u8>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+impl JobSource for Claims<'_, '_> {
+    /// A chunk's index and this rank's claim word on it.
+    type Job = (usize, u64);
+    type Error = Error;
+
+    fn next(&self, reader: usize) -> Option<(usize, (usize, u64))> {
+        let work = self.work;
+        if work.tally.failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut state = self.readers.get(reader)?.lock().ok()?;
+        let Reader { cursor, watch } = &mut *state;
+        let next = match work.claim_free(cursor) {
+            Some(i) => Some((i, work.me.word())),
+            None if work.shared => work.wait_or_take_over(watch),
+            None => None,
+        }?;
+        work.beat();
+        Some((next.0, next))
+    }
+
+    fn run(&self, (i, claim): (usize, u64)) -> Result<Ran> {
+        let work = self.work;
+        let handled = BUFFERS.with(|buffers| {
+            let (scratch, pages) = &mut *buffers.borrow_mut();
+            work.handle(i, claim, scratch, pages)
+        });
+        match handled {
+            Ok(()) => Ok(Ran {
+                bytes: work.chunks.get(i).map_or(0, |c| c.len),
+                faulting: Duration::ZERO,
+            }),
+            Err(e) => {
+                // Let another rank try it.
+                self.release(i, claim);
+                work.tally.failed.store(true, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    fn cancelled(&self, (i, claim): (usize, u64)) -> Error {
+        self.release(i, claim);
+        let path = self
+            .work
+            .chunks
+            .get(i)
+            .and_then(|c| self.work.targets.get(c.file))
+            .map(|t| t.path.clone())
+            .unwrap_or_default();
+        Error::io(Operation::Prefetch, path, None, crate::cancel::stopped())
+    }
+}
+
+impl Claims<'_, '_> {
+    /// Gives chunk `i` back to the queue, for another rank to take.
+    fn release(&self, i: usize, claim: u64) {
+        if let Some(w) = self.work.states.get(i) {
+            swap(w, claim, FREE);
+        }
+    }
+}

@@ -1,21 +1,37 @@
-//! Fresh memory for a load's destinations: faulted in before the reads land (a copy out of the page cache faults its own as it goes), in one page size for the whole load: the caller's or the environment's, else transparent huge pages where the host offers them (`enabled` is `always` or `madvise`), else base pages.
+//! Fresh memory for a load's destinations: faulted in before the reads land, in the page size the host serves best (transparent huge pages or base pages), as the caller, the environment or the host's settings say, else as measured while the load faults its memory in.
 //!
 //! Every byte a buffered load reads lands in memory the process never
 //! touched, and the kernel must back each page before the read can fill it:
-//! huge pages (2 MiB) cost far less per byte than base pages where free
-//! ones are at hand. [`Loader::huge_pages`](crate::Loader::huge_pages) (or
-//! `SAFELOAD_HUGE_PAGES`) overrides the rule where a host backs them badly.
+//! allocate it, zero it, and on a virtual machine often have the host back
+//! it too. What that costs depends on the page size and on the host, and
+//! changes from one minute to the next. Huge pages (2 MiB) cost a quarter
+//! of base pages where free ones are at hand, and many times more where the
+//! kernel must compact memory for them (`defrag`), or where the host must
+//! back each one again (a guest whose free memory is handed back to its
+//! host). So a load measures: it faults its destinations in a piece at a
+//! time ([`PageSizes::fault_in`]), times each piece on the faulting
+//! thread's CPU clock (a wait for a CPU is not counted, so the machine's
+//! other work moves it little), and keeps using the size that costs less
+//! per byte, trying the other one now and then on a probe of two huge
+//! pages. A copy out of the page cache faults its destination in itself,
+//! and is what is timed there ([`PageSizes::prepare`]): its pages' size is
+//! the one in use, or on a probe the other one for a whole destination.
 //!
-//! NOTE: a size measured as the load faulted its memory in, tried before,
-//! did not beat this rule beyond noise (BENCHMARKS.md, "dest/pages.rs: the
-//! rule").
+//! NOTE: the cost of one size says nothing of the other's, and the cheaper
+//! one changes within a load while the settings look the same: hence a
+//! measurement that goes on, not a decision from the settings at the start
+//! (BENCHMARKS.md, "dest/pages.rs: the module").
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use crate::os::{self, ProcFile};
 
 mod choice;
+mod copy;
 pub use choice::{FreshMemory, HugePages, PageReason};
+#[cfg(test)]
+use copy::Prepared;
 
 /// The host's transparent huge pages, from its settings' text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,19 +71,179 @@ pub(crate) fn selected(text: &str) -> Option<&str> {
     rest.get(..end)
 }
 
-/// How a run's fresh memory is faulted in, and how much of it was: shared by
-/// every thread that faults destinations in.
+/// A page size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Size {
+    Base,
+    Huge,
+}
+
+impl Size {
+    fn other(self) -> Size {
+        match self {
+            Size::Base => Size::Huge,
+            Size::Huge => Size::Base,
+        }
+    }
+}
+
+/// One huge page on x86-64 and arm64 with 4 KiB base pages: the alignment
+/// a huge page needs.
+const HUGE: usize = 2 << 20;
+
+/// A probe of the size not in use: two huge pages, each measured.
+const PROBE: usize = 2 * HUGE;
+
+/// Pieces faulted in with the size in use between two probes of the other
+/// one, at first; doubled after each probe, up to [`MAX_GAP`].
+///
+/// NOTE: one probe of the losing size costs little, but probes add up over
+/// a load, as do the pieces a lucky probe switches to: the gap grows
+/// whatever the probe found, and a change of the host's mode is still seen
+/// within a few hundred MiB at first (BENCHMARKS.md, "dest/pages.rs:
+/// FIRST_GAP"). The size in use is measured on every piece.
+const FIRST_GAP: u32 = 8;
+/// See [`FIRST_GAP`].
+const MAX_GAP: u32 = 256;
+
+/// How a run's fresh memory is faulted in, and what was measured: shared
+/// by every thread that faults destinations in.
 pub(crate) struct PageSizes {
     mode: HugePages,
     reason: PageReason,
-    /// The size asked for: `Some(true)` huge pages, `Some(false)` base
-    /// pages; `None` gives no advice (the host offers no huge pages, or the
-    /// memory is not the load's alone).
-    huge: Option<bool>,
-    /// Whether destinations are faulted in and counted here at all.
-    owned: bool,
-    huge_bytes: AtomicU64,
-    base_bytes: AtomicU64,
+    /// Whether the sizes are advised at all (not for memory the load does
+    /// not own alone, such as a reader's scratch vector).
+    advise: bool,
+    state: Mutex<State>,
+    /// The load's buffers, each with the size its pages are asked for from
+    /// an address on ([`register`](Self::register)).
+    buffers: Mutex<Vec<Advised>>,
+}
+
+/// A buffer of the load, and the advice on it: `size` from `from` to its
+/// end.
+#[derive(Debug, Clone, Copy)]
+struct Advised {
+    start: usize,
+    end: usize,
+    from: usize,
+    size: Size,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    base: Measured,
+    huge: Measured,
+    /// Pieces since the size not in use was last tried, and the gap before
+    /// the next try.
+    since_probe: u32,
+    gap: u32,
+    /// A destination of the size not in use is being copied into, its copy
+    /// to be timed ([`PageSizes::prepare`]): no other probe until it is.
+    probing: bool,
+    /// Bytes faulted in for reads of a local disk with `O_DIRECT`, whose
+    /// base pages are weighed [`DISK_WEIGHT`] times ([`PageSizes::fault_in`]).
+    disk_bytes: u64,
+}
+
+/// What one page size was given and cost.
+#[derive(Debug, Default, Clone, Copy)]
+struct Measured {
+    /// Nanoseconds of CPU per byte of the last [`SAMPLES`] pieces faulted
+    /// in with this size (or of the huge pages of its last probe, which
+    /// drops older ones), the newest first.
+    samples: [Option<f64>; SAMPLES],
+    bytes: u64,
+}
+
+/// How many times its measured cost base pages are taken to cost for a
+/// direct read of a local disk: huge pages unless they cost more than this
+/// many times as much to fault in.
+///
+/// NOTE: base pages cut a direct read into small requests (the device's
+/// most segments times 4 KiB), which costs more than their fault alone; the
+/// weight lies between that and what huge pages cost once the host must back
+/// them again (BENCHMARKS.md, "dest/pages.rs: DISK_WEIGHT").
+const DISK_WEIGHT: f64 = 4.0;
+
+/// The measures of each size its cost is taken from.
+///
+/// NOTE: one measure alone misleads: a probe far above the others once kept
+/// a load on the costlier size (BENCHMARKS.md, "dest/pages.rs: SAMPLES").
+/// A size's cost is the median of its last three measures, the smallest
+/// while there are fewer (a probe is two measures, one per huge page): a
+/// measure far above the others moves nothing, and a size in use whose cost
+/// changes for good is left within two pieces.
+const SAMPLES: usize = 3;
+
+impl Measured {
+    /// The cost per byte this size is taken to have, if measured.
+    fn cost(&self) -> Option<f64> {
+        let mut known: Vec<f64> = self.samples.iter().flatten().copied().collect();
+        known.sort_by(f64::total_cmp);
+        match known.as_slice() {
+            [_, middle, _] => Some(*middle),
+            [low, ..] => Some(*low),
+            [] => None,
+        }
+    }
+
+    fn add(&mut self, per_byte: f64) {
+        self.samples.rotate_right(1);
+        if let Some(newest) = self.samples.first_mut() {
+            *newest = Some(per_byte);
+        }
+    }
+}
+
+impl State {
+    fn of(&mut self, size: Size) -> &mut Measured {
+        match size {
+            Size::Base => &mut self.base,
+            Size::Huge => &mut self.huge,
+        }
+    }
+
+    /// The size in use: the one measured cheaper (huge where tied, and
+    /// first, until base pages were measured too), base pages' cost
+    /// weighed [`DISK_WEIGHT`] times for a direct read of a local disk.
+    fn in_use(&self, disk: bool) -> Size {
+        let weight = if disk { DISK_WEIGHT } else { 1.0 };
+        match (self.base.cost(), self.huge.cost()) {
+            (Some(base), Some(huge)) if base * weight < huge => Size::Base,
+            (Some(_), None) => Size::Base,
+            _ => Size::Huge,
+        }
+    }
+
+    /// Counts a measure of `size`: `bytes` faulted in with `cpu` of CPU
+    /// time (`None` where the clock could not be read).
+    fn record(&mut self, size: Size, bytes: usize, cpu: Option<Duration>) {
+        let measured = self.of(size);
+        measured.bytes += bytes as u64;
+        if let Some(cpu) = cpu.filter(|_| bytes > 0) {
+            measured.add(cpu.as_nanos() as f64 / bytes as f64);
+        }
+    }
+
+    /// Counts a probe of `size`, a measure per huge page: they replace what
+    /// was measured of it before the gap.
+    fn record_probe(&mut self, size: Size, pages: &[(usize, Option<Duration>)]) {
+        self.of(size).samples = [None; SAMPLES];
+        for &(bytes, cpu) in pages {
+            self.record(size, bytes, cpu);
+        }
+    }
+}
+
+/// How one destination is cut for faulting in: the size in use for all of
+/// it, or a probe of the other size on one huge page within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PieceSize {
+    size: Size,
+    /// The probe's offset in the destination (aligned to a huge page in
+    /// memory), where one is due and fits.
+    probe: Option<usize>,
 }
 
 impl PageSizes {
@@ -75,100 +251,256 @@ impl PageSizes {
     /// ([`PageReason::Caller`] or [`PageReason::Environment`]; anything
     /// else for [`HugePages::Auto`]), on a host whose huge pages are `host`.
     pub(crate) fn new(mode: HugePages, origin: PageReason, host: HostHugePages) -> PageSizes {
-        let (mode, reason, huge) = match (mode, host) {
-            (HugePages::Auto, HostHugePages::Absent) => {
-                (HugePages::Off, PageReason::Unavailable, None)
-            }
-            (HugePages::Auto, HostHugePages::Offered) => {
-                (HugePages::Auto, PageReason::HostOffers, Some(true))
-            }
-            (HugePages::On, _) => (mode, origin, Some(true)),
-            (HugePages::Off, _) => (mode, origin, Some(false)),
+        let (mode, reason) = match (mode, host) {
+            (HugePages::Auto, HostHugePages::Absent) => (HugePages::Off, PageReason::Unavailable),
+            (HugePages::Auto, HostHugePages::Offered) => (HugePages::Auto, PageReason::Measured),
+            (mode, _) => (mode, origin),
         };
         PageSizes {
             mode,
             reason,
-            huge,
-            owned: true,
-            huge_bytes: AtomicU64::new(0),
-            base_bytes: AtomicU64::new(0),
+            advise: true,
+            state: Mutex::new(State {
+                gap: FIRST_GAP,
+                ..State::default()
+            }),
+            buffers: Mutex::new(Vec::new()),
         }
     }
 
     /// For memory a load does not own alone (partial reads into scratch
-    /// vectors, a caller's tensor): no advice, nothing faulted in here.
+    /// vectors): faulted in ahead where that pays, with no advice.
     pub(crate) fn unadvised() -> PageSizes {
         PageSizes {
-            huge: None,
-            owned: false,
-            ..PageSizes::new(
-                HugePages::Off,
-                PageReason::Unavailable,
-                HostHugePages::Absent,
-            )
+            advise: false,
+            ..PageSizes::new(HugePages::Auto, PageReason::Measured, HostHugePages::Absent)
         }
     }
 
-    /// Whether a reader faults its job's destination in (or leaves it to
-    /// its copy) where no helper did: for the load's own memory.
+    /// Whether a reader should fault its job's destination in itself before
+    /// reading into it (where no helper did): so wherever sizes are
+    /// advised, so that every piece is faulted in the size chosen and
+    /// measured.
     pub(crate) fn readers_fault(&self) -> bool {
-        self.owned
+        self.advise
     }
 
-    /// A buffer of the load, whose pages are asked for in the load's size,
-    /// all at once.
-    ///
-    /// NOTE: once per buffer, because advice given piece by piece changes
-    /// the memory map while the other readers' copies fault their pages in,
-    /// which slowed warm loads (BENCHMARKS.md, "dest/pages.rs:
-    /// PageSizes::register").
-    pub(crate) fn register(&self, buffer: &mut [u8]) {
-        if let (true, Some(huge)) = (self.owned, self.huge) {
-            if !buffer.is_empty() {
-                os::advise_page_size(buffer, huge);
+    /// The size for the next destination of `len` bytes at `addr`, and a
+    /// probe of the other size where one is due.
+    fn cut(&self, addr: usize, len: usize, disk: bool) -> PieceSize {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let size = match self.mode {
+            HugePages::On => {
+                return PieceSize {
+                    size: Size::Huge,
+                    probe: None,
+                };
+            }
+            HugePages::Off => {
+                return PieceSize {
+                    size: Size::Base,
+                    probe: None,
+                };
+            }
+            HugePages::Auto => state.in_use(disk),
+        };
+        let never_measured = state.of(size.other()).cost().is_none();
+        state.since_probe += 1;
+        if state.probing || (!never_measured && state.since_probe < state.gap) {
+            return PieceSize { size, probe: None };
+        }
+        // Two huge pages of the destination, from its first huge page
+        // boundary.
+        let start = addr.next_multiple_of(HUGE);
+        let probe = start
+            .checked_add(PROBE)
+            .filter(|&end| end <= addr.saturating_add(len))
+            .map(|_| start - addr);
+        if probe.is_some() {
+            state.since_probe = 0;
+            if !never_measured {
+                state.gap = (state.gap * 2).min(MAX_GAP);
             }
         }
+        PieceSize { size, probe }
     }
 
-    /// Faults `dst` in, writable: part of a buffer registered before
-    /// ([`register`](Self::register)), no byte of which was written yet.
-    pub(crate) fn fault_in(&self, dst: &mut [u8]) {
-        if self.owned {
-            os::populate_write(dst);
-            self.count(dst.len());
+    fn record(&self, size: Size, bytes: usize, cpu: Option<Duration>) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.record(size, bytes, cpu);
+    }
+
+    /// Faults `dst` in, writable, in the size in use (and a probe of the
+    /// other where one is due), timing each part on this thread's CPU
+    /// clock. `dst` is fresh: part of a private anonymous buffer no byte of
+    /// which was written yet (a byte written before is kept, but its page's
+    /// size is then the kernel's choice).
+    ///
+    /// Where `dst` is for a read of a local disk with `O_DIRECT` (`disk`),
+    /// base pages' measured cost is weighed [`DISK_WEIGHT`] times: they
+    /// make the disk's requests smaller.
+    pub(crate) fn fault_in(&self, dst: &mut [u8], disk: bool) {
+        if disk && self.mode == HugePages::Auto {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.disk_bytes += dst.len() as u64;
         }
-    }
-
-    /// Leaves `dst` to the copy out of the page cache about to fill it: a
-    /// copy into pages faulted in just before runs out of the cache, one
-    /// that faults each page as it goes writes it while it is still there
-    /// (BENCHMARKS.md, "dest/pages/copy.rs: PageSizes::prepare"). Counted.
-    pub(crate) fn leave_to_copy(&self, dst: &[u8]) {
-        if self.owned {
-            self.count(dst.len());
-        }
-    }
-
-    fn count(&self, bytes: usize) {
-        let counter = match self.huge {
-            Some(true) => &self.huge_bytes,
-            _ => &self.base_bytes,
+        let PieceSize { size, probe } = self.cut(dst.as_ptr() as usize, dst.len(), disk);
+        let part = |piece: &mut [u8], size: Size| {
+            if piece.is_empty() {
+                return;
+            }
+            let cpu = self.fault(piece, size);
+            if self.advise {
+                self.record(size, piece.len(), cpu);
+            }
         };
-        counter.fetch_add(bytes as u64, Ordering::Relaxed);
+        match probe {
+            Some(at) => {
+                let (head, rest) = dst.split_at_mut(at.min(dst.len()));
+                let (probed, tail) = rest.split_at_mut(PROBE.min(rest.len()));
+                self.probe(probed, size.other());
+                part(head, size);
+                part(tail, size);
+            }
+            None => part(dst, size),
+        }
+    }
+
+    /// Faults `piece` in with `size` advised (where sizes are), and returns
+    /// the CPU time it took this thread.
+    fn fault(&self, piece: &mut [u8], size: Size) -> Option<Duration> {
+        self.advise_part(piece, size);
+        timed_populate(piece)
+    }
+
+    /// Faults in `probed` page by page, each with `size` advised on it
+    /// alone (its buffer's advice for the pages after it stays as it is),
+    /// and records what each cost.
+    fn probe(&self, probed: &mut [u8], size: Size) {
+        let measures: Vec<(usize, Option<Duration>)> = probed
+            .chunks_mut(HUGE)
+            .map(|page| {
+                if self.advise && self.reason != PageReason::Unavailable {
+                    os::advise_page_size(page, size == Size::Huge);
+                }
+                (page.len(), timed_populate(page))
+            })
+            .collect();
+        if self.advise {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.record_probe(size, &measures);
+        }
+    }
+
+    /// A buffer of the load, whose pages are asked for in the size in use
+    /// now, all at once: a part of it faulted in later in the same size
+    /// needs no advice of its own (`advise_part`).
+    ///
+    /// NOTE: once per buffer, because advice given piece by piece changes the
+    /// memory map while the other readers' copies fault their pages in, which
+    /// slowed warm loads (BENCHMARKS.md, "dest/pages.rs: PageSizes::register").
+    pub(crate) fn register(&self, buffer: &mut [u8]) {
+        if !self.advise || buffer.is_empty() {
+            return;
+        }
+        let size = self.size_in_use();
+        if self.reason != PageReason::Unavailable {
+            os::advise_page_size(buffer, size == Size::Huge);
+        }
+        let start = buffer.as_ptr() as usize;
+        let mut buffers = self.buffers.lock().unwrap_or_else(PoisonError::into_inner);
+        buffers.push(Advised {
+            start,
+            end: start + buffer.len(),
+            from: start,
+            size,
+        });
+    }
+
+    /// The size the mode says, or in use as measured (no probe, no disk
+    /// read's weight): what a buffer or an untimed copy is given.
+    fn size_in_use(&self) -> Size {
+        match self.mode {
+            HugePages::On => Size::Huge,
+            HugePages::Off => Size::Base,
+            HugePages::Auto => self
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .in_use(false),
+        }
+    }
+
+    /// Asks for `size` for `part` before it is faulted in: nothing where
+    /// its buffer is asked so already from before it, else the rest of
+    /// the buffer from it on (a part of no buffer registered: itself).
+    fn advise_part(&self, part: &mut [u8], size: Size) {
+        if !self.advise || self.reason == PageReason::Unavailable || part.is_empty() {
+            return;
+        }
+        let at = part.as_ptr() as usize;
+        let mut buffers = self.buffers.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(buffer) = buffers.iter_mut().find(|b| (b.start..b.end).contains(&at)) else {
+            drop(buffers);
+            os::advise_page_size(part, size == Size::Huge);
+            return;
+        };
+        if buffer.size == size && at >= buffer.from {
+            return;
+        }
+        let rest = buffer.end - at;
+        *buffer = Advised {
+            from: at,
+            size,
+            ..*buffer
+        };
+        drop(buffers);
+        // The rest of a buffer the load registered and owns, alive while
+        // its destinations are faulted in (other readers hold parts of it:
+        // the advice changes no byte, only the size of pages faulted later).
+        os::advise_page_size_of_range(at, rest, size == Size::Huge);
     }
 
     /// What was done, for the report: `None` where nothing was faulted in
     /// through here.
     pub(crate) fn report(&self) -> Option<FreshMemory> {
-        let huge_bytes = self.huge_bytes.load(Ordering::Relaxed);
-        let base_bytes = self.base_bytes.load(Ordering::Relaxed);
-        (self.owned && huge_bytes + base_bytes > 0).then_some(FreshMemory {
+        if !self.advise {
+            return None;
+        }
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let (base_bytes, huge_bytes) = (state.base.bytes, state.huge.bytes);
+        if base_bytes + huge_bytes == 0 {
+            return None;
+        }
+        // Nanoseconds per byte to GiB per second.
+        let rate = |cost: Option<f64>| {
+            cost.filter(|c| *c > 0.0)
+                .map(|c| 1e9 / c / (1u64 << 30) as f64)
+        };
+        // Every byte for direct reads of a local disk: their size was set.
+        let reason = match self.reason {
+            PageReason::Measured if state.disk_bytes == base_bytes + huge_bytes => {
+                PageReason::DiskReads
+            }
+            reason => reason,
+        };
+        Some(FreshMemory {
             mode: self.mode,
-            reason: self.reason,
+            reason,
             huge_bytes,
             base_bytes,
+            huge_gib_s: rate(state.huge.cost()),
+            base_gib_s: rate(state.base.cost()),
         })
     }
+}
+
+/// Faults `piece` in, writable, and returns the CPU time it took this
+/// thread (`None` where the clock cannot be read).
+fn timed_populate(piece: &mut [u8]) -> Option<Duration> {
+    let before = os::thread_cpu_time();
+    os::populate_write(piece);
+    before.and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)))
 }
 
 #[cfg(test)]

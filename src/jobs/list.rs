@@ -9,6 +9,7 @@ use super::{ConvertSource, Job, JobError, JobSource, Outcome, Ran, Tagged};
 use crate::cancel;
 use crate::dest::pages::PageSizes;
 use crate::error::Operation;
+use crate::os;
 
 /// A load's jobs in one queue, and what the readers share of them.
 pub(super) struct List<'a, 'r> {
@@ -60,22 +61,34 @@ impl<'a> List<'a, '_> {
             Job::Convert { .. } => Operation::Convert,
             Job::Populate { .. } => Operation::Populate,
         };
-        // The destination faulted in here, where no helper did (left to its
-        // copy where the read copies out of the page cache:
-        // `PageSizes::leave_to_copy`).
+        // The destination faulted in here, where no helper did (its page
+        // size asked for only, where the read copies out of the page cache:
+        // `PageSizes::prepare`).
         let mut faulting = waited;
+        // A copy out of the page cache into a destination left to fault in
+        // as it goes: timed on this thread's CPU clock, the measure of the
+        // page size it was given.
+        let mut prepared = None;
+        let disk = tagged.job.reads_a_disk_directly();
         let pages = self.pages;
         if let (false, true, Some(dst)) = (faulted, pages.readers_fault(), tagged.job.destination())
         {
             let start = Instant::now();
             if self.ahead {
-                pages.fault_in(dst);
+                pages.fault_in(dst, disk);
             } else {
-                pages.leave_to_copy(dst);
+                let timed = operation == Operation::Read;
+                prepared = Some((pages.prepare(dst, timed), os::thread_cpu_time()));
             }
             faulting += start.elapsed();
         }
         let result = execute(tagged.job);
+        if let Some((prepared, before)) = prepared {
+            let cpu = before
+                .filter(|_| operation == Operation::Read && result.is_ok())
+                .and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)));
+            pages.copied(prepared, cpu);
+        }
         match result {
             Ok(outcome) => {
                 let bytes = outcome.bytes;
@@ -233,8 +246,9 @@ pub(super) fn fill_ahead(
         // A job a reader holds, or has taken, is the reader's to fault.
         if let Ok(mut job) = slot.try_lock() {
             if let Some(waiting) = job.as_mut().filter(|w| !w.faulted) {
+                let disk = waiting.tagged.job.reads_a_disk_directly();
                 if let Some(dst) = waiting.tagged.job.destination() {
-                    pages.fault_in(dst);
+                    pages.fault_in(dst, disk);
                 }
                 waiting.faulted = true;
             }

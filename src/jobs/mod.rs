@@ -18,6 +18,7 @@ use crate::adapt::{Concurrency, Control, Settled};
 use crate::cancel;
 use crate::dest::pages::PageSizes;
 use crate::error::Operation;
+use crate::mount::MountKind;
 use crate::source::Source;
 use crate::workers;
 #[cfg(test)]
@@ -70,6 +71,18 @@ impl Job<'_> {
         match self {
             Job::Read { dst, .. } | Job::Convert { dst, .. } => Some(dst),
             Job::Populate { .. } => None,
+        }
+    }
+
+    /// Whether the job reads a file on a local disk with `O_DIRECT`: its
+    /// destination's pages set the size of the disk's requests
+    /// (`PageSizes::fault_in`).
+    fn reads_a_disk_directly(&self) -> bool {
+        match self {
+            Job::Read {
+                direct: true, file, ..
+            } => file.mount().is_some_and(|m| m.kind == MountKind::Local),
+            _ => false,
         }
     }
 

@@ -92,7 +92,7 @@ pub(crate) fn advise_page_size(dst: &mut [u8], huge: bool) {
 /// both advices only say which page size later faults use, and change no
 /// byte, so no borrow of the range is needed. A range that is not one
 /// mapping of this process's memory gets `ENOMEM` or `EINVAL`, ignored.
-fn advise_page_size_of_range(addr: usize, len: usize, huge: bool) {
+pub(crate) fn advise_page_size_of_range(addr: usize, len: usize, huge: bool) {
     let page = rustix::param::page_size();
     let first = addr.next_multiple_of(page);
     let end = addr.saturating_add(len) / page * page;
@@ -109,6 +109,17 @@ fn advise_page_size_of_range(addr: usize, len: usize, huge: bool) {
     // SAFETY: no byte is read, written, freed or unmapped, so memory other
     // threads hold is unchanged and no borrow of the range is needed.
     let _ = unsafe { rustix::mm::madvise(first as *mut std::ffi::c_void, end - first, advice) };
+}
+
+/// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`,
+/// clock_gettime(2)), in the kernel and in user space, to the nanosecond:
+/// what faulting memory in costs the thread, whatever else runs on the
+/// machine meanwhile (a wait for a CPU is not counted).
+pub(crate) fn thread_cpu_time() -> Option<std::time::Duration> {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    let secs = u64::try_from(t.tv_sec).ok()?;
+    let nanos = u32::try_from(t.tv_nsec).ok()?;
+    Some(std::time::Duration::new(secs, nanos))
 }
 
 /// Drops a file's clean pages from the page cache

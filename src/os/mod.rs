@@ -59,8 +59,8 @@ pub(crate) use imp::{is_direct, set_direct};
 
 // Page-cache and memory hints, and what the page cache holds.
 pub(crate) use imp::{
-    advise_page_size, advise_willneed, cached_pages, evict, mincore_pages, page_size,
-    populate_read, populate_write, readahead_limit,
+    advise_page_size, advise_page_size_of_range, advise_willneed, cached_pages, evict,
+    mincore_pages, page_size, populate_read, populate_write, readahead_limit, thread_cpu_time,
 };
 
 // Filesystems: the `statfs(2)` magic number.

@@ -54,6 +54,14 @@ pub(crate) fn populate_read(_map: &Mmap, _offset: usize, _len: usize) -> io::Res
 /// No huge pages here.
 pub(crate) fn advise_page_size(_dst: &mut [u8], _huge: bool) {}
 
+/// No huge pages here.
+pub(crate) fn advise_page_size_of_range(_addr: usize, _len: usize, _huge: bool) {}
+
+/// No thread CPU clock here: fresh memory's cost is not measured.
+pub(crate) fn thread_cpu_time() -> Option<std::time::Duration> {
+    None
+}
+
 /// No page-cache eviction here.
 pub(crate) fn evict(_file: &File) -> io::Result<()> {
     Ok(())

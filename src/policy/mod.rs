@@ -242,8 +242,8 @@ pub(crate) fn node_copy(env: &Environment) -> bool {
 pub const HUGE_PAGES_ENV: &str = "SAFELOAD_HUGE_PAGES";
 
 /// The page size of a load's fresh memory, and who chose it: the caller's
-/// `On` or `Off`, else `SAFELOAD_HUGE_PAGES`'s, else the host's (`Auto`:
-/// huge pages where the host offers them, [`PageReason::HostOffers`]).
+/// `On` or `Off`, else `SAFELOAD_HUGE_PAGES`'s, else measured (`Auto`,
+/// [`PageReason::Measured`]).
 pub(crate) fn huge_pages(caller: HugePages, env: &Environment) -> (HugePages, PageReason) {
     if caller != HugePages::Auto {
         return (caller, PageReason::Caller);
@@ -251,7 +251,7 @@ pub(crate) fn huge_pages(caller: HugePages, env: &Environment) -> (HugePages, Pa
     match env.get(HUGE_PAGES_ENV).and_then(switch) {
         Some(true) => (HugePages::On, PageReason::Environment),
         Some(false) => (HugePages::Off, PageReason::Environment),
-        None => (HugePages::Auto, PageReason::HostOffers),
+        None => (HugePages::Auto, PageReason::Measured),
     }
 }
 
@@ -365,7 +365,7 @@ mod tests {
     #[test]
     fn huge_pages_by_caller_then_environment_then_measured() {
         use HugePages::{Auto, Off, On};
-        use PageReason::{Caller, Environment as Env, HostOffers};
+        use PageReason::{Caller, Environment as Env, Measured};
         let env = |v: &str| Environment::from_pairs(&[(HUGE_PAGES_ENV, v)]);
         let none = Environment::default();
         let table = [
@@ -374,9 +374,9 @@ mod tests {
             (Auto, env(" 1 "), (On, Env)),
             (Auto, env("OFF"), (Off, Env)),
             (Auto, env("false"), (Off, Env)),
-            (Auto, env("auto"), (Auto, HostOffers)),
-            (Auto, env("huge"), (Auto, HostOffers)),
-            (Auto, none, (Auto, HostOffers)),
+            (Auto, env("auto"), (Auto, Measured)),
+            (Auto, env("huge"), (Auto, Measured)),
+            (Auto, none, (Auto, Measured)),
         ];
         for (caller, env, expected) in table {
             assert_eq!(huge_pages(caller, &env), expected, "{caller:?} {env:?}");

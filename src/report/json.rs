@@ -151,12 +151,16 @@ impl Serialize for FreshMemory {
             reason: PageReason,
             huge_bytes: u64,
             base_bytes: u64,
+            huge_gib_s: Option<f64>,
+            base_gib_s: Option<f64>,
         }
         View {
             mode: self.mode,
             reason: self.reason,
             huge_bytes: self.huge_bytes,
             base_bytes: self.base_bytes,
+            huge_gib_s: self.huge_gib_s,
+            base_gib_s: self.base_gib_s,
         }
         .serialize(serializer)
     }

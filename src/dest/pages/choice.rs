@@ -8,9 +8,8 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum HugePages {
-    /// `SAFELOAD_HUGE_PAGES` if set, else huge pages where the host offers
-    /// them (transparent huge pages `enabled` is `always` or `madvise`),
-    /// else base pages.
+    /// `SAFELOAD_HUGE_PAGES` if set, else measured while the load faults
+    /// its memory in: the page size that costs less per byte.
     #[default]
     Auto,
     /// Always ask for huge pages (`MADV_HUGEPAGE`): the kernel may still
@@ -41,22 +40,27 @@ pub enum PageReason {
     /// `SAFELOAD_HUGE_PAGES` chose.
     Environment,
     /// The host offers no transparent huge pages (`enabled` is `never`, or
-    /// there are none on this platform): base pages.
+    /// there are none on this platform): base pages, nothing measured.
     Unavailable,
-    /// The host offers transparent huge pages (`enabled` is `always` or
-    /// `madvise`): asked for.
-    HostOffers,
+    /// Measured: each size's cost per byte as the load faulted its memory
+    /// in, the cheaper one used.
+    Measured,
+    /// Every byte was read from a local disk with `O_DIRECT`: measured, with
+    /// base pages' cost weighed four times, since huge pages' contiguous
+    /// memory lets the disk take requests several times larger.
+    DiskReads,
 }
 
 impl PageReason {
-    /// A stable name: `caller`, `environment`, `unavailable`,
-    /// `host_offers`.
+    /// A stable name: `caller`, `environment`, `unavailable`, `measured`,
+    /// `disk_reads`.
     pub fn as_str(self) -> &'static str {
         match self {
             PageReason::Caller => "caller",
             PageReason::Environment => "environment",
             PageReason::Unavailable => "unavailable",
-            PageReason::HostOffers => "host_offers",
+            PageReason::Measured => "measured",
+            PageReason::DiskReads => "disk_reads",
         }
     }
 }
@@ -67,16 +71,20 @@ impl fmt::Display for PageReason {
             PageReason::Caller => "as set",
             PageReason::Environment => "as SAFELOAD_HUGE_PAGES says",
             PageReason::Unavailable => "the host offers no transparent huge pages",
-            PageReason::HostOffers => "the host offers transparent huge pages",
+            PageReason::Measured => "the cheaper size as measured",
+            PageReason::DiskReads => {
+                "as measured, base pages weighed 4x: direct reads of a local disk take larger requests into huge pages"
+            }
         })
     }
 }
 
-/// How a load's fresh memory was faulted in: in which page sizes, and why.
+/// How a load's fresh memory was faulted in: in which page sizes, why, and
+/// what each cost where it was measured.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct FreshMemory {
-    /// The mode in force.
+    /// The mode in force ([`HugePages::Auto`] where measured).
     pub mode: HugePages,
     /// Why the sizes were what they were.
     pub reason: PageReason,
@@ -85,6 +93,13 @@ pub struct FreshMemory {
     pub huge_bytes: u64,
     /// Bytes faulted in as base pages.
     pub base_bytes: u64,
+    /// GiB faulted in per second of a faulting thread's CPU time, with huge
+    /// pages asked for (where a copy out of the page cache faulted them in,
+    /// GiB copied per second of the copying thread's: what the size cost
+    /// the copy): the last measure, `None` where none was taken.
+    pub huge_gib_s: Option<f64>,
+    /// The same for base pages.
+    pub base_gib_s: Option<f64>,
 }
 
 impl fmt::Display for FreshMemory {
@@ -92,10 +107,17 @@ impl fmt::Display for FreshMemory {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         write!(
             f,
-            "fresh memory: {:.2} GiB as huge pages, {:.2} GiB as base pages ({})",
+            "fresh memory: {:.2} GiB as huge pages, {:.2} GiB as base pages ({}",
             gib(self.huge_bytes),
             gib(self.base_bytes),
             self.reason
-        )
+        )?;
+        if let (Some(huge), Some(base)) = (self.huge_gib_s, self.base_gib_s) {
+            write!(
+                f,
+                ": huge {huge:.2} GiB/s, base {base:.2} GiB/s per faulting thread"
+            )?;
+        }
+        f.write_str(")")
     }
 }

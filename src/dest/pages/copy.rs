@@ -1,0 +1,113 @@
+//! A copy out of the page cache into fresh memory: the page size it faults its destination in with, chosen and measured by the copy itself.
+
+use std::sync::PoisonError;
+use std::time::Duration;
+
+use super::{HUGE, HugePages, PROBE, PageReason, PageSizes, PieceSize, Size};
+use crate::os;
+
+/// A destination prepared for a copy out of the page cache, to be given back
+/// with the copy's time ([`PageSizes::copied`]).
+#[derive(Debug)]
+#[must_use = "give it back to `PageSizes::copied`, or no probe is made again"]
+pub(crate) struct Prepared {
+    pub(super) size: Size,
+    pub(super) probe: bool,
+    pub(super) bytes: usize,
+}
+
+impl PageSizes {
+    /// Asks for a page size for `dst`, a fresh destination that a copy out
+    /// of the page cache is about to fault in, without faulting it in: a
+    /// copy into pages faulted in just before (8 MiB zeroed, then written)
+    /// runs out of the cache, where one that faults each page as it goes
+    /// writes it while it is still there. The size is the one in use, or
+    /// the other one where a probe is due (as for
+    /// [`fault_in`](Self::fault_in), but of the whole destination); the
+    /// copy is then timed, and what it cost per byte is a measure of that
+    /// size ([`copied`](Self::copied)): the copies are what the sizes are
+    /// chosen by on this path.
+    ///
+    /// NOTE: the copy's own faults are what a size costs here, not a
+    /// populate's: a copy takes a fault per base page (an exception each), a
+    /// populate faults them in a loop in the kernel, and sizes chosen by
+    /// populates slowed the copies (BENCHMARKS.md, "dest/pages/copy.rs:
+    /// PageSizes::prepare").
+    ///
+    /// A destination whose copy will not be timed (`timed` false: a
+    /// conversion writes it) gets the size in use and is never a probe.
+    pub(crate) fn prepare(&self, dst: &mut [u8], timed: bool) -> Prepared {
+        let prepared = if timed {
+            self.choose(dst.as_ptr() as usize, dst.len())
+        } else {
+            self.untimed(dst.len())
+        };
+        let size = prepared.size;
+        if prepared.probe {
+            // The whole huge pages of `dst` alone: its neighbours, in
+            // other readers' hands, keep the size in use.
+            if self.advise && self.reason != PageReason::Unavailable {
+                let at = dst.as_ptr() as usize;
+                let first = at.next_multiple_of(HUGE);
+                let end = at.saturating_add(dst.len()) / HUGE * HUGE;
+                if first < end {
+                    os::advise_page_size_of_range(first, end - first, size == Size::Huge);
+                }
+            }
+        } else {
+            self.advise_part(dst, size);
+        }
+        prepared
+    }
+
+    /// The size for a destination of `len` bytes at `addr` that a copy will
+    /// fault in: the one in use, or the other where a probe is due and no
+    /// other probe is being copied into.
+    pub(super) fn choose(&self, addr: usize, len: usize) -> Prepared {
+        // `cut` probes under `HugePages::Auto` only.
+        let PieceSize { size, probe } = self.cut(addr, len, false);
+        let probe = probe.is_some();
+        if probe {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.probing = true;
+        }
+        Prepared {
+            size: if probe { size.other() } else { size },
+            probe,
+            bytes: len,
+        }
+    }
+
+    /// The size in use for a destination of `len` bytes whose copy is not
+    /// timed.
+    pub(super) fn untimed(&self, len: usize) -> Prepared {
+        Prepared {
+            size: self.size_in_use(),
+            probe: false,
+            bytes: len,
+        }
+    }
+
+    /// Counts the copy into a destination [`prepare`](Self::prepare)d for
+    /// it, which took `cpu` of this thread's CPU time (`None` where it was
+    /// not timed: a conversion, a failed read): a measure of the size its
+    /// pages were asked for, replacing the older ones where it was a probe.
+    pub(crate) fn copied(&self, prepared: Prepared, cpu: Option<Duration>) {
+        if !self.advise {
+            return;
+        }
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let Prepared { size, probe, bytes } = prepared;
+        // A destination too small to say what its size costs counts only
+        // its bytes.
+        let cpu = cpu.filter(|_| bytes >= PROBE && self.mode == HugePages::Auto);
+        if probe {
+            state.probing = false;
+            if cpu.is_some() {
+                state.record_probe(size, &[(bytes, cpu)]);
+                return;
+            }
+        }
+        state.record(size, bytes, cpu);
+    }
+}

@@ -2,9 +2,11 @@
 //! dripped a byte at a time, requests never answered, a claimed length met with filler, a
 //! foreign commit answered with the server's own, a 404 without its commit.
 
+mod common;
+use common::{start, tree};
+
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -118,20 +120,6 @@ fn time_drop(server: Server) -> Duration {
     let t0 = Instant::now();
     drop(server);
     t0.elapsed()
-}
-
-/// A directory with `model.safetensors` (`len` bytes of a pattern) and `sub/small.bin`.
-fn tree(len: usize) -> (tempfile::TempDir, Vec<u8>) {
-    let dir = tempfile::tempdir().unwrap();
-    let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
-    std::fs::write(dir.path().join("model.safetensors"), &data).unwrap();
-    std::fs::create_dir(dir.path().join("sub")).unwrap();
-    std::fs::write(dir.path().join("sub/small.bin"), b"hello").unwrap();
-    (dir, data)
-}
-
-fn start(dir: &Path, options: Options) -> Server {
-    Server::start(dir, options).unwrap()
 }
 
 #[test]

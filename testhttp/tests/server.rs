@@ -1,9 +1,11 @@
 //! The test server as a client sees it: routes, ranges, ETags, conditional requests, the
 //! knobs and every fault, through a plain `TcpStream`.
 
+mod common;
+use common::{start, tree};
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -87,20 +89,6 @@ fn exchange(stream: &mut TcpStream, method: &str, target: &str, headers: &[&str]
 fn get(server: &Server, target: &str, headers: &[&str]) -> Answer {
     let mut stream = TcpStream::connect(server.addr()).unwrap();
     exchange(&mut stream, "GET", target, headers)
-}
-
-/// A directory with `model.safetensors` (`len` bytes of a pattern) and `sub/small.bin`.
-fn tree(len: usize) -> (tempfile::TempDir, Vec<u8>) {
-    let dir = tempfile::tempdir().unwrap();
-    let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
-    std::fs::write(dir.path().join("model.safetensors"), &data).unwrap();
-    std::fs::create_dir(dir.path().join("sub")).unwrap();
-    std::fs::write(dir.path().join("sub/small.bin"), b"hello").unwrap();
-    (dir, data)
-}
-
-fn start(dir: &Path, options: Options) -> Server {
-    Server::start(dir, options).unwrap()
 }
 
 #[test]

@@ -66,15 +66,16 @@ fn list_repo(repo: String, root: &Dir, dir: &Dir, dir_path: &Path) -> CachedRepo
     }
     let mut refs = Vec::new();
     if let Ok(refs_dir) = dir.sub("refs", false) {
-        walk(&refs_dir, "", 0, &mut |dir, path, name| {
+        walk(&refs_dir, "", 0, &mut |found| {
             let mut text = String::new();
-            let commit = dir
-                .open_nofollow(name)
+            let commit = found
+                .dir
+                .open_nofollow(found.name)
                 .ok()
                 .and_then(|f| f.take(4096).read_to_string(&mut text).ok())
                 .and_then(|_| layout::commit_of_ref(&text));
             if let Some(commit) = commit {
-                refs.push((commit, path.to_owned()));
+                refs.push((commit, found.path.to_owned()));
             }
         });
     }
@@ -87,13 +88,8 @@ fn list_repo(repo: String, root: &Dir, dir: &Dir, dir_path: &Path) -> CachedRepo
                 continue;
             };
             let mut files = Vec::new();
-            walk(&snapshot, "", 0, &mut |dir, path, name| {
-                files.push(snapshot_file(
-                    root,
-                    blobs.as_ref(),
-                    dir_path,
-                    (dir, path, name),
-                ));
+            walk(&snapshot, "", 0, &mut |found| {
+                files.push(snapshot_file(root, blobs.as_ref(), dir_path, found));
             });
             files.sort_by(|a, b| a.path.cmp(&b.path));
             let mut names: Vec<String> = refs
@@ -112,10 +108,18 @@ fn list_repo(repo: String, root: &Dir, dir: &Dir, dir_path: &Path) -> CachedRepo
     listed
 }
 
-/// Calls `each(dir, path, name)` for every entry of `dir` and its folders
-/// (not followed through links) that is not a folder: `path` its path from
-/// where the walk began.
-fn walk(dir: &Dir, prefix: &str, depth: usize, each: &mut dyn FnMut(&Dir, &str, &str)) {
+/// An entry [`walk`] found: the folder it is in, its path from where the
+/// walk began, and its name.
+#[derive(Clone, Copy)]
+struct Found<'a> {
+    dir: &'a Dir,
+    path: &'a str,
+    name: &'a str,
+}
+
+/// Calls `each` for every entry of `dir` and its folders (not followed
+/// through links) that is not a folder.
+fn walk(dir: &Dir, prefix: &str, depth: usize, each: &mut dyn FnMut(Found)) {
     let mut names = dir.names().unwrap_or_default();
     names.sort();
     for name in names {
@@ -127,19 +131,19 @@ fn walk(dir: &Dir, prefix: &str, depth: usize, each: &mut dyn FnMut(&Dir, &str, 
                 }
             }
             Ok(EntryKind::Dir) => {}
-            Ok(_) => each(dir, &path, &name),
+            Ok(_) => each(Found {
+                dir,
+                path: &path,
+                name: &name,
+            }),
             Err(_) => {}
         }
     }
 }
 
 /// A snapshot's file: the blob its link names, and that blob's size.
-fn snapshot_file(
-    root: &Dir,
-    blobs: Option<&Dir>,
-    repo_path: &Path,
-    (dir, path, name): (&Dir, &str, &str),
-) -> CachedFile {
+fn snapshot_file(root: &Dir, blobs: Option<&Dir>, repo_path: &Path, found: Found) -> CachedFile {
+    let Found { dir, path, name } = found;
     let depth = path.matches('/').count();
     let mut file = CachedFile {
         path: path.to_owned(),

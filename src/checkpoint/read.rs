@@ -227,7 +227,7 @@ fn read_runs(
         .filter(|r| r.runs.len() > 1)
         .map(|r| vec![0u8; r.src.len()])
         .collect();
-    let jobs = queue_reads(file, base, plan, &reads, (dst, &mut scratch), piece);
+    let jobs = queue_reads(file, base, plan, &reads, dst, &mut scratch, piece);
     // Scratch vectors and a caller's tensor: no page size is advised.
     let pages = PageSizes::unadvised();
     let (result, _, _) = jobs::run(jobs, concurrency, &pages, &|_, _| {});
@@ -267,7 +267,8 @@ fn queue_reads<'a>(
     base: u64,
     plan: &SlicePlan,
     reads: &[crate::slice::Read],
-    (dst, scratch): (&'a mut [u8], &'a mut [Vec<u8>]),
+    dst: &'a mut [u8],
+    scratch: &'a mut [Vec<u8>],
     piece: usize,
 ) -> Vec<jobs::Tagged<'a>> {
     let mut jobs = Vec::new();

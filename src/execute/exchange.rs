@@ -90,7 +90,8 @@ pub(crate) struct Facts {
 /// The all-gather failed (a node died or stalled), naming the checkpoint.
 pub(crate) fn agree(
     exchange: &dyn Exchange,
-    (filling, copies): (&mut [Filling<'_>], &[Copy<'_>]),
+    filling: &mut [Filling<'_>],
+    copies: &[Copy<'_>],
     facts: &Facts,
     path: &std::path::Path,
     notes: &mut Vec<Note>,
@@ -227,7 +228,8 @@ fn refused(all: &[Vec<u8>]) -> Option<String> {
 /// the file and its offset, and why.
 pub(crate) fn receive(
     exchange: &dyn Exchange,
-    (filling, copies): (&mut [Filling<'_>], &[Copy<'_>]),
+    filling: &mut [Filling<'_>],
+    copies: &[Copy<'_>],
     pieces: &[Piece],
     clock: Instant,
 ) -> Result<Note> {

@@ -100,15 +100,7 @@ impl Run<'_> {
             .filter_map(|e| Some((e.file, &e.fills.as_ref()?.writer)))
             .collect();
         let share = match exchange {
-            Some(ex) => {
-                let facts = exchange::Facts {
-                    converting: self.opts.dtype.is_some(),
-                    verifying: reads.verify,
-                };
-                let both = (filling.as_mut_slice(), copies.as_slice());
-                exchange::agree(ex, both, &facts, self.path, &mut self.notes)?
-                    .map(|pieces| (ex, pieces))
-            }
+            Some(ex) => self.split(ex, &mut filling, &copies, reads.verify)?,
             None => None,
         };
         let copies_read = self.read_copies(&copies, &share, &reads, filling.len())?;
@@ -126,9 +118,8 @@ impl Run<'_> {
         };
         let (io, readers) = queue::read_all(&mut filling, &read_options)?;
         if let Some((ex, pieces)) = &share {
-            let both = (filling.as_mut_slice(), copies.as_slice());
-            self.notes
-                .push(exchange::receive(*ex, both, pieces, self.clock)?);
+            let note = exchange::receive(*ex, &mut filling, &copies, pieces, self.clock)?;
+            self.notes.push(note);
         }
         // Every byte of the copies in place: the node's other ranks may map them.
         if let Some(pending) = &pending {
@@ -163,6 +154,23 @@ impl Run<'_> {
         report.notes = self.notes;
         trace_loaded(report);
         Ok(state_dict)
+    }
+
+    /// The pieces the nodes of the job read and share, where they agree on
+    /// them (else `None`, and every node reads alone).
+    fn split<'e>(
+        &mut self,
+        ex: &'e dyn crate::cluster::Exchange,
+        filling: &mut [Filling<'_>],
+        copies: &[exchange::Copy<'_>],
+        verifying: bool,
+    ) -> Result<Option<(&'e dyn crate::cluster::Exchange, Vec<Piece>)>> {
+        let facts = exchange::Facts {
+            converting: self.opts.dtype.is_some(),
+            verifying,
+        };
+        let pieces = exchange::agree(ex, filling, copies, &facts, self.path, &mut self.notes)?;
+        Ok(pieces.map(|pieces| (ex, pieces)))
     }
 
     /// How this process takes part in its node's copies.

@@ -87,17 +87,34 @@ impl Remarks {
     }
 }
 
-/// A copy of `key` a live rank of this user other than `me` hands out
-/// (complete, where `complete_only`), and its pid; whether a live rank
-/// offers one still being filled. Each holder costs at most
+/// Who asks for which copy: the copy's directory and key, and this rank's
+/// owner name (never asked itself).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Asking<'a> {
+    pub dir: &'a Path,
+    pub key: u64,
+    pub me: Owner,
+}
+
+/// Which copies [`find`] takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wanted {
+    /// Only a complete one.
+    Complete,
+    /// One still being filled too.
+    Any,
+}
+
+/// A copy of `asking.key` a live rank of this user other than `asking.me`
+/// hands out (as `wanted`), and its pid; whether a live rank offers one
+/// still being filled. Each holder costs at most
 /// [`PATIENCE`](handoff::PATIENCE); another user's names cost nothing.
 pub(super) fn find(
-    dir: &Path,
-    key: u64,
-    me: Owner,
-    complete_only: bool,
+    asking: &Asking,
+    wanted: Wanted,
     remarks: &mut Remarks,
 ) -> (Option<Found>, bool) {
+    let Asking { dir, key, me } = *asking;
     let mut filling = false;
     let names = registry::entries(dir);
     // Another user's names of this key, said whether or not a copy is found
@@ -123,7 +140,7 @@ pub(super) fn find(
             continue;
         }
         match handoff::take(&name.path, owner.pid, key) {
-            Ok(got) if complete_only && !got.0.complete => filling = true,
+            Ok(got) if wanted == Wanted::Complete && !got.0.complete => filling = true,
             Ok(got) => return (Some((got, owner.pid)), true),
             Err(Refused::OtherUser { uid, pid }) => remarks.push(Note::OfferRefused { pid, uid }),
             Err(Refused::Failed(why)) => remarks.push(Note::HolderFailed {
@@ -149,7 +166,7 @@ const MEMBER_POLL: Duration = Duration::from_millis(20);
 /// complete copy, under the key's lock, once a live rank offers it; `Err`
 /// with the reason once no live rank has offered a copy for `patience`.
 pub(super) fn wait_for_complete(
-    (dir, key, me): (&Path, u64, Owner),
+    asking: &Asking,
     lock_path: &Path,
     patience: Duration,
     remarks: &mut Remarks,
@@ -159,7 +176,7 @@ pub(super) fn wait_for_complete(
         let lock = Lock::take(lock_path)?;
         // What the last round of asking said, not every round's.
         let mut said = Remarks::default();
-        let (found, filling) = find(dir, key, me, true, &mut said);
+        let (found, filling) = find(asking, Wanted::Complete, &mut said);
         if let Some(found) = found {
             remarks.extend(said);
             return Ok((lock, found));
@@ -254,7 +271,12 @@ mod tests {
         std::os::unix::fs::symlink(&hidden, &link).unwrap();
         let mut remarks = Remarks::default();
         let started = Instant::now();
-        let (found, filling) = find(dir.path(), 5, me, false, &mut remarks);
+        let asking = Asking {
+            dir: dir.path(),
+            key: 5,
+            me,
+        };
+        let (found, filling) = find(&asking, Wanted::Any, &mut remarks);
         assert!(found.is_none() && !filling);
         assert!(started.elapsed() < Duration::from_millis(500));
         let said = said(&remarks);

@@ -4,9 +4,9 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::ask::{self, Found, Remarks};
+use super::ask::{self, Asking, Found, Remarks, Wanted};
 use super::fill::{self, ReadHere};
-use super::handoff::{Offer, Server};
+use super::handoff::{Maker, Offer, Server};
 use super::registry::{self, Lock};
 use super::{CHUNK, Pending, PerFile, Role};
 use crate::dest::node::{self as copy, CopyFill};
@@ -27,7 +27,8 @@ pub(super) fn coordinate(
     ids: &[Vec<u8>],
     opts: &Options,
     env: &Environment,
-    (rank, role): (&LocalRank, Role),
+    rank: &LocalRank,
+    role: Role,
 ) -> Result<(Vec<PerFile>, Option<Pending>), String> {
     let node = Coordination::new(files, ids, opts, env, rank, role)?;
 
@@ -149,24 +150,26 @@ impl<'a> Coordination<'a> {
         })
     }
 
+    /// Who asks for which copy: this rank, for the copy of these files.
+    fn asking(&self) -> Asking<'_> {
+        Asking {
+            dir: &self.dir,
+            key: self.key,
+            me: self.me,
+        }
+    }
+
     /// The key's lock, and the copy a live rank of this user hands out, if
     /// any (a member waits for its participant's, complete).
     fn find(&self, remarks: &mut Remarks) -> Result<(Lock, Option<Found>), String> {
         if self.role == Role::Member {
             let patience = ask::member_patience(self.env);
-            let (lock, found) = ask::wait_for_complete(
-                (&self.dir, self.key, self.me),
-                &self.lock_path,
-                patience,
-                remarks,
-            )?;
+            let (lock, found) =
+                ask::wait_for_complete(&self.asking(), &self.lock_path, patience, remarks)?;
             Ok((lock, Some(found)))
         } else {
             let lock = Lock::take(&self.lock_path)?;
-            Ok((
-                lock,
-                ask::find(&self.dir, self.key, self.me, false, remarks).0,
-            ))
+            Ok((lock, ask::find(&self.asking(), Wanted::Any, remarks).0))
         }
     }
 
@@ -196,11 +199,11 @@ impl<'a> Coordination<'a> {
                 }))
             }
             None => {
-                let maker = (
-                    self.me.pid,
-                    u32::try_from(self.rank.rank).unwrap_or(u32::MAX),
-                );
-                let (offer, memfds) = make(self.files, (self.key, maker), self.opts, results)?;
+                let maker = Maker {
+                    pid: self.me.pid,
+                    rank: u32::try_from(self.rank.rank).unwrap_or(u32::MAX),
+                };
+                let (offer, memfds) = make(self.files, self.key, maker, self.opts, results)?;
                 if offer.files.is_empty() {
                     return Ok(None);
                 }
@@ -264,14 +267,16 @@ impl<'a> Coordination<'a> {
                 server.complete();
             }
         };
-        let outcome = fill::fill(
-            self.files,
-            (offer, &obtained.memfds, &complete),
-            self.key,
-            (&self.dir, self.chunk_size),
-            (self.opts, huge_pages),
-            self.rank,
-        );
+        let copy = fill::ToFill {
+            files: self.files,
+            offer,
+            memfds: &obtained.memfds,
+            huge_pages,
+            key: self.key,
+            dir: &self.dir,
+            chunk_size: self.chunk_size,
+        };
+        let outcome = fill::fill(&copy, self.opts, self.rank, &complete);
         match outcome {
             Ok((read_here, outcome)) => {
                 filled.read_here = read_here;
@@ -320,8 +325,8 @@ impl<'a> Coordination<'a> {
                 usize::try_from(len.div_ceil(filled.chunk_size.max(1))).unwrap_or(usize::MAX)
             };
             let report = NodeCopy::Shared {
-                made_by_pid: offer.maker.0,
-                made_by_rank: offer.maker.1 as usize,
+                made_by_pid: offer.maker.pid,
+                made_by_rank: offer.maker.rank as usize,
                 received_from: *received_from,
                 filled_here: read.chunks,
                 chunks,
@@ -425,7 +430,8 @@ const DROP_BACK_OFF: std::time::Duration = std::time::Duration::from_millis(10);
 /// do not are marked in `results`.
 fn make(
     files: &[&OpenedFile],
-    (key, maker): (u64, (u32, u32)),
+    key: u64,
+    maker: Maker,
     opts: &Options,
     results: &mut [PerFile],
 ) -> Result<(Offer, Vec<File>), String> {

@@ -3,6 +3,7 @@
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use super::ask::{Asking, Remarks, Wanted, find};
 use super::handoff::Offer;
 use crate::dest::node::CopyFill;
 use crate::dest::pages::HugePages;
@@ -15,17 +16,38 @@ use crate::policy;
 use crate::prefetch::{self, LocalRank};
 use crate::source::{DirectGuard, Source};
 
-/// Fills the copy through the chunk queue: per file of the offer, the
-/// chunks this rank read and the bytes of tensor data in them (the report's
-/// `bytes_read`: a chunk that holds the header counts its tensor data only).
+/// A copy to fill with the other ranks: the load's files, the offer and
+/// memory files of the copy (in the offer's order) with the size of their
+/// pages, and the key, directory and chunk size of its queue.
+pub(super) struct ToFill<'a> {
+    pub files: &'a [&'a OpenedFile],
+    pub offer: &'a Offer,
+    pub memfds: &'a [File],
+    pub huge_pages: HugePages,
+    pub key: u64,
+    pub dir: &'a std::path::Path,
+    pub chunk_size: u64,
+}
+
+/// Fills the copy through the chunk queue, calling `complete` once every
+/// chunk is in place: per file of the offer, the chunks this rank read and
+/// the bytes of tensor data in them (the report's `bytes_read`: a chunk
+/// that holds the header counts its tensor data only).
 pub(super) fn fill(
-    files: &[&OpenedFile],
-    (offer, memfds, complete): (&Offer, &[File], &dyn Fn()),
-    key: u64,
-    (dir, chunk_size): (&std::path::Path, u64),
-    (opts, huge_pages): (&Options, HugePages),
+    copy: &ToFill,
+    opts: &Options,
     rank: &LocalRank,
+    complete: &dyn Fn(),
 ) -> crate::error::Result<(Vec<ReadHere>, prefetch::FillOutcome)> {
+    let ToFill {
+        files,
+        offer,
+        memfds,
+        huge_pages,
+        key,
+        dir,
+        chunk_size,
+    } = *copy;
     let parts = parts_of_offer(files, offer, memfds, huge_pages)?;
     let sources: Vec<&OpenedFile> = parts.iter().map(|part| part.file).collect();
     let lens: Vec<u64> = sources.iter().map(|f| f.size()).collect();
@@ -50,20 +72,24 @@ pub(super) fn fill(
     // under the queue file's lock: only this user's holders are asked, each
     // for at most the handoff's patience (`ask.rs`).
     let done_elsewhere = || {
-        let me = prefetch::Owner::current();
-        super::ask::find(dir, key, me, true, &mut super::ask::Remarks::default())
+        let asking = Asking {
+            dir,
+            key,
+            me: prefetch::Owner::current(),
+        };
+        find(&asking, Wanted::Complete, &mut Remarks::default())
             .0
             .is_some()
     };
-    let outcome = prefetch::fill_shared(
-        &lens,
-        (&material, dir),
-        (chunk_size, streams),
-        rank,
-        &read,
-        (complete, &done_elsewhere),
-        opts.progress.as_ref(),
-    )?;
+    let shared = prefetch::SharedQueue {
+        key_material: &material,
+        dir,
+        chunk_size,
+        streams,
+        complete,
+        done_elsewhere: &done_elsewhere,
+    };
+    let outcome = prefetch::fill_shared(&lens, &shared, rank, &read, opts.progress.as_ref())?;
     check_lengths(&parts)?;
     Ok((parts.into_iter().map(Part::counts).collect(), outcome))
 }

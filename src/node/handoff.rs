@@ -42,9 +42,15 @@ const BACK_OFF: Duration = Duration::from_millis(100);
 pub(crate) struct Offer {
     pub key: u64,
     pub complete: bool,
-    /// The pid and the local rank of the process that made the copy.
-    pub maker: (u32, u32),
+    pub maker: Maker,
     pub files: Vec<(u64, u64)>,
+}
+
+/// The process that made a copy, for the reports: its pid and local rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Maker {
+    pub pid: u32,
+    pub rank: u32,
 }
 
 impl Offer {
@@ -53,8 +59,8 @@ impl Offer {
             MAGIC,
             self.key,
             u64::from(self.complete),
-            u64::from(self.maker.0),
-            u64::from(self.maker.1),
+            u64::from(self.maker.pid),
+            u64::from(self.maker.rank),
             self.files.len() as u64,
         ];
         for &(index, len) in &self.files {
@@ -77,8 +83,10 @@ impl Offer {
             1 => true,
             _ => return None,
         };
-        let maker_pid = u32::try_from(words.next()?).ok()?;
-        let maker_rank = u32::try_from(words.next()?).ok()?;
+        let maker = Maker {
+            pid: u32::try_from(words.next()?).ok()?,
+            rank: u32::try_from(words.next()?).ok()?,
+        };
         let n = usize::try_from(words.next()?).ok()?;
         if n > MAX_FILES {
             return None;
@@ -89,7 +97,7 @@ impl Offer {
         words.next().is_none().then_some(Offer {
             key,
             complete,
-            maker: (maker_pid, maker_rank),
+            maker,
             files,
         })
     }
@@ -235,7 +243,7 @@ mod tests {
         let offer = Offer {
             key: 7,
             complete: true,
-            maker: (1234, 2),
+            maker: Maker { pid: 1234, rank: 2 },
             files: vec![(0, 100), (3, 4096)],
         };
         let bytes = offer.encode();
@@ -266,7 +274,10 @@ mod tests {
         let offer = Offer {
             key: 9,
             complete: false,
-            maker: (std::process::id(), 0),
+            maker: Maker {
+                pid: std::process::id(),
+                rank: 0,
+            },
             files: vec![(2, 5)],
         };
         let server = Server::start(&path, offer.clone(), vec![copy]).unwrap();

@@ -203,7 +203,7 @@ pub(crate) fn share(
     if chosen.is_empty() {
         return (out, None);
     }
-    let (results, mut pending) = match coordinate(&chosen, &ids, opts, env, (&rank, role)) {
+    let (results, mut pending) = match coordinate(&chosen, &ids, opts, env, &rank, role) {
         Ok(done) => done,
         Err(why) => (
             chosen

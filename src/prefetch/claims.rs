@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::queue::FREE;
 use super::takeover::Watch;
-use super::worker::{Work, swap};
+use super::worker::{Held, Work, swap};
 use crate::error::{Error, Operation, Result};
 use crate::jobs::{JobSource, Ran};
 
@@ -37,11 +37,10 @@ thread_local! {
 }
 
 impl JobSource for Claims<'_, '_> {
-    /// A chunk's index and this rank's claim word on it.
-    type Job = (usize, u64);
+    type Job = Held;
     type Error = Error;
 
-    fn next(&self, reader: usize) -> Option<(usize, (usize, u64))> {
+    fn next(&self, reader: usize) -> Option<(usize, Held)> {
         let work = self.work;
         if work.tally.failed.load(Ordering::Relaxed) {
             return None;
@@ -49,40 +48,43 @@ impl JobSource for Claims<'_, '_> {
         let mut state = self.readers.get(reader)?.lock().ok()?;
         let Reader { cursor, watch } = &mut *state;
         let next = match work.claim_free(cursor) {
-            Some(i) => Some((i, work.me.word())),
+            Some(index) => Some(Held {
+                index,
+                claim: work.me.word(),
+            }),
             None if work.shared => work.wait_or_take_over(watch),
             None => None,
         }?;
         work.beat();
-        Some((next.0, next))
+        Some((next.index, next))
     }
 
-    fn run(&self, (i, claim): (usize, u64)) -> Result<Ran> {
+    fn run(&self, held: Held) -> Result<Ran> {
         let work = self.work;
         let handled = BUFFERS.with(|buffers| {
             let (scratch, pages) = &mut *buffers.borrow_mut();
-            work.handle(i, claim, scratch, pages)
+            work.handle(held, scratch, pages)
         });
         match handled {
             Ok(()) => Ok(Ran {
-                bytes: work.chunks.get(i).map_or(0, |c| c.len),
+                bytes: work.chunks.get(held.index).map_or(0, |c| c.len),
                 faulting: Duration::ZERO,
             }),
             Err(e) => {
                 // Let another rank try it.
-                self.release(i, claim);
+                self.release(held);
                 work.tally.failed.store(true, Ordering::Relaxed);
                 Err(e)
             }
         }
     }
 
-    fn cancelled(&self, (i, claim): (usize, u64)) -> Error {
-        self.release(i, claim);
+    fn cancelled(&self, held: Held) -> Error {
+        self.release(held);
         let path = self
             .work
             .chunks
-            .get(i)
+            .get(held.index)
             .and_then(|c| self.work.targets.get(c.file))
             .map(|t| t.path.clone())
             .unwrap_or_default();
@@ -91,10 +93,10 @@ impl JobSource for Claims<'_, '_> {
 }
 
 impl Claims<'_, '_> {
-    /// Gives chunk `i` back to the queue, for another rank to take.
-    fn release(&self, i: usize, claim: u64) {
-        if let Some(w) = self.work.states.get(i) {
-            swap(w, claim, FREE);
+    /// Gives the chunk back to the queue, for another rank to take.
+    fn release(&self, held: Held) {
+        if let Some(w) = self.work.states.get(held.index) {
+            swap(w, held.claim, FREE);
         }
     }
 }

@@ -42,25 +42,43 @@ pub(crate) struct FillOutcome {
     pub swept: usize,
 }
 
-/// Fills files of `lens` bytes (in order) through the chunk queue named by
-/// `key_material` in `dir`, shared with the other ranks of `rank`: `read`
-/// reads one chunk (a file index, an offset, a length) into its place.
-/// `streams` readers in this process. `complete` is called once every chunk
-/// is in place, before this rank leaves the queue: a rank that joins after
-/// the last has left must learn from it that the fill is over, not start
-/// one anew. `done_elsewhere` is asked by the rank that makes the queue
-/// file: where it says the fill is over (a rank that took the copy
-/// unfinished in the instant before the last filler called `complete`),
-/// every chunk starts done.
+/// The chunk queue a fill goes through, shared with the other ranks, and how
+/// this rank reads its part.
+pub(crate) struct SharedQueue<'a> {
+    /// What names the queue's file in `dir`.
+    pub key_material: &'a [u8],
+    pub dir: &'a Path,
+    pub chunk_size: u64,
+    /// Readers in this process.
+    pub streams: usize,
+    /// Called once every chunk is in place, before this rank leaves the
+    /// queue: a rank that joins after the last has left must learn from it
+    /// that the fill is over, not start one anew.
+    pub complete: &'a dyn Fn(),
+    /// Asked by the rank that makes the queue file: where it says the fill
+    /// is over (a rank that took the copy unfinished in the instant before
+    /// the last filler called `complete`), every chunk starts done.
+    pub done_elsewhere: &'a dyn Fn() -> bool,
+}
+
+/// Fills files of `lens` bytes (in order) through `shared`, with the other
+/// ranks of `rank`: `read` reads one chunk (a file index, an offset, a
+/// length) into its place.
 pub(crate) fn fill_shared(
     lens: &[u64],
-    (key_material, dir): (&[u8], &Path),
-    (chunk_size, streams): (u64, usize),
+    shared: &SharedQueue,
     rank: &LocalRank,
     read: &(dyn Fn(usize, u64, u64) -> Result<()> + Sync),
-    (complete, done_elsewhere): (&dyn Fn(), &dyn Fn() -> bool),
     progress: Option<&Callback>,
 ) -> Result<FillOutcome> {
+    let SharedQueue {
+        key_material,
+        dir,
+        chunk_size,
+        streams,
+        complete,
+        done_elsewhere,
+    } = *shared;
     let swept = sweep_stale(dir);
     let plan = ChunkPlan::new(lens, chunk_size, os::page_size());
     let me = Owner::current();

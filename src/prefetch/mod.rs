@@ -75,7 +75,7 @@ mod worker;
 use crate::memory;
 use crate::policy::Environment;
 
-pub(crate) use fill::{FillOutcome, fill_shared};
+pub(crate) use fill::{FillOutcome, SharedQueue, fill_shared};
 pub(crate) use launcher::{LocalRank, job_key};
 pub(crate) use load::{LoadFile, before_load, warm};
 pub use options::PrefetchOptions;

@@ -78,6 +78,14 @@ pub(super) struct Tally {
     read_nanos: AtomicU64,
 }
 
+/// A chunk this rank holds: its index, and the claim word this rank wrote
+/// on it (a chunk is marked done only from that word).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Held {
+    pub index: usize,
+    pub claim: u64,
+}
+
 impl Tally {
     /// The mean time this rank took to warm a chunk that was not resident.
     fn mean_read(&self) -> Option<Duration> {
@@ -193,7 +201,7 @@ impl Work<'_> {
     /// holders; the chunk and the claim written, or `None` when every chunk
     /// is finished, or when nothing has finished for [`STALL`] (recorded in
     /// `stalled`).
-    pub(super) fn wait_or_take_over(&self, watch: &mut Watch) -> Option<(usize, u64)> {
+    pub(super) fn wait_or_take_over(&self, watch: &mut Watch) -> Option<Held> {
         let mut last_seen = (usize::MAX, 0usize);
         let mut last_change = Instant::now();
         loop {
@@ -214,7 +222,10 @@ impl Work<'_> {
                 let seen = word.load(Ordering::Acquire);
                 let claim = match chunk_state(seen) {
                     Some(ChunkState::Free) if swap(word, FREE, self.me.word()) => {
-                        return Some((i, self.me.word()));
+                        return Some(Held {
+                            index: i,
+                            claim: self.me.word(),
+                        });
                     }
                     Some(ChunkState::Claimed(claim)) => claim,
                     Some(ChunkState::Free) => continue,
@@ -236,7 +247,10 @@ impl Work<'_> {
                 };
                 match takeover::verdict(claim, self.me, alive, quiet, patience) {
                     Verdict::TakeOver(mine) if swap(word, seen, mine.word()) => {
-                        return Some((i, mine.word()));
+                        return Some(Held {
+                            index: i,
+                            claim: mine.word(),
+                        });
                     }
                     // Lost the race to another taker, or to the holder.
                     Verdict::TakeOver(_) => {}
@@ -277,20 +291,19 @@ impl Work<'_> {
         }
     }
 
-    /// Warms chunk `i`, claimed by this rank with the word `claim`, and
-    /// marks it done.
+    /// Warms the chunk this rank holds, and marks it done.
     pub(super) fn handle(
         &self,
-        i: usize,
-        claim: u64,
+        held: Held,
         scratch: &mut Vec<u8>,
         pages: &mut Vec<u8>,
     ) -> Result<()> {
+        let Held { index: i, claim } = held;
         let (Some(&chunk), Some(word)) = (self.chunks.get(i), self.states.get(i)) else {
             return Ok(());
         };
         if let Some(sink) = self.sink {
-            return self.fill(sink, i, chunk, (word, claim));
+            return self.fill(sink, held, chunk, word);
         }
         let (Some(target), Some(&method)) =
             (self.targets.get(chunk.file), self.methods.get(chunk.file))
@@ -338,14 +351,10 @@ impl Work<'_> {
         Ok(())
     }
 
-    /// Reads chunk `i` into the sink, and marks it done.
-    fn fill(
-        &self,
-        sink: &dyn Sink,
-        i: usize,
-        chunk: Chunk,
-        (word, claim): (&AtomicU64, u64),
-    ) -> Result<()> {
+    /// Reads the chunk this rank holds (`chunk`, its state `word`) into the
+    /// sink, and marks it done.
+    fn fill(&self, sink: &dyn Sink, held: Held, chunk: Chunk, word: &AtomicU64) -> Result<()> {
+        let Held { index: i, claim } = held;
         if let Ok(mut handled) = self.tally.handled.lock() {
             handled.push(i);
         }

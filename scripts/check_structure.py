@@ -139,22 +139,7 @@ def test_regions(code):
             j = matching(code, a.end() - 1)
         item = re.match(r"\s*(?:pub\s*(?:\([^)]*\))?\s*)?(\w+)(?:\s+(" + IDENT + r"))?", code[j:])
         keyword = item.group(1) if item else ""
-        end, k = len(code), j
-        while k < len(code):
-            ch = code[k]
-            if ch == ";":
-                end = k + 1
-                break
-            if ch in "([":
-                k = matching(code, k)
-                continue
-            if ch == "{":
-                if keyword == "use":
-                    k = matching(code, k)
-                    continue
-                end = matching(code, k)
-                break
-            k += 1
+        end = item_end(code, j, keyword)
         if keyword == "mod" and item.group(2) and code[j:end].rstrip().endswith(";"):
             test_mods.add(item.group(2))
         regions.append((m.start(), end))

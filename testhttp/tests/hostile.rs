@@ -3,9 +3,9 @@
 //! foreign commit answered with the server's own, a 404 without its commit.
 
 mod common;
-use common::{start, tree};
+use common::{Head, read_head, start, tree, write_request};
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -15,61 +15,11 @@ use safeload_testhttp::{DEFAULT_COMMIT, Options, Server, Stats};
 /// A commit the server does not have.
 const FOREIGN: &str = "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0";
 
-/// A response head as read off the wire.
-#[derive(Debug)]
-struct Head {
-    status: u16,
-    headers: Vec<(String, String)>,
-}
-
-impl Head {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn content_length(&self) -> u64 {
-        self.header("content-length").unwrap().parse().unwrap()
-    }
-}
-
 /// Connects and sends one request (no body).
 fn send(server: &Server, method: &str, target: &str, headers: &[&str]) -> TcpStream {
     let mut stream = TcpStream::connect(server.addr()).unwrap();
-    let mut request = format!("{method} {target} HTTP/1.1\r\nHost: test\r\n");
-    for h in headers {
-        request.push_str(h);
-        request.push_str("\r\n");
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).unwrap();
+    write_request(&mut stream, method, target, headers);
     stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    stream
-}
-
-/// Reads a response head, byte by byte so that none of the body is taken.
-fn read_head(stream: &mut TcpStream) -> Head {
-    let mut raw = Vec::new();
-    let mut byte = [0; 1];
-    while !raw.ends_with(b"\r\n\r\n") {
-        assert_eq!(stream.read(&mut byte).unwrap(), 1, "closed inside the head");
-        raw.push(byte[0]);
-    }
-    let text = String::from_utf8(raw).unwrap();
-    let mut lines = text.split("\r\n");
-    let status = lines.next().unwrap()[9..12].parse().unwrap();
-    let headers = lines
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let (n, v) = l.split_once(':').unwrap();
-            (n.to_owned(), v.trim().to_owned())
-        })
-        .collect();
-    Head { status, headers }
 }
 
 /// One request on its own connection: its head and its whole body.

@@ -2,7 +2,7 @@
 //! knobs and every fault, through a plain `TcpStream`.
 
 mod common;
-use common::{start, tree};
+use common::{Head, read_head, start, tree, write_request};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -13,60 +13,33 @@ use safeload_testhttp::{
     DEFAULT_COMMIT, Fault, FaultEvery, Options, Replacement, Server, hex_sha256,
 };
 
-/// An answer as read off the wire.
+/// An answer as read off the wire: its head (`answer.status`, `answer.header(..)`) and body.
 #[derive(Debug)]
 struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
+    head: Head,
     body: Vec<u8>,
     /// Whether the body was cut short of its `Content-Length` (closed or reset).
     cut: bool,
 }
 
-impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+impl std::ops::Deref for Answer {
+    type Target = Head;
+
+    fn deref(&self) -> &Head {
+        &self.head
     }
 }
 
 /// Sends one request on `stream` and reads its answer (`HEAD` answers have no body).
 fn exchange(stream: &mut TcpStream, method: &str, target: &str, headers: &[&str]) -> Answer {
-    let mut request = format!("{method} {target} HTTP/1.1\r\nHost: test\r\n");
-    for h in headers {
-        request.push_str(h);
-        request.push_str("\r\n");
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut raw = Vec::new();
-    let mut byte = [0; 1];
-    while !raw.ends_with(b"\r\n\r\n") {
-        assert_eq!(stream.read(&mut byte).unwrap(), 1, "closed inside the head");
-        raw.push(byte[0]);
-    }
-    let text = String::from_utf8(raw).unwrap();
-    let mut lines = text.split("\r\n");
-    let status = lines.next().unwrap()[9..12].parse().unwrap();
-    let headers: Vec<(String, String)> = lines
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let (n, v) = l.split_once(':').unwrap();
-            (n.to_owned(), v.trim().to_owned())
-        })
-        .collect();
+    write_request(stream, method, target, headers);
+    let head = read_head(stream);
+    let len = head.content_length() as usize;
     let mut answer = Answer {
-        status,
-        headers,
+        head,
         body: Vec::new(),
         cut: false,
     };
-    let len: usize = answer.header("content-length").unwrap().parse().unwrap();
     if method == "HEAD" {
         return answer;
     }

@@ -11,7 +11,8 @@
 //! let proj = candle_nn::linear(1024, 1024, vb.pp("model.layers.0.mlp.up_proj"))?;
 //!
 //! // Tensor parallelism: this rank's part of each tensor, read alone.
-//! let vb = safeload::candle::sharded_var_builder("path/to/checkpoint", DType::BF16, &device)?;
+//! let checkpoint = safeload::Checkpoint::open("path/to/checkpoint")?;
+//! let vb = safeload::candle::sharded_var_builder_from(checkpoint, DType::BF16, &device);
 //! let shard = candle_nn::var_builder::Shard { dim: 0, rank: 1, world_size: 8 };
 //! let up = vb.get_with_hints((4096 / 8, 1024), "model.layers.0.mlp.up_proj.weight", shard)?;
 //! # Ok(()) }
@@ -50,13 +51,10 @@ impl From<Error> for candle_core::Error {
     }
 }
 
-/// The candle dtype a safeload dtype loads as (see the [table](self#dtypes)).
-///
-/// # Errors
-///
+/// The candle dtype a safeload dtype loads as (the [table](self#dtypes));
 /// [`ErrorKind::UnsupportedConversion`] for the dtypes candle has no room
 /// for.
-pub fn candle_dtype(dtype: Dtype) -> Result<DType> {
+pub(crate) fn candle_dtype(dtype: Dtype) -> Result<DType> {
     Ok(match dtype {
         Dtype::BOOL | Dtype::U8 => DType::U8,
         Dtype::I8 | Dtype::I16 => DType::I16,
@@ -403,9 +401,6 @@ pub struct ShardedCheckpoint {
     inner: CheckpointBackend,
 }
 
-/// A `VarBuilder` whose hints are the rank's [`Shard`](https://docs.rs/candle-nn/0.11/candle_nn/var_builder/struct.Shard.html).
-pub type ShardedVarBuilder<'a> = candle_nn::var_builder::VarBuilderArgs<'a, ShardedCheckpoint>;
-
 impl candle_nn::var_builder::Backend for ShardedCheckpoint {
     type Hints = candle_nn::var_builder::Shard;
 
@@ -441,29 +436,23 @@ impl candle_nn::var_builder::Backend for ShardedCheckpoint {
     }
 }
 
-/// A [`ShardedVarBuilder`] over the checkpoint at `path`.
+/// A `VarBuilder` over a checkpoint already opened whose hints are the
+/// rank's [`Shard`](https://docs.rs/candle-nn/0.11/candle_nn/var_builder/struct.Shard.html):
+/// each tensor asked for with one is read as [`Checkpoint::shard`] reads it.
 ///
-/// # Errors
+/// ```no_run
+/// # fn main() -> candle_core::Result<()> {
+/// use candle_core::{DType, Device};
 ///
-/// As [`Checkpoint::open`].
-pub fn sharded_var_builder(
-    path: impl AsRef<std::path::Path>,
-    dtype: DType,
-    device: &Device,
-) -> Result<ShardedVarBuilder<'static>> {
-    Ok(sharded_var_builder_from(
-        Checkpoint::open(path)?,
-        dtype,
-        device,
-    ))
-}
-
-/// A [`ShardedVarBuilder`] over a checkpoint already opened.
+/// let checkpoint = safeload::Checkpoint::open("path/to/checkpoint")?;
+/// let vb = safeload::candle::sharded_var_builder_from(checkpoint, DType::BF16, &Device::Cpu);
+/// # Ok(()) }
+/// ```
 pub fn sharded_var_builder_from(
     checkpoint: Checkpoint,
     dtype: DType,
     device: &Device,
-) -> ShardedVarBuilder<'static> {
+) -> candle_nn::var_builder::VarBuilderArgs<'static, ShardedCheckpoint> {
     let backend = ShardedCheckpoint {
         inner: CheckpointBackend::new(checkpoint),
     };

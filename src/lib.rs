@@ -41,7 +41,7 @@
 //! | whether the local ranks shared one copy, who made it | [`FileReport::node_copy`](report::FileReport::node_copy) ([`report::NodeCopy`]) |
 //! | the report as JSON (feature `serde`) | `serde_json::to_string(sd.report())`, the schema in [the report module](report#json) |
 //! | tell "missing" from "corrupt" | [`Error::is_not_found`], [`Error::is_corrupt`] |
-//! | is a path on hf-mount / FUSE | [`mount::is_on_hf_mount`], [`mount::lookup`] |
+//! | is a path on hf-mount / FUSE | [`mount::lookup`] (its [`kind`](mount::Mount::kind)) |
 //! | load from S3, GCS, Azure, HTTP or the hub (feature `remote`) | any of the above with `s3://…`, `hf://org/repo@rev`, `https://…` for the path |
 //! | restart from the Hugging Face cache, filled as the hub's clients fill it (feature `remote`) | `hf://…` reads and writes it by default ([`Loader::hub_cache`]); what it holds: `hub_cache()` |
 //! | keep what `s3://`, `gs://`, `az://`, `https://` loads fetched (feature `remote`) | [`Loader::cache_dir`] |
@@ -119,9 +119,12 @@
 //! [`report::DirectIo`] and its [`report::NodeCopy`] (who made the copy its
 //! local ranks share, or why there was none), a prefetch's
 //! [`report::RankSource`] and [`report::SkipReason`]s, and everything else a
-//! report says ([`report::Note`]: why a prefetch ran, how the reads in flight
-//! were found, what went otherwise than planned), each with `Display` for the
-//! words and `as_str()` for a stable code; the whole report prints as a
+//! report says, each field typed by an enum of its own
+//! ([`report::LoadNote`]: what went otherwise than planned;
+//! [`report::ConcurrencyReason`]: how the reads in flight were found;
+//! [`report::PrefetchReason`], [`report::QueueNote`],
+//! [`report::CopyRemark`]), each with `Display` for the words and, where it
+//! has data, `as_str()` for a stable code; the whole report prints as a
 //! table, and with the `serde` feature serializes in one schema under the
 //! Rust names, the one `safeload load --json` prints
 //! ([the report module's "JSON"](report#json), with a complete example).

@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use safeload::mount::{Mount, MountEntry};
-use safeload::report::FileReport;
+use safeload::mount::{Mount, MountEntry, MountKind};
+use safeload::report::{FileReport, Strategy};
 use safeload::{AutoPolicy, Checkpoint};
 use serde::Serialize;
 
@@ -61,7 +61,7 @@ pub struct Mounts {
 /// What the auto policy does with a file on a mount.
 #[derive(Serialize)]
 pub struct Policy {
-    pub strategy: &'static str,
+    pub strategy: Strategy,
     pub reason: String,
     pub direct_io: bool,
     pub prefetch_streams: Option<usize>,
@@ -80,7 +80,7 @@ pub struct TableEntry {
     pub mount_point: String,
     pub fs_type: String,
     pub source: String,
-    pub kind: &'static str,
+    pub kind: MountKind,
 }
 
 fn text(path: &Path) -> String {
@@ -116,7 +116,7 @@ impl Policy {
     /// The JSON of an auto decision.
     pub fn new(policy: &AutoPolicy) -> Policy {
         Policy {
-            strategy: policy.strategy.as_str(),
+            strategy: policy.strategy,
             reason: policy.reason.clone(),
             direct_io: policy.direct_io,
             prefetch_streams: policy.prefetch_streams,
@@ -131,7 +131,7 @@ impl TableEntry {
             mount_point: text(entry.mount_point()),
             fs_type: entry.fs_type().to_string(),
             source: entry.source().to_string(),
-            kind: entry.kind().as_str(),
+            kind: entry.kind(),
         }
     }
 }

@@ -565,8 +565,8 @@ fn mounts_tells_the_kind_of_a_directory_and_why_the_policy_decides_as_it_does() 
     let json = run(&["mounts", dir.path().to_str().unwrap(), "--json"])
         .expect_code(0)
         .json();
-    assert_eq!(json["mount"]["kind"], expected.kind.as_str());
-    assert_eq!(json["auto_policy"]["strategy"], policy.strategy.as_str());
+    assert_eq!(json["mount"]["kind"], expected.kind.to_string());
+    assert_eq!(json["auto_policy"]["strategy"], policy.strategy.to_string());
     assert_eq!(json["auto_policy"]["reason"], policy.reason.as_str());
     assert_eq!(json["environment"], serde_json::json!([]));
     assert!(json.get("mounts").is_none(), "only with --all");
@@ -580,7 +580,7 @@ fn mounts_without_a_path_is_about_the_current_directory() {
     let json = Run::piped(command).expect_code(0).json();
     let expected = safeload::mount::lookup(dir.path()).unwrap();
     assert_eq!(json["path"], ".");
-    assert_eq!(json["mount"]["kind"], expected.kind.as_str());
+    assert_eq!(json["mount"]["kind"], expected.kind.to_string());
     assert_eq!(
         json["mount"]["mount_point"],
         expected.mount_point.to_str().unwrap()

@@ -139,7 +139,7 @@ fn a_short_run_says_so_and_waiting_readers_leave() {
     });
     let settled = control.settled();
     assert_eq!((settled.readers, settled.why), (2, SettleReason::Ended));
-    // Nothing measured (the report's words of it: report::Note::reads).
+    // Nothing measured (the report's words of it: report::ConcurrencyReason::of).
     assert!(settled.steps.is_empty(), "{settled:?}");
     // Never more readers than jobs.
     assert_eq!(Control::new(Concurrency::adaptive(8), 3).max(), 3);

@@ -16,7 +16,7 @@ use crate::execute::Run;
 use crate::file::{self, OpenedFile};
 use crate::options::Options;
 use crate::policy::Environment;
-use crate::report::{DirectIo, FileReport, LoadReport, Note};
+use crate::report::{DirectIo, FileReport, LoadNote, LoadReport};
 use crate::resolve::{self, Resolved, ShardFile};
 use crate::state_dict::StateDict;
 
@@ -398,7 +398,7 @@ pub(crate) fn open_with(opts: Options, path: &Path) -> Result<Checkpoint> {
 }
 
 /// The report of an opening: per file how it is read and why, nothing read.
-fn opening_report(files: &[OpenedFile], notes: Vec<Note>, elapsed: Duration) -> LoadReport {
+fn opening_report(files: &[OpenedFile], notes: Vec<LoadNote>, elapsed: Duration) -> LoadReport {
     let files = files
         .iter()
         .map(|f| FileReport {

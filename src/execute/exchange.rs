@@ -22,7 +22,7 @@ use crate::file::life::{Destination, Filling};
 use crate::file::{OpenedFile, read_error, since};
 use crate::jobs::{self, JobSource, Ran};
 use crate::plan::cluster::{self, FileFacts, PIECE, Piece};
-use crate::report::Note;
+use crate::report::LoadNote;
 use crate::source::VersionTag;
 use crate::storage::{BufferLayout, Segment};
 
@@ -94,7 +94,7 @@ pub(crate) fn agree(
     copies: &[Copy<'_>],
     facts: &Facts,
     path: &std::path::Path,
-    notes: &mut Vec<Note>,
+    notes: &mut Vec<LoadNote>,
 ) -> Result<Option<Vec<Piece>>> {
     let files = compared(filling, copies);
     let mut refusal = refusal(facts);
@@ -103,11 +103,11 @@ pub(crate) fn agree(
         .all_gather(&offer(refusal.as_deref(), &described))
         .map_err(|e| exchange_error(path, None, &e))?;
     if let Some(why) = refused(&all) {
-        notes.push(Note::NodesReadAlone { why });
+        notes.push(LoadNote::NodesReadAlone { why });
         return Ok(None);
     }
     if let Err(why) = cluster::agree(&all) {
-        notes.push(Note::NodesReadAlone {
+        notes.push(LoadNote::NodesReadAlone {
             why: why.to_string(),
         });
         return Ok(None);
@@ -232,7 +232,7 @@ pub(crate) fn receive(
     copies: &[Copy<'_>],
     pieces: &[Piece],
     clock: Instant,
-) -> Result<Note> {
+) -> Result<LoadNote> {
     let me = exchange.node();
     let (mut read, mut received) = (0u64, 0u64);
     let buffers = filling.len();
@@ -278,7 +278,7 @@ pub(crate) fn receive(
         }
     }
     let total = read + received;
-    Ok(Note::ReadOncePerCluster {
+    Ok(LoadNote::ReadOncePerCluster {
         node: me,
         nodes: exchange.nodes(),
         read,

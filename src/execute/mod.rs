@@ -23,7 +23,7 @@ use crate::plan::cluster::Piece;
 use crate::plan::{self, FileFacts, FilePlan, PlanOptions};
 use crate::policy::{self, Environment};
 use crate::prefetch;
-use crate::report::{LoadReport, NodeCopy, Note, PrefetchReport};
+use crate::report::{ConcurrencyReason, LoadNote, LoadReport, NodeCopy, PrefetchReport};
 use crate::resolve::Resolved;
 use crate::state_dict::StateDict;
 use crate::trace;
@@ -40,7 +40,7 @@ pub(crate) struct Run<'a> {
     pub keep: Option<&'a (dyn Fn(&str) -> bool + Sync)>,
     pub clock: Instant,
     /// What went otherwise than planned so far (threads refused).
-    pub notes: Vec<Note>,
+    pub notes: Vec<LoadNote>,
     /// The checkpoint's path, for errors about the whole load.
     pub path: &'a Path,
     /// The job's exchange between nodes, on this node's participant
@@ -148,7 +148,7 @@ impl Run<'_> {
             file.node_copy = entry.copy_report;
             file.bytes_read += entry.copy_read;
         }
-        report.io_concurrency_reason = io.as_ref().map(Note::reads);
+        report.io_concurrency_reason = io.as_ref().map(ConcurrencyReason::of);
         report.prefetch = prefetched;
         report.fresh_memory = pages.report();
         report.notes = self.notes;

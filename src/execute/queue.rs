@@ -16,7 +16,7 @@ use crate::jobs::{
 use crate::os::DIRECT_ALIGN;
 use crate::plan::cluster::Piece;
 use crate::progress::{Callback, Meter, Phase};
-use crate::report::Note;
+use crate::report::LoadNote;
 use crate::source::Source;
 use crate::storage::{Segment, Storage};
 use crate::verify::{Digest256, StreamHasher};
@@ -57,7 +57,7 @@ pub(crate) struct ReadOptions<'a> {
 pub(crate) fn read_all(
     opened: &mut [Filling<'_>],
     options: &ReadOptions<'_>,
-) -> Result<(Option<Settled>, Option<Note>)> {
+) -> Result<(Option<Settled>, Option<LoadNote>)> {
     let prefixes = read_prefixes(opened, options.verify)?;
     let lens: Vec<u64> = opened
         .iter()
@@ -102,7 +102,7 @@ pub(crate) fn read_all(
             }),
         });
     }
-    Ok((Some(io), Note::threads("reading", &started)))
+    Ok((Some(io), LoadNote::threads("reading", &started)))
 }
 
 /// For each file, with `verify`, the bytes before its buffer's image (the

@@ -15,7 +15,7 @@ use crate::format::header::{self, Header, PREFIX_LEN};
 use crate::mount::MountTable;
 use crate::options::Options;
 use crate::policy::{self, Environment, FileDecision, Origin, ReadMode, Strategy};
-use crate::report::Note;
+use crate::report::LoadNote;
 use crate::resolve::{Resolved, ShardFile};
 pub(crate) use crate::source::read_error;
 use crate::source::{LocalFile, Source};
@@ -102,12 +102,14 @@ pub(crate) fn threads(opts: &Options) -> usize {
 
 /// What the report says of files a server sends whole, ignoring `Range`
 /// (each fetched once, by its first request), if there are any.
-pub(crate) fn fetched_whole<'a>(files: impl IntoIterator<Item = &'a OpenedFile>) -> Option<Note> {
+pub(crate) fn fetched_whole<'a>(
+    files: impl IntoIterator<Item = &'a OpenedFile>,
+) -> Option<LoadNote> {
     let files = files
         .into_iter()
         .filter(|f| f.source().fetched_whole())
         .count();
-    (files > 0).then_some(Note::RangesIgnored { files })
+    (files > 0).then_some(LoadNote::RangesIgnored { files })
 }
 
 /// Opens `shards` of `resolved` in parallel, each with its header read and
@@ -121,7 +123,7 @@ pub(crate) fn open_all(
     shards: &[&ShardFile],
     env: &Environment,
     clock: Instant,
-) -> Result<(Vec<OpenedFile>, Vec<Note>)> {
+) -> Result<(Vec<OpenedFile>, Vec<LoadNote>)> {
     let (mode, origin) = policy::effective_mode(opts.mode, env);
     let table = match &opts.mount_table {
         Some(table) => Some(table.clone()),
@@ -141,7 +143,7 @@ pub(crate) fn open_all(
         _ => threads(opts),
     };
     let (files, openers) = workers::map(shards, width, "safeload-open", |shard| open(shard, &ctx))?;
-    let notes = Note::threads("opening files", &openers)
+    let notes = LoadNote::threads("opening files", &openers)
         .into_iter()
         .collect();
     let headers: Vec<_> = files.iter().map(|f| (f.path(), &f.header)).collect();

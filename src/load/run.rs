@@ -181,7 +181,7 @@ impl Loader {
             env: &env,
             progress: self.opts.progress.as_ref(),
         };
-        let reason = crate::report::Note::PrefetchRequested {
+        let reason = crate::report::PrefetchReason::Requested {
             streams: options.stream_count(),
         };
         prefetch::warm(&handed, &options, &job, reason)

@@ -25,10 +25,16 @@ use super::escape;
 /// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "lowercase")
+)]
 pub enum MountKind {
     /// A Hugging Face Hub repository mounted by `hf-mount`: its FUSE mount (source `hf-mount`,
     /// or type `fuse.hf-mount`), or its NFS mode (an `nfs`/`nfs4` mount served from loopback,
     /// which is a userspace server just as risky as FUSE).
+    #[cfg_attr(feature = "serde", serde(rename = "hf-mount"))]
     HfMount,
     /// Any other FUSE filesystem (`fuse`, `fuse.*`, `fuseblk`) or `virtiofs`: s3fs, gcsfuse,
     /// juicefs, rclone, sshfs, ceph-fuse, glusterfs, ...
@@ -44,12 +50,9 @@ pub enum MountKind {
 }
 
 impl MountKind {
-    /// A short lowercase name: `"hf-mount"`, `"fuse"`, `"network"`, `"local"` or `"unknown"`.
-    ///
-    /// ```
-    /// assert_eq!(safeload::mount::MountKind::Network.as_str(), "network");
-    /// ```
-    pub fn as_str(&self) -> &'static str {
+    /// A short lowercase name, as `Display` and JSON say it: `"hf-mount"`, `"fuse"`,
+    /// `"network"`, `"local"` or `"unknown"`.
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             MountKind::HfMount => "hf-mount",
             MountKind::Fuse => "fuse",

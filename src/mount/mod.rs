@@ -5,7 +5,7 @@
 //! mount a path lives on in this process's mount table (`/proc/self/mountinfo`), falling back
 //! to the filesystem magic of `statfs(2)` when the table has no answer, and says how it found
 //! it ([`Detection`]); [`MountKind`] is what the policy decides from, and
-//! [`is_on_hf_mount`] the question most callers have.
+//! whether it is [`MountKind::HfMount`] the question most callers have.
 //!
 //! Off Linux there is no mount table to read: every lookup answers [`MountKind::Unknown`]
 //! with [`Detection::Unsupported`], never an error.
@@ -21,7 +21,8 @@
 //! if here.kind.is_fuse_like() {
 //!     // mmap page faults can stall here: load with `disable_mmap(true)`.
 //! }
-//! assert!(!mount::is_on_hf_mount(std::env::temp_dir()) || here.kind == MountKind::HfMount);
+//! let on_hf_mount = here.kind == MountKind::HfMount;
+//! # let _ = on_hf_mount;
 //! # let _ = Detection::Device;
 //! # Ok::<(), std::io::Error>(())
 //! ```
@@ -80,11 +81,17 @@ pub use table::MountTable;
 /// How a lookup found the mount of a path, for reports.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "lowercase")
+)]
 pub enum Detection {
     /// A mount table entry with the file's device number and a mount point containing its path.
     Device,
     /// The mount table entry with the longest mount point containing the path, no entry having
     /// the file's device number.
+    #[cfg_attr(feature = "serde", serde(rename = "path prefix"))]
     PathPrefix,
     /// No mount table entry matched (or none could be read): the filesystem magic number that
     /// `statfs(2)` reports for the file.
@@ -94,8 +101,9 @@ pub enum Detection {
 }
 
 impl Detection {
-    /// A short lowercase name: `"device"`, `"path prefix"`, `"statfs"` or `"unsupported"`.
-    pub fn as_str(&self) -> &'static str {
+    /// A short lowercase name, as `Display` and JSON say it: `"device"`, `"path prefix"`,
+    /// `"statfs"` or `"unsupported"`.
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             Detection::Device => "device",
             Detection::PathPrefix => "path prefix",
@@ -129,16 +137,18 @@ impl fmt::Display for Detection {
 /// }
 /// // For example `local: ext4 "/dev/vda" at / (found by device)`.
 /// let report_line = mount.to_string();
-/// assert!(report_line.starts_with(mount.kind.as_str()));
+/// assert!(report_line.starts_with(&mount.kind.to_string()));
 /// # Ok::<(), std::io::Error>(())
 /// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Mount {
     /// The mount source (`hf-mount`, `server:/export`, `/dev/nvme0n1p1`); empty when not found
     /// in the mount table, and possibly empty in it.
     pub source: String,
     /// The mount point; empty when not found in the mount table.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "path_text"))]
     pub mount_point: PathBuf,
     /// The filesystem type: the table's (`fuse.hf-mount`, `nfs4`), or the name of the `statfs`
     /// magic number (`ext2/ext3/ext4`; the number in hex when unknown); empty off Linux.
@@ -147,6 +157,16 @@ pub struct Mount {
     pub kind: MountKind,
     /// How the mount was found.
     pub detected_by: Detection,
+}
+
+/// A path in JSON: its text, lossy where it is not UTF-8 (serde's own
+/// serializer refuses such a path, and with it the whole report).
+#[cfg(feature = "serde")]
+pub(crate) fn path_text<S: serde::Serializer>(
+    path: &Path,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(&path.display())
 }
 
 impl Mount {
@@ -315,16 +335,6 @@ pub fn lookup_file(file: &File, canonical_path: &Path) -> io::Result<Mount> {
     lookup_file_in(&current_or_empty(), file, canonical_path)
 }
 
-/// Whether `path` lives on an hf-mount mount (FUSE or its loopback NFS mode). `false` when
-/// the lookup fails, and off Linux.
-///
-/// ```
-/// assert!(!safeload::mount::is_on_hf_mount(std::env::temp_dir()));
-/// ```
-pub fn is_on_hf_mount(path: impl AsRef<Path>) -> bool {
-    lookup(path).is_ok_and(|mount| mount.kind == MountKind::HfMount)
-}
-
 fn current_or_empty() -> MountTable {
     MountTable::current().unwrap_or_default()
 }
@@ -412,6 +422,11 @@ mod tests {
         assert_eq!(Detection::PathPrefix.to_string(), "path prefix");
         assert_eq!(Detection::Statfs.to_string(), "statfs");
         assert_eq!(Detection::Unsupported.to_string(), "unsupported");
+    }
+
+    /// Whether `path` lives on an hf-mount mount, as the crate docs teach it.
+    fn is_on_hf_mount(path: impl AsRef<Path>) -> bool {
+        lookup(path).is_ok_and(|mount| mount.kind == MountKind::HfMount)
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::registry::{self, Entry, Foreign, Lock};
 use crate::os;
 use crate::policy::Environment;
 use crate::prefetch::Owner;
-use crate::report::Note;
+use crate::report::CopyRemark;
 
 /// A copy another rank handed out: its offer and memory files, and its pid.
 pub(super) type Found = ((Offer, Vec<File>), u32);
@@ -27,7 +27,7 @@ pub(super) type Found = ((Offer, Vec<File>), u32);
 /// directory can hold many).
 #[derive(Debug, Default)]
 pub(super) struct Remarks {
-    said: Vec<Note>,
+    said: Vec<CopyRemark>,
     ignored: Vec<Foreign>,
     /// Another user's names beyond the first [`NAMED`].
     more: usize,
@@ -37,7 +37,7 @@ pub(super) struct Remarks {
 const NAMED: usize = 3;
 
 impl Remarks {
-    pub(super) fn push(&mut self, remark: Note) {
+    pub(super) fn push(&mut self, remark: CopyRemark) {
         if !self.said.contains(&remark) {
             self.said.push(remark);
         }
@@ -66,22 +66,22 @@ impl Remarks {
     }
 
     /// The last remark, if any.
-    fn last(&self) -> Option<&Note> {
+    fn last(&self) -> Option<&CopyRemark> {
         self.said.last()
     }
 
     /// Every remark, another user's names after the rest.
-    pub(super) fn notes(&self) -> Vec<Note> {
+    pub(super) fn notes(&self) -> Vec<CopyRemark> {
         let me = os::effective_uid();
         let mut all = self.said.clone();
-        all.extend(self.ignored.iter().map(|f| Note::ForeignName {
+        all.extend(self.ignored.iter().map(|f| CopyRemark::ForeignName {
             name: f.name.clone(),
             kind: f.kind.to_string(),
             uid: f.uid,
             this_user: f.uid.is_some() && f.uid == me,
         }));
         if self.more > 0 {
-            all.push(Note::MoreForeignNames { count: self.more });
+            all.push(CopyRemark::MoreForeignNames { count: self.more });
         }
         all
     }
@@ -142,8 +142,10 @@ pub(super) fn find(
         match handoff::take(&name.path, owner.pid, key) {
             Ok(got) if wanted == Wanted::Complete && !got.0.complete => filling = true,
             Ok(got) => return (Some((got, owner.pid)), true),
-            Err(Refused::OtherUser { uid, pid }) => remarks.push(Note::OfferRefused { pid, uid }),
-            Err(Refused::Failed(why)) => remarks.push(Note::HolderFailed {
+            Err(Refused::OtherUser { uid, pid }) => {
+                remarks.push(CopyRemark::OfferRefused { pid, uid })
+            }
+            Err(Refused::Failed(why)) => remarks.push(CopyRemark::HolderFailed {
                 pid: owner.pid,
                 why,
             }),
@@ -216,7 +218,7 @@ mod tests {
         };
         remarks.ignored(&foreign(0));
         remarks.ignored(&foreign(0));
-        let refused = Note::HolderFailed {
+        let refused = CopyRemark::HolderFailed {
             pid: 7,
             why: "refused".into(),
         };
@@ -232,10 +234,13 @@ mod tests {
         let notes = remarks.notes();
         let named = notes
             .iter()
-            .filter(|n| matches!(n, Note::ForeignName { .. }))
+            .filter(|n| matches!(n, CopyRemark::ForeignName { .. }))
             .count();
         assert_eq!(named, NAMED, "{notes:?}");
-        assert_eq!(notes.last(), Some(&Note::MoreForeignNames { count: 997 }));
+        assert_eq!(
+            notes.last(),
+            Some(&CopyRemark::MoreForeignNames { count: 997 })
+        );
     }
 
     // Sockets, lstat and liveness need the Linux OS layer.

@@ -17,7 +17,7 @@ use crate::options::Options;
 use crate::os;
 use crate::policy::{self, Environment};
 use crate::prefetch::{self, LocalRank, Owner};
-use crate::report::{NodeCopy, Note};
+use crate::report::{CopyRemark, NodeCopy};
 
 /// Finds, or makes, the copy of `files`, fills it with the other ranks and
 /// maps it: per file, the copy or why not; `Err` where nothing could be
@@ -237,7 +237,7 @@ impl<'a> Coordination<'a> {
         match server {
             Ok(server) => Ok(Some(server)),
             Err(e) => {
-                remarks.push(Note::NotHandedOut { why: e.to_string() });
+                remarks.push(CopyRemark::NotHandedOut { why: e.to_string() });
                 Ok(None)
             }
         }
@@ -295,7 +295,7 @@ impl<'a> Coordination<'a> {
         obtained: &Obtained,
         filled: Filled,
         guard: &Arc<Hold>,
-        remarks: &[Note],
+        remarks: &[CopyRemark],
         results: &mut [PerFile],
     ) -> Result<Vec<(usize, CopyFill)>, String> {
         let Obtained {
@@ -359,19 +359,15 @@ fn note_fill(remarks: &mut Remarks, outcome: prefetch::FillOutcome, swept: usize
                 Some(other) => other.to_string(),
                 None => format!("unusable: {e}"),
             };
-            remarks.push(Note::QueueNotShared {
-                path,
-                why,
-                node_copy: true,
-            });
+            remarks.push(CopyRemark::QueueNotShared { path, why });
         }
-        None if outcome.finished_here > 0 => remarks.push(Note::FinishedAfterStall {
+        None if outcome.finished_here > 0 => remarks.push(CopyRemark::FinishedAfterStall {
             chunks: outcome.finished_here,
         }),
         None => {}
     }
     if outcome.swept + swept > 0 {
-        remarks.push(Note::DeadJobsRemoved {
+        remarks.push(CopyRemark::DeadJobsRemoved {
             files: outcome.swept + swept,
         });
     }

@@ -31,6 +31,11 @@ pub use reason::{DirectIo, Fallback, Reason};
 
 /// How a file's bytes are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "lowercase")
+)]
 pub enum Strategy {
     /// A read-only shared memory map of the file: pages come from the page
     /// cache on first touch, and are shared with every other process mapping
@@ -58,19 +63,13 @@ pub enum Strategy {
     Buffered,
 }
 
-impl Strategy {
-    /// `"mmap"` or `"buffered"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Strategy::Mmap => "mmap",
-            Strategy::Buffered => "buffered",
-        }
-    }
-}
-
+/// `mmap` or `buffered`, as in JSON.
 impl fmt::Display for Strategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.write_str(match self {
+            Strategy::Mmap => "mmap",
+            Strategy::Buffered => "buffered",
+        })
     }
 }
 

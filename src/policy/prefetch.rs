@@ -28,6 +28,11 @@ pub const HF_SHARD_PREFETCH_ENV: &str = "HF_SHARD_PREFETCH";
 /// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "lowercase")
+)]
 pub enum PrefetchMethod {
     /// `WillNeed` where the pages can be seen landing (`mincore`), else
     /// `Pread`: the same on every filesystem kind measured (the `NOTE:` in
@@ -44,8 +49,8 @@ pub enum PrefetchMethod {
 }
 
 impl PrefetchMethod {
-    /// `"auto"`, `"pread"` or `"willneed"`.
-    pub fn as_str(self) -> &'static str {
+    /// `"auto"`, `"pread"` or `"willneed"`, as `Display` and JSON say it.
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             PrefetchMethod::Auto => "auto",
             PrefetchMethod::Pread => "pread",

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::mount::{Mount, MountKind};
 use crate::policy::{self, AutoPrefetchSkip, PrefetchAsk, PrefetchMethod};
 use crate::report::SkipReason;
-use crate::report::{Note, PrefetchReport};
+use crate::report::{PrefetchReason, PrefetchReport};
 use crate::source::{LocalFile, Source};
 use crate::trace;
 
@@ -93,9 +93,9 @@ pub(crate) fn before_load(
     }
     let reason = match ask {
         PrefetchAsk::Environment(streams, variable) => {
-            Note::PrefetchFromEnvironment { variable, streams }
+            PrefetchReason::FromEnvironment { variable, streams }
         }
-        _ => Note::PrefetchRequested {
+        _ => PrefetchReason::Requested {
             streams: options.streams,
         },
     };
@@ -130,7 +130,7 @@ pub(crate) fn warm(
     files: &[LoadFile<'_>],
     options: &PrefetchOptions,
     job: &Job<'_>,
-    reason: Note,
+    reason: PrefetchReason,
 ) -> Result<PrefetchReport> {
     let targets = files
         .iter()
@@ -163,7 +163,7 @@ fn auto(files: &[LoadFile<'_>], job: &Job<'_>) -> Result<Option<PrefetchReport>>
     let init = plan.check(job.available());
     let (known, resident, needed, skipped) = (init.known, init.resident, init.needed, init.skipped);
     let guard_reason = init.guard_reason(total);
-    let not_run = |reason: Note, skip: Option<SkipReason>| PrefetchReport {
+    let not_run = |reason: PrefetchReason, skip: Option<SkipReason>| PrefetchReport {
         resident_before: resident,
         skipped: if skip.is_some() { needed } else { 0 },
         skip_reasons: skip.into_iter().collect(),
@@ -172,17 +172,17 @@ fn auto(files: &[LoadFile<'_>], job: &Job<'_>) -> Result<Option<PrefetchReport>>
     };
     match policy::auto_prefetch_runs(known, needed, skipped) {
         Err(AutoPrefetchSkip::Resident) => {
-            Ok(Some(not_run(Note::PrefetchAutoResident { mount }, None)))
+            Ok(Some(not_run(PrefetchReason::AutoResident { mount }, None)))
         }
         Err(AutoPrefetchSkip::DoesNotFit) => Ok(Some(not_run(
-            Note::PrefetchAutoDoesNotFit { mount },
+            PrefetchReason::AutoDoesNotFit { mount },
             guard_reason,
         ))),
         Ok(()) => {
             trace::traced! {
                 tracing::info!(target: "safeload", mount = %mount.mount_point.display(), "the auto policy prefetches before mapping");
             }
-            let reason = Note::PrefetchAuto {
+            let reason = PrefetchReason::Auto {
                 mount,
                 needed,
                 total,

@@ -26,7 +26,7 @@ use super::queue::{
     slot_words, validate,
 };
 use crate::os;
-use crate::report::Note;
+use crate::report::QueueNote;
 
 /// A queue file mapped by this rank, left (and removed, by the last live
 /// rank) on drop.
@@ -236,7 +236,7 @@ pub(super) struct Queue {
     pub path: Option<PathBuf>,
     /// Why the queue is not the shared file it could have been, or which
     /// file it replaced.
-    pub note: Option<Note>,
+    pub note: Option<QueueNote>,
     /// Where the shared file could not be had: its path and the error.
     pub refused: Option<(PathBuf, String)>,
 }
@@ -247,7 +247,7 @@ impl Queue {
     pub(super) fn local(
         layout: Layout,
         make: &mut dyn FnMut() -> Init,
-        note: Option<Note>,
+        note: Option<QueueNote>,
     ) -> Queue {
         let words: Vec<AtomicU64> = (0..layout.words()).map(|_| AtomicU64::new(0)).collect();
         init_words(&words, &layout, &make(), None);
@@ -287,17 +287,16 @@ impl Queue {
             Ok(queue) => Queue {
                 note: queue
                     .replaced
-                    .map(|why| Note::QueueReplaced { why: why.as_str() }),
+                    .map(|why| QueueNote::Replaced { why: why.as_str() }),
                 store: Store::Shared(queue),
                 layout: shared_layout,
                 path: Some(path),
                 refused: None,
             },
             Err(e) => {
-                let note = Note::QueueNotShared {
+                let note = QueueNote::NotShared {
                     path: path.clone(),
                     why: e.to_string(),
-                    node_copy: false,
                 };
                 Queue {
                     refused: Some((path, e.to_string())),

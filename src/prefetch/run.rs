@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::os;
 use crate::policy::PrefetchMethod;
 use crate::progress::{Meter, Phase};
-use crate::report::{Note, PrefetchReport};
+use crate::report::{PrefetchReason, PrefetchReport, QueueNote};
 
 /// A prefetch planned: the files, their chunks, this process's rank, and
 /// the first residency check where one was made. Planned once, whether the
@@ -57,7 +57,7 @@ impl Plan {
         &self,
         streams: usize,
         method: PrefetchMethod,
-        reason: Note,
+        reason: PrefetchReason,
     ) -> PrefetchReport {
         PrefetchReport {
             reason,
@@ -81,7 +81,7 @@ pub(super) fn run(
     plan: Plan,
     options: &PrefetchOptions,
     job: &Job<'_>,
-    reason: Note,
+    reason: PrefetchReason,
 ) -> Result<PrefetchReport> {
     let clock = Instant::now();
     let methods: Vec<PrefetchMethod> = plan
@@ -92,7 +92,7 @@ pub(super) fn run(
     let method = methods.first().copied().unwrap_or(PrefetchMethod::Pread);
     let mut report = plan.report(options.streams, method, reason);
     if options.streams == 0 {
-        report.reason = Note::PrefetchOff;
+        report.reason = PrefetchReason::Off;
         return Ok(report);
     }
     report.ran = true;
@@ -158,7 +158,7 @@ impl Run<'_> {
             slots: 0,
         };
         if self.rank.size > 1 && !self.options.shared_queue {
-            Queue::local(layout, make, Some(Note::FixedShares))
+            Queue::local(layout, make, Some(QueueNote::FixedShares))
         } else if self.rank.size > 1 {
             let mut key_material = Vec::new();
             for t in self.targets {

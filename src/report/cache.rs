@@ -5,12 +5,26 @@ use std::path::PathBuf;
 
 use super::human_bytes;
 
+/// The cache's root in JSON: its text (lossy where not UTF-8), or `null`.
+#[cfg(feature = "serde")]
+fn root_text<S: serde::Serializer>(
+    root: &Option<PathBuf>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match root {
+        Some(path) => crate::mount::path_text(path, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
 /// The Hugging Face cache: where it is, and what it holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CacheListing {
     /// Its directory (`HF_HUB_CACHE`, else `$HF_HOME/hub`, else
     /// `~/.cache/huggingface/hub`); `None` where nothing names one.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "root_text"))]
     pub root: Option<PathBuf>,
     /// Whether that directory exists.
     pub exists: bool,
@@ -21,6 +35,7 @@ pub struct CacheListing {
 /// One repository of the cache.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CachedRepo {
     /// `org/name`.
     pub repo: String,
@@ -39,6 +54,7 @@ pub struct CachedRepo {
 /// One snapshot: a commit, the refs naming it, its files.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CachedRevision {
     /// The commit (40 hex digits).
     pub commit: String,
@@ -51,6 +67,7 @@ pub struct CachedRevision {
 /// One file of a snapshot.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CachedFile {
     /// Its path in the repository.
     pub path: String,

@@ -1,10 +1,12 @@
 //! `serde::Serialize` for the reports and mounts (feature `serde`): one schema, the Rust names (the `report` module's "JSON" section), also what the CLI's `--json` prints.
 //!
-//! Written out here rather than derived: a duration is seconds, a path a
-//! string (lossy where not UTF-8), the values a type computes (`gib_per_s()`,
-//! `explain()`, `lazy()`, the totals) sit beside its fields under their
-//! method's name, and every enum with data is an object of its `code`
-//! (`as_str()`), its `text` (`Display`) and its data by field name.
+//! The plain types derive theirs where they are defined (with serde's
+//! attributes: a path as lossy text, an enum without data as its code).
+//! Written out here are the two shapes serde's derive cannot give: a report
+//! whose computed values (`gib_per_s()`, `explain()`, `lazy()`, the totals)
+//! sit beside its fields under their method's name, and an enum with data
+//! as an object of its `code` (`as_str()`), its `text` (`Display`, no field
+//! of the enum) and its data by field name.
 
 use std::path::Path;
 
@@ -12,11 +14,11 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 
 use super::{
-    CacheUse, DirectIo, Fallback, FileReport, FreshMemory, LoadReport, NodeCopy, Note, PageReason,
-    PrefetchReport, RankSource, Reason, SkipReason, Strategy,
+    CacheUse, ConcurrencyReason, CopyRemark, DirectIo, Fallback, FileReport, FreshMemory, LoadNote,
+    LoadReport, NodeCopy, PrefetchReason, PrefetchReport, QueueNote, RankSource, Reason,
+    SkipReason, Strategy,
 };
-use crate::dest::pages::HugePages;
-use crate::mount::{Detection, Mount, MountKind};
+use crate::mount::Mount;
 use crate::policy::PrefetchMethod;
 
 /// A path as a string (lossy where not UTF-8).
@@ -61,10 +63,10 @@ impl Serialize for LoadReport {
             elapsed: f64,
             threads: usize,
             io_concurrency: usize,
-            io_concurrency_reason: &'a Option<Note>,
+            io_concurrency_reason: &'a Option<ConcurrencyReason>,
             prefetch: &'a Option<PrefetchReport>,
             fresh_memory: &'a Option<FreshMemory>,
-            notes: &'a [Note],
+            notes: &'a [LoadNote],
             bytes_read: u64,
             tensor_bytes: u64,
             overflowed: u64,
@@ -143,42 +145,19 @@ impl Serialize for FileReport {
     }
 }
 
-impl Serialize for FreshMemory {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        #[derive(serde::Serialize)]
-        struct View {
-            mode: HugePages,
-            reason: PageReason,
-            huge_bytes: u64,
-            base_bytes: u64,
-            huge_gib_s: Option<f64>,
-            base_gib_s: Option<f64>,
-        }
-        View {
-            mode: self.mode,
-            reason: self.reason,
-            huge_bytes: self.huge_bytes,
-            base_bytes: self.base_bytes,
-            huge_gib_s: self.huge_gib_s,
-            base_gib_s: self.base_gib_s,
-        }
-        .serialize(serializer)
-    }
-}
-
 impl Serialize for PrefetchReport {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         #[derive(serde::Serialize)]
         struct View<'a> {
             ran: bool,
-            reason: &'a Note,
+            reason: &'a PrefetchReason,
             rank: usize,
             local_size: usize,
             rank_source: &'a RankSource,
             streams: usize,
             method: PrefetchMethod,
             shared_queue: bool,
-            queue_note: &'a Option<Note>,
+            queue_note: &'a Option<QueueNote>,
             files: usize,
             total_bytes: u64,
             chunk_size: u64,
@@ -218,27 +197,6 @@ impl Serialize for PrefetchReport {
             residency_known: self.residency_known,
             elapsed: self.elapsed.as_secs_f64(),
             gib_per_s: self.gib_per_s(),
-        }
-        .serialize(serializer)
-    }
-}
-
-impl Serialize for Mount {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        #[derive(serde::Serialize)]
-        struct View<'a> {
-            source: &'a str,
-            mount_point: String,
-            fs_type: &'a str,
-            kind: MountKind,
-            detected_by: Detection,
-        }
-        View {
-            source: &self.source,
-            mount_point: text(&self.mount_point),
-            fs_type: &self.fs_type,
-            kind: self.kind,
-            detected_by: self.detected_by,
         }
         .serialize(serializer)
     }
@@ -353,83 +311,98 @@ impl Serialize for NodeCopy {
     }
 }
 
-impl Serialize for Note {
+impl Serialize for LoadNote {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let data = match self {
-            Note::ThreadsRefused {
+            LoadNote::ThreadsRefused {
                 work,
                 started,
                 requested,
                 error,
             } => fields!(S; work, started, requested, error),
-            Note::RangesIgnored { files } => fields!(S; files),
-            Note::ReadOncePerCluster {
+            LoadNote::RangesIgnored { files } => fields!(S; files),
+            LoadNote::ReadOncePerCluster {
                 node,
                 nodes,
                 read,
                 total,
             } => fields!(S; node, nodes, read, total),
-            Note::NodesReadAlone { why } | Note::NotHandedOut { why } => fields!(S; why),
-            Note::HolderFailed { pid, why } => fields!(S; pid, why),
-            Note::PrefetchRequested { streams } => fields!(S; streams),
-            Note::PrefetchFromEnvironment { variable, streams } => fields!(S; variable, streams),
-            Note::PrefetchOff | Note::FixedShares => Vec::new(),
-            Note::PrefetchAuto {
-                mount,
-                needed,
-                total,
-            } => fields!(S; mount, needed, total),
-            Note::PrefetchAutoResident { mount } | Note::PrefetchAutoDoesNotFit { mount } => {
-                fields!(S; mount)
-            }
-            Note::QueueNotShared {
-                path,
-                why,
-                node_copy,
-            } => {
-                let path = text(path);
-                let path = &path;
-                fields!(S; path, why, node_copy)
-            }
-            Note::QueueReplaced { why } => fields!(S; why),
-            Note::OfferRefused { pid, uid } => fields!(S; pid, uid),
-            Note::FinishedAfterStall { chunks } => fields!(S; chunks),
-            Note::DeadJobsRemoved { files } => fields!(S; files),
-            Note::ForeignName {
-                name,
-                kind,
-                uid,
-                this_user,
-            } => fields!(S; name, kind, uid, this_user),
-            Note::MoreForeignNames { count } => fields!(S; count),
-            Note::ReadsSet { readers } | Note::ReadsUnmeasured { readers } => fields!(S; readers),
-            Note::ReadsSettled { readers, tried }
-            | Note::ReadsAtMost { readers, tried }
-            | Note::ReadsUntilEnd { readers, tried } => fields!(S; readers, tried),
+            LoadNote::NodesReadAlone { why } => fields!(S; why),
         };
         tagged(serializer, self.as_str(), self.to_string(), data)
     }
 }
 
-/// The enums without data, whose JSON is their stable name (`as_str`).
-macro_rules! as_str {
-    ($($ty:ty),*) => {$(
-        impl Serialize for $ty {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.serialize_str(self.as_str())
+impl Serialize for ConcurrencyReason {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let data = match self {
+            ConcurrencyReason::Set { readers } | ConcurrencyReason::Unmeasured { readers } => {
+                fields!(S; readers)
             }
-        }
-    )*};
+            ConcurrencyReason::Settled { readers, tried }
+            | ConcurrencyReason::AtMost { readers, tried }
+            | ConcurrencyReason::UntilEnd { readers, tried } => fields!(S; readers, tried),
+        };
+        tagged(serializer, self.as_str(), self.to_string(), data)
+    }
 }
 
-as_str!(
-    Strategy,
-    MountKind,
-    Detection,
-    PrefetchMethod,
-    HugePages,
-    PageReason
-);
+impl Serialize for PrefetchReason {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let data = match self {
+            PrefetchReason::Requested { streams } => fields!(S; streams),
+            PrefetchReason::FromEnvironment { variable, streams } => fields!(S; variable, streams),
+            PrefetchReason::Off => Vec::new(),
+            PrefetchReason::Auto {
+                mount,
+                needed,
+                total,
+            } => fields!(S; mount, needed, total),
+            PrefetchReason::AutoResident { mount } | PrefetchReason::AutoDoesNotFit { mount } => {
+                fields!(S; mount)
+            }
+        };
+        tagged(serializer, self.as_str(), self.to_string(), data)
+    }
+}
+
+impl Serialize for QueueNote {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let data = match self {
+            QueueNote::FixedShares => Vec::new(),
+            QueueNote::NotShared { path, why } => {
+                let path = &text(path);
+                fields!(S; path, why)
+            }
+            QueueNote::Replaced { why } => fields!(S; why),
+        };
+        tagged(serializer, self.as_str(), self.to_string(), data)
+    }
+}
+
+impl Serialize for CopyRemark {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let data = match self {
+            CopyRemark::OfferRefused { pid, uid } => fields!(S; pid, uid),
+            CopyRemark::HolderFailed { pid, why } => fields!(S; pid, why),
+            CopyRemark::NotHandedOut { why } => fields!(S; why),
+            CopyRemark::QueueNotShared { path, why } => {
+                let path = &text(path);
+                fields!(S; path, why)
+            }
+            CopyRemark::FinishedAfterStall { chunks } => fields!(S; chunks),
+            CopyRemark::DeadJobsRemoved { files } => fields!(S; files),
+            CopyRemark::ForeignName {
+                name,
+                kind,
+                uid,
+                this_user,
+            } => fields!(S; name, kind, uid, this_user),
+            CopyRemark::MoreForeignNames { count } => fields!(S; count),
+        };
+        tagged(serializer, self.as_str(), self.to_string(), data)
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -437,6 +410,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::mount::{Detection, MountKind};
 
     /// Per code, the keys of the objects that carry it in `value`.
     fn codes(value: &Value, out: &mut BTreeMap<String, Vec<String>>) {
@@ -483,18 +457,18 @@ mod tests {
                 by_exchange: false,
                 bytes: 3,
                 ranks: 3,
-                remarks: vec![Note::ForeignName {
+                remarks: vec![CopyRemark::ForeignName {
                     name: "n".into(),
                     kind: "a FIFO".into(),
                     uid: Some(7),
                     this_user: false,
                 }],
             }),
-            serde_json::to_value(Note::ReadsSettled {
+            serde_json::to_value(ConcurrencyReason::Settled {
                 readers: 8,
                 tried: vec![(4, 0.3)],
             }),
-            serde_json::to_value(Note::PrefetchFromEnvironment {
+            serde_json::to_value(PrefetchReason::FromEnvironment {
                 variable: "HF_SHARD_PREFETCH",
                 streams: 4,
             }),
@@ -511,13 +485,13 @@ mod tests {
                 chunks: 1,
                 pids: vec![2],
             }),
-            serde_json::to_value(Note::ThreadsRefused {
+            serde_json::to_value(LoadNote::ThreadsRefused {
                 work: "reading",
                 started: 3,
                 requested: 8,
                 error: "no".into(),
             }),
-            serde_json::to_value(Note::PrefetchAuto {
+            serde_json::to_value(PrefetchReason::Auto {
                 mount,
                 needed: 1,
                 total: 2,
@@ -532,7 +506,7 @@ mod tests {
             assert_eq!(Some(keys), made.get(code), "the keys of a {code:?} object");
         }
         // Each enum with data says its code and its words.
-        let note = Note::RangesIgnored { files: 2 };
+        let note = LoadNote::RangesIgnored { files: 2 };
         let json = serde_json::to_value(&note).unwrap();
         assert_eq!(json["code"], note.as_str());
         assert_eq!(json["text"], note.to_string());
@@ -546,10 +520,9 @@ mod tests {
     fn a_path_that_is_not_utf8_is_written_lossily_and_a_duration_in_seconds() {
         use std::os::unix::ffi::OsStrExt;
         let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(b"/q/\xff.queue"));
-        let note = Note::QueueNotShared {
+        let note = QueueNote::NotShared {
             path,
             why: "busy".into(),
-            node_copy: false,
         };
         let json = serde_json::to_value(&note).unwrap();
         assert_eq!(json["path"], "/q/\u{fffd}.queue");

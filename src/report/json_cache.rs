@@ -1,15 +1,9 @@
-//! `serde::Serialize` for what the caches report (feature `serde`): what a cache did for a file (`CacheUse`, `NotCached`, `CacheStore`) and what the hub cache holds (`CacheListing`), in the schema of `json.rs`.
+//! `serde::Serialize` for what the caches report (feature `serde`): what a cache did for a file (`CacheUse`, `NotCached`), in the schema of `json.rs` (`CacheStore` and the hub cache's listing derive theirs).
 
 use serde::ser::{Serialize, Serializer};
 
-use super::{tagged, text, value};
-use crate::report::{CacheListing, CacheStore, CacheUse, NotCached};
-
-impl Serialize for CacheStore {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
+use super::{tagged, value};
+use crate::report::{CacheUse, NotCached};
 
 impl Serialize for CacheUse {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -36,69 +30,6 @@ impl Serialize for NotCached {
             | NotCached::Cancelled => Vec::new(),
         };
         tagged(serializer, self.as_str(), self.to_string(), data)
-    }
-}
-
-impl Serialize for CacheListing {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        #[derive(serde::Serialize)]
-        struct View<'a> {
-            root: Option<String>,
-            exists: bool,
-            repos: Vec<Repo<'a>>,
-        }
-        #[derive(serde::Serialize)]
-        struct Repo<'a> {
-            repo: &'a str,
-            revisions: Vec<Revision<'a>>,
-            blobs: usize,
-            blob_bytes: u64,
-            incomplete: usize,
-        }
-        #[derive(serde::Serialize)]
-        struct Revision<'a> {
-            commit: &'a str,
-            refs: &'a [String],
-            files: Vec<File<'a>>,
-        }
-        #[derive(serde::Serialize)]
-        struct File<'a> {
-            path: &'a str,
-            blob: Option<&'a str>,
-            size: Option<u64>,
-        }
-        View {
-            root: self.root.as_deref().map(text),
-            exists: self.exists,
-            repos: self
-                .repos
-                .iter()
-                .map(|r| Repo {
-                    repo: &r.repo,
-                    revisions: r
-                        .revisions
-                        .iter()
-                        .map(|v| Revision {
-                            commit: &v.commit,
-                            refs: &v.refs,
-                            files: v
-                                .files
-                                .iter()
-                                .map(|f| File {
-                                    path: &f.path,
-                                    blob: f.blob.as_deref(),
-                                    size: f.size,
-                                })
-                                .collect(),
-                        })
-                        .collect(),
-                    blobs: r.blobs,
-                    blob_bytes: r.blob_bytes,
-                    incomplete: r.incomplete,
-                })
-                .collect(),
-        }
-        .serialize(serializer)
     }
 }
 

@@ -4,9 +4,11 @@
 //! was considered, a [`PrefetchReport`]. Every decision in them is data: a
 //! file's [`Reason`], [`Fallback`], [`DirectIo`] and [`NodeCopy`], a
 //! prefetch's [`RankSource`] and [`SkipReason`]s, and every other thing a
-//! report says ([`Note`]: why a prefetch ran, how the reads in flight were
-//! found, what went otherwise than planned). Each has `Display` for its
-//! words and `as_str()` for a stable code to branch on.
+//! report says, one enum per field: [`LoadNote`] (what went otherwise than
+//! planned), [`ConcurrencyReason`] (how the reads in flight were found),
+//! [`PrefetchReason`], [`QueueNote`] and a node copy's [`CopyRemark`]s. Each
+//! has `Display` for its words; each with data `as_str()` for a stable code
+//! to branch on.
 //!
 //! # JSON
 //!
@@ -21,12 +23,14 @@
 //!   report's `bytes_read`, `tensor_bytes`, `overflowed` and `gib_per_s`; a
 //!   file's `explain`, `gib_per_s` and `lazy`; a prefetch's `gib_per_s`;
 //! - an enum without data (`Strategy`, `MountKind`, `Detection`,
-//!   `PrefetchMethod`) is its code, e.g. `"buffered"`; an enum with data is an
-//!   object of its `code` (`as_str()`), its `text` (`Display`) and its data
+//!   `PrefetchMethod`, `HugePages`, `PageReason`, `CacheStore`) is its code
+//!   (the first four's `Display` words), e.g. `"buffered"`; an enum with
+//!   data is an object of its `code` (`as_str()`), its `text` (`Display`)
+//!   and its data
 //!   by field name, a tuple variant's value named `kind`
 //!   ([`Reason::Auto`]), `error` ([`Fallback::MmapRefused`],
 //!   [`DirectIo::Refused`]) or `why` ([`DirectIo::Dropped`]);
-//! - a [`Note`]'s `tried` (how the reads in flight were found) lists
+//! - a [`ConcurrencyReason`]'s `tried` lists
 //!   `[readers, GiB/s]` for each count tried.
 //!
 //! A complete document: local rank 1 of 3 that took the node copy of one
@@ -119,8 +123,8 @@ pub use crate::progress::{Phase, Progress};
 pub use crate::source::{CacheStore, CacheUse, NotCached};
 pub use cache::{CacheListing, CachedFile, CachedRepo, CachedRevision};
 pub use node_copy::NodeCopy;
-pub use note::Note;
-pub use prefetch::{PrefetchReport, RankSource, SkipReason};
+pub use note::{ConcurrencyReason, CopyRemark, LoadNote};
+pub use prefetch::{PrefetchReason, PrefetchReport, QueueNote, RankSource, SkipReason};
 
 mod cache;
 #[cfg(feature = "serde")]
@@ -173,11 +177,11 @@ pub struct LoadReport {
     /// one the load settled on by measuring throughput.
     pub io_concurrency: usize,
     /// How [`io_concurrency`](Self::io_concurrency) was found: set by the
-    /// caller ([`Note::ReadsSet`]), or measured, each count tried with its
-    /// throughput ([`Note::ReadsSettled`], [`Note::ReadsAtMost`],
-    /// [`Note::ReadsUntilEnd`], [`Note::ReadsUnmeasured`]); `None` where
+    /// caller ([`ConcurrencyReason::Set`]), or measured, each count tried with its
+    /// throughput ([`ConcurrencyReason::Settled`], [`ConcurrencyReason::AtMost`],
+    /// [`ConcurrencyReason::UntilEnd`], [`ConcurrencyReason::Unmeasured`]); `None` where
     /// nothing was read.
-    pub io_concurrency_reason: Option<Note>,
+    pub io_concurrency_reason: Option<ConcurrencyReason>,
     /// What the page-cache prefetch before the load did and why: `Some`
     /// where it was asked for ([`Loader::prefetch`](crate::Loader::prefetch),
     /// `SAFELOAD_PREFETCH`) or considered by the auto policy (files on a
@@ -190,11 +194,11 @@ pub struct LoadReport {
     pub fresh_memory: Option<FreshMemory>,
     /// What the load could not do as planned and did otherwise: fewer
     /// threads than asked because the OS refused more
-    /// ([`Note::ThreadsRefused`]), a server that ignores `Range`
-    /// ([`Note::RangesIgnored`]), the reads split between nodes or not
-    /// ([`Note::ReadOncePerCluster`], [`Note::NodesReadAlone`]). Empty when
+    /// ([`LoadNote::ThreadsRefused`]), a server that ignores `Range`
+    /// ([`LoadNote::RangesIgnored`]), the reads split between nodes or not
+    /// ([`LoadNote::ReadOncePerCluster`], [`LoadNote::NodesReadAlone`]). Empty when
     /// all went to plan.
-    pub notes: Vec<Note>,
+    pub notes: Vec<LoadNote>,
 }
 
 impl LoadReport {

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{Note, human_bytes};
+use super::{CopyRemark, human_bytes};
 
 /// What the node copy did for one file
 /// ([`FileReport::node_copy`](super::FileReport::node_copy)), where several
@@ -53,8 +53,8 @@ pub enum NodeCopy {
         /// The job's local ranks.
         ranks: usize,
         /// What this rank met on the way: another user's names ignored, an
-        /// offer refused, a queue not shared, ... ([`Note`]).
-        remarks: Vec<Note>,
+        /// offer refused, a queue not shared, ... ([`CopyRemark`]).
+        remarks: Vec<CopyRemark>,
     },
     /// A filter selects tensors: the copy is of whole files, and the
     /// ranks' filters may differ.
@@ -186,7 +186,7 @@ mod tests {
             by_exchange: false,
             bytes: 48 << 20,
             ranks: 3,
-            remarks: vec![Note::DeadJobsRemoved { files: 1 }],
+            remarks: vec![CopyRemark::DeadJobsRemoved { files: 1 }],
         }
     }
 

@@ -1,36 +1,26 @@
-//! What a report says beside its figures, as data: why a prefetch ran, how the reads in flight were found, what a load, its queue or its node copy met or did otherwise (`Note`), each with a stable code and its words.
+//! What a report says beside its figures, as data, one type per field: what a load met ([`LoadNote`]), how its reads in flight were found ([`ConcurrencyReason`]), what a node copy met ([`CopyRemark`]); each with a stable code and its words (a prefetch's, `PrefetchReason` and `QueueNote`, in `prefetch.rs`).
 
 use std::fmt;
 use std::path::PathBuf;
 
 use super::human_bytes;
 use crate::adapt::{SettleReason, Settled};
-use crate::mount::Mount;
 use crate::workers::Started;
 
-/// One thing a report says beside its figures, as data: `Display` gives the
+/// What a load could not do as planned and did otherwise
+/// ([`LoadReport::notes`](super::LoadReport::notes)). `Display` gives the
 /// words, [`as_str`](Self::as_str) a stable code (the JSON's `code`).
 ///
-/// One type for every such field, each holding its own variants (listed
-/// under each heading below): [`LoadReport::notes`](super::LoadReport::notes)
-/// and a node copy's remarks say what went otherwise than planned,
-/// [`PrefetchReport::reason`](super::PrefetchReport::reason) why a prefetch
-/// ran or not, [`PrefetchReport::queue_note`](super::PrefetchReport::queue_note)
-/// what became of the shared queue,
-/// [`LoadReport::io_concurrency_reason`](super::LoadReport::io_concurrency_reason)
-/// how the reads in flight were found.
-///
 /// ```
-/// use safeload::report::Note;
+/// use safeload::report::LoadNote;
 ///
-/// let note = Note::RangesIgnored { files: 4 };
+/// let note = LoadNote::RangesIgnored { files: 4 };
 /// assert_eq!(note.as_str(), "ranges_ignored");
 /// assert_eq!(note.to_string(), "the server ignores Range: each file fetched whole (4 files)");
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
-pub enum Note {
-    // A load's notes.
+pub enum LoadNote {
     /// The OS refused threads (`RLIMIT_NPROC`, a cgroup's `pids.max`):
     /// `started` of `requested` ran, the calling one included, for `work`
     /// (`"opening files"` or `"reading"`).
@@ -68,69 +58,182 @@ pub enum Note {
         /// Why, e.g. `node 2 sees another version of model.safetensors`.
         why: String,
     },
+}
 
-    // A prefetch's reason.
-    /// [`Loader::prefetch`](crate::Loader::prefetch) asked for it (or
-    /// [`Loader::warm`](crate::Loader::warm) ran it).
-    PrefetchRequested {
-        /// Readers per process.
-        streams: usize,
-    },
-    /// An environment variable asked for it (`SAFELOAD_PREFETCH`, else
-    /// `HF_SHARD_PREFETCH`).
-    PrefetchFromEnvironment {
-        /// The variable.
-        variable: &'static str,
-        /// Its value: readers per process.
-        streams: usize,
-    },
-    /// Asked with no readers: nothing was warmed.
-    PrefetchOff,
-    /// The auto policy warmed files on a network filesystem before mapping
-    /// them: `needed` of their `total` bytes were not in the page cache.
-    PrefetchAuto {
-        /// The filesystem of the first file.
-        mount: Mount,
-        /// Bytes not in the page cache.
-        needed: u64,
-        /// Bytes of the files.
-        total: u64,
-    },
-    /// The auto policy left files on a network filesystem alone: every byte
-    /// was already in the page cache.
-    PrefetchAutoResident {
-        /// The filesystem of the first file.
-        mount: Mount,
-    },
-    /// The auto policy left files on a network filesystem alone: the memory
-    /// guard would have left part of them cold (see the skip reasons).
-    PrefetchAutoDoesNotFit {
-        /// The filesystem of the first file.
-        mount: Mount,
-    },
+impl LoadNote {
+    /// A stable name for the variant, for logs and JSON: the variant's name
+    /// in snake case (`"threads_refused"`, `"ranges_ignored"`, ...).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LoadNote::ThreadsRefused { .. } => "threads_refused",
+            LoadNote::RangesIgnored { .. } => "ranges_ignored",
+            LoadNote::ReadOncePerCluster { .. } => "read_once_per_cluster",
+            LoadNote::NodesReadAlone { .. } => "nodes_read_alone",
+        }
+    }
 
-    // A prefetch's queue.
-    /// The caller asked for no shared queue: each local rank warmed a fixed
-    /// share of the bytes.
-    FixedShares,
-    /// The shared queue file could not be had: each rank warmed a fixed
-    /// share (a prefetch), or this rank read every chunk (a node copy).
-    QueueNotShared {
-        /// The queue file.
-        path: PathBuf,
-        /// Why, e.g. `a FIFO of uid 1000, not this user's`, or the OS's error.
-        why: String,
-        /// Whether it was a node copy's fill (this rank read every chunk).
-        node_copy: bool,
-    },
-    /// A queue file left by an earlier run, or not a valid queue, was
-    /// replaced by a new one.
-    QueueReplaced {
-        /// What was wrong with it.
-        why: &'static str,
-    },
+    /// Why workers fell short of what was asked, for `work`, if they did.
+    pub(crate) fn threads(work: &'static str, started: &Started) -> Option<LoadNote> {
+        started.refused.as_ref().map(|e| LoadNote::ThreadsRefused {
+            work,
+            started: started.started,
+            requested: started.requested,
+            error: e.to_string(),
+        })
+    }
+}
 
-    // A node copy's remarks.
+impl fmt::Display for LoadNote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadNote::ThreadsRefused {
+                work,
+                started,
+                requested,
+                error,
+            } => write!(
+                f,
+                "{work}: {started} of {requested} threads ran, the OS refused more ({error})"
+            ),
+            LoadNote::RangesIgnored { files } => write!(
+                f,
+                "the server ignores Range: each file fetched whole ({files} file{})",
+                if *files == 1 { "" } else { "s" }
+            ),
+            LoadNote::ReadOncePerCluster {
+                node,
+                nodes,
+                read,
+                total,
+            } => write!(
+                f,
+                "read once per cluster: this node (node {node} of {nodes}) read {} of {} from \
+                 storage and received the rest from the other nodes, each range's SHA-256 checked",
+                human_bytes(*read),
+                human_bytes(*total),
+            ),
+            LoadNote::NodesReadAlone { why } => write!(f, "each node read alone ({why})"),
+        }
+    }
+}
+
+/// How a load's reads in flight were found
+/// ([`LoadReport::io_concurrency_reason`](super::LoadReport::io_concurrency_reason)):
+/// set, or measured with each count tried. Its code is `reads_` and the
+/// variant's name in snake case (`"reads_set"`, `"reads_settled"`, ...).
+///
+/// ```
+/// use safeload::report::ConcurrencyReason;
+///
+/// fn tried(reason: &ConcurrencyReason) -> &[(usize, f64)] {
+///     match reason {
+///         ConcurrencyReason::Settled { tried, .. }
+///         | ConcurrencyReason::AtMost { tried, .. }
+///         | ConcurrencyReason::UntilEnd { tried, .. } => tried,
+///         _ => &[],
+///     }
+/// }
+/// assert!(tried(&ConcurrencyReason::Set { readers: 8 }).is_empty());
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ConcurrencyReason {
+    /// [`Loader::io_concurrency`](crate::Loader::io_concurrency) set them.
+    Set {
+        /// Reads in flight.
+        readers: usize,
+    },
+    /// The load ended before a throughput could be measured: the start
+    /// count stood.
+    Unmeasured {
+        /// Reads in flight.
+        readers: usize,
+    },
+    /// Found by measurement: doubling them gained under 15 %.
+    Settled {
+        /// Reads in flight at the end.
+        readers: usize,
+        /// Each count tried, and the throughput it gave in GiB/s, in order.
+        tried: Vec<(usize, f64)>,
+    },
+    /// Found by measurement: they reached the most allowed.
+    AtMost {
+        /// As in [`Settled`](Self::Settled).
+        readers: usize,
+        /// As in [`Settled`](Self::Settled).
+        tried: Vec<(usize, f64)>,
+    },
+    /// Found by measurement: the load ended while throughput still rose.
+    UntilEnd {
+        /// As in [`Settled`](Self::Settled).
+        readers: usize,
+        /// As in [`Settled`](Self::Settled).
+        tried: Vec<(usize, f64)>,
+    },
+}
+
+impl ConcurrencyReason {
+    /// A stable name for the variant, for logs and JSON: `"reads_set"`,
+    /// `"reads_unmeasured"`, `"reads_settled"`, `"reads_at_most"` or
+    /// `"reads_until_end"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ConcurrencyReason::Set { .. } => "reads_set",
+            ConcurrencyReason::Unmeasured { .. } => "reads_unmeasured",
+            ConcurrencyReason::Settled { .. } => "reads_settled",
+            ConcurrencyReason::AtMost { .. } => "reads_at_most",
+            ConcurrencyReason::UntilEnd { .. } => "reads_until_end",
+        }
+    }
+
+    /// How the read engine's count settled.
+    pub(crate) fn of(settled: &Settled) -> ConcurrencyReason {
+        let readers = settled.readers;
+        let tried = settled.steps.clone();
+        match settled.why {
+            SettleReason::Pinned => ConcurrencyReason::Set { readers },
+            _ if tried.is_empty() => ConcurrencyReason::Unmeasured { readers },
+            SettleReason::NoGain => ConcurrencyReason::Settled { readers, tried },
+            SettleReason::Max => ConcurrencyReason::AtMost { readers, tried },
+            SettleReason::Ended => ConcurrencyReason::UntilEnd { readers, tried },
+        }
+    }
+}
+
+impl fmt::Display for ConcurrencyReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (readers, tried, why) = match self {
+            ConcurrencyReason::Set { readers } => {
+                return write!(f, "{readers} read(s) in flight, as set");
+            }
+            ConcurrencyReason::Unmeasured { readers } => {
+                return write!(
+                    f,
+                    "{readers} read(s) in flight (too short a load to measure)"
+                );
+            }
+            ConcurrencyReason::Settled { readers, tried } => {
+                (readers, tried, "doubling gained under 15 %")
+            }
+            ConcurrencyReason::AtMost { readers, tried } => (readers, tried, "the most allowed"),
+            ConcurrencyReason::UntilEnd { readers, tried } => (readers, tried, "the load ended"),
+        };
+        write!(f, "{readers} read(s) in flight, found by measurement (")?;
+        for (i, (n, rate)) in tried.iter().enumerate() {
+            let sep = if i > 0 { ", " } else { "" };
+            write!(f, "{sep}{n}: {rate:.2} GiB/s")?;
+        }
+        write!(f, "; {why})")
+    }
+}
+
+/// What a rank met on the way to a node copy
+/// ([`NodeCopy::Shared`](super::NodeCopy::Shared)'s `remarks`): its
+/// holders, its chunk queue, and the names in its queue directory left
+/// alone. Its code is the variant's name in snake case.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum CopyRemark {
     /// Another local user's process offered a copy: refused, never mapped.
     OfferRefused {
         /// Its pid.
@@ -148,6 +251,14 @@ pub enum Note {
     /// This rank could not hand its copy out to later ranks.
     NotHandedOut {
         /// The OS's error.
+        why: String,
+    },
+    /// The copy's chunk queue file could not be had: this rank read every
+    /// chunk.
+    QueueNotShared {
+        /// The queue file.
+        path: PathBuf,
+        /// Why, e.g. `a FIFO of uid 1000, not this user's`, or the OS's error.
         why: String,
     },
     /// Chunks another rank had claimed, then stopped on, finished here.
@@ -177,251 +288,46 @@ pub enum Note {
         /// How many.
         count: usize,
     },
-
-    // How the reads in flight were found.
-    /// [`Loader::io_concurrency`](crate::Loader::io_concurrency) set them.
-    ReadsSet {
-        /// Reads in flight.
-        readers: usize,
-    },
-    /// The load ended before a throughput could be measured: the start
-    /// count stood.
-    ReadsUnmeasured {
-        /// Reads in flight.
-        readers: usize,
-    },
-    /// Found by measurement: doubling them gained under 15 %.
-    ReadsSettled {
-        /// Reads in flight at the end.
-        readers: usize,
-        /// Each count tried, and the throughput it gave in GiB/s, in order.
-        tried: Vec<(usize, f64)>,
-    },
-    /// Found by measurement: they reached the most allowed.
-    ReadsAtMost {
-        /// As in [`ReadsSettled`](Self::ReadsSettled).
-        readers: usize,
-        /// As in [`ReadsSettled`](Self::ReadsSettled).
-        tried: Vec<(usize, f64)>,
-    },
-    /// Found by measurement: the load ended while throughput still rose.
-    ReadsUntilEnd {
-        /// As in [`ReadsSettled`](Self::ReadsSettled).
-        readers: usize,
-        /// As in [`ReadsSettled`](Self::ReadsSettled).
-        tried: Vec<(usize, f64)>,
-    },
 }
 
-impl Note {
-    /// A stable name for the variant, for logs and JSON (`"threads_refused"`,
-    /// `"ranges_ignored"`, `"prefetch_requested"`, `"reads_settled"`, ...:
-    /// the variant's name in snake case).
+impl CopyRemark {
+    /// A stable name for the variant, for logs and JSON: the variant's name
+    /// in snake case (`"offer_refused"`, `"foreign_name"`, ...).
     pub fn as_str(&self) -> &'static str {
         match self {
-            Note::ThreadsRefused { .. } => "threads_refused",
-            Note::RangesIgnored { .. } => "ranges_ignored",
-            Note::ReadOncePerCluster { .. } => "read_once_per_cluster",
-            Note::NodesReadAlone { .. } => "nodes_read_alone",
-            Note::PrefetchRequested { .. } => "prefetch_requested",
-            Note::PrefetchFromEnvironment { .. } => "prefetch_from_environment",
-            Note::PrefetchOff => "prefetch_off",
-            Note::PrefetchAuto { .. } => "prefetch_auto",
-            Note::PrefetchAutoResident { .. } => "prefetch_auto_resident",
-            Note::PrefetchAutoDoesNotFit { .. } => "prefetch_auto_does_not_fit",
-            Note::FixedShares => "fixed_shares",
-            Note::QueueNotShared { .. } => "queue_not_shared",
-            Note::QueueReplaced { .. } => "queue_replaced",
-            Note::OfferRefused { .. } => "offer_refused",
-            Note::HolderFailed { .. } => "holder_failed",
-            Note::NotHandedOut { .. } => "not_handed_out",
-            Note::FinishedAfterStall { .. } => "finished_after_stall",
-            Note::DeadJobsRemoved { .. } => "dead_jobs_removed",
-            Note::ForeignName { .. } => "foreign_name",
-            Note::MoreForeignNames { .. } => "more_foreign_names",
-            Note::ReadsSet { .. } => "reads_set",
-            Note::ReadsUnmeasured { .. } => "reads_unmeasured",
-            Note::ReadsSettled { .. } => "reads_settled",
-            Note::ReadsAtMost { .. } => "reads_at_most",
-            Note::ReadsUntilEnd { .. } => "reads_until_end",
-        }
-    }
-
-    /// Why workers fell short of what was asked, for `work`, if they did.
-    pub(crate) fn threads(work: &'static str, started: &Started) -> Option<Note> {
-        started.refused.as_ref().map(|e| Note::ThreadsRefused {
-            work,
-            started: started.started,
-            requested: started.requested,
-            error: e.to_string(),
-        })
-    }
-
-    /// How the read engine's count settled.
-    pub(crate) fn reads(settled: &Settled) -> Note {
-        let readers = settled.readers;
-        let tried = settled.steps.clone();
-        match settled.why {
-            SettleReason::Pinned => Note::ReadsSet { readers },
-            _ if tried.is_empty() => Note::ReadsUnmeasured { readers },
-            SettleReason::NoGain => Note::ReadsSettled { readers, tried },
-            SettleReason::Max => Note::ReadsAtMost { readers, tried },
-            SettleReason::Ended => Note::ReadsUntilEnd { readers, tried },
+            CopyRemark::OfferRefused { .. } => "offer_refused",
+            CopyRemark::HolderFailed { .. } => "holder_failed",
+            CopyRemark::NotHandedOut { .. } => "not_handed_out",
+            CopyRemark::QueueNotShared { .. } => "queue_not_shared",
+            CopyRemark::FinishedAfterStall { .. } => "finished_after_stall",
+            CopyRemark::DeadJobsRemoved { .. } => "dead_jobs_removed",
+            CopyRemark::ForeignName { .. } => "foreign_name",
+            CopyRemark::MoreForeignNames { .. } => "more_foreign_names",
         }
     }
 }
 
-/// `on network (nfs4) at /mnt/models`: where an auto prefetch looked.
-fn place(mount: &Mount) -> String {
-    format!(
-        "on {} ({}) at {}",
-        mount.kind,
-        mount.fs_type,
-        mount.mount_point.display()
-    )
-}
-
-impl fmt::Display for Note {
+impl fmt::Display for CopyRemark {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Note::ThreadsRefused { .. }
-            | Note::RangesIgnored { .. }
-            | Note::ReadOncePerCluster { .. }
-            | Note::NodesReadAlone { .. } => self.fmt_load(f),
-            Note::PrefetchRequested { .. }
-            | Note::PrefetchFromEnvironment { .. }
-            | Note::PrefetchOff
-            | Note::PrefetchAuto { .. }
-            | Note::PrefetchAutoResident { .. }
-            | Note::PrefetchAutoDoesNotFit { .. } => self.fmt_prefetch(f),
-            Note::FixedShares | Note::QueueNotShared { .. } | Note::QueueReplaced { .. } => {
-                self.fmt_queue(f)
-            }
-            Note::OfferRefused { .. }
-            | Note::HolderFailed { .. }
-            | Note::NotHandedOut { .. }
-            | Note::FinishedAfterStall { .. }
-            | Note::DeadJobsRemoved { .. }
-            | Note::ForeignName { .. }
-            | Note::MoreForeignNames { .. } => self.fmt_node_copy(f),
-            Note::ReadsSet { .. }
-            | Note::ReadsUnmeasured { .. }
-            | Note::ReadsSettled { .. }
-            | Note::ReadsAtMost { .. }
-            | Note::ReadsUntilEnd { .. } => self.fmt_reads(f),
-        }
-    }
-}
-
-// Each family's words. `fmt` sends each variant to its family; a variant of
-// another family, which it never sends, says its code.
-impl Note {
-    /// The words of a load's notes: threads refused, ranges ignored, the
-    /// cluster's reads.
-    fn fmt_load(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Note::ThreadsRefused {
-                work,
-                started,
-                requested,
-                error,
-            } => write!(
+            CopyRemark::OfferRefused { pid, uid } => write!(
                 f,
-                "{work}: {started} of {requested} threads ran, the OS refused more ({error})"
+                "refused the copy offered by pid {pid}: it runs as uid {uid}, not this user's"
             ),
-            Note::RangesIgnored { files } => write!(
-                f,
-                "the server ignores Range: each file fetched whole ({files} file{})",
-                if *files == 1 { "" } else { "s" }
-            ),
-            Note::ReadOncePerCluster {
-                node,
-                nodes,
-                read,
-                total,
-            } => write!(
-                f,
-                "read once per cluster: this node (node {node} of {nodes}) read {} of {} from \
-                 storage and received the rest from the other nodes, each range's SHA-256 checked",
-                human_bytes(*read),
-                human_bytes(*total),
-            ),
-            Note::NodesReadAlone { why } => write!(f, "each node read alone ({why})"),
-            _ => f.write_str(self.as_str()),
-        }
-    }
-
-    /// The words of a prefetch's reason: who asked for it, or what the auto
-    /// policy saw.
-    fn fmt_prefetch(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Note::PrefetchRequested { streams } => write!(f, "prefetch({streams}) was requested"),
-            Note::PrefetchFromEnvironment { variable, streams } => {
-                write!(f, "{variable}={streams} is set")
-            }
-            Note::PrefetchOff => f.write_str("streams(0): prefetch is off"),
-            Note::PrefetchAuto {
-                mount,
-                needed,
-                total,
-            } => write!(
-                f,
-                "{}, {} of {} not in the page cache: warmed first, then mapped",
-                place(mount),
-                human_bytes(*needed),
-                human_bytes(*total)
-            ),
-            Note::PrefetchAutoResident { mount } => {
-                write!(f, "{}, already in the page cache", place(mount))
-            }
-            Note::PrefetchAutoDoesNotFit { mount } => write!(
-                f,
-                "{}, the checkpoint does not fit the memory guard",
-                place(mount)
-            ),
-            _ => f.write_str(self.as_str()),
-        }
-    }
-
-    /// The words of a prefetch's queue: fixed shares, or what became of the
-    /// shared queue file.
-    fn fmt_queue(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Note::FixedShares => f.write_str("shared_queue(false): a fixed share of the bytes"),
-            Note::QueueNotShared {
-                path,
-                why,
-                node_copy: false,
-            } => write!(
-                f,
-                "no shared queue ({}: {why}): a fixed share of the bytes",
-                path.display()
-            ),
-            Note::QueueNotShared { path, why, .. } => write!(
+            CopyRemark::HolderFailed { pid, why } => write!(f, "pid {pid}: {why}"),
+            CopyRemark::NotHandedOut { why } => write!(f, "not handed out from here: {why}"),
+            CopyRemark::QueueNotShared { path, why } => write!(
                 f,
                 "not shared: the chunk queue {} is {why}; every chunk read here",
                 path.display()
             ),
-            Note::QueueReplaced { why } => write!(f, "replaced a queue file: {why}"),
-            _ => f.write_str(self.as_str()),
-        }
-    }
-
-    /// The words of a node copy's remarks: its holders, its chunks, and the
-    /// names in its queue directory left alone.
-    fn fmt_node_copy(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Note::OfferRefused { pid, uid } => write!(
-                f,
-                "refused the copy offered by pid {pid}: it runs as uid {uid}, not this user's"
-            ),
-            Note::HolderFailed { pid, why } => write!(f, "pid {pid}: {why}"),
-            Note::NotHandedOut { why } => write!(f, "not handed out from here: {why}"),
-            Note::FinishedAfterStall { chunks } => {
+            CopyRemark::FinishedAfterStall { chunks } => {
                 write!(f, "{chunks} chunk(s) finished here after a stall")
             }
-            Note::DeadJobsRemoved { files } => write!(f, "{files} file(s) of dead jobs removed"),
-            Note::ForeignName {
+            CopyRemark::DeadJobsRemoved { files } => {
+                write!(f, "{files} file(s) of dead jobs removed")
+            }
+            CopyRemark::ForeignName {
                 name,
                 kind,
                 uid,
@@ -433,53 +339,18 @@ impl Note {
                 }
                 (None, _) => write!(f, "ignored {name} ({kind} of an unknown user)"),
             },
-            Note::MoreForeignNames { count } => {
+            CopyRemark::MoreForeignNames { count } => {
                 write!(f, "ignored {count} more such name(s)")
             }
-            _ => f.write_str(self.as_str()),
         }
     }
-
-    /// The words of how the reads in flight were found: set, or measured.
-    fn fmt_reads(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Note::ReadsSet { readers } => write!(f, "{readers} read(s) in flight, as set"),
-            Note::ReadsUnmeasured { readers } => write!(
-                f,
-                "{readers} read(s) in flight (too short a load to measure)"
-            ),
-            Note::ReadsSettled { readers, tried } => {
-                measured(f, *readers, tried, "doubling gained under 15 %")
-            }
-            Note::ReadsAtMost { readers, tried } => {
-                measured(f, *readers, tried, "the most allowed")
-            }
-            Note::ReadsUntilEnd { readers, tried } => {
-                measured(f, *readers, tried, "the load ended")
-            }
-            _ => f.write_str(self.as_str()),
-        }
-    }
-}
-
-/// `4 read(s) in flight, found by measurement (4: 1.02 GiB/s, ...; why)`.
-fn measured(
-    f: &mut fmt::Formatter<'_>,
-    readers: usize,
-    tried: &[(usize, f64)],
-    why: &str,
-) -> fmt::Result {
-    write!(f, "{readers} read(s) in flight, found by measurement (")?;
-    for (i, (n, rate)) in tried.iter().enumerate() {
-        let sep = if i > 0 { ", " } else { "" };
-        write!(f, "{sep}{n}: {rate:.2} GiB/s")?;
-    }
-    write!(f, "; {why})")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mount::Mount;
+    use crate::report::{PrefetchReason, QueueNote};
 
     #[test]
     fn the_reads_in_flight_said_as_before() {
@@ -488,32 +359,33 @@ mod tests {
             steps,
             why,
         };
-        let note = Note::reads(&settled(SettleReason::NoGain, vec![(4, 1.0)]));
-        assert_eq!(note.as_str(), "reads_settled");
+        let reason = ConcurrencyReason::of(&settled(SettleReason::NoGain, vec![(4, 1.0)]));
+        assert_eq!(reason.as_str(), "reads_settled");
         assert_eq!(
-            note.to_string(),
+            reason.to_string(),
             "8 read(s) in flight, found by measurement (4: 1.00 GiB/s; doubling gained under 15 %)"
         );
-        let note = Note::reads(&settled(SettleReason::Max, vec![(4, 2.0), (8, 3.0)]));
-        assert!(matches!(&note, Note::ReadsAtMost { tried, .. } if tried.len() == 2));
+        let reason = ConcurrencyReason::of(&settled(SettleReason::Max, vec![(4, 2.0), (8, 3.0)]));
+        assert!(matches!(&reason, ConcurrencyReason::AtMost { tried, .. } if tried.len() == 2));
         assert!(
-            note.to_string()
+            reason
+                .to_string()
                 .ends_with("8: 3.00 GiB/s; the most allowed)")
         );
-        let note = Note::reads(&settled(SettleReason::Ended, Vec::new()));
-        assert_eq!(note, Note::ReadsUnmeasured { readers: 8 });
-        assert!(note.to_string().contains("too short"), "{note}");
+        let reason = ConcurrencyReason::of(&settled(SettleReason::Ended, Vec::new()));
+        assert_eq!(reason, ConcurrencyReason::Unmeasured { readers: 8 });
+        assert!(reason.to_string().contains("too short"), "{reason}");
         assert_eq!(
-            Note::reads(&settled(SettleReason::Pinned, Vec::new())).to_string(),
+            ConcurrencyReason::of(&settled(SettleReason::Pinned, Vec::new())).to_string(),
             "8 read(s) in flight, as set"
         );
     }
 
-    /// `fmt` sends every variant to the family that has its words: none
-    /// says only its code.
+    /// Each variant of each type has words of its own, not its code, and a
+    /// code of its own.
     #[test]
     #[rustfmt::skip] // One variant a line, as a table.
-    fn every_variant_has_words_of_its_own() {
+    fn every_variant_has_words_and_a_code_of_its_own() {
         let mount = || Mount {
             source: "hf-mount".into(),
             mount_point: "/mnt/hub".into(),
@@ -523,61 +395,55 @@ mod tests {
         };
         let why = || String::from("why");
         let tried = || vec![(1, 1.0)];
-        let notes = [
-            Note::ThreadsRefused { work: "reading", started: 1, requested: 2, error: why() },
-            Note::RangesIgnored { files: 2 },
-            Note::ReadOncePerCluster { node: 0, nodes: 2, read: 1, total: 2 },
-            Note::NodesReadAlone { why: why() },
-            Note::PrefetchRequested { streams: 1 },
-            Note::PrefetchFromEnvironment { variable: "SAFELOAD_PREFETCH", streams: 1 },
-            Note::PrefetchOff,
-            Note::PrefetchAuto { mount: mount(), needed: 1, total: 2 },
-            Note::PrefetchAutoResident { mount: mount() },
-            Note::PrefetchAutoDoesNotFit { mount: mount() },
-            Note::FixedShares,
-            Note::QueueNotShared { path: "/tmp/q".into(), why: why(), node_copy: false },
-            Note::QueueNotShared { path: "/tmp/q".into(), why: why(), node_copy: true },
-            Note::QueueReplaced { why: "stale" },
-            Note::OfferRefused { pid: 1, uid: 2 },
-            Note::HolderFailed { pid: 1, why: why() },
-            Note::NotHandedOut { why: why() },
-            Note::FinishedAfterStall { chunks: 1 },
-            Note::DeadJobsRemoved { files: 1 },
-            Note::ForeignName { name: why(), kind: why(), uid: None, this_user: false },
-            Note::MoreForeignNames { count: 1 },
-            Note::ReadsSet { readers: 1 },
-            Note::ReadsUnmeasured { readers: 1 },
-            Note::ReadsSettled { readers: 1, tried: tried() },
-            Note::ReadsAtMost { readers: 1, tried: tried() },
-            Note::ReadsUntilEnd { readers: 1, tried: tried() },
-        ];
-        for note in &notes {
-            assert_ne!(note.to_string(), note.as_str(), "{note:?}");
-        }
-    }
-
-    #[test]
-    fn every_code_is_its_variant_in_snake_case() {
-        let notes = [
-            Note::PrefetchOff,
-            Note::FixedShares,
-            Note::RangesIgnored { files: 1 },
-            Note::DeadJobsRemoved { files: 2 },
-            Note::MoreForeignNames { count: 3 },
-        ];
-        let codes: Vec<&str> = notes.iter().map(Note::as_str).collect();
-        assert_eq!(
-            codes,
+        let said = |words: String, code: &'static str| (words, code);
+        let all = [
             [
-                "prefetch_off",
-                "fixed_shares",
-                "ranges_ignored",
-                "dead_jobs_removed",
-                "more_foreign_names"
-            ]
-        );
+                LoadNote::ThreadsRefused { work: "reading", started: 1, requested: 2, error: why() },
+                LoadNote::RangesIgnored { files: 2 },
+                LoadNote::ReadOncePerCluster { node: 0, nodes: 2, read: 1, total: 2 },
+                LoadNote::NodesReadAlone { why: why() },
+            ].map(|n| said(n.to_string(), n.as_str())).to_vec(),
+            [
+                ConcurrencyReason::Set { readers: 1 },
+                ConcurrencyReason::Unmeasured { readers: 1 },
+                ConcurrencyReason::Settled { readers: 1, tried: tried() },
+                ConcurrencyReason::AtMost { readers: 1, tried: tried() },
+                ConcurrencyReason::UntilEnd { readers: 1, tried: tried() },
+            ].map(|n| said(n.to_string(), n.as_str())).to_vec(),
+            [
+                PrefetchReason::Requested { streams: 1 },
+                PrefetchReason::FromEnvironment { variable: "SAFELOAD_PREFETCH", streams: 1 },
+                PrefetchReason::Off,
+                PrefetchReason::Auto { mount: mount(), needed: 1, total: 2 },
+                PrefetchReason::AutoResident { mount: mount() },
+                PrefetchReason::AutoDoesNotFit { mount: mount() },
+            ].map(|n| said(n.to_string(), n.as_str())).to_vec(),
+            [
+                QueueNote::FixedShares,
+                QueueNote::NotShared { path: "/tmp/q".into(), why: why() },
+                QueueNote::Replaced { why: "stale" },
+            ].map(|n| said(n.to_string(), n.as_str())).to_vec(),
+            [
+                CopyRemark::OfferRefused { pid: 1, uid: 2 },
+                CopyRemark::HolderFailed { pid: 1, why: why() },
+                CopyRemark::NotHandedOut { why: why() },
+                CopyRemark::QueueNotShared { path: "/tmp/q".into(), why: why() },
+                CopyRemark::FinishedAfterStall { chunks: 1 },
+                CopyRemark::DeadJobsRemoved { files: 1 },
+                CopyRemark::ForeignName { name: why(), kind: why(), uid: None, this_user: false },
+                CopyRemark::MoreForeignNames { count: 1 },
+            ].map(|n| said(n.to_string(), n.as_str())).to_vec(),
+        ];
+        for family in &all {
+            let mut codes: Vec<&str> = family.iter().map(|(_, code)| *code).collect();
+            codes.dedup();
+            assert_eq!(codes.len(), family.len(), "{family:?}");
+            for (words, code) in family {
+                assert_ne!(words, code);
+            }
+        }
         assert_eq!(
-            Note::RangesIgnored { files: 1 }.to_string(),
+            LoadNote::RangesIgnored { files: 1 }.to_string(),
             "the server ignores Range: each file fetched whole (1 file)"
         );
     }

@@ -1,10 +1,11 @@
-//! What a prefetch did, as data and as text: the report of one process's prefetch, where its local rank came from, and why bytes were left cold.
+//! What a prefetch did, as data and as text: the report of one process's prefetch, why it ran (`PrefetchReason`), where its local rank came from, what became of its queue (`QueueNote`), and why bytes were left cold.
 
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{Note, human_bytes};
+use super::human_bytes;
+use crate::mount::Mount;
 use crate::policy::PrefetchMethod;
 
 /// What a prefetch did, for this process: the rank split, what was already
@@ -16,12 +17,12 @@ pub struct PrefetchReport {
     /// Whether anything was warmed or checked; `false` when prefetch was
     /// considered and not done (see [`reason`](Self::reason)).
     pub ran: bool,
-    /// Why prefetch ran, or why not: asked for ([`Note::PrefetchRequested`],
-    /// [`Note::PrefetchFromEnvironment`], [`Note::PrefetchOff`]), or the auto
+    /// Why prefetch ran, or why not: asked for ([`PrefetchReason::Requested`],
+    /// [`PrefetchReason::FromEnvironment`], [`PrefetchReason::Off`]), or the auto
     /// policy's word on files of a network filesystem
-    /// ([`Note::PrefetchAuto`], [`Note::PrefetchAutoResident`],
-    /// [`Note::PrefetchAutoDoesNotFit`]).
-    pub reason: Note,
+    /// ([`PrefetchReason::Auto`], [`PrefetchReason::AutoResident`],
+    /// [`PrefetchReason::AutoDoesNotFit`]).
+    pub reason: PrefetchReason,
     /// This process's rank among the job's processes on this node.
     pub rank: usize,
     /// The number of the job's processes on this node.
@@ -34,10 +35,10 @@ pub struct PrefetchReport {
     pub method: PrefetchMethod,
     /// Whether the ranks shared one queue (else each warmed a fixed share).
     pub shared_queue: bool,
-    /// Why the queue was not shared ([`Note::FixedShares`],
-    /// [`Note::QueueNotShared`]), or what was replaced to share it
-    /// ([`Note::QueueReplaced`]).
-    pub queue_note: Option<Note>,
+    /// Why the queue was not shared ([`QueueNote::FixedShares`],
+    /// [`QueueNote::NotShared`]), or what was replaced to share it
+    /// ([`QueueNote::Replaced`]).
+    pub queue_note: Option<QueueNote>,
     /// Files prefetched.
     pub files: usize,
     /// Their total size, in bytes.
@@ -75,12 +76,12 @@ pub struct PrefetchReport {
     pub queue_path: Option<PathBuf>,
 }
 
-/// A prefetch that did nothing: off ([`Note::PrefetchOff`]), one process.
+/// A prefetch that did nothing: off ([`PrefetchReason::Off`]), one process.
 impl Default for PrefetchReport {
     fn default() -> Self {
         PrefetchReport {
             ran: false,
-            reason: Note::PrefetchOff,
+            reason: PrefetchReason::Off,
             rank: 0,
             local_size: 1,
             rank_source: RankSource::Alone,
@@ -339,6 +340,164 @@ impl fmt::Display for SkipReason {
                 "stopped waiting after {seconds} s without progress for {chunks} chunk(s) \
                  claimed by pid {pids:?}"
             ),
+        }
+    }
+}
+/// Why a prefetch ran, or why not
+/// ([`PrefetchReport::reason`](super::PrefetchReport::reason)): asked for,
+/// or the auto policy's word on files of a network filesystem. Its code is
+/// `prefetch_` and the variant's name in snake case
+/// (`"prefetch_requested"`, `"prefetch_auto"`, ...).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum PrefetchReason {
+    /// [`Loader::prefetch`](crate::Loader::prefetch) asked for it (or
+    /// [`Loader::warm`](crate::Loader::warm) ran it).
+    Requested {
+        /// Readers per process.
+        streams: usize,
+    },
+    /// An environment variable asked for it (`SAFELOAD_PREFETCH`, else
+    /// `HF_SHARD_PREFETCH`).
+    FromEnvironment {
+        /// The variable.
+        variable: &'static str,
+        /// Its value: readers per process.
+        streams: usize,
+    },
+    /// Asked with no readers: nothing was warmed.
+    Off,
+    /// The auto policy warmed files on a network filesystem before mapping
+    /// them: `needed` of their `total` bytes were not in the page cache.
+    Auto {
+        /// The filesystem of the first file.
+        mount: Mount,
+        /// Bytes not in the page cache.
+        needed: u64,
+        /// Bytes of the files.
+        total: u64,
+    },
+    /// The auto policy left files on a network filesystem alone: every byte
+    /// was already in the page cache.
+    AutoResident {
+        /// The filesystem of the first file.
+        mount: Mount,
+    },
+    /// The auto policy left files on a network filesystem alone: the memory
+    /// guard would have left part of them cold (see the skip reasons).
+    AutoDoesNotFit {
+        /// The filesystem of the first file.
+        mount: Mount,
+    },
+}
+
+impl PrefetchReason {
+    /// A stable name for the variant, for logs and JSON:
+    /// `"prefetch_requested"`, `"prefetch_from_environment"`,
+    /// `"prefetch_off"`, `"prefetch_auto"`, `"prefetch_auto_resident"` or
+    /// `"prefetch_auto_does_not_fit"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            PrefetchReason::Requested { .. } => "prefetch_requested",
+            PrefetchReason::FromEnvironment { .. } => "prefetch_from_environment",
+            PrefetchReason::Off => "prefetch_off",
+            PrefetchReason::Auto { .. } => "prefetch_auto",
+            PrefetchReason::AutoResident { .. } => "prefetch_auto_resident",
+            PrefetchReason::AutoDoesNotFit { .. } => "prefetch_auto_does_not_fit",
+        }
+    }
+}
+
+/// `on network (nfs4) at /mnt/models`: where an auto prefetch looked.
+fn place(mount: &Mount) -> String {
+    format!(
+        "on {} ({}) at {}",
+        mount.kind,
+        mount.fs_type,
+        mount.mount_point.display()
+    )
+}
+
+impl fmt::Display for PrefetchReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PrefetchReason::Requested { streams } => write!(f, "prefetch({streams}) was requested"),
+            PrefetchReason::FromEnvironment { variable, streams } => {
+                write!(f, "{variable}={streams} is set")
+            }
+            PrefetchReason::Off => f.write_str("streams(0): prefetch is off"),
+            PrefetchReason::Auto {
+                mount,
+                needed,
+                total,
+            } => write!(
+                f,
+                "{}, {} of {} not in the page cache: warmed first, then mapped",
+                place(mount),
+                human_bytes(*needed),
+                human_bytes(*total)
+            ),
+            PrefetchReason::AutoResident { mount } => {
+                write!(f, "{}, already in the page cache", place(mount))
+            }
+            PrefetchReason::AutoDoesNotFit { mount } => write!(
+                f,
+                "{}, the checkpoint does not fit the memory guard",
+                place(mount)
+            ),
+        }
+    }
+}
+
+/// Why a prefetch's queue was not shared, or what was replaced to share it
+/// ([`PrefetchReport::queue_note`](super::PrefetchReport::queue_note)).
+/// Codes: `"fixed_shares"`, `"queue_not_shared"`, `"queue_replaced"`.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum QueueNote {
+    /// The caller asked for no shared queue: each local rank warmed a fixed
+    /// share of the bytes.
+    FixedShares,
+    /// The shared queue file could not be had: each rank warmed a fixed
+    /// share.
+    NotShared {
+        /// The queue file.
+        path: PathBuf,
+        /// Why, e.g. `a FIFO of uid 1000, not this user's`, or the OS's error.
+        why: String,
+    },
+    /// A queue file left by an earlier run, or not a valid queue, was
+    /// replaced by a new one.
+    Replaced {
+        /// What was wrong with it.
+        why: &'static str,
+    },
+}
+
+impl QueueNote {
+    /// A stable name for the variant, for logs and JSON: `"fixed_shares"`,
+    /// `"queue_not_shared"` or `"queue_replaced"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            QueueNote::FixedShares => "fixed_shares",
+            QueueNote::NotShared { .. } => "queue_not_shared",
+            QueueNote::Replaced { .. } => "queue_replaced",
+        }
+    }
+}
+
+impl fmt::Display for QueueNote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueueNote::FixedShares => {
+                f.write_str("shared_queue(false): a fixed share of the bytes")
+            }
+            QueueNote::NotShared { path, why } => write!(
+                f,
+                "no shared queue ({}: {why}): a fixed share of the bytes",
+                path.display()
+            ),
+            QueueNote::Replaced { why } => write!(f, "replaced a queue file: {why}"),
         }
     }
 }

@@ -4,6 +4,11 @@ use std::fmt;
 
 /// Which cache a file went through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "lowercase")
+)]
 #[non_exhaustive]
 pub enum CacheStore {
     /// The Hugging Face cache (`hf://`), shared with the hub's own clients.

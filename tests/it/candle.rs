@@ -302,7 +302,8 @@ fn var_builders_read_a_remote_checkpoint() {
         let b = remote.get((4, 6), name).unwrap();
         assert_eq!(bytes_of(&a), bytes_of(&b), "{name}");
     }
-    let sharded = safeload::candle::sharded_var_builder(&url, DType::F32, &dev).unwrap();
+    let opened = safeload::Checkpoint::open(&url).unwrap();
+    let sharded = safeload::candle::sharded_var_builder_from(opened, DType::F32, &dev);
     let hint = candle_nn::var_builder::Shard {
         dim: 0,
         rank: 1,

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use safeload::cluster::Communicator;
-use safeload::report::{NodeCopy, Note};
+use safeload::report::{LoadNote, NodeCopy};
 use safeload::{ErrorKind, Loader, Operation};
 use safetensors::Dtype;
 
@@ -151,10 +151,10 @@ fn nodes_read_their_share_and_receive_the_rest() {
             .report()
             .notes
             .iter()
-            .find(|n| matches!(n, Note::ReadOncePerCluster { .. }))
+            .find(|n| matches!(n, LoadNote::ReadOncePerCluster { .. }))
             .unwrap_or_else(|| panic!("node {node}: {:?}", sd.report().notes));
         // Three files, one piece each, one per node: a third read here.
-        let Note::ReadOncePerCluster {
+        let LoadNote::ReadOncePerCluster {
             node: this,
             nodes,
             read,
@@ -226,7 +226,7 @@ fn a_node_loading_other_files_makes_every_node_read_alone() {
             sd.report()
                 .notes
                 .iter()
-                .any(|n| matches!(n, Note::NodesReadAlone { why } if why.starts_with("node 2 sees another"))),
+                .any(|n| matches!(n, LoadNote::NodesReadAlone { why } if why.starts_with("node 2 sees another"))),
             "node {node}: {:?}",
             sd.report().notes
         );

@@ -8,7 +8,12 @@
 
 use crate::common::*;
 use safeload::mount::{self, MountKind};
-use safeload::{Loader, load_state_dict, mount::is_on_hf_mount, report::Strategy};
+use safeload::{Loader, load_state_dict, report::Strategy};
+
+/// Whether `path` lives on an hf-mount mount, as the crate docs teach it.
+fn is_on_hf_mount(path: impl AsRef<std::path::Path>) -> bool {
+    mount::lookup(path).is_ok_and(|m| m.kind == mount::MountKind::HfMount)
+}
 use safeload_testfs::{Mount, Options, skip_without_fuse};
 use tempfile::tempdir;
 

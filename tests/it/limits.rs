@@ -54,11 +54,11 @@ fn load_in_child() {
     };
     match loader.load(&path) {
         Ok(sd) => {
-            let strategies: Vec<&str> = sd
+            let strategies: Vec<String> = sd
                 .report()
                 .files
                 .iter()
-                .map(|f| f.strategy.as_str())
+                .map(|f| f.strategy.to_string())
                 .collect();
             // Touch every byte, so that a load that lied about its memory
             // would meet the limit here.
@@ -241,6 +241,6 @@ fn outcome_words_are_the_error_kind_names() {
         available: 0,
     };
     assert!(format!("{kind:?}").starts_with("InsufficientMemory"));
-    assert_eq!(Strategy::Mmap.as_str(), "mmap");
-    assert_eq!(Strategy::Buffered.as_str(), "buffered");
+    assert_eq!(Strategy::Mmap.to_string(), "mmap");
+    assert_eq!(Strategy::Buffered.to_string(), "buffered");
 }

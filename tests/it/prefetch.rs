@@ -11,7 +11,7 @@
 //! Ranks sharing a prefetch across processes, on FUSE:
 //! `tests/it/fuse_prefetch_ranks.rs`.
 
-use safeload::report::{Note, SkipReason};
+use safeload::report::{PrefetchReason, SkipReason};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -293,7 +293,7 @@ fn prefetch_then_load_gives_the_same_tensors() {
             .unwrap();
         assert_eq!(loaded(&sd), naive, "disable_mmap({disable_mmap})");
         let p = sd.report().prefetch.as_ref().expect("asked for");
-        assert_eq!(p.reason, Note::PrefetchRequested { streams: 3 }, "{p}");
+        assert_eq!(p.reason, PrefetchReason::Requested { streams: 3 }, "{p}");
         if disable_mmap {
             // One rank alone reads its buffered files with its own
             // streaming reads: a prefetch first would only add a pass.
@@ -337,7 +337,7 @@ fn auto_policy_prefetches_a_cold_network_checkpoint_then_maps_it() {
         .expect("considered on a network filesystem");
     assert!(p.ran, "{p}");
     assert!(
-        matches!(&p.reason, Note::PrefetchAuto { mount, .. } if mount.fs_type == "nfs4"),
+        matches!(&p.reason, PrefetchReason::Auto { mount, .. } if mount.fs_type == "nfs4"),
         "{p}"
     );
     assert!(
@@ -360,7 +360,10 @@ fn auto_policy_prefetches_a_cold_network_checkpoint_then_maps_it() {
     let sd = load(Loader::new());
     let p = sd.report().prefetch.as_ref().unwrap();
     assert!(!p.ran, "{p}");
-    assert!(matches!(p.reason, Note::PrefetchAutoResident { .. }), "{p}");
+    assert!(
+        matches!(p.reason, PrefetchReason::AutoResident { .. }),
+        "{p}"
+    );
     assert!(sd.report().to_string().contains("not prefetched"));
 
     // Cold, but larger than the memory guard allows.

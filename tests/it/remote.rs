@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use safeload::report::{Note, Reason, Strategy};
+use safeload::report::{LoadNote, Reason, Strategy};
 use safeload::{Checkpoint, ErrorKind, Loader};
 use safeload_testhttp::moto::Moto;
 use safeload_testhttp::{DEFAULT_COMMIT, Fault, FaultEvery, Options, Server};
@@ -226,7 +226,7 @@ fn a_server_that_ignores_range_answers_one_request_per_file() {
     let notes = &sd.report().notes;
     assert_eq!(
         notes,
-        &[Note::RangesIgnored {
+        &[LoadNote::RangesIgnored {
             files: shards.len()
         }],
         "{notes:?}"

@@ -57,7 +57,7 @@ fn a_serialized_report_parses_back_under_the_rust_names() {
         assert_eq!(file["node_copy"], Value::Null);
         assert_eq!(
             file["mount"]["kind"],
-            typed.mount.as_ref().unwrap().kind.as_str()
+            typed.mount.as_ref().unwrap().kind.to_string()
         );
     }
     let prefetch = &json["prefetch"];

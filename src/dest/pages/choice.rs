@@ -6,6 +6,11 @@ use std::fmt;
 /// huge pages ([`Loader::huge_pages`](crate::Loader::huge_pages),
 /// `SAFELOAD_HUGE_PAGES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "lowercase")
+)]
 #[non_exhaustive]
 pub enum HugePages {
     /// `SAFELOAD_HUGE_PAGES` if set, else measured while the load faults
@@ -33,6 +38,11 @@ impl HugePages {
 
 /// Why a load's fresh memory had the page size it had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum PageReason {
     /// The caller chose ([`Loader::huge_pages`](crate::Loader::huge_pages)).
@@ -82,6 +92,7 @@ impl fmt::Display for PageReason {
 /// How a load's fresh memory was faulted in: in which page sizes, why, and
 /// what each cost where it was measured.
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct FreshMemory {
     /// The mode in force ([`HugePages::Auto`] where measured).

@@ -462,7 +462,7 @@ mod candle {
         if got.dims() != want.shape.as_slice() {
             return Err(format!("shape {:?} where {:?} is", got.dims(), want.shape));
         }
-        let expected = safeload::candle::candle_dtype(want.dtype).map_err(|e| e.to_string())?;
+        let expected = candle_dtype(want.dtype).ok_or("a dtype candle has no room for")?;
         if got.dtype() != expected {
             return Err(format!("{:?} where {expected:?} is", got.dtype()));
         }
@@ -512,10 +512,32 @@ mod candle {
         }
     }
 
+    /// The candle dtype a dtype loads as: the crate docs' table, written
+    /// out here so that the contract does not take it from the crate.
+    fn candle_dtype(dtype: Dtype) -> Option<DType> {
+        Some(match dtype {
+            Dtype::BOOL | Dtype::U8 => DType::U8,
+            Dtype::I8 | Dtype::I16 => DType::I16,
+            Dtype::U16 | Dtype::U32 => DType::U32,
+            Dtype::I32 => DType::I32,
+            Dtype::I64 | Dtype::U64 => DType::I64,
+            Dtype::F16 => DType::F16,
+            Dtype::BF16 => DType::BF16,
+            Dtype::F32 => DType::F32,
+            Dtype::F64 => DType::F64,
+            Dtype::F8_E4M3 => DType::F8E4M3,
+            Dtype::F8_E8M0 => DType::F8E8M0,
+            Dtype::F4 => DType::F4,
+            Dtype::F6_E2M3 => DType::F6E2M3,
+            Dtype::F6_E3M2 => DType::F6E3M2,
+            _ => return None,
+        })
+    }
+
     /// Whether `to_candle` of `want` is to fail: a dtype candle has no room for, or a U64
     /// beyond I64.
     fn refused(want: &Spec) -> bool {
-        safeload::candle::candle_dtype(want.dtype).is_err()
+        candle_dtype(want.dtype).is_none()
             || (want.dtype == Dtype::U64 && want.data.chunks_exact(8).any(|c| c[7] & 0x80 != 0))
     }
 
@@ -583,7 +605,7 @@ mod candle {
                     .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
                     .map_err(|e| e.to_string())
                     .and_then(|got| same_f32(&got, &values))
-            } else if let Ok(dtype) = safeload::candle::candle_dtype(want.dtype) {
+            } else if let Some(dtype) = candle_dtype(want.dtype) {
                 let vb = safeload::candle::var_builder_from(ck.clone(), dtype, &Device::Cpu);
                 check(vb.get(want.shape.as_slice(), &want.name), want)
             } else {

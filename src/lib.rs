@@ -450,6 +450,8 @@
     )
 )]
 
+#[macro_use]
+mod worded; // first: its macros are in scope after it
 mod adapt;
 #[cfg(feature = "remote")]
 mod cache;

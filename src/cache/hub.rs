@@ -372,7 +372,9 @@ impl Target for HubTarget {
             }
         }
         let Some((temp, file)) = made else {
-            return Err(NotCached::Unwritable("no free temporary name".to_owned()));
+            return Err(NotCached::Unwritable {
+                error: "no free temporary name".to_owned(),
+            });
         };
         let mut begun = TempFile {
             dir: blobs,

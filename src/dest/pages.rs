@@ -30,6 +30,7 @@ use crate::os::{self, ProcFile};
 mod choice;
 mod copy;
 pub use choice::{FreshMemory, HugePages, PageReason};
+pub(crate) use copy::Fill;
 #[cfg(test)]
 use copy::Prepared;
 
@@ -277,14 +278,6 @@ impl PageSizes {
         }
     }
 
-    /// Whether a reader should fault its job's destination in itself before
-    /// reading into it (where no helper did): so wherever sizes are
-    /// advised, so that every piece is faulted in the size chosen and
-    /// measured.
-    pub(crate) fn readers_fault(&self) -> bool {
-        self.advise
-    }
-
     /// The size for the next destination of `len` bytes at `addr`, and a
     /// probe of the other size where one is due.
     fn cut(&self, addr: usize, len: usize, disk: bool) -> PieceSize {
@@ -339,7 +332,7 @@ impl PageSizes {
     /// Where `dst` is for a read of a local disk with `O_DIRECT` (`disk`),
     /// base pages' measured cost is weighed [`DISK_WEIGHT`] times: they
     /// make the disk's requests smaller.
-    pub(crate) fn fault_in(&self, dst: &mut [u8], disk: bool) {
+    pub(super) fn fault_in(&self, dst: &mut [u8], disk: bool) {
         if disk && self.mode == HugePages::Auto {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             state.disk_bytes += dst.len() as u64;

@@ -191,10 +191,12 @@ fn direct_io<'a>(file: &'a OpenedFile, plan: &mut FilePlan) -> DirectGuard<'a> {
     if let Placement::Buffer { direct: true, .. } = plan.placement {
         match file.local().map(|local| direct.add(local)) {
             Some(Ok(())) => {}
-            Some(Err(e)) => plan.decision.set_direct(DirectIo::Refused(e.to_string())),
-            None => plan
-                .decision
-                .set_direct(DirectIo::Refused("not a local file".to_owned())),
+            Some(Err(e)) => plan.decision.set_direct(DirectIo::Refused {
+                error: e.to_string(),
+            }),
+            None => plan.decision.set_direct(DirectIo::Refused {
+                error: "not a local file".to_owned(),
+            }),
         }
     }
     direct
@@ -278,7 +280,9 @@ impl<'a> Filling<'a> {
             direct,
         } = self;
         if let Some(why) = direct.dropped() {
-            plan.decision.set_direct(DirectIo::Dropped(why.to_string()));
+            plan.decision.set_direct(DirectIo::Dropped {
+                why: why.to_string(),
+            });
         }
         drop(direct);
         let path = file.path();

@@ -7,9 +7,8 @@ use std::time::{Duration, Instant};
 use super::execute::execute;
 use super::{ConvertSource, Job, JobError, JobSource, Outcome, Ran, Tagged};
 use crate::cancel;
-use crate::dest::pages::PageSizes;
+use crate::dest::pages::{Fill, PageSizes};
 use crate::error::Operation;
-use crate::os;
 
 /// A load's jobs in one queue, and what the readers share of them.
 pub(super) struct List<'a, 'r> {
@@ -61,33 +60,27 @@ impl<'a> List<'a, '_> {
             Job::Convert { .. } => Operation::Convert,
             Job::Populate { .. } => Operation::Populate,
         };
-        // The destination faulted in here, where no helper did (its page
-        // size asked for only, where the read copies out of the page cache:
-        // `PageSizes::prepare`).
+        // The destination's pages, where no helper gave them: faulted in
+        // now where a helper runs (the reads wait on storage), else left to
+        // the copy out of the page cache (`dest::pages::Fill`).
         let mut faulting = waited;
-        // A copy out of the page cache into a destination left to fault in
-        // as it goes: timed on this thread's CPU clock, the measure of the
-        // page size it was given.
-        let mut prepared = None;
-        let disk = tagged.job.reads_a_disk_directly();
-        let pages = self.pages;
-        if let (false, true, Some(dst)) = (faulted, pages.readers_fault(), tagged.job.destination())
-        {
+        let mut filling = None;
+        let how = match self.ahead {
+            true => Fill::Now {
+                disk: tagged.job.reads_a_disk_directly(),
+            },
+            false => Fill::ByCopy {
+                timed: operation == Operation::Read,
+            },
+        };
+        if let (false, Some(dst)) = (faulted, tagged.job.destination()) {
             let start = Instant::now();
-            if self.ahead {
-                pages.fault_in(dst, disk);
-            } else {
-                let timed = operation == Operation::Read;
-                prepared = Some((pages.prepare(dst, timed), os::thread_cpu_time()));
-            }
+            filling = Some(self.pages.fill(dst, how));
             faulting += start.elapsed();
         }
         let result = execute(tagged.job);
-        if let Some((prepared, before)) = prepared {
-            let cpu = before
-                .filter(|_| operation == Operation::Read && result.is_ok())
-                .and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)));
-            pages.copied(prepared, cpu);
+        if let Some(filling) = filling {
+            self.pages.filled(filling, result.is_ok());
         }
         match result {
             Ok(outcome) => {
@@ -226,7 +219,7 @@ pub(super) fn reads_bypass_the_page_cache(jobs: &[Tagged<'_>]) -> bool {
 }
 
 /// Walks the queue ahead of the readers and faults in the destination of
-/// every job not yet taken (`PageSizes::fault_in`), so that the readers'
+/// every job not yet taken (`Fill::Now`), so that the readers'
 /// copies land in present pages. A job it holds is passed over by the
 /// readers (`take`): where it is slower than they are, they fault the jobs
 /// they take in themselves, and it goes on from the first job after the
@@ -248,7 +241,7 @@ pub(super) fn fill_ahead(
             if let Some(waiting) = job.as_mut().filter(|w| !w.faulted) {
                 let disk = waiting.tagged.job.reads_a_disk_directly();
                 if let Some(dst) = waiting.tagged.job.destination() {
-                    pages.fault_in(dst, disk);
+                    pages.filled(pages.fill(dst, Fill::Now { disk }), true);
                 }
                 waiting.faulted = true;
             }

@@ -148,7 +148,7 @@ pub struct Mount {
     /// in the mount table, and possibly empty in it.
     pub source: String,
     /// The mount point; empty when not found in the mount table.
-    #[cfg_attr(feature = "serde", serde(serialize_with = "path_text"))]
+    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::worded::path_text"))]
     pub mount_point: PathBuf,
     /// The filesystem type: the table's (`fuse.hf-mount`, `nfs4`), or the name of the `statfs`
     /// magic number (`ext2/ext3/ext4`; the number in hex when unknown); empty off Linux.
@@ -157,16 +157,6 @@ pub struct Mount {
     pub kind: MountKind,
     /// How the mount was found.
     pub detected_by: Detection,
-}
-
-/// A path in JSON: its text, lossy where it is not UTF-8 (serde's own
-/// serializer refuses such a path, and with it the whole report).
-#[cfg(feature = "serde")]
-pub(crate) fn path_text<S: serde::Serializer>(
-    path: &Path,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    serializer.collect_str(&path.display())
 }
 
 impl Mount {

@@ -35,7 +35,9 @@ impl FileDecision {
     /// The map was refused: read the file instead.
     pub(crate) fn mmap_refused(&mut self, error: &std::io::Error) {
         self.strategy = Strategy::Buffered;
-        self.fallback = Some(Fallback::MmapRefused(error.to_string()));
+        self.fallback = Some(Fallback::MmapRefused {
+            error: error.to_string(),
+        });
     }
 
     /// The memory guard maps the file instead of reading it.
@@ -60,9 +62,9 @@ impl FileDecision {
         let disable_mmap = self.mode == ReadMode::Buffered;
         match self.origin {
             _ if self.remote => Reason::Remote,
-            _ if self.mode == ReadMode::Auto => {
-                Reason::Auto(self.mount.as_ref().map_or(MountKind::Unknown, |m| m.kind))
-            }
+            _ if self.mode == ReadMode::Auto => Reason::Auto {
+                kind: self.mount.as_ref().map_or(MountKind::Unknown, |m| m.kind),
+            },
             Origin::Environment => Reason::Environment { disable_mmap },
             _ => Reason::Requested { disable_mmap },
         }
@@ -294,16 +296,18 @@ mod tests {
             "{d}"
         );
         assert!(!d.switchable(), "a refused map is not tried again");
-        d.set_direct(DirectIo::Refused("Invalid argument".into()));
+        d.set_direct(DirectIo::Refused {
+            error: "Invalid argument".into(),
+        });
         assert!(
             d.to_string()
                 .ends_with("; O_DIRECT refused (Invalid argument)"),
             "{d}"
         );
         assert_ne!(d.direct, DirectIo::On);
-        d.set_direct(DirectIo::Dropped(
-            crate::os::DirectDropped::Pieces.to_string(),
-        ));
+        d.set_direct(DirectIo::Dropped {
+            why: crate::os::DirectDropped::Pieces.to_string(),
+        });
         assert!(
             d.to_string().ends_with(
                 "; direct I/O dropped: whole-block reads kept returning pieces that are not \

@@ -3,6 +3,7 @@
 use super::Strategy;
 use crate::mount::MountKind;
 
+worded! {
 /// Why a file was first mapped or read: the rule that chose its
 /// [`Strategy`]. [`Fallback`] says what overrode it, if anything; `Display`
 /// gives the rule in words.
@@ -11,7 +12,7 @@ use crate::mount::MountKind;
 /// use safeload::mount::MountKind;
 /// use safeload::report::Reason;
 ///
-/// let why = Reason::Auto(MountKind::Fuse);
+/// let why = Reason::Auto { kind: MountKind::Fuse };
 /// assert_eq!(why.to_string(), "mmap page faults stall on FUSE");
 /// assert_eq!(Reason::Requested { disable_mmap: true }.to_string(), "disable_mmap(true) was requested");
 /// ```
@@ -20,34 +21,25 @@ use crate::mount::MountKind;
 pub enum Reason {
     /// The auto policy's rule for a file on this kind of filesystem
     /// ([`MountKind::Unknown`] where it could not be found).
-    Auto(MountKind),
+    Auto {
+        /// The filesystem's kind.
+        kind: MountKind,
+    } = "auto",
     /// The caller asked: `disable_mmap(..)`, or `load_state_dict`'s
     /// `Some(..)`.
     Requested {
         /// `true`: read buffered; `false`: mapped.
         disable_mmap: bool,
-    },
+    } = "requested",
     /// `SAFELOAD_DISABLE_MMAP` asked.
     Environment {
         /// `true` (`=1`): read buffered; `false` (`=0`): mapped.
         disable_mmap: bool,
-    },
+    } = "environment",
     /// A remote object (feature `remote`): read by ranged requests into
     /// memory, whatever was asked, since there is no file to map.
-    Remote,
+    Remote = "remote",
 }
-
-impl Reason {
-    /// A stable name for the variant, for logs and JSON (`"auto"`,
-    /// `"requested"`, `"environment"`, `"remote"`).
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Reason::Auto(_) => "auto",
-            Reason::Requested { .. } => "requested",
-            Reason::Environment { .. } => "environment",
-            Reason::Remote => "remote",
-        }
-    }
 }
 
 /// The auto policy, one row per kind of filesystem: how a file there is
@@ -69,13 +61,17 @@ pub(crate) fn auto_rule(kind: MountKind) -> (Strategy, &'static str) {
     }
 }
 
+worded! {
 /// What overrode the first choice of a file's strategy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Fallback {
     /// The filesystem refused the map (the OS error, in words); the file is
     /// read instead.
-    MmapRefused(String),
+    MmapRefused {
+        /// The OS error, in words.
+        error: String,
+    } = "mmap_refused",
     /// Buffered reads of all the load's files would not fit in memory
     /// (`needed`, margin included, against `available`); `kept` of its
     /// `files` buffered files are read, this one is mapped instead.
@@ -89,22 +85,31 @@ pub enum Fallback {
         kept: usize,
         /// Files of the load the auto policy would have read buffered.
         files: usize,
-    },
+    } = "memory_guard",
+}
 }
 
+worded! {
 /// Direct I/O (`O_DIRECT`: reads that bypass the page cache) for a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DirectIo {
     /// Not used: not asked for, or not applicable (mapped, or not laid out
     /// in blocks).
-    Off,
+    Off = "off",
     /// Every read of the file bypassed the page cache.
-    On,
+    On = "on",
     /// Asked for, refused by the file or its filesystem (the OS error, in
     /// words).
-    Refused(String),
+    Refused {
+        /// The OS error, in words.
+        error: String,
+    } = "refused",
     /// Used, then given up during the reads, for this reason (the rest of
     /// the file read through the page cache).
-    Dropped(String),
+    Dropped {
+        /// Why.
+        why: String,
+    } = "dropped",
+}
 }

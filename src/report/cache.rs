@@ -5,18 +5,6 @@ use std::path::PathBuf;
 
 use super::human_bytes;
 
-/// The cache's root in JSON: its text (lossy where not UTF-8), or `null`.
-#[cfg(feature = "serde")]
-fn root_text<S: serde::Serializer>(
-    root: &Option<PathBuf>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    match root {
-        Some(path) => crate::mount::path_text(path, serializer),
-        None => serializer.serialize_none(),
-    }
-}
-
 /// The Hugging Face cache: where it is, and what it holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -24,7 +12,10 @@ fn root_text<S: serde::Serializer>(
 pub struct CacheListing {
     /// Its directory (`HF_HUB_CACHE`, else `$HF_HOME/hub`, else
     /// `~/.cache/huggingface/hub`); `None` where nothing names one.
-    #[cfg_attr(feature = "serde", serde(serialize_with = "root_text"))]
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "crate::worded::maybe_path_text")
+    )]
     pub root: Option<PathBuf>,
     /// Whether that directory exists.
     pub exists: bool,

@@ -26,12 +26,9 @@
 //!   `PrefetchMethod`, `HugePages`, `PageReason`, `CacheStore`) is its code
 //!   (the first four's `Display` words), e.g. `"buffered"`; an enum with
 //!   data is an object of its `code` (`as_str()`), its `text` (`Display`)
-//!   and its data
-//!   by field name, a tuple variant's value named `kind`
-//!   ([`Reason::Auto`]), `error` ([`Fallback::MmapRefused`],
-//!   [`DirectIo::Refused`]) or `why` ([`DirectIo::Dropped`]);
-//! - a [`ConcurrencyReason`]'s `tried` lists
-//!   `[readers, GiB/s]` for each count tried.
+//!   and its fields by name;
+//! - a [`ConcurrencyReason`]'s `tried` lists `[readers, GiB/s]` for each
+//!   count tried.
 //!
 //! A complete document: local rank 1 of 3 that took the node copy of one
 //! file from rank 0 and read the other alone, the prefetch asked for by
@@ -127,14 +124,15 @@ pub use note::{ConcurrencyReason, CopyRemark, LoadNote};
 pub use prefetch::{PrefetchReason, PrefetchReport, QueueNote, RankSource, SkipReason};
 
 mod cache;
-#[cfg(feature = "serde")]
-mod json;
+#[cfg(all(test, feature = "serde"))]
+mod json_tests;
 mod node_copy;
 mod note;
 mod prefetch;
 
 use crate::policy::{DISABLE_MMAP_ENV, FileDecision, auto_rule};
 
+reported! {
 /// How a load went: one [`FileReport`] per file, and the totals. `Display`
 /// prints it for people, a line or three per file.
 ///
@@ -169,7 +167,7 @@ pub struct LoadReport {
     /// Per file, in load order.
     pub files: Vec<FileReport>,
     /// Wall time of the whole load.
-    pub elapsed: Duration,
+    pub elapsed: Duration => serialize_with = "crate::worded::seconds",
     /// Files opened and parsed at once.
     pub threads: usize,
     /// Reads in flight at once for buffered files: the count the caller set
@@ -199,6 +197,8 @@ pub struct LoadReport {
     /// ([`LoadNote::ReadOncePerCluster`], [`LoadNote::NodesReadAlone`]). Empty when
     /// all went to plan.
     pub notes: Vec<LoadNote>,
+}
+computed { bytes_read: u64, tensor_bytes: u64, overflowed: u64, gib_per_s: Option<f64> }
 }
 
 impl LoadReport {
@@ -231,12 +231,13 @@ fn gib_per_s(bytes: u64, elapsed: Duration) -> Option<f64> {
     (bytes > 0 && secs > 0.0).then(|| bytes as f64 / (1u64 << 30) as f64 / secs)
 }
 
+reported! {
 /// How one file was read: what, how, why and how fast.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct FileReport {
     /// The file's path, as opened (symlinks not resolved).
-    pub path: PathBuf,
+    pub path: PathBuf => serialize_with = "crate::worded::path_text",
     /// The file's size in bytes.
     pub size: u64,
     /// Tensors loaded from it (after the filter).
@@ -260,7 +261,7 @@ pub struct FileReport {
     pub mount: Option<Mount>,
     /// From opening the file to its last byte read (buffered) or its map
     /// made (mapped).
-    pub elapsed: Duration,
+    pub elapsed: Duration => serialize_with = "crate::worded::seconds",
     /// Tensors converted to another dtype while loading
     /// ([`Loader::dtype`](crate::Loader::dtype)).
     pub converted: usize,
@@ -290,6 +291,8 @@ pub struct FileReport {
     /// The entity tag of a remote object (fetched, or read from a cache
     /// directory that keyed it by it): the version every read required.
     pub etag: Option<String>,
+}
+computed { explain: String, gib_per_s: Option<f64>, lazy: bool }
 }
 
 impl FileReport {
@@ -434,7 +437,7 @@ impl fmt::Display for FileDecision {
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Reason::Auto(kind) => f.write_str(auto_rule(*kind).1),
+            Reason::Auto { kind } => f.write_str(auto_rule(*kind).1),
             Reason::Requested { disable_mmap } => {
                 write!(f, "disable_mmap({disable_mmap}) was requested")
             }
@@ -446,34 +449,10 @@ impl fmt::Display for Reason {
     }
 }
 
-impl Fallback {
-    /// A stable name for the variant, for logs and JSON: `"mmap_refused"`
-    /// or `"memory_guard"`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Fallback::MmapRefused(_) => "mmap_refused",
-            Fallback::MemoryGuard { .. } => "memory_guard",
-        }
-    }
-}
-
-impl DirectIo {
-    /// A stable name for the variant, for logs and JSON: `"off"`, `"on"`,
-    /// `"refused"` or `"dropped"`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            DirectIo::Off => "off",
-            DirectIo::On => "on",
-            DirectIo::Refused(_) => "refused",
-            DirectIo::Dropped(_) => "dropped",
-        }
-    }
-}
-
 impl fmt::Display for Fallback {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Fallback::MmapRefused(e) => write!(f, "mmap failed ({e}), read instead"),
+            Fallback::MmapRefused { error: e } => write!(f, "mmap failed ({e}), read instead"),
             Fallback::MemoryGuard {
                 needed,
                 available,
@@ -495,8 +474,8 @@ impl fmt::Display for DirectIo {
         match self {
             DirectIo::Off => f.write_str("off"),
             DirectIo::On => f.write_str("on"),
-            DirectIo::Refused(e) => write!(f, "O_DIRECT refused ({e})"),
-            DirectIo::Dropped(why) => write!(f, "direct I/O dropped: {why}"),
+            DirectIo::Refused { error: e } => write!(f, "O_DIRECT refused ({e})"),
+            DirectIo::Dropped { why } => write!(f, "direct I/O dropped: {why}"),
         }
     }
 }
@@ -514,12 +493,12 @@ fn explain(
         out.push_str(&format!("{fallback}; "));
     }
     match (reason, mount) {
-        (Reason::Auto(_), None) => out.push_str("filesystem unknown — mapping is the default"),
-        (Reason::Auto(_), Some(m)) => out.push_str(&format!("{} — {reason}", describe(m))),
+        (Reason::Auto { .. }, None) => out.push_str("filesystem unknown — mapping is the default"),
+        (Reason::Auto { .. }, Some(m)) => out.push_str(&format!("{} — {reason}", describe(m))),
         (_, None) => out.push_str(&reason.to_string()),
         (_, Some(m)) => out.push_str(&format!("{reason} ({})", describe(m))),
     }
-    if matches!(direct, DirectIo::Refused(_) | DirectIo::Dropped(_)) {
+    if matches!(direct, DirectIo::Refused { .. } | DirectIo::Dropped { .. }) {
         out.push_str(&format!("; {direct}"));
     }
     out

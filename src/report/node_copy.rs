@@ -4,6 +4,7 @@ use std::fmt;
 
 use super::{CopyRemark, human_bytes};
 
+worded! {
 /// What the node copy did for one file
 /// ([`FileReport::node_copy`](super::FileReport::node_copy)), where several
 /// local ranks of a job loaded it: its tensors are views of the node's one
@@ -55,22 +56,22 @@ pub enum NodeCopy {
         /// What this rank met on the way: another user's names ignored, an
         /// offer refused, a queue not shared, ... ([`CopyRemark`]).
         remarks: Vec<CopyRemark>,
-    },
+    } = "shared",
     /// A filter selects tensors: the copy is of whole files, and the
     /// ranks' filters may differ.
-    Filtered,
+    Filtered = "filtered",
     /// The load converts dtypes: it reads its converted tensors itself.
-    Converting,
+    Converting = "converting",
     /// A tensor is not aligned for its dtype in the file: a copy of the
     /// file could not hand out typed views of it.
-    Unaligned,
+    Unaligned = "unaligned",
     /// The file's version cannot be told (no device and inode, no ETag).
-    NoIdentity,
+    NoIdentity = "no_identity",
     /// More files than one handoff carries.
     TooManyFiles {
         /// The most files one copy holds.
         most: usize,
-    },
+    } = "too_many_files",
     /// The copy does not fit the memory guard (a memory file is charged to
     /// the cgroup like any memory).
     DoesNotFit {
@@ -78,34 +79,16 @@ pub enum NodeCopy {
         needed: u64,
         /// Memory available (`MemAvailable` and the cgroup's room).
         available: u64,
-    },
+    } = "does_not_fit",
     /// The rank that made the copy left this file out (its memory guard).
-    LeftOut,
+    LeftOut = "left_out",
     /// Finding, making or filling the copy failed: each rank loads the
     /// file alone.
     Failed {
         /// What failed.
         why: String,
-    },
+    } = "failed",
 }
-
-impl NodeCopy {
-    /// A stable name for the variant, for logs and JSON: `"shared"`,
-    /// `"filtered"`, `"converting"`, `"unaligned"`, `"no_identity"`,
-    /// `"too_many_files"`, `"does_not_fit"`, `"left_out"` or `"failed"`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            NodeCopy::Shared { .. } => "shared",
-            NodeCopy::Filtered => "filtered",
-            NodeCopy::Converting => "converting",
-            NodeCopy::Unaligned => "unaligned",
-            NodeCopy::NoIdentity => "no_identity",
-            NodeCopy::TooManyFiles { .. } => "too_many_files",
-            NodeCopy::DoesNotFit { .. } => "does_not_fit",
-            NodeCopy::LeftOut => "left_out",
-            NodeCopy::Failed { .. } => "failed",
-        }
-    }
 }
 
 impl fmt::Display for NodeCopy {

@@ -7,6 +7,7 @@ use super::human_bytes;
 use crate::adapt::{SettleReason, Settled};
 use crate::workers::Started;
 
+worded! {
 /// What a load could not do as planned and did otherwise
 /// ([`LoadReport::notes`](super::LoadReport::notes)). `Display` gives the
 /// words, [`as_str`](Self::as_str) a stable code (the JSON's `code`).
@@ -33,13 +34,13 @@ pub enum LoadNote {
         requested: usize,
         /// The OS's answer to the first one refused.
         error: String,
-    },
+    } = "threads_refused",
     /// A remote server answered a ranged request with the whole object:
     /// each of these `files` was fetched whole, once, by its first request.
     RangesIgnored {
         /// Files fetched whole.
         files: usize,
-    },
+    } = "ranges_ignored",
     /// The nodes of a job read each byte once between them: this `node` of
     /// `nodes` read `read` of the `total` bytes exchanged from storage and
     /// received the rest, each range's SHA-256 checked.
@@ -52,26 +53,16 @@ pub enum LoadNote {
         read: u64,
         /// Bytes of the exchange.
         total: u64,
-    },
+    } = "read_once_per_cluster",
     /// The nodes of a job could not split the reads, and each read alone.
     NodesReadAlone {
         /// Why, e.g. `node 2 sees another version of model.safetensors`.
         why: String,
-    },
+    } = "nodes_read_alone",
+}
 }
 
 impl LoadNote {
-    /// A stable name for the variant, for logs and JSON: the variant's name
-    /// in snake case (`"threads_refused"`, `"ranges_ignored"`, ...).
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            LoadNote::ThreadsRefused { .. } => "threads_refused",
-            LoadNote::RangesIgnored { .. } => "ranges_ignored",
-            LoadNote::ReadOncePerCluster { .. } => "read_once_per_cluster",
-            LoadNote::NodesReadAlone { .. } => "nodes_read_alone",
-        }
-    }
-
     /// Why workers fell short of what was asked, for `work`, if they did.
     pub(crate) fn threads(work: &'static str, started: &Started) -> Option<LoadNote> {
         started.refused.as_ref().map(|e| LoadNote::ThreadsRefused {
@@ -117,6 +108,7 @@ impl fmt::Display for LoadNote {
     }
 }
 
+worded! {
 /// How a load's reads in flight were found
 /// ([`LoadReport::io_concurrency_reason`](super::LoadReport::io_concurrency_reason)):
 /// set, or measured with each count tried. Its code is `reads_` and the
@@ -142,50 +134,38 @@ pub enum ConcurrencyReason {
     Set {
         /// Reads in flight.
         readers: usize,
-    },
+    } = "reads_set",
     /// The load ended before a throughput could be measured: the start
     /// count stood.
     Unmeasured {
         /// Reads in flight.
         readers: usize,
-    },
+    } = "reads_unmeasured",
     /// Found by measurement: doubling them gained under 15 %.
     Settled {
         /// Reads in flight at the end.
         readers: usize,
         /// Each count tried, and the throughput it gave in GiB/s, in order.
         tried: Vec<(usize, f64)>,
-    },
+    } = "reads_settled",
     /// Found by measurement: they reached the most allowed.
     AtMost {
         /// As in [`Settled`](Self::Settled).
         readers: usize,
         /// As in [`Settled`](Self::Settled).
         tried: Vec<(usize, f64)>,
-    },
+    } = "reads_at_most",
     /// Found by measurement: the load ended while throughput still rose.
     UntilEnd {
         /// As in [`Settled`](Self::Settled).
         readers: usize,
         /// As in [`Settled`](Self::Settled).
         tried: Vec<(usize, f64)>,
-    },
+    } = "reads_until_end",
+}
 }
 
 impl ConcurrencyReason {
-    /// A stable name for the variant, for logs and JSON: `"reads_set"`,
-    /// `"reads_unmeasured"`, `"reads_settled"`, `"reads_at_most"` or
-    /// `"reads_until_end"`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            ConcurrencyReason::Set { .. } => "reads_set",
-            ConcurrencyReason::Unmeasured { .. } => "reads_unmeasured",
-            ConcurrencyReason::Settled { .. } => "reads_settled",
-            ConcurrencyReason::AtMost { .. } => "reads_at_most",
-            ConcurrencyReason::UntilEnd { .. } => "reads_until_end",
-        }
-    }
-
     /// How the read engine's count settled.
     pub(crate) fn of(settled: &Settled) -> ConcurrencyReason {
         let readers = settled.readers;
@@ -227,6 +207,7 @@ impl fmt::Display for ConcurrencyReason {
     }
 }
 
+worded! {
 /// What a rank met on the way to a node copy
 /// ([`NodeCopy::Shared`](super::NodeCopy::Shared)'s `remarks`): its
 /// holders, its chunk queue, and the names in its queue directory left
@@ -240,37 +221,37 @@ pub enum CopyRemark {
         pid: u32,
         /// Its user.
         uid: u32,
-    },
+    } = "offer_refused",
     /// A rank of this user holding a copy did not hand it over.
     HolderFailed {
         /// Its pid.
         pid: u32,
         /// What went wrong (no answer within the patience, not an offer, ...).
         why: String,
-    },
+    } = "holder_failed",
     /// This rank could not hand its copy out to later ranks.
     NotHandedOut {
         /// The OS's error.
         why: String,
-    },
+    } = "not_handed_out",
     /// The copy's chunk queue file could not be had: this rank read every
     /// chunk.
     QueueNotShared {
         /// The queue file.
-        path: PathBuf,
+        path: PathBuf => serialize_with = "crate::worded::path_text",
         /// Why, e.g. `a FIFO of uid 1000, not this user's`, or the OS's error.
         why: String,
-    },
+    } = "queue_not_shared",
     /// Chunks another rank had claimed, then stopped on, finished here.
     FinishedAfterStall {
         /// How many.
         chunks: usize,
-    },
+    } = "finished_after_stall",
     /// Files of dead jobs removed from the queue directory.
     DeadJobsRemoved {
         /// How many.
         files: usize,
-    },
+    } = "dead_jobs_removed",
     /// A name in the queue directory that is not this user's, or not what
     /// its name says: never opened, followed or removed.
     ForeignName {
@@ -282,29 +263,13 @@ pub enum CopyRemark {
         uid: Option<u32>,
         /// Whether it is this user's (and so not what its name says).
         this_user: bool,
-    },
+    } = "foreign_name",
     /// More such names, not named one by one.
     MoreForeignNames {
         /// How many.
         count: usize,
-    },
+    } = "more_foreign_names",
 }
-
-impl CopyRemark {
-    /// A stable name for the variant, for logs and JSON: the variant's name
-    /// in snake case (`"offer_refused"`, `"foreign_name"`, ...).
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            CopyRemark::OfferRefused { .. } => "offer_refused",
-            CopyRemark::HolderFailed { .. } => "holder_failed",
-            CopyRemark::NotHandedOut { .. } => "not_handed_out",
-            CopyRemark::QueueNotShared { .. } => "queue_not_shared",
-            CopyRemark::FinishedAfterStall { .. } => "finished_after_stall",
-            CopyRemark::DeadJobsRemoved { .. } => "dead_jobs_removed",
-            CopyRemark::ForeignName { .. } => "foreign_name",
-            CopyRemark::MoreForeignNames { .. } => "more_foreign_names",
-        }
-    }
 }
 
 impl fmt::Display for CopyRemark {

@@ -8,6 +8,7 @@ use super::human_bytes;
 use crate::mount::Mount;
 use crate::policy::PrefetchMethod;
 
+reported! {
 /// What a prefetch did, for this process: the rank split, what was already
 /// in the page cache, what this process warmed, what the memory guard left
 /// cold and why. `Display` prints it as one line.
@@ -70,10 +71,12 @@ pub struct PrefetchReport {
     /// the pages are already cached.
     pub residency_known: bool,
     /// Wall time of this process's prefetch.
-    pub elapsed: Duration,
+    pub elapsed: Duration => serialize_with = "crate::worded::seconds",
     /// The shared queue's file, where one was used (for tests).
     #[doc(hidden)]
-    pub queue_path: Option<PathBuf>,
+    pub queue_path: Option<PathBuf> => skip_serializing_if = "crate::worded::always",
+}
+computed { gib_per_s: Option<f64> }
 }
 
 /// A prefetch that did nothing: off ([`PrefetchReason::Off`]), one process.
@@ -164,6 +167,7 @@ fn joined(reasons: &[SkipReason]) -> String {
     words.join("; ")
 }
 
+worded! {
 /// Where a process's local rank and the number of local ranks came from
 /// ([`PrefetchReport::rank_source`]).
 /// `Display` says it in words, e.g. `LOCAL_RANK=1 LOCAL_WORLD_SIZE=8
@@ -176,7 +180,7 @@ pub enum RankSource {
     Caller {
         /// Whether the values were usable.
         valid: bool,
-    },
+    } = "caller",
     /// A launcher's variables, as they were set; `valid` is false where
     /// they were not numbers or the rank not below the size (then taken as
     /// one process).
@@ -193,22 +197,11 @@ pub enum RankSource {
         size: String,
         /// Whether the values were usable.
         valid: bool,
-    },
+    } = "launcher",
     /// No launcher variable was set: one process.
     #[default]
-    Alone,
+    Alone = "alone",
 }
-
-impl RankSource {
-    /// A stable name for the variant, for logs and JSON: `"caller"`,
-    /// `"launcher"` or `"alone"`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            RankSource::Caller { .. } => "caller",
-            RankSource::Launcher { .. } => "launcher",
-            RankSource::Alone => "alone",
-        }
-    }
 }
 
 impl fmt::Display for RankSource {
@@ -240,6 +233,7 @@ impl fmt::Display for RankSource {
     }
 }
 
+worded! {
 /// Why a prefetch left bytes cold
 /// ([`PrefetchReport::skip_reasons`]).
 /// `Display` says it in words.
@@ -263,7 +257,7 @@ pub enum SkipReason {
         total: u64,
         /// Bytes left cold.
         skipped: u64,
-    },
+    } = "memory_guard",
     /// Files this rank alone reads buffered: its own streaming reads take
     /// them, and a prefetch through the page cache would read them twice.
     ReadByThisRank {
@@ -271,7 +265,7 @@ pub enum SkipReason {
         bytes: u64,
         /// How many files.
         files: usize,
-    },
+    } = "read_by_this_rank",
     /// Ranks holding chunks made no progress for `seconds`: their chunks
     /// were left, not waited for.
     Stalled {
@@ -281,19 +275,8 @@ pub enum SkipReason {
         chunks: usize,
         /// The processes that held them.
         pids: Vec<u32>,
-    },
+    } = "stalled",
 }
-
-impl SkipReason {
-    /// A stable name for the variant, for logs and JSON: `"memory_guard"`,
-    /// `"read_by_this_rank"` or `"stalled"`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            SkipReason::MemoryGuard { .. } => "memory_guard",
-            SkipReason::ReadByThisRank { .. } => "read_by_this_rank",
-            SkipReason::Stalled { .. } => "stalled",
-        }
-    }
 }
 
 impl fmt::Display for SkipReason {
@@ -343,6 +326,7 @@ impl fmt::Display for SkipReason {
         }
     }
 }
+worded! {
 /// Why a prefetch ran, or why not
 /// ([`PrefetchReport::reason`](super::PrefetchReport::reason)): asked for,
 /// or the auto policy's word on files of a network filesystem. Its code is
@@ -356,7 +340,7 @@ pub enum PrefetchReason {
     Requested {
         /// Readers per process.
         streams: usize,
-    },
+    } = "prefetch_requested",
     /// An environment variable asked for it (`SAFELOAD_PREFETCH`, else
     /// `HF_SHARD_PREFETCH`).
     FromEnvironment {
@@ -364,9 +348,9 @@ pub enum PrefetchReason {
         variable: &'static str,
         /// Its value: readers per process.
         streams: usize,
-    },
+    } = "prefetch_from_environment",
     /// Asked with no readers: nothing was warmed.
-    Off,
+    Off = "prefetch_off",
     /// The auto policy warmed files on a network filesystem before mapping
     /// them: `needed` of their `total` bytes were not in the page cache.
     Auto {
@@ -376,36 +360,20 @@ pub enum PrefetchReason {
         needed: u64,
         /// Bytes of the files.
         total: u64,
-    },
+    } = "prefetch_auto",
     /// The auto policy left files on a network filesystem alone: every byte
     /// was already in the page cache.
     AutoResident {
         /// The filesystem of the first file.
         mount: Mount,
-    },
+    } = "prefetch_auto_resident",
     /// The auto policy left files on a network filesystem alone: the memory
     /// guard would have left part of them cold (see the skip reasons).
     AutoDoesNotFit {
         /// The filesystem of the first file.
         mount: Mount,
-    },
+    } = "prefetch_auto_does_not_fit",
 }
-
-impl PrefetchReason {
-    /// A stable name for the variant, for logs and JSON:
-    /// `"prefetch_requested"`, `"prefetch_from_environment"`,
-    /// `"prefetch_off"`, `"prefetch_auto"`, `"prefetch_auto_resident"` or
-    /// `"prefetch_auto_does_not_fit"`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            PrefetchReason::Requested { .. } => "prefetch_requested",
-            PrefetchReason::FromEnvironment { .. } => "prefetch_from_environment",
-            PrefetchReason::Off => "prefetch_off",
-            PrefetchReason::Auto { .. } => "prefetch_auto",
-            PrefetchReason::AutoResident { .. } => "prefetch_auto_resident",
-            PrefetchReason::AutoDoesNotFit { .. } => "prefetch_auto_does_not_fit",
-        }
-    }
 }
 
 /// `on network (nfs4) at /mnt/models`: where an auto prefetch looked.
@@ -449,6 +417,7 @@ impl fmt::Display for PrefetchReason {
     }
 }
 
+worded! {
 /// Why a prefetch's queue was not shared, or what was replaced to share it
 /// ([`PrefetchReport::queue_note`](super::PrefetchReport::queue_note)).
 /// Codes: `"fixed_shares"`, `"queue_not_shared"`, `"queue_replaced"`.
@@ -457,33 +426,22 @@ impl fmt::Display for PrefetchReason {
 pub enum QueueNote {
     /// The caller asked for no shared queue: each local rank warmed a fixed
     /// share of the bytes.
-    FixedShares,
+    FixedShares = "fixed_shares",
     /// The shared queue file could not be had: each rank warmed a fixed
     /// share.
     NotShared {
         /// The queue file.
-        path: PathBuf,
+        path: PathBuf => serialize_with = "crate::worded::path_text",
         /// Why, e.g. `a FIFO of uid 1000, not this user's`, or the OS's error.
         why: String,
-    },
+    } = "queue_not_shared",
     /// A queue file left by an earlier run, or not a valid queue, was
     /// replaced by a new one.
     Replaced {
         /// What was wrong with it.
         why: &'static str,
-    },
+    } = "queue_replaced",
 }
-
-impl QueueNote {
-    /// A stable name for the variant, for logs and JSON: `"fixed_shares"`,
-    /// `"queue_not_shared"` or `"queue_replaced"`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            QueueNote::FixedShares => "fixed_shares",
-            QueueNote::NotShared { .. } => "queue_not_shared",
-            QueueNote::Replaced { .. } => "queue_replaced",
-        }
-    }
 }
 
 impl fmt::Display for QueueNote {

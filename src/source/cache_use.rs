@@ -18,6 +18,7 @@ pub enum CacheStore {
     Directory,
 }
 
+worded! {
 /// What a cache did for a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -26,22 +27,24 @@ pub enum CacheUse {
     Hit {
         /// The cache.
         store: CacheStore,
-    },
+    } = "hit",
     /// Fetched, and written to the cache as it was read; published there
     /// once every byte was in and checked.
     Written {
         /// The cache.
         store: CacheStore,
-    },
+    } = "written",
     /// Fetched and not cached, for a reason.
     NotCached {
         /// The cache.
         store: CacheStore,
         /// Why.
         why: NotCached,
-    },
+    } = "not_cached",
+}
 }
 
+worded! {
 /// Why a file fetched through a cache was not written to it. The load is
 /// never the worse for it: what failed is the cache's copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,36 +56,40 @@ pub enum NotCached {
         read: u64,
         /// Its length.
         len: u64,
-    },
+    } = "partial",
     /// The cache's filesystem has no room for it.
-    NoSpace,
+    NoSpace = "no_space",
     /// The cache cannot be written (read-only, or not this user's), with the
     /// system's words.
-    Unwritable(String),
+    Unwritable {
+        /// The system's words.
+        error: String,
+    } = "unwritable",
     /// Another process holds the file's lock in the cache: it is writing the
     /// same file.
-    Locked,
+    Locked = "locked",
     /// Another process published the same file first.
-    PublishedElsewhere,
+    PublishedElsewhere = "published_elsewhere",
     /// The bytes do not hash to the digest the store gives for them.
     Mismatch {
         /// The store's digest, in hex.
         expected: String,
         /// The bytes', in hex.
         actual: String,
-    },
+    } = "mismatch",
     /// The store gives no digest to check the file by before it is
     /// published.
-    NoDigest,
+    NoDigest = "no_digest",
     /// Another local rank of the job writes it, from the node copy they
     /// share.
-    OtherRank,
+    OtherRank = "other_rank",
     /// The load's bytes of it come from other nodes (a load split between
     /// nodes): the node copy is not written to the cache.
-    Exchange,
+    Exchange = "exchange",
     /// The load was cancelled before the file was complete: nothing is
     /// published after a cancel.
-    Cancelled,
+    Cancelled = "cancelled",
+}
 }
 
 impl fmt::Display for NotCached {
@@ -92,7 +99,9 @@ impl fmt::Display for NotCached {
                 write!(f, "the load read {read} of its {len} bytes")
             }
             NotCached::NoSpace => f.write_str("no space left in the cache"),
-            NotCached::Unwritable(why) => write!(f, "the cache cannot be written ({why})"),
+            NotCached::Unwritable { error: why } => {
+                write!(f, "the cache cannot be written ({why})")
+            }
             NotCached::Locked => f.write_str("another process holds its lock"),
             NotCached::PublishedElsewhere => f.write_str("another process published it first"),
             NotCached::Mismatch { expected, actual } => {
@@ -107,22 +116,6 @@ impl fmt::Display for NotCached {
 }
 
 impl NotCached {
-    /// A stable code for the reason (the CLI's `--json`).
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            NotCached::Partial { .. } => "partial",
-            NotCached::NoSpace => "no_space",
-            NotCached::Unwritable(_) => "unwritable",
-            NotCached::Locked => "locked",
-            NotCached::PublishedElsewhere => "published_elsewhere",
-            NotCached::Mismatch { .. } => "mismatch",
-            NotCached::NoDigest => "no_digest",
-            NotCached::OtherRank => "other_rank",
-            NotCached::Exchange => "exchange",
-            NotCached::Cancelled => "cancelled",
-        }
-    }
-
     /// The reason of a failed cache operation.
     #[cfg_attr(not(feature = "remote"), allow(dead_code))]
     pub(crate) fn of_io(error: &std::io::Error) -> NotCached {
@@ -130,7 +123,9 @@ impl NotCached {
             std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => {
                 NotCached::NoSpace
             }
-            _ => NotCached::Unwritable(error.to_string()),
+            _ => NotCached::Unwritable {
+                error: error.to_string(),
+            },
         }
     }
 }
@@ -146,15 +141,6 @@ impl CacheStore {
 }
 
 impl CacheUse {
-    /// A stable code (the CLI's `--json`): `hit`, `written`, `not_cached`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            CacheUse::Hit { .. } => "hit",
-            CacheUse::Written { .. } => "written",
-            CacheUse::NotCached { .. } => "not_cached",
-        }
-    }
-
     /// The cache it was.
     pub fn store(&self) -> CacheStore {
         match self {

@@ -73,7 +73,12 @@ fn overrides_in_child() {
     unsafe { std::env::remove_var(DISABLE_MMAP_ENV) };
     let (s, reason, why) = strategy(Loader::new());
     assert_eq!(s, Strategy::Buffered);
-    assert_eq!(reason, Reason::Auto(MountKind::HfMount));
+    assert_eq!(
+        reason,
+        Reason::Auto {
+            kind: MountKind::HfMount
+        }
+    );
     assert!(why.contains("on hf-mount"), "{why}");
 
     // SAFELOAD_VERIFY=1 hashes every file where the builder leaves verify

@@ -148,7 +148,7 @@ fn load_every_mode() {
             .report()
             .files
             .iter()
-            .filter(|f| matches!(f.direct_io, DirectIo::Dropped(_)))
+            .filter(|f| matches!(f.direct_io, DirectIo::Dropped { .. }))
             .count();
         if name == "mmap" {
             assert!(

@@ -6,6 +6,26 @@ use std::time::Duration;
 use super::{HUGE, HugePages, PROBE, PageReason, PageSizes, PieceSize, Size};
 use crate::os;
 
+/// How a reader's destination gets its pages before its job runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fill {
+    /// Faulted in now, timed ([`PageSizes::fault_in`]); `disk`: for a read
+    /// of a local disk with `O_DIRECT`.
+    Now { disk: bool },
+    /// Left to the copy out of the page cache to fault in, its page size
+    /// asked for ([`PageSizes::prepare`]); `timed`: the copy is a read whose
+    /// time measures that size (not a conversion).
+    ByCopy { timed: bool },
+}
+
+/// A destination a reader began to fill, given back to
+/// [`PageSizes::filled`] when its job ends.
+#[derive(Debug)]
+#[must_use = "give it back to `PageSizes::filled`, or no probe is made again"]
+pub(crate) struct Filling {
+    copy: Option<(Prepared, Option<Duration>)>,
+}
+
 /// A destination prepared for a copy out of the page cache, to be given back
 /// with the copy's time ([`PageSizes::copied`]).
 #[derive(Debug)]
@@ -17,6 +37,37 @@ pub(crate) struct Prepared {
 }
 
 impl PageSizes {
+    /// Begins filling `dst`, a fresh destination about to be read into, as
+    /// `how` says (a copy's page size is asked for only where sizes are
+    /// advised). The one door of the page-size choice for the read loop:
+    /// what a fill cost is measured here and in [`filled`](Self::filled).
+    pub(crate) fn fill(&self, dst: &mut [u8], how: Fill) -> Filling {
+        let copy = match how {
+            Fill::Now { disk } => {
+                self.fault_in(dst, disk);
+                None
+            }
+            Fill::ByCopy { timed } if self.advise => {
+                let before = timed.then(os::thread_cpu_time).flatten();
+                Some((self.prepare(dst, timed), before))
+            }
+            Fill::ByCopy { .. } => None,
+        };
+        Filling { copy }
+    }
+
+    /// Ends a fill begun by [`fill`](Self::fill): where its job copied into
+    /// it and succeeded (`ok`), the copy's time on this thread's CPU clock
+    /// is a measure of the page size it was given.
+    pub(crate) fn filled(&self, filling: Filling, ok: bool) {
+        if let Some((prepared, before)) = filling.copy {
+            let cpu = before
+                .filter(|_| ok)
+                .and_then(|b| Some(os::thread_cpu_time()?.saturating_sub(b)));
+            self.copied(prepared, cpu);
+        }
+    }
+
     /// Asks for a page size for `dst`, a fresh destination that a copy out
     /// of the page cache is about to fault in, without faulting it in: a
     /// copy into pages faulted in just before (8 MiB zeroed, then written)
@@ -36,7 +87,7 @@ impl PageSizes {
     ///
     /// A destination whose copy will not be timed (`timed` false: a
     /// conversion writes it) gets the size in use and is never a probe.
-    pub(crate) fn prepare(&self, dst: &mut [u8], timed: bool) -> Prepared {
+    pub(super) fn prepare(&self, dst: &mut [u8], timed: bool) -> Prepared {
         let prepared = if timed {
             self.choose(dst.as_ptr() as usize, dst.len())
         } else {
@@ -92,7 +143,7 @@ impl PageSizes {
     /// it, which took `cpu` of this thread's CPU time (`None` where it was
     /// not timed: a conversion, a failed read): a measure of the size its
     /// pages were asked for, replacing the older ones where it was a probe.
-    pub(crate) fn copied(&self, prepared: Prepared, cpu: Option<Duration>) {
+    pub(super) fn copied(&self, prepared: Prepared, cpu: Option<Duration>) {
         if !self.advise {
             return;
         }

@@ -1,0 +1,158 @@
+//! Report types declared once: `worded!` (an enum with data: its codes, and its JSON as `{code, text, fields}`) and `reported!` (a struct whose JSON adds what it computes), with the field serializers they name.
+//!
+//! NOTE: serde's derive cannot add a key that is no field (an enum's `text`,
+//! a report's `gib_per_s`), and `#[serde(remote = "Self")]` would give each
+//! type a public `serialize` function. So each macro derives `Serialize` on
+//! a private twin it writes from the one declaration: the twin borrows the
+//! fields and carries the extra keys.
+
+/// Declares a report enum with data: the enum as written, `as_str` from
+/// each variant's `= "code"`, and (feature `serde`) its JSON, an object of
+/// its `code`, its `text` (`Display`) and its fields by name. A field's
+/// `=> key = "fn"` is a serde attribute of its JSON only (`serialize_with`).
+macro_rules! worded {
+    (
+        $(#[$attr:meta])*
+        pub enum $name:ident {
+            $(
+                $(#[$vattr:meta])*
+                $variant:ident $({
+                    $(
+                        $(#[$fattr:meta])*
+                        $field:ident : $fty:ty $(=> $k:ident = $v:literal)?
+                    ),* $(,)?
+                })? = $code:literal
+            ),* $(,)?
+        }
+    ) => {
+        $(#[$attr])*
+        pub enum $name {
+            $(
+                $(#[$vattr])*
+                $variant $({ $( $(#[$fattr])* $field: $fty ),* })?
+            ),*
+        }
+
+        impl $name {
+            #[doc = concat!(
+                "A stable name for the variant, for logs and JSON (its `code`); in the \
+                 order of the variants:", $(" `", $code, "`",)* "."
+            )]
+            pub fn as_str(&self) -> &'static str {
+                match self {
+                    $( $name::$variant { .. } => $code, )*
+                }
+            }
+        }
+
+        #[cfg(feature = "serde")]
+        const _: () = {
+            #[derive(serde::Serialize)]
+            #[serde(tag = "code")]
+            enum Json<'a> {
+                $(
+                    #[serde(rename = $code)]
+                    $variant {
+                        text: String,
+                        $($( $(#[serde($k = $v)])? $field: &'a $fty, )*)?
+                    },
+                )*
+                #[serde(skip)]
+                #[allow(dead_code)]
+                Never(std::marker::PhantomData<&'a ()>),
+            }
+
+            impl serde::Serialize for $name {
+                fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                    let text = self.to_string();
+                    match self {
+                        $(
+                            $name::$variant { $($($field,)*)? } => {
+                                Json::$variant { text, $($($field,)*)? }
+                            }
+                        )*
+                    }
+                    .serialize(serializer)
+                }
+            }
+        };
+    };
+}
+
+/// Declares a report struct: the struct as written and (feature `serde`)
+/// its JSON, its fields by name and then each value it computes, under its
+/// method's name (`computed { gib_per_s: Option<f64> }`). A field's
+/// `=> key = "fn"` is a serde attribute of its JSON only.
+macro_rules! reported {
+    (
+        $(#[$attr:meta])*
+        pub struct $name:ident {
+            $(
+                $(#[$fattr:meta])*
+                pub $field:ident : $fty:ty $(=> $k:ident = $v:literal)?
+            ),* $(,)?
+        }
+        computed { $($cname:ident : $cty:ty),* $(,)? }
+    ) => {
+        $(#[$attr])*
+        pub struct $name {
+            $( $(#[$fattr])* pub $field: $fty ),*
+        }
+
+        #[cfg(feature = "serde")]
+        const _: () = {
+            #[derive(serde::Serialize)]
+            struct Json<'a> {
+                $( $(#[serde($k = $v)])? $field: &'a $fty, )*
+                $( $cname: $cty, )*
+            }
+
+            impl serde::Serialize for $name {
+                fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                    Json {
+                        $( $field: &self.$field, )*
+                        $( $cname: self.$cname(), )*
+                    }
+                    .serialize(serializer)
+                }
+            }
+        };
+    };
+}
+
+/// A path in JSON: its text, lossy where it is not UTF-8 (serde's own
+/// serializer refuses such a path, and with it the whole report).
+#[cfg(feature = "serde")]
+pub(crate) fn path_text<S: serde::Serializer>(
+    path: &std::path::Path,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(&path.display())
+}
+
+/// An optional path in JSON: its text as [`path_text`] writes it, or `null`.
+#[cfg(feature = "serde")]
+pub(crate) fn maybe_path_text<S: serde::Serializer>(
+    path: &Option<std::path::PathBuf>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match path {
+        Some(path) => path_text(path, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// A duration in JSON: seconds, as a float.
+#[cfg(feature = "serde")]
+pub(crate) fn seconds<S: serde::Serializer>(
+    duration: &std::time::Duration,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_f64(duration.as_secs_f64())
+}
+
+/// For `skip_serializing_if`: a field JSON never has.
+#[cfg(feature = "serde")]
+pub(crate) fn always<T: ?Sized>(_: &T) -> bool {
+    true
+}

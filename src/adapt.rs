@@ -99,19 +99,6 @@ pub(crate) enum SettleReason {
     Ended,
 }
 
-/// The share of a window's reader time spent faulting memory in above
-/// which the window is measured again rather than judged.
-///
-/// NOTE: a window that is mostly faults says little of the storage, so it
-/// is not taken as a measure; judging it on its reads alone misled the other
-/// way (BENCHMARKS.md, "adapt.rs: FAULTING").
-const FAULTING: f64 = 0.2;
-
-/// How many windows in a row may be measured again for their faults;
-/// the next one is judged as it is (memory that stays slow to fault in is
-/// then the load's bound, whatever the count).
-const REMEASURED: u32 = 3;
-
 /// The controller the readers of one run share.
 pub(crate) struct Control {
     allowed: AtomicUsize,
@@ -130,11 +117,6 @@ struct State {
     start: Instant,
     bytes: u64,
     reads: usize,
-    /// Time the window's readers spent faulting their own destinations in
-    /// (or waiting for the helper to), summed over readers.
-    faulting: Duration,
-    /// Windows in a row measured again for their faults.
-    remeasured: u32,
     best: Option<(usize, f64)>,
     steps: Vec<(usize, f64)>,
     why: Option<SettleReason>,
@@ -156,8 +138,6 @@ impl Control {
                 start: Instant::now(),
                 bytes: 0,
                 reads: 0,
-                faulting: Duration::ZERO,
-                remeasured: 0,
                 best: None,
                 steps: Vec::new(),
                 why: pinned.then_some(SettleReason::Pinned),
@@ -197,19 +177,12 @@ impl Control {
         self.wake.notify_all();
     }
 
-    /// A read of `bytes` finished, after its reader spent `faulting`
-    /// faulting its destination in (or waiting for the helper to): counts
-    /// it, and at the end of a window decides whether to double the
-    /// readers, keep them, or go back.
-    ///
-    /// A window is the storage's measure only where its readers mostly
-    /// read: one in which they spent over a fifth of their time faulting
-    /// memory in ([`FAULTING`]) is measured again, up to [`REMEASURED`]
-    /// times in a row. Fresh memory can cost more than the reads for a
-    /// while (huge pages the host must back again, a compaction), and such
-    /// a window would undo a doubling the storage paid for (64 readers once
-    /// read 0.57 GiB/s in one, and the count settled lower).
-    pub(crate) fn completed(&self, bytes: u64, faulting: Duration) {
+    /// A read of `bytes` finished: counts it, and at the end of a window
+    /// decides whether to double the readers, keep them, or go back. A
+    /// window is judged on the bytes it moved whatever its readers did
+    /// meanwhile (the page-size choice keeps its own clock, and no other
+    /// loop tells this one what to discount).
+    pub(crate) fn completed(&self, bytes: u64) {
         if self.pinned {
             return;
         }
@@ -219,7 +192,6 @@ impl Control {
         }
         state.bytes += bytes;
         state.reads += 1;
-        state.faulting += faulting;
         let allowed = self.allowed.load(Ordering::Acquire);
         let elapsed = state.start.elapsed();
         if elapsed < WINDOW || state.reads < allowed {
@@ -230,19 +202,8 @@ impl Control {
             state.start = Instant::now();
             state.bytes = 0;
             state.reads = 0;
-            state.faulting = Duration::ZERO;
             return;
         }
-        let reader_time = elapsed.as_secs_f64() * allowed as f64;
-        if state.faulting.as_secs_f64() > FAULTING * reader_time && state.remeasured < REMEASURED {
-            state.remeasured += 1;
-            state.start = Instant::now();
-            state.bytes = 0;
-            state.reads = 0;
-            state.faulting = Duration::ZERO;
-            return;
-        }
-        state.remeasured = 0;
         let rate = state.bytes as f64 / (1u64 << 30) as f64 / elapsed.as_secs_f64();
         state.steps.push((allowed, rate));
         let keep = match state.best {
@@ -268,7 +229,6 @@ impl Control {
         state.start = Instant::now();
         state.bytes = 0;
         state.reads = 0;
-        state.faulting = Duration::ZERO;
     }
 
     /// What the count settled on.

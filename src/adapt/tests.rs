@@ -1,4 +1,4 @@
-//! The controller's tests: windows of reads at given rates (and faulting), and where the count settles.
+//! The controller's tests: windows of reads at given rates, and where the count settles.
 
 use super::*;
 
@@ -15,12 +15,6 @@ fn drive(concurrency: Concurrency, rate: impl Fn(usize) -> f64) -> Settled {
 
 /// One window's worth of reads at `rate` GiB/s, the window's time passed.
 fn window(control: &Control, rate: f64) {
-    faulting_window(control, rate, Duration::ZERO);
-}
-
-/// The same, the readers having spent `faulting` together on their
-/// destinations.
-fn faulting_window(control: &Control, rate: f64, faulting: Duration) {
     let n = control.allowed.load(Ordering::Acquire);
     {
         let mut state = control.state.lock().unwrap();
@@ -28,49 +22,7 @@ fn faulting_window(control: &Control, rate: f64, faulting: Duration) {
         state.bytes = (rate * (1u64 << 30) as f64 * WINDOW.as_secs_f64()) as u64 - n as u64;
         state.reads = n - 1;
     }
-    control.completed(n as u64, faulting);
-}
-
-#[test]
-fn a_window_mostly_spent_faulting_is_measured_again() {
-    // A mount serving 32 requests at once, 0.05 GiB/s per request.
-    let storage = |n: usize| n.min(32) as f64 * 0.05;
-    for (faults, settled) in [(false, 8), (true, 32)] {
-        let control = Control::new(Concurrency::adaptive(8), 10_000);
-        control.state.lock().unwrap().warmed = true;
-        window(&control, storage(8));
-        assert_eq!(control.allowed.load(Ordering::Acquire), 16);
-        // 16 readers, each faulting fresh memory in for half the window:
-        // half the reads.
-        let half = WINDOW / 2 * 16;
-        let said = if faults { half } else { Duration::ZERO };
-        faulting_window(&control, storage(16) / 2.0, said);
-        for _ in 0..10 {
-            let n = control.allowed.load(Ordering::Acquire);
-            window(&control, storage(n));
-        }
-        // Told of the faults, the window is measured again and the count
-        // grows to the mount's 32; not told, 16 readers looked no better
-        // than 8.
-        let s = control.settled();
-        assert_eq!(s.readers, settled, "{s:?}");
-        assert!(s.steps.iter().all(|&(_, rate)| rate > 0.3), "{s:?}");
-    }
-    // Memory that stays slow: after three windows measured again, the
-    // fourth is judged as it is.
-    let control = Control::new(Concurrency::adaptive(8), 10_000);
-    control.state.lock().unwrap().warmed = true;
-    for _ in 0..REMEASURED {
-        faulting_window(&control, 0.1, WINDOW * 8);
-        assert!(control.settled().steps.is_empty());
-    }
-    faulting_window(&control, 0.1, WINDOW * 8);
-    assert_eq!(control.settled().steps.len(), 1);
-    // A window with a little faulting is judged.
-    let control = Control::new(Concurrency::adaptive(8), 10_000);
-    control.state.lock().unwrap().warmed = true;
-    faulting_window(&control, 0.4, WINDOW);
-    assert_eq!(control.settled().steps.len(), 1);
+    control.completed(n as u64);
 }
 
 #[test]

@@ -20,7 +20,7 @@ use crate::dest::node::CopyFill;
 use crate::error::{Error, Operation, Result};
 use crate::file::life::{Destination, Filling};
 use crate::file::{OpenedFile, read_error, since};
-use crate::jobs::{self, JobSource, Ran};
+use crate::jobs::{self, JobSource};
 use crate::plan::cluster::{self, FileFacts, PIECE, Piece};
 use crate::report::LoadNote;
 use crate::source::VersionTag;
@@ -376,20 +376,17 @@ impl JobSource for CopyPieces<'_, '_> {
         (i < self.reads.len()).then_some((i, i))
     }
 
-    fn run(&self, i: usize) -> Result<Ran> {
+    fn run(&self, i: usize) -> Result<u64> {
         let Some(&(k, offset, len)) = self.reads.get(i) else {
-            return Ok(Ran::default());
+            return Ok(0);
         };
         let Some(&(file, writer)) = self.copies.get(k) else {
-            return Ok(Ran::default());
+            return Ok(0);
         };
         writer
             .read_chunk(file.source(), offset, len)
             .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))?;
-        Ok(Ran {
-            bytes: len,
-            faulting: std::time::Duration::ZERO,
-        })
+        Ok(len)
     }
 
     fn cancelled(&self, i: usize) -> Error {

@@ -2,10 +2,9 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 use super::execute::execute;
-use super::{ConvertSource, Job, JobError, JobSource, Outcome, Ran, Tagged};
+use super::{ConvertSource, Job, JobError, JobSource, Outcome, Tagged};
 use crate::cancel;
 use crate::dest::pages::{Fill, PageSizes};
 use crate::error::Operation;
@@ -28,7 +27,7 @@ impl<'a> JobSource for List<'a, '_> {
         take(&self.queue, &self.cursor).map(|taken| (taken.index, taken))
     }
 
-    fn run(&self, taken: Taken<'a>) -> Result<Ran, JobError> {
+    fn run(&self, taken: Taken<'a>) -> Result<u64, JobError> {
         self.run_one(taken)
     }
 
@@ -48,12 +47,11 @@ impl<'a> JobSource for List<'a, '_> {
 impl<'a> List<'a, '_> {
     /// Runs one job: its destination faulted in where no helper did, its
     /// outcome counted and handed on, or its failure recorded.
-    fn run_one(&self, taken: Taken<'a>) -> Result<Ran, JobError> {
+    fn run_one(&self, taken: Taken<'a>) -> Result<u64, JobError> {
         let Taken {
             index: _,
             mut tagged,
             faulted,
-            waited,
         } = taken;
         let operation = match tagged.job {
             Job::Read { .. } => Operation::Read,
@@ -63,7 +61,6 @@ impl<'a> List<'a, '_> {
         // The destination's pages, where no helper gave them: faulted in
         // now where a helper runs (the reads wait on storage), else left to
         // the copy out of the page cache (`dest::pages::Fill`).
-        let mut faulting = waited;
         let mut filling = None;
         let how = match self.ahead {
             true => Fill::Now {
@@ -74,9 +71,7 @@ impl<'a> List<'a, '_> {
             },
         };
         if let (false, Some(dst)) = (faulted, tagged.job.destination()) {
-            let start = Instant::now();
             filling = Some(self.pages.fill(dst, how));
-            faulting += start.elapsed();
         }
         let result = execute(tagged.job);
         if let Some(filling) = filling {
@@ -86,7 +81,7 @@ impl<'a> List<'a, '_> {
             Ok(outcome) => {
                 let bytes = outcome.bytes;
                 (self.done)(tagged.file_index, outcome);
-                Ok(Ran { bytes, faulting })
+                Ok(bytes)
             }
             Err((offset, error)) => Err(JobError {
                 file_index: tagged.file_index,
@@ -109,14 +104,12 @@ pub(super) struct Waiting<'a> {
 /// rest of it).
 pub(super) type Slot<'a> = Mutex<Option<Waiting<'a>>>;
 
-/// A job a reader took: where it was in the queue, whether its destination
-/// is faulted in already, and how long the reader waited for it on the
-/// helper faulting it in.
+/// A job a reader took: where it was in the queue, and whether its
+/// destination is faulted in already.
 pub(super) struct Taken<'a> {
     pub index: usize,
     pub tagged: Tagged<'a>,
     pub faulted: bool,
-    pub waited: Duration,
 }
 
 /// The queue of `jobs`, none of them faulted in yet.
@@ -138,14 +131,12 @@ pub(super) fn queue_of(jobs: Vec<Tagged<'_>>) -> Vec<Slot<'_>> {
 /// the helper's, faulting its job in, and is passed over (the cursor stays
 /// on it, and the next reader takes it once the helper is done), so that
 /// no reader waits on the helper while other jobs are there to take; only
-/// where every job left is held does a reader wait (the wait counts as
-/// faulting, `Control::completed`). The cursor moves past the slots found
-/// empty, in order.
+/// where every job left is held does a reader wait. The cursor moves past
+/// the slots found empty, in order.
 ///
 /// NOTE: readers that waited on the helper's slot made a slow helper the
 /// load's one faulting thread (BENCHMARKS.md, "jobs/mod.rs: take").
 pub(super) fn take<'a>(queue: &[Slot<'a>], cursor: &AtomicUsize) -> Option<Taken<'a>> {
-    let mut waited = Duration::ZERO;
     loop {
         let mut held_by_helper = None;
         let mut i = cursor.load(Ordering::Acquire);
@@ -173,14 +164,11 @@ pub(super) fn take<'a>(queue: &[Slot<'a>], cursor: &AtomicUsize) -> Option<Taken
                 index: i,
                 tagged,
                 faulted,
-                waited,
             });
         }
         // Every job left is held: wait for the first, then look again.
         let slot = queue.get(held_by_helper?)?;
-        let start = Instant::now();
         drop(slot.lock());
-        waited += start.elapsed();
     }
 }
 

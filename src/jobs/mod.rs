@@ -9,8 +9,6 @@ use std::io;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use std::time::Duration;
-
 use memmap2::Mmap;
 use safetensors::Dtype;
 
@@ -141,14 +139,6 @@ pub(crate) struct JobError {
     pub error: io::Error,
 }
 
-/// What a piece of work did: the bytes it moved, and the time its reader
-/// spent faulting memory in for it (or waiting for a helper to).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Ran {
-    pub bytes: u64,
-    pub faulting: Duration,
-}
-
 /// Where a run's readers take their work from: the fixed list of a load
 /// ([`run`]), the chunk queue the local ranks of a job share (the prefetch
 /// and the node copy's fill), the pieces a node reads of the copies it
@@ -166,8 +156,8 @@ pub(crate) trait JobSource: Sync {
     /// source must; `None` once none is left for this reader.
     fn next(&self, reader: usize) -> Option<(usize, Self::Job)>;
 
-    /// Does `job` on the reader's thread.
-    fn run(&self, job: Self::Job) -> Result<Ran, Self::Error>;
+    /// Does `job` on the reader's thread: the bytes it moved.
+    fn run(&self, job: Self::Job) -> Result<u64, Self::Error>;
 
     /// The failure of a run cancelled before `job` was done.
     fn cancelled(&self, job: Self::Job) -> Self::Error;
@@ -229,7 +219,7 @@ pub(crate) fn drain<S: JobSource>(
                 break;
             }
             match source.run(job) {
-                Ok(ran) => control.completed(ran.bytes, ran.faulting),
+                Ok(bytes) => control.completed(bytes),
                 Err(error) => fail(index, error),
             }
         }
@@ -253,9 +243,8 @@ pub(crate) fn drain<S: JobSource>(
 /// Every destination is fresh memory, faulted in by `pages` before its
 /// bytes land: by a helper walking ahead of the readers where the reads
 /// bypass the page cache, else (or where the helper is behind) by the
-/// reader that takes the job, just before its read; a window of the
-/// adaptive count that its readers mostly spent so is measured again
-/// (`Control::completed`). A load cancelled before the run starts none.
+/// reader that takes the job, just before its read (`PageSizes::fill`). A
+/// load cancelled before the run starts none.
 pub(crate) fn run<'a>(
     jobs: Vec<Tagged<'a>>,
     concurrency: Concurrency,

@@ -2,13 +2,12 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use super::queue::FREE;
 use super::takeover::Watch;
 use super::worker::{Held, Work, swap};
 use crate::error::{Error, Operation, Result};
-use crate::jobs::{JobSource, Ran};
+use crate::jobs::JobSource;
 
 /// One reader's place in the queue: where it looks for a free chunk next,
 /// and what it saw of the holders it waits for (kept across waits: a holder
@@ -59,17 +58,14 @@ impl JobSource for Claims<'_, '_> {
         Some((next.index, next))
     }
 
-    fn run(&self, held: Held) -> Result<Ran> {
+    fn run(&self, held: Held) -> Result<u64> {
         let work = self.work;
         let handled = BUFFERS.with(|buffers| {
             let (scratch, pages) = &mut *buffers.borrow_mut();
             work.handle(held, scratch, pages)
         });
         match handled {
-            Ok(()) => Ok(Ran {
-                bytes: work.chunks.get(held.index).map_or(0, |c| c.len),
-                faulting: Duration::ZERO,
-            }),
+            Ok(()) => Ok(work.chunks.get(held.index).map_or(0, |c| c.len)),
             Err(e) => {
                 // Let another rank try it.
                 self.release(held);

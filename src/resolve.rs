@@ -276,6 +276,17 @@ impl Resolved {
         self.remote.as_deref()
     }
 
+    /// The repository's other files brought beside the weights
+    /// (`hf://...?with=`): each name's path in the hub cache's snapshot, or
+    /// `None` where the repository has none.
+    pub(crate) fn extra_files(&self) -> std::collections::BTreeMap<String, Option<PathBuf>> {
+        #[cfg(feature = "remote")]
+        if let Some(remote) = &self.remote {
+            return remote.extra_files().clone();
+        }
+        std::collections::BTreeMap::new()
+    }
+
     /// Whether its files are remote objects.
     pub(crate) fn is_remote(&self) -> bool {
         #[cfg(feature = "remote")]

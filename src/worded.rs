@@ -142,6 +142,17 @@ pub(crate) fn maybe_path_text<S: serde::Serializer>(
     }
 }
 
+/// Paths by name in JSON: an object of each path's text (as [`path_text`]
+/// writes it), or `null`.
+#[cfg(feature = "serde")]
+pub(crate) fn path_map<S: serde::Serializer>(
+    map: &std::collections::BTreeMap<String, Option<std::path::PathBuf>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    let text = |path: &Option<std::path::PathBuf>| path.as_ref().map(|p| p.display().to_string());
+    serializer.collect_map(map.iter().map(|(name, path)| (name, text(path))))
+}
+
 /// A duration in JSON: seconds, as a float.
 #[cfg(feature = "serde")]
 pub(crate) fn seconds<S: serde::Serializer>(

@@ -244,6 +244,27 @@ impl RepoWriter {
         self.root()?.sub(&self.folder, true)
     }
 
+    /// Marks `path` of the repository as missing at the commit
+    /// (`.no_exist/<commit>/<path>`, an empty file), as the hub's clients do.
+    pub(crate) fn mark_missing(&self, path: &str) -> io::Result<()> {
+        let names = layout::names(path).ok_or_else(|| invalid("a path of the snapshot"))?;
+        let (last, folders) = names.split_last().ok_or_else(|| invalid("an empty path"))?;
+        let no_exist = self
+            .repo()?
+            .sub(".no_exist", true)?
+            .sub(&self.commit, true)?;
+        match walk(no_exist, folders, true)?.create_new(last) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Where `path` of the repository is in the snapshot of the commit.
+    pub(crate) fn snapshot_path(&self, path: &str) -> PathBuf {
+        let snapshot = self.root.join(&self.folder).join("snapshots");
+        snapshot.join(&self.commit).join(path)
+    }
+
     /// The blob's lock, tried once: `None` where another process holds it.
     fn lock(&self, blob: &str) -> io::Result<Option<File>> {
         let locks = self.root()?.sub(".locks", true)?.sub(&self.folder, true)?;
@@ -280,22 +301,7 @@ impl RepoWriter {
     pub(crate) fn record(&self) -> io::Result<()> {
         let repo = self.repo()?;
         for path in &self.no_exist {
-            let Some(names) = layout::names(path) else {
-                continue;
-            };
-            let Some((last, folders)) = names.split_last() else {
-                continue;
-            };
-            let dir = walk(
-                repo.sub(".no_exist", true)?.sub(&self.commit, true)?,
-                folders,
-                true,
-            )?;
-            match dir.create_new(last) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
-            }
+            self.mark_missing(path)?;
         }
         let Some(revision) = &self.revision else {
             return Ok(());

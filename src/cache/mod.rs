@@ -25,6 +25,7 @@
 //!    fetched at the commit and written through (`write.rs`); offline, a
 //!    file the cache lacks is an error naming it.
 
+mod extra;
 mod hits;
 mod hub;
 pub(crate) mod layout;
@@ -33,7 +34,7 @@ mod source;
 mod store;
 mod write;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -86,6 +87,10 @@ pub(crate) struct Remote {
     /// Files found in the cache, opened, by name, until the open path takes
     /// them.
     hits: Mutex<HashMap<String, Cached>>,
+    /// The repository's other files brought beside the weights
+    /// (`hf://...?with=`): each name's path in the snapshot, `None` where
+    /// the repository has no such file at the commit.
+    extra: BTreeMap<String, Option<PathBuf>>,
 }
 
 enum Mode {
@@ -129,7 +134,22 @@ pub(crate) fn resolve(
             repo,
             revision,
             subfolder,
-        }) if env.hub_on => resolve_hub(text, &repo, revision.as_deref(), &subfolder, &env),
+            with,
+        }) if env.hub_on => {
+            let (mut remote, found) =
+                resolve_hub(text, &repo, revision.as_deref(), &subfolder, &env)?;
+            remote.extra = remote.bring(&with)?;
+            Ok((remote, found))
+        }
+        Ok(RemoteUrl::Hub { with, .. }) if !with.is_empty() => Err(Error::remote(
+            Operation::Open,
+            text,
+            None,
+            "?with= brings files into the hub cache, which is off \
+             (Loader::hub_cache(false), SAFELOAD_HUB_CACHE=0)"
+                .to_owned(),
+            std::io::ErrorKind::InvalidInput,
+        )),
         Ok(RemoteUrl::Store { .. } | RemoteUrl::Http { .. }) if env.store_dir.is_some() => {
             let (checkpoint, found) = RemoteCheckpoint::resolve(text)?;
             let store = StoreCache::new(env.store_dir.unwrap_or_default());
@@ -337,7 +357,14 @@ impl Remote {
             checkpoint,
             mode,
             hits: Mutex::new(HashMap::new()),
+            extra: BTreeMap::new(),
         }
+    }
+
+    /// The repository's other files brought beside the weights
+    /// (`hf://...?with=`), by name.
+    pub(crate) fn extra_files(&self) -> &BTreeMap<String, Option<PathBuf>> {
+        &self.extra
     }
 
     fn hits(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cached>> {

@@ -381,7 +381,8 @@ pub(crate) fn open_with(opts: Options, path: &Path) -> Result<Checkpoint> {
         by_name,
         metadata,
     } = catalogue(&files);
-    let report = opening_report(&files, notes, clock.elapsed());
+    let mut report = opening_report(&files, notes, clock.elapsed());
+    report.extra_files = resolved.extra_files();
     Ok(Checkpoint {
         inner: Arc::new(Inner {
             opts,
@@ -432,6 +433,7 @@ fn opening_report(files: &[OpenedFile], notes: Vec<LoadNote>, elapsed: Duration)
         fresh_memory: None,
         notes,
         io_concurrency_reason: None,
+        extra_files: BTreeMap::new(),
     }
 }
 

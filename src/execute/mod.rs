@@ -452,6 +452,7 @@ fn assemble(
             fresh_memory: None,
             notes: Vec::new(),
             io_concurrency_reason: None,
+            extra_files: resolved.extra_files(),
         },
     })
 }

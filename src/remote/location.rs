@@ -226,6 +226,7 @@ impl RemoteLocation {
                 repo,
                 revision,
                 subfolder,
+                ..
             } => setup.hub(repo, revision.as_deref(), subfolder)?,
         };
         Ok(RemoteLocation {

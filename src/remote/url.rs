@@ -42,11 +42,14 @@ pub(crate) enum RemoteUrl {
         name: String,
         query: Option<String>,
     },
-    /// `hf://org/repo[@revision][/subfolder]`: a model repository of the hub.
+    /// `hf://org/repo[@revision][/subfolder][?with=name,...]`: a model repository of the
+    /// hub, and the repository's other files to bring into the hub cache beside the weights
+    /// (`with`, paths under the subfolder; `engine` stands for [`ENGINE_FILES`]).
     Hub {
         repo: String,
         revision: Option<String>,
         subfolder: String,
+        with: Vec<String>,
     },
 }
 
@@ -168,9 +171,57 @@ fn hub_name_ok(name: &str) -> bool {
         && edge(name.chars().last())
 }
 
-/// `org/repo[@revision][/subfolder]`; a revision with a slash (`refs/pr/1`) is written
-/// escaped, `refs%2Fpr%2F1`, as the hub's own tools do.
+/// The files `?with=engine` brings: what an engine reads beside the weights (the model's
+/// configuration, its tokenizer, its generation defaults), those the repository has.
+pub(crate) const ENGINE_FILES: &[&str] = &[
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+];
+
+/// The names of `?with=a,b,engine`: each a path of the repository (no empty, `.` or `..`
+/// part, no `\`), `engine` expanded, each once.
+fn parse_with(query: Option<&str>) -> Result<Vec<String>, UrlError> {
+    let Some(query) = query else {
+        return Ok(Vec::new());
+    };
+    let Some(list) = query.strip_prefix("with=") else {
+        return refuse("hf:// takes one option, ?with=engine or ?with=name,name");
+    };
+    let mut names: Vec<String> = Vec::new();
+    for name in list.split(',') {
+        let expanded = match name {
+            "engine" => ENGINE_FILES.to_vec(),
+            _ => vec![name],
+        };
+        for name in expanded {
+            let ok = !name.is_empty()
+                && !name.contains(['\\', '?', '#', '&', '='])
+                && name
+                    .split('/')
+                    .all(|p| !p.is_empty() && p != "." && p != "..");
+            if !ok {
+                return refuse("a bad file name in hf://...?with=");
+            }
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_owned());
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// `org/repo[@revision][/subfolder][?with=...]`; a revision with a slash (`refs/pr/1`) is
+/// written escaped, `refs%2Fpr%2F1`, as the hub's own tools do.
 fn parse_hub(rest: &str) -> Result<RemoteUrl, UrlError> {
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, Some(query)),
+        None => (rest, None),
+    };
+    let with = parse_with(query)?;
     let mut parts = rest.trim_end_matches('/').splitn(3, '/');
     let (Some(org), Some(repo_rev)) = (parts.next(), parts.next()) else {
         return refuse("hf:// needs org/repo");
@@ -201,6 +252,7 @@ fn parse_hub(rest: &str) -> Result<RemoteUrl, UrlError> {
         repo: format!("{org}/{repo}"),
         revision,
         subfolder: subfolder.to_owned(),
+        with,
     })
 }
 
@@ -221,6 +273,7 @@ impl fmt::Display for RemoteUrl {
                 repo,
                 revision,
                 subfolder,
+                ..
             } => {
                 write!(f, "hf://{repo}")?;
                 if let Some(rev) = revision {
@@ -343,6 +396,7 @@ mod tests {
             repo: repo.into(),
             revision: revision.map(Into::into),
             subfolder: subfolder.into(),
+            with: Vec::new(),
         };
         let cases = [
             ("hf://org/repo", hub("org/repo", None, "")),
@@ -366,6 +420,37 @@ mod tests {
         }
         let shown = RemoteUrl::parse("hf://org/repo@refs%2Fpr%2F1/sub").unwrap();
         assert_eq!(shown.to_string(), "hf://org/repo@refs%2Fpr%2F1/sub");
+    }
+
+    #[test]
+    fn hub_urls_name_the_other_files_to_bring_and_refuse_bad_names() {
+        let with = |text: &str| match RemoteUrl::parse(text) {
+            Ok(RemoteUrl::Hub { with, .. }) => Ok(with),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e.reason),
+        };
+        assert_eq!(
+            with("hf://org/repo@main/sub?with=engine").unwrap(),
+            ENGINE_FILES
+        );
+        assert_eq!(
+            with("hf://org/repo?with=vocab.txt,config.json,engine").unwrap()[..3],
+            ["vocab.txt", "config.json", "generation_config.json"]
+        );
+        assert_eq!(with("hf://org/repo?with=a/b.json").unwrap(), ["a/b.json"]);
+        for bad in [
+            "?with=",
+            "?with=../x",
+            "?with=a//b",
+            "?with=./a",
+            "?files=x",
+            "?with=a&b=c",
+        ] {
+            assert!(with(&format!("hf://org/repo{bad}")).is_err(), "{bad}");
+        }
+        // The address shown has no option.
+        let url = RemoteUrl::parse("hf://org/repo@v1?with=engine").unwrap();
+        assert_eq!(url.to_string(), "hf://org/repo@v1");
     }
 
     #[test]

@@ -197,6 +197,11 @@ pub struct LoadReport {
     /// ([`LoadNote::ReadOncePerCluster`], [`LoadNote::NodesReadAlone`]). Empty when
     /// all went to plan.
     pub notes: Vec<LoadNote>,
+    /// The repository's other files brought into the hub cache beside the
+    /// weights (`hf://org/repo?with=engine`, feature `remote`): by name, its
+    /// path in the snapshot of the weights' commit, or `None` where the
+    /// repository has no such file there. Empty where none was asked for.
+    pub extra_files: BTreeMap<String, Option<PathBuf>> => serialize_with = "crate::worded::path_map",
 }
 computed { bytes_read: u64, tensor_bytes: u64, overflowed: u64, gib_per_s: Option<f64> }
 }
@@ -321,6 +326,72 @@ impl FileReport {
     }
 }
 
+/// The repository's other files brought, a line each.
+fn extra_files(
+    f: &mut fmt::Formatter<'_>,
+    files: &BTreeMap<String, Option<PathBuf>>,
+) -> fmt::Result {
+    for (name, path) in files {
+        match path {
+            Some(path) => writeln!(f, "  with {name}: {}", path.display())?,
+            None => writeln!(f, "  with {name}: not in the repository at this commit")?,
+        }
+    }
+    Ok(())
+}
+
+/// A file's lines of the report's table.
+fn file_lines(f: &mut fmt::Formatter<'_>, file: &FileReport) -> fmt::Result {
+    write!(
+        f,
+        "  {}  {}  {} tensors, {}",
+        file.path.display(),
+        file.strategy,
+        file.tensors,
+        human_bytes(file.tensor_bytes),
+    )?;
+    match file.gib_per_s() {
+        Some(rate) => writeln!(
+            f,
+            "  {} read in {:.3} s  {rate:.2} GiB/s",
+            human_bytes(file.bytes_read),
+            file.elapsed.as_secs_f64()
+        )?,
+        None if matches!(file.node_copy, Some(NodeCopy::Shared { .. })) => {
+            writeln!(f, "  views of the node copy")?
+        }
+        None => writeln!(f, "  mapped (pages are read when first touched)")?,
+    }
+    let direct = if file.direct_io == DirectIo::On {
+        " (O_DIRECT)"
+    } else {
+        ""
+    };
+    writeln!(f, "    {}{direct}: {}", file.strategy, file.explain())?;
+    if let Some(note) = &file.node_copy {
+        writeln!(f, "    node copy: {note}")?;
+    }
+    if let Some(cache) = &file.cache {
+        writeln!(f, "    {cache}")?;
+    }
+    match (&file.commit, &file.etag) {
+        (Some(commit), _) => writeln!(f, "    at commit {commit}")?,
+        (None, Some(etag)) => writeln!(f, "    etag {etag}")?,
+        (None, None) => {}
+    }
+    if file.converted > 0 {
+        writeln!(
+            f,
+            "    {} tensor(s) converted, {} value(s) became infinite",
+            file.converted, file.overflowed
+        )?;
+    }
+    if let Some(sha) = &file.sha256 {
+        writeln!(f, "    sha256 {sha}")?;
+    }
+    Ok(())
+}
+
 impl fmt::Display for LoadReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -351,54 +422,9 @@ impl fmt::Display for LoadReport {
         for note in &self.notes {
             writeln!(f, "  note: {note}")?;
         }
+        extra_files(f, &self.extra_files)?;
         for file in &self.files {
-            write!(
-                f,
-                "  {}  {}  {} tensors, {}",
-                file.path.display(),
-                file.strategy,
-                file.tensors,
-                human_bytes(file.tensor_bytes),
-            )?;
-            match file.gib_per_s() {
-                Some(rate) => writeln!(
-                    f,
-                    "  {} read in {:.3} s  {rate:.2} GiB/s",
-                    human_bytes(file.bytes_read),
-                    file.elapsed.as_secs_f64()
-                )?,
-                None if matches!(file.node_copy, Some(NodeCopy::Shared { .. })) => {
-                    writeln!(f, "  views of the node copy")?
-                }
-                None => writeln!(f, "  mapped (pages are read when first touched)")?,
-            }
-            let direct = if file.direct_io == DirectIo::On {
-                " (O_DIRECT)"
-            } else {
-                ""
-            };
-            writeln!(f, "    {}{direct}: {}", file.strategy, file.explain())?;
-            if let Some(note) = &file.node_copy {
-                writeln!(f, "    node copy: {note}")?;
-            }
-            if let Some(cache) = &file.cache {
-                writeln!(f, "    {cache}")?;
-            }
-            match (&file.commit, &file.etag) {
-                (Some(commit), _) => writeln!(f, "    at commit {commit}")?,
-                (None, Some(etag)) => writeln!(f, "    etag {etag}")?,
-                (None, None) => {}
-            }
-            if file.converted > 0 {
-                writeln!(
-                    f,
-                    "    {} tensor(s) converted, {} value(s) became infinite",
-                    file.converted, file.overflowed
-                )?;
-            }
-            if let Some(sha) = &file.sha256 {
-                writeln!(f, "    sha256 {sha}")?;
-            }
+            file_lines(f, file)?;
         }
         Ok(())
     }

@@ -11,6 +11,7 @@
 //!   three local ranks at once;
 //! - `store.rs`: the cache directory of `s3://` (moto), an object replaced between loads.
 
+mod extra;
 mod faults;
 mod hostile;
 mod python;
@@ -147,6 +148,9 @@ struct Report {
     files: BTreeMap<String, (String, String, String)>,
     /// File name -> (bytes the load read of it, its size).
     read: BTreeMap<String, (u64, u64)>,
+    /// The repository's other files brought (`?with=`): name -> its path, `None` where the
+    /// repository has none.
+    extra: BTreeMap<String, Option<PathBuf>>,
 }
 
 impl Report {
@@ -201,6 +205,11 @@ fn parse(stdout: &str) -> Report {
             if let [name, read, size] = parts[..] {
                 let n = |t: &str| t.parse::<u64>().unwrap_or_default();
                 report.read.insert(name.to_owned(), (n(read), n(size)));
+            }
+        } else if let Some((_, rest)) = line.split_once("HUB-EXTRA ") {
+            if let Some((name, path)) = rest.split_once('\t') {
+                let path = (path != "-").then(|| PathBuf::from(path));
+                report.extra.insert(name.to_owned(), path);
             }
         } else if let Some((_, d)) = line.split_once("HUB-DIGEST ") {
             report.digest = d.trim().to_owned();
@@ -301,6 +310,12 @@ fn act_load() {
     }
     let sd = loader.load(&url).unwrap();
     println!("HUB-DIGEST {}", digest_of(&loaded(&sd)));
+    for (name, path) in &sd.report().extra_files {
+        let path = path
+            .as_ref()
+            .map_or("-".to_owned(), |p| p.display().to_string());
+        println!("HUB-EXTRA {name}\t{path}");
+    }
     for file in &sd.report().files {
         let name = file.path.file_name().unwrap().to_string_lossy();
         let (code, words) = match &file.cache {

@@ -1,0 +1,92 @@
+//! The repository's other files an engine reads beside the weights (`hf://org/repo?with=engine`): brought into the hub cache's snapshot at the weights' commit, the missing ones marked in `.no_exist` as the hub's clients mark them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::{Mode, Remote};
+use crate::error::{Error, Operation, Result};
+use crate::remote::object::RemoteObject;
+use crate::source::{CacheUse, CacheWrite, Source};
+
+/// The largest such file fetched: a tokenizer is tens of MiB, never this.
+const MAX_EXTRA_BYTES: u64 = 256 << 20;
+
+impl Remote {
+    /// Brings each of `names` (paths under the checkpoint's folder) into the
+    /// hub cache at the weights' commit, where it is not there yet: its
+    /// snapshot path, or `None` where the repository has no such file at
+    /// the commit (then marked in `.no_exist`, or found marked) or the hub
+    /// may not be asked (`HF_HUB_OFFLINE=1`). Nothing without the hub cache.
+    pub(super) fn bring(&self, names: &[String]) -> Result<BTreeMap<String, Option<PathBuf>>> {
+        let mut brought = BTreeMap::new();
+        let Mode::Hub(hub) = &self.mode else {
+            return Ok(brought);
+        };
+        for name in names {
+            let full = format!("{}{name}", hub.prefix);
+            let cached = hub.view.as_ref().and_then(|v| {
+                let found = v.file(&hub.commit, &full).map(|c| c.path);
+                let marked = v.no_exist(&hub.commit, &full);
+                found.map(Some).or(marked.then_some(None))
+            });
+            let path = match cached {
+                Some(found) => found,
+                None if hub.offline => None,
+                None => self.fetch(name, &full)?,
+            };
+            brought.insert(name.clone(), path);
+        }
+        Ok(brought)
+    }
+
+    /// Fetches `name` whole and writes it to the snapshot (`full`, its path
+    /// in the repository); `None`, marked in `.no_exist`, where the hub has
+    /// no such file, or where the cache could not take it.
+    fn fetch(&self, name: &str, full: &str) -> Result<Option<PathBuf>> {
+        let Mode::Hub(hub) = &self.mode else {
+            return Ok(None);
+        };
+        let object = match self.checkpoint.take(name) {
+            Ok(object) => object,
+            Err(e) if e.is_not_found() => {
+                if let Some(writer) = &hub.writer {
+                    // A marker is the cache's help, not the load's need.
+                    let _ = writer.mark_missing(full);
+                }
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let bytes = read_whole(&object)?;
+        let Some(write) = self.write_of(&object, name) else {
+            return Ok(None);
+        };
+        write.write_image(&bytes);
+        let written = matches!(write.outcome(), CacheUse::Written { .. });
+        Ok(hub
+            .writer
+            .as_ref()
+            .filter(|_| written)
+            .map(|w| w.snapshot_path(full)))
+    }
+}
+
+/// The bytes of a small object, refused past [`MAX_EXTRA_BYTES`].
+fn read_whole(object: &RemoteObject) -> Result<Vec<u8>> {
+    let len = object.len();
+    if len > MAX_EXTRA_BYTES {
+        return Err(Error::remote(
+            Operation::Read,
+            object.path(),
+            None,
+            format!("{len} bytes, more than the {MAX_EXTRA_BYTES} a ?with= file may have"),
+            std::io::ErrorKind::InvalidData,
+        ));
+    }
+    let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    let want = bytes.len();
+    object
+        .read_at(&mut bytes, want, 0)
+        .map_err(|(at, e)| crate::source::read_error(Operation::Read, object, len, at, e))?;
+    Ok(bytes)
+}

@@ -247,16 +247,24 @@ impl RepoWriter {
     /// Marks `path` of the repository as missing at the commit
     /// (`.no_exist/<commit>/<path>`, an empty file), as the hub's clients do.
     pub(crate) fn mark_missing(&self, path: &str) -> io::Result<()> {
-        let names = layout::names(path).ok_or_else(|| invalid("a path of the snapshot"))?;
-        let (last, folders) = names.split_last().ok_or_else(|| invalid("an empty path"))?;
-        let no_exist = self
-            .repo()?
-            .sub(".no_exist", true)?
-            .sub(&self.commit, true)?;
-        match walk(no_exist, folders, true)?.create_new(last) {
+        let (dir, last, _) = self.folder_of(".no_exist", path)?;
+        match dir.create_new(&last) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// The folder of `path` under `<top>/<commit>/` (made where missing),
+    /// the last name of `path`, and how many folders deep it is.
+    fn folder_of(&self, top: &str, path: &str) -> io::Result<(Dir, String, usize)> {
+        let names = layout::names(path).ok_or_else(|| invalid("a path of the snapshot"))?;
+        let (last, folders) = names.split_last().ok_or_else(|| invalid("an empty path"))?;
+        let commit = self.repo()?.sub(top, true)?.sub(&self.commit, true)?;
+        Ok((
+            walk(commit, folders, true)?,
+            (*last).to_owned(),
+            folders.len(),
+        ))
     }
 
     /// Where `path` of the repository is in the snapshot of the commit.
@@ -275,14 +283,9 @@ impl RepoWriter {
     /// Links `snapshots/<commit>/<path>` to the blob, replacing any other
     /// entry there (atomically, by a rename of a new link over it).
     pub(crate) fn link(&self, path: &str, blob: &str) -> io::Result<()> {
-        let names = layout::names(path).ok_or_else(|| invalid("a path of the snapshot"))?;
-        let (last, folders) = names.split_last().ok_or_else(|| invalid("an empty path"))?;
-        let snapshot = self
-            .repo()?
-            .sub("snapshots", true)?
-            .sub(&self.commit, true)?;
-        let dir = walk(snapshot, folders, true)?;
-        let target = layout::snapshot_link(folders.len(), blob);
+        let (dir, last, depth) = self.folder_of("snapshots", path)?;
+        let last = last.as_str();
+        let target = layout::snapshot_link(depth, blob);
         if dir.entry(last)? == EntryKind::Link
             && dir.read_link(last)?.to_str() == Some(target.as_str())
         {

@@ -495,6 +495,8 @@ mod workers;
 
 use std::path::Path;
 
+#[cfg(feature = "remote")]
+pub use cache::{hub_cache, hub_cache_prune, hub_cache_remove};
 pub use checkpoint::{Checkpoint, TensorInfo};
 pub use dest::pages::HugePages;
 pub use error::{Error, ErrorKind, Operation, Result};
@@ -555,26 +557,6 @@ pub fn load_state_dict(path: impl AsRef<Path>, disable_mmap: Option<bool>) -> Re
     Loader::new()
         .read_mode(ReadMode::from_disable_mmap(disable_mmap))
         .load(path)
-}
-
-/// What the Hugging Face cache holds (feature `remote`): where it is
-/// (`HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`),
-/// and for `repo` (`org/name`; every model repository where `None`) its
-/// snapshots, their files and the blobs they link to, the refs naming them
-/// and any temporary file of a download. What `safeload cache` prints. A
-/// cache that cannot be read lists as empty.
-///
-/// ```
-/// let listing = safeload::hub_cache(Some("org/model"));
-/// for repo in &listing.repos {
-///     for revision in &repo.revisions {
-///         let _ = (&revision.commit, &revision.refs, revision.files.len());
-///     }
-/// }
-/// ```
-#[cfg(feature = "remote")]
-pub fn hub_cache(repo: Option<&str>) -> report::CacheListing {
-    cache::list::listing(repo)
 }
 
 /// Drops every file of a checkpoint from the page cache

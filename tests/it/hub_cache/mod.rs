@@ -9,8 +9,11 @@
 //!   load reads what it wrote;
 //! - `faults.rs`: hostile names, a read-only or full cache, a killed load, two processes and
 //!   three local ranks at once;
-//! - `store.rs`: the cache directory of `s3://` (moto), an object replaced between loads.
+//! - `store.rs`: the cache directory of `s3://` (moto), an object replaced between loads;
+//! - `clean.rs`: a revision or a repository removed, the cache pruned, dry runs, what is
+//!   kept (locked, fresh, another user's), names refused, the hub's client after a removal.
 
+mod clean;
 mod faults;
 mod hostile;
 mod python;
@@ -260,6 +263,7 @@ fn child() {
         ("load", act_load),
         ("hostile", hostile::act),
         ("claim", hostile::act_claim),
+        ("clean", clean::act),
     ]);
 }
 

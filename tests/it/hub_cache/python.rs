@@ -15,7 +15,7 @@ const REQUIRE: &str = "SAFELOAD_REQUIRE_HF_HUB";
 
 /// Whether `python3` has `huggingface_hub`; `false` after a `SKIPPED:` line where it has
 /// not (a panic under `SAFELOAD_REQUIRE_HF_HUB=1`).
-fn has_hub_client() -> bool {
+pub(super) fn has_hub_client() -> bool {
     let ok = Command::new("python3")
         .args(["-c", "import huggingface_hub"])
         .stderr(Stdio::null())
@@ -34,7 +34,7 @@ fn has_hub_client() -> bool {
 
 /// Runs `script` with the hub's client pointed at `hub` and its cache, `args` as `sys.argv[1:]`;
 /// returns its stdout, failing unless it succeeded.
-fn python(hub: &Hub, script: &str, args: &[&str], extra: &[(&str, &str)]) -> String {
+pub(super) fn python(hub: &Hub, script: &str, args: &[&str], extra: &[(&str, &str)]) -> String {
     let mut cmd = Command::new("python3");
     cmd.arg("-c").arg(script).args(args);
     for var in safeload_testhttp::STORE_VARIABLES {
@@ -63,7 +63,7 @@ fn python(hub: &Hub, script: &str, args: &[&str], extra: &[(&str, &str)]) -> Str
 
 /// For each file named in argv: the path `hf_hub_download` finds offline and the SHA-256 of
 /// what it holds; then what `scan_cache_dir` sees.
-const FIND: &str = r#"
+pub(super) const FIND: &str = r#"
 import hashlib, sys
 from huggingface_hub import hf_hub_download, scan_cache_dir
 for name in sys.argv[1:]:

@@ -43,7 +43,7 @@
 //! | tell "missing" from "corrupt" | [`Error::is_not_found`], [`Error::is_corrupt`] |
 //! | is a path on hf-mount / FUSE | [`mount::lookup`] (its [`kind`](mount::Mount::kind)) |
 //! | load from S3, GCS, Azure, HTTP or the hub (feature `remote`) | any of the above with `s3://…`, `hf://org/repo@rev`, `https://…` for the path |
-//! | restart from the Hugging Face cache, filled as the hub's clients fill it (feature `remote`) | `hf://…` reads and writes it by default ([`Loader::hub_cache`]); what it holds: `hub_cache()` |
+//! | restart from the Hugging Face cache, filled as the hub's clients fill it (feature `remote`) | `hf://…` reads and writes it by default ([`Loader::hub_cache`]); what it holds: `hub_cache()`; a revision or a repository removed, or the cache pruned, with a dry run: `hub_cache_remove()`, `hub_cache_prune()` |
 //! | keep what `s3://`, `gs://`, `az://`, `https://` loads fetched (feature `remote`) | [`Loader::cache_dir`] |
 //!
 //! # Loading

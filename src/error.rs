@@ -107,6 +107,9 @@ pub enum Operation {
     /// Moving a file's bytes between the nodes of a job, or agreeing on
     /// them (`SAFELOAD_EXCHANGE`).
     Exchange,
+    /// Removing names from the Hugging Face cache (`hub_cache_remove`,
+    /// `hub_cache_prune`, feature `remote`).
+    Remove,
 }
 
 impl Operation {
@@ -127,6 +130,7 @@ impl Operation {
             Operation::Evict => "evicting from the page cache",
             Operation::Write => "writing",
             Operation::Exchange => "exchanging between nodes",
+            Operation::Remove => "removing from the hub cache",
         }
     }
 }
@@ -267,6 +271,17 @@ pub enum ErrorKind {
     UnsafeShardName {
         /// The name as written in the index.
         name: String,
+    },
+    /// A repository id or a revision given to the hub cache's housekeeping
+    /// is not one the hub takes (the rules of `hf://` addresses: `org/name`
+    /// of plain names, a revision of plain `/`-separated names), so nothing
+    /// outside the cache could be named by it. Nothing is removed.
+    #[error("{name:?} is not a {what} of the hub cache")]
+    UnsafeCacheName {
+        /// The name as given.
+        name: String,
+        /// `repository id` or `revision`.
+        what: &'static str,
     },
     /// The index maps a tensor to a shard whose header lacks it.
     #[error("index maps tensor {tensor:?} to shard {shard:?}, which does not contain it")]

@@ -43,7 +43,7 @@
 //! | tell "missing" from "corrupt" | [`Error::is_not_found`], [`Error::is_corrupt`] |
 //! | is a path on hf-mount / FUSE | [`mount::lookup`] (its [`kind`](mount::Mount::kind)) |
 //! | load from S3, GCS, Azure, HTTP or the hub (feature `remote`) | any of the above with `s3://…`, `hf://org/repo@rev`, `https://…` for the path |
-//! | restart from the Hugging Face cache, filled as the hub's clients fill it (feature `remote`) | `hf://…` reads and writes it by default ([`Loader::hub_cache`]); what it holds: `hub_cache()`; the config and tokenizer at the weights' commit: `hf://…?with=engine`, [`LoadReport::extra_files`](report::LoadReport::extra_files) |
+//! | restart from the Hugging Face cache, filled as the hub's clients fill it (feature `remote`) | `hf://…` reads and writes it by default ([`Loader::hub_cache`]); what it holds: `hub_cache()`; the config and tokenizer at the weights' commit: `hf://…?with=engine`, [`LoadReport::extra_files`](report::LoadReport::extra_files); a revision or a repository removed, or the cache pruned, with a dry run: `hub_cache_remove()`, `hub_cache_prune()` |
 //! | keep what `s3://`, `gs://`, `az://`, `https://` loads fetched (feature `remote`) | [`Loader::cache_dir`] |
 //!
 //! # Loading
@@ -495,6 +495,8 @@ mod workers;
 
 use std::path::Path;
 
+#[cfg(feature = "remote")]
+pub use cache::{hub_cache, hub_cache_prune, hub_cache_remove};
 pub use checkpoint::{Checkpoint, TensorInfo};
 pub use dest::pages::HugePages;
 pub use error::{Error, ErrorKind, Operation, Result};
@@ -555,26 +557,6 @@ pub fn load_state_dict(path: impl AsRef<Path>, disable_mmap: Option<bool>) -> Re
     Loader::new()
         .read_mode(ReadMode::from_disable_mmap(disable_mmap))
         .load(path)
-}
-
-/// What the Hugging Face cache holds (feature `remote`): where it is
-/// (`HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`),
-/// and for `repo` (`org/name`; every model repository where `None`) its
-/// snapshots, their files and the blobs they link to, the refs naming them
-/// and any temporary file of a download. What `safeload cache` prints. A
-/// cache that cannot be read lists as empty.
-///
-/// ```
-/// let listing = safeload::hub_cache(Some("org/model"));
-/// for repo in &listing.repos {
-///     for revision in &repo.revisions {
-///         let _ = (&revision.commit, &revision.refs, revision.files.len());
-///     }
-/// }
-/// ```
-#[cfg(feature = "remote")]
-pub fn hub_cache(repo: Option<&str>) -> report::CacheListing {
-    cache::list::listing(repo)
 }
 
 /// Drops every file of a checkpoint from the page cache

@@ -88,9 +88,18 @@ HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub. `load` and
 `inspect` of hf://org/repo read the files it holds and write the others to it
 (SAFELOAD_HUB_CACHE=0 turns that off; HF_HUB_OFFLINE=1 asks the hub nothing).
 
+`safeload cache rm` removes a revision or a repository, `safeload cache prune`
+what dead downloads left and blobs no snapshot links to; --dry-run says what
+would go and how many bytes, removing nothing. Neither follows a link, removes
+what another user owns, or touches a file whose lock a live writer holds: each
+is listed as kept, with why.
+
 Examples:
   safeload cache
-  safeload cache org/model --json | jq '.repos[].revisions[].files[].path'")]
+  safeload cache org/model --json | jq '.repos[].revisions[].files[].path'
+  safeload cache rm org/model@v1.0 --dry-run
+  safeload cache rm org/model
+  safeload cache prune")]
     Cache(CacheArgs),
 }
 
@@ -200,10 +209,70 @@ pub struct PrefetchArgs {
 
 /// `safeload cache`.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct CacheArgs {
+    /// Remove from the cache instead of listing it
+    #[command(subcommand)]
+    pub action: Option<CacheAction>,
+
     /// A repository of the hub, org/name [default: every one the cache holds]
     #[arg(value_name = "REPO")]
     pub repo: Option<String>,
+
+    /// Print one JSON object on stdout
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `safeload cache rm` and `safeload cache prune`.
+#[derive(Debug, Subcommand)]
+pub enum CacheAction {
+    /// Remove a revision of a repository (its snapshot, the refs naming it, the blobs no other revision links to), or the whole repository
+    #[command(after_help = "\
+REVISION is a commit (40 hex digits), a branch or a tag the cache has a ref
+of (main, v1.0, refs/pr/1 or refs%2Fpr%2F1); without it, the whole repository
+goes. Exit status 0 also where something was kept (another user's, locked):
+the output lists it, with why.
+
+Examples:
+  safeload cache rm org/model@v1.0 --dry-run
+  safeload cache rm org/model --json")]
+    Rm(CacheRmArgs),
+
+    /// Remove the temporary files dead downloads left (not written to for an hour, their lock free) and the blobs no snapshot links to
+    #[command(after_help = "\
+Examples:
+  safeload cache prune --dry-run
+  safeload cache prune org/model")]
+    Prune(CachePruneArgs),
+}
+
+/// `safeload cache rm`.
+#[derive(Debug, Args)]
+pub struct CacheRmArgs {
+    /// org/name, or org/name@REVISION for one revision of it
+    #[arg(value_name = "REPO[@REVISION]")]
+    pub target: String,
+
+    /// Remove nothing: say what would go, and how many bytes
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Print one JSON object on stdout
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `safeload cache prune`.
+#[derive(Debug, Args)]
+pub struct CachePruneArgs {
+    /// A repository of the hub, org/name [default: every one the cache holds]
+    #[arg(value_name = "REPO")]
+    pub repo: Option<String>,
+
+    /// Remove nothing: say what would go, and how many bytes
+    #[arg(long)]
+    pub dry_run: bool,
 
     /// Print one JSON object on stdout
     #[arg(long)]
@@ -266,6 +335,32 @@ mod tests {
             };
             assert_eq!(args.dtype.map(TargetDtype::dtype), Some(dtype));
         }
+    }
+
+    #[test]
+    fn cache_lists_by_default_and_takes_rm_and_prune() {
+        let cache = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["safeload", "cache"][..], args].concat()).unwrap();
+            let Command::Cache(args) = cli.command else {
+                panic!("not cache")
+            };
+            args
+        };
+        let listed = cache(&["org/model", "--json"]);
+        assert!(listed.action.is_none() && listed.json);
+        assert_eq!(listed.repo.as_deref(), Some("org/model"));
+        let Some(CacheAction::Rm(rm)) = cache(&["rm", "org/model@main", "--dry-run"]).action else {
+            panic!("not rm")
+        };
+        assert_eq!(
+            (rm.target.as_str(), rm.dry_run, rm.json),
+            ("org/model@main", true, false)
+        );
+        let Some(CacheAction::Prune(prune)) = cache(&["prune", "--json"]).action else {
+            panic!("not prune")
+        };
+        assert!(prune.repo.is_none() && prune.json && !prune.dry_run);
+        assert!(Cli::try_parse_from(["safeload", "cache", "rm"]).is_err());
     }
 
     #[test]

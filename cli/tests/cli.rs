@@ -317,6 +317,104 @@ fn load_inspect_and_cache_share_the_hub_cache() {
     assert!(text.stdout.contains("org/model"), "{}", text.stdout);
 }
 
+#[test]
+fn cache_rm_dry_run_json_says_what_would_go_and_prune_and_rm_remove_it() {
+    let dir = tempdir().unwrap();
+    write_sharded(dir.path(), 2, 3);
+    let server =
+        safeload_testhttp::Server::start(dir.path(), safeload_testhttp::Options::default())
+            .unwrap();
+    let cache = tempdir().unwrap();
+    let with_hub = |args: &[&str]| {
+        let mut command = safeload(args);
+        for var in safeload_testhttp::STORE_VARIABLES {
+            command.env_remove(var);
+        }
+        command
+            .env("HF_ENDPOINT", server.url())
+            .env("HF_HUB_CACHE", cache.path())
+            .env("HF_HOME", cache.path().join("no-home"));
+        Run::piped(command)
+    };
+    with_hub(&["load", "hf://org/model"]).expect_code(0);
+    let repo = cache.path().join("models--org--model");
+    let snapshot = repo
+        .join("snapshots")
+        .join(safeload_testhttp::DEFAULT_COMMIT);
+    // A dry run: one JSON object saying what would go, and nothing gone.
+    let planned = with_hub(&["cache", "rm", "org/model@main", "--dry-run", "--json"])
+        .expect_code(0)
+        .json();
+    assert_eq!(planned["mode"], "dry_run", "{planned}");
+    assert_eq!(planned["root"], cache.path().to_str().unwrap(), "{planned}");
+    let removed = planned["removed"].as_array().unwrap();
+    let kinds: BTreeSet<&str> = removed
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    for kind in ["blob", "link", "ref", "folder"] {
+        assert!(kinds.contains(kind), "{kind}: {planned}");
+    }
+    let blob_bytes: u64 = removed
+        .iter()
+        .filter(|e| e["kind"] == "blob")
+        .map(|e| as_u64(&e["bytes"]))
+        .sum();
+    assert!(blob_bytes > 0, "{planned}");
+    assert!(as_u64(&planned["bytes"]) >= blob_bytes, "{planned}");
+    assert_eq!(
+        planned["kept"].as_array().map(Vec::len),
+        Some(0),
+        "{planned}"
+    );
+    assert!(snapshot.is_dir() && repo.join("refs/main").is_file());
+    // Prune: a blob no snapshot links to goes, in words.
+    let orphan = repo.join("blobs").join("ab".repeat(32));
+    std::fs::write(&orphan, b"left behind").unwrap();
+    let pruned = with_hub(&["cache", "prune"]).expect_code(0);
+    assert!(
+        pruned.stdout.starts_with("hub cache: "),
+        "{}",
+        pruned.stdout
+    );
+    assert!(
+        pruned
+            .stdout
+            .contains(&format!("removed blob {}", orphan.display())),
+        "{}",
+        pruned.stdout
+    );
+    assert!(
+        pruned.stdout.contains("1 name(s) removed, 11 B freed"),
+        "{}",
+        pruned.stdout
+    );
+    assert!(!orphan.exists() && snapshot.is_dir());
+    // The whole repository, then the listing has nothing of it.
+    let gone = with_hub(&["cache", "rm", "org/model", "--json"])
+        .expect_code(0)
+        .json();
+    assert_eq!(gone["mode"], "remove", "{gone}");
+    assert_eq!(as_u64(&gone["bytes"]), as_u64(&planned["bytes"]), "{gone}");
+    assert!(!repo.exists());
+    let listed = with_hub(&["cache", "org/model", "--json"])
+        .expect_code(0)
+        .json();
+    assert_eq!(
+        listed["repos"].as_array().map(Vec::len),
+        Some(0),
+        "{listed}"
+    );
+    // A name that could reach outside the cache: refused, exit 1, naming it.
+    let refused = with_hub(&["cache", "rm", "org/../../etc"]).expect_code(1);
+    assert!(
+        refused.stderr.contains("org/../../etc"),
+        "{}",
+        refused.stderr
+    );
+    assert!(refused.stdout.is_empty(), "{}", refused.stdout);
+}
+
 // ---------------------------------------------------------------------------
 // inspect
 

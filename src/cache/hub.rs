@@ -54,7 +54,7 @@ pub(crate) struct RepoView {
 }
 
 /// Reads a small regular file (not through a symlink) of `dir` whole.
-fn read_small(dir: &Dir, name: &str) -> Option<String> {
+pub(crate) fn read_small(dir: &Dir, name: &str) -> Option<String> {
     let file = dir.open_nofollow(name).ok()?;
     let mut text = String::new();
     file.take(SMALL_FILE).read_to_string(&mut text).ok()?;

@@ -1,4 +1,4 @@
-//! What the hub cache holds, listed for `safeload cache` and `hub_cache()`: its repositories, their snapshots' files and the blobs they link to, refs, temporary files; read without following a link the layout has none for.
+//! What the hub cache holds, listed for `safeload cache` and [`hub_cache`]: its repositories, their snapshots' files and the blobs they link to, refs, temporary files; read without following a link the layout has none for.
 
 use std::io::Read;
 use std::path::Path;
@@ -11,9 +11,24 @@ use crate::report::{CacheListing, CachedFile, CachedRepo, CachedRevision};
 /// paths are a few deep).
 const MAX_DEPTH: usize = 16;
 
-/// The hub cache of this process's environment, and what it holds for
-/// `repo` (every model repository where `None`).
-pub(crate) fn listing(repo: Option<&str>) -> CacheListing {
+/// What the Hugging Face cache holds (feature `remote`): where it is
+/// (`HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`),
+/// and for `repo` (`org/name`; every model repository where `None`) its
+/// snapshots, their files and the blobs they link to, the refs naming them
+/// and any temporary file of a download. What `safeload cache` prints. A
+/// cache that cannot be read lists as empty. To remove what it holds:
+/// [`hub_cache_remove`](crate::hub_cache_remove) and
+/// [`hub_cache_prune`](crate::hub_cache_prune).
+///
+/// ```
+/// let listing = safeload::hub_cache(Some("org/model"));
+/// for repo in &listing.repos {
+///     for revision in &repo.revisions {
+///         let _ = (&revision.commit, &revision.refs, revision.files.len());
+///     }
+/// }
+/// ```
+pub fn hub_cache(repo: Option<&str>) -> CacheListing {
     let root = layout::hub_root(|name| std::env::var(name).ok());
     let mut listing = CacheListing {
         root: root.clone(),

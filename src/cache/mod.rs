@@ -9,7 +9,10 @@
 //!   snapshot file to be verified needs;
 //! - `source.rs`: the two sources a cache adds (a file of the cache, a
 //!   fetched file also written to it);
-//! - `list.rs`: what the hub cache holds (`safeload cache`).
+//! - `list.rs`: what the hub cache holds (`safeload cache`);
+//! - `clean.rs`: a revision or a repository removed, the cache pruned
+//!   (`safeload cache rm|prune`); `remover.rs`: each name removed, owner,
+//!   lock and dry run checked.
 //!
 //! # `hf://org/repo@rev/sub`
 //!
@@ -25,11 +28,13 @@
 //!    fetched at the commit and written through (`write.rs`); offline, a
 //!    file the cache lacks is an error naming it.
 
+mod clean;
 mod extra;
 mod hits;
 mod hub;
 pub(crate) mod layout;
-pub(crate) mod list;
+mod list;
+mod remover;
 mod source;
 mod store;
 mod write;
@@ -51,8 +56,10 @@ use crate::remote::object::RemoteObject;
 use crate::remote::url::RemoteUrl;
 use crate::source::{NotCached, Source};
 
+pub use clean::{hub_cache_prune, hub_cache_remove};
 use hits::{HitOf, blob_name, hit_of};
 use hub::{Cached, HubTarget, RepoView, RepoWriter};
+pub use list::hub_cache;
 use source::Fetched;
 use store::StoreCache;
 use write::{Check, Target};

@@ -160,6 +160,19 @@ impl Dir {
     pub(crate) fn remove(&self, name: &str) -> io::Result<()> {
         Ok(rustix::fs::unlinkat(&self.fd, name, AtFlags::empty())?)
     }
+
+    /// Removes the empty directory `name` here (`unlinkat(AT_REMOVEDIR)`:
+    /// a symlink at `name` is refused with `ENOTDIR`, never followed).
+    pub(crate) fn remove_dir(&self, name: &str) -> io::Result<()> {
+        Ok(rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR)?)
+    }
+
+    /// The owner (uid) of `name` here, from `lstat`: a symlink's own, not
+    /// its target's.
+    pub(crate) fn owner(&self, name: &str) -> io::Result<Option<u32>> {
+        let stat = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        Ok(Some(stat.st_uid))
+    }
 }
 
 fn regular(file: File) -> io::Result<File> {

@@ -106,8 +106,9 @@ pub(crate) use imp::read_proc;
 
 // The write-through cache: a directory's names seen without following them
 // (`Dir::entry`, `sub`, `read_link`, `open_nofollow`, `create_new`,
-// `open_lock`, `rename_noreplace`, `replace`, `symlink`, `remove`), space
-// reserved and positional writes (feature `remote`).
+// `open_lock`, `rename_noreplace`, `replace`, `symlink`, `remove`,
+// `remove_dir`, `owner`), space reserved and positional writes (feature
+// `remote`).
 #[cfg(feature = "remote")]
 pub(crate) use imp::{EntryKind, reserve, write_all_at};
 

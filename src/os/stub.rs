@@ -529,6 +529,32 @@ mod cache_dir {
         pub(crate) fn remove(&self, name: &str) -> io::Result<()> {
             std::fs::remove_file(self.path.join(name))
         }
+
+        /// Removes the empty directory `name` here (not through a symlink).
+        pub(crate) fn remove_dir(&self, name: &str) -> io::Result<()> {
+            if self.entry(name)? != EntryKind::Dir {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "not a directory",
+                ));
+            }
+            std::fs::remove_dir(self.path.join(name))
+        }
+
+        /// The owner (uid) of `name` here, not following a symlink; `None`
+        /// where the platform has no uids.
+        pub(crate) fn owner(&self, name: &str) -> io::Result<Option<u32>> {
+            let meta = std::fs::symlink_metadata(self.path.join(name))?;
+            #[cfg(unix)]
+            {
+                Ok(Some(std::os::unix::fs::MetadataExt::uid(&meta)))
+            }
+            #[cfg(not(unix))]
+            {
+                let _ = meta;
+                Ok(None)
+            }
+        }
     }
 
     /// No space reservation here: writes may find the disk full.

@@ -159,7 +159,7 @@ fn parse_http(scheme: &str, rest: &str) -> Result<RemoteUrl, UrlError> {
 /// id): 1 to 96 of letters, digits, `-`, `_` and `.`, no `--` or `..`, not starting or ending
 /// with `-` or `.`. The cache folder joins org and name with `--`
 /// (`models--org--name`), so a name with `--` could make two addresses share one folder.
-fn hub_name_ok(name: &str) -> bool {
+pub(crate) fn hub_name_ok(name: &str) -> bool {
     let edge = |c: Option<char>| c.is_some_and(|c| c != '-' && c != '.');
     (1..=96).contains(&name.len())
         && name

@@ -113,3 +113,253 @@ impl fmt::Display for CacheListing {
         Ok(())
     }
 }
+
+/// Whether a housekeeping call of the hub cache removes what it finds, or
+/// only says what it would remove (`hub_cache_remove`, `hub_cache_prune`,
+/// feature `remote`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum RemoveMode {
+    /// Removes nothing: the result lists what would go, and its bytes.
+    #[default]
+    DryRun,
+    /// Removes what the result lists.
+    Remove,
+}
+
+/// What a housekeeping call of the hub cache removed (or, in a dry run,
+/// would remove), and what it kept that it would otherwise have removed,
+/// with why; the words `safeload cache rm|prune` print.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct CacheRemoval {
+    /// The cache's directory.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::worded::path_text"))]
+    pub root: PathBuf,
+    /// A dry run (nothing removed), or a removal.
+    pub mode: RemoveMode,
+    /// What went (or would go), children before their folder.
+    pub removed: Vec<RemovedEntry>,
+    /// The bytes of [`removed`](Self::removed), added up: the same in a dry
+    /// run as in the removal that follows it.
+    pub bytes: u64,
+    /// What was kept, and why.
+    pub kept: Vec<KeptEntry>,
+}
+
+/// One name removed from the cache (or that a dry run would remove).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct RemovedEntry {
+    /// Its path (a link's own, never its target's).
+    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::worded::path_text"))]
+    pub path: PathBuf,
+    /// What it was.
+    pub kind: CacheEntryKind,
+    /// The bytes it held: a regular file's length; 0 for a link or a folder.
+    pub bytes: u64,
+}
+
+/// What a name of the hub cache is, for what housekeeping removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum CacheEntryKind {
+    /// A blob of `blobs/`: a file's bytes (or a link into the shared store).
+    Blob,
+    /// A temporary file of a download in `blobs/`.
+    Incomplete,
+    /// A ref of `refs/` (a branch or tag's commit).
+    Ref,
+    /// A snapshot's link to a blob (or any other link; never followed).
+    Link,
+    /// Any other file (a snapshot file written without links, a
+    /// `.no_exist` marker).
+    File,
+    /// A folder, emptied first.
+    Folder,
+}
+
+impl CacheEntryKind {
+    /// A short word for it: `blob`, `incomplete`, `ref`, `link`, `file`,
+    /// `folder`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheEntryKind::Blob => "blob",
+            CacheEntryKind::Incomplete => "incomplete",
+            CacheEntryKind::Ref => "ref",
+            CacheEntryKind::Link => "link",
+            CacheEntryKind::File => "file",
+            CacheEntryKind::Folder => "folder",
+        }
+    }
+}
+
+/// A name housekeeping would have removed, kept, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct KeptEntry {
+    /// Its path.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::worded::path_text"))]
+    pub path: PathBuf,
+    /// Why it was kept.
+    pub why: KeepReason,
+}
+
+worded! {
+/// Why housekeeping kept a name of the hub cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeepReason {
+    /// Another user owns it (its owner from `lstat`, not this process's
+    /// effective uid): never removed for them.
+    OtherOwner {
+        /// Its owner's uid.
+        owner: u32,
+    } = "other_owner",
+    /// Its blob's lock in `.locks/` is held: a live writer (this crate's or
+    /// the hub client's) is at work on it. Tried once, never waited for.
+    Locked = "locked",
+    /// A temporary file written to within the sweep age (an hour): a
+    /// download may still be under way.
+    Recent = "recent",
+    /// A folder that holds something kept.
+    HoldsKept = "holds_kept",
+    /// Looking at it or removing it failed.
+    Failed {
+        /// The OS's words.
+        error: String,
+    } = "failed",
+}
+}
+
+impl fmt::Display for KeepReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeepReason::OtherOwner { owner } => write!(f, "owned by uid {owner}, not this user"),
+            KeepReason::Locked => f.write_str("its lock is held by a live writer"),
+            KeepReason::Recent => {
+                f.write_str("written to within the hour: a download may be under way")
+            }
+            KeepReason::HoldsKept => f.write_str("holds something kept"),
+            KeepReason::Failed { error } => write!(f, "could not be removed: {error}"),
+        }
+    }
+}
+
+impl fmt::Display for CacheRemoval {
+    /// `hub cache: <dir>`, a line per name removed (`would remove` in a dry
+    /// run) with its kind and bytes, the total, then each name kept and why.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "hub cache: {}", self.root.display())?;
+        let verb = match self.mode {
+            RemoveMode::DryRun => "would remove",
+            RemoveMode::Remove => "removed",
+        };
+        for entry in &self.removed {
+            write!(
+                f,
+                "  {verb} {} {}",
+                entry.kind.as_str(),
+                entry.path.display()
+            )?;
+            if entry.bytes > 0 {
+                write!(f, "  {}", human_bytes(entry.bytes))?;
+            }
+            writeln!(f)?;
+        }
+        for entry in &self.kept {
+            writeln!(f, "  kept {}: {}", entry.path.display(), entry.why)?;
+        }
+        let total = human_bytes(self.bytes);
+        let count = self.removed.len();
+        match self.mode {
+            RemoveMode::DryRun => writeln!(f, "dry run: {count} name(s), {total} would go"),
+            RemoveMode::Remove => writeln!(f, "{count} name(s) removed, {total} freed"),
+        }?;
+        if !self.kept.is_empty() {
+            writeln!(f, "{} name(s) kept", self.kept.len())?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn removal(mode: RemoveMode) -> CacheRemoval {
+        CacheRemoval {
+            root: PathBuf::from("/c"),
+            mode,
+            removed: vec![
+                RemovedEntry {
+                    path: PathBuf::from("/c/models--o--m/blobs/ab"),
+                    kind: CacheEntryKind::Blob,
+                    bytes: 2048,
+                },
+                RemovedEntry {
+                    path: PathBuf::from("/c/models--o--m/snapshots/c/x"),
+                    kind: CacheEntryKind::Link,
+                    bytes: 0,
+                },
+            ],
+            bytes: 2048,
+            kept: vec![KeptEntry {
+                path: PathBuf::from("/c/models--o--m/blobs/cd"),
+                why: KeepReason::OtherOwner { owner: 65534 },
+            }],
+        }
+    }
+
+    #[test]
+    fn a_removal_says_each_name_its_bytes_and_what_was_kept_and_why() {
+        let text = removal(RemoveMode::Remove).to_string();
+        assert_eq!(
+            text,
+            "hub cache: /c\n\
+             \x20 removed blob /c/models--o--m/blobs/ab  2.00 KiB\n\
+             \x20 removed link /c/models--o--m/snapshots/c/x\n\
+             \x20 kept /c/models--o--m/blobs/cd: owned by uid 65534, not this user\n\
+             2 name(s) removed, 2.00 KiB freed\n\
+             1 name(s) kept\n"
+        );
+        let dry = removal(RemoveMode::DryRun).to_string();
+        assert!(
+            dry.contains("  would remove blob /c/models--o--m/blobs/ab"),
+            "{dry}"
+        );
+        assert!(
+            dry.contains("dry run: 2 name(s), 2.00 KiB would go"),
+            "{dry}"
+        );
+        assert_eq!(KeepReason::Locked.as_str(), "locked");
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn a_removal_in_json_has_its_mode_kinds_and_reasons_as_codes() {
+        let json = serde_json::to_value(removal(RemoveMode::DryRun)).unwrap();
+        assert_eq!(json["mode"], "dry_run");
+        assert_eq!(json["root"], "/c");
+        assert_eq!(json["bytes"], 2048);
+        assert_eq!(json["removed"][0]["kind"], "blob");
+        assert_eq!(json["removed"][1]["path"], "/c/models--o--m/snapshots/c/x");
+        let why = &json["kept"][0]["why"];
+        assert_eq!(why["code"], "other_owner");
+        assert_eq!(why["owner"], 65534);
+        assert_eq!(why["text"], "owned by uid 65534, not this user");
+    }
+}

@@ -118,7 +118,10 @@ use crate::mount::MountKind;
 pub use crate::policy::{DirectIo, Fallback, PrefetchMethod, Reason, Strategy};
 pub use crate::progress::{Phase, Progress};
 pub use crate::source::{CacheStore, CacheUse, NotCached};
-pub use cache::{CacheListing, CachedFile, CachedRepo, CachedRevision};
+pub use cache::{
+    CacheEntryKind, CacheListing, CacheRemoval, CachedFile, CachedRepo, CachedRevision, KeepReason,
+    KeptEntry, RemoveMode, RemovedEntry,
+};
 pub use node_copy::NodeCopy;
 pub use note::{ConcurrencyReason, CopyRemark, LoadNote};
 pub use prefetch::{PrefetchReason, PrefetchReport, QueueNote, RankSource, SkipReason};

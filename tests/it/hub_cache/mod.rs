@@ -9,8 +9,12 @@
 //!   load reads what it wrote;
 //! - `faults.rs`: hostile names, a read-only or full cache, a killed load, two processes and
 //!   three local ranks at once;
-//! - `store.rs`: the cache directory of `s3://` (moto), an object replaced between loads.
+//! - `store.rs`: the cache directory of `s3://` (moto), an object replaced between loads;
+//! - `clean.rs`: a revision or a repository removed, the cache pruned, dry runs, what is
+//!   kept (locked, fresh, another user's), names refused, the hub's client after a removal.
+//! - `extra.rs`: the repository's other files brought beside the weights (`?with=engine`).
 
+mod clean;
 mod extra;
 mod faults;
 mod hostile;
@@ -269,6 +273,7 @@ fn child() {
         ("load", act_load),
         ("hostile", hostile::act),
         ("claim", hostile::act_claim),
+        ("clean", clean::act),
     ]);
 }
 

@@ -63,7 +63,7 @@ pub(super) fn python(hub: &Hub, script: &str, args: &[&str], extra: &[(&str, &st
 
 /// For each file named in argv: the path `hf_hub_download` finds offline and the SHA-256 of
 /// what it holds; then what `scan_cache_dir` sees.
-const FIND: &str = r#"
+pub(super) const FIND: &str = r#"
 import hashlib, sys
 from huggingface_hub import hf_hub_download, scan_cache_dir
 for name in sys.argv[1:]:

@@ -253,25 +253,46 @@ fn load_and_inspect_take_a_remote_address() {
     );
 }
 
-#[test]
-fn load_inspect_and_cache_share_the_hub_cache() {
-    let dir = tempdir().unwrap();
-    write_sharded(dir.path(), 2, 3);
-    let server =
-        safeload_testhttp::Server::start(dir.path(), safeload_testhttp::Options::default())
-            .unwrap();
-    let cache = tempdir().unwrap();
-    let with_hub = |args: &[&str]| {
+/// A repository served as the hub serves it (two shards) and an empty hub cache: each run of
+/// the command line is pointed at both, nothing of the caller's store or cache variables kept.
+struct Hub {
+    _files: tempfile::TempDir,
+    server: safeload_testhttp::Server,
+    cache: tempfile::TempDir,
+}
+
+impl Hub {
+    fn new() -> Hub {
+        let files = tempdir().unwrap();
+        write_sharded(files.path(), 2, 3);
+        let options = safeload_testhttp::Options::default();
+        let server = safeload_testhttp::Server::start(files.path(), options).unwrap();
+        Hub {
+            _files: files,
+            server,
+            cache: tempdir().unwrap(),
+        }
+    }
+
+    /// Runs `safeload args` against this hub and cache.
+    fn run(&self, args: &[&str]) -> Run {
         let mut command = safeload(args);
         for var in safeload_testhttp::STORE_VARIABLES {
             command.env_remove(var);
         }
         command
-            .env("HF_ENDPOINT", server.url())
-            .env("HF_HUB_CACHE", cache.path())
-            .env("HF_HOME", cache.path().join("no-home"));
+            .env("HF_ENDPOINT", self.server.url())
+            .env("HF_HUB_CACHE", self.cache.path())
+            .env("HF_HOME", self.cache.path().join("no-home"));
         Run::piped(command)
-    };
+    }
+}
+
+#[test]
+fn load_inspect_and_cache_share_the_hub_cache() {
+    let hub = Hub::new();
+    let cache = &hub.cache;
+    let with_hub = |args: &[&str]| hub.run(args);
     // Nothing cached yet: where the cache is, and nothing for the repository.
     let empty = with_hub(&["cache", "org/model", "--json"])
         .expect_code(0)
@@ -319,23 +340,9 @@ fn load_inspect_and_cache_share_the_hub_cache() {
 
 #[test]
 fn cache_rm_dry_run_json_says_what_would_go_and_prune_and_rm_remove_it() {
-    let dir = tempdir().unwrap();
-    write_sharded(dir.path(), 2, 3);
-    let server =
-        safeload_testhttp::Server::start(dir.path(), safeload_testhttp::Options::default())
-            .unwrap();
-    let cache = tempdir().unwrap();
-    let with_hub = |args: &[&str]| {
-        let mut command = safeload(args);
-        for var in safeload_testhttp::STORE_VARIABLES {
-            command.env_remove(var);
-        }
-        command
-            .env("HF_ENDPOINT", server.url())
-            .env("HF_HUB_CACHE", cache.path())
-            .env("HF_HOME", cache.path().join("no-home"));
-        Run::piped(command)
-    };
+    let hub = Hub::new();
+    let cache = &hub.cache;
+    let with_hub = |args: &[&str]| hub.run(args);
     with_hub(&["load", "hf://org/model"]).expect_code(0);
     let repo = cache.path().join("models--org--model");
     let snapshot = repo

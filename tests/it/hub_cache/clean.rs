@@ -13,7 +13,7 @@ use safeload::ErrorKind;
 use safeload::report::RemoveMode;
 use safeload_testhttp::{DEFAULT_COMMIT, Options, Server};
 
-use super::python::{FIND, has_hub_client, python};
+use super::python::{find_offline, found, has_hub_client};
 use super::*;
 
 /// The second revision's commit.
@@ -515,17 +515,11 @@ fn after_a_removal_the_hubs_client_scans_no_warning_and_finds_the_kept_revision(
         RemoveMode::Remove,
     );
     assert!(done.error.is_none() && done.kept.is_empty(), "{done:#?}");
-    let names = hub.names();
-    let args: Vec<&str> = names.iter().map(String::as_str).collect();
-    let out = python(hub, FIND, &args, &[("HF_HUB_OFFLINE", "1")]);
+    let (names, out) = find_offline(hub);
     assert!(!out.contains("WARNING"), "{out}");
     assert!(!out.contains(DEFAULT_COMMIT), "{out}");
     for name in &names {
-        let line = out
-            .lines()
-            .find(|l| l.starts_with(&format!("FOUND {name} ")))
-            .unwrap_or_else(|| panic!("{name} not found by the hub's client:\n{out}"));
-        let fields: Vec<&str> = line.split(' ').collect();
+        let (line, fields) = found(&out, name);
         let want = std::fs::read(two.other_files.path().join(name)).unwrap();
         assert_eq!(fields[3], sha256_hex(&want), "{line}");
         assert!(

@@ -61,9 +61,26 @@ pub(super) fn python(hub: &Hub, script: &str, args: &[&str], extra: &[(&str, &st
     stdout
 }
 
+/// Runs [`FIND`] offline over the checkpoint's files: their names, and what it printed.
+pub(super) fn find_offline(hub: &Hub) -> (Vec<String>, String) {
+    let names = hub.names();
+    let args: Vec<&str> = names.iter().map(String::as_str).collect();
+    let out = python(hub, FIND, &args, &[("HF_HUB_OFFLINE", "1")]);
+    (names, out)
+}
+
+/// The `FOUND` line [`FIND`] printed for `name`, and its fields.
+pub(super) fn found<'a>(out: &'a str, name: &str) -> (&'a str, Vec<&'a str>) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("FOUND {name} ")))
+        .unwrap_or_else(|| panic!("{name} not found by the hub's client:\n{out}"));
+    (line, line.split(' ').collect())
+}
+
 /// For each file named in argv: the path `hf_hub_download` finds offline and the SHA-256 of
 /// what it holds; then what `scan_cache_dir` sees.
-pub(super) const FIND: &str = r#"
+const FIND: &str = r#"
 import hashlib, sys
 from huggingface_hub import hf_hub_download, scan_cache_dir
 for name in sys.argv[1:]:
@@ -88,15 +105,9 @@ fn the_hubs_client_finds_every_file_a_load_wrote() {
     let hub = Hub::new(Options::default());
     let report = hub.load("hf://org/model", &[]);
     assert_eq!(report.digest, hub.digest());
-    let names = hub.names();
-    let args: Vec<&str> = names.iter().map(String::as_str).collect();
-    let out = python(&hub, FIND, &args, &[("HF_HUB_OFFLINE", "1")]);
+    let (names, out) = find_offline(&hub);
     for name in &names {
-        let line = out
-            .lines()
-            .find(|l| l.starts_with(&format!("FOUND {name} ")))
-            .unwrap_or_else(|| panic!("{name} not found by the hub's client:\n{out}"));
-        let fields: Vec<&str> = line.split(' ').collect();
+        let (line, fields) = found(&out, name);
         assert_eq!(
             fields[2],
             hub.snapshot().join(name).display().to_string(),

@@ -270,7 +270,7 @@ impl Cleaner {
         let refs = open_optional(&repo.dir, "refs", &repo.sub_path(&["refs"]))?;
         let no_exist = open_optional(&repo.dir, ".no_exist", &repo.sub_path(&[".no_exist"]))?;
         let naming = match &refs {
-            Some(refs) => refs_naming(refs, "", 0, &commit),
+            Some(refs) => refs_naming(refs, &commit),
             None => Vec::new(),
         };
         let is_there = |dir: &Option<Dir>| {
@@ -403,28 +403,16 @@ fn ref_commit(repo: &Dir, names: &[&str]) -> Option<String> {
     layout::commit_of_ref(&read_small(&dir, last)?)
 }
 
-/// The refs under `dir` (as `main`, `refs/pr/1`) that name `commit`.
-fn refs_naming(dir: &Dir, prefix: &str, depth: usize, commit: &str) -> Vec<String> {
+/// The refs under `refs` (as `main`, `refs/pr/1`) that name `commit`: the
+/// listing's walk, each regular file read as a ref.
+fn refs_naming(refs: &Dir, commit: &str) -> Vec<String> {
     let mut found = Vec::new();
-    let mut names = dir.names().unwrap_or_default();
-    names.sort();
-    for name in names {
-        let path = format!("{prefix}{name}");
-        match dir.entry(&name) {
-            Ok(EntryKind::Dir) if depth + 1 < MAX_DEPTH => {
-                if let Ok(sub) = dir.sub(&name, false) {
-                    found.extend(refs_naming(&sub, &format!("{path}/"), depth + 1, commit));
-                }
-            }
-            Ok(EntryKind::File { .. }) => {
-                let named = read_small(dir, &name).and_then(|t| layout::commit_of_ref(&t));
-                if named.as_deref() == Some(commit) {
-                    found.push(path);
-                }
-            }
-            _ => {}
+    super::list::walk(refs, "", 0, &mut |f| {
+        let named = read_small(f.dir, f.name).and_then(|t| layout::commit_of_ref(&t));
+        if named.as_deref() == Some(commit) {
+            found.push(f.path.to_owned());
         }
-    }
+    });
     found
 }
 

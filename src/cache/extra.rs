@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use super::{Mode, Remote};
 use crate::error::{Error, Operation, Result};
+use crate::remote::checkpoint::read_whole;
 use crate::remote::object::RemoteObject;
 use crate::source::{CacheUse, CacheWrite, Source};
 
@@ -57,7 +58,7 @@ impl Remote {
             }
             Err(e) => return Err(e),
         };
-        let bytes = read_whole(&object)?;
+        let bytes = read_capped(&object)?;
         let Some(write) = self.write_of(&object, name) else {
             return Ok(None);
         };
@@ -72,7 +73,7 @@ impl Remote {
 }
 
 /// The bytes of a small object, refused past [`MAX_EXTRA_BYTES`].
-fn read_whole(object: &RemoteObject) -> Result<Vec<u8>> {
+fn read_capped(object: &RemoteObject) -> Result<Vec<u8>> {
     let len = object.len();
     if len > MAX_EXTRA_BYTES {
         return Err(Error::remote(
@@ -83,10 +84,5 @@ fn read_whole(object: &RemoteObject) -> Result<Vec<u8>> {
             std::io::ErrorKind::InvalidData,
         ));
     }
-    let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(0)];
-    let want = bytes.len();
-    object
-        .read_at(&mut bytes, want, 0)
-        .map_err(|(at, e)| crate::source::read_error(Operation::Read, object, len, at, e))?;
-    Ok(bytes)
+    read_whole(object)
 }

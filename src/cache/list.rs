@@ -1,15 +1,15 @@
 //! What the hub cache holds, listed for `safeload cache` and [`hub_cache`]: its repositories, their snapshots' files and the blobs they link to, refs, temporary files; read without following a link the layout has none for.
 
-use std::io::Read;
 use std::path::Path;
 
+use super::hub::read_small;
 use super::layout::{self, SHARED_STORE_MARKER};
 use crate::os::{Dir, EntryKind};
 use crate::report::{CacheListing, CachedFile, CachedRepo, CachedRevision};
 
 /// Folders below a snapshot or `refs/` looked into at most (a repository's
 /// paths are a few deep).
-const MAX_DEPTH: usize = 16;
+pub(super) const MAX_DEPTH: usize = 16;
 
 /// What the Hugging Face cache holds (feature `remote`): where it is
 /// (`HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`),
@@ -82,13 +82,7 @@ fn list_repo(repo: String, root: &Dir, dir: &Dir, dir_path: &Path) -> CachedRepo
     let mut refs = Vec::new();
     if let Ok(refs_dir) = dir.sub("refs", false) {
         walk(&refs_dir, "", 0, &mut |found| {
-            let mut text = String::new();
-            let commit = found
-                .dir
-                .open_nofollow(found.name)
-                .ok()
-                .and_then(|f| f.take(4096).read_to_string(&mut text).ok())
-                .and_then(|_| layout::commit_of_ref(&text));
+            let commit = read_small(found.dir, found.name).and_then(|t| layout::commit_of_ref(&t));
             if let Some(commit) = commit {
                 refs.push((commit, found.path.to_owned()));
             }
@@ -126,15 +120,15 @@ fn list_repo(repo: String, root: &Dir, dir: &Dir, dir_path: &Path) -> CachedRepo
 /// An entry [`walk`] found: the folder it is in, its path from where the
 /// walk began, and its name.
 #[derive(Clone, Copy)]
-struct Found<'a> {
-    dir: &'a Dir,
-    path: &'a str,
-    name: &'a str,
+pub(super) struct Found<'a> {
+    pub dir: &'a Dir,
+    pub path: &'a str,
+    pub name: &'a str,
 }
 
 /// Calls `each` for every entry of `dir` and its folders (not followed
 /// through links) that is not a folder.
-fn walk(dir: &Dir, prefix: &str, depth: usize, each: &mut dyn FnMut(Found)) {
+pub(super) fn walk(dir: &Dir, prefix: &str, depth: usize, each: &mut dyn FnMut(Found)) {
     let mut names = dir.names().unwrap_or_default();
     names.sort();
     for name in names {

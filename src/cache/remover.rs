@@ -12,9 +12,9 @@ use crate::report::{
     CacheEntryKind, CacheRemoval, KeepReason, KeptEntry, RemoveMode, RemovedEntry,
 };
 
-/// Folders below a snapshot, `refs/` or `.no_exist/<commit>` walked into at
-/// most (a repository's paths are a few deep).
-pub(super) const MAX_DEPTH: usize = 16;
+// Folders below a snapshot, `refs/` or `.no_exist/<commit>` walked into at
+// most: the listing's bound.
+pub(super) use super::list::MAX_DEPTH;
 
 /// The hub cache's directory, as the process's environment names it.
 pub(super) fn root_of_process() -> Result<PathBuf> {

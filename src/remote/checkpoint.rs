@@ -105,11 +105,7 @@ impl RemoteCheckpoint {
                 object.path(),
             ));
         }
-        let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(0)];
-        let want = bytes.len();
-        object
-            .read_at(&mut bytes, want, 0)
-            .map_err(|(at, e)| read_error(Operation::Read, &*object, len, at, e))?;
+        let bytes = read_whole(&object)?;
         // The index is read once; its object is not a shard.
         self.forget(name);
         Ok((bytes, object))
@@ -162,4 +158,14 @@ impl RemoteCheckpoint {
     pub(crate) fn shown(&self, name: &str) -> String {
         self.location.shown_file(name)
     }
+}
+/// The bytes of a small object, read whole (its length checked by the caller).
+pub(crate) fn read_whole(object: &RemoteObject) -> Result<Vec<u8>> {
+    let len = object.len();
+    let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    let want = bytes.len();
+    object
+        .read_at(&mut bytes, want, 0)
+        .map_err(|(at, e)| read_error(Operation::Read, object, len, at, e))?;
+    Ok(bytes)
 }

@@ -203,7 +203,9 @@ pub struct LoadReport {
     /// The repository's other files brought into the hub cache beside the
     /// weights (`hf://org/repo?with=engine`, feature `remote`): by name, its
     /// path in the snapshot of the weights' commit, or `None` where the
-    /// repository has no such file there. Empty where none was asked for.
+    /// repository has no such file there (or where the cache could not take
+    /// it: read-only, full, or offline without it). Empty where none was
+    /// asked for.
     pub extra_files: BTreeMap<String, Option<PathBuf>> => serialize_with = "crate::worded::path_map",
 }
 computed { bytes_read: u64, tensor_bytes: u64, overflowed: u64, gib_per_s: Option<f64> }

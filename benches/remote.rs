@@ -38,6 +38,9 @@
 //!   they are published; against `safeload` (the same load, the cache off). The cache is
 //!   synced after the arm (the time it took is quoted: the kernel's writeback, which the
 //!   load does not wait for) and removed.
+//! - `cache-resume`: a `cache-cold` load killed (SIGKILL) once the server has sent half the
+//!   checkpoint, then the same load again through the cache it left: the bytes the second
+//!   load fetched (`sent`) say what was resumed.
 //! - `cache-warm`: the same address through a cache that holds the checkpoint (filled once,
 //!   `bench-data/hub-cache-<checkpoint>`, kept): one request, then the snapshot's files as
 //!   local files; `local`: `Loader::new().load(<that snapshot>)`. Both cold: every blob
@@ -89,7 +92,7 @@ use http_client::{Connection, Endpoint};
 use remote_fetch::Fetch;
 
 /// Every arm, in the order the tables print them.
-const ARMS: [&str; 12] = [
+const ARMS: [&str; 13] = [
     "limit",
     "limit-fresh",
     "fresh-memory",
@@ -102,9 +105,10 @@ const ARMS: [&str; 12] = [
     "cache-cold",
     "cache-warm",
     "local",
+    "cache-resume",
 ];
 /// The arms of the hub cache (issue 34), on the test server only (the hub).
-const CACHE_ARMS: [&str; 3] = ["cache-cold", "cache-warm", "local"];
+const CACHE_ARMS: [&str; 4] = ["cache-cold", "cache-warm", "local", "cache-resume"];
 /// The hub's names for the test server's repository.
 const REPO: &str = "org/repo";
 /// The bucket the checkpoint is put in on moto.
@@ -648,9 +652,16 @@ fn run_rounds(o: &Options, served: &Served, samples: &mut Vec<Sample>) {
                 (Some(d), Some(l), Some(c)) => {
                     format!(" (download {d:.3} + load {l:.3}; cold load {c:.3})")
                 }
-                _ => match f.writeback_seconds {
-                    Some(w) => format!(" (then synced in {w:.3} s)"),
-                    None => String::new(),
+                _ => match (
+                    prepared.as_ref().ok().and_then(|p| p.killed_at),
+                    f.writeback_seconds,
+                ) {
+                    (Some(k), _) => format!(
+                        " (the first load killed at {:.3}x sent)",
+                        k as f64 / served.total as f64
+                    ),
+                    (None, Some(w)) => format!(" (then synced in {w:.3} s)"),
+                    (None, None) => String::new(),
                 },
             };
             eprintln!(
@@ -720,7 +731,7 @@ fn check(served: &Served, s: &Sample) -> Option<String> {
     let f = &s.figures;
     // The cache did what the arm is about for every file.
     let cache_use = match s.arm.as_str() {
-        "cache-cold" => Some("written"),
+        "cache-cold" | "cache-resume" => Some("written"),
         "cache-warm" => Some("hit"),
         _ => None,
     };
@@ -828,7 +839,7 @@ fn run_arm_here(arm: &str, target: &Target, pool: &rayon::ThreadPool) -> Result<
         }
         "open" => open(&target.url),
         "shard" => shard(target, pool),
-        "cache-cold" | "cache-warm" => remote_load(&target.url, pool),
+        "cache-cold" | "cache-warm" | "cache-resume" => remote_load(&target.url, pool),
         "local" => {
             let snapshot = target.snapshot.as_deref().ok_or("no filled cache")?;
             remote_load(

@@ -169,7 +169,7 @@
 //! | `HF_HUB_CACHE`, `HF_HOME` | where the Hugging Face cache is (else `~/.cache/huggingface/hub`) | — |
 //! | `HF_HUB_OFFLINE=1` | `hf://` asks the hub nothing: what the cache lacks is an error | — |
 //! | `SAFELOAD_CACHE_DIR=<dir>` | `s3://`, `gs://`, `az://`, `http(s)://` read and write a cache there | [`Loader::cache_dir`] |
-//! | `SAFELOAD_REMOTE_STALL_SECS=<s>` | a remote request that moves less than 64 KiB in this many seconds (default 10) has stalled: dropped, tried once more, then an error naming the file, server and byte | — |
+//! | `SAFELOAD_REMOTE_STALL_SECS=<s>` | a remote request that moves less than 64 KiB in this many seconds (default 10) has stalled: dropped, tried once more, then an error naming the file, server and byte; a load waiting for another process's write of a file to a cache stops waiting once that write shows no progress for as long | — |
 //!
 //! # Memory
 //!

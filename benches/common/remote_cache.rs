@@ -12,6 +12,8 @@ use crate::{Figures, Options, REPO, Served, Target};
 #[derive(Default)]
 pub struct Prepared {
     pub env: Vec<(&'static str, String)>,
+    /// `cache-resume`: the bytes the server had sent when the first load was killed.
+    pub killed_at: Option<u64>,
     /// A cache made for this run: synced and removed after it.
     fresh: Option<tempfile::TempDir>,
 }
@@ -82,13 +84,19 @@ fn cache_env(cache: &Path) -> Vec<(&'static str, String)> {
 pub fn prepare(o: &Options, served: &Served, arm: &str) -> Result<Prepared, String> {
     let snapshot = served.target.snapshot.as_deref();
     match arm {
-        "cache-cold" => {
+        "cache-cold" | "cache-resume" => {
             let fresh = tempfile::Builder::new()
                 .prefix("hub-cache-cold-")
                 .tempdir_in(&o.dir)
                 .map_err(|e| format!("a cache under {}: {e}", o.dir.display()))?;
+            let env = cache_env(fresh.path());
+            let killed_at = match arm {
+                "cache-resume" => Some(kill_half_way(o, served, &env)?),
+                _ => None,
+            };
             Ok(Prepared {
-                env: cache_env(fresh.path()),
+                env,
+                killed_at,
                 fresh: Some(fresh),
             })
         }
@@ -99,10 +107,45 @@ pub fn prepare(o: &Options, served: &Served, arm: &str) -> Result<Prepared, Stri
                 "cache-warm" => cache_env(cache_of(snapshot).ok_or("no cache")?),
                 _ => Vec::new(),
             };
-            Ok(Prepared { env, fresh: None })
+            Ok(Prepared {
+                env,
+                killed_at: None,
+                fresh: None,
+            })
         }
         _ => Ok(Prepared::default()),
     }
+}
+
+/// `cache-resume`'s first load: a cold load through the cache `env` names, killed
+/// (SIGKILL) once the server has sent half the checkpoint; the bytes sent by then.
+fn kill_half_way(
+    o: &Options,
+    served: &Served,
+    env: &[(&'static str, String)],
+) -> Result<u64, String> {
+    let json = serde_json::to_string(&served.target).map_err(|e| e.to_string())?;
+    let mut child = Child::new("cache-cold", &served.root)
+        .arg(json)
+        .env_remove(safeload::ENV_VARIABLES)
+        .env_remove(&safeload_testhttp::STORE_VARIABLES)
+        .timeout(Duration::from_secs(o.timeout));
+    for (key, value) in served.env.iter().chain(env) {
+        child = child.env(key, value);
+    }
+    served.server.reset();
+    let held = child.start_held()?;
+    let deadline = Instant::now() + Duration::from_secs(o.timeout);
+    let sent = || served.server.traffic(&served.target.files).bytes;
+    while sent() < served.total / 2 {
+        if Instant::now() > deadline {
+            return Err("the first load did not get half way".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Dropped: killed, and waited for.
+    drop(held);
+    Ok(sent())
 }
 
 /// After an arm: a cache made for it synced (the seconds it took: the writeback the load

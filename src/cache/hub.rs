@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::layout::{self, SHARED_STORE_MARKER};
-use super::write::{Target, TempFile, nonce};
+use super::partial;
+use super::temp::nonce;
+use super::write::{Target, TempFile};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::{CacheStore, NotCached};
 
@@ -365,37 +367,33 @@ impl Target for HubTarget {
             Ok(Some(lock)) => Some(lock),
             Ok(None) => return Err(NotCached::Locked),
             // A lock that cannot be made (a read-only `.locks`, a name
-            // another user took): the file is written without it.
+            // another user took): the file is written without it, under a
+            // name of this process (nothing kept to resume).
             Err(_) => None,
         };
-        let mut made = None;
-        for _ in 0..3 {
-            let temp = layout::temp_name(&self.blob, nonce());
-            match blobs.create_new(&temp) {
-                Ok(file) => {
-                    made = Some((temp, file));
-                    break;
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(unwritable(e)),
-            }
+        TempFile::make(blobs, &self.blob, len, lock)
+    }
+
+    fn published(&self, len: u64) -> Option<File> {
+        let blobs = self
+            .writer
+            .repo()
+            .and_then(|r| r.sub("blobs", false))
+            .ok()?;
+        let file = blobs.open_nofollow(&self.blob).ok()?;
+        if file.metadata().ok()?.len() != len {
+            return None;
         }
-        let Some((temp, file)) = made else {
-            return Err(NotCached::Unwritable {
-                error: "no free temporary name".to_owned(),
-            });
-        };
-        let mut begun = TempFile {
-            dir: blobs,
-            temp,
-            file,
-            _lock: lock,
-            moved: AtomicBool::new(false),
-            reserved: false,
-        };
-        // Reserved first: a full disk is found now, not half way.
-        begun.reserved = os::reserve(&begun.file, len).map_err(unwritable)?;
-        Ok(begun)
+        self.writer.link(&self.path, &self.blob).ok()?;
+        self.writer.record().ok()?;
+        Some(file)
+    }
+
+    fn activity(&self) -> partial::Activity {
+        match self.writer.repo().and_then(|r| r.sub("blobs", false)) {
+            Ok(blobs) => partial::activity(&blobs, &self.blob),
+            Err(_) => partial::Activity::default(),
+        }
     }
 
     fn publish(&self, begun: &TempFile) -> io::Result<bool> {

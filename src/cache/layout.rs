@@ -238,9 +238,14 @@ pub(crate) fn temp_name(final_name: &str, nonce: u64) -> String {
 }
 
 /// Whether `name` is a temporary name of [`temp_name`]'s form (the hub
-/// client's, `<etag>.<8 hex>.incomplete`, too): what a sweep may remove
-/// once its writer is gone.
+/// client's, `<etag>.<8 hex>.incomplete`, too), or a partial file kept for
+/// a later load or its record (`<name>.safeload-partial`,
+/// `<name>.safeload-pieces`): what a sweep may remove once its writer is
+/// gone.
 pub(crate) fn is_temp_name(name: &str) -> bool {
+    if super::partial::final_of(name).is_some_and(is_plain) {
+        return true;
+    }
     let Some(stem) = name.strip_suffix(TEMP_SUFFIX) else {
         return false;
     };
@@ -473,12 +478,16 @@ mod tests {
         assert!(is_temp_name(&temp));
         // The hub client's own.
         assert!(is_temp_name(&format!("{blob}.deadbeef.incomplete")));
+        // A partial file kept for a later load, and its record.
+        assert!(is_temp_name(&format!("{blob}.safeload-partial")));
+        assert!(is_temp_name(&format!("{blob}.safeload-pieces")));
         for not in [
             blob.clone(),
             format!("{blob}.incomplete"),
             format!("{blob}.xyz12345.incomplete"),
             format!("{blob}.1234.incomplete"),
             ".deadbeef.incomplete".to_owned(),
+            ".safeload-partial".to_owned(),
         ] {
             assert!(!is_temp_name(&not), "{not}");
         }

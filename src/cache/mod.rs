@@ -4,7 +4,9 @@
 //!   hub cache's folders and links, temporary names;
 //! - `hub.rs`: the hub cache on disk, read and written;
 //! - `store.rs`: the cache directory of other stores;
-//! - `write.rs`: a file written as it is fetched, checked, published;
+//! - `write.rs`: a file written as it is fetched, checked (`check.rs`),
+//!   published; `temp.rs`: the file it fills; `partial.rs`: that file kept
+//!   for the next load to resume, with the record of its finished pieces;
 //! - `hits.rs`: the cache's own files as sources (a hit), and the digest a
 //!   snapshot file to be verified needs;
 //! - `source.rs`: the two sources a cache adds (a file of the cache, a
@@ -25,18 +27,22 @@
 //!    or the hub has it, else the index, from the snapshot or fetched (and
 //!    written to the cache).
 //! 3. Each file: from the snapshot where it is there (a local file), else
-//!    fetched at the commit and written through (`write.rs`); offline, a
-//!    file the cache lacks is an error naming it.
+//!    fetched at the commit and written through (`write.rs`), resuming what
+//!    an interrupted load left of it (`partial.rs`); offline, a file the
+//!    cache lacks is an error naming it.
 
+mod check;
 mod clean;
 mod extra;
 mod hits;
 mod hub;
 pub(crate) mod layout;
 mod list;
+mod partial;
 mod remover;
 mod source;
 mod store;
+mod temp;
 mod write;
 
 use std::collections::{BTreeMap, HashMap};
@@ -56,13 +62,14 @@ use crate::remote::object::RemoteObject;
 use crate::remote::url::RemoteUrl;
 use crate::source::{NotCached, Source};
 
+use check::Check;
 pub use clean::{hub_cache_prune, hub_cache_remove};
 use hits::{HitOf, blob_name, hit_of};
 use hub::{Cached, HubTarget, RepoView, RepoWriter};
 pub use list::hub_cache;
 use source::Fetched;
 use store::StoreCache;
-use write::{Check, Target};
+use write::Target;
 
 /// What the environment says of the caches, read once per load.
 #[derive(Debug, Clone)]

@@ -4,8 +4,10 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::write::{Check, Target, Write};
+use super::check::Check;
+use super::write::{Local, Target, Write, in_place};
 use crate::mount::Mount;
+use crate::os;
 use crate::remote::object::RemoteObject;
 use crate::source::{CacheStore, CacheUse, CacheWrite, LocalFile, Source, Version};
 
@@ -103,6 +105,64 @@ impl Fetched {
     }
 }
 
+impl Fetched {
+    /// Fetches `dst` from `offset` (at least `required` bytes) and writes
+    /// it to the cache.
+    fn fetch(&self, dst: &mut [u8], required: usize, offset: u64) -> Result<(), (u64, io::Error)> {
+        // Written to the cache as the body arrives: a load killed half way
+        // leaves what it fetched for the next one.
+        let land = |at: u64, bytes: &[u8]| self.write.land(at, bytes);
+        self.object
+            .read(dst, required, offset, Some(&land))
+            .map_err(|e| {
+                let at = e.range.as_ref().map_or(offset, |r| r.start);
+                (at, e.into_io())
+            })
+    }
+
+    /// Fetches all of `range` of the file into `dst`, which holds the file
+    /// from `base`.
+    fn fetch_part(
+        &self,
+        dst: &mut [u8],
+        base: u64,
+        range: std::ops::Range<u64>,
+    ) -> Result<(), (u64, io::Error)> {
+        let part = part_of(dst, base, &range)?;
+        let len = part.len();
+        self.fetch(part, len, range.start)
+    }
+}
+
+/// The part of `dst` (the file from `base`) that holds `range`.
+fn part_of<'d>(
+    dst: &'d mut [u8],
+    base: u64,
+    range: &std::ops::Range<u64>,
+) -> Result<&'d mut [u8], (u64, io::Error)> {
+    let from = usize::try_from(range.start - base).unwrap_or(usize::MAX);
+    let to = usize::try_from(range.end - base).unwrap_or(usize::MAX);
+    dst.get_mut(from..to).ok_or_else(|| {
+        let e = io::Error::new(io::ErrorKind::InvalidInput, "a range past the buffer");
+        (range.start, e)
+    })
+}
+
+/// Reads `range` of the cache's file into `dst`, which holds the file from
+/// `base` (nothing to do where `dst` is that file's map, in place).
+fn read_local(
+    local: &Local,
+    dst: &mut [u8],
+    base: u64,
+    range: std::ops::Range<u64>,
+) -> Result<(), (u64, io::Error)> {
+    let part = part_of(dst, base, &range)?;
+    if in_place(local.mapped.as_ref(), part, range.start) {
+        return Ok(());
+    }
+    os::read_exact_at(local.file.as_file(), part, range.start)
+}
+
 impl Source for Fetched {
     fn path(&self) -> &Path {
         self.object.path()
@@ -118,15 +178,28 @@ impl Source for Fetched {
         required: usize,
         offset: u64,
     ) -> Result<(), (u64, io::Error)> {
-        self.object.read_at(dst, required, offset)?;
-        let filled = self
+        let end = self
             .object
             .len()
-            .saturating_sub(offset)
-            .min(dst.len() as u64) as usize;
-        if let Some(bytes) = dst.get(..filled) {
-            self.write.land(offset, bytes);
+            .min(offset.saturating_add(dst.len() as u64));
+        let local = (offset < end).then(|| self.write.local(offset..end));
+        let Some(Some(local)) = local else {
+            return self.fetch(dst, required, offset);
+        };
+        let mut at = offset;
+        for range in &local.ranges {
+            if range.start > at {
+                self.fetch_part(dst, offset, at..range.start)?;
+            }
+            read_local(&local, dst, offset, range.clone())?;
+            at = range.end;
         }
+        if at < end {
+            self.fetch_part(dst, offset, at..end)?;
+        }
+        // Bytes read from the file are never landed: the hash goes on over
+        // them here.
+        self.write.advance_now();
         Ok(())
     }
 

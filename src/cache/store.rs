@@ -13,10 +13,12 @@
 use std::fs::File;
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::layout::{self, ADDRESS_FILE, OBJECTS_FOLDER};
-use super::write::{Target, TempFile, nonce};
+use super::partial;
+use super::temp::nonce;
+use super::write::{Target, TempFile};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::{CacheStore, NotCached};
 
@@ -46,17 +48,14 @@ impl StoreCache {
             .ok()?
             .sub(&version, false)
             .ok()?;
-        let file = dir.open_nofollow(&name).ok()?;
-        let meta = file.metadata().ok()?;
-        let owner = os::file_owner(&meta);
-        let trusted = owner.is_some() && (owner == os::effective_uid() || owner == Some(0));
+        let file = trusted(dir.open_nofollow(&name).ok()?, len)?;
         let path = self
             .root
             .join(OBJECTS_FOLDER)
             .join(folder)
             .join(version)
             .join(name);
-        (trusted && meta.len() == len).then_some((path, file))
+        Some((path, file))
     }
 
     /// Where the object's bytes are written as they are fetched.
@@ -69,6 +68,14 @@ impl StoreCache {
             address: address.to_owned(),
         }
     }
+}
+
+/// `file`, where this user (or root) owns it and it is `len` bytes long.
+fn trusted(file: File, len: u64) -> Option<File> {
+    let meta = file.metadata().ok()?;
+    let owner = os::file_owner(&meta);
+    let trusted = owner.is_some() && (owner == os::effective_uid() || owner == Some(0));
+    (trusted && meta.len() == len).then_some(file)
 }
 
 /// The name an object's bytes are kept by: the last part of its address
@@ -147,18 +154,27 @@ impl Target for StoreTarget {
                 }
             }
         }
-        let temp = layout::temp_name(&self.name, nonce());
-        let file = dir.create_new(&temp).map_err(unwritable)?;
-        let mut begun = TempFile {
-            dir,
-            temp,
-            file,
-            _lock: None,
-            moved: AtomicBool::new(false),
-            reserved: false,
+        let lock = match dir.open_lock(&format!("{}.lock", self.name)) {
+            Ok(file) => match os::try_flock(&file) {
+                Ok(true) => Some(file),
+                Ok(false) => return Err(NotCached::Locked),
+                Err(_) => None,
+            },
+            Err(_) => None,
         };
-        begun.reserved = os::reserve(&begun.file, len).map_err(unwritable)?;
-        Ok(begun)
+        TempFile::make(dir, &self.name, len, lock)
+    }
+
+    fn published(&self, len: u64) -> Option<File> {
+        let (_, dir) = self.folders().ok()?;
+        trusted(dir.open_nofollow(&self.name).ok()?, len)
+    }
+
+    fn activity(&self) -> partial::Activity {
+        match self.folders() {
+            Ok((_, dir)) => partial::activity(&dir, &self.name),
+            Err(_) => partial::Activity::default(),
+        }
     }
 
     fn publish(&self, begun: &TempFile) -> io::Result<bool> {

@@ -1,22 +1,29 @@
-//! A file written to a cache as a load fetches it: a process-unique temporary file next to its final name, each read written to it as it lands, hashed in file order as the gaps fill, and published once every byte is in and the digest is the store's; abandoned on any failure (the temporary file removed), never failing the load.
+//! A file written to a cache as a load fetches it: its partial file (`temp.rs`), each read written to it as its body arrives, hashed in file order as the gaps fill, and published once every byte is in and the digest is the store's; never failing the load.
 //!
-//! Publishing (the target's rename, which never replaces) is the only step
-//! another process can see; everything before it is private to this one, so
-//! two processes writing the same file at once cost each other nothing but
-//! the lost race, whatever their locks do (advisory locks silently succeed
-//! on some network filesystems).
+//! Under the file's lock the partial file is the same name in every process:
+//! what an interrupted load left of it is resumed (its recorded pieces that
+//! check are read from it, the rest fetched, `partial.rs`), and a load that
+//! finds the lock held waits for the live writer and reads what it
+//! publishes. Without the lock (a cache where it cannot be made) the file is
+//! a process-unique temporary one, removed on failure. Publishing (the
+//! target's rename, which never replaces) is the only step another process
+//! relies on, so writers that meet where locks do nothing (advisory locks
+//! silently succeed on some network filesystems) cost each other nothing but
+//! the lost race: the bytes are the same, and each is checked.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
-use sha1::Sha1;
-use sha2::{Digest, Sha256};
-
-use super::layout::Named;
-use crate::os::{self, Dir};
+use super::check::{Check, Hasher, hash_range};
+use super::partial;
+pub(crate) use super::temp::TempFile;
+use crate::os;
+use crate::remote::watch::{Pace, STALL_VAR};
 use crate::source::{CacheStore, CacheUse, CacheWrite, NotCached};
 
 /// Where a written file goes.
@@ -29,110 +36,18 @@ pub(crate) trait Target: Send + Sync {
     /// not.
     fn begin(&self, len: u64) -> Result<TempFile, NotCached>;
 
+    /// The final file, where another process published it (`len` bytes),
+    /// opened and made found for this load (its snapshot link), to be read.
+    fn published(&self, len: u64) -> Option<File>;
+
+    /// What tells a live writer of the file in another process from a
+    /// dead one.
+    fn activity(&self) -> partial::Activity;
+
     /// Publishes the complete, checked temporary file of `begun` under its
     /// final name (and whatever makes it found there): `Ok(false)` where
     /// another process published that name first.
     fn publish(&self, begun: &TempFile) -> io::Result<bool>;
-}
-
-/// A temporary file being written: removed when dropped unless published.
-pub(crate) struct TempFile {
-    /// The folder of the temporary and final names.
-    pub dir: Dir,
-    pub temp: String,
-    pub file: File,
-    /// A lock held for as long as this lives (released as it closes), where
-    /// the cache takes one.
-    pub _lock: Option<File>,
-    /// Set once the temporary name is gone (renamed to the final one).
-    pub moved: std::sync::atomic::AtomicBool,
-    /// Whether its space is reserved (`fallocate`): a write within it cannot
-    /// find the disk full, so that a shared map of it cannot fault on a full
-    /// disk (`SIGBUS`).
-    pub reserved: bool,
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.moved.load(Ordering::Relaxed) {
-            let _ = self.dir.remove(&self.temp);
-        }
-    }
-}
-
-/// A name unique in this process (a counter), and unlikely to be met in
-/// another (the process id and the time).
-pub(crate) fn nonce() -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let mixed = (u64::from(std::process::id()) << 40) ^ (count << 24) ^ nanos;
-    // One round of a 64-bit mixer (splitmix64's finalizer): nearby inputs
-    // give unrelated names.
-    let mut z = mixed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// What the written bytes must be before they are published.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Check {
-    /// They hash to the digest the name gives.
-    Digest(Named),
-    /// Every byte is in: the store gives no digest, and each read required
-    /// the version opened.
-    Whole,
-}
-
-/// A hash in progress.
-enum Hasher {
-    Sha256(Sha256),
-    GitBlob(Sha1),
-    Nothing,
-}
-
-impl Hasher {
-    fn new(check: Check, len: u64) -> Hasher {
-        match check {
-            Check::Digest(Named::Sha256(_)) => Hasher::Sha256(Sha256::new()),
-            Check::Digest(Named::GitBlob(_)) => {
-                let mut sha = Sha1::new();
-                sha.update(format!("blob {len}\0").as_bytes());
-                Hasher::GitBlob(sha)
-            }
-            Check::Whole => Hasher::Nothing,
-        }
-    }
-
-    fn reads(&self) -> bool {
-        !matches!(self, Hasher::Nothing)
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        match self {
-            Hasher::Sha256(sha) => sha.update(bytes),
-            Hasher::GitBlob(sha) => sha.update(bytes),
-            Hasher::Nothing => {}
-        }
-    }
-
-    /// `None` where the bytes match, else (expected, actual) in hex.
-    fn mismatch(self, check: Check) -> Option<(String, String)> {
-        let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
-        let (expected, actual): (Vec<u8>, Vec<u8>) = match (self, check) {
-            (Hasher::Sha256(sha), Check::Digest(Named::Sha256(want))) => {
-                (want.to_vec(), sha.finalize().to_vec())
-            }
-            (Hasher::GitBlob(sha), Check::Digest(Named::GitBlob(want))) => {
-                (want.to_vec(), sha.finalize().to_vec())
-            }
-            _ => return None,
-        };
-        (expected != actual).then(|| (hex(&expected), hex(&actual)))
-    }
 }
 
 /// Where a write is.
@@ -145,6 +60,10 @@ enum Phase {
     Writing(Box<Progress>),
     /// Published, or given up.
     Done(Result<(), NotCached>),
+    /// Another process published the file while this one waited for its
+    /// lock: read from there, not written (reported as published
+    /// elsewhere).
+    Elsewhere(Arc<File>),
 }
 
 struct Progress {
@@ -161,6 +80,10 @@ struct Progress {
     hashed: u64,
     /// `None` while a thread hashes (the others only record what landed).
     hasher: Option<Hasher>,
+    /// The record of the partial file's finished pieces, where it is kept
+    /// for a later load, and the pieces recorded (or being recorded).
+    log: Option<Arc<Mutex<partial::PieceLog>>>,
+    recorded: BTreeSet<u64>,
 }
 
 struct State {
@@ -168,6 +91,9 @@ struct State {
     /// Landed reads are not written (the node copy brings the bytes).
     paused: bool,
 }
+
+/// How often a write waiting for another process's lock looks again.
+const LOCK_POLL: Duration = Duration::from_millis(50);
 
 /// A file written to a cache as it is fetched.
 pub(crate) struct Write {
@@ -180,10 +106,38 @@ pub(crate) struct Write {
     state: Mutex<State>,
     /// The flags of the load that fetches it: set, nothing is published.
     cancel: crate::cancel::Cancel,
+    /// Bytes an earlier load left in the partial file, checked and kept.
+    resumed: AtomicU64,
 }
 
-/// Bytes read back from the temporary file at a time to hash them.
-const HASH_PIECE: usize = 4 << 20;
+/// What of a range of the file is read from the cache's file instead of
+/// fetched.
+pub(crate) struct Local {
+    pub file: Arc<dyn AsFile>,
+    /// The parts of the range the file holds, in order.
+    pub ranges: Vec<Range<u64>>,
+    /// Where the file is mapped as the load's destination: bytes there at
+    /// their own offset are in place already.
+    pub mapped: Option<Range<usize>>,
+}
+
+/// A file to read from.
+pub(crate) trait AsFile: Send + Sync {
+    fn as_file(&self) -> &File;
+}
+
+impl AsFile for File {
+    fn as_file(&self) -> &File {
+        self
+    }
+}
+
+impl AsFile for TempFile {
+    fn as_file(&self) -> &File {
+        &self.file
+    }
+}
+
 /// Bytes of an image written at a time.
 const IMAGE_PIECE: usize = 64 << 20;
 
@@ -201,6 +155,7 @@ impl Write {
                 paused: false,
             }),
             cancel: crate::cancel::current(),
+            resumed: AtomicU64::new(0),
         }
     }
 
@@ -220,7 +175,11 @@ impl Write {
         let store = self.target.store();
         let state = self.lock();
         let why = match &state.phase {
-            Phase::Done(Ok(())) => return CacheUse::Written { store },
+            Phase::Done(Ok(())) => {
+                let resumed = self.resumed.load(Ordering::Relaxed);
+                return CacheUse::Written { store, resumed };
+            }
+            Phase::Elsewhere(_) => NotCached::PublishedElsewhere,
             Phase::Done(Err(why)) => why.clone(),
             Phase::Writing(p) => NotCached::Partial {
                 read: p.covered.iter().map(|r| r.end - r.start).sum(),
@@ -252,7 +211,7 @@ impl Write {
             return;
         }
         let (begun, mapped) = match &mut state.phase {
-            Phase::Done(_) => return,
+            Phase::Done(_) | Phase::Elsewhere(_) => return,
             Phase::Waiting { kept } if end <= self.start_at => {
                 kept.push((offset, bytes.to_vec()));
                 return;
@@ -262,13 +221,7 @@ impl Write {
                 None => return,
             },
             Phase::Writing(progress) => {
-                // In the map at its own offset: the bytes are in the file.
-                let at = bytes.as_ptr() as usize;
-                let in_file = progress.mapped.as_ref().is_some_and(|map| {
-                    map.contains(&at)
-                        && at + bytes.len() <= map.end
-                        && (at - map.start) as u64 == offset
-                });
+                let in_file = in_place(progress.mapped.as_ref(), bytes, offset);
                 (Arc::clone(&progress.begun), in_file)
             }
         };
@@ -282,12 +235,28 @@ impl Write {
         let mut state = self.lock();
         if let Phase::Writing(progress) = &mut state.phase {
             cover(&mut progress.covered, offset..end);
+            let finished = progress.log.as_ref().map(|log| {
+                let pieces =
+                    lock(log).finished(&progress.covered, offset..end, &mut progress.recorded);
+                (Arc::clone(log), pieces)
+            });
             self.advance(state, Some((offset, bytes)));
+            // Recorded once written, outside the write's lock (each piece is
+            // read back and hashed).
+            if let Some((log, pieces)) = finished {
+                for index in pieces {
+                    if let Some(hash) = partial::hash_piece(&begun.file, index, self.len) {
+                        lock(&log).append(index, hash);
+                    }
+                }
+            }
         }
     }
 
-    /// Makes the temporary file and writes what was kept; `None` where that
-    /// failed (the write is then over, saying why).
+    /// Makes the temporary file (resuming what an earlier load left of it)
+    /// and writes what was kept; `None` where that failed (the write is
+    /// then over, saying why) or another process published the file (then
+    /// read from there).
     fn begin(&self, state: &mut MutexGuard<'_, State>) -> Option<Arc<TempFile>> {
         let kept = match std::mem::replace(&mut state.phase, Phase::Done(Ok(()))) {
             Phase::Waiting { kept } => kept,
@@ -296,14 +265,28 @@ impl Write {
                 return None;
             }
         };
-        let begun = match self.target.begin(self.len) {
-            Ok(begun) => Arc::new(begun),
-            Err(why) => {
+        let mut begun = match self.open_target() {
+            Ok(begun) => begun,
+            Err(Ok(file)) => {
+                state.phase = Phase::Elsewhere(Arc::new(file));
+                return None;
+            }
+            Err(Err(why)) => {
                 state.phase = Phase::Done(Err(why));
                 return None;
             }
         };
-        let mut covered = Vec::new();
+        let (mut covered, recorded, log) = match begun.resume.take() {
+            Some(resume) => (
+                resume.kept,
+                resume.recorded,
+                Some(Arc::new(Mutex::new(resume.log))),
+            ),
+            None => (Vec::new(), BTreeSet::new(), None),
+        };
+        let begun = Arc::new(begun);
+        let resumed = covered.iter().map(|r| r.end - r.start).sum();
+        self.resumed.store(resumed, Ordering::Relaxed);
         for (offset, bytes) in &kept {
             if let Err(e) = os::write_all_at(&begun.file, bytes, *offset) {
                 state.phase = Phase::Done(Err(NotCached::of_io(&e)));
@@ -318,8 +301,85 @@ impl Write {
             covered,
             hashed: 0,
             hasher: Some(Hasher::new(self.check, self.len)),
+            log,
+            recorded,
         }));
         Some(begun)
+    }
+
+    /// The target's file to write, once no other process writes it: while
+    /// another holds the file's lock and writes on (its record or file
+    /// changing within the remote stall window), waits; takes what it
+    /// published (`Err(Ok(file))`); gives up where it stalls, or at a
+    /// cancel.
+    fn open_target(&self) -> Result<TempFile, Result<File, NotCached>> {
+        let window = Pace::from_var(std::env::var(STALL_VAR).ok().as_deref()).window;
+        let mut seen = self.target.activity();
+        let mut since = Instant::now();
+        loop {
+            match self.target.begin(self.len) {
+                Err(NotCached::Locked) => {}
+                Err(NotCached::PublishedElsewhere) => {
+                    let published = self.target.published(self.len);
+                    return Err(published.ok_or(NotCached::PublishedElsewhere));
+                }
+                other => return other.map_err(Err),
+            }
+            if self.cancel.is_set() {
+                return Err(Err(NotCached::Cancelled));
+            }
+            if let Some(file) = self.target.published(self.len) {
+                return Err(Ok(file));
+            }
+            let now = self.target.activity();
+            if now != seen {
+                (seen, since) = (now, Instant::now());
+            } else if since.elapsed() > window {
+                return Err(Err(NotCached::Locked));
+            }
+            std::thread::sleep(LOCK_POLL);
+        }
+    }
+
+    /// The parts of `range` read from the cache's file rather than fetched
+    /// (what an earlier load left, what this one wrote, or the file another
+    /// process published), beginning the write where `range` passes the
+    /// header; `None` where all of it is fetched.
+    pub(crate) fn local(&self, range: Range<u64>) -> Option<Local> {
+        let mut state = self.lock();
+        if range.end > self.start_at
+            && !state.paused
+            && matches!(state.phase, Phase::Waiting { .. })
+        {
+            self.begin(&mut state);
+        }
+        match &state.phase {
+            Phase::Elsewhere(file) => Some(Local {
+                file: Arc::clone(file) as Arc<dyn AsFile>,
+                ranges: vec![range],
+                mapped: None,
+            }),
+            Phase::Writing(progress) => {
+                let ranges: Vec<Range<u64>> = progress
+                    .covered
+                    .iter()
+                    .map(|c| c.start.max(range.start)..c.end.min(range.end))
+                    .filter(|r| r.start < r.end)
+                    .collect();
+                (!ranges.is_empty()).then(|| Local {
+                    file: Arc::clone(&progress.begun) as Arc<dyn AsFile>,
+                    ranges,
+                    mapped: progress.mapped.clone(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Hashes on what is in the file (bytes an earlier load left are never
+    /// landed), publishing it where that completes it.
+    pub(crate) fn advance_now(&self) {
+        self.advance(self.lock(), None);
     }
 
     /// Hashes what is written from where the hash stands on, unless another
@@ -372,7 +432,11 @@ impl Write {
         };
         let Progress { begun, hasher, .. } = *progress;
         let outcome = match hasher.and_then(|h| h.mismatch(self.check)) {
-            Some((expected, actual)) => Err(NotCached::Mismatch { expected, actual }),
+            Some((expected, actual)) => {
+                // Nothing of it is kept for a later load.
+                begun.discard.store(true, Ordering::Relaxed);
+                Err(NotCached::Mismatch { expected, actual })
+            }
             None if self.cancel.is_set() => Err(NotCached::Cancelled),
             None => match self.target.publish(&begun) {
                 Ok(true) => Ok(()),
@@ -391,44 +455,17 @@ impl Write {
     }
 }
 
-/// Hashes `range` of the file: the part `landed` holds from memory, the rest
-/// read back from the temporary file (just written: in the page cache).
-fn hash_range(
-    hasher: &mut Hasher,
-    file: &File,
-    range: Range<u64>,
-    landed: Option<(u64, &[u8])>,
-) -> io::Result<()> {
-    let mut at = range.start;
-    let mut scratch = Vec::new();
-    while at < range.end {
-        if let Some((offset, bytes)) = landed {
-            let end = offset + bytes.len() as u64;
-            if (offset..end).contains(&at) {
-                let stop = end.min(range.end);
-                let from = (at - offset) as usize;
-                let to = (stop - offset) as usize;
-                if let Some(piece) = bytes.get(from..to) {
-                    hasher.update(piece);
-                    at = stop;
-                    continue;
-                }
-            }
-        }
-        // Up to the next landed byte, or a piece.
-        let mut stop = range.end.min(at + HASH_PIECE as u64);
-        if let Some((offset, _)) = landed {
-            if offset > at {
-                stop = stop.min(offset);
-            }
-        }
-        let n = (stop - at) as usize;
-        scratch.resize(n, 0);
-        os::read_exact_at(file, &mut scratch, at).map_err(|(_, e)| e)?;
-        hasher.update(&scratch);
-        at = stop;
-    }
-    Ok(())
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether `bytes` are in the map of the file at `map`, at their own
+/// `offset`: in the file already.
+pub(crate) fn in_place(map: Option<&Range<usize>>, bytes: &[u8], offset: u64) -> bool {
+    let at = bytes.as_ptr() as usize;
+    map.is_some_and(|map| {
+        map.contains(&at) && at + bytes.len() <= map.end && (at - map.start) as u64 == offset
+    })
 }
 
 /// Adds `range` to the sorted, merged ranges `covered`.

@@ -1,11 +1,15 @@
 //! The tests of `write.rs`: reads landing in any order, from many threads, header-only and partial loads, digests that do not match, targets that cannot begin, paused writes and images, two writers of one name.
 use super::*;
-use std::sync::atomic::AtomicBool;
+use crate::cache::layout::Named;
+use crate::os::Dir;
+use sha2::{Digest, Sha256};
 
-/// A target in a temporary directory: publishes by renaming to `final`.
+/// A target in a temporary directory: publishes by renaming to `final`; `resumable`, it
+/// takes `final.lock` and writes through the partial file a later write resumes.
 struct Folder {
     path: std::path::PathBuf,
     begin_fails: Option<NotCached>,
+    resumable: bool,
 }
 
 impl Target for Folder {
@@ -17,17 +21,24 @@ impl Target for Folder {
             return Err(why.clone());
         }
         let dir = Dir::open(&self.path).map_err(|e| NotCached::of_io(&e))?;
-        let temp = super::super::layout::temp_name("final", nonce());
-        let file = dir.create_new(&temp).map_err(|e| NotCached::of_io(&e))?;
-        file.set_len(len).map_err(|e| NotCached::of_io(&e))?;
-        Ok(TempFile {
-            dir,
-            temp,
-            file,
-            _lock: None,
-            moved: AtomicBool::new(false),
-            reserved: true,
-        })
+        let lock = match self.resumable {
+            true => {
+                let lock = dir.open_lock("final.lock").unwrap();
+                if !os::try_flock(&lock).unwrap() {
+                    return Err(NotCached::Locked);
+                }
+                Some(lock)
+            }
+            false => None,
+        };
+        TempFile::make(dir, "final", len, lock)
+    }
+    fn published(&self, len: u64) -> Option<File> {
+        let file = Dir::open(&self.path).ok()?.open_nofollow("final").ok()?;
+        (file.metadata().ok()?.len() == len).then_some(file)
+    }
+    fn activity(&self) -> partial::Activity {
+        partial::activity(&Dir::open(&self.path).unwrap(), "final")
     }
     fn publish(&self, begun: &TempFile) -> io::Result<bool> {
         let done = begun.dir.rename_noreplace(&begun.temp, "final")?;
@@ -41,6 +52,7 @@ fn folder() -> (tempfile::TempDir, Box<Folder>) {
     let target = Box::new(Folder {
         path: dir.path().to_path_buf(),
         begin_fails: None,
+        resumable: false,
     });
     (dir, target)
 }
@@ -94,7 +106,8 @@ fn reads_in_any_order_publish_the_file_once_complete() {
         assert_eq!(
             write.outcome(),
             CacheUse::Written {
-                store: CacheStore::Directory
+                store: CacheStore::Directory,
+                resumed: 0,
             }
         );
         assert_eq!(names(dir.path()), ["final"]);
@@ -190,18 +203,21 @@ fn paused_reads_are_not_written_and_an_image_is() {
     write.write_image(&bytes);
     assert_eq!(write.outcome().as_str(), "written");
     assert_eq!(std::fs::read(dir.path().join("final")).unwrap(), bytes);
-    // A second writer of the same name loses the race and leaves nothing.
+    // A second writer of the same name finds it published and reads it from there.
     let (_, target) = folder();
     let second = Write::new(
         Box::new(Folder {
             path: dir.path().to_path_buf(),
             begin_fails: None,
+            resumable: false,
         }),
         bytes.len() as u64,
         sha256_check(&bytes),
         0,
     );
     drop(target);
+    let local = second.local(0..bytes.len() as u64).unwrap();
+    assert_eq!(local.ranges, vec![0..bytes.len() as u64]);
     second.land(0, &bytes);
     assert_eq!(
         second.outcome(),
@@ -262,4 +278,124 @@ fn ranges_merge() {
     cover(&mut c, 40..41);
     assert_eq!(c.first(), Some(&(0..41)));
     assert_eq!(c.len(), 1);
+}
+
+/// A resumable write of `bytes` into `dir`.
+fn resumable(dir: &std::path::Path, bytes: &[u8]) -> Write {
+    let target = Box::new(Folder {
+        path: dir.to_path_buf(),
+        begin_fails: None,
+        resumable: true,
+    });
+    Write::new(target, bytes.len() as u64, sha256_check(bytes), 0)
+}
+
+/// Lands `bytes[range]` in pieces of 1 MiB, as reads that missed the cache do.
+fn land_range(write: &Write, bytes: &[u8], range: std::ops::Range<usize>) {
+    for start in range.clone().step_by(1 << 20) {
+        let end = (start + (1 << 20)).min(range.end);
+        write.land(start as u64, &bytes[start..end]);
+    }
+}
+
+#[test]
+fn an_interrupted_write_is_resumed_from_its_finished_pieces() {
+    let piece = partial::PIECE as usize;
+    let bytes = data(3 * piece + 12345);
+    let temp = tempfile::tempdir().unwrap();
+    let first = resumable(temp.path(), &bytes);
+    assert!(first.local(0..1).is_none(), "nothing is kept yet");
+    land_range(&first, &bytes, 0..piece + piece / 2);
+    drop(first);
+    let left = names(temp.path());
+    assert!(
+        left.contains(&"final.safeload-partial".to_owned()),
+        "{left:?}"
+    );
+    assert!(
+        left.contains(&"final.safeload-pieces".to_owned()),
+        "{left:?}"
+    );
+    // The next write keeps the finished piece, fetches the rest.
+    let second = resumable(temp.path(), &bytes);
+    let local = second.local(0..bytes.len() as u64).unwrap();
+    assert_eq!(local.ranges, vec![0..piece as u64]);
+    let mut read = vec![0u8; piece];
+    os::read_exact_at(local.file.as_file(), &mut read, 0).unwrap();
+    assert!(read == bytes[..piece], "the kept piece's bytes");
+    drop(local);
+    land_range(&second, &bytes, piece..bytes.len());
+    second.advance_now();
+    assert_eq!(
+        second.outcome(),
+        CacheUse::Written {
+            store: CacheStore::Directory,
+            resumed: piece as u64,
+        }
+    );
+    assert_eq!(names(temp.path()), ["final", "final.lock"]);
+    assert!(std::fs::read(temp.path().join("final")).unwrap() == bytes);
+}
+
+#[test]
+fn a_damaged_kept_piece_is_fetched_again_and_a_wrong_file_is_never_published() {
+    let piece = partial::PIECE as usize;
+    let bytes = data(2 * piece + 1);
+    let temp = tempfile::tempdir().unwrap();
+    let first = resumable(temp.path(), &bytes);
+    land_range(&first, &bytes, 0..2 * piece);
+    drop(first);
+    let path = temp.path().join("final.safeload-partial");
+    let mut damaged = std::fs::read(&path).unwrap();
+    damaged[piece + 99] ^= 0x40;
+    std::fs::write(&path, &damaged).unwrap();
+    let second = resumable(temp.path(), &bytes);
+    let local = second.local(0..bytes.len() as u64).unwrap();
+    assert_eq!(
+        local.ranges,
+        vec![0..piece as u64],
+        "the damaged piece is not kept"
+    );
+    land_range(&second, &bytes, piece..bytes.len());
+    assert_eq!(second.outcome().as_str(), "written");
+    assert!(std::fs::read(temp.path().join("final")).unwrap() == bytes);
+    // Bytes that do not match the digest are never published, nor kept.
+    let other = tempfile::tempdir().unwrap();
+    let mut wrong = bytes.clone();
+    wrong[5] ^= 1;
+    let third = resumable(other.path(), &bytes);
+    land_range(&third, &wrong, 0..wrong.len());
+    assert_eq!(third.outcome().as_str(), "not_cached");
+    drop(third);
+    assert_eq!(names(other.path()), ["final.lock"]);
+}
+
+#[test]
+fn a_write_kept_whole_is_published_by_the_next_load_without_a_fetch() {
+    let bytes = data(partial::PIECE as usize * 2);
+    let temp = tempfile::tempdir().unwrap();
+    let first = resumable(temp.path(), &bytes);
+    first.pause();
+    first.resume();
+    // Every byte written but the write never finished (killed before publishing).
+    let begun = first.map_destination();
+    assert!(begun.is_some());
+    for (i, part) in bytes.chunks(1 << 20).enumerate() {
+        os::write_all_at(begun.as_ref().unwrap(), part, (i << 20) as u64).unwrap();
+    }
+    drop(first);
+    let second = resumable(temp.path(), &bytes);
+    assert!(
+        second.local(0..bytes.len() as u64).is_none(),
+        "nothing recorded"
+    );
+    drop(second);
+    let third = resumable(temp.path(), &bytes);
+    land_range(&third, &bytes, 0..bytes.len());
+    drop(third);
+    let fourth = resumable(temp.path(), &bytes);
+    // Published by the third: read from there.
+    let local = fourth.local(0..bytes.len() as u64).unwrap();
+    assert_eq!(local.ranges, vec![0..bytes.len() as u64]);
+    assert_eq!(fourth.outcome().as_str(), "not_cached");
 }

@@ -9,6 +9,8 @@
 //! - `checkpoint.rs`: the checkpoint found there (the named file, `model.safetensors` or the
 //!   index), with the objects opened while finding it, for the open path;
 //! - `object.rs`: one object, opened once, read by ranged GETs that require its ETag;
+//! - `landing.rs`: a ranged body filling the caller's buffer, handed on as it arrives (to a
+//!   cache that writes it);
 //! - `error.rs`: the layer's error, scrubbed of credentials.
 //!
 //! A `RemoteObject` implements the crate's `Source` seam, so the read engine fills
@@ -17,11 +19,12 @@
 pub(crate) mod checkpoint;
 pub(crate) mod error;
 pub(crate) mod hub;
+pub(crate) mod landing;
 pub(crate) mod location;
 pub(crate) mod object;
 pub(crate) mod store;
 pub(crate) mod url;
-mod watch;
+pub(crate) mod watch;
 mod whole;
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use object_store::{GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt}
 
 use super::error::{Redactor, RemoteError, RemoteErrorKind};
 use super::hub::HubFileMeta;
+use super::landing::{Filling, Landing};
 use super::store::{IoRuntime, Tuning};
 use super::watch::{Interrupt, Moved};
 use super::whole::{self, Whole};
@@ -315,12 +316,15 @@ impl RemoteObject {
     }
 
     /// Fills `dst` from `offset` (all of it, or up to the object's end), at least
-    /// `required` bytes, from the version opened.
+    /// `required` bytes, from the version opened. `landing`, where given, is handed the
+    /// bytes in order as they arrive (at least every [`LAND_STEP`] of a long body, so that
+    /// a cache writes them before the read ends), each once, all of them by an `Ok`.
     pub(crate) fn read(
         &self,
         dst: &mut [u8],
         required: usize,
         offset: u64,
+        landing: Option<&Landing<'_>>,
     ) -> Result<(), RemoteError> {
         let len = self.version.len;
         let want = len.saturating_sub(offset).min(dst.len() as u64) as usize;
@@ -341,17 +345,24 @@ impl RemoteObject {
                 .and_then(|start| bytes.get(start..start + dst.len()));
             src.map(|src| dst.copy_from_slice(src)).is_some()
         };
+        let land_all = |dst: &[u8]| {
+            if let Some(land) = landing {
+                land(range.start, dst);
+            }
+        };
         if in_memory(&self.prefix, dst) {
+            land_all(dst);
             return Ok(());
         }
         if !self.ranges_ignored() {
-            match self.read_ranges(dst, range.clone()) {
+            match self.read_ranges(dst, range.clone(), landing) {
                 Some(result) => return result,
                 None => self.ranges_ignored.store(true, Ordering::Relaxed),
             }
         }
         let whole = self.whole()?;
         if in_memory(&whole, dst) {
+            land_all(dst);
             return Ok(());
         }
         // `whole()` checked its length against the object's: out of reach.
@@ -361,32 +372,38 @@ impl RemoteObject {
             .with_range(range))
     }
 
-    /// Ranged GETs until `dst` (the bytes of `range`) is full; `None` when the server
-    /// turned out to ignore ranges before sending any byte.
-    fn read_ranges(&self, dst: &mut [u8], range: Range<u64>) -> Option<Result<(), RemoteError>> {
-        let mut got = 0usize;
+    /// Ranged GETs until `dst` (the bytes of `range`) is full, each [`LAND_STEP`] that
+    /// arrives handed to `landing`; `None` when the server turned out to ignore ranges
+    /// before sending any byte.
+    fn read_ranges(
+        &self,
+        dst: &mut [u8],
+        range: Range<u64>,
+        landing: Option<&Landing<'_>>,
+    ) -> Option<Result<(), RemoteError>> {
+        let mut filling = Filling::new(dst, range.start, landing);
         let pace = self.backend.tuning.pace;
         let mut stalls = 0;
         // Each pass is one request (with object_store's retries inside it); a pass only
         // repeats after a body that ended cleanly but short, or one that stalled, which are
         // bounded here.
         for _ in 0..=self.backend.tuning.max_retries + pace.retries {
-            let from = range.start + got as u64;
+            let from = range.start + filling.got as u64;
             let options = GetOptions {
                 range: Some(GetRange::Bounded(from..range.end)),
                 ..GetOptions::default()
             };
-            let (into, reached) = (&mut *dst, &mut got);
+            let into = &mut filling;
             let pass = self.backend.runtime.request(pace, |moved| async move {
                 let result = self.get(options).await?;
                 let mut stream = result.into_stream();
                 while let Some(chunk) = stream.next().await {
                     let chunk = chunk?;
-                    let Some(slot) = into.get_mut(*reached..*reached + chunk.len()) else {
+                    // The future runs on the reading thread (`block_on`): what the
+                    // chunk is handed to costs the runtime nothing.
+                    if !into.put(&chunk) {
                         return Ok(false);
-                    };
-                    slot.copy_from_slice(&chunk);
-                    *reached += chunk.len();
+                    }
                     moved.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                 }
                 Ok::<_, object_store::Error>(true)
@@ -401,7 +418,7 @@ impl RemoteObject {
                 }
                 Err(why) => {
                     // The error's range starts at the byte reached.
-                    let reached = range.start + got as u64..range.end;
+                    let reached = range.start + filling.got as u64..range.end;
                     let why = match why {
                         Interrupt::Stalled { .. } => Interrupt::Stalled { moved: 0 },
                         cancelled => cancelled,
@@ -410,34 +427,46 @@ impl RemoteObject {
                 }
             };
             match pass {
-                Ok(true) if got == dst.len() => return Some(Ok(())),
+                Ok(true) if filling.is_full() => {
+                    filling.land();
+                    return Some(Ok(()));
+                }
                 Ok(true) => continue,
                 Ok(false) => {
                     let detail = "the server sent more than the range asked".into();
                     return failed(RemoteErrorKind::Protocol, detail);
                 }
-                Err(e) => {
-                    let text = self.backend.redactor.error_text(&e);
-                    return match classify(&e) {
-                        Failure::RangeIgnored if got == 0 => None,
-                        Failure::RangeIgnored | Failure::Changed => {
-                            failed(RemoteErrorKind::Changed, text)
-                        }
-                        Failure::NotFound => failed(RemoteErrorKind::NotFound, text),
-                        Failure::Denied => failed(RemoteErrorKind::Denied, text),
-                        Failure::Other => failed(RemoteErrorKind::Failed, text),
-                    };
-                }
+                Err(e) => return self.failed_get(&e, range, filling.got),
             }
         }
         let detail = format!(
-            "short bodies: {got} of {} bytes after {} requests",
-            dst.len(),
+            "short bodies: {} of {} bytes after {} requests",
+            filling.got,
+            filling.len(),
             self.backend.tuning.max_retries + 1
         );
         Some(Err(self
             .error(RemoteErrorKind::Failed, detail)
             .with_range(range)))
+    }
+
+    /// A ranged GET's failure, as an error of `range`; `None` where the server ignores
+    /// ranges and sent nothing yet (`got`).
+    fn failed_get(
+        &self,
+        e: &object_store::Error,
+        range: Range<u64>,
+        got: usize,
+    ) -> Option<Result<(), RemoteError>> {
+        let text = self.backend.redactor.error_text(e);
+        let kind = match classify(e) {
+            Failure::RangeIgnored if got == 0 => return None,
+            Failure::RangeIgnored | Failure::Changed => RemoteErrorKind::Changed,
+            Failure::NotFound => RemoteErrorKind::NotFound,
+            Failure::Denied => RemoteErrorKind::Denied,
+            Failure::Other => RemoteErrorKind::Failed,
+        };
+        Some(Err(self.error(kind, text).with_range(range)))
     }
 
     /// The whole object, fetched once (by the first reader; the others wait for it), for a
@@ -527,7 +556,7 @@ impl Source for RemoteObject {
         required: usize,
         offset: u64,
     ) -> Result<(), (u64, std::io::Error)> {
-        self.read(dst, required, offset).map_err(|e| {
+        self.read(dst, required, offset, None).map_err(|e| {
             let at = e.range.as_ref().map_or(offset, |r| r.start);
             (at, e.into_io())
         })

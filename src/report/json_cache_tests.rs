@@ -10,7 +10,10 @@ fn the_documented_cache_objects_are_what_the_types_give() {
     let example: Value = serde_json::from_str(include_str!("example_cache.json")).unwrap();
     let hub = CacheStore::Hub;
     let uses = [
-        CacheUse::Written { store: hub },
+        CacheUse::Written {
+            store: hub,
+            resumed: 16 << 20,
+        },
         CacheUse::Hit { store: hub },
         CacheUse::NotCached {
             store: hub,

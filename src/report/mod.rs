@@ -93,15 +93,17 @@
 //! A file of a remote checkpoint (feature `remote`) has its `cache` (what a
 //! cache did for it, [`CacheUse`]), its hub `commit` (`hf://`) and its
 //! `etag` (the version every read of it required). A shard of `hf://` fetched
-//! and written to the hub cache, one read from the cache, and one fetched but
-//! not written (the load read only part of it):
+//! and written to the hub cache (16 MiB of it kept by an interrupted load and
+//! resumed), one read from the cache, and one fetched but not written (the
+//! load read only part of it):
 //!
 //! ```json
 #![doc = include_str!("example_cache.json")]
 //! ```
 //!
-//! The codes: a [`CacheUse`] is `hit`, `written` or `not_cached`, with its
-//! `store` ([`CacheStore`], a plain code: `hub` or `directory`); a
+//! The codes: a [`CacheUse`] is `hit`, `written` (with the bytes `resumed`)
+//! or `not_cached`, with its `store` ([`CacheStore`], a plain code: `hub` or
+//! `directory`); a
 //! `not_cached`'s `why` ([`NotCached`]) is `partial` (with `read` and `len`),
 //! `no_space`, `unwritable` (with the system's `error`), `locked`,
 //! `published_elsewhere`, `mismatch` (with the `expected` and `actual`

@@ -33,6 +33,9 @@ pub enum CacheUse {
     Written {
         /// The cache.
         store: CacheStore,
+        /// Bytes of it an earlier, interrupted load had left in the cache
+        /// (checked piece by piece), read from there instead of fetched.
+        resumed: u64,
     } = "written",
     /// Fetched and not cached, for a reason.
     NotCached {
@@ -68,7 +71,8 @@ pub enum NotCached {
     /// Another process holds the file's lock in the cache: it is writing the
     /// same file.
     Locked = "locked",
-    /// Another process published the same file first.
+    /// Another process published the same file first (where this load
+    /// waited for that process to finish it, it read it from there).
     PublishedElsewhere = "published_elsewhere",
     /// The bytes do not hash to the digest the store gives for them.
     Mismatch {
@@ -145,7 +149,7 @@ impl CacheUse {
     pub fn store(&self) -> CacheStore {
         match self {
             CacheUse::Hit { store }
-            | CacheUse::Written { store }
+            | CacheUse::Written { store, .. }
             | CacheUse::NotCached { store, .. } => *store,
         }
     }
@@ -167,7 +171,10 @@ impl fmt::Display for CacheUse {
         };
         match self {
             CacheUse::Hit { .. } => f.write_str(hit),
-            CacheUse::Written { .. } => write!(f, "{from}, written to {cache}"),
+            CacheUse::Written { resumed: 0, .. } => write!(f, "{from}, written to {cache}"),
+            CacheUse::Written { resumed, .. } => {
+                write!(f, "{from}, written to {cache}, resuming {resumed} bytes")
+            }
             CacheUse::NotCached { why, .. } => write!(f, "{from}, not cached: {why}"),
         }
     }
@@ -183,8 +190,18 @@ mod tests {
         let cases = [
             (CacheUse::Hit { store: hub }, "from the hub cache"),
             (
-                CacheUse::Written { store: hub },
+                CacheUse::Written {
+                    store: hub,
+                    resumed: 0,
+                },
                 "from the hub, written to the cache",
+            ),
+            (
+                CacheUse::Written {
+                    store: hub,
+                    resumed: 1 << 24,
+                },
+                "from the hub, written to the cache, resuming 16777216 bytes",
             ),
             (
                 CacheUse::NotCached {

@@ -411,7 +411,7 @@ fn a_link_planted_in_a_snapshot_is_removed_as_a_link_and_its_target_survives() {
 
 /// Whether this process runs as root; where not, a `SKIPPED:` line (a panic under
 /// `SAFELOAD_REQUIRE_ROOT=1`).
-fn is_root() -> bool {
+pub(super) fn is_root() -> bool {
     let root = rustix::process::geteuid().is_root();
     if !root {
         assert!(

@@ -212,7 +212,7 @@ fn a_killed_load_publishes_nothing_and_the_next_load_does() {
         .unwrap();
     let blobs_dir = hub.repo_dir().join("blobs");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while incomplete(&blobs_dir).is_empty() {
+    while partials(&blobs_dir).is_empty() {
         assert!(Instant::now() < deadline, "no write began");
         assert!(
             child.try_wait().unwrap().is_none(),
@@ -267,7 +267,7 @@ fn what_dead_writers_left_is_swept_and_what_live_ones_write_is_not() {
 }
 
 #[test]
-fn a_cancelled_load_publishes_nothing_and_leaves_nothing() {
+fn a_cancelled_load_publishes_nothing_and_leaves_only_what_the_next_load_resumes() {
     // ~6 MiB at 1 MiB/s, each file fetched into the file being written: cancelled half a
     // second in.
     let hub = Hub::aligned(Options {
@@ -289,6 +289,7 @@ fn a_cancelled_load_publishes_nothing_and_leaves_nothing() {
         );
         assert!(std::fs::symlink_metadata(hub.snapshot().join(&name)).is_err());
     }
+    // Only the partial files kept for the next load (and their records).
     assert!(
         incomplete(hub.cache.path()).is_empty(),
         "{:?}",
@@ -296,6 +297,11 @@ fn a_cancelled_load_publishes_nothing_and_leaves_nothing() {
     );
     let next = hub.load("hf://org/model", &[]);
     assert_eq!(next.digest, hub.digest());
+    assert!(
+        partials(hub.cache.path()).is_empty(),
+        "{:?}",
+        tree(hub.cache.path())
+    );
 }
 
 /// Starts a load that holds its tensors once loaded until told to go.

@@ -13,12 +13,15 @@
 //! - `clean.rs`: a revision or a repository removed, the cache pruned, dry runs, what is
 //!   kept (locked, fresh, another user's), names refused, the hub's client after a removal.
 //! - `extra.rs`: the repository's other files brought beside the weights (`?with=engine`).
+//! - `resume.rs`: an interrupted download resumed (killed, cancelled, two loads at once, a
+//!   damaged piece, another user's partial file).
 
 mod clean;
 mod extra;
 mod faults;
 mod hostile;
 mod python;
+mod resume;
 mod store;
 
 use std::collections::BTreeMap;
@@ -43,6 +46,8 @@ const FILTER: &str = "SAFELOAD_TEST_HUB_FILTER";
 const BUILDER_CACHE: &str = "SAFELOAD_TEST_HUB_BUILDER_CACHE";
 /// Set in a child: wait for a line on stdin after loading, holding the tensors.
 const HOLD: &str = "SAFELOAD_TEST_HUB_HOLD";
+/// Set in a child: cancel the load when a line arrives on stdin.
+const CANCEL_ON_LINE: &str = "SAFELOAD_TEST_HUB_CANCEL_ON_LINE";
 
 /// A checkpoint of three shards (every dtype, and a few MiB of F32) served as the hub serves
 /// a repository, with a `config.json` no load needs; and an empty cache.
@@ -303,6 +308,16 @@ fn act_load() {
             flag.store(true, std::sync::atomic::Ordering::Relaxed);
         });
     }
+    if std::env::var_os(CANCEL_ON_LINE).is_some() {
+        // Cancelled once the parent writes a line (when its server has sent enough).
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        loader = loader.cancel_on(std::sync::Arc::clone(&flag));
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
     if std::env::var_os("SAFELOAD_TEST_HUB_EXPECT_ERROR").is_some() {
         let e = loader.load(&url).unwrap_err();
         println!(
@@ -373,6 +388,14 @@ fn incomplete(dir: &Path) -> Vec<String> {
     tree(dir)
         .into_iter()
         .filter(|n| n.ends_with(".incomplete"))
+        .collect()
+}
+
+/// Partial files kept for a later load to resume, and their records, anywhere under `dir`.
+fn partials(dir: &Path) -> Vec<String> {
+    tree(dir)
+        .into_iter()
+        .filter(|n| n.ends_with(".safeload-partial") || n.ends_with(".safeload-pieces"))
         .collect()
 }
 

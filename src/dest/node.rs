@@ -42,13 +42,24 @@ pub(crate) fn huge_page_advice(huge_pages: HugePages) -> Option<bool> {
 }
 
 /// A node copy being filled by this process's readers.
-pub(crate) struct CopyFill(SharedBytes);
+pub(crate) struct CopyFill(SharedBytes, bool);
 
 impl CopyFill {
     /// Maps `copy` for writing, its pages faulted in as `huge_pages` says
     /// ([`huge_page_advice`]).
     pub(crate) fn new(copy: &File, huge_pages: HugePages) -> io::Result<CopyFill> {
-        SharedBytes::map(copy, huge_page_advice(huge_pages)).map(CopyFill)
+        SharedBytes::map(copy, huge_page_advice(huge_pages)).map(|m| CopyFill(m, false))
+    }
+
+    /// The same for a file of a filesystem (a cache's file), whose pages
+    /// each read faults in whole before it fills them.
+    ///
+    /// NOTE: a write fault on a shared map of a file costs the filesystem a
+    /// call per page (`page_mkwrite`); asked for a read's pages at once
+    /// (`MADV_POPULATE_WRITE`) the kernel takes them in one pass
+    /// (BENCHMARKS.md, "execute/cached.rs: the module").
+    pub(crate) fn of_file(file: &File) -> io::Result<CopyFill> {
+        SharedBytes::map(file, None).map(|m| CopyFill(m, true))
     }
 
     /// Reads `len` bytes of `from` at `offset` into the same offset of the
@@ -62,8 +73,13 @@ impl CopyFill {
         let (Ok(at), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else {
             return Err((offset, io::Error::from(io::ErrorKind::InvalidInput)));
         };
-        self.0
-            .read_from(at, len, offset, |dst| from.read_at(dst, len, offset))
+        let populate = self.1;
+        self.0.read_from(at, len, offset, |dst| {
+            if populate {
+                crate::os::populate_write(dst);
+            }
+            from.read_at(dst, len, offset)
+        })
     }
 }
 

@@ -14,7 +14,6 @@
 use std::sync::Arc;
 
 use crate::dest::node::{self as copy, CopyFill};
-use crate::dest::pages::HugePages;
 use crate::file::OpenedFile;
 use crate::node;
 use crate::options::Options;
@@ -61,7 +60,7 @@ pub(crate) fn map_destinations(
         let held = temp.try_clone();
         // The file's pages are the page cache's, not fresh anonymous memory:
         // no page size is asked for them (`HugePages::Auto` gives no advice).
-        let mapped = CopyFill::new(&temp, HugePages::Auto).and_then(|fill| {
+        let mapped = CopyFill::of_file(&temp).and_then(|fill| {
             let held: Box<dyn Send + Sync> = Box::new(held?);
             Ok((fill, copy::seal(&temp, file.path(), held)?))
         });

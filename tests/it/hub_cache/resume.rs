@@ -3,7 +3,8 @@
 //! finished pieces, fetches only the rest and publishes what hashes to the blob's name. Two
 //! loads started at once on a half-done file fetch the rest once; a damaged piece is fetched
 //! again; another user's partial file is never adopted; the hub's clients (`huggingface_hub`,
-//! the `hf-hub` crate) read what was published.
+//! the `hf-hub` crate) read what was published; an `http://` load through a cache directory
+//! resumes the same way.
 
 use std::time::{Duration, Instant};
 
@@ -312,4 +313,77 @@ fn another_users_partial_file_is_never_adopted() {
         assert_eq!(meta.uid(), nobody, "{}", path.display());
         assert_eq!(&sha256_hex(&std::fs::read(path).unwrap()), digest);
     }
+}
+
+#[test]
+fn an_http_load_through_a_cache_directory_is_resumed_too() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let files = tempfile::tempdir().unwrap();
+    let specs: Vec<Spec> = (0..24)
+        .map(|i| spec(&format!("w{i:02}"), Dtype::F32, &[1024, 1024]))
+        .collect();
+    write_sharded(files.path(), &specs, 3);
+    let expected = digest_of(&naive_load(&shards_of(files.path())));
+    let total: u64 = (0..3)
+        .map(|i| {
+            std::fs::metadata(files.path().join(shard_name(i, 3)))
+                .unwrap()
+                .len()
+        })
+        .sum();
+    let server = safeload_testhttp::Server::start(
+        files.path(),
+        Options {
+            bandwidth_bytes_per_sec: Some(24 << 20),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let url = format!("{}/", server.url());
+    let cache = tempfile::tempdir().unwrap();
+    // Cancelled once half the checkpoint is sent.
+    let flag = Arc::new(AtomicBool::new(false));
+    let e = std::thread::scope(|s| {
+        let setter = Arc::clone(&flag);
+        let server = &server;
+        s.spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while server.stats().bytes_sent < total / 2 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            setter.store(true, Ordering::Relaxed);
+        });
+        Loader::new()
+            .cache_dir(cache.path())
+            .cancel_on(Arc::clone(&flag))
+            .load(&url)
+            .unwrap_err()
+    });
+    assert_eq!(e.kind(), &safeload::ErrorKind::Cancelled, "{e}");
+    let cancelled_at = server.stats().bytes_sent;
+    server.reset_stats();
+    let sd = Loader::new().cache_dir(cache.path()).load(&url).unwrap();
+    assert_eq!(digest_of(&loaded(&sd)), expected);
+    assert_fetched_the_rest(server.stats().bytes_sent, cancelled_at, total, 4);
+    let resumed: u64 = sd
+        .report()
+        .files
+        .iter()
+        .map(|f| match &f.cache {
+            Some(CacheUse::Written { resumed, .. }) => *resumed,
+            other => panic!("{}: {other:?}", f.path.display()),
+        })
+        .sum();
+    assert!(resumed > 0, "{:#?}", sd.report().files);
+    let published = tree(cache.path())
+        .into_iter()
+        .filter(|n| n.ends_with(".safetensors"))
+        .count();
+    assert_eq!(published, 3, "{:?}", tree(cache.path()));
+    assert!(
+        partials(cache.path()).is_empty(),
+        "{:?}",
+        tree(cache.path())
+    );
 }

@@ -41,6 +41,10 @@
 //! - `cache-resume`: a `cache-cold` load killed (SIGKILL) once the server has sent half the
 //!   checkpoint, then the same load again through the cache it left: the bytes the second
 //!   load fetched (`sent`) say what was resumed.
+//! - `cache-ranks`: three local ranks of one job (`LOCAL_RANK`, `LOCAL_WORLD_SIZE=3`, one
+//!   `TORCHELASTIC_RUN_ID`) loading `hf://org/repo` at once through one empty hub cache: the
+//!   bytes the server sent for the three over the checkpoint (`sent`), the slowest rank's
+//!   time.
 //! - `cache-warm`: the same address through a cache that holds the checkpoint (filled once,
 //!   `bench-data/hub-cache-<checkpoint>`, kept): one request, then the snapshot's files as
 //!   local files; `local`: `Loader::new().load(<that snapshot>)`. Both cold: every blob
@@ -92,7 +96,7 @@ use http_client::{Connection, Endpoint};
 use remote_fetch::Fetch;
 
 /// Every arm, in the order the tables print them.
-const ARMS: [&str; 13] = [
+const ARMS: [&str; 14] = [
     "limit",
     "limit-fresh",
     "fresh-memory",
@@ -106,9 +110,18 @@ const ARMS: [&str; 13] = [
     "cache-warm",
     "local",
     "cache-resume",
+    "cache-ranks",
 ];
 /// The arms of the hub cache (issue 34), on the test server only (the hub).
-const CACHE_ARMS: [&str; 4] = ["cache-cold", "cache-warm", "local", "cache-resume"];
+const CACHE_ARMS: [&str; 5] = [
+    "cache-cold",
+    "cache-warm",
+    "local",
+    "cache-resume",
+    "cache-ranks",
+];
+/// The local ranks of `cache-ranks`.
+const RANKS: usize = 3;
 /// The hub's names for the test server's repository.
 const REPO: &str = "org/repo";
 /// The bucket the checkpoint is put in on moto.
@@ -705,23 +718,54 @@ fn run_arm(
     prepared: &remote_cache::Prepared,
 ) -> Sample {
     let target = serde_json::to_string(&served.target).expect("the target serializes");
-    let mut child = Child::new(arm, &served.root)
-        .arg(target)
-        .env_remove(safeload::ENV_VARIABLES)
-        .env_remove(&safeload_testhttp::STORE_VARIABLES)
-        .timeout(Duration::from_secs(o.timeout));
-    // The served checkpoint's variables, then the arm's own (the cache's) over them.
-    for (key, value) in served.env.iter().chain(&prepared.env) {
-        child = child.env(key, value);
-    }
+    let child = |rank: Option<usize>| {
+        let mut child = Child::new(arm, &served.root)
+            .arg(&target)
+            .env_remove(safeload::ENV_VARIABLES)
+            .env_remove(&safeload_testhttp::STORE_VARIABLES)
+            .timeout(Duration::from_secs(o.timeout));
+        // The served checkpoint's variables, then the arm's own (the cache's) over them.
+        for (key, value) in served.env.iter().chain(&prepared.env) {
+            child = child.env(key, value);
+        }
+        if let Some(rank) = rank {
+            child = child.env("LOCAL_RANK", rank.to_string());
+        }
+        child
+    };
     let mut sample = failed_sample(served, arm, round, String::new());
     sample.error = None;
-    match child.run::<Figures>() {
-        Ok(out) => {
-            sample.error = out.figures.error.clone();
-            sample.figures = out.figures;
+    let outs: Vec<Result<Figures, String>> = match arm {
+        // Three local ranks at once, one job: rank 0's figures, the slowest rank's time.
+        "cache-ranks" => std::thread::scope(|s| {
+            let ranks: Vec<_> = (0..RANKS)
+                .map(|rank| {
+                    let child = child(Some(rank));
+                    s.spawn(move || child.run::<Figures>().map(|out| out.figures))
+                })
+                .collect();
+            ranks
+                .into_iter()
+                .map(|r| r.join().unwrap_or_else(|_| Err("a rank panicked".into())))
+                .collect()
+        }),
+        _ => vec![child(None).run::<Figures>().map(|out| out.figures)],
+    };
+    let slowest = outs
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .map(|f| f.seconds)
+        .fold(0.0, f64::max);
+    for (i, out) in outs.into_iter().enumerate() {
+        match out {
+            Ok(figures) if i == 0 => {
+                sample.error = figures.error.clone();
+                sample.figures = figures;
+                sample.figures.seconds = slowest;
+            }
+            Ok(figures) => sample.error = sample.error.take().or(figures.error),
+            Err(e) => sample.error = Some(e),
         }
-        Err(e) => sample.error = Some(e),
     }
     sample
 }
@@ -839,7 +883,9 @@ fn run_arm_here(arm: &str, target: &Target, pool: &rayon::ThreadPool) -> Result<
         }
         "open" => open(&target.url),
         "shard" => shard(target, pool),
-        "cache-cold" | "cache-warm" | "cache-resume" => remote_load(&target.url, pool),
+        "cache-cold" | "cache-warm" | "cache-resume" | "cache-ranks" => {
+            remote_load(&target.url, pool)
+        }
         "local" => {
             let snapshot = target.snapshot.as_deref().ok_or("no filled cache")?;
             remote_load(

@@ -84,12 +84,21 @@ fn cache_env(cache: &Path) -> Vec<(&'static str, String)> {
 pub fn prepare(o: &Options, served: &Served, arm: &str) -> Result<Prepared, String> {
     let snapshot = served.target.snapshot.as_deref();
     match arm {
-        "cache-cold" | "cache-resume" => {
+        "cache-cold" | "cache-resume" | "cache-ranks" => {
             let fresh = tempfile::Builder::new()
                 .prefix("hub-cache-cold-")
                 .tempdir_in(&o.dir)
                 .map_err(|e| format!("a cache under {}: {e}", o.dir.display()))?;
-            let env = cache_env(fresh.path());
+            let mut env = cache_env(fresh.path());
+            if arm == "cache-ranks" {
+                env.push(("LOCAL_WORLD_SIZE", crate::RANKS.to_string()));
+                let job = fresh
+                    .path()
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("job");
+                env.push(("TORCHELASTIC_RUN_ID", format!("safeload-bench-{job}")));
+            }
             let killed_at = match arm {
                 "cache-resume" => Some(kill_half_way(o, served, &env)?),
                 _ => None,

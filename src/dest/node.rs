@@ -57,7 +57,7 @@ impl CopyFill {
     /// NOTE: a write fault on a shared map of a file costs the filesystem a
     /// call per page (`page_mkwrite`); asked for a read's pages at once
     /// (`MADV_POPULATE_WRITE`) the kernel takes them in one pass
-    /// (BENCHMARKS.md, "execute/cached.rs: the module").
+    /// (BENCHMARKS.md, "dest/node.rs: CopyFill::of_file").
     pub(crate) fn of_file(file: &File) -> io::Result<CopyFill> {
         SharedBytes::map(file, None).map(|m| CopyFill(m, true))
     }

@@ -5,6 +5,10 @@
 pub(crate) type Landing<'a> = dyn Fn(u64, &[u8]) + Sync + 'a;
 
 /// Bytes of a long body that arrive between two handings to a read's [`Landing`].
+///
+/// NOTE: a quarter of a resumed file's piece, so that a read killed mid-body
+/// has handed on all but the end of it (BENCHMARKS.md, "cache/partial.rs:
+/// PIECE").
 pub(crate) const LAND_STEP: usize = 256 << 10;
 
 /// A buffer being filled from `start` of an object, over one or more requests.

@@ -121,11 +121,14 @@ pub(crate) fn open(dir: &Dir, final_name: &str, len: u64) -> Option<Opened> {
 }
 
 /// The file `name` here, made where missing: `None` unless it is a regular
-/// file this user owns.
+/// file this user owns, of this one name (a hard link another user made to
+/// a file of this user's is never written through).
 fn own_file(dir: &Dir, name: &str) -> Option<File> {
     let file = dir.open_lock(name).ok()?;
-    let owner = os::file_owner(&file.metadata().ok()?);
-    (owner.is_some() && owner == os::effective_uid()).then_some(file)
+    let meta = file.metadata().ok()?;
+    let owner = os::file_owner(&meta);
+    let own = owner.is_some() && owner == os::effective_uid();
+    (own && os::link_count(&meta) == Some(1)).then_some(file)
 }
 
 fn header(len: u64) -> Vec<u8> {
@@ -348,6 +351,16 @@ mod tests {
             open(&dir, "blob", bytes.len() as u64).unwrap().kept,
             vec![0..PIECE]
         );
+    }
+
+    #[test]
+    fn a_partial_file_with_another_name_is_never_written_through() {
+        let (temp, dir) = dir();
+        let victim = temp.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::fs::hard_link(&victim, temp.path().join(partial_name("blob"))).unwrap();
+        assert!(open(&dir, "blob", 4 << 20).is_none());
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     }
 
     #[test]

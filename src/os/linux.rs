@@ -552,4 +552,4 @@ pub(crate) use node_copy::{
 #[path = "linux_cache.rs"]
 mod cache_dir;
 #[cfg(feature = "remote")]
-pub(crate) use cache_dir::{EntryKind, reserve, write_all_at};
+pub(crate) use cache_dir::{EntryKind, link_count, reserve, write_all_at};

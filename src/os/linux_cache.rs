@@ -185,6 +185,12 @@ fn regular(file: File) -> io::Result<File> {
     Ok(file)
 }
 
+/// How many names a file has, from its metadata.
+pub(crate) fn link_count(meta: &std::fs::Metadata) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    Some(meta.nlink())
+}
+
 /// Reserves `len` bytes for `file` (`fallocate(2)`, mode 0), so that writes
 /// within them cannot fail for want of space: `false` where the filesystem
 /// cannot reserve (`EOPNOTSUPP`), and the writes may.

@@ -107,10 +107,10 @@ pub(crate) use imp::read_proc;
 // The write-through cache: a directory's names seen without following them
 // (`Dir::entry`, `sub`, `read_link`, `open_nofollow`, `create_new`,
 // `open_lock`, `rename_noreplace`, `replace`, `symlink`, `remove`,
-// `remove_dir`, `owner`), space reserved and positional writes (feature
-// `remote`).
+// `remove_dir`, `owner`), a file's link count, space reserved and positional
+// writes (feature `remote`).
 #[cfg(feature = "remote")]
-pub(crate) use imp::{EntryKind, reserve, write_all_at};
+pub(crate) use imp::{EntryKind, link_count, reserve, write_all_at};
 
 /// A file of `/proc` (proc(5)), or of `/sys` for the kernel's settings, the
 /// crate reads. The OS layer only reads it; the text is parsed where it is

@@ -377,7 +377,7 @@ impl FdStream {
 
 // The write-through cache (feature `remote`).
 #[cfg(feature = "remote")]
-pub(crate) use cache_dir::{EntryKind, reserve, write_all_at};
+pub(crate) use cache_dir::{EntryKind, link_count, reserve, write_all_at};
 
 #[cfg(feature = "remote")]
 mod cache_dir {
@@ -555,6 +555,11 @@ mod cache_dir {
                 Ok(None)
             }
         }
+    }
+
+    /// Unknown here.
+    pub(crate) fn link_count(_meta: &std::fs::Metadata) -> Option<u64> {
+        None
     }
 
     /// No space reservation here: writes may find the disk full.

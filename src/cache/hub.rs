@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::layout::{self, SHARED_STORE_MARKER};
 use super::partial;
-use super::temp::nonce;
+use super::temp::{nonce, try_lock};
 use super::write::{Target, TempFile};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::{CacheStore, NotCached};
@@ -278,8 +278,7 @@ impl RepoWriter {
     /// The blob's lock, tried once: `None` where another process holds it.
     fn lock(&self, blob: &str) -> io::Result<Option<File>> {
         let locks = self.root()?.sub(".locks", true)?.sub(&self.folder, true)?;
-        let file = locks.open_lock(&layout::lock_name(blob))?;
-        Ok(os::try_flock(&file)?.then_some(file))
+        try_lock(&locks, &layout::lock_name(blob))
     }
 
     /// Links `snapshots/<commit>/<path>` to the blob, replacing any other

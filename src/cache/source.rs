@@ -160,7 +160,7 @@ fn read_local(
     if in_place(local.mapped.as_ref(), part, range.start) {
         return Ok(());
     }
-    os::read_exact_at(local.file.as_file(), part, range.start)
+    os::read_exact_at(&local.file, part, range.start)
 }
 
 impl Source for Fetched {

@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 
 use super::layout::{self, ADDRESS_FILE, OBJECTS_FOLDER};
 use super::partial;
-use super::temp::nonce;
+use super::temp::{nonce, try_lock};
 use super::write::{Target, TempFile};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::{CacheStore, NotCached};
@@ -154,12 +154,11 @@ impl Target for StoreTarget {
                 }
             }
         }
-        let lock = match dir.open_lock(&format!("{}.lock", self.name)) {
-            Ok(file) => match os::try_flock(&file) {
-                Ok(true) => Some(file),
-                Ok(false) => return Err(NotCached::Locked),
-                Err(_) => None,
-            },
+        let lock = match try_lock(&dir, &format!("{}.lock", self.name)) {
+            Ok(Some(file)) => Some(file),
+            Ok(None) => return Err(NotCached::Locked),
+            // A lock that cannot be made: written under a name of this
+            // process (nothing kept to resume).
             Err(_) => None,
         };
         TempFile::make(dir, &self.name, len, lock)

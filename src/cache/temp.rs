@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::io;
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::layout;
@@ -19,7 +20,8 @@ pub(crate) struct TempFile {
     /// The folder of the temporary and final names.
     pub dir: Dir,
     pub temp: String,
-    pub file: File,
+    /// Shared with what reads back from it (`write::Local`).
+    pub file: Arc<File>,
     /// A lock held for as long as this lives (released as it closes), where
     /// the cache takes one.
     pub _lock: Option<File>,
@@ -107,7 +109,7 @@ impl TempFile {
         let mut begun = TempFile {
             dir,
             temp,
-            file,
+            file: Arc::new(file),
             _lock: lock,
             moved: AtomicBool::new(false),
             reserved: false,
@@ -126,6 +128,14 @@ impl TempFile {
         }
         Ok(begun)
     }
+}
+
+/// The lock file `name` of `dir` (made where missing, never through a
+/// link), taken where no other process holds it: `None` where one does.
+/// Tried once, never waited for.
+pub(crate) fn try_lock(dir: &Dir, name: &str) -> io::Result<Option<File>> {
+    let file = dir.open_lock(name)?;
+    Ok(os::try_flock(&file)?.then_some(file))
 }
 
 /// A new file under a process-unique temporary name for `final_name`.

@@ -26,30 +26,6 @@ use crate::os;
 use crate::remote::watch::{Pace, STALL_VAR};
 use crate::source::{CacheStore, CacheUse, CacheWrite, NotCached};
 
-/// Where a written file goes.
-pub(crate) trait Target: Send + Sync {
-    /// The cache it is in (for the report).
-    fn store(&self) -> CacheStore;
-
-    /// Makes the temporary file for `len` bytes, its space reserved where
-    /// the filesystem can (and locked where the cache locks), or says why
-    /// not.
-    fn begin(&self, len: u64) -> Result<TempFile, NotCached>;
-
-    /// The final file, where another process published it (`len` bytes),
-    /// opened and made found for this load (its snapshot link), to be read.
-    fn published(&self, len: u64) -> Option<File>;
-
-    /// What tells a live writer of the file in another process from a
-    /// dead one.
-    fn activity(&self) -> partial::Activity;
-
-    /// Publishes the complete, checked temporary file of `begun` under its
-    /// final name (and whatever makes it found there): `Ok(false)` where
-    /// another process published that name first.
-    fn publish(&self, begun: &TempFile) -> io::Result<bool>;
-}
-
 /// Where a write is.
 enum Phase {
     /// Nothing written yet: the reads so far are within the file's header
@@ -92,6 +68,9 @@ struct State {
     paused: bool,
 }
 
+/// Bytes of an image written at a time.
+const IMAGE_PIECE: usize = 64 << 20;
+
 /// How often a write waiting for another process's lock looks again.
 const LOCK_POLL: Duration = Duration::from_millis(50);
 
@@ -113,7 +92,7 @@ pub(crate) struct Write {
 /// What of a range of the file is read from the cache's file instead of
 /// fetched.
 pub(crate) struct Local {
-    pub file: Arc<dyn AsFile>,
+    pub file: Arc<File>,
     /// The parts of the range the file holds, in order.
     pub ranges: Vec<Range<u64>>,
     /// Where the file is mapped as the load's destination: bytes there at
@@ -121,25 +100,29 @@ pub(crate) struct Local {
     pub mapped: Option<Range<usize>>,
 }
 
-/// A file to read from.
-pub(crate) trait AsFile: Send + Sync {
-    fn as_file(&self) -> &File;
-}
+/// Where a written file goes.
+pub(crate) trait Target: Send + Sync {
+    /// The cache it is in (for the report).
+    fn store(&self) -> CacheStore;
 
-impl AsFile for File {
-    fn as_file(&self) -> &File {
-        self
-    }
-}
+    /// Makes the temporary file for `len` bytes, its space reserved where
+    /// the filesystem can (and locked where the cache locks), or says why
+    /// not.
+    fn begin(&self, len: u64) -> Result<TempFile, NotCached>;
 
-impl AsFile for TempFile {
-    fn as_file(&self) -> &File {
-        &self.file
-    }
-}
+    /// The final file, where another process published it (`len` bytes),
+    /// opened and made found for this load (its snapshot link), to be read.
+    fn published(&self, len: u64) -> Option<File>;
 
-/// Bytes of an image written at a time.
-const IMAGE_PIECE: usize = 64 << 20;
+    /// What tells a live writer of the file in another process from a
+    /// dead one.
+    fn activity(&self) -> partial::Activity;
+
+    /// Publishes the complete, checked temporary file of `begun` under its
+    /// final name (and whatever makes it found there): `Ok(false)` where
+    /// another process published that name first.
+    fn publish(&self, begun: &TempFile) -> io::Result<bool>;
+}
 
 impl Write {
     /// A write of a file of `len` bytes to `target`, checked by `check`,
@@ -355,7 +338,7 @@ impl Write {
         }
         match &state.phase {
             Phase::Elsewhere(file) => Some(Local {
-                file: Arc::clone(file) as Arc<dyn AsFile>,
+                file: Arc::clone(file),
                 ranges: vec![range],
                 mapped: None,
             }),
@@ -367,7 +350,7 @@ impl Write {
                     .filter(|r| r.start < r.end)
                     .collect();
                 (!ranges.is_empty()).then(|| Local {
-                    file: Arc::clone(&progress.begun) as Arc<dyn AsFile>,
+                    file: Arc::clone(&progress.begun.file),
                     ranges,
                     mapped: progress.mapped.clone(),
                 })

@@ -22,13 +22,10 @@ impl Target for Folder {
         }
         let dir = Dir::open(&self.path).map_err(|e| NotCached::of_io(&e))?;
         let lock = match self.resumable {
-            true => {
-                let lock = dir.open_lock("final.lock").unwrap();
-                if !os::try_flock(&lock).unwrap() {
-                    return Err(NotCached::Locked);
-                }
-                Some(lock)
-            }
+            true => match super::super::temp::try_lock(&dir, "final.lock").unwrap() {
+                Some(lock) => Some(lock),
+                None => return Err(NotCached::Locked),
+            },
             false => None,
         };
         TempFile::make(dir, "final", len, lock)
@@ -321,7 +318,7 @@ fn an_interrupted_write_is_resumed_from_its_finished_pieces() {
     let local = second.local(0..bytes.len() as u64).unwrap();
     assert_eq!(local.ranges, vec![0..piece as u64]);
     let mut read = vec![0u8; piece];
-    os::read_exact_at(local.file.as_file(), &mut read, 0).unwrap();
+    os::read_exact_at(&local.file, &mut read, 0).unwrap();
     assert!(read == bytes[..piece], "the kept piece's bytes");
     drop(local);
     land_range(&second, &bytes, piece..bytes.len());

@@ -25,6 +25,10 @@ pub struct Ctx<'a> {
     pub expect: fn(&LoadReport) -> Result<(), String>,
     /// A cache emptied before each API, so that each misses it.
     pub fresh_cache: Option<&'a Path>,
+    /// With `fresh_cache`: the checkpoint whose files are then put in the cache as an
+    /// interrupted load leaves them (partial files, every other piece kept), so that each
+    /// API resumes them.
+    pub plant_from: Option<&'a Path>,
 }
 
 /// What went wrong, a line each: the API, the tensor, what.
@@ -72,6 +76,10 @@ pub fn check_all(ctx: &Ctx) -> Vec<String> {
     for (name, api) in APIS {
         if let Some(cache) = ctx.fresh_cache {
             empty(cache);
+            #[cfg(feature = "remote")]
+            if let Some(dir) = ctx.plant_from {
+                super::sources::plant_partials(cache, dir);
+            }
         }
         let before = failures.0.len();
         api(ctx, &mut failures);

@@ -88,6 +88,8 @@ sources! {
     #[cfg(feature = "remote")]
     hf_cache_miss: hf_cache_miss, auto, is_cache_written;
     #[cfg(feature = "remote")]
+    hf_cache_resumed: hf_cache_resumed, auto, is_cache_resumed;
+    #[cfg(feature = "remote")]
     hf_cache_hit: hf_cache_hit, auto, is_cache_hit;
     #[cfg(feature = "remote")]
     s3_cache_miss: s3_cache_miss, auto, is_cache_written;
@@ -153,6 +155,7 @@ fn in_process(source: &Source, served: &Served, dir: &Path, seed: u64) -> Vec<St
         seed,
         expect: source.expect,
         fresh_cache: served.fresh_cache.as_deref(),
+        plant_from: served.plant.then_some(dir),
     })
 }
 
@@ -164,6 +167,7 @@ const DIR: &str = "SAFELOAD_TEST_CONTRACT_DIR";
 const SEED: &str = "SAFELOAD_TEST_CONTRACT_SEED";
 const FRESH: &str = "SAFELOAD_TEST_CONTRACT_FRESH";
 const WARM: &str = "SAFELOAD_TEST_CONTRACT_WARM";
+const PLANT: &str = "SAFELOAD_TEST_CONTRACT_PLANT";
 
 /// Not a test of its own: the entry point of child processes (see `common::child`).
 #[test]
@@ -183,6 +187,7 @@ fn act_contract() {
         (source.loader)().load(&address).unwrap();
     }
     let fresh = var(FRESH).map(std::path::PathBuf::from);
+    let dir = std::path::PathBuf::from(var(DIR).unwrap());
     let failures = check_all(&Ctx {
         address: &address,
         loader: source.loader,
@@ -190,6 +195,7 @@ fn act_contract() {
         seed: var(SEED).unwrap().parse().unwrap(),
         expect: source.expect,
         fresh_cache: fresh.as_deref(),
+        plant_from: var(PLANT).is_some().then_some(dir.as_path()),
     });
     for line in failures {
         println!("CONTRACT-FAIL {line}");
@@ -212,6 +218,9 @@ fn in_children(source: &Source, served: &Served, dir: &Path, seed: u64) -> Vec<S
             }
             if served.warm {
                 cmd.env(WARM, "1");
+            }
+            if served.plant {
+                cmd.env(PLANT, "1");
             }
             if served.ranks > 1 {
                 cmd.env("LOCAL_RANK", rank.to_string())

@@ -21,6 +21,9 @@ pub struct Served {
     pub fresh_cache: Option<PathBuf>,
     /// Load once before the APIs (a cache then hit by each).
     pub warm: bool,
+    /// After the cache is emptied, put the files in it as partial files an interrupted
+    /// load left (each then resumed).
+    pub plant: bool,
     pub keep: Vec<Box<dyn Any>>,
 }
 
@@ -32,6 +35,7 @@ impl Served {
             ranks: 1,
             fresh_cache: None,
             warm: false,
+            plant: false,
             keep: Vec::new(),
         }
     }
@@ -112,6 +116,50 @@ mod remote {
         let mut served = hub(dir);
         served.fresh_cache = Some(PathBuf::from(&served.env[1].1));
         Some(served)
+    }
+
+    /// The hub cache emptied before each API, then holding every file as an interrupted
+    /// load leaves it: a partial file with every other 1 MiB piece kept and recorded.
+    pub fn hf_cache_resumed(dir: &Path) -> Option<Served> {
+        let mut served = hf_cache_miss(dir)?;
+        served.plant = true;
+        Some(served)
+    }
+
+    /// Puts each `.safetensors` file of `dir` in the hub cache at `cache` as an
+    /// interrupted load leaves it (`src/cache/partial.rs`'s format, written here on its
+    /// own): `blobs/<sha256>.safeload-partial` holding the even pieces (the odd ones zero),
+    /// and its record listing them.
+    pub fn plant_partials(cache: &Path, dir: &Path) {
+        use sha2::{Digest, Sha256};
+        const PIECE: usize = 1 << 20;
+        let blobs = cache.join("models--org--model").join("blobs");
+        std::fs::create_dir_all(&blobs).unwrap();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "safetensors") {
+                continue;
+            }
+            let bytes = std::fs::read(&path).unwrap();
+            let blob: String = Sha256::digest(&bytes)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let mut partial = bytes.clone();
+            let mut record = b"SLPARTv1".to_vec();
+            record.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+            record.extend_from_slice(&(PIECE as u64).to_le_bytes());
+            for (i, piece) in partial.chunks_mut(PIECE).enumerate() {
+                if i % 2 == 0 {
+                    record.extend_from_slice(&(i as u64).to_le_bytes());
+                    record.extend_from_slice(&xxhash_rust::xxh3::xxh3_128(piece).to_le_bytes());
+                } else {
+                    piece.fill(0);
+                }
+            }
+            std::fs::write(blobs.join(format!("{blob}.safeload-partial")), &partial).unwrap();
+            std::fs::write(blobs.join(format!("{blob}.safeload-pieces")), &record).unwrap();
+        }
     }
 
     pub fn hf_cache_hit(dir: &Path) -> Option<Served> {
@@ -280,6 +328,17 @@ fn cache(report: &LoadReport, code: &str) -> Result<(), String> {
 #[cfg(feature = "remote")]
 pub fn is_cache_written(report: &LoadReport) -> Result<(), String> {
     cache(report, "written")
+}
+
+/// Every file written to the cache, some of it resumed from what an interrupted load left.
+#[cfg(feature = "remote")]
+pub fn is_cache_resumed(report: &LoadReport) -> Result<(), String> {
+    every(report, "written, resumed", |f| {
+        matches!(
+            f.cache,
+            Some(safeload::report::CacheUse::Written { resumed, .. }) if resumed > 0
+        )
+    })
 }
 
 #[cfg(feature = "remote")]

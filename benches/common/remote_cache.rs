@@ -157,6 +157,23 @@ fn kill_half_way(
     Ok(sent())
 }
 
+/// The blobs published in the hub cache an arm was given (none for a kept cache): what
+/// the arm's loads left checked and published once their processes ended.
+pub fn published(prepared: &Prepared) -> Option<usize> {
+    let fresh = prepared.fresh.as_ref()?;
+    let blobs = fresh
+        .path()
+        .join(format!("models--{}", REPO.replace('/', "--")))
+        .join("blobs");
+    let names = std::fs::read_dir(blobs).ok()?;
+    Some(
+        names
+            .filter_map(Result::ok)
+            .filter(|e| !e.file_name().to_string_lossy().contains('.'))
+            .count(),
+    )
+}
+
 /// After an arm: a cache made for it synced (the seconds it took: the writeback the load
 /// left to the kernel, so that the next arm does not pay for it) and removed.
 pub fn finish(prepared: &Prepared) -> Option<f64> {

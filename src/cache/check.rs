@@ -1,8 +1,7 @@
-//! What a file written to a cache is checked by before it is published (its digest, or every byte in), and the hash of it in file order.
+//! What a file written to a cache is checked by before it is published (its digest, or every byte in), and the hash of it in file order, a step at a time.
 
 use std::fs::File;
 use std::io;
-use std::ops::Range;
 
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
@@ -72,42 +71,25 @@ impl Hasher {
     }
 }
 
-/// Hashes `range` of the file: the part `landed` holds from memory, the rest
-/// read back from the temporary file (just written: in the page cache).
-pub(crate) fn hash_range(
+/// Hashes the next step of the file from `*at` (at most [`HASH_PIECE`]
+/// bytes, read back from the file: just written, in the page cache), and
+/// moves `*at` on.
+pub(crate) fn hash_step(
     hasher: &mut Hasher,
     file: &File,
-    range: Range<u64>,
-    landed: Option<(u64, &[u8])>,
+    at: &mut u64,
+    len: u64,
+    scratch: &mut Vec<u8>,
 ) -> io::Result<()> {
-    let mut at = range.start;
-    let mut scratch = Vec::new();
-    while at < range.end {
-        if let Some((offset, bytes)) = landed {
-            let end = offset + bytes.len() as u64;
-            if (offset..end).contains(&at) {
-                let stop = end.min(range.end);
-                let from = (at - offset) as usize;
-                let to = (stop - offset) as usize;
-                if let Some(piece) = bytes.get(from..to) {
-                    hasher.update(piece);
-                    at = stop;
-                    continue;
-                }
-            }
-        }
-        // Up to the next landed byte, or a piece.
-        let mut stop = range.end.min(at + HASH_PIECE as u64);
-        if let Some((offset, _)) = landed {
-            if offset > at {
-                stop = stop.min(offset);
-            }
-        }
-        let n = (stop - at) as usize;
-        scratch.resize(n, 0);
-        os::read_exact_at(file, &mut scratch, at).map_err(|(_, e)| e)?;
-        hasher.update(&scratch);
-        at = stop;
+    let end = len.min(at.saturating_add(HASH_PIECE as u64));
+    if !hasher.reads() {
+        *at = len;
+        return Ok(());
     }
+    let n = usize::try_from(end.saturating_sub(*at)).unwrap_or(HASH_PIECE);
+    scratch.resize(n, 0);
+    os::read_exact_at(file, scratch, *at).map_err(|(_, e)| e)?;
+    hasher.update(scratch);
+    *at = end;
     Ok(())
 }

@@ -63,6 +63,8 @@ impl Remote {
             return Ok(None);
         };
         write.write_image(&bytes);
+        // Small: published before its path is handed out.
+        write.settle();
         let written = matches!(write.outcome(), CacheUse::Written { .. });
         Ok(hub
             .writer

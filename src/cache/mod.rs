@@ -479,13 +479,15 @@ impl Remote {
         if let Some(write) = self.write_of(&object, INDEX_FILE) {
             use crate::source::CacheWrite;
             write.write_image(&bytes);
+            // Small: published before the load goes on.
+            write.settle();
         }
         Ok(Found::Index(INDEX_FILE.to_owned(), bytes))
     }
 
     /// The write of the file `name` (its object fetched) to the hub cache;
     /// `None` without a hub cache.
-    fn write_of(&self, object: &RemoteObject, name: &str) -> Option<write::Write> {
+    fn write_of(&self, object: &RemoteObject, name: &str) -> Option<Arc<write::Write>> {
         let (target, check) = self.hub_target(object, name)?;
         let len = object.len();
         Some(match check {

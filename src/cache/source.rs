@@ -72,7 +72,7 @@ impl Source for Hit {
 /// A remote object whose reads are also written to the cache.
 pub(crate) struct Fetched {
     object: Arc<RemoteObject>,
-    write: Write,
+    write: Arc<Write>,
 }
 
 impl Fetched {

@@ -1,4 +1,4 @@
-//! A file written to a cache as a load fetches it: its partial file (`temp.rs`), each read written to it as its body arrives, hashed in file order as the gaps fill, and published once every byte is in and the digest is the store's; never failing the load.
+//! A file written to a cache as a load fetches it: its partial file (`temp.rs`), each read written to it as its body arrives, and published once every byte is in and the digest is the store's (`write_check.rs`); never failing the load.
 //!
 //! Under the file's lock the partial file is the same name in every process:
 //! what an interrupted load left of it is resumed (its recorded pieces that
@@ -16,10 +16,10 @@ use std::fs::File;
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use super::check::{Check, Hasher, hash_range};
+use super::check::{Check, Hasher};
 use super::partial;
 pub(crate) use super::temp::TempFile;
 use crate::os;
@@ -34,6 +34,9 @@ enum Phase {
     Waiting { kept: Vec<(u64, Vec<u8>)> },
     /// The temporary file exists and reads are written to it.
     Writing(Box<Progress>),
+    /// Every byte is in: its digest is being checked on a thread of its
+    /// own, off the load's path, which publishes it where it matches.
+    Checking(Arc<Checking>),
     /// Published, or given up.
     Done(Result<(), NotCached>),
     /// Another process published the file while this one waited for its
@@ -52,10 +55,6 @@ struct Progress {
     handed: bool,
     /// The byte ranges written, sorted, merged.
     covered: Vec<Range<u64>>,
-    /// Bytes from 0 hashed so far.
-    hashed: u64,
-    /// `None` while a thread hashes (the others only record what landed).
-    hasher: Option<Hasher>,
     /// The record of the partial file's finished pieces, where it is kept
     /// for a later load, and the pieces recorded (or being recorded).
     log: Option<Arc<Mutex<partial::PieceLog>>>,
@@ -76,6 +75,8 @@ const LOCK_POLL: Duration = Duration::from_millis(50);
 
 /// A file written to a cache as it is fetched.
 pub(crate) struct Write {
+    /// This write, for the thread that checks it once complete.
+    me: Weak<Write>,
     target: Box<dyn Target>,
     len: u64,
     check: Check,
@@ -83,10 +84,16 @@ pub(crate) struct Write {
     /// write: they are kept until one reads past it.
     start_at: u64,
     state: Mutex<State>,
+    /// Told when a check ends (the phase leaves `Checking`).
+    settled: Condvar,
     /// The flags of the load that fetches it: set, nothing is published.
     cancel: crate::cancel::Cancel,
     /// Bytes an earlier load left in the partial file, checked and kept.
     resumed: AtomicU64,
+    /// Something waits for the check where it outlives the load (the
+    /// tensors' storage holds a [`Settle`]): it goes on on a thread of its
+    /// own. Else it is taken by the read that completes the file.
+    deferred: std::sync::atomic::AtomicBool,
 }
 
 /// What of a range of the file is read from the cache's file instead of
@@ -127,8 +134,14 @@ pub(crate) trait Target: Send + Sync {
 impl Write {
     /// A write of a file of `len` bytes to `target`, checked by `check`,
     /// started by the first read at or past `start_at`.
-    pub(crate) fn new(target: Box<dyn Target>, len: u64, check: Check, start_at: u64) -> Write {
-        Write {
+    pub(crate) fn new(
+        target: Box<dyn Target>,
+        len: u64,
+        check: Check,
+        start_at: u64,
+    ) -> Arc<Write> {
+        Arc::new_cyclic(|me| Write {
+            me: Weak::clone(me),
             target,
             len,
             check,
@@ -137,13 +150,15 @@ impl Write {
                 phase: Phase::Waiting { kept: Vec::new() },
                 paused: false,
             }),
+            settled: Condvar::new(),
             cancel: crate::cancel::current(),
             resumed: AtomicU64::new(0),
-        }
+            deferred: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     /// A write that is over before it began, for this reason.
-    pub(crate) fn refused(target: Box<dyn Target>, len: u64, why: NotCached) -> Write {
+    pub(crate) fn refused(target: Box<dyn Target>, len: u64, why: NotCached) -> Arc<Write> {
         let write = Write::new(target, len, Check::Whole, 0);
         write.lock().phase = Phase::Done(Err(why));
         write
@@ -157,11 +172,10 @@ impl Write {
     pub(crate) fn outcome(&self) -> CacheUse {
         let store = self.target.store();
         let state = self.lock();
+        let resumed = self.resumed.load(Ordering::Relaxed);
         let why = match &state.phase {
-            Phase::Done(Ok(())) => {
-                let resumed = self.resumed.load(Ordering::Relaxed);
-                return CacheUse::Written { store, resumed };
-            }
+            Phase::Done(Ok(())) => return CacheUse::Written { store, resumed },
+            Phase::Checking(_) => return CacheUse::Checking { store, resumed },
             Phase::Elsewhere(_) => NotCached::PublishedElsewhere,
             Phase::Done(Err(why)) => why.clone(),
             Phase::Writing(p) => NotCached::Partial {
@@ -194,7 +208,7 @@ impl Write {
             return;
         }
         let (begun, mapped) = match &mut state.phase {
-            Phase::Done(_) | Phase::Elsewhere(_) => return,
+            Phase::Done(_) | Phase::Elsewhere(_) | Phase::Checking(_) => return,
             Phase::Waiting { kept } if end <= self.start_at => {
                 kept.push((offset, bytes.to_vec()));
                 return;
@@ -223,7 +237,7 @@ impl Write {
                     lock(log).finished(&progress.covered, offset..end, &mut progress.recorded);
                 (Arc::clone(log), pieces)
             });
-            self.advance(state, Some((offset, bytes)));
+            self.advance(state);
             // Recorded once written, outside the write's lock (each piece is
             // read back and hashed).
             if let Some((log, pieces)) = finished {
@@ -282,8 +296,6 @@ impl Write {
             mapped: None,
             handed: false,
             covered,
-            hashed: 0,
-            hasher: Some(Hasher::new(self.check, self.len)),
             log,
             recorded,
         }));
@@ -359,80 +371,63 @@ impl Write {
         }
     }
 
-    /// Hashes on what is in the file (bytes an earlier load left are never
-    /// landed), publishing it where that completes it.
+    /// Looks whether the file is complete (bytes an earlier load left are
+    /// never landed), and checks it if so.
     pub(crate) fn advance_now(&self) {
-        self.advance(self.lock(), None);
+        self.advance(self.lock());
     }
 
-    /// Hashes what is written from where the hash stands on, unless another
-    /// thread does; publishes the file once every byte is in and hashed.
-    /// `landed`: bytes this thread just wrote, hashed from memory.
-    fn advance<'s>(&'s self, mut state: MutexGuard<'s, State>, landed: Option<(u64, &[u8])>) {
-        loop {
-            let Phase::Writing(progress) = &mut state.phase else {
-                return;
-            };
-            let reach = match progress.covered.first() {
-                Some(first) if first.start == 0 => first.end,
-                _ => 0,
-            };
-            if reach <= progress.hashed {
-                if progress.hashed == self.len && progress.hasher.is_some() {
-                    self.finish(&mut state);
-                }
-                return;
-            }
-            let Some(mut hasher) = progress.hasher.take() else {
-                // Another thread hashes, and will see these bytes.
-                return;
-            };
-            let (from, begun) = (progress.hashed, Arc::clone(&progress.begun));
-            drop(state);
-            let hashed = if hasher.reads() {
-                hash_range(&mut hasher, &begun.file, from..reach, landed)
-            } else {
-                Ok(())
-            };
-            state = self.lock();
-            let Phase::Writing(progress) = &mut state.phase else {
-                return;
-            };
-            if let Err(e) = hashed {
-                state.phase = Phase::Done(Err(NotCached::of_io(&e)));
-                return;
-            }
-            progress.hasher = Some(hasher);
-            progress.hashed = reach;
-        }
-    }
-
-    /// Checks the complete file and publishes it.
-    fn finish(&self, state: &mut MutexGuard<'_, State>) {
-        let Phase::Writing(progress) = std::mem::replace(&mut state.phase, Phase::Done(Ok(())))
-        else {
+    /// Once every byte is in, checks the file and publishes it where the
+    /// digest matches: here, or, where something waits for the check after
+    /// the load ([`CacheWrite::settle_on_drop`]), on a thread of its own, so
+    /// that the load goes on (and returns) meanwhile.
+    fn advance(&self, mut state: MutexGuard<'_, State>) {
+        let Phase::Writing(progress) = &state.phase else {
             return;
         };
-        let Progress { begun, hasher, .. } = *progress;
-        let outcome = match hasher.and_then(|h| h.mismatch(self.check)) {
-            Some((expected, actual)) => {
-                // Nothing of it is kept for a later load.
-                begun.discard.store(true, Ordering::Relaxed);
-                Err(NotCached::Mismatch { expected, actual })
-            }
-            None if self.cancel.is_set() => Err(NotCached::Cancelled),
-            None => match self.target.publish(&begun) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(NotCached::PublishedElsewhere),
-                Err(e) => Err(NotCached::of_io(&e)),
-            },
+        let complete = match progress.covered.first() {
+            Some(first) => *first == (0..self.len),
+            None => self.len == 0,
         };
-        state.phase = Phase::Done(outcome);
+        if !complete {
+            return;
+        }
+        let checking = Arc::new(Checking {
+            begun: Mutex::new(Some(Arc::clone(&progress.begun))),
+            file: Arc::clone(&progress.begun.file),
+            job: Mutex::new(Some((Hasher::new(self.check, self.len), 0))),
+        });
+        // The record and the map's addresses go with `Progress`: every
+        // piece is written, and the check reads the file.
+        state.phase = Phase::Checking(Arc::clone(&checking));
+        drop(state);
+        if !self.deferred.load(Ordering::Relaxed) {
+            self.check(&checking);
+            return;
+        }
+        let spawned = self.me.upgrade().and_then(|write| {
+            let theirs = Arc::clone(&checking);
+            std::thread::Builder::new()
+                .name("safeload-check".into())
+                .stack_size(256 << 10)
+                .spawn(move || {
+                    // The load's threads come first: the check takes the
+                    // CPU time they leave (`settle` finishes it at the
+                    // waiter's own priority).
+                    os::idle_priority();
+                    write.check(&theirs);
+                })
+                .ok()
+        });
+        if spawned.is_none() {
+            // No thread to be had: checked here, as the load goes.
+            self.check(&checking);
+        }
     }
 
     fn abandon_with(&self, why: NotCached) {
         let mut state = self.lock();
-        if !matches!(state.phase, Phase::Done(_)) {
+        if !matches!(state.phase, Phase::Done(_) | Phase::Checking(_)) {
             state.phase = Phase::Done(Err(why));
         }
     }
@@ -465,7 +460,7 @@ fn cover(covered: &mut Vec<Range<u64>>, range: Range<u64>) {
     covered.insert(at, merged);
 }
 
-impl CacheWrite for Write {
+impl CacheWrite for Arc<Write> {
     fn map_destination(&self) -> Option<File> {
         let mut state = self.lock();
         if state.paused || !matches!(state.phase, Phase::Waiting { .. }) {
@@ -512,7 +507,7 @@ impl CacheWrite for Write {
         for piece in image.chunks(IMAGE_PIECE) {
             self.land_with(at as u64, piece, true);
             at += piece.len();
-            if matches!(self.lock().phase, Phase::Done(_)) {
+            if matches!(self.lock().phase, Phase::Done(_) | Phase::Checking(_)) {
                 return;
             }
         }
@@ -520,7 +515,7 @@ impl CacheWrite for Write {
             // Nothing to land: the empty file is complete as it begins.
             let mut state = self.lock();
             if self.begin(&mut state).is_some() {
-                self.advance(state, None);
+                self.advance(state);
             }
         }
     }
@@ -528,7 +523,16 @@ impl CacheWrite for Write {
     fn abandon(&self, why: NotCached) {
         self.abandon_with(why);
     }
+
+    fn settle_on_drop(&self) -> Box<dyn Send + Sync> {
+        self.deferred.store(true, Ordering::Relaxed);
+        Box::new(Settle(Arc::clone(self)))
+    }
 }
+
+#[path = "write_check.rs"]
+mod checking;
+use checking::{Checking, Settle};
 
 #[cfg(test)]
 #[path = "write_tests.rs"]

@@ -10,6 +10,8 @@ struct Folder {
     path: std::path::PathBuf,
     begin_fails: Option<NotCached>,
     resumable: bool,
+    /// Publishing waits for a message here (a check held half way).
+    gate: Option<Mutex<std::sync::mpsc::Receiver<()>>>,
 }
 
 impl Target for Folder {
@@ -38,6 +40,9 @@ impl Target for Folder {
         partial::activity(&Dir::open(&self.path).unwrap(), "final")
     }
     fn publish(&self, begun: &TempFile) -> io::Result<bool> {
+        if let Some(gate) = &self.gate {
+            let _ = lock(gate).recv();
+        }
         let done = begun.dir.rename_noreplace(&begun.temp, "final")?;
         begun.moved.store(done, Ordering::Relaxed);
         Ok(done)
@@ -50,8 +55,62 @@ fn folder() -> (tempfile::TempDir, Box<Folder>) {
         path: dir.path().to_path_buf(),
         begin_fails: None,
         resumable: false,
+        gate: None,
     });
     (dir, target)
+}
+
+impl Write {
+    /// What became of it once its check is over.
+    fn settled(&self) -> CacheUse {
+        self.settle();
+        self.outcome()
+    }
+}
+
+#[test]
+fn with_a_guard_the_last_read_returns_while_the_check_goes_on_and_settle_waits_for_it() {
+    let bytes = data(5 << 20);
+    let (dir, mut target) = folder();
+    let (open, gate) = std::sync::mpsc::channel();
+    target.gate = Some(Mutex::new(gate));
+    let write = Write::new(target, bytes.len() as u64, sha256_check(&bytes), 0);
+    // The tensors' storage keeps the guard: the check goes on after the load.
+    let guard = write.settle_on_drop();
+    write.land(0, &bytes);
+    // The landing thread did not wait: the check is held before publishing.
+    assert_eq!(
+        write.outcome(),
+        CacheUse::Checking {
+            store: CacheStore::Directory,
+            resumed: 0,
+        }
+    );
+    assert!(!names(dir.path()).contains(&"final".to_owned()));
+    let waiter = {
+        let write = Arc::clone(&write);
+        std::thread::spawn(move || write.settled())
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!waiter.is_finished(), "settle waits for the publish");
+    open.send(()).unwrap();
+    assert_eq!(waiter.join().unwrap().as_str(), "written");
+    assert_eq!(std::fs::read(dir.path().join("final")).unwrap(), bytes);
+    drop(guard);
+    // Dropping the guard waits the same way.
+    let (dir, target) = folder();
+    let write = Write::new(target, bytes.len() as u64, sha256_check(&bytes), 0);
+    let guard = write.settle_on_drop();
+    write.land(0, &bytes);
+    drop(guard);
+    assert_eq!(write.outcome().as_str(), "written");
+    assert_eq!(names(dir.path()), ["final"]);
+    // Without one, the read that completes the file checks and publishes it.
+    let (dir, target) = folder();
+    let write = Write::new(target, bytes.len() as u64, sha256_check(&bytes), 0);
+    write.land(0, &bytes);
+    assert_eq!(write.outcome().as_str(), "written");
+    assert_eq!(names(dir.path()), ["final"]);
 }
 
 fn names(dir: &std::path::Path) -> Vec<String> {
@@ -91,7 +150,7 @@ fn reads_in_any_order_publish_the_file_once_complete() {
             write.land(at, piece);
             if n + 1 < order.len() {
                 assert!(matches!(
-                    write.outcome(),
+                    write.settled(),
                     CacheUse::NotCached {
                         why: NotCached::Partial { .. },
                         ..
@@ -101,7 +160,7 @@ fn reads_in_any_order_publish_the_file_once_complete() {
             }
         }
         assert_eq!(
-            write.outcome(),
+            write.settled(),
             CacheUse::Written {
                 store: CacheStore::Directory,
                 resumed: 0,
@@ -126,7 +185,7 @@ fn a_header_read_alone_makes_no_file_and_a_partial_load_leaves_none() {
     write.land(8192, &bytes[8192..16384]);
     assert_eq!(names(dir.path()).len(), 1, "the temporary file");
     assert_eq!(
-        write.outcome(),
+        write.settled(),
         CacheUse::NotCached {
             store: CacheStore::Directory,
             why: NotCached::Partial {
@@ -147,7 +206,7 @@ fn bytes_that_do_not_hash_to_the_name_are_not_published() {
     other[5] ^= 1;
     let write = Write::new(target, bytes.len() as u64, sha256_check(&other), 0);
     write.land(0, &bytes);
-    match write.outcome() {
+    match write.settled() {
         CacheUse::NotCached {
             why: NotCached::Mismatch { expected, actual },
             ..
@@ -168,7 +227,7 @@ fn git_blob_ids_check_small_files() {
     let (dir, target) = folder();
     let write = Write::new(target, bytes.len() as u64, Check::Digest(id), 0);
     write.write_image(bytes);
-    assert_eq!(write.outcome().as_str(), "written");
+    assert_eq!(write.settled().as_str(), "written");
     assert_eq!(std::fs::read(dir.path().join("final")).unwrap(), bytes);
 }
 
@@ -180,7 +239,7 @@ fn a_target_that_cannot_begin_costs_the_cache_only() {
     let write = Write::new(target, bytes.len() as u64, Check::Whole, 0);
     write.land(0, &bytes);
     assert_eq!(
-        write.outcome(),
+        write.settled(),
         CacheUse::NotCached {
             store: CacheStore::Directory,
             why: NotCached::NoSpace
@@ -198,7 +257,7 @@ fn paused_reads_are_not_written_and_an_image_is() {
     write.land(0, &bytes[..1000]);
     assert!(names(dir.path()).is_empty());
     write.write_image(&bytes);
-    assert_eq!(write.outcome().as_str(), "written");
+    assert_eq!(write.settled().as_str(), "written");
     assert_eq!(std::fs::read(dir.path().join("final")).unwrap(), bytes);
     // A second writer of the same name finds it published and reads it from there.
     let (_, target) = folder();
@@ -207,6 +266,7 @@ fn paused_reads_are_not_written_and_an_image_is() {
             path: dir.path().to_path_buf(),
             begin_fails: None,
             resumable: false,
+            gate: None,
         }),
         bytes.len() as u64,
         sha256_check(&bytes),
@@ -217,7 +277,7 @@ fn paused_reads_are_not_written_and_an_image_is() {
     assert_eq!(local.ranges, vec![0..bytes.len() as u64]);
     second.land(0, &bytes);
     assert_eq!(
-        second.outcome(),
+        second.settled(),
         CacheUse::NotCached {
             store: CacheStore::Directory,
             why: NotCached::PublishedElsewhere
@@ -257,7 +317,7 @@ fn many_threads_landing_at_once_publish_once() {
             });
         }
     });
-    assert_eq!(write.outcome().as_str(), "written");
+    assert_eq!(write.settled().as_str(), "written");
     assert_eq!(std::fs::read(dir.path().join("final")).unwrap(), *bytes);
 }
 
@@ -278,11 +338,12 @@ fn ranges_merge() {
 }
 
 /// A resumable write of `bytes` into `dir`.
-fn resumable(dir: &std::path::Path, bytes: &[u8]) -> Write {
+fn resumable(dir: &std::path::Path, bytes: &[u8]) -> Arc<Write> {
     let target = Box::new(Folder {
         path: dir.to_path_buf(),
         begin_fails: None,
         resumable: true,
+        gate: None,
     });
     Write::new(target, bytes.len() as u64, sha256_check(bytes), 0)
 }
@@ -324,7 +385,7 @@ fn an_interrupted_write_is_resumed_from_its_finished_pieces() {
     land_range(&second, &bytes, piece..bytes.len());
     second.advance_now();
     assert_eq!(
-        second.outcome(),
+        second.settled(),
         CacheUse::Written {
             store: CacheStore::Directory,
             resumed: piece as u64,
@@ -354,7 +415,7 @@ fn a_damaged_kept_piece_is_fetched_again_and_a_wrong_file_is_never_published() {
         "the damaged piece is not kept"
     );
     land_range(&second, &bytes, piece..bytes.len());
-    assert_eq!(second.outcome().as_str(), "written");
+    assert_eq!(second.settled().as_str(), "written");
     assert!(std::fs::read(temp.path().join("final")).unwrap() == bytes);
     // Bytes that do not match the digest are never published, nor kept.
     let other = tempfile::tempdir().unwrap();
@@ -362,7 +423,7 @@ fn a_damaged_kept_piece_is_fetched_again_and_a_wrong_file_is_never_published() {
     wrong[5] ^= 1;
     let third = resumable(other.path(), &bytes);
     land_range(&third, &wrong, 0..wrong.len());
-    assert_eq!(third.outcome().as_str(), "not_cached");
+    assert_eq!(third.settled().as_str(), "not_cached");
     drop(third);
     assert_eq!(names(other.path()), ["final.lock"]);
 }
@@ -394,5 +455,5 @@ fn a_write_kept_whole_is_published_by_the_next_load_without_a_fetch() {
     // Published by the third: read from there.
     let local = fourth.local(0..bytes.len() as u64).unwrap();
     assert_eq!(local.ranges, vec![0..bytes.len() as u64]);
-    assert_eq!(fourth.outcome().as_str(), "not_cached");
+    assert_eq!(fourth.settled().as_str(), "not_cached");
 }

@@ -57,7 +57,9 @@ pub(crate) fn map_destinations(
         let Some(temp) = write.map_destination() else {
             continue;
         };
-        let held = temp.try_clone();
+        // The map holds the file open, and its check waited for when the
+        // map goes.
+        let held = temp.try_clone().map(|file| (file, write.settle_on_drop()));
         // The file's pages are the page cache's, not fresh anonymous memory:
         // no page size is asked for them (`HugePages::Auto` gives no advice).
         let mapped = CopyFill::of_file(&temp).and_then(|fill| {

@@ -553,3 +553,18 @@ pub(crate) use node_copy::{
 mod cache_dir;
 #[cfg(feature = "remote")]
 pub(crate) use cache_dir::{EntryKind, link_count, reserve, write_all_at};
+
+/// Puts the calling thread in the idle scheduling class (`SCHED_IDLE`): it
+/// runs only on CPU time no other thread wants. A hint: where it is refused
+/// the thread keeps its class.
+///
+/// NOTE: through `libc`, as `rustix` has no call that sets a scheduling
+/// policy.
+#[cfg(feature = "remote")]
+pub(crate) fn idle_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `sched_setscheduler` reads `param`, a live value on this stack,
+    // for the duration of the call; pid 0 is the calling thread, and a
+    // policy changes no memory of the process.
+    let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+}

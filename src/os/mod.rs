@@ -69,6 +69,10 @@ pub(crate) use imp::{filesystem_magic, filesystem_magic_of};
 // Processes, locks and memory shared between them.
 pub(crate) use imp::{SharedWords, effective_uid, flock, parent_pid, pid_exists, try_flock};
 
+// Scheduling: a thread's class.
+#[cfg(feature = "remote")]
+pub(crate) use imp::idle_priority;
+
 // The node copy: a sealed memory file, filled through a shared map, handed
 // to the job's other local ranks over a Unix socket; what a name is.
 pub(crate) use imp::{

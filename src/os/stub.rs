@@ -580,3 +580,7 @@ mod cache_dir {
         }
     }
 }
+
+/// No idle scheduling class here: the thread keeps its priority.
+#[cfg(feature = "remote")]
+pub(crate) fn idle_priority() {}

@@ -101,8 +101,9 @@
 #![doc = include_str!("example_cache.json")]
 //! ```
 //!
-//! The codes: a [`CacheUse`] is `hit`, `written` (with the bytes `resumed`)
-//! or `not_cached`, with its `store` ([`CacheStore`], a plain code: `hub` or
+//! The codes: a [`CacheUse`] is `hit`, `written` (with the bytes `resumed`),
+//! `checking` (the same, its digest still being checked when the load
+//! returned) or `not_cached`, with its `store` ([`CacheStore`], a plain code: `hub` or
 //! `directory`); a
 //! `not_cached`'s `why` ([`NotCached`]) is `partial` (with `read` and `len`),
 //! `no_space`, `unwritable` (with the system's `error`), `locked`,

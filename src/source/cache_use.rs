@@ -37,6 +37,18 @@ pub enum CacheUse {
         /// (checked piece by piece), read from there instead of fetched.
         resumed: u64,
     } = "written",
+    /// Fetched, and every byte written to the cache as it was read; its
+    /// digest was still being checked when the load returned, on a thread
+    /// of its own, which publishes it once it matches (the tensors' bytes
+    /// are the fetched ones either way). Dropping the last tensor of the
+    /// file waits for the check.
+    Checking {
+        /// The cache.
+        store: CacheStore,
+        /// Bytes of it an earlier, interrupted load had left in the cache,
+        /// as for `Written`.
+        resumed: u64,
+    } = "checking",
     /// Fetched and not cached, for a reason.
     NotCached {
         /// The cache.
@@ -150,6 +162,7 @@ impl CacheUse {
         match self {
             CacheUse::Hit { store }
             | CacheUse::Written { store, .. }
+            | CacheUse::Checking { store, .. }
             | CacheUse::NotCached { store, .. } => *store,
         }
     }
@@ -174,6 +187,13 @@ impl fmt::Display for CacheUse {
             CacheUse::Written { resumed: 0, .. } => write!(f, "{from}, written to {cache}"),
             CacheUse::Written { resumed, .. } => {
                 write!(f, "{from}, written to {cache}, resuming {resumed} bytes")
+            }
+            CacheUse::Checking { resumed, .. } => {
+                write!(f, "{from}, written to {cache}")?;
+                if *resumed > 0 {
+                    write!(f, ", resuming {resumed} bytes")?;
+                }
+                f.write_str(", its digest being checked")
             }
             CacheUse::NotCached { why, .. } => write!(f, "{from}, not cached: {why}"),
         }
@@ -202,6 +222,21 @@ mod tests {
                     resumed: 1 << 24,
                 },
                 "from the hub, written to the cache, resuming 16777216 bytes",
+            ),
+            (
+                CacheUse::Checking {
+                    store: hub,
+                    resumed: 0,
+                },
+                "from the hub, written to the cache, its digest being checked",
+            ),
+            (
+                CacheUse::Checking {
+                    store: CacheStore::Directory,
+                    resumed: 5,
+                },
+                "from the store, written to the cache directory, resuming 5 bytes, its digest \
+                 being checked",
             ),
             (
                 CacheUse::NotCached {

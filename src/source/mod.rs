@@ -163,6 +163,12 @@ pub(crate) trait CacheWrite: Send + Sync {
 
     /// The file is not written to the cache, for this reason.
     fn abandon(&self, why: NotCached);
+
+    /// A guard whose drop waits for the file's digest check, kept with the
+    /// file's tensors: from then on the check of the complete file goes on
+    /// on a thread of its own instead of the read that completes it, and a
+    /// process that drops the tensors has published what it wrote.
+    fn settle_on_drop(&self) -> Box<dyn Send + Sync>;
 }
 
 /// The error of a failed read of `source` (`operation` says of what) at

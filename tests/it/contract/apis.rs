@@ -27,7 +27,8 @@ pub struct Ctx<'a> {
     pub fresh_cache: Option<&'a Path>,
     /// With `fresh_cache`: the checkpoint whose files are then put in the cache as an
     /// interrupted load leaves them (partial files, every other piece kept), so that each
-    /// API resumes them.
+    /// API resumes them (read only by the sources of feature `remote`).
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
     pub plant_from: Option<&'a Path>,
 }
 

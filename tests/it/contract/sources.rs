@@ -327,7 +327,12 @@ fn cache(report: &LoadReport, code: &str) -> Result<(), String> {
 
 #[cfg(feature = "remote")]
 pub fn is_cache_written(report: &LoadReport) -> Result<(), String> {
-    cache(report, "written")
+    // `checking`: every byte written, its digest checked after the load returned.
+    every(report, "written", |f| {
+        f.cache
+            .as_ref()
+            .is_some_and(|c| matches!(c.as_str(), "written" | "checking"))
+    })
 }
 
 /// Every file written to the cache, some of it resumed from what an interrupted load left.
@@ -336,7 +341,10 @@ pub fn is_cache_resumed(report: &LoadReport) -> Result<(), String> {
     every(report, "written, resumed", |f| {
         matches!(
             f.cache,
-            Some(safeload::report::CacheUse::Written { resumed, .. }) if resumed > 0
+            Some(
+                safeload::report::CacheUse::Written { resumed, .. }
+                    | safeload::report::CacheUse::Checking { resumed, .. }
+            ) if resumed > 0
         )
     })
 }

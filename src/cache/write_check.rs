@@ -1,0 +1,116 @@
+//! The check of a complete file written to a cache: its digest hashed a step at a time (by the read that completed it, the check's own thread, or whoever waits for it), then the file published where it matches.
+
+use std::fs::File;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::super::check::{Hasher, hash_step};
+use super::{Phase, TempFile, Write, lock};
+use crate::source::NotCached;
+
+/// How often a check marks the partial file as changed (its modification
+/// time), for the processes that wait for its writer.
+const CHECK_SHOWN: Duration = Duration::from_secs(1);
+
+/// A complete file whose digest is being checked.
+pub(super) struct Checking {
+    /// Taken to publish it (its drop then tidies the record, before the
+    /// check is said to be over).
+    pub(super) begun: Mutex<Option<Arc<TempFile>>>,
+    pub(super) file: Arc<File>,
+    /// The hash and the bytes it has taken so far: taken a step at a time
+    /// by the check's thread, or by whoever waits for it
+    /// ([`Write::settle`]); `None` once every byte is hashed.
+    pub(super) job: Mutex<Option<(Hasher, u64)>>,
+}
+
+impl Write {
+    /// Hashes the complete file a step at a time until it is all hashed,
+    /// then checks and publishes it (whoever takes the last step does).
+    pub(super) fn check(&self, checking: &Checking) {
+        let mut scratch = Vec::new();
+        let mut shown = Instant::now();
+        loop {
+            // A process waiting for this writer sees the check as activity.
+            if shown.elapsed() > CHECK_SHOWN {
+                let _ = checking.file.set_modified(std::time::SystemTime::now());
+                shown = Instant::now();
+            }
+            let mut job = lock(&checking.job);
+            let Some((hasher, at)) = job.as_mut() else {
+                // Hashed by the other, which publishes it.
+                return;
+            };
+            if *at < self.len {
+                let step = hash_step(hasher, &checking.file, at, self.len, &mut scratch);
+                if let Err(e) = step {
+                    *job = None;
+                    drop(job);
+                    drop(lock(&checking.begun).take());
+                    self.conclude(Err(NotCached::of_io(&e)));
+                    return;
+                }
+                continue;
+            }
+            let taken = (job.take(), lock(&checking.begun).take());
+            drop(job);
+            if let (Some((hasher, _)), Some(begun)) = taken {
+                let outcome = self.publish(&begun, hasher);
+                drop(begun);
+                self.conclude(outcome);
+            }
+            return;
+        }
+    }
+
+    /// Waits for the file's check where one is under way, taking its steps
+    /// here (at this thread's priority) rather than waiting for the check's
+    /// thread to get the CPU.
+    pub(crate) fn settle(&self) {
+        let checking = match &self.lock().phase {
+            Phase::Checking(checking) => Arc::clone(checking),
+            _ => return,
+        };
+        self.check(&checking);
+        let mut state = self.lock();
+        while matches!(state.phase, Phase::Checking(_)) {
+            state = self
+                .settled
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Checks the complete, hashed file and publishes it.
+    fn publish(&self, begun: &TempFile, hasher: Hasher) -> Result<(), NotCached> {
+        match hasher.mismatch(self.check) {
+            Some((expected, actual)) => {
+                // Nothing of it is kept for a later load.
+                begun.discard.store(true, Ordering::Relaxed);
+                Err(NotCached::Mismatch { expected, actual })
+            }
+            None if self.cancel.is_set() => Err(NotCached::Cancelled),
+            None => match self.target.publish(begun) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(NotCached::PublishedElsewhere),
+                Err(e) => Err(NotCached::of_io(&e)),
+            },
+        }
+    }
+
+    /// The check is over, and so is the write.
+    fn conclude(&self, outcome: Result<(), NotCached>) {
+        self.lock().phase = Phase::Done(outcome);
+        self.settled.notify_all();
+    }
+}
+
+/// Waits for a write's check when dropped ([`Write::settle`]).
+pub(super) struct Settle(pub(super) Arc<Write>);
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        self.0.settle();
+    }
+}

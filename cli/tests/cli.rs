@@ -303,7 +303,10 @@ fn load_inspect_and_cache_share_the_hub_cache() {
         .expect_code(0)
         .json();
     for file in cold["files"].as_array().unwrap() {
-        assert_eq!(file["cache"]["code"], "written", "{file}");
+        // `checking`: every byte written, its digest still checked as the load returned
+        // (the process waits for it before it ends: the next load is a hit).
+        let code = file["cache"]["code"].as_str();
+        assert!(matches!(code, Some("written" | "checking")), "{file}");
         assert_eq!(file["cache"]["store"], "hub", "{file}");
     }
     let warm = with_hub(&["load", "hf://org/model"]).expect_code(0);

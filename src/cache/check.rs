@@ -2,6 +2,7 @@
 
 use std::fs::File;
 use std::io;
+use std::ops::Range;
 
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
@@ -72,11 +73,11 @@ impl Hasher {
 }
 
 /// Hashes the next step of the file from `*at` (at most [`HASH_PIECE`]
-/// bytes, read back from the file: just written, in the page cache), and
-/// moves `*at` on.
+/// bytes: from `view`, a map of the file, where it holds them, else read
+/// back from the file: just written, in the page cache), and moves `*at` on.
 pub(crate) fn hash_step(
     hasher: &mut Hasher,
-    file: &File,
+    (file, view): (&File, Option<&View>),
     at: &mut u64,
     len: u64,
     scratch: &mut Vec<u8>,
@@ -86,10 +87,50 @@ pub(crate) fn hash_step(
         *at = len;
         return Ok(());
     }
+    if view
+        .and_then(|v| v.hash(*at..end, |bytes| hasher.update(bytes)))
+        .is_some()
+    {
+        *at = end;
+        return Ok(());
+    }
     let n = usize::try_from(end.saturating_sub(*at)).unwrap_or(HASH_PIECE);
     scratch.resize(n, 0);
     os::read_exact_at(file, scratch, *at).map_err(|(_, e)| e)?;
     hasher.update(scratch);
     *at = end;
     Ok(())
+}
+
+/// A read-only map of a file being written (its length fixed: its space
+/// reserved), which its finished pieces and its check hash from, so that
+/// no byte is copied back out of the page cache. Each range hashed is let
+/// go of at once: the page cache keeps it, and the map does not add the
+/// file's size a second time to the process's resident memory.
+pub(crate) struct View(memmap2::Mmap);
+
+impl View {
+    /// A map of `file`, where it has `len` bytes.
+    pub(crate) fn of(file: &File, len: u64) -> Option<View> {
+        let map = crate::storage::map_file(file).ok()?;
+        (map.len() as u64 == len).then_some(View(map))
+    }
+
+    /// Runs `f` on the bytes of `range` (`None` where the map does not
+    /// hold them), then lets go of their pages.
+    pub(crate) fn hash<R>(&self, range: Range<u64>, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let from = usize::try_from(range.start).ok()?;
+        let to = usize::try_from(range.end).ok()?;
+        let out = f(self.0.get(from..to)?);
+        // SAFETY: `DontNeed` on a shared, read-only map of a file drops this
+        // process's page table entries for the range only: the bytes stay
+        // the file's (in the page cache, or on disk), and a later access
+        // faults them in again unchanged. No reference into the range
+        // outlives `f`. A hint: a failure costs resident memory only.
+        let _ = unsafe {
+            self.0
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)
+        };
+        Some(out)
+    }
 }

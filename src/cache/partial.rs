@@ -226,13 +226,36 @@ impl PieceLog {
     }
 }
 
-/// The hash of piece `index` of `file` (written), of `len` bytes: read
-/// back from the page cache.
-pub(crate) fn hash_piece(file: &File, index: u64, len: u64) -> Option<u128> {
+/// The hash of piece `index` of `file` (written), of `len` bytes: from
+/// `view` (a map of the file) where it holds the piece, else read back from
+/// the page cache.
+pub(crate) fn hash_piece(
+    file: &File,
+    view: Option<&super::check::View>,
+    index: u64,
+    len: u64,
+) -> Option<u128> {
     let range = piece(index, len);
-    let mut bytes = vec![0u8; (range.end - range.start) as usize];
-    os::read_exact_at(file, &mut bytes, range.start).ok()?;
-    Some(xxh3_128(&bytes))
+    if let Some(hash) = view.and_then(|v| v.hash(range.clone(), xxh3_128)) {
+        return Some(hash);
+    }
+    let n = usize::try_from(range.end - range.start).ok()?;
+    SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        if scratch.len() < n {
+            scratch.resize(n, 0);
+        }
+        let bytes = scratch.get_mut(..n)?;
+        os::read_exact_at(file, bytes, range.start).ok()?;
+        Some(xxh3_128(bytes))
+    })
+}
+
+thread_local! {
+    /// The bytes of a piece read back to be hashed, kept for the thread's
+    /// next piece: a fresh megabyte a piece would cost its pages' first
+    /// touch each time.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// What tells a live writer from a dead one, seen from outside: its
@@ -289,13 +312,32 @@ mod tests {
             &mut opened.recorded,
         );
         for index in finished {
-            let hash = hash_piece(&opened.file, index, bytes.len() as u64).unwrap();
+            let hash = hash_piece(&opened.file, None, index, bytes.len() as u64).unwrap();
             opened.log.append(index, hash);
         }
     }
 
     fn data(len: usize) -> Vec<u8> {
         (0..len).map(|i| (i * 31 % 251) as u8).collect()
+    }
+
+    #[test]
+    fn a_piece_hashed_from_a_map_of_the_file_is_hashed_as_read_back() {
+        let (_t, dir) = dir();
+        let bytes = data((2 * PIECE + 7) as usize);
+        let len = bytes.len() as u64;
+        let opened = open(&dir, "blob", len).unwrap();
+        os::write_all_at(&opened.file, &bytes, 0).unwrap();
+        let view = super::super::check::View::of(&opened.file, len).unwrap();
+        for index in 0..3 {
+            let mapped = hash_piece(&opened.file, Some(&view), index, len);
+            assert_eq!(mapped, hash_piece(&opened.file, None, index, len));
+            let range = piece(index, len);
+            let own = xxh3_128(&bytes[range.start as usize..range.end as usize]);
+            assert_eq!(mapped, Some(own));
+        }
+        // A map of another length is not used.
+        assert!(super::super::check::View::of(&opened.file, len + 1).is_none());
     }
 
     #[test]

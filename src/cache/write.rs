@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use super::check::{Check, Hasher};
+use super::check::{Check, Hasher, View};
 use super::partial;
 pub(crate) use super::temp::TempFile;
 use crate::os;
@@ -59,12 +59,19 @@ struct Progress {
     /// for a later load, and the pieces recorded (or being recorded).
     log: Option<Arc<Mutex<partial::PieceLog>>>,
     recorded: BTreeSet<u64>,
+    /// A read-only map of the file, where its space is reserved: finished
+    /// pieces and the check hash its bytes from there, not read back.
+    view: Option<Arc<View>>,
 }
 
 struct State {
     phase: Phase,
     /// Landed reads are not written (the node copy brings the bytes).
     paused: bool,
+    /// The file once every byte is in it, and where it is mapped as the
+    /// load's destination: the load's later reads of it are read from it
+    /// while it is checked and once it is published.
+    complete: Option<(Arc<File>, Option<Range<usize>>)>,
 }
 
 /// Bytes of an image written at a time.
@@ -149,6 +156,7 @@ impl Write {
             state: Mutex::new(State {
                 phase: Phase::Waiting { kept: Vec::new() },
                 paused: false,
+                complete: None,
             }),
             settled: Condvar::new(),
             cancel: crate::cancel::current(),
@@ -235,14 +243,15 @@ impl Write {
             let finished = progress.log.as_ref().map(|log| {
                 let pieces =
                     lock(log).finished(&progress.covered, offset..end, &mut progress.recorded);
-                (Arc::clone(log), pieces)
+                (Arc::clone(log), pieces, progress.view.clone())
             });
             self.advance(state);
             // Recorded once written, outside the write's lock (each piece is
             // read back and hashed).
-            if let Some((log, pieces)) = finished {
+            if let Some((log, pieces, view)) = finished {
                 for index in pieces {
-                    if let Some(hash) = partial::hash_piece(&begun.file, index, self.len) {
+                    let view = view.as_deref();
+                    if let Some(hash) = partial::hash_piece(&begun.file, view, index, self.len) {
                         lock(&log).append(index, hash);
                     }
                 }
@@ -273,7 +282,7 @@ impl Write {
                 return None;
             }
         };
-        let (mut covered, recorded, log) = match begun.resume.take() {
+        let (kept_pieces, recorded, log) = match begun.resume.take() {
             Some(resume) => (
                 resume.kept,
                 resume.recorded,
@@ -281,6 +290,12 @@ impl Write {
             ),
             None => (Vec::new(), BTreeSet::new(), None),
         };
+        // Merged: adjacent kept pieces are one range (a file kept whole is
+        // complete as it begins).
+        let mut covered = Vec::new();
+        for piece in kept_pieces {
+            cover(&mut covered, piece);
+        }
         let begun = Arc::new(begun);
         let resumed = covered.iter().map(|r| r.end - r.start).sum();
         self.resumed.store(resumed, Ordering::Relaxed);
@@ -291,6 +306,13 @@ impl Write {
             }
             cover(&mut covered, *offset..*offset + bytes.len() as u64);
         }
+        // Its length is fixed where its space is reserved: a map of it
+        // holds every byte (one it does not is not used).
+        let view = begun
+            .reserved
+            .then(|| View::of(&begun.file, self.len))
+            .flatten()
+            .map(Arc::new);
         state.phase = Phase::Writing(Box::new(Progress {
             begun: Arc::clone(&begun),
             mapped: None,
@@ -298,6 +320,7 @@ impl Write {
             covered,
             log,
             recorded,
+            view,
         }));
         Some(begun)
     }
@@ -354,6 +377,14 @@ impl Write {
                 ranges: vec![range],
                 mapped: None,
             }),
+            Phase::Checking(_) | Phase::Done(Ok(())) => {
+                let (file, mapped) = state.complete.as_ref()?;
+                Some(Local {
+                    file: Arc::clone(file),
+                    ranges: vec![range],
+                    mapped: mapped.clone(),
+                })
+            }
             Phase::Writing(progress) => {
                 let ranges: Vec<Range<u64>> = progress
                     .covered
@@ -395,10 +426,12 @@ impl Write {
         let checking = Arc::new(Checking {
             begun: Mutex::new(Some(Arc::clone(&progress.begun))),
             file: Arc::clone(&progress.begun.file),
+            view: progress.view.clone(),
             job: Mutex::new(Some((Hasher::new(self.check, self.len), 0))),
         });
-        // The record and the map's addresses go with `Progress`: every
-        // piece is written, and the check reads the file.
+        // The record goes with `Progress`: every piece is written, and the
+        // check reads the file.
+        state.complete = Some((Arc::clone(&progress.begun.file), progress.mapped.clone()));
         state.phase = Phase::Checking(Arc::clone(&checking));
         drop(state);
         if !self.deferred.load(Ordering::Relaxed) {

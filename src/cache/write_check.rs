@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::super::check::{Hasher, hash_step};
+use super::super::check::{Hasher, View, hash_step};
 use super::{Phase, TempFile, Write, lock};
 use crate::source::NotCached;
 
@@ -19,6 +19,8 @@ pub(super) struct Checking {
     /// check is said to be over).
     pub(super) begun: Mutex<Option<Arc<TempFile>>>,
     pub(super) file: Arc<File>,
+    /// A map of the file, hashed from where it holds the bytes.
+    pub(super) view: Option<Arc<View>>,
     /// The hash and the bytes it has taken so far: taken a step at a time
     /// by the check's thread, or by whoever waits for it
     /// ([`Write::settle`]); `None` once every byte is hashed.
@@ -30,6 +32,7 @@ impl Write {
     /// then checks and publishes it (whoever takes the last step does).
     pub(super) fn check(&self, checking: &Checking) {
         let mut scratch = Vec::new();
+        let view = checking.view.as_deref();
         let mut shown = Instant::now();
         loop {
             // A process waiting for this writer sees the check as activity.
@@ -43,7 +46,7 @@ impl Write {
                 return;
             };
             if *at < self.len {
-                let step = hash_step(hasher, &checking.file, at, self.len, &mut scratch);
+                let step = hash_step(hasher, (&checking.file, view), at, self.len, &mut scratch);
                 if let Err(e) = step {
                     *job = None;
                     drop(job);

@@ -457,3 +457,45 @@ fn a_write_kept_whole_is_published_by_the_next_load_without_a_fetch() {
     assert_eq!(local.ranges, vec![0..bytes.len() as u64]);
     assert_eq!(fourth.settled().as_str(), "not_cached");
 }
+
+#[test]
+fn a_file_resumed_whole_is_read_from_the_cache_while_it_is_checked_and_once_published() {
+    let bytes = data(partial::PIECE as usize * 3 + 5);
+    let len = bytes.len() as u64;
+    for guarded in [false, true] {
+        let temp = tempfile::tempdir().unwrap();
+        // Every piece written and recorded, the file never published (a load killed
+        // while its check ran).
+        let dir = Dir::open(temp.path()).unwrap();
+        let mut opened = partial::open(&dir, "final", len).unwrap();
+        os::write_all_at(&opened.file, &bytes, 0).unwrap();
+        let all = 0..len;
+        let pieces = opened.log.finished(
+            std::slice::from_ref(&all),
+            all.clone(),
+            &mut opened.recorded,
+        );
+        for index in pieces {
+            let hash = partial::hash_piece(&opened.file, None, index, len).unwrap();
+            opened.log.append(index, hash);
+        }
+        drop(opened);
+        let write = resumable(temp.path(), &bytes);
+        let guard = guarded.then(|| write.settle_on_drop());
+        let whole = write.local(0..len).unwrap();
+        assert_eq!(whole.ranges, vec![0..len]);
+        // The read that found it whole completes it: checked, here or on its thread.
+        write.advance_now();
+        for range in [0..len, 7..partial::PIECE + 9, len - 1..len] {
+            let local = write
+                .local(range.clone())
+                .unwrap_or_else(|| panic!("{range:?} would be fetched ({guarded})"));
+            assert_eq!(local.ranges, vec![range]);
+        }
+        drop(guard);
+        assert_eq!(write.settled().as_str(), "written");
+        let local = write.local(0..len).expect("published: still read from it");
+        assert_eq!(local.ranges, vec![0..len]);
+        assert_eq!(std::fs::read(temp.path().join("final")).unwrap(), bytes);
+    }
+}

@@ -122,11 +122,10 @@ impl View {
         let from = usize::try_from(range.start).ok()?;
         let to = usize::try_from(range.end).ok()?;
         let out = f(self.0.get(from..to)?);
-        // SAFETY: `DontNeed` on a shared, read-only map of a file drops this
-        // process's page table entries for the range only: the bytes stay
-        // the file's (in the page cache, or on disk), and a later access
-        // faults them in again unchanged. No reference into the range
-        // outlives `f`. A hint: a failure costs resident memory only.
+        // A hint: a failure costs resident memory only. No reference into
+        // the range outlives `f`.
+        // SAFETY: `DontNeed` on a shared read-only file map only drops this
+        // process's page table entries; the bytes stay the file's, faulted in unchanged.
         let _ = unsafe {
             self.0
                 .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)

@@ -29,7 +29,7 @@ pub struct Ctx<'a> {
     /// interrupted load leaves them (partial files, every other piece kept), so that each
     /// API resumes them (read only by the sources of feature `remote`).
     #[cfg_attr(not(feature = "remote"), allow(dead_code))]
-    pub plant_from: Option<&'a Path>,
+    pub plant_from: Option<(&'a Path, usize)>,
 }
 
 /// What went wrong, a line each: the API, the tensor, what.
@@ -78,8 +78,8 @@ pub fn check_all(ctx: &Ctx) -> Vec<String> {
         if let Some(cache) = ctx.fresh_cache {
             empty(cache);
             #[cfg(feature = "remote")]
-            if let Some(dir) = ctx.plant_from {
-                super::sources::plant_partials(cache, dir);
+            if let Some((dir, every)) = ctx.plant_from {
+                super::sources::plant_partials(cache, dir, every);
             }
         }
         let before = failures.0.len();

@@ -90,6 +90,8 @@ sources! {
     #[cfg(feature = "remote")]
     hf_cache_resumed: hf_cache_resumed, auto, is_cache_resumed;
     #[cfg(feature = "remote")]
+    hf_cache_complete: hf_cache_complete, auto, is_cache_resumed;
+    #[cfg(feature = "remote")]
     hf_cache_hit: hf_cache_hit, auto, is_cache_hit;
     #[cfg(feature = "remote")]
     s3_cache_miss: s3_cache_miss, auto, is_cache_written;
@@ -155,7 +157,7 @@ fn in_process(source: &Source, served: &Served, dir: &Path, seed: u64) -> Vec<St
         seed,
         expect: source.expect,
         fresh_cache: served.fresh_cache.as_deref(),
-        plant_from: served.plant.then_some(dir),
+        plant_from: served.plant.map(|every| (dir, every)),
     })
 }
 
@@ -195,7 +197,9 @@ fn act_contract() {
         seed: var(SEED).unwrap().parse().unwrap(),
         expect: source.expect,
         fresh_cache: fresh.as_deref(),
-        plant_from: var(PLANT).is_some().then_some(dir.as_path()),
+        plant_from: var(PLANT)
+            .and_then(|every| every.parse().ok())
+            .map(|every| (dir.as_path(), every)),
     });
     for line in failures {
         println!("CONTRACT-FAIL {line}");
@@ -219,8 +223,8 @@ fn in_children(source: &Source, served: &Served, dir: &Path, seed: u64) -> Vec<S
             if served.warm {
                 cmd.env(WARM, "1");
             }
-            if served.plant {
-                cmd.env(PLANT, "1");
+            if let Some(every) = served.plant {
+                cmd.env(PLANT, every.to_string());
             }
             if served.ranks > 1 {
                 cmd.env("LOCAL_RANK", rank.to_string())

@@ -22,8 +22,8 @@ pub struct Served {
     /// Load once before the APIs (a cache then hit by each).
     pub warm: bool,
     /// After the cache is emptied, put the files in it as partial files an interrupted
-    /// load left (each then resumed).
-    pub plant: bool,
+    /// load left (each then resumed), every `n`th 1 MiB piece of them kept and recorded.
+    pub plant: Option<usize>,
     pub keep: Vec<Box<dyn Any>>,
 }
 
@@ -35,7 +35,7 @@ impl Served {
             ranks: 1,
             fresh_cache: None,
             warm: false,
-            plant: false,
+            plant: None,
             keep: Vec::new(),
         }
     }
@@ -122,15 +122,23 @@ mod remote {
     /// load leaves it: a partial file with every other 1 MiB piece kept and recorded.
     pub fn hf_cache_resumed(dir: &Path) -> Option<Served> {
         let mut served = hf_cache_miss(dir)?;
-        served.plant = true;
+        served.plant = Some(2);
+        Some(served)
+    }
+
+    /// The same with every piece kept and recorded: files a load wrote whole and was
+    /// killed while checking, each read from the cache's file, none fetched.
+    pub fn hf_cache_complete(dir: &Path) -> Option<Served> {
+        let mut served = hf_cache_miss(dir)?;
+        served.plant = Some(1);
         Some(served)
     }
 
     /// Puts each `.safetensors` file of `dir` in the hub cache at `cache` as an
     /// interrupted load leaves it (`src/cache/partial.rs`'s format, written here on its
-    /// own): `blobs/<sha256>.safeload-partial` holding the even pieces (the odd ones zero),
-    /// and its record listing them.
-    pub fn plant_partials(cache: &Path, dir: &Path) {
+    /// own): `blobs/<sha256>.safeload-partial` holding every `every`th piece (the others
+    /// zero), and its record listing them.
+    pub fn plant_partials(cache: &Path, dir: &Path, every: usize) {
         use sha2::{Digest, Sha256};
         const PIECE: usize = 1 << 20;
         let blobs = cache.join("models--org--model").join("blobs");
@@ -150,7 +158,7 @@ mod remote {
             record.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
             record.extend_from_slice(&(PIECE as u64).to_le_bytes());
             for (i, piece) in partial.chunks_mut(PIECE).enumerate() {
-                if i % 2 == 0 {
+                if i % every == 0 {
                     record.extend_from_slice(&(i as u64).to_le_bytes());
                     record.extend_from_slice(&xxhash_rust::xxh3::xxh3_128(piece).to_le_bytes());
                 } else {

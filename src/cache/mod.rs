@@ -6,7 +6,7 @@
 //! - `store.rs`: the cache directory of other stores;
 //! - `write.rs`: a file written as it is fetched, checked (`check.rs`),
 //!   published; `temp.rs`: the file it fills; `partial.rs`: that file kept
-//!   for the next load to resume, with the record of its finished pieces;
+//!   for the next load to resume, its finished pieces recorded (`streams.rs`);
 //! - `hits.rs`: the cache's own files as sources (a hit), and the digest a
 //!   snapshot file to be verified needs;
 //! - `source.rs`: the two sources a cache adds (a file of the cache, a
@@ -42,6 +42,7 @@ mod partial;
 mod remover;
 mod source;
 mod store;
+mod streams;
 mod temp;
 mod write;
 

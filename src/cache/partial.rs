@@ -151,7 +151,7 @@ fn pieces(len: u64) -> u64 {
 }
 
 /// The byte range of piece `index` of a file of `len` bytes.
-fn piece(index: u64, len: u64) -> Range<u64> {
+pub(super) fn piece(index: u64, len: u64) -> Range<u64> {
     let start = index.saturating_mul(PIECE).min(len);
     start..start.saturating_add(PIECE).min(len)
 }

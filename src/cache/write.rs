@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::check::{Check, Hasher, View};
 use super::partial;
+use super::streams::{self, Streams};
 pub(crate) use super::temp::TempFile;
 use crate::os;
 use crate::remote::watch::{Pace, STALL_VAR};
@@ -53,12 +54,17 @@ struct Progress {
     mapped: Option<Range<usize>>,
     /// The file was handed out to be mapped, its map not yet registered.
     handed: bool,
+    /// Held while the map is filled (until every byte is in).
+    filling: Option<Filling>,
     /// The byte ranges written, sorted, merged.
     covered: Vec<Range<u64>>,
     /// The record of the partial file's finished pieces, where it is kept
     /// for a later load, and the pieces recorded (or being recorded).
     log: Option<Arc<Mutex<partial::PieceLog>>>,
     recorded: BTreeSet<u64>,
+    /// The pieces' hashes taken as their bytes land (where there is a
+    /// record).
+    streams: Streams,
     /// A read-only map of the file, where its space is reserved: finished
     /// pieces and the check hash its bytes from there, not read back.
     view: Option<Arc<View>>,
@@ -230,6 +236,12 @@ impl Write {
                 (Arc::clone(&progress.begun), in_file)
             }
         };
+        let mut taken = match &mut state.phase {
+            Phase::Writing(progress) if progress.log.is_some() => {
+                progress.streams.take(offset..end, self.len)
+            }
+            _ => Vec::new(),
+        };
         drop(state);
         if !mapped {
             if let Err(e) = os::write_all_at(&begun.file, bytes, offset) {
@@ -237,21 +249,30 @@ impl Write {
                 return;
             }
         }
+        // Hashed while the bytes are in the CPU's cache (`streams.rs`).
+        streams::hash(&mut taken, bytes, offset);
         let mut state = self.lock();
         if let Phase::Writing(progress) = &mut state.phase {
+            progress.streams.put(taken, self.len);
             cover(&mut progress.covered, offset..end);
             let finished = progress.log.as_ref().map(|log| {
                 let pieces =
                     lock(log).finished(&progress.covered, offset..end, &mut progress.recorded);
+                let pieces: Vec<(u64, Option<u128>)> = pieces
+                    .into_iter()
+                    .map(|index| (index, progress.streams.finished(index)))
+                    .collect();
                 (Arc::clone(log), pieces, progress.view.clone())
             });
             self.advance(state);
-            // Recorded once written, outside the write's lock (each piece is
-            // read back and hashed).
+            // Recorded once written, outside the write's lock (a piece not
+            // hashed as it landed is hashed from the file).
             if let Some((log, pieces, view)) = finished {
-                for index in pieces {
+                for (index, streamed) in pieces {
                     let view = view.as_deref();
-                    if let Some(hash) = partial::hash_piece(&begun.file, view, index, self.len) {
+                    let hash = streamed
+                        .or_else(|| partial::hash_piece(&begun.file, view, index, self.len));
+                    if let Some(hash) = hash {
                         lock(&log).append(index, hash);
                     }
                 }
@@ -317,9 +338,11 @@ impl Write {
             begun: Arc::clone(&begun),
             mapped: None,
             handed: false,
+            filling: None,
             covered,
             log,
             recorded,
+            streams: Streams::default(),
             view,
         }));
         Some(begun)
@@ -444,10 +467,11 @@ impl Write {
                 .name("safeload-check".into())
                 .stack_size(256 << 10)
                 .spawn(move || {
-                    // The load's threads come first: the check takes the
-                    // CPU time they leave (`settle` finishes it at the
-                    // waiter's own priority).
+                    // The load's threads come first: the check waits for
+                    // the process's fills to end, then takes the CPU time
+                    // left (`settle` finishes it at the waiter's priority).
                     os::idle_priority();
+                    checking::after_fills();
                     write.check(&theirs);
                 })
                 .ok()
@@ -516,6 +540,7 @@ impl CacheWrite for Arc<Write> {
         if let Phase::Writing(progress) = &mut state.phase {
             if progress.handed && addresses.len() as u64 == self.len {
                 progress.mapped = Some(addresses);
+                progress.filling = Some(Filling::start());
             }
         }
     }
@@ -565,7 +590,7 @@ impl CacheWrite for Arc<Write> {
 
 #[path = "write_check.rs"]
 mod checking;
-use checking::{Checking, Settle};
+use checking::{Checking, Filling, Settle};
 
 #[cfg(test)]
 #[path = "write_tests.rs"]

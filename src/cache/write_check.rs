@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::super::check::{Hasher, View, hash_step};
@@ -12,6 +12,57 @@ use crate::source::NotCached;
 /// How often a check marks the partial file as changed (its modification
 /// time), for the processes that wait for its writer.
 const CHECK_SHOWN: Duration = Duration::from_secs(1);
+
+/// How many cache files this process is filling as a load's destination
+/// (a map of the file), and what is told when none is left.
+static FILLING: Mutex<usize> = Mutex::new(0);
+static FILLS_OVER: Condvar = Condvar::new();
+
+/// The longest a check's thread waits for the fills to end.
+const FILLS_WAIT: Duration = Duration::from_secs(60);
+
+/// A cache file being filled as a load's destination: the checks' threads
+/// of the process wait until none is.
+///
+/// NOTE: in the idle class the check still took a tenth of the CPU time of
+/// a two-CPU load (the moments the readers wait on the network), and its
+/// memory traffic slowed them; a check is work the load does not wait for
+/// (BENCHMARKS.md, "cache/write_check.rs: Filling").
+pub(super) struct Filling(());
+
+impl Filling {
+    pub(super) fn start() -> Filling {
+        *lock(&FILLING) += 1;
+        Filling(())
+    }
+}
+
+impl Drop for Filling {
+    fn drop(&mut self) {
+        let mut filling = lock(&FILLING);
+        *filling = filling.saturating_sub(1);
+        if *filling == 0 {
+            FILLS_OVER.notify_all();
+        }
+    }
+}
+
+/// Waits until this process fills no cache file as a load's destination,
+/// at most [`FILLS_WAIT`].
+pub(super) fn after_fills() {
+    let deadline = Instant::now() + FILLS_WAIT;
+    let mut filling = lock(&FILLING);
+    while *filling > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        filling = FILLS_OVER
+            .wait_timeout(filling, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+}
 
 /// A complete file whose digest is being checked.
 pub(super) struct Checking {

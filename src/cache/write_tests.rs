@@ -113,6 +113,39 @@ fn with_a_guard_the_last_read_returns_while_the_check_goes_on_and_settle_waits_f
     assert_eq!(names(dir.path()), ["final"]);
 }
 
+#[test]
+fn the_checks_thread_waits_for_the_process_fills_and_a_waiter_does_not() {
+    let bytes = data(3 << 20);
+    // Another file of the process being filled as a load's destination.
+    let fill = Filling::start();
+    let (_dir, target) = folder();
+    let write = Write::new(target, bytes.len() as u64, sha256_check(&bytes), 0);
+    let guard = write.settle_on_drop();
+    write.land(0, &bytes);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        write.outcome().as_str(),
+        "checking",
+        "the check waits for the fill"
+    );
+    // Dropping the guard checks and publishes here, the fill still on.
+    drop(guard);
+    assert_eq!(write.outcome().as_str(), "written");
+    // Once the fills end, the check's thread publishes on its own.
+    let (dir, target) = folder();
+    let write = Write::new(target, bytes.len() as u64, sha256_check(&bytes), 0);
+    let guard = write.settle_on_drop();
+    write.land(0, &bytes);
+    drop(fill);
+    let start = std::time::Instant::now();
+    while write.outcome().as_str() != "written" && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(write.outcome().as_str(), "written");
+    assert_eq!(names(dir.path()), ["final"]);
+    drop(guard);
+}
+
 fn names(dir: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()

@@ -1,6 +1,6 @@
 //! Read once per cluster: the nodes of a job split a checkpoint's reads between them and
 //! exchange the rest, through MPI (feature `mpi`, `SAFELOAD_EXCHANGE=mpi`) or the engine's own
-//! communicator ([`Communicator`], given to [`Loader::exchange`](crate::Loader::exchange)).
+//! communicator ([`Communicator`], given to `Loader::exchange`).
 //!
 //! Every node needs the whole checkpoint, so N nodes pull N times its bytes through the one
 //! filesystem or store they share. With an exchange, the nodes first compare the files they

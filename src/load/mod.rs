@@ -2,6 +2,10 @@
 
 mod future;
 mod run;
+// Loads split between nodes under `mpirun`, through the MPI exchange's harness.
+#[cfg(all(test, unix, feature = "mpi"))]
+#[path = "cluster_tests.rs"]
+mod cluster;
 
 use std::fmt;
 use std::sync::Arc;

@@ -50,7 +50,7 @@ mod init;
 mod setup;
 // `mpirun` jobs, killed by process group where they overrun.
 #[cfg(all(test, unix))]
-mod tests;
+pub(crate) mod tests;
 mod worker;
 
 use std::sync::atomic::{AtomicBool, Ordering};

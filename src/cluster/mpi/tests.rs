@@ -12,15 +12,13 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-mod loads;
-
 use super::{
     CHUNK, CORRUPT_ENV, MpiExchange, MpiMembership, MpiSettings, NODE_ID_ENV, SLURM_NODE_ID_ENV,
 };
 use crate::cluster::{Exchange, ExchangeError, ExchangeErrorKind, TIMEOUT_ENV, broadcast_checked};
 
 /// Set in a child: the role it plays.
-const ROLE: &str = "SAFELOAD_TEST_MPI_ROLE";
+pub(crate) const ROLE: &str = "SAFELOAD_TEST_MPI_ROLE";
 /// `1` where a test that needs `mpirun` must fail rather than skip.
 const REQUIRE: &str = "SAFELOAD_REQUIRE_MPI";
 /// The name the harness gives the child test.
@@ -33,18 +31,18 @@ const CHILD_TIMEOUT_SECS: &str = "30";
 static ONE_JOB: Mutex<()> = Mutex::new(());
 
 /// What an `mpirun` did.
-struct Run {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Run {
+    pub(crate) status: ExitStatus,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
     /// When it ended, as the time since the epoch (to compare with the children's clocks).
-    ended: Duration,
-    elapsed: Duration,
+    pub(crate) ended: Duration,
+    pub(crate) elapsed: Duration,
 }
 
 impl Run {
     /// The children's `NODE <index> <word> ...` lines, sorted, so that tests compare sets.
-    fn lines(&self, word: &str) -> Vec<String> {
+    pub(crate) fn lines(&self, word: &str) -> Vec<String> {
         // A child's line may follow another child's partial line (the harness's `test ...`
         // before its result): each line is taken from its `NODE`.
         let mut lines: Vec<String> = self
@@ -58,7 +56,7 @@ impl Run {
         lines
     }
 
-    fn show(&self) -> String {
+    pub(crate) fn show(&self) -> String {
         format!(
             "status {:?} after {:?}\n--- stdout\n{}\n--- stderr\n{}",
             self.status, self.elapsed, self.stdout, self.stderr
@@ -70,6 +68,17 @@ impl Run {
 /// running `role` with `env` set, killed (and the test failed) if it is not done within
 /// `limit`. `None` where `mpirun` is missing and not required.
 fn mpirun(role: &str, nodes: &[Option<u32>], env: &[(&str, &str)], limit: Duration) -> Option<Run> {
+    mpirun_child(CHILD, role, nodes, env, limit)
+}
+
+/// [`mpirun`] with `child` (the test's full name in this binary) as every process's body.
+pub(crate) fn mpirun_child(
+    child: &str,
+    role: &str,
+    nodes: &[Option<u32>],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Option<Run> {
     if let Err(e) = Command::new("mpirun").arg("--version").output() {
         assert!(
             std::env::var_os(REQUIRE).is_none_or(|v| v != "1"),
@@ -92,7 +101,7 @@ fn mpirun(role: &str, nodes: &[Option<u32>], env: &[(&str, &str)], limit: Durati
             cmd.arg(format!("{NODE_ID_ENV}={node}"));
         }
         cmd.arg(&exe)
-            .args(["--exact", CHILD, "--nocapture", "--test-threads=1"]);
+            .args(["--exact", child, "--nocapture", "--test-threads=1"]);
     }
     cmd.env(ROLE, role)
         .env(TIMEOUT_ENV, CHILD_TIMEOUT_SECS)
@@ -157,7 +166,7 @@ fn epoch() -> Duration {
 }
 
 /// `len` bytes that differ with `seed`, and from one position to the next.
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
+pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ ((i >> 8) as u8))
         .collect()
@@ -415,11 +424,6 @@ fn child() {
     let Ok(role) = std::env::var(ROLE) else {
         return;
     };
-    if role == "load" {
-        // A load through the public API, which joins the exchange itself.
-        loads::act();
-        return;
-    }
     let settings = MpiSettings::from_env().unwrap();
     if role == "late" && settings.identity.encode()[1] == 1 {
         println!("NODE ? LATE");

@@ -12,8 +12,25 @@ use std::time::Duration;
 
 use safeload_testfs::{Mount, Options, skip_without_fuse};
 
-use super::mpirun;
-use crate::cluster::mpi::NODE_ID_ENV;
+use crate::cluster::mpi::tests::{ROLE, Run, mpirun_child, pattern};
+use crate::cluster::mpi::{CORRUPT_ENV, NODE_ID_ENV};
+
+/// This module's child test, every process's body under `mpirun`.
+const CHILD: &str = "load::cluster::child";
+
+/// `mpirun` of `nodes` processes loading as [`act`] says (the exchange's own harness).
+fn mpirun(role: &str, nodes: &[Option<u32>], env: &[(&str, &str)], limit: Duration) -> Option<Run> {
+    mpirun_child(CHILD, role, nodes, env, limit)
+}
+
+/// The body of every process under `mpirun`: nothing in an ordinary test run.
+#[test]
+fn child() {
+    if std::env::var(ROLE).is_ok_and(|role| role == "load") {
+        // A load through the public API, which joins the exchange itself.
+        act();
+    }
+}
 
 /// Set in a child: the checkpoint of each node, one path per line, in node order.
 const PATHS: &str = "SAFELOAD_TEST_CLUSTER_PATHS";
@@ -24,7 +41,7 @@ const FAULT_NODE: &str = "SAFELOAD_TEST_CLUSTER_FAULT_NODE";
 
 /// The child's side: loads this node's path, prints `NODE <id> DIGEST <hex>`, a `NODE <id>
 /// NOTE <note>` line per note of the load, or `NODE <id> ERROR <kind> <message>`.
-pub(super) fn act() {
+fn act() {
     let node: usize = std::env::var(NODE_ID_ENV).unwrap().parse().unwrap();
     let paths = std::env::var(PATHS).unwrap();
     let path = paths.lines().nth(node).unwrap().to_owned();
@@ -45,7 +62,7 @@ pub(super) fn act() {
             }
         });
     }
-    match crate::Loader::new().load(&path) {
+    match super::Loader::new().load(&path) {
         Ok(sd) => {
             println!("NODE {node} DIGEST {:016x}", digest(&sd));
             for note in &sd.report().notes {
@@ -85,7 +102,7 @@ fn write_checkpoint(dir: &Path, shards: usize, mib: usize, seed: u8) -> u64 {
         let tensors: Vec<(String, Vec<u8>)> = (0..mib)
             .map(|t| {
                 let tensor = format!("layer{s}.w{t:03}");
-                let bytes = super::pattern(1 << 20, seed.wrapping_add((s * 31 + t) as u8));
+                let bytes = pattern(1 << 20, seed.wrapping_add((s * 31 + t) as u8));
                 (tensor, bytes)
             })
             .collect();
@@ -158,7 +175,7 @@ fn load_on_mounts(
     source: &Path,
     nodes: &[Option<u32>],
     env: &[(&str, &str)],
-) -> Option<(super::Run, Vec<u64>)> {
+) -> Option<(Run, Vec<u64>)> {
     let (mounts, paths) = mounts([source, source, source], None);
     let list = joined(&paths);
     let mut env = env.to_vec();
@@ -170,7 +187,7 @@ fn load_on_mounts(
 }
 
 /// Asserts that every one of `count` processes printed the digest `expected`.
-fn assert_digests(run: &super::Run, count: usize, expected: u64) {
+fn assert_digests(run: &Run, count: usize, expected: u64) {
     let digests = run.lines("DIGEST");
     assert_eq!(digests.len(), count, "{}", run.show());
     for line in &digests {
@@ -287,7 +304,7 @@ fn a_corrupted_range_is_an_error_on_the_node_that_received_it() {
     let env = [
         ("SAFELOAD_EXCHANGE", "mpi"),
         (PATHS, list.as_str()),
-        (super::CORRUPT_ENV, "1"),
+        (CORRUPT_ENV, "1"),
         (crate::cluster::TIMEOUT_ENV, "3"),
     ];
     let Some(run) = mpirun("load", &NODES, &env, Duration::from_secs(120)) else {

@@ -1,8 +1,12 @@
 //! `StateDict`: the loaded tensors in a deterministic order, the files' metadata, and the report of how each file was read.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
 
+use crate::error::{Error, ErrorKind, Result};
 use crate::report::LoadReport;
+use crate::source::{CacheUse, NotCached, Source};
 use crate::tensor::Tensor;
 
 /// The tensors of a checkpoint, in file order: shard by shard (sorted by
@@ -34,6 +38,21 @@ pub struct StateDict {
     pub(crate) metadata: BTreeMap<String, String>,
     pub(crate) index_metadata: Option<BTreeMap<String, String>>,
     pub(crate) report: LoadReport,
+    /// The files the load wrote to a cache, by the path the report names.
+    pub(crate) cache_writes: CacheWrites,
+}
+
+/// The sources of the files a load wrote to a cache, whose digest checks
+/// may outlive the load.
+#[derive(Clone, Default)]
+pub(crate) struct CacheWrites(pub(crate) Vec<(PathBuf, Arc<dyn Source>)>);
+
+impl std::fmt::Debug for CacheWrites {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(p, _)| p))
+            .finish()
+    }
 }
 
 impl StateDict {
@@ -95,6 +114,46 @@ impl StateDict {
     /// table; [`LoadReport::files`] gives it as data.
     pub fn report(&self) -> &LoadReport {
         &self.report
+    }
+
+    /// Waits for the digest checks still under way of the files this load
+    /// fetched and wrote to a cache (those the report says
+    /// [`CacheUse::Checking`] of: checked on a thread of their own after the
+    /// load returned, and published once they match), and returns the
+    /// first that did not match as [`ErrorKind::IntegrityMismatch`], naming
+    /// the file: its tensors hold the bytes the store sent, which are not
+    /// the ones the store's digest names, and nothing was published. `Ok`
+    /// where every check matched, or where the cache failed otherwise (a
+    /// full disk costs the cache, never the load). A load with no cache
+    /// returns `Ok` at once.
+    ///
+    /// Engines that load from `hf://` call it once they are up (dropping the
+    /// tensors waits for the checks too, but can say nothing).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &[0u8; 4])?;
+    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+    /// let sd = safeload::load_state_dict(&path, None)?;   // or "hf://org/model"
+    /// sd.settle_cache()?;                                  // the cache's checks, if any
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn settle_cache(&self) -> Result<()> {
+        for (path, source) in &self.cache_writes.0 {
+            let Some(write) = source.cache_write() else {
+                continue;
+            };
+            if let CacheUse::NotCached {
+                why: NotCached::Mismatch { expected, actual },
+                ..
+            } = write.settled()
+            {
+                let kind = ErrorKind::IntegrityMismatch { expected, actual };
+                return Err(Error::new(kind, path));
+            }
+        }
+        Ok(())
     }
 
     /// Takes the tensors out, in file order.

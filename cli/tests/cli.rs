@@ -263,9 +263,24 @@ struct Hub {
 
 impl Hub {
     fn new() -> Hub {
+        Hub::lying(false)
+    }
+
+    /// With `lie`, a hub that serves the first shard's tensor bytes damaged, under its true
+    /// digest.
+    fn lying(lie: bool) -> Hub {
         let files = tempdir().unwrap();
         write_sharded(files.path(), 2, 3);
-        let options = safeload_testhttp::Options::default();
+        let mut options = safeload_testhttp::Options::default();
+        if lie {
+            let path = "model-00001-of-00002.safetensors".to_owned();
+            let bytes = std::fs::read(files.path().join(&path)).unwrap();
+            let header = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+            options.lie = Some(safeload_testhttp::Lie {
+                path,
+                from: 8 + header,
+            });
+        }
         let server = safeload_testhttp::Server::start(files.path(), options).unwrap();
         Hub {
             _files: files,
@@ -339,6 +354,39 @@ fn load_inspect_and_cache_share_the_hub_cache() {
     );
     let text = with_hub(&["cache"]).expect_code(0);
     assert!(text.stdout.contains("org/model"), "{}", text.stdout);
+}
+
+#[test]
+fn a_digest_mismatch_found_after_the_load_fails_the_command_and_says_so() {
+    let hub = Hub::lying(true);
+    for args in [
+        &["load", "hf://org/model"][..],
+        &["load", "hf://org/model", "--json"],
+    ] {
+        let run = hub.run(args);
+        // The report is printed (the load returned), then the check's verdict.
+        let run = run.expect_code(1);
+        assert!(
+            run.stderr.contains("SHA-256 mismatch")
+                && run.stderr.contains("model-00001-of-00002.safetensors"),
+            "{}",
+            run.stderr
+        );
+        assert!(!run.stdout.is_empty());
+    }
+    // Nothing of the damaged file was published.
+    let blobs = hub.cache.path().join("models--org--model/blobs");
+    let names: Vec<String> = std::fs::read_dir(&blobs)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        names.iter().all(|n| !n.contains("safeload-partial")),
+        "{names:?}"
+    );
 }
 
 #[test]

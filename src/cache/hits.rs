@@ -1,10 +1,14 @@
 //! The cache's own files as a load's sources: a snapshot file or a blob found there (a hit, reported with the commit or ETag it is at), and the digest a file to be verified needs where its name vouches for none.
 
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
 use std::sync::Arc;
 
 use super::hub::{self, Cached};
 use super::{HubMode, Mode, Remote, layout};
-use crate::error::{Error, Operation, Result};
+use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::format::MAX_INDEX_BYTES;
 use crate::mount::MountTable;
 use crate::remote::object::RemoteObject;
 use crate::source::{CacheStore, LocalFile, Source};
@@ -124,4 +128,17 @@ pub(super) fn hit_of(
         commit,
         etag,
     }))
+}
+/// A cached index, read whole (refused past the index cap before it is
+/// read).
+pub(super) fn read_index(path: &Path, file: &File) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    file.take(MAX_INDEX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(Operation::Read, path, None, e))?;
+    if bytes.len() as u64 > MAX_INDEX_BYTES {
+        let reason = format!("index of more than {MAX_INDEX_BYTES} bytes");
+        return Err(Error::new(ErrorKind::InvalidIndex { reason }, path));
+    }
+    Ok(bytes)
 }

@@ -354,6 +354,10 @@ impl Target for HubTarget {
         CacheStore::Hub
     }
 
+    fn shown(&self) -> std::path::PathBuf {
+        self.writer.snapshot_path(&self.path)
+    }
+
     fn begin(&self, len: u64) -> Result<TempFile, NotCached> {
         let unwritable = |e: io::Error| NotCached::of_io(&e);
         let blobs = self

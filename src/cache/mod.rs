@@ -34,6 +34,7 @@
 mod check;
 mod clean;
 mod extra;
+mod heartbeat;
 mod hits;
 mod hub;
 pub(crate) mod layout;
@@ -47,13 +48,11 @@ mod temp;
 mod write;
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::error::{Error, ErrorKind, Operation, Result};
-use crate::format::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
+use crate::format::{INDEX_FILE, SINGLE_FILE};
 use crate::mount::MountTable;
 use crate::remote::checkpoint::{Found, RemoteCheckpoint};
 use crate::remote::error::RemoteErrorKind;
@@ -65,7 +64,7 @@ use crate::source::{NotCached, Source};
 
 use check::Check;
 pub use clean::{hub_cache_prune, hub_cache_remove};
-use hits::{HitOf, blob_name, hit_of};
+use hits::{HitOf, blob_name, hit_of, read_index};
 use hub::{Cached, HubTarget, RepoView, RepoWriter};
 pub use list::hub_cache;
 use source::Fetched;
@@ -583,18 +582,4 @@ impl Remote {
             }
         }
     }
-}
-
-/// A cached index, read whole (refused past the index cap before it is
-/// read).
-fn read_index(path: &Path, file: &File) -> Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    file.take(MAX_INDEX_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(Operation::Read, path, None, e))?;
-    if bytes.len() as u64 > MAX_INDEX_BYTES {
-        let reason = format!("index of more than {MAX_INDEX_BYTES} bytes");
-        return Err(Error::new(ErrorKind::InvalidIndex { reason }, path));
-    }
-    Ok(bytes)
 }

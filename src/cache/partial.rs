@@ -217,6 +217,14 @@ impl PieceLog {
             .collect()
     }
 
+    /// Forgets every piece recorded: what an earlier load left is not
+    /// adopted (it is fetched again), and is written over.
+    pub(crate) fn forget_all(&mut self) {
+        if self.record.set_len(HEADER as u64).is_ok() {
+            self.end = HEADER as u64;
+        }
+    }
+
     /// Records piece `index` of hash `hash`. A record that cannot be
     /// written costs a later load this piece, nothing else.
     pub(crate) fn append(&mut self, index: u64, hash: u128) {
@@ -264,6 +272,28 @@ thread_local! {
 pub(crate) struct Activity {
     record: u64,
     modified: Option<SystemTime>,
+}
+
+impl Activity {
+    /// The activity of a record of `record` bytes and a file changed at
+    /// `modified`.
+    #[cfg(test)]
+    pub(crate) fn of(record: u64, modified: SystemTime) -> Activity {
+        Activity {
+            record,
+            modified: Some(modified),
+        }
+    }
+
+    /// The pieces its record lists.
+    pub(crate) fn pieces(&self) -> u64 {
+        self.record.saturating_sub(HEADER as u64) / ENTRY as u64
+    }
+
+    /// Whether its record lists every piece of a file of `len` bytes.
+    pub(crate) fn complete(&self, len: u64) -> bool {
+        self.pieces() >= pieces(len)
+    }
 }
 
 /// The activity of the writer of `final_name` in `dir`.

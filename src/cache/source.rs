@@ -163,16 +163,10 @@ fn read_local(
     os::read_exact_at(&local.file, part, range.start)
 }
 
-impl Source for Fetched {
-    fn path(&self) -> &Path {
-        self.object.path()
-    }
-
-    fn version(&self) -> &Version {
-        self.object.version()
-    }
-
-    fn read_at(
+impl Fetched {
+    /// Reads `dst` from `offset`: the parts the cache's file holds from
+    /// there, the rest fetched (and written to the cache).
+    fn read_through(
         &self,
         dst: &mut [u8],
         required: usize,
@@ -201,6 +195,35 @@ impl Source for Fetched {
         // them here.
         self.write.advance_now();
         Ok(())
+    }
+}
+
+impl Source for Fetched {
+    fn path(&self) -> &Path {
+        self.object.path()
+    }
+
+    fn version(&self) -> &Version {
+        self.object.version()
+    }
+
+    fn read_at(
+        &self,
+        dst: &mut [u8],
+        required: usize,
+        offset: u64,
+    ) -> Result<(), (u64, io::Error)> {
+        self.read_through(dst, required, offset)?;
+        // The read that completed a file holding bytes an earlier load left
+        // proves them before the load hands them out (fetching them again
+        // where the file's digest says they are not the store's).
+        let refetch = |at: u64, bytes: &mut [u8]| {
+            let n = bytes.len();
+            self.object
+                .read(bytes, n, at, None)
+                .map_err(|e| e.into_io())
+        };
+        self.write.prove(&refetch).map_err(|e| (offset, e))
     }
 
     fn mount(&self) -> Option<&Mount> {

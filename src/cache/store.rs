@@ -138,6 +138,14 @@ impl Target for StoreTarget {
         CacheStore::Directory
     }
 
+    fn shown(&self) -> PathBuf {
+        self.root
+            .join(OBJECTS_FOLDER)
+            .join(&self.folder)
+            .join(&self.version)
+            .join(&self.name)
+    }
+
     fn begin(&self, len: u64) -> Result<TempFile, NotCached> {
         let unwritable = |e: io::Error| NotCached::of_io(&e);
         let (object, dir) = self.folders().map_err(unwritable)?;

@@ -17,15 +17,13 @@ use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::{Duration, Instant};
 
 use super::check::{Check, Hasher, View};
 use super::partial;
 use super::streams::{self, Streams};
 pub(crate) use super::temp::TempFile;
 use crate::os;
-use crate::remote::watch::{Pace, STALL_VAR};
-use crate::source::{CacheStore, CacheUse, CacheWrite, NotCached};
+use crate::source::{CacheStore, CacheUse, NotCached};
 
 /// Where a write is.
 enum Phase {
@@ -68,6 +66,10 @@ struct Progress {
     /// A read-only map of the file, where its space is reserved: finished
     /// pieces and the check hash its bytes from there, not read back.
     view: Option<Arc<View>>,
+    /// The ranges an earlier load left that this one adopted (the file is
+    /// the load's destination): not the store's until the file's digest
+    /// proves them, before the load returns ([`Write::prove`]).
+    unproven: Vec<Range<u64>>,
 }
 
 struct State {
@@ -82,9 +84,6 @@ struct State {
 
 /// Bytes of an image written at a time.
 const IMAGE_PIECE: usize = 64 << 20;
-
-/// How often a write waiting for another process's lock looks again.
-const LOCK_POLL: Duration = Duration::from_millis(50);
 
 /// A file written to a cache as it is fetched.
 pub(crate) struct Write {
@@ -103,6 +102,11 @@ pub(crate) struct Write {
     cancel: crate::cancel::Cancel,
     /// Bytes an earlier load left in the partial file, checked and kept.
     resumed: AtomicU64,
+    /// Bytes an earlier load left that were fetched again instead.
+    refetched: AtomicU64,
+    /// The load that fetches it returned: its cancel flag no longer stops
+    /// the file being published.
+    returned: std::sync::atomic::AtomicBool,
     /// Something waits for the check where it outlives the load (the
     /// tensors' storage holds a [`Settle`]): it goes on on a thread of its
     /// own. Else it is taken by the read that completes the file.
@@ -124,6 +128,10 @@ pub(crate) struct Local {
 pub(crate) trait Target: Send + Sync {
     /// The cache it is in (for the report).
     fn store(&self) -> CacheStore;
+
+    /// Where the file is once published (for the report and warnings):
+    /// its snapshot path, or its path in the cache directory.
+    fn shown(&self) -> std::path::PathBuf;
 
     /// Makes the temporary file for `len` bytes, its space reserved where
     /// the filesystem can (and locked where the cache locks), or says why
@@ -167,6 +175,8 @@ impl Write {
             settled: Condvar::new(),
             cancel: crate::cancel::current(),
             resumed: AtomicU64::new(0),
+            refetched: AtomicU64::new(0),
+            returned: std::sync::atomic::AtomicBool::new(false),
             deferred: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -187,9 +197,22 @@ impl Write {
         let store = self.target.store();
         let state = self.lock();
         let resumed = self.resumed.load(Ordering::Relaxed);
+        let refetched = self.refetched.load(Ordering::Relaxed);
         let why = match &state.phase {
-            Phase::Done(Ok(())) => return CacheUse::Written { store, resumed },
-            Phase::Checking(_) => return CacheUse::Checking { store, resumed },
+            Phase::Done(Ok(())) => {
+                return CacheUse::Written {
+                    store,
+                    resumed,
+                    refetched,
+                };
+            }
+            Phase::Checking(_) => {
+                return CacheUse::Checking {
+                    store,
+                    resumed,
+                    refetched,
+                };
+            }
             Phase::Elsewhere(_) => NotCached::PublishedElsewhere,
             Phase::Done(Err(why)) => why.clone(),
             Phase::Writing(p) => NotCached::Partial {
@@ -227,7 +250,7 @@ impl Write {
                 kept.push((offset, bytes.to_vec()));
                 return;
             }
-            Phase::Waiting { .. } => match self.begin(&mut state) {
+            Phase::Waiting { .. } => match self.begin(&mut state, false) {
                 Some(begun) => (begun, false),
                 None => return,
             },
@@ -280,11 +303,16 @@ impl Write {
         }
     }
 
-    /// Makes the temporary file (resuming what an earlier load left of it)
-    /// and writes what was kept; `None` where that failed (the write is
-    /// then over, saying why) or another process published the file (then
-    /// read from there).
-    fn begin(&self, state: &mut MutexGuard<'_, State>) -> Option<Arc<TempFile>> {
+    /// Makes the temporary file and writes what was kept; `None` where that
+    /// failed (the write is then over, saying why) or another process
+    /// published the file (then read from there).
+    ///
+    /// What an earlier load left of it is adopted only where `adopt` (the
+    /// file is the load's destination, so that the file's digest proves
+    /// those bytes before the load hands them out, [`Write::prove`]) and the
+    /// store gives a digest; else they are fetched again as the load reads
+    /// them, never read as data.
+    fn begin(&self, state: &mut MutexGuard<'_, State>, adopt: bool) -> Option<Arc<TempFile>> {
         let kept = match std::mem::replace(&mut state.phase, Phase::Done(Ok(()))) {
             Phase::Waiting { kept } => kept,
             other => {
@@ -303,12 +331,23 @@ impl Write {
                 return None;
             }
         };
+        // A file without reserved space is not mapped (`map_destination`).
+        let adopt = adopt && begun.reserved && matches!(self.check, Check::Digest(_));
         let (kept_pieces, recorded, log) = match begun.resume.take() {
-            Some(resume) => (
-                resume.kept,
-                resume.recorded,
-                Some(Arc::new(Mutex::new(resume.log))),
-            ),
+            Some(mut resume) => {
+                if !adopt {
+                    let left: u64 = resume.kept.iter().map(|r| r.end - r.start).sum();
+                    self.refetched.fetch_add(left, Ordering::Relaxed);
+                    resume.log.forget_all();
+                    resume.kept.clear();
+                    resume.recorded.clear();
+                }
+                (
+                    resume.kept,
+                    resume.recorded,
+                    Some(Arc::new(Mutex::new(resume.log))),
+                )
+            }
             None => (Vec::new(), BTreeSet::new(), None),
         };
         // Merged: adjacent kept pieces are one range (a file kept whole is
@@ -317,7 +356,12 @@ impl Write {
         for piece in kept_pieces {
             cover(&mut covered, piece);
         }
+        let unproven = covered.clone();
         let begun = Arc::new(begun);
+        if begun.partial_of.is_some() {
+            // Under the file's lock: a process waiting for it sees it alive.
+            super::heartbeat::hold(&begun);
+        }
         let resumed = covered.iter().map(|r| r.end - r.start).sum();
         self.resumed.store(resumed, Ordering::Relaxed);
         for (offset, bytes) in &kept {
@@ -344,42 +388,9 @@ impl Write {
             recorded,
             streams: Streams::default(),
             view,
+            unproven,
         }));
         Some(begun)
-    }
-
-    /// The target's file to write, once no other process writes it: while
-    /// another holds the file's lock and writes on (its record or file
-    /// changing within the remote stall window), waits; takes what it
-    /// published (`Err(Ok(file))`); gives up where it stalls, or at a
-    /// cancel.
-    fn open_target(&self) -> Result<TempFile, Result<File, NotCached>> {
-        let window = Pace::from_var(std::env::var(STALL_VAR).ok().as_deref()).window;
-        let mut seen = self.target.activity();
-        let mut since = Instant::now();
-        loop {
-            match self.target.begin(self.len) {
-                Err(NotCached::Locked) => {}
-                Err(NotCached::PublishedElsewhere) => {
-                    let published = self.target.published(self.len);
-                    return Err(published.ok_or(NotCached::PublishedElsewhere));
-                }
-                other => return other.map_err(Err),
-            }
-            if self.cancel.is_set() {
-                return Err(Err(NotCached::Cancelled));
-            }
-            if let Some(file) = self.target.published(self.len) {
-                return Err(Ok(file));
-            }
-            let now = self.target.activity();
-            if now != seen {
-                (seen, since) = (now, Instant::now());
-            } else if since.elapsed() > window {
-                return Err(Err(NotCached::Locked));
-            }
-            std::thread::sleep(LOCK_POLL);
-        }
     }
 
     /// The parts of `range` read from the cache's file rather than fetched
@@ -392,7 +403,7 @@ impl Write {
             && !state.paused
             && matches!(state.phase, Phase::Waiting { .. })
         {
-            self.begin(&mut state);
+            self.begin(&mut state, false);
         }
         match &state.phase {
             Phase::Elsewhere(file) => Some(Local {
@@ -400,7 +411,21 @@ impl Write {
                 ranges: vec![range],
                 mapped: None,
             }),
-            Phase::Checking(_) | Phase::Done(Ok(())) => {
+            Phase::Checking(checking) => {
+                let (file, mapped) = state.complete.as_ref()?;
+                // Bytes an earlier load left are read as data only in place
+                // (the file is the destination, proven before the load
+                // returns); elsewhere fetched, until proven.
+                if mapped.is_none() && lock(&checking.proof).is_some() {
+                    return None;
+                }
+                Some(Local {
+                    file: Arc::clone(file),
+                    ranges: vec![range],
+                    mapped: mapped.clone(),
+                })
+            }
+            Phase::Done(Ok(())) => {
                 let (file, mapped) = state.complete.as_ref()?;
                 Some(Local {
                     file: Arc::clone(file),
@@ -409,12 +434,15 @@ impl Write {
                 })
             }
             Phase::Writing(progress) => {
-                let ranges: Vec<Range<u64>> = progress
+                let mut ranges: Vec<Range<u64>> = progress
                     .covered
                     .iter()
                     .map(|c| c.start.max(range.start)..c.end.min(range.end))
                     .filter(|r| r.start < r.end)
                     .collect();
+                if progress.mapped.is_none() {
+                    ranges = without(&ranges, &progress.unproven);
+                }
                 (!ranges.is_empty()).then(|| Local {
                     file: Arc::clone(&progress.begun.file),
                     ranges,
@@ -436,7 +464,7 @@ impl Write {
     /// the load ([`CacheWrite::settle_on_drop`]), on a thread of its own, so
     /// that the load goes on (and returns) meanwhile.
     fn advance(&self, mut state: MutexGuard<'_, State>) {
-        let Phase::Writing(progress) = &state.phase else {
+        let Phase::Writing(progress) = &mut state.phase else {
             return;
         };
         let complete = match progress.covered.first() {
@@ -446,17 +474,24 @@ impl Write {
         if !complete {
             return;
         }
+        let unproven = std::mem::take(&mut progress.unproven);
         let checking = Arc::new(Checking {
             begun: Mutex::new(Some(Arc::clone(&progress.begun))),
             file: Arc::clone(&progress.begun.file),
             view: progress.view.clone(),
             job: Mutex::new(Some((Hasher::new(self.check, self.len), 0))),
+            proof: Mutex::new((!unproven.is_empty()).then_some(unproven)),
         });
         // The record goes with `Progress`: every piece is written, and the
         // check reads the file.
         state.complete = Some((Arc::clone(&progress.begun.file), progress.mapped.clone()));
         state.phase = Phase::Checking(Arc::clone(&checking));
         drop(state);
+        if lock(&checking.proof).is_some() {
+            // Bytes an earlier load left are in it: proven before the load
+            // returns, by the read that completed it (`prove`).
+            return;
+        }
         if !self.deferred.load(Ordering::Relaxed) {
             self.check(&checking);
             return;
@@ -471,7 +506,7 @@ impl Write {
                     // the process's fills to end, then takes the CPU time
                     // left (`settle` finishes it at the waiter's priority).
                     os::idle_priority();
-                    checking::after_fills();
+                    checking::after_fills(&theirs.file);
                     write.check(&theirs);
                 })
                 .ok()
@@ -503,6 +538,28 @@ pub(crate) fn in_place(map: Option<&Range<usize>>, bytes: &[u8], offset: u64) ->
     })
 }
 
+/// The parts of the sorted ranges `ranges` outside the sorted, merged
+/// ranges `holes`.
+fn without(ranges: &[Range<u64>], holes: &[Range<u64>]) -> Vec<Range<u64>> {
+    let mut out = Vec::new();
+    for range in ranges {
+        let mut at = range.start;
+        for hole in holes
+            .iter()
+            .filter(|h| h.end > range.start && h.start < range.end)
+        {
+            if hole.start > at {
+                out.push(at..hole.start);
+            }
+            at = at.max(hole.end);
+        }
+        if at < range.end {
+            out.push(at..range.end);
+        }
+    }
+    out
+}
+
 /// Adds `range` to the sorted, merged ranges `covered`.
 fn cover(covered: &mut Vec<Range<u64>>, range: Range<u64>) {
     let at = covered.partition_point(|r| r.end < range.start);
@@ -517,81 +574,20 @@ fn cover(covered: &mut Vec<Range<u64>>, range: Range<u64>) {
     covered.insert(at, merged);
 }
 
-impl CacheWrite for Arc<Write> {
-    fn map_destination(&self) -> Option<File> {
-        let mut state = self.lock();
-        if state.paused || !matches!(state.phase, Phase::Waiting { .. }) {
-            return None;
-        }
-        let begun = self.begin(&mut state)?;
-        match &mut state.phase {
-            // Without reserved space a full disk would fault the map
-            // (`SIGBUS`): such a file is written as it is read instead.
-            Phase::Writing(progress) if begun.reserved => {
-                progress.handed = true;
-                begun.file.try_clone().ok()
-            }
-            _ => None,
-        }
-    }
-
-    fn mapped_at(&self, addresses: Range<usize>) {
-        let mut state = self.lock();
-        if let Phase::Writing(progress) = &mut state.phase {
-            if progress.handed && addresses.len() as u64 == self.len {
-                progress.mapped = Some(addresses);
-                progress.filling = Some(Filling::start());
-            }
-        }
-    }
-
-    fn pause(&self) {
-        self.lock().paused = true;
-    }
-
-    fn resume(&self) {
-        self.lock().paused = false;
-    }
-
-    fn write_image(&self, image: &[u8]) {
-        if image.len() as u64 != self.len {
-            self.abandon_with(NotCached::Partial {
-                read: image.len() as u64,
-                len: self.len,
-            });
-            return;
-        }
-        let mut at = 0usize;
-        for piece in image.chunks(IMAGE_PIECE) {
-            self.land_with(at as u64, piece, true);
-            at += piece.len();
-            if matches!(self.lock().phase, Phase::Done(_) | Phase::Checking(_)) {
-                return;
-            }
-        }
-        if image.is_empty() {
-            // Nothing to land: the empty file is complete as it begins.
-            let mut state = self.lock();
-            if self.begin(&mut state).is_some() {
-                self.advance(state);
-            }
-        }
-    }
-
-    fn abandon(&self, why: NotCached) {
-        self.abandon_with(why);
-    }
-
-    fn settle_on_drop(&self) -> Box<dyn Send + Sync> {
-        self.deferred.store(true, Ordering::Relaxed);
-        Box::new(Settle(Arc::clone(self)))
-    }
-}
-
 #[path = "write_check.rs"]
 mod checking;
-use checking::{Checking, Filling, Settle};
+use checking::{Checking, Filling};
+
+#[path = "write_load.rs"]
+mod load;
+
+#[path = "write_wait.rs"]
+mod wait;
 
 #[cfg(test)]
 #[path = "write_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "write_resume_tests.rs"]
+mod resume_tests;

@@ -1,13 +1,24 @@
-//! The check of a complete file written to a cache: its digest hashed a step at a time (by the read that completed it, the check's own thread, or whoever waits for it), then the file published where it matches.
+//! The check of a complete file written to a cache: its digest hashed a step at a time (by the read that completed it, the check's own thread, or whoever waits for it), bytes an earlier load left fetched again where it does not match, then the file published where it matches.
 
 use std::fs::File;
+use std::io;
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::super::check::{Hasher, View, hash_step};
 use super::{Phase, TempFile, Write, lock};
+use crate::os;
 use crate::source::NotCached;
+
+/// Reads bytes of the file from its store, at an offset, into a buffer
+/// (all of it): how a proof fetches again what an earlier load left.
+pub(crate) type Refetch<'a> = &'a (dyn Fn(u64, &mut [u8]) -> io::Result<()> + Sync);
+
+/// Bytes fetched again at a time by a proof that found the file's digest
+/// wrong.
+const REFETCH_STEP: usize = 8 << 20;
 
 /// How often a check marks the partial file as changed (its modification
 /// time), for the processes that wait for its writer.
@@ -48,8 +59,10 @@ impl Drop for Filling {
 }
 
 /// Waits until this process fills no cache file as a load's destination,
-/// at most [`FILLS_WAIT`].
-pub(super) fn after_fills() {
+/// at most [`FILLS_WAIT`], marking `file` as changed every [`CHECK_SHOWN`]
+/// meanwhile: a process waiting for this writer sees it alive (its file is
+/// complete, its check about to begin).
+pub(super) fn after_fills(file: &File) {
     let deadline = Instant::now() + FILLS_WAIT;
     let mut filling = lock(&FILLING);
     while *filling > 0 {
@@ -58,9 +71,10 @@ pub(super) fn after_fills() {
             return;
         }
         filling = FILLS_OVER
-            .wait_timeout(filling, left)
+            .wait_timeout(filling, left.min(CHECK_SHOWN))
             .unwrap_or_else(PoisonError::into_inner)
             .0;
+        let _ = file.set_modified(std::time::SystemTime::now());
     }
 }
 
@@ -76,12 +90,51 @@ pub(super) struct Checking {
     /// by the check's thread, or by whoever waits for it
     /// ([`Write::settle`]); `None` once every byte is hashed.
     pub(super) job: Mutex<Option<(Hasher, u64)>>,
+    /// The ranges an earlier load left in it, unproven: the file is checked
+    /// by the read that completed it, before the load returns
+    /// ([`Write::prove`]), and these are fetched again where it does not
+    /// match. Taken by that read.
+    pub(super) proof: Mutex<Option<Vec<Range<u64>>>>,
+}
+
+/// A proof's means of mending the file: the ranges to fetch again, and how.
+struct Repair<'a> {
+    unproven: Vec<Range<u64>>,
+    refetch: Refetch<'a>,
 }
 
 impl Write {
     /// Hashes the complete file a step at a time until it is all hashed,
     /// then checks and publishes it (whoever takes the last step does).
     pub(super) fn check(&self, checking: &Checking) {
+        let _ = self.check_repairing(checking, None);
+    }
+
+    /// Where the complete file holds bytes an earlier load left (adopted as
+    /// the load's destination), checks its digest now, before the load
+    /// hands its tensors out; where it does not match, fetches those bytes
+    /// again through `refetch` into the file (which the destination maps),
+    /// checks again and publishes where it matches. Nothing to do for any
+    /// other write, or once proven. An error where the bytes could not be
+    /// fetched again: the file's bytes are then not the store's, and the
+    /// load must fail.
+    pub(crate) fn prove(&self, refetch: Refetch<'_>) -> io::Result<()> {
+        let checking = match &self.lock().phase {
+            Phase::Checking(checking) => Arc::clone(checking),
+            _ => return Ok(()),
+        };
+        let Some(unproven) = lock(&checking.proof).take() else {
+            return Ok(());
+        };
+        self.check_repairing(&checking, Some(Repair { unproven, refetch }))
+    }
+
+    /// [`check`](Self::check), mending the file with `repair` where given.
+    fn check_repairing(
+        &self,
+        checking: &Checking,
+        mut repair: Option<Repair<'_>>,
+    ) -> io::Result<()> {
         let mut scratch = Vec::new();
         let view = checking.view.as_deref();
         let mut shown = Instant::now();
@@ -94,28 +147,88 @@ impl Write {
             let mut job = lock(&checking.job);
             let Some((hasher, at)) = job.as_mut() else {
                 // Hashed by the other, which publishes it.
-                return;
+                return Ok(());
             };
             if *at < self.len {
                 let step = hash_step(hasher, (&checking.file, view), at, self.len, &mut scratch);
                 if let Err(e) = step {
                     *job = None;
                     drop(job);
-                    drop(lock(&checking.begun).take());
+                    let begun = lock(&checking.begun).take();
                     self.conclude(Err(NotCached::of_io(&e)));
-                    return;
+                    drop(begun);
+                    // Unproven bytes cannot be handed out.
+                    return match repair {
+                        Some(_) => Err(e),
+                        None => Ok(()),
+                    };
                 }
                 continue;
             }
             let taken = (job.take(), lock(&checking.begun).take());
             drop(job);
-            if let (Some((hasher, _)), Some(begun)) = taken {
-                let outcome = self.publish(&begun, hasher);
-                drop(begun);
-                self.conclude(outcome);
+            let (Some((hasher, _)), Some(begun)) = taken else {
+                return Ok(());
+            };
+            let mut mismatch = hasher.mismatch(self.check);
+            if let (Some(_), Some(repair)) = (&mismatch, repair.take()) {
+                match self.repair(checking, repair) {
+                    Ok(again) => mismatch = again,
+                    Err(e) => {
+                        begun.discard.store(true, Ordering::Relaxed);
+                        self.conclude(Err(NotCached::of_io(&e)));
+                        return Err(e);
+                    }
+                }
             }
-            return;
+            let outcome = self.publish(&begun, mismatch);
+            drop(begun);
+            self.conclude(outcome);
+            return Ok(());
         }
+    }
+
+    /// Fetches the ranges an earlier load left again, into the file, and
+    /// hashes the whole file anew: `None` where it now matches.
+    fn repair(
+        &self,
+        checking: &Checking,
+        repair: Repair<'_>,
+    ) -> io::Result<Option<(String, String)>> {
+        let mut buffer = vec![0u8; REFETCH_STEP];
+        for range in &repair.unproven {
+            let mut at = range.start;
+            while at < range.end {
+                let n =
+                    usize::try_from(range.end - at).map_or(REFETCH_STEP, |n| n.min(REFETCH_STEP));
+                let Some(bytes) = buffer.get_mut(..n) else {
+                    break;
+                };
+                (repair.refetch)(at, bytes)?;
+                os::write_all_at(&checking.file, bytes, at)?;
+                self.refetched.fetch_add(n as u64, Ordering::Relaxed);
+                let _ = self
+                    .resumed
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                        Some(r.saturating_sub(n as u64))
+                    });
+                at += n as u64;
+            }
+        }
+        let mut hasher = Hasher::new(self.check, self.len);
+        let mut at = 0;
+        let mut scratch = Vec::new();
+        let view = checking.view.as_deref();
+        while at < self.len {
+            hash_step(
+                &mut hasher,
+                (&checking.file, view),
+                &mut at,
+                self.len,
+                &mut scratch,
+            )?;
+        }
+        Ok(hasher.mismatch(self.check))
     }
 
     /// Waits for the file's check where one is under way, taking its steps
@@ -136,15 +249,21 @@ impl Write {
         }
     }
 
-    /// Checks the complete, hashed file and publishes it.
-    fn publish(&self, begun: &TempFile, hasher: Hasher) -> Result<(), NotCached> {
-        match hasher.mismatch(self.check) {
+    /// Publishes the complete, hashed file, where its digest matched (no
+    /// `mismatch`) and the load was not cancelled before it returned.
+    fn publish(
+        &self,
+        begun: &TempFile,
+        mismatch: Option<(String, String)>,
+    ) -> Result<(), NotCached> {
+        let returned = self.returned.load(Ordering::Relaxed);
+        match mismatch {
             Some((expected, actual)) => {
                 // Nothing of it is kept for a later load.
                 begun.discard.store(true, Ordering::Relaxed);
                 Err(NotCached::Mismatch { expected, actual })
             }
-            None if self.cancel.is_set() => Err(NotCached::Cancelled),
+            None if self.cancel.is_set() && !returned => Err(NotCached::Cancelled),
             None => match self.target.publish(begun) {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(NotCached::PublishedElsewhere),
@@ -155,6 +274,20 @@ impl Write {
 
     /// The check is over, and so is the write.
     fn conclude(&self, outcome: Result<(), NotCached>) {
+        if let Err(NotCached::Mismatch { expected, actual }) = &outcome {
+            // The caller should act: the bytes the store sent are not the
+            // ones its digest names.
+            crate::trace::traced! {
+                tracing::warn!(
+                    target: "safeload",
+                    file = %self.target.shown().display(),
+                    expected = %expected,
+                    actual = %actual,
+                    "a fetched file does not hash to the store's digest: not cached"
+                );
+            }
+            let _ = (expected, actual);
+        }
         self.lock().phase = Phase::Done(outcome);
         self.settled.notify_all();
     }

@@ -2,21 +2,26 @@
 use super::*;
 use crate::cache::layout::Named;
 use crate::os::Dir;
+use crate::source::CacheWrite;
 use sha2::{Digest, Sha256};
+use std::time::Duration;
 
 /// A target in a temporary directory: publishes by renaming to `final`; `resumable`, it
 /// takes `final.lock` and writes through the partial file a later write resumes.
-struct Folder {
-    path: std::path::PathBuf,
-    begin_fails: Option<NotCached>,
-    resumable: bool,
+pub(super) struct Folder {
+    pub(super) path: std::path::PathBuf,
+    pub(super) begin_fails: Option<NotCached>,
+    pub(super) resumable: bool,
     /// Publishing waits for a message here (a check held half way).
-    gate: Option<Mutex<std::sync::mpsc::Receiver<()>>>,
+    pub(super) gate: Option<Mutex<std::sync::mpsc::Receiver<()>>>,
 }
 
 impl Target for Folder {
     fn store(&self) -> CacheStore {
         CacheStore::Directory
+    }
+    fn shown(&self) -> std::path::PathBuf {
+        self.path.join("final")
     }
     fn begin(&self, len: u64) -> Result<TempFile, NotCached> {
         if let Some(why) = &self.begin_fails {
@@ -60,14 +65,6 @@ fn folder() -> (tempfile::TempDir, Box<Folder>) {
     (dir, target)
 }
 
-impl Write {
-    /// What became of it once its check is over.
-    fn settled(&self) -> CacheUse {
-        self.settle();
-        self.outcome()
-    }
-}
-
 #[test]
 fn with_a_guard_the_last_read_returns_while_the_check_goes_on_and_settle_waits_for_it() {
     let bytes = data(5 << 20);
@@ -84,6 +81,7 @@ fn with_a_guard_the_last_read_returns_while_the_check_goes_on_and_settle_waits_f
         CacheUse::Checking {
             store: CacheStore::Directory,
             resumed: 0,
+            refetched: 0,
         }
     );
     assert!(!names(dir.path()).contains(&"final".to_owned()));
@@ -146,7 +144,7 @@ fn the_checks_thread_waits_for_the_process_fills_and_a_waiter_does_not() {
     drop(guard);
 }
 
-fn names(dir: &std::path::Path) -> Vec<String> {
+pub(super) fn names(dir: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -155,11 +153,11 @@ fn names(dir: &std::path::Path) -> Vec<String> {
     names
 }
 
-fn data(len: usize) -> Vec<u8> {
+pub(super) fn data(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 % 251) as u8).collect()
 }
 
-fn sha256_check(bytes: &[u8]) -> Check {
+pub(super) fn sha256_check(bytes: &[u8]) -> Check {
     Check::Digest(Named::Sha256(Sha256::digest(bytes).into()))
 }
 
@@ -197,6 +195,7 @@ fn reads_in_any_order_publish_the_file_once_complete() {
             CacheUse::Written {
                 store: CacheStore::Directory,
                 resumed: 0,
+                refetched: 0,
             }
         );
         assert_eq!(names(dir.path()), ["final"]);
@@ -368,167 +367,4 @@ fn ranges_merge() {
     cover(&mut c, 40..41);
     assert_eq!(c.first(), Some(&(0..41)));
     assert_eq!(c.len(), 1);
-}
-
-/// A resumable write of `bytes` into `dir`.
-fn resumable(dir: &std::path::Path, bytes: &[u8]) -> Arc<Write> {
-    let target = Box::new(Folder {
-        path: dir.to_path_buf(),
-        begin_fails: None,
-        resumable: true,
-        gate: None,
-    });
-    Write::new(target, bytes.len() as u64, sha256_check(bytes), 0)
-}
-
-/// Lands `bytes[range]` in pieces of 1 MiB, as reads that missed the cache do.
-fn land_range(write: &Write, bytes: &[u8], range: std::ops::Range<usize>) {
-    for start in range.clone().step_by(1 << 20) {
-        let end = (start + (1 << 20)).min(range.end);
-        write.land(start as u64, &bytes[start..end]);
-    }
-}
-
-#[test]
-fn an_interrupted_write_is_resumed_from_its_finished_pieces() {
-    let piece = partial::PIECE as usize;
-    let bytes = data(3 * piece + 12345);
-    let temp = tempfile::tempdir().unwrap();
-    let first = resumable(temp.path(), &bytes);
-    assert!(first.local(0..1).is_none(), "nothing is kept yet");
-    land_range(&first, &bytes, 0..piece + piece / 2);
-    drop(first);
-    let left = names(temp.path());
-    assert!(
-        left.contains(&"final.safeload-partial".to_owned()),
-        "{left:?}"
-    );
-    assert!(
-        left.contains(&"final.safeload-pieces".to_owned()),
-        "{left:?}"
-    );
-    // The next write keeps the finished piece, fetches the rest.
-    let second = resumable(temp.path(), &bytes);
-    let local = second.local(0..bytes.len() as u64).unwrap();
-    assert_eq!(local.ranges, vec![0..piece as u64]);
-    let mut read = vec![0u8; piece];
-    os::read_exact_at(&local.file, &mut read, 0).unwrap();
-    assert!(read == bytes[..piece], "the kept piece's bytes");
-    drop(local);
-    land_range(&second, &bytes, piece..bytes.len());
-    second.advance_now();
-    assert_eq!(
-        second.settled(),
-        CacheUse::Written {
-            store: CacheStore::Directory,
-            resumed: piece as u64,
-        }
-    );
-    assert_eq!(names(temp.path()), ["final", "final.lock"]);
-    assert!(std::fs::read(temp.path().join("final")).unwrap() == bytes);
-}
-
-#[test]
-fn a_damaged_kept_piece_is_fetched_again_and_a_wrong_file_is_never_published() {
-    let piece = partial::PIECE as usize;
-    let bytes = data(2 * piece + 1);
-    let temp = tempfile::tempdir().unwrap();
-    let first = resumable(temp.path(), &bytes);
-    land_range(&first, &bytes, 0..2 * piece);
-    drop(first);
-    let path = temp.path().join("final.safeload-partial");
-    let mut damaged = std::fs::read(&path).unwrap();
-    damaged[piece + 99] ^= 0x40;
-    std::fs::write(&path, &damaged).unwrap();
-    let second = resumable(temp.path(), &bytes);
-    let local = second.local(0..bytes.len() as u64).unwrap();
-    assert_eq!(
-        local.ranges,
-        vec![0..piece as u64],
-        "the damaged piece is not kept"
-    );
-    land_range(&second, &bytes, piece..bytes.len());
-    assert_eq!(second.settled().as_str(), "written");
-    assert!(std::fs::read(temp.path().join("final")).unwrap() == bytes);
-    // Bytes that do not match the digest are never published, nor kept.
-    let other = tempfile::tempdir().unwrap();
-    let mut wrong = bytes.clone();
-    wrong[5] ^= 1;
-    let third = resumable(other.path(), &bytes);
-    land_range(&third, &wrong, 0..wrong.len());
-    assert_eq!(third.settled().as_str(), "not_cached");
-    drop(third);
-    assert_eq!(names(other.path()), ["final.lock"]);
-}
-
-#[test]
-fn a_write_kept_whole_is_published_by_the_next_load_without_a_fetch() {
-    let bytes = data(partial::PIECE as usize * 2);
-    let temp = tempfile::tempdir().unwrap();
-    let first = resumable(temp.path(), &bytes);
-    first.pause();
-    first.resume();
-    // Every byte written but the write never finished (killed before publishing).
-    let begun = first.map_destination();
-    assert!(begun.is_some());
-    for (i, part) in bytes.chunks(1 << 20).enumerate() {
-        os::write_all_at(begun.as_ref().unwrap(), part, (i << 20) as u64).unwrap();
-    }
-    drop(first);
-    let second = resumable(temp.path(), &bytes);
-    assert!(
-        second.local(0..bytes.len() as u64).is_none(),
-        "nothing recorded"
-    );
-    drop(second);
-    let third = resumable(temp.path(), &bytes);
-    land_range(&third, &bytes, 0..bytes.len());
-    drop(third);
-    let fourth = resumable(temp.path(), &bytes);
-    // Published by the third: read from there.
-    let local = fourth.local(0..bytes.len() as u64).unwrap();
-    assert_eq!(local.ranges, vec![0..bytes.len() as u64]);
-    assert_eq!(fourth.settled().as_str(), "not_cached");
-}
-
-#[test]
-fn a_file_resumed_whole_is_read_from_the_cache_while_it_is_checked_and_once_published() {
-    let bytes = data(partial::PIECE as usize * 3 + 5);
-    let len = bytes.len() as u64;
-    for guarded in [false, true] {
-        let temp = tempfile::tempdir().unwrap();
-        // Every piece written and recorded, the file never published (a load killed
-        // while its check ran).
-        let dir = Dir::open(temp.path()).unwrap();
-        let mut opened = partial::open(&dir, "final", len).unwrap();
-        os::write_all_at(&opened.file, &bytes, 0).unwrap();
-        let all = 0..len;
-        let pieces = opened.log.finished(
-            std::slice::from_ref(&all),
-            all.clone(),
-            &mut opened.recorded,
-        );
-        for index in pieces {
-            let hash = partial::hash_piece(&opened.file, None, index, len).unwrap();
-            opened.log.append(index, hash);
-        }
-        drop(opened);
-        let write = resumable(temp.path(), &bytes);
-        let guard = guarded.then(|| write.settle_on_drop());
-        let whole = write.local(0..len).unwrap();
-        assert_eq!(whole.ranges, vec![0..len]);
-        // The read that found it whole completes it: checked, here or on its thread.
-        write.advance_now();
-        for range in [0..len, 7..partial::PIECE + 9, len - 1..len] {
-            let local = write
-                .local(range.clone())
-                .unwrap_or_else(|| panic!("{range:?} would be fetched ({guarded})"));
-            assert_eq!(local.ranges, vec![range]);
-        }
-        drop(guard);
-        assert_eq!(write.settled().as_str(), "written");
-        let local = write.local(0..len).expect("published: still read from it");
-        assert_eq!(local.ranges, vec![0..len]);
-        assert_eq!(std::fs::read(temp.path().join("final")).unwrap(), bytes);
-    }
 }

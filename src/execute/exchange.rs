@@ -11,7 +11,7 @@
 //! the copy the node's other ranks then map.
 
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use crate::adapt::Concurrency;
@@ -22,6 +22,7 @@ use crate::file::life::{Destination, Filling};
 use crate::file::{OpenedFile, read_error, since};
 use crate::jobs::{self, JobSource};
 use crate::plan::cluster::{self, FileFacts, PIECE, Piece};
+use crate::progress::Meter;
 use crate::report::LoadNote;
 use crate::source::VersionTag;
 use crate::storage::{BufferLayout, Segment};
@@ -37,15 +38,6 @@ pub(crate) struct Place {
     pub buffers: usize,
     /// This node's index: its pieces are the ones read here.
     pub me: usize,
-}
-
-/// How the copies' pieces are read.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct CopyReads {
-    /// Reads at once.
-    pub readers: usize,
-    /// The size of one read.
-    pub read_size: usize,
 }
 
 /// The layout of a node copy: an image of the whole file.
@@ -305,21 +297,15 @@ pub(crate) fn count_reads(files: &mut [crate::report::FileReport], pieces: &[Pie
     }
 }
 
-/// Reads this node's pieces of the node copies (`me`'s, those after the
-/// `buffers` places of the buffers) from their files into the copies, in
-/// reads of `read_size` with `readers` at once, direct where the policy
-/// reads the file so: the bytes read, per copy.
-///
-/// # Errors
-///
-/// A read failed: the file, the offset, and why.
-pub(crate) fn read_copies(
+/// This node's pieces of the node copies (`me`'s, those after the `buffers`
+/// places of the buffers), cut in reads of `read_size`: (the copy, the
+/// offset, the length), in order.
+pub(crate) fn copy_reads(
     copies: &[Copy<'_>],
     pieces: &[Piece],
     Place { buffers, me }: Place,
-    CopyReads { readers, read_size }: CopyReads,
-    opts: &crate::options::Options,
-) -> Result<Vec<u64>> {
+    read_size: usize,
+) -> Vec<(usize, u64, u64)> {
     let size = (read_size.max(1) as u64).next_multiple_of(crate::os::page_size());
     // Each own piece in reads of `size` (pieces start at page offsets: a
     // copy is an image of its file, split at 64 MiB).
@@ -339,19 +325,45 @@ pub(crate) fn read_copies(
             at += len;
         }
     }
+    reads
+}
+
+/// Runs `reads` ([`copy_reads`]) of the copies from their files, `readers`
+/// at once, direct where the policy reads the file so, each read's bytes
+/// counted into `meter` as it lands: the bytes of tensor data read, per
+/// copy.
+///
+/// # Errors
+///
+/// A read failed: the file, the offset, and why.
+pub(crate) fn read_copies(
+    copies: &[Copy<'_>],
+    reads: &[(usize, u64, u64)],
+    readers: usize,
+    meter: &Meter,
+    opts: &crate::options::Options,
+) -> Result<Vec<u64>> {
     let files: Vec<&OpenedFile> = copies.iter().map(|(f, _)| *f).collect();
     let _direct = crate::node::direct_reads(&files, opts);
+    let mut left: Vec<AtomicU64> = (0..copies.len()).map(|_| AtomicU64::new(0)).collect();
+    for &(k, _, len) in reads {
+        if let Some(n) = left.get_mut(k) {
+            *n.get_mut() += len;
+        }
+    }
     let source = CopyPieces {
         copies,
-        reads: &reads,
+        reads,
         cursor: AtomicUsize::new(0),
+        meter,
+        left: &left,
     };
     let concurrency = Concurrency::pinned(readers);
     let (result, _, _) = jobs::drain(&source, concurrency, reads.len(), "safeload-copy");
     result?;
     // Tensor data only, as the report's `bytes_read` counts it.
     let mut read = vec![0u64; copies.len()];
-    for &(k, offset, len) in &reads {
+    for &(k, offset, len) in reads {
         if let (Some(bytes), Some((file, _))) = (read.get_mut(k), copies.get(k)) {
             *bytes += crate::node::tensor_part(file.header().data_start, offset, len);
         }
@@ -365,6 +377,9 @@ struct CopyPieces<'c, 'a> {
     copies: &'c [Copy<'a>],
     reads: &'c [(usize, u64, u64)],
     cursor: AtomicUsize,
+    /// The load's progress, and the bytes left to read of each copy.
+    meter: &'c Meter,
+    left: &'c [AtomicU64],
 }
 
 impl JobSource for CopyPieces<'_, '_> {
@@ -386,6 +401,14 @@ impl JobSource for CopyPieces<'_, '_> {
         writer
             .read_chunk(file.source(), offset, len)
             .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))?;
+        self.meter.add(len);
+        if self
+            .left
+            .get(k)
+            .is_some_and(|n| n.fetch_sub(len, Ordering::AcqRel) == len)
+        {
+            self.meter.file_done();
+        }
         Ok(len)
     }
 

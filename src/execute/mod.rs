@@ -23,6 +23,7 @@ use crate::plan::cluster::Piece;
 use crate::plan::{self, FileFacts, FilePlan, PlanOptions};
 use crate::policy::{self, Environment};
 use crate::prefetch;
+use crate::progress::{Meter, Phase};
 use crate::report::{ConcurrencyReason, LoadNote, LoadReport, NodeCopy, PrefetchReport};
 use crate::resolve::Resolved;
 use crate::state_dict::StateDict;
@@ -103,20 +104,10 @@ impl Run<'_> {
             Some(ex) => self.split(ex, &mut filling, &copies, reads.verify)?,
             None => None,
         };
-        let copies_read = self.read_copies(&copies, &share, &reads, filling.len())?;
-        self.mark_cache_files_done(&entries, &mut filling);
         let pages = self.pages();
-        let read_options = queue::ReadOptions {
-            concurrency: reads.concurrency,
-            read_size: reads.read_size,
-            populate: self.opts.populate,
-            verify: reads.verify,
-            clock: self.clock,
-            progress: self.opts.progress.as_ref(),
-            share: share.as_ref().map(|(ex, p)| (p.as_slice(), ex.node())),
-            pages: &pages,
-        };
-        let (io, readers) = queue::read_all(&mut filling, &read_options)?;
+        let (copies_read, ran) =
+            self.read(&mut filling, (&entries, &copies), &share, &reads, &pages)?;
+        let (io, readers) = (ran.io, ran.note);
         if let Some((ex, pieces)) = &share {
             let note = exchange::receive(*ex, &mut filling, &copies, pieces, self.clock)?;
             self.notes.push(note);
@@ -153,6 +144,14 @@ impl Run<'_> {
         report.fresh_memory = pages.report();
         report.notes = self.notes;
         trace_loaded(report);
+        for (file, (opened, _)) in report.files.iter().zip(files) {
+            if let Some(write) = opened.source().cache_write() {
+                // The load returns: a cancel from now on stops nothing of it.
+                write.load_returned();
+                let source = opened.shared_source();
+                state_dict.cache_writes.0.push((file.path.clone(), source));
+            }
+        }
         Ok(state_dict)
     }
 
@@ -311,26 +310,88 @@ impl Run<'_> {
         }
     }
 
-    /// This node's pieces of the copies the load fills, read before any
-    /// broadcast (every piece where the nodes read alone): the bytes read,
-    /// per copy.
-    fn read_copies(
+    /// The load's reads: this node's of the copies it fills, then the read
+    /// engine's, under one progress meter (the total known from the start,
+    /// every byte counted once as it lands); the tensor bytes read of each
+    /// copy, and the engine's figures. Each file hashed as it was read gets
+    /// its digest.
+    fn read(
+        &self,
+        filling: &mut [Filling<'_>],
+        (entries, copies): (&[Entry<'_>], &[exchange::Copy<'_>]),
+        share: &Option<(&dyn crate::cluster::Exchange, Vec<Piece>)>,
+        reads: &Reads,
+        pages: &PageSizes,
+    ) -> Result<(Vec<u64>, queue::Ran)> {
+        let read_options = queue::ReadOptions {
+            concurrency: reads.concurrency,
+            read_size: reads.read_size,
+            populate: self.opts.populate,
+            clock: self.clock,
+            share: share.as_ref().map(|(ex, p)| (p.as_slice(), ex.node())),
+            pages,
+        };
+        let buffers = filling.len();
+        let prefixes = queue::read_prefixes(filling, reads.verify)?;
+        let engine = queue::ReadEngine::queue(filling, &prefixes, &read_options);
+        let copy_reads = self.copy_reads(copies, share, reads, buffers);
+        let meter = self.meter(&engine, &copy_reads, copies.len());
+        let readers = reads.concurrency.start;
+        let copies_read = exchange::read_copies(copies, &copy_reads, readers, &meter, self.opts)?;
+        let copies_done = file::since(self.clock);
+        let mut ran = engine.run(&read_options, &meter)?;
+        meter.finish();
+        for (shard, digest) in filling.iter_mut().zip(ran.digests.drain(..)) {
+            if let Some(digest) = digest {
+                shard.set_sha256(digest);
+            }
+        }
+        self.mark_cache_files_done(entries, filling, copies_done);
+        Ok((copies_read, ran))
+    }
+
+    /// This node's reads of the copies the load fills, before any broadcast
+    /// (every piece where the nodes read alone), after the `buffers` places
+    /// of the files' buffers.
+    fn copy_reads(
         &self,
         copies: &[exchange::Copy<'_>],
         share: &Option<(&dyn crate::cluster::Exchange, Vec<Piece>)>,
         reads: &Reads,
         buffers: usize,
-    ) -> Result<Vec<u64>> {
+    ) -> Vec<(usize, u64, u64)> {
         let (pieces, me) = match share {
             Some((ex, pieces)) => (pieces.clone(), ex.node()),
             None => (exchange::alone(buffers, copies), 0),
         };
         let place = exchange::Place { buffers, me };
-        let run = exchange::CopyReads {
-            readers: reads.concurrency.start,
-            read_size: reads.read_size,
-        };
-        exchange::read_copies(copies, &pieces, place, run, self.opts)
+        exchange::copy_reads(copies, &pieces, place, reads.read_size)
+    }
+
+    /// The load's one progress meter: the bytes of the copies' reads and of
+    /// the engine's jobs, and the files they read.
+    fn meter(
+        &self,
+        engine: &queue::ReadEngine<'_>,
+        copy_reads: &[(usize, u64, u64)],
+        copies: usize,
+    ) -> Meter {
+        let (bytes, files) = engine.bytes();
+        let copy_bytes: u64 = copy_reads.iter().map(|&(_, _, len)| len).sum();
+        let mut read = vec![false; copies];
+        for &(k, _, _) in copy_reads {
+            if let Some(r) = read.get_mut(k) {
+                *r = true;
+            }
+        }
+        let copy_files = read.iter().filter(|r| **r).count();
+        let progress = self.opts.progress.as_ref();
+        Meter::new(
+            progress,
+            Phase::Read,
+            bytes + copy_bytes,
+            files + copy_files,
+        )
     }
 
     /// The page sizes of the load's fresh memory.
@@ -339,9 +400,8 @@ impl Run<'_> {
         PageSizes::new(huge_pages, origin, HostHugePages::of_host())
     }
 
-    /// A cache's file is done when its last read is.
-    fn mark_cache_files_done(&self, entries: &[Entry<'_>], filling: &mut [Filling<'_>]) {
-        let done = file::since(self.clock);
+    /// A cache's file is done when its last read is (`done`).
+    fn mark_cache_files_done(&self, entries: &[Entry<'_>], filling: &mut [Filling<'_>], done: u64) {
         for (entry, filling) in entries.iter().zip(filling.iter_mut()) {
             if entry.fills.as_ref().is_some_and(|f| f.cache_file) {
                 filling
@@ -443,6 +503,7 @@ fn assemble(
         by_name,
         metadata,
         index_metadata: resolved.index.as_ref().and_then(|i| i.metadata.clone()),
+        cache_writes: crate::state_dict::CacheWrites::default(),
         report: LoadReport {
             files,
             elapsed: clock.elapsed(),

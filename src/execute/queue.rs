@@ -15,7 +15,7 @@ use crate::jobs::{
 };
 use crate::os::DIRECT_ALIGN;
 use crate::plan::cluster::Piece;
-use crate::progress::{Callback, Meter, Phase};
+use crate::progress::Meter;
 use crate::report::LoadNote;
 use crate::source::Source;
 use crate::storage::{Segment, Storage};
@@ -31,11 +31,8 @@ pub(crate) struct ReadOptions<'a> {
     pub read_size: usize,
     /// Populate mapped files (`Loader::populate`).
     pub populate: bool,
-    /// Hash each file read whole as its bytes land (`Loader::verify`).
-    pub verify: bool,
     /// The load's start, for each file's finishing time.
     pub clock: Instant,
-    pub progress: Option<&'a Callback>,
     /// A load split between the nodes of a job: the pieces, and this node's
     /// index (its pieces are the ones read here).
     pub share: Option<(&'a [Piece], usize)>,
@@ -43,72 +40,133 @@ pub(crate) struct ReadOptions<'a> {
     pub pages: &'a PageSizes,
 }
 
-/// Reads every buffered file, and populates mapped ones when asked, through
-/// one queue of jobs. With `verify`, a file read whole is hashed as its
-/// chunks land (its digest left in the file's state). Returns, for the
-/// report, how many reads the load kept in flight and why, and where the OS
-/// refused some reader threads, how many ran. Sealing is the caller's next
-/// step ([`Filling::seal`]). Every destination is faulted in through
-/// `pages`, which measures what each page size costs where it may choose.
+/// Every buffered file's reads, and populates of mapped ones when asked,
+/// queued: the read engine of one load, before it runs.
+///
+/// [`queue`](ReadEngine::queue) builds the jobs (the bytes of each file
+/// before its buffer's image, `prefixes`, are what [`read_prefixes`] read
+/// for the hash of a file read whole), [`bytes`](ReadEngine::bytes) says how
+/// many they read (for the load's one progress meter), and
+/// [`run`](ReadEngine::run) runs them, returns each hashed file's digest,
+/// and for the report how many reads the load kept in flight and why, and
+/// where the OS refused some reader threads, how many ran. Sealing is the
+/// caller's next step ([`Filling::seal`]). Every destination is faulted in
+/// through the options' page sizes, which measure what each page size costs
+/// where they may choose.
 ///
 /// With `share` (a load split between the nodes of a job, `exchange.rs`),
 /// a buffered file's reads are only the pieces this node owns; the rest
 /// arrive from the other nodes afterwards.
-pub(crate) fn read_all(
-    opened: &mut [Filling<'_>],
-    options: &ReadOptions<'_>,
-) -> Result<(Option<Settled>, Option<LoadNote>)> {
-    let prefixes = read_prefixes(opened, options.verify)?;
-    let lens: Vec<u64> = opened
-        .iter()
-        .map(|s| s.file().header().file_len())
-        .collect();
-    let sources: Vec<&dyn Source> = opened.iter().map(|s| s.file().source()).collect();
-    let hashers: Vec<Option<StreamHasher<'_>>> = prefixes
-        .iter()
-        .map(|p| p.as_deref().map(StreamHasher::new))
-        .collect();
-    let mut queued = Queued::default();
-    for (file_index, shard) in opened.iter_mut().enumerate() {
-        let hashed = matches!(prefixes.get(file_index), Some(Some(_)));
-        queued.file(file_index, shard.parts(), hashed, options);
-    }
-    if queued.jobs.is_empty() {
-        return Ok((None, None));
-    }
-    let (result, started, io) = queued.run(&hashers, options);
-    let digests: Vec<Option<Digest256>> = hashers
-        .into_iter()
-        .zip(&lens)
-        .map(|(h, &len)| h.and_then(|h| h.finish(len)))
-        .collect();
-    for (shard, digest) in opened.iter_mut().zip(digests) {
-        if let Some(digest) = digest {
-            shard.set_sha256(digest);
+pub(crate) struct ReadEngine<'a> {
+    queued: Queued<'a>,
+    hashers: Vec<Option<StreamHasher<'a>>>,
+    lens: Vec<u64>,
+    sources: Vec<&'a dyn Source>,
+}
+
+/// What a run of the read engine gives: each file's digest where it was
+/// hashed as it was read, and the engine's figures for the report.
+pub(crate) struct Ran {
+    pub digests: Vec<Option<Digest256>>,
+    pub io: Option<Settled>,
+    pub note: Option<LoadNote>,
+}
+
+impl<'a> ReadEngine<'a> {
+    /// The jobs of every file of `opened`.
+    pub(crate) fn queue(
+        opened: &'a mut [Filling<'_>],
+        prefixes: &'a [Option<Vec<u8>>],
+        options: &ReadOptions<'_>,
+    ) -> ReadEngine<'a> {
+        let lens: Vec<u64> = opened
+            .iter()
+            .map(|s| s.file().header().file_len())
+            .collect();
+        let mut sources = Vec::with_capacity(opened.len());
+        let mut queued = Queued::default();
+        for (file_index, shard) in opened.iter_mut().enumerate() {
+            let hashed = matches!(prefixes.get(file_index), Some(Some(_)));
+            let parts = shard.parts();
+            sources.push(parts.source);
+            queued.file(file_index, parts, hashed, options);
+        }
+        let hashers = prefixes
+            .iter()
+            .map(|p| p.as_deref().map(StreamHasher::new))
+            .collect();
+        ReadEngine {
+            queued,
+            hashers,
+            lens,
+            sources,
         }
     }
-    if let Err(failure) = result {
-        return Err(match sources.get(failure.file_index) {
-            Some(&source) => read_error(
-                failure.operation,
-                source,
-                source.len(),
-                failure.offset,
-                failure.error,
-            ),
-            None => Error::without_path(ErrorKind::Io {
-                operation: failure.operation,
-                offset: Some(failure.offset),
-            }),
-        });
+
+    /// The bytes its jobs read, and the files they read some of.
+    pub(crate) fn bytes(&self) -> (u64, usize) {
+        let mut files = std::collections::BTreeSet::new();
+        let mut total = 0;
+        for job in &self.queued.jobs {
+            if job.job.bytes() > 0 {
+                files.insert(job.file_index);
+            }
+            total += job.job.bytes();
+        }
+        (total, files.len())
     }
-    Ok((Some(io), LoadNote::threads("reading", &started)))
+
+    /// Runs the jobs, counting their bytes into `meter`.
+    pub(crate) fn run(self, options: &ReadOptions<'_>, meter: &Meter) -> Result<Ran> {
+        let ReadEngine {
+            queued,
+            hashers,
+            lens,
+            sources,
+        } = self;
+        if queued.jobs.is_empty() {
+            return Ok(Ran {
+                digests: vec![None; lens.len()],
+                io: None,
+                note: None,
+            });
+        }
+        let (result, started, io) = queued.run(&hashers, options, meter);
+        let digests: Vec<Option<Digest256>> = hashers
+            .into_iter()
+            .zip(&lens)
+            .map(|(h, &len)| h.and_then(|h| h.finish(len)))
+            .collect();
+        if let Err(failure) = result {
+            return Err(match sources.get(failure.file_index) {
+                Some(&source) => read_error(
+                    failure.operation,
+                    source,
+                    source.len(),
+                    failure.offset,
+                    failure.error,
+                ),
+                None => Error::without_path(ErrorKind::Io {
+                    operation: failure.operation,
+                    offset: Some(failure.offset),
+                }),
+            });
+        }
+        Ok(Ran {
+            digests,
+            io: Some(io),
+            note: LoadNote::threads("reading", &started),
+        })
+    }
 }
 
 /// For each file, with `verify`, the bytes before its buffer's image (the
 /// header), read to be hashed first where the buffer holds the rest of the
 /// file; `None` for the others.
-fn read_prefixes(opened: &mut [Filling<'_>], verify: bool) -> Result<Vec<Option<Vec<u8>>>> {
+pub(crate) fn read_prefixes(
+    opened: &mut [Filling<'_>],
+    verify: bool,
+) -> Result<Vec<Option<Vec<u8>>>> {
     let mut prefixes = Vec::with_capacity(opened.len());
     for shard in opened.iter_mut() {
         let parts = shard.parts();
@@ -264,6 +322,7 @@ impl<'a> Queued<'a> {
         self,
         hashers: &[Option<StreamHasher<'a>>],
         options: &ReadOptions<'_>,
+        meter: &Meter,
     ) -> (Result<(), JobError>, workers::Started, Settled) {
         let Queued {
             jobs,
@@ -273,18 +332,11 @@ impl<'a> Queued<'a> {
         // Progress: the bytes of every job, and a file done with its last
         // byte (counted in bytes).
         let mut left: Vec<AtomicU64> = (0..finished.len()).map(|_| AtomicU64::new(0)).collect();
-        let mut total = 0u64;
         for job in &jobs {
             if let Some(n) = left.get_mut(job.file_index) {
                 *n.get_mut() += job.job.bytes();
             }
-            total += job.job.bytes();
         }
-        let files_total = left
-            .iter()
-            .filter(|n| n.load(Ordering::Relaxed) > 0)
-            .count();
-        let meter = Meter::new(options.progress, Phase::Read, total, files_total);
         // Reads that convert from a file hold a scratch buffer each.
         let converting = jobs.iter().any(|j| {
             matches!(
@@ -303,7 +355,7 @@ impl<'a> Queued<'a> {
         let clock = options.clock;
         // The closure is written at the call so that its argument has the
         // jobs' own lifetime: the hashers keep the bytes it hands them.
-        let ran = run(jobs, concurrency, options.pages, &|file_index, outcome| {
+        run(jobs, concurrency, options.pages, &|file_index, outcome| {
             meter.add(outcome.bytes);
             if outcome.bytes > 0
                 && left
@@ -325,9 +377,7 @@ impl<'a> Queued<'a> {
             if let Some(f) = finished.get(file_index) {
                 f.fetch_max(since(clock), Ordering::Relaxed);
             }
-        });
-        meter.finish();
-        ran
+        })
     }
 }
 

@@ -433,8 +433,10 @@ impl<'a> Sealed<'a> {
     /// Writes the file's report from what it handed out.
     fn report(&self, handed: &Handed) -> FileReport {
         let file = self.file;
+        // A file written whole to a cache is named where it is published.
+        let published = file.source().cache_write().and_then(|w| w.published_path());
         FileReport {
-            path: file.path().to_path_buf(),
+            path: published.unwrap_or_else(|| file.path().to_path_buf()),
             size: file.size(),
             tensors: handed.tensors,
             tensor_bytes: handed.tensor_bytes,

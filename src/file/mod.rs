@@ -39,6 +39,11 @@ impl OpenedFile {
         &*self.source
     }
 
+    /// The source, shared (what outlives the load: a cache write's check).
+    pub(crate) fn shared_source(&self) -> Arc<dyn Source> {
+        Arc::clone(&self.source)
+    }
+
     /// The local file behind it; `None` for a remote object.
     pub(crate) fn local(&self) -> Option<&LocalFile> {
         self.source.local()

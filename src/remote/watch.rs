@@ -87,6 +87,20 @@ pub(crate) enum Interrupt {
 /// The bytes a request's body moved so far.
 pub(crate) type Moved = Arc<AtomicU64>;
 
+/// The fastest body this process received, in bytes a second, of the
+/// requests that moved at least [`RATE_SAMPLE`]: what a load that finds
+/// another process fetching a file it needs weighs that writer's pace
+/// against (`cache/write_wait.rs`).
+static BEST_RATE: AtomicU64 = AtomicU64::new(0);
+
+/// The least body a rate is taken from: shorter ones measure the latency.
+const RATE_SAMPLE: u64 = 1 << 20;
+
+/// [`BEST_RATE`], where a request measured one.
+pub(crate) fn best_rate() -> Option<u64> {
+    Some(BEST_RATE.load(Ordering::Relaxed)).filter(|r| *r > 0)
+}
+
 /// Polls `request` until it ends, the flags are set or it stalls.
 pub(crate) async fn watched<F: Future>(
     request: F,
@@ -96,10 +110,16 @@ pub(crate) async fn watched<F: Future>(
 ) -> Result<F::Output, Interrupt> {
     let mut request = pin!(request);
     let mut tick = pin!(tokio::time::sleep(TICK));
-    let mut since = Instant::now();
+    let start = Instant::now();
+    let mut since = start;
     let mut mark = moved.load(Ordering::Relaxed);
     std::future::poll_fn(|cx| {
         if let Poll::Ready(out) = request.as_mut().poll(cx) {
+            let body = moved.load(Ordering::Relaxed);
+            let secs = start.elapsed().as_secs_f64();
+            if body >= RATE_SAMPLE && secs > 0.0 {
+                BEST_RATE.fetch_max((body as f64 / secs) as u64, Ordering::Relaxed);
+            }
             return Poll::Ready(Ok(out));
         }
         while tick.as_mut().poll(cx).is_ready() {

@@ -13,6 +13,7 @@ fn the_documented_cache_objects_are_what_the_types_give() {
         CacheUse::Written {
             store: hub,
             resumed: 16 << 20,
+            refetched: 0,
         },
         CacheUse::Hit { store: hub },
         CacheUse::NotCached {

@@ -101,7 +101,8 @@
 #![doc = include_str!("example_cache.json")]
 //! ```
 //!
-//! The codes: a [`CacheUse`] is `hit`, `written` (with the bytes `resumed`),
+//! The codes: a [`CacheUse`] is `hit`, `written` (with the bytes `resumed` and those
+//! `refetched`),
 //! `checking` (the same, its digest still being checked when the load
 //! returned) or `not_cached`, with its `store` ([`CacheStore`], a plain code: `hub` or
 //! `directory`); a

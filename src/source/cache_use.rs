@@ -34,8 +34,15 @@ pub enum CacheUse {
         /// The cache.
         store: CacheStore,
         /// Bytes of it an earlier, interrupted load had left in the cache
-        /// (checked piece by piece), read from there instead of fetched.
+        /// (checked piece by piece), read from there instead of fetched,
+        /// and proven the store's by the file's digest before the load
+        /// returned.
         resumed: u64,
+        /// Bytes an earlier load had left in the cache that this load did
+        /// not use but fetched again: they failed the file's digest, or
+        /// could not be proven before the load handed them out (a file read
+        /// in part or converted, a store that gives no digest).
+        refetched: u64,
     } = "written",
     /// Fetched, and every byte written to the cache as it was read; its
     /// digest was still being checked when the load returned, on a thread
@@ -48,6 +55,9 @@ pub enum CacheUse {
         /// Bytes of it an earlier, interrupted load had left in the cache,
         /// as for `Written`.
         resumed: u64,
+        /// Bytes an earlier load had left that were fetched again, as for
+        /// `Written`.
+        refetched: u64,
     } = "checking",
     /// Fetched and not cached, for a reason.
     NotCached {
@@ -184,20 +194,34 @@ impl fmt::Display for CacheUse {
         };
         match self {
             CacheUse::Hit { .. } => f.write_str(hit),
-            CacheUse::Written { resumed: 0, .. } => write!(f, "{from}, written to {cache}"),
-            CacheUse::Written { resumed, .. } => {
-                write!(f, "{from}, written to {cache}, resuming {resumed} bytes")
-            }
-            CacheUse::Checking { resumed, .. } => {
+            CacheUse::Written {
+                resumed, refetched, ..
+            } => {
                 write!(f, "{from}, written to {cache}")?;
-                if *resumed > 0 {
-                    write!(f, ", resuming {resumed} bytes")?;
-                }
+                earlier(f, *resumed, *refetched)
+            }
+            CacheUse::Checking {
+                resumed, refetched, ..
+            } => {
+                write!(f, "{from}, written to {cache}")?;
+                earlier(f, *resumed, *refetched)?;
                 f.write_str(", its digest being checked")
             }
             CacheUse::NotCached { why, .. } => write!(f, "{from}, not cached: {why}"),
         }
     }
+}
+
+/// What became of the bytes an earlier load left: `, resuming N bytes`,
+/// `, fetching again N bytes an earlier load left`.
+fn earlier(f: &mut fmt::Formatter<'_>, resumed: u64, refetched: u64) -> fmt::Result {
+    if resumed > 0 {
+        write!(f, ", resuming {resumed} bytes")?;
+    }
+    if refetched > 0 {
+        write!(f, ", fetching again {refetched} bytes an earlier load left")?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -213,6 +237,7 @@ mod tests {
                 CacheUse::Written {
                     store: hub,
                     resumed: 0,
+                    refetched: 0,
                 },
                 "from the hub, written to the cache",
             ),
@@ -220,13 +245,24 @@ mod tests {
                 CacheUse::Written {
                     store: hub,
                     resumed: 1 << 24,
+                    refetched: 0,
                 },
                 "from the hub, written to the cache, resuming 16777216 bytes",
+            ),
+            (
+                CacheUse::Written {
+                    store: hub,
+                    resumed: 0,
+                    refetched: 1 << 20,
+                },
+                "from the hub, written to the cache, fetching again 1048576 bytes an earlier \
+                 load left",
             ),
             (
                 CacheUse::Checking {
                     store: hub,
                     resumed: 0,
+                    refetched: 0,
                 },
                 "from the hub, written to the cache, its digest being checked",
             ),
@@ -234,6 +270,7 @@ mod tests {
                 CacheUse::Checking {
                     store: CacheStore::Directory,
                     resumed: 5,
+                    refetched: 0,
                 },
                 "from the store, written to the cache directory, resuming 5 bytes, its digest \
                  being checked",

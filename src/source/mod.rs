@@ -169,6 +169,18 @@ pub(crate) trait CacheWrite: Send + Sync {
     /// on a thread of its own instead of the read that completes it, and a
     /// process that drops the tensors has published what it wrote.
     fn settle_on_drop(&self) -> Box<dyn Send + Sync>;
+
+    /// The load returned its tensors: from now on its cancel flag does not
+    /// stop the file being published (a check under way finishes).
+    fn load_returned(&self);
+
+    /// What became of the file once its check (if one is under way) is
+    /// over: waits for it.
+    fn settled(&self) -> CacheUse;
+
+    /// Where the file is published, or will be once its digest is checked,
+    /// where it was written whole; `None` otherwise.
+    fn published_path(&self) -> Option<std::path::PathBuf>;
 }
 
 /// The error of a failed read of `source` (`operation` says of what) at

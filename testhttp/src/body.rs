@@ -51,6 +51,7 @@ fn send(
     while sent < len {
         let n = (len - sent).min(CHUNK as u64) as usize;
         fill(object, &mut buf[..n], start + sent)?;
+        lie(shared, path, &mut buf[..n], start + sent);
         match shared.options.drip {
             Some(pause) => drip(shared, stream, path, &buf[..n], sent == 0, pause)?,
             None => {
@@ -79,6 +80,21 @@ fn fill(object: &Object, buf: &mut [u8], offset: u64) -> io::Result<()> {
     // The buffer still holds the previous chunk: the filler is written, not assumed.
     buf[real..].fill(0);
     Ok(())
+}
+
+/// Damages the bytes of `path` at `offset` that [`Options::lie`](crate::Options::lie) says
+/// to.
+fn lie(shared: &Shared, path: &str, buf: &mut [u8], offset: u64) {
+    let Some(lie) = shared.options.lie.as_ref().filter(|l| l.path == path) else {
+        return;
+    };
+    if shared.honest.load(Ordering::Relaxed) {
+        return;
+    }
+    let skip = usize::try_from(lie.from.saturating_sub(offset)).unwrap_or(usize::MAX);
+    for byte in buf.iter_mut().skip(skip) {
+        *byte ^= 0x5A;
+    }
 }
 
 /// Writes `bytes` one at a time, `pause` before each but the body's first, each byte booked

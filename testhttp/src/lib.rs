@@ -75,6 +75,8 @@
 //!   [`Options::commit`]'s files, and names that one in `X-Repo-Commit`.
 //! - [`Options::no_commit_on_404`]: the hub route's `EntryNotFound` carries no
 //!   `X-Repo-Commit`, as some mirrors and proxies answer.
+//! - [`Options::lie`]: one object's body is damaged from a byte on, under its true `ETag`
+//!   and `X-Linked-Etag` (a hub serving a corrupt copy under the right digest).
 //!
 //! # Counters and bounds
 //!
@@ -208,6 +210,21 @@ pub struct Options {
     /// The hub route's `404` for a file the revision lacks (`X-Error-Code: EntryNotFound`)
     /// carries no `X-Repo-Commit`, as some mirrors and proxies answer.
     pub no_commit_on_404: bool,
+    /// A server that lies about one object's bytes: its body is sent with every byte at or
+    /// past [`Lie::from`] flipped (XOR `0x5A`), while its `ETag`, `X-Linked-Etag` and
+    /// lengths still name the true contents, as a hub whose storage or CDN serves a damaged
+    /// copy under the right digest. `HEAD` answers are unchanged.
+    pub lie: Option<Lie>,
+}
+
+/// One object whose body [`Options::lie`] damages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lie {
+    /// The object's path under the served directory (`model-00001-of-00003.safetensors`).
+    pub path: String,
+    /// The first byte damaged (a safetensors file's header length plus 8 keeps its header
+    /// whole, so that only tensor bytes are wrong).
+    pub from: u64,
 }
 
 impl Default for Options {
@@ -230,6 +247,7 @@ impl Default for Options {
             claimed_len: None,
             foreign_commit: None,
             no_commit_on_404: false,
+            lie: None,
         }
     }
 }
@@ -318,6 +336,8 @@ pub(crate) struct Shared {
     /// Requests of the hub route by the revision in their URL.
     pub(crate) revisions: Mutex<HashMap<String, u64>>,
     pub(crate) stopping: AtomicBool,
+    /// [`Server::stop_lying`] was called: [`Options::lie`] no longer applies.
+    pub(crate) honest: AtomicBool,
 }
 
 impl Shared {
@@ -379,6 +399,7 @@ impl Server {
             paths: Mutex::new(HashMap::new()),
             revisions: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
+            honest: AtomicBool::new(false),
             options,
         });
         let mut server = Server {
@@ -474,6 +495,12 @@ impl Server {
     /// Replaces the object at `path` by `contents` from now on (a new ETag, a new digest).
     pub fn replace(&self, path: &str, contents: Vec<u8>) {
         self.shared.objects.replace(path, contents, Instant::now());
+    }
+
+    /// From now on every body is sent as it is: [`Options::lie`] no longer applies (a hub
+    /// whose damaged copy was mended).
+    pub fn stop_lying(&self) {
+        self.shared.honest.store(true, Ordering::Relaxed);
     }
 
     /// When the server started: [`Replacement::after`] counts from here.

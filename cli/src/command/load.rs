@@ -20,16 +20,23 @@ pub fn run(args: &LoadArgs) -> Result<(), Failure> {
     if args.json {
         // The library's document as it is: one schema for the command and
         // for engines that serialize the report themselves.
-        return output::json(sd.report());
+        output::json(sd.report())?;
+    } else {
+        // The library's report says it all but which checkpoint and how
+        // many tensors; its rates already leave out files that were mapped
+        // lazily.
+        output::text(&format!(
+            "{} tensors from {}\n{}",
+            sd.len(),
+            source.path().display(),
+            sd.report()
+        ))?;
     }
-    // The library's report says it all but which checkpoint and how many
-    // tensors; its rates already leave out files that were mapped lazily.
-    output::text(&format!(
-        "{} tensors from {}\n{}",
-        sd.len(),
-        source.path().display(),
-        sd.report()
-    ))
+    // A file written to a cache whose digest was still being checked when
+    // the load returned: a mismatch found after is an error of the command
+    // (the bytes loaded are not the store's), on stderr, exit code 1.
+    sd.settle_cache()?;
+    Ok(())
 }
 
 /// The loader the flags ask for. A flag left out leaves the library's

@@ -20,6 +20,8 @@ mod clean;
 mod extra;
 mod faults;
 mod hostile;
+mod once;
+mod proof;
 mod python;
 mod resume;
 mod store;
@@ -48,6 +50,14 @@ const BUILDER_CACHE: &str = "SAFELOAD_TEST_HUB_BUILDER_CACHE";
 const HOLD: &str = "SAFELOAD_TEST_HUB_HOLD";
 /// Set in a child: cancel the load when a line arrives on stdin.
 const CANCEL_ON_LINE: &str = "SAFELOAD_TEST_HUB_CANCEL_ON_LINE";
+/// Set in a child: after loading, wait for the cache's checks (`settle_cache`) and print
+/// their verdict (`HUB-SETTLE ok`, or the error with its kind).
+const SETTLE: &str = "SAFELOAD_TEST_HUB_SETTLE";
+/// Set in a child: load with a cancel flag, and set it once the load returned (an engine's
+/// shutdown), before the tensors are dropped.
+const CANCEL_AFTER: &str = "SAFELOAD_TEST_HUB_CANCEL_AFTER";
+/// Set in a child: record `on_progress` and print what it saw (`HUB-PROGRESS ...`).
+const PROGRESS: &str = "SAFELOAD_TEST_HUB_PROGRESS";
 
 /// A checkpoint of three shards (every dtype, and a few MiB of F32) served as the hub serves
 /// a repository, with a `config.json` no load needs; and an empty cache.
@@ -160,6 +170,10 @@ struct Report {
     /// The repository's other files brought (`?with=`): name -> its path, `None` where the
     /// repository has none.
     extra: BTreeMap<String, Option<PathBuf>>,
+    /// What `settle_cache` said, where the child was asked (`SETTLE`).
+    settle: Option<String>,
+    /// What `on_progress` saw, where the child was asked (`PROGRESS`): its words.
+    progress: Option<String>,
 }
 
 impl Report {
@@ -220,6 +234,10 @@ fn parse(stdout: &str) -> Report {
                 let path = (path != "-").then(|| PathBuf::from(path));
                 report.extra.insert(name.to_owned(), path);
             }
+        } else if let Some((_, seen)) = line.split_once("HUB-PROGRESS ") {
+            report.progress = Some(seen.to_owned());
+        } else if let Some((_, verdict)) = line.split_once("HUB-SETTLE ") {
+            report.settle = Some(verdict.to_owned());
         } else if let Some((_, d)) = line.split_once("HUB-DIGEST ") {
             report.digest = d.trim().to_owned();
         } else if let Some((_, rest)) = line.split_once("HUB-FILE ") {
@@ -324,6 +342,16 @@ fn act_load() {
             flag.store(true, std::sync::atomic::Ordering::Relaxed);
         });
     }
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<safeload::report::Progress>>> =
+        std::sync::Arc::default();
+    if std::env::var_os(PROGRESS).is_some() {
+        let sink = std::sync::Arc::clone(&seen);
+        loader = loader.on_progress(move |p| sink.lock().unwrap().push(*p));
+    }
+    let after = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if std::env::var_os(CANCEL_AFTER).is_some() {
+        loader = loader.cancel_on(std::sync::Arc::clone(&after));
+    }
     if std::env::var_os("SAFELOAD_TEST_HUB_EXPECT_ERROR").is_some() {
         let e = loader.load(&url).unwrap_err();
         println!(
@@ -355,11 +383,50 @@ fn act_load() {
             assert_eq!(file.strategy, safeload::report::Strategy::Mmap, "{file:?}");
         }
     }
+    after.store(true, std::sync::atomic::Ordering::Relaxed);
+    print_progress(&seen.lock().unwrap());
+    if std::env::var_os(SETTLE).is_some() {
+        match sd.settle_cache() {
+            Ok(()) => println!("HUB-SETTLE ok"),
+            Err(e) => println!(
+                "HUB-SETTLE mismatch={} path={} {e}",
+                matches!(e.kind(), safeload::ErrorKind::IntegrityMismatch { .. }),
+                e.path()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            ),
+        }
+    }
     if std::env::var_os(HOLD).is_some() {
         println!("HUB-HOLDING");
         let mut line = String::new();
         let _ = std::io::stdin().read_line(&mut line);
     }
+}
+
+/// What `on_progress` said of the read phase, where it was recorded: how many calls, the
+/// last call's bytes done and total, the totals seen, the bytes done never going back, and
+/// the files done and in all at the last call.
+fn print_progress(seen: &[safeload::report::Progress]) {
+    let reads: Vec<_> = seen
+        .iter()
+        .filter(|p| p.phase == safeload::report::Phase::Read)
+        .collect();
+    let Some(last) = reads.last() else {
+        return;
+    };
+    let mut totals: Vec<u64> = reads.iter().map(|p| p.bytes_total).collect();
+    totals.dedup();
+    let monotonic = reads.windows(2).all(|w| w[0].bytes_done <= w[1].bytes_done);
+    println!(
+        "HUB-PROGRESS calls={} done={} total={} totals={} monotonic={monotonic} files={}/{}",
+        reads.len(),
+        last.bytes_done,
+        last.bytes_total,
+        totals.len(),
+        last.files_done,
+        last.files_total
+    );
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

@@ -86,5 +86,5 @@ fn read_capped(object: &RemoteObject) -> Result<Vec<u8>> {
             std::io::ErrorKind::InvalidData,
         ));
     }
-    read_whole(object)
+    read_whole(object, MAX_EXTRA_BYTES)
 }

@@ -75,6 +75,10 @@
 //!   [`Options::commit`]'s files, and names that one in `X-Repo-Commit`.
 //! - [`Options::no_commit_on_404`]: the hub route's `EntryNotFound` carries no
 //!   `X-Repo-Commit`, as some mirrors and proxies answer.
+//! - [`Options::whole_paths`]: the objects at these paths only are answered as
+//!   [`Options::ignore_range`] (and [`Options::claimed_len`]) answer every one.
+//! - [`Options::claim_linked_size`]: where a claim applies, the hub route's
+//!   `X-Linked-Size` says it too.
 //!
 //! # Counters and bounds
 //!
@@ -192,7 +196,8 @@ pub struct Options {
     /// held silent until the client hangs up or the server stops; counted in
     /// [`Stats::unanswered`].
     pub silent_gets: bool,
-    /// With [`ignore_range`](Self::ignore_range) only (ignored without it): the whole-object
+    /// With [`ignore_range`](Self::ignore_range) or for [`whole_paths`](Self::whole_paths)
+    /// only (ignored without them): the whole-object
     /// `200` answers, `HEAD` and `GET`, state `Content-Length: <claimed_len>` instead of the
     /// object's length, and a `GET` sends the object's bytes then zeros until the claim is
     /// met (or only the claim's first bytes of a longer object), the client hangs up, or
@@ -208,6 +213,15 @@ pub struct Options {
     /// The hub route's `404` for a file the revision lacks (`X-Error-Code: EntryNotFound`)
     /// carries no `X-Repo-Commit`, as some mirrors and proxies answer.
     pub no_commit_on_404: bool,
+    /// Object paths (as [`Server::path_stats`] names them: `config.json`, `sub/a.bin`)
+    /// answered as [`ignore_range`](Self::ignore_range) answers every path: a `Range` is
+    /// ignored (`200` with the whole object), [`claimed_len`](Self::claimed_len) applying
+    /// to them as to its answers; the other paths honour ranges.
+    pub whole_paths: Vec<String>,
+    /// Where [`claimed_len`](Self::claimed_len) applies to an answer of the hub route, its
+    /// `X-Linked-Size` says the claim too (not the object's length): a hub whose listing
+    /// lies as its bodies do.
+    pub claim_linked_size: bool,
 }
 
 impl Default for Options {
@@ -230,6 +244,8 @@ impl Default for Options {
             claimed_len: None,
             foreign_commit: None,
             no_commit_on_404: false,
+            whole_paths: Vec::new(),
+            claim_linked_size: false,
         }
     }
 }

@@ -15,12 +15,17 @@
 //! - `extra.rs`: the repository's other files brought beside the weights (`?with=engine`).
 //! - `resume.rs`: an interrupted download resumed (killed, cancelled, two loads at once, a
 //!   damaged piece, another user's partial file).
+//! - `memory.rs`: a hub or server sending far more than asked, met in bounded memory (under
+//!   `RLIMIT_AS`, under a cgroup's limit).
+//! - `requests.rs`: what a cold load asks: each shard's bytes sent once.
 
 mod clean;
 mod extra;
 mod faults;
 mod hostile;
+mod memory;
 mod python;
+mod requests;
 mod resume;
 mod store;
 
@@ -285,6 +290,7 @@ fn child() {
         ("hostile", hostile::act),
         ("claim", hostile::act_claim),
         ("clean", clean::act),
+        ("bounded", memory::act),
     ]);
 }
 

@@ -17,7 +17,8 @@
 //!   damaged piece, another user's partial file).
 //! - `memory.rs`: a hub or server sending far more than asked, met in bounded memory (under
 //!   `RLIMIT_AS`, under a cgroup's limit).
-//! - `requests.rs`: what a cold load asks: each shard's bytes sent once.
+//! - `requests.rs`: what a cold load asks: each shard's bytes sent once, missing `?with=`
+//!   names asked several at a time.
 
 mod clean;
 mod extra;
@@ -291,6 +292,7 @@ fn child() {
         ("claim", hostile::act_claim),
         ("clean", clean::act),
         ("bounded", memory::act),
+        ("timed", requests::act),
     ]);
 }
 

@@ -15,12 +15,11 @@ const MAX_EXTRA_BYTES: u64 = 256 << 20;
 
 /// Names asked of the hub at once.
 ///
-/// NOTE: the hub answers each in one round trip, most of them a 404 for a
-/// file the repository lacks; 8 take 64 names at 20 ms each in about a
-/// sixth of the time in series (`hub_cache::memory` asserts under half),
-/// and keep a hub's per-client limits far off. Files brought are small, so
-/// 8 at once hold at most 8 x `MAX_EXTRA_BYTES` in a hostile case, each
-/// also bounded by the memory the process may take.
+/// NOTE: each name is one round trip, most often a 404 for a file the
+/// repository lacks, so the wait shrinks by about the width
+/// (`hub_cache::requests` asserts under half the time in series); 8 stay far
+/// below a hub's per-client limits, and hold at most 8 files in memory at
+/// once, each within `MAX_EXTRA_BYTES` and the memory headroom.
 const BRING_WIDTH: usize = 8;
 
 impl Remote {

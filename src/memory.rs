@@ -1,4 +1,4 @@
-//! How much memory a load may take: `MemAvailable`, and what the process's cgroup (v2 or v1) still allows.
+//! How much memory a load may take: `MemAvailable`, what the process's cgroup (v2 or v1) still allows, and the address space its `RLIMIT_AS` leaves.
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +25,47 @@ pub(crate) fn available() -> Option<u64> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
+}
+
+/// Memory one allocation may still take, in bytes: [`available`], and no
+/// more than the address space the process's `RLIMIT_AS` leaves (its limit
+/// minus `VmSize`, what is mapped now), where it has one. The bound of
+/// every body kept in memory (`remote/object.rs`): past it an allocation
+/// would fail, and Rust's allocation failure aborts the process. `None`
+/// where nothing is known.
+#[cfg(feature = "remote")]
+pub(crate) fn headroom() -> Option<u64> {
+    let mapped = os::read_proc(ProcFile::SelfStatus)
+        .ok()
+        .and_then(|bytes| parse_status_vm_size(&String::from_utf8_lossy(&bytes)));
+    let address_room = address_room(os::address_space_limit(), mapped);
+    match (available(), address_room) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The address space `limit` leaves once `mapped` bytes are mapped: none
+/// known without a limit; all of it where what is mapped is unknown.
+#[cfg(feature = "remote")]
+fn address_room(limit: Option<u64>, mapped: Option<u64>) -> Option<u64> {
+    let limit = limit?;
+    Some(limit.saturating_sub(mapped.unwrap_or(0)))
+}
+
+/// `VmSize` from `/proc/self/status`, in bytes (see proc(5)): the address
+/// space mapped, which `RLIMIT_AS` bounds.
+#[cfg(feature = "remote")]
+pub(crate) fn parse_status_vm_size(text: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix("VmSize:")?;
+        let mut words = rest.split_whitespace();
+        let value: u64 = words.next()?.parse().ok()?;
+        match words.next() {
+            Some("kB") => value.checked_mul(1024),
+            _ => None,
+        }
+    })
 }
 
 /// `MemAvailable` from `/proc/meminfo`, in bytes (see proc(5)).
@@ -217,8 +258,43 @@ mod tests {
     }
 
     #[test]
+    #[cfg(all(feature = "remote", target_os = "linux", not(safeload_os_stub)))]
+    fn this_machine_has_some_headroom() {
+        // No more than is available, and some of it.
+        let headroom = headroom().unwrap();
+        assert!(headroom > 0 && headroom <= available().unwrap());
+    }
+
+    #[test]
+    #[cfg(feature = "remote")]
+    fn vm_size_of_proc_status() {
+        // As this machine's /proc/self/status writes it (a few of its lines).
+        let text =
+            "Name:\tit-test\nVmPeak:\t  912340 kB\nVmSize:\t  812340 kB\nVmHWM:\t   10240 kB\n";
+        assert_eq!(parse_status_vm_size(text), Some(812_340 * 1024));
+        assert_eq!(parse_status_vm_size("VmSize: 12\n"), None, "no unit");
+        assert_eq!(parse_status_vm_size("VmPeak: 1 kB\n"), None);
+    }
+
+    #[test]
+    #[cfg(feature = "remote")]
+    fn an_address_space_limit_bounds_the_room() {
+        let gib = 1u64 << 30;
+        assert_eq!(address_room(None, Some(gib)), None, "no limit");
+        assert_eq!(
+            address_room(Some(2 * gib), Some(gib / 2)),
+            Some(3 * gib / 2)
+        );
+        // Mapped past the limit (it was lowered after): no room, not a wrap.
+        assert_eq!(address_room(Some(gib), Some(2 * gib)), Some(0));
+        assert_eq!(address_room(Some(gib), None), Some(gib));
+    }
+
+    #[test]
     #[cfg(not(all(target_os = "linux", not(safeload_os_stub))))]
     fn without_proc_there_are_no_figures() {
         assert_eq!(available(), None);
+        #[cfg(feature = "remote")]
+        assert_eq!(headroom(), None);
     }
 }

@@ -293,6 +293,13 @@ pub(crate) fn effective_uid() -> Option<u32> {
     Some(rustix::process::geteuid().as_raw())
 }
 
+/// The most address space this process may map (the soft `RLIMIT_AS`,
+/// getrlimit(2)), in bytes; `None` where there is no limit.
+#[cfg(feature = "remote")]
+pub(crate) fn address_space_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::As).current
+}
+
 /// The owner of a file, from its metadata.
 pub(crate) fn file_owner(meta: &Metadata) -> Option<u32> {
     Some(meta.uid())
@@ -533,6 +540,8 @@ pub(crate) fn read_proc(file: super::ProcFile) -> io::Result<Vec<u8>> {
         ProcFile::Meminfo => std::fs::read("/proc/meminfo"),
         ProcFile::SelfCgroup => std::fs::read("/proc/self/cgroup"),
         ProcFile::SelfStat => std::fs::read("/proc/self/stat"),
+        #[cfg(feature = "remote")]
+        ProcFile::SelfStatus => std::fs::read("/proc/self/status"),
         ProcFile::Stat(pid) => std::fs::read(format!("/proc/{pid}/stat")),
         ProcFile::HugePagesEnabled => std::fs::read("/sys/kernel/mm/transparent_hugepage/enabled"),
     }

@@ -69,6 +69,11 @@ pub(crate) use imp::{filesystem_magic, filesystem_magic_of};
 // Processes, locks and memory shared between them.
 pub(crate) use imp::{SharedWords, effective_uid, flock, parent_pid, pid_exists, try_flock};
 
+// Limits: the address space this process may map (the bound of a remote
+// body held in memory).
+#[cfg(feature = "remote")]
+pub(crate) use imp::address_space_limit;
+
 // Scheduling: a thread's class.
 #[cfg(feature = "remote")]
 pub(crate) use imp::idle_priority;
@@ -134,6 +139,10 @@ pub(crate) enum ProcFile {
     SelfCgroup,
     /// `/proc/self/stat`: this process's start time.
     SelfStat,
+    /// `/proc/self/status`: the address space this process has mapped
+    /// (`VmSize`).
+    #[cfg(feature = "remote")]
+    SelfStatus,
     /// `/proc/<pid>/stat`: another process's state and start time.
     Stat(u32),
     /// `/sys/kernel/mm/transparent_hugepage/enabled`: whether anonymous

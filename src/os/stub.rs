@@ -117,6 +117,12 @@ pub(crate) fn effective_uid() -> Option<u32> {
     None
 }
 
+/// Unknown here: no limit is seen.
+#[cfg(feature = "remote")]
+pub(crate) fn address_space_limit() -> Option<u64> {
+    None
+}
+
 /// Unknown here.
 pub(crate) fn file_owner(_meta: &Metadata) -> Option<u32> {
     None

@@ -11,7 +11,7 @@ use super::object::RemoteObject;
 use super::store::IoRuntime;
 use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::format::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
-use crate::source::{Source, read_error};
+use crate::source::Source;
 
 /// A remote checkpoint's place and the objects opened so far, by file name.
 #[derive(Debug)]
@@ -105,7 +105,7 @@ impl RemoteCheckpoint {
                 object.path(),
             ));
         }
-        let bytes = read_whole(&object)?;
+        let bytes = read_whole(&object, MAX_INDEX_BYTES)?;
         // The index is read once; its object is not a shard.
         self.forget(name);
         Ok((bytes, object))
@@ -159,13 +159,11 @@ impl RemoteCheckpoint {
         self.location.shown_file(name)
     }
 }
-/// The bytes of a small object, read whole (its length checked by the caller).
-pub(crate) fn read_whole(object: &RemoteObject) -> Result<Vec<u8>> {
-    let len = object.len();
-    let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(0)];
-    let want = bytes.len();
+/// The bytes of a small object, read whole: no more than `limit` of them (the caller's
+/// own cap, checked by the caller first for its own words), nor more than the memory the
+/// process may still take (`RemoteObject::read_small`).
+pub(crate) fn read_whole(object: &RemoteObject, limit: u64) -> Result<Vec<u8>> {
     object
-        .read_at(&mut bytes, want, 0)
-        .map_err(|(at, e)| read_error(Operation::Read, object, len, at, e))?;
-    Ok(bytes)
+        .read_small(limit)
+        .map_err(|e| e.into_error(Operation::Read))
 }

@@ -1,10 +1,13 @@
 //! One remote object opened for a load: its length and ETag from a first ranged GET, then
 //! positional reads by ranged GETs that require that ETag, resumed where a body broke off.
 
+mod bounded;
+mod read;
+
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
@@ -12,10 +15,9 @@ use object_store::{GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt}
 
 use super::error::{Redactor, RemoteError, RemoteErrorKind};
 use super::hub::HubFileMeta;
-use super::landing::{Filling, Landing};
 use super::store::{IoRuntime, Tuning};
 use super::watch::{Interrupt, Moved};
-use super::whole::{self, Whole};
+use super::whole::{self, WholeAnswer};
 use crate::error::{Error, Operation};
 use crate::mount::Mount;
 use crate::source::{Source, Version, VersionTag};
@@ -31,9 +33,18 @@ pub(crate) struct Backend {
     pub redactor: Redactor,
 }
 
-/// What the open's first GET gives: the object's length, its ETag, the bytes received,
-/// and the bytes asked for.
-type FirstGet = object_store::Result<(u64, Option<String>, Vec<u8>, u64)>;
+/// What the open's first GET gives where the range was honoured.
+struct FirstBody {
+    /// The object's length and ETag.
+    len: u64,
+    etag: Option<String>,
+    /// The bytes received (no more than asked), and whether the body went on past them
+    /// (left unread).
+    prefix: Vec<u8>,
+    overran: bool,
+    /// The bytes asked for.
+    want: u64,
+}
 
 /// How a failed request is handled, from `object_store`'s error kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,17 +98,20 @@ pub(crate) struct RemoteObject {
     prefix: Vec<u8>,
     /// Set once the server answered a range with the whole object.
     ranges_ignored: AtomicBool,
-    /// The whole object, fetched once where ranges are ignored.
-    whole: Mutex<Option<Arc<[u8]>>>,
+    /// The whole object, fetched once where ranges are ignored (`object/bounded.rs`).
+    whole: Mutex<Option<Arc<Vec<u8>>>>,
     requests: AtomicU64,
 }
 
 impl RemoteObject {
     /// Opens `key` (relative to the backend's base) with one ranged GET of its first
     /// [`Tuning::open_prefix`] bytes, which gives its length and ETag. A server that ignores
-    /// the range answers with the whole object, which is kept (`whole.rs`): every read is
-    /// then served from it, and the file costs that one request. An empty object (416), or
-    /// a whole answer that could not be kept (no `Content-Length`), costs a HEAD more.
+    /// the range answers with the whole object: its first bytes, those the range asked for,
+    /// are kept and the rest left unread (`whole.rs`), so that an object no longer than the
+    /// range costs that one request, and a longer one is fetched whole once a read needs
+    /// more (`object/bounded.rs`); one whose length passes half the memory the process may
+    /// still take is refused at once. An empty object (416), or a whole answer that said no
+    /// length, costs a HEAD more.
     pub(crate) fn open(
         backend: &Arc<Backend>,
         key: &str,
@@ -127,56 +141,81 @@ impl RemoteObject {
             requests: AtomicU64::new(0),
         };
         let first = 0..backend.tuning.open_prefix.max(1);
-        let cap = whole_cap(object.hub.as_ref());
-        let (opened, kept) = object.first_get(first.clone(), cap)?;
+        let (opened, answer) = object.first_get(first.clone())?;
         match opened {
-            Ok((len, etag, prefix, want)) => {
-                if prefix.len() as u64 != want {
-                    let e = object.error(RemoteErrorKind::Protocol, "a short first body".into());
-                    return Err(e.with_range(0..want));
+            Ok(body) => {
+                if body.prefix.len() as u64 != body.want || body.overran {
+                    let detail = if body.overran {
+                        "a first body longer than the range asked"
+                    } else {
+                        "a short first body"
+                    };
+                    let e = object.error(RemoteErrorKind::Protocol, detail.into());
+                    return Err(e.with_range(0..body.want));
                 }
-                object.version.len = len;
-                object.etag = etag;
-                object.prefix = prefix;
+                object.version.len = body.len;
+                object.etag = body.etag;
+                object.prefix = body.prefix;
                 object.finish_open()
             }
-            Err(e) => object.open_after(&e, kept, first, cap),
+            Err(e) => object.open_after(&e, answer, first),
         }
     }
 
-    /// The open's ranged GET of `first`: the object's length, ETag, the bytes received
-    /// and the bytes asked for; and the whole object where the server answered with it.
-    fn first_get(&self, first: Range<u64>, cap: u64) -> Result<(FirstGet, Whole), RemoteError> {
+    /// The open's ranged GET of `first`: what the body of an honoured range gives; and
+    /// the first bytes of the whole object where the server answered with it.
+    fn first_get(
+        &self,
+        first: Range<u64>,
+    ) -> Result<(object_store::Result<FirstBody>, Option<WholeAnswer>), RemoteError> {
+        let keep = usize::try_from(first.end).unwrap_or(usize::MAX);
         self.retrying_stalls(first.clone(), |moved| {
             let options = GetOptions {
                 range: Some(GetRange::Bounded(first.clone())),
                 ..GetOptions::default()
             };
-            whole::keeping(cap, Arc::clone(&moved), async move {
+            whole::keeping(keep, Arc::clone(&moved), async move {
                 let result = self.get(options).await?;
                 let (len, etag) = (result.meta.size, result.meta.e_tag.clone());
-                let want = result.range.end - result.range.start;
+                // No more than asked, whatever the answer says.
+                let want = (result.range.end - result.range.start).min(keep as u64);
                 let mut prefix = Vec::with_capacity(want as usize);
                 let mut stream = result.into_stream();
                 while let Some(chunk) = stream.next().await {
                     let chunk = chunk?;
                     moved.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    if prefix.len() + chunk.len() > want as usize {
+                        let body = FirstBody {
+                            len,
+                            etag,
+                            prefix,
+                            overran: true,
+                            want,
+                        };
+                        return Ok(body);
+                    }
                     prefix.extend_from_slice(&chunk);
                 }
-                Ok::<_, object_store::Error>((len, etag, prefix, want))
+                let body = FirstBody {
+                    len,
+                    etag,
+                    prefix,
+                    overran: false,
+                    want,
+                };
+                Ok::<_, object_store::Error>(body)
             })
         })
     }
 
     /// The open after its first GET failed with `e`: a typed error for a missing, denied
-    /// or changed object; the whole object where the server sent it for the range (or an
-    /// error past `cap`); else, for ranges ignored or an empty object (416), a HEAD.
+    /// or changed object; the object's first bytes where the server answered the range
+    /// with the whole object; else, for ranges ignored or an empty object (416), a HEAD.
     fn open_after(
         mut self,
         e: &object_store::Error,
-        kept: Whole,
+        answer: Option<WholeAnswer>,
         first: Range<u64>,
-        cap: u64,
     ) -> Result<RemoteObject, RemoteError> {
         let failure = classify(e);
         let text = self.backend.redactor.error_text(e);
@@ -187,17 +226,8 @@ impl RemoteObject {
             Failure::RangeIgnored => self.ranges_ignored.store(true, Ordering::Relaxed),
             Failure::Other => {}
         }
-        match (failure, kept) {
-            (Failure::RangeIgnored, Whole::Kept(kept)) => {
-                // The whole object, answered for the range: its length, its ETag, and
-                // every byte any read asks for.
-                self.version.len = kept.body.len() as u64;
-                self.etag = kept.etag;
-                self.prefix = kept.body;
-                return self.finish_open();
-            }
-            (_, Whole::TooLarge(len)) => return Err(self.too_large(len, cap)),
-            _ => {}
+        if let Some(answer) = answer {
+            return self.open_whole(answer);
         }
         // Ranges ignored, or an answer such as 416 for an empty object: the HEAD says.
         let head = self.retrying_stalls(0..0, |_| self.head())?;
@@ -205,13 +235,59 @@ impl RemoteObject {
             Ok(meta) if failure == Failure::RangeIgnored || meta.size == 0 => {
                 self.version.len = meta.size;
                 self.etag = meta.e_tag;
-                self.finish_open()
+                self.finish_open()?.fits_whole()
             }
             _ => {
                 let e = self.error(RemoteErrorKind::Failed, text);
                 Err(e.with_range(first))
             }
         }
+    }
+
+    /// The open of an object whose server answered the range with all of it (`200`): the
+    /// whole object where its body was no longer than the range, else its first bytes and
+    /// its stated length (or the HEAD's, where it stated none), refused where holding it
+    /// whole would pass the memory bound.
+    fn open_whole(mut self, answer: WholeAnswer) -> Result<RemoteObject, RemoteError> {
+        self.ranges_ignored.store(true, Ordering::Relaxed);
+        if answer.complete {
+            // Every byte any read asks for.
+            self.version.len = answer.bytes.len() as u64;
+            self.etag = answer.etag;
+            self.prefix = answer.bytes;
+            return self.finish_open();
+        }
+        let (len, etag) = match answer.stated {
+            Some(len) => (len, answer.etag),
+            None => {
+                let meta = self.retrying_stalls(0..0, |_| self.head())?.map_err(|e| {
+                    let text = self.backend.redactor.error_text(&e);
+                    self.error(RemoteErrorKind::Failed, text)
+                })?;
+                (meta.size, answer.etag.or(meta.e_tag))
+            }
+        };
+        if answer.bytes.len() as u64 > len {
+            let detail = format!("more bytes than the object's length, {len}");
+            return Err(self
+                .error(RemoteErrorKind::Protocol, detail)
+                .with_range(0..len));
+        }
+        self.version.len = len;
+        self.etag = etag;
+        self.prefix = answer.bytes;
+        self.finish_open()?.fits_whole()
+    }
+
+    /// Itself where its whole object may be held in memory (`bounded::open_cap`), as every
+    /// read past its kept bytes needs of a server that ignores `Range`; else the error.
+    fn fits_whole(self) -> Result<RemoteObject, RemoteError> {
+        let cap = bounded::open_cap(self.hub.as_ref());
+        let len = self.version.len;
+        if self.ranges_ignored() && len > self.prefix.len() as u64 && len > cap {
+            return Err(self.past_cap(len, cap));
+        }
+        Ok(self)
     }
 
     /// The version from the ETag seen, checked against what the hub said.
@@ -274,15 +350,6 @@ impl RemoteObject {
         self.error(kind, detail).with_range(range)
     }
 
-    /// A whole answer stating `len` bytes, past `cap`.
-    fn too_large(&self, len: u64, cap: u64) -> RemoteError {
-        let detail = format!(
-            "the server ignores Range and answers with the whole object, {len} bytes, more \
-             than the {cap} bytes it may take in memory"
-        );
-        self.error(RemoteErrorKind::Protocol, detail)
-    }
-
     /// Runs the request `make` gives (of `range`, for the error) on the backend's runtime,
     /// watched; a stalled one again, from the start, up to the pace's retries.
     fn retrying_stalls<F: std::future::Future + Send>(
@@ -313,228 +380,6 @@ impl RemoteObject {
     async fn head(&self) -> object_store::Result<object_store::ObjectMeta> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.backend.store.head(&self.location).await
-    }
-
-    /// Fills `dst` from `offset` (all of it, or up to the object's end), at least
-    /// `required` bytes, from the version opened. `landing`, where given, is handed the
-    /// bytes in order as they arrive (at least every [`LAND_STEP`] of a long body, so that
-    /// a cache writes them before the read ends), each once, all of them by an `Ok`.
-    pub(crate) fn read(
-        &self,
-        dst: &mut [u8],
-        required: usize,
-        offset: u64,
-        landing: Option<&Landing<'_>>,
-    ) -> Result<(), RemoteError> {
-        let len = self.version.len;
-        let want = len.saturating_sub(offset).min(dst.len() as u64) as usize;
-        let range = offset..offset + want as u64;
-        if want < required {
-            let detail = format!("the object has {len} bytes, {required} were required");
-            let end = offset.saturating_add(required as u64);
-            return Err(self
-                .error(RemoteErrorKind::Protocol, detail)
-                .with_range(offset..end));
-        }
-        let Some(dst) = dst.get_mut(..want).filter(|d| !d.is_empty()) else {
-            return Ok(());
-        };
-        let in_memory = |bytes: &[u8], dst: &mut [u8]| {
-            let src = usize::try_from(range.start)
-                .ok()
-                .and_then(|start| bytes.get(start..start + dst.len()));
-            src.map(|src| dst.copy_from_slice(src)).is_some()
-        };
-        let land_all = |dst: &[u8]| {
-            if let Some(land) = landing {
-                land(range.start, dst);
-            }
-        };
-        if in_memory(&self.prefix, dst) {
-            land_all(dst);
-            return Ok(());
-        }
-        if !self.ranges_ignored() {
-            match self.read_ranges(dst, range.clone(), landing) {
-                Some(result) => return result,
-                None => self.ranges_ignored.store(true, Ordering::Relaxed),
-            }
-        }
-        let whole = self.whole()?;
-        if in_memory(&whole, dst) {
-            land_all(dst);
-            return Ok(());
-        }
-        // `whole()` checked its length against the object's: out of reach.
-        let detail = "the whole object is shorter than its length".to_owned();
-        Err(self
-            .error(RemoteErrorKind::Protocol, detail)
-            .with_range(range))
-    }
-
-    /// Ranged GETs until `dst` (the bytes of `range`) is full, each [`LAND_STEP`] that
-    /// arrives handed to `landing`; `None` when the server turned out to ignore ranges
-    /// before sending any byte.
-    fn read_ranges(
-        &self,
-        dst: &mut [u8],
-        range: Range<u64>,
-        landing: Option<&Landing<'_>>,
-    ) -> Option<Result<(), RemoteError>> {
-        let mut filling = Filling::new(dst, range.start, landing);
-        let pace = self.backend.tuning.pace;
-        let mut stalls = 0;
-        // Each pass is one request (with object_store's retries inside it); a pass only
-        // repeats after a body that ended cleanly but short, or one that stalled, which are
-        // bounded here.
-        for _ in 0..=self.backend.tuning.max_retries + pace.retries {
-            let from = range.start + filling.got as u64;
-            let options = GetOptions {
-                range: Some(GetRange::Bounded(from..range.end)),
-                ..GetOptions::default()
-            };
-            let into = &mut filling;
-            let pass = self.backend.runtime.request(pace, |moved| async move {
-                let result = self.get(options).await?;
-                let mut stream = result.into_stream();
-                while let Some(chunk) = stream.next().await {
-                    let chunk = chunk?;
-                    // The future runs on the reading thread (`block_on`): what the
-                    // chunk is handed to costs the runtime nothing.
-                    if !into.put(&chunk) {
-                        return Ok(false);
-                    }
-                    moved.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                }
-                Ok::<_, object_store::Error>(true)
-            });
-            let failed =
-                |kind, detail| Some(Err(self.error(kind, detail).with_range(range.clone())));
-            let pass = match pass {
-                Ok(pass) => pass,
-                Err(Interrupt::Stalled { .. }) if stalls < pace.retries => {
-                    stalls += 1;
-                    continue;
-                }
-                Err(why) => {
-                    // The error's range starts at the byte reached.
-                    let reached = range.start + filling.got as u64..range.end;
-                    let why = match why {
-                        Interrupt::Stalled { .. } => Interrupt::Stalled { moved: 0 },
-                        cancelled => cancelled,
-                    };
-                    return Some(Err(self.interrupted(why, reached)));
-                }
-            };
-            match pass {
-                Ok(true) if filling.is_full() => {
-                    filling.land();
-                    return Some(Ok(()));
-                }
-                Ok(true) => continue,
-                Ok(false) => {
-                    let detail = "the server sent more than the range asked".into();
-                    return failed(RemoteErrorKind::Protocol, detail);
-                }
-                Err(e) => return self.failed_get(&e, range, filling.got),
-            }
-        }
-        let detail = format!(
-            "short bodies: {} of {} bytes after {} requests",
-            filling.got,
-            filling.len(),
-            self.backend.tuning.max_retries + 1
-        );
-        Some(Err(self
-            .error(RemoteErrorKind::Failed, detail)
-            .with_range(range)))
-    }
-
-    /// A ranged GET's failure, as an error of `range`; `None` where the server ignores
-    /// ranges and sent nothing yet (`got`).
-    fn failed_get(
-        &self,
-        e: &object_store::Error,
-        range: Range<u64>,
-        got: usize,
-    ) -> Option<Result<(), RemoteError>> {
-        let text = self.backend.redactor.error_text(e);
-        let kind = match classify(e) {
-            Failure::RangeIgnored if got == 0 => return None,
-            Failure::RangeIgnored | Failure::Changed => RemoteErrorKind::Changed,
-            Failure::NotFound => RemoteErrorKind::NotFound,
-            Failure::Denied => RemoteErrorKind::Denied,
-            Failure::Other => RemoteErrorKind::Failed,
-        };
-        Some(Err(self.error(kind, text).with_range(range)))
-    }
-
-    /// The whole object, fetched once (by the first reader; the others wait for it), for a
-    /// server that ignores `Range`: each read then costs no request.
-    ///
-    /// NOTE: this holds the whole object in memory besides the load's destination. A server
-    /// that ignores ranges is rare (a misconfigured proxy, a plain static server); fetching
-    /// the object once per read instead would move it as many times as there are reads.
-    fn whole(&self) -> Result<Arc<[u8]>, RemoteError> {
-        let mut whole = self.whole.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(bytes) = &*whole {
-            return Ok(Arc::clone(bytes));
-        }
-        let len = self.version.len;
-        let cap = whole_cap(self.hub.as_ref());
-        if len > cap {
-            return Err(self.too_large(len, cap).with_range(0..len));
-        }
-        let fetched = self.retrying_stalls(0..len, |moved| async move {
-            let result = self.get(GetOptions::default()).await?;
-            // The length is the server's word: grown as bytes arrive, never reserved from
-            // it, so that a lying length cannot ask for memory up front.
-            let mut bytes = Vec::new();
-            let mut stream = result.into_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk?;
-                if bytes.len() + chunk.len() > len as usize {
-                    return Ok(None);
-                }
-                moved.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                bytes.extend_from_slice(&chunk);
-            }
-            Ok::<_, object_store::Error>(Some(bytes))
-        })?;
-        let kind_of = |e: &object_store::Error| match classify(e) {
-            Failure::NotFound => RemoteErrorKind::NotFound,
-            Failure::Denied => RemoteErrorKind::Denied,
-            Failure::Changed => RemoteErrorKind::Changed,
-            Failure::RangeIgnored | Failure::Other => RemoteErrorKind::Failed,
-        };
-        match fetched {
-            Ok(Some(bytes)) if bytes.len() as u64 == len => {
-                let bytes: Arc<[u8]> = bytes.into();
-                *whole = Some(Arc::clone(&bytes));
-                Ok(bytes)
-            }
-            Ok(_) => {
-                let detail = format!("the whole object is not {len} bytes");
-                Err(self
-                    .error(RemoteErrorKind::Changed, detail)
-                    .with_range(0..len))
-            }
-            Err(e) => {
-                let text = self.backend.redactor.error_text(&e);
-                Err(self.error(kind_of(&e), text).with_range(0..len))
-            }
-        }
-    }
-}
-
-/// The most bytes of a whole answer (a server that ignores `Range`) an object may hold in
-/// memory: what the hub said the file is, where it said; else half the memory available
-/// (`memory::available`), so that a stated length far past the checkpoint is refused before
-/// a byte is kept.
-fn whole_cap(hub: Option<&HubFileMeta>) -> u64 {
-    match hub.and_then(|h| h.size) {
-        Some(size) => size,
-        None => crate::memory::available().map_or(u64::MAX, |available| available / 2),
     }
 }
 

@@ -1,18 +1,18 @@
-//! A server that ignores `Range`: the whole object its first answer carries is kept for the open, not dropped, so that such a file costs one request.
+//! A server that ignores `Range`: the first bytes of the whole object its answer to the open carries are kept, and the rest left unread, so that the open learns the object's length and ETag from that one request and holds no more than it asked for.
 //!
 //! `object_store` answers a ranged GET that came back `200` with an error
-//! and drops the body, the whole object, unread; the open would then need a
-//! `HEAD` for the length and a second whole GET (three requests and two
-//! copies of each file on the wire, measured with `python3 -m http.server`:
-//! 9 GETs and 4 HEADs for 4 files). Every store client of the layer is
-//! built on [`KeepWhole`], the `object_store` HTTP client with one step
-//! more: inside [`keeping`] (the open's first request), a ranged request
-//! answered `200` with a `Content-Length` has its body read to the end and
-//! kept, and `object_store` gets the answer without its body (and fails it
-//! as before). Outside [`keeping`], and for every other answer, nothing
-//! changes. The length such an answer states is the server's word: past the
-//! cap [`keeping`] is given the body is refused unread, and below it the
-//! body is kept as its bytes arrive, never reserved from the stated length.
+//! and drops the body unread; the open would then need a `HEAD` for the
+//! length. Every store client of the layer is built on [`KeepWhole`], the
+//! `object_store` HTTP client with one step more: inside [`keeping`] (the
+//! open's first request), a ranged request answered `200` has its body read
+//! up to the bytes the range asked for (one poll more where it said no
+//! length, to learn whether it ends there) and those kept, with the answer's
+//! stated length and ETag; the connection is dropped with the rest, however
+//! long the server says it is. `object_store` then gets the answer without
+//! its body (and fails it as before). An object no longer than the range is
+//! so kept whole, at the cost of one request; a longer one is fetched whole
+//! later, within the memory bounds of `object/bounded.rs`. Outside
+//! [`keeping`], and for every other answer, nothing changes.
 //!
 //! NOTE: the hook is `object_store`'s own seam for HTTP clients
 //! (`HttpConnector`, `HttpService`): the request and its retries stay the
@@ -31,29 +31,26 @@ use object_store::client::{
 
 use super::watch::Moved;
 
-/// The whole object a server sent for a ranged request, and its ETag.
+/// What a server sent for the ranged request [`keeping`] ran, where it
+/// answered with the whole object (`200`).
 #[derive(Debug)]
-pub(crate) struct WholeBody {
-    pub body: Vec<u8>,
+pub(crate) struct WholeAnswer {
+    /// The object's first bytes: every one where `complete`, else those
+    /// the request asked for.
+    pub bytes: Vec<u8>,
+    /// Whether `bytes` is the whole object (its body ended there).
+    pub complete: bool,
+    /// The answer's `Content-Length`: the server's word for the object's
+    /// length, where it gave one.
+    pub stated: Option<u64>,
     pub etag: Option<String>,
-}
-
-/// What became of a whole answer to the request [`keeping`] ran.
-#[derive(Debug)]
-pub(crate) enum Whole {
-    /// None came (the range was honoured, or the answer failed otherwise).
-    None,
-    /// Kept.
-    Kept(WholeBody),
-    /// Refused unread: it stated this many bytes, more than the cap.
-    TooLarge(u64),
 }
 
 /// The state of one [`keeping`] call.
 struct Keep {
-    cap: u64,
+    keep: usize,
     moved: Moved,
-    whole: Whole,
+    answer: Option<WholeAnswer>,
 }
 
 tokio::task_local! {
@@ -61,26 +58,59 @@ tokio::task_local! {
     static KEEP: RefCell<Keep>;
 }
 
-/// Runs `request`, keeping the whole object a server answers a ranged
-/// request of it with (`200` for a `Range`) instead of dropping it, where it
-/// states at most `cap` bytes; its bytes are counted into `moved` as they
-/// arrive.
+/// Runs `request`, keeping the first `keep` bytes of the whole object a
+/// server answers a ranged request of it with (`200` for a `Range`) instead
+/// of dropping them, and leaving the rest unread; its bytes are counted into
+/// `moved` as they arrive.
 pub(crate) async fn keeping<T>(
-    cap: u64,
+    keep: usize,
     moved: Moved,
     request: impl Future<Output = T>,
-) -> (T, Whole) {
-    let keep = Keep {
-        cap,
+) -> (T, Option<WholeAnswer>) {
+    let state = Keep {
+        keep,
         moved,
-        whole: Whole::None,
+        answer: None,
     };
-    KEEP.scope(RefCell::new(keep), async {
+    KEEP.scope(RefCell::new(state), async {
         let out = request.await;
-        let whole = KEEP.with(|k| std::mem::replace(&mut k.borrow_mut().whole, Whole::None));
-        (out, whole)
+        let answer = KEEP.with(|k| k.borrow_mut().answer.take());
+        (out, answer)
     })
     .await
+}
+
+/// The first `keep` bytes of `body`, and whether they are all of it: read
+/// until the body passes `keep` bytes (the rest left unread, and dropped
+/// with the connection) or ends. `None` where it ended other than it said
+/// (`stated`).
+async fn first_bytes(
+    body: object_store::client::HttpResponseBody,
+    keep: usize,
+    stated: Option<u64>,
+    moved: &Moved,
+) -> Result<Option<(Vec<u8>, bool)>, HttpError> {
+    // Never sized from the stated length: at most what was asked.
+    let mut bytes =
+        Vec::with_capacity(keep.min(stated.map_or(keep, |s| usize::try_from(s).unwrap_or(keep))));
+    let mut received = 0u64;
+    let mut stream = body.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        moved.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        received += chunk.len() as u64;
+        let room = keep.saturating_sub(bytes.len());
+        bytes.extend_from_slice(chunk.get(..room).unwrap_or(&chunk));
+        // Past what was asked, or at it with more said to follow: the rest is
+        // not read.
+        let more_said = stated.is_some_and(|s| s > received);
+        if received > keep as u64 || (received == keep as u64 && more_said) {
+            return Ok(Some((bytes, false)));
+        }
+    }
+    Ok(stated
+        .is_none_or(|s| s == received)
+        .then_some((bytes, true)))
 }
 
 /// `object_store`'s HTTP client, keeping a whole answer inside [`keeping`].
@@ -111,47 +141,32 @@ impl HttpService for Service {
         Box::pin(async move {
             let ranged = request.headers().contains_key("range");
             let response = self.inner.execute(request).await?;
-            let len = response
-                .headers()
-                .get("content-length")
-                .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
             let keep = KEEP.try_with(|k| {
                 let k = k.borrow();
-                (k.cap, std::sync::Arc::clone(&k.moved))
+                (k.keep, std::sync::Arc::clone(&k.moved))
             });
-            let (Ok((cap, moved)), true) = (keep, ranged && response.status().as_u16() == 200)
+            let (Ok((keep, moved)), true) = (keep, ranged && response.status().as_u16() == 200)
             else {
                 return Ok(response);
             };
-            let Some(len) = len else {
-                return Ok(response);
-            };
+            let stated = response
+                .headers()
+                .get("content-length")
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
             let (parts, body) = response.into_parts();
-            if len as u64 > cap {
-                // Refused unread: the body is dropped with its connection.
-                let _ = KEEP.try_with(|k| k.borrow_mut().whole = Whole::TooLarge(len as u64));
-                return Ok(HttpResponse::from_parts(parts, Vec::new().into()));
-            }
             let etag = parts
                 .headers
                 .get("etag")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            // Grown as bytes arrive, never reserved from the stated length.
-            let mut bytes = Vec::new();
-            let mut stream = body.bytes_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk?;
-                if bytes.len() + chunk.len() > len {
-                    // More than it said: nothing kept, the open asks again.
-                    return Ok(HttpResponse::from_parts(parts, Vec::new().into()));
-                }
-                moved.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                bytes.extend_from_slice(&chunk);
-            }
-            if bytes.len() == len {
-                let kept = WholeBody { body: bytes, etag };
-                let _ = KEEP.try_with(|k| k.borrow_mut().whole = Whole::Kept(kept));
+            if let Some((bytes, complete)) = first_bytes(body, keep, stated, &moved).await? {
+                let answer = WholeAnswer {
+                    bytes,
+                    complete,
+                    stated,
+                    etag,
+                };
+                let _ = KEEP.try_with(|k| k.borrow_mut().answer = Some(answer));
             }
             Ok(HttpResponse::from_parts(parts, Vec::new().into()))
         })

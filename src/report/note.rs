@@ -36,7 +36,9 @@ pub enum LoadNote {
         error: String,
     } = "threads_refused",
     /// A remote server answered a ranged request with the whole object:
-    /// each of these `files` was fetched whole, once, by its first request.
+    /// each of these `files` was fetched whole, once (by its first request
+    /// where it was no longer than the bytes the open asks for; else the
+    /// open kept those and a second request fetched it whole).
     RangesIgnored {
         /// Files fetched whole.
         files: usize,

@@ -77,6 +77,10 @@
 //!   `X-Repo-Commit`, as some mirrors and proxies answer.
 //! - [`Options::lie`]: one object's body is damaged from a byte on, under its true `ETag`
 //!   and `X-Linked-Etag` (a hub serving a corrupt copy under the right digest).
+//! - [`Options::whole_paths`]: the objects at these paths only are answered as
+//!   [`Options::ignore_range`] (and [`Options::claimed_len`]) answer every one.
+//! - [`Options::claim_linked_size`]: where a claim applies, the hub route's
+//!   `X-Linked-Size` says it too.
 //!
 //! # Counters and bounds
 //!
@@ -194,7 +198,8 @@ pub struct Options {
     /// held silent until the client hangs up or the server stops; counted in
     /// [`Stats::unanswered`].
     pub silent_gets: bool,
-    /// With [`ignore_range`](Self::ignore_range) only (ignored without it): the whole-object
+    /// With [`ignore_range`](Self::ignore_range) or for [`whole_paths`](Self::whole_paths)
+    /// only (ignored without them): the whole-object
     /// `200` answers, `HEAD` and `GET`, state `Content-Length: <claimed_len>` instead of the
     /// object's length, and a `GET` sends the object's bytes then zeros until the claim is
     /// met (or only the claim's first bytes of a longer object), the client hangs up, or
@@ -215,6 +220,15 @@ pub struct Options {
     /// lengths still name the true contents, as a hub whose storage or CDN serves a damaged
     /// copy under the right digest. `HEAD` answers are unchanged.
     pub lie: Option<Lie>,
+    /// Object paths (as [`Server::path_stats`] names them: `config.json`, `sub/a.bin`)
+    /// answered as [`ignore_range`](Self::ignore_range) answers every path: a `Range` is
+    /// ignored (`200` with the whole object), [`claimed_len`](Self::claimed_len) applying
+    /// to them as to its answers; the other paths honour ranges.
+    pub whole_paths: Vec<String>,
+    /// Where [`claimed_len`](Self::claimed_len) applies to an answer of the hub route, its
+    /// `X-Linked-Size` says the claim too (not the object's length): a hub whose listing
+    /// lies as its bodies do.
+    pub claim_linked_size: bool,
 }
 
 /// One object whose body [`Options::lie`] damages.
@@ -248,6 +262,8 @@ impl Default for Options {
             foreign_commit: None,
             no_commit_on_404: false,
             lie: None,
+            whole_paths: Vec::new(),
+            claim_linked_size: false,
         }
     }
 }

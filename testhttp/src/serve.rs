@@ -275,9 +275,16 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
     } else {
         object.etag.clone()
     };
+    // A `Range` ignored for this object (every object's, or this path's), and the claim
+    // of a hostile server for its whole-object answers.
+    let whole = options.ignore_range || options.whole_paths.contains(&path);
+    let claimed = options.claimed_len.filter(|_| whole);
     if hub && !small {
+        let linked = claimed
+            .filter(|_| options.claim_linked_size)
+            .unwrap_or(object.len);
         headers.push(("X-Linked-Etag", format!("\"{}\"", object.sha256)));
-        headers.push(("X-Linked-Size", object.len.to_string()));
+        headers.push(("X-Linked-Size", linked.to_string()));
     }
     headers.push(("ETag", etag.clone()));
     if hub && !small && options.hub_redirect {
@@ -307,14 +314,12 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
     if range_header.is_some() {
         shared.stats.ranged_requests.fetch_add(1, Ordering::Relaxed);
     }
-    let ask = if options.ignore_range {
+    let ask = if whole {
         RangeAsk::Whole
     } else {
         http::parse_range(range_header, object.len)
     };
-    // A hostile server's claim for its whole-object answers, met by filler past the
-    // object's end (`send_body`), or short of it.
-    let claimed = options.claimed_len.filter(|_| options.ignore_range);
+    // The claim is met by filler past the object's end (`send_body`), or cut short of it.
     let (status, range) = match ask {
         RangeAsk::Whole => (200, 0..claimed.unwrap_or(object.len)),
         RangeAsk::Part(range) => {

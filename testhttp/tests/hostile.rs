@@ -1,6 +1,7 @@
 //! The hostile server's knobs as a client sees them, through a plain `TcpStream`: a body
-//! dripped a byte at a time, requests never answered, a claimed length met with filler, a
-//! foreign commit answered with the server's own, a 404 without its commit.
+//! dripped a byte at a time, requests never answered, a claimed length met with filler (for
+//! every path, or chosen ones, the hub's listing lying with it or not), a foreign commit
+//! answered with the server's own, a 404 without its commit.
 
 mod common;
 use common::{Head, read_head, start, tree, write_request};
@@ -274,6 +275,74 @@ fn a_claimed_length_is_met_with_filler_until_the_client_hangs_up() {
     );
     let (head, body) = fetch(&server, "GET", "/model.safetensors");
     assert_eq!((head.content_length(), body), (1000, data));
+}
+
+#[test]
+fn whole_paths_ignore_range_for_those_paths_only_and_a_linked_size_may_lie_too() {
+    let (dir, data) = tree(1000);
+    let claim: u64 = 1 << 30;
+    let server = start(
+        dir.path(),
+        Options {
+            whole_paths: vec!["model.safetensors".to_owned()],
+            claimed_len: Some(claim),
+            ..Options::default()
+        },
+    );
+    // The path named: a range answered whole, with the claim, on both routes.
+    for target in ["/model.safetensors", "/o/r/resolve/main/model.safetensors"] {
+        let mut stream = send(&server, "GET", target, &["Range: bytes=0-9"]);
+        let head = read_head(&mut stream);
+        assert_eq!(
+            (head.status, head.content_length()),
+            (200, claim),
+            "{target}"
+        );
+        let mut object = vec![0; 1000];
+        stream.read_exact(&mut object).unwrap();
+        assert_eq!(object, data);
+    }
+    let (head, _) = fetch(&server, "HEAD", "/o/r/resolve/main/model.safetensors");
+    assert_eq!(head.content_length(), claim);
+    assert_eq!(
+        head.header("x-linked-size"),
+        Some("1000"),
+        "the listing is true"
+    );
+    // Another path: its range, and no claim.
+    let mut stream = send(&server, "GET", "/sub/small.bin", &["Range: bytes=1-2"]);
+    let head = read_head(&mut stream);
+    assert_eq!((head.status, head.content_length()), (206, 2));
+    drop(stream);
+    drop(server);
+
+    // The listing lies with the body.
+    let server = start(
+        dir.path(),
+        Options {
+            whole_paths: vec!["model.safetensors".to_owned()],
+            claimed_len: Some(claim),
+            claim_linked_size: true,
+            ..Options::default()
+        },
+    );
+    let (head, _) = fetch(&server, "HEAD", "/o/r/resolve/main/model.safetensors");
+    assert_eq!(head.content_length(), claim);
+    assert_eq!(
+        head.header("x-linked-size"),
+        Some(claim.to_string().as_str())
+    );
+    // Where no claim applies, the listing says the object's length.
+    let server = start(
+        dir.path(),
+        Options {
+            claimed_len: Some(claim),
+            claim_linked_size: true,
+            ..Options::default()
+        },
+    );
+    let (head, _) = fetch(&server, "HEAD", "/o/r/resolve/main/model.safetensors");
+    assert_eq!(head.header("x-linked-size"), Some("1000"));
 }
 
 #[test]

@@ -183,12 +183,14 @@ fn faults_are_retried_and_the_load_is_exact() {
     }
 }
 
-/// A server that ignores `Range` (as `python3 -m http.server` does) answers
-/// one request per file, each file sent once: the open's first answer, the
-/// whole file, is kept and every read served from it (no HEAD, no second
-/// GET); the tensors are right, and the report says so, typed.
+/// A server that ignores `Range` (as `python3 -m http.server` does) is asked
+/// once for a file no longer than the open's range (the index), and twice for
+/// a longer one: the open keeps the first bytes it asked for and drops the
+/// connection with the rest (so that a header is checked before a body is
+/// held), then one whole GET serves every read. No HEAD; the tensors are
+/// right, and the report says so, typed.
 #[test]
-fn a_server_that_ignores_range_answers_one_request_per_file() {
+fn a_server_that_ignores_range_answers_at_most_two_requests_per_file() {
     let (dir, expected) = sharded();
     let server = serve(
         dir.path(),
@@ -212,16 +214,21 @@ fn a_server_that_ignores_range_answers_one_request_per_file() {
     {
         let file = server.path_stats(&name);
         let len = std::fs::metadata(dir.path().join(&name)).unwrap().len();
-        assert_eq!(file.requests, 1, "{name}: {file:?}");
-        assert_eq!(file.bytes_sent, len, "{name}: sent once, whole");
-        sent += len;
+        let asked = if len <= 64 << 10 { 1 } else { 2 };
+        assert_eq!(file.requests, asked, "{name}: {file:?}");
+        // Whole once; the open's answer cut where the connection was dropped.
+        assert!(
+            (len..=asked * len).contains(&file.bytes_sent),
+            "{name}: {file:?} for {len}"
+        );
+        sent += file.bytes_sent;
     }
     // Besides: the directory's probe for a single `model.safetensors` (404).
     let probe = server.path_stats("model.safetensors");
     assert_eq!((probe.requests, probe.bytes_sent), (1, 0));
     let stats = server.stats();
     assert_eq!(stats.head_requests, 0, "{stats:?}");
-    assert_eq!(stats.requests, shards.len() as u64 + 2, "{stats:?}");
+    assert_eq!(stats.requests, 2 * shards.len() as u64 + 2, "{stats:?}");
     assert_eq!(stats.bytes_sent, sent, "{stats:?}");
     let notes = &sd.report().notes;
     assert_eq!(

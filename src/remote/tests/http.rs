@@ -274,12 +274,17 @@ fn a_server_ignoring_range_is_read_once_for_every_read() {
         ignore_range: true,
         ..Options::default()
     };
-    let (_dir, server) = serve(&[("m.safetensors", &data)], options);
+    let (_dir, server) = serve(
+        &[("m.safetensors", &data), ("small.json", &data[..3000])],
+        options,
+    );
     let base = server.url();
     let http = location(&format!("{base}/"), settings(&base, &[], quick_tuning()));
     let object = http.open_file("m.safetensors").unwrap();
     assert!(object.ranges_ignored());
     assert_eq!(object.len(), 300_000);
+    // The open keeps what it asked for, not the 300,000 bytes it was answered with.
+    assert_eq!(object.kept_prefix(), 4096);
     for i in 0..10 {
         let mut dst = vec![0; 20_000];
         object.read_at(&mut dst, 20_000, i * 25_000).unwrap();
@@ -287,10 +292,100 @@ fn a_server_ignoring_range_is_read_once_for_every_read() {
         assert!(dst == data[at..at + 20_000]);
     }
     let stats = server.stats();
-    // The open's GET, answered whole and kept: every read is served from it.
-    assert_eq!((stats.requests, stats.head_requests), (1, 0));
-    assert_eq!(stats.bytes_sent, 300_000, "{stats:?}");
-    assert_eq!(object.requests(), 1);
+    // The open's GET, cut after its range (the server sent what the connection took
+    // before it was dropped), then one whole GET: every read is served from it.
+    assert_eq!((stats.requests, stats.head_requests), (2, 0));
+    assert!(
+        (300_000 + 4096..=600_000).contains(&stats.bytes_sent),
+        "{stats:?}"
+    );
+    assert_eq!(object.requests(), 2);
+    // An object no longer than the open's range is kept whole by the open: one request.
+    server.reset_stats();
+    let small = http.open_file("small.json").unwrap();
+    assert!(small.ranges_ignored());
+    assert_eq!(small.read_small(1 << 20).unwrap(), &data[..3000]);
+    assert_eq!(server.stats().requests, 1);
+    assert_eq!(small.requests(), 1);
+}
+
+#[test]
+fn a_whole_answer_to_the_open_is_held_no_further_than_the_range() {
+    // A claim of a terabyte, met with zeros for as long as the client reads.
+    let data = pattern(300_000, 9);
+    let options = Options {
+        ignore_range: true,
+        claimed_len: Some(1 << 40),
+        ..Options::default()
+    };
+    let (_dir, server) = serve(&[("m.safetensors", &data)], options);
+    let base = server.url();
+    let http = location(&format!("{base}/"), settings(&base, &[], quick_tuning()));
+    let t0 = Instant::now();
+    let e = http.open_file("m.safetensors").unwrap_err();
+    assert_eq!(e.kind, RemoteErrorKind::Protocol, "{e}");
+    assert!(
+        e.detail.contains("ignores Range") && e.detail.contains("1099511627776 bytes"),
+        "{e}"
+    );
+    assert!(e.detail.contains("may take in memory"), "{e}");
+    // Refused at once: its connection dropped after the range, one request in all.
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    std::thread::sleep(Duration::from_millis(200));
+    let stats = server.stats();
+    assert_eq!(stats.requests, 1, "{stats:?}");
+    assert!(stats.bytes_sent < 64 << 20, "{stats:?}");
+}
+
+#[test]
+fn a_small_read_is_refused_past_its_callers_limit_before_a_byte_moves() {
+    let data = pattern(100_000, 10);
+    for ignore_range in [false, true] {
+        let options = Options {
+            ignore_range,
+            ..Options::default()
+        };
+        let (_dir, server) = serve(&[("index.json", &data)], options);
+        let base = server.url();
+        let http = location(&format!("{base}/"), settings(&base, &[], quick_tuning()));
+        let object = http.open_file("index.json").unwrap();
+        server.reset_stats();
+        let e = object.read_small(99_999).unwrap_err();
+        assert!(
+            e.detail.contains("100000 bytes, more than the 99999"),
+            "{e}"
+        );
+        assert_eq!(server.stats().requests, 0, "{ignore_range}");
+        // At the limit: read, whole, byte for byte.
+        assert_eq!(object.read_small(100_000).unwrap(), data, "{ignore_range}");
+        assert_eq!(server.stats().requests, 1, "{ignore_range}");
+    }
+}
+
+#[test]
+fn a_read_across_the_opens_bytes_fetches_only_the_rest() {
+    let data = pattern(100_000, 11);
+    let (_dir, server) = serve(&[("m.safetensors", &data)], Options::default());
+    let base = server.url();
+    let http = location(&format!("{base}/"), settings(&base, &[], quick_tuning()));
+    let object = http.open_file("m.safetensors").unwrap();
+    server.reset_stats();
+    let landed = std::sync::Mutex::new(Vec::new());
+    let land = |at: u64, bytes: &[u8]| landed.lock().unwrap().push((at, bytes.to_vec()));
+    let mut dst = vec![0; 60_000];
+    object.read(&mut dst, 60_000, 1000, Some(&land)).unwrap();
+    assert!(dst == data[1000..61_000]);
+    // The open's 4096 bytes copied: only the rest crossed the network.
+    assert_eq!(server.stats().bytes_sent, 61_000 - 4096);
+    // Every byte handed on once, in order.
+    let landed = landed.into_inner().unwrap();
+    let mut at = 1000;
+    for (offset, bytes) in &landed {
+        assert_eq!(*offset, at);
+        at += bytes.len() as u64;
+    }
+    assert_eq!(at, 61_000);
+    assert_eq!(landed[0].1.len(), 4096 - 1000, "the kept part first");
 }
 
 #[test]

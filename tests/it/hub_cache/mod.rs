@@ -15,14 +15,24 @@
 //! - `extra.rs`: the repository's other files brought beside the weights (`?with=engine`).
 //! - `resume.rs`: an interrupted download resumed (killed, cancelled, two loads at once, a
 //!   damaged piece, another user's partial file).
+//! - `memory.rs`: a hub or server sending far more than asked, met in bounded memory (under
+//!   `RLIMIT_AS`, under a cgroup's limit).
+//! - `requests.rs`: what a cold load asks: each shard's bytes sent once, missing `?with=`
+//!   names asked several at a time.
+//! - `proof.rs`: what a lying hub left in a partial file is proven and fetched again, a
+//!   mismatch found after the load is said, a cancel after the load unpublishes nothing,
+//!   progress through the cache.
+//! - `once.rs`: two engines started at once, and three local ranks, fetch each byte once.
 
 mod clean;
 mod extra;
 mod faults;
 mod hostile;
+mod memory;
 mod once;
 mod proof;
 mod python;
+mod requests;
 mod resume;
 mod store;
 
@@ -303,6 +313,8 @@ fn child() {
         ("hostile", hostile::act),
         ("claim", hostile::act_claim),
         ("clean", clean::act),
+        ("bounded", memory::act),
+        ("timed", requests::act),
     ]);
 }
 

@@ -499,7 +499,7 @@ use std::path::Path;
 pub use cache::{hub_cache, hub_cache_prune, hub_cache_remove};
 pub use checkpoint::{Checkpoint, TensorInfo};
 pub use dest::pages::HugePages;
-pub use error::{Error, ErrorKind, Operation, Result};
+pub use error::{Error, ErrorKind, Operation, RemoteFailure, Result};
 pub use load::Loader;
 pub use report::LoadReport;
 pub use safetensors::Dtype;

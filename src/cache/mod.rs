@@ -52,7 +52,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::error::{Error, ErrorKind, Operation, RemoteFailure, Result};
 use crate::format::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
 use crate::mount::MountTable;
 use crate::remote::checkpoint::{Found, RemoteCheckpoint};
@@ -156,14 +156,13 @@ pub(crate) fn resolve(
             remote.extra = remote.bring(&with)?;
             Ok((remote, found))
         }
-        Ok(RemoteUrl::Hub { with, .. }) if !with.is_empty() => Err(Error::remote(
+        Ok(RemoteUrl::Hub { with, .. }) if !with.is_empty() => Err(Error::remote_failed(
             Operation::Open,
             text,
             None,
+            RemoteFailure::Unsupported,
             "?with= brings files into the hub cache, which is off \
-             (Loader::hub_cache(false), SAFELOAD_HUB_CACHE=0)"
-                .to_owned(),
-            std::io::ErrorKind::InvalidInput,
+             (Loader::hub_cache(false), SAFELOAD_HUB_CACHE=0)",
         )),
         Ok(RemoteUrl::Store { .. } | RemoteUrl::Http { .. }) if env.store_dir.is_some() => {
             let (checkpoint, found) = RemoteCheckpoint::resolve(text)?;
@@ -187,12 +186,12 @@ fn at_commit(repo: &str, commit: &str, subfolder: &str) -> String {
 }
 
 fn not_in_cache(shown: impl Into<PathBuf>, what: &str) -> Error {
-    Error::remote(
+    Error::remote_failed(
         Operation::Open,
         shown,
         None,
-        format!("not in the hub cache, and HF_HUB_OFFLINE=1 forbids asking the hub: {what}"),
-        std::io::ErrorKind::NotFound,
+        RemoteFailure::OfflineNotCached,
+        what,
     )
 }
 
@@ -301,13 +300,9 @@ fn resolve_commit(
     match lookup_single(&checkpoint)? {
         Some(Ok((commit, meta))) => {
             let Some(commit) = layout::commit_name(&commit) else {
-                let e = Error::remote(
-                    Operation::Open,
-                    address.text,
-                    None,
-                    "the hub's answer names no commit".to_owned(),
-                    std::io::ErrorKind::InvalidData,
-                );
+                let detail = "the hub's answer names no commit";
+                let protocol = RemoteFailure::Protocol;
+                let e = Error::remote_failed(Operation::Open, address.text, None, protocol, detail);
                 return Err(e);
             };
             Ok(Resolved {
@@ -318,7 +313,7 @@ fn resolve_commit(
             })
         }
         // The hub cannot be reached: the cache's ref, as the hub's client does.
-        Some(Err(e)) if e.kind == RemoteErrorKind::Failed && cached_commit().is_some() => resolved(
+        Some(Err(e)) if unreached(e.kind) && cached_commit().is_some() => resolved(
             cached_commit().unwrap_or_default(),
             SingleFile::Unknown,
             true,
@@ -326,6 +321,12 @@ fn resolve_commit(
         Some(Err(e)) => Err(e.into_error(Operation::Open)),
         None => Err(not_in_cache(address.text, "not a hub address")),
     }
+}
+
+/// Whether a failure of the hub is one the cache's ref stands in for: it cannot be reached,
+/// or failed every retry.
+fn unreached(kind: RemoteErrorKind) -> bool {
+    matches!(kind, RemoteErrorKind::Unreachable | RemoteErrorKind::Failed)
 }
 
 /// What the hub says of `model.safetensors` at the checkpoint's revision,

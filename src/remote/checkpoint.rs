@@ -9,7 +9,7 @@ use super::error::RemoteError;
 use super::location::{RemoteLocation, RemoteSettings};
 use super::object::RemoteObject;
 use super::store::IoRuntime;
-use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::error::{Error, ErrorKind, Operation, RemoteFailure, Result};
 use crate::format::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
 use crate::source::{Source, read_error};
 
@@ -43,13 +43,8 @@ impl RemoteCheckpoint {
     /// nothing yet.
     pub(crate) fn new(text: &str) -> Result<RemoteCheckpoint> {
         let runtime = IoRuntime::new().map_err(|e| {
-            Error::remote(
-                Operation::Open,
-                text,
-                None,
-                format!("cannot start the I/O runtime: {e}"),
-                e.kind(),
-            )
+            let detail = format!("cannot start the I/O runtime: {e}");
+            Error::remote_failed(Operation::Open, text, None, RemoteFailure::Config, &detail)
         })?;
         let location = RemoteLocation::new(text, RemoteSettings::from_env(), Arc::new(runtime))
             .map_err(|e| e.into_error(Operation::Open))?;

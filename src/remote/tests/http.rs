@@ -237,10 +237,10 @@ fn missing_objects_fail_at_once() {
         settings(&base, &[("HF_TOKEN", "hf_SeCrEtToKeN")], quick_tuning()),
     );
     let e = hub.open_file("m.safetensors").unwrap_err();
-    assert_eq!(e.kind, RemoteErrorKind::NotFound, "an unknown revision");
+    assert_eq!(e.kind, RemoteErrorKind::RevisionNotFound, "{e}");
     assert!(
         e.to_string()
-            .starts_with("not found: hf://o/r@v9/m.safetensors"),
+            .starts_with("no such revision: hf://o/r@v9/m.safetensors"),
         "{e}"
     );
     assert!(!format!("{e} {e:?}").contains("SeCrEt"));
@@ -466,4 +466,64 @@ fn every_file_of_a_hub_load_is_read_at_the_commit_the_first_answer_named() {
         let at_commit = server.revision_requests(DEFAULT_COMMIT);
         assert_eq!(at_commit, 5, "redirect: {hub_redirect}");
     }
+}
+
+/// A port on loopback nothing listens on: bound, then let go.
+fn dead_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[test]
+fn a_hub_that_cannot_be_reached_is_unreachable_and_one_that_refuses_says_why() {
+    // Refused: asked twice, then unreachable.
+    let base = format!("http://127.0.0.1:{}", dead_port());
+    let hub = location("hf://o/r", settings(&base, &[], quick_tuning()));
+    let e = hub.open_file("m.safetensors").unwrap_err();
+    assert_eq!(e.kind, RemoteErrorKind::Unreachable, "{e}");
+
+    // No answer within the request's timeout, every try.
+    let options = Options {
+        latency: Some(Duration::from_secs(3)),
+        ..Options::default()
+    };
+    let (_dir, slow) = serve(&[("m.safetensors", b"abc")], options);
+    let tuning = Tuning {
+        request_timeout: Duration::from_millis(200),
+        max_retries: 1,
+        ..quick_tuning()
+    };
+    let hub = location("hf://o/r", settings(&slow.url(), &[], tuning));
+    let e = hub.open_file("m.safetensors").unwrap_err();
+    assert_eq!(e.kind, RemoteErrorKind::Unreachable, "{e}");
+
+    // A repository the hub does not have; a gated one, without a token and with another.
+    let options = Options {
+        repositories: Some(vec!["o/r".into()]),
+        token: Some("hf_right".into()),
+        gated: true,
+        ..Options::default()
+    };
+    let (_dir, server) = serve(&[("m.safetensors", b"abc")], options);
+    let base = server.url();
+    let cases: [(&str, &[(&str, &str)], RemoteErrorKind); 3] = [
+        (
+            "hf://o/other",
+            &[("HF_TOKEN", "hf_right")],
+            RemoteErrorKind::RepoNotFound,
+        ),
+        (
+            "hf://o/r",
+            &[("HF_TOKEN", "hf_wrong")],
+            RemoteErrorKind::Gated,
+        ),
+        ("hf://o/r", &[], RemoteErrorKind::Gated),
+    ];
+    for (url, vars, kind) in cases {
+        let hub = location(url, settings(&base, vars, quick_tuning()));
+        let e = hub.open_file("m.safetensors").unwrap_err();
+        assert_eq!(e.kind, kind, "{url} {vars:?}: {e}");
+    }
+    // Each a refusal at once, never retried.
+    assert_eq!(server.stats().requests, 3);
 }

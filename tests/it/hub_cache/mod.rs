@@ -17,6 +17,7 @@
 //!   damaged piece, another user's partial file).
 
 mod clean;
+mod errors;
 mod extra;
 mod faults;
 mod hostile;

@@ -96,7 +96,11 @@ fn a_loads_commit_is_the_one_its_files_share_in_json_and_in_words() {
     assert_eq!(serde_json::to_value(&shared).unwrap()["commit"], one);
     // Said once, above the files.
     let text = shared.to_string();
-    assert_eq!(text.matches(&format!("at commit {one}")).count(), 1, "{text}");
+    assert_eq!(
+        text.matches(&format!("at commit {one}")).count(),
+        1,
+        "{text}"
+    );
 
     let mut split = shared.clone();
     split.files[1].commit = Some(other.clone());
@@ -105,7 +109,11 @@ fn a_loads_commit_is_the_one_its_files_share_in_json_and_in_words() {
     // Each file's, where they differ.
     let text = split.to_string();
     for commit in [&one, &other] {
-        assert_eq!(text.matches(&format!("at commit {commit}")).count(), 1, "{text}");
+        assert_eq!(
+            text.matches(&format!("at commit {commit}")).count(),
+            1,
+            "{text}"
+        );
     }
     let mut partly = shared;
     partly.files[0].commit = None;

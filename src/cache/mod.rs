@@ -56,7 +56,6 @@ use crate::error::{Error, ErrorKind, Operation, RemoteFailure, Result};
 use crate::format::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
 use crate::mount::MountTable;
 use crate::remote::checkpoint::{Found, RemoteCheckpoint};
-use crate::remote::error::RemoteErrorKind;
 use crate::remote::hub::HubFileMeta;
 use crate::remote::location::HubLookup;
 use crate::remote::object::RemoteObject;
@@ -313,7 +312,7 @@ fn resolve_commit(
             })
         }
         // The hub cannot be reached: the cache's ref, as the hub's client does.
-        Some(Err(e)) if unreached(e.kind) && cached_commit().is_some() => resolved(
+        Some(Err(e)) if e.kind.unreached() && cached_commit().is_some() => resolved(
             cached_commit().unwrap_or_default(),
             SingleFile::Unknown,
             true,
@@ -321,12 +320,6 @@ fn resolve_commit(
         Some(Err(e)) => Err(e.into_error(Operation::Open)),
         None => Err(not_in_cache(address.text, "not a hub address")),
     }
-}
-
-/// Whether a failure of the hub is one the cache's ref stands in for: it cannot be reached,
-/// or failed every retry.
-fn unreached(kind: RemoteErrorKind) -> bool {
-    matches!(kind, RemoteErrorKind::Unreachable | RemoteErrorKind::Failed)
 }
 
 /// What the hub says of `model.safetensors` at the checkpoint's revision,

@@ -82,6 +82,12 @@ impl RemoteErrorKind {
         })
     }
 
+    /// Whether the server gave no usable answer: it could not be reached, or failed every
+    /// retry (where a cache's ref of the revision stands in for the hub's).
+    pub(crate) fn unreached(self) -> bool {
+        matches!(self, RemoteErrorKind::Unreachable | RemoteErrorKind::Failed)
+    }
+
     /// The I/O kind a `Source::read_at` failure carries: the crate error's.
     fn io_kind(self) -> io::ErrorKind {
         self.failure()

@@ -435,7 +435,7 @@ impl RemoteLocation {
     /// is dropped and sent once more, and a hub that refuses the connection is asked twice
     /// (the cache's ref is then used at once where it has one). A 404 `EntryNotFound` (the
     /// hub's answer for a file a revision does not have) is [`Head::Missing`]; a refusal is
-    /// typed by the hub's `X-Error-Code` ([`refusal`]); a hub that never answers (refused,
+    /// typed ([`head_answer`]); a hub that never answers (refused,
     /// unresolved, no answer in time) is [`RemoteErrorKind::Unreachable`].
     fn hub_head(&self, hub: &HubRepo, url: &str, shown: &str) -> Result<Head, RemoteError> {
         let tuning = &self.settings.tuning;
@@ -491,31 +491,11 @@ impl RemoteLocation {
                     return Err(RemoteError::new(RemoteErrorKind::Cancelled, shown, detail));
                 }
             };
-            let status = response.status().as_u16();
-            let headers = response.headers();
-            let header = |name: &str| {
-                let value = headers.get(name)?.to_str().ok()?;
-                Some(value.to_owned())
-            };
-            let code = header("x-error-code");
-            match status {
-                200..=399 => return Ok(Head::Found(HubFileMeta::from_headers(status, header))),
-                404 if code.as_deref() == Some("EntryNotFound") => {
-                    let commit = header("x-repo-commit").filter(|c| is_commit(c));
-                    return Ok(Head::Missing { commit });
-                }
-                429 | 500..=599 => {
-                    last = format!("HTTP {status}");
-                    unreached = false;
-                    continue;
-                }
-                _ => {}
+            if let Some(done) = head_answer(&response, shown, &self.redactor) {
+                return done;
             }
-            // The hub says which of repository, revision or file is missing.
-            let code = code.unwrap_or_default();
-            let kind = refusal(status, &code);
-            let detail = format!("HTTP {status} {code}").trim_end().to_owned();
-            return Err(RemoteError::new(kind, shown, self.redactor.scrub(&detail)));
+            last = format!("HTTP {}", response.status().as_u16());
+            unreached = false;
         }
         let tries = if refused > 1 {
             refused
@@ -528,6 +508,37 @@ impl RemoteLocation {
             false => RemoteErrorKind::Failed,
         };
         Err(RemoteError::new(kind, shown, detail))
+    }
+}
+
+/// What the hub's answer to a HEAD says: the file, its absence at the commit, or a refusal
+/// typed by the hub's `X-Error-Code` ([`refusal`]), its detail scrubbed by `redactor`; `None`
+/// for an answer to try again (a 5xx, a 429).
+fn head_answer(
+    response: &reqwest::Response,
+    shown: &str,
+    redactor: &Redactor,
+) -> Option<Result<Head, RemoteError>> {
+    let status = response.status().as_u16();
+    let headers = response.headers();
+    let header = |name: &str| {
+        let value = headers.get(name)?.to_str().ok()?;
+        Some(value.to_owned())
+    };
+    let code = header("x-error-code").unwrap_or_default();
+    match status {
+        200..=399 => Some(Ok(Head::Found(HubFileMeta::from_headers(status, header)))),
+        404 if code == "EntryNotFound" => {
+            let commit = header("x-repo-commit").filter(|c| is_commit(c));
+            Some(Ok(Head::Missing { commit }))
+        }
+        429 | 500..=599 => None,
+        _ => {
+            // The hub says which of repository, revision or file is missing.
+            let detail = format!("HTTP {status} {code}").trim_end().to_owned();
+            let kind = refusal(status, &code);
+            Some(Err(RemoteError::new(kind, shown, redactor.scrub(&detail))))
+        }
     }
 }
 
@@ -552,20 +563,16 @@ mod tests {
     #[test]
     fn the_hubs_refusals_are_typed_by_its_error_code_then_by_the_status() {
         use RemoteErrorKind as K;
-        for (status, code, kind) in [
-            (404, "RepoNotFound", K::RepoNotFound),
-            (401, "RepoNotFound", K::RepoNotFound),
+        #[rustfmt::skip]
+        let table = [
+            (404, "RepoNotFound", K::RepoNotFound), (401, "RepoNotFound", K::RepoNotFound),
             (404, "RevisionNotFound", K::RevisionNotFound),
-            (404, "EntryNotFound", K::NotFound),
-            (404, "", K::NotFound),
-            (401, "GatedRepo", K::Gated),
-            (403, "GatedRepo", K::Gated),
-            (401, "", K::Denied),
-            (403, "", K::Denied),
-            (403, "DisabledRepo", K::Denied),
-            (400, "", K::Failed),
-            (418, "SomethingNew", K::Failed),
-        ] {
+            (404, "EntryNotFound", K::NotFound), (404, "", K::NotFound),
+            (401, "GatedRepo", K::Gated), (403, "GatedRepo", K::Gated),
+            (401, "", K::Denied), (403, "", K::Denied), (403, "DisabledRepo", K::Denied),
+            (400, "", K::Failed), (418, "SomethingNew", K::Failed),
+        ];
+        for (status, code, kind) in table {
             assert_eq!(refusal(status, code), kind, "{status} {code}");
         }
     }

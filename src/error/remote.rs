@@ -260,6 +260,8 @@ mod tests {
 
     #[test]
     fn each_failure_has_its_own_code_and_words() {
+        fn assert_plain_data<T: Send + Sync + Copy + 'static>() {}
+        assert_plain_data::<RemoteFailure>();
         let codes: std::collections::BTreeSet<_> = EVERY.iter().map(|f| f.as_str()).collect();
         let words: std::collections::BTreeSet<_> = EVERY.iter().map(|f| f.to_string()).collect();
         assert_eq!((codes.len(), words.len()), (EVERY.len(), EVERY.len()));

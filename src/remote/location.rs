@@ -435,8 +435,8 @@ impl RemoteLocation {
     /// is dropped and sent once more, and a hub that refuses the connection is asked twice
     /// (the cache's ref is then used at once where it has one). A 404 `EntryNotFound` (the
     /// hub's answer for a file a revision does not have) is [`Head::Missing`]; a refusal is
-    /// typed ([`head_answer`]); a hub that never answers (refused,
-    /// unresolved, no answer in time) is [`RemoteErrorKind::Unreachable`].
+    /// typed ([`head_answer`]); a hub that never answers (refused, unresolved, no answer in
+    /// time) is [`RemoteErrorKind::Unreachable`].
     fn hub_head(&self, hub: &HubRepo, url: &str, shown: &str) -> Result<Head, RemoteError> {
         let tuning = &self.settings.tuning;
         let token = self.settings.hub.token.as_ref();
@@ -503,9 +503,10 @@ impl RemoteLocation {
             tuning.max_retries + 1
         };
         let detail = format!("{last} ({tries} tries)");
-        let kind = match unreached {
-            true => RemoteErrorKind::Unreachable,
-            false => RemoteErrorKind::Failed,
+        let kind = if unreached {
+            RemoteErrorKind::Unreachable
+        } else {
+            RemoteErrorKind::Failed
         };
         Err(RemoteError::new(kind, shown, detail))
     }

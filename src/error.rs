@@ -6,6 +6,10 @@ use std::path::{Path, PathBuf};
 
 use safetensors::Dtype;
 
+mod remote;
+
+pub use remote::RemoteFailure;
+
 /// A specialized `Result` whose error is [`Error`].
 ///
 /// ```
@@ -32,7 +36,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// checkpoint, a file of it or a tensor is missing"),
 /// [`is_corrupt`](Error::is_corrupt) ("the bytes are not a valid
 /// checkpoint") and [`ErrorKind::Io`] (the storage failed), or match the
-/// [`ErrorKind`] for the details.
+/// [`ErrorKind`] for the details; a remote checkpoint's failure says why
+/// as data ([`remote_failure`](Error::remote_failure): repository,
+/// revision or file not found, access denied, offline, unreachable, ...),
+/// and an address the crate cannot read is [`ErrorKind::BadAddress`].
 ///
 /// ```
 /// use safeload::{ErrorKind, Operation, load_state_dict};
@@ -272,16 +279,18 @@ pub enum ErrorKind {
         /// The name as written in the index.
         name: String,
     },
-    /// A repository id or a revision given to the hub cache's housekeeping
-    /// is not one the hub takes (the rules of `hf://` addresses: `org/name`
-    /// of plain names, a revision of plain `/`-separated names), so nothing
-    /// outside the cache could be named by it. Nothing is removed.
-    #[error("{name:?} is not a {what} of the hub cache")]
-    UnsafeCacheName {
-        /// The name as given.
-        name: String,
-        /// `repository id` or `revision`.
-        what: &'static str,
+    /// A remote address, or a repository id or revision given to the hub
+    /// cache's housekeeping, that is not one the crate reads: no known
+    /// scheme, a name the hub does not take (`hf://acme/bad--name`: letters,
+    /// digits, `-`, `_`, `.`, no `--` or `..`), a `.` or `..` part
+    /// (`hf://a/b/../c`), a bad `?with=` name. Refused before any request
+    /// or any name of the cache is looked at. The error's path is the
+    /// address (without credentials), also where it was given as a
+    /// repository id and a revision (`hf://org/name@revision`).
+    #[error("bad remote address: {reason}")]
+    BadAddress {
+        /// What is wrong with it.
+        reason: String,
     },
     /// The index maps a tensor to a shard whose header lacks it.
     #[error("index maps tensor {tensor:?} to shard {shard:?}, which does not contain it")]
@@ -395,17 +404,21 @@ pub enum ErrorKind {
     /// and the others of the feature `remote`) refused a request, failed
     /// after its retries, or answered for another version of the object
     /// than the one opened. The error's path is the object's address,
-    /// without credentials; [`Error::is_not_found`] is true where the
-    /// object, repository or revision does not exist, and
-    /// [`Error::io_error`]'s kind is `PermissionDenied` where access was
-    /// denied.
+    /// without credentials; `failure` says why, as data
+    /// ([`Error::remote_failure`]); [`Error::is_not_found`] is true where the
+    /// repository, revision or file does not exist (or offline, the cache
+    /// lacks it), and [`Error::io_error`]'s kind is `PermissionDenied` where
+    /// access was denied.
     #[error("remote error while {operation}{}: {reason}", bytes(range.as_ref()))]
     Remote {
         /// What was being done.
         operation: Operation,
         /// The bytes of the object asked for, for a read.
         range: Option<std::ops::Range<u64>>,
-        /// What happened, in words, credentials removed.
+        /// Why it failed.
+        failure: RemoteFailure,
+        /// What happened, in words (the failure's, then the detail),
+        /// credentials removed.
         reason: String,
     },
     /// The load was cancelled: its flag
@@ -444,12 +457,15 @@ impl Error {
 
     /// Whether something asked for does not exist: the checkpoint or one
     /// of its files (an open that failed with `ENOENT`), a directory with
-    /// no checkpoint in it, or a tensor of that name.
+    /// no checkpoint in it, a tensor of that name, or a remote repository,
+    /// revision, file or object, also one the hub cache lacks offline
+    /// ([`RemoteFailure`]).
     pub fn is_not_found(&self) -> bool {
         match &self.0.kind {
-            ErrorKind::Io { .. } | ErrorKind::Remote { .. } => self
+            ErrorKind::Io { .. } => self
                 .io_error()
                 .is_some_and(|e| e.kind() == io::ErrorKind::NotFound),
+            ErrorKind::Remote { failure, .. } => failure.is_not_found(),
             ErrorKind::NoCheckpoint { .. } | ErrorKind::TensorNotFound { .. } => true,
             _ => false,
         }
@@ -476,8 +492,9 @@ impl Error {
     }
 
     /// The underlying I/O error, for [`ErrorKind::Io`]; for
-    /// [`ErrorKind::Remote`], one of the matching kind (`NotFound`,
-    /// `PermissionDenied`, `Other`) carrying the same reason.
+    /// [`ErrorKind::Remote`], one of the kind its failure matches
+    /// (`NotFound`, `PermissionDenied`, `TimedOut`, `Other`, ...) carrying
+    /// the same reason.
     pub fn io_error(&self) -> Option<&io::Error> {
         self.0.source.as_ref()
     }
@@ -503,27 +520,6 @@ impl Error {
             kind,
             path: None,
             source: None,
-        }))
-    }
-
-    /// A remote failure (see [`ErrorKind::Remote`]): `kind` is the I/O kind
-    /// [`Error::io_error`] gives.
-    pub(crate) fn remote(
-        operation: Operation,
-        url: impl Into<PathBuf>,
-        range: Option<std::ops::Range<u64>>,
-        reason: String,
-        kind: io::ErrorKind,
-    ) -> Error {
-        let source = io::Error::new(kind, reason.clone());
-        Error(Box::new(Inner {
-            kind: ErrorKind::Remote {
-                operation,
-                range,
-                reason,
-            },
-            path: Some(url.into()),
-            source: Some(source),
         }))
     }
 

@@ -41,9 +41,10 @@
 //! | whether the local ranks shared one copy, who made it | [`FileReport::node_copy`](report::FileReport::node_copy) ([`report::NodeCopy`]) |
 //! | the report as JSON (feature `serde`) | `serde_json::to_string(sd.report())`, the schema in [the report module](report#json) |
 //! | tell "missing" from "corrupt" | [`Error::is_not_found`], [`Error::is_corrupt`] |
+//! | why a remote load failed: repository, revision or file not found, no access, gated, offline, unreachable (feature `remote`) | [`Error::remote_failure`] ([`RemoteFailure`]); a bad address: [`ErrorKind::BadAddress`] |
 //! | is a path on hf-mount / FUSE | [`mount::lookup`] (its [`kind`](mount::Mount::kind)) |
 //! | load from S3, GCS, Azure, HTTP or the hub (feature `remote`) | any of the above with `s3://…`, `hf://org/repo@rev`, `https://…` for the path |
-//! | restart from the Hugging Face cache, filled as the hub's clients fill it (feature `remote`) | `hf://…` reads and writes it by default ([`Loader::hub_cache`]); what it holds: `hub_cache()`; the config and tokenizer at the weights' commit: `hf://…?with=engine`, [`LoadReport::extra_files`](report::LoadReport::extra_files); a revision or a repository removed, or the cache pruned, with a dry run: `hub_cache_remove()`, `hub_cache_prune()` |
+//! | restart from the Hugging Face cache, filled as the hub's clients fill it (feature `remote`) | `hf://…` reads and writes it by default ([`Loader::hub_cache`]); the commit to pin the next start to: [`LoadReport::commit`](report::LoadReport::commit); what it holds: `hub_cache()`; the config and tokenizer at the weights' commit: `hf://…?with=engine`, [`LoadReport::extra_files`](report::LoadReport::extra_files); a revision or a repository removed, or the cache pruned, with a dry run: `hub_cache_remove()`, `hub_cache_prune()` |
 //! | keep what `s3://`, `gs://`, `az://`, `https://` loads fetched (feature `remote`) | [`Loader::cache_dir`] |
 //!
 //! # Loading
@@ -499,7 +500,7 @@ use std::path::Path;
 pub use cache::{hub_cache, hub_cache_prune, hub_cache_remove};
 pub use checkpoint::{Checkpoint, TensorInfo};
 pub use dest::pages::HugePages;
-pub use error::{Error, ErrorKind, Operation, Result};
+pub use error::{Error, ErrorKind, Operation, RemoteFailure, Result};
 pub use load::Loader;
 pub use report::LoadReport;
 pub use safetensors::Dtype;

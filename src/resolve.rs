@@ -259,12 +259,12 @@ fn resolve_remote(path: &Path, caching: Caching<'_>) -> Result<Resolved> {
 /// A remote address given to a build without the feature `remote`.
 #[cfg(not(feature = "remote"))]
 fn resolve_remote(path: &Path, _caching: Caching<'_>) -> Result<Resolved> {
-    Err(Error::remote(
+    Err(Error::remote_failed(
         Operation::Open,
         path,
         None,
-        "remote checkpoints need safeload's cargo feature `remote`".to_owned(),
-        io::ErrorKind::Unsupported,
+        crate::error::RemoteFailure::Unsupported,
+        "remote checkpoints need safeload's cargo feature `remote`",
     ))
 }
 

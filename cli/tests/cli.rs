@@ -324,12 +324,16 @@ fn load_inspect_and_cache_share_the_hub_cache() {
         assert!(matches!(code, Some("written" | "checking")), "{file}");
         assert_eq!(file["cache"]["store"], "hub", "{file}");
     }
+    // The load's one commit, in JSON and once in words.
+    assert_eq!(cold["commit"], safeload_testhttp::DEFAULT_COMMIT, "{cold}");
     let warm = with_hub(&["load", "hf://org/model"]).expect_code(0);
     assert!(
         warm.stdout.contains("from the hub cache"),
         "{}",
         warm.stdout
     );
+    let at = format!("at commit {}", safeload_testhttp::DEFAULT_COMMIT);
+    assert_eq!(warm.stdout.matches(&at).count(), 1, "{}", warm.stdout);
     let inspected = with_hub(&["inspect", "hf://org/model", "--json"])
         .expect_code(0)
         .json();

@@ -20,9 +20,9 @@ use super::layout;
 use super::remover::{
     Cleaner, Holds, MAX_DEPTH, RepoDir, is_old_temp_name, not_found, root_of_process,
 };
-use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::error::{Error, Operation, Result};
 use crate::os::{Dir, EntryKind};
-use crate::remote::url::hub_name_ok;
+use crate::remote::url::{HUB_NAME_RULE, HUB_REVISION_RULE, hub_name_ok, hub_revision_ok};
 use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode, RemovedEntry};
 
 /// Removes a revision of the hub cache's repository `repo` (`org/name`),
@@ -55,8 +55,9 @@ use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode, Remove
 /// # Errors
 ///
 /// A repository id or revision that is no name of the hub
-/// ([`ErrorKind::UnsafeCacheName`]: a `..`, a `/` too many, a `--`), before
-/// anything is looked at; no cache, no such repository or revision in it
+/// ([`ErrorKind::BadAddress`](crate::ErrorKind::BadAddress) on
+/// `hf://repo@revision`, as a load of that address: a `..`, a `/` too many,
+/// a `--`), before anything is looked at; no cache, no such repository or revision in it
 /// ([`Error::is_not_found`]); a snapshot that cannot be read (nothing is
 /// removed then: which blobs another snapshot links to is not known). Each
 /// names its path.
@@ -104,8 +105,9 @@ pub fn hub_cache_remove(
 /// # Errors
 ///
 /// A repository id that is no name of the hub
-/// ([`ErrorKind::UnsafeCacheName`]); no `HF_HUB_CACHE`, `HF_HOME` or
-/// `HOME` to find the cache by; a cache or repository folder that cannot be
+/// ([`ErrorKind::BadAddress`](crate::ErrorKind::BadAddress) on
+/// `hf://repo`); no `HF_HUB_CACHE`, `HF_HOME` or `HOME` to find the cache
+/// by; a cache or repository folder that cannot be
 /// listed.
 pub fn hub_cache_prune(repo: Option<&str>, mode: RemoveMode) -> Result<CacheRemoval> {
     if let Some(repo) = repo {
@@ -151,7 +153,8 @@ pub fn hub_cache_prune(repo: Option<&str>, mode: RemoveMode) -> Result<CacheRemo
 }
 
 /// `org/name` of names the hub takes (the rules of `hf://` addresses):
-/// nothing outside the cache's root can be named by it.
+/// nothing outside the cache's root can be named by it. Refused as the
+/// address `hf://{repo}` is.
 fn check_repo(repo: &str) -> Result<()> {
     let ok = repo
         .split_once('/')
@@ -159,24 +162,17 @@ fn check_repo(repo: &str) -> Result<()> {
     if ok {
         return Ok(());
     }
-    let kind = ErrorKind::UnsafeCacheName {
-        name: repo.to_owned(),
-        what: "repository id",
-    };
-    Err(Error::new(kind, format!("hf://{repo}")))
+    Err(Error::bad_address(format!("hf://{repo}"), HUB_NAME_RULE))
 }
 
-/// A revision as `hf://` takes one: plain `/`-separated names (no `..`, no
-/// empty name), none of `%?#@`.
+/// A revision as `hf://` takes one ([`hub_revision_ok`]), refused as the
+/// address `hf://{repo}@{revision}` is.
 fn check_revision(repo: &str, revision: &str) -> Result<()> {
-    if layout::names(revision).is_some() && !revision.contains(['%', '?', '#', '@']) {
+    if hub_revision_ok(revision) {
         return Ok(());
     }
-    let kind = ErrorKind::UnsafeCacheName {
-        name: revision.to_owned(),
-        what: "revision",
-    };
-    Err(Error::new(kind, format!("hf://{repo}@{revision}")))
+    let address = format!("hf://{repo}@{revision}");
+    Err(Error::bad_address(address, HUB_REVISION_RULE))
 }
 
 impl Cleaner {
@@ -488,6 +484,8 @@ fn all_snapshot_blobs(repo: &RepoDir) -> io::Result<BTreeSet<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorKind;
+    use crate::remote::url::RemoteUrl;
     use std::path::PathBuf;
 
     #[test]
@@ -513,18 +511,19 @@ mod tests {
         ] {
             let e = check_repo(bad).unwrap_err();
             assert!(
-                matches!(
-                    e.kind(),
-                    ErrorKind::UnsafeCacheName {
-                        what: "repository id",
-                        ..
-                    }
-                ),
+                matches!(e.kind(), ErrorKind::BadAddress { .. }),
                 "{bad}: {e}"
             );
+            let address = format!("hf://{bad}");
+            assert_eq!(e.path(), Some(std::path::Path::new(&address)));
+            // The rule of addresses: none names this repository.
+            let named = matches!(RemoteUrl::parse(&address), Ok(RemoteUrl::Hub { repo, .. }) if repo == bad);
+            assert!(!named, "{address}");
         }
         for good in ["main", "v1.0", "refs/pr/1", &"ab".repeat(20)] {
             assert!(check_revision("o/m", good).is_ok(), "{good}");
+            let escaped = good.replace('/', "%2F");
+            assert!(RemoteUrl::parse(&format!("hf://o/m@{escaped}")).is_ok());
         }
         for bad in [
             "",
@@ -537,7 +536,19 @@ mod tests {
             "a%2Fb",
             "a@b",
         ] {
-            assert!(check_revision("o/m", bad).is_err(), "{bad}");
+            let e = check_revision("o/m", bad).unwrap_err();
+            assert!(
+                matches!(e.kind(), ErrorKind::BadAddress { .. }),
+                "{bad}: {e}"
+            );
+            let address = format!("hf://o/m@{bad}");
+            assert_eq!(e.path(), Some(std::path::Path::new(&address)));
+            // Refused as an address too (`%2F` is how an address writes a `/`).
+            let escaped = format!("hf://o/m@{}", bad.replace('/', "%2F"));
+            assert!(
+                bad.contains('%') || RemoteUrl::parse(&escaped).is_err(),
+                "{escaped}"
+            );
         }
     }
 

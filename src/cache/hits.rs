@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::hub::{self, Cached};
 use super::{HubMode, Mode, Remote, layout};
-use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::error::{Error, ErrorKind, Operation, RemoteFailure, Result};
 use crate::format::MAX_INDEX_BYTES;
 use crate::mount::MountTable;
 use crate::remote::object::RemoteObject;
@@ -27,21 +27,22 @@ impl Remote {
         if !hub.verify || !cached.plain || cached.sha256.is_some() {
             return Ok(cached);
         }
-        let refuse = |why: String| {
-            let reason = format!(
+        let refuse = |failure, why: &str| {
+            let detail = format!(
                 "cannot verify a snapshot file that is not a link to a blob named by its \
                  SHA-256: {why}"
             );
-            Err(Error::remote(
+            let path = cached.path.clone();
+            Err(Error::remote_failed(
                 Operation::Hash,
-                cached.path.clone(),
+                path,
                 None,
-                reason,
-                std::io::ErrorKind::InvalidData,
+                failure,
+                &detail,
             ))
         };
         if hub.offline {
-            return refuse("HF_HUB_OFFLINE=1 forbids asking the hub for it".into());
+            return refuse(RemoteFailure::OfflineNotCached, "the hub's digest of it");
         }
         let digest = match self.checkpoint.location().hub_lookup(name) {
             Some(Ok((_, Some(meta)))) => meta.sha256().and_then(crate::verify::parse_hex),
@@ -53,7 +54,7 @@ impl Remote {
                 cached.sha256 = Some(digest);
                 Ok(cached)
             }
-            None => refuse("the hub gives no SHA-256 of it".into()),
+            None => refuse(RemoteFailure::Protocol, "the hub gives no SHA-256 of it"),
         }
     }
 

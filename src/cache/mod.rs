@@ -51,11 +51,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::error::{Error, ErrorKind, Operation, RemoteFailure, Result};
 use crate::format::{INDEX_FILE, SINGLE_FILE};
 use crate::mount::MountTable;
 use crate::remote::checkpoint::{Found, RemoteCheckpoint};
-use crate::remote::error::RemoteErrorKind;
 use crate::remote::hub::HubFileMeta;
 use crate::remote::location::HubLookup;
 use crate::remote::object::RemoteObject;
@@ -155,14 +154,13 @@ pub(crate) fn resolve(
             remote.extra = remote.bring(&with)?;
             Ok((remote, found))
         }
-        Ok(RemoteUrl::Hub { with, .. }) if !with.is_empty() => Err(Error::remote(
+        Ok(RemoteUrl::Hub { with, .. }) if !with.is_empty() => Err(Error::remote_failed(
             Operation::Open,
             text,
             None,
+            RemoteFailure::Unsupported,
             "?with= brings files into the hub cache, which is off \
-             (Loader::hub_cache(false), SAFELOAD_HUB_CACHE=0)"
-                .to_owned(),
-            std::io::ErrorKind::InvalidInput,
+             (Loader::hub_cache(false), SAFELOAD_HUB_CACHE=0)",
         )),
         Ok(RemoteUrl::Store { .. } | RemoteUrl::Http { .. }) if env.store_dir.is_some() => {
             let (checkpoint, found) = RemoteCheckpoint::resolve(text)?;
@@ -186,12 +184,12 @@ fn at_commit(repo: &str, commit: &str, subfolder: &str) -> String {
 }
 
 fn not_in_cache(shown: impl Into<PathBuf>, what: &str) -> Error {
-    Error::remote(
+    Error::remote_failed(
         Operation::Open,
         shown,
         None,
-        format!("not in the hub cache, and HF_HUB_OFFLINE=1 forbids asking the hub: {what}"),
-        std::io::ErrorKind::NotFound,
+        RemoteFailure::OfflineNotCached,
+        what,
     )
 }
 
@@ -300,13 +298,9 @@ fn resolve_commit(
     match lookup_single(&checkpoint)? {
         Some(Ok((commit, meta))) => {
             let Some(commit) = layout::commit_name(&commit) else {
-                let e = Error::remote(
-                    Operation::Open,
-                    address.text,
-                    None,
-                    "the hub's answer names no commit".to_owned(),
-                    std::io::ErrorKind::InvalidData,
-                );
+                let detail = "the hub's answer names no commit";
+                let protocol = RemoteFailure::Protocol;
+                let e = Error::remote_failed(Operation::Open, address.text, None, protocol, detail);
                 return Err(e);
             };
             Ok(Resolved {
@@ -317,7 +311,7 @@ fn resolve_commit(
             })
         }
         // The hub cannot be reached: the cache's ref, as the hub's client does.
-        Some(Err(e)) if e.kind == RemoteErrorKind::Failed && cached_commit().is_some() => resolved(
+        Some(Err(e)) if e.kind.unreached() && cached_commit().is_some() => resolved(
             cached_commit().unwrap_or_default(),
             SingleFile::Unknown,
             true,

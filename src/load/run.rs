@@ -150,12 +150,12 @@ impl Loader {
         if resolved.is_remote() {
             // Local ranks loading one remote checkpoint share a node copy
             // instead (`local_rank`).
-            return Err(crate::error::Error::remote(
+            return Err(crate::error::Error::remote_failed(
                 crate::error::Operation::Prefetch,
                 path.as_ref(),
                 None,
-                "a remote checkpoint has no page cache to warm; load it".to_owned(),
-                std::io::ErrorKind::Unsupported,
+                crate::error::RemoteFailure::Unsupported,
+                "a remote checkpoint has no page cache to warm; load it",
             ));
         }
         let shards: Vec<&ShardFile> = resolved.shards.iter().collect();

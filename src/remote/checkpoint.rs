@@ -9,7 +9,7 @@ use super::error::RemoteError;
 use super::location::{RemoteLocation, RemoteSettings};
 use super::object::RemoteObject;
 use super::store::IoRuntime;
-use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::error::{Error, ErrorKind, Operation, RemoteFailure, Result};
 use crate::format::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
 use crate::source::Source;
 
@@ -43,13 +43,8 @@ impl RemoteCheckpoint {
     /// nothing yet.
     pub(crate) fn new(text: &str) -> Result<RemoteCheckpoint> {
         let runtime = IoRuntime::new().map_err(|e| {
-            Error::remote(
-                Operation::Open,
-                text,
-                None,
-                format!("cannot start the I/O runtime: {e}"),
-                e.kind(),
-            )
+            let detail = format!("cannot start the I/O runtime: {e}");
+            Error::remote_failed(Operation::Open, text, None, RemoteFailure::Config, &detail)
         })?;
         let location = RemoteLocation::new(text, RemoteSettings::from_env(), Arc::new(runtime))
             .map_err(|e| e.into_error(Operation::Open))?;
@@ -65,8 +60,10 @@ impl RemoteCheckpoint {
     }
 
     /// Finds the checkpoint: the file the address names, else `model.safetensors`, else the
-    /// index (one request or two each).
+    /// index (one request or two each). A repository or revision the hub lacks is that
+    /// error, not a checkpoint missing.
     pub(crate) fn find(&self) -> Result<Found> {
+        let missing = |e: &Error| e.remote_failure() == Some(RemoteFailure::FileNotFound);
         if let Some(name) = self.location.file().map(str::to_owned) {
             if name.ends_with(".safetensors.index.json") {
                 let (bytes, _) = self.read_index(&name)?;
@@ -77,12 +74,12 @@ impl RemoteCheckpoint {
         }
         match self.open(SINGLE_FILE) {
             Ok(_) => return Ok(Found::Single(SINGLE_FILE.to_owned())),
-            Err(e) if e.is_not_found() => {}
+            Err(e) if missing(&e) => {}
             Err(e) => return Err(e),
         }
         match self.read_index(INDEX_FILE) {
             Ok((bytes, _)) => Ok(Found::Index(INDEX_FILE.to_owned(), bytes)),
-            Err(e) if e.is_not_found() => Err(Error::new(
+            Err(e) if missing(&e) => Err(Error::new(
                 ErrorKind::NoCheckpoint { found: Vec::new() },
                 self.location.shown_prefix(),
             )),

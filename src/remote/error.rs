@@ -2,12 +2,14 @@
 //! cause's text scrubbed of every credential the layer knows.
 //!
 //! It stays `pub(crate)`: the open path maps it onto the crate's one `Error` (a kind
-//! `Remote { url, range }` with this as its `source()`, and `NotFound`/`PermissionDenied`
-//! kept as the I/O kinds they are), as `Source::read_at` already does through `io::Error`.
+//! `Remote { url, range, failure }`, or `BadAddress` for an address refused), as
+//! `Source::read_at` already does through `io::Error`.
 
 use std::fmt;
 use std::io;
 use std::ops::Range;
+
+use crate::error::RemoteFailure;
 
 /// What went wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,16 +18,25 @@ pub(crate) enum RemoteErrorKind {
     BadUrl,
     /// The store could not be configured from the environment.
     Config,
-    /// 404: no such object, repository, revision or file (never retried).
+    /// 404: no such object or file (never retried).
     NotFound,
+    /// The hub has no such repository (never retried).
+    RepoNotFound,
+    /// The repository has no such revision (never retried).
+    RevisionNotFound,
     /// 401/403: the credentials do not allow it (never retried).
     Denied,
+    /// 401/403 of a gated repository (never retried).
+    Gated,
     /// The object is not the version opened (412 on `If-Match`, or another length).
     Changed,
     /// The server sent less or other than asked, and retries did not mend it.
     Protocol,
     /// Every retry failed (5xx, resets, short bodies, timeouts).
     Failed,
+    /// The server could not be reached: connections refused, its name not resolved, no
+    /// answer before the deadline.
+    Unreachable,
     /// The request moved less than the pace asks (`watch.rs`), and so did its retry.
     Stalled,
     /// The load was cancelled while the request was in flight: it was dropped.
@@ -38,27 +49,49 @@ impl RemoteErrorKind {
             RemoteErrorKind::BadUrl => "bad remote address",
             RemoteErrorKind::Config => "cannot configure the store for",
             RemoteErrorKind::NotFound => "not found:",
+            RemoteErrorKind::RepoNotFound => "no such repository:",
+            RemoteErrorKind::RevisionNotFound => "no such revision:",
             RemoteErrorKind::Denied => "access denied to",
+            RemoteErrorKind::Gated => "access denied to a gated repository:",
             RemoteErrorKind::Changed => "changed since it was opened:",
             RemoteErrorKind::Protocol => "unexpected answer from",
             RemoteErrorKind::Failed => "failed to read",
+            RemoteErrorKind::Unreachable => "cannot reach",
             RemoteErrorKind::Stalled => "no progress from",
             RemoteErrorKind::Cancelled => "cancelled while reading",
         }
     }
 
-    /// The I/O kind a `Source::read_at` failure carries.
+    /// The crate's kind of this failure: `None` for an address refused (not a failure of a
+    /// request, `ErrorKind::BadAddress`).
+    fn failure(self) -> Option<RemoteFailure> {
+        Some(match self {
+            RemoteErrorKind::BadUrl => return None,
+            RemoteErrorKind::Config => RemoteFailure::Config,
+            RemoteErrorKind::NotFound => RemoteFailure::FileNotFound,
+            RemoteErrorKind::RepoNotFound => RemoteFailure::RepositoryNotFound,
+            RemoteErrorKind::RevisionNotFound => RemoteFailure::RevisionNotFound,
+            RemoteErrorKind::Denied => RemoteFailure::Unauthorized,
+            RemoteErrorKind::Gated => RemoteFailure::Gated,
+            RemoteErrorKind::Changed => RemoteFailure::Changed,
+            RemoteErrorKind::Protocol => RemoteFailure::Protocol,
+            RemoteErrorKind::Failed => RemoteFailure::Failed,
+            RemoteErrorKind::Unreachable => RemoteFailure::Unreachable,
+            RemoteErrorKind::Stalled => RemoteFailure::Stalled,
+            RemoteErrorKind::Cancelled => RemoteFailure::Cancelled,
+        })
+    }
+
+    /// Whether the server gave no usable answer: it could not be reached, or failed every
+    /// retry (where a cache's ref of the revision stands in for the hub's).
+    pub(crate) fn unreached(self) -> bool {
+        matches!(self, RemoteErrorKind::Unreachable | RemoteErrorKind::Failed)
+    }
+
+    /// The I/O kind a `Source::read_at` failure carries: the crate error's.
     fn io_kind(self) -> io::ErrorKind {
-        match self {
-            RemoteErrorKind::NotFound => io::ErrorKind::NotFound,
-            RemoteErrorKind::Denied => io::ErrorKind::PermissionDenied,
-            RemoteErrorKind::BadUrl | RemoteErrorKind::Config => io::ErrorKind::InvalidInput,
-            RemoteErrorKind::Stalled => io::ErrorKind::TimedOut,
-            RemoteErrorKind::Cancelled => io::ErrorKind::Interrupted,
-            RemoteErrorKind::Changed | RemoteErrorKind::Protocol | RemoteErrorKind::Failed => {
-                io::ErrorKind::Other
-            }
-        }
+        self.failure()
+            .map_or(io::ErrorKind::InvalidInput, RemoteFailure::io_kind)
     }
 }
 
@@ -89,26 +122,19 @@ impl RemoteError {
     }
 
     /// The crate's error: [`ErrorKind::Remote`](crate::ErrorKind::Remote) on the address,
-    /// with the range and the reason (the kind's words, then the detail).
+    /// with the range, the failure, and the reason (the failure's words, then the detail);
+    /// [`ErrorKind::BadAddress`](crate::ErrorKind::BadAddress) for an address refused.
     pub(crate) fn into_error(self, operation: crate::error::Operation) -> crate::error::Error {
-        let what = match self.kind {
-            RemoteErrorKind::BadUrl => "bad remote address",
-            RemoteErrorKind::Config => "cannot configure the store",
-            RemoteErrorKind::NotFound => "not found",
-            RemoteErrorKind::Denied => "access denied",
-            RemoteErrorKind::Changed => "the object changed since it was opened",
-            RemoteErrorKind::Protocol => "unexpected answer",
-            RemoteErrorKind::Failed => "request failed",
-            RemoteErrorKind::Stalled => "the server stalled",
-            RemoteErrorKind::Cancelled => "cancelled",
-        };
-        let reason = if self.detail.is_empty() {
-            what.to_owned()
-        } else {
-            format!("{what}: {}", self.detail)
-        };
-        let kind = self.kind.io_kind();
-        crate::error::Error::remote(operation, self.url, self.range, reason, kind)
+        match self.kind.failure() {
+            Some(failure) => crate::error::Error::remote_failed(
+                operation,
+                self.url,
+                self.range,
+                failure,
+                &self.detail,
+            ),
+            None => crate::error::Error::bad_address(self.url, self.detail),
+        }
     }
 
     /// As an `io::Error` of the matching kind (for the `Source` seam).

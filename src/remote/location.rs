@@ -206,7 +206,8 @@ impl RemoteLocation {
         settings: RemoteSettings,
         runtime: Arc<IoRuntime>,
     ) -> Result<Self, RemoteError> {
-        let url = RemoteUrl::parse(text).map_err(|e| bad_url("the address", e.reason))?;
+        let url = RemoteUrl::parse(text)
+            .map_err(|e| bad_url(&super::url::shown_refused(text), e.reason))?;
         let mut redactor = Redactor::default();
         settings.env.add_secrets(&mut redactor);
         if let Some(token) = &settings.hub.token {
@@ -433,12 +434,17 @@ impl RemoteLocation {
     /// transport error with the layer's backoff; one left unanswered for the pace's window
     /// is dropped and sent once more, and a hub that refuses the connection is asked twice
     /// (the cache's ref is then used at once where it has one). A 404 `EntryNotFound` (the
-    /// hub's answer for a file a revision does not have) is [`Head::Missing`].
+    /// hub's answer for a file a revision does not have) is [`Head::Missing`]; a refusal is
+    /// typed ([`head_answer`]); a hub that never answers (refused, unresolved, no answer in
+    /// time) is [`RemoteErrorKind::Unreachable`].
     fn hub_head(&self, hub: &HubRepo, url: &str, shown: &str) -> Result<Head, RemoteError> {
         let tuning = &self.settings.tuning;
         let token = self.settings.hub.token.as_ref();
         let mut backoff = tuning.init_backoff;
         let mut last = String::new();
+        // Whether the last try failed to reach the hub at all (no connection, no answer in
+        // time), rather than with an answer it could not take.
+        let mut unreached = false;
         let (mut stalls, mut refused) = (0, 0);
         for attempt in 0..=tuning.max_retries {
             if attempt > 0 {
@@ -457,6 +463,7 @@ impl RemoteLocation {
                 Ok(Ok(response)) => response,
                 Ok(Err(e)) => {
                     last = self.redactor.error_text(&e);
+                    unreached = e.is_connect() || e.is_timeout();
                     refused += usize::from(e.is_connect());
                     if refused > 1 {
                         break;
@@ -473,37 +480,22 @@ impl RemoteLocation {
                         tuning.pace.window.as_secs_f64(),
                         super::watch::STALL_VAR
                     );
-                    return Err(RemoteError::new(RemoteErrorKind::Stalled, shown, detail));
+                    return Err(RemoteError::new(
+                        RemoteErrorKind::Unreachable,
+                        shown,
+                        detail,
+                    ));
                 }
                 Err(Interrupt::Cancelled) => {
                     let detail = "the load was cancelled".to_owned();
                     return Err(RemoteError::new(RemoteErrorKind::Cancelled, shown, detail));
                 }
             };
-            let status = response.status().as_u16();
-            let headers = response.headers();
-            let header = |name: &str| {
-                let value = headers.get(name)?.to_str().ok()?;
-                Some(value.to_owned())
-            };
-            let kind = match status {
-                200..=399 => return Ok(Head::Found(HubFileMeta::from_headers(status, header))),
-                404 if header("x-error-code").as_deref() == Some("EntryNotFound") => {
-                    let commit = header("x-repo-commit").filter(|c| is_commit(c));
-                    return Ok(Head::Missing { commit });
-                }
-                401 | 403 => RemoteErrorKind::Denied,
-                404 => RemoteErrorKind::NotFound,
-                429 | 500..=599 => {
-                    last = format!("HTTP {status}");
-                    continue;
-                }
-                _ => RemoteErrorKind::Failed,
-            };
-            // The hub says which of repository, revision or file is missing.
-            let code = header("x-error-code").unwrap_or_default();
-            let detail = format!("HTTP {status} {code}").trim_end().to_owned();
-            return Err(RemoteError::new(kind, shown, self.redactor.scrub(&detail)));
+            if let Some(done) = head_answer(&response, shown, &self.redactor) {
+                return done;
+            }
+            last = format!("HTTP {}", response.status().as_u16());
+            unreached = false;
         }
         let tries = if refused > 1 {
             refused
@@ -511,13 +503,80 @@ impl RemoteLocation {
             tuning.max_retries + 1
         };
         let detail = format!("{last} ({tries} tries)");
-        Err(RemoteError::new(RemoteErrorKind::Failed, shown, detail))
+        let kind = if unreached {
+            RemoteErrorKind::Unreachable
+        } else {
+            RemoteErrorKind::Failed
+        };
+        Err(RemoteError::new(kind, shown, detail))
+    }
+}
+
+/// What the hub's answer to a HEAD says: the file, its absence at the commit, or a refusal
+/// typed by the hub's `X-Error-Code` ([`refusal`]), its detail scrubbed by `redactor`; `None`
+/// for an answer to try again (a 5xx, a 429).
+fn head_answer(
+    response: &reqwest::Response,
+    shown: &str,
+    redactor: &Redactor,
+) -> Option<Result<Head, RemoteError>> {
+    let status = response.status().as_u16();
+    let headers = response.headers();
+    let header = |name: &str| {
+        let value = headers.get(name)?.to_str().ok()?;
+        Some(value.to_owned())
+    };
+    let code = header("x-error-code").unwrap_or_default();
+    match status {
+        200..=399 => Some(Ok(Head::Found(HubFileMeta::from_headers(status, header)))),
+        404 if code == "EntryNotFound" => {
+            let commit = header("x-repo-commit").filter(|c| is_commit(c));
+            Some(Ok(Head::Missing { commit }))
+        }
+        429 | 500..=599 => None,
+        _ => {
+            // The hub says which of repository, revision or file is missing.
+            let detail = format!("HTTP {status} {code}").trim_end().to_owned();
+            let kind = refusal(status, &code);
+            Some(Err(RemoteError::new(kind, shown, redactor.scrub(&detail))))
+        }
+    }
+}
+
+/// What the hub's refusal of a HEAD (`status`, its `X-Error-Code`, maybe empty) means: the
+/// code first (the hub answers 401 `RepoNotFound` for a private repository, 401 or 403
+/// `GatedRepo` for a gated one), then the status (a mirror or proxy names no code).
+fn refusal(status: u16, code: &str) -> RemoteErrorKind {
+    match (code, status) {
+        ("RepoNotFound", _) => RemoteErrorKind::RepoNotFound,
+        ("RevisionNotFound", _) => RemoteErrorKind::RevisionNotFound,
+        ("EntryNotFound", _) | (_, 404) => RemoteErrorKind::NotFound,
+        ("GatedRepo", _) => RemoteErrorKind::Gated,
+        (_, 401 | 403) => RemoteErrorKind::Denied,
+        _ => RemoteErrorKind::Failed,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hubs_refusals_are_typed_by_its_error_code_then_by_the_status() {
+        use RemoteErrorKind as K;
+        #[rustfmt::skip]
+        let table = [
+            (404, "RepoNotFound", K::RepoNotFound), (401, "RepoNotFound", K::RepoNotFound),
+            (404, "RevisionNotFound", K::RevisionNotFound),
+            (404, "EntryNotFound", K::NotFound), (404, "", K::NotFound),
+            (401, "GatedRepo", K::Gated), (403, "GatedRepo", K::Gated),
+            (401, "", K::Denied), (403, "", K::Denied), (403, "DisabledRepo", K::Denied),
+            (400, "", K::Failed), (418, "SomethingNew", K::Failed),
+        ];
+        for (status, code, kind) in table {
+            assert_eq!(refusal(status, code), kind, "{status} {code}");
+        }
+    }
 
     #[test]
     fn keys_split_into_a_prefix_and_a_file() {

@@ -171,6 +171,45 @@ pub(crate) fn hub_name_ok(name: &str) -> bool {
         && edge(name.chars().last())
 }
 
+/// Why a name [`hub_name_ok`] refuses is refused.
+pub(crate) const HUB_NAME_RULE: &str = "hf:// org and repo names are 1 to 96 letters, digits, \
+    -, _ and ., with no -- or .. and neither starting nor ending with - or .";
+
+/// Why a revision [`hub_revision_ok`] refuses is refused.
+pub(crate) const HUB_REVISION_RULE: &str =
+    "a bad hf:// revision: plain /-separated names (no empty, . or .. name), none of %?#@";
+
+/// Whether `revision` (`%2F` decoded) is one `hf://` takes: plain `/`-separated names (no
+/// empty, `.` or `..` name, no `\` or NUL), none of `%?#@`; so that no revision names a
+/// path outside `refs/` of the cache, nor another URL path of the hub.
+pub(crate) fn hub_revision_ok(revision: &str) -> bool {
+    !revision.contains(['%', '?', '#', '@'])
+        && revision
+            .split('/')
+            .all(|n| !n.is_empty() && n != "." && n != ".." && !n.contains(['\\', '\0']))
+}
+
+/// An address that was refused, as errors show it: `hf://` as given (its parts are names,
+/// its query file names), any other without query or fragment (a presigned URL's
+/// signature) and without anything up to its last `@` (a password, even one with a `/`
+/// that would hide where the authority ends).
+pub(crate) fn shown_refused(text: &str) -> String {
+    if text
+        .get(..5)
+        .is_some_and(|s| s.eq_ignore_ascii_case("hf://"))
+    {
+        return text.to_owned();
+    }
+    let bare = text.split(['?', '#']).next().unwrap_or_default();
+    match bare.split_once("://") {
+        Some((scheme, rest)) => {
+            let host_on = rest.rsplit_once('@').map_or(rest, |(_, after)| after);
+            format!("{scheme}://{host_on}")
+        }
+        None => bare.to_owned(),
+    }
+}
+
 /// The files `?with=engine` brings: what an engine reads beside the weights (the model's
 /// configuration, its tokenizer, its generation defaults), those the repository has.
 pub(crate) const ENGINE_FILES: &[&str] = &[
@@ -232,17 +271,14 @@ fn parse_hub(rest: &str) -> Result<RemoteUrl, UrlError> {
         None => (repo_rev, None),
     };
     if !hub_name_ok(org) || !hub_name_ok(repo) {
-        return refuse(
-            "hf:// org and repo names are 1 to 96 letters, digits, -, _ and ., with no -- or .. \
-             and neither starting nor ending with - or .",
-        );
+        return refuse(HUB_NAME_RULE);
     }
     let revision = match revision {
         None => None,
         Some(rev) => {
             let decoded = rev.replace("%2F", "/").replace("%2f", "/");
-            if decoded.is_empty() || decoded.contains(['%', '?', '#', '@']) {
-                return refuse("a bad hf:// revision");
+            if !hub_revision_ok(&decoded) {
+                return refuse(HUB_REVISION_RULE);
             }
             Some(decoded)
         }
@@ -382,11 +418,42 @@ mod tests {
             "hf://org/repo@",
             "hf://org/repo@a%zz",
             "hf://org/repo/sub/../x",
+            "hf://a/b/../c",
+            "hf://org/repo@..",
+            "hf://org/repo@refs%2F..%2F..%2Fx",
+            "hf://org/repo@refs%2F%2Fpr",
+            "hf://org/repo@main%2F",
         ] {
             let err = RemoteUrl::parse(bad).unwrap_err();
             assert!(!err.reason.is_empty(), "{bad}");
             // The reason never repeats the address (it may hold credentials).
             assert!(!err.to_string().contains("secret"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_refused_address_is_shown_without_credentials() {
+        for (text, shown) in [
+            ("hf://acme/bad--name", "hf://acme/bad--name"),
+            ("hf://org/m?with=../x", "hf://org/m?with=../x"),
+            ("s3://key:secret@bucket/x", "s3://bucket/x"),
+            ("https://u:pa/ss@host/a b?sig=secret#f", "https://host/a b"),
+            ("gs://b/a b", "gs://b/a b"),
+            ("not an address", "not an address"),
+        ] {
+            assert_eq!(shown_refused(text), shown, "{text}");
+        }
+    }
+
+    #[test]
+    fn revisions_are_plain_names() {
+        for good in ["main", "v1.0", "refs/pr/1", &"ab".repeat(20)] {
+            assert!(hub_revision_ok(good), "{good}");
+        }
+        for bad in [
+            "", "..", "a/../b", "/main", "main/", "a//b", "a%2Fb", "a@b", "a\\b",
+        ] {
+            assert!(!hub_revision_ok(bad), "{bad}");
         }
     }
 

@@ -20,7 +20,8 @@
 //!   `None`); a duration (`elapsed`) in seconds, as a float; a path as a
 //!   string (lossy where not UTF-8);
 //! - beside the fields, what the type computes, under its method's name: a
-//!   report's `bytes_read`, `tensor_bytes`, `overflowed` and `gib_per_s`; a
+//!   report's `bytes_read`, `tensor_bytes`, `overflowed`, `gib_per_s` and
+//!   `commit` (the load's one hub commit, or `null`); a
 //!   file's `explain`, `gib_per_s` and `lazy`; a prefetch's `gib_per_s`;
 //! - an enum without data (`Strategy`, `MountKind`, `Detection`,
 //!   `PrefetchMethod`, `HugePages`, `PageReason`, `CacheStore`) is its code
@@ -92,7 +93,8 @@
 //!
 //! A file of a remote checkpoint (feature `remote`) has its `cache` (what a
 //! cache did for it, [`CacheUse`]), its hub `commit` (`hf://`) and its
-//! `etag` (the version every read of it required). A shard of `hf://` fetched
+//! `etag` (the version every read of it required); the load's report, the
+//! `commit` every file shares ([`LoadReport::commit`]). A shard of `hf://` fetched
 //! and written to the hub cache (16 MiB of it kept by an interrupted load and
 //! resumed), one read from the cache, and one fetched but not written (the
 //! load read only part of it):
@@ -212,7 +214,8 @@ pub struct LoadReport {
     /// asked for.
     pub extra_files: BTreeMap<String, Option<PathBuf>> => serialize_with = "crate::worded::path_map",
 }
-computed { bytes_read: u64, tensor_bytes: u64, overflowed: u64, gib_per_s: Option<f64> }
+computed { bytes_read: u64, tensor_bytes: u64, overflowed: u64, gib_per_s: Option<f64>,
+    commit: Option<&'a str> }
 }
 
 impl LoadReport {
@@ -237,6 +240,19 @@ impl LoadReport {
     /// touched, after the load, and no figure of the load measures that).
     pub fn gib_per_s(&self) -> Option<f64> {
         gib_per_s(self.bytes_read(), self.elapsed)
+    }
+
+    /// The hub commit of the load (`hf://`, feature `remote`): the
+    /// [`commit`](FileReport::commit) every file is at, what an engine pins
+    /// its next start to (`hf://org/repo@<commit>`). `None` where a file
+    /// has none (not from the hub) or files disagree, and for a load of no
+    /// file. `Display` says it once, above the files.
+    pub fn commit(&self) -> Option<&str> {
+        let (first, rest) = self.files.split_first()?;
+        let commit = first.commit.as_deref()?;
+        rest.iter()
+            .all(|f| f.commit.as_deref() == Some(commit))
+            .then_some(commit)
     }
 }
 
@@ -349,8 +365,13 @@ fn extra_files(
     Ok(())
 }
 
-/// A file's lines of the report's table.
-fn file_lines(f: &mut fmt::Formatter<'_>, file: &FileReport) -> fmt::Result {
+/// A file's lines of the report's table; its commit where it is not the
+/// load's (`load_commit`, said above them).
+fn file_lines(
+    f: &mut fmt::Formatter<'_>,
+    file: &FileReport,
+    load_commit: Option<&str>,
+) -> fmt::Result {
     write!(
         f,
         "  {}  {}  {} tensors, {}",
@@ -384,6 +405,7 @@ fn file_lines(f: &mut fmt::Formatter<'_>, file: &FileReport) -> fmt::Result {
         writeln!(f, "    {cache}")?;
     }
     match (&file.commit, &file.etag) {
+        (Some(commit), _) if load_commit == Some(commit.as_str()) => {}
         (Some(commit), _) => writeln!(f, "    at commit {commit}")?,
         (None, Some(etag)) => writeln!(f, "    etag {etag}")?,
         (None, None) => {}
@@ -431,9 +453,14 @@ impl fmt::Display for LoadReport {
         for note in &self.notes {
             writeln!(f, "  note: {note}")?;
         }
+        // One commit for the load, said once (each file's said where they differ).
+        let commit = self.commit();
+        if let Some(commit) = commit {
+            writeln!(f, "  at commit {commit}")?;
+        }
         extra_files(f, &self.extra_files)?;
         for file in &self.files {
-            file_lines(f, file)?;
+            file_lines(f, file, commit)?;
         }
         Ok(())
     }

@@ -6,7 +6,8 @@
 //! pool of threads, until the [`Server`] is dropped. It answers two kinds of target:
 //!
 //! - **the Hugging Face hub's resolve endpoint**, `/{org}/{repo}/resolve/{revision}/{path}`:
-//!   `path` under the directory, for any `org/repo`, at [`Options::commit`] or any of
+//!   `path` under the directory, for any `org/repo` (or those of
+//!   [`Options::repositories`]), at [`Options::commit`] or any of
 //!   [`Options::branches`] (or [`Options::foreign_commit`]; another revision is 404), with
 //!   the headers the hub gives for an LFS file: `X-Repo-Commit` (the commit),
 //!   `X-Linked-Etag` (the file's SHA-256, quoted) and `X-Linked-Size`. The hub answers an
@@ -60,7 +61,10 @@
 //! - [`Options::token`]: every request needs `Authorization: Bearer <token>` (401 without
 //!   one, 403 with another), as the hub for a private or gated repository; but not those
 //!   on the host [`Options::hub_redirect`] sends a client to, which stands for the hub's
-//!   CDN and its signed URLs.
+//!   CDN and its signed URLs. With [`Options::gated`], the refusals carry
+//!   `X-Error-Code: GatedRepo`, as the hub's for a gated repository.
+//! - [`Options::repositories`]: the repositories that exist; the hub route and API answer
+//!   any other with `404` and `X-Error-Code: RepoNotFound`.
 //!
 //! Hostile servers, each knob on its own:
 //!
@@ -229,6 +233,14 @@ pub struct Options {
     /// `X-Linked-Size` says the claim too (not the object's length): a hub whose listing
     /// lies as its bodies do.
     pub claim_linked_size: bool,
+    /// The repositories (`org/repo`) the hub route and the hub API serve; any other answers
+    /// `404` with `X-Error-Code: RepoNotFound`, as the hub. `None` (the default): every
+    /// repository is served.
+    pub repositories: Option<Vec<String>>,
+    /// With [`token`](Self::token): its refusals (401 without a token, 403 with another)
+    /// carry `X-Error-Code: GatedRepo`, as the hub's for a gated repository whose terms
+    /// the token's account has not accepted.
+    pub gated: bool,
 }
 
 /// One object whose body [`Options::lie`] damages.
@@ -264,6 +276,8 @@ impl Default for Options {
             lie: None,
             whole_paths: Vec::new(),
             claim_linked_size: false,
+            repositories: None,
+            gated: false,
         }
     }
 }

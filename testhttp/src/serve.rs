@@ -218,9 +218,19 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
         };
         if let Some(status) = status {
             shared.stats.refused.fetch_add(1, Ordering::Relaxed);
-            stream.write_all(&http::response_head(status, &[], 0, keep_alive))?;
+            let mut headers = Vec::new();
+            if options.gated {
+                headers.push(("X-Error-Code", "GatedRepo".to_owned()));
+            }
+            stream.write_all(&http::response_head(status, &headers, 0, keep_alive))?;
             return Ok(after);
         }
+    }
+    if unknown_repository(options, route.as_ref()) {
+        // As the hub for a repository it does not have.
+        let headers = [("X-Error-Code", "RepoNotFound".to_owned())];
+        stream.write_all(&http::response_head(404, &headers, 0, keep_alive))?;
+        return Ok(after);
     }
     if let Some(Route::Api {
         repo,
@@ -361,6 +371,17 @@ fn answer(shared: &Shared, request: &Request, stream: &mut TcpStream) -> io::Res
         }
         Some(Fault::ServiceUnavailable) | None => Ok(after),
     }
+}
+
+/// Whether `route` is the hub's (route or API) for a repository not among
+/// [`Options::repositories`](crate::Options::repositories).
+fn unknown_repository(options: &crate::Options, route: Option<&Route>) -> bool {
+    let repo = match route {
+        Some(Route::Api { repo, .. } | Route::Hub { repo, .. }) => repo,
+        _ => return false,
+    };
+    let known = options.repositories.as_ref();
+    known.is_some_and(|known| !known.iter().any(|r| r == repo))
 }
 
 /// Where a request target leads.

@@ -419,6 +419,56 @@ fn a_token_is_required_where_one_is_set() {
 }
 
 #[test]
+fn a_gated_repository_names_itself_in_its_refusals() {
+    let (dir, _) = tree(10);
+    let server = start(
+        dir.path(),
+        Options {
+            token: Some("hf_test".into()),
+            gated: true,
+            ..Options::default()
+        },
+    );
+    let target = "/o/r/resolve/main/sub/small.bin";
+    for (headers, status) in [
+        (&[][..], 401),
+        (&["Authorization: Bearer hf_other"][..], 403),
+    ] {
+        let refused = get(&server, target, headers);
+        assert_eq!(refused.status, status);
+        assert_eq!(refused.header("x-error-code"), Some("GatedRepo"));
+    }
+    let ok = get(&server, target, &["Authorization: Bearer hf_test"]);
+    assert_eq!((ok.status, ok.header("x-error-code")), (200, None));
+}
+
+#[test]
+fn only_the_repositories_named_exist_where_some_are() {
+    let (dir, _) = tree(10);
+    let server = start(
+        dir.path(),
+        Options {
+            repositories: Some(vec!["org/model".into()]),
+            ..Options::default()
+        },
+    );
+    let ok = get(&server, "/org/model/resolve/main/sub/small.bin", &[]);
+    assert_eq!((ok.status, &ok.body[..]), (200, &b"hello"[..]));
+    for target in [
+        "/org/other/resolve/main/sub/small.bin",
+        "/api/models/org/other/revision/main",
+    ] {
+        let missing = get(&server, target, &[]);
+        assert_eq!(missing.status, 404, "{target}");
+        assert_eq!(missing.header("x-error-code"), Some("RepoNotFound"));
+    }
+    let api = get(&server, "/api/models/org/model/revision/main", &[]);
+    assert_eq!(api.status, 200);
+    // The static route has no repositories.
+    assert_eq!(get(&server, "/sub/small.bin", &[]).status, 200);
+}
+
+#[test]
 fn the_hub_route_can_redirect_like_the_hub_for_lfs_files() {
     let (dir, data) = tree(1000);
     let server = start(

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use safeload::report::{LoadNote, Reason, Strategy};
-use safeload::{Checkpoint, ErrorKind, Loader};
+use safeload::{Checkpoint, ErrorKind, Loader, RemoteFailure};
 use safeload_testhttp::moto::Moto;
 use safeload_testhttp::{DEFAULT_COMMIT, Fault, FaultEvery, Options, Server};
 use safetensors::Dtype;
@@ -261,6 +261,7 @@ fn missing_and_denied_are_typed_errors_at_once() {
         .unwrap_err();
     assert!(e.is_not_found(), "{e}");
     assert!(matches!(e.kind(), ErrorKind::Remote { .. }), "{e}");
+    assert_eq!(e.remote_failure(), Some(RemoteFailure::FileNotFound), "{e}");
     assert!(
         e.path()
             .is_some_and(|p| p.to_string_lossy().ends_with("/missing.safetensors")),
@@ -272,6 +273,7 @@ fn missing_and_denied_are_typed_errors_at_once() {
         .load(format!("{}/", server.url()))
         .unwrap_err();
     assert!(e.is_not_found(), "{e}");
+    assert_eq!(e.remote_failure(), Some(RemoteFailure::FileNotFound), "{e}");
     assert!(e.to_string().contains(&shard_name(1, 3)), "{e}");
 }
 
@@ -346,6 +348,11 @@ fn act_denied() {
     assert!(
         e.io_error()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied),
+        "{text}"
+    );
+    assert_eq!(
+        e.remote_failure(),
+        Some(RemoteFailure::Unauthorized),
         "{text}"
     );
     for secret in ["hf_wrong_token_value", "moto-secret-key-123"] {

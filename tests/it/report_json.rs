@@ -72,3 +72,50 @@ fn a_serialized_report_parses_back_under_the_rust_names() {
     );
     assert_eq!(prefetch["files"], typed.files);
 }
+
+#[test]
+fn a_loads_commit_is_the_one_its_files_share_in_json_and_in_words() {
+    let dir = tempdir().unwrap();
+    let specs = vec![
+        spec("a", Dtype::F32, &[16, 16]),
+        spec("b", Dtype::F32, &[16, 16]),
+    ];
+    write_sharded(dir.path(), &specs, 2);
+    let sd = Loader::new().load(dir.path()).unwrap();
+    // Local files: no commit.
+    let local = sd.report();
+    assert_eq!(local.commit(), None);
+    assert_eq!(serde_json::to_value(local).unwrap()["commit"], Value::Null);
+
+    let (one, other) = ("1".repeat(40), "2".repeat(40));
+    let mut shared = local.clone();
+    for file in &mut shared.files {
+        file.commit = Some(one.clone());
+    }
+    assert_eq!(shared.commit(), Some(one.as_str()));
+    assert_eq!(serde_json::to_value(&shared).unwrap()["commit"], one);
+    // Said once, above the files.
+    let text = shared.to_string();
+    assert_eq!(
+        text.matches(&format!("at commit {one}")).count(),
+        1,
+        "{text}"
+    );
+
+    let mut split = shared.clone();
+    split.files[1].commit = Some(other.clone());
+    assert_eq!(split.commit(), None);
+    assert_eq!(serde_json::to_value(&split).unwrap()["commit"], Value::Null);
+    // Each file's, where they differ.
+    let text = split.to_string();
+    for commit in [&one, &other] {
+        assert_eq!(
+            text.matches(&format!("at commit {commit}")).count(),
+            1,
+            "{text}"
+        );
+    }
+    let mut partly = shared;
+    partly.files[0].commit = None;
+    assert_eq!(partly.commit(), None);
+}

@@ -1,7 +1,8 @@
 //! The remote layer against servers on this machine: the crate's own HTTP test server
-//! (`http.rs`) and an S3-compatible one, `moto_server` (`moto.rs`).
+//! (`http.rs`, and as the hub `hub.rs`) and an S3-compatible one, `moto_server` (`moto.rs`).
 
 mod http;
+mod hub;
 mod moto;
 
 use std::path::Path;

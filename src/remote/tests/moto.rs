@@ -103,6 +103,9 @@ fn s3_objects_read_back_byte_for_byte_through_moto() {
     // Missing: an error at once; the secret key never in it.
     let e = prefix.open_file("missing.safetensors").unwrap_err();
     assert_eq!(e.kind, RemoteErrorKind::NotFound);
+    let missing = e.clone().into_error(crate::error::Operation::Open);
+    let failure = missing.remote_failure();
+    assert_eq!(failure, Some(crate::error::RemoteFailure::FileNotFound));
     assert!(!format!("{e} {e:?}").contains("moto-secret-key-123"));
     let denied = Tuning {
         max_retries: 0,

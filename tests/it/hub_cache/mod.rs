@@ -25,6 +25,7 @@
 //! - `once.rs`: two engines started at once, and three local ranks, fetch each byte once.
 
 mod clean;
+mod errors;
 mod extra;
 mod faults;
 mod hostile;

@@ -231,12 +231,17 @@ fn a_cancel_flag_set_after_the_load_returned_unpublishes_nothing() {
 #[test]
 fn a_cold_load_through_the_cache_reports_its_progress_once_per_byte() {
     // Aligned shards, each fetched into the file being written (the copies' reads), on a
-    // link slow enough for several calls.
+    // link slow enough for several calls (one every 50 ms at most).
     let hub = Hub::aligned(Options {
-        bandwidth_bytes_per_sec: Some(16 << 20),
+        bandwidth_bytes_per_sec: Some(8 << 20),
         ..Options::default()
     });
-    let report = hub.load("hf://org/model", &[(PROGRESS, "1".to_owned())]);
+    // Reads of 256 KiB, each counted as it lands: about 24 over a second.
+    let vars = [
+        (PROGRESS, "1".to_owned()),
+        ("SAFELOAD_TEST_HUB_READ_SIZE", (256 << 10).to_string()),
+    ];
+    let report = hub.load("hf://org/model", &vars);
     assert_eq!(report.digest, hub.digest());
     let seen = report.progress.clone().unwrap_or_default();
     let field = |name: &str| -> String {

@@ -4,9 +4,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::report::LoadReport;
-use crate::source::{CacheUse, NotCached, Source};
+use crate::source::Source;
 use crate::tensor::Tensor;
 
 /// The tensors of a checkpoint, in file order: shard by shard (sorted by
@@ -118,9 +118,10 @@ impl StateDict {
 
     /// Waits for the digest checks still under way of the files this load
     /// fetched and wrote to a cache (those the report says
-    /// [`CacheUse::Checking`] of: checked on a thread of their own after the
+    /// [`CacheUse::Checking`](crate::report::CacheUse::Checking) of: checked on a thread of their own after the
     /// load returned, and published once they match), and returns the
-    /// first that did not match as [`ErrorKind::IntegrityMismatch`], naming
+    /// first that did not match as
+    /// [`ErrorKind::IntegrityMismatch`](crate::ErrorKind::IntegrityMismatch), naming
     /// the file: its tensors hold the bytes the store sent, which are not
     /// the ones the store's digest names, and nothing was published. `Ok`
     /// where every check matched, or where the cache failed otherwise (a
@@ -144,14 +145,7 @@ impl StateDict {
             let Some(write) = source.cache_write() else {
                 continue;
             };
-            if let CacheUse::NotCached {
-                why: NotCached::Mismatch { expected, actual },
-                ..
-            } = write.settled()
-            {
-                let kind = ErrorKind::IntegrityMismatch { expected, actual };
-                return Err(Error::new(kind, path));
-            }
+            write.settled().checked(path)?;
         }
         Ok(())
     }

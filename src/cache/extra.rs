@@ -73,9 +73,13 @@ impl Remote {
             return Ok(None);
         };
         write.write_image(&bytes);
-        // Small: published before its path is handed out.
+        // Small: published before its path is handed out; one that does not
+        // hash to the hub's digest is an error, never taken for missing.
         write.settle();
-        let written = matches!(write.outcome(), CacheUse::Written { .. });
+        let written = matches!(
+            write.outcome().checked(object.path())?,
+            CacheUse::Written { .. }
+        );
         Ok(hub
             .writer
             .as_ref()

@@ -473,8 +473,10 @@ impl Remote {
         if let Some(write) = self.write_of(&object, INDEX_FILE) {
             use crate::source::CacheWrite;
             write.write_image(&bytes);
-            // Small: published before the load goes on.
+            // Small: published before the load goes on, and never used
+            // where it does not hash to the hub's git blob id.
             write.settle();
+            write.outcome().checked(object.path())?;
         }
         Ok(Found::Index(INDEX_FILE.to_owned(), bytes))
     }

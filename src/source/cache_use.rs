@@ -167,6 +167,22 @@ impl CacheStore {
 }
 
 impl CacheUse {
+    /// Itself, or where the bytes did not hash to the store's digest, the
+    /// error saying so of the file at `path`
+    /// ([`ErrorKind::IntegrityMismatch`](crate::ErrorKind::IntegrityMismatch)).
+    pub(crate) fn checked(self, path: &std::path::Path) -> crate::Result<CacheUse> {
+        match self {
+            CacheUse::NotCached {
+                why: NotCached::Mismatch { expected, actual },
+                ..
+            } => {
+                let kind = crate::ErrorKind::IntegrityMismatch { expected, actual };
+                Err(crate::Error::new(kind, path))
+            }
+            other => Ok(other),
+        }
+    }
+
     /// The cache it was.
     pub fn store(&self) -> CacheStore {
         match self {

@@ -265,3 +265,33 @@ fn a_cold_load_through_the_cache_reports_its_progress_once_per_byte() {
     );
     assert_eq!(field("files"), "3/3", "{seen}");
 }
+
+#[test]
+fn an_index_or_a_with_file_a_lying_hub_sends_is_an_error_never_used() {
+    for (lied, url) in [
+        ("model.safetensors.index.json", "hf://org/model"),
+        ("config.json", "hf://org/model?with=config.json"),
+    ] {
+        let hub = Hub::new(Options {
+            lie: Some(Lie {
+                path: lied.to_owned(),
+                from: 0,
+            }),
+            ..Options::default()
+        });
+        let e = hub.fail(url, &[]);
+        assert!(
+            e.contains("corrupt=true") && e.contains(lied),
+            "{lied}: {e}"
+        );
+        assert!(e.contains("mismatch"), "{lied}: {e}");
+        // Nothing of it published, nor kept.
+        let snapshot = hub.snapshot().join(lied);
+        assert!(std::fs::symlink_metadata(&snapshot).is_err(), "{lied}");
+        assert!(
+            partials(hub.cache.path()).is_empty(),
+            "{:?}",
+            tree(hub.cache.path())
+        );
+    }
+}

@@ -498,6 +498,7 @@ use std::path::Path;
 #[cfg(feature = "remote")]
 pub use cache::{hub_cache, hub_cache_prune, hub_cache_remove};
 pub use checkpoint::{Checkpoint, TensorInfo};
+pub use dest::device;
 pub use dest::pages::HugePages;
 pub use error::{Error, ErrorKind, Operation, Result};
 pub use load::Loader;

@@ -1,5 +1,6 @@
 //! `Loader`: the options of a load, set as one expression (its entry points in `run.rs`, their async forms in `future.rs`).
 
+mod device;
 mod future;
 mod run;
 // Loads split between nodes under `mpirun`, through the MPI exchange's harness.

@@ -109,11 +109,16 @@ impl Checkpoint {
         let inner = self.inner();
         let mut files: Vec<FileRequest<'_>> = Vec::new();
         for info in &inner.tensors {
-            if inner.opts.filter.as_ref().is_some_and(|keep| !keep(info.name())) {
+            if inner
+                .opts
+                .filter
+                .as_ref()
+                .is_some_and(|keep| !keep(info.name()))
+            {
                 continue;
             }
-            let Some(placed) = placed(info, part(info), inner.opts.dtype)
-                .map_err(|e| e.or_path(info.file()))?
+            let Some(placed) =
+                placed(info, part(info), inner.opts.dtype).map_err(|e| e.or_path(info.file()))?
             else {
                 continue;
             };

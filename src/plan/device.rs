@@ -311,13 +311,21 @@ mod tests {
         let chunks = chunks(3, wanted, &slab, SIZES);
         assert!(chunks.iter().all(|c| c.file == 3));
         assert!(chunks.windows(2).all(|w| w[0].slab.end <= w[1].slab.start));
-        assert_eq!(carried_out(&file, &chunks, &slab), naive(&file, wanted, &slab));
+        assert_eq!(
+            carried_out(&file, &chunks, &slab),
+            naive(&file, wanted, &slab)
+        );
         chunks
     }
 
     #[test]
     fn tensors_are_aligned_in_file_order_and_empty_ones_take_no_room() {
-        let wanted = [raw(&[(0, 10)]), raw(&[]), raw(&[(10, 1)]), raw(&[(11, 256)])];
+        let wanted = [
+            raw(&[(0, 10)]),
+            raw(&[]),
+            raw(&[(10, 1)]),
+            raw(&[(11, 256)]),
+        ];
         let s = slab(&wanted, 16).unwrap();
         assert_eq!(s.offsets, [0, 16, 16, 32]);
         assert_eq!(s.len, 288);
@@ -345,7 +353,10 @@ mod tests {
         let runs: Vec<(u64, usize)> = (0..12).map(|i| (100 + i * 10, 4)).collect();
         let chunks = check(&[raw(&runs)], 8);
         let reads: Vec<_> = chunks[0].pieces.iter().map(|p| p.read.clone()).collect();
-        assert_eq!(reads, [100..114, 120..134, 140..154, 160..174, 180..194, 200..214]);
+        assert_eq!(
+            reads,
+            [100..114, 120..134, 140..154, 160..174, 180..194, 200..214]
+        );
         // Far apart: each alone.
         let runs: Vec<(u64, usize)> = (0..4).map(|i| (i * 100, 3)).collect();
         assert_eq!(check(&[raw(&runs)], 8)[0].pieces.len(), 4);

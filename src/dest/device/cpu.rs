@@ -418,7 +418,12 @@ impl Device for StandIn {
         offset: usize,
     ) -> io::Result<StandInCopy> {
         let done = Arc::new(Done::default());
-        let number = self.engine.counters.submitted.fetch_add(1, Ordering::Relaxed) + 1;
+        let number = self
+            .engine
+            .counters
+            .submitted
+            .fetch_add(1, Ordering::Relaxed)
+            + 1;
         self.engine.push(Job {
             staging,
             len,

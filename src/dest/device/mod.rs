@@ -17,9 +17,9 @@ mod tensors;
 
 use std::io;
 
-pub use cpu::{StandIn, StandInSlab};
+pub use cpu::{StandIn, StandInCopy, StandInSlab, StandInStaging};
 #[cfg(feature = "cuda")]
-pub use cuda::{Cuda, CudaSlab};
+pub use cuda::{Cuda, CudaCopy, CudaSlab, CudaStaging};
 pub use report::{DeviceFileReport, DeviceReport, Route};
 pub use tensors::{DeviceTensor, DeviceTensors, Part};
 

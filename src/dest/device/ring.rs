@@ -136,8 +136,12 @@ impl<S> Staged<S> {
         // slice's address is all that is kept of it).
         let slice = bytes(unsafe { &mut *raw.as_ptr() });
         let (ptr, len) = (NonNull::from(&mut *slice).cast::<u8>(), slice.len());
-        let ordered = pieces.windows(2).all(|w| w[0].end <= w[1].start)
-            && pieces.iter().all(|p| p.start <= p.end && p.end <= len);
+        let ordered = pieces
+            .iter()
+            .try_fold(0, |end, p| {
+                (end <= p.start && p.start <= p.end).then_some(p.end)
+            })
+            .is_some_and(|end| end <= len);
         let staged = Staged {
             staging: std::sync::Mutex::new(Some(raw)),
             bytes: ptr,
@@ -225,15 +229,17 @@ mod tests {
         assert!(staged(vec![]).is_some());
         assert!(staged(vec![4..8, 0..4]).is_none());
         assert!(staged(vec![0..5, 4..8]).is_none());
-        assert!(staged(vec![0..17]).is_none());
+        assert!(staged(vec![0..8, 9..17]).is_none());
     }
 
     #[test]
     fn every_piece_is_written_once_and_the_last_writer_gets_the_buffer() {
         let s = staged(vec![0..4, 4..8, 10..16]).unwrap();
-        let put = |v: u8| move |dst: &mut [u8]| -> Result<(), ()> {
-            dst.fill(v);
-            Ok(())
+        let put = |v: u8| {
+            move |dst: &mut [u8]| -> Result<(), ()> {
+                dst.fill(v);
+                Ok(())
+            }
         };
         let (_, none) = s.fill(1, put(2)).unwrap().unwrap();
         assert!(none.is_none());

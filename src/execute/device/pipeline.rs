@@ -157,7 +157,9 @@ impl<'a, D: Device> Pipeline<'a, D> {
                 stopped: false,
             }),
             changed: Condvar::new(),
-            scratch: (0..readers.max(1)).map(|_| Mutex::new(Vec::new())).collect(),
+            scratch: (0..readers.max(1))
+                .map(|_| Mutex::new(Vec::new()))
+                .collect(),
             cancel: cancel::current(),
             clock,
             costs: files.iter().map(|_| FileCost::new()).collect(),
@@ -281,11 +283,7 @@ impl<'a, D: Device> Pipeline<'a, D> {
     }
 
     /// The next piece of an open chunk, if one is left to hand out.
-    fn hand_out(
-        &self,
-        state: &mut State<D>,
-        reader: usize,
-    ) -> Option<(usize, Work<D::Staging>)> {
+    fn hand_out(&self, state: &mut State<D>, reader: usize) -> Option<(usize, Work<D::Staging>)> {
         while let Some(front) = state.open.front() {
             let left = self
                 .chunks
@@ -358,16 +356,19 @@ impl<'a, D: Device> Pipeline<'a, D> {
             .get(reader % self.scratch.len().max(1))
             .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner));
         let filled = staged.fill(piece, |dst| {
-            fill(file, p, dst, scratch.as_deref_mut()).map_err(|(operation, offset, error)| Failure {
-                file: Some(c.file),
-                operation,
-                offset: Some(offset),
-                error,
-                device: false,
+            fill(file, p, dst, scratch.as_deref_mut()).map_err(|(operation, offset, error)| {
+                Failure {
+                    file: Some(c.file),
+                    operation,
+                    offset: Some(offset),
+                    error,
+                    device: false,
+                }
             })
         });
         drop(scratch);
-        let ((read, overflowed), buffer) = filled.ok_or_else(|| Failure::internal("a piece taken twice"))??;
+        let ((read, overflowed), buffer) =
+            filled.ok_or_else(|| Failure::internal("a piece taken twice"))??;
         cost.bytes_read.fetch_add(read, Ordering::Relaxed);
         cost.overflowed.fetch_add(overflowed, Ordering::Relaxed);
         if let Some(buffer) = buffer {
@@ -477,7 +478,9 @@ fn fill<S>(
             let e = io::Error::other("a piece shorter than its read");
             (Operation::Read, piece.read.start, e)
         })?;
-        file.source.read_at(target, len, piece.read.start).map_err(|(at, e)| (Operation::Read, at, e))?;
+        file.source
+            .read_at(target, len, piece.read.start)
+            .map_err(|(at, e)| (Operation::Read, at, e))?;
         return Ok((read_len, 0));
     }
     let mut own = Vec::new();
@@ -500,9 +503,14 @@ fn place(piece: &Piece, read: &[u8], dst: &mut [u8]) -> Result<u64, (Operation, 
         let at = s.dst - piece.dst.start;
         let (Some(src), Some(out)) = (
             from.checked_add(s.len).and_then(|end| read.get(from..end)),
-            at.checked_add(s.out_len()).and_then(|end| dst.get_mut(at..end)),
+            at.checked_add(s.out_len())
+                .and_then(|end| dst.get_mut(at..end)),
         ) else {
-            return Err((Operation::Convert, s.src, io::Error::other("a segment outside its piece")));
+            return Err((
+                Operation::Convert,
+                s.src,
+                io::Error::other("a segment outside its piece"),
+            ));
         };
         if s.raw() {
             out.copy_from_slice(src);

@@ -483,10 +483,14 @@ mod to_device {
         for t in loaded.iter() {
             failures.check(api, t.name(), want(t.name(), t));
         }
-        failures.check(api, "the ring", match device.live_staging() {
-            0 => Ok(()),
-            n => Err(format!("{n} staging buffers left")),
-        });
+        failures.check(
+            api,
+            "the ring",
+            match device.live_staging() {
+                0 => Ok(()),
+                n => Err(format!("{n} staging buffers left")),
+            },
+        );
     }
 
     /// The device bytes of `t`, as `bytes` and the shape.
@@ -520,13 +524,21 @@ mod to_device {
             .open(ctx.address)
             .and_then(|ck| ck.to_device(&device));
         if let Ok(loaded) = &loaded {
-            failures.check(api, "tensor count", match loaded.len() {
-                n if n == ctx.reference.tensors.len() => Ok(()),
-                n => Err(format!("{n} where {}", ctx.reference.tensors.len())),
-            });
+            failures.check(
+                api,
+                "tensor count",
+                match loaded.len() {
+                    n if n == ctx.reference.tensors.len() => Ok(()),
+                    n => Err(format!("{n} where {}", ctx.reference.tensors.len())),
+                },
+            );
         }
         check(api, loaded, &device, failures, |name, t| {
-            let want = ctx.reference.tensors.get(name).ok_or("not in the reference")?;
+            let want = ctx
+                .reference
+                .tensors
+                .get(name)
+                .ok_or("not in the reference")?;
             same(t, want.dtype, &want.shape, &want.data)
         });
     }
@@ -560,7 +572,11 @@ mod to_device {
             .open(ctx.address)
             .and_then(|ck| ck.to_device_parts(&device, |info| parts[info.name()].clone()));
         check(api, loaded, &device, failures, |name, t| {
-            let want = ctx.reference.tensors.get(name).ok_or("not in the reference")?;
+            let want = ctx
+                .reference
+                .tensors
+                .get(name)
+                .ok_or("not in the reference")?;
             let ranges = match &parts[name] {
                 Part::Shard { dim, rank, world } => naive_shard(&want.shape, *dim, *rank, *world),
                 Part::Slice(ranges) => ranges.clone(),
@@ -585,7 +601,11 @@ mod to_device {
         let device = StandIn::new();
         let loaded = ring((ctx.loader)().dtype(to)).load_to_device(ctx.address, &device);
         check(api, loaded, &device, failures, |name, t| {
-            let want = ctx.reference.tensors.get(name).ok_or("not in the reference")?;
+            let want = ctx
+                .reference
+                .tensors
+                .get(name)
+                .ok_or("not in the reference")?;
             match naive_convert(want.dtype, to, &want.data) {
                 None => same(t, want.dtype, &want.shape, &want.data),
                 Some(bytes) => {

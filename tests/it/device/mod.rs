@@ -49,11 +49,19 @@ fn every_byte_lands_where_its_tensor_says_in_every_mode() {
         assert_eq!(loaded.len(), specs().len(), "{mode}");
         for want in specs() {
             let t = loaded.get(&want.name).unwrap();
-            assert_eq!((t.dtype(), t.shape()), (want.dtype, &want.shape[..]), "{mode}");
+            assert_eq!(
+                (t.dtype(), t.shape()),
+                (want.dtype, &want.shape[..]),
+                "{mode}"
+            );
             assert_eq!(t.nbytes(), want.data.len(), "{mode}: {}", want.name);
             assert_eq!(t.offset() % 256, 0, "{mode}: {} aligned", want.name);
             assert_eq!(t.device_ptr() % 256, 0);
-            assert!(t.to_host().unwrap() == want.data, "{mode}: {} differs", want.name);
+            assert!(
+                t.to_host().unwrap() == want.data,
+                "{mode}: {} differs",
+                want.name
+            );
         }
         let report = loaded.report();
         let want_route = match mode {
@@ -77,7 +85,11 @@ fn every_byte_lands_where_its_tensor_says_in_every_mode() {
         assert_eq!(device.live_staging(), 0, "{mode}");
         assert_eq!(device.live_slabs(), 3, "{mode}");
         drop(loaded);
-        assert_eq!(device.live_slabs(), 0, "{mode}: the slabs go with the tensors");
+        assert_eq!(
+            device.live_slabs(),
+            0,
+            "{mode}: the slabs go with the tensors"
+        );
     }
 }
 
@@ -145,7 +157,11 @@ fn a_shard_and_a_slice_send_only_their_bytes() {
             let (bytes, shape) = naive_part(want, &part(&want.name));
             let t = loaded.get(&want.name).unwrap();
             assert_eq!(t.shape(), shape.as_slice(), "{mode}: {}", want.name);
-            assert!(t.to_host().unwrap() == bytes, "{mode}: {} differs", want.name);
+            assert!(
+                t.to_host().unwrap() == bytes,
+                "{mode}: {} differs",
+                want.name
+            );
             sent += bytes.len();
         }
         let report = loaded.report();
@@ -204,24 +220,26 @@ fn a_failed_copy_ends_the_load_and_leaves_nothing_behind() {
     for (mode, loader) in read_modes() {
         let copies = {
             let device = StandIn::new();
-            small_ring(loader.clone()).load_to_device(&index, &device).unwrap();
+            small_ring(loader.clone())
+                .load_to_device(&index, &device)
+                .unwrap();
             device.copies()
         };
         assert!(copies > 10, "{mode}: {copies} copies");
         for n in [1, 2, copies / 2, copies] {
             let what = format!("{mode}, copy {n} of {copies} failing");
-            let device = StandIn::new().latency(Duration::from_micros(200)).fail_on_copy(n);
+            let device = StandIn::new()
+                .latency(Duration::from_micros(200))
+                .fail_on_copy(n);
             let err = small_ring(loader.clone())
                 .load_to_device(&index, &device)
                 .unwrap_err();
-            assert!(
-                matches!(err.kind(), ErrorKind::Io { .. }),
-                "{what}: {err}"
-            );
+            assert!(matches!(err.kind(), ErrorKind::Io { .. }), "{what}: {err}");
             let text = err.to_string();
             assert!(text.contains("failed copy"), "{what}: {text}");
             assert!(
-                err.path().is_some_and(|p| p.extension().is_some_and(|e| e == "safetensors")),
+                err.path()
+                    .is_some_and(|p| p.extension().is_some_and(|e| e == "safetensors")),
                 "{what}: the error names the file: {text}"
             );
             nothing_left(&device, &what);
@@ -251,10 +269,15 @@ fn a_cancel_mid_load_ends_it_and_leaves_nothing_behind() {
         nothing_left(&device, mode);
         let whole = {
             let device = StandIn::new();
-            small_ring(Loader::new()).load_to_device(&index, &device).unwrap();
+            small_ring(Loader::new())
+                .load_to_device(&index, &device)
+                .unwrap();
             device.copies()
         };
-        assert!(device.copies() < whole, "{mode}: cancelled after the last copy");
+        assert!(
+            device.copies() < whole,
+            "{mode}: cancelled after the last copy"
+        );
         // Set again, a load fails at once.
         let err = loader.load_to_device(&index, &StandIn::new()).unwrap_err();
         assert_eq!(err.kind(), &ErrorKind::Cancelled);
@@ -277,7 +300,10 @@ fn a_part_a_shard_refuses_fails_naming_the_file() {
             _ => Part::Whole,
         })
         .unwrap_err();
-    assert!(matches!(err.kind(), ErrorKind::InvalidSlice { .. }), "{err}");
+    assert!(
+        matches!(err.kind(), ErrorKind::InvalidSlice { .. }),
+        "{err}"
+    );
     assert!(err.path().is_some(), "{err}");
     nothing_left(&device, "a refused part");
 }

@@ -96,6 +96,8 @@ struct Sample {
     copies: u64,
     maxrss_kib: u64,
     bandwidth_gbs: f64,
+    /// The load's report, its first line (the device, the chunks, the readers).
+    note: Option<String>,
     error: Option<String>,
 }
 
@@ -163,12 +165,17 @@ fn parent(o: &Options) -> Result<(), String> {
                 prepare();
                 let sample = run_arm(o, scenario, &o.arms[a], round, &path, bandwidth);
                 eprintln!(
-                    "  {scenario:<12} round {round} {:<7} {:>7.3} s {:>6.2} GiB/s {:>5} copies {:>6} MiB RSS{}",
+                    "  {scenario:<12} round {round} {:<7} {:>7.3} s {:>6.2} GiB/s {:>5} copies {:>6} MiB RSS{}{}",
                     sample.arm,
                     sample.seconds,
                     gib_s(sample.bytes, sample.seconds),
                     sample.copies,
                     sample.maxrss_kib >> 10,
+                    sample
+                        .note
+                        .as_deref()
+                        .map(|n| format!("  ({n})"))
+                        .unwrap_or_default(),
                     sample
                         .error
                         .as_deref()
@@ -190,8 +197,11 @@ fn run_arm(o: &Options, scenario: &str, arm: &str, round: usize, path: &Path, gb
         .arg(scenario)
         .timeout(Duration::from_secs(o.timeout))
         .run::<Figures>();
-    let (f, error) = match result {
-        Ok(out) => (out.figures, None),
+    let (f, error, note) = match result {
+        Ok(out) => {
+            let note = out.stderr.lines().next().map(str::to_owned);
+            (out.figures, None, note)
+        }
         Err(e) => (
             Figures {
                 seconds: f64::NAN,
@@ -201,6 +211,7 @@ fn run_arm(o: &Options, scenario: &str, arm: &str, round: usize, path: &Path, gb
                 error: None,
             },
             Some(e),
+            None,
         ),
     };
     Sample {
@@ -212,6 +223,7 @@ fn run_arm(o: &Options, scenario: &str, arm: &str, round: usize, path: &Path, gb
         copies: f.copies,
         maxrss_kib: f.maxrss_kib,
         bandwidth_gbs: gbs,
+        note,
         error: error.or(f.error),
     }
 }
@@ -291,7 +303,8 @@ fn run_child(job: &Job) {
         seconds,
         bytes,
         copies,
-        maxrss_kib: proc::max_rss_kib(),
+        // `VmHWM`, not `ru_maxrss`, which keeps the parent's peak across `exec`.
+        maxrss_kib: proc::status_kib("VmHWM:").unwrap_or(0),
         error,
     });
 }
@@ -307,7 +320,8 @@ fn load(path: &Path, device: StandIn) -> Result<(u64, u64), String> {
 }
 
 /// The copies of a load alone: the chunks a load of `path` makes (each file's tensors
-/// in 32 MiB pieces), through a ring of 4 buffers, at `gbs`.
+/// in 32 MiB pieces, into a slab per file), through a ring of 4 buffers, one after
+/// another as the load submits them, at `gbs`.
 fn copies(path: &Path, gbs: f64) -> Result<(u64, u64), String> {
     let ck = safeload::Checkpoint::open(path).map_err(|e| e.to_string())?;
     let mut per_file: Vec<u64> = Vec::new();
@@ -327,6 +341,7 @@ fn copies(path: &Path, gbs: f64) -> Result<(u64, u64), String> {
         .collect::<Result<_, _>>()
         .map_err(io)?;
     let mut in_flight = std::collections::VecDeque::new();
+    let mut slabs = Vec::new();
     let (mut bytes, mut copies) = (0, 0);
     for len in per_file {
         let slab = device.allocate(len as usize).map_err(io)?;
@@ -344,10 +359,12 @@ fn copies(path: &Path, gbs: f64) -> Result<(u64, u64), String> {
             bytes += n as u64;
             copies += 1;
         }
-        for copy in in_flight.drain(..) {
-            free.push(device.complete(copy).map_err(io)?);
-        }
+        slabs.push(slab);
     }
+    for copy in in_flight {
+        device.complete(copy).map_err(io)?;
+    }
+    drop(slabs);
     Ok((bytes, copies))
 }
 

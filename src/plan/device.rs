@@ -94,13 +94,19 @@ pub(crate) struct Piece {
 }
 
 impl Piece {
-    /// Whether its one segment is the whole read, copied as it is: then it
-    /// is read straight into its place.
+    /// Whether its read lands as it is, in one run of the buffer (its
+    /// segments copied, each following the one before in the file and in
+    /// the buffer alike): then it is read straight into its place, with no
+    /// scratch buffer.
     pub(crate) fn straight(&self) -> bool {
-        match self.segments.as_slice() {
-            [s] => s.raw() && s.src == self.read.start && s.len as u64 == self.read.end - s.src,
-            _ => false,
+        let mut next = (self.read.start, self.dst.start);
+        for s in &self.segments {
+            if !s.raw() || (s.src, s.dst) != next {
+                return false;
+            }
+            next = (s.src + s.len as u64, s.dst + s.len);
         }
+        next == (self.read.end, self.dst.end)
     }
 }
 
@@ -119,8 +125,12 @@ pub(crate) struct Chunk {
 pub(crate) struct Sizes {
     /// The most bytes of one chunk (a staging buffer).
     pub chunk: usize,
-    /// The most bytes one piece reads.
+    /// The most bytes one piece reads straight into its place.
     pub piece: usize,
+    /// The most bytes one piece reads otherwise (through a reader's scratch
+    /// buffer: merged runs with gaps, conversions): what bounds each
+    /// reader's scratch memory.
+    pub scratch: usize,
     /// Runs of one piece less than this far apart are read as one.
     pub merge_gap: usize,
 }
@@ -182,15 +192,23 @@ fn close(file: usize, start: usize, segments: Vec<Segment>, sizes: Sizes) -> Chu
 }
 
 /// `segments` (in buffer order) as pieces: each cut to at most
-/// `sizes.piece` bytes read (in whole elements), then neighbours merged
-/// where the second starts at or after the first's read, less than
-/// `sizes.merge_gap` past it, and the read stays within `sizes.piece`.
+/// `sizes.piece` bytes read (a conversion to `sizes.scratch`, in whole
+/// elements), then neighbours merged where the second starts at or after
+/// the first's read, less than `sizes.merge_gap` past it, and the read stays
+/// within `sizes.piece` where the merged piece is [`straight`](Piece::straight),
+/// else within `sizes.scratch`.
 fn pieces(segments: impl Iterator<Item = Segment>, sizes: Sizes) -> Vec<Piece> {
-    let most = sizes.piece.max(1);
     let mut out: Vec<Piece> = Vec::new();
+    // Whether the last piece is straight so far (kept, not asked again: a
+    // piece may merge thousands of rows).
+    let mut straight = false;
     for whole in segments {
         let (src_grain, _) = grain(whole.from, whole.to);
-        let step = (most / src_grain).max(1) * src_grain;
+        let most = match whole.raw() {
+            true => sizes.piece,
+            false => sizes.scratch,
+        };
+        let step = (most.max(1) / src_grain).max(1) * src_grain;
         let mut at = 0;
         while at < whole.len {
             let len = step.min(whole.len - at);
@@ -202,22 +220,30 @@ fn pieces(segments: impl Iterator<Item = Segment>, sizes: Sizes) -> Vec<Piece> {
             };
             at += len;
             let end = s.src + s.len as u64;
+            // Merged into the last piece where close enough after it, and
+            // where its read stays within the limit of what it then is.
+            let follows = |p: &Piece| (s.src, s.dst) == (p.read.end, p.dst.end);
+            let still = |p: &Piece| straight && s.raw() && follows(p);
             let merges = out.last().is_some_and(|p| {
-                s.src >= p.read.end
-                    && s.src - p.read.end < sizes.merge_gap as u64
-                    && end - p.read.start <= most as u64
+                let close = s.src >= p.read.end && s.src - p.read.end < sizes.merge_gap as u64;
+                let limit = if still(p) { sizes.piece } else { sizes.scratch };
+                close && end - p.read.start <= limit.max(1) as u64
             });
             match out.last_mut() {
                 Some(p) if merges => {
+                    straight = still(p);
                     p.read.end = end;
                     p.dst.end = s.dst + s.out_len();
                     p.segments.push(s);
                 }
-                _ => out.push(Piece {
-                    dst: s.dst..s.dst + s.out_len(),
-                    read: s.src..end,
-                    segments: vec![s],
-                }),
+                _ => {
+                    straight = s.raw();
+                    out.push(Piece {
+                        dst: s.dst..s.dst + s.out_len(),
+                        read: s.src..end,
+                        segments: vec![s],
+                    });
+                }
             }
         }
     }
@@ -231,6 +257,7 @@ mod tests {
     const SIZES: Sizes = Sizes {
         chunk: 64,
         piece: 16,
+        scratch: 14,
         merge_gap: 8,
     };
 
@@ -276,7 +303,11 @@ mod tests {
             for piece in &chunk.pieces {
                 assert!(piece.dst.start >= last, "pieces overlap: {chunk:?}");
                 last = piece.dst.end;
-                assert!(piece.read.end - piece.read.start <= SIZES.piece as u64);
+                let read = piece.read.end - piece.read.start;
+                assert!(read <= SIZES.piece as u64, "{piece:?}");
+                if !piece.straight() {
+                    assert!(read <= SIZES.scratch as u64, "{piece:?}");
+                }
                 let read = &file[piece.read.start as usize..piece.read.end as usize];
                 for s in &piece.segments {
                     assert!(s.dst >= piece.dst.start && s.dst + s.out_len() <= piece.dst.end);
@@ -345,6 +376,39 @@ mod tests {
         // Near runs are merged into one read: 5 and 7 bytes apart by 0.
         assert_eq!(chunks[0].pieces[0].read, 0..12);
         assert!(chunks[1].pieces.iter().all(Piece::straight));
+    }
+
+    #[test]
+    fn tensors_next_to_each_other_in_the_file_and_the_slab_are_one_straight_read() {
+        // At offsets already aligned: the slab is the file's layout.
+        let wanted = [
+            raw(&[(0, 8)]),
+            raw(&[(8, 4)]),
+            raw(&[(12, 4)]),
+            raw(&[(16, 3)]),
+        ];
+        let chunks = check(&wanted, 4);
+        let pieces = &chunks[0].pieces;
+        assert_eq!(pieces[0].read, 0..16);
+        assert!(pieces[0].straight(), "{pieces:?}");
+        // A padded one is merged too, through the scratch buffer, within its limit.
+        let chunks = check(&[raw(&[(0, 5)]), raw(&[(5, 5)])], 8);
+        assert_eq!(chunks[0].pieces.len(), 1);
+        assert!(!chunks[0].pieces[0].straight());
+        assert!(
+            !Piece {
+                dst: 0..4,
+                read: 0..4,
+                segments: vec![Segment {
+                    src: 0,
+                    len: 4,
+                    dst: 0,
+                    from: Dtype::F32,
+                    to: Dtype::BF16
+                }]
+            }
+            .straight()
+        );
     }
 
     #[test]

@@ -220,6 +220,8 @@ struct Job {
     config: Config,
     /// Its place among the stand-in's copies, from 1.
     number: u64,
+    /// When it was submitted.
+    at: Instant,
     done: Arc<Done>,
 }
 
@@ -271,9 +273,14 @@ impl Engine {
 }
 
 /// The copy thread: each job in turn, after its latency, at its bandwidth,
-/// one after another (the time a copy takes runs from when the previous one
-/// ended, as on one copy engine).
+/// one after another on the engine's own clock: a copy starts when it was
+/// submitted or when the one before it ended, whichever is later, and ends
+/// its latency and length later, however late this thread wakes to say so
+/// (the host's scheduler delays when a copy is seen complete, never the
+/// copies after it, as with a GPU's copy engine).
 fn copy_thread(queue: &Queue, counters: &Counters) {
+    // When the engine is free again.
+    let mut free_at = Instant::now();
     loop {
         let job = {
             let mut jobs = lock(&queue.jobs);
@@ -297,18 +304,20 @@ fn copy_thread(queue: &Queue, counters: &Counters) {
             offset,
             config,
             number,
+            at,
             done,
         } = job;
-        let start = Instant::now();
+        let mut end = free_at.max(at) + config.latency;
+        if let Some(rate) = config.bytes_per_second {
+            end += Duration::from_secs_f64(len as f64 / rate);
+        }
         let outcome = run(staging, len, &slab, offset, &config, number);
         // The slab's memory goes with its last holder: not this thread, once
         // the copy is seen complete.
         drop(slab);
-        let mut pace = config.latency;
-        if let Some(rate) = config.bytes_per_second {
-            pace += Duration::from_secs_f64(len as f64 / rate);
-        }
-        if let Some(left) = pace.checked_sub(start.elapsed()) {
+        // A copy that kept the bytes took its own time at least.
+        free_at = end.max(Instant::now());
+        if let Some(left) = free_at.checked_duration_since(Instant::now()) {
             std::thread::sleep(left);
         }
         if outcome.is_ok() {
@@ -431,6 +440,7 @@ impl Device for StandIn {
             offset,
             config: self.config,
             number,
+            at: Instant::now(),
             done: Arc::clone(&done),
         })?;
         Ok(StandInCopy { done })

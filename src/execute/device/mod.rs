@@ -28,6 +28,9 @@ use pipeline::{Failure, FileIo, Pipeline};
 /// The smallest staging buffer a caller may ask for (`Loader::staging`).
 const MIN_STAGING_BYTES: usize = 4 << 10;
 
+/// The most one piece reads through a reader's scratch buffer.
+const SCRATCH: usize = 2 << 20;
+
 /// One tensor (or part) to place: its name and shape there, and where its
 /// bytes come from.
 pub(crate) struct Placed {
@@ -77,6 +80,10 @@ pub(crate) fn to_device<D: Device>(
         // NOTE: a quarter of a buffer at most, so that the chunks filling
         // at once keep the readers busy (BENCHMARKS.md, "Weights to a device").
         piece: read_size.min(buffer_len / 4).max(MIN_STAGING_BYTES),
+        // NOTE: what each reader's scratch buffer may grow to (merged rows of
+        // a part, a conversion's source read), so that the readers' scratch
+        // stays small beside the ring (BENCHMARKS.md, "Weights to a device").
+        scratch: SCRATCH.min(buffer_len / 4).max(MIN_STAGING_BYTES),
         merge_gap: MERGE_GAP,
     };
     let chunks: Vec<Chunk> = placing

@@ -25,9 +25,9 @@ pub use tensors::{DeviceTensor, DeviceTensors, Part};
 
 /// The staging buffers of a load to a device, by default.
 ///
-/// NOTE: two buffers are filling while one or two copy; more gained nothing
-/// on the FUSE mount or the page cache (BENCHMARKS.md, "Weights to a
-/// device").
+/// NOTE: two buffers fill while one or two copy; with 4 the stand-in's
+/// loads stayed within 1.11x of the slower of their reads and copies, warm
+/// and on the FUSE mount (BENCHMARKS.md, "Weights to a device").
 pub const STAGING_BUFFERS: usize = 4;
 
 /// The size of one staging buffer, and so the most one copy moves, by

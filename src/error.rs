@@ -117,6 +117,9 @@ pub enum Operation {
     /// Removing names from the Hugging Face cache (`hub_cache_remove`,
     /// `hub_cache_prune`, feature `remote`).
     Remove,
+    /// Copying bytes to a device's memory, or getting the memory and the
+    /// staging buffers to do so (`Loader::load_to_device`).
+    Device,
 }
 
 impl Operation {
@@ -138,6 +141,7 @@ impl Operation {
             Operation::Write => "writing",
             Operation::Exchange => "exchanging between nodes",
             Operation::Remove => "removing from the hub cache",
+            Operation::Device => "copying to the device",
         }
     }
 }

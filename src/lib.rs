@@ -32,6 +32,7 @@
 //! | into memory the engine owns | [`Checkpoint::read_into`] |
 //! | a subset of the tensors, as a state dict | [`Checkpoint::load_filtered`] |
 //! | everything, under a memory cap | [`Checkpoint::for_each`] |
+//! | into a GPU's memory through a small ring of pinned buffers, no host copy (a rank's part, converted) | [`Loader::load_to_device`], [`Checkpoint::to_device`], [`Checkpoint::to_device_parts`] ([`device`]; the GPU: feature `cuda`) |
 //! | convert floating tensors on the way | [`Loader::dtype`] (one tensor: [`Tensor::to_dtype`]) |
 //! | warm the page cache first, split across local ranks | [`Loader::prefetch`] |
 //! | warm it alone, for a job script | [`Loader::warm`] |
@@ -427,6 +428,10 @@
 //!   checkpoints"); `hf://` through the Hugging Face cache
 //!   ([`Loader::hub_cache`]), the others through a cache directory where one
 //!   is named ([`Loader::cache_dir`]).
+//! - `cuda` (off): [`device`]'s `Cuda`, an NVIDIA GPU as the device a load
+//!   places tensors in (cudarc, the driver loaded at run time: the feature
+//!   builds without CUDA; no CUDA version pinned). Without it the device path
+//!   runs on [`device::StandIn`], or on an engine's own [`device::Device`].
 //! - `mpi` (off): [`Loader::exchange`]'s MPI implementation, selected by
 //!   `SAFELOAD_EXCHANGE=mpi`, so that the nodes of a job read each byte once
 //!   between them (needs an MPI library, Open MPI or MPICH, and libclang to
@@ -499,6 +504,7 @@ use std::path::Path;
 #[cfg(feature = "remote")]
 pub use cache::{hub_cache, hub_cache_prune, hub_cache_remove};
 pub use checkpoint::{Checkpoint, TensorInfo};
+pub use dest::device;
 pub use dest::pages::HugePages;
 pub use error::{Error, ErrorKind, Operation, RemoteFailure, Result};
 pub use load::Loader;

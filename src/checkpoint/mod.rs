@@ -1,5 +1,6 @@
 //! A checkpoint opened: its files resolved and opened once, their headers read and checked, each file's way of being read decided; the tensors known by name before any of their bytes is read.
 
+mod device;
 mod read;
 mod stream;
 

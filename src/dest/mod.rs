@@ -4,6 +4,7 @@
 //! fill) or of a destination filled by the read engine. The contract is
 //! written out in `docs/ARCHITECTURE.md`, "The two seams".
 
+pub mod device;
 pub(crate) mod node;
 pub(crate) mod pages;
 

@@ -1,5 +1,6 @@
 //! `Loader`: the options of a load, set as one expression (its entry points in `run.rs`, their async forms in `future.rs`).
 
+mod device;
 mod future;
 mod run;
 // Loads split between nodes under `mpirun`, through the MPI exchange's harness.
@@ -395,7 +396,9 @@ impl Loader {
     /// Opening local files and the hashing of [`verify`](Self::verify) run to
     /// their end before it is seen; an open
     /// checks it when it starts. [`warm`](Self::warm), and the reads of a
-    /// [`Checkpoint`](crate::Checkpoint) opened with this loader, do not check it.
+    /// [`Checkpoint`](crate::Checkpoint) opened with this loader, do not check it;
+    /// its loads to a device ([`Checkpoint::to_device`](crate::Checkpoint::to_device))
+    /// do, as a load does.
     ///
     /// ```
     /// # let dir = tempfile::tempdir()?;

@@ -51,6 +51,27 @@ pub(crate) fn populate_read(map: &Mmap, offset: usize, len: usize) -> io::Result
     }
 }
 
+/// Lets go of the pages of `len` bytes at `offset` of a read-only file map
+/// (`MADV_DONTNEED`, madvise(2)): they leave this process's resident set
+/// (`RssFile`) and stay in the page cache, from which a later access
+/// faults them in again, unchanged. A hint: errors are ignored.
+pub(crate) fn let_go(map: &Mmap, offset: usize, len: usize) {
+    let page = rustix::param::page_size();
+    let first = offset / page * page;
+    let end = offset.saturating_add(len).min(map.len());
+    if end <= first {
+        return;
+    }
+    // SAFETY: the map is a read-only map of a file (`storage::map_file`),
+    // never written, so it holds no private copy of a page: dropping a page
+    // loses nothing, and the next access reads the file's page again (the
+    // one hazard, the file truncated meanwhile, is the map's own contract).
+    // No reference into the range is invalidated: the bytes stay the same.
+    let _ = unsafe {
+        map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first)
+    };
+}
+
 /// Faults in the whole pages of `dst`, a range of a private anonymous
 /// buffer or of a shared map being filled, writable (`MADV_POPULATE_WRITE`,
 /// Linux 5.14+), so that a read

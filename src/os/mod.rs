@@ -59,7 +59,7 @@ pub(crate) use imp::{is_direct, set_direct};
 
 // Page-cache and memory hints, and what the page cache holds.
 pub(crate) use imp::{
-    advise_page_size, advise_page_size_of_range, advise_willneed, cached_pages, evict,
+    advise_page_size, advise_page_size_of_range, advise_willneed, cached_pages, evict, let_go,
     mincore_pages, page_size, populate_read, populate_write, readahead_limit, thread_cpu_time,
 };
 

@@ -62,6 +62,9 @@ pub(crate) fn thread_cpu_time() -> Option<std::time::Duration> {
     None
 }
 
+/// Lets go of a map's pages: a no-op here.
+pub(crate) fn let_go(_map: &Mmap, _offset: usize, _len: usize) {}
+
 /// No page-cache eviction here.
 pub(crate) fn evict(_file: &File) -> io::Result<()> {
     Ok(())

@@ -27,6 +27,7 @@ mod checkpoint;
 mod cluster;
 mod contract;
 mod convert_load;
+mod device;
 mod environment;
 mod fuse_faults;
 mod fuse_partial;
@@ -48,6 +49,8 @@ mod verify;
 
 #[cfg(feature = "candle")]
 mod candle;
+#[cfg(feature = "cuda")]
+mod device_cuda;
 #[cfg(feature = "remote")]
 mod hub_cache;
 #[cfg(feature = "remote")]

@@ -58,6 +58,9 @@ pub const APIS: &[(&str, Api)] = &[
     ("Checkpoint::read_slice", read_slice),
     ("Checkpoint::shard", shard),
     ("Checkpoint::for_each", stream),
+    ("Checkpoint::to_device", to_device::whole),
+    ("Checkpoint::to_device_parts", to_device::parts),
+    ("Loader::load_to_device, converted", to_device::converted),
     #[cfg(feature = "candle")]
     ("Tensor::to_candle", candle::to_candle),
     #[cfg(feature = "candle")]
@@ -448,6 +451,172 @@ fn stream(ctx: &Ctx, failures: &mut Failures) {
             Err(format!("{seen:?}"))
         },
     );
+}
+
+mod to_device {
+    //! To a device (the CPU stand-in), through a ring of 1 MiB buffers, so that the
+    //! case's tensors span chunks and chunks hold several tensors: whole, in parts, and
+    //! converted; every staging buffer given back.
+
+    use safeload::device::{DeviceTensors, Part, StandIn};
+
+    use super::*;
+
+    /// A ring small enough that the case's 2-3 MiB tensors span chunks.
+    fn ring(loader: Loader) -> Loader {
+        loader.staging(3, 1 << 20)
+    }
+
+    /// The load's tensors against `want(name)`: bytes, dtype and shape; and nothing
+    /// left of the ring.
+    fn check(
+        api: &str,
+        loaded: safeload::Result<DeviceTensors<StandIn>>,
+        device: &StandIn,
+        failures: &mut Failures,
+        mut want: impl FnMut(&str, &safeload::device::DeviceTensor<StandIn>) -> Result<(), String>,
+    ) {
+        let loaded = match loaded {
+            Ok(loaded) => loaded,
+            Err(e) => return failures.check(api, "the load", Err(e.to_string())),
+        };
+        for t in loaded.iter() {
+            failures.check(api, t.name(), want(t.name(), t));
+        }
+        failures.check(
+            api,
+            "the ring",
+            match device.live_staging() {
+                0 => Ok(()),
+                n => Err(format!("{n} staging buffers left")),
+            },
+        );
+    }
+
+    /// The device bytes of `t`, as `bytes` and the shape.
+    fn same(
+        t: &safeload::device::DeviceTensor<StandIn>,
+        dtype: Dtype,
+        shape: &[usize],
+        bytes: &[u8],
+    ) -> Result<(), String> {
+        if (t.dtype(), t.shape()) != (dtype, shape) {
+            return Err(format!(
+                "{:?} {:?} where {dtype:?} {shape:?} is",
+                t.dtype(),
+                t.shape()
+            ));
+        }
+        let got = t.to_host().ok_or("no bytes")?;
+        if got.len() != t.nbytes() || got.len() != bytes.len() {
+            return Err(format!("{} bytes where {} are", got.len(), bytes.len()));
+        }
+        match got.iter().zip(bytes).position(|(a, b)| a != b) {
+            Some(at) => Err(format!("byte {at} differs")),
+            None => Ok(()),
+        }
+    }
+
+    pub fn whole(ctx: &Ctx, failures: &mut Failures) {
+        let api = "Checkpoint::to_device";
+        let device = StandIn::new();
+        let loaded = ring((ctx.loader)())
+            .open(ctx.address)
+            .and_then(|ck| ck.to_device(&device));
+        if let Ok(loaded) = &loaded {
+            failures.check(
+                api,
+                "tensor count",
+                match loaded.len() {
+                    n if n == ctx.reference.tensors.len() => Ok(()),
+                    n => Err(format!("{n} where {}", ctx.reference.tensors.len())),
+                },
+            );
+        }
+        check(api, loaded, &device, failures, |name, t| {
+            let want = ctx
+                .reference
+                .tensors
+                .get(name)
+                .ok_or("not in the reference")?;
+            same(t, want.dtype, &want.shape, &want.data)
+        });
+    }
+
+    /// A random part of each tensor: a rank's part along a random dimension, a block,
+    /// or the whole (sub-byte dtypes whole, a cut inside a byte being refused).
+    pub fn parts(ctx: &Ctx, failures: &mut Failures) {
+        let api = "Checkpoint::to_device_parts";
+        let mut picks = Picks::new(ctx.seed ^ 0xde71);
+        let parts: std::collections::BTreeMap<&str, Part> = ctx
+            .reference
+            .tensors
+            .values()
+            .map(|want| {
+                let part = if want.shape.is_empty() || want.dtype.bitsize() % 8 != 0 {
+                    Part::Whole
+                } else if picks.below(2) == 0 {
+                    let dim = picks.below(want.shape.len());
+                    let world = 1 + picks.below(5);
+                    let rank = picks.below(world);
+                    Part::Shard { dim, rank, world }
+                } else {
+                    let dims = 1 + picks.below(want.shape.len());
+                    Part::Slice(want.shape[..dims].iter().map(|&d| picks.range(d)).collect())
+                };
+                (want.name.as_str(), part)
+            })
+            .collect();
+        let device = StandIn::new();
+        let loaded = ring((ctx.loader)())
+            .open(ctx.address)
+            .and_then(|ck| ck.to_device_parts(&device, |info| parts[info.name()].clone()));
+        check(api, loaded, &device, failures, |name, t| {
+            let want = ctx
+                .reference
+                .tensors
+                .get(name)
+                .ok_or("not in the reference")?;
+            let ranges = match &parts[name] {
+                Part::Shard { dim, rank, world } => naive_shard(&want.shape, *dim, *rank, *world),
+                Part::Slice(ranges) => ranges.clone(),
+                _ => Vec::new(),
+            };
+            let shape: Vec<usize> = ranges
+                .iter()
+                .map(|r| r.len())
+                .chain(want.shape[ranges.len()..].iter().copied())
+                .collect();
+            let bytes = match ranges.is_empty() {
+                true => want.data.clone(),
+                false => naive_slice(want, &ranges).ok_or("no naive slice")?,
+            };
+            same(t, want.dtype, &shape, &bytes).map_err(|e| format!("{:?}: {e}", parts[name]))
+        });
+    }
+
+    pub fn converted(ctx: &Ctx, failures: &mut Failures) {
+        let api = "Loader::load_to_device, converted";
+        let to = target(ctx.seed);
+        let device = StandIn::new();
+        let loaded = ring((ctx.loader)().dtype(to)).load_to_device(ctx.address, &device);
+        check(api, loaded, &device, failures, |name, t| {
+            let want = ctx
+                .reference
+                .tensors
+                .get(name)
+                .ok_or("not in the reference")?;
+            match naive_convert(want.dtype, to, &want.data) {
+                None => same(t, want.dtype, &want.shape, &want.data),
+                Some(bytes) => {
+                    if (t.dtype(), t.shape()) != (to, &want.shape[..]) {
+                        return Err(format!("{:?} {:?} where {to:?} is", t.dtype(), t.shape()));
+                    }
+                    same_floats(to, &t.to_host().ok_or("no bytes")?, &bytes)
+                }
+            }
+        });
+    }
 }
 
 #[cfg(feature = "candle")]

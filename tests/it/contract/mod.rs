@@ -19,7 +19,7 @@
 //! loudly (a failure under `SAFELOAD_REQUIRE_FUSE=1` / `SAFELOAD_REQUIRE_MOTO=1`).
 
 mod apis;
-mod case;
+pub mod case;
 mod sources;
 
 use std::path::Path;

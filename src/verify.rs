@@ -1,11 +1,12 @@
-//! Integrity: the SHA-256 of each file a load reads, streamed in file order as its reads land, and the digest it must have (a Hugging Face cache blob's name, or the caller's).
+//! Integrity: the one in-order hasher (any digest over a file's bytes in file order, [`InOrder`]), the SHA-256 of each file a load reads, streamed as its reads land, and the digest it must have (a Hugging Face cache blob's name, or the caller's).
 //!
 //! A buffered file read whole is hashed by the reader threads as its chunks
 //! arrive: chunks land out of order, so each is kept (borrowed, not copied)
 //! until the bytes before it are hashed, and whichever reader fills the gap
 //! hashes what follows. Other files (mapped, or read only in part) are
 //! hashed in a pass of their own over the whole file: the map, or positional
-//! reads.
+//! reads. The caches hash through the same [`InOrder`]: a written file's
+//! digest a step at a time, each piece's XXH3 as its bytes land.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -48,6 +49,56 @@ pub(crate) fn expected_from_cache(canonical: &Path) -> Option<Digest256> {
     parse_hex(canonical.file_name()?.to_str()?)
 }
 
+/// A digest fed bytes in order: every hash of the `digest` crates (the
+/// SHA-256 here, the hub's git-blob SHA-1), and what wraps another (the
+/// pieces' XXH3).
+pub(crate) trait Update {
+    /// Takes the next bytes.
+    fn update(&mut self, bytes: &[u8]);
+}
+
+impl<D: sha2::digest::Update> Update for D {
+    fn update(&mut self, bytes: &[u8]) {
+        sha2::digest::Update::update(self, bytes);
+    }
+}
+
+/// The one in-order hasher: a digest over a file's bytes from an offset on,
+/// which takes bytes only where they continue it.
+#[derive(Debug, Clone)]
+pub(crate) struct InOrder<H> {
+    hash: H,
+    next: u64,
+}
+
+impl<H: Update> InOrder<H> {
+    /// `hash` over the file's bytes from `from` on (none taken yet).
+    pub(crate) fn new(hash: H, from: u64) -> InOrder<H> {
+        InOrder { hash, next: from }
+    }
+
+    /// The offset of the byte it takes next.
+    pub(crate) fn next(&self) -> u64 {
+        self.next
+    }
+
+    /// Takes `bytes`, the file's at `offset`, where they continue the hash:
+    /// whether they did (else nothing is taken).
+    pub(crate) fn take(&mut self, offset: u64, bytes: &[u8]) -> bool {
+        if offset != self.next {
+            return false;
+        }
+        self.hash.update(bytes);
+        self.next += bytes.len() as u64;
+        true
+    }
+
+    /// The digest, to be finished.
+    pub(crate) fn into_inner(self) -> H {
+        self.hash
+    }
+}
+
 /// A file's SHA-256, fed with its bytes in any order: each run is hashed
 /// once every byte before it is.
 pub(crate) struct StreamHasher<'a> {
@@ -55,22 +106,19 @@ pub(crate) struct StreamHasher<'a> {
 }
 
 struct State<'a> {
-    sha: Sha256,
-    /// The file offset up to which bytes are hashed.
-    next: u64,
-    /// Runs that arrived ahead of `next`, by file offset.
+    sha: InOrder<Sha256>,
+    /// Runs that arrived ahead of what is hashed, by file offset.
     ahead: BTreeMap<u64, &'a [u8]>,
 }
 
 impl<'a> StreamHasher<'a> {
     /// A hasher that has hashed `prefix`, the file's first bytes.
     pub(crate) fn new(prefix: &[u8]) -> StreamHasher<'a> {
-        let mut sha = Sha256::new();
-        sha.update(prefix);
+        let mut sha = InOrder::new(Sha256::new(), 0);
+        sha.take(0, prefix);
         StreamHasher {
             state: Mutex::new(State {
                 sha,
-                next: prefix.len() as u64,
                 ahead: BTreeMap::new(),
             }),
         }
@@ -85,12 +133,11 @@ impl<'a> StreamHasher<'a> {
         let state = &mut *state;
         state.ahead.insert(offset, bytes);
         while let Some(entry) = state.ahead.first_entry() {
-            if *entry.key() != state.next {
+            if *entry.key() != state.sha.next() {
                 break;
             }
-            let bytes = entry.remove();
-            state.sha.update(bytes);
-            state.next += bytes.len() as u64;
+            let at = *entry.key();
+            state.sha.take(at, entry.remove());
         }
     }
 
@@ -98,7 +145,8 @@ impl<'a> StreamHasher<'a> {
     /// them never landed (a read failed, and the load with it).
     pub(crate) fn finish(self, len: u64) -> Option<Digest256> {
         let state = self.state.into_inner().ok()?;
-        (state.next == len && state.ahead.is_empty()).then(|| state.sha.finalize().into())
+        let whole = state.sha.next() == len && state.ahead.is_empty();
+        whole.then(|| state.sha.into_inner().finalize().into())
     }
 }
 
@@ -113,13 +161,13 @@ pub(crate) fn of_source(
     source: &dyn crate::source::Source,
     len: u64,
 ) -> Result<Digest256, (u64, std::io::Error)> {
-    let mut sha = Sha256::new();
+    let mut sha = InOrder::new(Sha256::new(), 0);
     crate::os::read_in_steps(0..len, &mut Vec::new(), 8 << 20, |piece, at| {
         source.read_at(piece, piece.len(), at)?;
-        sha.update(&*piece);
+        sha.take(at, piece);
         Ok(())
     })?;
-    Ok(sha.finalize().into())
+    Ok(sha.into_inner().finalize().into())
 }
 
 #[cfg(test)]
@@ -175,6 +223,26 @@ mod tests {
         assert_eq!(h.finish(data.len() as u64), None);
         assert_eq!(hex(&StreamHasher::new(b"").finish(0).unwrap()), EMPTY);
         assert_eq!(hex(&StreamHasher::new(b"abc").finish(3).unwrap()), ABC);
+    }
+
+    #[test]
+    fn in_order_takes_only_what_continues_it_and_hashes_as_the_whole() {
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i * 13 % 241) as u8).collect();
+        let mut h = InOrder::new(Sha256::new(), 0);
+        assert!(!h.take(5, &data[5..10]), "a gap is not taken");
+        assert_eq!(h.next(), 0);
+        for (i, run) in data.chunks(3331).enumerate() {
+            assert!(h.take((i * 3331) as u64, run));
+        }
+        assert!(!h.take(0, &data[..1]), "bytes taken twice are not");
+        assert_eq!(h.next(), data.len() as u64);
+        let whole: Digest256 = Sha256::digest(&data).into();
+        assert_eq!(Digest256::from(h.into_inner().finalize()), whole);
+        // From an offset: the hash of the bytes from there.
+        let mut tail = InOrder::new(Sha256::new(), 1000);
+        assert!(tail.take(1000, &data[1000..]));
+        let expected: Digest256 = Sha256::digest(&data[1000..]).into();
+        assert_eq!(Digest256::from(tail.into_inner().finalize()), expected);
     }
 
     #[test]

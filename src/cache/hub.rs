@@ -17,16 +17,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::layout::{self, SHARED_STORE_MARKER};
 use super::partial;
-use super::temp::{nonce, try_lock};
+use super::temp::{self, nonce, try_lock};
 use super::write::{Target, TempFile};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::{CacheStore, NotCached};
 
 /// Refs, marker and lock files are a few bytes; more is not the layout.
 const SMALL_FILE: u64 = 4096;
-/// A temporary file not written to for this long, whose blob's lock no one
-/// holds, was left by a writer that died: a sweep removes it.
-pub(crate) const STALE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// A file found in a cache, opened: the path it is shown by, and the SHA-256
 /// its blob's name vouches for, where the name is one.
@@ -207,30 +204,11 @@ impl RepoWriter {
     }
 
     /// Removes, once, the temporary files of `blobs` that writers which
-    /// died left: not written to for [`STALE`], their blob's lock free
-    /// (tried, never waited for). A live writer, ours or the hub client's,
-    /// holds the lock and writes on; where locks do nothing, the age alone
-    /// keeps it.
+    /// died left ([`temp::sweep`]: their blob's lock free).
     fn sweep(&self, blobs: &Dir) {
-        if self.swept.swap(true, Ordering::Relaxed) {
-            return;
-        }
-        let Ok(names) = blobs.names() else {
-            return;
-        };
-        let now = std::time::SystemTime::now();
-        for name in names.iter().filter(|n| layout::is_temp_name(n)) {
-            let Ok(EntryKind::File {
-                modified: Some(at), ..
-            }) = blobs.entry(name)
-            else {
-                continue;
-            };
-            if now.duration_since(at).is_ok_and(|age| age > STALE) {
-                let blob = name.split('.').next().unwrap_or_default();
-                if let Ok(Some(_lock)) = self.lock(blob) {
-                    let _ = blobs.remove(name);
-                }
+        if !self.swept.swap(true, Ordering::Relaxed) {
+            if let Ok(locks) = self.locks() {
+                temp::sweep(blobs, &locks);
             }
         }
     }
@@ -275,10 +253,9 @@ impl RepoWriter {
         snapshot.join(&self.commit).join(path)
     }
 
-    /// The blob's lock, tried once: `None` where another process holds it.
-    fn lock(&self, blob: &str) -> io::Result<Option<File>> {
-        let locks = self.root()?.sub(".locks", true)?.sub(&self.folder, true)?;
-        try_lock(&locks, &layout::lock_name(blob))
+    /// The repository's folder of locks, made where missing.
+    fn locks(&self) -> io::Result<Dir> {
+        self.root()?.sub(".locks", true)?.sub(&self.folder, true)
     }
 
     /// Links `snapshots/<commit>/<path>` to the blob, replacing any other
@@ -366,7 +343,8 @@ impl Target for HubTarget {
             .and_then(|r| r.sub("blobs", true))
             .map_err(unwritable)?;
         self.writer.sweep(&blobs);
-        let lock = match self.writer.lock(&self.blob) {
+        let lock = self.writer.locks();
+        let lock = match lock.and_then(|locks| try_lock(&locks, &layout::lock_name(&self.blob))) {
             Ok(Some(lock)) => Some(lock),
             Ok(None) => return Err(NotCached::Locked),
             // A lock that cannot be made (a read-only `.locks`, a name

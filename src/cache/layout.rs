@@ -257,7 +257,17 @@ pub(crate) fn is_temp_name(name: &str) -> bool {
         && nonce.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// The lock file of a blob, in `.locks/<repo folder>/`.
+/// The final name a temporary name ([`is_temp_name`]) is written for.
+pub(crate) fn final_of_temp(name: &str) -> Option<&str> {
+    if !is_temp_name(name) {
+        return None;
+    }
+    let temp = || Some(name.strip_suffix(TEMP_SUFFIX)?.rsplit_once('.')?.0);
+    super::partial::final_of(name).or_else(temp)
+}
+
+/// The lock file of a final name: a blob's in `.locks/<repo folder>/`, an
+/// object's beside it.
 pub(crate) fn lock_name(blob: &str) -> String {
     format!("{blob}.lock")
 }

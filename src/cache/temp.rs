@@ -6,11 +6,18 @@ use std::io;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
 
 use super::layout;
 use super::partial::{self, PieceLog};
+use crate::coord::{self, Lock, Place};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::NotCached;
+
+/// A temporary file not written to for this long, whose lock no one holds,
+/// was left by a writer that died: a sweep removes it. A live writer's
+/// partial file changes every second (`heartbeat.rs`).
+pub(crate) const STALE: Duration = Duration::from_secs(3600);
 
 /// A temporary file being written: removed when dropped unless published,
 /// or kept for a later load to resume (a partial file with a finished
@@ -22,9 +29,8 @@ pub(crate) struct TempFile {
     pub temp: String,
     /// Shared with what reads back from it (`write::Local`).
     pub file: Arc<File>,
-    /// A lock held for as long as this lives (released as it closes), where
-    /// the cache takes one.
-    pub _lock: Option<File>,
+    /// A lock held for as long as this lives, where the cache takes one.
+    pub _lock: Option<Lock>,
     /// Set once the temporary name is gone (renamed to the final one).
     pub moved: AtomicBool,
     /// Whether its space is reserved (`fallocate`): a write within it cannot
@@ -81,7 +87,7 @@ impl TempFile {
         dir: Dir,
         final_name: &str,
         len: u64,
-        lock: Option<File>,
+        lock: Option<Lock>,
     ) -> Result<TempFile, NotCached> {
         let unwritable = |e: io::Error| NotCached::of_io(&e);
         if matches!(dir.entry(final_name), Ok(EntryKind::File { .. })) {
@@ -133,9 +139,66 @@ impl TempFile {
 /// The lock file `name` of `dir` (made where missing, never through a
 /// link), taken where no other process holds it: `None` where one does.
 /// Tried once, never waited for.
-pub(crate) fn try_lock(dir: &Dir, name: &str) -> io::Result<Option<File>> {
-    let file = dir.open_lock(name)?;
-    Ok(os::try_flock(&file)?.then_some(file))
+pub(crate) fn try_lock(dir: &Dir, name: &str) -> io::Result<Option<Lock>> {
+    Lock::take(Place::Shared(dir, name), Duration::ZERO)
+}
+
+/// Whether a file last changed at `modified` is older than [`STALE`] at
+/// `now` (a file of no known age is not).
+pub(crate) fn stale(modified: Option<SystemTime>, now: SystemTime) -> bool {
+    modified
+        .and_then(|at| now.duration_since(at).ok())
+        .is_some_and(|age| age > STALE)
+}
+
+/// A temporary file of a cache's folder, as the dead-owner rule sees it:
+/// its lock is its final name's, its tag the time it last changed.
+struct Leftover<'a> {
+    dir: &'a Dir,
+    locks: &'a Dir,
+    name: String,
+    lock: String,
+    now: SystemTime,
+}
+
+impl coord::Left for Leftover<'_> {
+    fn lock(&self) -> Option<Place<'_>> {
+        Some(Place::Shared(self.locks, &self.lock))
+    }
+
+    fn runs(&self, _: Option<&Lock>) -> bool {
+        !matches!(self.dir.entry(&self.name),
+            Ok(EntryKind::File { modified, .. }) if stale(modified, self.now))
+    }
+
+    fn remove(&self, _: Option<&Lock>) -> bool {
+        self.dir.remove(&self.name).is_ok()
+    }
+}
+
+/// Removes the temporary files of `dir` that writers which died left, by
+/// the dead-owner rule: not written to for [`STALE`], the lock of their
+/// final name in `locks` free (tried, never waited for). A live writer, ours
+/// or the hub client's, holds the lock and writes on; where locks do
+/// nothing, the age alone keeps it.
+pub(crate) fn sweep(dir: &Dir, locks: &Dir) {
+    let Ok(names) = dir.names() else {
+        return;
+    };
+    let now = SystemTime::now();
+    let left = names.into_iter().filter_map(|name| {
+        let lock = layout::lock_name(layout::final_of_temp(&name)?);
+        let left = Leftover {
+            dir,
+            locks,
+            name,
+            lock,
+            now,
+        };
+        // Its age first: a lock is tried only for what looks dead.
+        (!coord::Left::runs(&left, None)).then_some(left)
+    });
+    coord::sweep(left);
 }
 
 /// A new file under a process-unique temporary name for `final_name`.

@@ -479,7 +479,7 @@ impl Write {
             begun: Mutex::new(Some(Arc::clone(&progress.begun))),
             file: Arc::clone(&progress.begun.file),
             view: progress.view.clone(),
-            job: Mutex::new(Some((Hasher::new(self.check, self.len), 0))),
+            job: Mutex::new(Some(Hasher::start(self.check, self.len))),
             proof: Mutex::new((!unproven.is_empty()).then_some(unproven)),
         });
         // The record goes with `Progress`: every piece is written, and the

@@ -11,6 +11,7 @@ use super::super::check::{Hasher, View, hash_step};
 use super::{Phase, TempFile, Write, lock};
 use crate::os;
 use crate::source::NotCached;
+use crate::verify::InOrder;
 
 /// Reads bytes of the file from its store, at an offset, into a buffer
 /// (all of it): how a proof fetches again what an earlier load left.
@@ -86,10 +87,10 @@ pub(super) struct Checking {
     pub(super) file: Arc<File>,
     /// A map of the file, hashed from where it holds the bytes.
     pub(super) view: Option<Arc<View>>,
-    /// The hash and the bytes it has taken so far: taken a step at a time
-    /// by the check's thread, or by whoever waits for it
-    /// ([`Write::settle`]); `None` once every byte is hashed.
-    pub(super) job: Mutex<Option<(Hasher, u64)>>,
+    /// The hash, in file order: taken a step at a time by the check's
+    /// thread, or by whoever waits for it ([`Write::settle`]); `None` once
+    /// every byte is hashed.
+    pub(super) job: Mutex<Option<InOrder<Hasher>>>,
     /// The ranges an earlier load left in it, unproven: the file is checked
     /// by the read that completed it, before the load returns
     /// ([`Write::prove`]), and these are fetched again where it does not
@@ -145,12 +146,12 @@ impl Write {
                 shown = Instant::now();
             }
             let mut job = lock(&checking.job);
-            let Some((hasher, at)) = job.as_mut() else {
+            let Some(hash) = job.as_mut() else {
                 // Hashed by the other, which publishes it.
                 return Ok(());
             };
-            if *at < self.len {
-                let step = hash_step(hasher, (&checking.file, view), at, self.len, &mut scratch);
+            if hash.next() < self.len {
+                let step = hash_step(hash, (&checking.file, view), self.len, &mut scratch);
                 if let Err(e) = step {
                     *job = None;
                     drop(job);
@@ -167,10 +168,10 @@ impl Write {
             }
             let taken = (job.take(), lock(&checking.begun).take());
             drop(job);
-            let (Some((hasher, _)), Some(begun)) = taken else {
+            let (Some(hash), Some(begun)) = taken else {
                 return Ok(());
             };
-            let mut mismatch = hasher.mismatch(self.check);
+            let mut mismatch = hash.into_inner().mismatch(self.check);
             if let (Some(_), Some(repair)) = (&mismatch, repair.take()) {
                 match self.repair(checking, repair) {
                     Ok(again) => mismatch = again,
@@ -215,20 +216,13 @@ impl Write {
                 at += n as u64;
             }
         }
-        let mut hasher = Hasher::new(self.check, self.len);
-        let mut at = 0;
+        let mut hash = Hasher::start(self.check, self.len);
         let mut scratch = Vec::new();
         let view = checking.view.as_deref();
-        while at < self.len {
-            hash_step(
-                &mut hasher,
-                (&checking.file, view),
-                &mut at,
-                self.len,
-                &mut scratch,
-            )?;
+        while hash.next() < self.len {
+            hash_step(&mut hash, (&checking.file, view), self.len, &mut scratch)?;
         }
-        Ok(hasher.mismatch(self.check))
+        Ok(hash.into_inner().mismatch(self.check))
     }
 
     /// Waits for the file's check where one is under way, taking its steps

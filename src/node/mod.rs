@@ -57,7 +57,8 @@
 //!
 //! - A rank of this user stopped while it holds a key's lock (the
 //!   milliseconds in which it asks for a copy or makes one) holds up the
-//!   ranks that start meanwhile until it resumes; a rank stopped while it
+//!   ranks that start meanwhile until it resumes, or for a minute
+//!   (`coord::PATIENCE`), after which they read alone; a rank stopped while it
 //!   hands the copy out costs the asker [`handoff::PATIENCE`] (2 s), then
 //!   it asks another or makes its own. Only this user's processes can take
 //!   the lock or answer as a holder.

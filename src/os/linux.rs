@@ -237,16 +237,11 @@ pub(crate) fn mincore_pages(
     Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as u64)
 }
 
-/// Takes (`exclusive`) or releases (`!exclusive`) an advisory whole-file lock
-/// with `flock(2)`, blocking until it is granted and retrying `EINTR`.
-pub(crate) fn flock(file: &File, exclusive: bool) -> io::Result<()> {
-    let operation = if exclusive {
-        FlockOperation::LockExclusive
-    } else {
-        FlockOperation::Unlock
-    };
+/// Releases an advisory whole-file lock taken with [`try_flock`]
+/// (`flock(2)`, `LOCK_UN`), retrying `EINTR`.
+pub(crate) fn release_flock(file: &File) -> io::Result<()> {
     loop {
-        match rustix::fs::flock(file, operation) {
+        match rustix::fs::flock(file, FlockOperation::Unlock) {
             Ok(()) => return Ok(()),
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),

@@ -66,8 +66,11 @@ pub(crate) use imp::{
 // Filesystems: the `statfs(2)` magic number.
 pub(crate) use imp::{filesystem_magic, filesystem_magic_of};
 
-// Processes, locks and memory shared between them.
-pub(crate) use imp::{SharedWords, effective_uid, flock, parent_pid, pid_exists, try_flock};
+// Processes, locks (taken only by `coord/lock.rs`) and memory shared
+// between them.
+pub(crate) use imp::{
+    SharedWords, effective_uid, parent_pid, pid_exists, release_flock, try_flock,
+};
 
 // Limits: the address space this process may map (the bound of a remote
 // body held in memory).

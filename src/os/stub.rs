@@ -92,12 +92,12 @@ pub(crate) fn mincore_pages(
     unsupported()
 }
 
-/// No advisory locks here.
-pub(crate) fn flock(_file: &File, _exclusive: bool) -> io::Result<()> {
-    unsupported()
+/// No locks here: nothing to release.
+pub(crate) fn release_flock(_file: &File) -> io::Result<()> {
+    Ok(())
 }
 
-/// No locks here: always granted, as `flock` is.
+/// No locks here: always granted.
 pub(crate) fn try_flock(_file: &File) -> io::Result<bool> {
     Ok(true)
 }

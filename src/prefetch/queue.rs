@@ -29,8 +29,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::owner::Owner;
 use super::plan::Init;
+use crate::coord::Owner;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SLPFQUE1");
 pub(super) const VERSION: u64 = 2;

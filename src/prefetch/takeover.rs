@@ -42,8 +42,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::owner::Owner;
 use super::queue::Claim;
+use crate::coord::Owner;
 
 /// How many mean chunk reads a holder may stay quiet.
 const PATIENCE: u32 = 8;

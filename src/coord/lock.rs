@@ -1,0 +1,268 @@
+//! The one lock file of every protocol between processes (the node copy's key, the prefetch queue, a cache's file): opened privately and never through a link, tried or waited for within a bound, its name checked again once held, and what stands at a name that is not this user's said.
+//!
+//! Locks are `flock(2)`'s: advisory, held by the open file, and dropped by
+//! the kernel with the last reference to it (its descriptor and any map of
+//! it), so that a process that dies lets go of every lock it held: a lock
+//! held means a live holder (the dead-owner rule, `coord/mod.rs`). A wait is
+//! a poll of the non-blocking call, since `flock(2)` cannot be told to give
+//! up, and a stopped holder keeps its locks. A private name that was removed
+//! or replaced while this process waited names another file once the lock is
+//! granted: it is opened again, so that a lock held is the one its name
+//! stands for.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::foreign_at;
+use crate::os::{self, NameKind};
+
+/// How long a process waits for a lock another process holds before it
+/// takes the holder for stopped: far past any hold of the protocols here,
+/// each a few steps that are themselves bounded.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The longest pause between two tries of a lock waited for.
+///
+/// NOTE: a waiter sees a lock let go at most this late; the node copy's
+/// ranks take their key's lock one after another, so a few milliseconds
+/// each is all the poll costs them against a blocking `flock(2)`.
+const LONGEST_PAUSE: Duration = Duration::from_millis(4);
+
+/// How many times a private name replaced under a waiter is opened again.
+const REOPENS: usize = 8;
+
+/// Where a lock file is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Place<'a> {
+    /// A path in a directory every local user may write (`/dev/shm`): this
+    /// user's regular file, `0600`, made where missing; anything else at the
+    /// name is refused, the error saying what it is and whose. Its holder
+    /// may remove it ([`Lock::remove`]), so its name is checked again once
+    /// held.
+    Private(&'a Path),
+    /// A name in a cache's folder, shared with other programs (the hub's
+    /// client locks the same names): a regular file, made where missing,
+    /// never through a link. Nothing removes such a name.
+    #[cfg(feature = "remote")]
+    Shared(&'a os::Dir, &'a str),
+    /// The same, never made: a missing name is `NotFound` (no one can hold
+    /// a lock that is not there).
+    #[cfg(feature = "remote")]
+    Existing(&'a os::Dir, &'a str),
+}
+
+impl Place<'_> {
+    fn open(self) -> io::Result<File> {
+        match self {
+            Place::Private(path) => {
+                os::open_private_rw(path).map_err(|e| match foreign_at(path, NameKind::File) {
+                    Some(other) => {
+                        io::Error::new(io::ErrorKind::PermissionDenied, other.to_string())
+                    }
+                    None => e,
+                })
+            }
+            #[cfg(feature = "remote")]
+            Place::Shared(dir, name) => dir.open_lock(name),
+            #[cfg(feature = "remote")]
+            Place::Existing(dir, name) => dir.open_nofollow(name),
+        }
+    }
+
+    fn path(self) -> Option<PathBuf> {
+        match self {
+            Place::Private(path) => Some(path.to_path_buf()),
+            #[cfg(feature = "remote")]
+            Place::Shared(..) | Place::Existing(..) => None,
+        }
+    }
+}
+
+/// A lock file this process holds (or held, and may take again), let go
+/// when dropped.
+#[derive(Debug)]
+pub(crate) struct Lock {
+    file: File,
+    /// A private lock's path, which its holder may remove.
+    path: Option<PathBuf>,
+    held: bool,
+}
+
+impl Lock {
+    /// The lock at `place`, taken within `wait` (`Duration::ZERO`: tried
+    /// once): `Ok(None)` where another process holds it past the wait.
+    pub(crate) fn take(place: Place<'_>, wait: Duration) -> io::Result<Option<Lock>> {
+        let deadline = Instant::now() + wait;
+        for _ in 0..REOPENS {
+            let mut lock = Lock {
+                file: place.open()?,
+                path: place.path(),
+                held: false,
+            };
+            if !lock.acquire(deadline)? {
+                return Ok(None);
+            }
+            if lock.named() {
+                return Ok(Some(lock));
+            }
+        }
+        Err(io::Error::other("the lock file kept being replaced"))
+    }
+
+    /// Takes the lock again after [`Lock::unlock`], within `wait`: whether
+    /// it is held.
+    pub(crate) fn relock(&mut self, wait: Duration) -> io::Result<bool> {
+        self.acquire(Instant::now() + wait)
+    }
+
+    fn acquire(&mut self, deadline: Instant) -> io::Result<bool> {
+        let mut pause = Duration::from_millis(1);
+        while !os::try_flock(&self.file)? {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            std::thread::sleep(pause.min(left));
+            pause = (pause * 2).min(LONGEST_PAUSE);
+        }
+        self.held = true;
+        Ok(true)
+    }
+
+    /// Lets go of the lock, keeping the file open (a map of it stays).
+    pub(crate) fn unlock(&mut self) {
+        if std::mem::take(&mut self.held) {
+            let _ = os::release_flock(&self.file);
+        }
+    }
+
+    /// The open lock file.
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Whether its name still is the file locked (a shared name always is:
+    /// nothing removes it).
+    pub(crate) fn named(&self) -> bool {
+        self.path
+            .as_deref()
+            .is_none_or(|path| os::names_file(path, &self.file))
+    }
+
+    /// Removes its private name, where it still names this file: whether it
+    /// went.
+    pub(crate) fn remove(&self) -> bool {
+        self.named()
+            && self
+                .path
+                .as_deref()
+                .is_some_and(|path| std::fs::remove_file(path).is_ok())
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        self.unlock();
+    }
+}
+
+// Private lock files need the Linux OS layer (a private open, `flock(2)`).
+#[cfg(all(test, target_os = "linux", not(safeload_os_stub)))]
+mod tests {
+    use super::*;
+
+    fn private(dir: &tempfile::TempDir) -> PathBuf {
+        dir.path().join("x.lock")
+    }
+
+    #[test]
+    fn a_held_lock_is_tried_in_vain_and_waited_for_within_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = private(&dir);
+        let held = Lock::take(Place::Private(&path), Duration::ZERO).unwrap();
+        let held = held.expect("a free lock is taken at once");
+        let tried = Lock::take(Place::Private(&path), Duration::ZERO).unwrap();
+        assert!(tried.is_none(), "held by another open file");
+        let start = Instant::now();
+        let waited = Lock::take(Place::Private(&path), Duration::from_millis(60)).unwrap();
+        assert!(waited.is_none());
+        assert!(
+            start.elapsed() >= Duration::from_millis(60),
+            "the whole bound"
+        );
+        // Let go on another thread meanwhile: the waiter gets it soon after.
+        let start = Instant::now();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drop(held);
+        });
+        let got = Lock::take(Place::Private(&path), Duration::from_secs(5)).unwrap();
+        release.join().unwrap();
+        assert!(got.is_some());
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(50), "{took:?}");
+        assert!(took < Duration::from_secs(1), "{took:?}");
+    }
+
+    #[test]
+    fn unlocked_it_is_free_and_taken_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = private(&dir);
+        let mut lock = Lock::take(Place::Private(&path), Duration::ZERO)
+            .unwrap()
+            .unwrap();
+        lock.unlock();
+        let other = Lock::take(Place::Private(&path), Duration::ZERO).unwrap();
+        assert!(other.is_some(), "free once unlocked");
+        assert!(!lock.relock(Duration::ZERO).unwrap(), "the other holds it");
+        drop(other);
+        assert!(lock.relock(Duration::ZERO).unwrap());
+    }
+
+    #[test]
+    fn a_name_removed_under_the_lock_is_not_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = private(&dir);
+        let first = Lock::take(Place::Private(&path), Duration::ZERO)
+            .unwrap()
+            .unwrap();
+        assert!(first.named());
+        assert!(first.remove());
+        assert!(!first.named() && !path.exists());
+        assert!(!first.remove(), "not its name any more");
+        // A new file at the name: another lock, free.
+        let second = Lock::take(Place::Private(&path), Duration::ZERO).unwrap();
+        assert!(second.is_some_and(|l| l.named()));
+    }
+
+    #[test]
+    fn what_is_not_this_users_private_file_is_refused_and_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = private(&dir);
+        std::os::unix::fs::symlink("/dev/null", &path).unwrap();
+        let e = Lock::take(Place::Private(&path), Duration::ZERO).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        assert_eq!(e.to_string(), "a symlink, not what its name says");
+        let socket = dir.path().join("socket.lock");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let e = Lock::take(Place::Private(&socket), Duration::ZERO).unwrap_err();
+        assert_eq!(e.to_string(), "a socket, not what its name says");
+    }
+
+    #[cfg(feature = "remote")]
+    #[test]
+    fn a_shared_name_is_made_where_missing_and_an_existing_one_never() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = os::Dir::open(dir.path()).unwrap();
+        let e = Lock::take(Place::Existing(&folder, "b.lock"), Duration::ZERO).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        let made = Lock::take(Place::Shared(&folder, "b.lock"), Duration::ZERO).unwrap();
+        assert!(made.is_some() && dir.path().join("b.lock").is_file());
+        let busy = Lock::take(Place::Existing(&folder, "b.lock"), Duration::ZERO).unwrap();
+        assert!(busy.is_none(), "held by the first");
+        std::os::unix::fs::symlink("b.lock", dir.path().join("link.lock")).unwrap();
+        assert!(Lock::take(Place::Shared(&folder, "link.lock"), Duration::ZERO).is_err());
+    }
+}

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 
+use sha2::digest::Update;
 use sha2::{Digest, Sha256};
 
 /// A SHA-256 digest.
@@ -49,22 +50,10 @@ pub(crate) fn expected_from_cache(canonical: &Path) -> Option<Digest256> {
     parse_hex(canonical.file_name()?.to_str()?)
 }
 
-/// A digest fed bytes in order: every hash of the `digest` crates (the
-/// SHA-256 here, the hub's git-blob SHA-1), and what wraps another (the
-/// pieces' XXH3).
-pub(crate) trait Update {
-    /// Takes the next bytes.
-    fn update(&mut self, bytes: &[u8]);
-}
-
-impl<D: sha2::digest::Update> Update for D {
-    fn update(&mut self, bytes: &[u8]) {
-        sha2::digest::Update::update(self, bytes);
-    }
-}
-
 /// The one in-order hasher: a digest over a file's bytes from an offset on,
-/// which takes bytes only where they continue it.
+/// which takes bytes only where they continue it. Any digest that takes its
+/// input in pieces (`digest::Update`): the SHA-256 of a load, a cache's
+/// SHA-256 or git-blob SHA-1, the XXH3 of a partial file's pieces.
 #[derive(Debug, Clone)]
 pub(crate) struct InOrder<H> {
     hash: H,

@@ -5,11 +5,12 @@ use std::io;
 use std::ops::Range;
 
 use sha1::Sha1;
+use sha2::digest::Update;
 use sha2::{Digest, Sha256};
 
 use super::layout::Named;
 use crate::os;
-use crate::verify::{InOrder, Update};
+use crate::verify::InOrder;
 
 /// What the written bytes must be before they are published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,9 +73,7 @@ impl Hasher {
     }
 }
 
-/// Hashes the next step of the file (at most [`HASH_PIECE`] bytes: from
-/// `view`, a map of the file, where it holds them, else read back from the
-/// file: just written, in the page cache).
+/// Hashes the next step of the file (at most [`HASH_PIECE`] bytes).
 pub(crate) fn hash_step(
     hash: &mut InOrder<Hasher>,
     (file, view): (&File, Option<&View>),
@@ -83,17 +82,26 @@ pub(crate) fn hash_step(
 ) -> io::Result<()> {
     let at = hash.next();
     let end = len.min(at.saturating_add(HASH_PIECE as u64));
-    if view
-        .and_then(|v| v.hash(at..end, |b| hash.take(at, b)))
-        .is_some()
-    {
-        return Ok(());
+    with_bytes((file, view), at..end, scratch, |bytes| hash.take(at, bytes)).map(drop)
+}
+
+/// Runs `f` on the bytes of `range` of a file just written: from `view`, a
+/// map of the file, where it holds them, else read back into `scratch`
+/// (from the page cache).
+pub(crate) fn with_bytes<R>(
+    (file, view): (&File, Option<&View>),
+    range: Range<u64>,
+    scratch: &mut Vec<u8>,
+    mut f: impl FnMut(&[u8]) -> R,
+) -> io::Result<R> {
+    if let Some(out) = view.and_then(|v| v.hash(range.clone(), &mut f)) {
+        return Ok(out);
     }
-    let n = usize::try_from(end.saturating_sub(at)).unwrap_or(HASH_PIECE);
+    let n = usize::try_from(range.end.saturating_sub(range.start))
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     scratch.resize(n, 0);
-    os::read_exact_at(file, scratch, at).map_err(|(_, e)| e)?;
-    hash.take(at, scratch);
-    Ok(())
+    os::read_exact_at(file, scratch, range.start).map_err(|(_, e)| e)?;
+    Ok(f(scratch))
 }
 
 /// A read-only map of a file being written (its length fixed: its space

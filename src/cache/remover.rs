@@ -303,8 +303,8 @@ fn lock(repo: &RepoDir, blob: &str) -> std::result::Result<Option<Lock>, KeepRea
     };
     let name = layout::lock_name(blob);
     match Lock::take(Place::Existing(locks, &name), Duration::ZERO) {
-        Ok(Some(lock)) => Ok(Some(lock)),
-        Ok(None) => Err(KeepReason::Locked),
+        Ok(lock) => Ok(Some(lock)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(KeepReason::Locked),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(KeepReason::Failed {
             error: format!("its lock: {e}"),

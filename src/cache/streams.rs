@@ -13,12 +13,12 @@ use std::ops::Range;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::partial::{PIECE, piece};
-use crate::verify::{InOrder, Update};
+use crate::verify::InOrder;
 
 /// A piece's XXH3-128, as the in-order hasher takes it.
 pub(crate) struct PieceHash(Xxh3);
 
-impl Update for PieceHash {
+impl sha2::digest::Update for PieceHash {
     fn update(&mut self, bytes: &[u8]) {
         self.0.update(bytes);
     }

@@ -140,7 +140,10 @@ impl TempFile {
 /// link), taken where no other process holds it: `None` where one does.
 /// Tried once, never waited for.
 pub(crate) fn try_lock(dir: &Dir, name: &str) -> io::Result<Option<Lock>> {
-    Lock::take(Place::Shared(dir, name), Duration::ZERO)
+    match Lock::take(Place::Shared(dir, name), Duration::ZERO) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        taken => taken.map(Some),
+    }
 }
 
 /// Whether a file last changed at `modified` is older than [`STALE`] at
@@ -151,54 +154,22 @@ pub(crate) fn stale(modified: Option<SystemTime>, now: SystemTime) -> bool {
         .is_some_and(|age| age > STALE)
 }
 
-/// A temporary file of a cache's folder, as the dead-owner rule sees it:
-/// its lock is its final name's, its tag the time it last changed.
-struct Leftover<'a> {
-    dir: &'a Dir,
-    locks: &'a Dir,
-    name: String,
-    lock: String,
-    now: SystemTime,
-}
-
-impl coord::Left for Leftover<'_> {
-    fn lock(&self) -> Option<Place<'_>> {
-        Some(Place::Shared(self.locks, &self.lock))
-    }
-
-    fn runs(&self, _: Option<&Lock>) -> bool {
-        !matches!(self.dir.entry(&self.name),
-            Ok(EntryKind::File { modified, .. }) if stale(modified, self.now))
-    }
-
-    fn remove(&self, _: Option<&Lock>) -> bool {
-        self.dir.remove(&self.name).is_ok()
-    }
-}
-
 /// Removes the temporary files of `dir` that writers which died left, by
-/// the dead-owner rule: not written to for [`STALE`], the lock of their
-/// final name in `locks` free (tried, never waited for). A live writer, ours
-/// or the hub client's, holds the lock and writes on; where locks do
-/// nothing, the age alone keeps it.
+/// the dead-owner rule: not written to for [`STALE`] (its age first), the
+/// lock of their final name in `locks` free (tried, never waited for). A
+/// live writer, ours or the hub client's, holds the lock and writes on;
+/// where locks do nothing, the age alone keeps it.
 pub(crate) fn sweep(dir: &Dir, locks: &Dir) {
-    let Ok(names) = dir.names() else {
-        return;
-    };
     let now = SystemTime::now();
-    let left = names.into_iter().filter_map(|name| {
-        let lock = layout::lock_name(layout::final_of_temp(&name)?);
-        let left = Leftover {
-            dir,
-            locks,
-            name,
-            lock,
-            now,
-        };
-        // Its age first: a lock is tried only for what looks dead.
-        (!coord::Left::runs(&left, None)).then_some(left)
-    });
-    coord::sweep(left);
+    let stale = |name: &str| matches!(dir.entry(name), Ok(EntryKind::File { modified, .. }) if stale(modified, now));
+    for name in dir.names().unwrap_or_default() {
+        if let Some(lock) = layout::final_of_temp(&name).map(layout::lock_name) {
+            if stale(&name) {
+                let remove = |_: &Lock| dir.remove(&name).is_ok();
+                coord::sweep(Place::Shared(locks, &lock), |_| !stale(&name), remove);
+            }
+        }
+    }
 }
 
 /// A new file under a process-unique temporary name for `final_name`.

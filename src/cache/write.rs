@@ -506,7 +506,7 @@ impl Write {
                     // the process's fills to end, then takes the CPU time
                     // left (`settle` finishes it at the waiter's priority).
                     os::idle_priority();
-                    checking::after_fills(&theirs.file);
+                    checking::after_fills();
                     write.check(&theirs);
                 })
                 .ok()

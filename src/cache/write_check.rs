@@ -21,10 +21,6 @@ pub(crate) type Refetch<'a> = &'a (dyn Fn(u64, &mut [u8]) -> io::Result<()> + Sy
 /// wrong.
 const REFETCH_STEP: usize = 8 << 20;
 
-/// How often a check marks the partial file as changed (its modification
-/// time), for the processes that wait for its writer.
-const CHECK_SHOWN: Duration = Duration::from_secs(1);
-
 /// How many cache files this process is filling as a load's destination
 /// (a map of the file), and what is told when none is left.
 static FILLING: Mutex<usize> = Mutex::new(0);
@@ -60,10 +56,10 @@ impl Drop for Filling {
 }
 
 /// Waits until this process fills no cache file as a load's destination,
-/// at most [`FILLS_WAIT`], marking `file` as changed every [`CHECK_SHOWN`]
-/// meanwhile: a process waiting for this writer sees it alive (its file is
-/// complete, its check about to begin).
-pub(super) fn after_fills(file: &File) {
+/// at most [`FILLS_WAIT`]. A process waiting for this writer sees it alive
+/// meanwhile, and through the check: the partial file's heartbeat goes on
+/// while the write holds it (`heartbeat.rs`).
+pub(super) fn after_fills() {
     let deadline = Instant::now() + FILLS_WAIT;
     let mut filling = lock(&FILLING);
     while *filling > 0 {
@@ -72,10 +68,9 @@ pub(super) fn after_fills(file: &File) {
             return;
         }
         filling = FILLS_OVER
-            .wait_timeout(filling, left.min(CHECK_SHOWN))
+            .wait_timeout(filling, left)
             .unwrap_or_else(PoisonError::into_inner)
             .0;
-        let _ = file.set_modified(std::time::SystemTime::now());
     }
 }
 
@@ -138,13 +133,7 @@ impl Write {
     ) -> io::Result<()> {
         let mut scratch = Vec::new();
         let view = checking.view.as_deref();
-        let mut shown = Instant::now();
         loop {
-            // A process waiting for this writer sees the check as activity.
-            if shown.elapsed() > CHECK_SHOWN {
-                let _ = checking.file.set_modified(std::time::SystemTime::now());
-                shown = Instant::now();
-            }
             let mut job = lock(&checking.job);
             let Some(hash) = job.as_mut() else {
                 // Hashed by the other, which publishes it.

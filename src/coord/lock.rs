@@ -1,14 +1,11 @@
 //! The one lock file of every protocol between processes (the node copy's key, the prefetch queue, a cache's file): opened privately and never through a link, tried or waited for within a bound, its name checked again once held, and what stands at a name that is not this user's said.
 //!
-//! Locks are `flock(2)`'s: advisory, held by the open file, and dropped by
-//! the kernel with the last reference to it (its descriptor and any map of
-//! it), so that a process that dies lets go of every lock it held: a lock
-//! held means a live holder (the dead-owner rule, `coord/mod.rs`). A wait is
-//! a poll of the non-blocking call, since `flock(2)` cannot be told to give
-//! up, and a stopped holder keeps its locks. A private name that was removed
-//! or replaced while this process waited names another file once the lock is
-//! granted: it is opened again, so that a lock held is the one its name
-//! stands for.
+//! Locks are `flock(2)`'s, dropped by the kernel with the last reference to
+//! the open file (its descriptor, any map of it): a process that dies lets
+//! go of its locks, so a lock held means a live holder. A wait polls the
+//! non-blocking call, as `flock(2)` cannot be told to give up (and a stopped
+//! holder keeps its locks). A private name removed or replaced while this
+//! process waited is opened again, so that a lock held is its name's.
 
 use std::fs::File;
 use std::io;
@@ -54,28 +51,22 @@ pub(crate) enum Place<'a> {
 }
 
 impl Place<'_> {
-    fn open(self) -> io::Result<File> {
+    /// The file, and its path where its holder may remove it.
+    fn open(self) -> io::Result<(File, Option<PathBuf>)> {
         match self {
-            Place::Private(path) => {
-                os::open_private_rw(path).map_err(|e| match foreign_at(path, NameKind::File) {
+            Place::Private(path) => match os::open_private_rw(path) {
+                Ok(file) => Ok((file, Some(path.to_path_buf()))),
+                Err(e) => Err(match foreign_at(path, NameKind::File) {
                     Some(other) => {
                         io::Error::new(io::ErrorKind::PermissionDenied, other.to_string())
                     }
                     None => e,
-                })
-            }
+                }),
+            },
             #[cfg(feature = "remote")]
-            Place::Shared(dir, name) => dir.open_lock(name),
+            Place::Shared(dir, name) => Ok((dir.open_lock(name)?, None)),
             #[cfg(feature = "remote")]
-            Place::Existing(dir, name) => dir.open_nofollow(name),
-        }
-    }
-
-    fn path(self) -> Option<PathBuf> {
-        match self {
-            Place::Private(path) => Some(path.to_path_buf()),
-            #[cfg(feature = "remote")]
-            Place::Shared(..) | Place::Existing(..) => None,
+            Place::Existing(dir, name) => Ok((dir.open_nofollow(name)?, None)),
         }
     }
 }
@@ -87,25 +78,23 @@ pub(crate) struct Lock {
     file: File,
     /// A private lock's path, which its holder may remove.
     path: Option<PathBuf>,
-    held: bool,
 }
 
 impl Lock {
     /// The lock at `place`, taken within `wait` (`Duration::ZERO`: tried
-    /// once): `Ok(None)` where another process holds it past the wait.
-    pub(crate) fn take(place: Place<'_>, wait: Duration) -> io::Result<Option<Lock>> {
+    /// once); [`io::ErrorKind::WouldBlock`] where another process holds it
+    /// past the wait.
+    pub(crate) fn take(place: Place<'_>, wait: Duration) -> io::Result<Lock> {
         let deadline = Instant::now() + wait;
         for _ in 0..REOPENS {
-            let mut lock = Lock {
-                file: place.open()?,
-                path: place.path(),
-                held: false,
-            };
+            let (file, path) = place.open()?;
+            let lock = Lock { file, path };
             if !lock.acquire(deadline)? {
-                return Ok(None);
+                let held = "held by another process";
+                return Err(io::Error::new(io::ErrorKind::WouldBlock, held));
             }
             if lock.named() {
-                return Ok(Some(lock));
+                return Ok(lock);
             }
         }
         Err(io::Error::other("the lock file kept being replaced"))
@@ -113,11 +102,11 @@ impl Lock {
 
     /// Takes the lock again after [`Lock::unlock`], within `wait`: whether
     /// it is held.
-    pub(crate) fn relock(&mut self, wait: Duration) -> io::Result<bool> {
+    pub(crate) fn relock(&self, wait: Duration) -> io::Result<bool> {
         self.acquire(Instant::now() + wait)
     }
 
-    fn acquire(&mut self, deadline: Instant) -> io::Result<bool> {
+    fn acquire(&self, deadline: Instant) -> io::Result<bool> {
         let mut pause = Duration::from_millis(1);
         while !os::try_flock(&self.file)? {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -127,15 +116,13 @@ impl Lock {
             std::thread::sleep(pause.min(left));
             pause = (pause * 2).min(LONGEST_PAUSE);
         }
-        self.held = true;
         Ok(true)
     }
 
-    /// Lets go of the lock, keeping the file open (a map of it stays).
-    pub(crate) fn unlock(&mut self) {
-        if std::mem::take(&mut self.held) {
-            let _ = os::release_flock(&self.file);
-        }
+    /// Lets go of the lock (where held), keeping the file open: a map of it
+    /// stays.
+    pub(crate) fn unlock(&self) {
+        let _ = os::release_flock(&self.file);
     }
 
     /// The open lock file.
@@ -154,11 +141,8 @@ impl Lock {
     /// Removes its private name, where it still names this file: whether it
     /// went.
     pub(crate) fn remove(&self) -> bool {
-        self.named()
-            && self
-                .path
-                .as_deref()
-                .is_some_and(|path| std::fs::remove_file(path).is_ok())
+        let path = self.path.as_deref().filter(|_| self.named());
+        path.is_some_and(|path| std::fs::remove_file(path).is_ok())
     }
 }
 
@@ -181,13 +165,16 @@ mod tests {
     fn a_held_lock_is_tried_in_vain_and_waited_for_within_the_bound() {
         let dir = tempfile::tempdir().unwrap();
         let path = private(&dir);
-        let held = Lock::take(Place::Private(&path), Duration::ZERO).unwrap();
-        let held = held.expect("a free lock is taken at once");
-        let tried = Lock::take(Place::Private(&path), Duration::ZERO).unwrap();
-        assert!(tried.is_none(), "held by another open file");
+        let held = Lock::take(Place::Private(&path), Duration::ZERO).expect("taken at once");
+        let tried = Lock::take(Place::Private(&path), Duration::ZERO).unwrap_err();
+        assert_eq!(
+            tried.kind(),
+            io::ErrorKind::WouldBlock,
+            "held by another open file"
+        );
         let start = Instant::now();
-        let waited = Lock::take(Place::Private(&path), Duration::from_millis(60)).unwrap();
-        assert!(waited.is_none());
+        let waited = Lock::take(Place::Private(&path), Duration::from_millis(60)).unwrap_err();
+        assert_eq!(waited.kind(), io::ErrorKind::WouldBlock);
         assert!(
             start.elapsed() >= Duration::from_millis(60),
             "the whole bound"
@@ -198,9 +185,9 @@ mod tests {
             std::thread::sleep(Duration::from_millis(50));
             drop(held);
         });
-        let got = Lock::take(Place::Private(&path), Duration::from_secs(5)).unwrap();
+        let got = Lock::take(Place::Private(&path), Duration::from_secs(5));
         release.join().unwrap();
-        assert!(got.is_some());
+        assert!(got.is_ok());
         let took = start.elapsed();
         assert!(took >= Duration::from_millis(50), "{took:?}");
         assert!(took < Duration::from_secs(1), "{took:?}");
@@ -210,12 +197,10 @@ mod tests {
     fn unlocked_it_is_free_and_taken_again() {
         let dir = tempfile::tempdir().unwrap();
         let path = private(&dir);
-        let mut lock = Lock::take(Place::Private(&path), Duration::ZERO)
-            .unwrap()
-            .unwrap();
+        let lock = Lock::take(Place::Private(&path), Duration::ZERO).unwrap();
         lock.unlock();
-        let other = Lock::take(Place::Private(&path), Duration::ZERO).unwrap();
-        assert!(other.is_some(), "free once unlocked");
+        let other = Lock::take(Place::Private(&path), Duration::ZERO);
+        assert!(other.is_ok(), "free once unlocked");
         assert!(!lock.relock(Duration::ZERO).unwrap(), "the other holds it");
         drop(other);
         assert!(lock.relock(Duration::ZERO).unwrap());
@@ -225,16 +210,14 @@ mod tests {
     fn a_name_removed_under_the_lock_is_not_the_lock() {
         let dir = tempfile::tempdir().unwrap();
         let path = private(&dir);
-        let first = Lock::take(Place::Private(&path), Duration::ZERO)
-            .unwrap()
-            .unwrap();
+        let first = Lock::take(Place::Private(&path), Duration::ZERO).unwrap();
         assert!(first.named());
         assert!(first.remove());
         assert!(!first.named() && !path.exists());
         assert!(!first.remove(), "not its name any more");
         // A new file at the name: another lock, free.
         let second = Lock::take(Place::Private(&path), Duration::ZERO).unwrap();
-        assert!(second.is_some_and(|l| l.named()));
+        assert!(second.named());
     }
 
     #[test]
@@ -258,10 +241,10 @@ mod tests {
         let folder = os::Dir::open(dir.path()).unwrap();
         let e = Lock::take(Place::Existing(&folder, "b.lock"), Duration::ZERO).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
-        let made = Lock::take(Place::Shared(&folder, "b.lock"), Duration::ZERO).unwrap();
-        assert!(made.is_some() && dir.path().join("b.lock").is_file());
-        let busy = Lock::take(Place::Existing(&folder, "b.lock"), Duration::ZERO).unwrap();
-        assert!(busy.is_none(), "held by the first");
+        let made = Lock::take(Place::Shared(&folder, "b.lock"), Duration::ZERO);
+        assert!(made.is_ok() && dir.path().join("b.lock").is_file());
+        let busy = Lock::take(Place::Existing(&folder, "b.lock"), Duration::ZERO).unwrap_err();
+        assert_eq!(busy.kind(), io::ErrorKind::WouldBlock, "held by the first");
         std::os::unix::fs::symlink("b.lock", dir.path().join("link.lock")).unwrap();
         assert!(Lock::take(Place::Shared(&folder, "link.lock"), Duration::ZERO).is_err());
     }

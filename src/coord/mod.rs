@@ -1,61 +1,62 @@
 //! How the processes of a node coordinate through a shared directory, one mechanism each: the lock file (`lock.rs`), the owner a name is tagged with (`owner.rs`), and the dead-owner rule by which every protocol removes what a dead process left ([`sweep`]).
 //!
-//! The node copy (its key's lock, the sockets of its holders), the prefetch
-//! queue (its file, locked and tagged by the ranks attached) and the caches
-//! (a file being written, under its lock, marked as changed every second)
-//! leave names that outlive a process that dies. The rule is the same for
-//! all:
+//! The node copy (its key's lock file, its holders' sockets), the prefetch
+//! queue (a file, locked, holding the owners of the ranks attached) and the
+//! caches (a file being written, under its final name's lock) leave names
+//! that outlive a process that dies. One rule removes them:
 //!
-//! **A name is tagged by its writer and guarded by a lock: it is live while
-//! its lock is held or while its tag says its writer runs.** A lock dies with
-//! its holder (`flock(2)`), and a tag is an owner word (pid and start time,
-//! `owner.rs`) in the name or the file, or a time of last change that a live
-//! writer keeps fresh. A name that is not live is removed by whoever comes
-//! next, under its lock, tried and never waited for (a lock held is a live
-//! writer), so that a process taking the name up meanwhile is never
-//! disturbed.
-//!
-//! The directories are shared (`/dev/shm` is every user's): a name that is
-//! not this user's, or not what it says it is, is looked at by `lstat(2)`
-//! only ([`Foreign`]), never locked, followed or removed.
+//! **A name is tagged by its writer; its lock held, or its tag naming a
+//! writer that runs, it is live.** A lock dies with its holder (`flock(2)`);
+//! a tag is an owner word (pid and start time, `owner.rs`) in the name or the
+//! file, or the time the file last changed, which a live writer keeps fresh.
+//! A name that is not live is removed by whoever comes next, under its lock,
+//! tried and never waited for, so that a process taking the name up
+//! meanwhile is never disturbed; a name without a lock (a holder's socket)
+//! goes by its tag alone. A name that is not this user's, or not what it
+//! says it is, is looked at by `lstat(2)` only ([`Foreign`]).
 
 mod lock;
 mod owner;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub(crate) use lock::{Lock, PATIENCE, Place};
 pub(crate) use owner::Owner;
 
 use crate::os::{self, NameKind};
 
-/// A name a process left, as the dead-owner rule sees it.
-pub(crate) trait Left {
-    /// Its lock; `None` for a name tagged by its owner alone.
-    fn lock(&self) -> Option<Place<'_>>;
-
-    /// Whether its tag says its writer still runs, asked under its lock.
-    fn runs(&self, lock: Option<&Lock>) -> bool;
-
-    /// Removes the name, under its lock: whether it went.
-    fn remove(&self, lock: Option<&Lock>) -> bool;
+/// The dead-owner rule over a name guarded by the lock at `lock`: the lock
+/// tried (never waited for: held, the name is a live writer's), then, under
+/// it, the name removed by `remove` unless `runs` says its tag names a
+/// writer that runs. Whether it went.
+pub(crate) fn sweep(
+    lock: Place<'_>,
+    runs: impl FnOnce(&Lock) -> bool,
+    remove: impl FnOnce(&Lock) -> bool,
+) -> bool {
+    match Lock::take(lock, std::time::Duration::ZERO) {
+        Ok(lock) => !runs(&lock) && remove(&lock),
+        Err(_) => false,
+    }
 }
 
-/// The dead-owner rule over `names`, in order: each one whose lock is free
-/// and whose writer is gone is removed. A lock held (or not to be had) keeps
-/// its name. Returns how many went.
-pub(crate) fn sweep<L: Left>(names: impl IntoIterator<Item = L>) -> usize {
-    let dead = |name: &L| {
-        let lock = match name.lock() {
-            Some(place) => match Lock::take(place, std::time::Duration::ZERO) {
-                Ok(Some(lock)) => Some(lock),
-                _ => return false,
-            },
-            None => None,
-        };
-        !name.runs(lock.as_ref()) && name.remove(lock.as_ref())
-    };
-    names.into_iter().filter(dead).count()
+/// The directory the processes of a node share names in: `/dev/shm` where
+/// it is a directory, else the temporary directory.
+pub(crate) fn shared_dir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// FNV-1a, 64 bits, from `seed`: a stable hash (the same in every build and
+/// process) of what a shared name stands for.
+pub(crate) fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(seed, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// A name in a shared directory that is not this user's, or not what its
@@ -101,79 +102,42 @@ pub(crate) fn foreign_at(path: &Path, meant: NameKind) -> Option<Foreign> {
     foreign(&name, meant, &meta)
 }
 
-#[cfg(test)]
+// Locks need the Linux OS layer.
+#[cfg(all(test, target_os = "linux", not(safeload_os_stub)))]
 mod tests {
     use super::*;
     use std::cell::Cell;
 
-    /// A name of the naive rule's: its writer's state, whether removing it
-    /// works, and what the sweep did to it.
-    struct Name {
-        runs: bool,
-        removable: bool,
-        asked: Cell<bool>,
-        removed: Cell<bool>,
-    }
-
-    impl Left for &Name {
-        fn lock(&self) -> Option<Place<'_>> {
-            None
-        }
-
-        fn runs(&self, lock: Option<&Lock>) -> bool {
-            assert!(lock.is_none());
-            self.asked.set(true);
-            self.runs
-        }
-
-        fn remove(&self, _: Option<&Lock>) -> bool {
-            self.removed.set(self.removable);
-            self.removable
-        }
-    }
-
-    #[test]
-    fn only_what_no_live_writer_owns_is_removed_and_counted() {
-        let names: Vec<Name> = [(true, true), (false, true), (false, false), (true, false)]
-            .into_iter()
-            .map(|(runs, removable)| Name {
-                runs,
-                removable,
-                asked: Cell::new(false),
-                removed: Cell::new(false),
-            })
-            .collect();
-        assert_eq!(sweep(&names), 1);
-        for name in &names {
-            assert!(name.asked.get());
-            assert_eq!(name.removed.get(), !name.runs && name.removable);
-        }
-    }
-
-    // Locks need the Linux OS layer.
-    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
     #[test]
     fn a_held_lock_keeps_its_name_whatever_its_tag_says() {
-        struct Locked<'a>(&'a Path);
-        impl Left for Locked<'_> {
-            fn lock(&self) -> Option<Place<'_>> {
-                Some(Place::Private(self.0))
-            }
-            fn runs(&self, lock: Option<&Lock>) -> bool {
-                assert!(lock.is_some_and(Lock::named), "asked under its lock");
-                false
-            }
-            fn remove(&self, lock: Option<&Lock>) -> bool {
-                lock.is_some_and(Lock::remove)
-            }
-        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.lock");
-        let held = Lock::take(Place::Private(&path), std::time::Duration::ZERO).unwrap();
-        assert_eq!(sweep([Locked(&path)]), 0);
-        assert!(path.exists(), "its holder lives");
+        let held = Lock::take(Place::Private(&path), std::time::Duration::ZERO);
+        let asked = Cell::new(false);
+        let dead = |lock: &Lock| {
+            assert!(lock.named(), "asked under its lock");
+            asked.set(true);
+            false
+        };
+        assert!(!sweep(Place::Private(&path), dead, Lock::remove));
+        assert!(path.exists() && !asked.get(), "its holder lives");
         drop(held);
-        assert_eq!(sweep([Locked(&path)]), 1);
-        assert!(!path.exists());
+        assert!(!sweep(Place::Private(&path), |_| true, Lock::remove));
+        assert!(path.exists(), "its tag names a live writer");
+        assert!(sweep(Place::Private(&path), dead, Lock::remove));
+        assert!(!path.exists() && asked.get());
+        assert!(
+            !sweep(Place::Private(&path), dead, |_| false),
+            "not removed"
+        );
+    }
+
+    #[test]
+    fn fnv1a_is_the_reference_hash() {
+        // The FNV-1a test vectors of `a` and `foobar` (64 bits).
+        let basis = 0xcbf2_9ce4_8422_2325;
+        assert_eq!(fnv1a(basis, b""), basis);
+        assert_eq!(fnv1a(basis, b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a(basis, b"foobar"), 0x8594_4171_f739_67e8);
     }
 }

@@ -130,7 +130,7 @@ impl<'a> Coordination<'a> {
             .map_or(CHUNK, |c| c as u64);
         let dir = prefetch
             .and_then(|p| p.queue_dir.clone())
-            .unwrap_or_else(prefetch::default_queue_dir);
+            .unwrap_or_else(coord::shared_dir);
         let job = prefetch::job_key(env.lookup(), os::parent_pid());
         let key = registry::key(ids, chunk_size, &job);
         let uid = os::effective_uid().ok_or("no user id")?;
@@ -405,11 +405,8 @@ impl Drop for Hold {
         // test dropping together had each left it to the other). Waited for
         // no longer: dropping tensors must not wait on a rank stopped under
         // the lock (the lock file is then left for a later sweep).
-        let lock = match lock {
-            Ok(None) => Lock::take(Place::Private(&self.lock_path), DROP_WAIT),
-            taken => taken,
-        };
-        if let Ok(Some(lock)) = lock {
+        let lock = lock.or_else(|_| Lock::take(Place::Private(&self.lock_path), DROP_WAIT));
+        if let Ok(lock) = lock {
             registry::release_last(lock, &self.dir, self.key);
         }
     }

@@ -32,18 +32,11 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::coord::{self, Foreign, Left, Lock, Owner, Place, foreign};
+use crate::coord::{self, Foreign, Lock, Owner, Place, foreign};
 use crate::os::{self, NameKind};
 use crate::source::{Source, Version, VersionTag};
 
 const PREFIX: &str = "safeload-node-";
-
-/// FNV-1a, 64 bits: a stable hash (the same in every build and process).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
 
 /// The bytes that name one version of one file: a local file's device,
 /// inode, length, modification time and canonical path; a remote object's
@@ -81,7 +74,7 @@ pub(crate) fn key(identities: &[Vec<u8>], chunk_size: u64, job: &str) -> u64 {
     }
     material.extend_from_slice(&chunk_size.to_le_bytes());
     material.extend_from_slice(job.as_bytes());
-    fnv1a(&material)
+    coord::fnv1a(0xcbf2_9ce4_8422_2325, &material)
 }
 
 /// The lock file of a key, for this user.
@@ -172,45 +165,22 @@ pub(crate) fn entries(dir: &Path) -> Vec<Name> {
 /// The key's lock at `path`, waited for at most [`coord::PATIENCE`]; the
 /// error says what is at `path` where it is not this user's lock file.
 pub(crate) fn take_lock(path: &Path) -> Result<Lock, String> {
-    match Lock::take(Place::Private(path), coord::PATIENCE) {
-        Ok(Some(lock)) => Ok(lock),
-        Ok(None) => Err(format!(
-            "the lock file {} was held for over {:?}",
-            path.display(),
-            coord::PATIENCE
-        )),
-        Err(e) => Err(format!("the lock file {}: {e}", path.display())),
-    }
+    Lock::take(Place::Private(path), coord::PATIENCE)
+        .map_err(|e| format!("the lock file {}: {e}", path.display()))
 }
 
 /// Removes the lock file at `lock`'s path if no live owner's socket of
 /// `key` is left in `dir`, then unlocks: the last rank of a copy leaves
 /// nothing behind.
 pub(crate) fn release_last(lock: Lock, dir: &Path, key: u64) {
-    if !entries(dir).iter().any(|n| n.live_holder_of(key)) {
+    if !held(dir, key) {
         lock.remove();
     }
 }
 
-impl Left for Name {
-    /// A lock file is its own lock; a socket has none (its name is tagged
-    /// by its owner).
-    fn lock(&self) -> Option<Place<'_>> {
-        matches!(self.entry, Entry::Lock { .. }).then_some(Place::Private(&self.path))
-    }
-
-    /// A socket's owner runs; a lock file goes with a live owner's socket.
-    fn runs(&self, _: Option<&Lock>) -> bool {
-        match (self.entry, self.path.parent()) {
-            (Entry::Socket { owner, .. }, _) => owner.alive(),
-            (Entry::Lock { key }, Some(dir)) => entries(dir).iter().any(|n| n.live_holder_of(key)),
-            (Entry::Lock { .. }, None) => true,
-        }
-    }
-
-    fn remove(&self, _: Option<&Lock>) -> bool {
-        std::fs::remove_file(&self.path).is_ok()
-    }
+/// Whether a live owner's socket of `key` is in `dir`.
+fn held(dir: &Path, key: u64) -> bool {
+    entries(dir).iter().any(|n| n.live_holder_of(key))
 }
 
 /// Removes what dead jobs of this user left in `dir`, by the dead-owner
@@ -220,18 +190,22 @@ impl Left for Name {
 /// Returns how many files were removed.
 pub(crate) fn sweep(dir: &Path) -> usize {
     let uid = os::effective_uid().unwrap_or(u32::MAX);
-    let mut ours: Vec<Name> = entries(dir)
-        .into_iter()
-        .filter(|n| match n.entry {
-            _ if n.foreign.is_some() => false,
-            // Another user's name otherwise.
-            Entry::Lock { key } => n.path == lock_path(dir, key, uid),
-            Entry::Socket { .. } => true,
-        })
-        .collect();
-    // Sockets first: a lock file's liveness is its holders' sockets.
-    ours.sort_by_key(|n| matches!(n.entry, Entry::Lock { .. }));
-    coord::sweep(ours)
+    let found = entries(dir);
+    let ours = || found.iter().filter(|n| n.foreign.is_none());
+    let remove = |name: &Name| std::fs::remove_file(&name.path).is_ok();
+    let sockets = ours().filter(|n| match n.entry {
+        Entry::Socket { owner, .. } => !owner.alive() && remove(n),
+        Entry::Lock { .. } => false,
+    });
+    let removed = sockets.count();
+    let locks = ours().filter(|n| match n.entry {
+        // Another user's name where it is not this user's lock file.
+        Entry::Lock { key } if n.path == lock_path(dir, key, uid) => {
+            coord::sweep(Place::Private(&n.path), |_| held(dir, key), |_| remove(n))
+        }
+        _ => false,
+    });
+    removed + locks.count()
 }
 
 #[cfg(test)]
@@ -307,7 +281,7 @@ mod tests {
         // The last owner leaving removes the lock file.
         std::fs::remove_file(&live_sock).unwrap();
         let lock = Lock::take(Place::Private(&live_lock), std::time::Duration::ZERO);
-        release_last(lock.unwrap().unwrap(), dir.path(), 1);
+        release_last(lock.unwrap(), dir.path(), 1);
         assert!(!live_lock.exists());
     }
 }

@@ -78,7 +78,6 @@ pub(crate) use fill::{FillOutcome, SharedQueue, fill_shared};
 pub(crate) use launcher::{LocalRank, job_key};
 pub(crate) use load::{LoadFile, before_load, warm};
 pub use options::PrefetchOptions;
-pub(crate) use queue_file::default_queue_dir;
 
 /// The settings of a prefetch that belong to the job, not to prefetch: the
 /// loader's ([`Loader::local_rank`](crate::Loader::local_rank),

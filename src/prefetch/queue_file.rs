@@ -24,7 +24,7 @@ use super::queue::{
     Invalid, Layout, SHARED_SLOTS, TERMINAL, VERSION, heartbeat_words, init_words, live_attached,
     slot_words, validate,
 };
-use crate::coord::{self, Left, Lock, Owner, Place};
+use crate::coord::{self, Lock, Owner, Place};
 use crate::os;
 use crate::report::QueueNote;
 
@@ -50,9 +50,7 @@ impl SharedQueue {
     ) -> io::Result<SharedQueue> {
         let mut replaced = None;
         for _ in 0..8 {
-            let Some(mut lock) = Lock::take(Place::Private(path), coord::PATIENCE)? else {
-                return Err(io::Error::other("the queue file's lock was held too long"));
-            };
+            let lock = Lock::take(Place::Private(path), coord::PATIENCE)?;
             let file = lock.file();
             let len = file.metadata()?.len();
             let (words, slot) = if len == 0 {
@@ -134,57 +132,28 @@ impl Drop for SharedQueue {
     }
 }
 
-/// FNV-1a, 64 bits: a stable hash (the same in every build and process).
-fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
-    bytes.iter().fold(seed, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
-/// `/dev/shm` where it is a directory, else the temporary directory.
-pub(crate) fn default_queue_dir() -> PathBuf {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    }
-}
-
-/// A queue file, as the dead-owner rule sees it: its own lock, its words
-/// tagged by the ranks attached.
-struct QueueName(PathBuf);
-
-impl Left for QueueName {
-    fn lock(&self) -> Option<Place<'_>> {
-        Some(Place::Private(&self.0))
-    }
-
-    fn runs(&self, lock: Option<&Lock>) -> bool {
-        lock.is_none_or(|lock| !is_stale(lock.file()))
-    }
-
-    fn remove(&self, lock: Option<&Lock>) -> bool {
-        lock.is_some_and(Lock::remove)
-    }
-}
-
-/// Removes the queue files in `dir` that no live rank is attached to: what
-/// a killed job left (the last rank to leave removes a queue otherwise, and
-/// a job only replaces a stale file of its own key). Only this user's files
-/// are looked at, each under its lock, so that a rank creating or joining
-/// one is never disturbed. Returns how many were removed.
+/// Removes the queue files in `dir` that no live rank is attached to (the
+/// dead-owner rule): what a killed job left (the last rank to leave removes
+/// a queue otherwise, and a job only replaces a stale file of its own key).
+/// Only this user's files are looked at, each under its lock, so that a
+/// rank creating or joining one is never disturbed. Returns how many were
+/// removed.
 pub(crate) fn sweep_stale(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
-    let ours = entries.flatten().filter_map(|entry| {
+    let ours = entries.flatten().filter(|entry| {
         let name = entry.file_name();
-        let name = name.to_str()?;
-        let ours = name.starts_with("safeload-prefetch-") && name.ends_with(".queue");
-        ours.then(|| QueueName(entry.path()))
+        let name = name.to_str().unwrap_or_default();
+        name.starts_with("safeload-prefetch-")
+            && name.ends_with(".queue")
+            && coord::sweep(
+                Place::Private(&entry.path()),
+                |lock| !is_stale(lock.file()),
+                Lock::remove,
+            )
     });
-    coord::sweep(ours)
+    ours.count()
 }
 
 /// Whether a queue file, locked by the caller, is left by ranks that are
@@ -271,13 +240,13 @@ impl Queue {
         let key_material = [key_material, &VERSION.to_le_bytes()].concat();
         let key_material = key_material.as_slice();
         let shared_layout = Layout {
-            key: fnv1a(0x6c62_272e_07bb_0142, key_material),
+            key: coord::fnv1a(0x6c62_272e_07bb_0142, key_material),
             slots: SHARED_SLOTS,
             ..layout
         };
         let name = format!(
             "safeload-prefetch-{:016x}.queue",
-            fnv1a(0xcbf2_9ce4_8422_2325, key_material)
+            coord::fnv1a(0xcbf2_9ce4_8422_2325, key_material)
         );
         let path = dir.join(name);
         match SharedQueue::open(&path, &shared_layout, me, make) {

@@ -8,7 +8,7 @@ use super::options::DEFAULT_CHUNK;
 use super::options::PrefetchOptions;
 use super::plan::{ChunkPlan, Init, reader_plan};
 use super::queue::{Layout, chunk_words, heartbeat_words, init_from_header, slot_words};
-use super::queue_file::{Queue, default_queue_dir};
+use super::queue_file::Queue;
 use super::residency::{Target, initial_states, resolve_method};
 use super::worker::{Outcome, Tally, Work};
 use crate::coord::Owner;
@@ -171,7 +171,7 @@ impl Run<'_> {
                 .options
                 .queue_dir
                 .clone()
-                .unwrap_or_else(default_queue_dir);
+                .unwrap_or_else(crate::coord::shared_dir);
             Queue::shared(&dir, &key_material, layout, self.me, make)
         } else {
             Queue::local(layout, make, None)

@@ -18,24 +18,27 @@ use sha2::{Digest, Sha256};
 /// A SHA-256 digest.
 pub(crate) type Digest256 = [u8; 32];
 
-/// The digest in lowercase hex, as `sha256sum` and the Hugging Face cache
+/// A digest in lowercase hex, as `sha256sum` and the Hugging Face cache
 /// write it.
-pub(crate) fn hex(digest: &Digest256) -> String {
+pub(crate) fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A digest from 64 hex digits (either case); `None` for anything else.
+/// A SHA-256 digest from 64 hex digits (either case, spaces around them
+/// left out); `None` for anything else.
 pub(crate) fn parse_hex(text: &str) -> Option<Digest256> {
-    let text = text.trim();
-    if text.len() != 64 || !text.is_ascii() {
-        return None;
-    }
     let mut out = [0u8; 32];
-    for (byte, pair) in out.iter_mut().zip(text.as_bytes().chunks_exact(2)) {
-        let pair = std::str::from_utf8(pair).ok()?;
-        *byte = u8::from_str_radix(pair, 16).ok()?;
-    }
-    Some(out)
+    hex_into(text.trim(), &mut out).then_some(out)
+}
+
+/// Whether `text` is hex digits (either case) that fill `out` exactly,
+/// which then holds their bytes.
+pub(crate) fn hex_into(text: &str, out: &mut [u8]) -> bool {
+    let byte = |pair: &[u8]| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok();
+    text.len() == 2 * out.len()
+        && text.is_ascii()
+        && (out.iter_mut().zip(text.as_bytes().chunks_exact(2)))
+            .all(|(b, pair)| byte(pair).map(|v| *b = v).is_some())
 }
 
 /// The digest a file must have where its name says so: a blob of a Hugging
@@ -51,19 +54,28 @@ pub(crate) fn expected_from_cache(canonical: &Path) -> Option<Digest256> {
 }
 
 /// The one in-order hasher: a digest over a file's bytes from an offset on,
-/// which takes bytes only where they continue it. Any digest that takes its
-/// input in pieces (`digest::Update`): the SHA-256 of a load, a cache's
-/// SHA-256 or git-blob SHA-1, the XXH3 of a partial file's pieces.
+/// fed in file order. Any digest that takes its input in pieces
+/// (`digest::Update`): a load's SHA-256, a cache's SHA-256 or git-blob SHA-1,
+/// a partial file's XXH3 per piece (wrapped). Bytes that land ahead of the
+/// next are refused ([`take`](Self::take)), or, where the caller keeps
+/// them alive, kept until the gap closes ([`land`](Self::land)).
 #[derive(Debug, Clone)]
-pub(crate) struct InOrder<H> {
+pub(crate) struct InOrder<'a, H> {
     hash: H,
     next: u64,
+    /// Runs that landed ahead of `next`, by file offset.
+    ahead: BTreeMap<u64, &'a [u8]>,
 }
 
-impl<H: Update> InOrder<H> {
+impl<'a, H: Update> InOrder<'a, H> {
     /// `hash` over the file's bytes from `from` on (none taken yet).
-    pub(crate) fn new(hash: H, from: u64) -> InOrder<H> {
-        InOrder { hash, next: from }
+    pub(crate) fn new(hash: H, from: u64) -> InOrder<'a, H> {
+        let ahead = BTreeMap::new();
+        InOrder {
+            hash,
+            next: from,
+            ahead,
+        }
     }
 
     /// The offset of the byte it takes next.
@@ -82,60 +94,50 @@ impl<H: Update> InOrder<H> {
         true
     }
 
-    /// The digest, to be finished.
+    /// Takes `bytes`, the file's at `offset`, and what waited for them, if
+    /// they are next; else keeps them for later.
+    pub(crate) fn land(&mut self, offset: u64, bytes: &'a [u8]) {
+        self.ahead.insert(offset, bytes);
+        while let Some(bytes) = self.ahead.remove(&self.next) {
+            self.take(self.next, bytes);
+        }
+    }
+
+    /// The digest of the file up to `end`, where every byte before it was
+    /// taken and none beyond; `None` where some never landed.
+    pub(crate) fn finish(self, end: u64) -> Option<H> {
+        (self.next == end && self.ahead.is_empty()).then_some(self.hash)
+    }
+
+    /// The digest of what was taken.
     pub(crate) fn into_inner(self) -> H {
         self.hash
     }
 }
 
-/// A file's SHA-256, fed with its bytes in any order: each run is hashed
-/// once every byte before it is.
-pub(crate) struct StreamHasher<'a> {
-    state: Mutex<State<'a>>,
-}
-
-struct State<'a> {
-    sha: InOrder<Sha256>,
-    /// Runs that arrived ahead of what is hashed, by file offset.
-    ahead: BTreeMap<u64, &'a [u8]>,
-}
+/// A file's SHA-256, fed with its bytes in any order from many threads:
+/// each run is hashed once every byte before it is.
+pub(crate) struct StreamHasher<'a>(Mutex<InOrder<'a, Sha256>>);
 
 impl<'a> StreamHasher<'a> {
     /// A hasher that has hashed `prefix`, the file's first bytes.
     pub(crate) fn new(prefix: &[u8]) -> StreamHasher<'a> {
         let mut sha = InOrder::new(Sha256::new(), 0);
         sha.take(0, prefix);
-        StreamHasher {
-            state: Mutex::new(State {
-                sha,
-                ahead: BTreeMap::new(),
-            }),
-        }
+        StreamHasher(Mutex::new(sha))
     }
 
-    /// The bytes at `offset` of the file have landed. Hashes them, and what
-    /// was waiting for them, if they are next; else keeps them for later.
+    /// The bytes at `offset` of the file have landed ([`InOrder::land`]).
     pub(crate) fn land(&self, offset: u64, bytes: &'a [u8]) {
-        let Ok(mut state) = self.state.lock() else {
-            return;
-        };
-        let state = &mut *state;
-        state.ahead.insert(offset, bytes);
-        while let Some(entry) = state.ahead.first_entry() {
-            if *entry.key() != state.sha.next() {
-                break;
-            }
-            let at = *entry.key();
-            state.sha.take(at, entry.remove());
+        if let Ok(mut sha) = self.0.lock() {
+            sha.land(offset, bytes);
         }
     }
 
     /// The digest of the file's first `len` bytes, or `None` where some of
     /// them never landed (a read failed, and the load with it).
     pub(crate) fn finish(self, len: u64) -> Option<Digest256> {
-        let state = self.state.into_inner().ok()?;
-        let whole = state.sha.next() == len && state.ahead.is_empty();
-        whole.then(|| state.sha.into_inner().finalize().into())
+        Some(self.0.into_inner().ok()?.finish(len)?.finalize().into())
     }
 }
 
@@ -150,13 +152,13 @@ pub(crate) fn of_source(
     source: &dyn crate::source::Source,
     len: u64,
 ) -> Result<Digest256, (u64, std::io::Error)> {
-    let mut sha = InOrder::new(Sha256::new(), 0);
+    let mut sha = Sha256::new();
     crate::os::read_in_steps(0..len, &mut Vec::new(), 8 << 20, |piece, at| {
         source.read_at(piece, piece.len(), at)?;
-        sha.take(at, piece);
+        Update::update(&mut sha, piece);
         Ok(())
     })?;
-    Ok(sha.into_inner().finalize().into())
+    Ok(sha.finalize().into())
 }
 
 #[cfg(test)]
@@ -226,12 +228,20 @@ mod tests {
         assert!(!h.take(0, &data[..1]), "bytes taken twice are not");
         assert_eq!(h.next(), data.len() as u64);
         let whole: Digest256 = Sha256::digest(&data).into();
-        assert_eq!(Digest256::from(h.into_inner().finalize()), whole);
+        assert_eq!(
+            Digest256::from(h.finish(data.len() as u64).unwrap().finalize()),
+            whole
+        );
         // From an offset: the hash of the bytes from there.
         let mut tail = InOrder::new(Sha256::new(), 1000);
         assert!(tail.take(1000, &data[1000..]));
+        assert!(
+            tail.clone().finish(data.len() as u64 - 1).is_none(),
+            "not its end"
+        );
         let expected: Digest256 = Sha256::digest(&data[1000..]).into();
-        assert_eq!(Digest256::from(tail.into_inner().finalize()), expected);
+        let finished = tail.finish(data.len() as u64).unwrap().finalize();
+        assert_eq!(Digest256::from(finished), expected);
     }
 
     #[test]

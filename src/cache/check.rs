@@ -45,7 +45,7 @@ impl Update for Hasher {
 impl Hasher {
     /// The hash `check` takes of a file of `len` bytes, from its start (at
     /// its end already where it needs no bytes).
-    pub(crate) fn start(check: Check, len: u64) -> InOrder<Hasher> {
+    pub(crate) fn start(check: Check, len: u64) -> InOrder<'static, Hasher> {
         match check {
             Check::Digest(Named::Sha256(_)) => InOrder::new(Hasher::Sha256(Sha256::new()), 0),
             Check::Digest(Named::GitBlob(_)) => {
@@ -59,7 +59,7 @@ impl Hasher {
 
     /// `None` where the bytes match, else (expected, actual) in hex.
     pub(crate) fn mismatch(self, check: Check) -> Option<(String, String)> {
-        let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let hex = crate::verify::hex;
         let (expected, actual): (Vec<u8>, Vec<u8>) = match (self, check) {
             (Hasher::Sha256(sha), Check::Digest(Named::Sha256(want))) => {
                 (want.to_vec(), sha.finalize().to_vec())
@@ -75,7 +75,7 @@ impl Hasher {
 
 /// Hashes the next step of the file (at most [`HASH_PIECE`] bytes).
 pub(crate) fn hash_step(
-    hash: &mut InOrder<Hasher>,
+    hash: &mut InOrder<'static, Hasher>,
     (file, view): (&File, Option<&View>),
     len: u64,
     scratch: &mut Vec<u8>,

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::layout::{self, SHARED_STORE_MARKER};
 use super::partial;
-use super::temp::{self, nonce, try_lock};
+use super::temp::{self, nonce};
 use super::write::{Target, TempFile};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::{CacheStore, NotCached};
@@ -343,16 +343,7 @@ impl Target for HubTarget {
             .and_then(|r| r.sub("blobs", true))
             .map_err(unwritable)?;
         self.writer.sweep(&blobs);
-        let lock = self.writer.locks();
-        let lock = match lock.and_then(|locks| try_lock(&locks, &layout::lock_name(&self.blob))) {
-            Ok(Some(lock)) => Some(lock),
-            Ok(None) => return Err(NotCached::Locked),
-            // A lock that cannot be made (a read-only `.locks`, a name
-            // another user took): the file is written without it, under a
-            // name of this process (nothing kept to resume).
-            Err(_) => None,
-        };
-        TempFile::make(blobs, &self.blob, len, lock)
+        TempFile::make(blobs, &self.blob, len, self.writer.locks().ok())
     }
 
     fn published(&self, len: u64) -> Option<File> {

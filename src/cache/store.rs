@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 
 use super::layout::{self, ADDRESS_FILE, OBJECTS_FOLDER};
 use super::partial;
-use super::temp::{self, nonce, try_lock};
+use super::temp::{self, nonce};
 use super::write::{Target, TempFile};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::{CacheStore, NotCached};
@@ -139,14 +139,9 @@ impl Target for StoreTarget {
                 }
             }
         }
-        let lock = match try_lock(&dir, &layout::lock_name(&self.name)) {
-            Ok(Some(file)) => Some(file),
-            Ok(None) => return Err(NotCached::Locked),
-            // A lock that cannot be made: written under a name of this
-            // process (nothing kept to resume).
-            Err(_) => None,
-        };
-        TempFile::make(dir, &self.name, len, lock)
+        // Its lock beside it.
+        let locks = dir.sub(".", false).ok();
+        TempFile::make(dir, &self.name, len, locks)
     }
 
     fn published(&self, len: u64) -> Option<File> {

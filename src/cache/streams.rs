@@ -25,7 +25,7 @@ impl sha2::digest::Update for PieceHash {
 }
 
 /// A piece's hash, boxed (the XXH3 state is large).
-type Hash = Box<InOrder<PieceHash>>;
+type Hash = Box<InOrder<'static, PieceHash>>;
 
 /// Where each piece being streamed is.
 #[derive(Default)]

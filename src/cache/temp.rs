@@ -78,18 +78,26 @@ impl Drop for TempFile {
 }
 
 impl TempFile {
-    /// The file to write `final_name` of `len` bytes in `dir` through: with
-    /// `lock` held, its partial file (resumed); without, or where that name
-    /// is not this user's, a process-unique name. Its space reserved where
-    /// the filesystem can. Refused where `final_name` exists (another
-    /// process published it).
+    /// The file to write `final_name` of `len` bytes in `dir` through: under
+    /// its lock (`<final_name>.lock` in `locks`, tried once: `Locked` where
+    /// another process holds it), its partial file (resumed); where there is
+    /// no lock (none asked, or it cannot be made: a read-only folder, a name
+    /// another user took), or the partial file's name is not this user's, a
+    /// process-unique name (nothing kept to resume). Its space reserved where
+    /// the filesystem can. Refused where `final_name` exists (another process
+    /// published it).
     pub(crate) fn make(
         dir: Dir,
         final_name: &str,
         len: u64,
-        lock: Option<Lock>,
+        locks: Option<Dir>,
     ) -> Result<TempFile, NotCached> {
         let unwritable = |e: io::Error| NotCached::of_io(&e);
+        let name = layout::lock_name(final_name);
+        let lock = match locks.map(|l| Lock::take(Place::Shared(&l, &name), Duration::ZERO)) {
+            Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => return Err(NotCached::Locked),
+            locked => locked.and_then(Result::ok),
+        };
         if matches!(dir.entry(final_name), Ok(EntryKind::File { .. })) {
             return Err(NotCached::PublishedElsewhere);
         }
@@ -133,16 +141,6 @@ impl TempFile {
             }
         }
         Ok(begun)
-    }
-}
-
-/// The lock file `name` of `dir` (made where missing, never through a
-/// link), taken where no other process holds it: `None` where one does.
-/// Tried once, never waited for.
-pub(crate) fn try_lock(dir: &Dir, name: &str) -> io::Result<Option<Lock>> {
-    match Lock::take(Place::Shared(dir, name), Duration::ZERO) {
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-        taken => taken.map(Some),
     }
 }
 

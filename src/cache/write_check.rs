@@ -85,7 +85,7 @@ pub(super) struct Checking {
     /// The hash, in file order: taken a step at a time by the check's
     /// thread, or by whoever waits for it ([`Write::settle`]); `None` once
     /// every byte is hashed.
-    pub(super) job: Mutex<Option<InOrder<Hasher>>>,
+    pub(super) job: Mutex<Option<InOrder<'static, Hasher>>>,
     /// The ranges an earlier load left in it, unproven: the file is checked
     /// by the read that completed it, before the load returns
     /// ([`Write::prove`]), and these are fetched again where it does not

@@ -108,7 +108,7 @@ impl Lock {
 
     fn acquire(&self, deadline: Instant) -> io::Result<bool> {
         let mut pause = Duration::from_millis(1);
-        while !os::try_flock(&self.file)? {
+        while !os::flock(&self.file, true)? {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Ok(false);
@@ -122,7 +122,7 @@ impl Lock {
     /// Lets go of the lock (where held), keeping the file open: a map of it
     /// stays.
     pub(crate) fn unlock(&self) {
-        let _ = os::release_flock(&self.file);
+        let _ = os::flock(&self.file, false);
     }
 
     /// The open lock file.
@@ -133,9 +133,12 @@ impl Lock {
     /// Whether its name still is the file locked (a shared name always is:
     /// nothing removes it).
     pub(crate) fn named(&self) -> bool {
-        self.path
-            .as_deref()
-            .is_none_or(|path| os::names_file(path, &self.file))
+        let Some(path) = &self.path else {
+            return true;
+        };
+        // Its device and inode, by `lstat(2)` for the name.
+        let id = |meta: io::Result<std::fs::Metadata>| os::file_id(&meta.ok()?);
+        id(std::fs::symlink_metadata(path)).is_some_and(|at| Some(at) == id(self.file.metadata()))
     }
 
     /// Removes its private name, where it still names this file: whether it

@@ -130,13 +130,8 @@ pub(super) fn find(
         let Entry::Socket { key: k, owner } = name.entry else {
             continue;
         };
-        if k != key || owner == me || name.foreign.is_some() {
-            continue;
-        }
-        if !owner.alive() {
-            // This user's name (by lstat, just now): in a sticky directory
-            // no other user can have put something else there since.
-            let _ = std::fs::remove_file(&name.path);
+        // A dead holder's socket is skipped, left to the sweep.
+        if k != key || owner == me || name.foreign.is_some() || !owner.alive() {
             continue;
         }
         match handoff::take(&name.path, owner.pid, key) {

@@ -398,13 +398,11 @@ impl Drop for Hold {
     fn drop(&mut self) {
         let lock = Lock::take(Place::Private(&self.lock_path), Duration::ZERO);
         drop(self.server.take());
-        // Ranks that drop their copies at the same moment each hold the
-        // lock while they look for a live holder; one that finds the lock
-        // taken waits for it a moment, so that the last of them sees the
-        // others' sockets gone and removes the lock file (two ranks of a
-        // test dropping together had each left it to the other). Waited for
-        // no longer: dropping tensors must not wait on a rank stopped under
-        // the lock (the lock file is then left for a later sweep).
+        // Ranks that drop their copies together each hold the lock while
+        // they look for a live holder: one that finds it taken waits a moment,
+        // so that the last of them sees the others' sockets gone and removes
+        // the lock file; no longer (a rank stopped under the lock must not
+        // hold up dropping tensors: the file is left for a later sweep).
         let lock = lock.or_else(|_| Lock::take(Place::Private(&self.lock_path), DROP_WAIT));
         if let Ok(lock) = lock {
             registry::release_last(lock, &self.dir, self.key);

@@ -92,13 +92,8 @@ pub(crate) fn mincore_pages(
     unsupported()
 }
 
-/// No locks here: nothing to release.
-pub(crate) fn release_flock(_file: &File) -> io::Result<()> {
-    Ok(())
-}
-
-/// No locks here: always granted.
-pub(crate) fn try_flock(_file: &File) -> io::Result<bool> {
+/// No locks here: always granted, and released.
+pub(crate) fn flock(_file: &File, _take: bool) -> io::Result<bool> {
     Ok(true)
 }
 
@@ -161,11 +156,6 @@ pub(crate) fn readahead_limit(_dev: u64) -> Option<u64> {
 /// No shared queue files here.
 pub(crate) fn open_private_rw(_path: &Path) -> io::Result<File> {
     unsupported()
-}
-
-/// Unknown here: never the same.
-pub(crate) fn names_file(_path: &Path, _file: &File) -> bool {
-    false
 }
 
 /// No shared maps here: [`SharedWords::map`] always fails, and prefetch

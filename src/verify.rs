@@ -70,12 +70,8 @@ pub(crate) struct InOrder<'a, H> {
 impl<'a, H: Update> InOrder<'a, H> {
     /// `hash` over the file's bytes from `from` on (none taken yet).
     pub(crate) fn new(hash: H, from: u64) -> InOrder<'a, H> {
-        let ahead = BTreeMap::new();
-        InOrder {
-            hash,
-            next: from,
-            ahead,
-        }
+        let (next, ahead) = (from, BTreeMap::new());
+        InOrder { hash, next, ahead }
     }
 
     /// The offset of the byte it takes next.

@@ -253,6 +253,11 @@ impl RepoWriter {
         snapshot.join(&self.commit).join(path)
     }
 
+    /// The repository's `blobs/`, made where `create` says so.
+    fn blobs(&self, create: bool) -> io::Result<Dir> {
+        self.repo()?.sub("blobs", create)
+    }
+
     /// The repository's folder of locks, made where missing.
     fn locks(&self) -> io::Result<Dir> {
         self.root()?.sub(".locks", true)?.sub(&self.folder, true)
@@ -336,23 +341,18 @@ impl Target for HubTarget {
     }
 
     fn begin(&self, len: u64) -> Result<TempFile, NotCached> {
-        let unwritable = |e: io::Error| NotCached::of_io(&e);
-        let blobs = self
-            .writer
-            .repo()
-            .and_then(|r| r.sub("blobs", true))
-            .map_err(unwritable)?;
+        let blobs = self.writer.blobs(true).map_err(|e| NotCached::of_io(&e))?;
         self.writer.sweep(&blobs);
         TempFile::make(blobs, &self.blob, len, self.writer.locks().ok())
     }
 
     fn published(&self, len: u64) -> Option<File> {
-        let blobs = self
+        let file = self
             .writer
-            .repo()
-            .and_then(|r| r.sub("blobs", false))
+            .blobs(false)
+            .ok()?
+            .open_nofollow(&self.blob)
             .ok()?;
-        let file = blobs.open_nofollow(&self.blob).ok()?;
         if file.metadata().ok()?.len() != len {
             return None;
         }
@@ -362,7 +362,7 @@ impl Target for HubTarget {
     }
 
     fn activity(&self) -> partial::Activity {
-        match self.writer.repo().and_then(|r| r.sub("blobs", false)) {
+        match self.writer.blobs(false) {
             Ok(blobs) => partial::activity(&blobs, &self.blob),
             Err(_) => partial::Activity::default(),
         }

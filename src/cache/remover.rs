@@ -296,16 +296,19 @@ pub(super) fn is_old_temp_name(name: &str) -> bool {
 }
 
 /// The blob's lock, tried once: `Ok(None)` where there is no lock file
-/// (no one can hold it), `Ok(Some)` held by this process until dropped.
+/// (no one can hold it; none is made), `Ok(Some)` held by this process
+/// until dropped.
 fn lock(repo: &RepoDir, blob: &str) -> std::result::Result<Option<Lock>, KeepReason> {
+    let name = layout::lock_name(blob);
     let Some(locks) = &repo.locks else {
         return Ok(None);
     };
-    let name = layout::lock_name(blob);
-    match Lock::take(Place::Existing(locks, &name), Duration::ZERO) {
+    if matches!(locks.entry(&name), Ok(EntryKind::Missing)) {
+        return Ok(None);
+    }
+    match Lock::take(Place::Shared(locks, &name), Duration::ZERO) {
         Ok(lock) => Ok(Some(lock)),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(KeepReason::Locked),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(KeepReason::Failed {
             error: format!("its lock: {e}"),
         }),

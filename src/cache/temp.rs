@@ -159,13 +159,17 @@ pub(crate) fn stale(modified: Option<SystemTime>, now: SystemTime) -> bool {
 /// where locks do nothing, the age alone keeps it.
 pub(crate) fn sweep(dir: &Dir, locks: &Dir) {
     let now = SystemTime::now();
-    let stale = |name: &str| matches!(dir.entry(name), Ok(EntryKind::File { modified, .. }) if stale(modified, now));
+    let stale = |name: &str| match dir.entry(name) {
+        Ok(EntryKind::File { modified, .. }) => stale(modified, now),
+        _ => false,
+    };
     for name in dir.names().unwrap_or_default() {
-        if let Some(lock) = layout::final_of_temp(&name).map(layout::lock_name) {
-            if stale(&name) {
-                let remove = |_: &Lock| dir.remove(&name).is_ok();
-                coord::sweep(Place::Shared(locks, &lock), |_| !stale(&name), remove);
-            }
+        let Some(lock) = layout::final_of_temp(&name).map(layout::lock_name) else {
+            continue;
+        };
+        if stale(&name) {
+            let remove = |_: &Lock| stale(&name) && dir.remove(&name).is_ok();
+            coord::sweep(Place::Shared(locks, &lock), remove);
         }
     }
 }

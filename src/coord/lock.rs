@@ -44,10 +44,6 @@ pub(crate) enum Place<'a> {
     /// never through a link. Nothing removes such a name.
     #[cfg(feature = "remote")]
     Shared(&'a os::Dir, &'a str),
-    /// The same, never made: a missing name is `NotFound` (no one can hold
-    /// a lock that is not there).
-    #[cfg(feature = "remote")]
-    Existing(&'a os::Dir, &'a str),
 }
 
 impl Place<'_> {
@@ -65,8 +61,6 @@ impl Place<'_> {
             },
             #[cfg(feature = "remote")]
             Place::Shared(dir, name) => Ok((dir.open_lock(name)?, None)),
-            #[cfg(feature = "remote")]
-            Place::Existing(dir, name) => Ok((dir.open_nofollow(name)?, None)),
         }
     }
 }
@@ -239,14 +233,12 @@ mod tests {
 
     #[cfg(feature = "remote")]
     #[test]
-    fn a_shared_name_is_made_where_missing_and_an_existing_one_never() {
+    fn a_shared_name_is_made_where_missing_never_through_a_link() {
         let dir = tempfile::tempdir().unwrap();
         let folder = os::Dir::open(dir.path()).unwrap();
-        let e = Lock::take(Place::Existing(&folder, "b.lock"), Duration::ZERO).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::NotFound);
         let made = Lock::take(Place::Shared(&folder, "b.lock"), Duration::ZERO);
         assert!(made.is_ok() && dir.path().join("b.lock").is_file());
-        let busy = Lock::take(Place::Existing(&folder, "b.lock"), Duration::ZERO).unwrap_err();
+        let busy = Lock::take(Place::Shared(&folder, "b.lock"), Duration::ZERO).unwrap_err();
         assert_eq!(busy.kind(), io::ErrorKind::WouldBlock, "held by the first");
         std::os::unix::fs::symlink("b.lock", dir.path().join("link.lock")).unwrap();
         assert!(Lock::take(Place::Shared(&folder, "link.lock"), Duration::ZERO).is_err());

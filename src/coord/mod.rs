@@ -1,19 +1,17 @@
 //! How the processes of a node coordinate through a shared directory, one mechanism each: the lock file (`lock.rs`), the owner a name is tagged with (`owner.rs`), and the dead-owner rule by which every protocol removes what a dead process left ([`sweep`]).
 //!
 //! The node copy (its key's lock file, its holders' sockets), the prefetch
-//! queue (a file, locked, holding the owners of the ranks attached) and the
-//! caches (a file being written, under its final name's lock) leave names
-//! that outlive a process that dies. One rule removes them:
-//!
-//! **A name is tagged by its writer; its lock held, or its tag naming a
-//! writer that runs, it is live.** A lock dies with its holder (`flock(2)`);
-//! a tag is an owner word (pid and start time, `owner.rs`) in the name or the
-//! file, or the time the file last changed, which a live writer keeps fresh.
-//! A name that is not live is removed by whoever comes next, under its lock,
-//! tried and never waited for, so that a process taking the name up
-//! meanwhile is never disturbed; a name without a lock (a holder's socket)
-//! goes by its tag alone. A name that is not this user's, or not what it
-//! says it is, is looked at by `lstat(2)` only ([`Foreign`]).
+//! queue (a locked file holding the ranks attached) and the caches (a file
+//! written under its final name's lock) leave names that outlive a process
+//! that dies. One rule removes them: **a name is tagged by its writer; its
+//! lock held, or its tag naming a writer that runs, it is live.** A lock dies
+//! with its holder (`flock(2)`); a tag is an owner word (pid and start time)
+//! in the name or the file, or the time the file last changed, which a live
+//! writer keeps fresh. A name that is not live is removed by whoever comes
+//! next, under its lock (tried, never waited for), so that a process taking
+//! it up meanwhile is never disturbed; a name without a lock (a holder's
+//! socket) goes by its tag alone. A name that is not this user's, or not what
+//! it says it is, is looked at by `lstat(2)` only ([`Foreign`]).
 
 mod lock;
 mod owner;
@@ -26,18 +24,11 @@ pub(crate) use owner::Owner;
 use crate::os::{self, NameKind};
 
 /// The dead-owner rule over a name guarded by the lock at `lock`: the lock
-/// tried (never waited for: held, the name is a live writer's), then, under
-/// it, the name removed by `remove` unless `runs` says its tag names a
-/// writer that runs. Whether it went.
-pub(crate) fn sweep(
-    lock: Place<'_>,
-    runs: impl FnOnce(&Lock) -> bool,
-    remove: impl FnOnce(&Lock) -> bool,
-) -> bool {
-    match Lock::take(lock, std::time::Duration::ZERO) {
-        Ok(lock) => !runs(&lock) && remove(&lock),
-        Err(_) => false,
-    }
+/// tried, never waited for (held, the name is a live writer's); under it,
+/// `remove` removes the name unless its tag names a writer that runs, and
+/// says whether it went.
+pub(crate) fn sweep(lock: Place<'_>, remove: impl FnOnce(&Lock) -> bool) -> bool {
+    Lock::take(lock, std::time::Duration::ZERO).is_ok_and(|lock| remove(&lock))
 }
 
 /// The directory the processes of a node share names in: `/dev/shm` where
@@ -117,19 +108,15 @@ mod tests {
         let dead = |lock: &Lock| {
             assert!(lock.named(), "asked under its lock");
             asked.set(true);
-            false
+            lock.remove()
         };
-        assert!(!sweep(Place::Private(&path), dead, Lock::remove));
+        assert!(!sweep(Place::Private(&path), dead));
         assert!(path.exists() && !asked.get(), "its holder lives");
         drop(held);
-        assert!(!sweep(Place::Private(&path), |_| true, Lock::remove));
-        assert!(path.exists(), "its tag names a live writer");
-        assert!(sweep(Place::Private(&path), dead, Lock::remove));
+        assert!(!sweep(Place::Private(&path), |_| false), "its writer runs");
+        assert!(path.exists());
+        assert!(sweep(Place::Private(&path), dead));
         assert!(!path.exists() && asked.get());
-        assert!(
-            !sweep(Place::Private(&path), dead, |_| false),
-            "not removed"
-        );
     }
 
     #[test]

@@ -404,8 +404,8 @@ impl Drop for Hold {
         // the lock file; no longer (a rank stopped under the lock must not
         // hold up dropping tensors: the file is left for a later sweep).
         let lock = lock.or_else(|_| Lock::take(Place::Private(&self.lock_path), DROP_WAIT));
-        if let Ok(lock) = lock {
-            registry::release_last(lock, &self.dir, self.key);
+        if let Some(lock) = lock.ok().filter(|_| !registry::held(&self.dir, self.key)) {
+            lock.remove();
         }
     }
 }

@@ -169,17 +169,9 @@ pub(crate) fn take_lock(path: &Path) -> Result<Lock, String> {
         .map_err(|e| format!("the lock file {}: {e}", path.display()))
 }
 
-/// Removes the lock file at `lock`'s path if no live owner's socket of
-/// `key` is left in `dir`, then unlocks: the last rank of a copy leaves
-/// nothing behind.
-pub(crate) fn release_last(lock: Lock, dir: &Path, key: u64) {
-    if !held(dir, key) {
-        lock.remove();
-    }
-}
-
-/// Whether a live owner's socket of `key` is in `dir`.
-fn held(dir: &Path, key: u64) -> bool {
+/// Whether a live owner's socket of `key` is in `dir` (else the last rank of
+/// a copy removes its lock file, leaving nothing behind).
+pub(crate) fn held(dir: &Path, key: u64) -> bool {
     entries(dir).iter().any(|n| n.live_holder_of(key))
 }
 
@@ -201,7 +193,7 @@ pub(crate) fn sweep(dir: &Path) -> usize {
     let locks = ours().filter(|n| match n.entry {
         // Another user's name where it is not this user's lock file.
         Entry::Lock { key } if n.path == lock_path(dir, key, uid) => {
-            coord::sweep(Place::Private(&n.path), |_| held(dir, key), |_| remove(n))
+            coord::sweep(Place::Private(&n.path), |_| !held(dir, key) && remove(n))
         }
         _ => false,
     });
@@ -281,7 +273,7 @@ mod tests {
         // The last owner leaving removes the lock file.
         std::fs::remove_file(&live_sock).unwrap();
         let lock = Lock::take(Place::Private(&live_lock), std::time::Duration::ZERO);
-        release_last(lock.unwrap(), dir.path(), 1);
+        assert!(!held(dir.path(), 1) && lock.unwrap().remove());
         assert!(!live_lock.exists());
     }
 }

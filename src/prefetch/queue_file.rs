@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::plan::Init;
 use super::queue::{
-    Invalid, Layout, SHARED_SLOTS, TERMINAL, VERSION, heartbeat_words, init_words, live_attached,
-    slot_words, validate,
+    HEADER_WORDS, Invalid, Layout, SHARED_SLOTS, TERMINAL, VERSION, at, heartbeat_words,
+    init_words, live_attached, load, slot_words, validate,
 };
 use crate::coord::{self, Lock, Owner, Place};
 use crate::os;
@@ -147,11 +147,9 @@ pub(crate) fn sweep_stale(dir: &Path) -> usize {
         let name = name.to_str().unwrap_or_default();
         name.starts_with("safeload-prefetch-")
             && name.ends_with(".queue")
-            && coord::sweep(
-                Place::Private(&entry.path()),
-                |lock| !is_stale(lock.file()),
-                Lock::remove,
-            )
+            && coord::sweep(Place::Private(&entry.path()), |lock| {
+                is_stale(lock.file()) && lock.remove()
+            })
     });
     ours.count()
 }
@@ -171,15 +169,14 @@ fn is_stale(file: &File) -> bool {
         return false;
     };
     let w = words.words();
-    let word = |i: usize| w.get(i).map_or(0, |x| x.load(Ordering::Acquire));
     let layout = Layout {
-        key: word(super::queue::at::KEY),
-        chunk_size: word(super::queue::at::CHUNK_SIZE),
+        key: load(w, at::KEY),
+        chunk_size: load(w, at::CHUNK_SIZE),
         // From the length, so that a corrupt count cannot overflow.
         chunks: usize::try_from(len / 8)
             .unwrap_or(0)
-            .saturating_sub(super::queue::HEADER_WORDS + 2 * SHARED_SLOTS),
-        total: word(super::queue::at::TOTAL),
+            .saturating_sub(HEADER_WORDS + 2 * SHARED_SLOTS),
+        total: load(w, at::TOTAL),
         slots: SHARED_SLOTS,
     };
     match validate(w, &layout) {

@@ -1,12 +1,11 @@
-//! Integrity: the one in-order hasher (any digest over a file's bytes in file order, [`InOrder`]), the SHA-256 of each file a load reads, streamed as its reads land, and the digest it must have (a Hugging Face cache blob's name, or the caller's).
+//! Integrity: the one in-order hasher (any digest over a file's bytes in file order, [`InOrder`], also the caches'), the SHA-256 of each file a load reads, streamed as its reads land, and the digest it must have (a Hugging Face cache blob's name, or the caller's).
 //!
 //! A buffered file read whole is hashed by the reader threads as its chunks
 //! arrive: chunks land out of order, so each is kept (borrowed, not copied)
 //! until the bytes before it are hashed, and whichever reader fills the gap
 //! hashes what follows. Other files (mapped, or read only in part) are
 //! hashed in a pass of their own over the whole file: the map, or positional
-//! reads. The caches hash through the same [`InOrder`]: a written file's
-//! digest a step at a time, each piece's XXH3 as its bytes land.
+//! reads.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -53,12 +52,11 @@ pub(crate) fn expected_from_cache(canonical: &Path) -> Option<Digest256> {
     parse_hex(canonical.file_name()?.to_str()?)
 }
 
-/// The one in-order hasher: a digest over a file's bytes from an offset on,
-/// fed in file order. Any digest that takes its input in pieces
-/// (`digest::Update`): a load's SHA-256, a cache's SHA-256 or git-blob SHA-1,
-/// a partial file's XXH3 per piece (wrapped). Bytes that land ahead of the
-/// next are refused ([`take`](Self::take)), or, where the caller keeps
-/// them alive, kept until the gap closes ([`land`](Self::land)).
+/// The one in-order hasher: any digest fed in pieces (`digest::Update`: a
+/// load's SHA-256, a cache's SHA-256 or git-blob SHA-1, a piece's XXH3) over
+/// a file's bytes from an offset on, in file order. Bytes ahead of the next
+/// are refused ([`take`](Self::take)), or kept until the gap closes where
+/// the caller keeps them alive ([`land`](Self::land)).
 #[derive(Debug, Clone)]
 pub(crate) struct InOrder<'a, H> {
     hash: H,
@@ -148,13 +146,13 @@ pub(crate) fn of_source(
     source: &dyn crate::source::Source,
     len: u64,
 ) -> Result<Digest256, (u64, std::io::Error)> {
-    let mut sha = Sha256::new();
+    let mut sha = InOrder::new(Sha256::new(), 0);
     crate::os::read_in_steps(0..len, &mut Vec::new(), 8 << 20, |piece, at| {
         source.read_at(piece, piece.len(), at)?;
-        Update::update(&mut sha, piece);
+        sha.take(at, piece);
         Ok(())
     })?;
-    Ok(sha.finalize().into())
+    Ok(sha.into_inner().finalize().into())
 }
 
 #[cfg(test)]

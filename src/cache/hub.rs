@@ -203,16 +203,6 @@ impl RepoWriter {
         }
     }
 
-    /// Removes, once, the temporary files of `blobs` that writers which
-    /// died left ([`temp::sweep`]: their blob's lock free).
-    fn sweep(&self, blobs: &Dir) {
-        if !self.swept.swap(true, Ordering::Relaxed) {
-            if let Ok(locks) = self.locks() {
-                temp::sweep(blobs, &locks);
-            }
-        }
-    }
-
     /// The cache's root, made where missing (the path is the user's own
     /// choice: followed).
     fn root(&self) -> io::Result<Dir> {
@@ -342,8 +332,12 @@ impl Target for HubTarget {
 
     fn begin(&self, len: u64) -> Result<TempFile, NotCached> {
         let blobs = self.writer.blobs(true).map_err(|e| NotCached::of_io(&e))?;
-        self.writer.sweep(&blobs);
-        TempFile::make(blobs, &self.blob, len, self.writer.locks().ok())
+        let locks = self.writer.locks().ok();
+        let first = !self.writer.swept.swap(true, Ordering::Relaxed);
+        if let Some(locks) = locks.as_ref().filter(|_| first) {
+            temp::sweep(&blobs, locks);
+        }
+        TempFile::make(blobs, &self.blob, len, locks)
     }
 
     fn published(&self, len: u64) -> Option<File> {

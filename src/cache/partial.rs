@@ -93,8 +93,7 @@ pub(crate) fn open(dir: &Dir, final_name: &str, len: u64) -> Option<Opened> {
         if range.end > have || recorded.contains(&index) {
             continue;
         }
-        let mut bytes = vec![0u8; (range.end - range.start) as usize];
-        if os::read_exact_at(&file, &mut bytes, range.start).is_ok() && xxh3_128(&bytes) == hash {
+        if hash_piece(&file, None, index, len) == Some(hash) {
             recorded.insert(index);
             entries.push((index, hash));
             kept.push(range);

@@ -24,9 +24,6 @@ impl sha2::digest::Update for PieceHash {
     }
 }
 
-/// A piece's hash, boxed (the XXH3 state is large).
-type Hash = Box<InOrder<'static, PieceHash>>;
-
 /// Where each piece being streamed is.
 #[derive(Default)]
 pub(crate) struct Streams {
@@ -34,8 +31,8 @@ pub(crate) struct Streams {
 }
 
 enum Stream {
-    /// Hashed in order from the piece's start.
-    Open(Hash),
+    /// Hashed in order from the piece's start (boxed: an XXH3 state is large).
+    Open(Box<InOrder<'static, PieceHash>>),
     /// Being hashed by a read, outside the write's lock.
     Taken,
     /// Its bytes landed out of order: hashed from the file once finished.
@@ -48,7 +45,7 @@ enum Stream {
 pub(crate) struct Taken {
     index: u64,
     end: u64,
-    hash: Hash,
+    hash: Box<InOrder<'static, PieceHash>>,
 }
 
 impl Streams {

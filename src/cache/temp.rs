@@ -14,9 +14,8 @@ use crate::coord::{self, Lock, Place};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::NotCached;
 
-/// A temporary file not written to for this long, whose lock no one holds,
-/// was left by a writer that died: a sweep removes it. A live writer's
-/// partial file changes every second (`heartbeat.rs`).
+/// A temporary file not written to for this long (a live writer's changes
+/// every second, `heartbeat.rs`), its lock free, was left by a dead writer.
 pub(crate) const STALE: Duration = Duration::from_secs(3600);
 
 /// A temporary file being written: removed when dropped unless published,
@@ -79,13 +78,11 @@ impl Drop for TempFile {
 
 impl TempFile {
     /// The file to write `final_name` of `len` bytes in `dir` through: under
-    /// its lock (`<final_name>.lock` in `locks`, tried once: `Locked` where
-    /// another process holds it), its partial file (resumed); where there is
-    /// no lock (none asked, or it cannot be made: a read-only folder, a name
-    /// another user took), or the partial file's name is not this user's, a
-    /// process-unique name (nothing kept to resume). Its space reserved where
-    /// the filesystem can. Refused where `final_name` exists (another process
-    /// published it).
+    /// its lock (`<final_name>.lock` in `locks`, tried: `Locked` where held),
+    /// its partial file, resumed; without one (none asked, or none to be
+    /// made: a read-only folder, another user's name), or where the partial
+    /// file is not this user's, a process-unique name. Its space reserved
+    /// where it can be. Refused where `final_name` exists (published).
     pub(crate) fn make(
         dir: Dir,
         final_name: &str,
@@ -147,16 +144,13 @@ impl TempFile {
 /// Whether a file last changed at `modified` is older than [`STALE`] at
 /// `now` (a file of no known age is not).
 pub(crate) fn stale(modified: Option<SystemTime>, now: SystemTime) -> bool {
-    modified
-        .and_then(|at| now.duration_since(at).ok())
-        .is_some_and(|age| age > STALE)
+    modified.is_some_and(|at| now.duration_since(at).is_ok_and(|age| age > STALE))
 }
 
-/// Removes the temporary files of `dir` that writers which died left, by
-/// the dead-owner rule: not written to for [`STALE`] (its age first), the
-/// lock of their final name in `locks` free (tried, never waited for). A
-/// live writer, ours or the hub client's, holds the lock and writes on;
-/// where locks do nothing, the age alone keeps it.
+/// Removes the temporary files of `dir` that dead writers left, by the
+/// dead-owner rule: not written to for [`STALE`], the lock of their final
+/// name in `locks` free. A live writer, ours or the hub client's, holds the
+/// lock and writes on; where locks do nothing, the age alone keeps it.
 pub(crate) fn sweep(dir: &Dir, locks: &Dir) {
     let now = SystemTime::now();
     let stale = |name: &str| match dir.entry(name) {
@@ -164,10 +158,8 @@ pub(crate) fn sweep(dir: &Dir, locks: &Dir) {
         _ => false,
     };
     for name in dir.names().unwrap_or_default() {
-        let Some(lock) = layout::final_of_temp(&name).map(layout::lock_name) else {
-            continue;
-        };
-        if stale(&name) {
+        let lock = layout::final_of_temp(&name).map(layout::lock_name);
+        if let Some(lock) = lock.filter(|_| stale(&name)) {
             let remove = |_: &Lock| stale(&name) && dir.remove(&name).is_ok();
             coord::sweep(Place::Shared(locks, &lock), remove);
         }

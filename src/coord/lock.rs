@@ -1,11 +1,9 @@
 //! The one lock file of every protocol between processes (the node copy's key, the prefetch queue, a cache's file): opened privately and never through a link, tried or waited for within a bound, its name checked again once held, and what stands at a name that is not this user's said.
 //!
-//! Locks are `flock(2)`'s, dropped by the kernel with the last reference to
-//! the open file (its descriptor, any map of it): a process that dies lets
-//! go of its locks, so a lock held means a live holder. A wait polls the
-//! non-blocking call, as `flock(2)` cannot be told to give up (and a stopped
-//! holder keeps its locks). A private name removed or replaced while this
-//! process waited is opened again, so that a lock held is its name's.
+//! Locks are `flock(2)`'s, dropped with the last reference to the open file
+//! (its descriptor, any map of it): a process that dies lets go of its
+//! locks, so a lock held means a live holder. A wait polls, as `flock(2)`
+//! cannot be told to give up (and a stopped holder keeps its locks).
 
 use std::fs::File;
 use std::io;
@@ -15,33 +13,26 @@ use std::time::{Duration, Instant};
 use super::foreign_at;
 use crate::os::{self, NameKind};
 
-/// How long a process waits for a lock another process holds before it
-/// takes the holder for stopped: far past any hold of the protocols here,
-/// each a few steps that are themselves bounded.
+/// How long a process waits for a lock another holds before it takes the
+/// holder for stopped: far past any hold here, each a few bounded steps.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
 
 /// The longest pause between two tries of a lock waited for.
 ///
-/// NOTE: a waiter sees a lock let go at most this late; the node copy's
-/// ranks take their key's lock one after another, so a few milliseconds
-/// each is all the poll costs them against a blocking `flock(2)`.
+/// NOTE: a waiter sees a lock let go at most this late: the node copy's
+/// ranks, which take their key's lock in turn, lose a few milliseconds each.
 const LONGEST_PAUSE: Duration = Duration::from_millis(4);
-
-/// How many times a private name replaced under a waiter is opened again.
-const REOPENS: usize = 8;
 
 /// Where a lock file is.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Place<'a> {
     /// A path in a directory every local user may write (`/dev/shm`): this
-    /// user's regular file, `0600`, made where missing; anything else at the
-    /// name is refused, the error saying what it is and whose. Its holder
-    /// may remove it ([`Lock::remove`]), so its name is checked again once
-    /// held.
+    /// user's regular file, `0600`, made where missing (anything else is
+    /// refused, saying what it is and whose); its holder may remove it, so
+    /// its name is checked again once held.
     Private(&'a Path),
-    /// A name in a cache's folder, shared with other programs (the hub's
-    /// client locks the same names): a regular file, made where missing,
-    /// never through a link. Nothing removes such a name.
+    /// A name in a cache's folder, which the hub's client locks too: a
+    /// regular file, made where missing, never through a link, never removed.
     #[cfg(feature = "remote")]
     Shared(&'a os::Dir, &'a str),
 }
@@ -80,7 +71,8 @@ impl Lock {
     /// past the wait.
     pub(crate) fn take(place: Place<'_>, wait: Duration) -> io::Result<Lock> {
         let deadline = Instant::now() + wait;
-        for _ in 0..REOPENS {
+        // A private name replaced under a waiter is opened again.
+        for _ in 0..8 {
             let (file, path) = place.open()?;
             let lock = Lock { file, path };
             if !lock.acquire(deadline)? {

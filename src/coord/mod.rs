@@ -24,9 +24,8 @@ pub(crate) use owner::Owner;
 use crate::os::{self, NameKind};
 
 /// The dead-owner rule over a name guarded by the lock at `lock`: the lock
-/// tried, never waited for (held, the name is a live writer's); under it,
-/// `remove` removes the name unless its tag names a writer that runs, and
-/// says whether it went.
+/// tried (held, the name is a live writer's); under it, `remove` removes the
+/// name unless its tag names a writer that runs, saying whether it went.
 pub(crate) fn sweep(lock: Place<'_>, remove: impl FnOnce(&Lock) -> bool) -> bool {
     Lock::take(lock, std::time::Duration::ZERO).is_ok_and(|lock| remove(&lock))
 }
@@ -34,12 +33,8 @@ pub(crate) fn sweep(lock: Place<'_>, remove: impl FnOnce(&Lock) -> bool) -> bool
 /// The directory the processes of a node share names in: `/dev/shm` where
 /// it is a directory, else the temporary directory.
 pub(crate) fn shared_dir() -> PathBuf {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    }
+    let shm = Some(Path::new("/dev/shm")).filter(|shm| shm.is_dir());
+    shm.map_or_else(std::env::temp_dir, Path::to_path_buf)
 }
 
 /// FNV-1a, 64 bits, from `seed`: a stable hash (the same in every build and

@@ -2,11 +2,11 @@
 //!
 //! In the queue directory (`/dev/shm`, else the temporary directory):
 //!
-//! - `safeload-node-<key>-u<uid>.lock`: a file `0600`, locked with
-//!   `flock(2)` while a rank looks for a copy, creates one or starts or stops
+//! - `safeload-node-<key>-u<uid>.lock`: a private lock file (`coord/lock.rs`)
+//!   held while a rank looks for a copy, creates one or starts or stops
 //!   handing one out, so that two ranks never both create the copy;
 //! - `safeload-node-<key>-<owner>.sock`: one socket per rank that holds the
-//!   copy, named by its owner word (pid and start time, `prefetch/owner.rs`),
+//!   copy, named by its owner word (pid and start time, `coord/owner.rs`),
 //!   so that a socket whose process is gone is known dead by its name.
 //!
 //! The key covers each file's device, inode, size and modification time

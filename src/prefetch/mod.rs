@@ -13,7 +13,7 @@
 //! compare-and-swap, so a rank that finishes early goes on with the chunks
 //! of a slower one and no chunk is read twice on a node. When no chunk is
 //! free, a reader takes over the chunks of claimers that have died
-//! (`owner.rs`) or stopped (below), and waits for those of the others
+//! (`coord/owner.rs`) or stopped (below), and waits for those of the others
 //! (`worker.rs`).
 //!
 //! The first rank creates the queue file, checks residency and applies the

@@ -468,6 +468,7 @@ mod checkpoint;
 pub mod cluster;
 #[doc(hidden)]
 pub mod convert;
+mod coord;
 #[doc(hidden)]
 pub mod demo;
 mod dest;

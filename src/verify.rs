@@ -1,4 +1,4 @@
-//! Integrity: the SHA-256 of each file a load reads, streamed in file order as its reads land, and the digest it must have (a Hugging Face cache blob's name, or the caller's).
+//! Integrity: the one in-order hasher (any digest over a file's bytes in file order, [`InOrder`], also the caches'), the SHA-256 of each file a load reads, streamed as its reads land, and the digest it must have (a Hugging Face cache blob's name, or the caller's).
 //!
 //! A buffered file read whole is hashed by the reader threads as its chunks
 //! arrive: chunks land out of order, so each is kept (borrowed, not copied)
@@ -11,29 +11,33 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 
+use sha2::digest::Update;
 use sha2::{Digest, Sha256};
 
 /// A SHA-256 digest.
 pub(crate) type Digest256 = [u8; 32];
 
-/// The digest in lowercase hex, as `sha256sum` and the Hugging Face cache
+/// A digest in lowercase hex, as `sha256sum` and the Hugging Face cache
 /// write it.
-pub(crate) fn hex(digest: &Digest256) -> String {
+pub(crate) fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A digest from 64 hex digits (either case); `None` for anything else.
+/// A SHA-256 digest from 64 hex digits (either case, spaces around them
+/// left out); `None` for anything else.
 pub(crate) fn parse_hex(text: &str) -> Option<Digest256> {
-    let text = text.trim();
-    if text.len() != 64 || !text.is_ascii() {
-        return None;
-    }
     let mut out = [0u8; 32];
-    for (byte, pair) in out.iter_mut().zip(text.as_bytes().chunks_exact(2)) {
-        let pair = std::str::from_utf8(pair).ok()?;
-        *byte = u8::from_str_radix(pair, 16).ok()?;
-    }
-    Some(out)
+    hex_into(text.trim(), &mut out).then_some(out)
+}
+
+/// Whether `text` is hex digits (either case) that fill `out` exactly,
+/// which then holds their bytes.
+pub(crate) fn hex_into(text: &str, out: &mut [u8]) -> bool {
+    let byte = |pair: &[u8]| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok();
+    text.len() == 2 * out.len()
+        && text.is_ascii()
+        && (out.iter_mut().zip(text.as_bytes().chunks_exact(2)))
+            .all(|(b, pair)| byte(pair).map(|v| *b = v).is_some())
 }
 
 /// The digest a file must have where its name says so: a blob of a Hugging
@@ -48,57 +52,86 @@ pub(crate) fn expected_from_cache(canonical: &Path) -> Option<Digest256> {
     parse_hex(canonical.file_name()?.to_str()?)
 }
 
-/// A file's SHA-256, fed with its bytes in any order: each run is hashed
-/// once every byte before it is.
-pub(crate) struct StreamHasher<'a> {
-    state: Mutex<State<'a>>,
-}
-
-struct State<'a> {
-    sha: Sha256,
-    /// The file offset up to which bytes are hashed.
+/// The one in-order hasher: any digest fed in pieces (`digest::Update`: a
+/// load's SHA-256, a cache's SHA-256 or git-blob SHA-1, a piece's XXH3) over
+/// a file's bytes from an offset on, in file order. Bytes ahead of the next
+/// are refused ([`take`](Self::take)), or kept until the gap closes where
+/// the caller keeps them alive ([`land`](Self::land)).
+#[derive(Debug, Clone)]
+pub(crate) struct InOrder<'a, H> {
+    hash: H,
     next: u64,
-    /// Runs that arrived ahead of `next`, by file offset.
+    /// Runs that landed ahead of `next`, by file offset.
     ahead: BTreeMap<u64, &'a [u8]>,
 }
+
+impl<'a, H: Update> InOrder<'a, H> {
+    /// `hash` over the file's bytes from `from` on (none taken yet).
+    pub(crate) fn new(hash: H, from: u64) -> InOrder<'a, H> {
+        let (next, ahead) = (from, BTreeMap::new());
+        InOrder { hash, next, ahead }
+    }
+
+    /// The offset of the byte it takes next.
+    pub(crate) fn next(&self) -> u64 {
+        self.next
+    }
+
+    /// Takes `bytes`, the file's at `offset`, where they continue the hash:
+    /// whether they did (else nothing is taken).
+    pub(crate) fn take(&mut self, offset: u64, bytes: &[u8]) -> bool {
+        if offset != self.next {
+            return false;
+        }
+        self.hash.update(bytes);
+        self.next += bytes.len() as u64;
+        true
+    }
+
+    /// Takes `bytes`, the file's at `offset`, and what waited for them, if
+    /// they are next; else keeps them for later.
+    pub(crate) fn land(&mut self, offset: u64, bytes: &'a [u8]) {
+        self.ahead.insert(offset, bytes);
+        while let Some(bytes) = self.ahead.remove(&self.next) {
+            self.take(self.next, bytes);
+        }
+    }
+
+    /// The digest of the file up to `end`, where every byte before it was
+    /// taken and none beyond; `None` where some never landed.
+    pub(crate) fn finish(self, end: u64) -> Option<H> {
+        (self.next == end && self.ahead.is_empty()).then_some(self.hash)
+    }
+
+    /// The digest of what was taken.
+    pub(crate) fn into_inner(self) -> H {
+        self.hash
+    }
+}
+
+/// A file's SHA-256, fed with its bytes in any order from many threads:
+/// each run is hashed once every byte before it is.
+pub(crate) struct StreamHasher<'a>(Mutex<InOrder<'a, Sha256>>);
 
 impl<'a> StreamHasher<'a> {
     /// A hasher that has hashed `prefix`, the file's first bytes.
     pub(crate) fn new(prefix: &[u8]) -> StreamHasher<'a> {
-        let mut sha = Sha256::new();
-        sha.update(prefix);
-        StreamHasher {
-            state: Mutex::new(State {
-                sha,
-                next: prefix.len() as u64,
-                ahead: BTreeMap::new(),
-            }),
-        }
+        let mut sha = InOrder::new(Sha256::new(), 0);
+        sha.take(0, prefix);
+        StreamHasher(Mutex::new(sha))
     }
 
-    /// The bytes at `offset` of the file have landed. Hashes them, and what
-    /// was waiting for them, if they are next; else keeps them for later.
+    /// The bytes at `offset` of the file have landed ([`InOrder::land`]).
     pub(crate) fn land(&self, offset: u64, bytes: &'a [u8]) {
-        let Ok(mut state) = self.state.lock() else {
-            return;
-        };
-        let state = &mut *state;
-        state.ahead.insert(offset, bytes);
-        while let Some(entry) = state.ahead.first_entry() {
-            if *entry.key() != state.next {
-                break;
-            }
-            let bytes = entry.remove();
-            state.sha.update(bytes);
-            state.next += bytes.len() as u64;
+        if let Ok(mut sha) = self.0.lock() {
+            sha.land(offset, bytes);
         }
     }
 
     /// The digest of the file's first `len` bytes, or `None` where some of
     /// them never landed (a read failed, and the load with it).
     pub(crate) fn finish(self, len: u64) -> Option<Digest256> {
-        let state = self.state.into_inner().ok()?;
-        (state.next == len && state.ahead.is_empty()).then(|| state.sha.finalize().into())
+        Some(self.0.into_inner().ok()?.finish(len)?.finalize().into())
     }
 }
 
@@ -113,13 +146,13 @@ pub(crate) fn of_source(
     source: &dyn crate::source::Source,
     len: u64,
 ) -> Result<Digest256, (u64, std::io::Error)> {
-    let mut sha = Sha256::new();
+    let mut sha = InOrder::new(Sha256::new(), 0);
     crate::os::read_in_steps(0..len, &mut Vec::new(), 8 << 20, |piece, at| {
         source.read_at(piece, piece.len(), at)?;
-        sha.update(&*piece);
+        sha.take(at, piece);
         Ok(())
     })?;
-    Ok(sha.finalize().into())
+    Ok(sha.into_inner().finalize().into())
 }
 
 #[cfg(test)]
@@ -175,6 +208,34 @@ mod tests {
         assert_eq!(h.finish(data.len() as u64), None);
         assert_eq!(hex(&StreamHasher::new(b"").finish(0).unwrap()), EMPTY);
         assert_eq!(hex(&StreamHasher::new(b"abc").finish(3).unwrap()), ABC);
+    }
+
+    #[test]
+    fn in_order_takes_only_what_continues_it_and_hashes_as_the_whole() {
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i * 13 % 241) as u8).collect();
+        let mut h = InOrder::new(Sha256::new(), 0);
+        assert!(!h.take(5, &data[5..10]), "a gap is not taken");
+        assert_eq!(h.next(), 0);
+        for (i, run) in data.chunks(3331).enumerate() {
+            assert!(h.take((i * 3331) as u64, run));
+        }
+        assert!(!h.take(0, &data[..1]), "bytes taken twice are not");
+        assert_eq!(h.next(), data.len() as u64);
+        let whole: Digest256 = Sha256::digest(&data).into();
+        assert_eq!(
+            Digest256::from(h.finish(data.len() as u64).unwrap().finalize()),
+            whole
+        );
+        // From an offset: the hash of the bytes from there.
+        let mut tail = InOrder::new(Sha256::new(), 1000);
+        assert!(tail.take(1000, &data[1000..]));
+        assert!(
+            tail.clone().finish(data.len() as u64 - 1).is_none(),
+            "not its end"
+        );
+        let expected: Digest256 = Sha256::digest(&data[1000..]).into();
+        let finished = tail.finish(data.len() as u64).unwrap().finalize();
+        assert_eq!(Digest256::from(finished), expected);
     }
 
     #[test]

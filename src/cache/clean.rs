@@ -15,11 +15,12 @@ use std::collections::BTreeSet;
 use std::io;
 use std::path::Path;
 
-use super::hub::{STALE, read_small};
+use super::hub::read_small;
 use super::layout;
 use super::remover::{
     Cleaner, Holds, MAX_DEPTH, RepoDir, is_old_temp_name, not_found, root_of_process,
 };
+use super::temp::stale;
 use crate::error::{Error, Operation, Result};
 use crate::os::{Dir, EntryKind};
 use crate::remote::url::{HUB_NAME_RULE, HUB_REVISION_RULE, hub_name_ok, hub_revision_ok};
@@ -362,10 +363,7 @@ impl Cleaner {
                 let Ok(EntryKind::File { modified, .. }) = blobs.entry(name) else {
                     continue;
                 };
-                let stale = modified
-                    .and_then(|at| self.now.duration_since(at).ok())
-                    .is_some_and(|age| age > STALE);
-                if stale {
+                if stale(modified, self.now) {
                     self.unlink_blob(repo, &blobs, name);
                 } else {
                     self.keep(repo.sub_path(&["blobs", name]), KeepReason::Recent);

@@ -17,16 +17,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::layout::{self, SHARED_STORE_MARKER};
 use super::partial;
-use super::temp::{nonce, try_lock};
+use super::temp::{self, nonce};
 use super::write::{Target, TempFile};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::{CacheStore, NotCached};
 
 /// Refs, marker and lock files are a few bytes; more is not the layout.
 const SMALL_FILE: u64 = 4096;
-/// A temporary file not written to for this long, whose blob's lock no one
-/// holds, was left by a writer that died: a sweep removes it.
-pub(crate) const STALE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// A file found in a cache, opened: the path it is shown by, and the SHA-256
 /// its blob's name vouches for, where the name is one.
@@ -206,35 +203,6 @@ impl RepoWriter {
         }
     }
 
-    /// Removes, once, the temporary files of `blobs` that writers which
-    /// died left: not written to for [`STALE`], their blob's lock free
-    /// (tried, never waited for). A live writer, ours or the hub client's,
-    /// holds the lock and writes on; where locks do nothing, the age alone
-    /// keeps it.
-    fn sweep(&self, blobs: &Dir) {
-        if self.swept.swap(true, Ordering::Relaxed) {
-            return;
-        }
-        let Ok(names) = blobs.names() else {
-            return;
-        };
-        let now = std::time::SystemTime::now();
-        for name in names.iter().filter(|n| layout::is_temp_name(n)) {
-            let Ok(EntryKind::File {
-                modified: Some(at), ..
-            }) = blobs.entry(name)
-            else {
-                continue;
-            };
-            if now.duration_since(at).is_ok_and(|age| age > STALE) {
-                let blob = name.split('.').next().unwrap_or_default();
-                if let Ok(Some(_lock)) = self.lock(blob) {
-                    let _ = blobs.remove(name);
-                }
-            }
-        }
-    }
-
     /// The cache's root, made where missing (the path is the user's own
     /// choice: followed).
     fn root(&self) -> io::Result<Dir> {
@@ -275,10 +243,14 @@ impl RepoWriter {
         snapshot.join(&self.commit).join(path)
     }
 
-    /// The blob's lock, tried once: `None` where another process holds it.
-    fn lock(&self, blob: &str) -> io::Result<Option<File>> {
-        let locks = self.root()?.sub(".locks", true)?.sub(&self.folder, true)?;
-        try_lock(&locks, &layout::lock_name(blob))
+    /// The repository's `blobs/`, made where `create` says so.
+    fn blobs(&self, create: bool) -> io::Result<Dir> {
+        self.repo()?.sub("blobs", create)
+    }
+
+    /// The repository's folder of locks, made where missing.
+    fn locks(&self) -> io::Result<Dir> {
+        self.root()?.sub(".locks", true)?.sub(&self.folder, true)
     }
 
     /// Links `snapshots/<commit>/<path>` to the blob, replacing any other
@@ -359,31 +331,22 @@ impl Target for HubTarget {
     }
 
     fn begin(&self, len: u64) -> Result<TempFile, NotCached> {
-        let unwritable = |e: io::Error| NotCached::of_io(&e);
-        let blobs = self
-            .writer
-            .repo()
-            .and_then(|r| r.sub("blobs", true))
-            .map_err(unwritable)?;
-        self.writer.sweep(&blobs);
-        let lock = match self.writer.lock(&self.blob) {
-            Ok(Some(lock)) => Some(lock),
-            Ok(None) => return Err(NotCached::Locked),
-            // A lock that cannot be made (a read-only `.locks`, a name
-            // another user took): the file is written without it, under a
-            // name of this process (nothing kept to resume).
-            Err(_) => None,
-        };
-        TempFile::make(blobs, &self.blob, len, lock)
+        let blobs = self.writer.blobs(true).map_err(|e| NotCached::of_io(&e))?;
+        let locks = self.writer.locks().ok();
+        let first = !self.writer.swept.swap(true, Ordering::Relaxed);
+        if let Some(locks) = locks.as_ref().filter(|_| first) {
+            temp::sweep(&blobs, locks);
+        }
+        TempFile::make(blobs, &self.blob, len, locks)
     }
 
     fn published(&self, len: u64) -> Option<File> {
-        let blobs = self
+        let file = self
             .writer
-            .repo()
-            .and_then(|r| r.sub("blobs", false))
+            .blobs(false)
+            .ok()?
+            .open_nofollow(&self.blob)
             .ok()?;
-        let file = blobs.open_nofollow(&self.blob).ok()?;
         if file.metadata().ok()?.len() != len {
             return None;
         }
@@ -393,7 +356,7 @@ impl Target for HubTarget {
     }
 
     fn activity(&self) -> partial::Activity {
-        match self.writer.repo().and_then(|r| r.sub("blobs", false)) {
+        match self.writer.blobs(false) {
             Ok(blobs) => partial::activity(&blobs, &self.blob),
             Err(_) => partial::Activity::default(),
         }

@@ -16,6 +16,8 @@ use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use crate::verify::hex_into;
+
 /// `0` (or `false`, `no`, `off`) turns the hub cache off for a load that
 /// does not choose itself (`Loader::hub_cache`).
 pub(crate) const HUB_CACHE_ENV: &str = "SAFELOAD_HUB_CACHE";
@@ -143,31 +145,15 @@ pub(crate) enum Named {
 /// What the blob name `name` (an ETag, normalized) vouches for, where it is
 /// a digest; `None` for any other name (such a file is not written).
 pub(crate) fn named_digest(name: &str) -> Option<Named> {
-    let hex = |text: &str, out: &mut [u8]| {
-        text.len() == out.len() * 2
-            && out
-                .iter_mut()
-                .zip(text.as_bytes().chunks_exact(2))
-                .all(|(b, pair)| {
-                    let pair = std::str::from_utf8(pair).ok();
-                    match pair.and_then(|p| u8::from_str_radix(p, 16).ok()) {
-                        Some(v) => {
-                            *b = v;
-                            true
-                        }
-                        None => false,
-                    }
-                })
-    };
     if name.bytes().any(|b| b.is_ascii_uppercase()) {
         return None;
     }
     let mut sha = [0u8; 32];
-    if hex(name, &mut sha) {
+    if hex_into(name, &mut sha) {
         return Some(Named::Sha256(sha));
     }
     let mut git = [0u8; 20];
-    hex(name, &mut git).then_some(Named::GitBlob(git))
+    hex_into(name, &mut git).then_some(Named::GitBlob(git))
 }
 
 /// An ETag as the hub's client names a blob by it: without a weak `W/` and
@@ -243,21 +229,21 @@ pub(crate) fn temp_name(final_name: &str, nonce: u64) -> String {
 /// `<name>.safeload-pieces`): what a sweep may remove once its writer is
 /// gone.
 pub(crate) fn is_temp_name(name: &str) -> bool {
-    if super::partial::final_of(name).is_some_and(is_plain) {
-        return true;
-    }
-    let Some(stem) = name.strip_suffix(TEMP_SUFFIX) else {
-        return false;
-    };
-    let Some((base, nonce)) = stem.rsplit_once('.') else {
-        return false;
-    };
-    is_plain(base)
-        && (8..=32).contains(&nonce.len())
-        && nonce.bytes().all(|b| b.is_ascii_hexdigit())
+    final_of_temp(name).is_some()
 }
 
-/// The lock file of a blob, in `.locks/<repo folder>/`.
+/// The final name a temporary name ([`is_temp_name`]) is written for.
+pub(crate) fn final_of_temp(name: &str) -> Option<&str> {
+    if let Some(last) = super::partial::final_of(name).filter(|n| is_plain(n)) {
+        return Some(last);
+    }
+    let (base, nonce) = name.strip_suffix(TEMP_SUFFIX)?.rsplit_once('.')?;
+    let nonce_ok = (8..=32).contains(&nonce.len()) && nonce.bytes().all(|b| b.is_ascii_hexdigit());
+    (is_plain(base) && nonce_ok).then_some(base)
+}
+
+/// The lock file of a final name: a blob's in `.locks/<repo folder>/`, an
+/// object's beside it.
 pub(crate) fn lock_name(blob: &str) -> String {
     format!("{blob}.lock")
 }
@@ -490,8 +476,20 @@ mod tests {
             ".safeload-partial".to_owned(),
         ] {
             assert!(!is_temp_name(&not), "{not}");
+            assert_eq!(final_of_temp(&not), None, "{not}");
         }
         assert_eq!(lock_name("x"), "x.lock");
+        // Each leads back to the name it is written for, dots and all (its
+        // lock's name).
+        let name = "model-00001-of-00002.safetensors";
+        for temp in [
+            temp_name(name, 7),
+            format!("{name}.safeload-partial"),
+            format!("{name}.safeload-pieces"),
+        ] {
+            assert_eq!(final_of_temp(&temp), Some(name), "{temp}");
+        }
+        assert_eq!(final_of_temp(&temp), Some(blob.as_str()));
     }
 
     #[test]

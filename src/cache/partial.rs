@@ -93,8 +93,7 @@ pub(crate) fn open(dir: &Dir, final_name: &str, len: u64) -> Option<Opened> {
         if range.end > have || recorded.contains(&index) {
             continue;
         }
-        let mut bytes = vec![0u8; (range.end - range.start) as usize];
-        if os::read_exact_at(&file, &mut bytes, range.start).is_ok() && xxh3_128(&bytes) == hash {
+        if hash_piece(&file, None, index, len) == Some(hash) {
             recorded.insert(index);
             entries.push((index, hash));
             kept.push(range);
@@ -244,18 +243,8 @@ pub(crate) fn hash_piece(
     len: u64,
 ) -> Option<u128> {
     let range = piece(index, len);
-    if let Some(hash) = view.and_then(|v| v.hash(range.clone(), xxh3_128)) {
-        return Some(hash);
-    }
-    let n = usize::try_from(range.end - range.start).ok()?;
-    SCRATCH.with(|scratch| {
-        let mut scratch = scratch.borrow_mut();
-        if scratch.len() < n {
-            scratch.resize(n, 0);
-        }
-        let bytes = scratch.get_mut(..n)?;
-        os::read_exact_at(file, bytes, range.start).ok()?;
-        Some(xxh3_128(bytes))
+    SCRATCH.with_borrow_mut(|scratch| {
+        super::check::with_bytes((file, view), range, scratch, xxh3_128).ok()
     })
 }
 

@@ -1,11 +1,11 @@
 //! The removal of names of the hub cache, one at a time, for `clean.rs`: owned by this user (by `lstat`), a blob's lock free and held while it goes, a folder after all it holds, nothing followed; a dry run walks the same steps and removes nothing.
 
-use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use super::layout;
+use crate::coord::{Lock, Place};
 use crate::error::{Error, Operation, Result};
 use crate::os::{self, Dir, EntryKind};
 use crate::report::{
@@ -296,22 +296,21 @@ pub(super) fn is_old_temp_name(name: &str) -> bool {
 }
 
 /// The blob's lock, tried once: `Ok(None)` where there is no lock file
-/// (no one can hold it), `Ok(Some)` held by this process until dropped.
-fn lock(repo: &RepoDir, blob: &str) -> std::result::Result<Option<File>, KeepReason> {
+/// (no one can hold it; none is made), `Ok(Some)` held by this process
+/// until dropped.
+fn lock(repo: &RepoDir, blob: &str) -> std::result::Result<Option<Lock>, KeepReason> {
+    let name = layout::lock_name(blob);
     let Some(locks) = &repo.locks else {
         return Ok(None);
     };
-    let failed = |e: io::Error| KeepReason::Failed {
-        error: format!("its lock: {e}"),
-    };
-    let file = match locks.open_nofollow(&layout::lock_name(blob)) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(failed(e)),
-    };
-    match os::try_flock(&file) {
-        Ok(true) => Ok(Some(file)),
-        Ok(false) => Err(KeepReason::Locked),
-        Err(e) => Err(failed(e)),
+    if matches!(locks.entry(&name), Ok(EntryKind::Missing)) {
+        return Ok(None);
+    }
+    match Lock::take(Place::Shared(locks, &name), Duration::ZERO) {
+        Ok(lock) => Ok(Some(lock)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(KeepReason::Locked),
+        Err(e) => Err(KeepReason::Failed {
+            error: format!("its lock: {e}"),
+        }),
     }
 }

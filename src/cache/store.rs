@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 
 use super::layout::{self, ADDRESS_FILE, OBJECTS_FOLDER};
 use super::partial;
-use super::temp::{nonce, try_lock};
+use super::temp::{self, nonce};
 use super::write::{Target, TempFile};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::{CacheStore, NotCached};
@@ -89,29 +89,6 @@ fn object_name(address: &str) -> String {
     }
 }
 
-/// Removes the temporary files of an object's folder that writers which died
-/// left: not written to for an hour (the cache directory takes no locks: a
-/// live writer writes on).
-fn sweep(dir: &Dir) {
-    let Ok(names) = dir.names() else {
-        return;
-    };
-    let now = std::time::SystemTime::now();
-    for name in names.iter().filter(|n| layout::is_temp_name(n)) {
-        if let Ok(EntryKind::File {
-            modified: Some(at), ..
-        }) = dir.entry(name)
-        {
-            if now
-                .duration_since(at)
-                .is_ok_and(|age| age > super::hub::STALE)
-            {
-                let _ = dir.remove(name);
-            }
-        }
-    }
-}
-
 /// One object version written to a cache directory.
 pub(crate) struct StoreTarget {
     root: PathBuf,
@@ -149,7 +126,7 @@ impl Target for StoreTarget {
     fn begin(&self, len: u64) -> Result<TempFile, NotCached> {
         let unwritable = |e: io::Error| NotCached::of_io(&e);
         let (object, dir) = self.folders().map_err(unwritable)?;
-        sweep(&dir);
+        temp::sweep(&dir, &dir);
         // The address first, for listings (a few bytes; kept if there).
         if matches!(object.entry(ADDRESS_FILE), Ok(EntryKind::Missing)) {
             let temp = layout::temp_name(ADDRESS_FILE, nonce());
@@ -162,14 +139,9 @@ impl Target for StoreTarget {
                 }
             }
         }
-        let lock = match try_lock(&dir, &format!("{}.lock", self.name)) {
-            Ok(Some(file)) => Some(file),
-            Ok(None) => return Err(NotCached::Locked),
-            // A lock that cannot be made: written under a name of this
-            // process (nothing kept to resume).
-            Err(_) => None,
-        };
-        TempFile::make(dir, &self.name, len, lock)
+        // Its lock beside it.
+        let locks = dir.sub(".", false).ok();
+        TempFile::make(dir, &self.name, len, locks)
     }
 
     fn published(&self, len: u64) -> Option<File> {

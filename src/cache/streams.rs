@@ -13,6 +13,16 @@ use std::ops::Range;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::partial::{PIECE, piece};
+use crate::verify::InOrder;
+
+/// A piece's XXH3-128, as the in-order hasher takes it.
+pub(crate) struct PieceHash(Xxh3);
+
+impl sha2::digest::Update for PieceHash {
+    fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+}
 
 /// Where each piece being streamed is.
 #[derive(Default)]
@@ -21,8 +31,8 @@ pub(crate) struct Streams {
 }
 
 enum Stream {
-    /// Hashed up to `next`, in order from the piece's start.
-    Open { next: u64, hasher: Box<Xxh3> },
+    /// Hashed in order from the piece's start (boxed: an XXH3 state is large).
+    Open(Box<InOrder<'static, PieceHash>>),
     /// Being hashed by a read, outside the write's lock.
     Taken,
     /// Its bytes landed out of order: hashed from the file once finished.
@@ -31,11 +41,11 @@ enum Stream {
     Done(u128),
 }
 
-/// A piece's hash taken out to go on over `part` of the file.
+/// A piece's hash taken out to go on over the file to `end`.
 pub(crate) struct Taken {
     index: u64,
-    part: Range<u64>,
-    hasher: Box<Xxh3>,
+    end: u64,
+    hash: Box<InOrder<'static, PieceHash>>,
 }
 
 impl Streams {
@@ -52,20 +62,16 @@ impl Streams {
             if part.is_empty() {
                 continue;
             }
-            let slot = self.pieces.remove(&index);
-            let hasher = match slot {
-                None if part.start == whole.start => Some(Box::new(Xxh3::new())),
-                Some(Stream::Open { next, hasher }) if next == part.start => Some(hasher),
+            let hash = match self.pieces.remove(&index) {
+                None => Some(Box::new(InOrder::new(PieceHash(Xxh3::new()), whole.start))),
+                Some(Stream::Open(hash)) => Some(hash),
                 _ => None,
             };
-            match hasher {
-                Some(hasher) => {
+            match hash.filter(|h| h.next() == part.start) {
+                Some(hash) => {
                     self.pieces.insert(index, Stream::Taken);
-                    taken.push(Taken {
-                        index,
-                        part,
-                        hasher,
-                    });
+                    let end = part.end;
+                    taken.push(Taken { index, end, hash });
                 }
                 None => {
                     self.pieces.insert(index, Stream::Broken);
@@ -78,22 +84,17 @@ impl Streams {
     /// Puts back what [`hash`] went on with: a piece hashed to its end is
     /// done. One another read broke meanwhile stays broken.
     pub(crate) fn put(&mut self, taken: Vec<Taken>, len: u64) {
-        for Taken {
-            index,
-            part,
-            hasher,
-        } in taken
-        {
+        for Taken { index, end, hash } in taken {
             if !matches!(self.pieces.get(&index), Some(Stream::Taken)) {
                 continue;
             }
-            let stream = if part.end == piece(index, len).end {
-                Stream::Done(hasher.digest128())
-            } else {
-                Stream::Open {
-                    next: part.end,
-                    hasher,
+            let stream = match hash.next() {
+                next if next == piece(index, len).end => {
+                    Stream::Done(hash.into_inner().0.digest128())
                 }
+                next if next == end => Stream::Open(hash),
+                // A part that did not land whole.
+                _ => Stream::Broken,
             };
             self.pieces.insert(index, stream);
         }
@@ -114,10 +115,11 @@ impl Streams {
 /// `offset` of the file (outside the write's lock).
 pub(crate) fn hash(taken: &mut [Taken], bytes: &[u8], offset: u64) {
     for t in taken {
-        let from = usize::try_from(t.part.start - offset).ok();
-        let to = usize::try_from(t.part.end - offset).ok();
+        let at = t.hash.next();
+        let from = usize::try_from(at - offset).ok();
+        let to = usize::try_from(t.end - offset).ok();
         if let Some(part) = from.zip(to).and_then(|(from, to)| bytes.get(from..to)) {
-            t.hasher.update(part);
+            t.hash.take(at, part);
         }
     }
 }

@@ -6,11 +6,17 @@ use std::io;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
 
 use super::layout;
 use super::partial::{self, PieceLog};
+use crate::coord::{self, Lock, Place};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::NotCached;
+
+/// A temporary file not written to for this long (a live writer's changes
+/// every second, `heartbeat.rs`), its lock free, was left by a dead writer.
+pub(crate) const STALE: Duration = Duration::from_secs(3600);
 
 /// A temporary file being written: removed when dropped unless published,
 /// or kept for a later load to resume (a partial file with a finished
@@ -22,9 +28,8 @@ pub(crate) struct TempFile {
     pub temp: String,
     /// Shared with what reads back from it (`write::Local`).
     pub file: Arc<File>,
-    /// A lock held for as long as this lives (released as it closes), where
-    /// the cache takes one.
-    pub _lock: Option<File>,
+    /// A lock held for as long as this lives, where the cache takes one.
+    pub _lock: Option<Lock>,
     /// Set once the temporary name is gone (renamed to the final one).
     pub moved: AtomicBool,
     /// Whether its space is reserved (`fallocate`): a write within it cannot
@@ -72,18 +77,24 @@ impl Drop for TempFile {
 }
 
 impl TempFile {
-    /// The file to write `final_name` of `len` bytes in `dir` through: with
-    /// `lock` held, its partial file (resumed); without, or where that name
-    /// is not this user's, a process-unique name. Its space reserved where
-    /// the filesystem can. Refused where `final_name` exists (another
-    /// process published it).
+    /// The file to write `final_name` of `len` bytes in `dir` through: under
+    /// its lock (`<final_name>.lock` in `locks`, tried: `Locked` where held),
+    /// its partial file, resumed; without one (none asked, or none to be
+    /// made: a read-only folder, another user's name), or where the partial
+    /// file is not this user's, a process-unique name. Its space reserved
+    /// where it can be. Refused where `final_name` exists (published).
     pub(crate) fn make(
         dir: Dir,
         final_name: &str,
         len: u64,
-        lock: Option<File>,
+        locks: Option<Dir>,
     ) -> Result<TempFile, NotCached> {
         let unwritable = |e: io::Error| NotCached::of_io(&e);
+        let name = layout::lock_name(final_name);
+        let lock = match locks.map(|l| Lock::take(Place::Shared(&l, &name), Duration::ZERO)) {
+            Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => return Err(NotCached::Locked),
+            locked => locked.and_then(Result::ok),
+        };
         if matches!(dir.entry(final_name), Ok(EntryKind::File { .. })) {
             return Err(NotCached::PublishedElsewhere);
         }
@@ -130,12 +141,29 @@ impl TempFile {
     }
 }
 
-/// The lock file `name` of `dir` (made where missing, never through a
-/// link), taken where no other process holds it: `None` where one does.
-/// Tried once, never waited for.
-pub(crate) fn try_lock(dir: &Dir, name: &str) -> io::Result<Option<File>> {
-    let file = dir.open_lock(name)?;
-    Ok(os::try_flock(&file)?.then_some(file))
+/// Whether a file last changed at `modified` is older than [`STALE`] at
+/// `now` (a file of no known age is not).
+pub(crate) fn stale(modified: Option<SystemTime>, now: SystemTime) -> bool {
+    modified.is_some_and(|at| now.duration_since(at).is_ok_and(|age| age > STALE))
+}
+
+/// Removes the temporary files of `dir` that dead writers left, by the
+/// dead-owner rule: not written to for [`STALE`], the lock of their final
+/// name in `locks` free. A live writer, ours or the hub client's, holds the
+/// lock and writes on; where locks do nothing, the age alone keeps it.
+pub(crate) fn sweep(dir: &Dir, locks: &Dir) {
+    let now = SystemTime::now();
+    let stale = |name: &str| match dir.entry(name) {
+        Ok(EntryKind::File { modified, .. }) => stale(modified, now),
+        _ => false,
+    };
+    for name in dir.names().unwrap_or_default() {
+        let lock = layout::final_of_temp(&name).map(layout::lock_name);
+        if let Some(lock) = lock.filter(|_| stale(&name)) {
+            let remove = |_: &Lock| stale(&name) && dir.remove(&name).is_ok();
+            coord::sweep(Place::Shared(locks, &lock), remove);
+        }
+    }
 }
 
 /// A new file under a process-unique temporary name for `final_name`.

@@ -479,7 +479,7 @@ impl Write {
             begun: Mutex::new(Some(Arc::clone(&progress.begun))),
             file: Arc::clone(&progress.begun.file),
             view: progress.view.clone(),
-            job: Mutex::new(Some((Hasher::new(self.check, self.len), 0))),
+            job: Mutex::new(Some(Hasher::start(self.check, self.len))),
             proof: Mutex::new((!unproven.is_empty()).then_some(unproven)),
         });
         // The record goes with `Progress`: every piece is written, and the
@@ -506,7 +506,7 @@ impl Write {
                     // the process's fills to end, then takes the CPU time
                     // left (`settle` finishes it at the waiter's priority).
                     os::idle_priority();
-                    checking::after_fills(&theirs.file);
+                    checking::after_fills();
                     write.check(&theirs);
                 })
                 .ok()

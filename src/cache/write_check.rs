@@ -11,6 +11,7 @@ use super::super::check::{Hasher, View, hash_step};
 use super::{Phase, TempFile, Write, lock};
 use crate::os;
 use crate::source::NotCached;
+use crate::verify::InOrder;
 
 /// Reads bytes of the file from its store, at an offset, into a buffer
 /// (all of it): how a proof fetches again what an earlier load left.
@@ -19,10 +20,6 @@ pub(crate) type Refetch<'a> = &'a (dyn Fn(u64, &mut [u8]) -> io::Result<()> + Sy
 /// Bytes fetched again at a time by a proof that found the file's digest
 /// wrong.
 const REFETCH_STEP: usize = 8 << 20;
-
-/// How often a check marks the partial file as changed (its modification
-/// time), for the processes that wait for its writer.
-const CHECK_SHOWN: Duration = Duration::from_secs(1);
 
 /// How many cache files this process is filling as a load's destination
 /// (a map of the file), and what is told when none is left.
@@ -59,10 +56,10 @@ impl Drop for Filling {
 }
 
 /// Waits until this process fills no cache file as a load's destination,
-/// at most [`FILLS_WAIT`], marking `file` as changed every [`CHECK_SHOWN`]
-/// meanwhile: a process waiting for this writer sees it alive (its file is
-/// complete, its check about to begin).
-pub(super) fn after_fills(file: &File) {
+/// at most [`FILLS_WAIT`]. A process waiting for this writer sees it alive
+/// meanwhile, and through the check: the partial file's heartbeat goes on
+/// while the write holds it (`heartbeat.rs`).
+pub(super) fn after_fills() {
     let deadline = Instant::now() + FILLS_WAIT;
     let mut filling = lock(&FILLING);
     while *filling > 0 {
@@ -71,10 +68,9 @@ pub(super) fn after_fills(file: &File) {
             return;
         }
         filling = FILLS_OVER
-            .wait_timeout(filling, left.min(CHECK_SHOWN))
+            .wait_timeout(filling, left)
             .unwrap_or_else(PoisonError::into_inner)
             .0;
-        let _ = file.set_modified(std::time::SystemTime::now());
     }
 }
 
@@ -86,10 +82,10 @@ pub(super) struct Checking {
     pub(super) file: Arc<File>,
     /// A map of the file, hashed from where it holds the bytes.
     pub(super) view: Option<Arc<View>>,
-    /// The hash and the bytes it has taken so far: taken a step at a time
-    /// by the check's thread, or by whoever waits for it
-    /// ([`Write::settle`]); `None` once every byte is hashed.
-    pub(super) job: Mutex<Option<(Hasher, u64)>>,
+    /// The hash, in file order: taken a step at a time by the check's
+    /// thread, or by whoever waits for it ([`Write::settle`]); `None` once
+    /// every byte is hashed.
+    pub(super) job: Mutex<Option<InOrder<'static, Hasher>>>,
     /// The ranges an earlier load left in it, unproven: the file is checked
     /// by the read that completed it, before the load returns
     /// ([`Write::prove`]), and these are fetched again where it does not
@@ -137,20 +133,14 @@ impl Write {
     ) -> io::Result<()> {
         let mut scratch = Vec::new();
         let view = checking.view.as_deref();
-        let mut shown = Instant::now();
         loop {
-            // A process waiting for this writer sees the check as activity.
-            if shown.elapsed() > CHECK_SHOWN {
-                let _ = checking.file.set_modified(std::time::SystemTime::now());
-                shown = Instant::now();
-            }
             let mut job = lock(&checking.job);
-            let Some((hasher, at)) = job.as_mut() else {
+            let Some(hash) = job.as_mut() else {
                 // Hashed by the other, which publishes it.
                 return Ok(());
             };
-            if *at < self.len {
-                let step = hash_step(hasher, (&checking.file, view), at, self.len, &mut scratch);
+            if hash.next() < self.len {
+                let step = hash_step(hash, (&checking.file, view), self.len, &mut scratch);
                 if let Err(e) = step {
                     *job = None;
                     drop(job);
@@ -167,10 +157,10 @@ impl Write {
             }
             let taken = (job.take(), lock(&checking.begun).take());
             drop(job);
-            let (Some((hasher, _)), Some(begun)) = taken else {
+            let (Some(hash), Some(begun)) = taken else {
                 return Ok(());
             };
-            let mut mismatch = hasher.mismatch(self.check);
+            let mut mismatch = hash.into_inner().mismatch(self.check);
             if let (Some(_), Some(repair)) = (&mismatch, repair.take()) {
                 match self.repair(checking, repair) {
                     Ok(again) => mismatch = again,
@@ -215,20 +205,13 @@ impl Write {
                 at += n as u64;
             }
         }
-        let mut hasher = Hasher::new(self.check, self.len);
-        let mut at = 0;
+        let mut hash = Hasher::start(self.check, self.len);
         let mut scratch = Vec::new();
         let view = checking.view.as_deref();
-        while at < self.len {
-            hash_step(
-                &mut hasher,
-                (&checking.file, view),
-                &mut at,
-                self.len,
-                &mut scratch,
-            )?;
+        while hash.next() < self.len {
+            hash_step(&mut hash, (&checking.file, view), self.len, &mut scratch)?;
         }
-        Ok(hasher.mismatch(self.check))
+        Ok(hash.into_inner().mismatch(self.check))
     }
 
     /// Waits for the file's check where one is under way, taking its steps

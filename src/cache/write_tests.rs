@@ -28,14 +28,9 @@ impl Target for Folder {
             return Err(why.clone());
         }
         let dir = Dir::open(&self.path).map_err(|e| NotCached::of_io(&e))?;
-        let lock = match self.resumable {
-            true => match super::super::temp::try_lock(&dir, "final.lock").unwrap() {
-                Some(lock) => Some(lock),
-                None => return Err(NotCached::Locked),
-            },
-            false => None,
-        };
-        TempFile::make(dir, "final", len, lock)
+        // Its lock `final.lock` beside it.
+        let locks = self.resumable.then(|| dir.sub(".", false).unwrap());
+        TempFile::make(dir, "final", len, locks)
     }
     fn published(&self, len: u64) -> Option<File> {
         let file = Dir::open(&self.path).ok()?.open_nofollow("final").ok()?;

@@ -1,7 +1,7 @@
 //! A write that finds another process writing the same file (its lock held): waiting for that writer, taking what it publishes, or giving up and fetching the file itself once waiting would take longer.
 //!
 //! The writer's lock says it lives, and its file changing every second (its
-//! heartbeat, `heartbeat.rs`, its pieces, its check) says it runs: a waiter
+//! heartbeat until it is published, `heartbeat.rs`) says it runs: a waiter
 //! waits for it from its first step, before its first piece lands. Waiting
 //! is bounded by what fetching would take: a writer that crawls, or that
 //! stopped changing for the remote stall window, is given up on.

@@ -454,7 +454,7 @@ impl<'a> Sealed<'a> {
             mount: file.source().mount().cloned(),
             elapsed: Duration::from_nanos(self.finished_at.saturating_sub(self.started_at)),
             metadata: file.header().metadata.clone(),
-            sha256: self.sha256.as_ref().map(crate::verify::hex),
+            sha256: self.sha256.map(|d| crate::verify::hex(&d)),
             node_copy: None,
             cache: file.source().cache_use(),
             commit: file.source().commit().map(str::to_owned),

@@ -13,10 +13,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::handoff::{self, Offer, Refused};
-use super::registry::{self, Entry, Foreign, Lock};
+use super::registry::{self, Entry};
+use crate::coord::{Foreign, Lock, Owner};
 use crate::os;
 use crate::policy::Environment;
-use crate::prefetch::Owner;
 use crate::report::CopyRemark;
 
 /// A copy another rank handed out: its offer and memory files, and its pid.
@@ -130,13 +130,8 @@ pub(super) fn find(
         let Entry::Socket { key: k, owner } = name.entry else {
             continue;
         };
-        if k != key || owner == me || name.foreign.is_some() {
-            continue;
-        }
-        if !owner.alive() {
-            // This user's name (by lstat, just now): in a sticky directory
-            // no other user can have put something else there since.
-            let _ = std::fs::remove_file(&name.path);
+        // A dead holder's socket is skipped, left to the sweep.
+        if k != key || owner == me || name.foreign.is_some() || !owner.alive() {
             continue;
         }
         match handoff::take(&name.path, owner.pid, key) {
@@ -175,7 +170,7 @@ pub(super) fn wait_for_complete(
 ) -> Result<(Lock, Found), String> {
     let mut last_seen = Instant::now();
     loop {
-        let lock = Lock::take(lock_path)?;
+        let lock = registry::take_lock(lock_path)?;
         // What the last round of asking said, not every round's.
         let mut said = Remarks::default();
         let (found, filling) = find(asking, Wanted::Complete, &mut said);

@@ -3,12 +3,14 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::ask::{self, Asking, Found, Remarks, Wanted};
 use super::fill::{self, ReadHere};
 use super::handoff::{Maker, Offer, Server};
-use super::registry::{self, Lock};
+use super::registry;
 use super::{CHUNK, Pending, PerFile, Role};
+use crate::coord::{self, Lock, Owner, Place};
 use crate::dest::node::{self as copy, CopyFill};
 use crate::dest::pages::HugePages;
 use crate::file::OpenedFile;
@@ -16,7 +18,7 @@ use crate::memory;
 use crate::options::Options;
 use crate::os;
 use crate::policy::{self, Environment};
-use crate::prefetch::{self, LocalRank, Owner};
+use crate::prefetch::{self, LocalRank};
 use crate::report::{CopyRemark, NodeCopy};
 
 /// Finds, or makes, the copy of `files`, fills it with the other ranks and
@@ -128,7 +130,7 @@ impl<'a> Coordination<'a> {
             .map_or(CHUNK, |c| c as u64);
         let dir = prefetch
             .and_then(|p| p.queue_dir.clone())
-            .unwrap_or_else(prefetch::default_queue_dir);
+            .unwrap_or_else(coord::shared_dir);
         let job = prefetch::job_key(env.lookup(), os::parent_pid());
         let key = registry::key(ids, chunk_size, &job);
         let uid = os::effective_uid().ok_or("no user id")?;
@@ -168,7 +170,7 @@ impl<'a> Coordination<'a> {
                 ask::wait_for_complete(&self.asking(), &self.lock_path, patience, remarks)?;
             Ok((lock, Some(found)))
         } else {
-            let lock = Lock::take(&self.lock_path)?;
+            let lock = registry::take_lock(&self.lock_path)?;
             Ok((lock, ask::find(&self.asking(), Wanted::Any, remarks).0))
         }
     }
@@ -355,7 +357,7 @@ fn note_fill(remarks: &mut Remarks, outcome: prefetch::FillOutcome, swept: usize
     // chunk, and nothing stalled.
     match outcome.unshared {
         Some((path, e)) => {
-            let why = match registry::foreign_at(&path, os::NameKind::File) {
+            let why = match coord::foreign_at(&path, os::NameKind::File) {
                 Some(other) => other.to_string(),
                 None => format!("unusable: {e}"),
             };
@@ -394,33 +396,23 @@ impl Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        let lock = Lock::try_take(&self.lock_path);
+        let lock = Lock::take(Place::Private(&self.lock_path), Duration::ZERO);
         drop(self.server.take());
-        // Ranks that drop their copies at the same moment each hold the
-        // lock while they look for a live holder; one that finds the lock
-        // taken tries again for a moment, so that the last of them sees the
-        // others' sockets gone and removes the lock file (two ranks of a
-        // test dropping together had each left it to the other). Waited for
-        // no longer: dropping tensors must not wait on a rank stopped under
-        // the lock (the lock file is then left for a later sweep).
-        let lock = lock.or_else(|| {
-            (0..DROP_TRIES).find_map(|_| {
-                std::thread::sleep(DROP_BACK_OFF);
-                Lock::try_take(&self.lock_path)
-            })
-        });
-        if let Some(lock) = lock {
-            lock.release_last(&self.dir, self.key);
+        // Ranks that drop their copies together each hold the lock while
+        // they look for a live holder: one that finds it taken waits a moment,
+        // so that the last of them sees the others' sockets gone and removes
+        // the lock file; no longer (a rank stopped under the lock must not
+        // hold up dropping tensors: the file is left for a later sweep).
+        let lock = lock.or_else(|_| Lock::take(Place::Private(&self.lock_path), DROP_WAIT));
+        if let Some(lock) = lock.ok().filter(|_| !registry::held(&self.dir, self.key)) {
+            lock.remove();
         }
     }
 }
 
-/// How often, and how far apart, a rank dropping its copy tries again for
-/// a lock another rank holds (20 x 10 ms: a look at the directory takes
-/// well under a millisecond).
-const DROP_TRIES: usize = 20;
-/// See [`DROP_TRIES`].
-const DROP_BACK_OFF: std::time::Duration = std::time::Duration::from_millis(10);
+/// How long a rank dropping its copy waits for a lock another rank holds
+/// (a look at the directory takes well under a millisecond).
+const DROP_WAIT: Duration = Duration::from_millis(200);
 
 /// A new copy of the files that fit the memory guard, in order; those that
 /// do not are marked in `results`.

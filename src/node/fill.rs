@@ -75,7 +75,7 @@ pub(super) fn fill(
         let asking = Asking {
             dir,
             key,
-            me: prefetch::Owner::current(),
+            me: crate::coord::Owner::current(),
         };
         find(&asking, Wanted::Complete, &mut Remarks::default())
             .0

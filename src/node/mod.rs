@@ -57,10 +57,10 @@
 //!
 //! - A rank of this user stopped while it holds a key's lock (the
 //!   milliseconds in which it asks for a copy or makes one) holds up the
-//!   ranks that start meanwhile until it resumes; a rank stopped while it
-//!   hands the copy out costs the asker [`handoff::PATIENCE`] (2 s), then
-//!   it asks another or makes its own. Only this user's processes can take
-//!   the lock or answer as a holder.
+//!   ranks that start meanwhile for a minute at most, then they read alone;
+//!   a rank stopped while it hands the copy out costs the asker
+//!   [`handoff::PATIENCE`] (2 s), then it asks another or makes its own.
+//!   Only this user's processes can take the lock or answer as a holder.
 //! - A rank that received an unfinished copy in the instant before the last
 //!   filling rank left the queue makes the queue anew; it asks the other
 //!   ranks then, and finds the copy complete (tested by

@@ -2,11 +2,11 @@
 //!
 //! In the queue directory (`/dev/shm`, else the temporary directory):
 //!
-//! - `safeload-node-<key>-u<uid>.lock`: a file `0600`, locked with
-//!   `flock(2)` while a rank looks for a copy, creates one or starts or stops
+//! - `safeload-node-<key>-u<uid>.lock`: a private lock file (`coord/lock.rs`)
+//!   held while a rank looks for a copy, creates one or starts or stops
 //!   handing one out, so that two ranks never both create the copy;
 //! - `safeload-node-<key>-<owner>.sock`: one socket per rank that holds the
-//!   copy, named by its owner word (pid and start time, `prefetch/owner.rs`),
+//!   copy, named by its owner word (pid and start time, `coord/owner.rs`),
 //!   so that a socket whose process is gone is known dead by its name.
 //!
 //! The key covers each file's device, inode, size and modification time
@@ -16,9 +16,9 @@
 //! by its credentials, with a reason (`handoff.rs`).
 //!
 //! A job killed at any point leaves sockets and a lock file; the next node
-//! copy on the node, of any job, removes the sockets of dead owners and the
-//! lock files no live owner's socket goes with ([`sweep`]), each under its
-//! lock, never anything of a live rank.
+//! copy on the node, of any job, removes them by the dead-owner rule
+//! (`coord/mod.rs`, [`sweep`]): the sockets of dead owners, then the lock
+//! files free and with no live owner's socket, never anything of a live rank.
 //!
 //! The directory is shared (`/dev/shm` is every user's): any local user can
 //! make a name that parses as a holder's socket or a lock. Each name is
@@ -30,22 +30,13 @@
 //! another user cannot unlink them to put something else there (unlink(2),
 //! `EPERM`).
 
-use std::fs::File;
-use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::coord::{self, Foreign, Lock, Owner, Place, foreign};
 use crate::os::{self, NameKind};
-use crate::prefetch::Owner;
 use crate::source::{Source, Version, VersionTag};
 
 const PREFIX: &str = "safeload-node-";
-
-/// FNV-1a, 64 bits: a stable hash (the same in every build and process).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
 
 /// The bytes that name one version of one file: a local file's device,
 /// inode, length, modification time and canonical path; a remote object's
@@ -83,7 +74,7 @@ pub(crate) fn key(identities: &[Vec<u8>], chunk_size: u64, job: &str) -> u64 {
     }
     material.extend_from_slice(&chunk_size.to_le_bytes());
     material.extend_from_slice(job.as_bytes());
-    fnv1a(&material)
+    coord::fnv1a(0xcbf2_9ce4_8422_2325, &material)
 }
 
 /// The lock file of a key, for this user.
@@ -150,49 +141,6 @@ impl Name {
     }
 }
 
-/// A name in the directory that is not this user's socket or lock: what it
-/// is (by `lstat(2)`) and whose.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Foreign {
-    pub name: String,
-    pub kind: NameKind,
-    /// `None` where the platform cannot tell.
-    pub uid: Option<u32>,
-}
-
-impl std::fmt::Display for Foreign {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.uid {
-            Some(uid) if Some(uid) != os::effective_uid() => {
-                write!(f, "{} of uid {uid}, not this user's", self.kind)
-            }
-            Some(_) => write!(f, "{}, not what its name says", self.kind),
-            None => write!(f, "{} of an unknown user", self.kind),
-        }
-    }
-}
-
-/// What `meta` (by `lstat(2)`) says of a name meant to be this user's
-/// `meant` (a socket for a holder, a file for a lock or a queue): `None`
-/// where it is.
-fn foreign(name: &str, meant: NameKind, meta: &std::fs::Metadata) -> Option<Foreign> {
-    let kind = os::name_kind(meta);
-    let uid = os::file_owner(meta);
-    (uid.is_none() || uid != os::effective_uid() || kind != meant).then(|| Foreign {
-        name: name.to_owned(),
-        kind,
-        uid,
-    })
-}
-
-/// What `path` is, where it is not this user's `meant` (by `lstat(2)`):
-/// `None` where it is, or is not there.
-pub(crate) fn foreign_at(path: &Path, meant: NameKind) -> Option<Foreign> {
-    let meta = std::fs::symlink_metadata(path).ok()?;
-    let name = path.file_name()?.to_string_lossy();
-    foreign(&name, meant, &meta)
-}
-
 /// The names of `dir` that parse as ours, each looked at by `lstat(2)`
 /// (`DirEntry::metadata` does not follow a symlink).
 pub(crate) fn entries(dir: &Path) -> Vec<Name> {
@@ -214,104 +162,42 @@ pub(crate) fn entries(dir: &Path) -> Vec<Name> {
         .collect()
 }
 
-/// The lock of a key, held until dropped.
-pub(crate) struct Lock {
-    path: PathBuf,
-    file: File,
+/// The key's lock at `path`, waited for at most [`coord::PATIENCE`]; the
+/// error says what is at `path` where it is not this user's lock file.
+pub(crate) fn take_lock(path: &Path) -> Result<Lock, String> {
+    Lock::take(Place::Private(path), coord::PATIENCE)
+        .map_err(|e| format!("the lock file {}: {e}", path.display()))
 }
 
-impl Lock {
-    /// Opens (creating it `0600`, refusing another user's file) and locks
-    /// `path`, again if it was removed while this rank waited. The error
-    /// says what is at `path` where it is not this user's lock file.
-    pub(crate) fn take(path: &Path) -> Result<Lock, String> {
-        let refused = |e: io::Error| match foreign_at(path, NameKind::File) {
-            Some(other) => format!("the lock file {} is {other}", path.display()),
-            None => format!("{}: {e}", path.display()),
-        };
-        Self::take_io(path).map_err(refused)
-    }
-
-    fn take_io(path: &Path) -> io::Result<Lock> {
-        for _ in 0..8 {
-            let file = os::open_private_rw(path)?;
-            os::flock(&file, true)?;
-            if os::names_file(path, &file) {
-                return Ok(Lock {
-                    path: path.to_path_buf(),
-                    file,
-                });
-            }
-        }
-        Err(io::Error::other("the lock file kept being replaced"))
-    }
-
-    /// [`Lock::take`] without waiting: `None` where another rank holds it
-    /// (a rank stopped under it must not hold this one up).
-    pub(crate) fn try_take(path: &Path) -> Option<Lock> {
-        let file = os::open_private_rw(path).ok()?;
-        if !os::try_flock(&file).ok()? {
-            return None;
-        }
-        os::names_file(path, &file).then(|| Lock {
-            path: path.to_path_buf(),
-            file,
-        })
-    }
-
-    /// Removes the lock file if no live owner's socket of `key` is left in
-    /// `dir`, then unlocks: the last rank of a copy leaves nothing behind.
-    pub(crate) fn release_last(self, dir: &Path, key: u64) {
-        let live = entries(dir).iter().any(|n| n.live_holder_of(key));
-        if !live {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
+/// Whether a live owner's socket of `key` is in `dir` (else the last rank of
+/// a copy removes its lock file, leaving nothing behind).
+pub(crate) fn held(dir: &Path, key: u64) -> bool {
+    entries(dir).iter().any(|n| n.live_holder_of(key))
 }
 
-impl Drop for Lock {
-    fn drop(&mut self) {
-        let _ = os::flock(&self.file, false);
-    }
-}
-
-/// Removes what dead jobs of this user left in `dir`: sockets whose owner
-/// is gone, then lock files with no live owner's socket, each under its
-/// lock so that a rank creating a copy is never disturbed; a lock another
-/// rank holds is left for a later sweep, so that sweeping never waits.
-/// Another user's names are left alone. Returns how many files were
-/// removed.
+/// Removes what dead jobs of this user left in `dir`, by the dead-owner
+/// rule: sockets whose owner is gone, then lock files free and with no live
+/// owner's socket (a rank that holds one is looking for a copy, and its
+/// socket comes before it lets go). Another user's names are left alone.
+/// Returns how many files were removed.
 pub(crate) fn sweep(dir: &Path) -> usize {
-    let mut removed = 0;
-    let found = entries(dir);
-    for name in found.iter().filter(|n| n.foreign.is_none()) {
-        if let Entry::Socket { owner, .. } = name.entry {
-            if !owner.alive() && std::fs::remove_file(&name.path).is_ok() {
-                removed += 1;
-            }
-        }
-    }
     let uid = os::effective_uid().unwrap_or(u32::MAX);
-    for name in found.iter().filter(|n| n.foreign.is_none()) {
-        let (path, Entry::Lock { key }) = (&name.path, name.entry) else {
-            continue;
-        };
-        if *path != lock_path(dir, key, uid) {
-            continue; // another user's name
+    let found = entries(dir);
+    let ours = || found.iter().filter(|n| n.foreign.is_none());
+    let remove = |name: &Name| std::fs::remove_file(&name.path).is_ok();
+    let sockets = ours().filter(|n| match n.entry {
+        Entry::Socket { owner, .. } => !owner.alive() && remove(n),
+        Entry::Lock { .. } => false,
+    });
+    let removed = sockets.count();
+    let locks = ours().filter(|n| match n.entry {
+        // Another user's name where it is not this user's lock file.
+        Entry::Lock { key } if n.path == lock_path(dir, key, uid) => {
+            coord::sweep(Place::Private(&n.path), |_| !held(dir, key) && remove(n))
         }
-        // Taken (and so found again) only to be removed, and only if free: a
-        // rank that holds it is looking for a copy, and its socket comes
-        // before it lets go.
-        let Some(lock) = Lock::try_take(path) else {
-            continue;
-        };
-        let live = entries(dir).iter().any(|n| n.live_holder_of(key));
-        if !live && std::fs::remove_file(path).is_ok() {
-            removed += 1;
-        }
-        drop(lock);
-    }
-    removed
+        _ => false,
+    });
+    removed + locks.count()
 }
 
 #[cfg(test)]
@@ -386,7 +272,8 @@ mod tests {
         assert!(not_sock.exists(), "not a holder's socket");
         // The last owner leaving removes the lock file.
         std::fs::remove_file(&live_sock).unwrap();
-        Lock::take(&live_lock).unwrap().release_last(dir.path(), 1);
+        let lock = Lock::take(Place::Private(&live_lock), std::time::Duration::ZERO);
+        assert!(!held(dir.path(), 1) && lock.unwrap().remove());
         assert!(!live_lock.exists());
     }
 }

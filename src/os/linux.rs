@@ -258,28 +258,16 @@ pub(crate) fn mincore_pages(
     Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as u64)
 }
 
-/// Takes (`exclusive`) or releases (`!exclusive`) an advisory whole-file lock
-/// with `flock(2)`, blocking until it is granted and retrying `EINTR`.
-pub(crate) fn flock(file: &File, exclusive: bool) -> io::Result<()> {
-    let operation = if exclusive {
-        FlockOperation::LockExclusive
-    } else {
-        FlockOperation::Unlock
+/// Takes an exclusive advisory lock with `flock(2)` without waiting
+/// (`take`), or releases it (`!take`), retrying `EINTR`: `false` where
+/// another open file description holds it (`EWOULDBLOCK`).
+pub(crate) fn flock(file: &File, take: bool) -> io::Result<bool> {
+    let operation = match take {
+        true => FlockOperation::NonBlockingLockExclusive,
+        false => FlockOperation::Unlock,
     };
     loop {
         match rustix::fs::flock(file, operation) {
-            Ok(()) => return Ok(()),
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// Takes an exclusive advisory lock with `flock(2)` if no one holds it:
-/// `false` where another open file description holds it (`EWOULDBLOCK`).
-pub(crate) fn try_flock(file: &File) -> io::Result<bool> {
-    loop {
-        match rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => return Ok(true),
             Err(rustix::io::Errno::INTR) => continue,
             Err(rustix::io::Errno::WOULDBLOCK) => return Ok(false),
@@ -406,15 +394,6 @@ pub(crate) fn open_private_rw(path: &Path) -> io::Result<File> {
         ));
     }
     Ok(file)
-}
-
-/// Whether `path` (not following a final symlink) still names the open
-/// `file`.
-pub(crate) fn names_file(path: &Path, file: &File) -> bool {
-    match (std::fs::symlink_metadata(path), file.metadata()) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
-    }
 }
 
 /// A file mapped shared and read-write, seen as 64-bit words that several

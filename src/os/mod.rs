@@ -50,7 +50,7 @@ pub(crate) use imp::MOUNT_DETECTION;
 
 // Opening and reading files, and telling files apart.
 pub(crate) use imp::{
-    Dir, device_number, file_id, file_owner, may_write, names_file, open_private_rw, open_regular,
+    Dir, device_number, file_id, file_owner, may_write, open_private_rw, open_regular,
     path_from_bytes, path_of, pread,
 };
 
@@ -66,8 +66,8 @@ pub(crate) use imp::{
 // Filesystems: the `statfs(2)` magic number.
 pub(crate) use imp::{filesystem_magic, filesystem_magic_of};
 
-// Processes, locks and memory shared between them.
-pub(crate) use imp::{SharedWords, effective_uid, flock, parent_pid, pid_exists, try_flock};
+// Processes, locks (for `coord/lock.rs` alone) and memory shared between them.
+pub(crate) use imp::{SharedWords, effective_uid, flock, parent_pid, pid_exists};
 
 // Limits: the address space this process may map (the bound of a remote
 // body held in memory).

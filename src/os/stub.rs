@@ -95,13 +95,8 @@ pub(crate) fn mincore_pages(
     unsupported()
 }
 
-/// No advisory locks here.
-pub(crate) fn flock(_file: &File, _exclusive: bool) -> io::Result<()> {
-    unsupported()
-}
-
-/// No locks here: always granted, as `flock` is.
-pub(crate) fn try_flock(_file: &File) -> io::Result<bool> {
+/// No locks here: always granted, and released.
+pub(crate) fn flock(_file: &File, _take: bool) -> io::Result<bool> {
     Ok(true)
 }
 
@@ -164,11 +159,6 @@ pub(crate) fn readahead_limit(_dev: u64) -> Option<u64> {
 /// No shared queue files here.
 pub(crate) fn open_private_rw(_path: &Path) -> io::Result<File> {
     unsupported()
-}
-
-/// Unknown here: never the same.
-pub(crate) fn names_file(_path: &Path, _file: &File) -> bool {
-    false
 }
 
 /// No shared maps here: [`SharedWords::map`] always fails, and prefetch

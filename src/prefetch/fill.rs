@@ -12,13 +12,13 @@
 use std::path::{Path, PathBuf};
 
 use super::launcher::LocalRank;
-use super::owner::Owner;
 use super::plan::{Chunk, ChunkPlan, Init, reader_plan};
 use super::queue::{
     DONE, FREE, Layout, chunk_words, heartbeat_words, init_from_header, slot_words,
 };
 use super::queue_file::{Queue, sweep_stale};
 use super::worker::{Outcome, Sink, Tally, Work};
+use crate::coord::Owner;
 use crate::error::Result;
 use crate::os;
 use crate::progress::{Callback, Meter, Phase};

@@ -13,7 +13,7 @@
 //! compare-and-swap, so a rank that finishes early goes on with the chunks
 //! of a slower one and no chunk is read twice on a node. When no chunk is
 //! free, a reader takes over the chunks of claimers that have died
-//! (`owner.rs`) or stopped (below), and waits for those of the others
+//! (`coord/owner.rs`) or stopped (below), and waits for those of the others
 //! (`worker.rs`).
 //!
 //! The first rank creates the queue file, checks residency and applies the
@@ -62,7 +62,6 @@ mod fill;
 mod launcher;
 mod load;
 mod options;
-mod owner;
 mod plan;
 mod queue;
 mod queue_file;
@@ -79,8 +78,6 @@ pub(crate) use fill::{FillOutcome, SharedQueue, fill_shared};
 pub(crate) use launcher::{LocalRank, job_key};
 pub(crate) use load::{LoadFile, before_load, warm};
 pub use options::PrefetchOptions;
-pub(crate) use owner::Owner;
-pub(crate) use queue_file::default_queue_dir;
 
 /// The settings of a prefetch that belong to the job, not to prefetch: the
 /// loader's ([`Loader::local_rank`](crate::Loader::local_rank),

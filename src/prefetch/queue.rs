@@ -21,7 +21,7 @@
 //! | then, one per slot | the slot's heartbeat: a count its rank's readers bump as they go (0 while the slot is empty) |
 //! | then, one per chunk | 0 free, an owner (claimed), bit 62 and an owner (claimed by taking it over from a holder that made no progress), `1<<63 \| 1` done, `1<<63 \| 2` skipped by the guard |
 //!
-//! An owner is a process's word (`owner.rs`): its pid and a tag from its
+//! An owner is a process's word (`coord/owner.rs`): its pid and a tag from its
 //! start time, bits 62 and 63 clear. The version is also part of the queue
 //! file's name, so ranks of two versions never take each other's file for
 //! invalid.
@@ -29,8 +29,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::owner::Owner;
 use super::plan::Init;
+use crate::coord::Owner;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SLPFQUE1");
 pub(super) const VERSION: u64 = 2;

@@ -1,4 +1,4 @@
-//! The shared queue file: created, validated, attached to or replaced under `flock(2)`, left (and removed by the last live rank) on drop; else a queue in this process's memory.
+//! The shared queue file: created, validated, attached to or replaced under its lock, left (and removed by the last live rank) on drop; else a queue in this process's memory.
 //!
 //! The file is `safeload-prefetch-<hash>.queue`, where the hash covers the
 //! files' canonical paths, devices, inodes, sizes and modification times,
@@ -6,7 +6,7 @@
 //! the format version.
 //! It is created `0600`, in `/dev/shm` unless the caller says otherwise.
 //!
-//! Creating, attaching and leaving happen under `flock(2)` on the file. The
+//! Creating, attaching and leaving happen under the file's lock (`coord/`). The
 //! first rank creates it, checks residency and applies the memory guard
 //! while holding the lock, then stores the magic; the others wait on the
 //! lock, validate what they find (size, magic, version, key, layout, every
@@ -19,20 +19,20 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::owner::Owner;
 use super::plan::Init;
 use super::queue::{
-    Invalid, Layout, SHARED_SLOTS, TERMINAL, VERSION, heartbeat_words, init_words, live_attached,
-    slot_words, validate,
+    HEADER_WORDS, Invalid, Layout, SHARED_SLOTS, TERMINAL, VERSION, at, heartbeat_words,
+    init_words, live_attached, load, slot_words, validate,
 };
+use crate::coord::{self, Lock, Owner, Place};
 use crate::os;
 use crate::report::QueueNote;
 
 /// A queue file mapped by this rank, left (and removed, by the last live
 /// rank) on drop.
 struct SharedQueue {
-    path: PathBuf,
-    file: File,
+    /// The file's lock, let go of once joined, taken again to leave.
+    lock: Lock,
     words: os::SharedWords,
     layout: Layout,
     slot: Option<usize>,
@@ -50,19 +50,16 @@ impl SharedQueue {
     ) -> io::Result<SharedQueue> {
         let mut replaced = None;
         for _ in 0..8 {
-            let file = os::open_private_rw(path)?;
-            os::flock(&file, true)?;
-            if !os::names_file(path, &file) {
-                continue; // replaced while we waited for the lock
-            }
+            let lock = Lock::take(Place::Private(path), coord::PATIENCE)?;
+            let file = lock.file();
             let len = file.metadata()?.len();
             let (words, slot) = if len == 0 {
                 file.set_len(layout.bytes())?;
-                let words = os::SharedWords::map(&file)?;
+                let words = os::SharedWords::map(file)?;
                 init_words(words.words(), layout, &make(), Some(me));
                 (words, Some(0))
             } else {
-                match Self::check(&file, len, layout)? {
+                match Self::check(file, len, layout)? {
                     Ok(words) => {
                         let slot = slot_words(words.words(), layout).iter().position(|w| {
                             w.compare_exchange(0, me.word(), Ordering::AcqRel, Ordering::Acquire)
@@ -72,16 +69,15 @@ impl SharedQueue {
                     }
                     Err(why) => {
                         replaced = Some(why);
-                        std::fs::remove_file(path)?;
-                        // Unlocked when `file` closes; waiters see the name gone.
+                        lock.remove();
+                        // Unlocked when `lock` drops; waiters see the name gone.
                         continue;
                     }
                 }
             };
-            os::flock(&file, false)?;
+            lock.unlock();
             return Ok(SharedQueue {
-                path: path.to_path_buf(),
-                file,
+                lock,
                 words,
                 layout: *layout,
                 slot,
@@ -118,8 +114,8 @@ impl SharedQueue {
 
 impl Drop for SharedQueue {
     fn drop(&mut self) {
-        if os::flock(&self.file, true).is_err() {
-            return;
+        if !matches!(self.lock.relock(coord::PATIENCE), Ok(true)) {
+            return; // its holder stopped: the file is left to a later sweep
         }
         let words = self.words.words();
         if let Some(slot) = self
@@ -129,65 +125,33 @@ impl Drop for SharedQueue {
             let word = slot.load(Ordering::Acquire);
             slot.store(word | TERMINAL, Ordering::Release);
         }
-        if live_attached(words, &self.layout, &Owner::alive) == 0
-            && os::names_file(&self.path, &self.file)
-        {
-            let _ = std::fs::remove_file(&self.path);
+        if live_attached(words, &self.layout, &Owner::alive) == 0 {
+            self.lock.remove();
         }
-        let _ = os::flock(&self.file, false);
+        self.lock.unlock();
     }
 }
 
-/// FNV-1a, 64 bits: a stable hash (the same in every build and process).
-fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
-    bytes.iter().fold(seed, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
-/// `/dev/shm` where it is a directory, else the temporary directory.
-pub(crate) fn default_queue_dir() -> PathBuf {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    }
-}
-
-/// Removes the queue files in `dir` that no live rank is attached to: what
-/// a killed job left (the last rank to leave removes a queue otherwise, and
-/// a job only replaces a stale file of its own key). Only this user's files
-/// are looked at, each under its lock, so that a rank creating or joining
-/// one is never disturbed. Returns how many were removed.
+/// Removes the queue files in `dir` that no live rank is attached to (the
+/// dead-owner rule): what a killed job left (the last rank to leave removes
+/// a queue otherwise, and a job only replaces a stale file of its own key).
+/// Only this user's files are looked at, each under its lock, so that a
+/// rank creating or joining one is never disturbed. Returns how many were
+/// removed.
 pub(crate) fn sweep_stale(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
-    let mut removed = 0;
-    for entry in entries.flatten() {
+    let ours = entries.flatten().filter(|entry| {
         let name = entry.file_name();
-        let ours = name
-            .to_str()
-            .is_some_and(|n| n.starts_with("safeload-prefetch-") && n.ends_with(".queue"));
-        let path = entry.path();
-        // `open_private_rw` refuses another user's file.
-        let Ok(file) = (if ours {
-            os::open_private_rw(&path)
-        } else {
-            continue;
-        }) else {
-            continue;
-        };
-        if os::flock(&file, true).is_err() {
-            continue;
-        }
-        if os::names_file(&path, &file) && is_stale(&file) && std::fs::remove_file(&path).is_ok() {
-            removed += 1;
-        }
-        let _ = os::flock(&file, false);
-    }
-    removed
+        let name = name.to_str().unwrap_or_default();
+        name.starts_with("safeload-prefetch-")
+            && name.ends_with(".queue")
+            && coord::sweep(Place::Private(&entry.path()), |lock| {
+                is_stale(lock.file()) && lock.remove()
+            })
+    });
+    ours.count()
 }
 
 /// Whether a queue file, locked by the caller, is left by ranks that are
@@ -205,15 +169,14 @@ fn is_stale(file: &File) -> bool {
         return false;
     };
     let w = words.words();
-    let word = |i: usize| w.get(i).map_or(0, |x| x.load(Ordering::Acquire));
     let layout = Layout {
-        key: word(super::queue::at::KEY),
-        chunk_size: word(super::queue::at::CHUNK_SIZE),
+        key: load(w, at::KEY),
+        chunk_size: load(w, at::CHUNK_SIZE),
         // From the length, so that a corrupt count cannot overflow.
         chunks: usize::try_from(len / 8)
             .unwrap_or(0)
-            .saturating_sub(super::queue::HEADER_WORDS + 2 * SHARED_SLOTS),
-        total: word(super::queue::at::TOTAL),
+            .saturating_sub(HEADER_WORDS + 2 * SHARED_SLOTS),
+        total: load(w, at::TOTAL),
         slots: SHARED_SLOTS,
     };
     match validate(w, &layout) {
@@ -274,13 +237,13 @@ impl Queue {
         let key_material = [key_material, &VERSION.to_le_bytes()].concat();
         let key_material = key_material.as_slice();
         let shared_layout = Layout {
-            key: fnv1a(0x6c62_272e_07bb_0142, key_material),
+            key: coord::fnv1a(0x6c62_272e_07bb_0142, key_material),
             slots: SHARED_SLOTS,
             ..layout
         };
         let name = format!(
             "safeload-prefetch-{:016x}.queue",
-            fnv1a(0xcbf2_9ce4_8422_2325, key_material)
+            coord::fnv1a(0xcbf2_9ce4_8422_2325, key_material)
         );
         let path = dir.join(name);
         match SharedQueue::open(&path, &shared_layout, me, make) {

@@ -6,12 +6,12 @@ use super::Job;
 use super::launcher::{LocalRank, job_key};
 use super::options::DEFAULT_CHUNK;
 use super::options::PrefetchOptions;
-use super::owner::Owner;
 use super::plan::{ChunkPlan, Init, reader_plan};
 use super::queue::{Layout, chunk_words, heartbeat_words, init_from_header, slot_words};
-use super::queue_file::{Queue, default_queue_dir};
+use super::queue_file::Queue;
 use super::residency::{Target, initial_states, resolve_method};
 use super::worker::{Outcome, Tally, Work};
+use crate::coord::Owner;
 use crate::error::Result;
 use crate::os;
 use crate::policy::PrefetchMethod;
@@ -171,7 +171,7 @@ impl Run<'_> {
                 .options
                 .queue_dir
                 .clone()
-                .unwrap_or_else(default_queue_dir);
+                .unwrap_or_else(crate::coord::shared_dir);
             Queue::shared(&dir, &key_material, layout, self.me, make)
         } else {
             Queue::local(layout, make, None)

@@ -9,7 +9,7 @@
 //! another process holds and takes it over with one compare-and-swap of the
 //! chunk's word when
 //!
-//! - the holder is dead (gone, a zombie, or its pid reused: `owner.rs`), or
+//! - the holder is dead (gone, a zombie, or its pid reused: `coord/owner.rs`), or
 //! - the holder's heartbeat has not moved, as this reader watches it, for
 //!   `clamp(8 × t, 500 ms, 2 s)`, where `t` is the mean time this rank took
 //!   to read a chunk that was not resident (2 s before it has read one),
@@ -42,8 +42,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::owner::Owner;
 use super::queue::Claim;
+use crate::coord::Owner;
 
 /// How many mean chunk reads a holder may stay quiet.
 const PATIENCE: u32 = 8;

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 
 use super::claims::{Claims, Reader};
 use super::options::ChunkCallback;
-use super::owner::Owner;
 use super::plan::Chunk;
 use super::queue::{ChunkState, DONE, FREE, SKIPPED, SlotState, chunk_state, slot_state};
 use super::residency::Target;
 use super::takeover::{self, Verdict, Watch};
 use super::warm::{advise_and_wait, read_chunk};
 use crate::adapt::Concurrency;
+use crate::coord::Owner;
 use crate::error::{Error, Result};
 use crate::jobs;
 use crate::policy::PrefetchMethod;

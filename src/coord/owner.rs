@@ -1,10 +1,10 @@
-//! Who holds a claim: a process's owner word (pid and start-time tag), and whether that process still runs, from the text of `/proc/<pid>/stat`.
+//! The tag of a process's names and claims: its owner word (pid and start-time tag), and whether that process still runs, from the text of `/proc/<pid>/stat`.
 //!
 //! An owner is `tag << 32 | pid`, the tag being the low 30 bits of the
 //! process's start time, so that a reused pid is not taken for the rank that
-//! died (the two bits above are the queue's: `queue.rs`). A process is dead
-//! when `kill(pid, 0)` says `ESRCH`, when it is a zombie, or when its start
-//! time differs.
+//! died (the two bits above are the prefetch queue's: `prefetch/queue.rs`).
+//! A process is dead when `kill(pid, 0)` says `ESRCH`, when it is a zombie,
+//! or when its start time differs.
 //!
 //! Liveness needs the ranks to share a pid namespace, as the processes one
 //! launcher starts on a node do; where they do not, a live rank may be taken
@@ -75,7 +75,7 @@ impl Owner {
 
     /// The owner of a process that has exited and been reaped.
     #[cfg(all(test, target_os = "linux", not(safeload_os_stub)))]
-    pub(super) fn dead() -> Owner {
+    pub(crate) fn dead() -> Owner {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         child.wait().unwrap();
@@ -95,7 +95,7 @@ fn start_tag(start: u64) -> u32 {
 /// starts with the `(` panics instead of failing (a pid's own line never
 /// does; this guards against a truncated read). Such text is refused here
 /// first; the test `proc_stat_fields` holds both shapes.
-pub(super) fn parse_stat(text: &[u8]) -> Option<(char, u64)> {
+fn parse_stat(text: &[u8]) -> Option<(char, u64)> {
     let open = text.iter().position(|&b| b == b'(')?;
     let close = text.iter().rposition(|&b| b == b')')?;
     if open == 0 || close + 2 > text.len() {

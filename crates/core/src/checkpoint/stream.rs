@@ -1,0 +1,558 @@
+//! Streaming a checkpoint in bounded memory: tensors handed to a callback in file order while reader threads work ahead within a budget of bytes, each tensor's bytes given back to the budget when the last handle on them is dropped.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use super::read::read_whole;
+use super::{Checkpoint, TensorInfo};
+use crate::error::{Error, Result};
+use crate::policy;
+use crate::progress::{Meter, Phase};
+use crate::tensor::Tensor;
+use crate::workers;
+
+/// The name of the stream's reader threads, as `/proc/<pid>/task/*/comm`
+/// shows it.
+const READER_NAME: &str = "safeload-stream";
+
+impl Checkpoint {
+    /// Hands every tensor to `f`, in the order of [`tensors`](Self::tensors),
+    /// while reader threads read ahead, holding at most
+    /// `max_bytes_in_flight` bytes at once: a checkpoint larger than memory
+    /// can be converted or uploaded to a device piece by piece.
+    ///
+    /// `f` runs on the calling thread, one tensor at a time, so it may use
+    /// state that is not `Send` (a device context, an engine handle). The
+    /// tensors it gets own their bytes; dropping one (and every clone of it)
+    /// gives its bytes back, and the readers go on.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let a: Vec<u8> = [1.0f32, 2.0, 3.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+    /// # let b: Vec<u8> = [half::bf16::from_f32(0.5)].iter().flat_map(|x| x.to_le_bytes()).collect();
+    /// # safetensors::serialize_to_file([
+    /// #     ("a", safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![3], &a)?),
+    /// #     ("b", safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![1], &b)?),
+    /// # ], None, &path)?;
+    /// use safeload_core::Checkpoint;
+    ///
+    /// let ck = Checkpoint::open(&path)?;
+    /// let mut converted = Vec::new();
+    /// ck.for_each(256 << 20, |tensor| -> safeload_core::Result<()> {
+    ///     let values: Vec<f32> = tensor.to_f32()?;
+    ///     converted.push((tensor.name().to_string(), values.len()));
+    ///     Ok(()) // `tensor` is dropped here: its bytes go back to the budget
+    /// })?;
+    /// assert_eq!(converted, [("a".to_string(), 3), ("b".to_string(), 1)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Memory
+    ///
+    /// The bytes in flight are those read (or being read) and not yet given
+    /// back: tensors read ahead and waiting for `f`, the one `f` holds, and
+    /// any `f` kept. Readers start a tensor only where it fits in
+    /// `max_bytes_in_flight` beside them, so the stream holds at most that
+    /// many bytes, with two exceptions:
+    ///
+    /// - A tensor larger than the cap is read when nothing else is in
+    ///   flight, and so alone: the stream then holds that one tensor.
+    /// - Tensors that `f` keeps alive keep their bytes counted (keeping them
+    ///   is the caller's choice). Once they fill the budget the readers stop
+    ///   working ahead, and each next tensor is read on the calling thread
+    ///   when `f` is ready for it: memory is then what `f` keeps plus one
+    ///   tensor, and the stream never blocks on bytes only `f` can give
+    ///   back.
+    ///
+    /// So with a callback that drops each tensor, the stream's memory stays
+    /// under the larger of the cap and the largest tensor, plus its
+    /// bookkeeping and the readers' stacks. A cap smaller than every tensor
+    /// (0, say) reads one tensor at a time, with no reader working ahead.
+    ///
+    /// Every tensor is read with positional reads into an allocation of its
+    /// own, also from a file that the checkpoint maps: the pages of a map
+    /// that have been touched count in the process's resident memory until
+    /// the whole file is unmapped, so views of a map would not bound it.
+    /// What the reads leave in the page cache is the kernel's, reclaimed
+    /// under pressure and not resident in the process. (For zero-copy views
+    /// of a mapped file, with no bound, use [`read`](Self::read).)
+    ///
+    /// # Threads
+    ///
+    /// [`Loader::io_concurrency`](crate::Loader::io_concurrency) readers
+    /// (default 8, 12 when a file is on FUSE; never more than the tensors),
+    /// threads of the crate's own named `safeload-stream`, never the
+    /// caller's rayon pool. Where the OS refuses them, the calling thread
+    /// reads each tensor itself when `f` is ready for it. All readers have
+    /// finished when `for_each` returns, whatever it returns; a panic in `f`
+    /// stops them too before it goes on unwinding.
+    ///
+    /// # Errors
+    ///
+    /// The first error `f` returns, unchanged: the readers stop (those
+    /// waiting for room are woken) and the tensors read ahead are dropped.
+    /// An engine returns its own error type, which need only convert from
+    /// [`Error`](crate::Error):
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let data = vec![0u8; 64];
+    /// # safetensors::serialize_to_file([
+    /// #     ("a", safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![8], &data[..8])?),
+    /// #     ("b", safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![64], &data)?),
+    /// # ], None, &path)?;
+    /// #[derive(Debug)]
+    /// enum UploadError {
+    ///     Load(safeload_core::Error),
+    ///     Device(String),
+    /// }
+    ///
+    /// impl From<safeload_core::Error> for UploadError {
+    ///     fn from(e: safeload_core::Error) -> Self {
+    ///         UploadError::Load(e)
+    ///     }
+    /// }
+    ///
+    /// /// A device with room for `free` more bytes.
+    /// struct Device {
+    ///     free: u64,
+    /// }
+    ///
+    /// impl Device {
+    ///     fn upload(&mut self, tensor: &safeload_core::Tensor) -> Result<(), UploadError> {
+    ///         self.free = self.free.checked_sub(tensor.nbytes()).ok_or_else(|| {
+    ///             UploadError::Device(format!("no room for {}", tensor.name()))
+    ///         })?;
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// let ck = safeload_core::Checkpoint::open(&path)?;
+    /// let mut device = Device { free: 32 };
+    /// let err = ck.for_each(1 << 20, |tensor| device.upload(&tensor)).unwrap_err();
+    /// assert!(matches!(err, UploadError::Device(ref m) if m == "no room for b"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// A read error (a file that shrank is
+    /// [`ErrorKind::SizeMismatch`](crate::ErrorKind::SizeMismatch)) is
+    /// returned as `E::from(error)` once the tensors before it have gone to
+    /// `f` and the readers have stopped.
+    pub fn for_each<E: From<Error>>(
+        &self,
+        max_bytes_in_flight: u64,
+        f: impl FnMut(Tensor) -> Result<(), E>,
+    ) -> Result<(), E> {
+        stream(self, max_bytes_in_flight, self.stream_readers(), f)
+    }
+
+    /// The reader threads of a stream: the load's reads in flight (the
+    /// caller's, or the default for the files' filesystems, as a load
+    /// takes it), no more than there are tensors.
+    fn stream_readers(&self) -> usize {
+        let inner = self.inner();
+        let concurrency = policy::io_defaults(
+            inner.files.iter().map(|f| f.source()),
+            inner.opts.caller_reads(),
+        )
+        .0
+        .start;
+        concurrency.min(inner.tensors.len())
+    }
+}
+
+/// Streams `ck` to `f` with `readers` reader threads asked for (0: the
+/// calling thread reads everything).
+fn stream<E: From<Error>>(
+    ck: &Checkpoint,
+    cap: u64,
+    readers: usize,
+    mut f: impl FnMut(Tensor) -> Result<(), E>,
+) -> Result<(), E> {
+    let tensors = &ck.inner().tensors;
+    let budget = Arc::new(Budget::new(cap, tensors.len()));
+    // Progress: bytes and files handed to `f`.
+    let total: u64 = tensors.iter().map(|t| t.nbytes).sum();
+    let files = ck.inner().files.len();
+    let meter = Meter::new(
+        ck.inner().opts.progress.as_ref(),
+        Phase::Stream,
+        total,
+        files,
+    );
+    // Local to this call (the readers borrow it), not shared with the
+    // tensors: what is left in it when the stream stops early is dropped on
+    // return, giving its bytes back.
+    let arrivals = Arrivals::default();
+    let reader = |_| {
+        while let Some((index, info, lease)) = budget.claim(tensors) {
+            let result = read_owned(ck, info, lease);
+            if result.is_err() {
+                // Nothing after a failed tensor is read: the stream ends
+                // there.
+                budget.end_after(index);
+            }
+            arrivals.put(index, result);
+        }
+    };
+    let consume = || -> Result<(), E> {
+        // Stops the readers however this returns (an error from `f`, a read
+        // error, a panic in `f`), so that none is left waiting for room.
+        let _stop = StopOnDrop(&budget);
+        for (index, info) in tensors.iter().enumerate() {
+            // Read ahead by a reader; else, not yet claimed by any (there may
+            // be none: the OS refused them, or they wait for bytes only `f`
+            // can give back), read here; else being read, so it will come.
+            let next = match arrivals.take(index) {
+                Some(result) => result,
+                None => match budget.claim_now(index, info.nbytes) {
+                    Some(lease) => read_owned(ck, info, lease),
+                    None => arrivals.wait_for(index),
+                },
+            };
+            let tensor = next?;
+            let last_of_file = tensors.get(index + 1).is_none_or(|n| n.file != info.file);
+            meter.add(info.nbytes);
+            f(tensor)?;
+            if last_of_file {
+                meter.file_done();
+            }
+        }
+        meter.finish();
+        Ok(())
+    };
+    workers::beside(readers, READER_NAME, reader, consume).0
+}
+
+/// `info`'s bytes read into an allocation of their own, `lease` dropped
+/// with it.
+///
+/// NOTE: a tensor is one positional read by one reader, not pieces shared
+/// by several: the readers work on different tensors instead, and a piece in
+/// flight would need its own share of the budget (BENCHMARKS.md,
+/// "checkpoint/stream.rs: read_owned").
+///
+/// NOTE: views of a mapped file were rejected: the pages of a map that are
+/// touched stay resident in the process (`RssFile`, proc(5)) until the whole
+/// file is unmapped, and the file's one map is shared by all its tensors,
+/// so dropping a view would give nothing back.
+fn read_owned(ck: &Checkpoint, info: &TensorInfo, lease: Lease) -> Result<Tensor> {
+    read_whole(ck.file_of(info)?, info, Some(Box::new(lease)))
+}
+
+/// The bytes lent out and the next tensor to lend: what readers claim
+/// under, and what a dropped tensor gives back to. Shared with every tensor
+/// the stream hands out, which may outlive it.
+struct Budget {
+    cap: u64,
+    ledger: Mutex<Ledger>,
+    /// Signalled when bytes come back or the stream stops, for the readers
+    /// waiting for room.
+    freed: Condvar,
+}
+
+struct Ledger {
+    /// Bytes of the tensors claimed and not yet given back.
+    in_flight: u64,
+    /// The next tensor to claim: claims go in file order, so every tensor
+    /// before it is read, being read, or handed out.
+    next: usize,
+    /// One past the last tensor to claim.
+    end: usize,
+    /// The consumer is done (finished, failed, or unwinding).
+    stopped: bool,
+}
+
+impl Ledger {
+    /// Whether a reader may claim a tensor of `bytes` now: where it fits
+    /// beside what is in flight, or where nothing is (a tensor larger than
+    /// the cap is read alone).
+    fn admits(&self, bytes: u64, cap: u64) -> bool {
+        self.in_flight == 0 || self.in_flight.saturating_add(bytes) <= cap
+    }
+
+    /// Claims the next tensor, of `bytes`.
+    fn take(&mut self, bytes: u64) -> usize {
+        self.in_flight = self.in_flight.saturating_add(bytes);
+        self.next += 1;
+        self.next - 1
+    }
+}
+
+impl Budget {
+    fn new(cap: u64, tensors: usize) -> Budget {
+        Budget {
+            cap,
+            ledger: Mutex::new(Ledger {
+                in_flight: 0,
+                next: 0,
+                end: tensors,
+                stopped: false,
+            }),
+            freed: Condvar::new(),
+        }
+    }
+
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        // Nothing panics while holding it; were it poisoned, the counts are
+        // still whole (every update is one statement).
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// For a reader: the next tensor to read and its lease, once it fits;
+    /// `None` when there is nothing left to claim or the stream stopped.
+    fn claim<'t>(
+        self: &Arc<Self>,
+        tensors: &'t [TensorInfo],
+    ) -> Option<(usize, &'t TensorInfo, Lease)> {
+        let mut ledger = self.ledger();
+        loop {
+            if ledger.stopped || ledger.next >= ledger.end {
+                return None;
+            }
+            let info = tensors.get(ledger.next)?;
+            if ledger.admits(info.nbytes, self.cap) {
+                let index = ledger.take(info.nbytes);
+                return Some((index, info, self.lease(info.nbytes)));
+            }
+            ledger = self
+                .freed
+                .wait(ledger)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// For the consumer, which needs tensor `index` (of `bytes`) now: its
+    /// lease, whatever is in flight, if no reader has claimed it. Everything in flight then
+    /// is in the caller's hands (every tensor before `index` was handed
+    /// out), so waiting for room could wait forever.
+    fn claim_now(self: &Arc<Self>, index: usize, bytes: u64) -> Option<Lease> {
+        let mut ledger = self.ledger();
+        if ledger.next != index || index >= ledger.end {
+            return None;
+        }
+        ledger.take(bytes);
+        Some(self.lease(bytes))
+    }
+
+    fn lease(self: &Arc<Self>, bytes: u64) -> Lease {
+        Lease {
+            budget: Arc::clone(self),
+            bytes,
+        }
+    }
+
+    /// No tensor after `index` is claimed.
+    fn end_after(&self, index: usize) {
+        let mut ledger = self.ledger();
+        ledger.end = ledger.end.min(index + 1);
+    }
+
+    /// Stops the readers, waking those that wait for room.
+    fn stop(&self) {
+        self.ledger().stopped = true;
+        self.freed.notify_all();
+    }
+}
+
+/// The bytes of one claimed tensor, given back to the budget when dropped:
+/// held by the tensor's storage, so dropped when the last view of the
+/// tensor is, after its buffer is unmapped; or dropped at once when the
+/// read fails.
+struct Lease {
+    budget: Arc<Budget>,
+    bytes: u64,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        {
+            let mut ledger = self.budget.ledger();
+            ledger.in_flight = ledger.in_flight.saturating_sub(self.bytes);
+        }
+        self.budget.freed.notify_all();
+    }
+}
+
+/// Stops the budget's readers when dropped.
+struct StopOnDrop<'a>(&'a Budget);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+/// Tensors read ahead, by index, until the consumer takes them.
+#[derive(Default)]
+struct Arrivals {
+    ready: Mutex<BTreeMap<usize, Result<Tensor>>>,
+    /// Signalled when a tensor arrives, for the consumer.
+    arrived: Condvar,
+}
+
+impl Arrivals {
+    fn ready(&self) -> MutexGuard<'_, BTreeMap<usize, Result<Tensor>>> {
+        self.ready.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn put(&self, index: usize, result: Result<Tensor>) {
+        self.ready().insert(index, result);
+        self.arrived.notify_all();
+    }
+
+    fn take(&self, index: usize) -> Option<Result<Tensor>> {
+        self.ready().remove(&index)
+    }
+
+    /// Waits for tensor `index`, which a reader has claimed and so will put.
+    fn wait_for(&self, index: usize) -> Result<Tensor> {
+        let mut ready = self.ready();
+        loop {
+            if let Some(result) = ready.remove(&index) {
+                return result;
+            }
+            ready = self
+                .arrived
+                .wait(ready)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use safetensors::Dtype;
+
+    fn info(nbytes: u64) -> TensorInfo {
+        TensorInfo {
+            name: format!("t{nbytes}").into(),
+            dtype: Dtype::U8,
+            shape: vec![nbytes as usize],
+            file: 0,
+            offset: 0,
+            nbytes,
+            path: Arc::from(Path::new("")),
+        }
+    }
+
+    fn ledger(in_flight: u64) -> Ledger {
+        Ledger {
+            in_flight,
+            next: 0,
+            end: 1,
+            stopped: false,
+        }
+    }
+
+    #[test]
+    fn a_tensor_is_admitted_where_it_fits_or_where_nothing_is_in_flight() {
+        assert!(ledger(0).admits(10, 10));
+        assert!(ledger(4).admits(6, 10));
+        assert!(!ledger(4).admits(7, 10));
+        // Larger than the cap: alone.
+        assert!(ledger(0).admits(11, 10));
+        assert!(!ledger(1).admits(11, 10));
+        // Empty tensors always fit.
+        assert!(ledger(10).admits(0, 10));
+    }
+
+    #[test]
+    fn a_claim_waits_until_a_lease_is_dropped_and_a_stop_wakes_it() {
+        let tensors = [info(6), info(6), info(6)];
+        let budget = Arc::new(Budget::new(10, tensors.len()));
+        let (index, _, first) = budget.claim(&tensors).unwrap();
+        assert_eq!(index, 0);
+        let (sent, got) = mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let second = budget.claim(&tensors);
+                sent.send(second.as_ref().map(|(i, _, l)| (*i, l.bytes)))
+                    .unwrap();
+                // The third does not fit beside the second: waits, until
+                // the stop.
+                let third = budget.claim(&tensors);
+                sent.send(third.as_ref().map(|(i, _, l)| (*i, l.bytes)))
+                    .unwrap();
+            });
+            let waited = got.recv_timeout(Duration::from_millis(100));
+            assert!(waited.is_err(), "claimed beyond the cap: {waited:?}");
+            drop(first);
+            assert_eq!(got.recv().unwrap(), Some((1, 6)));
+            assert_eq!(budget.ledger().in_flight, 6, "the first came back");
+            let waited = got.recv_timeout(Duration::from_millis(100));
+            assert!(waited.is_err(), "claimed beyond the cap: {waited:?}");
+            budget.stop();
+            assert_eq!(got.recv().unwrap(), None);
+        });
+    }
+
+    #[test]
+    fn the_consumer_claims_its_next_tensor_past_the_cap_unless_a_reader_has() {
+        let tensors = [info(8), info(8), info(8)];
+        let budget = Arc::new(Budget::new(10, tensors.len()));
+        let (_, _, kept) = budget.claim(&tensors).unwrap();
+        // Tensor 0 is kept by the callback; tensor 1 does not fit beside it.
+        let second = budget.claim_now(1, 8).unwrap();
+        assert_eq!(budget.ledger().in_flight, 16);
+        // Not the next one, or already claimed: no.
+        assert!(budget.claim_now(1, 8).is_none());
+        assert!(budget.claim_now(0, 8).is_none());
+        drop((kept, second));
+        assert_eq!(budget.ledger().in_flight, 0);
+        budget.end_after(1);
+        assert!(budget.claim(&tensors).is_none(), "nothing past a failure");
+    }
+
+    /// A checkpoint of a few tensors of uneven sizes, one file.
+    fn checkpoint(dir: &std::path::Path) -> (Checkpoint, Vec<Vec<u8>>) {
+        let data: Vec<Vec<u8>> = [5usize, 0, 4096, 3, 70_000]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (0..len).map(|b| (b * 7 + i) as u8).collect())
+            .collect();
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let view = safetensors::tensor::TensorView::new(Dtype::U8, vec![d.len()], d);
+                (format!("t{i}"), view.unwrap())
+            })
+            .collect();
+        let path = dir.join("model.safetensors");
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        (crate::Loader::new().open(&path).unwrap(), data)
+    }
+
+    #[test]
+    fn with_no_reader_the_calling_thread_reads_every_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ck, data) = checkpoint(dir.path());
+        for cap in [0, 1, 4096, u64::MAX] {
+            let ck = ck.clone();
+            // On a thread of its own, so that a consumer waiting for a
+            // reader that does not exist fails the test instead of hanging.
+            let (sent, got) = mpsc::channel();
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                let mut kept = Vec::new();
+                let result = stream(&ck, cap, 0, |t| -> Result<()> {
+                    seen.push(t.as_bytes().to_vec());
+                    // Keeping every one: the stream must go on anyway.
+                    kept.push(t);
+                    Ok(())
+                });
+                sent.send(result.map(|()| seen)).unwrap();
+            });
+            let seen = got.recv_timeout(Duration::from_secs(30)).unwrap();
+            assert_eq!(seen.unwrap(), data, "cap {cap}");
+        }
+    }
+}

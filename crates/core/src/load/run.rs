@@ -1,0 +1,217 @@
+//! The blocking entry points of a `Loader`: `load`, `open` and `warm`, each resolve -> open -> the rest (`execute/`, `checkpoint/`, `prefetch/`), and the job's exchange joined where the environment asks.
+
+use std::path::Path;
+use std::time::Instant;
+
+use super::Loader;
+use crate::cancel;
+use crate::checkpoint::{self, Checkpoint};
+use crate::error::Result;
+use crate::execute::Run;
+use crate::file;
+use crate::policy::Environment;
+use crate::prefetch;
+use crate::resolve::{self, Resolved, ShardFile};
+use crate::state_dict::StateDict;
+
+impl Loader {
+    /// Loads the checkpoint at `path`: a `.safetensors` file, a
+    /// `*.safetensors.index.json`, or a directory holding
+    /// `model.safetensors`, `model.safetensors.index.json` or exactly one
+    /// `*.safetensors` file.
+    pub fn load(&self, path: impl AsRef<Path>) -> Result<StateDict> {
+        let path = path.as_ref();
+        cancel::scope(&self.opts.cancel, path, || self.load_now(path))
+    }
+
+    /// [`load`](Self::load), in the scope of its cancel flags.
+    fn load_now(&self, path: &Path) -> Result<StateDict> {
+        let clock = Instant::now();
+        let env = Environment::from_process();
+        let resolved = resolve::resolve(path, caching(&self.opts))?;
+        let shards = self.shards_to_open(&resolved);
+        let (files, notes) = file::open_all(&self.opts, &resolved, &shards, &env, clock)?;
+        // Cancelled while opening: stop before anything is read.
+        if self.opts.cancel.is_set() {
+            return Err(cancel::cancelled(path));
+        }
+        let files: Vec<_> = files.iter().map(|f| (f, f.opened_at())).collect();
+        // The job's exchange between nodes, where `SAFELOAD_EXCHANGE` asks:
+        // joined by every process, its local rank then the node's.
+        let engine = self.opts.exchange.clone().map(crate::cluster::Engine);
+        let joined = match engine {
+            Some(_) => None,
+            None => join_exchange(path)?,
+        };
+        let mut opts = std::borrow::Cow::Borrowed(&self.opts);
+        if let Some(joined) = &joined {
+            if opts.local_rank.is_none() {
+                opts.to_mut().local_rank = Some(joined.local_rank);
+            }
+        }
+        // One participant per node: the engine's communicator is used by
+        // local rank 0; the node's other ranks wait for its node copies, as
+        // the other processes of an MPI node do.
+        let engine_member = engine.as_ref().is_some_and(|e| {
+            use crate::cluster::Exchange;
+            let rank = crate::prefetch::LocalRank::from_setting(opts.local_rank, &env);
+            e.nodes() > 1 && rank.size > 1 && rank.rank > 0
+        });
+        let mpi_member = joined
+            .as_ref()
+            .is_some_and(|j| j.exchange.is_none() && j.nodes > 1);
+        Run {
+            opts: &opts,
+            resolved: &resolved,
+            env: &env,
+            keep: self
+                .opts
+                .filter
+                .as_deref()
+                .map(|f| f as &(dyn Fn(&str) -> bool + Sync)),
+            clock,
+            notes,
+            path,
+            exchange: match &engine {
+                Some(_) if engine_member => None,
+                Some(engine) => Some(engine as &dyn crate::cluster::Exchange),
+                None => joined.as_ref().and_then(|j| j.exchange.as_deref()),
+            },
+            member: engine_member || mpi_member,
+        }
+        .finish(&files)
+    }
+
+    /// Opens the checkpoint at `path` from its headers alone, with this
+    /// loader's options, for reads of the tensors an engine wants
+    /// ([`Checkpoint`]): the same resolution and checks as
+    /// [`load`](Self::load), every file opened once and kept open, mapped
+    /// files mapped (which reads nothing).
+    ///
+    /// # Errors
+    ///
+    /// As [`load`](Self::load) for resolving the files and reading their
+    /// headers.
+    pub fn open(&self, path: impl AsRef<Path>) -> Result<Checkpoint> {
+        let path = path.as_ref();
+        cancel::scope(&self.opts.cancel, path, || {
+            checkpoint::open_with(self.opts.clone(), path)
+        })
+    }
+
+    /// The shards a load opens: all of them, or with a filter and an index,
+    /// those the index says hold a tensor the filter keeps.
+    fn shards_to_open<'a>(&self, resolved: &'a Resolved) -> Vec<&'a ShardFile> {
+        match (&self.opts.filter, &resolved.index) {
+            (Some(keep), Some(index)) => {
+                let wanted: std::collections::HashSet<&str> = index
+                    .weight_map
+                    .iter()
+                    .filter(|(tensor, _)| keep(tensor))
+                    .map(|(_, shard)| shard.as_str())
+                    .collect();
+                resolved
+                    .shards
+                    .iter()
+                    .filter(|s| wanted.contains(s.name.as_str()))
+                    .collect()
+            }
+            _ => resolved.shards.iter().collect(),
+        }
+    }
+
+    /// Warms the page cache with the checkpoint at `path` without loading
+    /// it, for a job script that warms, waits at a barrier, then loads: with
+    /// this loader's [`prefetch`](Self::prefetch) streams (4 when unset),
+    /// local rank and memory settings. Run it in every local rank: they
+    /// split the bytes between them through a shared queue, and each returns
+    /// once every chunk is warm or skipped.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("model.safetensors");
+    /// # let data = vec![0u8; 1 << 20];
+    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 20], &data)?;
+    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+    /// let report = safeload_core::Loader::new().prefetch(2).warm(&path)?;
+    /// assert_eq!(report.total_bytes, std::fs::metadata(&path)?.len());
+    /// eprintln!("{report}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// When the checkpoint cannot be resolved, a file cannot be opened, or a
+    /// read fails (with the file and offset). Problems with the shared queue
+    /// are not errors: the ranks then split the bytes statically.
+    pub fn warm(&self, path: impl AsRef<Path>) -> Result<crate::report::PrefetchReport> {
+        let env = Environment::from_process();
+        let resolved = resolve::resolve(path.as_ref(), caching(&self.opts))?;
+        if resolved.is_remote() {
+            // Local ranks loading one remote checkpoint share a node copy
+            // instead (`local_rank`).
+            return Err(crate::error::Error::remote_failed(
+                crate::error::Operation::Prefetch,
+                path.as_ref(),
+                None,
+                crate::error::RemoteFailure::Unsupported,
+                "a remote checkpoint has no page cache to warm; load it",
+            ));
+        }
+        let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
+        let sources = file::open_sources(&self.opts, &resolved, &shards)?;
+        let handed: Vec<prefetch::LoadFile<'_>> = sources
+            .iter()
+            .map(|s| prefetch::LoadFile::of(s, true))
+            .collect();
+        let options = self.opts.prefetch.clone().unwrap_or_default();
+        // Under `SAFELOAD_EXCHANGE`, the node's local ranks are the
+        // exchange's: each node warms its own page cache (the exchange moves
+        // bytes between the nodes' memories, which no page cache receives).
+        let joined = match &self.opts.exchange {
+            Some(_) => None,
+            None => join_exchange(path.as_ref())?,
+        };
+        let job = prefetch::Job {
+            local_rank: self
+                .opts
+                .local_rank
+                .or(joined.as_ref().map(|j| j.local_rank)),
+            memory_available: self.opts.memory_available,
+            env: &env,
+            progress: self.opts.progress.as_ref(),
+        };
+        let reason = crate::report::PrefetchReason::Requested {
+            streams: options.stream_count(),
+        };
+        prefetch::warm(&handed, &options, &job, reason)
+    }
+}
+
+/// The caches a remote address of a load with `opts` goes through.
+pub(crate) fn caching(opts: &crate::options::Options) -> resolve::Caching<'_> {
+    let env = crate::policy::Environment::from_process();
+    resolve::Caching {
+        hub: opts.hub_cache,
+        dir: opts.cache_dir.as_deref(),
+        verify: crate::policy::verify(opts.verify, &env, !opts.expected_sha256.is_empty()),
+    }
+}
+
+/// The job's exchange, where `SAFELOAD_EXCHANGE` asks for one: joined by
+/// every process of the job (a collective), `None` where it is unset.
+///
+/// # Errors
+///
+/// The exchange cannot be joined: an I/O error of
+/// [`Operation::Exchange`](crate::error::Operation::Exchange) on `path`.
+fn join_exchange(path: &Path) -> Result<Option<crate::cluster::Joined>> {
+    crate::cluster::from_env().map_err(|why| {
+        crate::error::Error::io(
+            crate::error::Operation::Exchange,
+            path,
+            None,
+            std::io::Error::other(why),
+        )
+    })
+}

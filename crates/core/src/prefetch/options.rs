@@ -1,0 +1,136 @@
+//! The public options of a prefetch (`PrefetchOptions`): what is prefetch's own, not the job's.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::policy::PrefetchMethod;
+
+/// Readers per rank when prefetch is on and no number is given.
+pub(crate) const DEFAULT_STREAMS: usize = 4;
+
+/// The unit of work readers and ranks share, by default: the read engine's
+/// request size, large enough that a FUSE mount sees requests in flight,
+/// small enough that ranks stay balanced at the tail (BENCHMARKS.md).
+pub(crate) const DEFAULT_CHUNK: u64 = 8 << 20;
+
+/// What [`PrefetchOptions::on_chunk`] calls, shared by the readers.
+pub(super) type ChunkCallback = Arc<dyn Fn(&Path, Range<u64>) + Send + Sync>;
+
+/// The options of a prefetch, set as one expression.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("model.safetensors");
+/// # let data = vec![0u8; 1 << 16];
+/// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 16], &data)?;
+/// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+/// use safeload_core::{Loader, report::PrefetchMethod, PrefetchOptions};
+///
+/// let options = PrefetchOptions::new()
+///     .streams(8)                      // readers in this process
+///     .method(PrefetchMethod::Pread)   // instead of the measured default
+///     .on_chunk(|path, range| eprintln!("{}: {range:?} warm", path.display()));
+/// let report = Loader::new().prefetch_with(options.clone()).warm(&path)?;
+/// assert_eq!((report.streams, report.method), (8, PrefetchMethod::Pread));
+///
+/// // The job's settings (local rank, memory) are the loader's, for a load and
+/// // for a prefetch alone alike.
+/// let loader = Loader::new().local_rank(0, 1).prefetch_with(options);
+/// let report = loader.warm(&path)?;                 // warm only
+/// let sd = loader.load(&path)?;                     // warm, then load
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct PrefetchOptions {
+    pub(super) streams: usize,
+    pub(super) method: PrefetchMethod,
+    pub(crate) chunk_size: Option<usize>,
+    pub(super) shared_queue: bool,
+    pub(crate) queue_dir: Option<PathBuf>,
+    pub(super) on_chunk: Option<ChunkCallback>,
+}
+
+impl Default for PrefetchOptions {
+    fn default() -> Self {
+        PrefetchOptions {
+            streams: DEFAULT_STREAMS,
+            method: PrefetchMethod::Auto,
+            chunk_size: None,
+            shared_queue: true,
+            queue_dir: None,
+            on_chunk: None,
+        }
+    }
+}
+
+impl fmt::Debug for PrefetchOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PrefetchOptions")
+            .field("streams", &self.streams)
+            .field("method", &self.method)
+            .field("chunk_size", &self.chunk_size)
+            .field("shared_queue", &self.shared_queue)
+            .field("queue_dir", &self.queue_dir)
+            .field("on_chunk", &self.on_chunk.as_ref().map(|_| "<fn>"))
+            .finish()
+    }
+}
+
+impl PrefetchOptions {
+    /// Four streams per rank, rank from the launcher, method by filesystem,
+    /// 8 MiB chunks, the shared queue in `/dev/shm`.
+    pub fn new() -> PrefetchOptions {
+        PrefetchOptions::default()
+    }
+
+    /// The readers set by [`streams`](Self::streams).
+    pub(crate) fn stream_count(&self) -> usize {
+        self.streams
+    }
+
+    /// Readers in this process (default 4). Zero turns prefetch off.
+    pub fn streams(mut self, streams: usize) -> PrefetchOptions {
+        self.streams = streams;
+        self
+    }
+
+    /// How chunks are warmed (default: by filesystem kind).
+    pub fn method(mut self, method: PrefetchMethod) -> PrefetchOptions {
+        self.method = method;
+        self
+    }
+
+    /// The unit of work shared between readers and ranks (default 8 MiB),
+    /// rounded up to a multiple of the page size and to at least 64 KiB; a
+    /// checkpoint of more than 4 Mi chunks gets larger ones. Every rank of a
+    /// job must use the same value to share one queue.
+    pub fn chunk_size(mut self, bytes: usize) -> PrefetchOptions {
+        self.chunk_size = Some(bytes);
+        self
+    }
+
+    /// Whether the local ranks share one queue file (default `true`). With
+    /// `false`, or where the file cannot be made, each rank warms a fixed
+    /// share of the bytes.
+    pub fn shared_queue(mut self, shared: bool) -> PrefetchOptions {
+        self.shared_queue = shared;
+        self
+    }
+
+    /// Where the queue file lives (default `/dev/shm`, else the temporary
+    /// directory). All ranks of a job must agree.
+    pub fn queue_dir(mut self, dir: impl Into<PathBuf>) -> PrefetchOptions {
+        self.queue_dir = Some(dir.into());
+        self
+    }
+
+    /// Calls `f(path, byte range)` from a reader thread as each chunk this
+    /// process handled is warm, before the chunk is marked done for the
+    /// other ranks (progress reporting; a slow `f` delays them).
+    pub fn on_chunk(mut self, f: impl Fn(&Path, Range<u64>) + Send + Sync + 'static) -> Self {
+        self.on_chunk = Some(Arc::new(f));
+        self
+    }
+}

@@ -7,12 +7,12 @@
 //! let device = Device::Cpu;
 //! // Reads each tensor when the model asks for it: the map where the file
 //! // is mapped, positional reads straight into candle's storage where not.
-//! let vb = safeload_core::candle::var_builder("path/to/checkpoint", DType::BF16, &device)?;
+//! let vb = safeload::candle::var_builder("path/to/checkpoint", DType::BF16, &device)?;
 //! let proj = candle_nn::linear(1024, 1024, vb.pp("model.layers.0.mlp.up_proj"))?;
 //!
 //! // Tensor parallelism: this rank's part of each tensor, read alone.
-//! let checkpoint = safeload_core::Checkpoint::open("path/to/checkpoint")?;
-//! let vb = safeload_core::candle::sharded_var_builder_from(checkpoint, DType::BF16, &device);
+//! let checkpoint = safeload::Checkpoint::open("path/to/checkpoint")?;
+//! let vb = safeload::candle::sharded_var_builder_from(checkpoint, DType::BF16, &device);
 //! let shard = candle_nn::var_builder::Shard { dim: 0, rank: 1, world_size: 8 };
 //! let up = vb.get_with_hints((4096 / 8, 1024), "model.layers.0.mlp.up_proj.weight", shard)?;
 //! # Ok(()) }
@@ -43,7 +43,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::state_dict::StateDict;
 use crate::tensor::Tensor;
 
-/// Lets a `safeload_core::Error` pass through candle's `?`: it is wrapped
+/// Lets a `safeload::Error` pass through candle's `?`: it is wrapped
 /// (`candle_core::Error::Wrapped`), its message intact.
 impl From<Error> for candle_core::Error {
     fn from(error: Error) -> candle_core::Error {
@@ -444,8 +444,8 @@ impl candle_nn::var_builder::Backend for ShardedCheckpoint {
 /// # fn main() -> candle_core::Result<()> {
 /// use candle_core::{DType, Device};
 ///
-/// let checkpoint = safeload_core::Checkpoint::open("path/to/checkpoint")?;
-/// let vb = safeload_core::candle::sharded_var_builder_from(checkpoint, DType::BF16, &Device::Cpu);
+/// let checkpoint = safeload::Checkpoint::open("path/to/checkpoint")?;
+/// let vb = safeload::candle::sharded_var_builder_from(checkpoint, DType::BF16, &Device::Cpu);
 /// # Ok(()) }
 /// ```
 pub fn sharded_var_builder_from(

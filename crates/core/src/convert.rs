@@ -8,8 +8,8 @@
 //! values that overflowed to infinity.
 //!
 //! ```
-//! use safeload_core::Dtype;
-//! use safeload_core::convert::{convert, is_supported};
+//! use safeload::Dtype;
+//! use safeload::convert::{convert, is_supported};
 //!
 //! // BF16 bits: 1.0, -0.0, 3.0e38 (beyond F16's 65504), +inf.
 //! let src: Vec<u8> = [0x3F80u16, 0x8000, 0x7F62, 0x7F80]
@@ -24,7 +24,7 @@
 //! let f16_bits: Vec<u16> = dst.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
 //! assert_eq!(f16_bits, [0x3C00, 0x8000, 0x7C00, 0x7C00]); // 1.0, -0.0, +inf, +inf
 //! assert_eq!(converted.overflowed(), 1);                   // the source's +inf is not an overflow
-//! # Ok::<(), safeload_core::Error>(())
+//! # Ok::<(), safeload::Error>(())
 //! ```
 //!
 //! # Pairs
@@ -107,8 +107,8 @@ use kernel::{Source, Target};
 /// the [table](self#pairs), and any dtype to itself.
 ///
 /// ```
-/// use safeload_core::Dtype;
-/// use safeload_core::convert::is_supported;
+/// use safeload::Dtype;
+/// use safeload::convert::is_supported;
 ///
 /// assert!(is_supported(Dtype::F8_E4M3, Dtype::BF16));
 /// assert!(is_supported(Dtype::I64, Dtype::I64));  // a copy

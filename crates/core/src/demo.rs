@@ -19,8 +19,8 @@ use crate::error::{Error, Result};
 ///
 /// ```
 /// let dir = tempfile::tempdir()?;
-/// let index = safeload_core::demo::write(dir.path())?;
-/// let sd = safeload_core::load_state_dict(&index, None)?;
+/// let index = safeload::demo::write(dir.path())?;
+/// let sd = safeload::load_state_dict(&index, None)?;
 /// assert_eq!(sd.len(), 20);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```

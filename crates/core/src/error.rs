@@ -13,8 +13,8 @@ pub use remote::RemoteFailure;
 /// A specialized `Result` whose error is [`Error`].
 ///
 /// ```
-/// fn names(path: &std::path::Path) -> safeload_core::Result<Vec<String>> {
-///     let ck = safeload_core::Checkpoint::open(path)?;
+/// fn names(path: &std::path::Path) -> safeload::Result<Vec<String>> {
+///     let ck = safeload::Checkpoint::open(path)?;
 ///     Ok(ck.tensors().map(|t| t.name().to_string()).collect())
 /// }
 /// assert!(names(std::path::Path::new("/no/such/checkpoint")).is_err());
@@ -42,7 +42,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// and an address the crate cannot read is [`ErrorKind::BadAddress`].
 ///
 /// ```
-/// use safeload_core::{ErrorKind, Operation, load_state_dict};
+/// use safeload::error::Operation;
+/// use safeload::{ErrorKind, load_state_dict};
 ///
 /// let err = load_state_dict("/no/such/checkpoint", None).unwrap_err();
 /// assert!(err.is_not_found() && !err.is_corrupt());
@@ -74,10 +75,10 @@ pub struct Error(Box<Inner>);
 /// # let shard = std::fs::read_dir(dir.path())?.map(|e| e.unwrap().path())
 /// #     .find(|p| p.extension().is_some_and(|e| e == "safetensors")).unwrap();
 /// std::fs::remove_file(&shard)?;                 // a shard the index names is gone
-/// let err = safeload_core::load_state_dict(&index, None).unwrap_err();
+/// let err = safeload::load_state_dict(&index, None).unwrap_err();
 /// assert!(matches!(
 ///     err.kind(),
-///     safeload_core::ErrorKind::Io { operation: safeload_core::Operation::Open, .. }
+///     safeload::ErrorKind::Io { operation: safeload::error::Operation::Open, .. }
 /// ));
 /// assert_eq!(err.path(), Some(shard.as_path()));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -202,9 +203,9 @@ impl fmt::Display for Prefix<'_> {
 /// # let dir = tempfile::tempdir()?;
 /// # let path = dir.path().join("model.safetensors");
 /// std::fs::write(&path, b"not a checkpoint")?;
-/// let err = safeload_core::load_state_dict(&path, None).unwrap_err();
+/// let err = safeload::load_state_dict(&path, None).unwrap_err();
 /// match err.kind() {
-///     safeload_core::ErrorKind::HeaderTooLarge { len, limit } => assert!(len > limit),
+///     safeload::ErrorKind::HeaderTooLarge { len, limit } => assert!(len > limit),
 ///     other => panic!("unexpected: {other}"),
 /// }
 /// assert!(err.is_corrupt());

@@ -1,7 +1,6 @@
 //! The core of safeload: checkpoints read from sources into destinations (the format, tensors, storage, conversions, slices, the read loop, plan and policy, the load and checkpoint APIs, mounts, reports and errors). The `safeload` crate is its facade, with the crate's documentation; this crate's items are what it re-exports.
 //!
-//! Its doc examples name it `safeload_core`; an engine names the same items
-//! through `safeload`.
+//! Its doc examples name its items as an engine does, through `safeload`.
 #![cfg_attr(
     not(test),
     deny(
@@ -104,8 +103,8 @@ pub use prefetch::PrefetchOptions;
 /// # }
 /// # let index = dir.path().join("model.safetensors.index.json");
 /// # std::fs::write(&index, serde_json::json!({ "weight_map": weight_map }).to_string())?;
-/// let sd = safeload_core::load_state_dict(dir.path(), None)?;          // decided per file
-/// let buffered = safeload_core::load_state_dict(&index, Some(true))?;  // read into memory
+/// let sd = safeload::load_state_dict(dir.path(), None)?;          // decided per file
+/// let buffered = safeload::load_state_dict(&index, Some(true))?;  // read into memory
 /// assert_eq!(sd.names().collect::<Vec<_>>(), buffered.names().collect::<Vec<_>>());
 /// assert_eq!(buffered.report().bytes_read(), buffered.total_bytes());
 /// # Ok::<(), Box<dyn std::error::Error>>(())

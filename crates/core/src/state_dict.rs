@@ -22,12 +22,12 @@ use crate::tensor::Tensor;
 /// # let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
 /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 3], &data)?;
 /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-/// let sd = safeload_core::load_state_dict(&path, None)?;
+/// let sd = safeload::load_state_dict(&path, None)?;
 /// assert_eq!((sd.len(), sd.total_bytes()), (1, 24));
 /// for (name, tensor) in sd.iter() {
-///     assert_eq!((name, tensor.dtype()), ("w", safeload_core::Dtype::F32));
+///     assert_eq!((name, tensor.dtype()), ("w", safeload::Dtype::F32));
 /// }
-/// let tensors: Vec<safeload_core::Tensor> = sd.into_tensors(); // taken out, no copy
+/// let tensors: Vec<safeload::Tensor> = sd.into_tensors(); // taken out, no copy
 /// assert_eq!(tensors[0].name(), "w");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -136,7 +136,7 @@ impl StateDict {
     /// # let path = dir.path().join("model.safetensors");
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &[0u8; 4])?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// let sd = safeload_core::load_state_dict(&path, None)?;   // or "hf://org/model"
+    /// let sd = safeload::load_state_dict(&path, None)?;   // or "hf://org/model"
     /// sd.settle_cache()?;                                  // the cache's checks, if any
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

@@ -24,13 +24,13 @@ use crate::storage::Storage;
 /// # let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
 /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 3], &data)?;
 /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-/// let sd = safeload_core::load_state_dict(&path, None)?;
+/// let sd = safeload::load_state_dict(&path, None)?;
 /// let w = sd.get("w").unwrap().clone();
 /// drop(sd);                                      // the tensor keeps its bytes alive
 /// assert_eq!(w.shape(), [2, 3]);
 /// let values: &[f32] = w.as_slice()?;            // zero-copy, checked
 /// assert_eq!(values, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-/// assert_eq!(w.to_dtype(safeload_core::Dtype::BF16)?.nbytes(), 12);
+/// assert_eq!(w.to_dtype(safeload::Dtype::BF16)?.nbytes(), 12);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
@@ -53,7 +53,7 @@ pub struct Tensor {
 /// # let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
 /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 3], &data)?;
 /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-/// let sd = safeload_core::load_state_dict(&path, None)?;
+/// let sd = safeload::load_state_dict(&path, None)?;
 /// let w = sd.get("w").unwrap();
 /// assert!(w.as_slice::<f32>().is_ok());
 /// assert!(w.as_slice::<half::bf16>().is_err());  // the dtype is checked
@@ -181,7 +181,7 @@ impl Tensor {
     /// # let data: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &data)?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// let sd = safeload_core::load_state_dict(&path, None)?;
+    /// let sd = safeload::load_state_dict(&path, None)?;
     /// let w: &[f32] = sd.get("w").unwrap().as_slice()?;
     /// assert_eq!(w, [1.5, -2.0]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -241,8 +241,8 @@ impl Tensor {
     /// # let data: Vec<u8> = [1.5f32, -0.25].iter().flat_map(|x| x.to_le_bytes()).collect();
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &data)?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// let sd = safeload_core::load_state_dict(&path, None)?;
-    /// let bf16 = sd.get("w").unwrap().to_dtype(safeload_core::Dtype::BF16)?;
+    /// let sd = safeload::load_state_dict(&path, None)?;
+    /// let bf16 = sd.get("w").unwrap().to_dtype(safeload::Dtype::BF16)?;
     /// assert_eq!(bf16.as_slice::<half::bf16>()?, [half::bf16::from_f32(1.5), half::bf16::from_f32(-0.25)]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

@@ -39,18 +39,18 @@ use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode, Remove
 /// ([`KeepReason`](crate::report::KeepReason)).
 ///
 /// ```no_run
-/// use safeload_core::report::RemoveMode;
+/// use safeload::report::RemoveMode;
 /// // What would go, then the removal: the same names and bytes.
-/// let plan = safeload_core::hub_cache_remove("org/model", Some("v1.0"), RemoveMode::DryRun)?;
+/// let plan = safeload::hub::hub_cache_remove("org/model", Some("v1.0"), RemoveMode::DryRun)?;
 /// println!("{plan}");
-/// let done = safeload_core::hub_cache_remove("org/model", Some("v1.0"), RemoveMode::Remove)?;
+/// let done = safeload::hub::hub_cache_remove("org/model", Some("v1.0"), RemoveMode::Remove)?;
 /// assert_eq!(plan.bytes, done.bytes);
 /// for kept in &done.kept {
 ///     eprintln!("kept {}: {}", kept.path.display(), kept.why);
 /// }
 /// // The whole repository.
-/// safeload_core::hub_cache_remove("org/model", None, RemoveMode::Remove)?;
-/// # Ok::<(), safeload_core::Error>(())
+/// safeload::hub::hub_cache_remove("org/model", None, RemoveMode::Remove)?;
+/// # Ok::<(), safeload::Error>(())
 /// ```
 ///
 /// # Errors
@@ -95,12 +95,12 @@ pub fn hub_cache_remove(
 /// hour. A cache that does not exist yet has nothing to prune.
 ///
 /// ```no_run
-/// use safeload_core::report::RemoveMode;
-/// let plan = safeload_core::hub_cache_prune(None, RemoveMode::DryRun)?;
+/// use safeload::report::RemoveMode;
+/// let plan = safeload::hub::hub_cache_prune(None, RemoveMode::DryRun)?;
 /// for entry in &plan.removed {
 ///     println!("would remove {} ({} bytes)", entry.path.display(), entry.bytes);
 /// }
-/// # Ok::<(), safeload_core::Error>(())
+/// # Ok::<(), safeload::Error>(())
 /// ```
 ///
 /// # Errors

@@ -21,7 +21,7 @@ pub(super) const MAX_DEPTH: usize = 16;
 /// [`hub_cache_prune`](crate::hub_cache_prune).
 ///
 /// ```
-/// let listing = safeload_core::hub_cache(Some("org/model"));
+/// let listing = safeload::hub::hub_cache(Some("org/model"));
 /// for repo in &listing.repos {
 ///     for revision in &repo.revisions {
 ///         let _ = (&revision.commit, &revision.refs, revision.files.len());

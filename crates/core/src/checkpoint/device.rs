@@ -35,13 +35,13 @@ impl Checkpoint {
     /// # let data: Vec<u8> = (0..48u8).collect();
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![4, 6], &data)?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// use safeload_core::device::StandIn; // with the feature `cuda`: device::Cuda::new(stream)
+    /// use safeload::device::StandIn; // with the feature `cuda`: device::Cuda::new(stream)
     ///
     /// let device = StandIn::new();
-    /// let ck = safeload_core::Checkpoint::open(&path)?;
+    /// let ck = safeload::Checkpoint::open(&path)?;
     /// let on_device = ck.to_device(&device)?;
     /// let w = on_device.get("w").unwrap();
-    /// assert_eq!((w.dtype(), w.shape(), w.nbytes()), (safeload_core::Dtype::BF16, &[4, 6][..], 48));
+    /// assert_eq!((w.dtype(), w.shape(), w.nbytes()), (safeload::Dtype::BF16, &[4, 6][..], 48));
     /// let _pointer: u64 = w.device_ptr(); // what an engine's kernels take
     /// assert_eq!(w.to_host().unwrap(), data);
     /// eprintln!("{}", on_device.report());
@@ -72,11 +72,11 @@ impl Checkpoint {
     /// # let views = [("w", safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![5, 7], &data)?),
     /// #              ("norm", safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![7], &data[..7])?)];
     /// # safetensors::serialize_to_file(views, None, &path)?;
-    /// use safeload_core::device::{Part, StandIn};
+    /// use safeload::device::{Part, StandIn};
     ///
     /// let (rank, world) = (1, 2);
     /// let device = StandIn::new();
-    /// let ck = safeload_core::Checkpoint::open(&path)?;
+    /// let ck = safeload::Checkpoint::open(&path)?;
     /// let mine = ck.to_device_parts(&device, |info| match info.shape() {
     ///     [_, _] => Part::Shard { dim: 1, rank, world }, // column-parallel
     ///     _ => Part::Whole,                              // replicated

@@ -38,11 +38,11 @@ use crate::state_dict::StateDict;
 /// # let data: Vec<u8> = (0..24u8).collect();
 /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4, 6], &data)?;
 /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-/// use safeload_core::Checkpoint;
+/// use safeload::Checkpoint;
 ///
 /// let ck = Checkpoint::open(&path)?;            // headers only
 /// let info = ck.get("w").unwrap();
-/// assert_eq!((info.dtype(), info.shape(), info.nbytes()), (safeload_core::Dtype::U8, &[4, 6][..], 24));
+/// assert_eq!((info.dtype(), info.shape(), info.nbytes()), (safeload::Dtype::U8, &[4, 6][..], 24));
 ///
 /// let w = ck.read("w")?;                        // one tensor
 /// assert_eq!(w.as_bytes(), &data[..]);
@@ -80,9 +80,9 @@ struct Inner {
 /// # let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
 /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 3], &data)?;
 /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-/// let ck = safeload_core::Checkpoint::open(&path)?;
+/// let ck = safeload::Checkpoint::open(&path)?;
 /// let info = ck.get("w").unwrap();
-/// assert_eq!((info.dtype(), info.shape(), info.nbytes()), (safeload_core::Dtype::F32, &[2, 3][..], 24));
+/// assert_eq!((info.dtype(), info.shape(), info.nbytes()), (safeload::Dtype::F32, &[2, 3][..], 24));
 /// assert!(info.is_float());
 /// assert_eq!(info.file(), path);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -145,7 +145,7 @@ impl TensorInfo {
     /// # let data = vec![0u8; 10 * 4];
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![10], &data)?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// let ck = safeload_core::Checkpoint::open(&path)?;
+    /// let ck = safeload::Checkpoint::open(&path)?;
     /// let w = ck.get("w").unwrap();
     /// assert_eq!(w.shard_range(0, 0, 4), Some(0..3)); // 10 rows in 4 parts: 3, 3, 2, 2
     /// assert_eq!(w.shard_range(0, 3, 4), Some(8..10));
@@ -198,7 +198,7 @@ impl Checkpoint {
     /// # let data = vec![0u8; 8];
     /// # let views = ["a.w", "a.b", "b.w"].map(|n| (n, safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![8], &data).unwrap()));
     /// # safetensors::serialize_to_file(views, None, &path)?;
-    /// let ck = safeload_core::Checkpoint::open(&path)?;
+    /// let ck = safeload::Checkpoint::open(&path)?;
     /// let layer_a = ck.load_filtered(|name| name.starts_with("a."))?;
     /// assert_eq!(layer_a.names().collect::<Vec<_>>(), ["a.b", "a.w"]); // file order
     /// # Ok::<(), Box<dyn std::error::Error>>(())

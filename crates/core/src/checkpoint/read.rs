@@ -36,7 +36,7 @@ impl Checkpoint {
     /// # let data: Vec<u8> = (0..24u8).collect();
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4, 6], &data)?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// let ck = safeload_core::Checkpoint::open(&path)?;
+    /// let ck = safeload::Checkpoint::open(&path)?;
     /// let rows = ck.read_slice("w", &[1..3])?;            // rows 1 and 2, all columns
     /// assert_eq!((rows.shape(), rows.as_bytes()), (&[2, 6][..], &data[6..18]));
     /// let block = ck.read_slice("w", &[0..2, 4..6])?;     // a 2 x 2 block
@@ -71,7 +71,7 @@ impl Checkpoint {
     /// # let data: Vec<u8> = (0..35u8).collect();
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![5, 7], &data)?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// let ck = safeload_core::Checkpoint::open(&path)?;
+    /// let ck = safeload::Checkpoint::open(&path)?;
     /// // Column-parallel: 7 columns over 3 ranks are 3, 2 and 2 wide.
     /// let widths: Vec<usize> = (0..3).map(|r| ck.shard("w", 1, r, 3).unwrap().shape()[1]).collect();
     /// assert_eq!(widths, [3, 2, 2]);

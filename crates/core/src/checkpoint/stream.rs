@@ -35,11 +35,11 @@ impl Checkpoint {
     /// #     ("a", safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![3], &a)?),
     /// #     ("b", safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![1], &b)?),
     /// # ], None, &path)?;
-    /// use safeload_core::Checkpoint;
+    /// use safeload::Checkpoint;
     ///
     /// let ck = Checkpoint::open(&path)?;
     /// let mut converted = Vec::new();
-    /// ck.for_each(256 << 20, |tensor| -> safeload_core::Result<()> {
+    /// ck.for_each(256 << 20, |tensor| -> safeload::Result<()> {
     ///     let values: Vec<f32> = tensor.to_f32()?;
     ///     converted.push((tensor.name().to_string(), values.len()));
     ///     Ok(()) // `tensor` is dropped here: its bytes go back to the budget
@@ -105,12 +105,12 @@ impl Checkpoint {
     /// # ], None, &path)?;
     /// #[derive(Debug)]
     /// enum UploadError {
-    ///     Load(safeload_core::Error),
+    ///     Load(safeload::Error),
     ///     Device(String),
     /// }
     ///
-    /// impl From<safeload_core::Error> for UploadError {
-    ///     fn from(e: safeload_core::Error) -> Self {
+    /// impl From<safeload::Error> for UploadError {
+    ///     fn from(e: safeload::Error) -> Self {
     ///         UploadError::Load(e)
     ///     }
     /// }
@@ -121,7 +121,7 @@ impl Checkpoint {
     /// }
     ///
     /// impl Device {
-    ///     fn upload(&mut self, tensor: &safeload_core::Tensor) -> Result<(), UploadError> {
+    ///     fn upload(&mut self, tensor: &safeload::Tensor) -> Result<(), UploadError> {
     ///         self.free = self.free.checked_sub(tensor.nbytes()).ok_or_else(|| {
     ///             UploadError::Device(format!("no room for {}", tensor.name()))
     ///         })?;
@@ -129,7 +129,7 @@ impl Checkpoint {
     ///     }
     /// }
     ///
-    /// let ck = safeload_core::Checkpoint::open(&path)?;
+    /// let ck = safeload::Checkpoint::open(&path)?;
     /// let mut device = Device { free: 32 };
     /// let err = ck.for_each(1 << 20, |tensor| device.upload(&tensor)).unwrap_err();
     /// assert!(matches!(err, UploadError::Device(ref m) if m == "no room for b"));

@@ -28,7 +28,7 @@ use super::{Exchange, ExchangeError, ExchangeErrorKind};
 ///
 /// ```
 /// use std::io;
-/// use safeload_core::cluster::Communicator;
+/// use safeload::cluster::Communicator;
 ///
 /// /// A job of one node: nothing to exchange (a load reads everything, as without it).
 /// struct Alone;
@@ -51,7 +51,7 @@ use super::{Exchange, ExchangeError, ExchangeErrorKind};
 /// # }
 /// # let index = dir.path().join("model.safetensors.index.json");
 /// # std::fs::write(&index, serde_json::json!({ "weight_map": weight_map }).to_string())?;
-/// let sd = safeload_core::Loader::new().disable_mmap(true).exchange(Alone).load(&index)?;
+/// let sd = safeload::Loader::new().disable_mmap(true).exchange(Alone).load(&index)?;
 /// assert!(sd.len() > 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```

@@ -15,10 +15,10 @@ use super::{Error, ErrorKind, Inner, Operation};
 /// the error's message opens with.
 ///
 /// ```
-/// use safeload_core::RemoteFailure;
+/// use safeload::RemoteFailure;
 ///
 /// /// What an engine does next when its weights cannot be had.
-/// fn next_step(err: &safeload_core::Error) -> &'static str {
+/// fn next_step(err: &safeload::Error) -> &'static str {
 ///     match err.remote_failure() {
 ///         Some(RemoteFailure::RepositoryNotFound | RemoteFailure::RevisionNotFound) => {
 ///             "check the model's name and revision"
@@ -32,7 +32,7 @@ use super::{Error, ErrorKind, Inner, Operation};
 ///     }
 /// }
 ///
-/// let err = safeload_core::load_state_dict("/no/such/checkpoint", None).unwrap_err();
+/// let err = safeload::load_state_dict("/no/such/checkpoint", None).unwrap_err();
 /// assert_eq!(next_step(&err), "download it first");
 /// assert_eq!(RemoteFailure::Gated.as_str(), "gated");
 /// ```

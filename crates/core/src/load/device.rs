@@ -34,7 +34,7 @@ impl Loader {
     /// # let data: Vec<u8> = [1.0f32, -2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &data)?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// use safeload_core::{Dtype, Loader, device::StandIn};
+    /// use safeload::{Dtype, Loader, device::StandIn};
     ///
     /// let device = StandIn::new();
     /// let on_device = Loader::new()

@@ -45,7 +45,7 @@ impl Loader {
     /// // An engine's runtime: one thread, also serving its health checks.
     /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
     /// let sd = rt.block_on(async {
-    ///     safeload_core::Loader::new().disable_mmap(true).load_async(&path).await
+    ///     safeload::Loader::new().disable_mmap(true).load_async(&path).await
     /// })?;
     /// assert_eq!(sd.get("w").unwrap().as_bytes(), [1, 2, 3, 4]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -73,7 +73,7 @@ impl Loader {
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
     /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
-    /// let ck = rt.block_on(safeload_core::Loader::new().open_async(&path))?;
+    /// let ck = rt.block_on(safeload::Loader::new().open_async(&path))?;
     /// assert_eq!(ck.get("w").unwrap().shape(), [4]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

@@ -28,7 +28,7 @@ use safetensors::Dtype;
 /// # let data = vec![0u8; 16];
 /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &data)?;
 /// # safetensors::serialize_to_file([("model.layers.0.w", view.clone()), ("lm_head", view)], None, &path)?;
-/// let sd = safeload_core::Loader::new()
+/// let sd = safeload::Loader::new()
 ///     .disable_mmap(true)                       // read into memory; false maps; unset decides
 ///     .threads(4)                               // files opened and parsed at once
 ///     .filter(|name| name.starts_with("model.layers.0."))
@@ -225,9 +225,9 @@ impl Loader {
     /// # let views = [("w", safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![3], &w)?),
     /// #              ("ids", safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![1], &ids)?)];
     /// # safetensors::serialize_to_file(views, None, &path)?;
-    /// use safeload_core::Dtype;
+    /// use safeload::Dtype;
     ///
-    /// let sd = safeload_core::Loader::new().dtype(Dtype::F16).load(&path)?;
+    /// let sd = safeload::Loader::new().dtype(Dtype::F16).load(&path)?;
     /// let w = sd.get("w").unwrap();
     /// assert_eq!(w.dtype(), Dtype::F16);
     /// assert_eq!(w.to_f32()?, [1.0, -2.5, f32::INFINITY]);   // 3e38 is beyond F16
@@ -258,7 +258,7 @@ impl Loader {
     ///
     /// let last = Arc::new(Mutex::new(None));
     /// let seen = Arc::clone(&last);
-    /// safeload_core::Loader::new()
+    /// safeload::Loader::new()
     ///     .disable_mmap(true)
     ///     .on_progress(move |p| *seen.lock().unwrap() = Some(*p))
     ///     .load(&path)?;
@@ -286,12 +286,12 @@ impl Loader {
     /// # let path = dir.path().join("model.safetensors");
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// let sd = safeload_core::Loader::new().verify(true).load(&path)?;
+    /// let sd = safeload::Loader::new().verify(true).load(&path)?;
     /// let digest = sd.report().files[0].sha256.clone().unwrap();
     /// assert_eq!(digest.len(), 64);
     ///
     /// // Later, or on another machine: the file must still be that one.
-    /// let again = safeload_core::Loader::new()
+    /// let again = safeload::Loader::new()
     ///     .expect_sha256("model.safetensors", &digest)
     ///     .load(&path)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -356,14 +356,14 @@ impl Loader {
     /// ```
     /// # use std::io;
     /// # struct Alone;
-    /// # impl safeload_core::cluster::Communicator for Alone {
+    /// # impl safeload::cluster::Communicator for Alone {
     /// #     fn node(&self) -> usize { 0 }
     /// #     fn nodes(&self) -> usize { 1 }
     /// #     fn all_gather(&self, mine: &[u8]) -> io::Result<Vec<Vec<u8>>> { Ok(vec![mine.to_vec()]) }
     /// #     fn broadcast(&self, _: usize, _: &mut [u8]) -> io::Result<()> { Ok(()) }
     /// # }
     /// # let nccl = Alone;
-    /// let loader = safeload_core::Loader::new().disable_mmap(true).exchange(nccl);
+    /// let loader = safeload::Loader::new().disable_mmap(true).exchange(nccl);
     /// # let _ = loader;
     /// ```
     pub fn exchange(mut self, communicator: impl crate::cluster::Communicator + 'static) -> Loader {
@@ -409,12 +409,12 @@ impl Loader {
     /// use std::sync::atomic::{AtomicBool, Ordering};
     ///
     /// let shutdown = Arc::new(AtomicBool::new(false));
-    /// let loader = safeload_core::Loader::new().cancel_on(Arc::clone(&shutdown));
+    /// let loader = safeload::Loader::new().cancel_on(Arc::clone(&shutdown));
     /// assert!(loader.load(&path).is_ok());
     ///
     /// shutdown.store(true, Ordering::Relaxed);       // from any thread
     /// let err = loader.load(&path).unwrap_err();
-    /// assert_eq!(err.kind(), &safeload_core::ErrorKind::Cancelled);
+    /// assert_eq!(err.kind(), &safeload::ErrorKind::Cancelled);
     /// assert_eq!(err.path(), Some(path.as_path()));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

@@ -133,7 +133,7 @@ impl Loader {
     /// # let data = vec![0u8; 1 << 20];
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 20], &data)?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// let report = safeload_core::Loader::new().prefetch(2).warm(&path)?;
+    /// let report = safeload::Loader::new().prefetch(2).warm(&path)?;
     /// assert_eq!(report.total_bytes, std::fs::metadata(&path)?.len());
     /// eprintln!("{report}");
     /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -13,7 +13,7 @@ use super::escape;
 /// filesystem are cheap.
 ///
 /// ```
-/// use safeload_core::mount::{self, MountKind};
+/// use safeload::mount::{self, MountKind};
 ///
 /// let kind = mount::lookup(std::env::temp_dir())?.kind;
 /// match kind {
@@ -66,7 +66,7 @@ impl MountKind {
     /// [`Fuse`](MountKind::Fuse).
     ///
     /// ```
-    /// use safeload_core::mount::MountKind;
+    /// use safeload::mount::MountKind;
     ///
     /// assert!(MountKind::HfMount.is_fuse_like());
     /// assert!(!MountKind::Network.is_fuse_like());
@@ -100,7 +100,7 @@ impl fmt::Display for MountKind {
 /// 6. everything else is [`MountKind::Unknown`].
 ///
 /// ```
-/// use safeload_core::mount::{classify, MountKind};
+/// use safeload::mount::{classify, MountKind};
 ///
 /// assert_eq!(classify("fuse.hf-mount", "hf-mount", "rw"), MountKind::HfMount);
 /// assert_eq!(classify("nfs4", "127.0.0.1:/", "rw,vers=4.1,addr=127.0.0.1"), MountKind::HfMount);

@@ -11,7 +11,7 @@ use super::{MountKind, escape};
 ///
 /// ```
 /// use std::path::Path;
-/// use safeload_core::mount::{MountKind, MountTable};
+/// use safeload::mount::{MountKind, MountTable};
 ///
 /// let table = MountTable::parse_mountinfo(
 ///     "700 27 0:61 / /mnt/hub rw,relatime shared:310 - nfs4 127.0.0.1:/ rw,vers=4.1,addr=127.0.0.1\n",
@@ -97,7 +97,7 @@ impl MountEntry {
     /// `ro`, `None` when absent. Per-mount options are searched before superblock options.
     ///
     /// ```
-    /// use safeload_core::mount::MountTable;
+    /// use safeload::mount::MountTable;
     ///
     /// let table = MountTable::parse_mounts("server:/export /mnt/nfs nfs4 rw,hard,rsize=1048576 0 0\n");
     /// let entry = &table.entries()[0];

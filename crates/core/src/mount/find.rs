@@ -30,7 +30,7 @@ impl MountTable {
     ///
     /// ```
     /// use std::path::Path;
-    /// use safeload_core::mount::MountTable;
+    /// use safeload::mount::MountTable;
     ///
     /// let table = MountTable::parse(
     ///     "27 1 254:0 / / rw - ext4 /dev/vda rw\n\
@@ -112,7 +112,7 @@ fn is_mounted_on(upper: &MountEntry, lower: &MountEntry) -> bool {
 /// from another machine can be split anywhere.
 ///
 /// ```
-/// use safeload_core::mount::split_device_number;
+/// use safeload::mount::split_device_number;
 ///
 /// assert_eq!(split_device_number(0xfe00), (254, 0));   // /dev/vda
 /// assert_eq!(split_device_number(0x0803), (8, 3));     // /dev/sda3

@@ -13,7 +13,7 @@
 //! # Examples
 //!
 //! ```
-//! use safeload_core::mount::{self, Detection, MountKind};
+//! use safeload::mount::{self, Detection, MountKind};
 //!
 //! let here = mount::lookup(std::env::temp_dir())?;
 //! println!("{} ({}) at {}, found by {}", here.kind, here.fs_type, here.mount_point.display(),
@@ -127,7 +127,7 @@ impl fmt::Display for Detection {
 /// are empty and the kind is [`MountKind::Unknown`].
 ///
 /// ```
-/// use safeload_core::mount::{lookup, Detection, MountKind};
+/// use safeload::mount::{lookup, Detection, MountKind};
 ///
 /// let mount = lookup(std::env::temp_dir())?;
 /// if cfg!(target_os = "linux") {
@@ -237,7 +237,7 @@ impl fmt::Display for Mount {
 /// The error of canonicalizing, `stat`ing or `statfs`ing the path; the caller names the path.
 ///
 /// ```
-/// use safeload_core::mount::{lookup_in, MountKind, MountTable};
+/// use safeload::mount::{lookup_in, MountKind, MountTable};
 ///
 /// // A table from text: every path is under its `/`, here claimed by hf-mount.
 /// let table = MountTable::parse("hf-mount / fuse rw,user_id=0,group_id=0 0 0\n");
@@ -274,8 +274,8 @@ pub fn lookup_in(table: &MountTable, path: &Path) -> io::Result<Mount> {
 /// The error of canonicalizing, `stat`ing or `statfs`ing the path; the caller names the path.
 ///
 /// ```
-/// let mount = safeload_core::mount::lookup(std::env::temp_dir())?;
-/// assert_ne!(mount.kind, safeload_core::mount::MountKind::HfMount);
+/// let mount = safeload::mount::lookup(std::env::temp_dir())?;
+/// assert_ne!(mount.kind, safeload::mount::MountKind::HfMount);
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub fn lookup(path: impl AsRef<Path>) -> io::Result<Mount> {
@@ -295,7 +295,7 @@ pub fn lookup(path: impl AsRef<Path>) -> io::Result<Mount> {
 ///
 /// ```
 /// use std::fs::File;
-/// use safeload_core::mount::{lookup_file_in, MountTable};
+/// use safeload::mount::{lookup_file_in, MountTable};
 ///
 /// let table = MountTable::current()?;
 /// let exe = std::env::current_exe()?.canonicalize()?;

@@ -12,7 +12,7 @@ use super::{MountEntry, parse};
 ///
 /// ```
 /// use std::path::Path;
-/// use safeload_core::mount::{MountKind, MountTable};
+/// use safeload::mount::{MountKind, MountTable};
 ///
 /// // As `/proc/mounts` shows a host with a local root and an NFS share.
 /// let table = MountTable::parse(
@@ -52,7 +52,7 @@ impl MountTable {
     /// does not start with two numbers and a `major:minor`.
     ///
     /// ```
-    /// use safeload_core::mount::MountTable;
+    /// use safeload::mount::MountTable;
     ///
     /// let from_mountinfo = MountTable::parse("22 27 0:21 / /proc rw,relatime - proc proc rw\n");
     /// let from_mounts = MountTable::parse("proc /proc proc rw,relatime 0 0\n");

@@ -77,13 +77,13 @@ impl FileDecision {
 /// file, when prefetch is left unset).
 ///
 /// ```
-/// use safeload_core::mount::{MountTable, lookup_in};
+/// use safeload::mount::{MountTable, lookup_in};
 ///
 /// let table = MountTable::parse("hf-mount / fuse rw,user_id=0,group_id=0 0 0\n");
 /// let mount = lookup_in(&table, &std::env::temp_dir())?;
 /// let auto = mount.auto_policy();
 /// if cfg!(target_os = "linux") {
-///     assert_eq!(auto.strategy, safeload_core::report::Strategy::Buffered);
+///     assert_eq!(auto.strategy, safeload::report::Strategy::Buffered);
 ///     assert!(auto.reason.contains("mmap page faults stall"));
 ///     assert!(auto.direct_io);
 /// }

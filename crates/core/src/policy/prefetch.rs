@@ -24,7 +24,7 @@ pub const HF_SHARD_PREFETCH_ENV: &str = "HF_SHARD_PREFETCH";
 /// How a chunk is brought into the page cache.
 ///
 /// ```
-/// assert_eq!(safeload_core::report::PrefetchMethod::Pread.to_string(), "pread");
+/// assert_eq!(safeload::report::PrefetchMethod::Pread.to_string(), "pread");
 /// ```
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -9,8 +9,8 @@ worded! {
 /// gives the rule in words.
 ///
 /// ```
-/// use safeload_core::mount::MountKind;
-/// use safeload_core::report::Reason;
+/// use safeload::mount::MountKind;
+/// use safeload::report::Reason;
 ///
 /// let why = Reason::Auto { kind: MountKind::Fuse };
 /// assert_eq!(why.to_string(), "mmap page faults stall on FUSE");

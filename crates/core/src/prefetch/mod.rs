@@ -50,7 +50,7 @@
 //!
 //! # Where the pieces are
 //!
-//! The loader (`Loader::load`, `Loader::warm`, and `safeload_core::prefetch`
+//! The loader (`Loader::load`, `Loader::warm`, and `safeload::prefetch`
 //! through it) opens the files once and hands them over (`load.rs`), with
 //! the policy's answer to whether to run (`policy/prefetch.rs`); `run.rs`
 //! plans the chunks once, opens the queue and hands the readers

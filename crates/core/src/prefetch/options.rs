@@ -26,7 +26,7 @@ pub(super) type ChunkCallback = Arc<dyn Fn(&Path, Range<u64>) + Send + Sync>;
 /// # let data = vec![0u8; 1 << 16];
 /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 16], &data)?;
 /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-/// use safeload_core::{Loader, report::PrefetchMethod, PrefetchOptions};
+/// use safeload::{Loader, report::PrefetchMethod, PrefetchOptions};
 ///
 /// let options = PrefetchOptions::new()
 ///     .streams(8)                      // readers in this process

@@ -81,7 +81,7 @@
 //! assert_eq!(example["files"][1]["node_copy"]["code"], "does_not_fit");
 //! assert_eq!(example["notes"][0]["code"], "threads_refused");
 //!
-//! let sd = safeload_core::Loader::new().disable_mmap(true).prefetch(1).load(&path)?;
+//! let sd = safeload::Loader::new().disable_mmap(true).prefetch(1).load(&path)?;
 //! let report = serde_json::to_value(sd.report())?;
 //! assert_eq!(report["files"][0]["tensors"], 1);
 //! same_keys(&example, &report, "report");
@@ -157,9 +157,9 @@ reported! {
 /// # }
 /// # let index = dir.path().join("model.safetensors.index.json");
 /// # std::fs::write(&index, serde_json::json!({ "weight_map": weight_map }).to_string())?;
-/// use safeload_core::report::{DirectIo, Strategy};
+/// use safeload::report::{DirectIo, Strategy};
 ///
-/// let sd = safeload_core::Loader::new().disable_mmap(true).load(&index)?;
+/// let sd = safeload::Loader::new().disable_mmap(true).load(&index)?;
 /// let report = sd.report();
 /// assert_eq!(report.bytes_read(), report.tensor_bytes());
 /// for file in &report.files {

@@ -13,7 +13,7 @@ worded! {
 /// [`as_str`](Self::as_str) a stable code (the JSON's `code`).
 ///
 /// ```
-/// use safeload_core::report::{FileReport, NodeCopy};
+/// use safeload::report::{FileReport, NodeCopy};
 ///
 /// fn say(file: &FileReport) {
 ///     match &file.node_copy {

@@ -13,7 +13,7 @@ worded! {
 /// words, [`as_str`](Self::as_str) a stable code (the JSON's `code`).
 ///
 /// ```
-/// use safeload_core::report::LoadNote;
+/// use safeload::report::LoadNote;
 ///
 /// let note = LoadNote::RangesIgnored { files: 4 };
 /// assert_eq!(note.as_str(), "ranges_ignored");
@@ -117,7 +117,7 @@ worded! {
 /// variant's name in snake case (`"reads_set"`, `"reads_settled"`, ...).
 ///
 /// ```
-/// use safeload_core::report::ConcurrencyReason;
+/// use safeload::report::ConcurrencyReason;
 ///
 /// fn tried(reason: &ConcurrencyReason) -> &[(usize, f64)] {
 ///     match reason {

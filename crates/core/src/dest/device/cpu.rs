@@ -30,10 +30,10 @@ use crate::storage::Buffer;
 /// # let data: Vec<u8> = (0..24u8).collect();
 /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4, 6], &data)?;
 /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-/// use safeload_core::device::StandIn;
+/// use safeload::device::StandIn;
 ///
 /// let device = StandIn::new().bandwidth(2e9); // 2 GB/s, like a slow PCIe link
-/// let on_device = safeload_core::Loader::new().load_to_device(&path, &device)?;
+/// let on_device = safeload::Loader::new().load_to_device(&path, &device)?;
 /// let w = on_device.get("w").unwrap();
 /// assert_eq!(w.shape(), [4, 6]);
 /// assert_eq!(w.to_host().unwrap(), data);

@@ -24,10 +24,10 @@ use super::Device;
 /// where there is no GPU.
 ///
 /// ```no_run
-/// use safeload_core::device::Cuda;
+/// use safeload::device::Cuda;
 ///
 /// let gpu = Cuda::on_device(0)?;                 // or Cuda::new(engine_stream)
-/// let weights = safeload_core::Loader::new().load_to_device("model/", &gpu)?;
+/// let weights = safeload::Loader::new().load_to_device("model/", &gpu)?;
 /// let w = weights.get("lm_head.weight").unwrap();
 /// let _ = (w.device_ptr(), w.dtype(), w.shape());  // what a kernel takes
 /// eprintln!("{}", weights.report());

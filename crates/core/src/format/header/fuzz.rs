@@ -1,6 +1,6 @@
 //! The fuzz crate's way in to the header parser: a whole file's bytes in, the verdict and the tensors out as plain types; hidden, not part of the API.
 //!
-//! Re-exported as `safeload_core::__fuzz` under `#[doc(hidden)]`, so that the
+//! Re-exported as `safeload::__fuzz` under `#[doc(hidden)]`, so that the
 //! `header_parse` fuzz target (`fuzz/fuzz_targets/header_parse.rs`) can hold
 //! the parser to the reference's verdict at the parser's own speed, with no
 //! file, thread or `/proc` read per input. It calls the functions a load

@@ -396,7 +396,8 @@ mod tests {
     #[test]
     fn an_address_without_the_remote_feature_says_so() {
         for url in ["s3://bucket/model", "hf://org/repo", "https://host/m/"] {
-            let e = resolve(Path::new(url), Caching::default(), &crate::extras::NoExtras).unwrap_err();
+            let e =
+                resolve(Path::new(url), Caching::default(), &crate::extras::NoExtras).unwrap_err();
             assert!(matches!(e.kind(), ErrorKind::Remote { .. }), "{e}");
             assert!(e.to_string().contains("feature `remote`"), "{e}");
             assert_eq!(e.path(), Some(Path::new(url)));

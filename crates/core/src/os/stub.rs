@@ -111,18 +111,17 @@ pub(crate) fn parent_pid() -> u32 {
 }
 
 /// Unknown here.
-pub(crate) fn effective_uid() -> Option<u32> {
+pub fn effective_uid() -> Option<u32> {
     None
 }
 
 /// Unknown here: no limit is seen.
-#[cfg(feature = "remote")]
 pub(crate) fn address_space_limit() -> Option<u64> {
     None
 }
 
 /// Unknown here.
-pub(crate) fn file_owner(_meta: &Metadata) -> Option<u32> {
+pub fn file_owner(_meta: &Metadata) -> Option<u32> {
     None
 }
 
@@ -196,13 +195,13 @@ pub(crate) fn path_from_bytes(bytes: Vec<u8>) -> std::path::PathBuf {
 /// come from that directory, though a symlink flipped between the opens of
 /// a load can still be seen where there is no `openat`.
 #[derive(Debug)]
-pub(crate) struct Dir {
+pub struct Dir {
     path: std::path::PathBuf,
 }
 
 impl Dir {
     /// Resolves the directory at `path`.
-    pub(crate) fn open(path: &Path) -> io::Result<Dir> {
+    pub fn open(path: &Path) -> io::Result<Dir> {
         let path = std::fs::canonicalize(path)?;
         if !path.is_dir() {
             return Err(io::Error::new(
@@ -214,17 +213,17 @@ impl Dir {
     }
 
     /// Opens `name` in this directory, refusing anything but a regular file.
-    pub(crate) fn open_regular(&self, name: &str) -> io::Result<File> {
+    pub fn open_regular(&self, name: &str) -> io::Result<File> {
         open_regular(&self.path.join(name))
     }
 
     /// Whether `name` in this directory is a regular file.
-    pub(crate) fn is_file(&self, name: &str) -> bool {
+    pub fn is_file(&self, name: &str) -> bool {
         self.path.join(name).is_file()
     }
 
     /// The names of the entries.
-    pub(crate) fn names(&self) -> io::Result<Vec<String>> {
+    pub fn names(&self) -> io::Result<Vec<String>> {
         std::fs::read_dir(&self.path)?
             .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
             .collect()
@@ -375,10 +374,8 @@ impl FdStream {
 }
 
 // The write-through cache (feature `remote`).
-#[cfg(feature = "remote")]
-pub(crate) use cache_dir::{EntryKind, link_count, reserve, write_all_at};
+pub use cache_dir::{EntryKind, link_count, reserve, write_all_at};
 
-#[cfg(feature = "remote")]
 mod cache_dir {
     use std::fs::File;
     use std::io;
@@ -389,7 +386,7 @@ mod cache_dir {
 
     /// What a name in a directory is, not following it.
     #[derive(Debug, Clone, PartialEq, Eq)]
-    pub(crate) enum EntryKind {
+    pub enum EntryKind {
         /// No such name.
         Missing,
         /// A regular file of `len` bytes, last modified then.
@@ -557,17 +554,17 @@ mod cache_dir {
     }
 
     /// Unknown here.
-    pub(crate) fn link_count(_meta: &std::fs::Metadata) -> Option<u64> {
+    pub fn link_count(_meta: &std::fs::Metadata) -> Option<u64> {
         None
     }
 
     /// No space reservation here: writes may find the disk full.
-    pub(crate) fn reserve(_file: &File, _len: u64) -> io::Result<bool> {
+    pub fn reserve(_file: &File, _len: u64) -> io::Result<bool> {
         Ok(false)
     }
 
     /// Writes all of `buf` at `offset`.
-    pub(crate) fn write_all_at(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+    pub fn write_all_at(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
         #[cfg(unix)]
         {
             std::os::unix::fs::FileExt::write_all_at(file, buf, offset)
@@ -581,5 +578,4 @@ mod cache_dir {
 }
 
 /// No idle scheduling class here: the thread keeps its priority.
-#[cfg(feature = "remote")]
-pub(crate) fn idle_priority() {}
+pub fn idle_priority() {}

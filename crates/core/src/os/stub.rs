@@ -407,7 +407,7 @@ mod cache_dir {
     // follow a symlink where it checks for one.
     impl Dir {
         /// What `name` is here, without following it.
-        pub(crate) fn entry(&self, name: &str) -> io::Result<EntryKind> {
+        pub fn entry(&self, name: &str) -> io::Result<EntryKind> {
             let meta = match std::fs::symlink_metadata(self.path.join(name)) {
                 Ok(meta) => meta,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(EntryKind::Missing),
@@ -430,7 +430,7 @@ mod cache_dir {
 
         /// The directory `name` here, made first where `create` asks; not
         /// through a symlink.
-        pub(crate) fn sub(&self, name: &str, create: bool) -> io::Result<Dir> {
+        pub fn sub(&self, name: &str, create: bool) -> io::Result<Dir> {
             let path = self.path.join(name);
             if create {
                 match std::fs::create_dir(&path) {
@@ -449,12 +449,12 @@ mod cache_dir {
         }
 
         /// The target of the symlink `name` here, as written.
-        pub(crate) fn read_link(&self, name: &str) -> io::Result<std::path::PathBuf> {
+        pub fn read_link(&self, name: &str) -> io::Result<std::path::PathBuf> {
             std::fs::read_link(self.path.join(name))
         }
 
         /// Opens the regular file `name` here for reading, not through a symlink.
-        pub(crate) fn open_nofollow(&self, name: &str) -> io::Result<File> {
+        pub fn open_nofollow(&self, name: &str) -> io::Result<File> {
             let path = self.path.join(name);
             if !std::fs::symlink_metadata(&path)?.is_file() {
                 return Err(io::Error::new(
@@ -466,7 +466,7 @@ mod cache_dir {
         }
 
         /// Creates the file `name` here for writing, where no name is.
-        pub(crate) fn create_new(&self, name: &str) -> io::Result<File> {
+        pub fn create_new(&self, name: &str) -> io::Result<File> {
             std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -475,7 +475,7 @@ mod cache_dir {
         }
 
         /// Opens the lock file `name` here, making it where missing.
-        pub(crate) fn open_lock(&self, name: &str) -> io::Result<File> {
+        pub fn open_lock(&self, name: &str) -> io::Result<File> {
             let path = self.path.join(name);
             if matches!(self.entry(name)?, EntryKind::Link | EntryKind::Other) {
                 return Err(io::Error::new(
@@ -493,7 +493,7 @@ mod cache_dir {
 
         /// Renames `from` to `to` here unless `to` exists (a hard link, which
         /// never replaces, then the removal of `from`): `false` where it does.
-        pub(crate) fn rename_noreplace(&self, from: &str, to: &str) -> io::Result<bool> {
+        pub fn rename_noreplace(&self, from: &str, to: &str) -> io::Result<bool> {
             match std::fs::hard_link(self.path.join(from), self.path.join(to)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
@@ -504,12 +504,12 @@ mod cache_dir {
         }
 
         /// Renames `from` to `to` here, replacing what `to` names.
-        pub(crate) fn replace(&self, from: &str, to: &str) -> io::Result<()> {
+        pub fn replace(&self, from: &str, to: &str) -> io::Result<()> {
             std::fs::rename(self.path.join(from), self.path.join(to))
         }
 
         /// Makes `name` here a symlink to `target`.
-        pub(crate) fn symlink(&self, target: &str, name: &str) -> io::Result<()> {
+        pub fn symlink(&self, target: &str, name: &str) -> io::Result<()> {
             #[cfg(unix)]
             {
                 std::os::unix::fs::symlink(target, self.path.join(name))
@@ -522,12 +522,12 @@ mod cache_dir {
         }
 
         /// Removes the file or symlink `name` here.
-        pub(crate) fn remove(&self, name: &str) -> io::Result<()> {
+        pub fn remove(&self, name: &str) -> io::Result<()> {
             std::fs::remove_file(self.path.join(name))
         }
 
         /// Removes the empty directory `name` here (not through a symlink).
-        pub(crate) fn remove_dir(&self, name: &str) -> io::Result<()> {
+        pub fn remove_dir(&self, name: &str) -> io::Result<()> {
             if self.entry(name)? != EntryKind::Dir {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -539,7 +539,7 @@ mod cache_dir {
 
         /// The owner (uid) of `name` here, not following a symlink; `None`
         /// where the platform has no uids.
-        pub(crate) fn owner(&self, name: &str) -> io::Result<Option<u32>> {
+        pub fn owner(&self, name: &str) -> io::Result<Option<u32>> {
             let meta = std::fs::symlink_metadata(self.path.join(name))?;
             #[cfg(unix)]
             {

@@ -432,6 +432,10 @@
 //!   places tensors in (cudarc, the driver loaded at run time: the feature
 //!   builds without CUDA; no CUDA version pinned). Without it the device path
 //!   runs on [`device::StandIn`], or on an engine's own [`device::Device`].
+//! - `candle-cuda` (off): `candle` and `cuda`, and candle's own `cuda`: a
+//!   load to a GPU as candle tensors on `Device::Cuda` and a `VarBuilder`
+//!   over them (`safeload::candle::cuda`). candle's kernels are compiled with
+//!   `nvcc` (README, "Weights straight to a GPU").
 //! - `mpi` (off): [`Loader::exchange`]'s MPI implementation, selected by
 //!   `SAFELOAD_EXCHANGE=mpi`, so that the nodes of a job read each byte once
 //!   between them (needs an MPI library, Open MPI or MPICH, and libclang to

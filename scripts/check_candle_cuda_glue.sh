@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds, lints and documents the `candle-cuda` glue (src/candle/cuda.rs, tests/it/candle_cuda.rs),
+# and runs its tests where there is a GPU. Not part of .ci/run: candle's own `cuda` compiles its
+# kernels with `nvcc` (candle-kernels' build script), which alone took about 10 minutes on this
+# project's two cores (README, "Weights straight to a GPU").
+#
+# With no `nvcc` on PATH, NVIDIA's CUDA 13.0 wheels from PyPI give one, with its headers and
+# `cudart`, under .cuda-wheels/ (ignored by git; about 270 MiB). Linking the test binary needs
+# CUDA's libraries too (libcuda from the driver, cuBLAS, cuRAND, NVRTC), as any candle build with
+# `cuda` does: on a machine with a GPU and no toolkit, the script adds their wheels.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v nvcc >/dev/null 2>&1; then
+  wheels="$PWD/.cuda-wheels"
+  if [ ! -x "$wheels/nvidia/cu13/bin/nvcc" ]; then
+    pip install --quiet --no-deps --target "$wheels" \
+      nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88 \
+      nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
+  fi
+  export CUDA_ROOT="$wheels/nvidia/cu13"
+  export PATH="$CUDA_ROOT/bin:$PATH"
+fi
+# Where no GPU is there to ask, candle's kernels are built for compute capability 9.0 (H100, H200).
+if ! nvidia-smi >/dev/null 2>&1; then
+  export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
+fi
+# cudarc's bindings follow nvcc's version, not the 12.2 that .ci/run names for a build without nvcc.
+unset CUDARC_CUDA_VERSION
+# `remote` too: without it the crate's remote-only error helpers are dead code to clippy.
+features=candle-cuda,remote
+
+start=$SECONDS
+cargo clippy --all-targets --features "$features" -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features "$features" --quiet
+python3 scripts/check_docs.py target/doc/safeload src examples
+echo "candle-cuda: built, linted and documented in $((SECONDS - start)) s"
+
+if [ "${SAFELOAD_REQUIRE_CUDA:-}" != 1 ] && ! nvidia-smi >/dev/null 2>&1; then
+  echo "candle_cuda tests: SKIPPED (no GPU here; SAFELOAD_REQUIRE_CUDA=1 runs them anyway)"
+  exit 0
+fi
+if [ -n "${wheels:-}" ]; then
+  # The libraries candle's cudarc links (libcuda is the driver's), under the names the linker
+  # looks for.
+  if [ ! -e "$CUDA_ROOT/lib/libcublas.so.13" ]; then
+    pip install --quiet --no-deps --target "$wheels" \
+      nvidia-cublas==13.0.2.14 nvidia-curand==10.4.0.35 nvidia-cuda-nvrtc==13.0.88
+  fi
+  for lib in cudart cublas cublasLt curand nvrtc; do
+    ln -sf "$(basename "$(ls "$CUDA_ROOT"/lib/lib$lib.so.* | head -n 1)")" "$CUDA_ROOT/lib/lib$lib.so"
+  done
+  export LD_LIBRARY_PATH="$CUDA_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+SAFELOAD_REQUIRE_CUDA=1 cargo test --features "$features" --test it -- candle_cuda::

@@ -41,15 +41,22 @@ if [ "${SAFELOAD_REQUIRE_CUDA:-}" != 1 ] && ! nvidia-smi >/dev/null 2>&1; then
   exit 0
 fi
 if [ -n "${wheels:-}" ]; then
-  # The libraries candle's cudarc links (libcuda is the driver's), under the names the linker
-  # looks for.
-  if [ ! -e "$CUDA_ROOT/lib/libcublas.so.13" ]; then
-    pip install --quiet --no-deps --target "$wheels" \
+  # The libraries candle's cudarc links, beside the compiler (pip --target leaves a folder that
+  # is there already as it is), under the names the linker looks for; libcuda is the driver's.
+  libs="$wheels/libs"
+  if [ ! -e "$libs/nvidia/cu13/lib/libcublas.so.13" ]; then
+    pip install --quiet --no-deps --target "$libs" \
       nvidia-cublas==13.0.2.14 nvidia-curand==10.4.0.35 nvidia-cuda-nvrtc==13.0.88
   fi
-  for lib in cudart cublas cublasLt curand nvrtc; do
-    ln -sf "$(basename "$(ls "$CUDA_ROOT"/lib/lib$lib.so.* | head -n 1)")" "$CUDA_ROOT/lib/lib$lib.so"
+  for lib in "$CUDA_ROOT/lib/libcudart.so.13" "$libs"/nvidia/cu13/lib/lib{cublas,cublasLt,nvrtc}.so.13 \
+    "$libs/nvidia/cu13/lib/libcurand.so.10"; do
+    ln -sf "$lib" "$CUDA_ROOT/lib/$(basename "$lib" | sed -E 's/[.]so[.].*/.so/')"
   done
-  export LD_LIBRARY_PATH="$CUDA_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  driver="$(ldconfig -p | awk '/libcuda[.]so[.]1 /{print $NF; exit}')"
+  if [ -n "$driver" ] && [ ! -e "$CUDA_ROOT/lib/stubs/libcuda.so" ]; then
+    mkdir -p "$CUDA_ROOT/lib/stubs"
+    ln -sf "$driver" "$CUDA_ROOT/lib/stubs/libcuda.so"
+  fi
+  export LD_LIBRARY_PATH="$CUDA_ROOT/lib:$libs/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 SAFELOAD_REQUIRE_CUDA=1 cargo test --features "$features" --test it -- candle_cuda::

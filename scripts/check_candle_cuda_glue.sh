@@ -53,9 +53,8 @@ if [ -n "${wheels:-}" ]; then
     ln -sf "$lib" "$CUDA_ROOT/lib/$(basename "$lib" | sed -E 's/[.]so[.].*/.so/')"
   done
   driver="$(ldconfig -p | awk '/libcuda[.]so[.]1 /{print $NF; exit}')"
-  if [ -n "$driver" ] && [ ! -e "$CUDA_ROOT/lib/stubs/libcuda.so" ]; then
-    mkdir -p "$CUDA_ROOT/lib/stubs"
-    ln -sf "$driver" "$CUDA_ROOT/lib/stubs/libcuda.so"
+  if [ -n "$driver" ]; then
+    ln -sf "$driver" "$CUDA_ROOT/lib/libcuda.so"
   fi
   export LD_LIBRARY_PATH="$CUDA_ROOT/lib:$libs/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi

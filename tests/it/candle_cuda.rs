@@ -14,16 +14,17 @@ use crate::common::{Spec, spec, write_sharded, write_single};
 
 /// candle's GPU, or `None` (and a line saying so) where there is none here.
 fn gpu() -> Option<Device> {
-    match Device::new_cuda(0) {
-        Ok(device) => Some(device),
-        Err(e) if std::env::var("SAFELOAD_REQUIRE_CUDA").as_deref() == Ok("1") => {
-            panic!("SAFELOAD_REQUIRE_CUDA=1 and no CUDA device: {e}")
-        }
-        Err(e) => {
-            eprintln!("candle_cuda: SKIPPED (no CUDA device here: {e})");
-            None
-        }
+    // candle's error carries a backtrace where RUST_BACKTRACE is set: its first line says it.
+    let error = match Device::new_cuda(0) {
+        Ok(device) => return Some(device),
+        Err(e) => e.to_string(),
+    };
+    let e = error.lines().next().unwrap_or_default();
+    if std::env::var("SAFELOAD_REQUIRE_CUDA").as_deref() == Ok("1") {
+        panic!("SAFELOAD_REQUIRE_CUDA=1 and no CUDA device: {e}")
     }
+    eprintln!("candle_cuda: SKIPPED (no CUDA device here: {e})");
+    None
 }
 
 /// `t`'s bytes, copied back to the host through candle.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds, lints and documents the `candle-cuda` glue (src/candle/cuda.rs, tests/it/candle_cuda.rs),
 # and runs its tests where there is a GPU. Not part of .ci/run: candle's own `cuda` compiles its
-# kernels with `nvcc` (candle-kernels' build script), which alone took about 10 minutes on this
-# project's two cores (README, "Weights straight to a GPU").
+# kernels with `nvcc` (candle-kernels' build script), which alone took 6 to 9.5 minutes on this
+# project's two cores, once for clippy, once for doc and once for the tests (README, "Weights
+# straight to a GPU").
 #
 # With no `nvcc` on PATH, NVIDIA's CUDA 13.0 wheels from PyPI give one, with its headers and
 # `cudart`, under .cuda-wheels/ (ignored by git; about 270 MiB). Linking the test binary needs

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Builds, lints and documents the `candle-cuda` glue (src/candle/cuda.rs, tests/it/candle_cuda.rs),
-# and runs its tests where there is a GPU. Not part of .ci/run: candle's own `cuda` compiles its
-# kernels with `nvcc` (candle-kernels' build script), which alone took 6 to 9.5 minutes on this
-# project's two cores, once for clippy, once for doc and once for the tests (README, "Weights
-# straight to a GPU").
+# Builds, lints and documents the `candle-cuda` glue (crates/core/src/candle/cuda.rs,
+# tests/it/candle_cuda.rs), and runs its tests where there is a GPU. Not part of .ci/run:
+# candle's own `cuda` compiles its kernels with `nvcc` (candle-kernels' build script), which
+# alone took 6 to 9.5 minutes on this project's two cores, once for clippy, once for doc and
+# once for the tests (README, "Weights straight to a GPU").
 #
 # With no `nvcc` on PATH, NVIDIA's CUDA 13.0 wheels from PyPI give one, with its headers and
 # `cudart`, under .cuda-wheels/ (ignored by git; about 270 MiB). Linking the test binary needs
@@ -32,9 +32,10 @@ unset CUDARC_CUDA_VERSION
 features=candle-cuda,remote
 
 start=$SECONDS
-cargo clippy --all-targets --features "$features" -- -D warnings
+# The facade (its tests) and the core, as .ci/run lints them with the other features.
+cargo clippy -p safeload -p safeload-core --all-targets --features "$features" -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features "$features" --quiet
-python3 scripts/check_docs.py target/doc/safeload src examples
+python3 scripts/check_docs.py target/doc/safeload crates/core/src examples
 echo "candle-cuda: built, linted and documented in $((SECONDS - start)) s"
 
 if [ "${SAFELOAD_REQUIRE_CUDA:-}" != 1 ] && ! nvidia-smi >/dev/null 2>&1; then

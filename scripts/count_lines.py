@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Counts the non-test lines of src/: every line of a `.rs` file under src/ but
+"""Counts the non-test lines of the library crates (the facade's src/ and crates/*/src, or
+the source folders given): every line of a `.rs` file under src/ but
 files named `tests.rs` or `*_tests.rs`, files under a `tests/` folder, and the
 items built only under `cfg(test)` (the structure check's own reading of them,
 scripts/check_structure.py). Prints the lines in all, then those that are code
 (not blank, not a comment).
 
-    python3 scripts/count_lines.py [src]
+    python3 scripts/count_lines.py [SRC_DIR ..]
 """
 import os
 import sys
@@ -39,5 +40,15 @@ def count(src):
 
 
 if __name__ == "__main__":
-    total, code = count(Path(sys.argv[1] if len(sys.argv) > 1 else "src"))
-    print(f"non-test lines of src/: {total} ({code} of code)")
+    roots = [Path(a) for a in sys.argv[1:]]
+    if not roots:
+        # The library crates: the facade's src/ and each crate's under crates/.
+        workspace = Path(__file__).resolve().parent.parent
+        roots = [workspace / "src"] + sorted((workspace / "crates").glob("*/src"))
+    all_total = all_code = 0
+    for root in roots:
+        total, code = count(root)
+        all_total, all_code = all_total + total, all_code + code
+        if len(roots) > 1:
+            print(f"  {root}: {total} ({code} of code)")
+    print(f"non-test lines: {all_total} ({all_code} of code)")

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 
 use crate::common::*;
+use safeload::error::Operation;
 use safeload::report::{Reason, Strategy};
-use safeload::{Checkpoint, Dtype, ErrorKind, Loader, Operation};
+use safeload::{Checkpoint, Dtype, ErrorKind, Loader};
 use tempfile::tempdir;
 
 #[test]

@@ -10,8 +10,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use safeload::cluster::Communicator;
+use safeload::error::Operation;
 use safeload::report::{LoadNote, NodeCopy};
-use safeload::{ErrorKind, Loader, Operation};
+use safeload::{ErrorKind, Loader};
 use safetensors::Dtype;
 
 use crate::common::child::{PATH, child_command, run_role};

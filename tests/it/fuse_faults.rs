@@ -5,7 +5,7 @@
 //! /dev/fuse: skipped (loudly) where missing, a failure under
 //! `SAFELOAD_REQUIRE_FUSE=1`.
 
-use safeload::Operation;
+use safeload::error::Operation;
 use std::time::Duration;
 
 use crate::common::*;

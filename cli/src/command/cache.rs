@@ -16,7 +16,7 @@ pub fn run(args: &CacheArgs) -> Result<(), Failure> {
 }
 
 fn list(args: &CacheArgs) -> Result<(), Failure> {
-    let listing = safeload::hub_cache(args.repo.as_deref());
+    let listing = safeload::hub::hub_cache(args.repo.as_deref());
     if args.json {
         return output::json(&listing);
     }
@@ -51,12 +51,12 @@ fn split_target(target: &str) -> (&str, Option<String>) {
 
 fn remove(args: &CacheRmArgs) -> Result<(), Failure> {
     let (repo, revision) = split_target(&args.target);
-    let done = safeload::hub_cache_remove(repo, revision.as_deref(), mode(args.dry_run))?;
+    let done = safeload::hub::hub_cache_remove(repo, revision.as_deref(), mode(args.dry_run))?;
     show(&done, args.json)
 }
 
 fn prune_cache(args: &CachePruneArgs) -> Result<(), Failure> {
-    let done = safeload::hub_cache_prune(args.repo.as_deref(), mode(args.dry_run))?;
+    let done = safeload::hub::hub_cache_prune(args.repo.as_deref(), mode(args.dry_run))?;
     show(&done, args.json)
 }
 

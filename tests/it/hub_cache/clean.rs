@@ -173,8 +173,8 @@ pub(super) fn act() {
         _ => RemoveMode::Remove,
     };
     let result = match op {
-        "rm" => safeload::hub_cache_remove(repo, some(revision), mode),
-        _ => safeload::hub_cache_prune(some(repo), mode),
+        "rm" => safeload::hub::hub_cache_remove(repo, some(revision), mode),
+        _ => safeload::hub::hub_cache_prune(some(repo), mode),
     };
     match result {
         Ok(done) => {
@@ -499,7 +499,7 @@ fn names_with_dots_or_slashes_are_refused_before_anything_is_touched() {
     assert!(pruned.error.is_some(), "{pruned:#?}");
     assert_eq!(tree(cache), before);
     // In this process too, with the kind to match on.
-    let e = safeload::hub_cache_remove("org/../x", None, RemoveMode::DryRun).unwrap_err();
+    let e = safeload::hub::hub_cache_remove("org/../x", None, RemoveMode::DryRun).unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::BadAddress { .. }), "{e}");
     assert_eq!(e.path(), Some(Path::new("hf://org/../x")));
 }

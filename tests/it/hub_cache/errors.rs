@@ -278,11 +278,11 @@ fn a_bad_address_is_one_kind_naming_it_wherever_it_is_met() {
             "hf://org/model@refs/../../x",
         ),
     ] {
-        let e = safeload::hub_cache_remove(repo, revision, RemoveMode::DryRun).unwrap_err();
+        let e = safeload::hub::hub_cache_remove(repo, revision, RemoveMode::DryRun).unwrap_err();
         assert_eq!(matched(&e), "bad_address", "{e}");
         assert_eq!(e.path(), Some(Path::new(address)));
     }
-    let e = safeload::hub_cache_prune(Some("acme/bad--name"), RemoveMode::DryRun).unwrap_err();
+    let e = safeload::hub::hub_cache_prune(Some("acme/bad--name"), RemoveMode::DryRun).unwrap_err();
     assert_eq!(matched(&e), "bad_address", "{e}");
     assert_eq!(e.path(), Some(Path::new("hf://acme/bad--name")));
 }

@@ -104,7 +104,7 @@ pub(super) fn act() {
                 let etag = file.etag.as_deref().unwrap_or("-");
                 println!("HOSTILE-FILE {name} {commit} {etag}");
             }
-            let listing = safeload::hub_cache(Some("org/model"));
+            let listing = safeload::hub::hub_cache(Some("org/model"));
             let blobs: usize = listing.repos.iter().map(|r| r.blobs).sum();
             println!("HOSTILE-BLOBS {blobs}");
         }

@@ -3,7 +3,8 @@
 use tempfile::tempdir;
 
 use super::refused;
-use safeload::{ErrorKind, Operation};
+use safeload::ErrorKind;
+use safeload::error::Operation;
 
 #[test]
 fn checkpoint_path_that_does_not_exist() {

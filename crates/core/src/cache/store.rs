@@ -1,0 +1,164 @@
+//! The cache directory of other stores (`s3://`, `gs://`, `az://`, `http(s)://`): an object's bytes kept in its address's folder under its length and ETag, so that a replaced object is another name (a miss, never stale bytes); only this user's own files are read back.
+//!
+//! ```text
+//! <dir>/safeload-objects/<h(address)>/address                 the address, for listings
+//!                                    /<len>-<h(etag)>/<name>  the object's bytes, by its name
+//! ```
+//!
+//! Nothing here can check bytes against a digest (an object store's ETag is
+//! not one): a file is published once every byte of it was read under
+//! `If-Match` on the ETag it is named by, and read back only where this user
+//! (or root) owns it, so another user of a shared directory cannot plant one.
+
+use std::fs::File;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+use super::layout::{self, ADDRESS_FILE, OBJECTS_FOLDER};
+use super::partial;
+use super::temp::{self, nonce};
+use super::write::{Target, TempFile};
+use crate::os::{self, Dir, EntryKind};
+use crate::source::{CacheStore, NotCached};
+
+/// A cache directory.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreCache {
+    root: PathBuf,
+}
+
+impl StoreCache {
+    pub(crate) fn new(root: PathBuf) -> StoreCache {
+        StoreCache { root }
+    }
+
+    /// The cached bytes of the object at `address` of `len` bytes and ETag
+    /// `etag`, opened, and their path; `None` where the cache has none this
+    /// user can trust.
+    pub(crate) fn lookup(&self, address: &str, len: u64, etag: &str) -> Option<(PathBuf, File)> {
+        let folder = layout::object_folder(address);
+        let version = layout::object_version(len, etag);
+        let name = object_name(address);
+        let dir = Dir::open(&self.root)
+            .ok()?
+            .sub(OBJECTS_FOLDER, false)
+            .ok()?
+            .sub(&folder, false)
+            .ok()?
+            .sub(&version, false)
+            .ok()?;
+        let file = trusted(dir.open_nofollow(&name).ok()?, len)?;
+        let path = self
+            .root
+            .join(OBJECTS_FOLDER)
+            .join(folder)
+            .join(version)
+            .join(name);
+        Some((path, file))
+    }
+
+    /// Where the object's bytes are written as they are fetched.
+    pub(crate) fn target(&self, address: &str, len: u64, etag: &str) -> StoreTarget {
+        StoreTarget {
+            root: self.root.clone(),
+            folder: layout::object_folder(address),
+            version: layout::object_version(len, etag),
+            name: object_name(address),
+            address: address.to_owned(),
+        }
+    }
+}
+
+/// `file`, where this user (or root) owns it and it is `len` bytes long.
+fn trusted(file: File, len: u64) -> Option<File> {
+    let meta = file.metadata().ok()?;
+    let owner = os::file_owner(&meta);
+    let trusted = owner.is_some() && (owner == os::effective_uid() || owner == Some(0));
+    (trusted && meta.len() == len).then_some(file)
+}
+
+/// The name an object's bytes are kept by: the last part of its address
+/// (`model-00001-of-00003.safetensors`), where that is a plain name.
+fn object_name(address: &str) -> String {
+    let last = address.rsplit('/').next().unwrap_or_default();
+    if layout::is_plain(last) && !layout::is_temp_name(last) && last != ADDRESS_FILE {
+        last.to_owned()
+    } else {
+        "object".to_owned()
+    }
+}
+
+/// One object version written to a cache directory.
+pub(crate) struct StoreTarget {
+    root: PathBuf,
+    folder: String,
+    version: String,
+    name: String,
+    address: String,
+}
+
+impl StoreTarget {
+    /// The object's folder, and its version's, made where missing.
+    fn folders(&self) -> io::Result<(Dir, Dir)> {
+        std::fs::create_dir_all(&self.root)?;
+        let object = Dir::open(&self.root)?
+            .sub(OBJECTS_FOLDER, true)?
+            .sub(&self.folder, true)?;
+        let version = object.sub(&self.version, true)?;
+        Ok((object, version))
+    }
+}
+
+impl Target for StoreTarget {
+    fn store(&self) -> CacheStore {
+        CacheStore::Directory
+    }
+
+    fn shown(&self) -> PathBuf {
+        self.root
+            .join(OBJECTS_FOLDER)
+            .join(&self.folder)
+            .join(&self.version)
+            .join(&self.name)
+    }
+
+    fn begin(&self, len: u64) -> Result<TempFile, NotCached> {
+        let unwritable = |e: io::Error| NotCached::of_io(&e);
+        let (object, dir) = self.folders().map_err(unwritable)?;
+        temp::sweep(&dir, &dir);
+        // The address first, for listings (a few bytes; kept if there).
+        if matches!(object.entry(ADDRESS_FILE), Ok(EntryKind::Missing)) {
+            let temp = layout::temp_name(ADDRESS_FILE, nonce());
+            if let Ok(file) = object.create_new(&temp) {
+                let written = os::write_all_at(&file, self.address.as_bytes(), 0);
+                drop(file);
+                let moved = written.and_then(|()| object.rename_noreplace(&temp, ADDRESS_FILE));
+                if !matches!(moved, Ok(true)) {
+                    let _ = object.remove(&temp);
+                }
+            }
+        }
+        // Its lock beside it.
+        let locks = dir.sub(".", false).ok();
+        TempFile::make(dir, &self.name, len, locks)
+    }
+
+    fn published(&self, len: u64) -> Option<File> {
+        let (_, dir) = self.folders().ok()?;
+        trusted(dir.open_nofollow(&self.name).ok()?, len)
+    }
+
+    fn activity(&self) -> partial::Activity {
+        match self.folders() {
+            Ok((_, dir)) => partial::activity(&dir, &self.name),
+            Err(_) => partial::Activity::default(),
+        }
+    }
+
+    fn publish(&self, begun: &TempFile) -> io::Result<bool> {
+        let published = begun.dir.rename_noreplace(&begun.temp, &self.name)?;
+        begun.moved.store(published, Ordering::Relaxed);
+        Ok(published)
+    }
+}

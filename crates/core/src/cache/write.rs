@@ -1,0 +1,593 @@
+//! A file written to a cache as a load fetches it: its partial file (`temp.rs`), each read written to it as its body arrives, and published once every byte is in and the digest is the store's (`write_check.rs`); never failing the load.
+//!
+//! Under the file's lock the partial file is the same name in every process:
+//! what an interrupted load left of it is resumed (its recorded pieces that
+//! check are read from it, the rest fetched, `partial.rs`), and a load that
+//! finds the lock held waits for the live writer and reads what it
+//! publishes. Without the lock (a cache where it cannot be made) the file is
+//! a process-unique temporary one, removed on failure. Publishing (the
+//! target's rename, which never replaces) is the only step another process
+//! relies on, so writers that meet where locks do nothing (advisory locks
+//! silently succeed on some network filesystems) cost each other nothing but
+//! the lost race: the bytes are the same, and each is checked.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+
+use super::check::{Check, Hasher, View};
+use super::partial;
+use super::streams::{self, Streams};
+pub(crate) use super::temp::TempFile;
+use crate::os;
+use crate::source::{CacheStore, CacheUse, NotCached};
+
+/// Where a write is.
+enum Phase {
+    /// Nothing written yet: the reads so far are within the file's header
+    /// (a header-only open reads no more), kept here for when the load
+    /// reads on.
+    Waiting { kept: Vec<(u64, Vec<u8>)> },
+    /// The temporary file exists and reads are written to it.
+    Writing(Box<Progress>),
+    /// Every byte is in: its digest is being checked on a thread of its
+    /// own, off the load's path, which publishes it where it matches.
+    Checking(Arc<Checking>),
+    /// Published, or given up.
+    Done(Result<(), NotCached>),
+    /// Another process published the file while this one waited for its
+    /// lock: read from there, not written (reported as published
+    /// elsewhere).
+    Elsewhere(Arc<File>),
+}
+
+struct Progress {
+    begun: Arc<TempFile>,
+    /// Where the file is mapped shared as the load's destination, in this
+    /// process's addresses: a read that lands there is in the file already
+    /// (it is recorded and hashed, not written); any other is written.
+    mapped: Option<Range<usize>>,
+    /// The file was handed out to be mapped, its map not yet registered.
+    handed: bool,
+    /// Held while the map is filled (until every byte is in).
+    filling: Option<Filling>,
+    /// The byte ranges written, sorted, merged.
+    covered: Vec<Range<u64>>,
+    /// The record of the partial file's finished pieces, where it is kept
+    /// for a later load, and the pieces recorded (or being recorded).
+    log: Option<Arc<Mutex<partial::PieceLog>>>,
+    recorded: BTreeSet<u64>,
+    /// The pieces' hashes taken as their bytes land (where there is a
+    /// record).
+    streams: Streams,
+    /// A read-only map of the file, where its space is reserved: finished
+    /// pieces and the check hash its bytes from there, not read back.
+    view: Option<Arc<View>>,
+    /// The ranges an earlier load left that this one adopted (the file is
+    /// the load's destination): not the store's until the file's digest
+    /// proves them, before the load returns ([`Write::prove`]).
+    unproven: Vec<Range<u64>>,
+}
+
+struct State {
+    phase: Phase,
+    /// Landed reads are not written (the node copy brings the bytes).
+    paused: bool,
+    /// The file once every byte is in it, and where it is mapped as the
+    /// load's destination: the load's later reads of it are read from it
+    /// while it is checked and once it is published.
+    complete: Option<(Arc<File>, Option<Range<usize>>)>,
+}
+
+/// Bytes of an image written at a time.
+const IMAGE_PIECE: usize = 64 << 20;
+
+/// A file written to a cache as it is fetched.
+pub(crate) struct Write {
+    /// This write, for the thread that checks it once complete.
+    me: Weak<Write>,
+    target: Box<dyn Target>,
+    len: u64,
+    check: Check,
+    /// Reads entirely before this offset (the header) do not start the
+    /// write: they are kept until one reads past it.
+    start_at: u64,
+    state: Mutex<State>,
+    /// Told when a check ends (the phase leaves `Checking`).
+    settled: Condvar,
+    /// The flags of the load that fetches it: set, nothing is published.
+    cancel: crate::cancel::Cancel,
+    /// Bytes an earlier load left in the partial file, checked and kept.
+    resumed: AtomicU64,
+    /// Bytes an earlier load left that were fetched again instead.
+    refetched: AtomicU64,
+    /// The load that fetches it returned: its cancel flag no longer stops
+    /// the file being published.
+    returned: std::sync::atomic::AtomicBool,
+    /// Something waits for the check where it outlives the load (the
+    /// tensors' storage holds a [`Settle`]): it goes on on a thread of its
+    /// own. Else it is taken by the read that completes the file.
+    deferred: std::sync::atomic::AtomicBool,
+}
+
+/// What of a range of the file is read from the cache's file instead of
+/// fetched.
+pub(crate) struct Local {
+    pub file: Arc<File>,
+    /// The parts of the range the file holds, in order.
+    pub ranges: Vec<Range<u64>>,
+    /// Where the file is mapped as the load's destination: bytes there at
+    /// their own offset are in place already.
+    pub mapped: Option<Range<usize>>,
+}
+
+/// Where a written file goes.
+pub(crate) trait Target: Send + Sync {
+    /// The cache it is in (for the report).
+    fn store(&self) -> CacheStore;
+
+    /// Where the file is once published (for the report and warnings):
+    /// its snapshot path, or its path in the cache directory.
+    fn shown(&self) -> std::path::PathBuf;
+
+    /// Makes the temporary file for `len` bytes, its space reserved where
+    /// the filesystem can (and locked where the cache locks), or says why
+    /// not.
+    fn begin(&self, len: u64) -> Result<TempFile, NotCached>;
+
+    /// The final file, where another process published it (`len` bytes),
+    /// opened and made found for this load (its snapshot link), to be read.
+    fn published(&self, len: u64) -> Option<File>;
+
+    /// What tells a live writer of the file in another process from a
+    /// dead one.
+    fn activity(&self) -> partial::Activity;
+
+    /// Publishes the complete, checked temporary file of `begun` under its
+    /// final name (and whatever makes it found there): `Ok(false)` where
+    /// another process published that name first.
+    fn publish(&self, begun: &TempFile) -> io::Result<bool>;
+}
+
+impl Write {
+    /// A write of a file of `len` bytes to `target`, checked by `check`,
+    /// started by the first read at or past `start_at`.
+    pub(crate) fn new(
+        target: Box<dyn Target>,
+        len: u64,
+        check: Check,
+        start_at: u64,
+    ) -> Arc<Write> {
+        Arc::new_cyclic(|me| Write {
+            me: Weak::clone(me),
+            target,
+            len,
+            check,
+            start_at: start_at.min(len),
+            state: Mutex::new(State {
+                phase: Phase::Waiting { kept: Vec::new() },
+                paused: false,
+                complete: None,
+            }),
+            settled: Condvar::new(),
+            cancel: crate::cancel::current(),
+            resumed: AtomicU64::new(0),
+            refetched: AtomicU64::new(0),
+            returned: std::sync::atomic::AtomicBool::new(false),
+            deferred: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// A write that is over before it began, for this reason.
+    pub(crate) fn refused(target: Box<dyn Target>, len: u64, why: NotCached) -> Arc<Write> {
+        let write = Write::new(target, len, Check::Whole, 0);
+        write.lock().phase = Phase::Done(Err(why));
+        write
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What became of it, for the report.
+    pub(crate) fn outcome(&self) -> CacheUse {
+        let store = self.target.store();
+        let state = self.lock();
+        let resumed = self.resumed.load(Ordering::Relaxed);
+        let refetched = self.refetched.load(Ordering::Relaxed);
+        let why = match &state.phase {
+            Phase::Done(Ok(())) => {
+                return CacheUse::Written {
+                    store,
+                    resumed,
+                    refetched,
+                };
+            }
+            Phase::Checking(_) => {
+                return CacheUse::Checking {
+                    store,
+                    resumed,
+                    refetched,
+                };
+            }
+            Phase::Elsewhere(_) => NotCached::PublishedElsewhere,
+            Phase::Done(Err(why)) => why.clone(),
+            Phase::Writing(p) => NotCached::Partial {
+                read: p.covered.iter().map(|r| r.end - r.start).sum(),
+                len: self.len,
+            },
+            Phase::Waiting { kept } => NotCached::Partial {
+                read: kept.iter().map(|(_, b)| b.len() as u64).sum(),
+                len: self.len,
+            },
+        };
+        CacheUse::NotCached { store, why }
+    }
+
+    /// The bytes at `offset` of the file have been read: written to the
+    /// temporary file (made now if this is the first read past the
+    /// header), hashed where they extend what is hashed from the start, and
+    /// the file published once complete.
+    pub(crate) fn land(&self, offset: u64, bytes: &[u8]) {
+        self.land_with(offset, bytes, false);
+    }
+
+    fn land_with(&self, offset: u64, bytes: &[u8], image: bool) {
+        let end = offset.saturating_add(bytes.len() as u64);
+        if bytes.is_empty() || end > self.len {
+            return;
+        }
+        let mut state = self.lock();
+        if state.paused && !image {
+            return;
+        }
+        let (begun, mapped) = match &mut state.phase {
+            Phase::Done(_) | Phase::Elsewhere(_) | Phase::Checking(_) => return,
+            Phase::Waiting { kept } if end <= self.start_at => {
+                kept.push((offset, bytes.to_vec()));
+                return;
+            }
+            Phase::Waiting { .. } => match self.begin(&mut state, false) {
+                Some(begun) => (begun, false),
+                None => return,
+            },
+            Phase::Writing(progress) => {
+                let in_file = in_place(progress.mapped.as_ref(), bytes, offset);
+                (Arc::clone(&progress.begun), in_file)
+            }
+        };
+        let mut taken = match &mut state.phase {
+            Phase::Writing(progress) if progress.log.is_some() => {
+                progress.streams.take(offset..end, self.len)
+            }
+            _ => Vec::new(),
+        };
+        drop(state);
+        if !mapped {
+            if let Err(e) = os::write_all_at(&begun.file, bytes, offset) {
+                self.abandon_with(NotCached::of_io(&e));
+                return;
+            }
+        }
+        // Hashed while the bytes are in the CPU's cache (`streams.rs`).
+        streams::hash(&mut taken, bytes, offset);
+        let mut state = self.lock();
+        if let Phase::Writing(progress) = &mut state.phase {
+            progress.streams.put(taken, self.len);
+            cover(&mut progress.covered, offset..end);
+            let finished = progress.log.as_ref().map(|log| {
+                let pieces =
+                    lock(log).finished(&progress.covered, offset..end, &mut progress.recorded);
+                let pieces: Vec<(u64, Option<u128>)> = pieces
+                    .into_iter()
+                    .map(|index| (index, progress.streams.finished(index)))
+                    .collect();
+                (Arc::clone(log), pieces, progress.view.clone())
+            });
+            self.advance(state);
+            // Recorded once written, outside the write's lock (a piece not
+            // hashed as it landed is hashed from the file).
+            if let Some((log, pieces, view)) = finished {
+                for (index, streamed) in pieces {
+                    let view = view.as_deref();
+                    let hash = streamed
+                        .or_else(|| partial::hash_piece(&begun.file, view, index, self.len));
+                    if let Some(hash) = hash {
+                        lock(&log).append(index, hash);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes the temporary file and writes what was kept; `None` where that
+    /// failed (the write is then over, saying why) or another process
+    /// published the file (then read from there).
+    ///
+    /// What an earlier load left of it is adopted only where `adopt` (the
+    /// file is the load's destination, so that the file's digest proves
+    /// those bytes before the load hands them out, [`Write::prove`]) and the
+    /// store gives a digest; else they are fetched again as the load reads
+    /// them, never read as data.
+    fn begin(&self, state: &mut MutexGuard<'_, State>, adopt: bool) -> Option<Arc<TempFile>> {
+        let kept = match std::mem::replace(&mut state.phase, Phase::Done(Ok(()))) {
+            Phase::Waiting { kept } => kept,
+            other => {
+                state.phase = other;
+                return None;
+            }
+        };
+        let mut begun = match self.open_target() {
+            Ok(begun) => begun,
+            Err(Ok(file)) => {
+                state.phase = Phase::Elsewhere(Arc::new(file));
+                return None;
+            }
+            Err(Err(why)) => {
+                state.phase = Phase::Done(Err(why));
+                return None;
+            }
+        };
+        // A file without reserved space is not mapped (`map_destination`).
+        let adopt = adopt && begun.reserved && matches!(self.check, Check::Digest(_));
+        let (kept_pieces, recorded, log) = match begun.resume.take() {
+            Some(mut resume) => {
+                if !adopt {
+                    let left: u64 = resume.kept.iter().map(|r| r.end - r.start).sum();
+                    self.refetched.fetch_add(left, Ordering::Relaxed);
+                    resume.log.forget_all();
+                    resume.kept.clear();
+                    resume.recorded.clear();
+                }
+                (
+                    resume.kept,
+                    resume.recorded,
+                    Some(Arc::new(Mutex::new(resume.log))),
+                )
+            }
+            None => (Vec::new(), BTreeSet::new(), None),
+        };
+        // Merged: adjacent kept pieces are one range (a file kept whole is
+        // complete as it begins).
+        let mut covered = Vec::new();
+        for piece in kept_pieces {
+            cover(&mut covered, piece);
+        }
+        let unproven = covered.clone();
+        let begun = Arc::new(begun);
+        if begun.partial_of.is_some() {
+            // Under the file's lock: a process waiting for it sees it alive.
+            super::heartbeat::hold(&begun);
+        }
+        let resumed = covered.iter().map(|r| r.end - r.start).sum();
+        self.resumed.store(resumed, Ordering::Relaxed);
+        for (offset, bytes) in &kept {
+            if let Err(e) = os::write_all_at(&begun.file, bytes, *offset) {
+                state.phase = Phase::Done(Err(NotCached::of_io(&e)));
+                return None;
+            }
+            cover(&mut covered, *offset..*offset + bytes.len() as u64);
+        }
+        // Its length is fixed where its space is reserved: a map of it
+        // holds every byte (one it does not is not used).
+        let view = begun
+            .reserved
+            .then(|| View::of(&begun.file, self.len))
+            .flatten()
+            .map(Arc::new);
+        state.phase = Phase::Writing(Box::new(Progress {
+            begun: Arc::clone(&begun),
+            mapped: None,
+            handed: false,
+            filling: None,
+            covered,
+            log,
+            recorded,
+            streams: Streams::default(),
+            view,
+            unproven,
+        }));
+        Some(begun)
+    }
+
+    /// The parts of `range` read from the cache's file rather than fetched
+    /// (what an earlier load left, what this one wrote, or the file another
+    /// process published), beginning the write where `range` passes the
+    /// header; `None` where all of it is fetched.
+    pub(crate) fn local(&self, range: Range<u64>) -> Option<Local> {
+        let mut state = self.lock();
+        if range.end > self.start_at
+            && !state.paused
+            && matches!(state.phase, Phase::Waiting { .. })
+        {
+            self.begin(&mut state, false);
+        }
+        match &state.phase {
+            Phase::Elsewhere(file) => Some(Local {
+                file: Arc::clone(file),
+                ranges: vec![range],
+                mapped: None,
+            }),
+            Phase::Checking(checking) => {
+                let (file, mapped) = state.complete.as_ref()?;
+                // Bytes an earlier load left are read as data only in place
+                // (the file is the destination, proven before the load
+                // returns); elsewhere fetched, until proven.
+                if mapped.is_none() && lock(&checking.proof).is_some() {
+                    return None;
+                }
+                Some(Local {
+                    file: Arc::clone(file),
+                    ranges: vec![range],
+                    mapped: mapped.clone(),
+                })
+            }
+            Phase::Done(Ok(())) => {
+                let (file, mapped) = state.complete.as_ref()?;
+                Some(Local {
+                    file: Arc::clone(file),
+                    ranges: vec![range],
+                    mapped: mapped.clone(),
+                })
+            }
+            Phase::Writing(progress) => {
+                let mut ranges: Vec<Range<u64>> = progress
+                    .covered
+                    .iter()
+                    .map(|c| c.start.max(range.start)..c.end.min(range.end))
+                    .filter(|r| r.start < r.end)
+                    .collect();
+                if progress.mapped.is_none() {
+                    ranges = without(&ranges, &progress.unproven);
+                }
+                (!ranges.is_empty()).then(|| Local {
+                    file: Arc::clone(&progress.begun.file),
+                    ranges,
+                    mapped: progress.mapped.clone(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Looks whether the file is complete (bytes an earlier load left are
+    /// never landed), and checks it if so.
+    pub(crate) fn advance_now(&self) {
+        self.advance(self.lock());
+    }
+
+    /// Once every byte is in, checks the file and publishes it where the
+    /// digest matches: here, or, where something waits for the check after
+    /// the load ([`CacheWrite::settle_on_drop`]), on a thread of its own, so
+    /// that the load goes on (and returns) meanwhile.
+    fn advance(&self, mut state: MutexGuard<'_, State>) {
+        let Phase::Writing(progress) = &mut state.phase else {
+            return;
+        };
+        let complete = match progress.covered.first() {
+            Some(first) => *first == (0..self.len),
+            None => self.len == 0,
+        };
+        if !complete {
+            return;
+        }
+        let unproven = std::mem::take(&mut progress.unproven);
+        let checking = Arc::new(Checking {
+            begun: Mutex::new(Some(Arc::clone(&progress.begun))),
+            file: Arc::clone(&progress.begun.file),
+            view: progress.view.clone(),
+            job: Mutex::new(Some(Hasher::start(self.check, self.len))),
+            proof: Mutex::new((!unproven.is_empty()).then_some(unproven)),
+        });
+        // The record goes with `Progress`: every piece is written, and the
+        // check reads the file.
+        state.complete = Some((Arc::clone(&progress.begun.file), progress.mapped.clone()));
+        state.phase = Phase::Checking(Arc::clone(&checking));
+        drop(state);
+        if lock(&checking.proof).is_some() {
+            // Bytes an earlier load left are in it: proven before the load
+            // returns, by the read that completed it (`prove`).
+            return;
+        }
+        if !self.deferred.load(Ordering::Relaxed) {
+            self.check(&checking);
+            return;
+        }
+        let spawned = self.me.upgrade().and_then(|write| {
+            let theirs = Arc::clone(&checking);
+            std::thread::Builder::new()
+                .name("safeload-check".into())
+                .stack_size(256 << 10)
+                .spawn(move || {
+                    // The load's threads come first: the check waits for
+                    // the process's fills to end, then takes the CPU time
+                    // left (`settle` finishes it at the waiter's priority).
+                    os::idle_priority();
+                    checking::after_fills();
+                    write.check(&theirs);
+                })
+                .ok()
+        });
+        if spawned.is_none() {
+            // No thread to be had: checked here, as the load goes.
+            self.check(&checking);
+        }
+    }
+
+    fn abandon_with(&self, why: NotCached) {
+        let mut state = self.lock();
+        if !matches!(state.phase, Phase::Done(_) | Phase::Checking(_)) {
+            state.phase = Phase::Done(Err(why));
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether `bytes` are in the map of the file at `map`, at their own
+/// `offset`: in the file already.
+pub(crate) fn in_place(map: Option<&Range<usize>>, bytes: &[u8], offset: u64) -> bool {
+    let at = bytes.as_ptr() as usize;
+    map.is_some_and(|map| {
+        map.contains(&at) && at + bytes.len() <= map.end && (at - map.start) as u64 == offset
+    })
+}
+
+/// The parts of the sorted ranges `ranges` outside the sorted, merged
+/// ranges `holes`.
+fn without(ranges: &[Range<u64>], holes: &[Range<u64>]) -> Vec<Range<u64>> {
+    let mut out = Vec::new();
+    for range in ranges {
+        let mut at = range.start;
+        for hole in holes
+            .iter()
+            .filter(|h| h.end > range.start && h.start < range.end)
+        {
+            if hole.start > at {
+                out.push(at..hole.start);
+            }
+            at = at.max(hole.end);
+        }
+        if at < range.end {
+            out.push(at..range.end);
+        }
+    }
+    out
+}
+
+/// Adds `range` to the sorted, merged ranges `covered`.
+fn cover(covered: &mut Vec<Range<u64>>, range: Range<u64>) {
+    let at = covered.partition_point(|r| r.end < range.start);
+    let mut merged = range;
+    while let Some(next) = covered.get(at) {
+        if next.start > merged.end {
+            break;
+        }
+        merged = merged.start.min(next.start)..merged.end.max(next.end);
+        covered.remove(at);
+    }
+    covered.insert(at, merged);
+}
+
+#[path = "write_check.rs"]
+mod checking;
+use checking::{Checking, Filling};
+
+#[path = "write_load.rs"]
+mod load;
+
+#[path = "write_wait.rs"]
+mod wait;
+
+#[cfg(test)]
+#[path = "write_tests.rs"]
+mod tests;
+
+#[cfg(test)]
+#[path = "write_resume_tests.rs"]
+mod resume_tests;

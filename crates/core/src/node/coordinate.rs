@@ -1,0 +1,449 @@
+//! One load's node copies: found among the other ranks or made under the key's lock, filled with them, mapped read-only, and held (handed out) until the last tensor goes.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::ask::{self, Asking, Found, Remarks, Wanted};
+use super::fill::{self, ReadHere};
+use super::handoff::{Maker, Offer, Server};
+use super::registry;
+use super::{CHUNK, Pending, PerFile, Role};
+use crate::coord::{self, Lock, Owner, Place};
+use crate::dest::node::{self as copy, CopyFill};
+use crate::dest::pages::HugePages;
+use crate::file::OpenedFile;
+use crate::memory;
+use crate::options::Options;
+use crate::os;
+use crate::policy::{self, Environment};
+use crate::prefetch::{self, LocalRank};
+use crate::report::{CopyRemark, NodeCopy};
+
+/// Finds, or makes, the copy of `files`, fills it with the other ranks and
+/// maps it: per file, the copy or why not; `Err` where nothing could be
+/// done at all.
+pub(super) fn coordinate(
+    files: &[&OpenedFile],
+    ids: &[Vec<u8>],
+    opts: &Options,
+    env: &Environment,
+    rank: &LocalRank,
+    role: Role,
+) -> Result<(Vec<PerFile>, Option<Pending>), String> {
+    let node = Coordination::new(files, ids, opts, env, rank, role)?;
+
+    // 1. A copy a live rank of this user hands out, else a new one (a
+    // member waits for its participant's, complete).
+    let mut remarks = Remarks::default();
+    let (lock, found) = node.find(&mut remarks)?;
+    let mut results: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
+    let Some(obtained) = node.take_or_make(found, &mut results)? else {
+        // Nothing fits: no copy to hand out; a rank that comes next
+        // applies the guard to its own room.
+        return Ok((results, None));
+    };
+    let server = node.hand_out(&obtained, &mut remarks)?;
+    drop(lock);
+
+    // 2. The fill, unless the copy came complete (or the load fills it),
+    // its pages of the size the caller or the environment asks for.
+    let huge_pages = policy::huge_pages(opts.huge_pages, env).0;
+    let filled = node.fill(&obtained, server.as_ref(), huge_pages, &mut remarks)?;
+
+    // 3. Each file's copy, mapped read-only; the server stops with the last.
+    let guard = Arc::new(Hold {
+        server,
+        lock_path: node.lock_path.clone(),
+        dir: node.dir.clone(),
+        key: node.key,
+    });
+    let remarks = remarks.notes();
+    let deferred = filled.deferred;
+    let pending = node.map_copies(&obtained, filled, &guard, &remarks, &mut results)?;
+    for slot in &mut results {
+        if matches!(slot, PerFile::Absent) {
+            *slot = PerFile::NotUsed(NodeCopy::LeftOut);
+        }
+    }
+    let pending = deferred.then(|| Pending {
+        files: pending,
+        hold: guard,
+    });
+    Ok((results, pending))
+}
+
+/// One load's coordination of its node copy, as the steps share it: the
+/// files and options, this rank, and the names of the copy (directory, key
+/// and lock file).
+struct Coordination<'a> {
+    files: &'a [&'a OpenedFile],
+    opts: &'a Options,
+    env: &'a Environment,
+    rank: &'a LocalRank,
+    role: Role,
+    chunk_size: u64,
+    dir: PathBuf,
+    key: u64,
+    me: Owner,
+    /// Sockets and lock files of dead jobs removed first.
+    swept: usize,
+    lock_path: PathBuf,
+}
+
+/// The copy this rank found or made: its offer, its memory files (in the
+/// offer's order), and the pid it came from where another rank made it.
+struct Obtained {
+    offer: Offer,
+    memfds: Vec<File>,
+    received_from: Option<u32>,
+}
+
+/// How the copy is filled, for its reports and the load.
+struct Filled {
+    /// Per file of the offer, what this rank read of it.
+    read_here: Vec<ReadHere>,
+    /// The chunk size of the fill.
+    chunk_size: u64,
+    /// Whether the load fills the copy (the participant's): it is mapped
+    /// first, and the load is handed its writers.
+    deferred: bool,
+    /// The size of the pages the copy's writers fault in.
+    huge_pages: HugePages,
+}
+
+impl<'a> Coordination<'a> {
+    /// The names of the copy of `files` (the files' `ids`, the chunk size and
+    /// the job): its directory, key and lock file; dead jobs' names swept.
+    fn new(
+        files: &'a [&'a OpenedFile],
+        ids: &[Vec<u8>],
+        opts: &'a Options,
+        env: &'a Environment,
+        rank: &'a LocalRank,
+        role: Role,
+    ) -> Result<Self, String> {
+        let prefetch = opts.prefetch.as_ref();
+        let chunk_size = prefetch
+            .and_then(|p| p.chunk_size)
+            .map_or(CHUNK, |c| c as u64);
+        let dir = prefetch
+            .and_then(|p| p.queue_dir.clone())
+            .unwrap_or_else(coord::shared_dir);
+        let job = prefetch::job_key(env.lookup(), os::parent_pid());
+        let key = registry::key(ids, chunk_size, &job);
+        let uid = os::effective_uid().ok_or("no user id")?;
+        let me = Owner::current();
+        let swept = registry::sweep(&dir);
+        let lock_path = registry::lock_path(&dir, key, uid);
+        Ok(Coordination {
+            files,
+            opts,
+            env,
+            rank,
+            role,
+            chunk_size,
+            dir,
+            key,
+            me,
+            swept,
+            lock_path,
+        })
+    }
+
+    /// Who asks for which copy: this rank, for the copy of these files.
+    fn asking(&self) -> Asking<'_> {
+        Asking {
+            dir: &self.dir,
+            key: self.key,
+            me: self.me,
+        }
+    }
+
+    /// The key's lock, and the copy a live rank of this user hands out, if
+    /// any (a member waits for its participant's, complete).
+    fn find(&self, remarks: &mut Remarks) -> Result<(Lock, Option<Found>), String> {
+        if self.role == Role::Member {
+            let patience = ask::member_patience(self.env);
+            let (lock, found) =
+                ask::wait_for_complete(&self.asking(), &self.lock_path, patience, remarks)?;
+            Ok((lock, Some(found)))
+        } else {
+            let lock = registry::take_lock(&self.lock_path)?;
+            Ok((lock, ask::find(&self.asking(), Wanted::Any, remarks).0))
+        }
+    }
+
+    /// The copy `found`, checked to be of these files, else a new one of the
+    /// files that fit (those that do not are marked in `results`); `None`
+    /// where none fits.
+    fn take_or_make(
+        &self,
+        found: Option<Found>,
+        results: &mut [PerFile],
+    ) -> Result<Option<Obtained>, String> {
+        match found {
+            Some(((offer, memfds), pid)) => {
+                let valid = offer.files.iter().all(|&(i, len)| {
+                    usize::try_from(i)
+                        .ok()
+                        .and_then(|i| self.files.get(i))
+                        .is_some_and(|f| f.size() == len)
+                });
+                if !valid {
+                    return Err(format!("pid {pid} offered a copy of other files"));
+                }
+                Ok(Some(Obtained {
+                    offer,
+                    memfds,
+                    received_from: Some(pid),
+                }))
+            }
+            None => {
+                let maker = Maker {
+                    pid: self.me.pid,
+                    rank: u32::try_from(self.rank.rank).unwrap_or(u32::MAX),
+                };
+                let (offer, memfds) = make(self.files, self.key, maker, self.opts, results)?;
+                if offer.files.is_empty() {
+                    return Ok(None);
+                }
+                Ok(Some(Obtained {
+                    offer,
+                    memfds,
+                    received_from: None,
+                }))
+            }
+        }
+    }
+
+    /// The copy handed out from this rank's socket; `None` where the server
+    /// could not start (said in `remarks`).
+    fn hand_out(
+        &self,
+        obtained: &Obtained,
+        remarks: &mut Remarks,
+    ) -> Result<Option<Server>, String> {
+        let dups: Vec<File> = obtained
+            .memfds
+            .iter()
+            .map(File::try_clone)
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        let server = Server::start(
+            &registry::socket_path(&self.dir, self.key, self.me),
+            obtained.offer.clone(),
+            dups,
+        );
+        match server {
+            Ok(server) => Ok(Some(server)),
+            Err(e) => {
+                remarks.push(CopyRemark::NotHandedOut { why: e.to_string() });
+                Ok(None)
+            }
+        }
+    }
+
+    /// This rank's fill of the copy with the other ranks, unless the copy
+    /// came complete or the load fills it; what it met goes to `remarks`.
+    fn fill(
+        &self,
+        obtained: &Obtained,
+        server: Option<&Server>,
+        huge_pages: HugePages,
+        remarks: &mut Remarks,
+    ) -> Result<Filled, String> {
+        let offer = &obtained.offer;
+        let mut filled = Filled {
+            read_here: vec![ReadHere::default(); offer.files.len()],
+            chunk_size: self.chunk_size,
+            deferred: !offer.complete && self.role == Role::Participant,
+            huge_pages,
+        };
+        if offer.complete || filled.deferred {
+            return Ok(filled);
+        }
+        let complete = || {
+            if let Some(server) = server {
+                server.complete();
+            }
+        };
+        let copy = fill::ToFill {
+            files: self.files,
+            offer,
+            memfds: &obtained.memfds,
+            huge_pages,
+            key: self.key,
+            dir: &self.dir,
+            chunk_size: self.chunk_size,
+        };
+        let outcome = fill::fill(&copy, self.opts, self.rank, &complete);
+        match outcome {
+            Ok((read_here, outcome)) => {
+                filled.read_here = read_here;
+                filled.chunk_size = outcome.chunk_size;
+                note_fill(remarks, outcome, self.swept);
+                Ok(filled)
+            }
+            Err(e) => Err(format!("filling the copy: {e}")),
+        }
+    }
+
+    /// Each file's copy, mapped read-only and held by `guard`, with its
+    /// report into `results`; where the load fills the copy, its writers.
+    fn map_copies(
+        &self,
+        obtained: &Obtained,
+        filled: Filled,
+        guard: &Arc<Hold>,
+        remarks: &[CopyRemark],
+        results: &mut [PerFile],
+    ) -> Result<Vec<(usize, CopyFill)>, String> {
+        let Obtained {
+            offer,
+            memfds,
+            received_from,
+        } = obtained;
+        let made_here = received_from.is_none();
+        let deferred = filled.deferred;
+        let mut pending = Vec::new();
+        for ((&(i, len), memfd), read) in offer.files.iter().zip(memfds).zip(filled.read_here) {
+            let Some(file) = usize::try_from(i).ok().and_then(|i| self.files.get(i)) else {
+                continue;
+            };
+            let kept: Box<dyn Send + Sync> = Box::new(Arc::clone(guard));
+            // Mapped before a deferred fill: the map is shared, and the load
+            // hands out no tensor of it before the fill is over.
+            let storage = copy::seal(memfd, file.path(), kept)
+                .map_err(|e| format!("mapping the copy: {e}"))?;
+            if deferred {
+                let writer = CopyFill::new(memfd, filled.huge_pages).map_err(|e| e.to_string())?;
+                pending.push((i as usize, writer));
+            }
+            let chunks = if deferred {
+                0
+            } else {
+                usize::try_from(len.div_ceil(filled.chunk_size.max(1))).unwrap_or(usize::MAX)
+            };
+            let report = NodeCopy::Shared {
+                made_by_pid: offer.maker.pid,
+                made_by_rank: offer.maker.rank as usize,
+                received_from: *received_from,
+                filled_here: read.chunks,
+                chunks,
+                by_exchange: deferred,
+                bytes: len,
+                ranks: self.rank.size,
+                remarks: remarks.to_vec(),
+            };
+            if let Some(slot) = results.get_mut(i as usize) {
+                *slot = PerFile::Copy {
+                    storage: Arc::new(storage),
+                    report,
+                    bytes_read: read.bytes,
+                    made_here,
+                };
+            }
+        }
+        Ok(pending)
+    }
+}
+
+/// What the fill met, in `remarks`: a queue not shared, chunks finished
+/// after a stall, dead jobs' queue files removed (`swept` before it).
+fn note_fill(remarks: &mut Remarks, outcome: prefetch::FillOutcome, swept: usize) {
+    // A queue not shared is this rank's alone: it read every
+    // chunk, and nothing stalled.
+    match outcome.unshared {
+        Some((path, e)) => {
+            let why = match coord::foreign_at(&path, os::NameKind::File) {
+                Some(other) => other.to_string(),
+                None => format!("unusable: {e}"),
+            };
+            remarks.push(CopyRemark::QueueNotShared { path, why });
+        }
+        None if outcome.finished_here > 0 => remarks.push(CopyRemark::FinishedAfterStall {
+            chunks: outcome.finished_here,
+        }),
+        None => {}
+    }
+    if outcome.swept + swept > 0 {
+        remarks.push(CopyRemark::DeadJobsRemoved {
+            files: outcome.swept + swept,
+        });
+    }
+}
+
+/// A rank's hold on a copy, dropped with its last tensor of it: it stops
+/// handing the copy out, and the last live rank to do so removes the lock
+/// file, so that a finished job leaves nothing in the directory.
+pub(super) struct Hold {
+    server: Option<Server>,
+    lock_path: PathBuf,
+    dir: PathBuf,
+    key: u64,
+}
+
+impl Hold {
+    /// The copy is offered as complete from now on.
+    pub(super) fn complete(&self) {
+        if let Some(server) = &self.server {
+            server.complete();
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let lock = Lock::take(Place::Private(&self.lock_path), Duration::ZERO);
+        drop(self.server.take());
+        // Ranks that drop their copies together each hold the lock while
+        // they look for a live holder: one that finds it taken waits a moment,
+        // so that the last of them sees the others' sockets gone and removes
+        // the lock file; no longer (a rank stopped under the lock must not
+        // hold up dropping tensors: the file is left for a later sweep).
+        let lock = lock.or_else(|_| Lock::take(Place::Private(&self.lock_path), DROP_WAIT));
+        if let Some(lock) = lock.ok().filter(|_| !registry::held(&self.dir, self.key)) {
+            lock.remove();
+        }
+    }
+}
+
+/// How long a rank dropping its copy waits for a lock another rank holds
+/// (a look at the directory takes well under a millisecond).
+const DROP_WAIT: Duration = Duration::from_millis(200);
+
+/// A new copy of the files that fit the memory guard, in order; those that
+/// do not are marked in `results`.
+fn make(
+    files: &[&OpenedFile],
+    key: u64,
+    maker: Maker,
+    opts: &Options,
+    results: &mut [PerFile],
+) -> Result<(Offer, Vec<File>), String> {
+    let available = opts.memory_available.or_else(memory::available);
+    let mut offer = Offer {
+        key,
+        complete: false,
+        maker,
+        files: Vec::new(),
+    };
+    let mut memfds = Vec::new();
+    let mut total = 0u64;
+    for (i, (f, slot)) in files.iter().zip(results.iter_mut()).enumerate() {
+        let len = f.size();
+        if let Err((needed, available)) =
+            policy::memory_fits(offer.files.len() + 1, total + len, available)
+        {
+            *slot = PerFile::NotUsed(NodeCopy::DoesNotFit { needed, available });
+            continue;
+        }
+        let memfd = copy::create(len).map_err(|e| format!("making a memfd: {e}"))?;
+        total += len;
+        offer.files.push((i as u64, len));
+        memfds.push(memfd);
+    }
+    Ok((offer, memfds))
+}

@@ -1,0 +1,239 @@
+//! Filling a node copy with the other ranks: the chunk queue's reads, straight into the copy's memory files, with `O_DIRECT` where the policy reads the file so.
+
+use std::fs::File;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use super::ask::{Asking, Remarks, Wanted, find};
+use super::handoff::Offer;
+use crate::dest::node::CopyFill;
+use crate::dest::pages::HugePages;
+use crate::error::Error;
+use crate::error::Operation;
+use crate::file::{OpenedFile, read_error};
+use crate::options::Options;
+use crate::os;
+use crate::policy;
+use crate::prefetch::{self, LocalRank};
+use crate::source::{DirectGuard, Source};
+
+/// A copy to fill with the other ranks: the load's files, the offer and
+/// memory files of the copy (in the offer's order) with the size of their
+/// pages, and the key, directory and chunk size of its queue.
+pub(super) struct ToFill<'a> {
+    pub files: &'a [&'a OpenedFile],
+    pub offer: &'a Offer,
+    pub memfds: &'a [File],
+    pub huge_pages: HugePages,
+    pub key: u64,
+    pub dir: &'a std::path::Path,
+    pub chunk_size: u64,
+}
+
+/// Fills the copy through the chunk queue, calling `complete` once every
+/// chunk is in place: per file of the offer, the chunks this rank read and
+/// the bytes of tensor data in them (the report's `bytes_read`: a chunk
+/// that holds the header counts its tensor data only).
+pub(super) fn fill(
+    copy: &ToFill,
+    opts: &Options,
+    rank: &LocalRank,
+    complete: &dyn Fn(),
+) -> crate::error::Result<(Vec<ReadHere>, prefetch::FillOutcome)> {
+    let ToFill {
+        files,
+        offer,
+        memfds,
+        huge_pages,
+        key,
+        dir,
+        chunk_size,
+    } = *copy;
+    let parts = parts_of_offer(files, offer, memfds, huge_pages)?;
+    let sources: Vec<&OpenedFile> = parts.iter().map(|part| part.file).collect();
+    let lens: Vec<u64> = sources.iter().map(|f| f.size()).collect();
+    // Direct reads where the policy would read the file so (FUSE, cold): the
+    // daemon then answers in requests of up to its `max_read`, not in the
+    // page cache's 128 KiB, and no second, page-cache copy is left behind.
+    // NOTE: the slowest of 3 ranks on the 2 ms test mount kept closer to one
+    // rank alone with direct reads (BENCHMARKS.md, "node/fill.rs: fill").
+    // The chunks are whole pages at page offsets of a page-aligned map; a
+    // file's last, partial block goes through the OS layer's bounce buffer.
+    let _direct = direct_reads(&sources, opts);
+    let read = |k: usize, offset: u64, len: u64| -> crate::error::Result<()> {
+        parts.get(k).map_or(Ok(()), |part| part.read(offset, len))
+    };
+    let material = queue_material(key);
+    let streams = opts
+        .prefetch
+        .as_ref()
+        .map_or(super::STREAMS, |p| p.stream_count().max(1));
+    // A rank that took the copy unfinished just before the last filler
+    // offered it complete finds it complete here, and fills nothing. Asked
+    // under the queue file's lock: only this user's holders are asked, each
+    // for at most the handoff's patience (`ask.rs`).
+    let done_elsewhere = || {
+        let asking = Asking {
+            dir,
+            key,
+            me: crate::coord::Owner::current(),
+        };
+        find(&asking, Wanted::Complete, &mut Remarks::default())
+            .0
+            .is_some()
+    };
+    let shared = prefetch::SharedQueue {
+        key_material: &material,
+        dir,
+        chunk_size,
+        streams,
+        complete,
+        done_elsewhere: &done_elsewhere,
+    };
+    let outcome = prefetch::fill_shared(&lens, &shared, rank, &read, opts.progress.as_ref())?;
+    check_lengths(&parts)?;
+    Ok((parts.into_iter().map(Part::counts).collect(), outcome))
+}
+
+/// What this rank read of one file of the copy.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct ReadHere {
+    /// Chunks this rank read.
+    pub chunks: usize,
+    /// Bytes of tensor data in them.
+    pub bytes: u64,
+}
+
+/// One file of the offer as the fill sees it: the file its chunks are read
+/// from, the writer of its copy, and what this rank read of it.
+struct Part<'a> {
+    file: &'a OpenedFile,
+    writer: CopyFill,
+    /// Chunks this rank read.
+    chunks: AtomicUsize,
+    /// Bytes of tensor data in them.
+    bytes: AtomicU64,
+}
+
+impl Part<'_> {
+    /// Reads `len` bytes at `offset` of the file into its copy, and counts
+    /// them.
+    fn read(&self, offset: u64, len: u64) -> crate::error::Result<()> {
+        let file = self.file;
+        self.writer
+            .read_chunk(file.source(), offset, len)
+            .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))?;
+        self.chunks.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(
+            tensor_part(file.header().data_start, offset, len),
+            Ordering::Relaxed,
+        );
+        Ok(())
+    }
+
+    /// What this rank read of the file.
+    fn counts(self) -> ReadHere {
+        ReadHere {
+            chunks: self.chunks.into_inner(),
+            bytes: self.bytes.into_inner(),
+        }
+    }
+}
+
+/// The offer's files among `files`, in its order, each with a writer of its
+/// copy (its pages faulted in as `huge_pages` says).
+fn parts_of_offer<'a>(
+    files: &[&'a OpenedFile],
+    offer: &Offer,
+    memfds: &[File],
+    huge_pages: HugePages,
+) -> crate::error::Result<Vec<Part<'a>>> {
+    let mut parts = Vec::with_capacity(offer.files.len());
+    for (&(i, _), memfd) in offer.files.iter().zip(memfds) {
+        let Some(&file) = usize::try_from(i).ok().and_then(|i| files.get(i)) else {
+            continue;
+        };
+        let writer = CopyFill::new(memfd, huge_pages)
+            .map_err(|e| Error::io(Operation::Map, file.path(), None, e))?;
+        parts.push(Part {
+            file,
+            writer,
+            chunks: AtomicUsize::new(0),
+            bytes: AtomicU64::new(0),
+        });
+    }
+    Ok(parts)
+}
+
+/// The fill queue's key material: the copy's key, and the user.
+fn queue_material(key: u64) -> Vec<u8> {
+    // The queue's key: the copy's, and the user (another user's queue file
+    // of the same copy is not this one's to join).
+    let uid = os::effective_uid().unwrap_or(u32::MAX);
+    [
+        &key.to_le_bytes()[..],
+        &uid.to_le_bytes(),
+        b"node copy queue",
+    ]
+    .concat()
+}
+
+/// Checks that each local file is still of the length it was opened at.
+fn check_lengths(parts: &[Part<'_>]) -> crate::error::Result<()> {
+    // A local file may have changed length meanwhile (a remote object's
+    // every request required the version opened).
+    for part in parts {
+        let (f, expected) = (part.file, part.file.size());
+        let Some(local) = f.local() else {
+            continue;
+        };
+        let now = local
+            .len_now()
+            .map_err(|e| Error::io(Operation::Stat, f.path(), None, e))?;
+        if now != expected {
+            return Err(crate::file::size_mismatch(f.path(), expected, now));
+        }
+    }
+    Ok(())
+}
+
+/// The bytes of `offset..offset + len` of a file at or after `data_start`,
+/// where its tensor data begins.
+pub(crate) fn tensor_part(data_start: u64, offset: u64, len: u64) -> u64 {
+    (offset + len).saturating_sub(offset.max(data_start))
+}
+
+/// `O_DIRECT` on the descriptors of `files` where the policy would read the
+/// file so (FUSE, cold), for as long as the guard lives: reads straight
+/// into a node copy, whoever makes them (the chunk queue's readers here, the
+/// participant of a load split between nodes in `execute/exchange.rs`).
+pub(crate) fn direct_reads<'a>(files: &[&'a OpenedFile], opts: &Options) -> DirectGuard<'a> {
+    let mut guard = DirectGuard::default();
+    for local in files.iter().filter_map(|f| f.local()) {
+        let kind = local.mount().map(|m| m.kind);
+        if policy::wants_direct_io(opts.direct_io, kind, true, || local.mostly_cached()) {
+            // Refused: the file is read through the page cache.
+            let _ = guard.add(local);
+        }
+    }
+    guard
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tensor_part;
+
+    #[test]
+    fn a_chunk_counts_its_tensor_data_only() {
+        // A header of 100 bytes: the first chunk holds it, the others none.
+        assert_eq!(tensor_part(100, 0, 4096), 3996);
+        assert_eq!(tensor_part(100, 4096, 4096), 4096);
+        assert_eq!(tensor_part(100, 0, 100), 0);
+        assert_eq!(tensor_part(100, 0, 50), 0);
+        // The chunks of a file add up to its tensor data.
+        let (size, chunk, data) = (10_000u64, 4096u64, 100u64);
+        let sum: u64 = (0..size.div_ceil(chunk))
+            .map(|i| tensor_part(data, i * chunk, chunk.min(size - i * chunk)))
+            .sum();
+        assert_eq!(sum, size - data);
+    }
+}

@@ -1,0 +1,579 @@
+//! The Linux implementation of the OS layer: `rustix` for the calls it wraps safely, `libc` for `cachestat(2)` and `mincore(2)`, `std::fs` for `/proc`.
+
+use std::fs::{File, Metadata};
+use std::io;
+use std::num::NonZeroU64;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+
+use memmap2::{Mmap, MmapMut};
+use rustix::fs::{Access, AtFlags, FlockOperation, OFlags};
+
+/// Whether this platform has a mount table and filesystem magic numbers.
+pub(crate) const MOUNT_DETECTION: bool = true;
+
+/// One positional read (`pread(2)`); may return fewer bytes than asked.
+pub(crate) fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    file.read_at(buf, offset)
+}
+
+/// Opens `path` for reading, refusing anything but a regular file (after
+/// symlinks): a FIFO or a device named by a hostile checkpoint must not block
+/// the open or read as endless data. The open itself does not block
+/// (`O_NONBLOCK`, which regular files ignore).
+pub(crate) fn open_regular(path: &Path) -> io::Result<File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(OFlags::NONBLOCK.bits() as i32)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
+}
+
+/// Faults `len` bytes of a file map in at `offset` with
+/// `MADV_POPULATE_READ` (Linux 5.14+, see madvise(2)), which reports an I/O
+/// error or a truncated file as an error instead of raising `SIGBUS`. Where
+/// the kernel lacks it (`EINVAL`), nothing is done: the map stays lazy.
+/// Interrupted by a signal (`EINTR`), the call is made again.
+pub(crate) fn populate_read(map: &Mmap, offset: usize, len: usize) -> io::Result<()> {
+    loop {
+        match map.advise_range(memmap2::Advice::PopulateRead, offset, len) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.raw_os_error() == Some(super::EINVAL) => return Ok(()),
+            other => return other,
+        }
+    }
+}
+
+/// Lets go of the pages of `len` bytes at `offset` of a read-only file map
+/// (`MADV_DONTNEED`, madvise(2)): they leave this process's resident set
+/// (`RssFile`) and stay in the page cache, from which a later access
+/// faults them in again, unchanged. A hint: errors are ignored.
+pub(crate) fn let_go(map: &Mmap, offset: usize, len: usize) {
+    let page = rustix::param::page_size();
+    let first = offset / page * page;
+    let end = offset.saturating_add(len).min(map.len());
+    if end <= first {
+        return;
+    }
+    // SAFETY: the map is a read-only map of a file (`storage::map_file`),
+    // never written, so it holds no private copy of a page: dropping a page
+    // loses nothing, and the next access reads the file's page again (the
+    // one hazard, the file truncated meanwhile, is the map's own contract).
+    // No reference into the range is invalidated: the bytes stay the same.
+    let _ = unsafe {
+        map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first)
+    };
+}
+
+/// Faults in the whole pages of `dst`, a range of a private anonymous
+/// buffer or of a shared map being filled, writable (`MADV_POPULATE_WRITE`,
+/// Linux 5.14+), so that a read
+/// into it later takes no page faults. The contents are unchanged: a page
+/// already present is left as it is, a missing one arrives zero-filled, as
+/// a fault would bring it. A hint: errors (an old kernel's `EINVAL`, memory
+/// short) are ignored, and the read faults the pages itself.
+pub(crate) fn populate_write(dst: &mut [u8]) {
+    let page = rustix::param::page_size();
+    let start = dst.as_mut_ptr() as usize;
+    let first = start.next_multiple_of(page);
+    let end = (start + dst.len()) / page * page;
+    if end <= first {
+        return;
+    }
+    // SAFETY: `[first, end)` lies within `dst`, this process's writable memory
+    // borrowed mutably for the call (no one else touches it meanwhile); the
+    // advice changes no byte of it (see above) and unmaps nothing.
+    let _ = unsafe {
+        rustix::mm::madvise(
+            first as *mut std::ffi::c_void,
+            end - first,
+            rustix::mm::Advice::LinuxPopulateWrite,
+        )
+    };
+}
+
+/// Asks the kernel to back the whole pages of `dst`, a range of a private
+/// anonymous buffer or of a shared memory file's map, with transparent huge
+/// pages (`MADV_HUGEPAGE`) or with base pages only (`MADV_NOHUGEPAGE`), see
+/// madvise(2); the advice applies to the pages faulted in after it. A hint:
+/// without THP the kernel answers `EINVAL`, and nothing changes.
+pub(crate) fn advise_page_size(dst: &mut [u8], huge: bool) {
+    advise_page_size_of_range(dst.as_mut_ptr() as usize, dst.len(), huge);
+}
+
+/// [`advise_page_size`] for `len` bytes at `addr`, a range of this
+/// process's private anonymous memory that other threads may be writing:
+/// both advices only say which page size later faults use, and change no
+/// byte, so no borrow of the range is needed. A range that is not one
+/// mapping of this process's memory gets `ENOMEM` or `EINVAL`, ignored.
+pub(crate) fn advise_page_size_of_range(addr: usize, len: usize, huge: bool) {
+    let page = rustix::param::page_size();
+    let first = addr.next_multiple_of(page);
+    let end = addr.saturating_add(len) / page * page;
+    if end <= first {
+        return;
+    }
+    let advice = if huge {
+        rustix::mm::Advice::LinuxHugepage
+    } else {
+        rustix::mm::Advice::LinuxNoHugepage
+    };
+    // Both advices only set a flag of the mappings in `[first, end)`
+    // (madvise(2)); an address of no mapping is refused with an error.
+    // SAFETY: no byte is read, written, freed or unmapped, so memory other
+    // threads hold is unchanged and no borrow of the range is needed.
+    let _ = unsafe { rustix::mm::madvise(first as *mut std::ffi::c_void, end - first, advice) };
+}
+
+/// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`,
+/// clock_gettime(2)), in the kernel and in user space, to the nanosecond:
+/// what faulting memory in costs the thread, whatever else runs on the
+/// machine meanwhile (a wait for a CPU is not counted).
+pub(crate) fn thread_cpu_time() -> Option<std::time::Duration> {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    let secs = u64::try_from(t.tv_sec).ok()?;
+    let nanos = u32::try_from(t.tv_nsec).ok()?;
+    Some(std::time::Duration::new(secs, nanos))
+}
+
+/// Drops a file's clean pages from the page cache
+/// (`posix_fadvise(POSIX_FADV_DONTNEED)`, see posix_fadvise(2)). Pages mapped
+/// or dirty elsewhere stay.
+pub(crate) fn evict(file: &File) -> io::Result<()> {
+    rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed)?;
+    Ok(())
+}
+
+/// Asks the kernel to read `[offset, offset + len)` of `file` into the page
+/// cache in the background (`posix_fadvise(POSIX_FADV_WILLNEED)`). Each call
+/// is clamped by the kernel to the larger of the device's read-ahead window
+/// and its largest I/O (`force_page_cache_ra` in mm/readahead.c), so callers
+/// issue it in pieces of that size.
+pub(crate) fn advise_willneed(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let Some(len) = NonZeroU64::new(len) else {
+        return Ok(());
+    };
+    rustix::fs::fadvise(file, offset, Some(len), rustix::fs::Advice::WillNeed)?;
+    Ok(())
+}
+
+/// The size of a page of memory (and of the page cache), in bytes.
+pub(crate) fn page_size() -> u64 {
+    rustix::param::page_size() as u64
+}
+
+/// How many pages of `file` in `[offset, offset + len)` are in the page
+/// cache, from `cachestat(2)` (Linux 6.5+). The kernel answers `EPERM` for a
+/// file the caller could not open for writing and does not own (the same
+/// rule that makes `mincore(2)` silently report such pages as absent), and
+/// `ENOSYS` before 6.5. `len` 0 means to the end of the file.
+///
+/// NOTE: hand-written because neither `rustix` nor `libc` wraps
+/// `cachestat(2)` yet; the struct layouts follow
+/// include/uapi/linux/mman.h.
+pub(crate) fn cached_pages(file: &File, offset: u64, len: u64) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct CachestatRange {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Cachestat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    // The same number on every architecture (syscalls after 403 share
+    // one table); see include/uapi/asm-generic/unistd.h.
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let range = CachestatRange { off: offset, len };
+    let mut stat = Cachestat::default();
+    // SAFETY: both pointers are to live, properly laid out `repr(C)` values
+    // for the duration of the call; the kernel reads `range` and writes
+    // `stat` only; the fd is valid because `file` is borrowed.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            &range as *const CachestatRange,
+            &mut stat as *mut Cachestat,
+            0u32,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(stat.nr_cache)
+}
+
+/// How many pages of `map` in `[offset, offset + len)` are in the page cache,
+/// from `mincore(2)`. `offset` must be a multiple of the page size; `vec` is
+/// scratch space, grown as needed. For a file the caller neither owns nor
+/// may write, Linux 5.0+ reports only the pages this process has mapped in,
+/// so a count of zero may be an understatement (see `can_do_mincore` in
+/// mm/mincore.c).
+///
+/// NOTE: hand-written because `rustix` does not wrap `mincore(2)`.
+pub(crate) fn mincore_pages(
+    map: &Mmap,
+    offset: usize,
+    len: usize,
+    vec: &mut Vec<u8>,
+) -> io::Result<u64> {
+    let page = usize::try_from(page_size()).unwrap_or(4096);
+    let end = offset.checked_add(len).filter(|&e| e <= map.len());
+    if offset % page != 0 || end.is_none() {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    if len == 0 {
+        return Ok(0);
+    }
+    let pages = len.div_ceil(page);
+    vec.clear();
+    vec.resize(pages, 0);
+    // SAFETY: `offset..offset + len` lies within the live map borrowed for the
+    // call (checked above); `offset` and the map's base are page-aligned;
+    // `vec` holds one byte per page of the range, what mincore(2) writes.
+    let rc = unsafe {
+        libc::mincore(
+            map.as_ptr().add(offset) as *mut libc::c_void,
+            len,
+            vec.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as u64)
+}
+
+/// Takes an exclusive advisory lock with `flock(2)` without waiting
+/// (`take`), or releases it (`!take`), retrying `EINTR`: `false` where
+/// another open file description holds it (`EWOULDBLOCK`).
+pub(crate) fn flock(file: &File, take: bool) -> io::Result<bool> {
+    let operation = match take {
+        true => FlockOperation::NonBlockingLockExclusive,
+        false => FlockOperation::Unlock,
+    };
+    loop {
+        match rustix::fs::flock(file, operation) {
+            Ok(()) => return Ok(true),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::WOULDBLOCK) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Whether the process `pid` may still exist: `kill(pid, 0)` fails with
+/// `ESRCH` only for a pid with no process (see kill(2)); a zombie, or a
+/// process of another user (`EPERM`), still answers that it exists.
+pub(crate) fn pid_exists(pid: u32) -> bool {
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    !matches!(
+        rustix::process::test_kill_process(pid),
+        Err(rustix::io::Errno::SRCH)
+    )
+}
+
+/// The parent process's id (`getppid(2)`); 0 where there is none.
+pub(crate) fn parent_pid() -> u32 {
+    u32::try_from(rustix::process::Pid::as_raw(rustix::process::getppid())).unwrap_or(0)
+}
+
+/// The effective user id (`geteuid(2)`).
+pub(crate) fn effective_uid() -> Option<u32> {
+    Some(rustix::process::geteuid().as_raw())
+}
+
+/// The most address space this process may map (the soft `RLIMIT_AS`,
+/// getrlimit(2)), in bytes; `None` where there is no limit.
+#[cfg(feature = "remote")]
+pub(crate) fn address_space_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::As).current
+}
+
+/// The owner of a file, from its metadata.
+pub(crate) fn file_owner(meta: &Metadata) -> Option<u32> {
+    Some(meta.uid())
+}
+
+/// Device and inode numbers: what makes two descriptors the same file.
+pub(crate) fn file_id(meta: &Metadata) -> Option<(u64, u64)> {
+    Some((meta.dev(), meta.ino()))
+}
+
+/// The raw device number (`st_dev`) of the filesystem holding a file.
+pub(crate) fn device_number(meta: &Metadata) -> Option<u64> {
+    Some(meta.dev())
+}
+
+/// Whether this process may write `path` (`access(2)` with the effective
+/// ids, `faccessat(AT_EACCESS)`), the test the kernel applies before it
+/// reveals a file's page-cache residency to a non-owner.
+pub(crate) fn may_write(path: &Path) -> bool {
+    rustix::fs::accessat(rustix::fs::CWD, path, Access::WRITE_OK, AtFlags::EACCESS).is_ok()
+}
+
+/// The `statfs(2)` magic number (`f_type`) of the filesystem holding `path`.
+///
+/// `f_type` is a signed word on most targets; magic numbers are 32-bit, so a
+/// sign-extended one (`0xFF534D42` in an `i32`) is brought back to its 32
+/// bits.
+#[allow(clippy::unnecessary_cast)] // The type of `f_type` differs between targets.
+pub(crate) fn filesystem_magic(path: &Path) -> io::Result<u64> {
+    Ok((rustix::fs::statfs(path)?.f_type as u64) & 0xFFFF_FFFF)
+}
+
+/// The `fstatfs(2)` magic number of the filesystem holding an open file, as
+/// [`filesystem_magic`].
+#[allow(clippy::unnecessary_cast)] // The type of `f_type` differs between targets.
+pub(crate) fn filesystem_magic_of(file: &File) -> io::Result<u64> {
+    Ok((rustix::fs::fstatfs(file)?.f_type as u64) & 0xFFFF_FFFF)
+}
+
+/// The largest `WILLNEED` the kernel honours in one call for files on the
+/// device `dev`: the larger of its read-ahead window and largest request
+/// (`force_page_cache_ra` in mm/readahead.c), from sysfs; `None` where sysfs
+/// does not say.
+pub(crate) fn readahead_limit(dev: u64) -> Option<u64> {
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    let read_kb = |path: String| -> Option<u64> {
+        std::fs::read_to_string(path)
+            .ok()?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    };
+    let window = read_kb(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"));
+    let request = read_kb(format!(
+        "/sys/dev/block/{major}:{minor}/queue/max_sectors_kb"
+    ))
+    .or_else(|| {
+        read_kb(format!(
+            "/sys/dev/block/{major}:{minor}/../queue/max_sectors_kb"
+        ))
+    });
+    let kb = window.max(request).filter(|&kb| kb > 0)?;
+    Some((kb << 10).max(4096))
+}
+
+/// Opens (creating, empty, mode `0600`) a file for a queue shared with this
+/// user's other processes: never through a symlink, and only if it is this
+/// user's own regular file.
+pub(crate) fn open_private_rw(path: &Path) -> io::Result<File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags((OFlags::NOFOLLOW | OFlags::CLOEXEC).bits() as i32)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() || effective_uid() != Some(meta.uid()) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "the file belongs to another user",
+        ));
+    }
+    Ok(file)
+}
+
+/// A file mapped shared and read-write, seen as 64-bit words that several
+/// processes update with atomic operations: the prefetch queue.
+///
+/// Every process that maps the file sees the same memory, and `AtomicU64`
+/// operations on it are atomic between processes as between threads (they
+/// are lock-free instructions on the word itself, whatever its address).
+/// The hazard is the file map's usual one: a process that truncates the file
+/// while it is mapped makes the others receive `SIGBUS`. The queue file is
+/// created `0600` and checked to be the caller's own before it is mapped
+/// ([`open_private_rw`]), so only the caller's own processes can do that.
+pub(crate) struct SharedWords {
+    map: MmapMut,
+}
+
+impl SharedWords {
+    /// Maps all of `file` shared and read-write. Its length must be a
+    /// non-zero multiple of 8.
+    pub(crate) fn map(file: &File) -> io::Result<SharedWords> {
+        let len = file.metadata()?.len();
+        if len == 0 || len % 8 != 0 {
+            return Err(io::Error::from(io::ErrorKind::InvalidData));
+        }
+        // SAFETY: a shared map of a regular file only ever accessed as atomics
+        // (`words`), so writers in other processes cannot race with us;
+        // truncation by another process is the documented hazard above.
+        let map = unsafe { memmap2::MmapOptions::new().map_mut(file)? };
+        Ok(SharedWords { map })
+    }
+
+    /// The words of the map.
+    pub(crate) fn words(&self) -> &[AtomicU64] {
+        let len = self.map.len() / 8;
+        // SAFETY: the page-aligned map holds `len` whole words; `AtomicU64` has
+        // `u64`'s layout, every bit pattern is valid, all access is atomic (also
+        // across processes); the slice borrows `self`, which owns the map.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr() as *const AtomicU64, len) }
+    }
+}
+
+/// A path from the bytes the kernel wrote (mount points need not be UTF-8).
+pub(crate) fn path_from_bytes(bytes: Vec<u8>) -> std::path::PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    std::path::PathBuf::from(std::ffi::OsString::from_vec(bytes))
+}
+
+/// A directory opened once: files opened through it come from the directory
+/// it was when opened, whatever happens to the path that named it (a
+/// `current -> snapshots/<rev>` symlink flipped to another revision).
+#[derive(Debug)]
+pub(crate) struct Dir {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Dir {
+    /// Opens the directory at `path` (following symlinks, once).
+    pub(crate) fn open(path: &Path) -> io::Result<Dir> {
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        Ok(Dir { fd })
+    }
+
+    /// Opens `name` in this directory for reading, refusing anything but a
+    /// regular file, without blocking (as [`open_regular`]).
+    pub(crate) fn open_regular(&self, name: &str) -> io::Result<File> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        let file = File::from(fd);
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        Ok(file)
+    }
+
+    /// Whether `name` in this directory is a regular file (after symlinks).
+    pub(crate) fn is_file(&self, name: &str) -> bool {
+        rustix::fs::statat(&self.fd, name, AtFlags::empty()).is_ok_and(|stat| {
+            rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile
+        })
+    }
+
+    /// The names of the entries, `.` and `..` left out.
+    pub(crate) fn names(&self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in rustix::fs::Dir::read_from(&self.fd)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name != "." && name != ".." {
+                names.push(name);
+            }
+        }
+        Ok(names)
+    }
+}
+
+/// Turns `O_DIRECT` on or off for every read through this open file
+/// (`fcntl(F_SETFL)`, fs/fcntl.c `setfl`): the descriptor the header was read
+/// from, never a second open of the file. On FUSE a second open, even of
+/// `/proc/self/fd/N`, is an `OPEN` request that a passthrough daemon resolves
+/// by path again, so it may read another version of the file behind the same
+/// inode number. Fails with `EINVAL` where the filesystem has no direct I/O.
+pub(crate) fn set_direct(file: &File, on: bool) -> io::Result<()> {
+    let flags = rustix::fs::fcntl_getfl(file)?;
+    let wanted = if on {
+        flags | OFlags::DIRECT
+    } else {
+        flags - OFlags::DIRECT
+    };
+    if wanted != flags {
+        rustix::fs::fcntl_setfl(file, wanted)?;
+    }
+    Ok(())
+}
+
+/// Whether reads through this open file bypass the page cache (`O_DIRECT`).
+pub(crate) fn is_direct(file: &File) -> bool {
+    rustix::fs::fcntl_getfl(file).is_ok_and(|flags| flags.contains(OFlags::DIRECT))
+}
+
+/// The path of an open file, as the kernel knows it (`/proc/self/fd`):
+/// symlinks resolved at the time it was opened, whatever they name now.
+pub(crate) fn path_of(file: &File) -> Option<std::path::PathBuf> {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
+}
+
+/// The bytes of a `/proc` file (proc(5)), read whole, for the caller to parse.
+pub(crate) fn read_proc(file: super::ProcFile) -> io::Result<Vec<u8>> {
+    use super::ProcFile;
+    match file {
+        ProcFile::SelfMountinfo => std::fs::read("/proc/self/mountinfo"),
+        ProcFile::Mounts => std::fs::read("/proc/mounts"),
+        ProcFile::Meminfo => std::fs::read("/proc/meminfo"),
+        ProcFile::SelfCgroup => std::fs::read("/proc/self/cgroup"),
+        ProcFile::SelfStat => std::fs::read("/proc/self/stat"),
+        #[cfg(feature = "remote")]
+        ProcFile::SelfStatus => std::fs::read("/proc/self/status"),
+        ProcFile::Stat(pid) => std::fs::read(format!("/proc/{pid}/stat")),
+        ProcFile::HugePagesEnabled => std::fs::read("/sys/kernel/mm/transparent_hugepage/enabled"),
+    }
+}
+
+// The node copy (src/node/): an anonymous memory file, a shared map the
+// ranks fill, and the Unix socket that hands the file to the other ranks.
+#[path = "linux_node.rs"]
+mod node_copy;
+pub(crate) use node_copy::{
+    FdListener, FdStream, SharedBytes, StopListening, is_sealed_copy, memfd_copy, name_kind,
+};
+
+// The write-through cache (src/cache/): names walked, made and published in a
+// shared directory without following what another user may have put there.
+#[cfg(feature = "remote")]
+#[path = "linux_cache.rs"]
+mod cache_dir;
+#[cfg(feature = "remote")]
+pub(crate) use cache_dir::{EntryKind, link_count, reserve, write_all_at};
+
+/// Puts the calling thread in the idle scheduling class (`SCHED_IDLE`): it
+/// runs only on CPU time no other thread wants. A hint: where it is refused
+/// the thread keeps its class.
+///
+/// NOTE: through `libc`, as `rustix` has no call that sets a scheduling
+/// policy.
+#[cfg(feature = "remote")]
+pub(crate) fn idle_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `sched_setscheduler` reads `param`, a live value on this stack,
+    // for the duration of the call; pid 0 is the calling thread, and a
+    // policy changes no memory of the process.
+    let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+}

@@ -1,0 +1,385 @@
+//! Every call into the operating system, with the platform's implementation chosen in this one place.
+//!
+//! Linux gets the real calls (`linux.rs`): page-cache advice and residency,
+//! direct I/O, `statfs`, locks, process liveness, shared maps, and the
+//! `/proc` files the crate parses. Elsewhere (`stub.rs`) reads work through
+//! the standard library and every hint is a no-op or answers
+//! [`io::ErrorKind::Unsupported`], so that callers degrade (mmap stays the
+//! default, prefetch reads instead of advising, mount detection says
+//! "unknown") rather than fail. Safe wrappers come from `rustix` where it has
+//! one; the few calls it lacks (`cachestat(2)`, `mincore(2)`), the shared
+//! queue map and the writes into a node copy are the only `unsafe` here.
+//!
+//! # Selecting the stub on Linux
+//!
+//! `RUSTFLAGS="--cfg safeload_os_stub"` compiles the crate against `stub.rs`
+//! on Linux too, and drops `rustix` and `libc` (Cargo.toml's `[target]` table
+//! tests the same expression), so that a use of them outside `linux.rs` fails
+//! here as it would on macOS or Windows. CI builds the library and runs its
+//! unit tests that way (`cargo test --lib`, `.ci/run`); the integration tests
+//! and benches test Linux behaviour (FUSE mounts, the page cache) and call
+//! `libc` and `rustix` themselves, so they are built only without it. A cfg rather than a cargo feature: a feature that takes code
+//! away would be switched on for every user of the crate by any one dependent
+//! that named it (features unify), and by `--all-features`; a cfg is set only
+//! by whoever runs the build. Unit tests of Linux behaviour gate on
+//! `all(target_os = "linux", not(safeload_os_stub))`, the expression below,
+//! with a twin for the stub's answer, or branch on [`MOUNT_DETECTION`].
+//!
+//! # The interface
+//!
+//! Closed: what the rest of the crate may call is the list re-exported below
+//! by name, and both implementations define every item of it, so an item
+//! missing from the stub (or a signature that drifts) is a compile error with
+//! the stub selected, on Linux as anywhere. An item one implementation has
+//! beyond the list is dead code, which both CI builds refuse (`-D warnings`).
+
+use std::fs::File;
+use std::io;
+
+#[cfg_attr(all(target_os = "linux", not(safeload_os_stub)), path = "linux.rs")]
+#[cfg_attr(not(all(target_os = "linux", not(safeload_os_stub))), path = "stub.rs")]
+mod imp;
+mod steps;
+
+// Portable, on top of the list below: a range read through a scratch buffer.
+pub(crate) use steps::read_in_steps;
+
+// What this platform can answer: whether it has a mount table and
+// filesystem magic numbers (`false` makes every mount lookup "unknown").
+pub(crate) use imp::MOUNT_DETECTION;
+
+// Opening and reading files, and telling files apart.
+pub(crate) use imp::{
+    Dir, device_number, file_id, file_owner, may_write, open_private_rw, open_regular,
+    path_from_bytes, path_of, pread,
+};
+
+// Direct I/O on an open file.
+pub(crate) use imp::{is_direct, set_direct};
+
+// Page-cache and memory hints, and what the page cache holds.
+pub(crate) use imp::{
+    advise_page_size, advise_page_size_of_range, advise_willneed, cached_pages, evict, let_go,
+    mincore_pages, page_size, populate_read, populate_write, readahead_limit, thread_cpu_time,
+};
+
+// Filesystems: the `statfs(2)` magic number.
+pub(crate) use imp::{filesystem_magic, filesystem_magic_of};
+
+// Processes, locks (for `coord/lock.rs` alone) and memory shared between them.
+pub(crate) use imp::{SharedWords, effective_uid, flock, parent_pid, pid_exists};
+
+// Limits: the address space this process may map (the bound of a remote
+// body held in memory).
+#[cfg(feature = "remote")]
+pub(crate) use imp::address_space_limit;
+
+// Scheduling: a thread's class.
+#[cfg(feature = "remote")]
+pub(crate) use imp::idle_priority;
+
+// The node copy: a sealed memory file, filled through a shared map, handed
+// to the job's other local ranks over a Unix socket; what a name is.
+pub(crate) use imp::{
+    FdListener, FdStream, SharedBytes, StopListening, is_sealed_copy, memfd_copy, name_kind,
+};
+
+/// What a name in a directory is, not following a symlink
+/// ([`name_kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NameKind {
+    Socket,
+    File,
+    /// Told apart only by the Linux layer (the stub says `Other`).
+    #[cfg_attr(any(not(target_os = "linux"), safeload_os_stub), allow(dead_code))]
+    Fifo,
+    Symlink,
+    Directory,
+    /// A device, or what this platform cannot tell.
+    Other,
+}
+
+impl std::fmt::Display for NameKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NameKind::Socket => "a socket",
+            NameKind::File => "a file",
+            NameKind::Fifo => "a FIFO",
+            NameKind::Symlink => "a symlink",
+            NameKind::Directory => "a directory",
+            NameKind::Other => "a special file",
+        })
+    }
+}
+
+// The `/proc` files the crate parses.
+pub(crate) use imp::read_proc;
+
+// The write-through cache: a directory's names seen without following them
+// (`Dir::entry`, `sub`, `read_link`, `open_nofollow`, `create_new`,
+// `open_lock`, `rename_noreplace`, `replace`, `symlink`, `remove`,
+// `remove_dir`, `owner`), a file's link count, space reserved and positional
+// writes (feature `remote`).
+#[cfg(feature = "remote")]
+pub(crate) use imp::{EntryKind, link_count, reserve, write_all_at};
+
+/// A file of `/proc` (proc(5)), or of `/sys` for the kernel's settings, the
+/// crate reads. The OS layer only reads it; the text is parsed where it is
+/// used (`mount/`, `memory.rs`, `prefetch/owner.rs`, `dest/pages.rs`), by
+/// pure functions tested on every platform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProcFile {
+    /// `/proc/self/mountinfo`: this process's mount table, with device
+    /// numbers and mount ids.
+    SelfMountinfo,
+    /// `/proc/mounts`: the mount table without them, for kernels before
+    /// 2.6.26 and sandboxes that hide `mountinfo`.
+    Mounts,
+    /// `/proc/meminfo`: `MemAvailable`.
+    Meminfo,
+    /// `/proc/self/cgroup`: the cgroups whose memory limits apply.
+    SelfCgroup,
+    /// `/proc/self/stat`: this process's start time.
+    SelfStat,
+    /// `/proc/self/status`: the address space this process has mapped
+    /// (`VmSize`).
+    #[cfg(feature = "remote")]
+    SelfStatus,
+    /// `/proc/<pid>/stat`: another process's state and start time.
+    Stat(u32),
+    /// `/sys/kernel/mm/transparent_hugepage/enabled`: whether anonymous
+    /// memory may get transparent huge pages (`always`, `madvise`, `never`;
+    /// the kernel's `admin-guide/mm/transhuge`).
+    HugePagesEnabled,
+}
+
+/// The alignment direct I/O needs of offsets, lengths and buffers. 4 KiB
+/// covers the logical block size of every common device.
+pub(crate) const DIRECT_ALIGN: u64 = 4096;
+
+/// `EINVAL`: what a filesystem answers a direct read it does not support.
+pub(crate) const EINVAL: i32 = 22;
+
+/// Why a read took `O_DIRECT` off its descriptor for the rest of the load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum DirectDropped {
+    /// A read of whole, aligned blocks into an aligned buffer was refused
+    /// (the OS error's text): the filesystem has no usable direct path.
+    Refused(String),
+    /// Reads of whole blocks kept coming back in pieces that are not whole
+    /// blocks (as some network clients answer), so no aligned read made
+    /// progress.
+    Pieces,
+}
+
+impl std::fmt::Display for DirectDropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DirectDropped::Refused(e) => write!(f, "a whole-block read was refused ({e})"),
+            DirectDropped::Pieces => {
+                f.write_str("whole-block reads kept returning pieces that are not whole blocks")
+            }
+        }
+    }
+}
+
+/// Reads into `buf` at `offset` until at least `required` bytes have
+/// arrived (all of `buf` if the file is long enough), retrying short reads
+/// and `EINTR`. On failure returns the offset that failed along with the
+/// error; end-of-file before `required` bytes is `UnexpectedEof` (the file
+/// shrank).
+pub(crate) fn read_at_least(
+    file: &File,
+    buf: &mut [u8],
+    required: usize,
+    offset: u64,
+) -> Result<(), (u64, io::Error)> {
+    read_at_least_noting(file, buf, required, offset).map(drop)
+}
+
+/// [`read_at_least`], saying whether this read took `O_DIRECT` off the
+/// descriptor, and why.
+///
+/// With `O_DIRECT` set, every read must be whole blocks at a block offset
+/// into an aligned buffer. A short read (a network client, a signal) leaves
+/// the next one at an offset that is not: the bytes from the last whole
+/// block on are then read again through an aligned bounce buffer
+/// ([`bounce`]), and direct reads go on from the next block boundary. Where
+/// the filesystem keeps refusing whole-block reads (`EINVAL`) or answering
+/// them in pieces that are not whole blocks, `O_DIRECT` is cleared from the
+/// same descriptor (`fcntl(F_SETFL)`, never a second open: a second open may
+/// reach another version of the file) and the rest is read through the
+/// page cache.
+pub(crate) fn read_at_least_noting(
+    file: &File,
+    buf: &mut [u8],
+    required: usize,
+    offset: u64,
+) -> Result<Option<DirectDropped>, (u64, io::Error)> {
+    let mut dropped = None;
+    // Whether an `EINVAL` was met after another reader had already taken
+    // `O_DIRECT` off the descriptor (a read under way when it did): the
+    // same read is made once more, without it.
+    let mut raced = false;
+    let mut done = 0usize;
+    while done < buf.len() {
+        let at = offset + done as u64;
+        let Some(rest) = buf.get_mut(done..) else {
+            break;
+        };
+        let n = match pread(file, rest, at) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // A read the descriptor's `O_DIRECT` refuses: an unaligned
+            // buffer, offset or length (after a short read, or a caller's
+            // range). The same bytes through an aligned bounce buffer, from
+            // the same open file.
+            Err(e) if e.raw_os_error() == Some(EINVAL) && is_direct(file) => {
+                match bounce(file, rest, at) {
+                    Ok(n) => n,
+                    Err(Bounce::Drop(why)) => {
+                        set_direct(file, false).map_err(|e| (at, e))?;
+                        dropped = Some(why);
+                        continue;
+                    }
+                    Err(Bounce::Failed(e)) => return Err((at, e)),
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(EINVAL) && !raced => {
+                raced = true;
+                continue;
+            }
+            Err(e) => return Err((at, e)),
+        };
+        if n == 0 {
+            if done >= required {
+                break;
+            }
+            return Err((
+                at,
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "file ended before the expected length",
+                ),
+            ));
+        }
+        done += n;
+    }
+    Ok(dropped)
+}
+
+/// Reads exactly `buf.len()` bytes at `offset`; see [`read_at_least`].
+pub(crate) fn read_exact_at(
+    file: &File,
+    buf: &mut [u8],
+    offset: u64,
+) -> Result<(), (u64, io::Error)> {
+    let len = buf.len();
+    read_at_least(file, buf, len, offset)
+}
+
+/// The largest piece a bounced read moves at once (the buffer each thread
+/// keeps for it).
+const BOUNCE_PIECE: usize = 8 << 20;
+
+/// How many reads of whole blocks in a row may come back in pieces that
+/// are not whole blocks, with no whole block gained, before a bounced read
+/// gives direct I/O up.
+const PIECES_TOLERATED: u32 = 3;
+
+thread_local! {
+    /// A reader's aligned bounce buffer, kept for its next unaligned read.
+    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Why a bounced read did not complete.
+enum Bounce {
+    /// Direct reads cannot go on; the caller clears `O_DIRECT`.
+    Drop(DirectDropped),
+    /// The read failed.
+    Failed(io::Error),
+}
+
+/// One bounced read for a descriptor with `O_DIRECT` set: the whole blocks
+/// covering the start of `dst` (up to [`BOUNCE_PIECE`]) are read into an
+/// aligned buffer, and the bytes asked for copied out. Returns how many
+/// bytes of `dst` were filled, 0 at the end of the file; short of `dst` at
+/// the end of the file or where the piece ends.
+///
+/// A short answer that ends inside a block is read again from the start of
+/// that block (the overlap read twice), so every request stays whole blocks.
+// NOTE: a descriptor keeps `O_DIRECT` for the few reads of a load that are
+// not whole blocks (the header prefix a verified load hashes, converted
+// tensors read from the file, a partial read racing a load of the same
+// checkpoint, the rest of a block after a short read) rather than opening
+// the file a second time without it: on FUSE a second open can reach another
+// version of the file (issue 16).
+fn bounce(file: &File, dst: &mut [u8], at: u64) -> Result<usize, Bounce> {
+    let align = DIRECT_ALIGN as usize;
+    BOUNCE.with(|bounce| {
+        let mut bounce = bounce.borrow_mut();
+        let skip = (at % DIRECT_ALIGN) as usize;
+        let want = dst.len().min(BOUNCE_PIECE);
+        let span = (skip + want).next_multiple_of(align);
+        if bounce.len() < span + align {
+            bounce.resize(span + align, 0);
+        }
+        let start = bounce.as_ptr().align_offset(align);
+        let Some(block) = bounce.get_mut(start..start + span) else {
+            return Err(Bounce::Failed(io::Error::other(
+                "bounce buffer out of range",
+            )));
+        };
+        let base = at - skip as u64;
+        // Bytes of `block` read so far; every request starts at a whole
+        // block of it.
+        let mut got = 0usize;
+        let mut pieces = 0u32;
+        while got < span {
+            let whole = got / align * align;
+            let Some(rest) = block.get_mut(whole..) else {
+                break;
+            };
+            match pread(file, rest, base + whole as u64) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let reached = whole + n;
+                    got = got.max(reached);
+                    if reached % align == 0 || reached >= span {
+                        pieces = 0;
+                        continue;
+                    }
+                    // The answer ends inside a block: the end of the file,
+                    // or a piece; the next read starts again from the last
+                    // whole block.
+                    let len = file.metadata().map_err(Bounce::Failed)?.len();
+                    if base + reached as u64 >= len {
+                        break;
+                    }
+                    if reached / align * align > whole {
+                        pieces = 0;
+                    } else {
+                        pieces += 1;
+                        if pieces >= PIECES_TOLERATED {
+                            return Err(Bounce::Drop(DirectDropped::Pieces));
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // Whole blocks into an aligned buffer, refused.
+                Err(e) if e.raw_os_error() == Some(EINVAL) => {
+                    return Err(Bounce::Drop(DirectDropped::Refused(e.to_string())));
+                }
+                Err(e) => return Err(Bounce::Failed(e)),
+            }
+        }
+        let n = got.saturating_sub(skip).min(want);
+        let (Some(from), Some(to)) = (block.get(skip..skip + n), dst.get_mut(..n)) else {
+            return Err(Bounce::Failed(io::Error::other(
+                "bounce buffer out of range",
+            )));
+        };
+        to.copy_from_slice(from);
+        Ok(n)
+    })
+}

@@ -1,0 +1,248 @@
+//! One prefetch from open files to its report: the chunks planned once, the queue opened (shared or this process's own), the readers started, what landed counted.
+
+use std::time::Instant;
+
+use super::Job;
+use super::launcher::{LocalRank, job_key};
+use super::options::DEFAULT_CHUNK;
+use super::options::PrefetchOptions;
+use super::plan::{ChunkPlan, Init, reader_plan};
+use super::queue::{Layout, chunk_words, heartbeat_words, init_from_header, slot_words};
+use super::queue_file::Queue;
+use super::residency::{Target, initial_states, resolve_method};
+use super::worker::{Outcome, Tally, Work};
+use crate::coord::Owner;
+use crate::error::Result;
+use crate::os;
+use crate::policy::PrefetchMethod;
+use crate::progress::{Meter, Phase};
+use crate::report::{PrefetchReason, PrefetchReport, QueueNote};
+
+/// A prefetch planned: the files, their chunks, this process's rank, and
+/// the first residency check where one was made. Planned once, whether the
+/// auto policy looks at it first or not.
+pub(super) struct Plan {
+    pub targets: Vec<Target>,
+    pub chunks: ChunkPlan,
+    pub rank: LocalRank,
+    /// Residency of every chunk and the memory guard's decision, once
+    /// checked: by the auto policy before it decides, else by the rank that
+    /// creates the queue.
+    checked: Option<Init>,
+}
+
+impl Plan {
+    /// The chunks of these files at the options' chunk size, and the rank
+    /// from the options or the launcher.
+    pub(super) fn new(targets: Vec<Target>, options: &PrefetchOptions, job: &Job<'_>) -> Plan {
+        let lens: Vec<u64> = targets.iter().map(|t| t.len).collect();
+        let requested = options.chunk_size.map_or(DEFAULT_CHUNK, |c| c as u64);
+        Plan {
+            chunks: ChunkPlan::new(&lens, requested, os::page_size()),
+            rank: LocalRank::from_setting(job.local_rank, job.env),
+            targets,
+            checked: None,
+        }
+    }
+
+    /// Residency of every chunk, then the memory guard within `available`
+    /// bytes; checked once, and handed on to [`run`].
+    pub(super) fn check(&mut self, available: Option<u64>) -> &Init {
+        self.checked
+            .get_or_insert_with(|| initial_states(&self.targets, &self.chunks.chunks, available))
+    }
+
+    /// A report of this plan before anything ran.
+    pub(super) fn report(
+        &self,
+        streams: usize,
+        method: PrefetchMethod,
+        reason: PrefetchReason,
+    ) -> PrefetchReport {
+        PrefetchReport {
+            reason,
+            rank: self.rank.rank,
+            local_size: self.rank.size,
+            rank_source: self.rank.source.clone(),
+            streams,
+            method,
+            files: self.targets.len(),
+            total_bytes: self.chunks.total,
+            chunk_size: self.chunks.chunk_size,
+            chunks: self.chunks.chunks.len(),
+            ..PrefetchReport::default()
+        }
+    }
+}
+
+/// Warms the plan's files with `options.streams` readers, sharing the chunks
+/// with the other local ranks where there are any.
+pub(super) fn run(
+    plan: Plan,
+    options: &PrefetchOptions,
+    job: &Job<'_>,
+    reason: PrefetchReason,
+) -> Result<PrefetchReport> {
+    let clock = Instant::now();
+    let methods: Vec<PrefetchMethod> = plan
+        .targets
+        .iter()
+        .map(|t| resolve_method(options.method, t))
+        .collect();
+    let method = methods.first().copied().unwrap_or(PrefetchMethod::Pread);
+    let mut report = plan.report(options.streams, method, reason);
+    if options.streams == 0 {
+        report.reason = PrefetchReason::Off;
+        return Ok(report);
+    }
+    report.ran = true;
+    let Plan {
+        targets,
+        chunks,
+        rank,
+        mut checked,
+    } = plan;
+    let me = Owner::current();
+    let mut make = || {
+        checked
+            .take()
+            .unwrap_or_else(|| initial_states(&targets, &chunks.chunks, job.available()))
+    };
+    let run = Run {
+        targets: &targets,
+        methods: &methods,
+        chunks: &chunks,
+        rank: &rank,
+        options,
+        job,
+        me,
+    };
+    let queue = run.open_queue(&mut make);
+    let init = note_queue(&mut report, &queue, chunks.total);
+    let outcome = run.read(&queue, init.needed)?;
+    report.chunks_handled = outcome.handled;
+    report.warmed = outcome.warmed;
+    report.reread = outcome.reread;
+    if let Some((bytes, why)) = outcome.stalled {
+        report.skipped += bytes;
+        report.skip_reasons.push(why);
+    }
+    report.resident_after = run.resident_after(&init, queue.is_shared(), outcome.handled);
+    drop(queue);
+    report.elapsed = clock.elapsed();
+    Ok(report)
+}
+
+/// A run under way, as its steps share it: the files, how each is read,
+/// their chunks, this rank, and the options and job it runs under.
+struct Run<'a> {
+    targets: &'a [Target],
+    methods: &'a [PrefetchMethod],
+    chunks: &'a ChunkPlan,
+    rank: &'a LocalRank,
+    options: &'a PrefetchOptions,
+    job: &'a Job<'a>,
+    me: Owner,
+}
+
+impl Run<'_> {
+    /// The queue, its chunk states from `make` where this rank creates it.
+    fn open_queue(&self, make: &mut dyn FnMut() -> Init) -> Queue {
+        // The queue: shared where there are other ranks, else this process's.
+        // Its name and key cover the files, the chunk size and the job.
+        let layout = Layout {
+            key: 0,
+            chunk_size: self.chunks.chunk_size,
+            chunks: self.chunks.chunks.len(),
+            total: self.chunks.total,
+            slots: 0,
+        };
+        if self.rank.size > 1 && !self.options.shared_queue {
+            Queue::local(layout, make, Some(QueueNote::FixedShares))
+        } else if self.rank.size > 1 {
+            let mut key_material = Vec::new();
+            for t in self.targets {
+                key_material.extend_from_slice(&t.identity);
+            }
+            key_material.extend_from_slice(&self.chunks.chunk_size.to_le_bytes());
+            let job_key = job_key(self.job.env.lookup(), os::parent_pid());
+            key_material.extend_from_slice(job_key.as_bytes());
+            let dir = self
+                .options
+                .queue_dir
+                .clone()
+                .unwrap_or_else(crate::coord::shared_dir);
+            Queue::shared(&dir, &key_material, layout, self.me, make)
+        } else {
+            Queue::local(layout, make, None)
+        }
+    }
+
+    /// This rank's readers over the queue, counted on the caller's meter:
+    /// `needed` bytes were not resident when the queue was made.
+    fn read(&self, queue: &Queue, needed: u64) -> Result<Outcome> {
+        let shared = queue.is_shared();
+        let words = queue.words();
+        let chunks = &self.chunks.chunks;
+        let (claimable, starts) = reader_plan(chunks, self.rank, self.options.streams, shared);
+        // This rank's share is not known in advance (ranks take chunks from
+        // each other): the total is every byte not yet resident.
+        let meter = Meter::new(
+            self.job.progress,
+            Phase::Prefetch,
+            needed,
+            self.targets.len(),
+        );
+        let work = Work {
+            targets: self.targets,
+            methods: self.methods,
+            chunks,
+            states: chunk_words(words, queue.layout()),
+            me: self.me,
+            shared,
+            claimable,
+            on_chunk: self.options.on_chunk.as_ref(),
+            meter: &meter,
+            slots: slot_words(words, queue.layout()),
+            heartbeats: heartbeat_words(words, queue.layout()),
+            heartbeat: queue.heartbeat(),
+            tally: Tally::default(),
+            sink: None,
+        };
+        let outcome = work.run(&starts)?;
+        for _ in self.targets {
+            meter.file_done();
+        }
+        meter.finish();
+        Ok(outcome)
+    }
+
+    /// Bytes of the files resident once the readers are done: the check
+    /// before, where nothing can have changed, else asked again.
+    fn resident_after(&self, init: &Init, shared: bool, handled: usize) -> Option<u64> {
+        if !shared && handled == 0 && init.known {
+            // Nothing changed since the check a moment ago, in this process.
+            Some(init.resident)
+        } else {
+            let mut scratch = Vec::new();
+            self.targets
+                .iter()
+                .map(|t| t.resident_total(self.chunks.chunk_size, &mut scratch))
+                .sum()
+        }
+    }
+}
+
+/// What the queue says before any read, into the report: its note and path,
+/// and the residency and memory guard its header holds (returned).
+fn note_queue(report: &mut PrefetchReport, queue: &Queue, total: u64) -> Init {
+    report.queue_note = queue.note.clone();
+    report.queue_path = queue.path.clone();
+    report.shared_queue = report.queue_path.is_some();
+    let init = init_from_header(queue.words());
+    report.resident_before = init.resident;
+    report.residency_known = init.known;
+    report.skipped = init.skipped;
+    report.skip_reasons.extend(init.guard_reason(total));
+    init
+}

@@ -453,15 +453,148 @@
 #![deny(missing_docs)]
 
 // The facade: the core's items an engine names, each once, and the plug-ins'
-// by feature. Everything here is `safeload_core`'s (crates/core).
+// by feature. Everything here is `safeload_core`'s (crates/core) but the
+// extras this build reads with ([`extras::Builtin`]) and what names them.
 pub use safeload_core::{
-    Checkpoint, Dtype, Element, Error, ErrorKind, HugePages, LoadReport, Loader, RemoteFailure,
-    Result, StateDict, Tensor, TensorInfo, load_state_dict,
+    Dtype, Element, Error, ErrorKind, HugePages, LoadReport, RemoteFailure, Result, StateDict,
+    Tensor, TensorInfo,
 };
 pub use safeload_core::{cluster, device, mount, report};
 
+/// Loads a checkpoint: the builder of every option (see the methods), with
+/// the extras this build reads beyond local paths ([`extras::Builtin`]:
+/// `hf://`, `s3://`, `https://`, ... with the feature `remote`).
+pub type Loader = safeload_core::Loader<extras::Builtin>;
+
+/// A checkpoint opened from its headers alone, for reads of what an engine
+/// asks for (see the methods); with the extras this build reads beyond local
+/// paths ([`extras::Builtin`]).
+pub type Checkpoint = safeload_core::Checkpoint<extras::Builtin>;
+
+/// Loads a checkpoint: a `.safetensors` file, a `*.safetensors.index.json`,
+/// a directory holding one of them, or (feature `remote`) the address of one.
+///
+/// `disable_mmap`: `Some(true)` reads every file into memory, `Some(false)`
+/// maps every file, `None` decides per file from its filesystem (and the
+/// `SAFELOAD_DISABLE_MMAP` environment variable). The same as
+/// `Loader::new().disable_mmap(..).load(path)`.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("model.safetensors");
+/// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &[0u8; 4])?;
+/// # safetensors::serialize_to_file([("w", view)], None, &path)?;
+/// let sd = safeload::load_state_dict(&path, None)?;             // decided per file
+/// let buffered = safeload::load_state_dict(&path, Some(true))?; // read into memory
+/// assert_eq!(sd.names().collect::<Vec<_>>(), buffered.names().collect::<Vec<_>>());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// A path that does not exist or holds no checkpoint
+/// ([`Error::is_not_found`]), a file that breaks the format
+/// ([`Error::is_corrupt`]), a failed read, or a buffered load that does not
+/// fit in memory ([`ErrorKind::InsufficientMemory`]); each names the file.
+pub fn load_state_dict(
+    path: impl AsRef<std::path::Path>,
+    disable_mmap: Option<bool>,
+) -> Result<StateDict> {
+    let loader = Loader::new();
+    match disable_mmap {
+        Some(disable) => loader.disable_mmap(disable),
+        None => loader,
+    }
+    .load(path)
+}
+
+/// What this build reads beyond local paths: the extras its cargo features
+/// compile in, which [`Loader`] and [`Checkpoint`] resolve addresses with.
+pub mod extras {
+    pub use safeload_core::extras::{Extras, NoExtras};
+
+    /// The extras of this build: with the feature `remote`, the object stores
+    /// and the Hugging Face hub, through their caches; none without.
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct Builtin;
+
+    impl Extras for Builtin {
+        fn resolve(
+            &self,
+            address: &str,
+            caching: safeload_core::extras::Caching<'_>,
+        ) -> Option<safeload_core::Result<safeload_core::extras::Resolution>> {
+            #[cfg(feature = "remote")]
+            return safeload_core::RemoteExtras.resolve(address, caching);
+            #[cfg(not(feature = "remote"))]
+            {
+                let _ = (address, caching);
+                None
+            }
+        }
+    }
+}
+
+/// Tensors as candle tensors, a lazy `VarBuilder` over a checkpoint, and a
+/// sharded one for tensor parallelism (feature `candle`): see
+/// [`var_builder`](candle::var_builder), and [`Tensor::to_candle`] for one
+/// tensor.
 #[cfg(feature = "candle")]
-pub use safeload_core::candle;
+pub mod candle {
+    pub use safeload_core::candle::{
+        ShardedCheckpoint, sharded_var_builder_from, var_builder_from,
+    };
+
+    /// A candle `VarBuilder` over the checkpoint at `path` (or, feature
+    /// `remote`, the address of one), opened from its headers alone: the
+    /// one-liner for an engine built on candle.
+    ///
+    /// ```no_run
+    /// # fn main() -> candle_core::Result<()> {
+    /// use candle_core::{DType, Device};
+    ///
+    /// let vb = safeload::candle::var_builder("path/to/checkpoint", DType::BF16, &Device::Cpu)?;
+    /// let proj = candle_nn::linear(1024, 1024, vb.pp("model.layers.0.mlp.up_proj"))?;
+    /// # let _ = proj; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As `Checkpoint::open`.
+    pub fn var_builder(
+        path: impl AsRef<std::path::Path>,
+        dtype: candle_core::DType,
+        device: &candle_core::Device,
+    ) -> crate::Result<candle_nn::VarBuilder<'static>> {
+        safeload_core::candle::var_builder::<crate::extras::Builtin>(path, dtype, device)
+    }
+
+    /// A load to a GPU as candle tensors on `Device::Cuda` and a `VarBuilder`
+    /// over them (feature `candle-cuda`).
+    #[cfg(feature = "candle-cuda")]
+    pub mod cuda {
+        #[doc(inline)]
+        pub use safeload_core::candle::cuda::*;
+
+        /// A candle `VarBuilder` over the checkpoint at `path` (or, feature
+        /// `remote`, the address of one), loaded into `device`'s memory on
+        /// candle's stream ([`device`]) and handed over as
+        /// `DeviceTensors::into_candle` does: each file's main dtype as views
+        /// of its slab, the others copied on the GPU.
+        ///
+        /// # Errors
+        ///
+        /// As [`device`], `Loader::load_to_device` and
+        /// `DeviceTensors::into_candle`.
+        pub fn var_builder(
+            path: impl AsRef<std::path::Path>,
+            dtype: candle_core::DType,
+            device: &candle_core::Device,
+        ) -> candle_core::Result<candle_nn::VarBuilder<'static>> {
+            safeload_core::candle::cuda::var_builder::<crate::extras::Builtin>(path, dtype, device)
+        }
+    }
+}
 
 /// The crate's errors: [`Error`], what went wrong ([`ErrorKind`]), what an
 /// I/O call that failed was doing ([`Operation`](error::Operation)), and why a

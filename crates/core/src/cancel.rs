@@ -1,6 +1,6 @@
 //! Stopping a load early: the flags that cancel it, the scope that lets the read engine's queue see them, and the one error a cancelled load ends with.
 //!
-//! A load is cancelled by the caller's flag ([`Loader::cancel_on`](crate::Loader::cancel_on))
+//! A load is cancelled by the caller's flag (`Loader::cancel_on`)
 //! or, for an async load, by its future being dropped (`load/future.rs`). The flags are
 //! checked where a load can stop cheaply: when it starts, between opening its files and
 //! reading them, by every reader of the job queue before it takes its next job

@@ -30,7 +30,7 @@
 //! | `F8_E5M2`, the FNUZ F8 types, `C64` | an error ([`ErrorKind::UnsupportedConversion`]); ask for a float dtype with [`to_candle_as`](crate::Tensor::to_candle_as) to convert them |
 //!
 //! A float tensor asked for as F32, F16 or BF16 is converted by safeload's
-//! own conversion (round to nearest even, as [`Loader::dtype`](crate::Loader::dtype)),
+//! own conversion (round to nearest even, as `Loader::dtype`),
 //! straight into candle's storage: one copy.
 
 use std::sync::Mutex;
@@ -95,7 +95,7 @@ fn safeload_target(dtype: DType) -> Option<Dtype> {
 
 impl Tensor {
     /// This tensor as a candle tensor on `device`, in the candle dtype of
-    /// its own (see the [table](crate::candle#dtypes)): one copy into
+    /// its own (see the table): one copy into
     /// candle's storage.
     ///
     /// # Errors
@@ -370,26 +370,33 @@ impl candle_nn::var_builder::SimpleBackend for CheckpointBackend {
 ///
 /// # Errors
 ///
-/// As [`Checkpoint::open`].
-pub fn var_builder(
+/// As `Checkpoint::open`.
+///
+/// `X` is what the checkpoint is read with beyond local paths (the facade's
+/// `safeload::candle::var_builder` names its own).
+pub fn var_builder<X: crate::extras::Extras + Default + 'static>(
     path: impl AsRef<std::path::Path>,
     dtype: DType,
     device: &Device,
 ) -> Result<candle_nn::VarBuilder<'static>> {
-    Ok(var_builder_from(Checkpoint::open(path)?, dtype, device))
+    Ok(var_builder_from(
+        Checkpoint::<X>::open(path)?,
+        dtype,
+        device,
+    ))
 }
 
 /// A candle `VarBuilder` over a checkpoint already opened, with the options
-/// of the [`Loader`](crate::Loader) that opened it
+/// of the `Loader` that opened it
 /// (`Loader::new().disable_mmap(true).open(path)` reads every tensor with
 /// positional reads, for instance).
-pub fn var_builder_from(
-    checkpoint: Checkpoint,
+pub fn var_builder_from<X>(
+    checkpoint: Checkpoint<X>,
     dtype: DType,
     device: &Device,
 ) -> candle_nn::VarBuilder<'static> {
     candle_nn::VarBuilder::from_backend(
-        Box::new(CheckpointBackend::new(checkpoint)),
+        Box::new(CheckpointBackend::new(checkpoint.plain())),
         dtype,
         device.clone(),
     )
@@ -397,7 +404,7 @@ pub fn var_builder_from(
 
 /// A candle backend for tensor parallelism over an opened checkpoint: each
 /// tensor asked for with a [`Shard`](https://docs.rs/candle-nn/0.11/candle_nn/var_builder/struct.Shard.html) hint is
-/// read as [`Checkpoint::shard`] reads it (only the rank's bytes); split as
+/// read as `Checkpoint::shard` reads it (only the rank's bytes); split as
 /// `torch.tensor_split` does, so a dimension need not divide evenly.
 #[derive(Debug, Clone)]
 pub struct ShardedCheckpoint {
@@ -441,7 +448,7 @@ impl candle_nn::var_builder::Backend for ShardedCheckpoint {
 
 /// A `VarBuilder` over a checkpoint already opened whose hints are the
 /// rank's [`Shard`](https://docs.rs/candle-nn/0.11/candle_nn/var_builder/struct.Shard.html):
-/// each tensor asked for with one is read as [`Checkpoint::shard`] reads it.
+/// each tensor asked for with one is read as `Checkpoint::shard` reads it.
 ///
 /// ```no_run
 /// # fn main() -> candle_core::Result<()> {
@@ -451,13 +458,13 @@ impl candle_nn::var_builder::Backend for ShardedCheckpoint {
 /// let vb = safeload::candle::sharded_var_builder_from(checkpoint, DType::BF16, &Device::Cpu);
 /// # Ok(()) }
 /// ```
-pub fn sharded_var_builder_from(
-    checkpoint: Checkpoint,
+pub fn sharded_var_builder_from<X>(
+    checkpoint: Checkpoint<X>,
     dtype: DType,
     device: &Device,
 ) -> candle_nn::var_builder::VarBuilderArgs<'static, ShardedCheckpoint> {
     let backend = ShardedCheckpoint {
-        inner: CheckpointBackend::new(checkpoint),
+        inner: CheckpointBackend::new(checkpoint.plain()),
     };
     candle_nn::var_builder::VarBuilderArgs::new_with_args(backend, dtype, device)
 }

@@ -357,7 +357,7 @@ pub enum ErrorKind {
         to: Dtype,
     },
     /// A file's SHA-256 is not the one it must have (the name of its
-    /// Hugging Face cache blob, or [`Loader::expect_sha256`](crate::Loader::expect_sha256)):
+    /// Hugging Face cache blob, or `Loader::expect_sha256`):
     /// corrupt, truncated and regrown, or another file.
     #[error("SHA-256 mismatch: expected {expected}, the file has {actual}")]
     IntegrityMismatch {
@@ -366,7 +366,7 @@ pub enum ErrorKind {
         /// The digest of its bytes, in hex.
         actual: String,
     },
-    /// A digest given to [`Loader::expect_sha256`](crate::Loader::expect_sha256)
+    /// A digest given to `Loader::expect_sha256`
     /// is not 64 hex digits.
     #[error("expected SHA-256 {digest:?} of {file:?} is not 64 hex digits")]
     InvalidDigest {
@@ -427,8 +427,8 @@ pub enum ErrorKind {
         reason: String,
     },
     /// The load was cancelled: its flag
-    /// ([`Loader::cancel_on`](crate::Loader::cancel_on)) was set, or its
-    /// future ([`Loader::load_async`](crate::Loader::load_async)) dropped.
+    /// (`Loader::cancel_on`) was set, or its
+    /// future (`Loader::load_async`) dropped.
     /// The path is the checkpoint's.
     #[error("the load was cancelled")]
     Cancelled,

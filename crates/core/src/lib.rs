@@ -29,6 +29,7 @@ pub mod demo;
 mod dest;
 mod error;
 mod execute;
+pub mod extras;
 mod file;
 mod format;
 mod jobs;
@@ -58,7 +59,7 @@ mod workers;
 use std::path::Path;
 
 #[cfg(feature = "remote")]
-pub use cache::{hub_cache, hub_cache_prune, hub_cache_remove};
+pub use cache::{RemoteExtras, hub_cache, hub_cache_prune, hub_cache_remove};
 pub use checkpoint::{Checkpoint, TensorInfo};
 pub use dest::device;
 pub use dest::pages::HugePages;
@@ -117,7 +118,7 @@ pub use prefetch::PrefetchOptions;
 /// ([`Error::is_corrupt`]), a failed read, or a buffered load that does not
 /// fit in memory ([`ErrorKind::InsufficientMemory`]); each names the file.
 pub fn load_state_dict(path: impl AsRef<Path>, disable_mmap: Option<bool>) -> Result<StateDict> {
-    Loader::new()
+    Loader::<extras::NoExtras>::new()
         .read_mode(ReadMode::from_disable_mmap(disable_mmap))
         .load(path)
 }
@@ -128,7 +129,11 @@ pub fn load_state_dict(path: impl AsRef<Path>, disable_mmap: Option<bool>) -> Re
 /// no-op off Linux.
 #[doc(hidden)]
 pub fn evict(path: impl AsRef<Path>) -> Result<()> {
-    let checkpoint = resolve::resolve(path.as_ref(), resolve::Caching::default())?;
+    let checkpoint = resolve::resolve(
+        path.as_ref(),
+        resolve::Caching::default(),
+        &extras::NoExtras,
+    )?;
     let shards = checkpoint
         .shards
         .iter()

@@ -42,6 +42,9 @@ pub(crate) struct Options {
     pub hub_cache: Option<bool>,
     /// The cache directory of other stores (`Loader::cache_dir`).
     pub cache_dir: Option<std::path::PathBuf>,
+    /// What resolves an address that is not a local path (the loader's type
+    /// of extras).
+    pub extras: crate::extras::Installed,
     /// The staging ring of a load to a device: its buffers and their size
     /// (`Loader::staging`).
     pub staging: Option<(usize, usize)>,
@@ -72,6 +75,7 @@ impl fmt::Debug for Options {
             .field("cancel", &self.cancel)
             .field("hub_cache", &self.hub_cache)
             .field("cache_dir", &self.cache_dir)
+            .field("extras", &self.extras)
             .field("staging", &self.staging)
             .finish_non_exhaustive()
     }

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// What a load has done so far, as [`Loader::on_progress`](crate::Loader::on_progress)
+/// What a load has done so far, as `Loader::on_progress`
 /// hands it to the caller.
 ///
 /// `bytes_*` count the bytes this phase reads (buffered files, converted
@@ -45,11 +45,11 @@ impl Progress {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Phase {
-    /// Warming the page cache ([`Loader::prefetch`](crate::Loader::prefetch)).
+    /// Warming the page cache (`Loader::prefetch`).
     Prefetch,
     /// Reading buffered files, converting, populating maps.
     Read,
-    /// Streaming tensors ([`Checkpoint::for_each`](crate::Checkpoint::for_each)).
+    /// Streaming tensors (`Checkpoint::for_each`).
     Stream,
 }
 

@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
+pub(crate) use crate::extras::Caching;
+use crate::extras::{Extras, Found, RemoteCheckpoint, Resolution};
 use crate::format::header::Header;
 use crate::format::index::{Index, is_plain_file_name, parse_index};
 use crate::format::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
@@ -38,25 +40,9 @@ pub(crate) struct Resolved {
     /// symlink on the way to it (`current -> snapshots/<rev>`) is flipped.
     /// `None` for a single file named by its own path.
     dir: Option<Arc<os::Dir>>,
-    /// A remote checkpoint's place (feature `remote`): its files are remote
-    /// objects, or files of its cache, opened through it.
-    #[cfg(feature = "remote")]
-    remote: Option<Arc<crate::cache::Remote>>,
-}
-
-/// The caches a remote address goes through: the caller's choices
-/// (`Loader::hub_cache`, `Loader::cache_dir`), over the environment's
-/// (`SAFELOAD_HUB_CACHE`, `SAFELOAD_CACHE_DIR`).
-#[derive(Debug, Clone, Copy, Default)]
-#[cfg_attr(not(feature = "remote"), allow(dead_code))]
-pub(crate) struct Caching<'a> {
-    /// Whether `hf://` goes through the hub cache.
-    pub hub: Option<bool>,
-    /// The cache directory of other stores.
-    pub dir: Option<&'a Path>,
-    /// Whether the load checks SHA-256 digests: a hub cache's snapshot file that is no
-    /// link to a blob named by its digest then needs the hub's.
-    pub verify: bool,
+    /// A remote checkpoint's place (the load's extras resolved it): its
+    /// files are opened through it.
+    remote: Option<Arc<dyn RemoteCheckpoint>>,
 }
 
 /// Whether `path` is a remote address (`s3://`, `gs://`, `az://`,
@@ -75,11 +61,11 @@ pub(crate) fn is_remote(path: &Path) -> bool {
 }
 
 /// Resolves `path` (a `.safetensors` file, an index, or a directory holding one
-/// of them, or a remote address through `caching`) into the shard files to
-/// load.
-pub(crate) fn resolve(path: &Path, caching: Caching<'_>) -> Result<Resolved> {
+/// of them, or a remote address that `extras` read, through `caching`) into
+/// the shard files to load.
+pub(crate) fn resolve(path: &Path, caching: Caching<'_>, extras: &dyn Extras) -> Result<Resolved> {
     if is_remote(path) {
-        return resolve_remote(path, caching);
+        return resolve_remote(path, caching, extras);
     }
     let meta = fs::metadata(path).map_err(|e| Error::io(Operation::Stat, path, None, e))?;
     if meta.is_dir() {
@@ -106,7 +92,6 @@ pub(crate) fn resolve(path: &Path, caching: Caching<'_>) -> Result<Resolved> {
         index: None,
         index_path: None,
         dir: None,
-        #[cfg(feature = "remote")]
         remote: None,
     })
 }
@@ -163,7 +148,6 @@ fn single_in(path: &Path, dir: Arc<os::Dir>, name: &str) -> Resolved {
         index: None,
         index_path: None,
         dir: Some(dir),
-        #[cfg(feature = "remote")]
         remote: None,
     }
 }
@@ -180,7 +164,6 @@ fn resolve_index(dir_path: &Path, dir: Arc<os::Dir>, name: &str) -> Result<Resol
         index: Some(index),
         index_path: Some(index_path),
         dir: Some(dir),
-        #[cfg(feature = "remote")]
         remote: None,
     })
 }
@@ -227,15 +210,21 @@ fn index_shards(
     Ok((index, shards))
 }
 
-/// A remote address resolved (feature `remote`), through its cache: the
-/// file it names, else `model.safetensors`, else
-/// `model.safetensors.index.json` under it.
-#[cfg(feature = "remote")]
-fn resolve_remote(path: &Path, caching: Caching<'_>) -> Result<Resolved> {
-    use crate::remote::checkpoint::Found;
+/// A remote address resolved by the load's `extras`: the file it names,
+/// else `model.safetensors`, else `model.safetensors.index.json` under it; an
+/// error where they read no such address.
+fn resolve_remote(path: &Path, caching: Caching<'_>, extras: &dyn Extras) -> Result<Resolved> {
     let text = path.to_str().unwrap_or_default();
-    let (checkpoint, found) =
-        crate::cache::resolve(text, caching.hub, caching.dir, caching.verify)?;
+    let Some(resolution) = extras.resolve(text, caching) else {
+        return Err(Error::remote_failed(
+            Operation::Open,
+            path,
+            None,
+            crate::error::RemoteFailure::Unsupported,
+            "remote checkpoints need safeload's cargo feature `remote`",
+        ));
+    };
+    let Resolution { checkpoint, found } = resolution?;
     let (shards, index, index_path) = match found {
         Found::Single(name) => {
             let path = checkpoint.shown(&name);
@@ -252,27 +241,14 @@ fn resolve_remote(path: &Path, caching: Caching<'_>) -> Result<Resolved> {
         index,
         index_path,
         dir: None,
-        remote: Some(Arc::new(checkpoint)),
+        remote: Some(checkpoint),
     })
 }
 
-/// A remote address given to a build without the feature `remote`.
-#[cfg(not(feature = "remote"))]
-fn resolve_remote(path: &Path, _caching: Caching<'_>) -> Result<Resolved> {
-    Err(Error::remote_failed(
-        Operation::Open,
-        path,
-        None,
-        crate::error::RemoteFailure::Unsupported,
-        "remote checkpoints need safeload's cargo feature `remote`",
-    ))
-}
-
 impl Resolved {
-    /// The remote checkpoint its files are objects of (or files of its
-    /// cache), for a remote address.
-    #[cfg(feature = "remote")]
-    pub(crate) fn remote(&self) -> Option<&crate::cache::Remote> {
+    /// The remote checkpoint its files are opened through, for a remote
+    /// address.
+    pub(crate) fn remote(&self) -> Option<&dyn RemoteCheckpoint> {
         self.remote.as_deref()
     }
 
@@ -280,19 +256,15 @@ impl Resolved {
     /// (`hf://...?with=`): each name's path in the hub cache's snapshot, or
     /// `None` where the repository has none.
     pub(crate) fn extra_files(&self) -> std::collections::BTreeMap<String, Option<PathBuf>> {
-        #[cfg(feature = "remote")]
-        if let Some(remote) = &self.remote {
-            return remote.extra_files().clone();
-        }
-        std::collections::BTreeMap::new()
+        self.remote
+            .as_ref()
+            .map(|remote| remote.extra_files())
+            .unwrap_or_default()
     }
 
     /// Whether its files are remote objects.
     pub(crate) fn is_remote(&self) -> bool {
-        #[cfg(feature = "remote")]
-        return self.remote.is_some();
-        #[cfg(not(feature = "remote"))]
-        false
+        self.remote.is_some()
     }
 
     /// Opens a shard for reading: through the checkpoint directory opened at
@@ -424,7 +396,8 @@ mod tests {
     #[test]
     fn an_address_without_the_remote_feature_says_so() {
         for url in ["s3://bucket/model", "hf://org/repo", "https://host/m/"] {
-            let e = resolve(Path::new(url), Caching::default()).unwrap_err();
+            let e =
+                resolve(Path::new(url), Caching::default(), &crate::extras::NoExtras).unwrap_err();
             assert!(matches!(e.kind(), ErrorKind::Remote { .. }), "{e}");
             assert!(e.to_string().contains("feature `remote`"), "{e}");
             assert_eq!(e.path(), Some(Path::new(url)));

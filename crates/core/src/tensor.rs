@@ -231,7 +231,7 @@ impl Tensor {
     }
 
     /// The tensor converted to `dtype`, into an allocation of its own, with
-    /// the rules of [`Loader::dtype`](crate::Loader::dtype) (round to nearest
+    /// the rules of `Loader::dtype` (round to nearest
     /// even, overflow to infinity, NaN kept, F64 through F32). The same dtype
     /// is a clone (no copy).
     ///

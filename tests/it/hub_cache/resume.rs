@@ -14,6 +14,8 @@ use super::*;
 
 /// A partial file's piece (`src/cache/partial.rs`).
 pub(super) const PIECE: u64 = 1 << 20;
+/// The reads a remote load keeps in flight at most (`policy/reads.rs`, `REMOTE_READERS`).
+const READS: u64 = 16;
 /// A record's header and entry sizes.
 const RECORD_HEADER: u64 = 24;
 const RECORD_ENTRY: u64 = 24;
@@ -132,9 +134,13 @@ pub(super) fn resumed(report: &Report, name: &str) -> u64 {
 }
 
 /// Asserts a restart after a kill at `killed_at` of `total` fetched at most the rest, 5 %
-/// of the whole and a piece per file (and the open's header reads, `headers` of them).
+/// of the whole and a piece per read in flight (and the open's header reads, `headers` of
+/// them).
 fn assert_fetched_the_rest(sent: u64, killed_at: u64, total: u64, headers: u64) {
-    let bound = (total - killed_at.min(total)) + total / 20 + 3 * PIECE + headers * (64 << 10);
+    // What the kill cost: the bytes sent but not yet landed (in the sockets' buffers), and
+    // the unfinished piece at the frontier of each read in flight (a remote load keeps up to
+    // 16 in flight, `policy::reads`): 5 % of the checkpoint, and a piece per read.
+    let bound = (total - killed_at.min(total)) + total / 20 + READS * PIECE + headers * (64 << 10);
     assert!(
         sent <= bound,
         "the restart fetched {sent} bytes of {total} after a kill at {killed_at} (bound {bound})"

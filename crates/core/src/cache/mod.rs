@@ -34,6 +34,7 @@
 mod check;
 mod clean;
 mod extra;
+mod extras;
 mod heartbeat;
 mod hits;
 mod hub;
@@ -63,6 +64,7 @@ use crate::source::{NotCached, Source};
 
 use check::Check;
 pub use clean::{hub_cache_prune, hub_cache_remove};
+pub use extras::RemoteExtras;
 use hits::{HitOf, blob_name, hit_of, read_index};
 use hub::{Cached, HubTarget, RepoView, RepoWriter};
 pub use list::hub_cache;
@@ -367,12 +369,6 @@ impl Remote {
             hits: Mutex::new(HashMap::new()),
             extra: BTreeMap::new(),
         }
-    }
-
-    /// The repository's other files brought beside the weights
-    /// (`hf://...?with=`), by name.
-    pub(crate) fn extra_files(&self) -> &BTreeMap<String, Option<PathBuf>> {
-        &self.extra
     }
 
     fn hits(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cached>> {

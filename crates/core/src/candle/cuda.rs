@@ -28,7 +28,7 @@
 //! them); a tensor of another dtype in the same file (a norm in F32 beside
 //! BF16 weights, an I64 buffer) is copied, device to device, into memory of
 //! its own, and its bytes in the slab stay unused while the slab lives.
-//! Loading with [`Loader::dtype`] makes a file's floating tensors one
+//! Loading with `Loader::dtype` makes a file's floating tensors one
 //! dtype. Where something else still holds a tensor of the file (a clone of
 //! a [`DeviceTensor`]), its slab cannot be handed over, and every tensor of
 //! it is copied.
@@ -36,9 +36,8 @@
 //! A tensor's dtype must be one candle holds with the same bytes: `BOOL` (as
 //! `U8`), `U8`, `U32`, `I16`, `I32`, `I64`, `F16`, `BF16`, `F32`, `F64`.
 //! The others are an error naming the tensor: convert them on the way
-//! ([`Loader::dtype`], for floats), or load them on the host
-//! ([`var_builder`](crate::candle::var_builder), which widens `I8`, `U16`,
-//! `U64`).
+//! (`Loader::dtype`, for floats), or load them on the host
+//! (`safeload::candle::var_builder`, which widens `I8`, `U16`, `U64`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -51,6 +50,7 @@ use cudarc::driver::CudaSlice;
 use safetensors::Dtype;
 
 use crate::dest::device::{Cuda, CudaSlab, DeviceTensor, DeviceTensors};
+use crate::extras::Extras;
 use crate::load::Loader;
 
 /// The device a load for candle's `device` goes to: safeload's [`Cuda`] on
@@ -67,33 +67,36 @@ pub fn device(device: &Device) -> candle_core::Result<Cuda> {
 }
 
 /// A candle `VarBuilder` over the checkpoint at `path`, loaded into
-/// `device`'s memory ([`Loader::load_to_device`] with the default options,
-/// on candle's stream) and handed over as
-/// [`DeviceTensors::into_candle`] does.
+/// `device`'s memory (`Loader::load_to_device` with the default options,
+/// on candle's stream) and handed over as `DeviceTensors::into_candle`
+/// does.
 ///
 /// # Errors
 ///
-/// As [`device`], [`Loader::load_to_device`] (wrapped in candle's error)
-/// and [`DeviceTensors::into_candle`].
-pub fn var_builder(
+/// As [`device`], `Loader::load_to_device` (wrapped in candle's error)
+/// and `DeviceTensors::into_candle`.
+///
+/// `X` is what the checkpoint is read with beyond local paths (the facade's
+/// `safeload::candle::cuda::var_builder` names its own).
+pub fn var_builder<X: Extras + Default + 'static>(
     path: impl AsRef<Path>,
     dtype: DType,
     device: &Device,
 ) -> candle_core::Result<candle_nn::VarBuilder<'static>> {
-    let loaded = Loader::new().load_to_device(path, &self::device(device)?)?;
+    let loaded = Loader::<X>::new().load_to_device(path, &self::device(device)?)?;
     var_builder_from(loaded, dtype, device)
 }
 
 /// A candle `VarBuilder` over tensors a load placed on `device` (on a
 /// [`Cuda`] of `device`'s GPU; [`device`] gives the one on candle's
 /// stream). A tensor asked for in another dtype than its own is converted
-/// by candle, on the GPU; [`Loader::dtype`] converts in the staging buffers
-/// instead. A rank's part ([`Checkpoint::to_device_parts`](crate::Checkpoint::to_device_parts))
-/// is asked for by its own shape, with no hint.
+/// by candle, on the GPU; `Loader::dtype` converts in the staging buffers
+/// instead. A rank's part (`Checkpoint::to_device_parts`) is asked for by
+/// its own shape, with no hint.
 ///
 /// # Errors
 ///
-/// As [`DeviceTensors::into_candle`].
+/// As `DeviceTensors::into_candle`.
 pub fn var_builder_from(
     loaded: DeviceTensors<Cuda>,
     dtype: DType,

@@ -10,13 +10,13 @@ use crate::execute::device::{self, FileRequest, Placed};
 use crate::plan::device::{SourceRun, Wanted};
 use crate::slice::SlicePlan;
 
-impl Checkpoint {
+impl<X> Checkpoint<X> {
     /// Places every tensor in `device`'s memory: one slab per file, each
     /// tensor a view of it (at a multiple of the device's alignment), with
     /// no copy of the checkpoint in host memory.
     ///
     /// The crate's readers fill a small ring of staging buffers
-    /// ([`Loader::staging`](crate::Loader::staging): by default 4 of 32 MiB,
+    /// (`Loader::staging`: by default 4 of 32 MiB,
     /// pinned memory on a GPU) in file order, each with up to one buffer of
     /// a file's tensors as they lie on the device, and hand each filled
     /// buffer to the device's asynchronous copy; reads and copies overlap,
@@ -24,7 +24,7 @@ impl Checkpoint {
     /// read with positional reads (FUSE, a network mount, direct I/O, a
     /// remote object, a cache) is read straight into the ring; a mapped one
     /// is copied from its map by the readers, its pages let go of as they
-    /// are copied. With [`Loader::dtype`](crate::Loader::dtype), floating
+    /// are copied. With `Loader::dtype`, floating
     /// tensors are converted in the staging buffers; the options' filter
     /// leaves tensors out. The report says, per file, how its bytes went,
     /// in how many copies, how fast ([`DeviceTensors::report`]).
@@ -52,7 +52,7 @@ impl Checkpoint {
     ///
     /// A read's error, naming the file and offset; the device's, where it
     /// cannot allocate or a copy fails, naming the file; [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled)
-    /// where the loader's [`cancel_on`](crate::Loader::cancel_on) flag is set
+    /// where the loader's `cancel_on` flag is set
     /// during the load. Whatever the error, every copy in flight has
     /// completed or failed before it returns, and every slab and staging
     /// buffer is dropped.

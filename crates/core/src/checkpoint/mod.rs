@@ -5,6 +5,7 @@ mod read;
 mod stream;
 
 use std::collections::{BTreeMap, HashMap};
+use std::marker::PhantomData;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use safetensors::Dtype;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::execute::Run;
+use crate::extras::{Extras, Installed, NoExtras};
 use crate::file::{self, OpenedFile};
 use crate::options::Options;
 use crate::policy::Environment;
@@ -28,7 +30,7 @@ use crate::state_dict::StateDict;
 /// Opening reads each file's header (and maps the files the policy maps,
 /// which reads nothing), so a checkpoint of hundreds of GiB opens in
 /// milliseconds. Reads follow the same rules per file as
-/// [`Loader::load`](crate::Loader::load): a mapped file hands out views of
+/// `Loader::load`: a mapped file hands out views of
 /// its map, a file that must not be mapped (FUSE, `disable_mmap(true)`) is
 /// read with positional reads of exactly the bytes asked for.
 ///
@@ -54,9 +56,20 @@ use crate::state_dict::StateDict;
 ///
 /// A `Checkpoint` is `Send + Sync` and cheap to clone (its state is shared):
 /// threads of an engine can read from one at once.
-#[derive(Clone)]
-pub struct Checkpoint {
+///
+/// `X` is what it reads beyond local paths, as for `Loader`.
+pub struct Checkpoint<X = NoExtras> {
     inner: Arc<Inner>,
+    extras: PhantomData<fn() -> X>,
+}
+
+impl<X> Clone for Checkpoint<X> {
+    fn clone(&self) -> Self {
+        Checkpoint {
+            inner: Arc::clone(&self.inner),
+            extras: PhantomData,
+        }
+    }
 }
 
 struct Inner {
@@ -127,14 +140,14 @@ impl TensorInfo {
     }
 
     /// Whether its dtype is a floating-point type (what
-    /// [`Loader::dtype`](crate::Loader::dtype) converts, and the F8, F6, F4
+    /// `Loader::dtype` converts, and the F8, F6, F4
     /// and complex types it leaves as they are).
     pub fn is_float(&self) -> bool {
         crate::format::is_float(self.dtype)
     }
 
     /// The range of dimension `dim` that
-    /// [`Checkpoint::shard(name, dim, rank, world)`](Checkpoint::shard)
+    /// `Checkpoint::shard(name, dim, rank, world)`
     /// returns, split as `torch.tensor_split` does (the first `len % world`
     /// parts one longer); `None` where that call fails (`dim` out of range,
     /// `world == 0`, `rank >= world`).
@@ -162,7 +175,7 @@ impl TensorInfo {
     }
 }
 
-impl std::fmt::Debug for Checkpoint {
+impl<X> std::fmt::Debug for Checkpoint<X> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Checkpoint")
             .field("path", &self.inner.path)
@@ -172,7 +185,7 @@ impl std::fmt::Debug for Checkpoint {
     }
 }
 
-impl Checkpoint {
+impl<X: Extras + Default + 'static> Checkpoint<X> {
     /// Opens the checkpoint at `path` (a `.safetensors` file, an index, or a
     /// directory holding one) with the default options: the same as
     /// `Loader::new().open(path)`. Resolves it with the same rules and checks
@@ -180,15 +193,31 @@ impl Checkpoint {
     ///
     /// # Errors
     ///
-    /// As [`Loader::load`](crate::Loader::load) for resolving the files and
+    /// As `Loader::load` for resolving the files and
     /// reading their headers.
-    pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
-        open_with(Options::default(), path.as_ref())
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let opts = Options {
+            extras: Installed(Arc::new(X::default())),
+            ..Options::default()
+        };
+        open_with(opts, path.as_ref())
+    }
+}
+
+impl<X> Checkpoint<X> {
+    /// The same checkpoint, its type of extras left behind: they resolve an
+    /// address, which an opened checkpoint is past.
+    #[cfg_attr(not(feature = "candle"), allow(dead_code))]
+    pub(crate) fn plain(self) -> Checkpoint {
+        Checkpoint {
+            inner: self.inner,
+            extras: PhantomData,
+        }
     }
 
     /// Loads the tensors whose name passes `keep` from this opened
     /// checkpoint, through the parallel read engine, with the options it was
-    /// opened with: the same as a [`Loader::load`](crate::Loader::load) with
+    /// opened with: the same as a `Loader::load` with
     /// a filter, without opening or parsing anything again. Files that hold
     /// none of them are not read.
     ///
@@ -206,7 +235,7 @@ impl Checkpoint {
     ///
     /// # Errors
     ///
-    /// As [`Loader::load`](crate::Loader::load).
+    /// As `Loader::load`.
     pub fn load_filtered(&self, keep: impl Fn(&str) -> bool + Send + Sync) -> Result<StateDict> {
         let inner = &*self.inner;
         let files: Vec<(&OpenedFile, u64)> = inner
@@ -364,7 +393,7 @@ fn catalogue(files: &[OpenedFile]) -> Catalogue {
 
 /// Opens the checkpoint at `path` from its headers alone, with `opts`: the
 /// one open path (`file::open_all`), every file kept open.
-pub(crate) fn open_with(opts: Options, path: &Path) -> Result<Checkpoint> {
+pub(crate) fn open_with<X>(opts: Options, path: &Path) -> Result<Checkpoint<X>> {
     let clock = Instant::now();
     let env = Environment::from_process();
     // An open reads headers, and verifies nothing.
@@ -373,7 +402,7 @@ pub(crate) fn open_with(opts: Options, path: &Path) -> Result<Checkpoint> {
         dir: opts.cache_dir.as_deref(),
         verify: false,
     };
-    let resolved = resolve::resolve(path, caching)?;
+    let resolved = resolve::resolve(path, caching, &*opts.extras)?;
     let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
     let (files, mut notes) = file::open_all(&opts, &resolved, &shards, &env, clock)?;
     notes.extend(file::fetched_whole(&files));
@@ -385,6 +414,7 @@ pub(crate) fn open_with(opts: Options, path: &Path) -> Result<Checkpoint> {
     let mut report = opening_report(&files, notes, clock.elapsed());
     report.extra_files = resolved.extra_files();
     Ok(Checkpoint {
+        extras: PhantomData,
         inner: Arc::new(Inner {
             opts,
             env,

@@ -15,7 +15,7 @@ use crate::slice::{MERGE_GAP, SlicePlan};
 use crate::storage::{Buffer, Storage};
 use crate::tensor::Tensor;
 
-impl Checkpoint {
+impl<X> Checkpoint<X> {
     /// A sub-block of `name`: one range per leading dimension, the trailing
     /// dimensions whole; `&[]` is the whole tensor. The result's shape is
     /// the ranges' lengths (then the whole dimensions), its bytes contiguous,

@@ -15,7 +15,7 @@ use crate::workers;
 /// shows it.
 const READER_NAME: &str = "safeload-stream";
 
-impl Checkpoint {
+impl<X> Checkpoint<X> {
     /// Hands every tensor to `f`, in the order of [`tensors`](Self::tensors),
     /// while reader threads read ahead, holding at most
     /// `max_bytes_in_flight` bytes at once: a checkpoint larger than memory
@@ -80,7 +80,7 @@ impl Checkpoint {
     ///
     /// # Threads
     ///
-    /// [`Loader::io_concurrency`](crate::Loader::io_concurrency) readers
+    /// `Loader::io_concurrency` readers
     /// (default 8, 12 when a file is on FUSE; never more than the tensors),
     /// threads of the crate's own named `safeload-stream`, never the
     /// caller's rayon pool. Where the OS refuses them, the calling thread
@@ -165,8 +165,8 @@ impl Checkpoint {
 
 /// Streams `ck` to `f` with `readers` reader threads asked for (0: the
 /// calling thread reads everything).
-fn stream<E: From<Error>>(
-    ck: &Checkpoint,
+fn stream<X, E: From<Error>>(
+    ck: &Checkpoint<X>,
     cap: u64,
     readers: usize,
     mut f: impl FnMut(Tensor) -> Result<(), E>,
@@ -238,7 +238,7 @@ fn stream<E: From<Error>>(
 /// touched stay resident in the process (`RssFile`, proc(5)) until the whole
 /// file is unmapped, and the file's one map is shared by all its tensors,
 /// so dropping a view would give nothing back.
-fn read_owned(ck: &Checkpoint, info: &TensorInfo, lease: Lease) -> Result<Tensor> {
+fn read_owned<X>(ck: &Checkpoint<X>, info: &TensorInfo, lease: Lease) -> Result<Tensor> {
     read_whole(ck.file_of(info)?, info, Some(Box::new(lease)))
 }
 
@@ -528,7 +528,12 @@ mod tests {
             .collect();
         let path = dir.join("model.safetensors");
         safetensors::serialize_to_file(views, None, &path).unwrap();
-        (crate::Loader::new().open(&path).unwrap(), data)
+        (
+            crate::Loader::<crate::extras::NoExtras>::new()
+                .open(&path)
+                .unwrap(),
+            data,
+        )
     }
 
     #[test]

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use super::{Exchange, ExchangeError, ExchangeErrorKind};
 
 /// The nodes of a job, as an engine's own communicator joins them, for a load whose nodes
-/// read each byte once between them ([`Loader::exchange`](../struct.Loader.html#method.exchange)).
+/// read each byte once between them (`Loader::exchange`).
 ///
 /// Give it to every process of the job: the node's local rank 0 (the launcher's
-/// `LOCAL_RANK`, or [`Loader::local_rank`](../struct.Loader.html#method.local_rank)) is the node's
+/// `LOCAL_RANK`, or `Loader::local_rank`) is the node's
 /// participant and the only one that calls it; each node then reads its share of the
 /// checkpoint's buffered files from storage, and receives the rest through
 /// [`broadcast`](Self::broadcast), each range checked against the SHA-256 its reader

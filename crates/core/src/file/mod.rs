@@ -193,7 +193,6 @@ fn open_any(
     resolved: &Resolved,
     table: Option<&MountTable>,
 ) -> Result<Arc<dyn Source>> {
-    #[cfg(feature = "remote")]
     if let Some(remote) = resolved.remote() {
         return remote.take(&shard.name, table);
     }

@@ -62,7 +62,7 @@ fn act() {
             }
         });
     }
-    match super::Loader::new().load(&path) {
+    match super::Loader::<crate::extras::NoExtras>::new().load(&path) {
         Ok(sd) => {
             println!("NODE {node} DIGEST {:016x}", digest(&sd));
             for note in &sd.report().notes {

@@ -6,10 +6,10 @@ use super::Loader;
 use crate::dest::device::{Device, DeviceTensors};
 use crate::error::Result;
 
-impl Loader {
+impl<X> Loader<X> {
     /// The staging ring of a load to a device
     /// ([`load_to_device`](Self::load_to_device),
-    /// [`Checkpoint::to_device`](crate::Checkpoint::to_device)): `buffers`
+    /// `Checkpoint::to_device`): `buffers`
     /// buffers of `bytes` each, the host memory such a load takes
     /// whatever the checkpoint's size (pinned memory on a GPU), and the
     /// most one copy moves. Default 4 of 32 MiB
@@ -17,14 +17,14 @@ impl Loader {
     /// [`device::STAGING_BYTES`](crate::device::STAGING_BYTES)); at least
     /// one buffer of 4 KiB. Two buffers already overlap reads with copies;
     /// more keep readers busy while copies queue.
-    pub fn staging(mut self, buffers: usize, bytes: usize) -> Loader {
+    pub fn staging(mut self, buffers: usize, bytes: usize) -> Self {
         self.opts.staging = Some((buffers, bytes));
         self
     }
 
     /// Loads the checkpoint at `path` into `device`'s memory: opens it
     /// ([`open`](Self::open)) and places every tensor the filter keeps
-    /// ([`Checkpoint::to_device`](crate::Checkpoint::to_device)), converted
+    /// (`Checkpoint::to_device`), converted
     /// where [`dtype`](Self::dtype) says, through the staging ring
     /// ([`staging`](Self::staging)); [`cancel_on`](Self::cancel_on) stops it.
     ///
@@ -50,7 +50,7 @@ impl Loader {
     /// # Errors
     ///
     /// As [`open`](Self::open), then as
-    /// [`Checkpoint::to_device`](crate::Checkpoint::to_device).
+    /// `Checkpoint::to_device`.
     pub fn load_to_device<D: Device>(
         &self,
         path: impl AsRef<Path>,

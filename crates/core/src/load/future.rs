@@ -18,7 +18,7 @@ use crate::state_dict::StateDict;
 use super::Loader;
 
 // The async forms of `Loader`'s entry points.
-impl Loader {
+impl<X: 'static> Loader<X> {
     /// [`load`](Self::load) as a future that never blocks the executor
     /// polling it: the load runs on threads of the crate's own (one named
     /// `safeload-async`, started at the first poll, and the readers a
@@ -80,7 +80,7 @@ impl Loader {
     pub fn open_async(
         &self,
         path: impl AsRef<Path>,
-    ) -> impl Future<Output = Result<Checkpoint>> + Send + 'static {
+    ) -> impl Future<Output = Result<Checkpoint<X>>> + Send + 'static {
         let path = path.as_ref().to_path_buf();
         let (loader, stop) = self.stopped_by_drop();
         InBackground::new(path.clone(), stop, move || loader.open(&path))
@@ -88,7 +88,7 @@ impl Loader {
 
     /// This loader, also cancelled by a flag of its own, and that flag (for
     /// the future of an async load to set when it is dropped).
-    fn stopped_by_drop(&self) -> (Loader, Arc<AtomicBool>) {
+    fn stopped_by_drop(&self) -> (Loader<X>, Arc<AtomicBool>) {
         let stop = Arc::new(AtomicBool::new(false));
         let mut loader = self.clone();
         loader.opts.cancel = std::mem::take(&mut loader.opts.cancel).with_drop(Arc::clone(&stop));

@@ -9,10 +9,12 @@ mod run;
 mod cluster;
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use crate::dest::pages::HugePages;
+use crate::extras::{Extras, Installed, NoExtras};
 use crate::mount::MountTable;
 use crate::options::Options;
 use crate::policy::ReadMode;
@@ -46,29 +48,59 @@ use safetensors::Dtype;
 /// [`io_concurrency`](Self::io_concurrency) reads are in flight. Where the OS
 /// refuses a thread, the threads that started (at least the calling one) do
 /// the work.
-#[derive(Clone, Default)]
-pub struct Loader {
+///
+/// # Extras
+///
+/// `X` is what it reads beyond local paths ([`Extras`]): the facade's
+/// `safeload::Loader` has the extras its cargo features build in (`hf://`,
+/// `s3://`, ... with `remote`); `safeload_core::Loader` alone has none.
+pub struct Loader<X = NoExtras> {
     opts: Options,
+    extras: PhantomData<fn() -> X>,
 }
 
-impl fmt::Debug for Loader {
+impl<X> Clone for Loader<X> {
+    fn clone(&self) -> Self {
+        Loader {
+            opts: self.opts.clone(),
+            extras: PhantomData,
+        }
+    }
+}
+
+impl<X: Extras + Default + 'static> Default for Loader<X> {
+    fn default() -> Self {
+        Loader::new()
+    }
+}
+
+impl<X> fmt::Debug for Loader<X> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("Loader").field(&self.opts).finish()
     }
 }
 
-impl Loader {
+impl<X: Extras + Default + 'static> Loader<X> {
     /// A loader with every option at its default: auto strategy, all
     /// tensors.
-    pub fn new() -> Loader {
-        Loader::default()
+    pub fn new() -> Self {
+        let opts = Options {
+            extras: Installed(Arc::new(X::default())),
+            ..Options::default()
+        };
+        Loader {
+            opts,
+            extras: PhantomData,
+        }
     }
+}
 
+impl<X> Loader<X> {
     /// `true` reads every file into memory ("buffered"); `false` maps every
     /// file. Unset, each file's strategy is decided from its filesystem (and
     /// the `SAFELOAD_DISABLE_MMAP` environment variable, which this call
     /// overrides).
-    pub fn disable_mmap(self, disable: bool) -> Loader {
+    pub fn disable_mmap(self, disable: bool) -> Self {
         self.read_mode(if disable {
             ReadMode::Buffered
         } else {
@@ -80,7 +112,7 @@ impl Loader {
     /// Sets the read mode. [`ReadMode::Auto`], the default, is the same as
     /// leaving it unset: `SAFELOAD_DISABLE_MMAP` is honoured, then each
     /// file's filesystem decides.
-    pub fn read_mode(mut self, mode: ReadMode) -> Loader {
+    pub fn read_mode(mut self, mode: ReadMode) -> Self {
         self.opts.mode = mode;
         self
     }
@@ -88,7 +120,7 @@ impl Loader {
     /// How many files are opened and parsed at once (default: the machine's
     /// parallelism, or the current rayon pool's size when called from inside
     /// one). Zero is taken as one.
-    pub fn threads(mut self, threads: usize) -> Loader {
+    pub fn threads(mut self, threads: usize) -> Self {
         self.opts.threads = Some(threads.max(1));
         self
     }
@@ -99,7 +131,7 @@ impl Loader {
     /// and doubles while throughput rises (up to 64), as the report says
     /// ([`LoadReport::io_concurrency_reason`](crate::LoadReport::io_concurrency_reason)).
     /// Zero is taken as one.
-    pub fn io_concurrency(mut self, readers: usize) -> Loader {
+    pub fn io_concurrency(mut self, readers: usize) -> Self {
         self.opts.io_concurrency = Some(readers.max(1));
         self
     }
@@ -107,7 +139,7 @@ impl Loader {
     /// The size of one read of a buffered file (default: 8 MiB); direct
     /// reads round it down to whole 4 KiB blocks. Values below 4 KiB are
     /// raised to it. (Prefetch cuts files into chunks of its own size, 8 MiB.)
-    pub fn read_size(mut self, bytes: usize) -> Loader {
+    pub fn read_size(mut self, bytes: usize) -> Self {
         self.opts.read_size = Some(bytes.max(4096));
         self
     }
@@ -115,7 +147,7 @@ impl Loader {
     /// Loads only the tensors whose name passes `keep`. A buffered load reads
     /// only their bytes; a sharded load opens only the shards the index says
     /// hold them.
-    pub fn filter(mut self, keep: impl Fn(&str) -> bool + Send + Sync + 'static) -> Loader {
+    pub fn filter(mut self, keep: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         self.opts.filter = Some(Arc::new(keep));
         self
     }
@@ -124,7 +156,7 @@ impl Loader {
     /// (`MADV_POPULATE_READ`, which reports an I/O error or a truncated file
     /// as an error instead of `SIGBUS`). Default `false`: mapped loads stay
     /// lazy, and pages arrive when tensors are first touched.
-    pub fn populate(mut self, populate: bool) -> Loader {
+    pub fn populate(mut self, populate: bool) -> Self {
         self.opts.populate = populate;
         self
     }
@@ -133,7 +165,7 @@ impl Loader {
     /// the default suits the filesystem (see the crate docs). Where a file or
     /// its filesystem refuses direct reads, plain reads are used. Direct reads
     /// apply to files read whole; a filtered or packed file is read plainly.
-    pub fn direct_io(mut self, direct: bool) -> Loader {
+    pub fn direct_io(mut self, direct: bool) -> Self {
         self.opts.direct_io = Some(direct);
         self
     }
@@ -148,7 +180,7 @@ impl Loader {
     /// them again). `On` always asks for them, `Off` never. The report says
     /// which were used and why
     /// ([`LoadReport::fresh_memory`](crate::LoadReport::fresh_memory)).
-    pub fn huge_pages(mut self, huge_pages: HugePages) -> Loader {
+    pub fn huge_pages(mut self, huge_pages: HugePages) -> Self {
         self.opts.huge_pages = huge_pages;
         self
     }
@@ -158,7 +190,7 @@ impl Loader {
     /// Where buffered files need more, files the auto policy would read are
     /// mapped instead, and an explicit `disable_mmap(true)` load fails with
     /// [`ErrorKind::InsufficientMemory`](crate::ErrorKind::InsufficientMemory).
-    pub fn memory_available(mut self, bytes: u64) -> Loader {
+    pub fn memory_available(mut self, bytes: u64) -> Self {
         self.opts.memory_available = Some(bytes);
         self
     }
@@ -171,7 +203,7 @@ impl Loader {
     /// read, and the memory guard caps what is warmed. The report says what
     /// it did ([`LoadReport::prefetch`](crate::LoadReport::prefetch)).
     /// [`warm`](Self::warm) does the same alone, without loading.
-    pub fn prefetch(mut self, streams: usize) -> Loader {
+    pub fn prefetch(mut self, streams: usize) -> Self {
         self.opts.prefetch = Some(
             self.opts
                 .prefetch
@@ -185,7 +217,7 @@ impl Loader {
     #[doc(hidden)]
     /// Prefetch as [`prefetch`](Self::prefetch), with every option of
     /// [`PrefetchOptions`].
-    pub fn prefetch_with(mut self, options: PrefetchOptions) -> Loader {
+    pub fn prefetch_with(mut self, options: PrefetchOptions) -> Self {
         self.opts.prefetch = Some(options);
         self
     }
@@ -198,7 +230,7 @@ impl Loader {
     /// `SAFELOAD_JOB_ID` where set, else the launcher's job id, else the
     /// parent process (the crate docs, "One job, one copy per node"); ranks
     /// started without a launcher by one parent are one job already.
-    pub fn local_rank(mut self, rank: usize, size: usize) -> Loader {
+    pub fn local_rank(mut self, rank: usize, size: usize) -> Self {
         self.opts.local_rank = Some((rank, size));
         self
     }
@@ -235,14 +267,14 @@ impl Loader {
     /// assert_eq!(sd.report().overflowed(), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn dtype(mut self, dtype: Dtype) -> Loader {
+    pub fn dtype(mut self, dtype: Dtype) -> Self {
         self.opts.dtype = Some(dtype);
         self
     }
 
     /// Calls `report` with the bytes and files done out of their totals as a
     /// load (or [`warm`](Self::warm), or
-    /// [`Checkpoint::for_each`](crate::Checkpoint::for_each)) goes on: for
+    /// `Checkpoint::for_each`) goes on: for
     /// buffered reads, conversions, populated maps, prefetch and streaming,
     /// at most about 20 times a second and once when a phase
     /// ends. From the threads doing the work: keep it short. Nothing is
@@ -266,7 +298,7 @@ impl Loader {
     /// assert_eq!((p.bytes_done, p.files_done), (p.bytes_total, 1));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn on_progress(mut self, report: impl Fn(&Progress) + Send + Sync + 'static) -> Loader {
+    pub fn on_progress(mut self, report: impl Fn(&Progress) + Send + Sync + 'static) -> Self {
         self.opts.progress = Some(Arc::new(report));
         self
     }
@@ -296,7 +328,7 @@ impl Loader {
     ///     .load(&path)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn verify(mut self, verify: bool) -> Loader {
+    pub fn verify(mut self, verify: bool) -> Self {
         self.opts.verify = Some(verify);
         self
     }
@@ -306,7 +338,7 @@ impl Loader {
     /// load fails with [`ErrorKind::IntegrityMismatch`](crate::ErrorKind::IntegrityMismatch) where it has another,
     /// and with [`ErrorKind::InvalidDigest`](crate::ErrorKind::InvalidDigest) where `digest` is not one.
     /// Turns [`verify`](Self::verify) on unless it was set to `false`.
-    pub fn expect_sha256(mut self, file_name: impl Into<String>, digest: &str) -> Loader {
+    pub fn expect_sha256(mut self, file_name: impl Into<String>, digest: &str) -> Self {
         self.opts
             .expected_sha256
             .push((file_name.into(), digest.to_string()));
@@ -325,7 +357,7 @@ impl Loader {
     /// of the hub, and a file the cache lacks is an error naming it. Each
     /// file's report says what the cache did
     /// ([`FileReport::cache`](crate::report::FileReport::cache)).
-    pub fn hub_cache(mut self, on: bool) -> Loader {
+    pub fn hub_cache(mut self, on: bool) -> Self {
         self.opts.hub_cache = Some(on);
         self
     }
@@ -337,7 +369,7 @@ impl Loader {
     /// always), else fetched and written to it as it is read, published once
     /// every byte is in. A replaced object has another ETag, so it is
     /// fetched again, never read stale.
-    pub fn cache_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Loader {
+    pub fn cache_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.opts.cache_dir = Some(dir.into());
         self
     }
@@ -366,7 +398,7 @@ impl Loader {
     /// let loader = safeload::Loader::new().disable_mmap(true).exchange(nccl);
     /// # let _ = loader;
     /// ```
-    pub fn exchange(mut self, communicator: impl crate::cluster::Communicator + 'static) -> Loader {
+    pub fn exchange(mut self, communicator: impl crate::cluster::Communicator + 'static) -> Self {
         self.opts.exchange = Some(Arc::new(communicator));
         self
     }
@@ -374,7 +406,7 @@ impl Loader {
     #[doc(hidden)]
     /// Decides filesystems from this mount table instead of the process's own
     /// (for tests, and for reasoning about another machine's mounts).
-    pub fn mount_table(mut self, table: MountTable) -> Loader {
+    pub fn mount_table(mut self, table: MountTable) -> Self {
         self.opts.mount_table = Some(table);
         self
     }
@@ -396,8 +428,8 @@ impl Loader {
     /// Opening local files and the hashing of [`verify`](Self::verify) run to
     /// their end before it is seen; an open
     /// checks it when it starts. [`warm`](Self::warm), and the reads of a
-    /// [`Checkpoint`](crate::Checkpoint) opened with this loader, do not check it;
-    /// its loads to a device ([`Checkpoint::to_device`](crate::Checkpoint::to_device))
+    /// `Checkpoint` opened with this loader, do not check it;
+    /// its loads to a device (`Checkpoint::to_device`)
     /// do, as a load does.
     ///
     /// ```
@@ -418,7 +450,7 @@ impl Loader {
     /// assert_eq!(err.path(), Some(path.as_path()));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn cancel_on(mut self, flag: Arc<AtomicBool>) -> Loader {
+    pub fn cancel_on(mut self, flag: Arc<AtomicBool>) -> Self {
         self.opts.cancel = std::mem::take(&mut self.opts.cancel).with_caller(flag);
         self
     }

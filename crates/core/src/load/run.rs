@@ -14,7 +14,7 @@ use crate::prefetch;
 use crate::resolve::{self, Resolved, ShardFile};
 use crate::state_dict::StateDict;
 
-impl Loader {
+impl<X> Loader<X> {
     /// Loads the checkpoint at `path`: a `.safetensors` file, a
     /// `*.safetensors.index.json`, or a directory holding
     /// `model.safetensors`, `model.safetensors.index.json` or exactly one
@@ -28,7 +28,7 @@ impl Loader {
     fn load_now(&self, path: &Path) -> Result<StateDict> {
         let clock = Instant::now();
         let env = Environment::from_process();
-        let resolved = resolve::resolve(path, caching(&self.opts))?;
+        let resolved = resolve::resolve(path, caching(&self.opts), &*self.opts.extras)?;
         let shards = self.shards_to_open(&resolved);
         let (files, notes) = file::open_all(&self.opts, &resolved, &shards, &env, clock)?;
         // Cancelled while opening: stop before anything is read.
@@ -92,7 +92,7 @@ impl Loader {
     ///
     /// As [`load`](Self::load) for resolving the files and reading their
     /// headers.
-    pub fn open(&self, path: impl AsRef<Path>) -> Result<Checkpoint> {
+    pub fn open(&self, path: impl AsRef<Path>) -> Result<Checkpoint<X>> {
         let path = path.as_ref();
         cancel::scope(&self.opts.cancel, path, || {
             checkpoint::open_with(self.opts.clone(), path)
@@ -146,7 +146,7 @@ impl Loader {
     /// are not errors: the ranks then split the bytes statically.
     pub fn warm(&self, path: impl AsRef<Path>) -> Result<crate::report::PrefetchReport> {
         let env = Environment::from_process();
-        let resolved = resolve::resolve(path.as_ref(), caching(&self.opts))?;
+        let resolved = resolve::resolve(path.as_ref(), caching(&self.opts), &*self.opts.extras)?;
         if resolved.is_remote() {
             // Local ranks loading one remote checkpoint share a node copy
             // instead (`local_rank`).

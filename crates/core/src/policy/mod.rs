@@ -52,7 +52,7 @@ pub enum Strategy {
     /// safe to call because checkpoints are published by writing a new file
     /// and renaming it over the old (which leaves a mapped file intact),
     /// checks every file's length against its header before handing out a
-    /// tensor, and with [`Loader::populate`](crate::Loader::populate) faults
+    /// tensor, and with `Loader::populate` faults
     /// maps in at load time, where a failed page is an error instead of a
     /// signal. Where files may be rewritten or truncated in place, use
     /// [`Buffered`](Self::Buffered) (`disable_mmap(true)`): its tensors are
@@ -195,7 +195,7 @@ pub(crate) enum Origin {
 }
 
 /// The environment variable that turns integrity checks on (`1`) or off
-/// (`0`) where the caller leaves [`Loader::verify`](crate::Loader::verify)
+/// (`0`) where the caller leaves `Loader::verify`
 /// unset.
 pub const VERIFY_ENV: &str = "SAFELOAD_VERIFY";
 
@@ -236,7 +236,7 @@ pub(crate) fn node_copy(env: &Environment) -> bool {
 /// The environment variable that asks for transparent huge pages (`1`,
 /// `on`) or base pages (`0`, `off`) for the memory buffered loads read into,
 /// or lets the load measure (`auto`), where the caller leaves
-/// [`Loader::huge_pages`](crate::Loader::huge_pages) at
+/// `Loader::huge_pages` at
 /// [`HugePages::Auto`].
 pub const HUGE_PAGES_ENV: &str = "SAFELOAD_HUGE_PAGES";
 

@@ -7,7 +7,7 @@ use crate::mount::MountKind;
 
 /// The environment variable that turns prefetch on with this many streams
 /// per rank (`0` turns it off, also where the auto policy would turn it on).
-/// [`Loader::prefetch`](crate::Loader::prefetch) overrides it.
+/// `Loader::prefetch` overrides it.
 pub const PREFETCH_ENV: &str = "SAFELOAD_PREFETCH";
 
 /// Read as [`PREFETCH_ENV`] when that is unset, for jobs that already set it

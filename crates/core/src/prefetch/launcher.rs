@@ -22,7 +22,7 @@ fn invalid(mut source: RankSource) -> RankSource {
 
 impl LocalRank {
     /// The caller's local rank and size where set
-    /// ([`Loader::local_rank`](crate::Loader::local_rank)), else the
+    /// (`Loader::local_rank`), else the
     /// launcher's, from the environment of the load.
     pub(crate) fn from_setting(setting: Option<(usize, usize)>, env: &Environment) -> LocalRank {
         match setting {

@@ -125,7 +125,7 @@ pub(crate) fn before_load(
 }
 
 /// Warms these files with `options`, for `reason`: a prefetch the caller or
-/// the environment asked for, or [`Loader::warm`](crate::Loader::warm).
+/// the environment asked for, or `Loader::warm`.
 pub(crate) fn warm(
     files: &[LoadFile<'_>],
     options: &PrefetchOptions,

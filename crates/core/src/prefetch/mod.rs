@@ -80,8 +80,8 @@ pub(crate) use load::{LoadFile, before_load, warm};
 pub use options::PrefetchOptions;
 
 /// The settings of a prefetch that belong to the job, not to prefetch: the
-/// loader's ([`Loader::local_rank`](crate::Loader::local_rank),
-/// [`Loader::memory_available`](crate::Loader::memory_available)) and the
+/// loader's (`Loader::local_rank`,
+/// `Loader::memory_available`) and the
 /// environment read once at the top of the load.
 pub(crate) struct Job<'a> {
     pub local_rank: Option<(usize, usize)>,

@@ -20,13 +20,7 @@ pub(crate) struct RemoteCheckpoint {
     opened: Mutex<HashMap<String, Arc<RemoteObject>>>,
 }
 
-/// What the address resolved to.
-pub(crate) enum Found {
-    /// One `.safetensors` file, by its name under the location.
-    Single(String),
-    /// An index: its name and bytes.
-    Index(String, Vec<u8>),
-}
+pub(crate) use crate::extras::Found;
 
 impl RemoteCheckpoint {
     /// Parses `text`, configures its client from the process's environment, and finds the

@@ -180,7 +180,7 @@ pub struct LoadReport {
     /// Files opened and parsed at once.
     pub threads: usize,
     /// Reads in flight at once for buffered files: the count the caller set
-    /// ([`Loader::io_concurrency`](crate::Loader::io_concurrency)), or the
+    /// (`Loader::io_concurrency`), or the
     /// one the load settled on by measuring throughput.
     pub io_concurrency: usize,
     /// How [`io_concurrency`](Self::io_concurrency) was found: set by the
@@ -190,13 +190,13 @@ pub struct LoadReport {
     /// nothing was read.
     pub io_concurrency_reason: Option<ConcurrencyReason>,
     /// What the page-cache prefetch before the load did and why: `Some`
-    /// where it was asked for ([`Loader::prefetch`](crate::Loader::prefetch),
+    /// where it was asked for (`Loader::prefetch`,
     /// `SAFELOAD_PREFETCH`) or considered by the auto policy (files on a
     /// network filesystem), also when it decided not to run.
     pub prefetch: Option<PrefetchReport>,
     /// How the memory buffered reads landed in was faulted in: in which
     /// page sizes, why, and what each cost where measured
-    /// ([`Loader::huge_pages`](crate::Loader::huge_pages)); `None` where
+    /// (`Loader::huge_pages`); `None` where
     /// nothing was read into memory of the load's own.
     pub fresh_memory: Option<FreshMemory>,
     /// What the load could not do as planned and did otherwise: fewer
@@ -293,13 +293,13 @@ pub struct FileReport {
     /// made (mapped).
     pub elapsed: Duration => serialize_with = "crate::worded::seconds",
     /// Tensors converted to another dtype while loading
-    /// ([`Loader::dtype`](crate::Loader::dtype)).
+    /// (`Loader::dtype`).
     pub converted: usize,
     /// Values that were finite in the file and became infinite when
     /// converted (they rounded beyond the target's largest value).
     pub overflowed: u64,
     /// The file's SHA-256 in lowercase hex, where the load computed it
-    /// ([`Loader::verify`](crate::Loader::verify)); a file whose digest was
+    /// (`Loader::verify`); a file whose digest was
     /// expected (its cache blob name, or `expect_sha256`) has been checked
     /// against it.
     pub sha256: Option<String>,

@@ -47,7 +47,7 @@ pub enum NodeCopy {
         /// Chunks of the copy.
         chunks: usize,
         /// Whether the node's part of a load split between nodes filled it
-        /// ([`Loader::exchange`](crate::Loader::exchange), `SAFELOAD_EXCHANGE`).
+        /// (`Loader::exchange`, `SAFELOAD_EXCHANGE`).
         by_exchange: bool,
         /// The copy's bytes: the file's.
         bytes: u64,

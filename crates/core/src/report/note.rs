@@ -132,7 +132,7 @@ worded! {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ConcurrencyReason {
-    /// [`Loader::io_concurrency`](crate::Loader::io_concurrency) set them.
+    /// `Loader::io_concurrency` set them.
     Set {
         /// Reads in flight.
         readers: usize,

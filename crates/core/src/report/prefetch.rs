@@ -175,7 +175,7 @@ worded! {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum RankSource {
-    /// [`Loader::local_rank`](crate::Loader::local_rank); `valid` is false
+    /// `Loader::local_rank`; `valid` is false
     /// where the rank was not below the size (then taken as one process).
     Caller {
         /// Whether the values were usable.
@@ -335,8 +335,8 @@ worded! {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum PrefetchReason {
-    /// [`Loader::prefetch`](crate::Loader::prefetch) asked for it (or
-    /// [`Loader::warm`](crate::Loader::warm) ran it).
+    /// `Loader::prefetch` asked for it (or
+    /// `Loader::warm` ran it).
     Requested {
         /// Readers per process.
         streams: usize,

@@ -14,7 +14,7 @@ pub enum CacheStore {
     /// The Hugging Face cache (`hf://`), shared with the hub's own clients.
     Hub,
     /// The load's cache directory (`s3://`, `gs://`, `az://`, `http(s)://`;
-    /// [`Loader::cache_dir`](crate::Loader::cache_dir)).
+    /// `Loader::cache_dir`).
     Directory,
 }
 

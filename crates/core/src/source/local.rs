@@ -19,7 +19,8 @@ use crate::storage;
 /// the path could reach another version of the file (on FUSE even a reopen of
 /// `/proc/self/fd/N`, which the daemon resolves by path again).
 #[derive(Debug)]
-pub(crate) struct LocalFile {
+#[doc(hidden)]
+pub struct LocalFile {
     path: PathBuf,
     canonical: PathBuf,
     file: File,

@@ -16,7 +16,8 @@ use std::io;
 use std::path::Path;
 
 pub use cache_use::{CacheStore, CacheUse, NotCached};
-pub(crate) use local::{DirectGuard, LocalFile};
+pub(crate) use local::DirectGuard;
+pub use local::LocalFile;
 
 use crate::error::{Error, ErrorKind, Operation};
 use crate::mount::Mount;
@@ -24,7 +25,7 @@ use crate::mount::Mount;
 /// One version of a file, as seen when it was opened: what must not change
 /// while a load reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Version {
+pub struct Version {
     /// Its length in bytes.
     pub len: u64,
     /// What tells this version from another of the same length.
@@ -33,9 +34,16 @@ pub(crate) struct Version {
 
 /// The part of a [`Version`] a source can vouch for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) enum VersionTag {
+pub enum VersionTag {
     /// A file of a filesystem: device, inode and modification time (ns).
-    Inode { dev: u64, ino: u64, mtime_ns: i128 },
+    Inode {
+        /// The device the file is on.
+        dev: u64,
+        /// Its inode number there.
+        ino: u64,
+        /// Its modification time, in nanoseconds since the epoch.
+        mtime_ns: i128,
+    },
     /// A remote object: the entity tag its server gave (required by
     /// `If-Match` on every later request), or the version id.
     #[cfg_attr(not(feature = "remote"), allow(dead_code))]
@@ -58,7 +66,7 @@ pub(crate) enum VersionTag {
 ///   called from many threads at once.
 /// - Nothing here blocks forever: a source that waits on a network bounds its
 ///   waits and fails with an error naming what it waited for.
-pub(crate) trait Source: Send + Sync {
+pub trait Source: Send + Sync {
     /// The path (or, for a remote source, the address) named in reports and
     /// errors.
     fn path(&self) -> &Path;
@@ -66,6 +74,11 @@ pub(crate) trait Source: Send + Sync {
     /// The file's length in bytes, when opened.
     fn len(&self) -> u64 {
         self.version().len
+    }
+
+    /// Whether the file had no byte when opened.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The version that was opened.
@@ -127,7 +140,7 @@ pub(crate) trait Source: Send + Sync {
     /// The crate's error for a failure [`read_at`](Self::read_at) returned,
     /// where the source made that failure itself and says more than its I/O
     /// kind (a remote object: the status, address and byte range); `None`
-    /// for an ordinary I/O error, which [`read_error`] maps.
+    /// for an ordinary I/O error, which the crate maps.
     fn own_error(&self, _operation: Operation, _error: &io::Error) -> Option<Error> {
         None
     }
@@ -135,7 +148,8 @@ pub(crate) trait Source: Send + Sync {
 
 /// A cache written as a file is fetched (a second place its bytes go): what
 /// a load may tell it besides the reads it sees.
-pub(crate) trait CacheWrite: Send + Sync {
+#[doc(hidden)]
+pub trait CacheWrite: Send + Sync {
     /// The reads from now on are not written: the file's bytes reach the
     /// load another way (a node copy), and [`write_image`](Self::write_image)
     /// or [`abandon`](Self::abandon) says what becomes of the cache's copy.

@@ -10,13 +10,13 @@ use super::report::DeviceReport;
 use super::{Device, StandIn};
 
 /// Which part of a tensor a load to a device places there
-/// ([`Checkpoint::to_device_parts`](crate::Checkpoint::to_device_parts)).
+/// (`Checkpoint::to_device_parts`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
     /// The whole tensor.
     Whole,
     /// Rank `rank`'s part along dimension `dim` of the tensor split `world`
-    /// ways, as [`Checkpoint::shard`](crate::Checkpoint::shard) cuts it.
+    /// ways, as `Checkpoint::shard` cuts it.
     Shard {
         /// The dimension split.
         dim: usize,
@@ -26,7 +26,7 @@ pub enum Part {
         world: usize,
     },
     /// A slice: one range per leading dimension, as
-    /// [`Checkpoint::read_slice`](crate::Checkpoint::read_slice) takes it.
+    /// `Checkpoint::read_slice` takes it.
     Slice(Vec<Range<usize>>),
     /// None of it: the tensor is left out.
     Skip,

@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// Whether the memory a buffered load reads into is backed by transparent
-/// huge pages ([`Loader::huge_pages`](crate::Loader::huge_pages),
+/// huge pages (`Loader::huge_pages`,
 /// `SAFELOAD_HUGE_PAGES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[cfg_attr(
@@ -45,7 +45,7 @@ impl HugePages {
 )]
 #[non_exhaustive]
 pub enum PageReason {
-    /// The caller chose ([`Loader::huge_pages`](crate::Loader::huge_pages)).
+    /// The caller chose (`Loader::huge_pages`).
     Caller,
     /// `SAFELOAD_HUGE_PAGES` chose.
     Environment,

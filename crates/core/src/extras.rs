@@ -1,0 +1,111 @@
+//! The seam the core's extras plug into: a checkpoint at an address the core cannot read itself (an object store's, the hub's) resolved to its files, each a source; and the core alone, `NoExtras`.
+//!
+//! A `Loader` or `Checkpoint` is made
+//! with a type of extras (`Loader<E>`), whose default value it asks for each
+//! address that is not a local path: the facade's type (the `safeload` crate,
+//! its cargo features) names the extras it was built with, the core's own
+//! (`NoExtras`) none. Past the resolution, a load knows its files only as
+//! [`Source`]s.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::Result;
+pub use crate::mount::MountTable;
+pub use crate::source::{LocalFile, Source, Version, VersionTag};
+
+/// What a load asks of the caches a remote address goes through: the
+/// caller's choices (`Loader::hub_cache`, `Loader::cache_dir`), over the
+/// environment's.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Caching<'a> {
+    /// Whether `hf://` goes through the hub cache.
+    pub hub: Option<bool>,
+    /// The cache directory of other stores.
+    pub dir: Option<&'a Path>,
+    /// Whether the load checks SHA-256 digests (a file to be verified may
+    /// need its store's).
+    pub verify: bool,
+}
+
+/// What an address names at its place: one `.safetensors` file, or an index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// One file, by its name under the place.
+    Single(String),
+    /// An index: its name and bytes.
+    Index(String, Vec<u8>),
+}
+
+/// A checkpoint an extra resolved an address to.
+///
+/// # Contract
+///
+/// - [`shown`](Self::shown) names a file of it (the index's or a shard's
+///   name, relative to its place) as reports and errors show it, the same
+///   for the checkpoint's whole life.
+/// - [`take`](Self::take) opens a file of it as a [`Source`], once per name
+///   and load, at the one version the whole load reads (for the hub, one
+///   commit): every later read of it reads that version or fails.
+/// - Nothing blocks forever: what waits on a network bounds its waits.
+pub trait RemoteCheckpoint: Send + Sync + fmt::Debug {
+    /// The path or address the file `name` is shown by.
+    fn shown(&self, name: &str) -> PathBuf;
+
+    /// The file `name` as a source; `table` is the mount table a local file
+    /// of it (a cache's) is looked up in.
+    fn take(&self, name: &str, table: Option<&MountTable>) -> Result<Arc<dyn Source>>;
+
+    /// Other files brought beside the weights (`hf://...?with=`), by name:
+    /// each one's local path, or `None` where the place has none.
+    fn extra_files(&self) -> BTreeMap<String, Option<PathBuf>> {
+        BTreeMap::new()
+    }
+}
+
+/// An address resolved: the checkpoint, and what it names there.
+#[derive(Debug, Clone)]
+pub struct Resolution {
+    /// Where its files are opened.
+    pub checkpoint: Arc<dyn RemoteCheckpoint>,
+    /// The file or the index the address names.
+    pub found: Found,
+}
+
+/// What a build of the crate reads beyond local paths.
+pub trait Extras: Send + Sync + fmt::Debug {
+    /// The checkpoint at `address` (`hf://org/repo`, `s3://bucket/prefix`,
+    /// ...), through the caches `caching` says; `None` where these extras
+    /// read no such address.
+    fn resolve(&self, address: &str, caching: Caching<'_>) -> Option<Result<Resolution>> {
+        let _ = (address, caching);
+        None
+    }
+}
+
+/// The extras a load resolves through (the default: none), as its options
+/// keep them.
+#[derive(Debug, Clone)]
+pub(crate) struct Installed(pub Arc<dyn Extras>);
+
+impl Default for Installed {
+    fn default() -> Installed {
+        Installed(Arc::new(NoExtras))
+    }
+}
+
+impl std::ops::Deref for Installed {
+    type Target = dyn Extras;
+
+    fn deref(&self) -> &(dyn Extras + 'static) {
+        &*self.0
+    }
+}
+
+/// The core alone: local paths only.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoExtras;
+
+impl Extras for NoExtras {}

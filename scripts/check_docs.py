@@ -43,7 +43,9 @@ ASSETS = (".html", "/", ".css", ".js", ".svg", ".png", ".ico", ".woff2")
 
 
 def hidden_names(src: Path) -> set:
-    """Every name declared or re-exported under `#[doc(hidden)]` in `src`."""
+    """Every name declared or re-exported under `#[doc(hidden)]` in `src` (a line of its
+    own; the core's modules its plug-in crates build on are hidden with a comment after the
+    attribute, `#[doc(hidden)] // for the plug-in crates`, and are no names a reader meets)."""
     names = set()
     for path in sorted(src.rglob("*.rs")):
         lines = path.read_text().splitlines()

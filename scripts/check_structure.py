@@ -5,7 +5,7 @@ circle between the top-level modules of src/, no import pointing up the layers
 listed in docs/ARCHITECTURE.md, and that page's file table naming every source
 file (and no file that is gone).
 
-    python3 scripts/check_structure.py [CRATE_DIR]      # exit 1 on a breach (default: crates/core)
+    python3 scripts/check_structure.py [CRATE_DIR]      # exit 1 on a breach (default: each crate of crates/)
     python3 scripts/check_structure.py --graph          # the edges, for the picture
 
 What counts as an import: every `crate::<module>` path (also inside `use
@@ -521,12 +521,14 @@ def shortest_cycle(comp, edges):
     return best or list(comp) + [comp[0]]
 
 
-def read_layers(doc):
-    """The layers block of ARCHITECTURE.md: [(layer name, [modules])], top first."""
+def read_layers(doc, crate=None):
+    """The layers block of ARCHITECTURE.md: [(layer name, [modules])], top first; of the
+    workspace crate `crate` where named (the block after `<!-- layers of NAME: ... -->`)."""
     text = doc.read_text()
-    at = text.find(LAYERS_MARKER)
+    marker = LAYERS_MARKER if crate is None else LAYERS_MARKER.replace("layers:", f"layers of {crate}:")
+    at = text.find(marker)
     if at < 0:
-        raise SystemExit(f"{doc}: no line `{LAYERS_MARKER}`")
+        raise SystemExit(f"{doc}: no line `{marker}`")
     block = re.search(r"```[^\n]*\n(.*?)```", text[at:], re.S)
     if not block:
         raise SystemExit(f"{doc}: no fenced block after the layers marker")
@@ -558,13 +560,30 @@ def file_table(doc):
     return names
 
 
+def rows_of(names, label):
+    """The table's rows of one crate: all of them for a crate with a page of its own
+    (`label` None); else those under its name, or, for the core, those under no crate's."""
+    if label is None:
+        return names
+    crate, others = label
+    if crate == "core":
+        return [n for n in names if n.split("/")[0] not in others]
+    return [n[len(crate) + 1 :] for n in names if n.startswith(crate + "/")]
+
+
 def check(crate):
     """Every breach of the rules, as lines of text."""
     src = crate / "src"
     doc = crate / "docs" / "ARCHITECTURE.md"
+    # A crate of the workspace (crates/NAME): the page is the workspace's, its files
+    # are the table's rows under `NAME/` (the core's: the rows under no crate's name),
+    # its layers the block marked with its name (the core's: the first).
+    label = None
     if not doc.exists():
-        # A crate of the workspace: the page is the workspace's.
-        doc = Path(__file__).resolve().parent.parent / "docs" / "ARCHITECTURE.md"
+        workspace = Path(__file__).resolve().parent.parent
+        doc = workspace / "docs" / "ARCHITECTURE.md"
+        others = {p.name for p in (workspace / "crates").iterdir() if p.is_dir()}
+        label = (crate.resolve().name, others - {"core"})
     problems = []
     for path in sorted(src.rglob("*.rs")):
         text = path.read_text()
@@ -577,7 +596,7 @@ def check(crate):
     files = module_tree(src)
     modules, edges = imports(files)
 
-    named = file_table(doc)
+    named = rows_of(file_table(doc), label)
     for source in files:
         rel = source.path.relative_to(src).as_posix()
         if not any(rel == n or (n.endswith("/") and rel.startswith(n)) for n in named):
@@ -595,7 +614,7 @@ def check(crate):
         steps = "; ".join(f"{a} -> {b} ({where(a, b)})" for a, b in zip(cycle, cycle[1:]))
         problems.append(f"import circle between {', '.join(comp)}: {steps}")
 
-    layers = read_layers(doc)
+    layers = read_layers(doc, None if label is None or label[0] == "core" else label[0])
     level = {}
     for depth, (name, mods) in enumerate(layers):
         for mod in mods:
@@ -618,13 +637,13 @@ def check(crate):
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     workspace = Path(__file__).resolve().parent.parent
-    crate = Path(args[0]) if args else workspace / "crates" / "core"
+    crates = [Path(args[0])] if args else sorted(p for p in (workspace / "crates").iterdir() if p.is_dir())
     if "--graph" in sys.argv:
-        modules, edges = imports(module_tree(crate / "src"))
+        modules, edges = imports(module_tree(crates[0] / "src"))
         for (a, b), at in sorted(edges.items()):
-            print(f"{a} -> {b}  ({len(at)}: {at[0][0].relative_to(crate)}:{at[0][1]})")
+            print(f"{a} -> {b}  ({len(at)}: {at[0][0].relative_to(crates[0])}:{at[0][1]})")
         return 0
-    problems = check(crate)
+    problems = [p for crate in crates for p in check(crate)]
     for p in problems:
         print(p)
     if problems:

@@ -525,7 +525,7 @@ pub mod extras {
             caching: safeload_core::extras::Caching<'_>,
         ) -> Option<safeload_core::Result<safeload_core::extras::Resolution>> {
             #[cfg(feature = "remote")]
-            return safeload_core::RemoteExtras.resolve(address, caching);
+            return safeload_hub::RemoteExtras.resolve(address, caching);
             #[cfg(not(feature = "remote"))]
             {
                 let _ = (address, caching);
@@ -610,11 +610,11 @@ pub mod error {
 /// answer with.
 #[cfg(feature = "remote")]
 pub mod hub {
-    pub use safeload_core::report::{
+    pub use safeload_hub::{
         CacheEntryKind, CacheListing, CacheRemoval, CachedFile, CachedRepo, CachedRevision,
-        KeepReason, KeptEntry, RemoveMode, RemovedEntry,
+        KeepReason, KeptEntry, RemoveMode, RemovedEntry, hub_cache, hub_cache_prune,
+        hub_cache_remove,
     };
-    pub use safeload_core::{hub_cache, hub_cache_prune, hub_cache_remove};
 }
 
 // Test seams and the CLI's, benchmarks' and fuzzers' helpers: public for

@@ -1,6 +1,6 @@
 //! `safeload cache`: what the Hugging Face cache holds for a repository (or every one), or where it is; `cache rm` and `cache prune` remove from it.
 
-use safeload::report::{CacheRemoval, RemoveMode};
+use safeload::hub::{CacheRemoval, RemoveMode};
 
 use crate::args::{CacheAction, CacheArgs, CachePruneArgs, CacheRmArgs};
 use crate::failure::Failure;

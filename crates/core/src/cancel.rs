@@ -21,7 +21,7 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// The flags that cancel a load: set, any of them stops it.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Cancel {
+pub struct Cancel {
     /// The caller's flag (`Loader::cancel_on`), which the crate only reads.
     by_caller: Option<Arc<AtomicBool>>,
     /// An async load's own flag, set when its future is dropped unfinished.
@@ -30,7 +30,7 @@ pub(crate) struct Cancel {
 
 impl Cancel {
     /// The same flags, the caller's being `flag`.
-    pub(crate) fn with_caller(self, flag: Arc<AtomicBool>) -> Cancel {
+    pub fn with_caller(self, flag: Arc<AtomicBool>) -> Cancel {
         Cancel {
             by_caller: Some(flag),
             ..self
@@ -47,7 +47,7 @@ impl Cancel {
     }
 
     /// Whether the load is to stop.
-    pub(crate) fn is_set(&self) -> bool {
+    pub fn is_set(&self) -> bool {
         [&self.by_caller, &self.by_drop]
             .into_iter()
             .flatten()
@@ -114,8 +114,8 @@ impl Drop for Restore {
     }
 }
 
-/// The flags of the load running on this thread (none outside [`scope`]).
-pub(crate) fn current() -> Cancel {
+/// The flags of the load running on this thread (none outside `scope`).
+pub fn current() -> Cancel {
     CURRENT
         .try_with(|current| current.borrow().clone())
         .unwrap_or_default()
@@ -127,7 +127,7 @@ pub(crate) fn cancelled(path: &Path) -> Error {
 }
 
 /// What a job queue that stopped for its flags hands up as its failure; the
-/// phases above map it to a file's I/O error, and [`scope`] recognizes it.
+/// phases above map it to a file's I/O error, and `scope` recognizes it.
 pub(crate) fn stopped() -> io::Error {
     io::Error::other(Stopped)
 }

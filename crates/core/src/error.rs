@@ -504,7 +504,7 @@ impl Error {
         self.0.source.as_ref()
     }
 
-    pub(crate) fn new(kind: ErrorKind, path: impl Into<PathBuf>) -> Error {
+    pub fn new(kind: ErrorKind, path: impl Into<PathBuf>) -> Error {
         Error(Box::new(Inner {
             kind,
             path: Some(path.into()),
@@ -528,7 +528,7 @@ impl Error {
         }))
     }
 
-    pub(crate) fn io(
+    pub fn io(
         operation: Operation,
         path: impl Into<PathBuf>,
         offset: Option<u64>,

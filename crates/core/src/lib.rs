@@ -12,54 +12,61 @@
 )]
 
 #[macro_use]
-mod worded; // first: its macros are in scope after it
+#[doc(hidden)] // for the plug-in crates
+pub mod worded; // first: its macros are in scope after it
 mod adapt;
-#[cfg(feature = "remote")]
-mod cache;
-mod cancel;
+#[doc(hidden)] // for the plug-in crates
+pub mod cancel;
 #[cfg(feature = "candle")]
 pub mod candle;
 mod checkpoint;
 pub mod cluster;
 #[doc(hidden)]
 pub mod convert;
-mod coord;
+#[doc(hidden)] // for the plug-in crates
+pub mod coord;
 #[doc(hidden)]
 pub mod demo;
 mod dest;
-mod error;
+#[doc(hidden)] // for the plug-in crates
+pub mod error;
 mod execute;
 pub mod extras;
 mod file;
-mod format;
+#[doc(hidden)] // for the plug-in crates
+pub mod format;
 mod jobs;
 mod load;
-mod memory;
+#[doc(hidden)] // for the plug-in crates
+pub mod memory;
 pub mod mount;
 mod node;
 mod options;
-mod os;
+#[doc(hidden)] // for the plug-in crates
+pub mod os;
 mod plan;
-mod policy;
+#[doc(hidden)] // for the plug-in crates
+pub mod policy;
 mod prefetch;
 mod progress;
-#[cfg(feature = "remote")]
-mod remote;
 pub mod report;
 mod resolve;
 mod slice;
-mod source;
+#[doc(hidden)] // for the plug-in crates
+pub mod source;
 mod state_dict;
-mod storage;
+#[doc(hidden)] // for the plug-in crates
+pub mod storage;
 mod tensor;
-mod trace;
-mod verify;
-mod workers;
+#[doc(hidden)] // for the plug-in crates
+pub mod trace;
+#[doc(hidden)] // for the plug-in crates
+pub mod verify;
+#[doc(hidden)] // for the plug-in crates
+pub mod workers;
 
 use std::path::Path;
 
-#[cfg(feature = "remote")]
-pub use cache::{RemoteExtras, hub_cache, hub_cache_prune, hub_cache_remove};
 pub use checkpoint::{Checkpoint, TensorInfo};
 pub use dest::device;
 pub use dest::pages::HugePages;

@@ -27,14 +27,13 @@ pub(crate) fn available() -> Option<u64> {
     }
 }
 
-/// Memory one allocation may still take, in bytes: [`available`], and no
+/// Memory one allocation may still take, in bytes: `available`, and no
 /// more than the address space the process's `RLIMIT_AS` leaves (its limit
 /// minus `VmSize`, what is mapped now), where it has one. The bound of
 /// every body kept in memory (`remote/object.rs`): past it an allocation
 /// would fail, and Rust's allocation failure aborts the process. `None`
 /// where nothing is known.
-#[cfg(feature = "remote")]
-pub(crate) fn headroom() -> Option<u64> {
+pub fn headroom() -> Option<u64> {
     let mapped = os::read_proc(ProcFile::SelfStatus)
         .ok()
         .and_then(|bytes| parse_status_vm_size(&String::from_utf8_lossy(&bytes)));
@@ -47,7 +46,6 @@ pub(crate) fn headroom() -> Option<u64> {
 
 /// The address space `limit` leaves once `mapped` bytes are mapped: none
 /// known without a limit; all of it where what is mapped is unknown.
-#[cfg(feature = "remote")]
 fn address_room(limit: Option<u64>, mapped: Option<u64>) -> Option<u64> {
     let limit = limit?;
     Some(limit.saturating_sub(mapped.unwrap_or(0)))
@@ -55,7 +53,6 @@ fn address_room(limit: Option<u64>, mapped: Option<u64>) -> Option<u64> {
 
 /// `VmSize` from `/proc/self/status`, in bytes (see proc(5)): the address
 /// space mapped, which `RLIMIT_AS` bounds.
-#[cfg(feature = "remote")]
 pub(crate) fn parse_status_vm_size(text: &str) -> Option<u64> {
     text.lines().find_map(|line| {
         let rest = line.strip_prefix("VmSize:")?;
@@ -258,7 +255,7 @@ mod tests {
     }
 
     #[test]
-    #[cfg(all(feature = "remote", target_os = "linux", not(safeload_os_stub)))]
+    #[cfg(all(target_os = "linux", not(safeload_os_stub)))]
     fn this_machine_has_some_headroom() {
         // No more than is available, and some of it.
         let headroom = headroom().unwrap();
@@ -266,7 +263,6 @@ mod tests {
     }
 
     #[test]
-    #[cfg(feature = "remote")]
     fn vm_size_of_proc_status() {
         // As this machine's /proc/self/status writes it (a few of its lines).
         let text =
@@ -277,7 +273,6 @@ mod tests {
     }
 
     #[test]
-    #[cfg(feature = "remote")]
     fn an_address_space_limit_bounds_the_room() {
         let gib = 1u64 << 30;
         assert_eq!(address_room(None, Some(gib)), None, "no limit");
@@ -294,7 +289,6 @@ mod tests {
     #[cfg(not(all(target_os = "linux", not(safeload_os_stub))))]
     fn without_proc_there_are_no_figures() {
         assert_eq!(available(), None);
-        #[cfg(feature = "remote")]
         assert_eq!(headroom(), None);
     }
 }

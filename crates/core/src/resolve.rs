@@ -389,10 +389,8 @@ fn read_capped(file: &File, path: &Path, limit: u64) -> Result<Vec<u8>> {
 mod tests {
     use super::*;
 
-    /// A build without the feature `remote` does not look for a local file named like an
-    /// address: it says which feature reads it (run by the build of the portable OS layer,
-    /// which has no feature, in `.ci/run`).
-    #[cfg(not(feature = "remote"))]
+    /// A load without extras does not look for a local file named like an address: it says
+    /// which feature reads it.
     #[test]
     fn an_address_without_the_remote_feature_says_so() {
         for url in ["s3://bucket/model", "hf://org/repo", "https://host/m/"] {

@@ -72,7 +72,7 @@ impl Storage {
 /// while it is mapped. The loader checks the file's length against its header
 /// before any tensor is handed out; what it cannot prevent is a later
 /// truncation, which the crate docs state ("Safety and limits").
-pub(crate) fn map_file(file: &File) -> io::Result<Mmap> {
+pub fn map_file(file: &File) -> io::Result<Mmap> {
     // SAFETY: the map is read-only and private to the `Storage` that owns it;
     // the remaining hazard (the file truncated by someone else later) is the
     // documented contract of mapped loading, see above.

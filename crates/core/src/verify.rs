@@ -19,20 +19,20 @@ pub(crate) type Digest256 = [u8; 32];
 
 /// A digest in lowercase hex, as `sha256sum` and the Hugging Face cache
 /// write it.
-pub(crate) fn hex(digest: &[u8]) -> String {
+pub fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A SHA-256 digest from 64 hex digits (either case, spaces around them
 /// left out); `None` for anything else.
-pub(crate) fn parse_hex(text: &str) -> Option<Digest256> {
+pub fn parse_hex(text: &str) -> Option<Digest256> {
     let mut out = [0u8; 32];
     hex_into(text.trim(), &mut out).then_some(out)
 }
 
 /// Whether `text` is hex digits (either case) that fill `out` exactly,
 /// which then holds their bytes.
-pub(crate) fn hex_into(text: &str, out: &mut [u8]) -> bool {
+pub fn hex_into(text: &str, out: &mut [u8]) -> bool {
     let byte = |pair: &[u8]| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok();
     text.len() == 2 * out.len()
         && text.is_ascii()
@@ -58,7 +58,7 @@ pub(crate) fn expected_from_cache(canonical: &Path) -> Option<Digest256> {
 /// are refused ([`take`](Self::take)), or kept until the gap closes where
 /// the caller keeps them alive ([`land`](Self::land)).
 #[derive(Debug, Clone)]
-pub(crate) struct InOrder<'a, H> {
+pub struct InOrder<'a, H> {
     hash: H,
     next: u64,
     /// Runs that landed ahead of `next`, by file offset.
@@ -67,20 +67,19 @@ pub(crate) struct InOrder<'a, H> {
 
 impl<'a, H: Update> InOrder<'a, H> {
     /// `hash` over the file's bytes from `from` on (none taken yet).
-    pub(crate) fn new(hash: H, from: u64) -> InOrder<'a, H> {
+    pub fn new(hash: H, from: u64) -> InOrder<'a, H> {
         let (next, ahead) = (from, BTreeMap::new());
         InOrder { hash, next, ahead }
     }
 
     /// The offset of the byte it takes next.
-    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
-    pub(crate) fn next(&self) -> u64 {
+    pub fn next(&self) -> u64 {
         self.next
     }
 
     /// Takes `bytes`, the file's at `offset`, where they continue the hash:
     /// whether they did (else nothing is taken).
-    pub(crate) fn take(&mut self, offset: u64, bytes: &[u8]) -> bool {
+    pub fn take(&mut self, offset: u64, bytes: &[u8]) -> bool {
         if offset != self.next {
             return false;
         }
@@ -91,7 +90,7 @@ impl<'a, H: Update> InOrder<'a, H> {
 
     /// Takes `bytes`, the file's at `offset`, and what waited for them, if
     /// they are next; else keeps them for later.
-    pub(crate) fn land(&mut self, offset: u64, bytes: &'a [u8]) {
+    pub fn land(&mut self, offset: u64, bytes: &'a [u8]) {
         self.ahead.insert(offset, bytes);
         while let Some(bytes) = self.ahead.remove(&self.next) {
             self.take(self.next, bytes);
@@ -100,12 +99,12 @@ impl<'a, H: Update> InOrder<'a, H> {
 
     /// The digest of the file up to `end`, where every byte before it was
     /// taken and none beyond; `None` where some never landed.
-    pub(crate) fn finish(self, end: u64) -> Option<H> {
+    pub fn finish(self, end: u64) -> Option<H> {
         (self.next == end && self.ahead.is_empty()).then_some(self.hash)
     }
 
     /// The digest of what was taken.
-    pub(crate) fn into_inner(self) -> H {
+    pub fn into_inner(self) -> H {
         self.hash
     }
 }
@@ -116,7 +115,7 @@ pub(crate) struct StreamHasher<'a>(Mutex<InOrder<'a, Sha256>>);
 
 impl<'a> StreamHasher<'a> {
     /// A hasher that has hashed `prefix`, the file's first bytes.
-    pub(crate) fn new(prefix: &[u8]) -> StreamHasher<'a> {
+    pub fn new(prefix: &[u8]) -> StreamHasher<'a> {
         let mut sha = InOrder::new(Sha256::new(), 0);
         sha.take(0, prefix);
         StreamHasher(Mutex::new(sha))

@@ -10,6 +10,10 @@
 /// each variant's `= "code"`, and (feature `serde`) its JSON, an object of
 /// its `code`, its `text` (`Display`) and its fields by name. A field's
 /// `=> key = "fn"` is a serde attribute of its JSON only (`serialize_with`).
+/// Exported for the workspace's plug-in crates (whose reports are the
+/// same kind of data); not part of the API.
+#[doc(hidden)]
+#[macro_export]
 macro_rules! worded {
     (
         $(#[$attr:meta])*
@@ -123,7 +127,7 @@ macro_rules! reported {
 /// A path in JSON: its text, lossy where it is not UTF-8 (serde's own
 /// serializer refuses such a path, and with it the whole report).
 #[cfg(feature = "serde")]
-pub(crate) fn path_text<S: serde::Serializer>(
+pub fn path_text<S: serde::Serializer>(
     path: &std::path::Path,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
@@ -132,7 +136,7 @@ pub(crate) fn path_text<S: serde::Serializer>(
 
 /// An optional path in JSON: its text as [`path_text`] writes it, or `null`.
 #[cfg(feature = "serde")]
-pub(crate) fn maybe_path_text<S: serde::Serializer>(
+pub fn maybe_path_text<S: serde::Serializer>(
     path: &Option<std::path::PathBuf>,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {

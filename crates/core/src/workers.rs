@@ -2,7 +2,7 @@
 //!
 //! Blocking reads wait on a disk or a network, so they do not run in the
 //! caller's rayon pool, where a slow mount would starve the CPU work of the
-//! whole process. Every caller here hands [`run`] a closure that pulls work
+//! whole process. Every caller here hands `run` a closure that pulls work
 //! from a queue it shares with the other workers until the queue is empty;
 //! so when the OS refuses a thread (`EAGAIN` under `RLIMIT_NPROC` or a
 //! cgroup's `pids.max`), the threads that did start, at least the calling
@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::error::Result;
 
-/// How many workers ran a [`run`] call, and why fewer than asked.
+/// How many workers ran a `run` call, and why fewer than asked.
 #[derive(Debug)]
-pub(crate) struct Started {
+pub struct Started {
     /// Workers asked for.
     pub requested: usize,
     /// Workers that ran, the calling thread included (at least 1).
@@ -82,7 +82,7 @@ pub(crate) fn beside<R>(
 /// threads, pulling from one cursor so that uneven items keep every worker
 /// busy. Results keep the items' order; on failure, the error of the
 /// earliest failed item, and no item is started after a failure.
-pub(crate) fn map<T: Sync, R: Send>(
+pub fn map<T: Sync, R: Send>(
     items: &[T],
     width: usize,
     name: &str,

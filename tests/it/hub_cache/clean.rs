@@ -10,7 +10,7 @@ use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, SystemTime};
 
 use safeload::ErrorKind;
-use safeload::report::RemoveMode;
+use safeload::hub::RemoveMode;
 use safeload_testhttp::{DEFAULT_COMMIT, Options, Server};
 
 use super::python::{find_offline, found, has_hub_client};

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Stdio;
 
-use safeload::report::RemoveMode;
+use safeload::hub::RemoveMode;
 use safeload::{Checkpoint, Error, ErrorKind, Loader, RemoteFailure};
 use safeload_testhttp::{DEFAULT_COMMIT, Options};
 

@@ -25,7 +25,7 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(4);
 
 /// Where a lock file is.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Place<'a> {
+pub enum Place<'a> {
     /// A path in a directory every local user may write (`/dev/shm`): this
     /// user's regular file, `0600`, made where missing (anything else is
     /// refused, saying what it is and whose); its holder may remove it, so
@@ -33,7 +33,6 @@ pub(crate) enum Place<'a> {
     Private(&'a Path),
     /// A name in a cache's folder, which the hub's client locks too: a
     /// regular file, made where missing, never through a link, never removed.
-    #[cfg(feature = "remote")]
     Shared(&'a os::Dir, &'a str),
 }
 
@@ -50,7 +49,6 @@ impl Place<'_> {
                     None => e,
                 }),
             },
-            #[cfg(feature = "remote")]
             Place::Shared(dir, name) => Ok((dir.open_lock(name)?, None)),
         }
     }
@@ -59,7 +57,7 @@ impl Place<'_> {
 /// A lock file this process holds (or held, and may take again), let go
 /// when dropped.
 #[derive(Debug)]
-pub(crate) struct Lock {
+pub struct Lock {
     file: File,
     /// A private lock's path, which its holder may remove.
     path: Option<PathBuf>,
@@ -69,7 +67,7 @@ impl Lock {
     /// The lock at `place`, taken within `wait` (`Duration::ZERO`: tried
     /// once); [`io::ErrorKind::WouldBlock`] where another process holds it
     /// past the wait.
-    pub(crate) fn take(place: Place<'_>, wait: Duration) -> io::Result<Lock> {
+    pub fn take(place: Place<'_>, wait: Duration) -> io::Result<Lock> {
         let deadline = Instant::now() + wait;
         // A private name replaced under a waiter is opened again.
         for _ in 0..8 {
@@ -88,7 +86,7 @@ impl Lock {
 
     /// Takes the lock again after [`Lock::unlock`], within `wait`: whether
     /// it is held.
-    pub(crate) fn relock(&self, wait: Duration) -> io::Result<bool> {
+    pub fn relock(&self, wait: Duration) -> io::Result<bool> {
         self.acquire(Instant::now() + wait)
     }
 
@@ -107,18 +105,18 @@ impl Lock {
 
     /// Lets go of the lock (where held), keeping the file open: a map of it
     /// stays.
-    pub(crate) fn unlock(&self) {
+    pub fn unlock(&self) {
         let _ = os::flock(&self.file, false);
     }
 
     /// The open lock file.
-    pub(crate) fn file(&self) -> &File {
+    pub fn file(&self) -> &File {
         &self.file
     }
 
     /// Whether its name still is the file locked (a shared name always is:
     /// nothing removes it).
-    pub(crate) fn named(&self) -> bool {
+    pub fn named(&self) -> bool {
         let Some(path) = &self.path else {
             return true;
         };
@@ -129,7 +127,7 @@ impl Lock {
 
     /// Removes its private name, where it still names this file: whether it
     /// went.
-    pub(crate) fn remove(&self) -> bool {
+    pub fn remove(&self) -> bool {
         let path = self.path.as_deref().filter(|_| self.named());
         path.is_some_and(|path| std::fs::remove_file(path).is_ok())
     }
@@ -223,7 +221,6 @@ mod tests {
         assert_eq!(e.to_string(), "a socket, not what its name says");
     }
 
-    #[cfg(feature = "remote")]
     #[test]
     fn a_shared_name_is_made_where_missing_never_through_a_link() {
         let dir = tempfile::tempdir().unwrap();

@@ -11,14 +11,15 @@
 //! next, under its lock (tried, never waited for), so that a process taking
 //! it up meanwhile is never disturbed; a name without a lock (a holder's
 //! socket) goes by its tag alone. A name that is not this user's, or not what
-//! it says it is, is looked at by `lstat(2)` only ([`Foreign`]).
+//! it says it is, is looked at by `lstat(2)` only (`Foreign`).
 
 mod lock;
 mod owner;
 
 use std::path::{Path, PathBuf};
 
-pub(crate) use lock::{Lock, PATIENCE, Place};
+pub(crate) use lock::PATIENCE;
+pub use lock::{Lock, Place};
 pub(crate) use owner::Owner;
 
 use crate::os::{self, NameKind};
@@ -26,7 +27,7 @@ use crate::os::{self, NameKind};
 /// The dead-owner rule over a name guarded by the lock at `lock`: the lock
 /// tried (held, the name is a live writer's); under it, `remove` removes the
 /// name unless its tag names a writer that runs, saying whether it went.
-pub(crate) fn sweep(lock: Place<'_>, remove: impl FnOnce(&Lock) -> bool) -> bool {
+pub fn sweep(lock: Place<'_>, remove: impl FnOnce(&Lock) -> bool) -> bool {
     Lock::take(lock, std::time::Duration::ZERO).is_ok_and(|lock| remove(&lock))
 }
 

@@ -135,7 +135,6 @@ impl RemoteFailure {
     }
 
     /// The kind of a failure known only by its I/O kind.
-    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
     fn of_io_kind(kind: io::ErrorKind) -> RemoteFailure {
         use io::ErrorKind as Io;
         match kind {
@@ -150,7 +149,7 @@ impl RemoteFailure {
     }
 
     /// The I/O kind [`Error::io_error`] carries for it.
-    pub(crate) fn io_kind(self) -> io::ErrorKind {
+    pub fn io_kind(self) -> io::ErrorKind {
         self.table().2
     }
 
@@ -181,7 +180,7 @@ impl Error {
 
     /// A remote failure (see [`ErrorKind::Remote`]) on `url`: its reason the
     /// failure's words, then `detail` where there is one.
-    pub(crate) fn remote_failed(
+    pub fn remote_failed(
         operation: Operation,
         url: impl Into<PathBuf>,
         range: Option<std::ops::Range<u64>>,
@@ -199,8 +198,7 @@ impl Error {
     /// A remote failure known by its I/O kind, `reason` its whole message:
     /// the failure is the kind's (`NotFound` a missing file,
     /// `PermissionDenied` a refusal, `InvalidData` an unexpected answer).
-    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
-    pub(crate) fn remote(
+    pub fn remote(
         operation: Operation,
         url: impl Into<PathBuf>,
         range: Option<std::ops::Range<u64>>,
@@ -233,8 +231,7 @@ impl Error {
 
     /// An address that is not one the crate reads ([`ErrorKind::BadAddress`]):
     /// `shown` is the address as it may be shown (no credentials).
-    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
-    pub(crate) fn bad_address(shown: impl Into<PathBuf>, reason: impl Into<String>) -> Error {
+    pub fn bad_address(shown: impl Into<PathBuf>, reason: impl Into<String>) -> Error {
         let reason = reason.into();
         Error::new(ErrorKind::BadAddress { reason }, shown)
     }

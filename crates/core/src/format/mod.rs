@@ -9,13 +9,13 @@ pub(crate) mod index;
 
 /// The file name of a single-file checkpoint in a directory (or under a
 /// remote prefix).
-pub(crate) const SINGLE_FILE: &str = "model.safetensors";
+pub const SINGLE_FILE: &str = "model.safetensors";
 /// The file name of a sharded checkpoint's index in a directory (or under a
 /// remote prefix).
-pub(crate) const INDEX_FILE: &str = "model.safetensors.index.json";
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
 /// Indexes of real checkpoints are a few MiB; a larger one is refused before
 /// it is read, so that a hostile file cannot make us allocate without bound.
-pub(crate) const MAX_INDEX_BYTES: u64 = 100_000_000;
+pub const MAX_INDEX_BYTES: u64 = 100_000_000;
 
 /// The bytes a tensor of `dtype` and `shape` takes: `None` where the count
 /// overflows or does not end on a byte boundary (a packed dtype cut inside a

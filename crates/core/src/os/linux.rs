@@ -298,19 +298,18 @@ pub(crate) fn parent_pid() -> u32 {
 }
 
 /// The effective user id (`geteuid(2)`).
-pub(crate) fn effective_uid() -> Option<u32> {
+pub fn effective_uid() -> Option<u32> {
     Some(rustix::process::geteuid().as_raw())
 }
 
 /// The most address space this process may map (the soft `RLIMIT_AS`,
 /// getrlimit(2)), in bytes; `None` where there is no limit.
-#[cfg(feature = "remote")]
 pub(crate) fn address_space_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::As).current
 }
 
 /// The owner of a file, from its metadata.
-pub(crate) fn file_owner(meta: &Metadata) -> Option<u32> {
+pub fn file_owner(meta: &Metadata) -> Option<u32> {
     Some(meta.uid())
 }
 
@@ -445,13 +444,13 @@ pub(crate) fn path_from_bytes(bytes: Vec<u8>) -> std::path::PathBuf {
 /// it was when opened, whatever happens to the path that named it (a
 /// `current -> snapshots/<rev>` symlink flipped to another revision).
 #[derive(Debug)]
-pub(crate) struct Dir {
+pub struct Dir {
     fd: std::os::fd::OwnedFd,
 }
 
 impl Dir {
     /// Opens the directory at `path` (following symlinks, once).
-    pub(crate) fn open(path: &Path) -> io::Result<Dir> {
+    pub fn open(path: &Path) -> io::Result<Dir> {
         let fd = rustix::fs::open(
             path,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -462,7 +461,7 @@ impl Dir {
 
     /// Opens `name` in this directory for reading, refusing anything but a
     /// regular file, without blocking (as [`open_regular`]).
-    pub(crate) fn open_regular(&self, name: &str) -> io::Result<File> {
+    pub fn open_regular(&self, name: &str) -> io::Result<File> {
         let fd = rustix::fs::openat(
             &self.fd,
             name,
@@ -480,14 +479,14 @@ impl Dir {
     }
 
     /// Whether `name` in this directory is a regular file (after symlinks).
-    pub(crate) fn is_file(&self, name: &str) -> bool {
+    pub fn is_file(&self, name: &str) -> bool {
         rustix::fs::statat(&self.fd, name, AtFlags::empty()).is_ok_and(|stat| {
             rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile
         })
     }
 
     /// The names of the entries, `.` and `..` left out.
-    pub(crate) fn names(&self) -> io::Result<Vec<String>> {
+    pub fn names(&self) -> io::Result<Vec<String>> {
         let mut names = Vec::new();
         for entry in rustix::fs::Dir::read_from(&self.fd)? {
             let entry = entry?;
@@ -540,7 +539,6 @@ pub(crate) fn read_proc(file: super::ProcFile) -> io::Result<Vec<u8>> {
         ProcFile::Meminfo => std::fs::read("/proc/meminfo"),
         ProcFile::SelfCgroup => std::fs::read("/proc/self/cgroup"),
         ProcFile::SelfStat => std::fs::read("/proc/self/stat"),
-        #[cfg(feature = "remote")]
         ProcFile::SelfStatus => std::fs::read("/proc/self/status"),
         ProcFile::Stat(pid) => std::fs::read(format!("/proc/{pid}/stat")),
         ProcFile::HugePagesEnabled => std::fs::read("/sys/kernel/mm/transparent_hugepage/enabled"),
@@ -557,11 +555,9 @@ pub(crate) use node_copy::{
 
 // The write-through cache (src/cache/): names walked, made and published in a
 // shared directory without following what another user may have put there.
-#[cfg(feature = "remote")]
 #[path = "linux_cache.rs"]
 mod cache_dir;
-#[cfg(feature = "remote")]
-pub(crate) use cache_dir::{EntryKind, link_count, reserve, write_all_at};
+pub use cache_dir::{EntryKind, link_count, reserve, write_all_at};
 
 /// Puts the calling thread in the idle scheduling class (`SCHED_IDLE`): it
 /// runs only on CPU time no other thread wants. A hint: where it is refused
@@ -569,8 +565,7 @@ pub(crate) use cache_dir::{EntryKind, link_count, reserve, write_all_at};
 ///
 /// NOTE: through `libc`, as `rustix` has no call that sets a scheduling
 /// policy.
-#[cfg(feature = "remote")]
-pub(crate) fn idle_priority() {
+pub fn idle_priority() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: `sched_setscheduler` reads `param`, a live value on this stack,
     // for the duration of the call; pid 0 is the calling thread, and a

@@ -17,7 +17,7 @@ use super::Dir;
 
 /// What a name in a directory is, not following it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum EntryKind {
+pub enum EntryKind {
     /// No such name.
     Missing,
     /// A regular file of `len` bytes, last modified then.
@@ -45,7 +45,7 @@ fn mode(bits: u32) -> Mode {
 
 impl Dir {
     /// What `name` is here, without following it.
-    pub(crate) fn entry(&self, name: &str) -> io::Result<EntryKind> {
+    pub fn entry(&self, name: &str) -> io::Result<EntryKind> {
         let stat = match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(stat) => stat,
             Err(rustix::io::Errno::NOENT) => return Ok(EntryKind::Missing),
@@ -67,7 +67,7 @@ impl Dir {
     /// The directory `name` here, made first where `create` asks and it is
     /// missing; never through a symlink (`O_NOFOLLOW`: a link at `name` is
     /// an error, not a way elsewhere).
-    pub(crate) fn sub(&self, name: &str, create: bool) -> io::Result<Dir> {
+    pub fn sub(&self, name: &str, create: bool) -> io::Result<Dir> {
         if create {
             match rustix::fs::mkdirat(&self.fd, name, mode(DIR_MODE)) {
                 Ok(()) | Err(rustix::io::Errno::EXIST) => {}
@@ -84,14 +84,14 @@ impl Dir {
     }
 
     /// The target of the symlink `name` here, as written (not resolved).
-    pub(crate) fn read_link(&self, name: &str) -> io::Result<PathBuf> {
+    pub fn read_link(&self, name: &str) -> io::Result<PathBuf> {
         let target = rustix::fs::readlinkat(&self.fd, name, Vec::new())?;
         Ok(super::path_from_bytes(target.into_bytes()))
     }
 
     /// Opens the regular file `name` here for reading, never through a
     /// symlink, without blocking on a FIFO.
-    pub(crate) fn open_nofollow(&self, name: &str) -> io::Result<File> {
+    pub fn open_nofollow(&self, name: &str) -> io::Result<File> {
         let fd = rustix::fs::openat(
             &self.fd,
             name,
@@ -103,7 +103,7 @@ impl Dir {
 
     /// Creates the file `name` here for writing and reading, where no name
     /// is (`O_EXCL`: not even a dangling symlink is followed).
-    pub(crate) fn create_new(&self, name: &str) -> io::Result<File> {
+    pub fn create_new(&self, name: &str) -> io::Result<File> {
         let fd = rustix::fs::openat(
             &self.fd,
             name,
@@ -115,7 +115,7 @@ impl Dir {
 
     /// Opens the lock file `name` here, making it where missing: a regular
     /// file, never through a symlink, without blocking on a FIFO.
-    pub(crate) fn open_lock(&self, name: &str) -> io::Result<File> {
+    pub fn open_lock(&self, name: &str) -> io::Result<File> {
         let fd = rustix::fs::openat(
             &self.fd,
             name,
@@ -129,7 +129,7 @@ impl Dir {
     /// does, and nothing moved. `renameat2(RENAME_NOREPLACE)`; where the
     /// filesystem lacks it (`EINVAL`), a hard link (which never replaces
     /// either) and the removal of `from`.
-    pub(crate) fn rename_noreplace(&self, from: &str, to: &str) -> io::Result<bool> {
+    pub fn rename_noreplace(&self, from: &str, to: &str) -> io::Result<bool> {
         match rustix::fs::renameat_with(&self.fd, from, &self.fd, to, RenameFlags::NOREPLACE) {
             Ok(()) => return Ok(true),
             Err(rustix::io::Errno::EXIST) => return Ok(false),
@@ -147,29 +147,29 @@ impl Dir {
 
     /// Renames `from` to `to` here, replacing what `to` names (atomically:
     /// `to` names the old entry or the new one, never nothing).
-    pub(crate) fn replace(&self, from: &str, to: &str) -> io::Result<()> {
+    pub fn replace(&self, from: &str, to: &str) -> io::Result<()> {
         Ok(rustix::fs::renameat(&self.fd, from, &self.fd, to)?)
     }
 
     /// Makes `name` here a symlink to `target` (relative to this directory).
-    pub(crate) fn symlink(&self, target: &str, name: &str) -> io::Result<()> {
+    pub fn symlink(&self, target: &str, name: &str) -> io::Result<()> {
         Ok(rustix::fs::symlinkat(target, &self.fd, name)?)
     }
 
     /// Removes the file or symlink `name` here (never what a link points at).
-    pub(crate) fn remove(&self, name: &str) -> io::Result<()> {
+    pub fn remove(&self, name: &str) -> io::Result<()> {
         Ok(rustix::fs::unlinkat(&self.fd, name, AtFlags::empty())?)
     }
 
     /// Removes the empty directory `name` here (`unlinkat(AT_REMOVEDIR)`:
     /// a symlink at `name` is refused with `ENOTDIR`, never followed).
-    pub(crate) fn remove_dir(&self, name: &str) -> io::Result<()> {
+    pub fn remove_dir(&self, name: &str) -> io::Result<()> {
         Ok(rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR)?)
     }
 
     /// The owner (uid) of `name` here, from `lstat`: a symlink's own, not
     /// its target's.
-    pub(crate) fn owner(&self, name: &str) -> io::Result<Option<u32>> {
+    pub fn owner(&self, name: &str) -> io::Result<Option<u32>> {
         let stat = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)?;
         Ok(Some(stat.st_uid))
     }
@@ -186,7 +186,7 @@ fn regular(file: File) -> io::Result<File> {
 }
 
 /// How many names a file has, from its metadata.
-pub(crate) fn link_count(meta: &std::fs::Metadata) -> Option<u64> {
+pub fn link_count(meta: &std::fs::Metadata) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     Some(meta.nlink())
 }
@@ -194,7 +194,7 @@ pub(crate) fn link_count(meta: &std::fs::Metadata) -> Option<u64> {
 /// Reserves `len` bytes for `file` (`fallocate(2)`, mode 0), so that writes
 /// within them cannot fail for want of space: `false` where the filesystem
 /// cannot reserve (`EOPNOTSUPP`), and the writes may.
-pub(crate) fn reserve(file: &File, len: u64) -> io::Result<bool> {
+pub fn reserve(file: &File, len: u64) -> io::Result<bool> {
     if len == 0 {
         return Ok(true);
     }
@@ -207,6 +207,6 @@ pub(crate) fn reserve(file: &File, len: u64) -> io::Result<bool> {
 
 /// Writes all of `buf` at `offset` (`pwrite(2)`, short writes and `EINTR`
 /// taken up again).
-pub(crate) fn write_all_at(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+pub fn write_all_at(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
     file.write_all_at(buf, offset)
 }

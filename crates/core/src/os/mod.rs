@@ -23,7 +23,7 @@
 //! that named it (features unify), and by `--all-features`; a cfg is set only
 //! by whoever runs the build. Unit tests of Linux behaviour gate on
 //! `all(target_os = "linux", not(safeload_os_stub))`, the expression below,
-//! with a twin for the stub's answer, or branch on [`MOUNT_DETECTION`].
+//! with a twin for the stub's answer, or branch on `MOUNT_DETECTION`.
 //!
 //! # The interface
 //!
@@ -49,9 +49,10 @@ pub(crate) use steps::read_in_steps;
 pub(crate) use imp::MOUNT_DETECTION;
 
 // Opening and reading files, and telling files apart.
+pub use imp::{Dir, file_owner};
 pub(crate) use imp::{
-    Dir, device_number, file_id, file_owner, may_write, open_private_rw, open_regular,
-    path_from_bytes, path_of, pread,
+    device_number, file_id, may_write, open_private_rw, open_regular, path_from_bytes, path_of,
+    pread,
 };
 
 // Direct I/O on an open file.
@@ -67,16 +68,15 @@ pub(crate) use imp::{
 pub(crate) use imp::{filesystem_magic, filesystem_magic_of};
 
 // Processes, locks (for `coord/lock.rs` alone) and memory shared between them.
-pub(crate) use imp::{SharedWords, effective_uid, flock, parent_pid, pid_exists};
+pub use imp::effective_uid;
+pub(crate) use imp::{SharedWords, flock, parent_pid, pid_exists};
 
 // Limits: the address space this process may map (the bound of a remote
 // body held in memory).
-#[cfg(feature = "remote")]
 pub(crate) use imp::address_space_limit;
 
 // Scheduling: a thread's class.
-#[cfg(feature = "remote")]
-pub(crate) use imp::idle_priority;
+pub use imp::idle_priority;
 
 // The node copy: a sealed memory file, filled through a shared map, handed
 // to the job's other local ranks over a Unix socket; what a name is.
@@ -120,8 +120,7 @@ pub(crate) use imp::read_proc;
 // `open_lock`, `rename_noreplace`, `replace`, `symlink`, `remove`,
 // `remove_dir`, `owner`), a file's link count, space reserved and positional
 // writes (feature `remote`).
-#[cfg(feature = "remote")]
-pub(crate) use imp::{EntryKind, link_count, reserve, write_all_at};
+pub use imp::{EntryKind, link_count, reserve, write_all_at};
 
 /// A file of `/proc` (proc(5)), or of `/sys` for the kernel's settings, the
 /// crate reads. The OS layer only reads it; the text is parsed where it is
@@ -143,7 +142,6 @@ pub(crate) enum ProcFile {
     SelfStat,
     /// `/proc/self/status`: the address space this process has mapped
     /// (`VmSize`).
-    #[cfg(feature = "remote")]
     SelfStatus,
     /// `/proc/<pid>/stat`: another process's state and start time.
     Stat(u32),
@@ -197,7 +195,7 @@ pub(crate) fn read_at_least(
     read_at_least_noting(file, buf, required, offset).map(drop)
 }
 
-/// [`read_at_least`], saying whether this read took `O_DIRECT` off the
+/// `read_at_least`, saying whether this read took `O_DIRECT` off the
 /// descriptor, and why.
 ///
 /// With `O_DIRECT` set, every read must be whole blocks at a block offset
@@ -268,12 +266,8 @@ pub(crate) fn read_at_least_noting(
     Ok(dropped)
 }
 
-/// Reads exactly `buf.len()` bytes at `offset`; see [`read_at_least`].
-pub(crate) fn read_exact_at(
-    file: &File,
-    buf: &mut [u8],
-    offset: u64,
-) -> Result<(), (u64, io::Error)> {
+/// Reads exactly `buf.len()` bytes at `offset`; see `read_at_least`.
+pub fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> Result<(), (u64, io::Error)> {
     let len = buf.len();
     read_at_least(file, buf, len, offset)
 }

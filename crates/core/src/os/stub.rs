@@ -111,18 +111,17 @@ pub(crate) fn parent_pid() -> u32 {
 }
 
 /// Unknown here.
-pub(crate) fn effective_uid() -> Option<u32> {
+pub fn effective_uid() -> Option<u32> {
     None
 }
 
 /// Unknown here: no limit is seen.
-#[cfg(feature = "remote")]
 pub(crate) fn address_space_limit() -> Option<u64> {
     None
 }
 
 /// Unknown here.
-pub(crate) fn file_owner(_meta: &Metadata) -> Option<u32> {
+pub fn file_owner(_meta: &Metadata) -> Option<u32> {
     None
 }
 
@@ -196,13 +195,13 @@ pub(crate) fn path_from_bytes(bytes: Vec<u8>) -> std::path::PathBuf {
 /// come from that directory, though a symlink flipped between the opens of
 /// a load can still be seen where there is no `openat`.
 #[derive(Debug)]
-pub(crate) struct Dir {
+pub struct Dir {
     path: std::path::PathBuf,
 }
 
 impl Dir {
     /// Resolves the directory at `path`.
-    pub(crate) fn open(path: &Path) -> io::Result<Dir> {
+    pub fn open(path: &Path) -> io::Result<Dir> {
         let path = std::fs::canonicalize(path)?;
         if !path.is_dir() {
             return Err(io::Error::new(
@@ -214,17 +213,17 @@ impl Dir {
     }
 
     /// Opens `name` in this directory, refusing anything but a regular file.
-    pub(crate) fn open_regular(&self, name: &str) -> io::Result<File> {
+    pub fn open_regular(&self, name: &str) -> io::Result<File> {
         open_regular(&self.path.join(name))
     }
 
     /// Whether `name` in this directory is a regular file.
-    pub(crate) fn is_file(&self, name: &str) -> bool {
+    pub fn is_file(&self, name: &str) -> bool {
         self.path.join(name).is_file()
     }
 
     /// The names of the entries.
-    pub(crate) fn names(&self) -> io::Result<Vec<String>> {
+    pub fn names(&self) -> io::Result<Vec<String>> {
         std::fs::read_dir(&self.path)?
             .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
             .collect()
@@ -375,10 +374,8 @@ impl FdStream {
 }
 
 // The write-through cache (feature `remote`).
-#[cfg(feature = "remote")]
-pub(crate) use cache_dir::{EntryKind, link_count, reserve, write_all_at};
+pub use cache_dir::{EntryKind, link_count, reserve, write_all_at};
 
-#[cfg(feature = "remote")]
 mod cache_dir {
     use std::fs::File;
     use std::io;
@@ -389,7 +386,7 @@ mod cache_dir {
 
     /// What a name in a directory is, not following it.
     #[derive(Debug, Clone, PartialEq, Eq)]
-    pub(crate) enum EntryKind {
+    pub enum EntryKind {
         /// No such name.
         Missing,
         /// A regular file of `len` bytes, last modified then.
@@ -410,7 +407,7 @@ mod cache_dir {
     // follow a symlink where it checks for one.
     impl Dir {
         /// What `name` is here, without following it.
-        pub(crate) fn entry(&self, name: &str) -> io::Result<EntryKind> {
+        pub fn entry(&self, name: &str) -> io::Result<EntryKind> {
             let meta = match std::fs::symlink_metadata(self.path.join(name)) {
                 Ok(meta) => meta,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(EntryKind::Missing),
@@ -433,7 +430,7 @@ mod cache_dir {
 
         /// The directory `name` here, made first where `create` asks; not
         /// through a symlink.
-        pub(crate) fn sub(&self, name: &str, create: bool) -> io::Result<Dir> {
+        pub fn sub(&self, name: &str, create: bool) -> io::Result<Dir> {
             let path = self.path.join(name);
             if create {
                 match std::fs::create_dir(&path) {
@@ -452,12 +449,12 @@ mod cache_dir {
         }
 
         /// The target of the symlink `name` here, as written.
-        pub(crate) fn read_link(&self, name: &str) -> io::Result<std::path::PathBuf> {
+        pub fn read_link(&self, name: &str) -> io::Result<std::path::PathBuf> {
             std::fs::read_link(self.path.join(name))
         }
 
         /// Opens the regular file `name` here for reading, not through a symlink.
-        pub(crate) fn open_nofollow(&self, name: &str) -> io::Result<File> {
+        pub fn open_nofollow(&self, name: &str) -> io::Result<File> {
             let path = self.path.join(name);
             if !std::fs::symlink_metadata(&path)?.is_file() {
                 return Err(io::Error::new(
@@ -469,7 +466,7 @@ mod cache_dir {
         }
 
         /// Creates the file `name` here for writing, where no name is.
-        pub(crate) fn create_new(&self, name: &str) -> io::Result<File> {
+        pub fn create_new(&self, name: &str) -> io::Result<File> {
             std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -478,7 +475,7 @@ mod cache_dir {
         }
 
         /// Opens the lock file `name` here, making it where missing.
-        pub(crate) fn open_lock(&self, name: &str) -> io::Result<File> {
+        pub fn open_lock(&self, name: &str) -> io::Result<File> {
             let path = self.path.join(name);
             if matches!(self.entry(name)?, EntryKind::Link | EntryKind::Other) {
                 return Err(io::Error::new(
@@ -496,7 +493,7 @@ mod cache_dir {
 
         /// Renames `from` to `to` here unless `to` exists (a hard link, which
         /// never replaces, then the removal of `from`): `false` where it does.
-        pub(crate) fn rename_noreplace(&self, from: &str, to: &str) -> io::Result<bool> {
+        pub fn rename_noreplace(&self, from: &str, to: &str) -> io::Result<bool> {
             match std::fs::hard_link(self.path.join(from), self.path.join(to)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
@@ -507,12 +504,12 @@ mod cache_dir {
         }
 
         /// Renames `from` to `to` here, replacing what `to` names.
-        pub(crate) fn replace(&self, from: &str, to: &str) -> io::Result<()> {
+        pub fn replace(&self, from: &str, to: &str) -> io::Result<()> {
             std::fs::rename(self.path.join(from), self.path.join(to))
         }
 
         /// Makes `name` here a symlink to `target`.
-        pub(crate) fn symlink(&self, target: &str, name: &str) -> io::Result<()> {
+        pub fn symlink(&self, target: &str, name: &str) -> io::Result<()> {
             #[cfg(unix)]
             {
                 std::os::unix::fs::symlink(target, self.path.join(name))
@@ -525,12 +522,12 @@ mod cache_dir {
         }
 
         /// Removes the file or symlink `name` here.
-        pub(crate) fn remove(&self, name: &str) -> io::Result<()> {
+        pub fn remove(&self, name: &str) -> io::Result<()> {
             std::fs::remove_file(self.path.join(name))
         }
 
         /// Removes the empty directory `name` here (not through a symlink).
-        pub(crate) fn remove_dir(&self, name: &str) -> io::Result<()> {
+        pub fn remove_dir(&self, name: &str) -> io::Result<()> {
             if self.entry(name)? != EntryKind::Dir {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -542,7 +539,7 @@ mod cache_dir {
 
         /// The owner (uid) of `name` here, not following a symlink; `None`
         /// where the platform has no uids.
-        pub(crate) fn owner(&self, name: &str) -> io::Result<Option<u32>> {
+        pub fn owner(&self, name: &str) -> io::Result<Option<u32>> {
             let meta = std::fs::symlink_metadata(self.path.join(name))?;
             #[cfg(unix)]
             {
@@ -557,17 +554,17 @@ mod cache_dir {
     }
 
     /// Unknown here.
-    pub(crate) fn link_count(_meta: &std::fs::Metadata) -> Option<u64> {
+    pub fn link_count(_meta: &std::fs::Metadata) -> Option<u64> {
         None
     }
 
     /// No space reservation here: writes may find the disk full.
-    pub(crate) fn reserve(_file: &File, _len: u64) -> io::Result<bool> {
+    pub fn reserve(_file: &File, _len: u64) -> io::Result<bool> {
         Ok(false)
     }
 
     /// Writes all of `buf` at `offset`.
-    pub(crate) fn write_all_at(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+    pub fn write_all_at(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
         #[cfg(unix)]
         {
             std::os::unix::fs::FileExt::write_all_at(file, buf, offset)
@@ -581,5 +578,4 @@ mod cache_dir {
 }
 
 /// No idle scheduling class here: the thread keeps its priority.
-#[cfg(feature = "remote")]
-pub(crate) fn idle_priority() {}
+pub fn idle_priority() {}

@@ -211,7 +211,7 @@ pub(crate) fn verify(caller: Option<bool>, env: &Environment, expected: bool) ->
 /// `false`, `no`, `off` is off (any case, spaces around ignored); anything
 /// else is `None`. The one reading of every switch the crate takes from the
 /// environment.
-pub(crate) fn switch(value: &str) -> Option<bool> {
+pub fn switch(value: &str) -> Option<bool> {
     match value.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Some(true),
         "0" | "false" | "no" | "off" => Some(false),

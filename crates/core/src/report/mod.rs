@@ -124,15 +124,10 @@ use crate::mount::MountKind;
 pub use crate::policy::{DirectIo, Fallback, PrefetchMethod, Reason, Strategy};
 pub use crate::progress::{Phase, Progress};
 pub use crate::source::{CacheStore, CacheUse, NotCached};
-pub use cache::{
-    CacheEntryKind, CacheListing, CacheRemoval, CachedFile, CachedRepo, CachedRevision, KeepReason,
-    KeptEntry, RemoveMode, RemovedEntry,
-};
 pub use node_copy::NodeCopy;
 pub use note::{ConcurrencyReason, CopyRemark, LoadNote};
 pub use prefetch::{PrefetchReason, PrefetchReport, QueueNote, RankSource, SkipReason};
 
-mod cache;
 #[cfg(all(test, feature = "serde"))]
 mod json_tests;
 mod node_copy;
@@ -466,7 +461,8 @@ impl fmt::Display for LoadReport {
     }
 }
 
-pub(crate) fn human_bytes(bytes: u64) -> String {
+#[doc(hidden)]
+pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = bytes as f64;
     let mut unit = 0;

@@ -143,8 +143,7 @@ impl fmt::Display for NotCached {
 
 impl NotCached {
     /// The reason of a failed cache operation.
-    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
-    pub(crate) fn of_io(error: &std::io::Error) -> NotCached {
+    pub fn of_io(error: &std::io::Error) -> NotCached {
         match error.kind() {
             std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => {
                 NotCached::NoSpace
@@ -170,7 +169,7 @@ impl CacheUse {
     /// Itself, or where the bytes did not hash to the store's digest, the
     /// error saying so of the file at `path`
     /// ([`ErrorKind::IntegrityMismatch`](crate::ErrorKind::IntegrityMismatch)).
-    pub(crate) fn checked(self, path: &std::path::Path) -> crate::Result<CacheUse> {
+    pub fn checked(self, path: &std::path::Path) -> crate::Result<CacheUse> {
         match self {
             CacheUse::NotCached {
                 why: NotCached::Mismatch { expected, actual },

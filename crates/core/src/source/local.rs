@@ -34,7 +34,7 @@ pub struct LocalFile {
 impl LocalFile {
     /// Takes an opened file: looks up its mount in `table` (none where there
     /// is no table) and records its version.
-    pub(crate) fn new(path: PathBuf, file: File, table: Option<&MountTable>) -> io::Result<Self> {
+    pub fn new(path: PathBuf, file: File, table: Option<&MountTable>) -> io::Result<Self> {
         let meta = file.metadata()?;
         // The file as opened, symlinks resolved then (a Hugging Face cache
         // snapshot links every file into `blobs/`, maybe on another mount).

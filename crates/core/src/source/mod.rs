@@ -46,7 +46,6 @@ pub enum VersionTag {
     },
     /// A remote object: the entity tag its server gave (required by
     /// `If-Match` on every later request), or the version id.
-    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
     ETag(String),
     /// Nothing better is known (a platform without inode numbers, a server
     /// that gives no ETag).

@@ -3,14 +3,13 @@
 use std::fs::File;
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::checking::{Filling, Settle};
 use super::{IMAGE_PIECE, Phase, Write};
 use crate::source::{CacheUse, CacheWrite, NotCached};
 
-impl CacheWrite for Arc<Write> {
+impl CacheWrite for Write {
     fn map_destination(&self) -> Option<File> {
         let mut state = self.lock();
         if state.paused || !matches!(state.phase, Phase::Waiting { .. }) {
@@ -94,6 +93,10 @@ impl CacheWrite for Arc<Write> {
 
     fn settle_on_drop(&self) -> Box<dyn Send + Sync> {
         self.deferred.store(true, Ordering::Relaxed);
-        Box::new(Settle(Arc::clone(self)))
+        // `self` is always in an `Arc` (`Write::new`): its own is there to take.
+        match self.me.upgrade() {
+            Some(me) => Box::new(Settle(me)),
+            None => Box::new(()),
+        }
     }
 }

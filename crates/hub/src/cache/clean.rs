@@ -39,7 +39,7 @@ use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode, Remove
 /// ([`KeepReason`](crate::report::KeepReason)).
 ///
 /// ```no_run
-/// use safeload::report::RemoveMode;
+/// use safeload::hub::RemoveMode;
 /// // What would go, then the removal: the same names and bytes.
 /// let plan = safeload::hub::hub_cache_remove("org/model", Some("v1.0"), RemoveMode::DryRun)?;
 /// println!("{plan}");
@@ -56,7 +56,7 @@ use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode, Remove
 /// # Errors
 ///
 /// A repository id or revision that is no name of the hub
-/// ([`ErrorKind::BadAddress`](crate::ErrorKind::BadAddress) on
+/// ([`ErrorKind::BadAddress`](safeload_core::ErrorKind::BadAddress) on
 /// `hf://repo@revision`, as a load of that address: a `..`, a `/` too many,
 /// a `--`), before anything is looked at; no cache, no such repository or revision in it
 /// ([`Error::is_not_found`]); a snapshot that cannot be read (nothing is
@@ -95,7 +95,7 @@ pub fn hub_cache_remove(
 /// hour. A cache that does not exist yet has nothing to prune.
 ///
 /// ```no_run
-/// use safeload::report::RemoveMode;
+/// use safeload::hub::RemoveMode;
 /// let plan = safeload::hub::hub_cache_prune(None, RemoveMode::DryRun)?;
 /// for entry in &plan.removed {
 ///     println!("would remove {} ({} bytes)", entry.path.display(), entry.bytes);
@@ -106,7 +106,7 @@ pub fn hub_cache_remove(
 /// # Errors
 ///
 /// A repository id that is no name of the hub
-/// ([`ErrorKind::BadAddress`](crate::ErrorKind::BadAddress) on
+/// ([`ErrorKind::BadAddress`](safeload_core::ErrorKind::BadAddress) on
 /// `hf://repo`); no `HF_HUB_CACHE`, `HF_HOME` or `HOME` to find the cache
 /// by; a cache or repository folder that cannot be
 /// listed.

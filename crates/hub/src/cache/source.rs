@@ -251,7 +251,7 @@ impl Source for Fetched {
     }
 
     fn cache_write(&self) -> Option<&dyn CacheWrite> {
-        Some(&self.write)
+        Some(&*self.write)
     }
 
     fn commit(&self) -> Option<&str> {

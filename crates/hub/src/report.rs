@@ -3,7 +3,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use super::human_bytes;
+use safeload_core::report::human_bytes;
+use safeload_core::worded;
 
 /// The Hugging Face cache: where it is, and what it holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -14,7 +15,7 @@ pub struct CacheListing {
     /// `~/.cache/huggingface/hub`); `None` where nothing names one.
     #[cfg_attr(
         feature = "serde",
-        serde(serialize_with = "crate::worded::maybe_path_text")
+        serde(serialize_with = "safeload_core::worded::maybe_path_text")
     )]
     pub root: Option<PathBuf>,
     /// Whether that directory exists.
@@ -140,7 +141,10 @@ pub enum RemoveMode {
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CacheRemoval {
     /// The cache's directory.
-    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::worded::path_text"))]
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "safeload_core::worded::path_text")
+    )]
     pub root: PathBuf,
     /// A dry run (nothing removed), or a removal.
     pub mode: RemoveMode,
@@ -159,7 +163,10 @@ pub struct CacheRemoval {
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RemovedEntry {
     /// Its path (a link's own, never its target's).
-    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::worded::path_text"))]
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "safeload_core::worded::path_text")
+    )]
     pub path: PathBuf,
     /// What it was.
     pub kind: CacheEntryKind,
@@ -212,7 +219,10 @@ impl CacheEntryKind {
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct KeptEntry {
     /// Its path.
-    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::worded::path_text"))]
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "safeload_core::worded::path_text")
+    )]
     pub path: PathBuf,
     /// Why it was kept.
     pub why: KeepReason,

@@ -109,8 +109,8 @@ pub fn var_builder_from(
 impl DeviceTensors<Cuda> {
     /// Every tensor as a candle tensor on `device` (the GPU they were loaded
     /// on), by name: per file, the tensors of the dtype holding most of its
-    /// bytes are views of its slab, the others copies on the GPU (the
-    /// [module](crate::candle::cuda#what-is-copied) says when). Read the
+    /// bytes are views of its slab, the others copies on the GPU (the module
+    /// `safeload::candle::cuda` says when). Read the
     /// [`report`](Self::report) first: it is dropped.
     ///
     /// # Errors

@@ -2,7 +2,7 @@
 # Checks that an application depending on safeload with `candle` and `cuda`, and on
 # candle-core with its own `cuda`, resolves to one cudarc (the features unify; no CUDA
 # version pinned here clashes with candle's detection). Resolution only: building
-# candle's CUDA kernels (candle-kernels) needs `nvcc`, which this machine lacks.
+# candle's CUDA kernels (candle-kernels) needs `nvcc`; scripts/check_candle_cuda_glue.sh does.
 set -euo pipefail
 crate="$(cd "$(dirname "$0")/.." && pwd)"
 probe="$(mktemp -d)"

@@ -432,6 +432,10 @@
 //!   places tensors in (cudarc, the driver loaded at run time: the feature
 //!   builds without CUDA; no CUDA version pinned). Without it the device path
 //!   runs on [`device::StandIn`], or on an engine's own [`device::Device`].
+//! - `candle-cuda` (off): `candle` and `cuda`, and candle's own `cuda`: a
+//!   load to a GPU as candle tensors on `Device::Cuda` and a `VarBuilder`
+//!   over them (`safeload::candle::cuda`). candle's kernels are compiled with
+//!   `nvcc` (README, "Weights straight to a GPU").
 //! - `mpi` (off): [`Loader::exchange`]'s MPI implementation, selected by
 //!   `SAFELOAD_EXCHANGE=mpi`, so that the nodes of a job read each byte once
 //!   between them (needs an MPI library, Open MPI or MPICH, and libclang to
@@ -563,6 +567,32 @@ pub mod candle {
         device: &candle_core::Device,
     ) -> crate::Result<candle_nn::VarBuilder<'static>> {
         safeload_core::candle::var_builder::<crate::extras::Builtin>(path, dtype, device)
+    }
+
+    /// A load to a GPU as candle tensors on `Device::Cuda` and a `VarBuilder`
+    /// over them (feature `candle-cuda`).
+    #[cfg(feature = "candle-cuda")]
+    pub mod cuda {
+        #[doc(inline)]
+        pub use safeload_core::candle::cuda::*;
+
+        /// A candle `VarBuilder` over the checkpoint at `path` (or, feature
+        /// `remote`, the address of one), loaded into `device`'s memory on
+        /// candle's stream ([`device`]) and handed over as
+        /// `DeviceTensors::into_candle` does: each file's main dtype as views
+        /// of its slab, the others copied on the GPU.
+        ///
+        /// # Errors
+        ///
+        /// As [`device`], `Loader::load_to_device` and
+        /// `DeviceTensors::into_candle`.
+        pub fn var_builder(
+            path: impl AsRef<std::path::Path>,
+            dtype: candle_core::DType,
+            device: &candle_core::Device,
+        ) -> candle_core::Result<candle_nn::VarBuilder<'static>> {
+            safeload_core::candle::cuda::var_builder::<crate::extras::Builtin>(path, dtype, device)
+        }
     }
 }
 

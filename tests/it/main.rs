@@ -49,6 +49,8 @@ mod verify;
 
 #[cfg(feature = "candle")]
 mod candle;
+#[cfg(feature = "candle-cuda")]
+mod candle_cuda;
 #[cfg(feature = "cuda")]
 mod device_cuda;
 #[cfg(feature = "remote")]

@@ -43,6 +43,9 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::state_dict::StateDict;
 use crate::tensor::Tensor;
 
+#[cfg(feature = "candle-cuda")]
+pub mod cuda;
+
 /// Lets a `safeload::Error` pass through candle's `?`: it is wrapped
 /// (`candle_core::Error::Wrapped`), its message intact.
 impl From<Error> for candle_core::Error {

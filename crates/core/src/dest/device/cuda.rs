@@ -89,6 +89,15 @@ impl CudaSlab {
     pub fn memory(&self) -> MutexGuard<'_, CudaSlice<u8>> {
         self.memory.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// The slab's device memory, owned: for an engine that takes the slab
+    /// once no tensor of it is left (`Arc::try_unwrap` of
+    /// [`DeviceTensor::slab`](super::DeviceTensor::slab)).
+    pub fn into_memory(self) -> CudaSlice<u8> {
+        self.memory
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// A pinned staging buffer of a [`Cuda`] device.
@@ -118,6 +127,11 @@ impl Device for Cuda {
 
     fn allocate(&self, len: usize) -> io::Result<CudaSlab> {
         let memory = self.stream.alloc_zeros::<u8>(len).map_err(driver)?;
+        // The copies are submitted from the readers' threads: where the
+        // stream is the per-thread default stream (candle's `Device::new_cuda`),
+        // each thread's is another, not ordered after this allocation and
+        // its zeroing; they are complete before any copy, whatever the stream.
+        self.stream.synchronize().map_err(driver)?;
         let address = memory.device_ptr(&self.stream).0;
         Ok(CudaSlab {
             address,

@@ -24,7 +24,7 @@ use crate::verify::{Digest256, hex};
 /// NOTE: the digest is a second collective of 32 bytes rather than 32 bytes appended to the
 /// range, which would need a copy of the range into a larger buffer on every node; with ranges
 /// of megabytes the second collective's latency is the smaller cost.
-pub(crate) fn broadcast_checked<E: Exchange + ?Sized>(
+pub fn broadcast_checked<E: Exchange + ?Sized>(
     ex: &E,
     owner: usize,
     buf: &mut [u8],

@@ -16,7 +16,7 @@ use std::sync::{Mutex, OnceLock};
 
 use mpi::environment::{Threading, Universe};
 
-use crate::cluster::{ExchangeError, ExchangeErrorKind};
+use safeload_core::cluster::{ExchangeError, ExchangeErrorKind};
 
 /// The outcome of the one initialization: `Ok` once MPI is usable from the exchange's threads.
 static INIT: OnceLock<Result<(), ExchangeError>> = OnceLock::new();

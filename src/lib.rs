@@ -432,8 +432,8 @@
 //!   places tensors in (cudarc, the driver loaded at run time: the feature
 //!   builds without CUDA; no CUDA version pinned). Without it the device path
 //!   runs on [`device::StandIn`], or on an engine's own [`device::Device`].
-//! - `mpi` (off): [`Loader::exchange`]'s MPI implementation, selected by
-//!   `SAFELOAD_EXCHANGE=mpi`, so that the nodes of a job read each byte once
+//! - `mpi` (off): [`Loader::exchange`]'s MPI implementation (the crate
+//!   `safeload-mpi`), selected by `SAFELOAD_EXCHANGE=mpi`, so that the nodes of a job read each byte once
 //!   between them (needs an MPI library, Open MPI or MPICH, and libclang to
 //!   build; README, "Many nodes"). Without it an engine can still pass its
 //!   own [`cluster::Communicator`].
@@ -505,7 +505,8 @@ pub fn load_state_dict(
 }
 
 /// What this build reads beyond local paths: the extras its cargo features
-/// compile in, which [`Loader`] and [`Checkpoint`] resolve addresses with.
+/// compile in, which [`Loader`] and [`Checkpoint`] resolve addresses with
+/// (and join the exchange between nodes `SAFELOAD_EXCHANGE` names through).
 pub mod extras {
     pub use safeload_core::extras::{Extras, NoExtras};
 

@@ -85,7 +85,15 @@ pub(crate) const EXCHANGE_ENV: &str = "SAFELOAD_EXCHANGE";
 pub(crate) fn from_env(
     join: impl FnOnce(&str) -> Option<std::io::Result<Joined>>,
 ) -> Result<Option<Joined>, String> {
-    let Ok(value) = std::env::var(EXCHANGE_ENV) else {
+    from_value(std::env::var(EXCHANGE_ENV).ok().as_deref(), join)
+}
+
+/// [`from_env`] with `value` for the variable's.
+fn from_value(
+    value: Option<&str>,
+    join: impl FnOnce(&str) -> Option<std::io::Result<Joined>>,
+) -> Result<Option<Joined>, String> {
+    let Some(value) = value else {
         return Ok(None);
     };
     match value.trim() {
@@ -189,6 +197,44 @@ pub(crate) mod tests {
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| v.to_string())
         }
+    }
+
+    #[test]
+    fn the_exchange_named_is_the_extras_and_a_name_they_do_not_know_is_refused() {
+        let never =
+            |name: &str| -> Option<std::io::Result<Joined>> { panic!("asked to join {name:?}") };
+        for off in [
+            None,
+            Some(""),
+            Some(" "),
+            Some("0"),
+            Some("none"),
+            Some("off "),
+        ] {
+            assert!(from_value(off, never).unwrap().is_none(), "{off:?}");
+        }
+        // The extras get the value trimmed, and what they join is the load's.
+        let mut asked = String::new();
+        let joined = from_value(Some(" pigeons\n"), |name| {
+            asked = name.to_string();
+            Some(Ok(Joined::new(None, (1, 4), 3)))
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(asked, "pigeons");
+        assert!(joined.exchange.is_none());
+        assert_eq!((joined.local_rank, joined.nodes), ((1, 4), 3));
+        // Their error in their words; a name they do not know, named.
+        let err = from_value(Some("pigeons"), |_| {
+            Some(Err(std::io::Error::other("no pigeons today")))
+        })
+        .unwrap_err();
+        assert_eq!(err, "no pigeons today");
+        let err = from_value(Some("pigeons"), |_| None).unwrap_err();
+        assert_eq!(
+            err,
+            "SAFELOAD_EXCHANGE=\"pigeons\" is not an exchange this build knows"
+        );
     }
 
     #[test]

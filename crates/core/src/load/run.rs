@@ -51,13 +51,13 @@ impl<X> Loader<X> {
         }
         // One participant per node: the engine's communicator is used by
         // local rank 0; the node's other ranks wait for its node copies, as
-        // the other processes of an MPI node do.
+        // the other processes of a node in a joined exchange do.
         let engine_member = engine.as_ref().is_some_and(|e| {
             use crate::cluster::Exchange;
             let rank = crate::prefetch::LocalRank::from_setting(opts.local_rank, &env);
             e.nodes() > 1 && rank.size > 1 && rank.rank > 0
         });
-        let mpi_member = joined
+        let joined_member = joined
             .as_ref()
             .is_some_and(|j| j.exchange.is_none() && j.nodes > 1);
         Run {
@@ -77,7 +77,7 @@ impl<X> Loader<X> {
                 Some(engine) => Some(engine as &dyn crate::cluster::Exchange),
                 None => joined.as_ref().and_then(|j| j.exchange.as_deref()),
             },
-            member: engine_member || mpi_member,
+            member: engine_member || joined_member,
         }
         .finish(&files)
     }

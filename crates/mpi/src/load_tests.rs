@@ -1,8 +1,9 @@
 //! Loads split between nodes (issue 27) under `mpirun`: three processes stand in for three
 //! nodes (`SAFELOAD_NODE_ID`), each with its own FUSE test mount of the same checkpoint, whose
 //! counters say how many bytes each node read from storage. Every process loads through the
-//! public API with `SAFELOAD_EXCHANGE=mpi`, as a job script would, and prints the digest of
-//! its tensors and the load's notes.
+//! core's `Loader` with this crate's extras (what the facade's feature `mpi` builds in) and
+//! `SAFELOAD_EXCHANGE=mpi`, as a job script would, and prints the digest of its tensors and the
+//! load's notes.
 //!
 //! Needs FUSE and `mpirun`: skipped (loudly) where either is missing, a failure under
 //! `SAFELOAD_REQUIRE_FUSE=1` / `SAFELOAD_REQUIRE_MPI=1`.

@@ -6,12 +6,15 @@
 //! reason), as the remote layer's error is.
 
 /// What went wrong in an exchange.
+// Hidden on the item itself: the facade inlines `cluster`, and the attribute of a `use`
+// does not reach the pages it makes there.
+#[doc(hidden)] // for the plug-in crates
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 // Setup, TimedOut and Broken come from the plug-in crates' exchanges and the tests' loopback.
 pub enum ExchangeErrorKind {
     /// The exchange could not be set up: the system's library (MPI) missing or initialized
-    /// without the thread support it needs, a node identity that does not parse, nodes that disagree on how they are
-    /// identified, a bad timeout.
+    /// without the thread support it needs, a node identity that does not parse, nodes that
+    /// disagree on how they are identified, a bad timeout.
     Setup,
     /// A collective did not complete within the deadline: a node stalled or died.
     TimedOut,
@@ -28,6 +31,7 @@ pub enum ExchangeErrorKind {
 }
 
 /// A failed exchange: its kind, and this layer's message (lowercase, no trailing period).
+#[doc(hidden)] // for the plug-in crates
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ExchangeError {

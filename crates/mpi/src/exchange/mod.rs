@@ -23,7 +23,7 @@
 //! # When a process dies
 //!
 //! What Open MPI 4.1.4 does, measured on loopback with the tests of `tests.rs` (BENCHMARKS.md,
-//! "cluster/mpi/mod.rs: when a process dies"):
+//! "crates/mpi/src/exchange/mod.rs: when a process dies"):
 //!
 //! - A process that dies (a signal, `abort`, a non-zero exit) ends the job: `mpirun` notices,
 //!   prints which rank died and how ("exited on signal 9 (Killed)"), and kills the other

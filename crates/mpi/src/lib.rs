@@ -11,16 +11,16 @@
 //! `SAFELOAD_EXCHANGE=mpi` (README, "Many nodes").
 
 use std::io;
-use std::sync::Arc;
 
-use safeload_core::cluster::{Exchange, Joined};
+use safeload_core::cluster::Joined;
 use safeload_core::extras::Extras;
 
 // MPI's life in the process, node identity, the communicators and the collectives on a thread
 // of their own (`exchange/`).
+#[cfg(feature = "mpi")]
 mod exchange;
 // Loads split between nodes under `mpirun`, through the exchange's harness.
-#[cfg(all(test, unix))]
+#[cfg(all(test, unix, feature = "mpi"))]
 mod load_tests;
 
 /// The value of `SAFELOAD_EXCHANGE` this crate answers.
@@ -45,7 +45,11 @@ impl Extras for MpiExtras {
 }
 
 /// Joins the job's MPI exchange with the settings of the process's environment.
+#[cfg(feature = "mpi")]
 fn join() -> io::Result<Joined> {
+    use safeload_core::cluster::Exchange;
+    use std::sync::Arc;
+
     let settings = exchange::MpiSettings::from_env().map_err(io::Error::other)?;
     let membership = exchange::MpiExchange::join(&settings).map_err(io::Error::other)?;
     let exchange = membership
@@ -56,4 +60,30 @@ fn join() -> io::Result<Joined> {
         (membership.local_rank, membership.local_ranks),
         membership.nodes,
     ))
+}
+
+/// Without the feature `mpi` there is no exchange to join: said, not skipped.
+#[cfg(not(feature = "mpi"))]
+fn join() -> io::Result<Joined> {
+    Err(io::Error::other(
+        "SAFELOAD_EXCHANGE=mpi needs safeload-mpi built with its feature `mpi`",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_mpi_is_answered() {
+        assert!(MpiExtras.join_exchange("other").is_none());
+        assert!(MpiExtras.join_exchange("MPI").is_none());
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    #[test]
+    fn without_the_feature_mpi_is_refused_saying_which_feature() {
+        let error = MpiExtras.join_exchange("mpi").unwrap().unwrap_err();
+        assert!(error.to_string().contains("feature `mpi`"), "{error}");
+    }
 }

@@ -436,8 +436,8 @@
 //!   load to a GPU as candle tensors on `Device::Cuda` and a `VarBuilder`
 //!   over them (`safeload::candle::cuda`). candle's kernels are compiled with
 //!   `nvcc` (README, "Weights straight to a GPU").
-//! - `mpi` (off): [`Loader::exchange`]'s MPI implementation, selected by
-//!   `SAFELOAD_EXCHANGE=mpi`, so that the nodes of a job read each byte once
+//! - `mpi` (off): [`Loader::exchange`]'s MPI implementation (the crate
+//!   `safeload-mpi`), selected by `SAFELOAD_EXCHANGE=mpi`, so that the nodes of a job read each byte once
 //!   between them (needs an MPI library, Open MPI or MPICH, and libclang to
 //!   build; README, "Many nodes"). Without it an engine can still pass its
 //!   own [`cluster::Communicator`].
@@ -509,12 +509,15 @@ pub fn load_state_dict(
 }
 
 /// What this build reads beyond local paths: the extras its cargo features
-/// compile in, which [`Loader`] and [`Checkpoint`] resolve addresses with.
+/// compile in, which [`Loader`] and [`Checkpoint`] resolve addresses with
+/// (and join the exchange between nodes `SAFELOAD_EXCHANGE` names through).
 pub mod extras {
     pub use safeload_core::extras::{Extras, NoExtras};
 
     /// The extras of this build: with the feature `remote`, the object stores
-    /// and the Hugging Face hub, through their caches; none without.
+    /// and the Hugging Face hub, through their caches; with the feature `mpi`,
+    /// the exchange between nodes that `SAFELOAD_EXCHANGE=mpi` joins; none
+    /// without.
     #[derive(Debug, Clone, Copy, Default)]
     pub struct Builtin;
 
@@ -531,6 +534,22 @@ pub mod extras {
                 let _ = (address, caching);
                 None
             }
+        }
+
+        fn join_exchange(
+            &self,
+            name: &str,
+        ) -> Option<std::io::Result<safeload_core::cluster::Joined>> {
+            #[cfg(feature = "mpi")]
+            return safeload_mpi::MpiExtras.join_exchange(name);
+            // Without the feature the value is still this build's to refuse, saying what
+            // would take it.
+            #[cfg(not(feature = "mpi"))]
+            (name == "mpi").then(|| {
+                Err(std::io::Error::other(
+                    "SAFELOAD_EXCHANGE=mpi needs safeload built with the feature `mpi`",
+                ))
+            })
         }
     }
 }

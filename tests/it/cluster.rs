@@ -1,8 +1,8 @@
 //! Read once per cluster through the public trait (`safeload::cluster::Communicator`), as an
 //! engine with a communicator of its own uses it: nodes are threads of this process, joined
 //! by a communicator written here (a barrier with a deadline, and shared slots), each loading
-//! with its own `Loader`. Under MPI the same is tested by the lib tests
-//! (`src/cluster/mpi/tests/loads.rs`, feature `mpi`).
+//! with its own `Loader`. Under MPI the same is tested by the MPI crate's lib tests
+//! (`crates/mpi/src/load_tests.rs`); here, what a build says of an exchange it does not have.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -289,7 +289,70 @@ impl Communicator for NeverCalled {
 
 #[test]
 fn child() {
-    run_role(&[("member-alone", member_alone)]);
+    run_role(&[
+        ("member-alone", member_alone),
+        ("exchange-named", exchange_named),
+    ]);
+}
+
+/// Set in a child: the words its load's error must hold.
+const WORDS: &str = "SAFELOAD_TEST_EXCHANGE_WORDS";
+
+/// A child: a load under the `SAFELOAD_EXCHANGE` its parent set, refused before a byte is
+/// read, as an error of the exchange naming the checkpoint and saying [`WORDS`].
+fn exchange_named() {
+    let path = PathBuf::from(std::env::var(PATH).unwrap());
+    let words = std::env::var(WORDS).unwrap();
+    let err = Loader::new().disable_mmap(true).load(&path).unwrap_err();
+    assert!(
+        matches!(
+            err.kind(),
+            ErrorKind::Io {
+                operation: Operation::Exchange,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(text.contains(&words), "{text}");
+    assert!(text.contains(&*path.to_string_lossy()), "{text}");
+}
+
+/// Runs the `exchange-named` child under `SAFELOAD_EXCHANGE=<named>`.
+fn refused_exchange(named: &str, words: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint(dir.path(), "x");
+    let out = child_command(module_path!(), "exchange-named", dir.path())
+        .env("SAFELOAD_EXCHANGE", named)
+        .env(WORDS, words)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("CHILD-DONE exchange-named\n"),
+        "{named}: {}\n{stdout}",
+        out.status
+    );
+}
+
+#[test]
+fn an_exchange_no_extra_knows_is_refused_naming_it() {
+    refused_exchange(
+        " carrier-pigeon ",
+        "SAFELOAD_EXCHANGE=\"carrier-pigeon\" is not an exchange this build knows",
+    );
+}
+
+/// Without the feature `mpi`, the facade still knows the name, and says what would take it.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn mpi_without_the_feature_is_refused_saying_which_feature_takes_it() {
+    refused_exchange(
+        "mpi",
+        "SAFELOAD_EXCHANGE=mpi needs safeload built with the feature `mpi`",
+    );
 }
 
 /// A child: local rank 1 of 2 of a two-node job, whose participant never comes. It waits

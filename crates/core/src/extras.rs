@@ -83,6 +83,31 @@ pub trait Extras: Send + Sync + fmt::Debug {
         let _ = (address, caching);
         None
     }
+
+    /// This process's part in the job's exchange between nodes that
+    /// `SAFELOAD_EXCHANGE=<name>` names (`mpi` with the facade's feature
+    /// `mpi`); `None` where these extras know no exchange of that name (the
+    /// load then refuses the value, naming it).
+    ///
+    /// # Contract
+    ///
+    /// - `name` is the variable's value, trimmed; never empty, `0`, `none`
+    ///   or `off` (no exchange: the load does not ask).
+    /// - A collective of the whole job: every process calls it, at the same
+    ///   place in its order of loads, and it returns within the exchange's
+    ///   bound on a collective (`SAFELOAD_EXCHANGE_TIMEOUT_SECS`), an error
+    ///   where a process never joins, never a hang.
+    /// - `Some(Err(_))` says in words why the exchange cannot be joined (the
+    ///   system's library missing, a node identity that does not parse, the
+    ///   bound passed); the load returns it as an I/O error of
+    ///   `Operation::Exchange` naming the checkpoint.
+    /// - The [`Joined`](crate::cluster::Joined) holds the node's exchange
+    ///   on one process per node only (its participant), whose collectives
+    ///   keep the contract of [`Communicator`](crate::cluster::Communicator).
+    fn join_exchange(&self, name: &str) -> Option<std::io::Result<crate::cluster::Joined>> {
+        let _ = name;
+        None
+    }
 }
 
 /// The extras a load resolves through (the default: none), as its options

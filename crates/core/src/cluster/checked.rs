@@ -24,7 +24,10 @@ use crate::verify::{Digest256, hex};
 /// NOTE: the digest is a second collective of 32 bytes rather than 32 bytes appended to the
 /// range, which would need a copy of the range into a larger buffer on every node; with ranges
 /// of megabytes the second collective's latency is the smaller cost.
-pub(crate) fn broadcast_checked<E: Exchange + ?Sized>(
+// Hidden on the item itself: the facade inlines `cluster`, and the attribute of a `use`
+// does not reach the pages it makes there.
+#[doc(hidden)] // for the plug-in crates
+pub fn broadcast_checked<E: Exchange + ?Sized>(
     ex: &E,
     owner: usize,
     buf: &mut [u8],

@@ -1,17 +1,20 @@
 //! The exchange's error: what kind of failure, and a message that names the collective, the
 //! node and the sizes involved.
 //!
-//! It stays `pub(crate)`: the load maps it onto the crate's one `Error` (or onto a fallback to
-//! local reads with its reason), as the remote layer's error is.
+//! It is public only for the plug-in crates that implement the exchange (hidden from the docs):
+//! the load maps it onto the crate's one `Error` (or onto a fallback to local reads with its
+//! reason), as the remote layer's error is.
 
 /// What went wrong in an exchange.
+// Hidden on the item itself: the facade inlines `cluster`, and the attribute of a `use`
+// does not reach the pages it makes there.
+#[doc(hidden)] // for the plug-in crates
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-// Setup, TimedOut and Broken come from the MPI exchange (feature `mpi`) and the tests' loopback.
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-pub(crate) enum ExchangeErrorKind {
-    /// The exchange could not be set up: MPI missing or initialized without the thread support
-    /// it needs, a node identity that does not parse, nodes that disagree on how they are
-    /// identified, a bad timeout.
+// Setup, TimedOut and Broken come from the plug-in crates' exchanges and the tests' loopback.
+pub enum ExchangeErrorKind {
+    /// The exchange could not be set up: the system's library (MPI) missing or initialized
+    /// without the thread support it needs, a node identity that does not parse, nodes that
+    /// disagree on how they are identified, a bad timeout.
     Setup,
     /// A collective did not complete within the deadline: a node stalled or died.
     TimedOut,
@@ -28,16 +31,17 @@ pub(crate) enum ExchangeErrorKind {
 }
 
 /// A failed exchange: its kind, and this layer's message (lowercase, no trailing period).
+#[doc(hidden)] // for the plug-in crates
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
-pub(crate) struct ExchangeError {
+pub struct ExchangeError {
     kind: ExchangeErrorKind,
     message: String,
 }
 
 impl ExchangeError {
     /// An error of `kind` saying `message`.
-    pub(crate) fn new(kind: ExchangeErrorKind, message: impl Into<String>) -> Self {
+    pub fn new(kind: ExchangeErrorKind, message: impl Into<String>) -> Self {
         Self {
             kind,
             message: message.into(),
@@ -45,7 +49,7 @@ impl ExchangeError {
     }
 
     /// What went wrong, for callers that decide by it (a fallback, a retry, an abort).
-    pub(crate) fn kind(&self) -> ExchangeErrorKind {
+    pub fn kind(&self) -> ExchangeErrorKind {
         self.kind
     }
 }

@@ -1,6 +1,7 @@
 //! Read once per cluster: the nodes of a job split a checkpoint's reads between them and
-//! exchange the rest, through MPI (feature `mpi`, `SAFELOAD_EXCHANGE=mpi`) or the engine's own
-//! communicator ([`Communicator`], given to `Loader::exchange`).
+//! exchange the rest, through an exchange the load's extras join (`SAFELOAD_EXCHANGE=mpi`, the
+//! facade's feature `mpi`) or the engine's own communicator ([`Communicator`], given to
+//! `Loader::exchange`).
 //!
 //! Every node needs the whole checkpoint, so N nodes pull N times its bytes through the one
 //! filesystem or store they share. With an exchange, the nodes first compare the files they
@@ -12,16 +13,17 @@
 //! copy (`node/`) its node's other local ranks wait for and map: each byte is read once per
 //! cluster, however many processes each node runs.
 //!
-//! Under MPI the node is `SAFELOAD_NODE_ID`, else Slurm's `SLURM_NODEID`, else MPI's
-//! shared-memory split; every collective is bounded by `SAFELOAD_EXCHANGE_TIMEOUT_SECS` (60 s
-//! by default), so that a node that stalls is an error on the others, never a hang; a node
-//! that dies ends the job (Open MPI kills the other processes).
+//! Under `SAFELOAD_EXCHANGE=mpi` the node is `SAFELOAD_NODE_ID`, else Slurm's `SLURM_NODEID`,
+//! else the job's shared-memory split; every collective is bounded by
+//! `SAFELOAD_EXCHANGE_TIMEOUT_SECS` (60 s by default), so that a node that stalls is an error
+//! on the others, never a hang; a node that dies ends the job (its launcher kills the other
+//! processes).
 
 // Inside: `Exchange`, the crate's trait for the collectives (an engine's `Communicator` is
-// adapted onto it, `communicator.rs`; MPI implements it, `mpi/`), the checked broadcast
-// built on it (`checked.rs`), and, for tests, `loopback.rs`, which runs N nodes as threads of
-// one process and can corrupt what a node receives. Under MPI the lib tests corrupt received
-// ranges with `SAFELOAD_TEST_CORRUPT_EXCHANGE=<node>`, read only in test builds.
+// adapted onto it, `communicator.rs`; the plug-in crates implement it, and hand the load a
+// `Joined` through `Extras::join_exchange`), the checked broadcast built on it (`checked.rs`),
+// and, for tests, `loopback.rs`, which runs N nodes as threads of one process and can corrupt
+// what a node receives.
 //
 // The contract of every implementation: the nodes make the same calls in the same order with
 // the same owner and length (a collective is matched by its place in that order, as in MPI);
@@ -33,21 +35,24 @@ mod communicator;
 mod error;
 #[cfg(test)]
 pub(crate) mod loopback;
-#[cfg(feature = "mpi")]
-pub(crate) mod mpi;
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use checked::broadcast_checked;
+#[doc(hidden)] // for the plug-in crates
+pub use checked::broadcast_checked;
 pub use communicator::Communicator;
 pub(crate) use communicator::Engine;
-pub(crate) use error::{ExchangeError, ExchangeErrorKind};
+#[doc(hidden)] // for the plug-in crates
+pub use error::{ExchangeError, ExchangeErrorKind};
 
 /// Collectives among the nodes of a job, one participant per node.
 ///
 /// Implementations serialize concurrent calls (one collective at a time); the order of the
 /// calls must be the same on every node, which only the caller can ensure.
-pub(crate) trait Exchange: Send + Sync {
+#[doc(hidden)] // for the plug-in crates
+pub trait Exchange: Send + Sync {
     /// This node's index, 0..nodes().
     fn node(&self) -> usize;
 
@@ -70,71 +75,98 @@ pub(crate) trait Exchange: Send + Sync {
 pub(crate) const EXCHANGE_ENV: &str = "SAFELOAD_EXCHANGE";
 
 /// This process's exchange, as the environment asks ([`EXCHANGE_ENV`]): `None` where it is
-/// unset (or `0`/`none`), else the node's exchange (`None` on a process that is not its
-/// node's participant) and the process's local rank and size among its node's processes.
+/// unset (or `0`/`none`/`off`), else the exchange `join` (the load's extras,
+/// `Extras::join_exchange`) joins for the value, trimmed.
 ///
 /// # Errors
 ///
-/// An exchange that cannot be joined (the timeout, a node identity that does not parse, MPI
-/// missing), or a value this build does not know (`mpi` without the feature `mpi`), in words.
-pub(crate) fn from_env() -> Result<Option<Joined>, String> {
-    let Ok(value) = std::env::var(EXCHANGE_ENV) else {
+/// An exchange that cannot be joined (the timeout, a node identity that does not parse, the
+/// system's library missing), or a value no extra of this build knows, in words.
+pub(crate) fn from_env(
+    join: impl FnOnce(&str) -> Option<std::io::Result<Joined>>,
+) -> Result<Option<Joined>, String> {
+    from_value(std::env::var(EXCHANGE_ENV).ok().as_deref(), join)
+}
+
+/// [`from_env`] with `value` for the variable's.
+fn from_value(
+    value: Option<&str>,
+    join: impl FnOnce(&str) -> Option<std::io::Result<Joined>>,
+) -> Result<Option<Joined>, String> {
+    let Some(value) = value else {
         return Ok(None);
     };
     match value.trim() {
         "" | "0" | "none" | "off" => Ok(None),
-        #[cfg(feature = "mpi")]
-        "mpi" => {
-            let settings = mpi::MpiSettings::from_env().map_err(|e| e.to_string())?;
-            let joined = mpi::MpiExchange::join(&settings).map_err(|e| e.to_string())?;
-            Ok(Some(Joined {
-                exchange: joined
-                    .exchange
-                    .map(|e| std::sync::Arc::new(e) as std::sync::Arc<dyn Exchange>),
-                local_rank: (joined.local_rank, joined.local_ranks),
-                nodes: joined.nodes,
-            }))
-        }
-        #[cfg(not(feature = "mpi"))]
-        "mpi" => Err(format!(
-            "{EXCHANGE_ENV}=mpi needs safeload built with the feature `mpi`"
-        )),
-        other => Err(format!(
-            "{EXCHANGE_ENV}={other:?} is not a known exchange (mpi)"
-        )),
+        name => match join(name) {
+            Some(joined) => joined.map(Some).map_err(|e| e.to_string()),
+            None => Err(format!(
+                "{EXCHANGE_ENV}={name:?} is not an exchange this build knows"
+            )),
+        },
     }
 }
 
-/// A process's part in a job's exchange.
-pub(crate) struct Joined {
+/// A process's part in its job's exchange between nodes, as the load's extras joined it for
+/// `SAFELOAD_EXCHANGE` ([`Extras::join_exchange`](crate::extras::Extras::join_exchange)): the
+/// node's exchange, on the process that takes part for its node, and the process's place
+/// among its node's processes.
+///
+/// The plug-in crates make it (the facade's feature `mpi`); an engine with a communicator of
+/// its own gives that to `Loader::exchange` instead.
+pub struct Joined {
     /// The node's exchange, on its participant.
-    pub exchange: Option<std::sync::Arc<dyn Exchange>>,
+    pub(crate) exchange: Option<Arc<dyn Exchange>>,
     /// This process's rank and the number of processes on its node.
-    pub local_rank: (usize, usize),
+    pub(crate) local_rank: (usize, usize),
     /// The number of nodes in the job.
-    pub nodes: usize,
+    pub(crate) nodes: usize,
+}
+
+impl Joined {
+    /// A process's part: `exchange` on its node's participant (local rank 0) only,
+    /// `local_rank` its rank and the number of processes on its node, `nodes` the job's.
+    #[doc(hidden)] // for the plug-in crates
+    pub fn new(
+        exchange: Option<Arc<dyn Exchange>>,
+        local_rank: (usize, usize),
+        nodes: usize,
+    ) -> Joined {
+        Joined {
+            exchange,
+            local_rank,
+            nodes,
+        }
+    }
+}
+
+impl fmt::Debug for Joined {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Joined")
+            .field("participant", &self.exchange.is_some())
+            .field("local_rank", &self.local_rank)
+            .field("nodes", &self.nodes)
+            .finish()
+    }
 }
 
 /// The environment variable bounding every collective: seconds (a decimal number) a node
 /// waits for the others before it gives up with [`ExchangeErrorKind::TimedOut`].
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-pub(crate) const TIMEOUT_ENV: &str = "SAFELOAD_EXCHANGE_TIMEOUT_SECS";
+#[doc(hidden)] // for the plug-in crates
+pub const TIMEOUT_ENV: &str = "SAFELOAD_EXCHANGE_TIMEOUT_SECS";
 
 /// The bound on a collective where [`TIMEOUT_ENV`] is unset.
 ///
 /// A collective waits for the slowest node to arrive, and a node arrives at a range's broadcast
 /// only after reading its share up to it: the bound covers a read of a share's chunk from slow
 /// storage, not only the transfer. A minute is far above that, and far below a job's patience.
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The deadline of every collective: [`TIMEOUT_ENV`] from `var` (a lookup of the environment),
 /// else [`DEFAULT_TIMEOUT`]. A value that is not a positive number of seconds is an error
 /// naming the variable.
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-pub(crate) fn timeout_from(
-    var: impl Fn(&str) -> Option<String>,
-) -> Result<Duration, ExchangeError> {
+#[doc(hidden)] // for the plug-in crates
+pub fn timeout_from(var: impl Fn(&str) -> Option<String>) -> Result<Duration, ExchangeError> {
     let Some(text) = var(TIMEOUT_ENV) else {
         return Ok(DEFAULT_TIMEOUT);
     };
@@ -165,6 +197,44 @@ pub(crate) mod tests {
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| v.to_string())
         }
+    }
+
+    #[test]
+    fn the_exchange_named_is_the_extras_and_a_name_they_do_not_know_is_refused() {
+        let never =
+            |name: &str| -> Option<std::io::Result<Joined>> { panic!("asked to join {name:?}") };
+        for off in [
+            None,
+            Some(""),
+            Some(" "),
+            Some("0"),
+            Some("none"),
+            Some("off "),
+        ] {
+            assert!(from_value(off, never).unwrap().is_none(), "{off:?}");
+        }
+        // The extras get the value trimmed, and what they join is the load's.
+        let mut asked = String::new();
+        let joined = from_value(Some(" pigeons\n"), |name| {
+            asked = name.to_string();
+            Some(Ok(Joined::new(None, (1, 4), 3)))
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(asked, "pigeons");
+        assert!(joined.exchange.is_none());
+        assert_eq!((joined.local_rank, joined.nodes), ((1, 4), 3));
+        // Their error in their words; a name they do not know, named.
+        let err = from_value(Some("pigeons"), |_| {
+            Some(Err(std::io::Error::other("no pigeons today")))
+        })
+        .unwrap_err();
+        assert_eq!(err, "no pigeons today");
+        let err = from_value(Some("pigeons"), |_| None).unwrap_err();
+        assert_eq!(
+            err,
+            "SAFELOAD_EXCHANGE=\"pigeons\" is not an exchange this build knows"
+        );
     }
 
     #[test]

@@ -3,10 +3,6 @@
 mod device;
 mod future;
 mod run;
-// Loads split between nodes under `mpirun`, through the MPI exchange's harness.
-#[cfg(all(test, unix, feature = "mpi"))]
-#[path = "cluster_tests.rs"]
-mod cluster;
 
 use std::fmt;
 use std::marker::PhantomData;

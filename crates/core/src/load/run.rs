@@ -41,7 +41,7 @@ impl<X> Loader<X> {
         let engine = self.opts.exchange.clone().map(crate::cluster::Engine);
         let joined = match engine {
             Some(_) => None,
-            None => join_exchange(path)?,
+            None => join_exchange(&*self.opts.extras, path)?,
         };
         let mut opts = std::borrow::Cow::Borrowed(&self.opts);
         if let Some(joined) = &joined {
@@ -51,13 +51,13 @@ impl<X> Loader<X> {
         }
         // One participant per node: the engine's communicator is used by
         // local rank 0; the node's other ranks wait for its node copies, as
-        // the other processes of an MPI node do.
+        // the other processes of a node in a joined exchange do.
         let engine_member = engine.as_ref().is_some_and(|e| {
             use crate::cluster::Exchange;
             let rank = crate::prefetch::LocalRank::from_setting(opts.local_rank, &env);
             e.nodes() > 1 && rank.size > 1 && rank.rank > 0
         });
-        let mpi_member = joined
+        let joined_member = joined
             .as_ref()
             .is_some_and(|j| j.exchange.is_none() && j.nodes > 1);
         Run {
@@ -77,7 +77,7 @@ impl<X> Loader<X> {
                 Some(engine) => Some(engine as &dyn crate::cluster::Exchange),
                 None => joined.as_ref().and_then(|j| j.exchange.as_deref()),
             },
-            member: engine_member || mpi_member,
+            member: engine_member || joined_member,
         }
         .finish(&files)
     }
@@ -170,7 +170,7 @@ impl<X> Loader<X> {
         // bytes between the nodes' memories, which no page cache receives).
         let joined = match &self.opts.exchange {
             Some(_) => None,
-            None => join_exchange(path.as_ref())?,
+            None => join_exchange(&*self.opts.extras, path.as_ref())?,
         };
         let job = prefetch::Job {
             local_rank: self
@@ -199,14 +199,18 @@ pub(crate) fn caching(opts: &crate::options::Options) -> resolve::Caching<'_> {
 }
 
 /// The job's exchange, where `SAFELOAD_EXCHANGE` asks for one: joined by
-/// every process of the job (a collective), `None` where it is unset.
+/// every process of the job (a collective) through the load's `extras`,
+/// `None` where it is unset.
 ///
 /// # Errors
 ///
-/// The exchange cannot be joined: an I/O error of
+/// The exchange cannot be joined, or no extra knows it: an I/O error of
 /// [`Operation::Exchange`](crate::error::Operation::Exchange) on `path`.
-fn join_exchange(path: &Path) -> Result<Option<crate::cluster::Joined>> {
-    crate::cluster::from_env().map_err(|why| {
+fn join_exchange(
+    extras: &dyn crate::extras::Extras,
+    path: &Path,
+) -> Result<Option<crate::cluster::Joined>> {
+    crate::cluster::from_env(|name| extras.join_exchange(name)).map_err(|why| {
         crate::error::Error::io(
             crate::error::Operation::Exchange,
             path,

@@ -7,7 +7,7 @@ use mpi::traits::*;
 
 use super::identity::NodeIdentity;
 use super::{init, worker::complete};
-use crate::cluster::{ExchangeError, ExchangeErrorKind};
+use safeload_core::cluster::{ExchangeError, ExchangeErrorKind};
 
 /// Where this process stands in the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,4 +1,5 @@
-//! The exchange on MPI (feature `mpi`): rsmpi over the system's MPI, one participant per node.
+//! The exchange on MPI: rsmpi over the system's MPI, one participant per node, as the core's
+//! `Exchange`.
 //!
 //! # Joining
 //!
@@ -22,7 +23,7 @@
 //! # When a process dies
 //!
 //! What Open MPI 4.1.4 does, measured on loopback with the tests of `tests.rs` (BENCHMARKS.md,
-//! "cluster/mpi/mod.rs: when a process dies"):
+//! "crates/mpi/src/exchange/mod.rs: when a process dies"):
 //!
 //! - A process that dies (a signal, `abort`, a non-zero exit) ends the job: `mpirun` notices,
 //!   prints which rank died and how ("exited on signal 9 (Killed)"), and kills the other
@@ -43,7 +44,7 @@
 //!
 //! In test builds, `SAFELOAD_TEST_CORRUPT_EXCHANGE=<node index>` makes that node flip the first
 //! byte of every non-empty range it receives by broadcast, after the transfer, as a faulty wire
-//! would: [`broadcast_checked`](crate::cluster::broadcast_checked) must catch it.
+//! would: the core's checked broadcast (`safeload_core::cluster::broadcast_checked`) must catch it.
 
 mod identity;
 mod init;
@@ -65,7 +66,7 @@ pub(crate) use identity::NodeIdentity;
 #[cfg(test)]
 pub(crate) use identity::{NODE_ID_ENV, SLURM_NODE_ID_ENV};
 
-use super::{Exchange, ExchangeError, ExchangeErrorKind, timeout_from};
+use safeload_core::cluster::{Exchange, ExchangeError, ExchangeErrorKind, timeout_from};
 use worker::Job;
 
 /// The largest part of a range that one collective moves.

@@ -16,7 +16,7 @@ use std::sync::{Mutex, OnceLock};
 
 use mpi::environment::{Threading, Universe};
 
-use crate::cluster::{ExchangeError, ExchangeErrorKind};
+use safeload_core::cluster::{ExchangeError, ExchangeErrorKind};
 
 /// The outcome of the one initialization: `Ok` once MPI is usable from the exchange's threads.
 static INIT: OnceLock<Result<(), ExchangeError>> = OnceLock::new();
@@ -32,8 +32,8 @@ static CALLS: Mutex<()> = Mutex::new(());
 
 // SAFETY: `atexit` is ISO C's, with this signature in every C library; it only stores the
 // function pointer, whatever its argument, so calling it is safe.
-// NOTE: declared here rather than taken from `libc`, a dependency only on Linux (Cargo.toml's
-// target table): `atexit` is in every C library, wherever rsmpi builds.
+// NOTE: declared here rather than taken from `libc`, which this crate does not otherwise need:
+// `atexit` is in every C library, wherever rsmpi builds.
 unsafe extern "C" {
     safe fn atexit(callback: extern "C" fn()) -> c_int;
 }

@@ -15,14 +15,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::{
     CHUNK, CORRUPT_ENV, MpiExchange, MpiMembership, MpiSettings, NODE_ID_ENV, SLURM_NODE_ID_ENV,
 };
-use crate::cluster::{Exchange, ExchangeError, ExchangeErrorKind, TIMEOUT_ENV, broadcast_checked};
+use safeload_core::cluster::{
+    Exchange, ExchangeError, ExchangeErrorKind, TIMEOUT_ENV, broadcast_checked,
+};
 
 /// Set in a child: the role it plays.
 pub(crate) const ROLE: &str = "SAFELOAD_TEST_MPI_ROLE";
 /// `1` where a test that needs `mpirun` must fail rather than skip.
 const REQUIRE: &str = "SAFELOAD_REQUIRE_MPI";
 /// The name the harness gives the child test.
-const CHILD: &str = "cluster::mpi::tests::child";
+const CHILD: &str = "exchange::tests::child";
 /// The timeout of the children's collectives, unless a test sets another: far above what a
 /// loaded test machine needs, so that only a stall reaches it.
 const CHILD_TIMEOUT_SECS: &str = "30";

@@ -21,7 +21,7 @@ use mpi::traits::*;
 use super::identity::NodeIdentity;
 use super::init;
 use super::setup::{Placement, index, split_by_node};
-use crate::cluster::{ExchangeError, ExchangeErrorKind};
+use safeload_core::cluster::{ExchangeError, ExchangeErrorKind};
 
 /// A collective for the thread to run.
 pub(super) enum Job {

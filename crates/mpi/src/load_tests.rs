@@ -1,8 +1,9 @@
 //! Loads split between nodes (issue 27) under `mpirun`: three processes stand in for three
 //! nodes (`SAFELOAD_NODE_ID`), each with its own FUSE test mount of the same checkpoint, whose
 //! counters say how many bytes each node read from storage. Every process loads through the
-//! public API with `SAFELOAD_EXCHANGE=mpi`, as a job script would, and prints the digest of
-//! its tensors and the load's notes.
+//! core's `Loader` with this crate's extras (what the facade's feature `mpi` builds in) and
+//! `SAFELOAD_EXCHANGE=mpi`, as a job script would, and prints the digest of its tensors and the
+//! load's notes.
 //!
 //! Needs FUSE and `mpirun`: skipped (loudly) where either is missing, a failure under
 //! `SAFELOAD_REQUIRE_FUSE=1` / `SAFELOAD_REQUIRE_MPI=1`.
@@ -12,11 +13,12 @@ use std::time::Duration;
 
 use safeload_testfs::{Mount, Options, skip_without_fuse};
 
-use crate::cluster::mpi::tests::{ROLE, Run, mpirun_child, pattern};
-use crate::cluster::mpi::{CORRUPT_ENV, NODE_ID_ENV};
+use crate::exchange::tests::{ROLE, Run, mpirun_child, pattern};
+use crate::exchange::{CORRUPT_ENV, NODE_ID_ENV};
+use safeload_core::cluster::TIMEOUT_ENV;
 
 /// This module's child test, every process's body under `mpirun`.
-const CHILD: &str = "load::cluster::child";
+const CHILD: &str = "load_tests::child";
 
 /// `mpirun` of `nodes` processes loading as [`act`] says (the exchange's own harness).
 fn mpirun(role: &str, nodes: &[Option<u32>], env: &[(&str, &str)], limit: Duration) -> Option<Run> {
@@ -62,7 +64,7 @@ fn act() {
             }
         });
     }
-    match super::Loader::<crate::extras::NoExtras>::new().load(&path) {
+    match safeload_core::Loader::<crate::MpiExtras>::new().load(&path) {
         Ok(sd) => {
             println!("NODE {node} DIGEST {:016x}", digest(&sd));
             for note in &sd.report().notes {
@@ -79,7 +81,7 @@ fn act() {
 }
 
 /// FNV-1a over every tensor's name and bytes, in name order.
-fn digest(sd: &crate::StateDict) -> u64 {
+fn digest(sd: &safeload_core::StateDict) -> u64 {
     let mut tensors: Vec<_> = sd.iter().collect();
     tensors.sort_by(|a, b| a.0.cmp(b.0));
     let mut h = 0xcbf2_9ce4_8422_2325u64;
@@ -305,7 +307,7 @@ fn a_corrupted_range_is_an_error_on_the_node_that_received_it() {
         ("SAFELOAD_EXCHANGE", "mpi"),
         (PATHS, list.as_str()),
         (CORRUPT_ENV, "1"),
-        (crate::cluster::TIMEOUT_ENV, "3"),
+        (TIMEOUT_ENV, "3"),
     ];
     let Some(run) = mpirun("load", &NODES, &env, Duration::from_secs(120)) else {
         return;
@@ -380,7 +382,7 @@ fn a_node_that_dies_or_stalls_mid_load_ends_the_job_within_seconds() {
             (PATHS, list.as_str()),
             (FAULT, fault),
             (FAULT_NODE, "2"),
-            (crate::cluster::TIMEOUT_ENV, "3"),
+            (TIMEOUT_ENV, "3"),
         ];
         let Some(run) = mpirun("load", &NODES, &env, Duration::from_secs(60)) else {
             return;

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::cluster::{ExchangeError, ExchangeErrorKind};
+use safeload_core::cluster::{ExchangeError, ExchangeErrorKind};
 
 /// The node's number given by the user, before any launcher's: processes with the same number
 /// are one node, so that processes on one machine can stand in for nodes in tests and job
@@ -104,7 +104,12 @@ mod tests {
     use super::*;
 
     fn identity(pairs: &[(&str, &str)]) -> Result<NodeIdentity, ExchangeError> {
-        NodeIdentity::from_vars(crate::cluster::tests::vars(pairs))
+        NodeIdentity::from_vars(|name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
     }
 
     #[test]

@@ -97,10 +97,19 @@ fn a_rank_stopped_mid_fill_is_taken_over_within_seconds() {
     wait_served(&setup, setup.total / 4);
     signal(&ranks[1], Signal::STOP);
     let stopped = Instant::now();
+    let mut said = Vec::new();
     for r in [0, 2] {
         let loaded = ranks[r].loaded();
         assert_eq!(loaded.digest, setup.expected, "{loaded:?}");
+        said.extend(loaded.notes);
     }
+    // The chunks the stopped rank held, read again, are said with whose
+    // they were and why.
+    let again = format!(
+        "read here again: pid {} held them with no progress for",
+        ranks[1].pid()
+    );
+    assert!(said.iter().any(|n| n.contains(&again)), "{said:#?}");
     let took = stopped.elapsed();
     eprintln!(
         "the other ranks finished {:.2} s after the stop",

@@ -5,8 +5,9 @@
 //! bound: only this user's sockets are connected to (`registry::entries`
 //! looks at each name by `lstat(2)` first), and each connection, its
 //! connect included, is given [`PATIENCE`](super::handoff::PATIENCE)
-//! (`handoff::take`). Another user can make names there, never make a rank
-//! wait on them.
+//! (`handoff::take`); a holder that runs (not stopped) and does not answer
+//! is asked again, [`TRIES`] times in all. Another user can make names
+//! there, never make a rank wait on them.
 
 use std::fs::File;
 use std::path::Path;

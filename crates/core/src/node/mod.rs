@@ -41,9 +41,10 @@
 //! every chunk itself, saying why); names of theirs at a holder's name are
 //! skipped unopened. No rank connects to, follows, removes or counts as a
 //! live holder anything that is not this user's, and no wait on another
-//! process, under a lock other ranks need, outlasts
+//! user's process, under a lock other ranks need, outlasts
 //! [`handoff::PATIENCE`] (tested by `tests/it/node_copy/attacks.rs`, as
-//! root and as an ordinary user).
+//! root and as an ordinary user); a holder of this user that runs but does
+//! not answer is asked three times (`ask.rs`).
 //!
 //! # Under a load split between nodes
 //!

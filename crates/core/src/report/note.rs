@@ -349,6 +349,20 @@ mod tests {
     use crate::report::{PrefetchReason, QueueNote};
 
     #[test]
+    fn chunks_taken_over_say_whose_and_how_long_quiet() {
+        let taken = CopyRemark::TakenOver {
+            chunks: 2,
+            pids: vec![4211, 4212],
+            quiet_ms: 500,
+        };
+        assert_eq!(
+            taken.to_string(),
+            "2 chunk(s) read here again: pid 4211, 4212 held them with no progress for 500 ms"
+        );
+        assert_eq!(taken.as_str(), "taken_over");
+    }
+
+    #[test]
     fn the_reads_in_flight_said_as_before() {
         let settled = |why, steps: Vec<(usize, f64)>| Settled {
             readers: 8,

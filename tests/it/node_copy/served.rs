@@ -36,6 +36,8 @@ fn start_together(ranks: &mut [Rank]) {
 /// What one run served, and what its ranks said.
 struct Run {
     served: u64,
+    /// Whether every file of every rank came from the node copy.
+    shared: bool,
     /// Per rank: its load's seconds, chunks filled of the copies', and each
     /// file's node copy in words where it was not a plain shared copy.
     ranks: Vec<(f64, (usize, usize), Vec<String>)>,
@@ -97,8 +99,12 @@ fn three_ranks_never_read_alone_when_nothing_fails() {
         for r in &reports {
             assert_eq!(r.digest, expected, "run {run}: {r:?}");
         }
+        let shared = reports
+            .iter()
+            .all(|r| r.copies.len() == SHARDS && r.copies.iter().all(|c| c.code == "shared"));
         let result = Run {
             served,
+            shared,
             ranks: reports
                 .iter()
                 .map(|r| {
@@ -154,6 +160,7 @@ fn three_ranks_never_read_alone_when_nothing_fails() {
         .collect();
     assert!(over.is_empty(), "served over 1.05x: {over:#?}");
     for (i, r) in runs.iter().enumerate() {
+        assert!(r.shared, "run {i}: a rank read a file alone");
         let filled: usize = r.ranks.iter().map(|(_, (n, _), _)| n).sum();
         let chunks = r.ranks[0].1.1;
         assert_eq!(filled, chunks, "run {i}: each chunk filled once");

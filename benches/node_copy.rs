@@ -329,7 +329,13 @@ fn run_rank(job: &Job) {
                     figures.filled.1 += chunks;
                 }
             }
-            figures.note = copies.first().map(|c| c.to_string());
+            // With more than one rank and the copy on, a file without one is
+            // worth saying too.
+            let ranks: usize =
+                std::env::var("LOCAL_WORLD_SIZE").map_or(1, |v| v.parse().unwrap_or(1));
+            let on = std::env::var(safeload::NODE_COPY_ENV).map_or(true, |v| v != "0");
+            figures.note = why_not_once(report, ranks > 1 && on)
+                .or_else(|| copies.first().map(|c| c.to_string()));
         }
         Err(e) => figures.error = Some(e.to_string()),
     }
@@ -342,6 +348,27 @@ fn run_rank(job: &Job) {
     // The tensors are kept until every rank of the job has loaded.
     child::hold("loaded");
     drop(loaded);
+}
+
+/// What a rank's report says where a file did not simply come from the
+/// node copy: each file that a rank read alone (why not, or that it had no
+/// copy at all: mapped, say), or whose copy came with remarks (chunks read
+/// twice, a holder that did not answer, ...); the distinct notes, joined.
+/// `None` where every file shared the copy and nothing was remarked.
+fn why_not_once(report: &safeload::report::LoadReport, expect_copy: bool) -> Option<String> {
+    let mut said: Vec<String> = Vec::new();
+    for file in &report.files {
+        let note = match &file.node_copy {
+            Some(NodeCopy::Shared { remarks, .. }) if remarks.is_empty() => continue,
+            Some(copy) => copy.to_string(),
+            None if expect_copy => format!("no node copy ({}: {})", file.strategy, file.reason),
+            None => continue,
+        };
+        if !said.contains(&note) {
+            said.push(note);
+        }
+    }
+    (!said.is_empty()).then(|| said.join(" | "))
 }
 
 // ---------------------------------------------------------------- the parent
@@ -498,7 +525,26 @@ fn run_arm(
             sample.held = anon + memory.map_or(0, |m| m.shmem());
             sample.copies = figures.iter().map(|f| f.copies).collect();
             sample.filled = figures.iter().map(|f| f.filled).collect();
-            sample.note = figures.iter().find_map(|f| f.note.clone());
+            // Each rank's, where one read alone or met something: the run
+            // that serves more than the checkpoint says why.
+            let odd: Vec<String> = figures
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| {
+                    f.note.as_ref().is_some_and(|n| {
+                        n.contains(" | ")
+                            || n.contains("; ")
+                            || n.starts_with("not used")
+                            || n.starts_with("no node copy")
+                    })
+                })
+                .filter_map(|(r, f)| f.note.as_ref().map(|n| format!("rank {r}: {n}")))
+                .collect();
+            sample.note = if odd.is_empty() {
+                figures.iter().find_map(|f| f.note.clone())
+            } else {
+                Some(odd.join(" || "))
+            };
             sample.error = figures.iter().find_map(|f| f.error.clone());
             (sample, figures)
         }

@@ -1,5 +1,6 @@
 //! The node copy when things go wrong or come late: a rank killed or
-//! stopped mid-fill, every rank killed then a new job, a rank that starts
+//! stopped mid-fill, a holder that does not hand its copy over, every rank
+//! killed then a new job, a rank that starts
 //! after the copy is complete, another user's copy, a memory cgroup too
 //! small for the copy, and a 64 MiB `/dev/shm` (a private mount namespace).
 
@@ -97,10 +98,19 @@ fn a_rank_stopped_mid_fill_is_taken_over_within_seconds() {
     wait_served(&setup, setup.total / 4);
     signal(&ranks[1], Signal::STOP);
     let stopped = Instant::now();
+    let mut said = Vec::new();
     for r in [0, 2] {
         let loaded = ranks[r].loaded();
         assert_eq!(loaded.digest, setup.expected, "{loaded:?}");
+        said.extend(loaded.notes);
     }
+    // The chunks the stopped rank held, read again, are said with whose
+    // they were and why.
+    let again = format!(
+        "read here again: pid {} held them with no progress for",
+        ranks[1].pid()
+    );
+    assert!(said.iter().any(|n| n.contains(&again)), "{said:#?}");
     let took = stopped.elapsed();
     eprintln!(
         "the other ranks finished {:.2} s after the stop",
@@ -119,6 +129,51 @@ fn a_rank_stopped_mid_fill_is_taken_over_within_seconds() {
         "{served} for {}",
         setup.total
     );
+    assert_no_leftovers(dir.path());
+}
+
+/// A holder that does not hand its copy over (stopped mid-fill, alone): the
+/// rank that asks makes a copy of its own and fills it alone, never through
+/// the holder's queue (whose chunks done are not in its copy), so its
+/// tensors are the right bytes, and it says why; the holder, resumed,
+/// finishes its own.
+#[test]
+fn a_holder_that_does_not_hand_over_leaves_a_copy_read_alone_and_right() {
+    if skip_without_fuse() {
+        return;
+    }
+    let setup = slow_fuse();
+    let dir = private_dir();
+    let job = job_id();
+    let mut extra = small_chunks(dir.path());
+    extra.push((HOLD, "1".to_string()));
+    let mut holder = Rank::spawn(&setup.index, (0, 2), &job, &extra);
+    wait_served(&setup, setup.total / 4);
+    signal(&holder, Signal::STOP);
+    let mut asker = Rank::spawn(&setup.index, (1, 2), &job, &extra);
+    let r = asker.loaded();
+    signal(&holder, Signal::CONT);
+    assert_eq!(r.digest, setup.expected, "the right bytes: {r:?}");
+    let failed = format!(
+        "pid {}, which holds a copy, did not hand it over",
+        holder.pid()
+    );
+    for note in &r.notes {
+        assert!(
+            note.contains("made here") && note.contains(&failed),
+            "{note}"
+        );
+        assert!(
+            note.contains("a copy of this rank's own, read alone"),
+            "{note}"
+        );
+    }
+    let (filled, chunks) = r.filled();
+    assert_eq!(filled, chunks, "every chunk read here: {r:?}");
+    let resumed = holder.loaded();
+    assert_eq!(resumed.digest, setup.expected, "{resumed:?}");
+    asker.release();
+    holder.release();
     assert_no_leftovers(dir.path());
 }
 

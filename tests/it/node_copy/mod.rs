@@ -10,7 +10,8 @@
 //! a replaced file, filters: `jobs.rs`; another local user planting names
 //! in the queue directory: `attacks.rs` (the attacker's process:
 //! `attacker.rs`, shared with the benchmark); a holder's serving thread while
-//! idle: `serving.rs`.
+//! idle: `serving.rs`; twenty cold runs in which no rank may read alone:
+//! `served.rs`.
 //!
 //! Needs root and /dev/fuse: skipped (loudly) where they are missing, a
 //! failure under `SAFELOAD_REQUIRE_FUSE=1`.
@@ -19,6 +20,7 @@ mod attacker;
 mod attacks;
 mod faults;
 mod jobs;
+mod served;
 mod serving;
 
 use std::io::{BufRead, BufReader, Write};

@@ -73,6 +73,18 @@ impl Owner {
         }
     }
 
+    /// Whether the process is alive and not stopped (by a signal or a
+    /// tracer): one that may answer soon, however busy the machine.
+    pub(crate) fn runs(self) -> bool {
+        if !self.alive() {
+            return false;
+        }
+        let Ok(text) = os::read_proc(ProcFile::Stat(self.pid)) else {
+            return true; // no /proc to ask: alive is all that is known
+        };
+        !matches!(parse_stat(&text), Some(('T' | 't', _)))
+    }
+
     /// The owner of a process that has exited and been reaped.
     #[cfg(all(test, target_os = "linux", not(safeload_os_stub)))]
     pub(crate) fn dead() -> Owner {

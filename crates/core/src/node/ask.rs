@@ -5,8 +5,9 @@
 //! bound: only this user's sockets are connected to (`registry::entries`
 //! looks at each name by `lstat(2)` first), and each connection, its
 //! connect included, is given [`PATIENCE`](super::handoff::PATIENCE)
-//! (`handoff::take`). Another user can make names there, never make a rank
-//! wait on them.
+//! (`handoff::take`); a holder that runs (not stopped) and does not answer
+//! is asked again, [`TRIES`] times in all. Another user can make names
+//! there, never make a rank wait on them.
 
 use std::fs::File;
 use std::path::Path;
@@ -63,6 +64,13 @@ impl Remarks {
             self.ignored(name);
         }
         self.more += other.more;
+    }
+
+    /// Whether a holder of this user did not hand its copy over.
+    pub(super) fn holder_failed(&self) -> bool {
+        self.said
+            .iter()
+            .any(|r| matches!(r, CopyRemark::HolderFailed { .. }))
     }
 
     /// The last remark, if any.
@@ -134,7 +142,7 @@ pub(super) fn find(
         if k != key || owner == me || name.foreign.is_some() || !owner.alive() {
             continue;
         }
-        match handoff::take(&name.path, owner.pid, key) {
+        match take_from_running(&name.path, owner, key) {
             Ok(got) if wanted == Wanted::Complete && !got.0.complete => filling = true,
             Ok(got) => return (Some((got, owner.pid)), true),
             Err(Refused::OtherUser { uid, pid }) => {
@@ -147,6 +155,33 @@ pub(super) fn find(
         }
     }
     (None, filling)
+}
+
+/// How many times a holder that runs is asked before this rank gives up on
+/// it (and makes a copy of its own, read alone).
+///
+/// NOTE: a holder's serving thread answers in well under a millisecond; one
+/// that runs but has not answered within the patience (2 s) is starved on a
+/// busy machine, and a second copy would cost the node the whole read again.
+/// Three tries bound the wait at 6 s under the key's lock; a stopped or dead
+/// holder is given up on after one, as before.
+const TRIES: usize = 3;
+
+/// The offer of the holder `owner` at `path`, asked again while it runs
+/// (not stopped) and fails to answer, [`TRIES`] times at most.
+fn take_from_running(path: &Path, owner: Owner, key: u64) -> Result<(Offer, Vec<File>), Refused> {
+    let mut tries = 1;
+    loop {
+        match handoff::take(path, owner.pid, key) {
+            Err(Refused::Failed(_)) if tries < TRIES && owner.runs() && path.exists() => {
+                tries += 1;
+            }
+            Err(Refused::Failed(why)) if tries > 1 => {
+                return Err(Refused::Failed(format!("{why} (asked {tries} times)")));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// How long a node's other ranks wait for a copy from their participant
@@ -221,7 +256,10 @@ mod tests {
         remarks.push(refused);
         assert_eq!(
             said(&remarks),
-            format!("pid 7: refused; ignored n0.sock (a FIFO of uid {uid}, not this user's)")
+            format!(
+                "pid 7, which holds a copy, did not hand it over: refused; ignored n0.sock \
+                 (a FIFO of uid {uid}, not this user's)"
+            )
         );
         for i in 0..1000 {
             remarks.ignored(&foreign(i));

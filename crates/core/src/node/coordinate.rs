@@ -38,19 +38,39 @@ pub(super) fn coordinate(
     // member waits for its participant's, complete).
     let mut remarks = Remarks::default();
     let (lock, found) = node.find(&mut remarks)?;
+    // A holder of this user that did not hand its copy over (stopped, or
+    // starved past every try): a copy made now is a second one, whose
+    // chunks the key's queue (the first copy's) must never count; it is
+    // this rank's own, handed to nobody, filled alone.
+    let private = node.role == Role::Queue && found.is_none() && remarks.holder_failed();
     let mut results: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
     let Some(obtained) = node.take_or_make(found, &mut results)? else {
         // Nothing fits: no copy to hand out; a rank that comes next
         // applies the guard to its own room.
         return Ok((results, None));
     };
-    let server = node.hand_out(&obtained, &mut remarks)?;
+    let server = if private {
+        remarks.push(CopyRemark::NotHandedOut {
+            why: "a copy of this rank's own, read alone, since a holder did not hand the \
+                  job's copy over"
+                .into(),
+        });
+        None
+    } else {
+        node.hand_out(&obtained, &mut remarks)?
+    };
     drop(lock);
 
     // 2. The fill, unless the copy came complete (or the load fills it),
     // its pages of the size the caller or the environment asks for.
     let huge_pages = policy::huge_pages(opts.huge_pages, env).0;
-    let filled = node.fill(&obtained, server.as_ref(), huge_pages, &mut remarks)?;
+    let filled = node.fill(
+        &obtained,
+        server.as_ref(),
+        huge_pages,
+        private,
+        &mut remarks,
+    )?;
 
     // 3. Each file's copy, mapped read-only; the server stops with the last.
     let guard = Arc::new(Hold {
@@ -252,6 +272,7 @@ impl<'a> Coordination<'a> {
         obtained: &Obtained,
         server: Option<&Server>,
         huge_pages: HugePages,
+        private: bool,
         remarks: &mut Remarks,
     ) -> Result<Filled, String> {
         let offer = &obtained.offer;
@@ -277,6 +298,7 @@ impl<'a> Coordination<'a> {
             key: self.key,
             dir: &self.dir,
             chunk_size: self.chunk_size,
+            private,
         };
         let outcome = fill::fill(&copy, self.opts, self.rank, &complete);
         match outcome {
@@ -351,7 +373,8 @@ impl<'a> Coordination<'a> {
 }
 
 /// What the fill met, in `remarks`: a queue not shared, chunks finished
-/// after a stall, dead jobs' queue files removed (`swept` before it).
+/// after a stall, chunks taken over from live ranks, dead jobs' queue files
+/// removed (`swept` before it).
 fn note_fill(remarks: &mut Remarks, outcome: prefetch::FillOutcome, swept: usize) {
     // A queue not shared is this rank's alone: it read every
     // chunk, and nothing stalled.
@@ -367,6 +390,17 @@ fn note_fill(remarks: &mut Remarks, outcome: prefetch::FillOutcome, swept: usize
             chunks: outcome.finished_here,
         }),
         None => {}
+    }
+    if !outcome.taken_over.is_empty() {
+        let mut pids: Vec<u32> = outcome.taken_over.iter().map(|&(pid, _)| pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        let quiet = outcome.taken_over.iter().map(|&(_, q)| q).min();
+        remarks.push(CopyRemark::TakenOver {
+            chunks: outcome.taken_over.len(),
+            pids,
+            quiet_ms: quiet.map_or(0, |q| u64::try_from(q.as_millis()).unwrap_or(u64::MAX)),
+        });
     }
     if outcome.swept + swept > 0 {
         remarks.push(CopyRemark::DeadJobsRemoved {

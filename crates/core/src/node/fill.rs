@@ -27,6 +27,11 @@ pub(super) struct ToFill<'a> {
     pub key: u64,
     pub dir: &'a std::path::Path,
     pub chunk_size: u64,
+    /// A copy of this rank's own, handed to nobody (a holder of the key did
+    /// not hand its copy over): filled by this rank alone, through a queue
+    /// in its memory, never the key's queue file, whose chunks are another
+    /// copy's.
+    pub private: bool,
 }
 
 /// Fills the copy through the chunk queue, calling `complete` once every
@@ -47,6 +52,7 @@ pub(super) fn fill(
         key,
         dir,
         chunk_size,
+        private,
     } = *copy;
     let parts = parts_of_offer(files, offer, memfds, huge_pages)?;
     let sources: Vec<&OpenedFile> = parts.iter().map(|part| part.file).collect();
@@ -59,8 +65,10 @@ pub(super) fn fill(
     // The chunks are whole pages at page offsets of a page-aligned map; a
     // file's last, partial block goes through the OS layer's bounce buffer.
     let _direct = direct_reads(&sources, opts);
-    let read = |k: usize, offset: u64, len: u64| -> crate::error::Result<()> {
-        parts.get(k).map_or(Ok(()), |part| part.read(offset, len))
+    let read = |k: usize, offset: u64, len: u64, beat: &dyn Fn()| -> crate::error::Result<()> {
+        parts
+            .get(k)
+            .map_or(Ok(()), |part| part.read(offset, len, beat))
     };
     let material = queue_material(key);
     let streams = opts
@@ -70,7 +78,9 @@ pub(super) fn fill(
     // A rank that took the copy unfinished just before the last filler
     // offered it complete finds it complete here, and fills nothing. Asked
     // under the queue file's lock: only this user's holders are asked, each
-    // for at most the handoff's patience (`ask.rs`).
+    // for at most the handoff's patience (`ask.rs`). Only this copy counts
+    // (its maker's): another copy of the same files, complete, holds none
+    // of this one's bytes.
     let done_elsewhere = || {
         let asking = Asking {
             dir,
@@ -79,7 +89,7 @@ pub(super) fn fill(
         };
         find(&asking, Wanted::Complete, &mut Remarks::default())
             .0
-            .is_some()
+            .is_some_and(|((found, _), _)| found.maker == offer.maker)
     };
     let shared = prefetch::SharedQueue {
         key_material: &material,
@@ -88,11 +98,22 @@ pub(super) fn fill(
         streams,
         complete,
         done_elsewhere: &done_elsewhere,
+        private,
     };
     let outcome = prefetch::fill_shared(&lens, &shared, rank, &read, opts.progress.as_ref())?;
     check_lengths(&parts)?;
     Ok((parts.into_iter().map(Part::counts).collect(), outcome))
 }
+
+/// The most bytes one read of a chunk asks for: the rank beats its
+/// heartbeat after each piece, so that a chunk read slowly but surely is
+/// never taken over by another rank and read twice (`prefetch/takeover.rs`).
+///
+/// NOTE: a FUSE daemon gets a direct read of more than 1 MiB as one request
+/// of 1 MiB after another anyway (`testfs`, as hf-mount), so pieces of 2 MiB
+/// cost it nothing; a local disk gets requests of its own limit (often
+/// 128 KiB-1 MiB) from any read larger than that.
+const PIECE: u64 = 2 << 20;
 
 /// What this rank read of one file of the copy.
 #[derive(Debug, Clone, Copy, Default)]
@@ -115,13 +136,21 @@ struct Part<'a> {
 }
 
 impl Part<'_> {
-    /// Reads `len` bytes at `offset` of the file into its copy, and counts
-    /// them.
-    fn read(&self, offset: u64, len: u64) -> crate::error::Result<()> {
+    /// Reads `len` bytes at `offset` of the file into its copy, in pieces
+    /// of [`PIECE`] with a `beat` after each, and counts them.
+    fn read(&self, offset: u64, len: u64, beat: &dyn Fn()) -> crate::error::Result<()> {
         let file = self.file;
-        self.writer
-            .read_chunk(file.source(), offset, len)
-            .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))?;
+        let mut at = offset;
+        while at < offset + len {
+            let piece = PIECE.min(offset + len - at);
+            self.writer
+                .read_chunk(file.source(), at, piece)
+                .map_err(|(at, e)| {
+                    read_error(Operation::Read, file.source(), file.size(), at, e)
+                })?;
+            beat();
+            at += piece;
+        }
         self.chunks.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(
             tensor_part(file.header().data_start, offset, len),

@@ -17,7 +17,11 @@
 //!    out itself, from a socket of its own.
 //! 2. Unless the copy came complete, the ranks fill it through one chunk
 //!    queue (`fill.rs`, `prefetch/fill.rs`): each chunk read once, straight
-//!    into its place, with the queue's rules for ranks that die or stop.
+//!    into its place, with the queue's rules for ranks that die or stop. A
+//!    reader beats its rank's heartbeat after every 2 MiB that lands, so a
+//!    chunk read slowly but surely (a busy machine, a starved daemon) is
+//!    never taken over and read twice; one taken over from a live rank that
+//!    showed no progress is said in the report (`CopyRemark::TakenOver`).
 //! 3. Each rank maps its copies read-only: its tensors are views of them, as
 //!    of a buffered file's buffer. When its last tensor of the copy is
 //!    dropped, it stops handing the copy out; the memory goes back to the
@@ -37,9 +41,10 @@
 //! every chunk itself, saying why); names of theirs at a holder's name are
 //! skipped unopened. No rank connects to, follows, removes or counts as a
 //! live holder anything that is not this user's, and no wait on another
-//! process, under a lock other ranks need, outlasts
+//! user's process, under a lock other ranks need, outlasts
 //! [`handoff::PATIENCE`] (tested by `tests/it/node_copy/attacks.rs`, as
-//! root and as an ordinary user).
+//! root and as an ordinary user); a holder of this user that runs but does
+//! not answer is asked three times (`ask.rs`).
 //!
 //! # Under a load split between nodes
 //!
@@ -61,6 +66,14 @@
 //!   a rank stopped while it hands the copy out costs the asker
 //!   [`handoff::PATIENCE`] (2 s), then it asks another or makes its own.
 //!   Only this user's processes can take the lock or answer as a holder.
+//!   A holder that runs (not stopped) but has not answered within the
+//!   patience is asked again, three times in all (`ask.rs`): on a busy
+//!   machine a starved serving thread would otherwise cost the node a
+//!   second copy, read alone. A rank that makes a copy of its own all the
+//!   same keeps it to itself (handed to nobody) and fills it alone, through a
+//!   queue in its memory: the key's queue file is the first copy's, and a
+//!   chunk done there is not in the second. Its report names the holder that
+//!   did not answer, why, and that the copy is its own.
 //! - A rank that received an unfinished copy in the instant before the last
 //!   filling rank left the queue makes the queue anew; it asks the other
 //!   ranks then, and finds the copy complete (tested by

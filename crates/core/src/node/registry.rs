@@ -163,10 +163,27 @@ pub(crate) fn entries(dir: &Path) -> Vec<Name> {
 }
 
 /// The key's lock at `path`, waited for at most [`coord::PATIENCE`]; the
-/// error says what is at `path` where it is not this user's lock file.
+/// error says what is at `path` where it is not this user's lock file, and
+/// how long this rank waited where another process held it.
 pub(crate) fn take_lock(path: &Path) -> Result<Lock, String> {
     Lock::take(Place::Private(path), coord::PATIENCE)
-        .map_err(|e| format!("the lock file {}: {e}", path.display()))
+        .map_err(|e| lock_failed(path, coord::PATIENCE, &e))
+}
+
+/// Why the key's lock at `path` was not had, after a wait of `waited`.
+fn lock_failed(path: &Path, waited: std::time::Duration, e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::WouldBlock {
+        // Each hold is a few bounded steps (asking the holders, making the
+        // memory files): a holder this long is stopped or starved.
+        format!(
+            "waited {} s for the node copy's lock file {}, which another process of this \
+             user held all along (a rank stopped while it looked for or made the copy)",
+            waited.as_secs(),
+            path.display()
+        )
+    } else {
+        format!("the lock file {}: {e}", path.display())
+    }
 }
 
 /// Whether a live owner's socket of `key` is in `dir` (else the last rank of
@@ -227,6 +244,29 @@ mod tests {
         ] {
             assert_eq!(parse(other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn a_lock_waited_for_in_vain_says_how_long_and_why() {
+        let path = Path::new("/dev/shm/safeload-node-0000000000000001-u0.lock");
+        let held = std::io::Error::new(std::io::ErrorKind::WouldBlock, "held by another process");
+        let why = lock_failed(path, coord::PATIENCE, &held);
+        assert!(
+            why.starts_with("waited 60 s for the node copy's lock file /dev/shm/"),
+            "{why}"
+        );
+        assert!(
+            why.contains("another process of this user held all along"),
+            "{why}"
+        );
+        let other = std::io::Error::other("a FIFO of uid 7, not this user's");
+        assert_eq!(
+            lock_failed(path, coord::PATIENCE, &other),
+            format!(
+                "the lock file {}: a FIFO of uid 7, not this user's",
+                path.display()
+            )
+        );
     }
 
     #[test]

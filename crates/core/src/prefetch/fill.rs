@@ -23,6 +23,10 @@ use crate::error::Result;
 use crate::os;
 use crate::progress::{Callback, Meter, Phase};
 
+/// A fill's read of one chunk: a file index, an offset, a length, and the
+/// beat to call as pieces of it land.
+pub(crate) type ReadChunk<'a> = dyn Fn(usize, u64, u64, &dyn Fn()) -> Result<()> + Sync + 'a;
+
 /// What one rank's part in a fill was.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FillOutcome {
@@ -40,6 +44,9 @@ pub(crate) struct FillOutcome {
     pub unshared: Option<(PathBuf, String)>,
     /// Queue files of dead jobs removed first.
     pub swept: usize,
+    /// Chunks this rank took over from live ranks that showed no progress
+    /// (read twice): per chunk, the holder's pid and how long it was quiet.
+    pub taken_over: Vec<(u32, std::time::Duration)>,
 }
 
 /// The chunk queue a fill goes through, shared with the other ranks, and how
@@ -59,16 +66,21 @@ pub(crate) struct SharedQueue<'a> {
     /// is over (a rank that took the copy unfinished in the instant before
     /// the last filler called `complete`), every chunk starts done.
     pub done_elsewhere: &'a dyn Fn() -> bool,
+    /// Filled by this rank alone, through a queue in its memory (a copy no
+    /// other rank fills: the queue file of its key is another copy's).
+    pub private: bool,
 }
 
 /// Fills files of `lens` bytes (in order) through `shared`, with the other
 /// ranks of `rank`: `read` reads one chunk (a file index, an offset, a
-/// length) into its place.
+/// length) into its place, calling the beat it is given as pieces of it
+/// land (the rank's heartbeat: a rank whose reads progress keeps its
+/// chunks, `takeover.rs`).
 pub(crate) fn fill_shared(
     lens: &[u64],
     shared: &SharedQueue,
     rank: &LocalRank,
-    read: &(dyn Fn(usize, u64, u64) -> Result<()> + Sync),
+    read: &ReadChunk<'_>,
     progress: Option<&Callback>,
 ) -> Result<FillOutcome> {
     let SharedQueue {
@@ -78,11 +90,12 @@ pub(crate) fn fill_shared(
         streams,
         complete,
         done_elsewhere,
+        private,
     } = *shared;
     let swept = sweep_stale(dir);
     let plan = ChunkPlan::new(lens, chunk_size, os::page_size());
     let me = Owner::current();
-    let queue = open_queue(&plan, key_material, dir, me, done_elsewhere);
+    let queue = open_queue(&plan, key_material, dir, me, done_elsewhere, private);
     let shared = queue.is_shared();
     let unshared = (!shared).then(|| queue.refused.clone().unwrap_or_default());
     let needed = init_from_header(queue.words()).needed;
@@ -104,6 +117,7 @@ pub(crate) fn fill_shared(
         finished_here,
         unshared,
         swept,
+        taken_over: outcome.taken_over,
     })
 }
 
@@ -115,6 +129,7 @@ fn open_queue(
     dir: &Path,
     me: Owner,
     done_elsewhere: &dyn Fn() -> bool,
+    private: bool,
 ) -> Queue {
     let layout = Layout {
         key: 0,
@@ -134,6 +149,9 @@ fn open_queue(
         skipped: 0,
         known: false,
     };
+    if private {
+        return Queue::local(layout, &mut make, None);
+    }
     Queue::shared(dir, key_material, layout, me, &mut make)
 }
 
@@ -201,7 +219,8 @@ impl Fill<'_> {
         {
             if state.load(std::sync::atomic::Ordering::Acquire) != DONE {
                 if let Some(&chunk) = self.chunks.get(i) {
-                    self.sink.fill(chunk)?;
+                    // No reader of this rank is left to beat for.
+                    self.sink.fill(chunk, &|| {})?;
                     finished_here += 1;
                 }
             }
@@ -211,10 +230,10 @@ impl Fill<'_> {
 }
 
 /// The caller's read as a [`Sink`].
-struct ReadInto<'a>(&'a (dyn Fn(usize, u64, u64) -> Result<()> + Sync));
+struct ReadInto<'a>(&'a ReadChunk<'a>);
 
 impl Sink for ReadInto<'_> {
-    fn fill(&self, chunk: Chunk) -> Result<()> {
-        (self.0)(chunk.file, chunk.offset, chunk.len)
+    fn fill(&self, chunk: Chunk, beat: &dyn Fn()) -> Result<()> {
+        (self.0)(chunk.file, chunk.offset, chunk.len, beat)
     }
 }

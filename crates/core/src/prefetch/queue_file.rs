@@ -50,7 +50,17 @@ impl SharedQueue {
     ) -> io::Result<SharedQueue> {
         let mut replaced = None;
         for _ in 0..8 {
-            let lock = Lock::take(Place::Private(path), coord::PATIENCE)?;
+            let lock = Lock::take(Place::Private(path), coord::PATIENCE).map_err(|e| {
+                if e.kind() != io::ErrorKind::WouldBlock {
+                    return e;
+                }
+                let why = format!(
+                    "locked by another process of this user for {} s (a rank stopped while \
+                     it joined or left the queue)",
+                    coord::PATIENCE.as_secs()
+                );
+                io::Error::new(io::ErrorKind::WouldBlock, why)
+            })?;
             let file = lock.file();
             let len = file.metadata()?.len();
             let (words, slot) = if len == 0 {

@@ -3,7 +3,8 @@
 //! # The rule
 //!
 //! Each rank bumps its slot's heartbeat in the queue whenever one of its
-//! readers makes progress: a claim, pages of a `WILLNEED` landing, a chunk
+//! readers makes progress: a claim, pages of a `WILLNEED` landing, each
+//! piece of a node copy's chunk landing (2 MiB, `node/fill.rs`), a chunk
 //! warm, a chunk done, and every poll (2 ms) of a reader that is waiting
 //! for other ranks. A reader that finds no free chunk looks at each chunk
 //! another process holds and takes it over with one compare-and-swap of the

@@ -57,8 +57,9 @@ pub(super) struct Work<'a> {
 
 /// A destination the chunks are read into, each straight into its place.
 pub(super) trait Sink: Sync {
-    /// Reads `chunk` into its place.
-    fn fill(&self, chunk: Chunk) -> Result<()>;
+    /// Reads `chunk` into its place, calling `beat` as its bytes land (in
+    /// pieces), so that the other ranks see a long read make progress.
+    fn fill(&self, chunk: Chunk, beat: &dyn Fn()) -> Result<()>;
 }
 
 /// What a rank's readers did so far, updated as they go.
@@ -76,6 +77,9 @@ pub(super) struct Tally {
     /// expected read time of the take-over rule.
     reads: AtomicU64,
     read_nanos: AtomicU64,
+    /// Chunks taken over from live holders that showed no progress: per
+    /// take-over, the holder's pid and the patience that ran out.
+    taken_over: Mutex<Vec<(u32, Duration)>>,
 }
 
 /// A chunk this rank holds: its index, and the claim word this rank wrote
@@ -105,6 +109,9 @@ pub(super) struct Outcome {
     pub reread: u64,
     /// Bytes given up on after waiting [`STALL`], and why.
     pub stalled: Option<(u64, SkipReason)>,
+    /// Chunks taken over from live holders that showed no progress: per
+    /// take-over, the holder's pid and the patience that ran out.
+    pub taken_over: Vec<(u32, Duration)>,
 }
 
 impl Work<'_> {
@@ -122,6 +129,11 @@ impl Work<'_> {
             warmed: tally.warmed.load(Ordering::Relaxed),
             reread,
             stalled: tally.stalled.lock().ok().and_then(|mut s| s.take()),
+            taken_over: tally
+                .taken_over
+                .lock()
+                .map(|t| t.clone())
+                .unwrap_or_default(),
         })
     }
 
@@ -247,6 +259,9 @@ impl Work<'_> {
                 };
                 match takeover::verdict(claim, self.me, alive, quiet, patience) {
                     Verdict::TakeOver(mine) if swap(word, seen, mine.word()) => {
+                        if alive {
+                            self.note_taken_over(owner.pid, patience);
+                        }
                         return Some(Held {
                             index: i,
                             claim: mine.word(),
@@ -269,6 +284,14 @@ impl Work<'_> {
                 return None;
             }
             std::thread::sleep(POLL);
+        }
+    }
+
+    /// A chunk taken over from the live `pid`, quiet for `patience`: said in
+    /// the report (its bytes are read twice).
+    fn note_taken_over(&self, pid: u32, patience: Duration) {
+        if let Ok(mut taken) = self.tally.taken_over.lock() {
+            taken.push((pid, patience));
         }
     }
 
@@ -359,7 +382,7 @@ impl Work<'_> {
             handled.push(i);
         }
         let started = Instant::now();
-        sink.fill(chunk)?;
+        sink.fill(chunk, &|| self.beat())?;
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.tally.read_nanos.fetch_add(nanos, Ordering::Relaxed);
         self.tally.reads.fetch_add(1, Ordering::Relaxed);

@@ -271,6 +271,17 @@ pub enum CopyRemark {
         /// How many.
         count: usize,
     } = "more_foreign_names",
+    /// Chunks another live rank held with no sign of progress for the
+    /// queue's patience, read here again (so the storage served them
+    /// twice).
+    TakenOver {
+        /// How many.
+        chunks: usize,
+        /// The ranks (pids) that held them.
+        pids: Vec<u32>,
+        /// How long each had shown no progress, at least, in milliseconds.
+        quiet_ms: u64,
+    } = "taken_over",
 }
 }
 
@@ -281,7 +292,12 @@ impl fmt::Display for CopyRemark {
                 f,
                 "refused the copy offered by pid {pid}: it runs as uid {uid}, not this user's"
             ),
-            CopyRemark::HolderFailed { pid, why } => write!(f, "pid {pid}: {why}"),
+            CopyRemark::HolderFailed { pid, why } => {
+                write!(
+                    f,
+                    "pid {pid}, which holds a copy, did not hand it over: {why}"
+                )
+            }
             CopyRemark::NotHandedOut { why } => write!(f, "not handed out from here: {why}"),
             CopyRemark::QueueNotShared { path, why } => write!(
                 f,
@@ -309,6 +325,19 @@ impl fmt::Display for CopyRemark {
             CopyRemark::MoreForeignNames { count } => {
                 write!(f, "ignored {count} more such name(s)")
             }
+            CopyRemark::TakenOver {
+                chunks,
+                pids,
+                quiet_ms,
+            } => {
+                let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+                write!(
+                    f,
+                    "{chunks} chunk(s) read here again: pid {} held them with no progress \
+                     for {quiet_ms} ms",
+                    pids.join(", ")
+                )
+            }
         }
     }
 }
@@ -318,6 +347,20 @@ mod tests {
     use super::*;
     use crate::mount::Mount;
     use crate::report::{PrefetchReason, QueueNote};
+
+    #[test]
+    fn chunks_taken_over_say_whose_and_how_long_quiet() {
+        let taken = CopyRemark::TakenOver {
+            chunks: 2,
+            pids: vec![4211, 4212],
+            quiet_ms: 500,
+        };
+        assert_eq!(
+            taken.to_string(),
+            "2 chunk(s) read here again: pid 4211, 4212 held them with no progress for 500 ms"
+        );
+        assert_eq!(taken.as_str(), "taken_over");
+    }
 
     #[test]
     fn the_reads_in_flight_said_as_before() {

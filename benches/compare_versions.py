@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs two builds of the load benchmark (before and after a change) in
+"""Runs two builds of the load benchmark, or of the remote one (before and after a change) in
 alternating rounds, one round each in turn, and prints per scenario and arm
 the median seconds (min-max) of each build and their ratio.
 
@@ -75,7 +75,7 @@ def main():
             cmd = [binary, "--rounds", "1", "--json", str(path), *args_of(name, r)]
             print(f"round {r}: {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-            samples[name] += json.loads(path.read_text())["samples"]
+            samples[name] += [flat(s) for s in json.loads(path.read_text())["samples"]]
     keys = []
     for s in samples["before"] + samples["after"]:
         k = (s["scenario"], s["arm"])
@@ -103,6 +103,22 @@ def main():
             ratio = f"{statistics.median(cell['after']) / statistics.median(cell['before']):.2f}"
         print(f"| {scenario} | {arm} | {fmt('before')} | {fmt('after')} | {ratio} |")
     print(f"samples in {out}", file=sys.stderr)
+
+
+def flat(sample):
+    """One sample in the load benchmark's shape: the remote benchmark's
+    (`benches/remote.rs`) names its server where the load's names a scenario,
+    and keeps its seconds under `figures`."""
+    if "scenario" in sample:
+        return sample
+    figures = sample.get("figures") or {}
+    return {
+        "scenario": sample.get("server", "-"),
+        "arm": sample["arm"],
+        "error": sample.get("error") or figures.get("error"),
+        "seconds": figures.get("seconds"),
+        "sys_seconds": figures.get("sys_seconds"),
+    }
 
 
 if __name__ == "__main__":

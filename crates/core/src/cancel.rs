@@ -1,16 +1,16 @@
-//! Stopping a load early: the flags that cancel it, the scope that lets the read engine's queue see them, and the one error a cancelled load ends with.
+//! Stopping a load early: the flags that cancel it, handed as a value to what checks them, and the one error a cancelled load ends with.
 //!
-//! A load is cancelled by the caller's flag (`Loader::cancel_on`)
-//! or, for an async load, by its future being dropped (`load/future.rs`). The flags are
-//! checked where a load can stop cheaply: when it starts, between opening its files and
-//! reading them, by every reader of the job queue before it takes its next job
-//! (`jobs::run`), and every 20 ms by each remote request in flight, which is then dropped
-//! (`remote/watch.rs`); a cache write publishes nothing once they are set. The threads a
-//! load starts (`workers`) see its flags, and the one read loop (`jobs::drain`) checks them
-//! before every piece, whatever its source (the load's reads, a prefetch's or a node
-//! copy's chunks, the exchange's pieces). Hashing for `verify` runs to its end first.
+//! A load is cancelled by the caller's flag (`Loader::cancel_on`) or, for an async load, by
+//! its future being dropped (`load/future.rs`). The flags live in the load's options
+//! (`Options::cancel`) and travel from there as an argument, so a reader finds where they
+//! come from by following it: the read loop (`jobs::drain`, and `jobs::run` over it) takes
+//! them and checks them before every piece, whatever its source (the load's reads, a
+//! prefetch's or a node copy's chunks, the exchange's pieces, a device's chunks); a remote
+//! checkpoint takes them when it is resolved (`extras::Caching::cancel`), and each of its
+//! requests in flight checks them every 20 ms and is dropped once they are set; a cache
+//! write publishes nothing once they are set. They are also checked when a load starts and
+//! between opening its files and reading them. Hashing for `verify` runs to its end first.
 
-use std::cell::RefCell;
 use std::fmt;
 use std::io;
 use std::path::Path;
@@ -55,22 +55,20 @@ impl Cancel {
     }
 }
 
-thread_local! {
-    /// The flags of the load running on this thread, for the job queues it
-    /// runs (see `scope`).
-    static CURRENT: RefCell<Cancel> = RefCell::new(Cancel::default());
+impl Cancel {
+    /// No flags: nothing stops the work it is given to (a checkpoint's lazy
+    /// reads, a prefetch launched on its own, the tests).
+    pub const NONE: Cancel = Cancel {
+        by_caller: None,
+        by_drop: None,
+    };
 }
 
-/// Runs `load`, the load of the checkpoint at `path`, with `cancel` as the
-/// flags every job queue it runs on this thread checks ([`current`]). A load
+/// Runs `load`, the load of the checkpoint at `path` under the flags
+/// `cancel`, which the load hands on as a value to what checks them (the
+/// read loop `jobs::drain`, a remote request's watch, a cache write). A load
 /// whose flags are set when it starts, or that stops because they were set,
 /// fails with [`ErrorKind::Cancelled`] naming `path`.
-///
-/// NOTE: the flags reach `jobs::run` through this thread-local scope rather
-/// than as one more argument of every phase in between (`Run::finish`,
-/// `queue::read_all`): those signatures stay the read engine's own, and
-/// `jobs::run` reads the flags once, on the load's thread, before it starts
-/// its readers. A queue run on another thread (none today) would not see them.
 pub(crate) fn scope<T>(
     cancel: &Cancel,
     path: &Path,
@@ -79,9 +77,6 @@ pub(crate) fn scope<T>(
     if cancel.is_set() {
         return Err(cancelled(path));
     }
-    let outer = CURRENT.with(|current| current.replace(cancel.clone()));
-    // Put back on the way out, a panic included.
-    let _restore = Restore(Some(outer));
     load().map_err(|error| {
         // Set flags win over the error they caused (or raced with): the
         // caller asked the load to stop, and it did.
@@ -91,34 +86,6 @@ pub(crate) fn scope<T>(
             error
         }
     })
-}
-
-/// Runs `f` with `cancel` as this thread's flags: a helper thread of a load
-/// (`workers`) takes the load's, so that what it runs (a remote request
-/// above all) stops when they are set.
-pub(crate) fn within<T>(cancel: Cancel, f: impl FnOnce() -> T) -> T {
-    let outer = CURRENT.with(|current| current.replace(cancel));
-    let _restore = Restore(Some(outer));
-    f()
-}
-
-/// Puts the outer scope's flags back when dropped.
-struct Restore(Option<Cancel>);
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        if let Some(outer) = self.0.take() {
-            // `try_with`: the thread's locals may be gone when a thread ends.
-            let _ = CURRENT.try_with(|current| current.replace(outer));
-        }
-    }
-}
-
-/// The flags of the load running on this thread (none outside `scope`).
-pub fn current() -> Cancel {
-    CURRENT
-        .try_with(|current| current.borrow().clone())
-        .unwrap_or_default()
 }
 
 /// The error of a load that stopped because it was cancelled.
@@ -183,23 +150,6 @@ mod tests {
         assert_eq!(err.kind(), &ErrorKind::Cancelled);
         assert_eq!(err.path(), Some(Path::new("/m")));
         assert_eq!(err.to_string(), "/m: the load was cancelled");
-    }
-
-    #[test]
-    fn the_scope_shows_its_flags_to_this_thread_only_and_restores_the_outer_ones() {
-        let inner = flag(false);
-        let cancel = Cancel::default().with_caller(Arc::clone(&inner));
-        scope(&cancel, Path::new("/m"), || {
-            inner.store(true, Ordering::Relaxed);
-            assert!(current().is_set());
-            let elsewhere = std::thread::spawn(|| current().is_set()).join().unwrap();
-            assert!(!elsewhere);
-            inner.store(false, Ordering::Relaxed);
-            Ok(())
-        })
-        .unwrap();
-        inner.store(true, Ordering::Relaxed);
-        assert!(!current().is_set());
     }
 
     #[test]

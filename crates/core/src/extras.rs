@@ -12,6 +12,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::cancel::Cancel;
 use crate::error::Result;
 pub use crate::mount::MountTable;
 pub use crate::source::{LocalFile, Source, Version, VersionTag};
@@ -19,7 +20,7 @@ pub use crate::source::{LocalFile, Source, Version, VersionTag};
 /// What a load asks of the caches a remote address goes through: the
 /// caller's choices (`Loader::hub_cache`, `Loader::cache_dir`), over the
 /// environment's.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct Caching<'a> {
     /// Whether `hf://` goes through the hub cache.
     pub hub: Option<bool>,
@@ -28,6 +29,23 @@ pub struct Caching<'a> {
     /// Whether the load checks SHA-256 digests (a file to be verified may
     /// need its store's).
     pub verify: bool,
+    /// The load's cancel flags (`Loader::cancel_on`, a dropped async load):
+    /// the checkpoint resolved keeps them, and each of its requests in
+    /// flight, from resolving to the last read, stops once they are set
+    /// (within its watch's tick), a cache write then publishing nothing.
+    /// [`Cancel::NONE`] for an open, whose later reads are the caller's.
+    pub cancel: &'a Cancel,
+}
+
+impl Default for Caching<'_> {
+    fn default() -> Self {
+        Caching {
+            hub: None,
+            dir: None,
+            verify: false,
+            cancel: &Cancel::NONE,
+        }
+    }
 }
 
 /// What an address names at its place: one `.safetensors` file, or an index.

@@ -57,14 +57,11 @@ pub(crate) fn beside<R>(
         return (main(), started);
     }
     let work = &work;
-    // The helpers serve the calling thread's load: they see its cancel flags.
-    let cancel = crate::cancel::current();
     let result = std::thread::scope(|scope| {
         for i in 1..=helpers {
-            let cancel = cancel.clone();
             let spawned = std::thread::Builder::new()
                 .name(name.into())
-                .spawn_scoped(scope, move || crate::cancel::within(cancel, || work(i)));
+                .spawn_scoped(scope, move || work(i));
             match spawned {
                 Ok(_) => started.started += 1,
                 Err(e) => {

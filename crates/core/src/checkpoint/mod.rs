@@ -396,11 +396,14 @@ fn catalogue(files: &[OpenedFile]) -> Catalogue {
 pub(crate) fn open_with<X>(opts: Options, path: &Path) -> Result<Checkpoint<X>> {
     let clock = Instant::now();
     let env = Environment::from_process();
-    // An open reads headers, and verifies nothing.
+    // An open reads headers, and verifies nothing; the reads of the
+    // checkpoint it returns are the caller's, which no flag stops
+    // (`Loader::cancel_on`).
     let caching = resolve::Caching {
         hub: opts.hub_cache,
         dir: opts.cache_dir.as_deref(),
         verify: false,
+        cancel: &crate::cancel::Cancel::NONE,
     };
     let resolved = resolve::resolve(path, caching, &*opts.extras)?;
     let shards: Vec<&ShardFile> = resolved.shards.iter().collect();

@@ -6,6 +6,7 @@ use std::ops::Range;
 
 use super::{Checkpoint, TensorInfo};
 use crate::adapt::Concurrency;
+use crate::cancel::Cancel;
 use crate::dest::pages::PageSizes;
 use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
@@ -230,7 +231,8 @@ fn read_runs(
     let jobs = queue_reads(file, base, plan, &reads, dst, &mut scratch, piece);
     // Scratch vectors and a caller's tensor: no page size is advised.
     let pages = PageSizes::unadvised();
-    let (result, _, _) = jobs::run(jobs, concurrency, &pages, &|_, _| {});
+    // A lazy read is the caller's own, not a load's: no cancel flag stops it.
+    let (result, _, _) = jobs::run(jobs, concurrency, &pages, &|_, _| {}, &Cancel::NONE);
     if let Err(failure) = result {
         return Err(read_error(
             Operation::Read,

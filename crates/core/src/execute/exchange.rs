@@ -359,7 +359,13 @@ pub(crate) fn read_copies(
         left: &left,
     };
     let concurrency = Concurrency::pinned(readers);
-    let (result, _, _) = jobs::drain(&source, concurrency, reads.len(), "safeload-copy");
+    let (result, _, _) = jobs::drain(
+        &source,
+        concurrency,
+        reads.len(),
+        "safeload-copy",
+        &opts.cancel,
+    );
     result?;
     // Tensor data only, as the report's `bytes_read` counts it.
     let mut read = vec![0u64; copies.len()];

@@ -249,6 +249,7 @@ impl Run<'_> {
             memory_available: self.opts.memory_available,
             env: self.env,
             progress: self.opts.progress.as_ref(),
+            cancel: &self.opts.cancel,
         };
         let handed: Vec<prefetch::LoadFile<'_>> = entries
             .iter()
@@ -331,6 +332,7 @@ impl Run<'_> {
             clock: self.clock,
             share: share.as_ref().map(|(ex, p)| (p.as_slice(), ex.node())),
             pages,
+            cancel: &self.opts.cancel,
         };
         let buffers = filling.len();
         let prefixes = queue::read_prefixes(filling, reads.verify)?;

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::adapt::{Concurrency, Settled};
+use crate::cancel::Cancel;
 use crate::dest::pages::PageSizes;
 use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
@@ -38,6 +39,8 @@ pub(crate) struct ReadOptions<'a> {
     pub share: Option<(&'a [Piece], usize)>,
     /// The page sizes every destination is faulted in with.
     pub pages: &'a PageSizes,
+    /// The load's cancel flags, checked before every job.
+    pub cancel: &'a Cancel,
 }
 
 /// Every buffered file's reads, and populates of mapped ones when asked,
@@ -355,29 +358,35 @@ impl<'a> Queued<'a> {
         let clock = options.clock;
         // The closure is written at the call so that its argument has the
         // jobs' own lifetime: the hashers keep the bytes it hands them.
-        run(jobs, concurrency, options.pages, &|file_index, outcome| {
-            meter.add(outcome.bytes);
-            if outcome.bytes > 0
-                && left
-                    .get(file_index)
-                    .is_some_and(|n| n.fetch_sub(outcome.bytes, Ordering::AcqRel) == outcome.bytes)
-            {
-                meter.file_done();
-            }
-            if let (Some((offset, bytes)), Some(Some(hasher))) =
-                (outcome.landed, hashers.get(file_index))
-            {
-                hasher.land(offset, bytes);
-            }
-            if outcome.overflowed > 0 {
-                if let Some(counter) = overflowed.get(file_index) {
-                    counter.fetch_add(outcome.overflowed, Ordering::Relaxed);
+        run(
+            jobs,
+            concurrency,
+            options.pages,
+            &|file_index, outcome| {
+                meter.add(outcome.bytes);
+                if outcome.bytes > 0
+                    && left.get(file_index).is_some_and(|n| {
+                        n.fetch_sub(outcome.bytes, Ordering::AcqRel) == outcome.bytes
+                    })
+                {
+                    meter.file_done();
                 }
-            }
-            if let Some(f) = finished.get(file_index) {
-                f.fetch_max(since(clock), Ordering::Relaxed);
-            }
-        })
+                if let (Some((offset, bytes)), Some(Some(hasher))) =
+                    (outcome.landed, hashers.get(file_index))
+                {
+                    hasher.land(offset, bytes);
+                }
+                if outcome.overflowed > 0 {
+                    if let Some(counter) = overflowed.get(file_index) {
+                        counter.fetch_add(outcome.overflowed, Ordering::Relaxed);
+                    }
+                }
+                if let Some(f) = finished.get(file_index) {
+                    f.fetch_max(since(clock), Ordering::Relaxed);
+                }
+            },
+            options.cancel,
+        )
     }
 }
 

@@ -13,7 +13,7 @@ use memmap2::Mmap;
 use safetensors::Dtype;
 
 use crate::adapt::{Concurrency, Control, Settled};
-use crate::cancel;
+use crate::cancel::Cancel;
 use crate::dest::pages::PageSizes;
 use crate::error::Operation;
 use crate::mount::MountKind;
@@ -175,8 +175,8 @@ pub(crate) trait JobSource: Sync {
 /// named `name`, as many at once as `concurrency` and the measured
 /// throughput allow (`adapt.rs`), a helper beside them where the source has
 /// one. Stops at the first failure and returns it (the earliest in the
-/// source's order among those seen), and at a cancel of the load on this
-/// thread (`cancel::current`): no piece is started once its flags are set,
+/// source's order among those seen), and at a cancel of the load (`cancel`,
+/// the load's flags): no piece is started once they are set,
 /// each reader finishing the one it holds, the failure being the piece not
 /// done. Also returns how many threads ran and what the count settled on.
 ///
@@ -188,8 +188,8 @@ pub(crate) fn drain<S: JobSource>(
     concurrency: Concurrency,
     pieces: usize,
     name: &str,
+    cancel: &Cancel,
 ) -> (Result<(), S::Error>, workers::Started, Settled) {
-    let cancel = cancel::current();
     let control = Control::new(concurrency, pieces);
     let failed = AtomicBool::new(false);
     let first: Mutex<Option<(usize, S::Error)>> = Mutex::new(None);
@@ -244,14 +244,15 @@ pub(crate) fn drain<S: JobSource>(
 /// bytes land: by a helper walking ahead of the readers where the reads
 /// bypass the page cache, else (or where the helper is behind) by the
 /// reader that takes the job, just before its read (`PageSizes::fill`). A
-/// load cancelled before the run starts none.
+/// run whose `cancel` flags are set before it starts starts none.
 pub(crate) fn run<'a>(
     jobs: Vec<Tagged<'a>>,
     concurrency: Concurrency,
     pages: &PageSizes,
     done: &(dyn Fn(usize, Outcome<'a>) + Sync),
+    cancel: &Cancel,
 ) -> (Result<(), JobError>, workers::Started, Settled) {
-    if let Some(first) = jobs.first().filter(|_| cancel::current().is_set()) {
+    if let Some(first) = jobs.first().filter(|_| cancel.is_set()) {
         // Cancelled before the read phase: no reader is started.
         let control = Control::new(concurrency, jobs.len());
         let started = workers::Started {
@@ -272,7 +273,7 @@ pub(crate) fn run<'a>(
         ahead,
         done,
     };
-    drain(&list, concurrency, pieces, "safeload-read")
+    drain(&list, concurrency, pieces, "safeload-read", cancel)
 }
 
 #[cfg(test)]

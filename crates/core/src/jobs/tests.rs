@@ -33,16 +33,9 @@ fn reads<'a>(file: &'a dyn Source, direct: bool, dst: &'a mut [u8]) -> Vec<Tagge
         .collect()
 }
 
-/// Runs `f` on this thread in a load's scope whose flag is `flag`.
-fn in_scope<R>(flag: &Arc<AtomicBool>, f: impl FnOnce() -> R) -> R {
-    let cancel = crate::cancel::Cancel::default().with_caller(Arc::clone(flag));
-    let mut out = None;
-    crate::cancel::scope(&cancel, std::path::Path::new("/m"), || {
-        out = Some(f());
-        Ok(())
-    })
-    .ok();
-    out.unwrap()
+/// The flags of a load whose caller's flag is `flag`.
+fn flags(flag: &Arc<AtomicBool>) -> crate::cancel::Cancel {
+    crate::cancel::Cancel::default().with_caller(Arc::clone(flag))
 }
 
 #[test]
@@ -51,17 +44,16 @@ fn a_run_cancelled_before_it_starts_reads_nothing() {
     let mut dst = vec![0u8; 4 << 20];
     let flag = Arc::new(AtomicBool::new(false));
     let done = AtomicUsize::new(0);
-    let (result, _, _) = in_scope(&flag, || {
-        flag.store(true, Ordering::Relaxed);
-        run(
-            reads(&file, false, &mut dst),
-            Concurrency::pinned(2),
-            &pages(),
-            &|_, _| {
-                done.fetch_add(1, Ordering::Relaxed);
-            },
-        )
-    });
+    flag.store(true, Ordering::Relaxed);
+    let (result, _, _) = run(
+        reads(&file, false, &mut dst),
+        Concurrency::pinned(2),
+        &pages(),
+        &|_, _| {
+            done.fetch_add(1, Ordering::Relaxed);
+        },
+        &flags(&flag),
+    );
     let failure = result.unwrap_err();
     assert_eq!((failure.file_index, failure.offset), (0, 0));
     assert!(
@@ -80,17 +72,16 @@ fn a_run_cancelled_midway_takes_no_further_job() {
     let mut dst = vec![0u8; 4 << 20];
     let flag = Arc::new(AtomicBool::new(false));
     let done = AtomicUsize::new(0);
-    let (result, _, _) = in_scope(&flag, || {
-        run(
-            reads(&file, false, &mut dst),
-            Concurrency::pinned(1),
-            &pages(),
-            &|_, _| {
-                done.fetch_add(1, Ordering::Relaxed);
-                flag.store(true, Ordering::Relaxed);
-            },
-        )
-    });
+    let (result, _, _) = run(
+        reads(&file, false, &mut dst),
+        Concurrency::pinned(1),
+        &pages(),
+        &|_, _| {
+            done.fetch_add(1, Ordering::Relaxed);
+            flag.store(true, Ordering::Relaxed);
+        },
+        &flags(&flag),
+    );
     // The one reader finished its first job, then saw the flag before
     // the second.
     let failure = result.unwrap_err();
@@ -101,7 +92,7 @@ fn a_run_cancelled_midway_takes_no_further_job() {
 }
 
 #[test]
-fn a_run_outside_a_cancelled_scope_is_not_cancelled() {
+fn a_run_given_no_flags_is_not_cancelled() {
     let file = file_of(&[1; 2 << 20]);
     let mut dst = vec![0u8; 2 << 20];
     let (result, _, _) = run(
@@ -109,6 +100,7 @@ fn a_run_outside_a_cancelled_scope_is_not_cancelled() {
         Concurrency::pinned(2),
         &pages(),
         &|_, _| {},
+        &crate::cancel::Cancel::NONE,
     );
     result.unwrap();
     assert!(dst.iter().all(|&b| b == 1));
@@ -136,6 +128,7 @@ fn reads_filled_ahead_land_every_byte_in_fresh_memory() {
             Concurrency::pinned(2),
             &pages(),
             &|_, _| {},
+            &crate::cancel::Cancel::NONE,
         );
         result.unwrap();
         assert!(owned.bytes_mut()[..] == bytes[..], "direct {direct}");

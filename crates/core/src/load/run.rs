@@ -180,6 +180,8 @@ impl<X> Loader<X> {
             memory_available: self.opts.memory_available,
             env: &env,
             progress: self.opts.progress.as_ref(),
+            // `warm` does not check the loader's flag (`Loader::cancel_on`).
+            cancel: &crate::cancel::Cancel::NONE,
         };
         let reason = crate::report::PrefetchReason::Requested {
             streams: options.stream_count(),
@@ -195,6 +197,7 @@ pub(crate) fn caching(opts: &crate::options::Options) -> resolve::Caching<'_> {
         hub: opts.hub_cache,
         dir: opts.cache_dir.as_deref(),
         verify: crate::policy::verify(opts.verify, &env, !opts.expected_sha256.is_empty()),
+        cancel: &opts.cancel,
     }
 }
 

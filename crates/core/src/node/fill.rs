@@ -100,7 +100,14 @@ pub(super) fn fill(
         done_elsewhere: &done_elsewhere,
         private,
     };
-    let outcome = prefetch::fill_shared(&lens, &shared, rank, &read, opts.progress.as_ref())?;
+    let outcome = prefetch::fill_shared(
+        &lens,
+        &shared,
+        rank,
+        &read,
+        opts.progress.as_ref(),
+        &opts.cancel,
+    )?;
     check_lengths(&parts)?;
     Ok((parts.into_iter().map(Part::counts).collect(), outcome))
 }

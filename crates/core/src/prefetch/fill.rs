@@ -18,6 +18,7 @@ use super::queue::{
 };
 use super::queue_file::{Queue, sweep_stale};
 use super::worker::{Outcome, Sink, Tally, Work};
+use crate::cancel::Cancel;
 use crate::coord::Owner;
 use crate::error::Result;
 use crate::os;
@@ -82,6 +83,7 @@ pub(crate) fn fill_shared(
     rank: &LocalRank,
     read: &ReadChunk<'_>,
     progress: Option<&Callback>,
+    cancel: &Cancel,
 ) -> Result<FillOutcome> {
     let SharedQueue {
         key_material,
@@ -104,6 +106,7 @@ pub(crate) fn fill_shared(
         queue: &queue,
         chunks: &plan.chunks,
         sink: ReadInto(read),
+        cancel,
     };
     let outcome = fill.read_shares(rank, streams, me, &meter)?;
     let finished_here = fill.finish_stalled()?;
@@ -161,6 +164,7 @@ struct Fill<'a> {
     queue: &'a Queue,
     chunks: &'a [Chunk],
     sink: ReadInto<'a>,
+    cancel: &'a Cancel,
 }
 
 impl Fill<'_> {
@@ -204,6 +208,7 @@ impl Fill<'_> {
             heartbeat: self.queue.heartbeat(),
             tally: Tally::default(),
             sink: Some(&self.sink),
+            cancel: self.cancel,
         };
         work.run(&starts)
     }

@@ -89,6 +89,8 @@ pub(crate) struct Job<'a> {
     pub env: &'a Environment,
     /// The caller's progress callback.
     pub progress: Option<&'a crate::progress::Callback>,
+    /// The load's cancel flags: the readers take no chunk once they are set.
+    pub cancel: &'a crate::cancel::Cancel,
 }
 
 impl Job<'_> {

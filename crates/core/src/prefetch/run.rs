@@ -208,6 +208,7 @@ impl Run<'_> {
             heartbeat: queue.heartbeat(),
             tally: Tally::default(),
             sink: None,
+            cancel: self.job.cancel,
         };
         let outcome = work.run(&starts)?;
         for _ in self.targets {

@@ -13,6 +13,7 @@ use super::residency::Target;
 use super::takeover::{self, Verdict, Watch};
 use super::warm::{advise_and_wait, read_chunk};
 use crate::adapt::Concurrency;
+use crate::cancel::Cancel;
 use crate::coord::Owner;
 use crate::error::{Error, Result};
 use crate::jobs;
@@ -53,6 +54,9 @@ pub(super) struct Work<'a> {
     /// Where a chunk's bytes go instead of the page cache (a node copy,
     /// `fill.rs`); `None` to warm the page cache.
     pub sink: Option<&'a dyn Sink>,
+    /// The flags of the load the readers work for: no chunk is taken once
+    /// they are set.
+    pub cancel: &'a Cancel,
 }
 
 /// A destination the chunks are read into, each straight into its place.
@@ -157,7 +161,13 @@ impl Work<'_> {
         };
         let concurrency = Concurrency::pinned(starts.len());
         let pieces = self.chunks.len().max(starts.len());
-        let (result, _, _) = jobs::drain(&claims, concurrency, pieces, "safeload-prefetch");
+        let (result, _, _) = jobs::drain(
+            &claims,
+            concurrency,
+            pieces,
+            "safeload-prefetch",
+            self.cancel,
+        );
         if let Err(e) = result {
             self.tally.failed.store(true, Ordering::Relaxed);
             if let Ok(mut slot) = self.tally.error.lock() {
@@ -519,6 +529,7 @@ mod tests {
             heartbeat: beats.first(),
             tally: Tally::default(),
             sink: None,
+            cancel: &Cancel::NONE,
         };
         let clock = Instant::now();
         let outcome = std::thread::scope(|s| {

@@ -17,7 +17,13 @@ pub struct RemoteExtras;
 
 impl Extras for RemoteExtras {
     fn resolve(&self, address: &str, caching: Caching<'_>) -> Option<Result<Resolution>> {
-        let resolved = resolve(address, caching.hub, caching.dir, caching.verify);
+        let resolved = resolve(
+            address,
+            caching.hub,
+            caching.dir,
+            caching.verify,
+            caching.cancel,
+        );
         Some(resolved.map(|(remote, found)| Resolution {
             checkpoint: Arc::new(remote),
             found,

@@ -52,6 +52,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::cancel::Cancel;
 use crate::error::{Error, ErrorKind, Operation, RemoteFailure, Result};
 use crate::format::{INDEX_FILE, SINGLE_FILE};
 use crate::mount::MountTable;
@@ -80,10 +81,17 @@ struct CacheEnv {
     hub_on: bool,
     store_dir: Option<PathBuf>,
     verify: bool,
+    /// The load's cancel flags, which each checkpoint resolved keeps.
+    cancel: Cancel,
 }
 
 impl CacheEnv {
-    fn from_process(hub: Option<bool>, dir: Option<&Path>, verify: bool) -> CacheEnv {
+    fn from_process(
+        hub: Option<bool>,
+        dir: Option<&Path>,
+        verify: bool,
+        cancel: &Cancel,
+    ) -> CacheEnv {
         let var = |name: &str| std::env::var(name).ok();
         CacheEnv {
             hub_root: layout::hub_root(var),
@@ -91,6 +99,7 @@ impl CacheEnv {
             hub_on: layout::hub_cache_on(hub, var),
             store_dir: layout::store_cache_dir(dir, var),
             verify,
+            cancel: cancel.clone(),
         }
     }
 }
@@ -136,14 +145,16 @@ enum SingleFile {
 
 /// Resolves the remote address `text` through its cache: `hub` and `dir`
 /// are the caller's choices (`Loader::hub_cache`, `Loader::cache_dir`),
-/// over the environment's; `verify`, whether the load checks digests.
+/// over the environment's; `verify`, whether the load checks digests;
+/// `cancel`, the load's flags, which stop the checkpoint's requests.
 pub(crate) fn resolve(
     text: &str,
     hub: Option<bool>,
     dir: Option<&Path>,
     verify: bool,
+    cancel: &Cancel,
 ) -> Result<(Remote, Found)> {
-    let env = CacheEnv::from_process(hub, dir, verify);
+    let env = CacheEnv::from_process(hub, dir, verify, cancel);
     match RemoteUrl::parse(text) {
         Ok(RemoteUrl::Hub {
             repo,
@@ -165,12 +176,12 @@ pub(crate) fn resolve(
              (Loader::hub_cache(false), SAFELOAD_HUB_CACHE=0)",
         )),
         Ok(RemoteUrl::Store { .. } | RemoteUrl::Http { .. }) if env.store_dir.is_some() => {
-            let (checkpoint, found) = RemoteCheckpoint::resolve(text)?;
+            let (checkpoint, found) = RemoteCheckpoint::resolve(text, &env.cancel)?;
             let store = StoreCache::new(env.store_dir.unwrap_or_default());
             Ok((Remote::new(checkpoint, Mode::Directory(store)), found))
         }
         _ => {
-            let (checkpoint, found) = RemoteCheckpoint::resolve(text)?;
+            let (checkpoint, found) = RemoteCheckpoint::resolve(text, &env.cancel)?;
             Ok((Remote::new(checkpoint, Mode::Off), found))
         }
     }
@@ -201,12 +212,14 @@ struct HubAddress<'a> {
     repo: &'a str,
     rev: &'a str,
     subfolder: &'a str,
+    /// The load's cancel flags, which its checkpoints keep.
+    cancel: &'a Cancel,
 }
 
 impl HubAddress<'_> {
     /// The checkpoint at `commit`.
     fn at(&self, commit: &str) -> Result<RemoteCheckpoint> {
-        RemoteCheckpoint::new(&at_commit(self.repo, commit, self.subfolder))
+        RemoteCheckpoint::new(&at_commit(self.repo, commit, self.subfolder), self.cancel)
     }
 }
 
@@ -232,6 +245,7 @@ fn resolve_hub(
         repo,
         rev: revision.unwrap_or("main"),
         subfolder,
+        cancel: &env.cancel,
     };
     let view = env
         .hub_root
@@ -296,7 +310,7 @@ fn resolve_commit(
         };
         return resolved(commit, SingleFile::Unknown, true);
     }
-    let checkpoint = RemoteCheckpoint::new(address.text)?;
+    let checkpoint = RemoteCheckpoint::new(address.text, address.cancel)?;
     match lookup_single(&checkpoint)? {
         Some(Ok((commit, meta))) => {
             let Some(commit) = layout::commit_name(&commit) else {
@@ -483,7 +497,7 @@ impl Remote {
         let (target, check) = self.hub_target(object, name)?;
         let len = object.len();
         Some(match check {
-            Ok(check) => write::Write::new(target, len, check, 0),
+            Ok(check) => write::Write::new(target, len, check, 0, object.cancel().clone()),
             Err(why) => write::Write::refused(target, len, why),
         })
     }

@@ -87,7 +87,7 @@ impl Fetched {
             _ => 0,
         };
         Fetched {
-            write: Write::new(target, len, check, start_at),
+            write: Write::new(target, len, check, start_at, object.cancel().clone()),
             object,
         }
     }

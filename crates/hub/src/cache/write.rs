@@ -154,12 +154,14 @@ pub(crate) trait Target: Send + Sync {
 
 impl Write {
     /// A write of a file of `len` bytes to `target`, checked by `check`,
-    /// started by the first read at or past `start_at`.
+    /// started by the first read at or past `start_at`, for a load whose
+    /// flags are `cancel` (set, the write publishes nothing).
     pub(crate) fn new(
         target: Box<dyn Target>,
         len: u64,
         check: Check,
         start_at: u64,
+        cancel: crate::cancel::Cancel,
     ) -> Arc<Write> {
         Arc::new_cyclic(|me| Write {
             me: Weak::clone(me),
@@ -173,7 +175,7 @@ impl Write {
                 complete: None,
             }),
             settled: Condvar::new(),
-            cancel: crate::cancel::current(),
+            cancel,
             resumed: AtomicU64::new(0),
             refetched: AtomicU64::new(0),
             returned: std::sync::atomic::AtomicBool::new(false),
@@ -183,7 +185,7 @@ impl Write {
 
     /// A write that is over before it began, for this reason.
     pub(crate) fn refused(target: Box<dyn Target>, len: u64, why: NotCached) -> Arc<Write> {
-        let write = Write::new(target, len, Check::Whole, 0);
+        let write = Write::new(target, len, Check::Whole, 0, crate::cancel::Cancel::NONE);
         write.lock().phase = Phase::Done(Err(why));
         write
     }

@@ -13,7 +13,13 @@ fn resumable(dir: &std::path::Path, bytes: &[u8]) -> Arc<Write> {
         resumable: true,
         gate: None,
     });
-    Write::new(target, bytes.len() as u64, sha256_check(bytes), 0)
+    Write::new(
+        target,
+        bytes.len() as u64,
+        sha256_check(bytes),
+        0,
+        crate::cancel::Cancel::NONE,
+    )
 }
 
 /// Lands `bytes[range]` in pieces of 1 MiB, as reads that missed the cache do.

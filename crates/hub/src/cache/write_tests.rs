@@ -66,7 +66,13 @@ fn with_a_guard_the_last_read_returns_while_the_check_goes_on_and_settle_waits_f
     let (dir, mut target) = folder();
     let (open, gate) = std::sync::mpsc::channel();
     target.gate = Some(Mutex::new(gate));
-    let write = Write::new(target, bytes.len() as u64, sha256_check(&bytes), 0);
+    let write = Write::new(
+        target,
+        bytes.len() as u64,
+        sha256_check(&bytes),
+        0,
+        crate::cancel::Cancel::NONE,
+    );
     // The tensors' storage keeps the guard: the check goes on after the load.
     let guard = write.settle_on_drop();
     write.land(0, &bytes);
@@ -92,7 +98,13 @@ fn with_a_guard_the_last_read_returns_while_the_check_goes_on_and_settle_waits_f
     drop(guard);
     // Dropping the guard waits the same way.
     let (dir, target) = folder();
-    let write = Write::new(target, bytes.len() as u64, sha256_check(&bytes), 0);
+    let write = Write::new(
+        target,
+        bytes.len() as u64,
+        sha256_check(&bytes),
+        0,
+        crate::cancel::Cancel::NONE,
+    );
     let guard = write.settle_on_drop();
     write.land(0, &bytes);
     drop(guard);
@@ -100,7 +112,13 @@ fn with_a_guard_the_last_read_returns_while_the_check_goes_on_and_settle_waits_f
     assert_eq!(names(dir.path()), ["final"]);
     // Without one, the read that completes the file checks and publishes it.
     let (dir, target) = folder();
-    let write = Write::new(target, bytes.len() as u64, sha256_check(&bytes), 0);
+    let write = Write::new(
+        target,
+        bytes.len() as u64,
+        sha256_check(&bytes),
+        0,
+        crate::cancel::Cancel::NONE,
+    );
     write.land(0, &bytes);
     assert_eq!(write.outcome().as_str(), "written");
     assert_eq!(names(dir.path()), ["final"]);
@@ -112,7 +130,13 @@ fn the_checks_thread_waits_for_the_process_fills_and_a_waiter_does_not() {
     // Another file of the process being filled as a load's destination.
     let fill = Filling::start();
     let (_dir, target) = folder();
-    let write = Write::new(target, bytes.len() as u64, sha256_check(&bytes), 0);
+    let write = Write::new(
+        target,
+        bytes.len() as u64,
+        sha256_check(&bytes),
+        0,
+        crate::cancel::Cancel::NONE,
+    );
     let guard = write.settle_on_drop();
     write.land(0, &bytes);
     std::thread::sleep(Duration::from_millis(200));
@@ -126,7 +150,13 @@ fn the_checks_thread_waits_for_the_process_fills_and_a_waiter_does_not() {
     assert_eq!(write.outcome().as_str(), "written");
     // Once the fills end, the check's thread publishes on its own.
     let (dir, target) = folder();
-    let write = Write::new(target, bytes.len() as u64, sha256_check(&bytes), 0);
+    let write = Write::new(
+        target,
+        bytes.len() as u64,
+        sha256_check(&bytes),
+        0,
+        crate::cancel::Cancel::NONE,
+    );
     let guard = write.settle_on_drop();
     write.land(0, &bytes);
     drop(fill);
@@ -170,7 +200,13 @@ fn reads_in_any_order_publish_the_file_once_complete() {
         (0..pieces.len()).map(|i| i * 7 % pieces.len()).collect(),
     ] {
         let (dir, target) = folder();
-        let write = Write::new(target, bytes.len() as u64, sha256_check(&bytes), 1000);
+        let write = Write::new(
+            target,
+            bytes.len() as u64,
+            sha256_check(&bytes),
+            1000,
+            crate::cancel::Cancel::NONE,
+        );
         for (n, &i) in order.iter().enumerate() {
             let (at, piece) = pieces[i];
             write.land(at, piece);
@@ -202,7 +238,13 @@ fn reads_in_any_order_publish_the_file_once_complete() {
 fn a_header_read_alone_makes_no_file_and_a_partial_load_leaves_none() {
     let bytes = data(1 << 20);
     let (dir, target) = folder();
-    let write = Write::new(target, bytes.len() as u64, sha256_check(&bytes), 4096);
+    let write = Write::new(
+        target,
+        bytes.len() as u64,
+        sha256_check(&bytes),
+        4096,
+        crate::cancel::Cancel::NONE,
+    );
     write.land(0, &bytes[..8]);
     write.land(8, &bytes[8..4096]);
     assert!(
@@ -231,7 +273,13 @@ fn bytes_that_do_not_hash_to_the_name_are_not_published() {
     let (dir, target) = folder();
     let mut other = bytes.clone();
     other[5] ^= 1;
-    let write = Write::new(target, bytes.len() as u64, sha256_check(&other), 0);
+    let write = Write::new(
+        target,
+        bytes.len() as u64,
+        sha256_check(&other),
+        0,
+        crate::cancel::Cancel::NONE,
+    );
     write.land(0, &bytes);
     match write.settled() {
         CacheUse::NotCached {
@@ -252,7 +300,13 @@ fn git_blob_ids_check_small_files() {
     let id =
         super::super::layout::named_digest("ce013625030ba8dba906f756967f9e9ca394464a").unwrap();
     let (dir, target) = folder();
-    let write = Write::new(target, bytes.len() as u64, Check::Digest(id), 0);
+    let write = Write::new(
+        target,
+        bytes.len() as u64,
+        Check::Digest(id),
+        0,
+        crate::cancel::Cancel::NONE,
+    );
     write.write_image(bytes);
     assert_eq!(write.settled().as_str(), "written");
     assert_eq!(std::fs::read(dir.path().join("final")).unwrap(), bytes);
@@ -263,7 +317,13 @@ fn a_target_that_cannot_begin_costs_the_cache_only() {
     let bytes = data(10_000);
     let (dir, mut target) = folder();
     target.begin_fails = Some(NotCached::NoSpace);
-    let write = Write::new(target, bytes.len() as u64, Check::Whole, 0);
+    let write = Write::new(
+        target,
+        bytes.len() as u64,
+        Check::Whole,
+        0,
+        crate::cancel::Cancel::NONE,
+    );
     write.land(0, &bytes);
     assert_eq!(
         write.settled(),
@@ -279,7 +339,13 @@ fn a_target_that_cannot_begin_costs_the_cache_only() {
 fn paused_reads_are_not_written_and_an_image_is() {
     let bytes = data(200_000);
     let (dir, target) = folder();
-    let write = Write::new(target, bytes.len() as u64, sha256_check(&bytes), 0);
+    let write = Write::new(
+        target,
+        bytes.len() as u64,
+        sha256_check(&bytes),
+        0,
+        crate::cancel::Cancel::NONE,
+    );
     write.pause();
     write.land(0, &bytes[..1000]);
     assert!(names(dir.path()).is_empty());
@@ -298,6 +364,7 @@ fn paused_reads_are_not_written_and_an_image_is() {
         bytes.len() as u64,
         sha256_check(&bytes),
         0,
+        crate::cancel::Cancel::NONE,
     );
     drop(target);
     let local = second.local(0..bytes.len() as u64).unwrap();
@@ -322,6 +389,7 @@ fn many_threads_landing_at_once_publish_once() {
         bytes.len() as u64,
         sha256_check(&bytes),
         0,
+        crate::cancel::Cancel::NONE,
     ));
     let piece = 65_537usize;
     let count = bytes.len().div_ceil(piece);

@@ -9,6 +9,7 @@ use super::error::RemoteError;
 use super::location::{RemoteLocation, RemoteSettings};
 use super::object::RemoteObject;
 use super::store::IoRuntime;
+use crate::cancel::Cancel;
 use crate::error::{Error, ErrorKind, Operation, RemoteFailure, Result};
 use crate::format::{INDEX_FILE, MAX_INDEX_BYTES, SINGLE_FILE};
 use crate::source::Source;
@@ -27,16 +28,16 @@ impl RemoteCheckpoint {
     /// checkpoint there: the file the address names, else `model.safetensors`, else
     /// `model.safetensors.index.json` under the prefix (one ranged GET each; a missing one
     /// answers 404 at once).
-    pub(crate) fn resolve(text: &str) -> Result<(RemoteCheckpoint, Found)> {
-        let checkpoint = RemoteCheckpoint::new(text)?;
+    pub(crate) fn resolve(text: &str, cancel: &Cancel) -> Result<(RemoteCheckpoint, Found)> {
+        let checkpoint = RemoteCheckpoint::new(text, cancel)?;
         let found = checkpoint.find()?;
         Ok((checkpoint, found))
     }
 
     /// Parses `text` and configures its client from the process's environment, sending
-    /// nothing yet.
-    pub(crate) fn new(text: &str) -> Result<RemoteCheckpoint> {
-        let runtime = IoRuntime::new().map_err(|e| {
+    /// nothing yet; each of its requests stops once `cancel`'s flags are set.
+    pub(crate) fn new(text: &str, cancel: &Cancel) -> Result<RemoteCheckpoint> {
+        let runtime = IoRuntime::new(cancel.clone()).map_err(|e| {
             let detail = format!("cannot start the I/O runtime: {e}");
             Error::remote_failed(Operation::Open, text, None, RemoteFailure::Config, &detail)
         })?;

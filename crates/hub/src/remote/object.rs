@@ -104,6 +104,11 @@ pub(crate) struct RemoteObject {
 }
 
 impl RemoteObject {
+    /// The cancel flags of the load that resolved it, which stop its requests.
+    pub(crate) fn cancel(&self) -> &crate::cancel::Cancel {
+        self.backend.runtime.cancel()
+    }
+
     /// Opens `key` (relative to the backend's base) with one ranged GET of its first
     /// [`Tuning::open_prefix`] bytes, which gives its length and ETag. A server that ignores
     /// the range answers with the whole object: its first bytes, those the range asked for,

@@ -16,6 +16,7 @@ use super::error::{Redactor, RemoteError, RemoteErrorKind};
 use super::url::StoreKind;
 use super::watch::{Interrupt, Moved, Pace, watched};
 use super::whole::KeepWhole;
+use crate::cancel::Cancel;
 
 /// The layer's timeouts, retries and first read, owned once.
 #[derive(Debug, Clone, PartialEq)]
@@ -241,14 +242,23 @@ pub(crate) fn http_store(
 }
 
 /// The tokio runtime of the crate's own that runs the stores' futures: two worker threads
-/// named `safeload-remote`, never the caller's runtime.
+/// named `safeload-remote`, never the caller's runtime. One per remote checkpoint, with the
+/// cancel flags of the load that resolved it.
 #[derive(Debug)]
 pub(crate) struct IoRuntime {
     runtime: Option<tokio::runtime::Runtime>,
+    /// The flags that stop every request run here (`request`).
+    cancel: Cancel,
 }
 
 impl IoRuntime {
-    pub(crate) fn new() -> std::io::Result<Self> {
+    /// The flags that stop its requests.
+    pub(crate) fn cancel(&self) -> &Cancel {
+        &self.cancel
+    }
+
+    /// A runtime whose requests stop once `cancel`'s flags are set.
+    pub(crate) fn new(cancel: Cancel) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("safeload-remote")
@@ -257,12 +267,13 @@ impl IoRuntime {
             .build()?;
         Ok(Self {
             runtime: Some(runtime),
+            cancel,
         })
     }
 
     /// Runs the request `make` gives on this runtime, blocking the calling thread (one of
     /// the crate's), watched (`watch.rs`): dropped once it moves less than `pace` asks, or
-    /// as soon as the flags of the load on the calling thread are set. `make` is handed
+    /// as soon as the runtime's cancel flags are set. `make` is handed
     /// the counter its body's bytes go to.
     pub(crate) fn request<F>(
         &self,
@@ -273,10 +284,10 @@ impl IoRuntime {
         F: Future + Send,
         F::Output: Send,
     {
-        let cancel = crate::cancel::current();
         let moved = Moved::default();
         let request = make(std::sync::Arc::clone(&moved));
-        self.block_on(async move { watched(request, &moved, pace, &cancel).await })
+        let cancel = &self.cancel;
+        self.block_on(async move { watched(request, &moved, pace, cancel).await })
     }
 
     /// Runs `future` to completion on this runtime, blocking the calling thread (one of the
@@ -350,7 +361,7 @@ mod tests {
 
     #[test]
     fn the_runtime_runs_futures_from_plain_threads_and_from_inside_another_runtime() {
-        let rt = IoRuntime::new().unwrap();
+        let rt = IoRuntime::new(crate::cancel::Cancel::NONE).unwrap();
         assert_eq!(rt.block_on(async { 40 + 2 }), 42);
         let outer = tokio::runtime::Builder::new_current_thread()
             .build()

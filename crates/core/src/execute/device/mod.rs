@@ -112,8 +112,9 @@ pub(crate) fn to_device<D: Device>(
         })
         .collect();
     let ring = Ring::new(buffers, buffer_len);
-    let mut pipeline = Pipeline::new(device, &io, &chunks, ring, concurrency.max, clock);
-    let (read, started, _) = jobs::drain(&pipeline, concurrency, pieces, "safeload-device");
+    let (readers, cancel) = (concurrency.max, &opts.cancel);
+    let mut pipeline = Pipeline::new(device, &io, &chunks, ring, readers, clock, cancel);
+    let (read, started, _) = jobs::drain(&pipeline, concurrency, pieces, DEVICE_READER, cancel);
     // Every copy waited for, whatever the reads did: no slab is freed
     // under one.
     let copied = pipeline.finish();
@@ -126,6 +127,9 @@ pub(crate) fn to_device<D: Device>(
     let staging = (buffers, buffer_len, started.started);
     Ok(assemble(device, placing, &costs, staging, clock))
 }
+
+/// The name of the threads that read a load to a device.
+const DEVICE_READER: &str = "safeload-device";
 
 /// The ring's buffers and their size: the caller's, else the defaults.
 fn staging(opts: &Options) -> (usize, usize) {

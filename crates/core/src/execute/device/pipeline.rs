@@ -130,7 +130,7 @@ pub(super) struct Pipeline<'a, D: Device> {
     /// Each reader's buffer for merged reads and conversions from a file
     /// that is read (never from a map): dropped with the load.
     scratch: Vec<Mutex<Vec<u8>>>,
-    cancel: Cancel,
+    cancel: &'a Cancel,
     clock: Instant,
     pub costs: Vec<FileCost>,
 }
@@ -143,6 +143,7 @@ impl<'a, D: Device> Pipeline<'a, D> {
         ring: Ring<D>,
         readers: usize,
         clock: Instant,
+        cancel: &'a Cancel,
     ) -> Pipeline<'a, D> {
         Pipeline {
             device,
@@ -160,7 +161,7 @@ impl<'a, D: Device> Pipeline<'a, D> {
             scratch: (0..readers.max(1))
                 .map(|_| Mutex::new(Vec::new()))
                 .collect(),
-            cancel: cancel::current(),
+            cancel,
             clock,
             costs: files.iter().map(|_| FileCost::new()).collect(),
         }

@@ -50,7 +50,7 @@ fn settings(endpoint: &str, vars: &[(&str, &str)], tuning: Tuning) -> RemoteSett
 }
 
 fn location(url: &str, settings: RemoteSettings) -> RemoteLocation {
-    let runtime = Arc::new(IoRuntime::new().unwrap());
+    let runtime = Arc::new(IoRuntime::new(crate::cancel::Cancel::NONE).unwrap());
     RemoteLocation::new(url, settings, runtime).unwrap()
 }
 
@@ -80,7 +80,7 @@ fn tree(files: &[(&str, &[u8])]) -> tempfile::TempDir {
 
 #[test]
 fn settings_from_the_process_environment_configure_without_a_request() {
-    let runtime = Arc::new(IoRuntime::new().unwrap());
+    let runtime = Arc::new(IoRuntime::new(crate::cancel::Cancel::NONE).unwrap());
     for url in [
         "s3://bucket/models/llama",
         "hf://org/repo@main",

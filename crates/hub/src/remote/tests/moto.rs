@@ -27,7 +27,7 @@ fn s3_objects_read_back_byte_for_byte_through_moto() {
     let tuning = quick_tuning();
 
     // The objects, put with object_store's own client.
-    let runtime = Arc::new(IoRuntime::new().unwrap());
+    let runtime = Arc::new(IoRuntime::new(crate::cancel::Cancel::NONE).unwrap());
     let env = StoreEnv::Vars(
         vars.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

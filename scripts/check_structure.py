@@ -5,7 +5,7 @@ circle between the top-level modules of src/, no import pointing up the layers
 listed in docs/ARCHITECTURE.md, and that page's file table naming every source
 file (and no file that is gone).
 
-    python3 scripts/check_structure.py [CRATE_DIR]      # exit 1 on a breach (default: each crate of crates/)
+    python3 scripts/check_structure.py [CRATE_DIR]      # exit 1 on a breach (default: the facade, then each crate of crates/)
     python3 scripts/check_structure.py --graph          # the edges, for the picture
 
 What counts as an import: every `crate::<module>` path (also inside `use
@@ -571,6 +571,10 @@ def rows_of(names, label):
     return [n[len(crate) + 1 :] for n in names if n.startswith(crate + "/")]
 
 
+# The facade's name in the file table and the layers blocks.
+FACADE = "safeload"
+
+
 def check(crate):
     """Every breach of the rules, as lines of text."""
     src = crate / "src"
@@ -578,12 +582,14 @@ def check(crate):
     # A crate of the workspace (crates/NAME): the page is the workspace's, its files
     # are the table's rows under `NAME/` (the core's: the rows under no crate's name),
     # its layers the block marked with its name (the core's: the first).
+    # The facade (the workspace's root crate): its rows are under `safeload/`.
     label = None
-    if not doc.exists():
-        workspace = Path(__file__).resolve().parent.parent
+    workspace = Path(__file__).resolve().parent.parent
+    facade = crate.resolve() == workspace
+    if facade or not doc.exists():
         doc = workspace / "docs" / "ARCHITECTURE.md"
-        others = {p.name for p in (workspace / "crates").iterdir() if p.is_dir()}
-        label = (crate.resolve().name, others - {"core"})
+        others = {p.name for p in (workspace / "crates").iterdir() if p.is_dir()} | {FACADE}
+        label = (FACADE if facade else crate.resolve().name, others - {"core"})
     problems = []
     for path in sorted(src.rglob("*.rs")):
         text = path.read_text()
@@ -637,7 +643,11 @@ def check(crate):
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     workspace = Path(__file__).resolve().parent.parent
-    crates = [Path(args[0])] if args else sorted(p for p in (workspace / "crates").iterdir() if p.is_dir())
+    crates = (
+        [Path(args[0])]
+        if args
+        else [workspace] + sorted(p for p in (workspace / "crates").iterdir() if p.is_dir())
+    )
     if "--graph" in sys.argv:
         modules, edges = imports(module_tree(crates[0] / "src"))
         for (a, b), at in sorted(edges.items()):

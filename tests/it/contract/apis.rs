@@ -625,6 +625,7 @@ mod candle {
     //! `VarBuilder`s.
 
     use candle_core::{DType, Device};
+    use safeload::candle::{IntoCandle, ToCandle};
 
     use super::*;
 

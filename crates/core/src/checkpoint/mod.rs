@@ -206,9 +206,10 @@ impl<X: Extras + Default + 'static> Checkpoint<X> {
 
 impl<X> Checkpoint<X> {
     /// The same checkpoint, its type of extras left behind: they resolve an
-    /// address, which an opened checkpoint is past.
-    #[cfg_attr(not(feature = "candle"), allow(dead_code))]
-    pub(crate) fn plain(self) -> Checkpoint {
+    /// address, which an opened checkpoint is past (for the plug-in crates:
+    /// an engine's backend holds one type of checkpoint, whatever opened it).
+    #[doc(hidden)]
+    pub fn plain(self) -> Checkpoint {
         Checkpoint {
             inner: self.inner,
             extras: PhantomData,
@@ -321,8 +322,10 @@ impl<X> Checkpoint<X> {
         &self.inner.report
     }
 
-    /// The info of `name`, or [`ErrorKind::TensorNotFound`].
-    pub(crate) fn info(&self, name: &str) -> Result<&TensorInfo> {
+    /// The info of `name`, or [`ErrorKind::TensorNotFound`] naming the
+    /// checkpoint (public for the plug-in crates).
+    #[doc(hidden)]
+    pub fn info(&self, name: &str) -> Result<&TensorInfo> {
         self.get(name).ok_or_else(|| {
             Error::new(
                 ErrorKind::TensorNotFound {
@@ -331,6 +334,14 @@ impl<X> Checkpoint<X> {
                 &self.inner.path,
             )
         })
+    }
+
+    /// Whether the file holding `info` is mapped (its tensors views of the
+    /// map), rather than read with positional reads: for the plug-in crates,
+    /// which read a tensor of a read file straight into storage of their own.
+    #[doc(hidden)]
+    pub fn is_mapped(&self, info: &TensorInfo) -> Result<bool> {
+        Ok(self.file_of(info)?.map().is_some())
     }
 
     /// The open file holding `info`.

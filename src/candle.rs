@@ -44,13 +44,13 @@ pub mod cuda {
     /// A candle `VarBuilder` over the checkpoint at `path` (or, feature
     /// `remote`, the address of one), loaded into `device`'s memory on
     /// candle's stream ([`device`]) and handed over as
-    /// `DeviceTensors::into_candle` does: each file's main dtype as views
+    /// `IntoCandle::into_candle` of `DeviceTensors<Cuda>` does: each file's main dtype as views
     /// of its slab, the others copied on the GPU.
     ///
     /// # Errors
     ///
     /// As [`device`], `Loader::load_to_device` and
-    /// `DeviceTensors::into_candle`.
+    /// `IntoCandle::into_candle`.
     pub fn var_builder(
         path: impl AsRef<std::path::Path>,
         dtype: candle_core::DType,

@@ -70,7 +70,7 @@ pub fn device(device: &Device) -> candle_core::Result<Cuda> {
 
 /// A candle `VarBuilder` over the checkpoint at `path`, loaded into
 /// `device`'s memory (`Loader::load_to_device` with the default options,
-/// on candle's stream) and handed over as `DeviceTensors::into_candle`
+/// on candle's stream) and handed over as [`IntoCandle::into_candle`]
 /// does.
 ///
 /// # Errors

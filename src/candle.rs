@@ -1,7 +1,8 @@
 //! Tensors as candle tensors, a lazy `VarBuilder` over a checkpoint, and a
 //! sharded one for tensor parallelism (feature `candle`: the crate
 //! `safeload-candle`): see [`var_builder`], and [`ToCandle::to_candle`] for
-//! one tensor. Every function answers with candle's `Result`; where a
+//! one tensor ([`ToCandle`] has the table of which candle dtype each of
+//! safeload's becomes). Every function answers with candle's `Result`; where a
 //! safeload error meets candle's `?`, wrap it:
 //! `.map_err(candle_core::Error::wrap)?`.
 

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Shape};
 use safeload_core::extras::Extras;
-use safeload_core::{Checkpoint, Dtype};
+use safeload_core::{Checkpoint, Dtype, TensorInfo};
 
 use crate::tensor::{ToCandle, candle_dtype};
 
@@ -24,20 +24,14 @@ impl CheckpointBackend {
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<candle_core::Tensor> {
-        let info = self
+        let (info, mapped) = self
             .checkpoint
-            .info(name)
-            .map_err(candle_core::Error::wrap)?;
-        let mapped = self
-            .checkpoint
-            .is_mapped(info)
+            .info_mapped(name)
             .map_err(candle_core::Error::wrap)?;
         // A file that is read, in its own dtype: straight into candle's
         // vector, one copy and no buffer of safeload's.
         if !mapped && candle_dtype(info.dtype()) == Some(dtype) {
-            if let Some(tensor) =
-                read_straight(&self.checkpoint, name, dtype, info.shape(), device)?
-            {
+            if let Some(tensor) = read_straight(&self.checkpoint, info, dtype, device)? {
                 return Ok(tensor);
             }
         }
@@ -49,28 +43,26 @@ impl CheckpointBackend {
     }
 }
 
-/// Reads `name` into a vector of candle's element type, taken as candle's
-/// storage without a copy; `None` for the dtypes that need a mapping.
+/// Reads the tensor of `info` into a vector of candle's element type, taken
+/// as candle's storage without a copy; `None` for the dtypes that need a
+/// mapping.
 fn read_straight(
     checkpoint: &Checkpoint,
-    name: &str,
+    info: &TensorInfo,
     dtype: DType,
-    shape: &[usize],
     device: &Device,
 ) -> candle_core::Result<Option<candle_core::Tensor>> {
     fn read<T: bytemuck::Pod + candle_core::WithDType>(
         checkpoint: &Checkpoint,
-        name: &str,
-        shape: &[usize],
+        info: &TensorInfo,
         device: &Device,
     ) -> candle_core::Result<candle_core::Tensor> {
-        let mut out = vec![T::zeroed(); shape.iter().product()];
+        let mut out = vec![T::zeroed(); info.shape().iter().product()];
         checkpoint
-            .read_into(name, bytemuck::cast_slice_mut(&mut out))
+            .read_into(info.name(), bytemuck::cast_slice_mut(&mut out))
             .map_err(candle_core::Error::wrap)?;
-        candle_core::Tensor::from_vec(out, shape, device)
+        candle_core::Tensor::from_vec(out, info.shape(), device)
     }
-    let info = checkpoint.info(name).map_err(candle_core::Error::wrap)?;
     if matches!(
         info.dtype(),
         Dtype::BOOL | Dtype::I8 | Dtype::U16 | Dtype::U64
@@ -78,15 +70,15 @@ fn read_straight(
         return Ok(None);
     }
     Ok(Some(match dtype {
-        DType::U8 => read::<u8>(checkpoint, name, shape, device)?,
-        DType::U32 => read::<u32>(checkpoint, name, shape, device)?,
-        DType::I16 => read::<i16>(checkpoint, name, shape, device)?,
-        DType::I32 => read::<i32>(checkpoint, name, shape, device)?,
-        DType::I64 => read::<i64>(checkpoint, name, shape, device)?,
-        DType::F16 => read::<half::f16>(checkpoint, name, shape, device)?,
-        DType::BF16 => read::<half::bf16>(checkpoint, name, shape, device)?,
-        DType::F32 => read::<f32>(checkpoint, name, shape, device)?,
-        DType::F64 => read::<f64>(checkpoint, name, shape, device)?,
+        DType::U8 => read::<u8>(checkpoint, info, device)?,
+        DType::U32 => read::<u32>(checkpoint, info, device)?,
+        DType::I16 => read::<i16>(checkpoint, info, device)?,
+        DType::I32 => read::<i32>(checkpoint, info, device)?,
+        DType::I64 => read::<i64>(checkpoint, info, device)?,
+        DType::F16 => read::<half::f16>(checkpoint, info, device)?,
+        DType::BF16 => read::<half::bf16>(checkpoint, info, device)?,
+        DType::F32 => read::<f32>(checkpoint, info, device)?,
+        DType::F64 => read::<f64>(checkpoint, info, device)?,
         _ => return Ok(None),
     }))
 }

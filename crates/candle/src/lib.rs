@@ -32,20 +32,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # Dtypes
-//!
-//! | safeload | candle |
-//! |---|---|
-//! | `U8`, `U32`, `I16`, `I32`, `I64`, `F16`, `BF16`, `F32`, `F64`, `F8_E4M3`, `F8_E8M0`, `F4`, `F6_E2M3`, `F6_E3M2` | the same |
-//! | `BOOL` | `U8` (0 or 1) |
-//! | `I8` | `I16` (widened, exact) |
-//! | `U16` | `U32` (widened, exact) |
-//! | `U64` | `I64` where every value fits, else an error |
-//! | `F8_E5M2`, the FNUZ F8 types, `C64` | an error naming the tensor; ask for a float dtype with [`to_candle_as`](ToCandle::to_candle_as) to convert them |
-//!
-//! A float tensor asked for as F32, F16 or BF16 is converted by safeload's
-//! own conversion (round to nearest even, as `Loader::dtype`),
-//! straight into candle's storage: one copy.
+//! Which candle dtype each of safeload's becomes: the table on
+//! [`ToCandle`].
 #![cfg_attr(
     not(test),
     deny(

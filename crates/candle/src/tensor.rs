@@ -9,9 +9,25 @@ use safeload_core::{Dtype, StateDict, Tensor};
 /// One tensor of safeload's as a candle tensor: implemented for
 /// `safeload::Tensor`. Bring it into scope (`use safeload::candle::ToCandle;`)
 /// to call its methods.
+///
+/// # Dtypes
+///
+/// | safeload | candle |
+/// |---|---|
+/// | `U8`, `U32`, `I16`, `I32`, `I64`, `F16`, `BF16`, `F32`, `F64`, `F8_E4M3`, `F8_E8M0`, `F4`, `F6_E2M3`, `F6_E3M2` | the same |
+/// | `BOOL` | `U8` (0 or 1) |
+/// | `I8` | `I16` (widened, exact) |
+/// | `U16` | `U32` (widened, exact) |
+/// | `U64` | `I64` where every value fits, else an error |
+/// | `F8_E5M2`, the FNUZ F8 types, `C64` | an error naming the tensor; ask for a float dtype with [`to_candle_as`](ToCandle::to_candle_as) to convert them |
+///
+/// A float tensor asked for as F32, F16 or BF16 is converted by safeload's
+/// own conversion (round to nearest even, as `Loader::dtype`),
+/// straight into candle's storage: one copy. The lazy `VarBuilder`s map
+/// dtypes the same way.
 pub trait ToCandle {
     /// This tensor as a candle tensor on `device`, in the candle dtype of
-    /// its own (the crate's [table](crate#dtypes)): one copy into candle's
+    /// its own (the [table](ToCandle#dtypes)): one copy into candle's
     /// storage.
     ///
     /// # Errors
@@ -50,7 +66,7 @@ pub trait IntoCandle {
     ) -> candle_core::Result<HashMap<String, candle_core::Tensor>>;
 }
 
-/// The candle dtype a safeload dtype loads as (the crate's table); `None`
+/// The candle dtype a safeload dtype loads as (the table on [`ToCandle`]); `None`
 /// for the dtypes candle has no room for.
 pub(crate) fn candle_dtype(dtype: Dtype) -> Option<DType> {
     Some(match dtype {

@@ -322,10 +322,8 @@ impl<X> Checkpoint<X> {
         &self.inner.report
     }
 
-    /// The info of `name`, or [`ErrorKind::TensorNotFound`] naming the
-    /// checkpoint (public for the plug-in crates).
-    #[doc(hidden)]
-    pub fn info(&self, name: &str) -> Result<&TensorInfo> {
+    /// The info of `name`, or [`ErrorKind::TensorNotFound`].
+    pub(crate) fn info(&self, name: &str) -> Result<&TensorInfo> {
         self.get(name).ok_or_else(|| {
             Error::new(
                 ErrorKind::TensorNotFound {
@@ -336,12 +334,15 @@ impl<X> Checkpoint<X> {
         })
     }
 
-    /// Whether the file holding `info` is mapped (its tensors views of the
-    /// map), rather than read with positional reads: for the plug-in crates,
-    /// which read a tensor of a read file straight into storage of their own.
+    /// The info of `name` ([`ErrorKind::TensorNotFound`] naming the
+    /// checkpoint where it has none), and whether its file is mapped (its
+    /// tensors views of the map) rather than read with positional reads: for
+    /// the plug-in crates, which read a tensor of a read file straight into
+    /// storage of their own.
     #[doc(hidden)]
-    pub fn is_mapped(&self, info: &TensorInfo) -> Result<bool> {
-        Ok(self.file_of(info)?.map().is_some())
+    pub fn info_mapped(&self, name: &str) -> Result<(&TensorInfo, bool)> {
+        let info = self.info(name)?;
+        Ok((info, self.file_of(info)?.map().is_some()))
     }
 
     /// The open file holding `info`.

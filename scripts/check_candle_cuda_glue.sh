@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds, lints and documents the `candle-cuda` glue (crates/core/src/candle/cuda.rs,
-# tests/it/candle_cuda.rs), and runs its tests where there is a GPU. Not part of .ci/run:
+# Builds, lints and documents the `candle-cuda` glue (the candle crate's feature `cuda`,
+# crates/candle/src/cuda.rs; tests/it/candle_cuda.rs), and runs its tests where there is a GPU. Not part of .ci/run:
 # candle's own `cuda` compiles its kernels with `nvcc` (candle-kernels' build script), which
 # alone took 6 to 9.5 minutes on this project's two cores, once for clippy, once for doc and
 # once for the tests (README, "Weights straight to a GPU").
@@ -32,10 +32,11 @@ unset CUDARC_CUDA_VERSION
 features=candle-cuda,remote
 
 start=$SECONDS
-# The facade (its tests) and the core, as .ci/run lints them with the other features.
-cargo clippy -p safeload -p safeload-core --all-targets --features "$features" -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features "$features" --quiet
-python3 scripts/check_docs.py target/doc/safeload crates/core/src examples
+# The facade (its tests) and the candle crate, its `cuda` turned on by the facade's
+# `candle-cuda` (one build: the features unify), as .ci/run lints them with the other features.
+cargo clippy -p safeload -p safeload-candle --all-targets --features "$features" -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p safeload -p safeload-candle --features "$features" --quiet
+python3 scripts/check_docs.py target/doc/safeload crates examples
 echo "candle-cuda: built, linted and documented in $((SECONDS - start)) s"
 
 if [ "${SAFELOAD_REQUIRE_CUDA:-}" != 1 ] && ! nvidia-smi >/dev/null 2>&1; then

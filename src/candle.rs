@@ -1,9 +1,15 @@
 //! Tensors as candle tensors, a lazy `VarBuilder` over a checkpoint, and a
-//! sharded one for tensor parallelism (feature `candle`): see
-//! [`var_builder`], and [`Tensor::to_candle`](crate::Tensor::to_candle) for
-//! one tensor.
+//! sharded one for tensor parallelism (feature `candle`: the crate
+//! `safeload-candle`): see [`var_builder`], and [`ToCandle::to_candle`] for
+//! one tensor ([`ToCandle`] has the table of which candle dtype each of
+//! safeload's becomes). Every function answers with candle's `Result`; where a
+//! safeload error meets candle's `?`, wrap it:
+//! `.map_err(candle_core::Error::wrap)?`.
 
-pub use safeload_core::candle::{ShardedCheckpoint, sharded_var_builder_from, var_builder_from};
+#[doc(inline)]
+pub use safeload_candle::{
+    IntoCandle, ShardedCheckpoint, ToCandle, sharded_var_builder_from, var_builder_from,
+};
 
 /// A candle `VarBuilder` over the checkpoint at `path` (or, feature
 /// `remote`, the address of one), opened from its headers alone: the
@@ -20,13 +26,13 @@ pub use safeload_core::candle::{ShardedCheckpoint, sharded_var_builder_from, var
 ///
 /// # Errors
 ///
-/// As `Checkpoint::open`.
+/// As `Checkpoint::open`, wrapped in candle's error (its message intact).
 pub fn var_builder(
     path: impl AsRef<std::path::Path>,
     dtype: candle_core::DType,
     device: &candle_core::Device,
-) -> crate::Result<candle_nn::VarBuilder<'static>> {
-    safeload_core::candle::var_builder::<crate::extras::Builtin>(path, dtype, device)
+) -> candle_core::Result<candle_nn::VarBuilder<'static>> {
+    safeload_candle::var_builder::<crate::extras::Builtin>(path, dtype, device)
 }
 
 /// A load to a GPU as candle tensors on `Device::Cuda` and a `VarBuilder`
@@ -34,23 +40,23 @@ pub fn var_builder(
 #[cfg(feature = "candle-cuda")]
 pub mod cuda {
     #[doc(inline)]
-    pub use safeload_core::candle::cuda::*;
+    pub use safeload_candle::cuda::*;
 
     /// A candle `VarBuilder` over the checkpoint at `path` (or, feature
     /// `remote`, the address of one), loaded into `device`'s memory on
     /// candle's stream ([`device`]) and handed over as
-    /// `DeviceTensors::into_candle` does: each file's main dtype as views
+    /// `IntoCandle::into_candle` of `DeviceTensors<Cuda>` does: each file's main dtype as views
     /// of its slab, the others copied on the GPU.
     ///
     /// # Errors
     ///
     /// As [`device`], `Loader::load_to_device` and
-    /// `DeviceTensors::into_candle`.
+    /// `IntoCandle::into_candle`.
     pub fn var_builder(
         path: impl AsRef<std::path::Path>,
         dtype: candle_core::DType,
         device: &candle_core::Device,
     ) -> candle_core::Result<candle_nn::VarBuilder<'static>> {
-        safeload_core::candle::cuda::var_builder::<crate::extras::Builtin>(path, dtype, device)
+        safeload_candle::cuda::var_builder::<crate::extras::Builtin>(path, dtype, device)
     }
 }

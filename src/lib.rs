@@ -413,9 +413,10 @@
 //!
 //! # Crate features
 //!
-//! - `candle` (off): `Tensor::to_candle`, `StateDict::into_candle`, and a
-//!   lazy candle `VarBuilder` over a [`Checkpoint`] (`safeload::candle`),
-//!   plus a sharded one for tensor parallelism.
+//! - `candle` (off): the crate `safeload-candle` as `safeload::candle`:
+//!   `to_candle` of a tensor, `into_candle` of a state dict (its traits
+//!   `ToCandle` and `IntoCandle`), and a lazy candle `VarBuilder` over a
+//!   [`Checkpoint`], plus a sharded one for tensor parallelism.
 //! - `tracing` (off): `tracing` events for each file's strategy, prefetch
 //!   decisions and timings.
 //! - `serde` (off): `serde::Serialize` for the reports ([`report`]) and
@@ -432,7 +433,8 @@
 //!   places tensors in (cudarc, the driver loaded at run time: the feature
 //!   builds without CUDA; no CUDA version pinned). Without it the device path
 //!   runs on [`device::StandIn`], or on an engine's own [`device::Device`].
-//! - `candle-cuda` (off): `candle` and `cuda`, and candle's own `cuda`: a
+//! - `candle-cuda` (off): `candle` and `cuda`, and candle's own `cuda` (the
+//!   candle crate's feature `cuda`): a
 //!   load to a GPU as candle tensors on `Device::Cuda` and a `VarBuilder`
 //!   over them (`safeload::candle::cuda`). candle's kernels are compiled with
 //!   `nvcc` (README, "Weights straight to a GPU").

@@ -17,8 +17,6 @@ pub mod worded; // first: its macros are in scope after it
 mod adapt;
 #[doc(hidden)] // for the plug-in crates
 pub mod cancel;
-#[cfg(feature = "candle")]
-pub mod candle;
 mod checkpoint;
 pub mod cluster;
 #[doc(hidden)]

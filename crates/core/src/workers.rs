@@ -123,7 +123,7 @@ pub fn map<T: Sync, R: Send>(
 /// NOTE: `rayon::current_num_threads` outside a pool would create rayon's
 /// global pool, which panics when the OS refuses its threads; this asks the
 /// standard library instead.
-pub(crate) fn default_width() -> usize {
+pub fn default_width() -> usize {
     if rayon::current_thread_index().is_some() {
         rayon::current_num_threads()
     } else {

@@ -625,11 +625,12 @@ mod candle {
     //! `VarBuilder`s.
 
     use candle_core::{DType, Device};
+    use safeload::candle::{IntoCandle, ToCandle};
 
     use super::*;
 
     /// The candle tensor holds `want`'s values in the dtype the table of
-    /// `safeload::candle` gives (`Ok(None)`: a dtype whose values this does not read
+    /// `safeload::candle::ToCandle` gives (`Ok(None)`: a dtype whose values this does not read
     /// back, checked by dtype and shape only).
     fn same(got: &candle_core::Tensor, want: &Spec) -> Result<(), String> {
         fn vec<T: candle_core::WithDType>(t: &candle_core::Tensor) -> Result<Vec<T>, String> {

@@ -206,9 +206,10 @@ impl<X: Extras + Default + 'static> Checkpoint<X> {
 
 impl<X> Checkpoint<X> {
     /// The same checkpoint, its type of extras left behind: they resolve an
-    /// address, which an opened checkpoint is past.
-    #[cfg_attr(not(feature = "candle"), allow(dead_code))]
-    pub(crate) fn plain(self) -> Checkpoint {
+    /// address, which an opened checkpoint is past (for the plug-in crates:
+    /// an engine's backend holds one type of checkpoint, whatever opened it).
+    #[doc(hidden)]
+    pub fn plain(self) -> Checkpoint {
         Checkpoint {
             inner: self.inner,
             extras: PhantomData,
@@ -331,6 +332,17 @@ impl<X> Checkpoint<X> {
                 &self.inner.path,
             )
         })
+    }
+
+    /// The info of `name` ([`ErrorKind::TensorNotFound`] naming the
+    /// checkpoint where it has none), and whether its file is mapped (its
+    /// tensors views of the map) rather than read with positional reads: for
+    /// the plug-in crates, which read a tensor of a read file straight into
+    /// storage of their own.
+    #[doc(hidden)]
+    pub fn info_mapped(&self, name: &str) -> Result<(&TensorInfo, bool)> {
+        let info = self.info(name)?;
+        Ok((info, self.file_of(info)?.map().is_some()))
     }
 
     /// The open file holding `info`.

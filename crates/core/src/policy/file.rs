@@ -182,7 +182,7 @@ pub(crate) fn wants_direct_io(
 /// become `to` (F32, F16, BF16); integers, bools, other floating types (the
 /// FNUZ F8s, F8_E8M0, F4, F6, C64) and tensors already of `to` stay as they
 /// are, so that a converting load never fails on them.
-pub(crate) fn converts_to(from: Dtype, to: Dtype) -> Option<usize> {
+pub fn converts_to(from: Dtype, to: Dtype) -> Option<usize> {
     let floating = matches!(
         from,
         Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F8_E4M3 | Dtype::F8_E5M2

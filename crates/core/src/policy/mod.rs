@@ -18,6 +18,9 @@ mod reads;
 mod reason;
 
 pub use file::AutoPolicy;
+#[doc(hidden)]
+// for the plug-in crates: a conversion into an engine's tensors converts as a load
+pub use file::converts_to;
 pub(crate) use file::*;
 pub(crate) use guard::{memory_fits, memory_guard};
 pub(crate) use prefetch::{

@@ -1,4 +1,4 @@
-//! The `candle-cuda` feature: a load to a GPU as candle tensors on `Device::Cuda`, views of each file's slab where candle allows it, and a `VarBuilder` over them.
+//! The `cuda` feature (the facade's `candle-cuda`): a load to a GPU as candle tensors on `Device::Cuda`, views of each file's slab where candle allows it, and a `VarBuilder` over them.
 //!
 //! ```no_run
 //! # fn main() -> candle_core::Result<()> {
@@ -13,7 +13,8 @@
 //! let gpu = safeload::candle::cuda::device(&device)?;
 //! let loaded = safeload::Loader::new()
 //!     .dtype(safeload::Dtype::BF16) // converted in the staging buffers
-//!     .load_to_device("path/to/checkpoint", &gpu)?;
+//!     .load_to_device("path/to/checkpoint", &gpu)
+//!     .map_err(candle_core::Error::wrap)?;
 //! eprintln!("{}", loaded.report());
 //! let vb = safeload::candle::cuda::var_builder_from(loaded, DType::BF16, &device)?;
 //! # Ok(()) }
@@ -43,15 +44,16 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use candle_core::cuda::cudarc::driver::CudaSlice;
 use candle_core::cuda::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::op::BackpropOp;
 use candle_core::{DType, Device, Storage, Tensor};
-use cudarc::driver::CudaSlice;
-use safetensors::Dtype;
+use safeload_core::Dtype;
+use safeload_core::Loader;
+use safeload_core::device::{Cuda, CudaSlab, DeviceTensor, DeviceTensors};
+use safeload_core::extras::Extras;
 
-use crate::dest::device::{Cuda, CudaSlab, DeviceTensor, DeviceTensors};
-use crate::extras::Extras;
-use crate::load::Loader;
+use crate::tensor::IntoCandle;
 
 /// The device a load for candle's `device` goes to: safeload's [`Cuda`] on
 /// candle's own stream. No stream of its own: a second stream would turn on
@@ -68,13 +70,13 @@ pub fn device(device: &Device) -> candle_core::Result<Cuda> {
 
 /// A candle `VarBuilder` over the checkpoint at `path`, loaded into
 /// `device`'s memory (`Loader::load_to_device` with the default options,
-/// on candle's stream) and handed over as `DeviceTensors::into_candle`
+/// on candle's stream) and handed over as [`IntoCandle::into_candle`]
 /// does.
 ///
 /// # Errors
 ///
 /// As [`device`], `Loader::load_to_device` (wrapped in candle's error)
-/// and `DeviceTensors::into_candle`.
+/// and [`IntoCandle::into_candle`] of `DeviceTensors<Cuda>`.
 ///
 /// `X` is what the checkpoint is read with beyond local paths (the facade's
 /// `safeload::candle::cuda::var_builder` names its own).
@@ -83,7 +85,9 @@ pub fn var_builder<X: Extras + Default + 'static>(
     dtype: DType,
     device: &Device,
 ) -> candle_core::Result<candle_nn::VarBuilder<'static>> {
-    let loaded = Loader::<X>::new().load_to_device(path, &self::device(device)?)?;
+    let loaded = Loader::<X>::new()
+        .load_to_device(path, &self::device(device)?)
+        .map_err(candle_core::Error::wrap)?;
     var_builder_from(loaded, dtype, device)
 }
 
@@ -96,7 +100,7 @@ pub fn var_builder<X: Extras + Default + 'static>(
 ///
 /// # Errors
 ///
-/// As `DeviceTensors::into_candle`.
+/// As [`IntoCandle::into_candle`] of `DeviceTensors<Cuda>`.
 pub fn var_builder_from(
     loaded: DeviceTensors<Cuda>,
     dtype: DType,
@@ -106,18 +110,18 @@ pub fn var_builder_from(
     Ok(candle_nn::VarBuilder::from_tensors(tensors, dtype, device))
 }
 
-impl DeviceTensors<Cuda> {
+impl IntoCandle for DeviceTensors<Cuda> {
     /// Every tensor as a candle tensor on `device` (the GPU they were loaded
     /// on), by name: per file, the tensors of the dtype holding most of its
     /// bytes are views of its slab, the others copies on the GPU (the module
-    /// `safeload::candle::cuda` says when). Read the
-    /// [`report`](Self::report) first: it is dropped.
+    /// `safeload::candle::cuda` says when). Read the report
+    /// (`DeviceTensors::report`) first: it is dropped.
     ///
     /// # Errors
     ///
     /// A tensor of a dtype candle does not hold with the same bytes; tensors
     /// on another GPU than `device`'s; the driver's, where a copy fails.
-    pub fn into_candle(self, device: &Device) -> candle_core::Result<HashMap<String, Tensor>> {
+    fn into_candle(self, device: &Device) -> candle_core::Result<HashMap<String, Tensor>> {
         let gpu = device.as_cuda_device()?;
         let (tensors, _) = self.into_parts();
         let mut out = HashMap::with_capacity(tensors.len());
@@ -135,7 +139,7 @@ fn by_slab(tensors: Vec<DeviceTensor<Cuda>>) -> Vec<Vec<DeviceTensor<Cuda>>> {
         // A file's tensors come together, so the last group is the one.
         let group = files.iter_mut().rev().find(|g| {
             g.first()
-                .is_some_and(|t| Arc::ptr_eq(&t.slab, &tensor.slab))
+                .is_some_and(|t| Arc::ptr_eq(t.slab(), tensor.slab()))
         });
         match group {
             Some(group) => group.push(tensor),
@@ -160,7 +164,7 @@ fn file_into_candle(
     gpu: &CudaDevice,
     out: &mut HashMap<String, Tensor>,
 ) -> candle_core::Result<()> {
-    let Some(slab) = file.first().map(|t| Arc::clone(&t.slab)) else {
+    let Some(slab) = file.first().map(|t| Arc::clone(t.slab())) else {
         return Ok(());
     };
     let (slab_gpu, own_gpu) = (
@@ -180,11 +184,13 @@ fn file_into_candle(
     let mut views = Vec::new();
     for (tensor, dtype) in file.into_iter().zip(dtypes) {
         let view = View {
-            name: tensor.name.to_string(),
-            shape: tensor.shape,
-            offset: tensor.offset,
-            nbytes: tensor.nbytes,
+            name: tensor.name().to_string(),
+            shape: tensor.shape().to_vec(),
+            offset: tensor.offset(),
+            nbytes: tensor.nbytes(),
         };
+        // Let go of here: the slab is taken below once no tensor holds it.
+        drop(tensor);
         if dtype == main && view.offset % dtype.size_in_bytes() == 0 {
             views.push(view);
         } else {
@@ -227,8 +233,8 @@ fn main_dtype(file: &[DeviceTensor<Cuda>], dtypes: &[DType]) -> DType {
     let mut bytes: Vec<(DType, usize)> = Vec::new();
     for (tensor, &dtype) in file.iter().zip(dtypes) {
         match bytes.iter_mut().find(|(d, _)| *d == dtype) {
-            Some((_, n)) => *n += tensor.nbytes,
-            None => bytes.push((dtype, tensor.nbytes)),
+            Some((_, n)) => *n += tensor.nbytes(),
+            None => bytes.push((dtype, tensor.nbytes())),
         }
     }
     let mut main: Option<(DType, usize)> = None;
@@ -242,7 +248,7 @@ fn main_dtype(file: &[DeviceTensor<Cuda>], dtypes: &[DType]) -> DType {
 
 /// The candle dtype whose bytes are the tensor's as they lie on the device.
 fn candle_dtype(tensor: &DeviceTensor<Cuda>) -> candle_core::Result<DType> {
-    Ok(match tensor.dtype {
+    Ok(match tensor.dtype() {
         // A BOOL is one byte, 0 or 1: candle's U8, as on the host.
         Dtype::BOOL | Dtype::U8 => DType::U8,
         Dtype::U32 => DType::U32,

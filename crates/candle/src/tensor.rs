@@ -1,0 +1,244 @@
+//! Tensors and state dicts as candle tensors: the traits [`ToCandle`] and [`IntoCandle`], the dtype mapping of the crate's table, and safeload's conversion straight into candle's storage.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use candle_core::{DType, Device};
+use safeload_core::{Dtype, StateDict, Tensor};
+
+/// One tensor of safeload's as a candle tensor: implemented for
+/// `safeload::Tensor`. Bring it into scope (`use safeload::candle::ToCandle;`)
+/// to call its methods.
+///
+/// # Dtypes
+///
+/// | safeload | candle |
+/// |---|---|
+/// | `U8`, `U32`, `I16`, `I32`, `I64`, `F16`, `BF16`, `F32`, `F64`, `F8_E4M3`, `F8_E8M0`, `F4`, `F6_E2M3`, `F6_E3M2` | the same |
+/// | `BOOL` | `U8` (0 or 1) |
+/// | `I8` | `I16` (widened, exact) |
+/// | `U16` | `U32` (widened, exact) |
+/// | `U64` | `I64` where every value fits, else an error |
+/// | `F8_E5M2`, the FNUZ F8 types, `C64` | an error naming the tensor; ask for a float dtype with [`to_candle_as`](ToCandle::to_candle_as) to convert them |
+///
+/// A float tensor asked for as F32, F16 or BF16 is converted by safeload's
+/// own conversion (round to nearest even, as `Loader::dtype`),
+/// straight into candle's storage: one copy. The lazy `VarBuilder`s map
+/// dtypes the same way.
+pub trait ToCandle {
+    /// This tensor as a candle tensor on `device`, in the candle dtype of
+    /// its own (the [table](ToCandle#dtypes)): one copy into candle's
+    /// storage.
+    ///
+    /// # Errors
+    ///
+    /// A dtype candle cannot hold, or candle's own error on `device`.
+    fn to_candle(&self, device: &Device) -> candle_core::Result<candle_core::Tensor>;
+
+    /// This tensor as a candle tensor of `dtype` on `device`. A float tensor
+    /// asked for as F32, F16 or BF16 is converted by safeload's conversion
+    /// straight into candle's storage (one copy); any other pair is
+    /// [`to_candle`](Self::to_candle) then candle's `to_dtype`.
+    ///
+    /// # Errors
+    ///
+    /// As [`to_candle`](Self::to_candle), or candle's own conversion error.
+    fn to_candle_as(
+        &self,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<candle_core::Tensor>;
+}
+
+/// A set of loaded tensors turned, whole, into candle tensors by name:
+/// implemented for `safeload::StateDict` and (feature `cuda`) for a load to
+/// a GPU, `DeviceTensors<Cuda>`. Bring it into scope
+/// (`use safeload::candle::IntoCandle;`) to call its method.
+pub trait IntoCandle {
+    /// Every tensor as a candle tensor on `device`, by name.
+    ///
+    /// # Errors
+    ///
+    /// The first tensor that cannot be handed over, or candle's own error.
+    fn into_candle(
+        self,
+        device: &Device,
+    ) -> candle_core::Result<HashMap<String, candle_core::Tensor>>;
+}
+
+/// The candle dtype a safeload dtype loads as (the table on [`ToCandle`]); `None`
+/// for the dtypes candle has no room for.
+pub(crate) fn candle_dtype(dtype: Dtype) -> Option<DType> {
+    Some(match dtype {
+        Dtype::BOOL | Dtype::U8 => DType::U8,
+        Dtype::I8 | Dtype::I16 => DType::I16,
+        Dtype::U16 | Dtype::U32 => DType::U32,
+        Dtype::I32 => DType::I32,
+        Dtype::I64 | Dtype::U64 => DType::I64,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::F32 => DType::F32,
+        Dtype::F64 => DType::F64,
+        Dtype::F8_E4M3 => DType::F8E4M3,
+        Dtype::F8_E8M0 => DType::F8E8M0,
+        Dtype::F4 => DType::F4,
+        Dtype::F6_E2M3 => DType::F6E2M3,
+        Dtype::F6_E3M2 => DType::F6E3M2,
+        _ => return None,
+    })
+}
+
+/// The safeload dtype of a candle float dtype that safeload converts to.
+fn safeload_target(dtype: DType) -> Option<Dtype> {
+    match dtype {
+        DType::F32 => Some(Dtype::F32),
+        DType::F16 => Some(Dtype::F16),
+        DType::BF16 => Some(Dtype::BF16),
+        _ => None,
+    }
+}
+
+/// An error of safeload's about `tensor`, as candle's, naming it.
+fn name_error(tensor: &Tensor, error: impl std::fmt::Display) -> candle_core::Error {
+    candle_core::Error::msg(format!("tensor {:?}: {error}", tensor.name()))
+}
+
+impl ToCandle for Tensor {
+    fn to_candle(&self, device: &Device) -> candle_core::Result<candle_core::Tensor> {
+        let Some(dtype) = candle_dtype(self.dtype()) else {
+            let error = format!(
+                "candle has no dtype for {} (ask for a float dtype with to_candle_as)",
+                self.dtype()
+            );
+            return Err(name_error(self, error));
+        };
+        let shape = self.shape();
+        match self.dtype() {
+            Dtype::BOOL => {
+                let bytes: Vec<u8> = self.as_bytes().iter().map(|&b| u8::from(b != 0)).collect();
+                candle_core::Tensor::from_vec(bytes, shape, device)
+            }
+            Dtype::I8 => {
+                let wide: Vec<i16> = self
+                    .as_bytes()
+                    .iter()
+                    .map(|&b| i16::from(b as i8))
+                    .collect();
+                candle_core::Tensor::from_vec(wide, shape, device)
+            }
+            Dtype::U16 => {
+                let wide: Vec<u32> = self
+                    .as_bytes()
+                    .chunks_exact(2)
+                    .filter_map(|c| <[u8; 2]>::try_from(c).ok())
+                    .map(|c| u32::from(u16::from_le_bytes(c)))
+                    .collect();
+                candle_core::Tensor::from_vec(wide, shape, device)
+            }
+            Dtype::U64 => {
+                let mut narrow = Vec::with_capacity(self.num_elements());
+                for word in self
+                    .as_bytes()
+                    .chunks_exact(8)
+                    .filter_map(|c| <[u8; 8]>::try_from(c).ok())
+                {
+                    let value = u64::from_le_bytes(word);
+                    let Ok(value) = i64::try_from(value) else {
+                        let error = format!("U64 value {value} does not fit candle's I64");
+                        return Err(name_error(self, error));
+                    };
+                    narrow.push(value);
+                }
+                candle_core::Tensor::from_vec(narrow, shape, device)
+            }
+            _ => candle_core::Tensor::from_raw_buffer(self.as_bytes(), dtype, shape, device),
+        }
+    }
+
+    fn to_candle_as(
+        &self,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        if let Some(to) = safeload_target(dtype) {
+            let converts = safeload_core::policy::converts_to(self.dtype(), to).is_some();
+            if self.dtype() != to && converts {
+                return convert_into_candle(self, to, dtype, device);
+            }
+        }
+        let tensor = self.to_candle(device)?;
+        if tensor.dtype() == dtype {
+            Ok(tensor)
+        } else {
+            tensor.to_dtype(dtype)
+        }
+    }
+}
+
+/// Converts `tensor` to `to` into a vector candle takes as its storage.
+fn convert_into_candle(
+    tensor: &Tensor,
+    to: Dtype,
+    dtype: DType,
+    device: &Device,
+) -> candle_core::Result<candle_core::Tensor> {
+    fn into<T: bytemuck::Pod + candle_core::WithDType>(
+        tensor: &Tensor,
+        to: Dtype,
+        device: &Device,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        let mut out = vec![T::zeroed(); tensor.num_elements()];
+        safeload_core::convert::convert(
+            tensor.dtype(),
+            to,
+            tensor.as_bytes(),
+            bytemuck::cast_slice_mut(&mut out),
+        )
+        .map_err(|e| name_error(tensor, e))?;
+        candle_core::Tensor::from_vec(out, tensor.shape(), device)
+    }
+    match dtype {
+        DType::F32 => into::<f32>(tensor, to, device),
+        DType::F16 => into::<half::f16>(tensor, to, device),
+        _ => into::<half::bf16>(tensor, to, device),
+    }
+}
+
+impl IntoCandle for StateDict {
+    /// Every tensor as a candle tensor on `device`, in its own candle dtype,
+    /// converted in parallel; each file's storage is freed as its last
+    /// tensor is converted, so a buffered load does not hold two copies.
+    ///
+    /// # Errors
+    ///
+    /// The first conversion that fails.
+    fn into_candle(
+        self,
+        device: &Device,
+    ) -> candle_core::Result<HashMap<String, candle_core::Tensor>> {
+        let tensors: Vec<Mutex<Option<Tensor>>> = self
+            .into_tensors()
+            .into_iter()
+            .map(|t| Mutex::new(Some(t)))
+            .collect();
+        let (converted, _) = safeload_core::workers::map(
+            &tensors,
+            safeload_core::workers::default_width(),
+            "safeload-candle",
+            |slot| {
+                // Taken out and dropped here: the file's storage goes with
+                // its last tensor.
+                let tensor = slot.lock().ok().and_then(|mut s| s.take());
+                let Some(tensor) = tensor else {
+                    return Ok(None);
+                };
+                let name = tensor.name().to_string();
+                let result = tensor.to_candle(device).map(|t| (name, t));
+                drop(tensor);
+                Ok(Some(result))
+            },
+        )
+        .map_err(candle_core::Error::wrap)?;
+        converted.into_iter().flatten().collect()
+    }
+}

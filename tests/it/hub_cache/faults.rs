@@ -416,11 +416,16 @@ fn three_local_ranks_fetch_each_byte_once_and_write_each_blob_once() {
         assert_eq!(written, 1, "{name}: {reports:#?}");
         for report in &reports {
             assert_eq!(report.digest, hub.digest());
+            // A rank that waits for the one that writes it says so; one whose
+            // process started after that write was published (a loaded machine
+            // can start a process seconds late) finds it in the cache instead,
+            // which is as right: no byte fetched twice, no blob written twice.
             if report.code(&name) != "written" {
+                let words = report.words(&name);
                 assert!(
-                    report.words(&name).contains("another local rank writes it"),
-                    "{}",
-                    report.words(&name)
+                    words.contains("another local rank writes it")
+                        || report.code(&name) == "hit",
+                    "{words}"
                 );
             }
         }

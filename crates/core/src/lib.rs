@@ -27,7 +27,8 @@ pub mod convert;
 pub mod coord;
 #[doc(hidden)]
 pub mod demo;
-mod dest;
+#[doc(hidden)] // for the plug-in crates
+pub mod dest;
 #[doc(hidden)] // for the plug-in crates
 pub mod error;
 mod execute;
@@ -40,7 +41,8 @@ mod load;
 #[doc(hidden)] // for the plug-in crates
 pub mod memory;
 pub mod mount;
-mod node;
+#[doc(hidden)] // for the facade, until the node copy is a crate of its own
+pub mod node;
 mod options;
 #[doc(hidden)] // for the plug-in crates
 pub mod os;
@@ -80,6 +82,8 @@ pub use tensor::{Element, Tensor};
 // Test seams and the CLI's and benchmarks' helpers: public for them, out of
 // the documented API.
 #[doc(hidden)]
+pub use extras::PrefetchOptions;
+#[doc(hidden)]
 pub use format::header::MAX_HEADER_LEN;
 #[doc(hidden)]
 pub use format::header::fuzz as __fuzz;
@@ -88,8 +92,6 @@ pub use policy::{
     AutoPolicy, DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, HUGE_PAGES_ENV, NODE_COPY_ENV,
     PREFETCH_ENV, ReadMode, VARIABLES as ENV_VARIABLES, VERIFY_ENV,
 };
-#[doc(hidden)]
-pub use prefetch::PrefetchOptions;
 
 /// Loads a checkpoint: a `.safetensors` file, a `*.safetensors.index.json`,
 /// or a directory holding one of them.

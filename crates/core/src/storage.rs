@@ -13,11 +13,11 @@ use crate::os::DIRECT_ALIGN;
 ///
 /// Both strategies end in a read-only [`Mmap`]: the file's own map, or an
 /// anonymous one (page-aligned, so aligned for every dtype) that the read
-/// engine filled and then made read-only ([`Buffer::seal`]). An owned
+/// engine filled and then made read-only (`Buffer::seal`). An owned
 /// buffer's map may be longer than its bytes (it is rounded up to whole huge
 /// pages); that padding never leaves this module: [`bytes`](Self::bytes) is
 /// exactly the data.
-pub(crate) struct Storage {
+pub struct Storage {
     map: Mmap,
     /// The bytes of the map that are data: all of a file's map, the first
     /// `len` of a buffer's.
@@ -56,7 +56,7 @@ impl Storage {
 
     /// The data: exactly the bytes the storage holds, never a buffer's
     /// padding.
-    pub(crate) fn bytes(&self) -> &[u8] {
+    pub fn bytes(&self) -> &[u8] {
         self.map.get(..self.len).unwrap_or_default()
     }
 

@@ -115,7 +115,7 @@ pub(crate) const JOB_ID_ENV: &str = "SAFELOAD_JOB_ID";
 /// The environment, read once at the top of a load (or a prefetch) so that
 /// every decision of it sees the same values.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Environment {
+pub struct Environment {
     vars: Vec<(&'static str, String)>,
 }
 
@@ -152,7 +152,7 @@ pub const VARIABLES: &[&str] = &[
 
 impl Environment {
     /// This process's values of the variables decisions read.
-    pub(crate) fn from_process() -> Environment {
+    pub fn from_process() -> Environment {
         Environment {
             vars: VARIABLES
                 .iter()
@@ -170,7 +170,7 @@ impl Environment {
     }
 
     /// The value of `name`, if set.
-    pub(crate) fn get(&self, name: &str) -> Option<&str> {
+    pub fn get(&self, name: &str) -> Option<&str> {
         self.vars
             .iter()
             .find(|(k, _)| *k == name)
@@ -178,7 +178,7 @@ impl Environment {
     }
 
     /// The lookup closure the launcher detection takes.
-    pub(crate) fn lookup(&self) -> impl Fn(&str) -> Option<String> + '_ {
+    pub fn lookup(&self) -> impl Fn(&str) -> Option<String> + '_ {
         |name| self.get(name).map(str::to_owned)
     }
 }

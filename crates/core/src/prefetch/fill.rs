@@ -11,7 +11,6 @@
 
 use std::path::{Path, PathBuf};
 
-use super::launcher::LocalRank;
 use super::plan::{Chunk, ChunkPlan, Init, reader_plan};
 use super::queue::{
     DONE, FREE, Layout, chunk_words, heartbeat_words, init_from_header, slot_words,
@@ -20,6 +19,7 @@ use super::queue_file::{Queue, sweep_stale};
 use super::worker::{Outcome, Sink, Tally, Work};
 use crate::coord::Owner;
 use crate::error::Result;
+use crate::extras::LocalRank;
 use crate::os;
 use crate::progress::{Callback, Meter, Phase};
 

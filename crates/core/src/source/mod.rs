@@ -16,7 +16,7 @@ use std::io;
 use std::path::Path;
 
 pub use cache_use::{CacheStore, CacheUse, NotCached};
-pub(crate) use local::DirectGuard;
+pub use local::DirectGuard;
 pub use local::LocalFile;
 
 use crate::error::{Error, ErrorKind, Operation};

@@ -1,4 +1,4 @@
-//! The seam the core's extras plug into: a checkpoint at an address the core cannot read itself (an object store's, the hub's) resolved to its files, each a source; and the core alone, `NoExtras`.
+//! The seams the core's extras plug into: a checkpoint at an address the core cannot read itself (an object store's, the hub's) resolved to its files, each a source; the exchange between nodes joined by name; a share step before reads (the node copy); a warm-up (prefetch); and the core alone, `NoExtras`.
 //!
 //! A `Loader` or `Checkpoint` is made
 //! with a type of extras (`Loader<E>`), whose default value it asks for each
@@ -6,6 +6,11 @@
 //! its cargo features) names the extras it was built with, the core's own
 //! (`NoExtras`) none. Past the resolution, a load knows its files only as
 //! [`Source`]s.
+
+mod local_rank;
+mod prefetch_options;
+mod share;
+mod warm_up;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,6 +20,18 @@ use std::sync::Arc;
 use crate::error::Result;
 pub use crate::mount::MountTable;
 pub use crate::source::{LocalFile, Source, Version, VersionTag};
+#[doc(hidden)] // for the plug-in crates
+pub use local_rank::{LocalRank, detect_local_rank, job_key};
+#[doc(hidden)] // at the root: `PrefetchOptions`
+pub use prefetch_options::PrefetchOptions;
+#[doc(hidden)] // for the plug-in crates
+pub use prefetch_options::{ChunkCallback, DEFAULT_CHUNK};
+#[doc(hidden)] // for the plug-in crates
+pub use share::{
+    Facts, Pending, PerFile, Role, ShareAsk, ShareFile, Shared, direct_reads, eligible, tensor_part,
+};
+#[doc(hidden)] // for the plug-in crates
+pub use warm_up::{Job, WarmFile, Warming};
 
 /// What a load asks of the caches a remote address goes through: the
 /// caller's choices (`Loader::hub_cache`, `Loader::cache_dir`), over the
@@ -107,6 +124,64 @@ pub trait Extras: Send + Sync + fmt::Debug {
     fn join_exchange(&self, name: &str) -> Option<std::io::Result<crate::cluster::Joined>> {
         let _ = name;
         None
+    }
+
+    /// The share step before reads (the node copy): what the node's local
+    /// ranks share of `files`, the files of one load in its order, before
+    /// any of their tensor bytes is read. The default shares nothing.
+    ///
+    /// # Contract
+    ///
+    /// - The answer has one `PerFile` per file of `files`, in their order.
+    ///   A file with `PerFile::Copy` is read no further by the load: its
+    ///   tensors are views of the copy's storage, which holds the whole
+    ///   file's bytes at their offsets (an image of it), read-only, and is
+    ///   complete when `share` returns, unless the copy is among
+    ///   `Shared::pending`.
+    /// - Only a file with `buffered` set, every tensor kept by `ask.keep`,
+    ///   not converted and aligned (`eligible`) gets a copy; one rank
+    ///   alone (`ask.rank.size < 2`) gets none, and nothing is said.
+    /// - Under `Role::Participant`, the copies are handed back in
+    ///   `Shared::pending` (their index among `files`, the writer of each)
+    ///   for the load to fill; it calls `Pending::complete` once every byte
+    ///   is in place, and the node's other ranks (`Role::Member`) map them
+    ///   only then.
+    /// - It never fails the load: a copy that cannot be had is
+    ///   `PerFile::NotUsed` with the reason the report gives, and the file
+    ///   is read by this rank. Its waits on other processes are bounded.
+    #[doc(hidden)] // for the plug-in crates: its types are the core's plumbing
+    fn share(&self, files: &[ShareFile<'_>], ask: &ShareAsk<'_>) -> Shared {
+        let _ = ask;
+        Shared::none(files.len())
+    }
+
+    /// The warm-up (prefetch): the page cache warmed with `files`, local
+    /// files a load or `Loader::warm` opened, before any of their tensor
+    /// bytes is read. The default warms nothing.
+    ///
+    /// # Contract
+    ///
+    /// - `Warming::BeforeLoad`: runs where the caller's options, else the
+    ///   environment (`SAFELOAD_PREFETCH`), else the auto rule say so;
+    ///   `Ok(None)` where it was not considered or was turned off (`0`
+    ///   streams). `Warming::Only`: runs with the options given, for the
+    ///   reason given; `Ok(None)` only where these extras have no warm-up.
+    /// - The bytes are warmed in the page cache only: nothing the load
+    ///   reads depends on it, and the load's result is the same without it.
+    /// - The job's local ranks (`job.local_rank`, else the launcher's) may
+    ///   split the bytes between them; a rank that stops or dies costs the
+    ///   others a bounded wait, never a hang.
+    /// - `Err` only where a file cannot be read (naming it and the offset);
+    ///   the load then fails with it.
+    #[doc(hidden)] // for the plug-in crates: its types are the core's plumbing
+    fn warm_up(
+        &self,
+        files: &[WarmFile<'_>],
+        warming: Warming<'_>,
+        job: &Job<'_>,
+    ) -> Result<Option<crate::report::PrefetchReport>> {
+        let _ = (files, warming, job);
+        Ok(None)
     }
 }
 

@@ -5,7 +5,7 @@
 //! node the local ranks of a job share and the page-cache warm-up.
 
 pub use safeload_core::extras::{Extras, NoExtras};
-use safeload_core::node::NodeExtras;
+use safeload_node::NodeExtras;
 
 /// The extras of this build: the node copy and the page-cache warm-up
 /// (always); with the feature `remote`, the object stores and the Hugging

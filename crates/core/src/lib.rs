@@ -14,7 +14,8 @@
 #[macro_use]
 #[doc(hidden)] // for the plug-in crates
 pub mod worded; // first: its macros are in scope after it
-mod adapt;
+#[doc(hidden)] // for the plug-in crates
+pub mod adapt;
 #[doc(hidden)] // for the plug-in crates
 pub mod cancel;
 #[cfg(feature = "candle")]
@@ -36,21 +37,20 @@ pub mod extras;
 mod file;
 #[doc(hidden)] // for the plug-in crates
 pub mod format;
-mod jobs;
+#[doc(hidden)] // for the plug-in crates
+pub mod jobs;
 mod load;
 #[doc(hidden)] // for the plug-in crates
 pub mod memory;
 pub mod mount;
-#[doc(hidden)] // for the facade, until the node copy is a crate of its own
-pub mod node;
 mod options;
 #[doc(hidden)] // for the plug-in crates
 pub mod os;
 mod plan;
 #[doc(hidden)] // for the plug-in crates
 pub mod policy;
-mod prefetch;
-mod progress;
+#[doc(hidden)] // for the plug-in crates
+pub mod progress;
 pub mod report;
 mod resolve;
 mod slice;

@@ -17,7 +17,7 @@ use safeload_testfs::{Mount, Options, skip_without_fuse};
 use crate::exchange::tests::{ROLE, Run, mpirun_child, pattern};
 use crate::exchange::{CORRUPT_ENV, NODE_ID_ENV};
 use safeload_core::cluster::TIMEOUT_ENV;
-use safeload_core::node::NodeExtras;
+use safeload_node::NodeExtras;
 
 /// What the facade builds in for these loads: this crate's exchange, and the node copy the local
 /// ranks of a node share.

@@ -2,7 +2,7 @@
 //!
 //! It is not a `Fill`: the read engine fills a destination
 //! of one process through `&mut` slices, while a node copy is written by
-//! the chunk queue's readers of several processes (`prefetch/fill.rs`), each
+//! the chunk queue's readers of several processes (the node crate's `prefetch/fill.rs`), each
 //! chunk by whoever claims it. What it shares with the owned buffer is the
 //! end: a read-only [`Storage`] that tensors view through an `Arc`, whose
 //! bytes no one can change or truncate (the memory file is sealed against

@@ -6,7 +6,7 @@
 //! one checked broadcast per piece, in the split's order (`plan/cluster.rs`).
 //!
 //! A node of several local ranks takes part through its participant, whose
-//! node copies (`node/`) are filled here like its buffers: each an image of
+//! node copies (the node crate's) are filled here like its buffers: each an image of
 //! its file, split into pieces after the buffers', read or received into
 //! the copy the node's other ranks then map.
 

@@ -1,4 +1,4 @@
-//! The blocking entry points of a `Loader`: `load`, `open` and `warm`, each resolve -> open -> the rest (`execute/`, `checkpoint/`, `prefetch/`), and the job's exchange joined where the environment asks.
+//! The blocking entry points of a `Loader`: `load`, `open` and `warm`, each resolve -> open -> the rest (`execute/`, `checkpoint/`, the extras' warm-up), and the job's exchange joined where the environment asks.
 
 use std::path::Path;
 use std::time::Instant;

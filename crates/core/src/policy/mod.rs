@@ -19,11 +19,15 @@ mod reason;
 
 pub use file::AutoPolicy;
 pub(crate) use file::*;
-pub(crate) use guard::{memory_fits, memory_guard};
-pub(crate) use prefetch::{
-    AutoPrefetchSkip, PrefetchAsk, auto_prefetch_runs, auto_prefetch_streams, prefetch_ask,
-    prefetch_method, prefetch_warms_buffered,
-};
+pub use guard::memory_fits;
+pub(crate) use guard::memory_guard;
+pub use prefetch::AutoPrefetchSkip;
+pub use prefetch::PrefetchAsk;
+pub use prefetch::auto_prefetch_runs;
+pub use prefetch::auto_prefetch_streams;
+pub use prefetch::prefetch_ask;
+pub use prefetch::prefetch_method;
+pub use prefetch::prefetch_warms_buffered;
 pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod};
 pub(crate) use reads::{CallerReads, io_defaults};
 pub(crate) use reason::auto_rule;
@@ -226,10 +230,10 @@ pub fn switch(value: &str) -> Option<bool> {
 /// part of the documented API: a user has no reason to want one copy per rank.
 pub const NODE_COPY_ENV: &str = "SAFELOAD_NODE_COPY";
 
-/// Whether the local ranks of a job may share a node copy (`node/`): on
+/// Whether the local ranks of a job may share a node copy (the node crate): on
 /// unless `SAFELOAD_NODE_COPY` turns it off. Read from the load's
 /// [`Environment`], taken once at the top of the load.
-pub(crate) fn node_copy(env: &Environment) -> bool {
+pub fn node_copy(env: &Environment) -> bool {
     env.get(NODE_COPY_ENV).and_then(switch) != Some(false)
 }
 
@@ -243,7 +247,7 @@ pub const HUGE_PAGES_ENV: &str = "SAFELOAD_HUGE_PAGES";
 /// The page size of a load's fresh memory, and who chose it: the caller's
 /// `On` or `Off`, else `SAFELOAD_HUGE_PAGES`'s, else measured (`Auto`,
 /// [`PageReason::Measured`]).
-pub(crate) fn huge_pages(caller: HugePages, env: &Environment) -> (HugePages, PageReason) {
+pub fn huge_pages(caller: HugePages, env: &Environment) -> (HugePages, PageReason) {
     if caller != HugePages::Auto {
         return (caller, PageReason::Caller);
     }

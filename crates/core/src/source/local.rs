@@ -71,7 +71,7 @@ impl LocalFile {
     }
 
     /// The path with symlinks resolved when the file was opened.
-    pub(crate) fn canonical(&self) -> &Path {
+    pub fn canonical(&self) -> &Path {
         &self.canonical
     }
 
@@ -105,7 +105,7 @@ impl LocalFile {
     }
 
     /// The file's length now, by `fstat` (a file may shrink during a load).
-    pub(crate) fn len_now(&self) -> io::Result<u64> {
+    pub fn len_now(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
     }
 }

@@ -92,10 +92,8 @@ mod fill;
 mod handoff;
 mod registry;
 
-use crate::extras::{
-    Extras, Facts, Job, PerFile, ShareAsk, ShareFile, Shared, WarmFile, Warming, eligible,
-};
-use crate::report::{NodeCopy, PrefetchReport};
+use crate::extras::{Facts, PerFile, ShareAsk, ShareFile, Shared, eligible};
+use crate::report::NodeCopy;
 use crate::storage::BufferLayout;
 use crate::trace;
 
@@ -107,36 +105,10 @@ const CHUNK: u64 = 8 << 20;
 /// Readers per rank (see the `NOTE:` above).
 pub(super) const STREAMS: usize = 4;
 
-/// The node copy and the page-cache warm-up as a load's extras: the share
-/// step ([`Extras::share`]) and the warm-up ([`Extras::warm_up`]); no
-/// address and no exchange.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NodeExtras;
-
-impl Extras for NodeExtras {
-    fn share(&self, files: &[ShareFile<'_>], ask: &ShareAsk<'_>) -> Shared {
-        share(files, ask)
-    }
-
-    fn warm_up(
-        &self,
-        files: &[WarmFile<'_>],
-        warming: Warming<'_>,
-        job: &Job<'_>,
-    ) -> crate::error::Result<Option<PrefetchReport>> {
-        match warming {
-            Warming::BeforeLoad(caller) => crate::prefetch::before_load(files, caller, job),
-            Warming::Only(options, reason) => {
-                crate::prefetch::warm(files, options, job, reason.clone()).map(Some)
-            }
-        }
-    }
-}
-
 /// One load's part in node copies: per file of `files`, what it did; and,
 /// for the participant of a load split between nodes, the copies the load
 /// is to fill.
-fn share(files: &[ShareFile<'_>], ask: &ShareAsk<'_>) -> Shared {
+pub(crate) fn share(files: &[ShareFile<'_>], ask: &ShareAsk<'_>) -> Shared {
     let mut out = Shared::none(files.len());
     // The benchmark's "today" arm turns it off (`policy::NODE_COPY_ENV`):
     // then every rank reads alone, with nothing said, as one rank alone.

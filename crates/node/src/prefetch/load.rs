@@ -127,12 +127,13 @@ fn auto(files: &[LoadFile<'_>], job: &Job<'_>) -> Result<Option<PrefetchReport>>
     let init = plan.check(job.available());
     let (known, resident, needed, skipped) = (init.known, init.resident, init.needed, init.skipped);
     let guard_reason = init.guard_reason(total);
-    let not_run = |reason: PrefetchReason, skip: Option<SkipReason>| PrefetchReport {
-        resident_before: resident,
-        skipped: if skip.is_some() { needed } else { 0 },
-        skip_reasons: skip.into_iter().collect(),
-        residency_known: known,
-        ..plan.report(streams, PrefetchMethod::Auto, reason)
+    let not_run = |reason: PrefetchReason, skip: Option<SkipReason>| {
+        let mut report = plan.report(streams, PrefetchMethod::Auto, reason);
+        report.resident_before = resident;
+        report.skipped = if skip.is_some() { needed } else { 0 };
+        report.skip_reasons = skip.into_iter().collect();
+        report.residency_known = known;
+        report
     };
     match policy::auto_prefetch_runs(known, needed, skipped) {
         Err(AutoPrefetchSkip::Resident) => {

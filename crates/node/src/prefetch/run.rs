@@ -60,19 +60,19 @@ impl Plan {
         method: PrefetchMethod,
         reason: PrefetchReason,
     ) -> PrefetchReport {
-        PrefetchReport {
-            reason,
-            rank: self.rank.rank,
-            local_size: self.rank.size,
-            rank_source: self.rank.source.clone(),
-            streams,
-            method,
-            files: self.targets.len(),
-            total_bytes: self.chunks.total,
-            chunk_size: self.chunks.chunk_size,
-            chunks: self.chunks.chunks.len(),
-            ..PrefetchReport::default()
-        }
+        // The report is the core's, `#[non_exhaustive]`: filled field by field.
+        let mut report = PrefetchReport::default();
+        report.reason = reason;
+        report.rank = self.rank.rank;
+        report.local_size = self.rank.size;
+        report.rank_source = self.rank.source.clone();
+        report.streams = streams;
+        report.method = method;
+        report.files = self.targets.len();
+        report.total_bytes = self.chunks.total;
+        report.chunk_size = self.chunks.chunk_size;
+        report.chunks = self.chunks.chunks.len();
+        report
     }
 }
 

@@ -101,9 +101,9 @@ use coordinate::coordinate;
 use handoff::MAX_FILES;
 
 /// The chunk size where the caller set none: prefetch's.
-const CHUNK: u64 = 8 << 20;
-/// Readers per rank (see the `NOTE:` above).
-pub(super) const STREAMS: usize = 4;
+use crate::extras::DEFAULT_CHUNK as CHUNK;
+/// Readers per rank (see the `NOTE:` above): prefetch's default streams.
+use crate::extras::DEFAULT_STREAMS as STREAMS;
 
 /// One load's part in node copies: per file of `files`, what it did; and,
 /// for the participant of a load split between nodes, the copies the load

@@ -209,3 +209,98 @@ impl std::ops::Deref for Installed {
 pub struct NoExtras;
 
 impl Extras for NoExtras {}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::Loader;
+
+    /// A checkpoint of one file with one tensor, in a temporary directory.
+    fn checkpoint() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let data = vec![7u8; 1 << 16];
+        let view =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![1 << 16], &data)
+                .unwrap();
+        safetensors::serialize_to_file([("w", view)], None, &path).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn the_core_alone_warms_nothing_and_says_so() {
+        let (_dir, path) = checkpoint();
+        let err = Loader::<NoExtras>::new()
+            .prefetch(2)
+            .warm(&path)
+            .unwrap_err();
+        assert_eq!(
+            err.io_error().map(std::io::Error::kind),
+            Some(std::io::ErrorKind::Unsupported),
+            "{err}"
+        );
+        assert!(err.to_string().contains("warm-up"), "{err}");
+    }
+
+    #[test]
+    fn the_core_alone_shares_no_copy_and_prefetches_nothing() {
+        let (_dir, path) = checkpoint();
+        let sd = Loader::<NoExtras>::new()
+            .disable_mmap(true)
+            .local_rank(0, 2)
+            .prefetch(2)
+            .load(&path)
+            .unwrap();
+        assert_eq!(sd.get("w").unwrap().as_bytes(), &[7u8; 1 << 16][..]);
+        assert!(sd.report().prefetch.is_none());
+        assert!(sd.report().files.iter().all(|f| f.node_copy.is_none()));
+    }
+
+    /// Calls of each seam by the loads of the test below.
+    static SHARED: AtomicUsize = AtomicUsize::new(0);
+    static WARMED: AtomicUsize = AtomicUsize::new(0);
+
+    /// Extras that count the files each seam is handed, sharing nothing.
+    #[derive(Debug, Default)]
+    struct Counting;
+
+    impl Extras for Counting {
+        fn share(&self, files: &[ShareFile<'_>], ask: &ShareAsk<'_>) -> Shared {
+            assert!(files.iter().all(|f| f.buffered), "read buffered");
+            assert_eq!(
+                (ask.rank.rank, ask.rank.size, ask.role),
+                (1, 3, Role::Queue)
+            );
+            SHARED.fetch_add(files.len(), Ordering::SeqCst);
+            Shared::none(files.len())
+        }
+
+        fn warm_up(
+            &self,
+            files: &[WarmFile<'_>],
+            warming: Warming<'_>,
+            job: &Job<'_>,
+        ) -> Result<Option<crate::report::PrefetchReport>> {
+            assert!(matches!(warming, Warming::BeforeLoad(Some(_))));
+            assert_eq!(job.local_rank, Some((1, 3)));
+            WARMED.fetch_add(files.len(), Ordering::SeqCst);
+            Ok(None)
+        }
+    }
+
+    #[test]
+    fn a_load_asks_each_seam_once_with_its_files() {
+        let (_dir, path) = checkpoint();
+        let sd = Loader::<Counting>::new()
+            .disable_mmap(true)
+            .local_rank(1, 3)
+            .prefetch(2)
+            .load(&path)
+            .unwrap();
+        assert_eq!(sd.get("w").unwrap().as_bytes(), &[7u8; 1 << 16][..]);
+        assert_eq!(SHARED.load(Ordering::SeqCst), 1);
+        assert_eq!(WARMED.load(Ordering::SeqCst), 1);
+    }
+}

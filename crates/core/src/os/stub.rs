@@ -168,12 +168,12 @@ pub struct SharedWords {
 
 impl SharedWords {
     /// Always unsupported here.
-    pub(crate) fn map(_file: &File) -> io::Result<SharedWords> {
+    pub fn map(_file: &File) -> io::Result<SharedWords> {
         unsupported()
     }
 
     /// Never reached: no value of this type is made here.
-    pub(crate) fn words(&self) -> &[AtomicU64] {
+    pub fn words(&self) -> &[AtomicU64] {
         &[]
     }
 }
@@ -319,22 +319,22 @@ pub struct StopListening(());
 
 impl StopListening {
     /// Nothing to stop (never reached: nothing binds a listener).
-    pub(crate) fn stop(&self) {}
+    pub fn stop(&self) {}
 }
 
 impl FdListener {
     /// Unsupported.
-    pub(crate) fn bind(_path: &Path) -> io::Result<FdListener> {
+    pub fn bind(_path: &Path) -> io::Result<FdListener> {
         unsupported()
     }
 
     /// Never reached: nothing binds one.
-    pub(crate) fn stopper(&self) -> StopListening {
+    pub fn stopper(&self) -> StopListening {
         StopListening(())
     }
 
     /// Unsupported (never reached: nothing binds one).
-    pub(crate) fn next(&self) -> io::Result<Option<FdStream>> {
+    pub fn next(&self) -> io::Result<Option<FdStream>> {
         unsupported()
     }
 }
@@ -344,31 +344,27 @@ pub struct FdStream(());
 
 impl FdStream {
     /// Unsupported.
-    pub(crate) fn connect(_path: &Path, _timeout: std::time::Duration) -> io::Result<FdStream> {
+    pub fn connect(_path: &Path, _timeout: std::time::Duration) -> io::Result<FdStream> {
         unsupported()
     }
 
     /// Unsupported.
-    pub(crate) fn set_timeout(&self, _timeout: std::time::Duration) -> io::Result<()> {
+    pub fn set_timeout(&self, _timeout: std::time::Duration) -> io::Result<()> {
         unsupported()
     }
 
     /// Unsupported.
-    pub(crate) fn peer(&self) -> io::Result<(u32, u32)> {
+    pub fn peer(&self) -> io::Result<(u32, u32)> {
         unsupported()
     }
 
     /// Unsupported.
-    pub(crate) fn send(&self, _bytes: &[u8], _files: &[&File]) -> io::Result<()> {
+    pub fn send(&self, _bytes: &[u8], _files: &[&File]) -> io::Result<()> {
         unsupported()
     }
 
     /// Unsupported.
-    pub(crate) fn recv(
-        &self,
-        _buf: &mut [u8],
-        _max_files: usize,
-    ) -> io::Result<(usize, Vec<File>)> {
+    pub fn recv(&self, _buf: &mut [u8], _max_files: usize) -> io::Result<(usize, Vec<File>)> {
         unsupported()
     }
 }

@@ -1,14 +1,16 @@
 //! What this build reads beyond local paths: the extras its cargo features
 //! compile in, which [`Loader`](crate::Loader) and [`Checkpoint`](crate::Checkpoint)
 //! resolve addresses with (and join the exchange between nodes
-//! `SAFELOAD_EXCHANGE` names through).
+//! `SAFELOAD_EXCHANGE` names through); and, in every build, the copy per
+//! node the local ranks of a job share and the page-cache warm-up.
 
 pub use safeload_core::extras::{Extras, NoExtras};
+use safeload_node::NodeExtras;
 
-/// The extras of this build: with the feature `remote`, the object stores
-/// and the Hugging Face hub, through their caches; with the feature `mpi`,
-/// the exchange between nodes that `SAFELOAD_EXCHANGE=mpi` joins; none
-/// without.
+/// The extras of this build: the node copy and the page-cache warm-up
+/// (always); with the feature `remote`, the object stores and the Hugging
+/// Face hub, through their caches; with the feature `mpi`, the exchange
+/// between nodes that `SAFELOAD_EXCHANGE=mpi` joins.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Builtin;
 
@@ -38,5 +40,22 @@ impl Extras for Builtin {
                 "SAFELOAD_EXCHANGE=mpi needs safeload built with the feature `mpi`",
             ))
         })
+    }
+
+    fn share(
+        &self,
+        files: &[safeload_core::extras::ShareFile<'_>],
+        ask: &safeload_core::extras::ShareAsk<'_>,
+    ) -> safeload_core::extras::Shared {
+        NodeExtras.share(files, ask)
+    }
+
+    fn warm_up(
+        &self,
+        files: &[safeload_core::extras::WarmFile<'_>],
+        warming: safeload_core::extras::Warming<'_>,
+        job: &safeload_core::extras::Job<'_>,
+    ) -> safeload_core::Result<Option<safeload_core::report::PrefetchReport>> {
+        NodeExtras.warm_up(files, warming, job)
     }
 }

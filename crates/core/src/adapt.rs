@@ -6,7 +6,7 @@
 //! is not written anywhere: so the read engine measures. Readers that are
 //! not allowed to read yet wait; each window of completed reads gives a
 //! throughput (but the first, which holds the readers' start); a doubling
-//! that does not raise it by [`GAIN`] is undone and the count settles.
+//! that does not raise it by `GAIN` is undone and the count settles.
 //! Nothing is remembered across loads.
 //!
 //! Only the number of readers changes; a read's size is fixed before the
@@ -46,14 +46,14 @@ const WINDOW: Duration = Duration::from_millis(100);
 
 /// Where a load's reads in flight start and how far they may grow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Concurrency {
+pub struct Concurrency {
     pub start: usize,
     pub max: usize,
 }
 
 impl Concurrency {
     /// A count the caller set (`Loader::io_concurrency`): no growing.
-    pub(crate) fn pinned(readers: usize) -> Concurrency {
+    pub fn pinned(readers: usize) -> Concurrency {
         let n = readers.max(1);
         Concurrency { start: n, max: n }
     }
@@ -78,7 +78,7 @@ impl Concurrency {
 
 /// What the count settled on, and why: for the report.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Settled {
+pub struct Settled {
     /// The readers allowed at the end.
     pub readers: usize,
     /// Each count tried and the throughput it gave, in GiB/s.
@@ -88,10 +88,10 @@ pub(crate) struct Settled {
 
 /// Why the count stopped where it did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SettleReason {
+pub enum SettleReason {
     /// The caller set it.
     Pinned,
-    /// Doubling it gained less than [`GAIN`].
+    /// Doubling it gained less than `GAIN`.
     NoGain,
     /// It reached the most allowed.
     Max,

@@ -95,7 +95,7 @@ pub(crate) fn cancelled(path: &Path) -> Error {
 
 /// What a job queue that stopped for its flags hands up as its failure; the
 /// phases above map it to a file's I/O error, and `scope` recognizes it.
-pub(crate) fn stopped() -> io::Error {
+pub fn stopped() -> io::Error {
     io::Error::other(Stopped)
 }
 

@@ -14,7 +14,8 @@
 #[macro_use]
 #[doc(hidden)] // for the plug-in crates
 pub mod worded; // first: its macros are in scope after it
-mod adapt;
+#[doc(hidden)] // for the plug-in crates
+pub mod adapt;
 #[doc(hidden)] // for the plug-in crates
 pub mod cancel;
 mod checkpoint;
@@ -25,7 +26,8 @@ pub mod convert;
 pub mod coord;
 #[doc(hidden)]
 pub mod demo;
-mod dest;
+#[doc(hidden)] // for the plug-in crates
+pub mod dest;
 #[doc(hidden)] // for the plug-in crates
 pub mod error;
 mod execute;
@@ -33,20 +35,20 @@ pub mod extras;
 mod file;
 #[doc(hidden)] // for the plug-in crates
 pub mod format;
-mod jobs;
+#[doc(hidden)] // for the plug-in crates
+pub mod jobs;
 mod load;
 #[doc(hidden)] // for the plug-in crates
 pub mod memory;
 pub mod mount;
-mod node;
 mod options;
 #[doc(hidden)] // for the plug-in crates
 pub mod os;
 mod plan;
 #[doc(hidden)] // for the plug-in crates
 pub mod policy;
-mod prefetch;
-mod progress;
+#[doc(hidden)] // for the plug-in crates
+pub mod progress;
 pub mod report;
 mod resolve;
 mod slice;
@@ -78,6 +80,8 @@ pub use tensor::{Element, Tensor};
 // Test seams and the CLI's and benchmarks' helpers: public for them, out of
 // the documented API.
 #[doc(hidden)]
+pub use extras::PrefetchOptions;
+#[doc(hidden)]
 pub use format::header::MAX_HEADER_LEN;
 #[doc(hidden)]
 pub use format::header::fuzz as __fuzz;
@@ -86,8 +90,6 @@ pub use policy::{
     AutoPolicy, DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, HUGE_PAGES_ENV, NODE_COPY_ENV,
     PREFETCH_ENV, ReadMode, VARIABLES as ENV_VARIABLES, VERIFY_ENV,
 };
-#[doc(hidden)]
-pub use prefetch::PrefetchOptions;
 
 /// Loads a checkpoint: a `.safetensors` file, a `*.safetensors.index.json`,
 /// or a directory holding one of them.

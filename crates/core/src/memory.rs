@@ -10,7 +10,7 @@ use crate::os::{self, ProcFile};
 /// the kernel's `MemAvailable` estimate and, for each cgroup from the
 /// process's own up to the root, its limit minus its usage. `None` where
 /// neither can be read (the OS layer has no `/proc`: non-Linux targets).
-pub(crate) fn available() -> Option<u64> {
+pub fn available() -> Option<u64> {
     let proc_text = |file| {
         os::read_proc(file)
             .ok()

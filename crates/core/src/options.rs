@@ -7,9 +7,9 @@ use safetensors::Dtype;
 
 use crate::cancel::Cancel;
 use crate::dest::pages::HugePages;
+use crate::extras::{LocalRank, PrefetchOptions, Role, ShareAsk};
 use crate::mount::MountTable;
-use crate::policy::ReadMode;
-use crate::prefetch::PrefetchOptions;
+use crate::policy::{Environment, ReadMode};
 
 /// A filter on tensor names.
 pub(crate) type Filter = dyn Fn(&str) -> bool + Send + Sync;
@@ -87,6 +87,33 @@ impl Options {
         crate::policy::CallerReads {
             io_concurrency: self.io_concurrency,
             read_size: self.read_size,
+        }
+    }
+
+    /// What the share step is asked of a load with these options, by the
+    /// local `rank` with `role`: each part it needs, no more.
+    pub(crate) fn share_ask<'s>(
+        &'s self,
+        rank: &'s LocalRank,
+        env: &'s Environment,
+        keep: Option<&'s (dyn Fn(&str) -> bool + Sync)>,
+        role: Role,
+    ) -> ShareAsk<'s> {
+        let prefetch = self.prefetch.as_ref();
+        ShareAsk {
+            rank,
+            env,
+            keep,
+            converting: self.dtype.is_some(),
+            role,
+            direct_io: self.direct_io,
+            huge_pages: self.huge_pages,
+            memory_available: self.memory_available,
+            chunk_size: prefetch.and_then(|p| p.chunk_bytes()),
+            streams: prefetch.map(|p| p.stream_count()),
+            dir: prefetch.and_then(|p| p.queue_directory()),
+            progress: self.progress.as_ref(),
+            cancel: &self.cancel,
         }
     }
 }

@@ -64,7 +64,7 @@ impl fmt::Display for Phase {
 }
 
 /// The caller's callback.
-pub(crate) type Callback = Arc<dyn Fn(&Progress) + Send + Sync>;
+pub type Callback = Arc<dyn Fn(&Progress) + Send + Sync>;
 
 /// The least time between two calls of the callback, but for the last.
 ///
@@ -74,9 +74,9 @@ pub(crate) type Callback = Arc<dyn Fn(&Progress) + Send + Sync>;
 const INTERVAL: Duration = Duration::from_millis(50);
 
 /// Counts one phase's progress and calls the callback at most every
-/// [`INTERVAL`] (checked without a lock on the hot path), and once at the
+/// `INTERVAL` (checked without a lock on the hot path), and once at the
 /// end.
-pub(crate) struct Meter {
+pub struct Meter {
     callback: Option<Callback>,
     phase: Phase,
     bytes_total: u64,
@@ -93,7 +93,7 @@ pub(crate) struct Meter {
 impl Meter {
     /// A meter for a phase of `bytes_total` bytes over `files_total` files;
     /// it does nothing without a callback.
-    pub(crate) fn new(
+    pub fn new(
         callback: Option<&Callback>,
         phase: Phase,
         bytes_total: u64,
@@ -113,7 +113,7 @@ impl Meter {
     }
 
     /// `bytes` more are done.
-    pub(crate) fn add(&self, bytes: u64) {
+    pub fn add(&self, bytes: u64) {
         if self.callback.is_none() {
             return;
         }
@@ -122,7 +122,7 @@ impl Meter {
     }
 
     /// One more file is done.
-    pub(crate) fn file_done(&self) {
+    pub fn file_done(&self) {
         if self.callback.is_none() {
             return;
         }
@@ -131,7 +131,7 @@ impl Meter {
     }
 
     /// The phase is over: one last call, whatever the time.
-    pub(crate) fn finish(&self) {
+    pub fn finish(&self) {
         self.maybe_call(true);
     }
 

@@ -13,11 +13,11 @@ use crate::os::DIRECT_ALIGN;
 ///
 /// Both strategies end in a read-only [`Mmap`]: the file's own map, or an
 /// anonymous one (page-aligned, so aligned for every dtype) that the read
-/// engine filled and then made read-only ([`Buffer::seal`]). An owned
+/// engine filled and then made read-only (`Buffer::seal`). An owned
 /// buffer's map may be longer than its bytes (it is rounded up to whole huge
 /// pages); that padding never leaves this module: [`bytes`](Self::bytes) is
 /// exactly the data.
-pub(crate) struct Storage {
+pub struct Storage {
     map: Mmap,
     /// The bytes of the map that are data: all of a file's map, the first
     /// `len` of a buffer's.
@@ -56,7 +56,7 @@ impl Storage {
 
     /// The data: exactly the bytes the storage holds, never a buffer's
     /// padding.
-    pub(crate) fn bytes(&self) -> &[u8] {
+    pub fn bytes(&self) -> &[u8] {
         self.map.get(..self.len).unwrap_or_default()
     }
 
@@ -137,7 +137,7 @@ impl Buffer {
 /// Where each selected tensor lands in a buffer, and which runs of the file
 /// fill it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct BufferLayout {
+pub struct BufferLayout {
     /// For each tensor of the header (in order): its offset in the buffer, or
     /// `None` when the filter left it out.
     pub placements: Vec<Option<u64>>,
@@ -156,7 +156,7 @@ pub(crate) struct BufferLayout {
 /// buffer; the first `required` of them must exist (the rest round a direct
 /// read up to a whole block past the end of the file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Segment {
+pub struct Segment {
     pub src: u64,
     pub dst: u64,
     pub len: u64,
@@ -168,7 +168,7 @@ impl BufferLayout {
     /// selected and aligned at its file offset (as the `safetensors`
     /// serializer writes them), so it reads as one run in whole blocks;
     /// otherwise the selected tensors packed with alignment padding.
-    pub(crate) fn for_file(header: &Header, selected: &[bool]) -> BufferLayout {
+    pub fn for_file(header: &Header, selected: &[bool]) -> BufferLayout {
         let all = selected.iter().all(|&s| s);
         let aligned = header
             .tensors

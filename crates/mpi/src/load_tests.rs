@@ -1,7 +1,8 @@
 //! Loads split between nodes (issue 27) under `mpirun`: three processes stand in for three
 //! nodes (`SAFELOAD_NODE_ID`), each with its own FUSE test mount of the same checkpoint, whose
 //! counters say how many bytes each node read from storage. Every process loads through the
-//! core's `Loader` with this crate's extras (what the facade's feature `mpi` builds in) and
+//! core's `Loader` with this crate's extras and the node copy's (what the facade's features build
+//! in) and
 //! `SAFELOAD_EXCHANGE=mpi`, as a job script would, and prints the digest of its tensors and the
 //! load's notes.
 //!
@@ -16,6 +17,26 @@ use safeload_testfs::{Mount, Options, skip_without_fuse};
 use crate::exchange::tests::{ROLE, Run, mpirun_child, pattern};
 use crate::exchange::{CORRUPT_ENV, NODE_ID_ENV};
 use safeload_core::cluster::TIMEOUT_ENV;
+use safeload_node::NodeExtras;
+
+/// What the facade builds in for these loads: this crate's exchange, and the node copy the local
+/// ranks of a node share.
+#[derive(Debug, Clone, Copy, Default)]
+struct WithNodeCopy;
+
+impl safeload_core::extras::Extras for WithNodeCopy {
+    fn join_exchange(&self, name: &str) -> Option<std::io::Result<safeload_core::cluster::Joined>> {
+        crate::MpiExtras.join_exchange(name)
+    }
+
+    fn share(
+        &self,
+        files: &[safeload_core::extras::ShareFile<'_>],
+        ask: &safeload_core::extras::ShareAsk<'_>,
+    ) -> safeload_core::extras::Shared {
+        NodeExtras.share(files, ask)
+    }
+}
 
 /// This module's child test, every process's body under `mpirun`.
 const CHILD: &str = "load_tests::child";
@@ -64,7 +85,7 @@ fn act() {
             }
         });
     }
-    match safeload_core::Loader::<crate::MpiExtras>::new().load(&path) {
+    match safeload_core::Loader::<WithNodeCopy>::new().load(&path) {
         Ok(sd) => {
             println!("NODE {node} DIGEST {:016x}", digest(&sd));
             for note in &sd.report().notes {

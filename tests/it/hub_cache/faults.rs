@@ -423,8 +423,7 @@ fn three_local_ranks_fetch_each_byte_once_and_write_each_blob_once() {
             if report.code(&name) != "written" {
                 let words = report.words(&name);
                 assert!(
-                    words.contains("another local rank writes it")
-                        || report.code(&name) == "hit",
+                    words.contains("another local rank writes it") || report.code(&name) == "hit",
                     "{words}"
                 );
             }

@@ -10,7 +10,7 @@
 //! the node that read it, with the SHA-256 it computed, checked by every receiver. Where the
 //! nodes do not load the same files, or one cannot take part, each reads alone and the load's
 //! notes say why. One process per node takes part (its local rank 0), and fills the node
-//! copy (`node/`) its node's other local ranks wait for and map: each byte is read once per
+//! copy (the node crate's) its node's other local ranks wait for and map: each byte is read once per
 //! cluster, however many processes each node runs.
 //!
 //! Under `SAFELOAD_EXCHANGE=mpi` the node is `SAFELOAD_NODE_ID`, else Slurm's `SLURM_NODEID`,
@@ -160,7 +160,7 @@ pub const TIMEOUT_ENV: &str = "SAFELOAD_EXCHANGE_TIMEOUT_SECS";
 /// A collective waits for the slowest node to arrive, and a node arrives at a range's broadcast
 /// only after reading its share up to it: the bound covers a read of a share's chunk from slow
 /// storage, not only the transfer. A minute is far above that, and far below a job's patience.
-pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The deadline of every collective: [`TIMEOUT_ENV`] from `var` (a lookup of the environment),
 /// else [`DEFAULT_TIMEOUT`]. A value that is not a positive number of seconds is an error

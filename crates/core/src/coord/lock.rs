@@ -15,7 +15,7 @@ use crate::os::{self, NameKind};
 
 /// How long a process waits for a lock another holds before it takes the
 /// holder for stopped: far past any hold here, each a few bounded steps.
-pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
+pub const PATIENCE: Duration = Duration::from_secs(60);
 
 /// The longest pause between two tries of a lock waited for.
 ///

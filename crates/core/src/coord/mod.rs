@@ -18,9 +18,9 @@ mod owner;
 
 use std::path::{Path, PathBuf};
 
-pub(crate) use lock::PATIENCE;
+pub use lock::PATIENCE;
 pub use lock::{Lock, Place};
-pub(crate) use owner::Owner;
+pub use owner::Owner;
 
 use crate::os::{self, NameKind};
 
@@ -33,14 +33,14 @@ pub fn sweep(lock: Place<'_>, remove: impl FnOnce(&Lock) -> bool) -> bool {
 
 /// The directory the processes of a node share names in: `/dev/shm` where
 /// it is a directory, else the temporary directory.
-pub(crate) fn shared_dir() -> PathBuf {
+pub fn shared_dir() -> PathBuf {
     let shm = Some(Path::new("/dev/shm")).filter(|shm| shm.is_dir());
     shm.map_or_else(std::env::temp_dir, Path::to_path_buf)
 }
 
 /// FNV-1a, 64 bits, from `seed`: a stable hash (the same in every build and
 /// process) of what a shared name stands for.
-pub(crate) fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
+pub fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
     bytes.iter().fold(seed, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
@@ -49,7 +49,7 @@ pub(crate) fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
 /// A name in a shared directory that is not this user's, or not what its
 /// name says it is: what it is (by `lstat(2)`) and whose.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Foreign {
+pub struct Foreign {
     pub name: String,
     pub kind: NameKind,
     /// `None` where the platform cannot tell.
@@ -71,7 +71,7 @@ impl std::fmt::Display for Foreign {
 /// What `meta` (by `lstat(2)`) says of a name meant to be this user's
 /// `meant` (a socket for a holder, a file for a lock or a queue): `None`
 /// where it is.
-pub(crate) fn foreign(name: &str, meant: NameKind, meta: &std::fs::Metadata) -> Option<Foreign> {
+pub fn foreign(name: &str, meant: NameKind, meta: &std::fs::Metadata) -> Option<Foreign> {
     let kind = os::name_kind(meta);
     let uid = os::file_owner(meta);
     (uid.is_none() || uid != os::effective_uid() || kind != meant).then(|| Foreign {
@@ -83,7 +83,7 @@ pub(crate) fn foreign(name: &str, meant: NameKind, meta: &std::fs::Metadata) -> 
 
 /// What `path` is, where it is not this user's `meant` (by `lstat(2)`):
 /// `None` where it is, or is not there.
-pub(crate) fn foreign_at(path: &Path, meant: NameKind) -> Option<Foreign> {
+pub fn foreign_at(path: &Path, meant: NameKind) -> Option<Foreign> {
     let meta = std::fs::symlink_metadata(path).ok()?;
     let name = path.file_name()?.to_string_lossy();
     foreign(&name, meant, &meta)

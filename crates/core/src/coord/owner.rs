@@ -2,7 +2,7 @@
 //!
 //! An owner is `tag << 32 | pid`, the tag being the low 30 bits of the
 //! process's start time, so that a reused pid is not taken for the rank that
-//! died (the two bits above are the prefetch queue's: `prefetch/queue.rs`).
+//! died (the two bits above are the prefetch queue's: the node crate's `prefetch/queue.rs`).
 //! A process is dead when `kill(pid, 0)` says `ESRCH`, when it is a zombie,
 //! or when its start time differs.
 //!
@@ -25,7 +25,7 @@ const MARK_BITS: u64 = 0b11 << 62;
 
 /// A process that claims chunks: its pid and a tag from its start time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Owner {
+pub struct Owner {
     pub pid: u32,
     /// The low 30 bits of the start time; 0 when unknown.
     pub tag: u32,
@@ -33,12 +33,12 @@ pub(crate) struct Owner {
 
 impl Owner {
     /// The word that stands for this owner in a slot or a chunk.
-    pub(crate) fn word(self) -> u64 {
+    pub fn word(self) -> u64 {
         (u64::from(self.tag & TAG_MASK) << 32) | u64::from(self.pid)
     }
 
     /// The owner a word stands for; `None` for a marked word or pid 0.
-    pub(crate) fn from_word(word: u64) -> Option<Owner> {
+    pub fn from_word(word: u64) -> Option<Owner> {
         let pid = (word & 0xFFFF_FFFF) as u32;
         (word & MARK_BITS == 0 && pid != 0).then_some(Owner {
             pid,
@@ -47,7 +47,7 @@ impl Owner {
     }
 
     /// This process.
-    pub(crate) fn current() -> Owner {
+    pub fn current() -> Owner {
         let pid = std::process::id();
         let tag = os::read_proc(ProcFile::SelfStat)
             .ok()
@@ -59,7 +59,7 @@ impl Owner {
 
     /// Whether the process still runs: it exists, is not a zombie, and has
     /// the start time it had when it claimed.
-    pub(crate) fn alive(self) -> bool {
+    pub fn alive(self) -> bool {
         if !os::pid_exists(self.pid) {
             return false;
         }
@@ -75,7 +75,7 @@ impl Owner {
 
     /// Whether the process is alive and not stopped (by a signal or a
     /// tracer): one that may answer soon, however busy the machine.
-    pub(crate) fn runs(self) -> bool {
+    pub fn runs(self) -> bool {
         if !self.alive() {
             return false;
         }

@@ -5,8 +5,8 @@
 //! written out in `docs/ARCHITECTURE.md`, "The two seams".
 
 pub mod device;
-pub(crate) mod node;
-pub(crate) mod pages;
+pub mod node;
+pub mod pages;
 
 use std::io;
 use std::path::Path;

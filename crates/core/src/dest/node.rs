@@ -1,8 +1,8 @@
 //! A node copy as the place a file's bytes land: a sealed memory file that the local ranks of a job fill together, chunk by chunk, each straight into its place, then each map read-only.
 //!
-//! It is not a [`Fill`](super::Fill): the read engine fills a destination
+//! It is not a `Fill`: the read engine fills a destination
 //! of one process through `&mut` slices, while a node copy is written by
-//! the chunk queue's readers of several processes (`prefetch/fill.rs`), each
+//! the chunk queue's readers of several processes (the node crate's `prefetch/fill.rs`), each
 //! chunk by whoever claims it. What it shares with the owned buffer is the
 //! end: a read-only [`Storage`] that tensors view through an `Arc`, whose
 //! bytes no one can change or truncate (the memory file is sealed against
@@ -17,7 +17,7 @@ use crate::os::{self, SharedBytes};
 use crate::storage::{self, Storage};
 
 /// A new, empty (zero) node copy for a file of `len` bytes.
-pub(crate) fn create(len: u64) -> io::Result<File> {
+pub fn create(len: u64) -> io::Result<File> {
     os::memfd_copy("safeload-node-copy", len)
 }
 
@@ -33,7 +33,7 @@ pub(crate) fn create(len: u64) -> io::Result<File> {
 /// nothing: shared huge pages beat base pages or lose to them as the host
 /// backs them, as anonymous ones do, so no default; `MFD_HUGETLB`'s pool is
 /// not the crate's to take (BENCHMARKS.md, "dest/node.rs: huge_page_advice").
-pub(crate) fn huge_page_advice(huge_pages: HugePages) -> Option<bool> {
+pub fn huge_page_advice(huge_pages: HugePages) -> Option<bool> {
     match huge_pages {
         HugePages::On => Some(true),
         HugePages::Off => Some(false),
@@ -42,12 +42,12 @@ pub(crate) fn huge_page_advice(huge_pages: HugePages) -> Option<bool> {
 }
 
 /// A node copy being filled by this process's readers.
-pub(crate) struct CopyFill(SharedBytes, bool);
+pub struct CopyFill(SharedBytes, bool);
 
 impl CopyFill {
     /// Maps `copy` for writing, its pages faulted in as `huge_pages` says
     /// ([`huge_page_advice`]).
-    pub(crate) fn new(copy: &File, huge_pages: HugePages) -> io::Result<CopyFill> {
+    pub fn new(copy: &File, huge_pages: HugePages) -> io::Result<CopyFill> {
         SharedBytes::map(copy, huge_page_advice(huge_pages)).map(|m| CopyFill(m, false))
     }
 
@@ -58,13 +58,13 @@ impl CopyFill {
     /// call per page (`page_mkwrite`); asked for a read's pages at once
     /// (`MADV_POPULATE_WRITE`) the kernel takes them in one pass
     /// (BENCHMARKS.md, "dest/node.rs: CopyFill::of_file").
-    pub(crate) fn of_file(file: &File) -> io::Result<CopyFill> {
+    pub fn of_file(file: &File) -> io::Result<CopyFill> {
         SharedBytes::map(file, None).map(|m| CopyFill(m, true))
     }
 
     /// Reads `len` bytes of `from` at `offset` into the same offset of the
     /// copy (the copy is an image of the whole file).
-    pub(crate) fn read_chunk(
+    pub fn read_chunk(
         &self,
         from: &dyn crate::source::Source,
         offset: u64,
@@ -85,13 +85,13 @@ impl CopyFill {
 
 impl CopyFill {
     /// The addresses the writable map of the copy spans in this process.
-    pub(crate) fn addresses(&self) -> std::ops::Range<usize> {
+    pub fn addresses(&self) -> std::ops::Range<usize> {
         self.0.addresses()
     }
 
     /// Runs `write` on the copy's `len` bytes at `at` (the exchange's
     /// broadcast of a piece into its place).
-    pub(crate) fn write_with<R>(
+    pub fn write_with<R>(
         &self,
         at: u64,
         len: u64,
@@ -107,7 +107,7 @@ impl CopyFill {
 /// The filled copy, read-only, for the tensors of the file at `path`:
 /// `guard` is dropped with the last of them (the rank's part in handing
 /// the copy out ends then).
-pub(crate) fn seal(copy: &File, path: &Path, guard: Box<dyn Send + Sync>) -> io::Result<Storage> {
+pub fn seal(copy: &File, path: &Path, guard: Box<dyn Send + Sync>) -> io::Result<Storage> {
     let map = storage::map_file(copy)?;
     Ok(Storage::of_file(map, path.to_path_buf(), Some(guard)))
 }

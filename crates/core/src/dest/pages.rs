@@ -9,12 +9,12 @@
 //! kernel must compact memory for them (`defrag`), or where the host must
 //! back each one again (a guest whose free memory is handed back to its
 //! host). So a load measures: it faults its destinations in a piece at a
-//! time ([`PageSizes::fault_in`]), times each piece on the faulting
+//! time (`PageSizes::fault_in`), times each piece on the faulting
 //! thread's CPU clock (a wait for a CPU is not counted, so the machine's
 //! other work moves it little), and keeps using the size that costs less
 //! per byte, trying the other one now and then on a probe of two huge
 //! pages. A copy out of the page cache faults its destination in itself,
-//! and is what is timed there ([`PageSizes::prepare`]): its pages' size is
+//! and is what is timed there (`PageSizes::prepare`): its pages' size is
 //! the one in use, or on a probe the other one for a whole destination.
 //!
 //! NOTE: the cost of one size says nothing of the other's, and the cheaper
@@ -140,10 +140,10 @@ struct State {
     since_probe: u32,
     gap: u32,
     /// A destination of the size not in use is being copied into, its copy
-    /// to be timed ([`PageSizes::prepare`]): no other probe until it is.
+    /// to be timed (`PageSizes::prepare`): no other probe until it is.
     probing: bool,
     /// Bytes faulted in for reads of a local disk with `O_DIRECT`, whose
-    /// base pages are weighed [`DISK_WEIGHT`] times ([`PageSizes::fault_in`]).
+    /// base pages are weighed [`DISK_WEIGHT`] times (`PageSizes::fault_in`).
     disk_bytes: u64,
 }
 

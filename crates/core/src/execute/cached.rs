@@ -14,8 +14,8 @@
 use std::sync::Arc;
 
 use crate::dest::node::{self as copy, CopyFill};
+use crate::extras::{Facts, PerFile, Role, eligible};
 use crate::file::OpenedFile;
-use crate::node;
 use crate::options::Options;
 use crate::policy::Strategy;
 use crate::source::NotCached;
@@ -27,7 +27,7 @@ use crate::storage::BufferLayout;
 /// the file's map), and the writer the load fills it through; by index.
 pub(crate) fn map_destinations(
     files: &[&OpenedFile],
-    copies: &mut [node::PerFile],
+    copies: &mut [PerFile],
     opts: &Options,
     keep: Option<&(dyn Fn(&str) -> bool + Sync)>,
 ) -> Vec<(usize, CopyFill)> {
@@ -38,20 +38,20 @@ pub(crate) fn map_destinations(
         };
         if file.map().is_some()
             || file.decision().strategy != Strategy::Buffered
-            || !matches!(slot, node::PerFile::Absent)
+            || !matches!(slot, PerFile::Absent)
         {
             continue;
         }
         // What a node copy needs is what this needs: every tensor, as it is
         // in the file, aligned for typed views of the map.
         let header = file.header();
-        let facts = node::Facts {
+        let facts = Facts {
             all_tensors: keep.is_none_or(|keep| header.tensors.iter().all(|t| keep(&t.name))),
             converting: opts.dtype.is_some(),
             aligned: BufferLayout::for_file(header, &vec![true; header.tensors.len()]).image,
             identity: true,
         };
-        if node::eligible(facts).is_err() {
+        if eligible(facts).is_err() {
             continue;
         }
         let Some(temp) = write.map_destination() else {
@@ -69,7 +69,7 @@ pub(crate) fn map_destinations(
         match mapped {
             Ok((fill, storage)) => {
                 write.mapped_at(fill.addresses());
-                *slot = node::PerFile::Copy {
+                *slot = PerFile::Copy {
                     storage: Arc::new(storage),
                     // No node copy: the load reports none for it (`execute`).
                     report: crate::report::NodeCopy::LeftOut,
@@ -89,21 +89,21 @@ pub(crate) fn map_destinations(
 /// node copy is written whole from the copy by the rank that made it (and
 /// by no other), once, after the copy is complete; a file without one is
 /// written as this rank reads it.
-pub(crate) fn after_node_copies(files: &[&OpenedFile], copies: &[node::PerFile], role: node::Role) {
+pub(crate) fn after_node_copies(files: &[&OpenedFile], copies: &[PerFile], role: Role) {
     for (file, copy) in files.iter().zip(copies) {
         let Some(write) = file.source().cache_write() else {
             continue;
         };
         match copy {
-            node::PerFile::Copy { .. } if role != node::Role::Queue => {
+            PerFile::Copy { .. } if role != Role::Queue => {
                 write.abandon(NotCached::Exchange);
             }
-            node::PerFile::Copy {
+            PerFile::Copy {
                 storage,
                 made_here: true,
                 ..
             } => write.write_image(storage.bytes()),
-            node::PerFile::Copy { .. } => write.abandon(NotCached::OtherRank),
+            PerFile::Copy { .. } => write.abandon(NotCached::OtherRank),
             _ => write.resume(),
         }
     }

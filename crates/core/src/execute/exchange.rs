@@ -6,7 +6,7 @@
 //! one checked broadcast per piece, in the split's order (`plan/cluster.rs`).
 //!
 //! A node of several local ranks takes part through its participant, whose
-//! node copies (`node/`) are filled here like its buffers: each an image of
+//! node copies (the node crate's) are filled here like its buffers: each an image of
 //! its file, split into pieces after the buffers', read or received into
 //! the copy the node's other ranks then map.
 
@@ -27,7 +27,7 @@ use crate::report::LoadNote;
 use crate::source::VersionTag;
 use crate::storage::{BufferLayout, Segment};
 
-/// A node copy the load fills (the participant's, `node::Pending`): the
+/// A node copy the load fills (the participant's, `extras::Pending`): the
 /// file and the writer of its copy.
 pub(crate) type Copy<'a> = (&'a OpenedFile, &'a CopyFill);
 
@@ -344,7 +344,8 @@ pub(crate) fn read_copies(
     opts: &crate::options::Options,
 ) -> Result<Vec<u64>> {
     let files: Vec<&OpenedFile> = copies.iter().map(|(f, _)| *f).collect();
-    let _direct = crate::node::direct_reads(&files, opts);
+    let _direct =
+        crate::extras::direct_reads(files.iter().filter_map(|f| f.local()), opts.direct_io);
     let mut left: Vec<AtomicU64> = (0..copies.len()).map(|_| AtomicU64::new(0)).collect();
     for &(k, _, len) in reads {
         if let Some(n) = left.get_mut(k) {
@@ -371,7 +372,7 @@ pub(crate) fn read_copies(
     let mut read = vec![0u64; copies.len()];
     for &(k, offset, len) in reads {
         if let (Some(bytes), Some((file, _))) = (read.get_mut(k), copies.get(k)) {
-            *bytes += crate::node::tensor_part(file.header().data_start, offset, len);
+            *bytes += crate::extras::tensor_part(file.header().data_start, offset, len);
         }
     }
     Ok(read)

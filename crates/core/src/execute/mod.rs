@@ -15,15 +15,14 @@ use crate::dest::node::CopyFill;
 use crate::dest::pages::{HostHugePages, PageSizes};
 use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
+use crate::extras::{self as share, LocalRank, PerFile, Role};
 use crate::file::life::{Filling, Planned, Sealed};
 use crate::file::{self, OpenedFile, read_error, threads};
 use crate::memory;
-use crate::node;
 use crate::options::Options;
 use crate::plan::cluster::Piece;
 use crate::plan::{self, FileFacts, FilePlan, PlanOptions};
 use crate::policy::{self, Environment};
-use crate::prefetch;
 use crate::progress::{Meter, Phase};
 use crate::report::{ConcurrencyReason, LoadNote, LoadReport, NodeCopy, PrefetchReport};
 use crate::resolve::Resolved;
@@ -51,7 +50,7 @@ pub(crate) struct Run<'a> {
     pub exchange: Option<&'a dyn crate::cluster::Exchange>,
     /// This process is another local rank of a node whose participant
     /// takes part in such a split: it waits for the participant's node
-    /// copies (`node::Role::Member`).
+    /// copies (`Role::Member`).
     pub member: bool,
 }
 
@@ -63,7 +62,7 @@ struct Entry<'a> {
     started_at: u64,
     /// What the node copy did for it; a copy's storage is taken when the
     /// file's destinations are made.
-    copy: node::PerFile,
+    copy: PerFile,
     /// What the report says of its node copy (nothing for a cache's file
     /// that is its destination).
     copy_report: Option<NodeCopy>,
@@ -174,11 +173,11 @@ impl Run<'_> {
     }
 
     /// How this process takes part in its node's copies.
-    fn role(&self, split: bool) -> node::Role {
+    fn role(&self, split: bool) -> Role {
         match (split, self.member) {
-            (true, _) => node::Role::Participant,
-            (false, true) => node::Role::Member,
-            (false, false) => node::Role::Queue,
+            (true, _) => Role::Participant,
+            (false, true) => Role::Member,
+            (false, false) => Role::Queue,
         }
     }
 
@@ -191,19 +190,23 @@ impl Run<'_> {
         &self,
         files: &[(&'f OpenedFile, u64)],
         split: bool,
-    ) -> (Vec<Entry<'f>>, Option<node::Pending>) {
+    ) -> (Vec<Entry<'f>>, Option<share::Pending>) {
         let (opts, env) = (self.opts, self.env);
         let role = self.role(split);
         let opened: Vec<&OpenedFile> = files.iter().map(|&(f, _)| f).collect();
-        let shared_by_ranks = role != node::Role::Queue
-            || (prefetch::LocalRank::from_setting(opts.local_rank, env).size > 1
-                && policy::node_copy(env));
+        let rank = LocalRank::from_setting(opts.local_rank, env);
+        let shared_by_ranks = role != Role::Queue || (rank.size > 1 && policy::node_copy(env));
         if shared_by_ranks {
             for write in opened.iter().filter_map(|f| f.source().cache_write()) {
                 write.pause();
             }
         }
-        let (mut copies, mut pending) = node::share(&opened, opts, env, self.keep, role);
+        let to_share: Vec<share::ShareFile<'_>> = opened.iter().map(|f| f.to_share()).collect();
+        let ask = opts.share_ask(&rank, env, self.keep, role);
+        let share::Shared {
+            files: mut copies,
+            mut pending,
+        } = opts.extras.share(&to_share, &ask);
         let cache_maps = if shared_by_ranks {
             cached::after_node_copies(&opened, &copies, role);
             Vec::new()
@@ -218,7 +221,7 @@ impl Run<'_> {
                 started_at,
                 copy_report: copy.report(),
                 copy_read: match &copy {
-                    node::PerFile::Copy { bytes_read, .. } => *bytes_read,
+                    PerFile::Copy { bytes_read, .. } => *bytes_read,
                     _ => 0,
                 },
                 copy,
@@ -242,21 +245,22 @@ impl Run<'_> {
     }
 
     /// The page cache warmed for the files without a copy, before any
-    /// tensor byte is touched.
+    /// tensor byte is touched (the extras' warm-up).
     fn prefetch(&self, entries: &[Entry<'_>]) -> Result<Option<PrefetchReport>> {
-        let job = prefetch::Job {
+        let job = share::Job {
             local_rank: self.opts.local_rank,
             memory_available: self.opts.memory_available,
             env: self.env,
             progress: self.opts.progress.as_ref(),
             cancel: &self.opts.cancel,
         };
-        let handed: Vec<prefetch::LoadFile<'_>> = entries
+        let handed: Vec<share::WarmFile<'_>> = entries
             .iter()
-            .filter(|e| !matches!(e.copy, node::PerFile::Copy { .. }))
+            .filter(|e| !matches!(e.copy, PerFile::Copy { .. }))
             .filter_map(|e| e.file.handed())
             .collect();
-        prefetch::before_load(&handed, self.opts.prefetch.as_ref(), &job)
+        let warming = share::Warming::BeforeLoad(self.opts.prefetch.as_ref());
+        self.opts.extras.warm_up(&handed, warming, &job)
     }
 
     /// Each file's plan, now that a prefetch has warmed what it warms.
@@ -276,7 +280,7 @@ impl Run<'_> {
                 header: e.file.header(),
                 decision: e.file.decision(),
                 // A node copy is viewed as the file's map would be.
-                mapped: e.file.map().is_some() || matches!(e.copy, node::PerFile::Copy { .. }),
+                mapped: e.file.map().is_some() || matches!(e.copy, PerFile::Copy { .. }),
                 kind: e.file.source().mount().map(|m| m.kind),
                 mostly_cached: &**cached,
             })
@@ -448,8 +452,8 @@ fn allocate<'f>(
 ) -> Result<Vec<Filling<'f>>> {
     let mut filling = Vec::with_capacity(entries.len());
     for (entry, plan) in entries.iter_mut().zip(plans) {
-        let copy = match std::mem::replace(&mut entry.copy, node::PerFile::Absent) {
-            node::PerFile::Copy { storage, .. } => Some(storage),
+        let copy = match std::mem::replace(&mut entry.copy, PerFile::Absent) {
+            PerFile::Copy { storage, .. } => Some(storage),
             _ => None,
         };
         let planned = Planned::new(entry.file, plan, entry.started_at).with_copy(copy);

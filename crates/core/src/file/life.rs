@@ -27,7 +27,7 @@ pub(crate) struct Planned<'a> {
     file: &'a OpenedFile,
     plan: FilePlan,
     started_at: u64,
-    /// The file's node copy, where the ranks share one (`node/`): an image
+    /// The file's node copy, where the ranks share one (the node crate's share step): an image
     /// of the file that a `Placement::Map` views instead of the file's map.
     copy: Option<Arc<Storage>>,
 }

@@ -83,11 +83,21 @@ impl OpenedFile {
         self.mapped_at
     }
 
-    /// The file handed to prefetch, which neither opens nor looks it up
+    /// The file handed to the warm-up, which neither opens nor looks it up
     /// again; `None` for a remote object (no page cache to warm).
-    pub(crate) fn handed(&self) -> Option<crate::prefetch::LoadFile<'_>> {
+    pub(crate) fn handed(&self) -> Option<crate::extras::WarmFile<'_>> {
         let local = self.local()?;
-        Some(crate::prefetch::LoadFile::of(local, self.map.is_some()))
+        Some(crate::extras::WarmFile::of(local, self.map.is_some()))
+    }
+
+    /// The file handed to the share step.
+    pub(crate) fn to_share(&self) -> crate::extras::ShareFile<'_> {
+        crate::extras::ShareFile {
+            source: self.source(),
+            header: &self.header,
+            buffered: self.map.is_none()
+                && self.decision.strategy == crate::policy::Strategy::Buffered,
+        }
     }
 }
 

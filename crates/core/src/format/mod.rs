@@ -4,7 +4,7 @@
 //! the fuzz targets alike; `resolve`, `remote` and `file` do the I/O around
 //! it, local or remote, with the same names and limits.
 
-pub(crate) mod header;
+pub mod header;
 pub(crate) mod index;
 
 /// The file name of a single-file checkpoint in a directory (or under a

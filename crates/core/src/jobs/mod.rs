@@ -140,12 +140,12 @@ pub(crate) struct JobError {
 }
 
 /// Where a run's readers take their work from: the fixed list of a load
-/// ([`run`]), the chunk queue the local ranks of a job share (the prefetch
+/// (`run`), the chunk queue the local ranks of a job share (the prefetch
 /// and the node copy's fill), the pieces a node reads of the copies it
 /// fills (the exchange). The read loop ([`drain`]) is the crate's one; a
 /// source says only what the work is, where the next piece is, and how one
 /// is done.
-pub(crate) trait JobSource: Sync {
+pub trait JobSource: Sync {
     /// One piece of work.
     type Job: Send;
     /// A piece's failure.
@@ -183,7 +183,7 @@ pub(crate) trait JobSource: Sync {
 /// Readers are threads of their own, not the caller's rayon pool: they
 /// block on storage, and a slow network mount must not starve CPU work
 /// elsewhere.
-pub(crate) fn drain<S: JobSource>(
+pub fn drain<S: JobSource>(
     source: &S,
     concurrency: Concurrency,
     pieces: usize,

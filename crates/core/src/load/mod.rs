@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use crate::dest::pages::HugePages;
+use crate::extras::PrefetchOptions;
 use crate::extras::{Extras, Installed, NoExtras};
 use crate::mount::MountTable;
 use crate::options::Options;
 use crate::policy::ReadMode;
-use crate::prefetch::PrefetchOptions;
 use crate::progress::Progress;
 use safetensors::Dtype;
 

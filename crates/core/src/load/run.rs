@@ -1,4 +1,4 @@
-//! The blocking entry points of a `Loader`: `load`, `open` and `warm`, each resolve -> open -> the rest (`execute/`, `checkpoint/`, `prefetch/`), and the job's exchange joined where the environment asks.
+//! The blocking entry points of a `Loader`: `load`, `open` and `warm`, each resolve -> open -> the rest (`execute/`, `checkpoint/`, the extras' warm-up), and the job's exchange joined where the environment asks.
 
 use std::path::Path;
 use std::time::Instant;
@@ -8,9 +8,9 @@ use crate::cancel;
 use crate::checkpoint::{self, Checkpoint};
 use crate::error::Result;
 use crate::execute::Run;
+use crate::extras::{Job, WarmFile, Warming};
 use crate::file;
 use crate::policy::Environment;
-use crate::prefetch;
 use crate::resolve::{self, Resolved, ShardFile};
 use crate::state_dict::StateDict;
 
@@ -54,7 +54,7 @@ impl<X> Loader<X> {
         // the other processes of a node in a joined exchange do.
         let engine_member = engine.as_ref().is_some_and(|e| {
             use crate::cluster::Exchange;
-            let rank = crate::prefetch::LocalRank::from_setting(opts.local_rank, &env);
+            let rank = crate::extras::LocalRank::from_setting(opts.local_rank, &env);
             e.nodes() > 1 && rank.size > 1 && rank.rank > 0
         });
         let joined_member = joined
@@ -160,10 +160,7 @@ impl<X> Loader<X> {
         }
         let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
         let sources = file::open_sources(&self.opts, &resolved, &shards)?;
-        let handed: Vec<prefetch::LoadFile<'_>> = sources
-            .iter()
-            .map(|s| prefetch::LoadFile::of(s, true))
-            .collect();
+        let handed: Vec<WarmFile<'_>> = sources.iter().map(|s| WarmFile::of(s, true)).collect();
         let options = self.opts.prefetch.clone().unwrap_or_default();
         // Under `SAFELOAD_EXCHANGE`, the node's local ranks are the
         // exchange's: each node warms its own page cache (the exchange moves
@@ -172,7 +169,7 @@ impl<X> Loader<X> {
             Some(_) => None,
             None => join_exchange(&*self.opts.extras, path.as_ref())?,
         };
-        let job = prefetch::Job {
+        let job = Job {
             local_rank: self
                 .opts
                 .local_rank
@@ -186,7 +183,18 @@ impl<X> Loader<X> {
         let reason = crate::report::PrefetchReason::Requested {
             streams: options.stream_count(),
         };
-        prefetch::warm(&handed, &options, &job, reason)
+        let warmed = self
+            .opts
+            .extras
+            .warm_up(&handed, Warming::Only(&options, &reason), &job)?;
+        // The core alone has no warm-up: said, not pretended.
+        warmed.ok_or_else(|| {
+            let why = std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "this build's extras have no page-cache warm-up",
+            );
+            crate::error::Error::io(crate::error::Operation::Prefetch, path.as_ref(), None, why)
+        })
     }
 }
 

@@ -22,7 +22,7 @@ pub(crate) fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usiz
 /// symlinks): a FIFO or a device named by a hostile checkpoint must not block
 /// the open or read as endless data. The open itself does not block
 /// (`O_NONBLOCK`, which regular files ignore).
-pub(crate) fn open_regular(path: &Path) -> io::Result<File> {
+pub fn open_regular(path: &Path) -> io::Result<File> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(OFlags::NONBLOCK.bits() as i32)
@@ -146,7 +146,7 @@ pub(crate) fn thread_cpu_time() -> Option<std::time::Duration> {
 /// Drops a file's clean pages from the page cache
 /// (`posix_fadvise(POSIX_FADV_DONTNEED)`, see posix_fadvise(2)). Pages mapped
 /// or dirty elsewhere stay.
-pub(crate) fn evict(file: &File) -> io::Result<()> {
+pub fn evict(file: &File) -> io::Result<()> {
     rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed)?;
     Ok(())
 }
@@ -156,7 +156,7 @@ pub(crate) fn evict(file: &File) -> io::Result<()> {
 /// is clamped by the kernel to the larger of the device's read-ahead window
 /// and its largest I/O (`force_page_cache_ra` in mm/readahead.c), so callers
 /// issue it in pieces of that size.
-pub(crate) fn advise_willneed(file: &File, offset: u64, len: u64) -> io::Result<()> {
+pub fn advise_willneed(file: &File, offset: u64, len: u64) -> io::Result<()> {
     let Some(len) = NonZeroU64::new(len) else {
         return Ok(());
     };
@@ -165,7 +165,7 @@ pub(crate) fn advise_willneed(file: &File, offset: u64, len: u64) -> io::Result<
 }
 
 /// The size of a page of memory (and of the page cache), in bytes.
-pub(crate) fn page_size() -> u64 {
+pub fn page_size() -> u64 {
     rustix::param::page_size() as u64
 }
 
@@ -178,7 +178,7 @@ pub(crate) fn page_size() -> u64 {
 /// NOTE: hand-written because neither `rustix` nor `libc` wraps
 /// `cachestat(2)` yet; the struct layouts follow
 /// include/uapi/linux/mman.h.
-pub(crate) fn cached_pages(file: &File, offset: u64, len: u64) -> io::Result<u64> {
+pub fn cached_pages(file: &File, offset: u64, len: u64) -> io::Result<u64> {
     use std::os::fd::AsRawFd;
     #[repr(C)]
     struct CachestatRange {
@@ -225,12 +225,7 @@ pub(crate) fn cached_pages(file: &File, offset: u64, len: u64) -> io::Result<u64
 /// mm/mincore.c).
 ///
 /// NOTE: hand-written because `rustix` does not wrap `mincore(2)`.
-pub(crate) fn mincore_pages(
-    map: &Mmap,
-    offset: usize,
-    len: usize,
-    vec: &mut Vec<u8>,
-) -> io::Result<u64> {
+pub fn mincore_pages(map: &Mmap, offset: usize, len: usize, vec: &mut Vec<u8>) -> io::Result<u64> {
     let page = usize::try_from(page_size()).unwrap_or(4096);
     let end = offset.checked_add(len).filter(|&e| e <= map.len());
     if offset % page != 0 || end.is_none() {
@@ -293,7 +288,7 @@ pub(crate) fn pid_exists(pid: u32) -> bool {
 }
 
 /// The parent process's id (`getppid(2)`); 0 where there is none.
-pub(crate) fn parent_pid() -> u32 {
+pub fn parent_pid() -> u32 {
     u32::try_from(rustix::process::Pid::as_raw(rustix::process::getppid())).unwrap_or(0)
 }
 
@@ -314,19 +309,19 @@ pub fn file_owner(meta: &Metadata) -> Option<u32> {
 }
 
 /// Device and inode numbers: what makes two descriptors the same file.
-pub(crate) fn file_id(meta: &Metadata) -> Option<(u64, u64)> {
+pub fn file_id(meta: &Metadata) -> Option<(u64, u64)> {
     Some((meta.dev(), meta.ino()))
 }
 
 /// The raw device number (`st_dev`) of the filesystem holding a file.
-pub(crate) fn device_number(meta: &Metadata) -> Option<u64> {
+pub fn device_number(meta: &Metadata) -> Option<u64> {
     Some(meta.dev())
 }
 
 /// Whether this process may write `path` (`access(2)` with the effective
 /// ids, `faccessat(AT_EACCESS)`), the test the kernel applies before it
 /// reveals a file's page-cache residency to a non-owner.
-pub(crate) fn may_write(path: &Path) -> bool {
+pub fn may_write(path: &Path) -> bool {
     rustix::fs::accessat(rustix::fs::CWD, path, Access::WRITE_OK, AtFlags::EACCESS).is_ok()
 }
 
@@ -351,7 +346,7 @@ pub(crate) fn filesystem_magic_of(file: &File) -> io::Result<u64> {
 /// device `dev`: the larger of its read-ahead window and largest request
 /// (`force_page_cache_ra` in mm/readahead.c), from sysfs; `None` where sysfs
 /// does not say.
-pub(crate) fn readahead_limit(dev: u64) -> Option<u64> {
+pub fn readahead_limit(dev: u64) -> Option<u64> {
     let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
     let read_kb = |path: String| -> Option<u64> {
         std::fs::read_to_string(path)
@@ -376,7 +371,7 @@ pub(crate) fn readahead_limit(dev: u64) -> Option<u64> {
 /// Opens (creating, empty, mode `0600`) a file for a queue shared with this
 /// user's other processes: never through a symlink, and only if it is this
 /// user's own regular file.
-pub(crate) fn open_private_rw(path: &Path) -> io::Result<File> {
+pub fn open_private_rw(path: &Path) -> io::Result<File> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -405,14 +400,14 @@ pub(crate) fn open_private_rw(path: &Path) -> io::Result<File> {
 /// while it is mapped makes the others receive `SIGBUS`. The queue file is
 /// created `0600` and checked to be the caller's own before it is mapped
 /// ([`open_private_rw`]), so only the caller's own processes can do that.
-pub(crate) struct SharedWords {
+pub struct SharedWords {
     map: MmapMut,
 }
 
 impl SharedWords {
     /// Maps all of `file` shared and read-write. Its length must be a
     /// non-zero multiple of 8.
-    pub(crate) fn map(file: &File) -> io::Result<SharedWords> {
+    pub fn map(file: &File) -> io::Result<SharedWords> {
         let len = file.metadata()?.len();
         if len == 0 || len % 8 != 0 {
             return Err(io::Error::from(io::ErrorKind::InvalidData));
@@ -425,7 +420,7 @@ impl SharedWords {
     }
 
     /// The words of the map.
-    pub(crate) fn words(&self) -> &[AtomicU64] {
+    pub fn words(&self) -> &[AtomicU64] {
         let len = self.map.len() / 8;
         // SAFETY: the page-aligned map holds `len` whole words; `AtomicU64` has
         // `u64`'s layout, every bit pattern is valid, all access is atomic (also
@@ -549,9 +544,12 @@ pub(crate) fn read_proc(file: super::ProcFile) -> io::Result<Vec<u8>> {
 // ranks fill, and the Unix socket that hands the file to the other ranks.
 #[path = "linux_node.rs"]
 mod node_copy;
-pub(crate) use node_copy::{
-    FdListener, FdStream, SharedBytes, StopListening, is_sealed_copy, memfd_copy, name_kind,
-};
+pub use node_copy::FdListener;
+pub use node_copy::FdStream;
+pub use node_copy::StopListening;
+pub use node_copy::is_sealed_copy;
+pub use node_copy::memfd_copy;
+pub(crate) use node_copy::{SharedBytes, name_kind};
 
 // The write-through cache (src/cache/): names walked, made and published in a
 // shared directory without following what another user may have put there.

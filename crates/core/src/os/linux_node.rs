@@ -10,7 +10,7 @@ use std::path::Path;
 /// first, sealed against shrinking and growing (`F_SEAL_SHRINK`,
 /// `F_SEAL_GROW`, then `F_SEAL_SEAL`, see memfd_create(2)): no process that
 /// holds it can truncate it under another's map.
-pub(crate) fn memfd_copy(name: &str, len: u64) -> io::Result<File> {
+pub fn memfd_copy(name: &str, len: u64) -> io::Result<File> {
     use rustix::fs::{MemfdFlags, SealFlags};
     let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
     let file = File::from(fd);
@@ -22,7 +22,7 @@ pub(crate) fn memfd_copy(name: &str, len: u64) -> io::Result<File> {
 /// Whether `file` is a node copy as [`memfd_copy`] makes them, of `len`
 /// bytes: a file received from another process is mapped only then (an
 /// unsealed one could be truncated under the map).
-pub(crate) fn is_sealed_copy(file: &File, len: u64) -> bool {
+pub fn is_sealed_copy(file: &File, len: u64) -> bool {
     use rustix::fs::SealFlags;
     let sealed = rustix::fs::fcntl_get_seals(file)
         .is_ok_and(|s| s.contains(SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL));
@@ -156,18 +156,18 @@ pub(crate) fn name_kind(meta: &std::fs::Metadata) -> crate::os::NameKind {
 /// a node copy. Its thread sleeps in `poll(2)` until a peer connects or
 /// [`StopListening::stop`] is called: no periodic wake-ups, however long the
 /// rank holds the copy.
-pub(crate) struct FdListener {
+pub struct FdListener {
     listener: std::os::unix::net::UnixListener,
     /// An `eventfd(2)` made readable by [`StopListening::stop`].
     stop: std::sync::Arc<std::os::fd::OwnedFd>,
 }
 
 /// Wakes an [`FdListener`]'s [`FdListener::next`] for good.
-pub(crate) struct StopListening(std::sync::Arc<std::os::fd::OwnedFd>);
+pub struct StopListening(std::sync::Arc<std::os::fd::OwnedFd>);
 
 impl StopListening {
     /// From now on [`FdListener::next`] answers `None`, at once.
-    pub(crate) fn stop(&self) {
+    pub fn stop(&self) {
         // An eventfd's counter only grows (to u64::MAX - 1): a write never
         // blocks before that (eventfd(2)).
         let _ = rustix::io::write(&*self.0, &1u64.to_ne_bytes());
@@ -178,7 +178,7 @@ impl FdListener {
     /// Binds a socket at `path` (refused where something is there), mode
     /// `0600`. A peer that connects in the instant before the mode is set is
     /// still checked by its credentials ([`FdStream::peer`]).
-    pub(crate) fn bind(path: &Path) -> io::Result<FdListener> {
+    pub fn bind(path: &Path) -> io::Result<FdListener> {
         use rustix::event::EventfdFlags;
         use std::os::unix::fs::PermissionsExt;
         let stop = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
@@ -192,13 +192,13 @@ impl FdListener {
     }
 
     /// What stops [`FdListener::next`] from another thread.
-    pub(crate) fn stopper(&self) -> StopListening {
+    pub fn stopper(&self) -> StopListening {
         StopListening(std::sync::Arc::clone(&self.stop))
     }
 
     /// The next connection, once one arrives; `None` once stopped. Sleeps
     /// in `poll(2)` on the socket and the stop meanwhile.
-    pub(crate) fn next(&self) -> io::Result<Option<FdStream>> {
+    pub fn next(&self) -> io::Result<Option<FdStream>> {
         use rustix::event::{PollFd, PollFlags};
         loop {
             let (stopped, _) = {
@@ -236,7 +236,7 @@ impl FdListener {
 
 /// One end of a connection of [`FdListener`]: messages with files attached
 /// (`SCM_RIGHTS`, see unix(7)) and the peer's credentials.
-pub(crate) struct FdStream(std::os::unix::net::UnixStream);
+pub struct FdStream(std::os::unix::net::UnixStream);
 
 impl FdStream {
     /// Connects to the socket at `path`, waiting at most `timeout` for room
@@ -250,7 +250,7 @@ impl FdStream {
     /// `unix_stream_connect` waits `sock_sndtimeo`), then fails with
     /// `EAGAIN`. A non-blocking connect is no help there: a Unix socket
     /// answers `EAGAIN` at once, with nothing to poll for.
-    pub(crate) fn connect(path: &Path, timeout: std::time::Duration) -> io::Result<FdStream> {
+    pub fn connect(path: &Path, timeout: std::time::Duration) -> io::Result<FdStream> {
         use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
         let fd = rustix::net::socket_with(
             AddressFamily::UNIX,
@@ -272,7 +272,7 @@ impl FdStream {
     }
 
     /// Sends and receives fail after `timeout`.
-    pub(crate) fn set_timeout(&self, timeout: std::time::Duration) -> io::Result<()> {
+    pub fn set_timeout(&self, timeout: std::time::Duration) -> io::Result<()> {
         let timeout = timeout.max(std::time::Duration::from_millis(1));
         self.0.set_read_timeout(Some(timeout))?;
         self.0.set_write_timeout(Some(timeout))
@@ -280,7 +280,7 @@ impl FdStream {
 
     /// The pid and uid of the process at the other end, as the kernel
     /// recorded them when the connection was made (`SO_PEERCRED`).
-    pub(crate) fn peer(&self) -> io::Result<(u32, u32)> {
+    pub fn peer(&self) -> io::Result<(u32, u32)> {
         let cred = rustix::net::sockopt::socket_peercred(&self.0)?;
         let pid = u32::try_from(cred.pid.as_raw_nonzero().get()).unwrap_or(0);
         Ok((pid, cred.uid.as_raw()))
@@ -288,7 +288,7 @@ impl FdStream {
 
     /// Sends `bytes` with `files` attached (at most 253, the kernel's
     /// `SCM_MAX_FD`).
-    pub(crate) fn send(&self, bytes: &[u8], files: &[&File]) -> io::Result<()> {
+    pub fn send(&self, bytes: &[u8], files: &[&File]) -> io::Result<()> {
         use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
         use std::os::fd::{AsFd, BorrowedFd};
         let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
@@ -312,7 +312,7 @@ impl FdStream {
 
     /// Receives one message into `buf`, and the files attached to it (at
     /// most `max_files`; more are closed). Returns the bytes received.
-    pub(crate) fn recv(&self, buf: &mut [u8], max_files: usize) -> io::Result<(usize, Vec<File>)> {
+    pub fn recv(&self, buf: &mut [u8], max_files: usize) -> io::Result<(usize, Vec<File>)> {
         use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
         let mut space =
             vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(max_files.max(1)))];

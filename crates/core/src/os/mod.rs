@@ -42,34 +42,44 @@ mod imp;
 mod steps;
 
 // Portable, on top of the list below: a range read through a scratch buffer.
-pub(crate) use steps::read_in_steps;
+pub use steps::read_in_steps;
 
 // What this platform can answer: whether it has a mount table and
 // filesystem magic numbers (`false` makes every mount lookup "unknown").
 pub(crate) use imp::MOUNT_DETECTION;
 
 // Opening and reading files, and telling files apart.
+pub use imp::device_number;
+pub use imp::file_id;
+pub use imp::may_write;
+pub use imp::open_private_rw;
+pub use imp::open_regular;
 pub use imp::{Dir, file_owner};
-pub(crate) use imp::{
-    device_number, file_id, may_write, open_private_rw, open_regular, path_from_bytes, path_of,
-    pread,
-};
+pub(crate) use imp::{path_from_bytes, path_of, pread};
 
 // Direct I/O on an open file.
 pub(crate) use imp::{is_direct, set_direct};
 
 // Page-cache and memory hints, and what the page cache holds.
+pub use imp::advise_willneed;
+pub use imp::cached_pages;
+pub use imp::evict;
+pub use imp::mincore_pages;
+pub use imp::page_size;
+pub use imp::readahead_limit;
 pub(crate) use imp::{
-    advise_page_size, advise_page_size_of_range, advise_willneed, cached_pages, evict, let_go,
-    mincore_pages, page_size, populate_read, populate_write, readahead_limit, thread_cpu_time,
+    advise_page_size, advise_page_size_of_range, let_go, populate_read, populate_write,
+    thread_cpu_time,
 };
 
 // Filesystems: the `statfs(2)` magic number.
 pub(crate) use imp::{filesystem_magic, filesystem_magic_of};
 
 // Processes, locks (for `coord/lock.rs` alone) and memory shared between them.
+pub use imp::SharedWords;
 pub use imp::effective_uid;
-pub(crate) use imp::{SharedWords, flock, parent_pid, pid_exists};
+pub use imp::parent_pid;
+pub(crate) use imp::{flock, pid_exists};
 
 // Limits: the address space this process may map (the bound of a remote
 // body held in memory).
@@ -80,14 +90,17 @@ pub use imp::idle_priority;
 
 // The node copy: a sealed memory file, filled through a shared map, handed
 // to the job's other local ranks over a Unix socket; what a name is.
-pub(crate) use imp::{
-    FdListener, FdStream, SharedBytes, StopListening, is_sealed_copy, memfd_copy, name_kind,
-};
+pub use imp::FdListener;
+pub use imp::FdStream;
+pub use imp::StopListening;
+pub use imp::is_sealed_copy;
+pub use imp::memfd_copy;
+pub(crate) use imp::{SharedBytes, name_kind};
 
 /// What a name in a directory is, not following a symlink
-/// ([`name_kind`]).
+/// (`name_kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum NameKind {
+pub enum NameKind {
     Socket,
     File,
     /// Told apart only by the Linux layer (the stub says `Other`).
@@ -186,7 +199,7 @@ impl std::fmt::Display for DirectDropped {
 /// and `EINTR`. On failure returns the offset that failed along with the
 /// error; end-of-file before `required` bytes is `UnexpectedEof` (the file
 /// shrank).
-pub(crate) fn read_at_least(
+pub fn read_at_least(
     file: &File,
     buf: &mut [u8],
     required: usize,

@@ -12,7 +12,7 @@ use std::ops::Range;
 ///
 /// `scratch` is grown to the first step's size where it is shorter, and kept
 /// for the caller's next range; a longer one is used up to `max_step`.
-pub(crate) fn read_in_steps<E>(
+pub fn read_in_steps<E>(
     range: Range<u64>,
     scratch: &mut Vec<u8>,
     max_step: usize,

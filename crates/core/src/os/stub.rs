@@ -32,7 +32,7 @@ pub(crate) fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usiz
 }
 
 /// Opens `path` for reading, refusing anything but a regular file.
-pub(crate) fn open_regular(path: &Path) -> io::Result<File> {
+pub fn open_regular(path: &Path) -> io::Result<File> {
     let file = File::open(path)?;
     if !file.metadata()?.is_file() {
         return Err(io::Error::new(
@@ -66,27 +66,27 @@ pub(crate) fn thread_cpu_time() -> Option<std::time::Duration> {
 pub(crate) fn let_go(_map: &Mmap, _offset: usize, _len: usize) {}
 
 /// No page-cache eviction here.
-pub(crate) fn evict(_file: &File) -> io::Result<()> {
+pub fn evict(_file: &File) -> io::Result<()> {
     Ok(())
 }
 
 /// No read-ahead advice here.
-pub(crate) fn advise_willneed(_file: &File, _offset: u64, _len: u64) -> io::Result<()> {
+pub fn advise_willneed(_file: &File, _offset: u64, _len: u64) -> io::Result<()> {
     Ok(())
 }
 
 /// 4 KiB, the common page size.
-pub(crate) fn page_size() -> u64 {
+pub fn page_size() -> u64 {
     4096
 }
 
 /// Residency cannot be seen here.
-pub(crate) fn cached_pages(_file: &File, _offset: u64, _len: u64) -> io::Result<u64> {
+pub fn cached_pages(_file: &File, _offset: u64, _len: u64) -> io::Result<u64> {
     unsupported()
 }
 
 /// Residency cannot be seen here.
-pub(crate) fn mincore_pages(
+pub fn mincore_pages(
     _map: &Mmap,
     _offset: usize,
     _len: usize,
@@ -106,7 +106,7 @@ pub(crate) fn pid_exists(_pid: u32) -> bool {
 }
 
 /// Unknown here.
-pub(crate) fn parent_pid() -> u32 {
+pub fn parent_pid() -> u32 {
     0
 }
 
@@ -126,17 +126,17 @@ pub fn file_owner(_meta: &Metadata) -> Option<u32> {
 }
 
 /// Unknown here.
-pub(crate) fn file_id(_meta: &Metadata) -> Option<(u64, u64)> {
+pub fn file_id(_meta: &Metadata) -> Option<(u64, u64)> {
     None
 }
 
 /// Unknown here.
-pub(crate) fn device_number(_meta: &Metadata) -> Option<u64> {
+pub fn device_number(_meta: &Metadata) -> Option<u64> {
     None
 }
 
 /// Unknown here: taken as not writable.
-pub(crate) fn may_write(_path: &Path) -> bool {
+pub fn may_write(_path: &Path) -> bool {
     false
 }
 
@@ -151,29 +151,29 @@ pub(crate) fn filesystem_magic_of(_file: &File) -> io::Result<u64> {
 }
 
 /// Unknown here.
-pub(crate) fn readahead_limit(_dev: u64) -> Option<u64> {
+pub fn readahead_limit(_dev: u64) -> Option<u64> {
     None
 }
 
 /// No shared queue files here.
-pub(crate) fn open_private_rw(_path: &Path) -> io::Result<File> {
+pub fn open_private_rw(_path: &Path) -> io::Result<File> {
     unsupported()
 }
 
 /// No shared maps here: [`SharedWords::map`] always fails, and prefetch
 /// splits the work statically.
-pub(crate) struct SharedWords {
+pub struct SharedWords {
     _never: (),
 }
 
 impl SharedWords {
     /// Always unsupported here.
-    pub(crate) fn map(_file: &File) -> io::Result<SharedWords> {
+    pub fn map(_file: &File) -> io::Result<SharedWords> {
         unsupported()
     }
 
     /// Never reached: no value of this type is made here.
-    pub(crate) fn words(&self) -> &[AtomicU64] {
+    pub fn words(&self) -> &[AtomicU64] {
         &[]
     }
 }
@@ -252,12 +252,12 @@ pub(crate) fn read_proc(_file: super::ProcFile) -> io::Result<Vec<u8>> {
 }
 
 /// No memory files here: no node copy (each rank reads on its own).
-pub(crate) fn memfd_copy(_name: &str, _len: u64) -> io::Result<File> {
+pub fn memfd_copy(_name: &str, _len: u64) -> io::Result<File> {
     unsupported()
 }
 
 /// No memory files here.
-pub(crate) fn is_sealed_copy(_file: &File, _len: u64) -> bool {
+pub fn is_sealed_copy(_file: &File, _len: u64) -> bool {
     false
 }
 
@@ -312,63 +312,59 @@ pub(crate) fn name_kind(meta: &Metadata) -> super::NameKind {
 }
 
 /// No file handoff between processes here.
-pub(crate) struct FdListener(());
+pub struct FdListener(());
 
 /// No file handoff between processes here.
-pub(crate) struct StopListening(());
+pub struct StopListening(());
 
 impl StopListening {
     /// Nothing to stop (never reached: nothing binds a listener).
-    pub(crate) fn stop(&self) {}
+    pub fn stop(&self) {}
 }
 
 impl FdListener {
     /// Unsupported.
-    pub(crate) fn bind(_path: &Path) -> io::Result<FdListener> {
+    pub fn bind(_path: &Path) -> io::Result<FdListener> {
         unsupported()
     }
 
     /// Never reached: nothing binds one.
-    pub(crate) fn stopper(&self) -> StopListening {
+    pub fn stopper(&self) -> StopListening {
         StopListening(())
     }
 
     /// Unsupported (never reached: nothing binds one).
-    pub(crate) fn next(&self) -> io::Result<Option<FdStream>> {
+    pub fn next(&self) -> io::Result<Option<FdStream>> {
         unsupported()
     }
 }
 
 /// No file handoff between processes here.
-pub(crate) struct FdStream(());
+pub struct FdStream(());
 
 impl FdStream {
     /// Unsupported.
-    pub(crate) fn connect(_path: &Path, _timeout: std::time::Duration) -> io::Result<FdStream> {
+    pub fn connect(_path: &Path, _timeout: std::time::Duration) -> io::Result<FdStream> {
         unsupported()
     }
 
     /// Unsupported.
-    pub(crate) fn set_timeout(&self, _timeout: std::time::Duration) -> io::Result<()> {
+    pub fn set_timeout(&self, _timeout: std::time::Duration) -> io::Result<()> {
         unsupported()
     }
 
     /// Unsupported.
-    pub(crate) fn peer(&self) -> io::Result<(u32, u32)> {
+    pub fn peer(&self) -> io::Result<(u32, u32)> {
         unsupported()
     }
 
     /// Unsupported.
-    pub(crate) fn send(&self, _bytes: &[u8], _files: &[&File]) -> io::Result<()> {
+    pub fn send(&self, _bytes: &[u8], _files: &[&File]) -> io::Result<()> {
         unsupported()
     }
 
     /// Unsupported.
-    pub(crate) fn recv(
-        &self,
-        _buf: &mut [u8],
-        _max_files: usize,
-    ) -> io::Result<(usize, Vec<File>)> {
+    pub fn recv(&self, _buf: &mut [u8], _max_files: usize) -> io::Result<(usize, Vec<File>)> {
         unsupported()
     }
 }

@@ -85,11 +85,7 @@ pub(crate) fn memory_guard(files: &[(u64, bool)], available: Option<u64>) -> Mem
 /// still to be read after the switch must fit with the margin, else the
 /// load fails with the numbers (`Err((needed, available))`, margin
 /// included) rather than meet the OOM killer.
-pub(crate) fn memory_fits(
-    files: usize,
-    bytes: u64,
-    available: Option<u64>,
-) -> Result<(), (u64, u64)> {
+pub fn memory_fits(files: usize, bytes: u64, available: Option<u64>) -> Result<(), (u64, u64)> {
     if files == 0 {
         return Ok(());
     }

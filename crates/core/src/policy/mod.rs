@@ -22,11 +22,15 @@ pub use file::AutoPolicy;
 // for the plug-in crates: a conversion into an engine's tensors converts as a load
 pub use file::converts_to;
 pub(crate) use file::*;
-pub(crate) use guard::{memory_fits, memory_guard};
-pub(crate) use prefetch::{
-    AutoPrefetchSkip, PrefetchAsk, auto_prefetch_runs, auto_prefetch_streams, prefetch_ask,
-    prefetch_method, prefetch_warms_buffered,
-};
+pub use guard::memory_fits;
+pub(crate) use guard::memory_guard;
+pub use prefetch::AutoPrefetchSkip;
+pub use prefetch::PrefetchAsk;
+pub use prefetch::auto_prefetch_runs;
+pub use prefetch::auto_prefetch_streams;
+pub use prefetch::prefetch_ask;
+pub use prefetch::prefetch_method;
+pub use prefetch::prefetch_warms_buffered;
 pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod};
 pub(crate) use reads::{CallerReads, io_defaults};
 pub(crate) use reason::auto_rule;
@@ -118,7 +122,7 @@ pub(crate) const JOB_ID_ENV: &str = "SAFELOAD_JOB_ID";
 /// The environment, read once at the top of a load (or a prefetch) so that
 /// every decision of it sees the same values.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Environment {
+pub struct Environment {
     vars: Vec<(&'static str, String)>,
 }
 
@@ -155,7 +159,7 @@ pub const VARIABLES: &[&str] = &[
 
 impl Environment {
     /// This process's values of the variables decisions read.
-    pub(crate) fn from_process() -> Environment {
+    pub fn from_process() -> Environment {
         Environment {
             vars: VARIABLES
                 .iter()
@@ -173,7 +177,7 @@ impl Environment {
     }
 
     /// The value of `name`, if set.
-    pub(crate) fn get(&self, name: &str) -> Option<&str> {
+    pub fn get(&self, name: &str) -> Option<&str> {
         self.vars
             .iter()
             .find(|(k, _)| *k == name)
@@ -181,7 +185,7 @@ impl Environment {
     }
 
     /// The lookup closure the launcher detection takes.
-    pub(crate) fn lookup(&self) -> impl Fn(&str) -> Option<String> + '_ {
+    pub fn lookup(&self) -> impl Fn(&str) -> Option<String> + '_ {
         |name| self.get(name).map(str::to_owned)
     }
 }
@@ -229,10 +233,10 @@ pub fn switch(value: &str) -> Option<bool> {
 /// part of the documented API: a user has no reason to want one copy per rank.
 pub const NODE_COPY_ENV: &str = "SAFELOAD_NODE_COPY";
 
-/// Whether the local ranks of a job may share a node copy (`node/`): on
+/// Whether the local ranks of a job may share a node copy (the node crate): on
 /// unless `SAFELOAD_NODE_COPY` turns it off. Read from the load's
 /// [`Environment`], taken once at the top of the load.
-pub(crate) fn node_copy(env: &Environment) -> bool {
+pub fn node_copy(env: &Environment) -> bool {
     env.get(NODE_COPY_ENV).and_then(switch) != Some(false)
 }
 
@@ -246,7 +250,7 @@ pub const HUGE_PAGES_ENV: &str = "SAFELOAD_HUGE_PAGES";
 /// The page size of a load's fresh memory, and who chose it: the caller's
 /// `On` or `Off`, else `SAFELOAD_HUGE_PAGES`'s, else measured (`Auto`,
 /// [`PageReason::Measured`]).
-pub(crate) fn huge_pages(caller: HugePages, env: &Environment) -> (HugePages, PageReason) {
+pub fn huge_pages(caller: HugePages, env: &Environment) -> (HugePages, PageReason) {
     if caller != HugePages::Auto {
         return (caller, PageReason::Caller);
     }

@@ -67,7 +67,7 @@ impl fmt::Display for PrefetchMethod {
 
 /// How prefetch was asked for, strongest first.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum PrefetchAsk {
+pub enum PrefetchAsk {
     /// `Loader::prefetch(n)` / `prefetch_with`.
     Caller(usize),
     /// `SAFELOAD_PREFETCH=n` (else `HF_SHARD_PREFETCH=n`): the streams and
@@ -87,14 +87,14 @@ pub(crate) enum PrefetchAsk {
 /// page cache was far slower than its load alone with direct reads: FUSE
 /// page-cache reads reach the daemon as 128 KiB requests, direct ones as
 /// 1 MiB (BENCHMARKS.md, "policy/prefetch.rs: prefetch_warms_buffered").
-pub(crate) fn prefetch_warms_buffered(local_size: usize) -> bool {
+pub fn prefetch_warms_buffered(local_size: usize) -> bool {
     local_size > 1
 }
 
 /// The caller's prefetch streams if set, else the environment's
 /// (`SAFELOAD_PREFETCH`, then `HF_SHARD_PREFETCH`; a value that is not a
 /// number is ignored), else unset.
-pub(crate) fn prefetch_ask(caller: Option<usize>, env: &Environment) -> PrefetchAsk {
+pub fn prefetch_ask(caller: Option<usize>, env: &Environment) -> PrefetchAsk {
     if let Some(streams) = caller {
         return PrefetchAsk::Caller(streams);
     }
@@ -116,7 +116,7 @@ pub(crate) fn prefetch_ask(caller: Option<usize>, env: &Environment) -> Prefetch
 /// are then mapped, one page-cache copy per node. Prefetch itself still
 /// skips resident files and checkpoints that do not fit the memory guard
 /// ([`auto_prefetch_runs`]).
-pub(crate) fn auto_prefetch_streams(kind: MountKind) -> Option<usize> {
+pub fn auto_prefetch_streams(kind: MountKind) -> Option<usize> {
     match kind {
         MountKind::Network => Some(4),
         _ => None,
@@ -125,7 +125,7 @@ pub(crate) fn auto_prefetch_streams(kind: MountKind) -> Option<usize> {
 
 /// Why the auto policy, having picked files to prefetch, does not run it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AutoPrefetchSkip {
+pub enum AutoPrefetchSkip {
     /// Every byte is already in the page cache.
     Resident,
     /// The memory guard would leave part of the checkpoint cold.
@@ -135,7 +135,7 @@ pub(crate) enum AutoPrefetchSkip {
 /// The auto policy's last word: prefetch runs unless everything is known to
 /// be resident, or the guard would leave some of it cold (a partial warm of
 /// a checkpoint that will be mapped whole only evicts itself).
-pub(crate) fn auto_prefetch_runs(
+pub fn auto_prefetch_runs(
     residency_known: bool,
     needed: u64,
     guard_skipped: u64,
@@ -153,7 +153,7 @@ pub(crate) fn auto_prefetch_runs(
 /// for its filesystem (the `NOTE:` on [`PrefetchMethod`]: `WillNeed`
 /// everywhere measured). `WillNeed` needs to see pages land (`mincore`,
 /// `pages_visible`); where it cannot, chunks are read.
-pub(crate) fn prefetch_method(
+pub fn prefetch_method(
     requested: PrefetchMethod,
     kind: MountKind,
     pages_visible: bool,

@@ -71,7 +71,7 @@ impl LocalFile {
     }
 
     /// The path with symlinks resolved when the file was opened.
-    pub(crate) fn canonical(&self) -> &Path {
+    pub fn canonical(&self) -> &Path {
         &self.canonical
     }
 
@@ -105,7 +105,7 @@ impl LocalFile {
     }
 
     /// The file's length now, by `fstat` (a file may shrink during a load).
-    pub(crate) fn len_now(&self) -> io::Result<u64> {
+    pub fn len_now(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
     }
 }
@@ -147,12 +147,12 @@ impl Source for LocalFile {
 /// again when it is dropped: the one guard of every read that bypasses the
 /// page cache (a buffered file's, a node copy's fill).
 #[derive(Default)]
-pub(crate) struct DirectGuard<'a>(Vec<&'a LocalFile>);
+pub struct DirectGuard<'a>(Vec<&'a LocalFile>);
 
 impl<'a> DirectGuard<'a> {
     /// Turns `O_DIRECT` on for `file` until the guard is dropped; the
     /// system's refusal otherwise.
-    pub(crate) fn add(&mut self, file: &'a LocalFile) -> io::Result<()> {
+    pub fn add(&mut self, file: &'a LocalFile) -> io::Result<()> {
         file.set_direct(true)?;
         self.0.push(file);
         Ok(())

@@ -16,7 +16,7 @@ use std::io;
 use std::path::Path;
 
 pub use cache_use::{CacheStore, CacheUse, NotCached};
-pub(crate) use local::DirectGuard;
+pub use local::DirectGuard;
 pub use local::LocalFile;
 
 use crate::error::{Error, ErrorKind, Operation};
@@ -200,7 +200,7 @@ pub trait CacheWrite: Send + Sync {
 /// `offset`, `expected` being the length it was opened with: the source's own
 /// error where it made one, a file that ended early reported as having
 /// shrunk, else the I/O error naming the file and offset.
-pub(crate) fn read_error(
+pub fn read_error(
     operation: Operation,
     source: &dyn Source,
     expected: u64,

@@ -37,7 +37,7 @@ pub(crate) const MAX_NESTING: usize = 127;
 
 /// One tensor as the header describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TensorEntry {
+pub struct TensorEntry {
     pub name: String,
     pub dtype: Dtype,
     pub shape: Vec<usize>,
@@ -48,7 +48,7 @@ pub(crate) struct TensorEntry {
 
 /// A parsed, checked header.
 #[derive(Debug, Clone)]
-pub(crate) struct Header {
+pub struct Header {
     /// Where the data section starts in the file (8 + header length).
     pub data_start: u64,
     /// Tensors in file order: by offset, ties (empty tensors) by name.

@@ -1,63 +1,26 @@
 //! The loader's side of prefetch: the files the loader already opened handed over, and the policy's answer (the caller, then the environment, then the auto rule) carried out.
 
-use std::fs::File;
-use std::path::Path;
-
-use super::Job;
-use super::launcher::LocalRank;
-use super::options::PrefetchOptions;
 use super::residency::{Target, target_from};
 use super::run::{Plan, run};
 use crate::error::Operation;
 use crate::error::{Error, Result};
-use crate::mount::{Mount, MountKind};
+use crate::extras::LocalRank;
+use crate::extras::PrefetchOptions;
+use crate::extras::{Job, WarmFile as LoadFile};
+use crate::mount::MountKind;
 use crate::policy::{self, AutoPrefetchSkip, PrefetchAsk, PrefetchMethod};
 use crate::report::SkipReason;
 use crate::report::{PrefetchReason, PrefetchReport};
-use crate::source::{LocalFile, Source};
 use crate::trace;
 
-/// A file the loader has opened (and parsed), handed over so that prefetch
-/// neither opens nor looks it up again.
-pub(crate) struct LoadFile<'a> {
-    pub path: &'a Path,
-    /// `path` with symlinks resolved, as the loader found it.
-    pub canonical: &'a Path,
-    /// The loader's descriptor: the same file the header was read from,
-    /// whatever happened to the path since.
-    pub file: &'a File,
-    pub mount: Option<&'a Mount>,
-    /// Whether the loader will map it (auto prefetch is for mapped files).
-    pub mapped: bool,
-    /// Its length in bytes.
-    pub len: u64,
-}
-
-impl<'a> LoadFile<'a> {
-    /// A local file handed over; `mapped`: whether the load maps it.
-    pub(crate) fn of(source: &'a LocalFile, mapped: bool) -> LoadFile<'a> {
-        LoadFile {
-            path: source.path(),
-            canonical: source.canonical(),
-            file: source.file(),
-            mount: source.mount(),
-            mapped,
-            len: source.len(),
-        }
-    }
-
-    fn target(&self) -> Result<Target> {
-        let file = self
-            .file
-            .try_clone()
-            .map_err(|e| Error::io(Operation::Open, self.path, None, e))?;
-        target_from(
-            self.path.to_path_buf(),
-            self.canonical,
-            file,
-            self.mount.cloned(),
-        )
-    }
+/// A file handed over as a target of the chunk plan: its descriptor again,
+/// with its mount.
+fn target(f: &LoadFile<'_>) -> Result<Target> {
+    let file = f
+        .file
+        .try_clone()
+        .map_err(|e| Error::io(Operation::Open, f.path, None, e))?;
+    target_from(f.path.to_path_buf(), f.canonical, file, f.mount.cloned())
 }
 
 /// Prefetches the files a load has opened, when asked to (builder, then
@@ -68,7 +31,7 @@ pub(crate) fn before_load(
     caller: Option<&PrefetchOptions>,
     job: &Job<'_>,
 ) -> Result<Option<PrefetchReport>> {
-    let ask = policy::prefetch_ask(caller.map(|o| o.streams), job.env);
+    let ask = policy::prefetch_ask(caller.map(|o| o.stream_count()), job.env);
     let options = match (&ask, caller) {
         (PrefetchAsk::Unset, _) => return auto(files, job),
         (PrefetchAsk::Caller(_), Some(options)) => options.clone(),
@@ -76,7 +39,7 @@ pub(crate) fn before_load(
             PrefetchOptions::new().streams(*streams)
         }
     };
-    if options.streams == 0 {
+    if options.stream_count() == 0 {
         trace::traced! {
             if files
                 .iter()
@@ -96,7 +59,7 @@ pub(crate) fn before_load(
             PrefetchReason::FromEnvironment { variable, streams }
         }
         _ => PrefetchReason::Requested {
-            streams: options.streams,
+            streams: options.stream_count(),
         },
     };
     // One rank alone reads its buffered files itself (see the policy).
@@ -110,10 +73,14 @@ pub(crate) fn before_load(
     });
     let targets = warmed
         .iter()
-        .map(|f| f.target())
+        .map(|f| target(f))
         .collect::<Result<Vec<_>>>()?;
     let mut report = if targets.is_empty() {
-        Plan::new(targets, &options, job).report(options.streams, options.method, reason)
+        Plan::new(targets, &options, job).report(
+            options.stream_count(),
+            options.warm_method(),
+            reason,
+        )
     } else {
         run(Plan::new(targets, &options, job), &options, job, reason)?
     };
@@ -132,10 +99,7 @@ pub(crate) fn warm(
     job: &Job<'_>,
     reason: PrefetchReason,
 ) -> Result<PrefetchReport> {
-    let targets = files
-        .iter()
-        .map(LoadFile::target)
-        .collect::<Result<Vec<_>>>()?;
+    let targets = files.iter().map(target).collect::<Result<Vec<_>>>()?;
     run(Plan::new(targets, options, job), options, job, reason)
 }
 
@@ -150,7 +114,7 @@ fn auto(files: &[LoadFile<'_>], job: &Job<'_>) -> Result<Option<PrefetchReport>>
         let kind = f.mount.map_or(MountKind::Unknown, |m| m.kind);
         if let (true, Some(n)) = (f.mapped, policy::auto_prefetch_streams(kind)) {
             streams = streams.max(n);
-            targets.push(f.target()?);
+            targets.push(target(f)?);
         }
     }
     // Only files on a network filesystem are picked: each has its mount.
@@ -163,12 +127,13 @@ fn auto(files: &[LoadFile<'_>], job: &Job<'_>) -> Result<Option<PrefetchReport>>
     let init = plan.check(job.available());
     let (known, resident, needed, skipped) = (init.known, init.resident, init.needed, init.skipped);
     let guard_reason = init.guard_reason(total);
-    let not_run = |reason: PrefetchReason, skip: Option<SkipReason>| PrefetchReport {
-        resident_before: resident,
-        skipped: if skip.is_some() { needed } else { 0 },
-        skip_reasons: skip.into_iter().collect(),
-        residency_known: known,
-        ..plan.report(streams, PrefetchMethod::Auto, reason)
+    let not_run = |reason: PrefetchReason, skip: Option<SkipReason>| {
+        let mut report = plan.report(streams, PrefetchMethod::Auto, reason);
+        report.resident_before = resident;
+        report.skipped = if skip.is_some() { needed } else { 0 };
+        report.skip_reasons = skip.into_iter().collect();
+        report.residency_known = known;
+        report
     };
     match policy::auto_prefetch_runs(known, needed, skipped) {
         Err(AutoPrefetchSkip::Resident) => {

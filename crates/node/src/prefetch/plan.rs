@@ -2,8 +2,8 @@
 
 use std::ops::Range;
 
-use super::launcher::LocalRank;
 use super::queue::{DONE, FREE, SKIPPED};
+use crate::extras::LocalRank;
 use crate::report::SkipReason;
 
 /// The memory guard warms at most this fraction of the memory available.

@@ -1,4 +1,4 @@
-//! The public options of a prefetch (`PrefetchOptions`): what is prefetch's own, not the job's.
+//! The public options of a prefetch (`PrefetchOptions`): what is prefetch's own, not the job's; a plain options struct the warm-up (`Extras::warm_up`) and the share step read.
 
 use std::fmt;
 use std::ops::Range;
@@ -8,15 +8,18 @@ use std::sync::Arc;
 use crate::policy::PrefetchMethod;
 
 /// Readers per rank when prefetch is on and no number is given.
-pub(crate) const DEFAULT_STREAMS: usize = 4;
+#[doc(hidden)] // for the plug-in crates
+pub const DEFAULT_STREAMS: usize = 4;
 
 /// The unit of work readers and ranks share, by default: the read engine's
 /// request size, large enough that a FUSE mount sees requests in flight,
 /// small enough that ranks stay balanced at the tail (BENCHMARKS.md).
-pub(crate) const DEFAULT_CHUNK: u64 = 8 << 20;
+#[doc(hidden)] // for the plug-in crates
+pub const DEFAULT_CHUNK: u64 = 8 << 20;
 
 /// What [`PrefetchOptions::on_chunk`] calls, shared by the readers.
-pub(super) type ChunkCallback = Arc<dyn Fn(&Path, Range<u64>) + Send + Sync>;
+#[doc(hidden)] // for the plug-in crates
+pub type ChunkCallback = Arc<dyn Fn(&Path, Range<u64>) + Send + Sync>;
 
 /// The options of a prefetch, set as one expression.
 ///
@@ -44,12 +47,12 @@ pub(super) type ChunkCallback = Arc<dyn Fn(&Path, Range<u64>) + Send + Sync>;
 /// ```
 #[derive(Clone)]
 pub struct PrefetchOptions {
-    pub(super) streams: usize,
-    pub(super) method: PrefetchMethod,
-    pub(crate) chunk_size: Option<usize>,
-    pub(super) shared_queue: bool,
-    pub(crate) queue_dir: Option<PathBuf>,
-    pub(super) on_chunk: Option<ChunkCallback>,
+    streams: usize,
+    method: PrefetchMethod,
+    chunk_size: Option<usize>,
+    shared_queue: bool,
+    queue_dir: Option<PathBuf>,
+    on_chunk: Option<ChunkCallback>,
 }
 
 impl Default for PrefetchOptions {
@@ -86,8 +89,39 @@ impl PrefetchOptions {
     }
 
     /// The readers set by [`streams`](Self::streams).
-    pub(crate) fn stream_count(&self) -> usize {
+    #[doc(hidden)] // for the plug-in crates
+    pub fn stream_count(&self) -> usize {
         self.streams
+    }
+
+    /// The method set by [`method`](Self::method).
+    #[doc(hidden)] // for the plug-in crates
+    pub fn warm_method(&self) -> PrefetchMethod {
+        self.method
+    }
+
+    /// The chunk size set by [`chunk_size`](Self::chunk_size), if any.
+    #[doc(hidden)] // for the plug-in crates
+    pub fn chunk_bytes(&self) -> Option<usize> {
+        self.chunk_size
+    }
+
+    /// Whether the ranks share one queue file ([`shared_queue`](Self::shared_queue)).
+    #[doc(hidden)] // for the plug-in crates
+    pub fn shares_queue(&self) -> bool {
+        self.shared_queue
+    }
+
+    /// The queue's directory set by [`queue_dir`](Self::queue_dir), if any.
+    #[doc(hidden)] // for the plug-in crates
+    pub fn queue_directory(&self) -> Option<&Path> {
+        self.queue_dir.as_deref()
+    }
+
+    /// The callback set by [`on_chunk`](Self::on_chunk), if any.
+    #[doc(hidden)] // for the plug-in crates
+    pub fn chunk_callback(&self) -> Option<&ChunkCallback> {
+        self.on_chunk.as_ref()
     }
 
     /// Readers in this process (default 4). Zero turns prefetch off.

@@ -11,7 +11,6 @@
 
 use std::path::{Path, PathBuf};
 
-use super::launcher::LocalRank;
 use super::plan::{Chunk, ChunkPlan, Init, reader_plan};
 use super::queue::{
     DONE, FREE, Layout, chunk_words, heartbeat_words, init_from_header, slot_words,
@@ -21,6 +20,7 @@ use super::worker::{Outcome, Sink, Tally, Work};
 use crate::cancel::Cancel;
 use crate::coord::Owner;
 use crate::error::Result;
+use crate::extras::LocalRank;
 use crate::os;
 use crate::progress::{Callback, Meter, Phase};
 

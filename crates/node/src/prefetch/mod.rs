@@ -5,7 +5,7 @@
 //! The files are cut into chunks (8 MiB by default) in checkpoint order
 //! (`plan.rs`). The local ranks of a job (the processes of one node:
 //! `LOCAL_RANK` / `LOCAL_WORLD_SIZE` and their Slurm and MPI equivalents,
-//! `launcher.rs`) share one queue of chunk states, a small file in `/dev/shm`
+//! `extras/local_rank.rs`) share one queue of chunk states, a small file in `/dev/shm`
 //! that every rank maps (`queue.rs` for its words, `queue_file.rs` for the
 //! file). Each of a rank's `streams` readers starts at its own byte offset
 //! (the checkpoint's bytes split evenly over ranks × streams, never by global
@@ -55,13 +55,11 @@
 //! the policy's answer to whether to run (`policy/prefetch.rs`); `run.rs`
 //! plans the chunks once, opens the queue and hands the readers
 //! (`worker.rs`) their start offsets; each chunk is warmed by `warm.rs`;
-//! `options.rs` holds the public builder.
+//! `options/prefetch.rs` holds the public builder.
 
 mod claims;
 mod fill;
-mod launcher;
 mod load;
-mod options;
 mod plan;
 mod queue;
 mod queue_file;
@@ -71,32 +69,5 @@ mod takeover;
 mod warm;
 mod worker;
 
-use crate::memory;
-use crate::policy::Environment;
-
 pub(crate) use fill::{FillOutcome, SharedQueue, fill_shared};
-pub(crate) use launcher::{LocalRank, job_key};
-pub(crate) use load::{LoadFile, before_load, warm};
-pub use options::PrefetchOptions;
-
-/// The settings of a prefetch that belong to the job, not to prefetch: the
-/// loader's (`Loader::local_rank`,
-/// `Loader::memory_available`) and the
-/// environment read once at the top of the load.
-pub(crate) struct Job<'a> {
-    pub local_rank: Option<(usize, usize)>,
-    pub memory_available: Option<u64>,
-    pub env: &'a Environment,
-    /// The caller's progress callback.
-    pub progress: Option<&'a crate::progress::Callback>,
-    /// The load's cancel flags: the readers take no chunk once they are set.
-    pub cancel: &'a crate::cancel::Cancel,
-}
-
-impl Job<'_> {
-    /// The memory the guard may fill: the caller's figure, else the
-    /// kernel's and the cgroup's.
-    pub(crate) fn available(&self) -> Option<u64> {
-        self.memory_available.or_else(memory::available)
-    }
-}
+pub(crate) use load::{before_load, warm};

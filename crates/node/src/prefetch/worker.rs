@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::claims::{Claims, Reader};
-use super::options::ChunkCallback;
 use super::plan::Chunk;
 use super::queue::{ChunkState, DONE, FREE, SKIPPED, SlotState, chunk_state, slot_state};
 use super::residency::Target;
@@ -16,6 +15,7 @@ use crate::adapt::Concurrency;
 use crate::cancel::Cancel;
 use crate::coord::Owner;
 use crate::error::{Error, Result};
+use crate::extras::ChunkCallback;
 use crate::jobs;
 use crate::policy::PrefetchMethod;
 use crate::progress::Meter;

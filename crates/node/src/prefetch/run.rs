@@ -1,11 +1,8 @@
 //! One prefetch from open files to its report: the chunks planned once, the queue opened (shared or this process's own), the readers started, what landed counted.
 
+use std::path::Path;
 use std::time::Instant;
 
-use super::Job;
-use super::launcher::{LocalRank, job_key};
-use super::options::DEFAULT_CHUNK;
-use super::options::PrefetchOptions;
 use super::plan::{ChunkPlan, Init, reader_plan};
 use super::queue::{Layout, chunk_words, heartbeat_words, init_from_header, slot_words};
 use super::queue_file::Queue;
@@ -13,6 +10,10 @@ use super::residency::{Target, initial_states, resolve_method};
 use super::worker::{Outcome, Tally, Work};
 use crate::coord::Owner;
 use crate::error::Result;
+use crate::extras::DEFAULT_CHUNK;
+use crate::extras::Job;
+use crate::extras::PrefetchOptions;
+use crate::extras::{LocalRank, job_key};
 use crate::os;
 use crate::policy::PrefetchMethod;
 use crate::progress::{Meter, Phase};
@@ -36,7 +37,7 @@ impl Plan {
     /// from the options or the launcher.
     pub(super) fn new(targets: Vec<Target>, options: &PrefetchOptions, job: &Job<'_>) -> Plan {
         let lens: Vec<u64> = targets.iter().map(|t| t.len).collect();
-        let requested = options.chunk_size.map_or(DEFAULT_CHUNK, |c| c as u64);
+        let requested = options.chunk_bytes().map_or(DEFAULT_CHUNK, |c| c as u64);
         Plan {
             chunks: ChunkPlan::new(&lens, requested, os::page_size()),
             rank: LocalRank::from_setting(job.local_rank, job.env),
@@ -59,19 +60,19 @@ impl Plan {
         method: PrefetchMethod,
         reason: PrefetchReason,
     ) -> PrefetchReport {
-        PrefetchReport {
-            reason,
-            rank: self.rank.rank,
-            local_size: self.rank.size,
-            rank_source: self.rank.source.clone(),
-            streams,
-            method,
-            files: self.targets.len(),
-            total_bytes: self.chunks.total,
-            chunk_size: self.chunks.chunk_size,
-            chunks: self.chunks.chunks.len(),
-            ..PrefetchReport::default()
-        }
+        // The report is the core's, `#[non_exhaustive]`: filled field by field.
+        let mut report = PrefetchReport::default();
+        report.reason = reason;
+        report.rank = self.rank.rank;
+        report.local_size = self.rank.size;
+        report.rank_source = self.rank.source.clone();
+        report.streams = streams;
+        report.method = method;
+        report.files = self.targets.len();
+        report.total_bytes = self.chunks.total;
+        report.chunk_size = self.chunks.chunk_size;
+        report.chunks = self.chunks.chunks.len();
+        report
     }
 }
 
@@ -87,11 +88,11 @@ pub(super) fn run(
     let methods: Vec<PrefetchMethod> = plan
         .targets
         .iter()
-        .map(|t| resolve_method(options.method, t))
+        .map(|t| resolve_method(options.warm_method(), t))
         .collect();
     let method = methods.first().copied().unwrap_or(PrefetchMethod::Pread);
-    let mut report = plan.report(options.streams, method, reason);
-    if options.streams == 0 {
+    let mut report = plan.report(options.stream_count(), method, reason);
+    if options.stream_count() == 0 {
         report.reason = PrefetchReason::Off;
         return Ok(report);
     }
@@ -157,7 +158,7 @@ impl Run<'_> {
             total: self.chunks.total,
             slots: 0,
         };
-        if self.rank.size > 1 && !self.options.shared_queue {
+        if self.rank.size > 1 && !self.options.shares_queue() {
             Queue::local(layout, make, Some(QueueNote::FixedShares))
         } else if self.rank.size > 1 {
             let mut key_material = Vec::new();
@@ -169,9 +170,8 @@ impl Run<'_> {
             key_material.extend_from_slice(job_key.as_bytes());
             let dir = self
                 .options
-                .queue_dir
-                .clone()
-                .unwrap_or_else(crate::coord::shared_dir);
+                .queue_directory()
+                .map_or_else(crate::coord::shared_dir, Path::to_path_buf);
             Queue::shared(&dir, &key_material, layout, self.me, make)
         } else {
             Queue::local(layout, make, None)
@@ -184,7 +184,8 @@ impl Run<'_> {
         let shared = queue.is_shared();
         let words = queue.words();
         let chunks = &self.chunks.chunks;
-        let (claimable, starts) = reader_plan(chunks, self.rank, self.options.streams, shared);
+        let (claimable, starts) =
+            reader_plan(chunks, self.rank, self.options.stream_count(), shared);
         // This rank's share is not known in advance (ranks take chunks from
         // each other): the total is every byte not yet resident.
         let meter = Meter::new(
@@ -201,7 +202,7 @@ impl Run<'_> {
             me: self.me,
             shared,
             claimable,
-            on_chunk: self.options.on_chunk.as_ref(),
+            on_chunk: self.options.chunk_callback(),
             meter: &meter,
             slots: slot_words(words, queue.layout()),
             heartbeats: heartbeat_words(words, queue.layout()),

@@ -42,7 +42,7 @@
 //! skipped unopened. No rank connects to, follows, removes or counts as a
 //! live holder anything that is not this user's, and no wait on another
 //! user's process, under a lock other ranks need, outlasts
-//! [`handoff::PATIENCE`] (tested by `tests/it/node_copy/attacks.rs`, as
+//! `handoff::PATIENCE` (tested by `tests/it/node_copy/attacks.rs`, as
 //! root and as an ordinary user); a holder of this user that runs but does
 //! not answer is asked three times (`ask.rs`).
 //!
@@ -50,10 +50,10 @@
 //!
 //! Where the nodes of a job read each byte once between them
 //! (`execute/exchange.rs`), the copy is the node's share of that split: the
-//! node's participant ([`Role::Participant`]) makes the copy and fills it
+//! node's participant (`Role::Participant`) makes the copy and fills it
 //! itself, its node's pieces from storage and the other nodes' from the
 //! exchange, then offers it as complete; the node's other ranks
-//! ([`Role::Member`]) never make or fill a copy, they wait for the complete
+//! (`Role::Member`) never make or fill a copy, they wait for the complete
 //! one (for as long as a live rank offers a copy being filled, and at most
 //! the exchange's timeout for one to be offered at all), and read alone,
 //! saying why, if none comes.
@@ -64,7 +64,7 @@
 //!   milliseconds in which it asks for a copy or makes one) holds up the
 //!   ranks that start meanwhile for a minute at most, then they read alone;
 //!   a rank stopped while it hands the copy out costs the asker
-//!   [`handoff::PATIENCE`] (2 s), then it asks another or makes its own.
+//!   `handoff::PATIENCE` (2 s), then it asks another or makes its own.
 //!   Only this user's processes can take the lock or answer as a holder.
 //!   A holder that runs (not stopped) but has not answered within the
 //!   patience is asked again, three times in all (`ask.rs`): on a busy
@@ -88,125 +88,53 @@
 
 mod ask;
 mod coordinate;
-mod eligible;
 mod fill;
 mod handoff;
 mod registry;
 
-pub(crate) use eligible::{Facts, eligible};
-pub(crate) use fill::{direct_reads, tensor_part};
-
-use std::sync::Arc;
-
-use crate::dest::node::CopyFill;
-use crate::file::OpenedFile;
-use crate::options::Options;
-use crate::policy::{self, Environment, Strategy};
-use crate::prefetch::LocalRank;
+use crate::extras::{Facts, PerFile, ShareAsk, ShareFile, Shared, eligible};
 use crate::report::NodeCopy;
-use crate::storage::{BufferLayout, Storage};
+use crate::storage::BufferLayout;
 use crate::trace;
 
-use coordinate::{Hold, coordinate};
+use coordinate::coordinate;
 use handoff::MAX_FILES;
 
 /// The chunk size where the caller set none: prefetch's.
-const CHUNK: u64 = 8 << 20;
-/// Readers per rank (see the `NOTE:` above).
-pub(super) const STREAMS: usize = 4;
-
-/// What the node copy did for one file.
-pub(crate) enum PerFile {
-    /// Not considered (one rank alone, or a mapped file): nothing to say.
-    Absent,
-    /// Its tensors are views of the node copy; `report` says how it came,
-    /// `bytes_read` what this rank read of its tensor data.
-    Copy {
-        storage: Arc<Storage>,
-        report: NodeCopy,
-        bytes_read: u64,
-        /// Whether this rank made the copy (the one that writes it to a
-        /// cache).
-        made_here: bool,
-    },
-    /// Read by this rank alone, for this reason.
-    NotUsed(NodeCopy),
-}
-
-impl PerFile {
-    /// What the report says of it, if anything.
-    pub(crate) fn report(&self) -> Option<NodeCopy> {
-        match self {
-            PerFile::Absent => None,
-            PerFile::Copy { report, .. } | PerFile::NotUsed(report) => Some(report.clone()),
-        }
-    }
-}
-
-/// How a rank takes part in its node's copies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
-    /// The ranks fill the copy together through the chunk queue.
-    Queue,
-    /// The node's participant in a load split between nodes: it makes the
-    /// copy, and the load fills it ([`Pending`]) with the other nodes.
-    Participant,
-    /// Another rank of such a node: it waits for the participant's copy,
-    /// complete.
-    Member,
-}
-
-/// A copy this rank made or took, mapped, still to be filled by the load
-/// (the participant's, [`Role::Participant`]): per file, its index among the
-/// load's files and the writer of its copy. Offered as complete once
-/// [`complete`](Self::complete) is called.
-pub(crate) struct Pending {
-    pub files: Vec<(usize, CopyFill)>,
-    hold: Arc<Hold>,
-}
-
-impl Pending {
-    /// Every byte of every copy is in place: offered as complete from now on.
-    pub(crate) fn complete(&self) {
-        self.hold.complete();
-    }
-}
+use crate::extras::DEFAULT_CHUNK as CHUNK;
+/// Readers per rank (see the `NOTE:` above): prefetch's default streams.
+use crate::extras::DEFAULT_STREAMS as STREAMS;
 
 /// One load's part in node copies: per file of `files`, what it did; and,
 /// for the participant of a load split between nodes, the copies the load
 /// is to fill.
-pub(crate) fn share(
-    files: &[&OpenedFile],
-    opts: &Options,
-    env: &Environment,
-    keep: Option<&(dyn Fn(&str) -> bool + Sync)>,
-    role: Role,
-) -> (Vec<PerFile>, Option<Pending>) {
-    let mut out: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
-    let rank = LocalRank::from_setting(opts.local_rank, env);
+pub(crate) fn share(files: &[ShareFile<'_>], ask: &ShareAsk<'_>) -> Shared {
+    let mut out = Shared::none(files.len());
     // The benchmark's "today" arm turns it off (`policy::NODE_COPY_ENV`):
     // then every rank reads alone, with nothing said, as one rank alone.
-    if rank.size < 2 || !policy::node_copy(env) {
-        return (out, None);
+    if ask.rank.size < 2 || !crate::policy::node_copy(ask.env) {
+        return out;
     }
     // The files that get a copy, with their identities; the others say why.
-    let mut chosen: Vec<&OpenedFile> = Vec::new();
+    let mut chosen: Vec<usize> = Vec::new();
     let mut ids: Vec<Vec<u8>> = Vec::new();
-    for (&f, slot) in files.iter().zip(out.iter_mut()) {
-        if f.map().is_some() || f.decision().strategy != Strategy::Buffered {
+    for (i, (f, slot)) in files.iter().zip(out.files.iter_mut()).enumerate() {
+        if !f.buffered {
             continue;
         }
         let id = registry::identity(f.source());
+        let header = f.header();
         let facts = Facts {
-            all_tensors: keep.is_none_or(|keep| f.header().tensors.iter().all(|t| keep(&t.name))),
-            converting: opts.dtype.is_some(),
-            aligned: BufferLayout::for_file(f.header(), &vec![true; f.header().tensors.len()])
-                .image,
+            all_tensors: ask
+                .keep
+                .is_none_or(|keep| header.tensors.iter().all(|t| keep(&t.name))),
+            converting: ask.converting,
+            aligned: BufferLayout::for_file(header, &vec![true; header.tensors.len()]).image,
             identity: id.is_some(),
         };
         match (eligible(facts), id) {
             (Ok(()), Some(id)) if chosen.len() < MAX_FILES => {
-                chosen.push(f);
+                chosen.push(i);
                 ids.push(id);
             }
             (Ok(()), _) => *slot = PerFile::NotUsed(NodeCopy::TooManyFiles { most: MAX_FILES }),
@@ -214,9 +142,13 @@ pub(crate) fn share(
         }
     }
     if chosen.is_empty() {
-        return (out, None);
+        return out;
     }
-    let (results, mut pending) = match coordinate(&chosen, &ids, opts, env, &rank, role) {
+    let chosen_files: Vec<ShareFile<'_>> = chosen
+        .iter()
+        .filter_map(|&i| files.get(i).copied())
+        .collect();
+    let (results, mut pending) = match coordinate(&chosen_files, &ids, ask) {
         Ok(done) => done,
         Err(why) => (
             chosen
@@ -229,29 +161,22 @@ pub(crate) fn share(
     // The pending copies by the load's index, not the chosen files'.
     if let Some(pending) = &mut pending {
         for (index, _) in &mut pending.files {
-            let chosen_file = chosen.get(*index).copied();
-            *index = files
-                .iter()
-                .position(|f| chosen_file.is_some_and(|c| std::ptr::eq(c, *f)))
-                .unwrap_or(usize::MAX);
+            *index = chosen.get(*index).copied().unwrap_or(usize::MAX);
         }
     }
-    // Back in the load's order: the chosen files are the Absent ones left
-    // among the buffered, in order.
-    let mut results = results.into_iter();
-    for (&f, slot) in files.iter().zip(out.iter_mut()) {
-        if chosen.iter().any(|c| std::ptr::eq(*c, f)) {
-            if let Some(result) = results.next() {
-                *slot = result;
-            }
+    // Back in the load's order.
+    for (&i, result) in chosen.iter().zip(results) {
+        if let Some(slot) = out.files.get_mut(i) {
+            *slot = result;
         }
     }
+    out.pending = pending;
     trace::traced! {
-        for (f, per) in files.iter().zip(&out) {
+        for (f, per) in files.iter().zip(&out.files) {
             if let Some(copy) = per.report() {
                 tracing::info!(target: "safeload", file = %f.path().display(), node_copy = %copy, "node copy");
             }
         }
     }
-    (out, pending)
+    out
 }

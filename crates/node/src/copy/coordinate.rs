@@ -5,34 +5,30 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::CHUNK;
 use super::ask::{self, Asking, Found, Remarks, Wanted};
 use super::fill::{self, ReadHere};
 use super::handoff::{Maker, Offer, Server};
 use super::registry;
-use super::{CHUNK, Pending, PerFile, Role};
 use crate::coord::{self, Lock, Owner, Place};
 use crate::dest::node::{self as copy, CopyFill};
 use crate::dest::pages::HugePages;
-use crate::file::OpenedFile;
+use crate::extras::{Pending, PerFile, Role, ShareAsk, ShareFile, job_key};
 use crate::memory;
-use crate::options::Options;
 use crate::os;
-use crate::policy::{self, Environment};
-use crate::prefetch::{self, LocalRank};
+use crate::policy;
+use crate::prefetch;
 use crate::report::{CopyRemark, NodeCopy};
 
 /// Finds, or makes, the copy of `files`, fills it with the other ranks and
 /// maps it: per file, the copy or why not; `Err` where nothing could be
 /// done at all.
 pub(super) fn coordinate(
-    files: &[&OpenedFile],
+    files: &[ShareFile<'_>],
     ids: &[Vec<u8>],
-    opts: &Options,
-    env: &Environment,
-    rank: &LocalRank,
-    role: Role,
+    ask: &ShareAsk<'_>,
 ) -> Result<(Vec<PerFile>, Option<Pending>), String> {
-    let node = Coordination::new(files, ids, opts, env, rank, role)?;
+    let node = Coordination::new(files, ids, ask)?;
 
     // 1. A copy a live rank of this user hands out, else a new one (a
     // member waits for its participant's, complete).
@@ -63,7 +59,7 @@ pub(super) fn coordinate(
 
     // 2. The fill, unless the copy came complete (or the load fills it),
     // its pages of the size the caller or the environment asks for.
-    let huge_pages = policy::huge_pages(opts.huge_pages, env).0;
+    let huge_pages = policy::huge_pages(ask.huge_pages, ask.env).0;
     let filled = node.fill(
         &obtained,
         server.as_ref(),
@@ -89,7 +85,7 @@ pub(super) fn coordinate(
     }
     let pending = deferred.then(|| Pending {
         files: pending,
-        hold: guard,
+        complete: Box::new(move || guard.complete()),
     });
     Ok((results, pending))
 }
@@ -98,10 +94,8 @@ pub(super) fn coordinate(
 /// files and options, this rank, and the names of the copy (directory, key
 /// and lock file).
 struct Coordination<'a> {
-    files: &'a [&'a OpenedFile],
-    opts: &'a Options,
-    env: &'a Environment,
-    rank: &'a LocalRank,
+    files: &'a [ShareFile<'a>],
+    ask: &'a ShareAsk<'a>,
     role: Role,
     chunk_size: u64,
     dir: PathBuf,
@@ -137,21 +131,15 @@ impl<'a> Coordination<'a> {
     /// The names of the copy of `files` (the files' `ids`, the chunk size and
     /// the job): its directory, key and lock file; dead jobs' names swept.
     fn new(
-        files: &'a [&'a OpenedFile],
+        files: &'a [ShareFile<'a>],
         ids: &[Vec<u8>],
-        opts: &'a Options,
-        env: &'a Environment,
-        rank: &'a LocalRank,
-        role: Role,
+        ask: &'a ShareAsk<'a>,
     ) -> Result<Self, String> {
-        let prefetch = opts.prefetch.as_ref();
-        let chunk_size = prefetch
-            .and_then(|p| p.chunk_size)
-            .map_or(CHUNK, |c| c as u64);
-        let dir = prefetch
-            .and_then(|p| p.queue_dir.clone())
-            .unwrap_or_else(coord::shared_dir);
-        let job = prefetch::job_key(env.lookup(), os::parent_pid());
+        let chunk_size = ask.chunk_size.map_or(CHUNK, |c| c as u64);
+        let dir = ask
+            .dir
+            .map_or_else(coord::shared_dir, std::path::Path::to_path_buf);
+        let job = job_key(ask.env.lookup(), os::parent_pid());
         let key = registry::key(ids, chunk_size, &job);
         let uid = os::effective_uid().ok_or("no user id")?;
         let me = Owner::current();
@@ -159,10 +147,8 @@ impl<'a> Coordination<'a> {
         let lock_path = registry::lock_path(&dir, key, uid);
         Ok(Coordination {
             files,
-            opts,
-            env,
-            rank,
-            role,
+            ask,
+            role: ask.role,
             chunk_size,
             dir,
             key,
@@ -185,7 +171,7 @@ impl<'a> Coordination<'a> {
     /// any (a member waits for its participant's, complete).
     fn find(&self, remarks: &mut Remarks) -> Result<(Lock, Option<Found>), String> {
         if self.role == Role::Member {
-            let patience = ask::member_patience(self.env);
+            let patience = ask::member_patience(self.ask.env);
             let (lock, found) =
                 ask::wait_for_complete(&self.asking(), &self.lock_path, patience, remarks)?;
             Ok((lock, Some(found)))
@@ -223,9 +209,9 @@ impl<'a> Coordination<'a> {
             None => {
                 let maker = Maker {
                     pid: self.me.pid,
-                    rank: u32::try_from(self.rank.rank).unwrap_or(u32::MAX),
+                    rank: u32::try_from(self.ask.rank.rank).unwrap_or(u32::MAX),
                 };
-                let (offer, memfds) = make(self.files, self.key, maker, self.opts, results)?;
+                let (offer, memfds) = make(self.files, self.key, maker, self.ask, results)?;
                 if offer.files.is_empty() {
                     return Ok(None);
                 }
@@ -300,7 +286,7 @@ impl<'a> Coordination<'a> {
             chunk_size: self.chunk_size,
             private,
         };
-        let outcome = fill::fill(&copy, self.opts, self.rank, &complete);
+        let outcome = fill::fill(&copy, self.ask, &complete);
         match outcome {
             Ok((read_here, outcome)) => {
                 filled.read_here = read_here;
@@ -356,7 +342,7 @@ impl<'a> Coordination<'a> {
                 chunks,
                 by_exchange: deferred,
                 bytes: len,
-                ranks: self.rank.size,
+                ranks: self.ask.rank.size,
                 remarks: remarks.to_vec(),
             };
             if let Some(slot) = results.get_mut(i as usize) {
@@ -451,13 +437,13 @@ const DROP_WAIT: Duration = Duration::from_millis(200);
 /// A new copy of the files that fit the memory guard, in order; those that
 /// do not are marked in `results`.
 fn make(
-    files: &[&OpenedFile],
+    files: &[ShareFile<'_>],
     key: u64,
     maker: Maker,
-    opts: &Options,
+    ask: &ShareAsk<'_>,
     results: &mut [PerFile],
 ) -> Result<(Offer, Vec<File>), String> {
-    let available = opts.memory_available.or_else(memory::available);
+    let available = ask.memory_available.or_else(memory::available);
     let mut offer = Offer {
         key,
         complete: false,

@@ -9,18 +9,16 @@ use crate::dest::node::CopyFill;
 use crate::dest::pages::HugePages;
 use crate::error::Error;
 use crate::error::Operation;
-use crate::file::{OpenedFile, read_error};
-use crate::options::Options;
+use crate::extras::{ShareAsk, ShareFile, direct_reads, tensor_part};
 use crate::os;
-use crate::policy;
-use crate::prefetch::{self, LocalRank};
-use crate::source::{DirectGuard, Source};
+use crate::prefetch;
+use crate::source::read_error;
 
 /// A copy to fill with the other ranks: the load's files, the offer and
 /// memory files of the copy (in the offer's order) with the size of their
 /// pages, and the key, directory and chunk size of its queue.
 pub(super) struct ToFill<'a> {
-    pub files: &'a [&'a OpenedFile],
+    pub files: &'a [ShareFile<'a>],
     pub offer: &'a Offer,
     pub memfds: &'a [File],
     pub huge_pages: HugePages,
@@ -40,8 +38,7 @@ pub(super) struct ToFill<'a> {
 /// that holds the header counts its tensor data only).
 pub(super) fn fill(
     copy: &ToFill,
-    opts: &Options,
-    rank: &LocalRank,
+    ask: &ShareAsk<'_>,
     complete: &dyn Fn(),
 ) -> crate::error::Result<(Vec<ReadHere>, prefetch::FillOutcome)> {
     let ToFill {
@@ -55,8 +52,7 @@ pub(super) fn fill(
         private,
     } = *copy;
     let parts = parts_of_offer(files, offer, memfds, huge_pages)?;
-    let sources: Vec<&OpenedFile> = parts.iter().map(|part| part.file).collect();
-    let lens: Vec<u64> = sources.iter().map(|f| f.size()).collect();
+    let lens: Vec<u64> = parts.iter().map(|part| part.file.size()).collect();
     // Direct reads where the policy would read the file so (FUSE, cold): the
     // daemon then answers in requests of up to its `max_read`, not in the
     // page cache's 128 KiB, and no second, page-cache copy is left behind.
@@ -64,17 +60,14 @@ pub(super) fn fill(
     // rank alone with direct reads (BENCHMARKS.md, "node/fill.rs: fill").
     // The chunks are whole pages at page offsets of a page-aligned map; a
     // file's last, partial block goes through the OS layer's bounce buffer.
-    let _direct = direct_reads(&sources, opts);
+    let _direct = direct_reads(parts.iter().filter_map(|p| p.file.local()), ask.direct_io);
     let read = |k: usize, offset: u64, len: u64, beat: &dyn Fn()| -> crate::error::Result<()> {
         parts
             .get(k)
             .map_or(Ok(()), |part| part.read(offset, len, beat))
     };
     let material = queue_material(key);
-    let streams = opts
-        .prefetch
-        .as_ref()
-        .map_or(super::STREAMS, |p| p.stream_count().max(1));
+    let streams = ask.streams.map_or(super::STREAMS, |s| s.max(1));
     // A rank that took the copy unfinished just before the last filler
     // offered it complete finds it complete here, and fills nothing. Asked
     // under the queue file's lock: only this user's holders are asked, each
@@ -100,14 +93,7 @@ pub(super) fn fill(
         done_elsewhere: &done_elsewhere,
         private,
     };
-    let outcome = prefetch::fill_shared(
-        &lens,
-        &shared,
-        rank,
-        &read,
-        opts.progress.as_ref(),
-        &opts.cancel,
-    )?;
+    let outcome = prefetch::fill_shared(&lens, &shared, ask.rank, &read, ask.progress, ask.cancel)?;
     check_lengths(&parts)?;
     Ok((parts.into_iter().map(Part::counts).collect(), outcome))
 }
@@ -134,7 +120,7 @@ pub(super) struct ReadHere {
 /// One file of the offer as the fill sees it: the file its chunks are read
 /// from, the writer of its copy, and what this rank read of it.
 struct Part<'a> {
-    file: &'a OpenedFile,
+    file: ShareFile<'a>,
     writer: CopyFill,
     /// Chunks this rank read.
     chunks: AtomicUsize,
@@ -178,7 +164,7 @@ impl Part<'_> {
 /// The offer's files among `files`, in its order, each with a writer of its
 /// copy (its pages faulted in as `huge_pages` says).
 fn parts_of_offer<'a>(
-    files: &[&'a OpenedFile],
+    files: &[ShareFile<'a>],
     offer: &Offer,
     memfds: &[File],
     huge_pages: HugePages,
@@ -226,50 +212,12 @@ fn check_lengths(parts: &[Part<'_>]) -> crate::error::Result<()> {
             .len_now()
             .map_err(|e| Error::io(Operation::Stat, f.path(), None, e))?;
         if now != expected {
-            return Err(crate::file::size_mismatch(f.path(), expected, now));
+            let kind = crate::error::ErrorKind::SizeMismatch {
+                expected,
+                actual: now,
+            };
+            return Err(Error::new(kind, f.path()));
         }
     }
     Ok(())
-}
-
-/// The bytes of `offset..offset + len` of a file at or after `data_start`,
-/// where its tensor data begins.
-pub(crate) fn tensor_part(data_start: u64, offset: u64, len: u64) -> u64 {
-    (offset + len).saturating_sub(offset.max(data_start))
-}
-
-/// `O_DIRECT` on the descriptors of `files` where the policy would read the
-/// file so (FUSE, cold), for as long as the guard lives: reads straight
-/// into a node copy, whoever makes them (the chunk queue's readers here, the
-/// participant of a load split between nodes in `execute/exchange.rs`).
-pub(crate) fn direct_reads<'a>(files: &[&'a OpenedFile], opts: &Options) -> DirectGuard<'a> {
-    let mut guard = DirectGuard::default();
-    for local in files.iter().filter_map(|f| f.local()) {
-        let kind = local.mount().map(|m| m.kind);
-        if policy::wants_direct_io(opts.direct_io, kind, true, || local.mostly_cached()) {
-            // Refused: the file is read through the page cache.
-            let _ = guard.add(local);
-        }
-    }
-    guard
-}
-
-#[cfg(test)]
-mod tests {
-    use super::tensor_part;
-
-    #[test]
-    fn a_chunk_counts_its_tensor_data_only() {
-        // A header of 100 bytes: the first chunk holds it, the others none.
-        assert_eq!(tensor_part(100, 0, 4096), 3996);
-        assert_eq!(tensor_part(100, 4096, 4096), 4096);
-        assert_eq!(tensor_part(100, 0, 100), 0);
-        assert_eq!(tensor_part(100, 0, 50), 0);
-        // The chunks of a file add up to its tensor data.
-        let (size, chunk, data) = (10_000u64, 4096u64, 100u64);
-        let sum: u64 = (0..size.div_ceil(chunk))
-            .map(|i| tensor_part(data, i * chunk, chunk.min(size - i * chunk)))
-            .sum();
-        assert_eq!(sum, size - data);
-    }
 }

@@ -5,8 +5,10 @@ use crate::report::RankSource;
 
 /// This process's place among the job's processes on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LocalRank {
+pub struct LocalRank {
+    /// Its index among them.
     pub rank: usize,
+    /// How many there are.
     pub size: usize,
     /// Where it came from.
     pub source: RankSource,
@@ -24,7 +26,7 @@ impl LocalRank {
     /// The caller's local rank and size where set
     /// (`Loader::local_rank`), else the
     /// launcher's, from the environment of the load.
-    pub(crate) fn from_setting(setting: Option<(usize, usize)>, env: &Environment) -> LocalRank {
+    pub fn from_setting(setting: Option<(usize, usize)>, env: &Environment) -> LocalRank {
         match setting {
             Some((rank, size)) => {
                 LocalRank::checked(rank, size, RankSource::Caller { valid: true })
@@ -71,7 +73,7 @@ const LAUNCHERS: [(&str, &[&str], &str); 4] = [
 /// through `env`. The first launcher whose rank and size are both set
 /// decides; values that are not numbers, or a rank not below the size, make
 /// this process a single rank.
-pub(crate) fn detect_local_rank(env: impl Fn(&str) -> Option<String>) -> LocalRank {
+pub fn detect_local_rank(env: impl Fn(&str) -> Option<String>) -> LocalRank {
     for (rank_var, size_vars, launcher) in LAUNCHERS {
         let Some(rank_text) = env(rank_var) else {
             continue;
@@ -114,7 +116,7 @@ fn leading_number(text: &str) -> Option<usize> {
 /// do not: `SAFELOAD_JOB_ID` where the caller set it, else the launcher's job
 /// id (torchrun's run id, Slurm's job and step, Open MPI's job id), else the
 /// parent process (the ranks of one launcher on a node are its children).
-pub(crate) fn job_key(env: impl Fn(&str) -> Option<String>, parent_pid: u32) -> String {
+pub fn job_key(env: impl Fn(&str) -> Option<String>, parent_pid: u32) -> String {
     let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
     if let Some(id) = set(crate::policy::JOB_ID_ENV) {
         return format!("safeload:{id}");
@@ -135,13 +137,13 @@ pub(crate) fn job_key(env: impl Fn(&str) -> Option<String>, parent_pid: u32) -> 
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
     use std::collections::HashMap;
 
     /// An environment of these variables only, for the functions that read
     /// it through a closure.
-    pub(in crate::prefetch) fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let map: HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -391,7 +391,7 @@ mod tests {
         let slot0 = HEADER_WORDS;
         let beat0 = HEADER_WORDS + SHARED_SLOTS;
         let chunk0 = HEADER_WORDS + 2 * SHARED_SLOTS;
-        let dead = Owner::dead();
+        let dead = crate::dead_owner();
         let cases: Vec<(Vec<u64>, Invalid)> = vec![
             (good[..good.len() - 1].to_vec(), Invalid::Size),
             (vec![0; good.len()], Invalid::Magic),
@@ -441,7 +441,7 @@ mod tests {
         let named = |key: &str| dir.path().join(format!("safeload-prefetch-{key}.queue"));
         // The same queue, its one rank dead: left by a killed job.
         let mut words = words_of(&path);
-        words[HEADER_WORDS] = Owner::dead().word();
+        words[HEADER_WORDS] = crate::dead_owner().word();
         write_words(&named("dead"), &words);
         // Its one rank alive (this process): a live job's.
         std::fs::copy(&path, named("live")).unwrap();

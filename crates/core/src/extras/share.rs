@@ -1,0 +1,299 @@
+//! The share step before reads (the node copy's seam): the files a load opened handed to the extras, which may give some of them a copy shared by the node's local ranks; the result per file, the rule for which files may have one, and what a reader of such a copy shares with the core.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::dest::node::CopyFill;
+use crate::dest::pages::HugePages;
+use crate::format::header::Header;
+use crate::policy::{self, Environment};
+use crate::progress::Callback;
+use crate::report::NodeCopy;
+use crate::source::{DirectGuard, LocalFile, Source};
+use crate::storage::Storage;
+
+use super::local_rank::LocalRank;
+
+/// One file of a load as the share step sees it: opened, its header read,
+/// the policy's first decision taken.
+#[derive(Clone, Copy)]
+pub struct ShareFile<'a> {
+    /// Where its bytes come from (the load's one open of it).
+    pub source: &'a dyn Source,
+    /// Its header.
+    pub header: &'a Header,
+    /// Whether the load reads it buffered (not mapped): only such a file
+    /// may get a copy.
+    pub buffered: bool,
+}
+
+impl<'a> ShareFile<'a> {
+    /// Its source.
+    pub fn source(&self) -> &'a dyn Source {
+        self.source
+    }
+
+    /// Its header.
+    pub fn header(&self) -> &'a Header {
+        self.header
+    }
+
+    /// The path it was opened by.
+    pub fn path(&self) -> &'a Path {
+        self.source.path()
+    }
+
+    /// Its length in bytes, as opened.
+    pub fn size(&self) -> u64 {
+        self.source.len()
+    }
+
+    /// The local file, where it is one.
+    pub fn local(&self) -> Option<&'a LocalFile> {
+        self.source.local()
+    }
+}
+
+/// How a rank takes part in its node's copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The ranks fill the copy together (the share step's own fill).
+    Queue,
+    /// The node's participant in a load split between nodes: the share step
+    /// makes the copy, and the load fills it ([`Pending`]) with the other
+    /// nodes.
+    Participant,
+    /// Another rank of such a node: it waits for the participant's copy,
+    /// complete.
+    Member,
+}
+
+/// What the share step needs of the load besides its files: each knob the
+/// caller or the environment set, once.
+#[derive(Clone, Copy)]
+pub struct ShareAsk<'a> {
+    /// This process among the job's processes of this node.
+    pub rank: &'a LocalRank,
+    /// The environment, read once at the top of the load.
+    pub env: &'a Environment,
+    /// The tensors the load keeps (`None`: all).
+    pub keep: Option<&'a (dyn Fn(&str) -> bool + Sync)>,
+    /// Whether the load converts dtypes (a converted file gets no copy).
+    pub converting: bool,
+    /// How this rank takes part.
+    pub role: Role,
+    /// The caller's direct I/O setting (`Loader::direct_io`).
+    pub direct_io: Option<bool>,
+    /// The page size of fresh memory the caller asked for.
+    pub huge_pages: HugePages,
+    /// The memory the guard may fill, where the caller set it.
+    pub memory_available: Option<u64>,
+    /// The chunk size of a fill, where the caller set one (prefetch's).
+    pub chunk_size: Option<usize>,
+    /// Readers per rank, where the caller set them (prefetch's streams).
+    pub streams: Option<usize>,
+    /// Where the names that coordinate the ranks live, where the caller set
+    /// it (prefetch's queue directory).
+    pub dir: Option<&'a Path>,
+    /// The caller's progress callback.
+    pub progress: Option<&'a Callback>,
+    /// The load's cancel flags: the fill's readers take no chunk once they
+    /// are set.
+    pub cancel: &'a crate::cancel::Cancel,
+}
+
+/// What the share step did for one file.
+pub enum PerFile {
+    /// Not considered (one rank alone, or a mapped file): nothing to say.
+    Absent,
+    /// Its tensors are views of a shared copy; `report` says how it came,
+    /// `bytes_read` what this rank read of its tensor data.
+    Copy {
+        /// The copy, read-only, complete once the share step returns
+        /// (unless the load fills it, [`Pending`]).
+        storage: Arc<Storage>,
+        /// What the report says of it.
+        report: NodeCopy,
+        /// Bytes of tensor data this rank read into it.
+        bytes_read: u64,
+        /// Whether this rank made the copy (the one that writes it to a
+        /// cache).
+        made_here: bool,
+    },
+    /// Read by this rank alone, for this reason.
+    NotUsed(NodeCopy),
+}
+
+impl PerFile {
+    /// What the report says of it, if anything.
+    pub fn report(&self) -> Option<NodeCopy> {
+        match self {
+            PerFile::Absent => None,
+            PerFile::Copy { report, .. } | PerFile::NotUsed(report) => Some(report.clone()),
+        }
+    }
+}
+
+/// Copies the share step made or took, mapped, still to be filled by the
+/// load (the participant's, [`Role::Participant`]): per file, its index
+/// among the load's files and the writer of its copy.
+pub struct Pending {
+    /// Per file, its index among the load's files and its copy's writer.
+    pub files: Vec<(usize, CopyFill)>,
+    /// Offers the copies as complete (to the node's other ranks); called by
+    /// the load once every byte of them is in place.
+    pub complete: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Pending {
+    /// Every byte of every copy is in place: offered as complete from now on.
+    pub fn complete(&self) {
+        (self.complete)();
+    }
+}
+
+/// The share step's answer: per file of the load, in its order, what it
+/// did; and the copies the load is to fill, where it fills any.
+pub struct Shared {
+    /// Per file, in the load's order.
+    pub files: Vec<PerFile>,
+    /// The copies the load fills ([`Role::Participant`]).
+    pub pending: Option<Pending>,
+}
+
+impl Shared {
+    /// Nothing shared: every file of `files` read by this rank, with
+    /// nothing said.
+    pub fn none(files: usize) -> Shared {
+        Shared {
+            files: (0..files).map(|_| PerFile::Absent).collect(),
+            pending: None,
+        }
+    }
+}
+
+/// `O_DIRECT` on the descriptors of `files` where the policy would read the
+/// file so (FUSE, cold), for as long as the guard lives: reads straight
+/// into a shared copy, whoever makes them (the share step's readers, the
+/// participant of a load split between nodes).
+pub fn direct_reads<'a>(
+    files: impl IntoIterator<Item = &'a LocalFile>,
+    direct_io: Option<bool>,
+) -> DirectGuard<'a> {
+    let mut guard = DirectGuard::default();
+    for local in files {
+        let kind = local.mount().map(|m| m.kind);
+        if policy::wants_direct_io(direct_io, kind, true, || local.mostly_cached()) {
+            // Refused: the file is read through the page cache.
+            let _ = guard.add(local);
+        }
+    }
+    guard
+}
+
+/// The bytes of `offset..offset + len` of a file at or after `data_start`,
+/// where its tensor data begins (what a report's `bytes_read` counts of a
+/// copy's chunk).
+pub fn tensor_part(data_start: u64, offset: u64, len: u64) -> u64 {
+    (offset + len).saturating_sub(offset.max(data_start))
+}
+
+/// What the eligibility rule looks at, for one file read buffered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facts {
+    /// Every tensor of the file is loaded (a filter may keep them all).
+    pub all_tensors: bool,
+    /// The load converts dtypes.
+    pub converting: bool,
+    /// Every tensor sits at an offset aligned for its dtype.
+    pub aligned: bool,
+    /// The file's version can be told (device, inode, size, mtime).
+    pub identity: bool,
+}
+
+/// The rule: whether a file read buffered by several ranks gets a copy.
+pub fn eligible(facts: Facts) -> Result<(), NodeCopy> {
+    if !facts.all_tensors {
+        Err(NodeCopy::Filtered)
+    } else if facts.converting {
+        Err(NodeCopy::Converting)
+    } else if !facts.aligned {
+        Err(NodeCopy::Unaligned)
+    } else if !facts.identity {
+        Err(NodeCopy::NoIdentity)
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_counts_its_tensor_data_only() {
+        // A header of 100 bytes: the first chunk holds it, the others none.
+        assert_eq!(tensor_part(100, 0, 4096), 3996);
+        assert_eq!(tensor_part(100, 4096, 4096), 4096);
+        assert_eq!(tensor_part(100, 0, 100), 0);
+        assert_eq!(tensor_part(100, 0, 50), 0);
+        // The chunks of a file add up to its tensor data.
+        let (size, chunk, data) = (10_000u64, 4096u64, 100u64);
+        let sum: u64 = (0..size.div_ceil(chunk))
+            .map(|i| tensor_part(data, i * chunk, chunk.min(size - i * chunk)))
+            .sum();
+        assert_eq!(sum, size - data);
+    }
+
+    #[test]
+    fn the_rule() {
+        let ok = Facts {
+            all_tensors: true,
+            converting: false,
+            aligned: true,
+            identity: true,
+        };
+        assert_eq!(eligible(ok), Ok(()));
+        let table = [
+            (
+                Facts {
+                    all_tensors: false,
+                    ..ok
+                },
+                NodeCopy::Filtered,
+            ),
+            (
+                Facts {
+                    converting: true,
+                    ..ok
+                },
+                NodeCopy::Converting,
+            ),
+            (
+                Facts {
+                    aligned: false,
+                    ..ok
+                },
+                NodeCopy::Unaligned,
+            ),
+            (
+                Facts {
+                    identity: false,
+                    ..ok
+                },
+                NodeCopy::NoIdentity,
+            ),
+            (
+                Facts {
+                    all_tensors: false,
+                    converting: true,
+                    ..ok
+                },
+                NodeCopy::Filtered,
+            ),
+        ];
+        for (facts, why) in table {
+            assert_eq!(eligible(facts), Err(why), "{facts:?}");
+        }
+    }
+}

@@ -42,9 +42,26 @@ impl<X: 'static> Loader<X> {
     /// # let path = dir.path().join("model.safetensors");
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// // An engine's runtime: one thread, also serving its health checks.
-    /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
-    /// let sd = rt.block_on(async {
+    /// # fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    /// #     struct Unpark(std::thread::Thread);
+    /// #     impl std::task::Wake for Unpark {
+    /// #         fn wake(self: std::sync::Arc<Self>) {
+    /// #             self.0.unpark();
+    /// #         }
+    /// #     }
+    /// #     let waker = std::sync::Arc::new(Unpark(std::thread::current())).into();
+    /// #     let mut cx = std::task::Context::from_waker(&waker);
+    /// #     let mut future = std::pin::pin!(future);
+    /// #     loop {
+    /// #         if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+    /// #             return out;
+    /// #         }
+    /// #         std::thread::park();
+    /// #     }
+    /// # }
+    /// // Any executor polls it (tokio's `Runtime::block_on` alike): here a
+    /// // minimal `block_on` that parks the thread until the load wakes it.
+    /// let sd = block_on(async {
     ///     safeload::Loader::new().disable_mmap(true).load_async(&path).await
     /// })?;
     /// assert_eq!(sd.get("w").unwrap().as_bytes(), [1, 2, 3, 4]);
@@ -72,8 +89,24 @@ impl<X: 'static> Loader<X> {
     /// # let path = dir.path().join("model.safetensors");
     /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
     /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
-    /// let ck = rt.block_on(safeload::Loader::new().open_async(&path))?;
+    /// # fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    /// #     struct Unpark(std::thread::Thread);
+    /// #     impl std::task::Wake for Unpark {
+    /// #         fn wake(self: std::sync::Arc<Self>) {
+    /// #             self.0.unpark();
+    /// #         }
+    /// #     }
+    /// #     let waker = std::sync::Arc::new(Unpark(std::thread::current())).into();
+    /// #     let mut cx = std::task::Context::from_waker(&waker);
+    /// #     let mut future = std::pin::pin!(future);
+    /// #     loop {
+    /// #         if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+    /// #             return out;
+    /// #         }
+    /// #         std::thread::park();
+    /// #     }
+    /// # }
+    /// let ck = block_on(safeload::Loader::new().open_async(&path))?;
     /// assert_eq!(ck.get("w").unwrap().shape(), [4]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

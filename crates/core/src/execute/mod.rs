@@ -15,7 +15,7 @@ use crate::dest::node::CopyFill;
 use crate::dest::pages::{HostHugePages, PageSizes};
 use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
-use crate::extras::{self as share, LocalRank, PerFile, Role};
+use crate::extras::{self, LocalRank, PerFile, Role};
 use crate::file::life::{Filling, Planned, Sealed};
 use crate::file::{self, OpenedFile, read_error, threads};
 use crate::memory;
@@ -190,7 +190,7 @@ impl Run<'_> {
         &self,
         files: &[(&'f OpenedFile, u64)],
         split: bool,
-    ) -> (Vec<Entry<'f>>, Option<share::Pending>) {
+    ) -> (Vec<Entry<'f>>, Option<extras::Pending>) {
         let (opts, env) = (self.opts, self.env);
         let role = self.role(split);
         let opened: Vec<&OpenedFile> = files.iter().map(|&(f, _)| f).collect();
@@ -201,9 +201,9 @@ impl Run<'_> {
                 write.pause();
             }
         }
-        let to_share: Vec<share::ShareFile<'_>> = opened.iter().map(|f| f.to_share()).collect();
+        let to_share: Vec<extras::ShareFile<'_>> = opened.iter().map(|f| f.to_share()).collect();
         let ask = opts.share_ask(&rank, env, self.keep, role);
-        let share::Shared {
+        let extras::Shared {
             files: mut copies,
             mut pending,
         } = opts.extras.share(&to_share, &ask);
@@ -247,19 +247,19 @@ impl Run<'_> {
     /// The page cache warmed for the files without a copy, before any
     /// tensor byte is touched (the extras' warm-up).
     fn prefetch(&self, entries: &[Entry<'_>]) -> Result<Option<PrefetchReport>> {
-        let job = share::Job {
+        let job = extras::Job {
             local_rank: self.opts.local_rank,
             memory_available: self.opts.memory_available,
             env: self.env,
             progress: self.opts.progress.as_ref(),
             cancel: &self.opts.cancel,
         };
-        let handed: Vec<share::WarmFile<'_>> = entries
+        let handed: Vec<extras::WarmFile<'_>> = entries
             .iter()
             .filter(|e| !matches!(e.copy, PerFile::Copy { .. }))
             .filter_map(|e| e.file.handed())
             .collect();
-        let warming = share::Warming::BeforeLoad(self.opts.prefetch.as_ref());
+        let warming = extras::Warming::BeforeLoad(self.opts.prefetch.as_ref());
         self.opts.extras.warm_up(&handed, warming, &job)
     }
 

@@ -7,7 +7,7 @@ use safetensors::Dtype;
 
 use crate::cancel::Cancel;
 use crate::dest::pages::HugePages;
-use crate::extras::{LocalRank, PrefetchOptions, Role, ShareAsk};
+use crate::extras::{Job, LocalRank, PrefetchOptions, Role, ShareAsk};
 use crate::mount::MountTable;
 use crate::policy::{Environment, ReadMode};
 
@@ -87,6 +87,24 @@ impl Options {
         crate::policy::CallerReads {
             io_concurrency: self.io_concurrency,
             read_size: self.read_size,
+        }
+    }
+
+    /// What the warm-up needs of the job of a load with these options: the
+    /// local rank (the caller's, else `local_rank`, an exchange's), the
+    /// memory, the environment, the progress callback and `cancel`.
+    pub(crate) fn warm_job<'s>(
+        &'s self,
+        env: &'s Environment,
+        local_rank: Option<(usize, usize)>,
+        cancel: &'s Cancel,
+    ) -> Job<'s> {
+        Job {
+            local_rank: self.local_rank.or(local_rank),
+            memory_available: self.memory_available,
+            env,
+            progress: self.progress.as_ref(),
+            cancel,
         }
     }
 

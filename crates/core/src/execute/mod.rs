@@ -247,13 +247,7 @@ impl Run<'_> {
     /// The page cache warmed for the files without a copy, before any
     /// tensor byte is touched (the extras' warm-up).
     fn prefetch(&self, entries: &[Entry<'_>]) -> Result<Option<PrefetchReport>> {
-        let job = extras::Job {
-            local_rank: self.opts.local_rank,
-            memory_available: self.opts.memory_available,
-            env: self.env,
-            progress: self.opts.progress.as_ref(),
-            cancel: &self.opts.cancel,
-        };
+        let job = self.opts.warm_job(self.env, None, &self.opts.cancel);
         let handed: Vec<extras::WarmFile<'_>> = entries
             .iter()
             .filter(|e| !matches!(e.copy, PerFile::Copy { .. }))

@@ -8,7 +8,7 @@ use crate::cancel;
 use crate::checkpoint::{self, Checkpoint};
 use crate::error::Result;
 use crate::execute::Run;
-use crate::extras::{Job, WarmFile, Warming};
+use crate::extras::{WarmFile, Warming};
 use crate::file;
 use crate::policy::Environment;
 use crate::resolve::{self, Resolved, ShardFile};
@@ -169,17 +169,11 @@ impl<X> Loader<X> {
             Some(_) => None,
             None => join_exchange(&*self.opts.extras, path.as_ref())?,
         };
-        let job = Job {
-            local_rank: self
-                .opts
-                .local_rank
-                .or(joined.as_ref().map(|j| j.local_rank)),
-            memory_available: self.opts.memory_available,
-            env: &env,
-            progress: self.opts.progress.as_ref(),
-            // `warm` does not check the loader's flag (`Loader::cancel_on`).
-            cancel: &crate::cancel::Cancel::NONE,
-        };
+        // `warm` does not check the loader's flag (`Loader::cancel_on`).
+        let exchange_rank = joined.as_ref().map(|j| j.local_rank);
+        let job = self
+            .opts
+            .warm_job(&env, exchange_rank, &crate::cancel::Cancel::NONE);
         let reason = crate::report::PrefetchReason::Requested {
             streams: options.stream_count(),
         };

@@ -1,13 +1,9 @@
 //! Asking the other ranks for a copy: each live holder's socket of this user, in turn, every wait bounded; another user's names skipped unopened and said once.
 //!
-//! The asking happens under a lock other ranks wait on (the key's, or the
-//! fill's queue file's), so nothing here waits on a process without a
-//! bound: only this user's sockets are connected to (`registry::entries`
-//! looks at each name by `lstat(2)` first), and each connection, its
-//! connect included, is given [`PATIENCE`](super::handoff::PATIENCE)
-//! (`handoff::take`); a holder that runs (not stopped) and does not answer
-//! is asked again, [`TRIES`] times in all. Another user can make names
-//! there, never make a rank wait on them.
+//! It runs under a lock other ranks wait on, so every wait is bounded: only
+//! this user's sockets are connected to, each connection given
+//! [`PATIENCE`](super::handoff::PATIENCE), a running holder that does not
+//! answer asked [`TRIES`] times.
 
 use std::fs::File;
 use std::path::Path;

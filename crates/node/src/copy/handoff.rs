@@ -1,13 +1,9 @@
 //! A node copy handed from rank to rank: the offer (which files, their lengths, whether the copy is complete) sent with the memory files attached over a Unix socket (`SCM_RIGHTS`), both ends checked to be this user's processes (`SO_PEERCRED`).
 //!
-//! Every rank that holds a copy hands it out, for as long as it holds it
-//! (a [`Server`] thread, asleep in `poll(2)` until a peer connects, stopped
-//! when its last tensor of the copy is dropped), so that a rank that joins
-//! late finds it even when the rank that created it is gone.
-//!
-//! Every wait on a peer is bounded by [`PATIENCE`]: the connect (a
-//! listener that never accepts, or whose backlog is full, would hold a
-//! blocking `connect(2)` for as long as it lives), the receive, the send.
+//! Every holder hands its copy out from a [`Server`] thread (asleep in
+//! `poll(2)`) until its last tensor goes, so a late rank finds it after its
+//! maker is gone. Every wait on a peer (connect, receive, send) is bounded by
+//! [`PATIENCE`].
 
 use std::fs::File;
 use std::io;

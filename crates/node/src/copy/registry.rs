@@ -1,34 +1,18 @@
 //! Where a node copy is found: its key (the files' versions and the job), the names of its lock and of the sockets that hand it out, and the removal of what dead jobs left.
 //!
-//! In the queue directory (`/dev/shm`, else the temporary directory):
+//! In the queue directory: `safeload-node-<key>-u<uid>.lock`, this user's
+//! lock (`coord/lock.rs`) held while a rank looks for, makes, or starts or
+//! stops handing out a copy; and `safeload-node-<key>-<owner>.sock`, one per
+//! holder, named by its owner word so a dead holder is known by its name. The
+//! key covers the files' versions, the chunk size and the job; not the uid:
+//! another user's copy is found and refused by its credentials (`handoff.rs`).
 //!
-//! - `safeload-node-<key>-u<uid>.lock`: a private lock file (`coord/lock.rs`)
-//!   held while a rank looks for a copy, creates one or starts or stops
-//!   handing one out, so that two ranks never both create the copy;
-//! - `safeload-node-<key>-<owner>.sock`: one socket per rank that holds the
-//!   copy, named by its owner word (pid and start time, `coord/owner.rs`),
-//!   so that a socket whose process is gone is known dead by its name.
-//!
-//! The key covers each file's device, inode, size and modification time
-//! (with its canonical path), the chunk size and the job: a file replaced
-//! between two jobs, or another job, never finds this copy. The uid is not
-//! in the key: another user's copy of the same files is found, and refused
-//! by its credentials, with a reason (`handoff.rs`).
-//!
-//! A job killed at any point leaves sockets and a lock file; the next node
-//! copy on the node, of any job, removes them by the dead-owner rule
-//! (`coord/mod.rs`, [`sweep`]): the sockets of dead owners, then the lock
-//! files free and with no live owner's socket, never anything of a live rank.
-//!
-//! The directory is shared (`/dev/shm` is every user's): any local user can
-//! make a name that parses as a holder's socket or a lock. Each name is
-//! looked at by `lstat(2)` before anything else ([`entries`]): a name that
-//! is not this user's, or a holder's name that is not a socket, is never
-//! connected to, followed, removed or counted as a live holder; it is
-//! reported once ([`Foreign`]). Removing this user's own names after that
-//! look is safe from a swap: in a sticky directory (`/dev/shm`, `/tmp`)
-//! another user cannot unlink them to put something else there (unlink(2),
-//! `EPERM`).
+//! `/dev/shm` is every user's: each name is looked at by `lstat(2)` first
+//! ([`entries`]), and one not this user's, or a holder's name that is no
+//! socket, is never connected to, followed, removed or counted; it is said
+//! once ([`Foreign`]). Removing this user's names after that look is safe: in
+//! a sticky directory another user cannot swap them (unlink(2), `EPERM`).
+//! What killed jobs left goes by the dead-owner rule ([`sweep`]).
 
 use std::path::{Path, PathBuf};
 

@@ -1,18 +1,12 @@
 //! The shared queue file: created, validated, attached to or replaced under its lock, left (and removed by the last live rank) on drop; else a queue in this process's memory.
 //!
-//! The file is `safeload-prefetch-<hash>.queue`, where the hash covers the
-//! files' canonical paths, devices, inodes, sizes and modification times,
-//! the chunk size, the job (the launcher's job id, else the parent pid) and
-//! the format version.
-//! It is created `0600`, in `/dev/shm` unless the caller says otherwise.
-//!
-//! Creating, attaching and leaving happen under the file's lock (`coord/`). The
-//! first rank creates it, checks residency and applies the memory guard
-//! while holding the lock, then stores the magic; the others wait on the
-//! lock, validate what they find (size, magic, version, key, layout, every
-//! word) and replace a file that fails, or that no live rank is attached to.
-//! More than 256 ranks on a node share the chunks, but only the first 256
-//! count for removing the file.
+//! The file is `safeload-prefetch-<hash>.queue` (`0600`, in `/dev/shm` unless
+//! the caller says otherwise); the hash covers the files' identities, the
+//! chunk size, the job and the format version. The first rank creates it and
+//! fills it under the lock (`coord/lock.rs`), storing the magic last; the
+//! others validate every word and replace a file that fails or that no live
+//! rank is attached to. More than 256 ranks share the chunks, but only the
+//! first 256 count for removing the file.
 
 use std::fs::File;
 use std::io;

@@ -7,7 +7,11 @@ use std::time::{Duration, Instant};
 
 use super::claims::{Claims, Reader};
 use super::plan::Chunk;
-use super::queue::{ChunkState, DONE, FREE, SKIPPED, SlotState, chunk_state, slot_state};
+use super::queue::{
+    ChunkState, DONE, FREE, SKIPPED, SlotState, chunk_state, chunk_words, heartbeat_words,
+    slot_state, slot_words,
+};
+use super::queue_file::Queue;
 use super::residency::Target;
 use super::takeover::{self, Verdict, Watch};
 use super::warm::{advise_and_wait, read_chunk};
@@ -118,7 +122,37 @@ pub(super) struct Outcome {
     pub taken_over: Vec<(u32, Duration)>,
 }
 
-impl Work<'_> {
+impl<'a> Work<'a> {
+    /// The readers of this rank over `queue`'s words, claiming in
+    /// `claimable`: no page-cache targets, chunk callback or sink (set them
+    /// after).
+    pub(super) fn over(
+        queue: &'a Queue,
+        chunks: &'a [Chunk],
+        claimable: Range<usize>,
+        meter: &'a Meter,
+        cancel: &'a Cancel,
+    ) -> Work<'a> {
+        let (words, layout) = (queue.words(), queue.layout());
+        Work {
+            targets: &[],
+            methods: &[],
+            chunks,
+            states: chunk_words(words, layout),
+            me: Owner::current(),
+            shared: queue.is_shared(),
+            claimable,
+            on_chunk: None,
+            meter,
+            slots: slot_words(words, layout),
+            heartbeats: heartbeat_words(words, layout),
+            heartbeat: queue.heartbeat(),
+            tally: Tally::default(),
+            sink: None,
+            cancel,
+        }
+    }
+
     /// Runs one reader per start, then checks that what they warmed landed.
     pub(super) fn run(&self, starts: &[usize]) -> Result<Outcome> {
         self.run_readers(starts);
@@ -324,7 +358,8 @@ impl Work<'_> {
         }
     }
 
-    /// Warms the chunk this rank holds, and marks it done.
+    /// Warms the chunk this rank holds (or reads it into the sink), and
+    /// marks it done.
     pub(super) fn handle(
         &self,
         held: Held,
@@ -336,73 +371,58 @@ impl Work<'_> {
             return Ok(());
         };
         if let Some(sink) = self.sink {
-            return self.fill(sink, held, chunk, word);
-        }
-        let (Some(target), Some(&method)) =
-            (self.targets.get(chunk.file), self.methods.get(chunk.file))
-        else {
-            return Ok(());
-        };
-        if let Ok(mut handled) = self.tally.handled.lock() {
-            handled.push(i);
-        }
-        let resident = target.resident_quick(chunk.offset, chunk.len, pages);
-        if resident != Some(chunk.len) {
-            let started = Instant::now();
-            self.tally
-                .warmed
-                .fetch_add(chunk.len - resident.unwrap_or(0), Ordering::Relaxed);
-            // Before a chunk the memory guard skipped, `WILLNEED` of exactly
-            // this chunk, where a read's read-ahead would warm part of the
-            // skipped one. (A second descriptor with read-ahead off would do
-            // it too, but a second open of a file during a load is what a
-            // FUSE daemon may resolve to another version of it.)
-            let bounded = self.skipped_ahead(i, target);
-            match (method, resident) {
-                (PrefetchMethod::WillNeed, Some(_)) => {
-                    advise_and_wait(target, chunk, scratch, pages, &|| self.beat())?
-                }
-                (_, Some(_)) if bounded => {
-                    advise_and_wait(target, chunk, scratch, pages, &|| self.beat())?
-                }
-                _ => read_chunk(target, &target.file, chunk, scratch)?,
+            self.note_handled(i);
+            self.timed(chunk.len, || sink.fill(chunk, &|| self.beat()))?;
+        } else {
+            let (Some(target), Some(&method)) =
+                (self.targets.get(chunk.file), self.methods.get(chunk.file))
+            else {
+                return Ok(());
+            };
+            self.note_handled(i);
+            let resident = target.resident_quick(chunk.offset, chunk.len, pages);
+            if resident != Some(chunk.len) {
+                // Before a chunk the memory guard skipped, `WILLNEED` of exactly
+                // this chunk, where a read's read-ahead would warm part of the
+                // skipped one. (A second descriptor with read-ahead off would do
+                // it too, but a second open of a file during a load is what a
+                // FUSE daemon may resolve to another version of it.)
+                let bounded = self.skipped_ahead(i, target);
+                let missing = chunk.len - resident.unwrap_or(0);
+                let advise = resident.is_some() && (method == PrefetchMethod::WillNeed || bounded);
+                self.timed(missing, || match advise {
+                    true => advise_and_wait(target, chunk, scratch, pages, &|| self.beat()),
+                    false => read_chunk(target, &target.file, chunk, scratch),
+                })?;
+                self.beat();
             }
-            let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            self.tally.read_nanos.fetch_add(nanos, Ordering::Relaxed);
-            self.tally.reads.fetch_add(1, Ordering::Relaxed);
-            self.beat();
-        }
-        if let Some(f) = self.on_chunk {
-            f(&target.path, chunk.offset..chunk.offset + chunk.len);
+            if let Some(f) = self.on_chunk {
+                f(&target.path, chunk.offset..chunk.offset + chunk.len);
+            }
         }
         self.meter.add(chunk.len);
         // Fails only if another rank took the chunk over, taking this
-        // process for dead or stopped; it is warm either way.
+        // process for dead or stopped: the bytes are in place either way.
         swap(word, claim, DONE);
         self.tally.progress.fetch_add(1, Ordering::Relaxed);
         self.beat();
         Ok(())
     }
 
-    /// Reads the chunk this rank holds (`chunk`, its state `word`) into the
-    /// sink, and marks it done.
-    fn fill(&self, sink: &dyn Sink, held: Held, chunk: Chunk, word: &AtomicU64) -> Result<()> {
-        let Held { index: i, claim } = held;
+    fn note_handled(&self, i: usize) {
         if let Ok(mut handled) = self.tally.handled.lock() {
             handled.push(i);
         }
+    }
+
+    /// Runs `read` of `bytes` not yet in place, timed for the take-over rule.
+    fn timed(&self, bytes: u64, read: impl FnOnce() -> Result<()>) -> Result<()> {
         let started = Instant::now();
-        sink.fill(chunk, &|| self.beat())?;
+        self.tally.warmed.fetch_add(bytes, Ordering::Relaxed);
+        read()?;
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.tally.read_nanos.fetch_add(nanos, Ordering::Relaxed);
         self.tally.reads.fetch_add(1, Ordering::Relaxed);
-        self.tally.warmed.fetch_add(chunk.len, Ordering::Relaxed);
-        self.meter.add(chunk.len);
-        // Fails only if another rank took the chunk over: it read the same
-        // bytes of the same file into the same place.
-        swap(word, claim, DONE);
-        self.tally.progress.fetch_add(1, Ordering::Relaxed);
-        self.beat();
         Ok(())
     }
 

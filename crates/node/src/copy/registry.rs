@@ -22,10 +22,9 @@ use crate::source::{Source, Version, VersionTag};
 
 const PREFIX: &str = "safeload-node-";
 
-/// The bytes that name one version of one file: a local file's device,
-/// inode, length, modification time and canonical path; a remote object's
-/// address, length and ETag. `None` for a file whose version cannot be told
-/// (no inode numbers, no ETag), which gets no copy.
+/// The bytes that name one version of one file (device, inode, length,
+/// mtime and path; or address, length and ETag); `None` where it cannot be
+/// told, and the file gets no copy.
 pub(crate) fn identity(source: &dyn Source) -> Option<Vec<u8>> {
     let Version { len, tag } = source.version();
     let mut bytes = Vec::with_capacity(64);
@@ -146,9 +145,7 @@ pub(crate) fn entries(dir: &Path) -> Vec<Name> {
         .collect()
 }
 
-/// The key's lock at `path`, waited for at most [`coord::PATIENCE`]; the
-/// error says what is at `path` where it is not this user's lock file, and
-/// how long this rank waited where another process held it.
+/// The key's lock at `path`, waited for at most [`coord::PATIENCE`].
 pub(crate) fn take_lock(path: &Path) -> Result<Lock, String> {
     Lock::take(Place::Private(path), coord::PATIENCE)
         .map_err(|e| lock_failed(path, coord::PATIENCE, &e))
@@ -176,11 +173,8 @@ pub(crate) fn held(dir: &Path, key: u64) -> bool {
     entries(dir).iter().any(|n| n.live_holder_of(key))
 }
 
-/// Removes what dead jobs of this user left in `dir`, by the dead-owner
-/// rule: sockets whose owner is gone, then lock files free and with no live
-/// owner's socket (a rank that holds one is looking for a copy, and its
-/// socket comes before it lets go). Another user's names are left alone.
-/// Returns how many files were removed.
+/// Removes what dead jobs of this user left in `dir` (dead owners' sockets,
+/// then free lock files with no live socket): how many files.
 pub(crate) fn sweep(dir: &Path) -> usize {
     let uid = os::effective_uid().unwrap_or(u32::MAX);
     let found = entries(dir);

@@ -33,9 +33,7 @@ pub(crate) struct FillOutcome {
     pub chunk_size: u64,
     /// Chunks this rank read at the end because nobody finished them.
     pub finished_here: usize,
-    /// Whether the chunks were shared with the other ranks through a queue
-    /// file; else this rank read every chunk itself, and why (the queue
-    /// file's path and the error).
+    /// Where this rank read every chunk itself: the queue file's path, and why.
     pub unshared: Option<(PathBuf, String)>,
     /// Queue files of dead jobs removed first.
     pub swept: usize,
@@ -54,12 +52,10 @@ pub(crate) struct SharedQueue<'a> {
     /// Readers in this process.
     pub streams: usize,
     /// Called once every chunk is in place, before this rank leaves the
-    /// queue: a rank that joins after the last has left must learn from it
-    /// that the fill is over, not start one anew.
+    /// queue, so a rank joining later does not start the fill anew.
     pub complete: &'a dyn Fn(),
-    /// Asked by the rank that makes the queue file: where it says the fill
-    /// is over (a rank that took the copy unfinished in the instant before
-    /// the last filler called `complete`), every chunk starts done.
+    /// Asked by the rank that makes the queue file: where the fill is over
+    /// already, every chunk starts done.
     pub done_elsewhere: &'a dyn Fn() -> bool,
     /// Filled by this rank alone, through a queue in its memory (a copy no
     /// other rank fills: the queue file of its key is another copy's).

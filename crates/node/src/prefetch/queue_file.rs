@@ -136,12 +136,8 @@ impl Drop for SharedQueue {
     }
 }
 
-/// Removes the queue files in `dir` that no live rank is attached to (the
-/// dead-owner rule): what a killed job left (the last rank to leave removes
-/// a queue otherwise, and a job only replaces a stale file of its own key).
-/// Only this user's files are looked at, each under its lock, so that a
-/// rank creating or joining one is never disturbed. Returns how many were
-/// removed.
+/// Removes the queue files in `dir` that killed jobs left (no live rank
+/// attached), each under its lock: how many.
 pub(crate) fn sweep_stale(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
@@ -158,10 +154,8 @@ pub(crate) fn sweep_stale(dir: &Path) -> usize {
     ours.count()
 }
 
-/// Whether a queue file, locked by the caller, is left by ranks that are
-/// all gone: empty or never initialized (its creator died under the lock),
-/// or valid with no live rank attached. A file of another format version
-/// is left alone.
+/// Whether a queue file, locked by the caller, is left by ranks all gone:
+/// empty, never initialized, or valid with no live rank attached.
 fn is_stale(file: &File) -> bool {
     let Ok(len) = file.metadata().map(|m| m.len()) else {
         return false;
@@ -227,10 +221,9 @@ impl Queue {
         }
     }
 
-    /// The queue file in `dir` for this key material (the files'
-    /// identities, the chunk size and the job), created, joined or
-    /// replaced; this process's own queue where the file cannot be had.
-    /// `make` runs only if this rank creates the queue.
+    /// The queue file in `dir` for this key material, created, joined or
+    /// replaced; a local queue where it cannot be had. `make` runs only if
+    /// this rank creates the queue.
     pub(super) fn shared(
         dir: &Path,
         key_material: &[u8],

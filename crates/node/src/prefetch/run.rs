@@ -16,16 +16,12 @@ use crate::policy::PrefetchMethod;
 use crate::progress::{Meter, Phase};
 use crate::report::{PrefetchReason, PrefetchReport, QueueNote};
 
-/// A prefetch planned: the files, their chunks, this process's rank, and
-/// the first residency check where one was made. Planned once, whether the
-/// auto policy looks at it first or not.
+/// A prefetch planned once, whether the auto policy looks at it first or not.
 pub(super) struct Plan {
     pub targets: Vec<Target>,
     pub chunks: ChunkPlan,
     pub rank: LocalRank,
-    /// Residency of every chunk and the memory guard's decision, once
-    /// checked: by the auto policy before it decides, else by the rank that
-    /// creates the queue.
+    /// Residency and the guard's decision, where the auto policy checked.
     checked: Option<Init>,
 }
 

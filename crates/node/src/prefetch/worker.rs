@@ -28,10 +28,9 @@ use crate::report::SkipReason;
 /// How often a reader with nothing to claim looks at the queue again.
 const POLL: Duration = Duration::from_millis(2);
 
-/// A reader stops waiting for chunks claimed by live ranks when no chunk of
-/// the queue has finished for this long, and reports them as not warmed.
-/// The last resort, for what the take-over rule leaves alone (see
-/// `takeover.rs`): a stopped rank's chunks are taken over within 2 s.
+/// A reader gives up on live ranks' chunks (reported as not warmed) when no
+/// chunk has finished for this long: the last resort, for what the take-over
+/// rule (`takeover.rs`) leaves alone.
 const STALL: Duration = Duration::from_secs(60);
 
 /// What the readers of one rank work from.
@@ -45,28 +44,21 @@ pub(super) struct Work<'a> {
     pub shared: bool,
     pub claimable: Range<usize>,
     pub on_chunk: Option<&'a ChunkCallback>,
-    /// The caller's progress: bytes of the chunks this rank handled.
     pub meter: &'a Meter,
-    /// The queue's rank slots and their heartbeats (empty for a queue of
-    /// this process's own).
+    /// The queue's rank slots and their heartbeats (empty for a local queue).
     pub slots: &'a [AtomicU64],
     pub heartbeats: &'a [AtomicU64],
     /// This rank's heartbeat, where it holds a slot.
     pub heartbeat: Option<&'a AtomicU64>,
-    /// What the readers did so far ([`Tally::default`] to start).
     pub tally: Tally,
-    /// Where a chunk's bytes go instead of the page cache (a node copy,
-    /// `fill.rs`); `None` to warm the page cache.
+    /// Where a chunk's bytes go instead of the page cache (a node copy).
     pub sink: Option<&'a dyn Sink>,
-    /// The flags of the load the readers work for: no chunk is taken once
-    /// they are set.
     pub cancel: &'a Cancel,
 }
 
 /// A destination the chunks are read into, each straight into its place.
 pub(super) trait Sink: Sync {
-    /// Reads `chunk` into its place, calling `beat` as its bytes land (in
-    /// pieces), so that the other ranks see a long read make progress.
+    /// Reads `chunk` into its place, calling `beat` as pieces of it land.
     fn fill(&self, chunk: Chunk, beat: &dyn Fn()) -> Result<()>;
 }
 
@@ -78,20 +70,17 @@ pub(super) struct Tally {
     stalled: Mutex<Option<(u64, SkipReason)>>,
     pub(super) failed: AtomicBool,
     error: Mutex<Option<Error>>,
-    /// Bumped whenever a chunk of this rank finishes (for stall detection
-    /// along with the queue's own states).
+    /// Chunks of this rank finished (the stall guard watches it).
     progress: AtomicUsize,
-    /// Chunks this rank had to read, and the nanoseconds they took: the
-    /// expected read time of the take-over rule.
+    /// Chunks this rank read, and their nanoseconds: the take-over rule's
+    /// expected read time.
     reads: AtomicU64,
     read_nanos: AtomicU64,
-    /// Chunks taken over from live holders that showed no progress: per
-    /// take-over, the holder's pid and the patience that ran out.
     taken_over: Mutex<Vec<(u32, Duration)>>,
 }
 
-/// A chunk this rank holds: its index, and the claim word this rank wrote
-/// on it (a chunk is marked done only from that word).
+/// A chunk this rank holds, and the claim word it wrote (marked done only
+/// from that word).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Held {
     pub index: usize,
@@ -109,16 +98,14 @@ impl Tally {
 
 /// What a rank's readers did, once they are done.
 pub(super) struct Outcome {
-    /// Chunks this rank claimed and handled.
     pub handled: usize,
     /// Bytes this rank found missing and warmed.
     pub warmed: u64,
     /// Bytes read again because they had not landed.
     pub reread: u64,
-    /// Bytes given up on after waiting [`STALL`], and why.
+    /// Bytes given up on after [`STALL`], and why.
     pub stalled: Option<(u64, SkipReason)>,
-    /// Chunks taken over from live holders that showed no progress: per
-    /// take-over, the holder's pid and the patience that ran out.
+    /// Per chunk taken over from a live holder: its pid, the patience spent.
     pub taken_over: Vec<(u32, Duration)>,
 }
 
@@ -238,9 +225,7 @@ impl<'a> Work<'a> {
         }
     }
 
-    /// The heartbeat of `owner`: the sum over the slots it is attached to
-    /// (one, unless a process runs two prefetches of the same checkpoint);
-    /// `None` when it holds no slot.
+    /// The heartbeat of `owner`, summed over its slots; `None` without one.
     fn beat_of(&self, owner: Owner) -> Option<u64> {
         let mut found: Option<u64> = None;
         for (slot, beat) in self.slots.iter().zip(self.heartbeats) {
@@ -252,11 +237,8 @@ impl<'a> Work<'a> {
         found
     }
 
-    /// With nothing free: takes over a chunk whose holder died or made no
-    /// progress for a while (the rule of `takeover.rs`), or waits for the
-    /// holders; the chunk and the claim written, or `None` when every chunk
-    /// is finished, or when nothing has finished for [`STALL`] (recorded in
-    /// `stalled`).
+    /// With nothing free: a chunk taken over (`takeover.rs`) once one may
+    /// be; `None` when every chunk is finished or after [`STALL`].
     pub(super) fn wait_or_take_over(&self, watch: &mut Watch) -> Option<Held> {
         let mut last_seen = (usize::MAX, 0usize);
         let mut last_change = Instant::now();
@@ -382,11 +364,9 @@ impl<'a> Work<'a> {
             self.note_handled(i);
             let resident = target.resident_quick(chunk.offset, chunk.len, pages);
             if resident != Some(chunk.len) {
-                // Before a chunk the memory guard skipped, `WILLNEED` of exactly
-                // this chunk, where a read's read-ahead would warm part of the
-                // skipped one. (A second descriptor with read-ahead off would do
-                // it too, but a second open of a file during a load is what a
-                // FUSE daemon may resolve to another version of it.)
+                // Before a chunk the guard skipped, `WILLNEED` of exactly this
+                // chunk: a read's read-ahead would warm part of the skipped one
+                // (a second open with read-ahead off may meet another version).
                 let bounded = self.skipped_ahead(i, target);
                 let missing = chunk.len - resident.unwrap_or(0);
                 let advise = resident.is_some() && (method == PrefetchMethod::WillNeed || bounded);
@@ -426,9 +406,8 @@ impl<'a> Work<'a> {
         Ok(())
     }
 
-    /// Whether the memory guard skipped a chunk of the same file that the
-    /// kernel's read-ahead for chunk `i` could reach (two read-ahead windows
-    /// on, the most it keeps ahead of a sequential reader).
+    /// Whether the guard skipped a chunk of the same file within two
+    /// read-ahead windows after chunk `i` (what read-ahead could reach).
     fn skipped_ahead(&self, i: usize, target: &Target) -> bool {
         let Some(chunk) = self.chunks.get(i) else {
             return false;
@@ -459,9 +438,8 @@ impl<'a> Work<'a> {
             let Some(target) = self.targets.get(chunk.file) else {
                 continue;
             };
-            // Landed, not merely present: a page can be in the page cache
-            // without its data (a large folio only partly read), and a read
-            // completes it.
+            // Landed, not merely present: a large folio only partly read is
+            // in the page cache without all its data.
             if let Some(r) = target.landed(chunk.offset, chunk.len, &mut pages) {
                 if r < chunk.len {
                     read_chunk(target, &target.file, chunk, &mut scratch)?;
@@ -473,9 +451,8 @@ impl<'a> Work<'a> {
     }
 }
 
-/// Moves a chunk word from `from` to `to` if it still holds `from`: every
-/// change of a chunk's state is one compare-and-swap, so of two ranks that
-/// race for a chunk exactly one wins.
+/// Moves a chunk word from `from` to `to` if it still holds `from`: of two
+/// ranks racing for a chunk exactly one wins.
 pub(super) fn swap(word: &AtomicU64, from: u64, to: u64) -> bool {
     word.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
         .is_ok()

@@ -35,7 +35,7 @@ pub(super) fn coordinate(
     let (lock, found) = node.find(&mut remarks)?;
     // A holder did not hand its copy over: a copy made now is a second one,
     // this rank's own, which the key's queue (the first copy's) must not fill.
-    let private = node.role == Role::Queue && found.is_none() && remarks.holder_failed();
+    let private = ask.role == Role::Queue && found.is_none() && remarks.holder_failed();
     let mut results: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
     let Some(obtained) = node.take_or_make(found, &mut results)? else {
         // Nothing fits: no copy to hand out; a rank that comes next
@@ -91,7 +91,6 @@ pub(super) fn coordinate(
 struct Coordination<'a> {
     files: &'a [ShareFile<'a>],
     ask: &'a ShareAsk<'a>,
-    role: Role,
     chunk_size: u64,
     dir: PathBuf,
     key: u64,
@@ -143,7 +142,6 @@ impl<'a> Coordination<'a> {
         Ok(Coordination {
             files,
             ask,
-            role: ask.role,
             chunk_size,
             dir,
             key,
@@ -165,7 +163,7 @@ impl<'a> Coordination<'a> {
     /// The key's lock, and the copy a live rank of this user hands out, if
     /// any (a member waits for its participant's, complete).
     fn find(&self, remarks: &mut Remarks) -> Result<(Lock, Option<Found>), String> {
-        if self.role == Role::Member {
+        if self.ask.role == Role::Member {
             let patience = ask::member_patience(self.ask.env);
             let (lock, found) =
                 ask::wait_for_complete(&self.asking(), &self.lock_path, patience, remarks)?;
@@ -256,7 +254,7 @@ impl<'a> Coordination<'a> {
         let mut filled = Filled {
             read_here: vec![ReadHere::default(); offer.files.len()],
             chunk_size: self.chunk_size,
-            deferred: !offer.complete && self.role == Role::Participant,
+            deferred: !offer.complete && self.ask.role == Role::Participant,
             huge_pages,
         };
         if offer.complete || filled.deferred {
@@ -277,8 +275,8 @@ impl<'a> Coordination<'a> {
             chunk_size: self.chunk_size,
             private,
         };
-        let (read_here, outcome) = fill::fill(&copy, self.ask, &complete)
-            .map_err(|e| format!("filling the copy: {e}"))?;
+        let (read_here, outcome) =
+            fill::fill(&copy, self.ask, &complete).map_err(|e| format!("filling the copy: {e}"))?;
         filled.read_here = read_here;
         filled.chunk_size = outcome.chunk_size;
         note_fill(remarks, outcome, self.swept);

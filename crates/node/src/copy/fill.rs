@@ -174,10 +174,9 @@ fn parts_of_offer<'a>(
     Ok(parts)
 }
 
-/// The fill queue's key material: the copy's key, and the user.
+/// The fill queue's key material: the copy's key, and the user (another
+/// user's queue of the same copy is not this one's to join).
 fn queue_material(key: u64) -> Vec<u8> {
-    // The queue's key: the copy's, and the user (another user's queue file
-    // of the same copy is not this one's to join).
     let uid = os::effective_uid().unwrap_or(u32::MAX);
     [
         &key.to_le_bytes()[..],
@@ -187,10 +186,9 @@ fn queue_material(key: u64) -> Vec<u8> {
     .concat()
 }
 
-/// Checks that each local file is still of the length it was opened at.
+/// Checks that each local file is still of the length it was opened at (a
+/// remote object's every request required the version opened).
 fn check_lengths(parts: &[Part<'_>]) -> crate::error::Result<()> {
-    // A local file may have changed length meanwhile (a remote object's
-    // every request required the version opened).
     for part in parts {
         let (f, expected) = (part.file, part.file.size());
         let Some(local) = f.local() else {

@@ -285,8 +285,9 @@ impl<'a> Work<'a> {
                 };
                 match takeover::verdict(claim, self.me, alive, quiet, patience) {
                     Verdict::TakeOver(mine) if swap(word, seen, mine.word()) => {
-                        if alive {
-                            self.note_taken_over(owner.pid, patience);
+                        // Said in the report: its bytes are read twice.
+                        if let (true, Ok(mut taken)) = (alive, self.tally.taken_over.lock()) {
+                            taken.push((owner.pid, patience));
                         }
                         return Some(Held {
                             index: i,
@@ -310,14 +311,6 @@ impl<'a> Work<'a> {
                 return None;
             }
             std::thread::sleep(POLL);
-        }
-    }
-
-    /// A chunk taken over from the live `pid`, quiet for `patience`: said in
-    /// the report (its bytes are read twice).
-    fn note_taken_over(&self, pid: u32, patience: Duration) {
-        if let Ok(mut taken) = self.tally.taken_over.lock() {
-            taken.push((pid, patience));
         }
     }
 

@@ -68,11 +68,6 @@ impl Remarks {
             .any(|r| matches!(r, CopyRemark::HolderFailed { .. }))
     }
 
-    /// The last remark, if any.
-    fn last(&self) -> Option<&CopyRemark> {
-        self.said.last()
-    }
-
     /// Every remark, another user's names after the rest.
     pub(super) fn notes(&self) -> Vec<CopyRemark> {
         let me = os::effective_uid();
@@ -206,7 +201,11 @@ pub(super) fn wait_for_complete(
         if filling {
             last_seen = Instant::now();
         } else if last_seen.elapsed() > patience {
-            let why = said.last().map(|s| format!(" ({s})")).unwrap_or_default();
+            let why = said
+                .said
+                .last()
+                .map(|s| format!(" ({s})"))
+                .unwrap_or_default();
             return Err(format!(
                 "the node's participant offered no copy within {patience:?}{why}"
             ));

@@ -54,16 +54,8 @@ pub(super) fn coordinate(
     };
     drop(lock);
 
-    // 2. The fill, unless the copy came complete (or the load fills it),
-    // its pages of the size the caller or the environment asks for.
-    let huge_pages = policy::huge_pages(ask.huge_pages, ask.env).0;
-    let filled = node.fill(
-        &obtained,
-        server.as_ref(),
-        huge_pages,
-        private,
-        &mut remarks,
-    )?;
+    // 2. The fill, unless the copy came complete (or the load fills it).
+    let filled = node.fill(&obtained, server.as_ref(), private, &mut remarks)?;
 
     // 3. Each file's copy, mapped read-only; the server stops with the last.
     let guard = Arc::new(Hold {
@@ -246,11 +238,12 @@ impl<'a> Coordination<'a> {
         &self,
         obtained: &Obtained,
         server: Option<&Server>,
-        huge_pages: HugePages,
         private: bool,
         remarks: &mut Remarks,
     ) -> Result<Filled, String> {
         let offer = &obtained.offer;
+        // Its pages of the size the caller or the environment asks for.
+        let huge_pages = policy::huge_pages(self.ask.huge_pages, self.ask.env).0;
         let mut filled = Filled {
             read_here: vec![ReadHere::default(); offer.files.len()],
             chunk_size: self.chunk_size,

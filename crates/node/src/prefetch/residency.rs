@@ -35,13 +35,6 @@ pub(super) struct Probe {
     map: Option<Mmap>,
 }
 
-impl Probe {
-    const HIDDEN: Probe = Probe {
-        cachestat: false,
-        map: None,
-    };
-}
-
 /// One file to warm.
 pub(super) struct Target {
     pub(super) path: PathBuf,
@@ -211,7 +204,10 @@ pub(super) fn residency_view(
 /// How this process sees the page cache of `file` (see [`sight`]).
 fn probe_for(file: &File, path: &Path, meta: &std::fs::Metadata) -> Probe {
     if meta.len() == 0 {
-        return Probe::HIDDEN;
+        return Probe {
+            cachestat: false,
+            map: None,
+        };
     }
     let cachestat = os::cached_pages(file, 0, 1).map(drop).map_err(|e| e.kind());
     let sight = residency_view(cachestat, visible_to_mincore(path, meta));

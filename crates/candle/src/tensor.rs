@@ -83,16 +83,6 @@ pub(crate) fn candle_dtype(dtype: Dtype) -> Option<DType> {
     })
 }
 
-/// The safeload dtype of a candle float dtype that safeload converts to.
-fn safeload_target(dtype: DType) -> Option<Dtype> {
-    match dtype {
-        DType::F32 => Some(Dtype::F32),
-        DType::F16 => Some(Dtype::F16),
-        DType::BF16 => Some(Dtype::BF16),
-        _ => None,
-    }
-}
-
 /// An error of safeload's about `tensor`, as candle's, naming it.
 fn name_error(tensor: &Tensor, error: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::msg(format!("tensor {:?}: {error}", tensor.name()))
@@ -145,7 +135,9 @@ impl ToCandle for Tensor {
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<candle_core::Tensor> {
-        if let Some(to) = safeload_target(dtype) {
+        // The float dtypes safeload's conversion writes.
+        let floats = [Dtype::F32, Dtype::F16, Dtype::BF16];
+        if let Some(to) = floats.into_iter().find(|&d| candle_dtype(d) == Some(dtype)) {
             let converts = safeload_core::policy::converts_to(self.dtype(), to).is_some();
             let convert = |out: &mut [u8]| {
                 safeload_core::convert::convert(self.dtype(), to, self.as_bytes(), out)

@@ -43,17 +43,12 @@ pub(super) fn run(
     ready: Sender<Result<Placement, ExchangeError>>,
     jobs: Receiver<Job>,
 ) {
-    let participants = match init::ensure().and_then(|()| split_by_node(identity)) {
-        Ok((placement, participants)) => {
-            // The caller may have given up waiting: nothing to tell then.
-            let _ = ready.send(Ok(placement));
-            participants
-        }
-        Err(err) => {
-            let _ = ready.send(Err(err));
-            return;
-        }
+    let (placement, participants) = match init::ensure().and_then(|()| split_by_node(identity)) {
+        Ok((placement, participants)) => (Ok(placement), participants),
+        Err(err) => (Err(err), None),
     };
+    // The caller may have given up waiting: nothing to tell then.
+    let _ = ready.send(placement);
     let Some(comm) = participants else {
         return;
     };

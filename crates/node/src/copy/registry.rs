@@ -147,18 +147,22 @@ pub(crate) fn entries(dir: &Path) -> Vec<Name> {
 
 /// The key's lock at `path`, waited for at most [`coord::PATIENCE`].
 pub(crate) fn take_lock(path: &Path) -> Result<Lock, String> {
-    Lock::take(Place::Private(path), coord::PATIENCE).map_err(|e| {
-        if e.kind() != std::io::ErrorKind::WouldBlock {
-            return format!("the lock file {}: {e}", path.display());
-        }
-        // Each hold is a few bounded steps: a holder this long is stopped.
-        format!(
-            "waited {} s for the node copy's lock file {}, which another process of this \
-             user held all along (a rank stopped while it looked for or made the copy)",
-            coord::PATIENCE.as_secs(),
-            path.display()
-        )
-    })
+    Lock::take(Place::Private(path), coord::PATIENCE)
+        .map_err(|e| lock_failed(path, coord::PATIENCE, &e))
+}
+
+/// Why the key's lock at `path` was not had, after a wait of `waited`.
+fn lock_failed(path: &Path, waited: std::time::Duration, e: &std::io::Error) -> String {
+    if e.kind() != std::io::ErrorKind::WouldBlock {
+        return format!("the lock file {}: {e}", path.display());
+    }
+    // Each hold is a few bounded steps: a holder this long is stopped.
+    format!(
+        "waited {} s for the node copy's lock file {}, which another process of this \
+         user held all along (a rank stopped while it looked for or made the copy)",
+        waited.as_secs(),
+        path.display()
+    )
 }
 
 /// Whether a live owner's socket of `key` is in `dir` (else the last rank of

@@ -71,8 +71,8 @@ impl MpiSettings {
     pub(crate) fn from_env() -> Result<Self, ExchangeError> {
         let var = |name: &str| std::env::var(name).ok();
         Ok(Self {
-            identity: NodeIdentity::from_vars(&var)?,
-            timeout: timeout_from(&var)?,
+            identity: NodeIdentity::from_vars(var)?,
+            timeout: timeout_from(var)?,
             #[cfg(test)]
             corrupt_node: var(CORRUPT_ENV).and_then(|v| v.trim().parse().ok()),
         })

@@ -201,7 +201,7 @@ pub(super) fn residency_view(
     }
 }
 
-/// How this process sees the page cache of `file` (see [`sight`]).
+/// How this process sees the page cache of `file` ([`residency_view`]).
 fn probe_for(file: &File, path: &Path, meta: &std::fs::Metadata) -> Probe {
     if meta.len() == 0 {
         return Probe {

@@ -105,14 +105,12 @@ pub(super) struct ReadHere {
     pub bytes: u64,
 }
 
-/// One file of the offer as the fill sees it: the file its chunks are read
-/// from, the writer of its copy, and what this rank read of it.
+/// One file of the offer as the fill sees it: the file, the writer of its
+/// copy, and what this rank read of it (as [`ReadHere`]).
 struct Part<'a> {
     file: ShareFile<'a>,
     writer: CopyFill,
-    /// Chunks this rank read.
     chunks: AtomicUsize,
-    /// Bytes of tensor data in them.
     bytes: AtomicU64,
 }
 

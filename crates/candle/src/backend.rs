@@ -4,14 +4,12 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Shape};
 use safeload_core::extras::Extras;
-use safeload_core::{Checkpoint, Dtype, TensorInfo};
+use safeload_core::{Checkpoint, Dtype};
 
-use crate::tensor::{ToCandle, candle_dtype};
+use crate::tensor::{ToCandle, candle_dtype, filled};
 
-/// A candle `VarBuilder` backend over an opened checkpoint: each tensor is
-/// read when the model asks for it (a view of the map where the file is
-/// mapped, positional reads straight into candle's storage where it is
-/// not), so a buffered load holds one copy, candle's.
+/// A candle `VarBuilder` backend over an opened checkpoint: each tensor read
+/// when the model asks for it, a buffered one straight into candle's storage.
 #[derive(Debug, Clone)]
 struct CheckpointBackend {
     checkpoint: Checkpoint,
@@ -30,8 +28,16 @@ impl CheckpointBackend {
             .map_err(candle_core::Error::wrap)?;
         // A file that is read, in its own dtype: straight into candle's
         // vector, one copy and no buffer of safeload's.
-        if !mapped && candle_dtype(info.dtype()) == Some(dtype) {
-            if let Some(tensor) = read_straight(&self.checkpoint, info, dtype, device)? {
+        let remapped = matches!(
+            info.dtype(),
+            Dtype::BOOL | Dtype::I8 | Dtype::U16 | Dtype::U64
+        );
+        if !mapped && !remapped && candle_dtype(info.dtype()) == Some(dtype) {
+            let read = |out: &mut [u8]| {
+                let read = self.checkpoint.read_into(name, out);
+                read.map_err(candle_core::Error::wrap)
+            };
+            if let Some(tensor) = filled(dtype, info.shape(), device, read)? {
                 return Ok(tensor);
             }
         }
@@ -41,46 +47,6 @@ impl CheckpointBackend {
             .map_err(candle_core::Error::wrap)?;
         tensor.to_candle_as(dtype, device)
     }
-}
-
-/// Reads the tensor of `info` into a vector of candle's element type, taken
-/// as candle's storage without a copy; `None` for the dtypes that need a
-/// mapping.
-fn read_straight(
-    checkpoint: &Checkpoint,
-    info: &TensorInfo,
-    dtype: DType,
-    device: &Device,
-) -> candle_core::Result<Option<candle_core::Tensor>> {
-    fn read<T: bytemuck::Pod + candle_core::WithDType>(
-        checkpoint: &Checkpoint,
-        info: &TensorInfo,
-        device: &Device,
-    ) -> candle_core::Result<candle_core::Tensor> {
-        let mut out = vec![T::zeroed(); info.shape().iter().product()];
-        checkpoint
-            .read_into(info.name(), bytemuck::cast_slice_mut(&mut out))
-            .map_err(candle_core::Error::wrap)?;
-        candle_core::Tensor::from_vec(out, info.shape(), device)
-    }
-    if matches!(
-        info.dtype(),
-        Dtype::BOOL | Dtype::I8 | Dtype::U16 | Dtype::U64
-    ) {
-        return Ok(None);
-    }
-    Ok(Some(match dtype {
-        DType::U8 => read::<u8>(checkpoint, info, device)?,
-        DType::U32 => read::<u32>(checkpoint, info, device)?,
-        DType::I16 => read::<i16>(checkpoint, info, device)?,
-        DType::I32 => read::<i32>(checkpoint, info, device)?,
-        DType::I64 => read::<i64>(checkpoint, info, device)?,
-        DType::F16 => read::<half::f16>(checkpoint, info, device)?,
-        DType::BF16 => read::<half::bf16>(checkpoint, info, device)?,
-        DType::F32 => read::<f32>(checkpoint, info, device)?,
-        DType::F64 => read::<f64>(checkpoint, info, device)?,
-        _ => return Ok(None),
-    }))
 }
 
 fn check_shape(
@@ -144,9 +110,7 @@ pub fn var_builder<X: Extras + Default + 'static>(
 }
 
 /// A candle `VarBuilder` over a checkpoint already opened, with the options
-/// of the `Loader` that opened it
-/// (`Loader::new().disable_mmap(true).open(path)` reads every tensor with
-/// positional reads, for instance).
+/// of the `Loader` that opened it.
 pub fn var_builder_from<X>(
     checkpoint: Checkpoint<X>,
     dtype: DType,
@@ -205,17 +169,8 @@ impl candle_nn::var_builder::Backend for ShardedCheckpoint {
 
 /// A `VarBuilder` over a checkpoint already opened whose hints are the
 /// rank's [`Shard`](https://docs.rs/candle-nn/0.11/candle_nn/var_builder/struct.Shard.html):
-/// each tensor asked for with one is read as `Checkpoint::shard` reads it.
-///
-/// ```no_run
-/// # fn main() -> candle_core::Result<()> {
-/// use candle_core::{DType, Device};
-///
-/// let checkpoint =
-///     safeload::Checkpoint::open("path/to/checkpoint").map_err(candle_core::Error::wrap)?;
-/// let vb = safeload::candle::sharded_var_builder_from(checkpoint, DType::BF16, &Device::Cpu);
-/// # Ok(()) }
-/// ```
+/// each tensor asked for with one is read as `Checkpoint::shard` reads it
+/// (the crate's example shows it).
 pub fn sharded_var_builder_from<X>(
     checkpoint: Checkpoint<X>,
     dtype: DType,

@@ -1,10 +1,9 @@
 //! safeload for candle: tensors and state dicts as `candle_core` tensors ([`ToCandle`], [`IntoCandle`]), a lazy `VarBuilder` over an opened checkpoint (and a sharded one for tensor parallelism), the dtype mapping between the two, and (feature `cuda`) a load to a GPU handed to candle.
 //!
-//! The facade (`safeload`, feature `candle`) re-exports these items as
-//! `safeload::candle`. Every function here answers with candle's
-//! `Result`: an error of safeload's is wrapped in candle's
-//! (`candle_core::Error::wrap`), its message, which names the file or the
-//! tensor, intact.
+//! The facade re-exports these items as `safeload::candle` (feature
+//! `candle`). Every function answers with candle's `Result`, safeload's
+//! errors wrapped (`candle_core::Error::wrap`). The dtype mapping is the
+//! table on [`ToCandle`].
 //!
 //! ```no_run
 //! # fn main() -> candle_core::Result<()> {
@@ -31,9 +30,6 @@
 //! let tensors = sd.into_candle(&device)?;
 //! # Ok(()) }
 //! ```
-//!
-//! Which candle dtype each of safeload's becomes: the table on
-//! [`ToCandle`].
 #![cfg_attr(
     not(test),
     deny(

@@ -7,8 +7,7 @@ use candle_core::{DType, Device};
 use safeload_core::{Dtype, StateDict, Tensor};
 
 /// One tensor of safeload's as a candle tensor: implemented for
-/// `safeload::Tensor`. Bring it into scope (`use safeload::candle::ToCandle;`)
-/// to call its methods.
+/// `safeload::Tensor`.
 ///
 /// # Dtypes
 ///
@@ -22,23 +21,20 @@ use safeload_core::{Dtype, StateDict, Tensor};
 /// | `F8_E5M2`, the FNUZ F8 types, `C64` | an error naming the tensor; ask for a float dtype with [`to_candle_as`](ToCandle::to_candle_as) to convert them |
 ///
 /// A float tensor asked for as F32, F16 or BF16 is converted by safeload's
-/// own conversion (round to nearest even, as `Loader::dtype`),
-/// straight into candle's storage: one copy. The lazy `VarBuilder`s map
-/// dtypes the same way.
+/// own conversion (round to nearest even, as `Loader::dtype`) straight into
+/// candle's storage. The lazy `VarBuilder`s map dtypes the same way.
 pub trait ToCandle {
     /// This tensor as a candle tensor on `device`, in the candle dtype of
-    /// its own (the [table](ToCandle#dtypes)): one copy into candle's
-    /// storage.
+    /// its own (the [table](ToCandle#dtypes)).
     ///
     /// # Errors
     ///
     /// A dtype candle cannot hold, or candle's own error on `device`.
     fn to_candle(&self, device: &Device) -> candle_core::Result<candle_core::Tensor>;
 
-    /// This tensor as a candle tensor of `dtype` on `device`. A float tensor
-    /// asked for as F32, F16 or BF16 is converted by safeload's conversion
-    /// straight into candle's storage (one copy); any other pair is
-    /// [`to_candle`](Self::to_candle) then candle's `to_dtype`.
+    /// This tensor as a candle tensor of `dtype` on `device`: safeload's
+    /// conversion where it converts, else [`to_candle`](Self::to_candle) then
+    /// candle's `to_dtype`.
     ///
     /// # Errors
     ///
@@ -52,8 +48,7 @@ pub trait ToCandle {
 
 /// A set of loaded tensors turned, whole, into candle tensors by name:
 /// implemented for `safeload::StateDict` and (feature `cuda`) for a load to
-/// a GPU, `DeviceTensors<Cuda>`. Bring it into scope
-/// (`use safeload::candle::IntoCandle;`) to call its method.
+/// a GPU, `DeviceTensors<Cuda>`.
 pub trait IntoCandle {
     /// Every tensor as a candle tensor on `device`, by name.
     ///
@@ -88,16 +83,6 @@ pub(crate) fn candle_dtype(dtype: Dtype) -> Option<DType> {
     })
 }
 
-/// The safeload dtype of a candle float dtype that safeload converts to.
-fn safeload_target(dtype: DType) -> Option<Dtype> {
-    match dtype {
-        DType::F32 => Some(Dtype::F32),
-        DType::F16 => Some(Dtype::F16),
-        DType::BF16 => Some(Dtype::BF16),
-        _ => None,
-    }
-}
-
 /// An error of safeload's about `tensor`, as candle's, naming it.
 fn name_error(tensor: &Tensor, error: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::msg(format!("tensor {:?}: {error}", tensor.name()))
@@ -112,46 +97,36 @@ impl ToCandle for Tensor {
             );
             return Err(name_error(self, error));
         };
-        let shape = self.shape();
+        let (bytes, shape) = (self.as_bytes(), self.shape());
         match self.dtype() {
             Dtype::BOOL => {
-                let bytes: Vec<u8> = self.as_bytes().iter().map(|&b| u8::from(b != 0)).collect();
+                let bytes: Vec<u8> = bytes.iter().map(|&b| u8::from(b != 0)).collect();
                 candle_core::Tensor::from_vec(bytes, shape, device)
             }
             Dtype::I8 => {
-                let wide: Vec<i16> = self
-                    .as_bytes()
-                    .iter()
-                    .map(|&b| i16::from(b as i8))
-                    .collect();
+                let wide: Vec<i16> = bytes.iter().map(|&b| i16::from(b as i8)).collect();
                 candle_core::Tensor::from_vec(wide, shape, device)
             }
             Dtype::U16 => {
-                let wide: Vec<u32> = self
-                    .as_bytes()
+                let pairs = bytes
                     .chunks_exact(2)
-                    .filter_map(|c| <[u8; 2]>::try_from(c).ok())
-                    .map(|c| u32::from(u16::from_le_bytes(c)))
-                    .collect();
+                    .filter_map(|c| <[u8; 2]>::try_from(c).ok());
+                let wide: Vec<u32> = pairs.map(|c| u32::from(u16::from_le_bytes(c))).collect();
                 candle_core::Tensor::from_vec(wide, shape, device)
             }
             Dtype::U64 => {
-                let mut narrow = Vec::with_capacity(self.num_elements());
-                for word in self
-                    .as_bytes()
-                    .chunks_exact(8)
+                let words = bytes.chunks_exact(8);
+                let narrow = words
                     .filter_map(|c| <[u8; 8]>::try_from(c).ok())
-                {
-                    let value = u64::from_le_bytes(word);
-                    let Ok(value) = i64::try_from(value) else {
-                        let error = format!("U64 value {value} does not fit candle's I64");
-                        return Err(name_error(self, error));
-                    };
-                    narrow.push(value);
-                }
-                candle_core::Tensor::from_vec(narrow, shape, device)
+                    .map(|word| {
+                        let value = u64::from_le_bytes(word);
+                        i64::try_from(value).map_err(|_| {
+                            name_error(self, format!("U64 value {value} does not fit candle's I64"))
+                        })
+                    });
+                candle_core::Tensor::from_vec(narrow.collect::<Result<Vec<_>, _>>()?, shape, device)
             }
-            _ => candle_core::Tensor::from_raw_buffer(self.as_bytes(), dtype, shape, device),
+            _ => candle_core::Tensor::from_raw_buffer(bytes, dtype, shape, device),
         }
     }
 
@@ -160,10 +135,19 @@ impl ToCandle for Tensor {
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<candle_core::Tensor> {
-        if let Some(to) = safeload_target(dtype) {
+        // The float dtypes safeload's conversion writes.
+        let floats = [Dtype::F32, Dtype::F16, Dtype::BF16];
+        if let Some(to) = floats.into_iter().find(|&d| candle_dtype(d) == Some(dtype)) {
             let converts = safeload_core::policy::converts_to(self.dtype(), to).is_some();
+            let convert = |out: &mut [u8]| {
+                safeload_core::convert::convert(self.dtype(), to, self.as_bytes(), out)
+                    .map(drop)
+                    .map_err(|e| name_error(self, e))
+            };
             if self.dtype() != to && converts {
-                return convert_into_candle(self, to, dtype, device);
+                if let Some(tensor) = filled(dtype, self.shape(), device, convert)? {
+                    return Ok(tensor);
+                }
             }
         }
         let tensor = self.to_candle(device)?;
@@ -175,43 +159,41 @@ impl ToCandle for Tensor {
     }
 }
 
-/// Converts `tensor` to `to` into a vector candle takes as its storage.
-fn convert_into_candle(
-    tensor: &Tensor,
-    to: Dtype,
+/// A candle tensor of `dtype` whose storage, a vector of candle's element
+/// type, `fill` writes as bytes (taken without a copy); `None` for the dtypes
+/// candle has no vector of.
+pub(crate) fn filled(
     dtype: DType,
+    shape: &[usize],
     device: &Device,
-) -> candle_core::Result<candle_core::Tensor> {
-    fn into<T: bytemuck::Pod + candle_core::WithDType>(
-        tensor: &Tensor,
-        to: Dtype,
+    fill: impl FnOnce(&mut [u8]) -> candle_core::Result<()>,
+) -> candle_core::Result<Option<candle_core::Tensor>> {
+    fn make<T: bytemuck::Pod + candle_core::WithDType>(
+        shape: &[usize],
         device: &Device,
+        fill: impl FnOnce(&mut [u8]) -> candle_core::Result<()>,
     ) -> candle_core::Result<candle_core::Tensor> {
-        let mut out = vec![T::zeroed(); tensor.num_elements()];
-        safeload_core::convert::convert(
-            tensor.dtype(),
-            to,
-            tensor.as_bytes(),
-            bytemuck::cast_slice_mut(&mut out),
-        )
-        .map_err(|e| name_error(tensor, e))?;
-        candle_core::Tensor::from_vec(out, tensor.shape(), device)
+        let mut out = vec![T::zeroed(); shape.iter().product()];
+        fill(bytemuck::cast_slice_mut(&mut out))?;
+        candle_core::Tensor::from_vec(out, shape, device)
     }
-    match dtype {
-        DType::F32 => into::<f32>(tensor, to, device),
-        DType::F16 => into::<half::f16>(tensor, to, device),
-        _ => into::<half::bf16>(tensor, to, device),
-    }
+    Ok(Some(match dtype {
+        DType::U8 => make::<u8>(shape, device, fill)?,
+        DType::U32 => make::<u32>(shape, device, fill)?,
+        DType::I16 => make::<i16>(shape, device, fill)?,
+        DType::I32 => make::<i32>(shape, device, fill)?,
+        DType::I64 => make::<i64>(shape, device, fill)?,
+        DType::F16 => make::<half::f16>(shape, device, fill)?,
+        DType::BF16 => make::<half::bf16>(shape, device, fill)?,
+        DType::F32 => make::<f32>(shape, device, fill)?,
+        DType::F64 => make::<f64>(shape, device, fill)?,
+        _ => return Ok(None),
+    }))
 }
 
 impl IntoCandle for StateDict {
-    /// Every tensor as a candle tensor on `device`, in its own candle dtype,
-    /// converted in parallel; each file's storage is freed as its last
-    /// tensor is converted, so a buffered load does not hold two copies.
-    ///
-    /// # Errors
-    ///
-    /// The first conversion that fails.
+    /// Every tensor in its own candle dtype, converted in parallel; each
+    /// file's storage is freed with its last tensor (never two copies held).
     fn into_candle(
         self,
         device: &Device,

@@ -1,22 +1,15 @@
 //! safeload's exchange between nodes on MPI: with `SAFELOAD_EXCHANGE=mpi`, the nodes of a job read each byte of a checkpoint once between them and broadcast the rest (the facade's feature `mpi`).
 //!
 //! The core splits a load's reads between the nodes and checks every range that arrives
-//! (`safeload_core::cluster`); this crate is the transport under it: rsmpi over the
-//! system's MPI library (Open MPI or MPICH), one participant per node, every collective bounded
-//! by `SAFELOAD_EXCHANGE_TIMEOUT_SECS`. It plugs into a load through the core's extras seam:
-//! [`MpiExtras`] joins the exchange when the environment names it.
-//!
-//! Engines do not name this crate: the `safeload` crate's feature `mpi` builds it into the
-//! extras its `Loader` reads with (`safeload::extras::Builtin`), and a job script sets
-//! `SAFELOAD_EXCHANGE=mpi` (README, "Many nodes").
+//! (`safeload_core::cluster`); this crate is the transport under it, rsmpi over the system's
+//! MPI, plugged in through the extras seam ([`MpiExtras`]). The `safeload` crate's feature
+//! `mpi` builds it into its `Loader`'s extras; a job script sets `SAFELOAD_EXCHANGE=mpi`.
 
 use std::io;
 
 use safeload_core::cluster::Joined;
 use safeload_core::extras::Extras;
 
-// MPI's life in the process, node identity, the communicators and the collectives on a thread
-// of their own (`exchange/`).
 #[cfg(feature = "mpi")]
 mod exchange;
 // Loads split between nodes under `mpirun`, through the exchange's harness.
@@ -27,14 +20,12 @@ mod load_tests;
 const NAME: &str = "mpi";
 
 /// The exchange on MPI as a load's extras: `SAFELOAD_EXCHANGE=mpi` joins the job's MPI
-/// exchange ([`Extras::join_exchange`]); every other value, and every address, is left to
-/// other extras.
+/// exchange ([`Extras::join_exchange`]); every other value is left to other extras.
 ///
 /// Joining is a collective over `MPI_COMM_WORLD`: every process of the job loads with it, in
-/// the same order. It initializes MPI unless the engine did, and finalizes it at the process's
-/// exit where it did; the nodes are told apart by `SAFELOAD_NODE_ID`, else Slurm's
-/// `SLURM_NODEID`, else MPI's shared-memory split, and the first process of each node takes
-/// part for it.
+/// the same order. It initializes MPI unless the engine did (and then finalizes it at exit);
+/// nodes are told apart by `SAFELOAD_NODE_ID`, else `SLURM_NODEID`, else MPI's shared-memory
+/// split, and the first process of each node takes part for it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MpiExtras;
 

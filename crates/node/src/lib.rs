@@ -1,13 +1,8 @@
 //! safeload's node-shared fill, as a load's extras: the local ranks of a job read a checkpoint's bytes once between them through one chunk queue, into one of two sinks: the page cache (prefetch, a warm-up before the load) or a sealed memfd per file that every rank maps (the node copy, a share step before the reads).
 //!
-//! The core declares the two seams and their contracts
-//! (`safeload_core::extras::Extras::share` and `Extras::warm_up`); this crate
-//! answers them with [`NodeExtras`]. Engines do not name it: the `safeload`
-//! crate builds it into the extras its `Loader` reads with
-//! (`safeload::extras::Builtin`), so that its environment variables
-//! (`SAFELOAD_PREFETCH`, `SAFELOAD_NODE_COPY`, the launchers' local ranks)
-//! and `Loader` options (`prefetch`, `prefetch_with`, `local_rank`) work as
-//! they always did; `safeload_core`'s own `Loader<NoExtras>` does neither.
+//! This crate answers the core's seams (`safeload_core::extras::Extras::share`
+//! and `Extras::warm_up`) with [`NodeExtras`], which the `safeload` crate
+//! builds into its `Loader`'s extras (`safeload::extras::Builtin`).
 #![cfg_attr(
     not(test),
     deny(
@@ -22,8 +17,7 @@ mod copy;
 mod prefetch;
 mod trace;
 
-// The core's modules this crate's code builds on, named from its root as
-// they were when it was a module of the core.
+// The core's modules this crate's code builds on, named from its root.
 use safeload_core::{
     adapt, cancel, cluster, coord, dest, error, extras, jobs, memory, mount, os, policy, progress,
     report, source, storage,
@@ -32,10 +26,8 @@ use safeload_core::{
 use extras::{Extras, Job, ShareAsk, ShareFile, Shared, WarmFile, Warming};
 use report::PrefetchReport;
 
-/// The node copy and the page-cache warm-up as a load's extras: the share
-/// step (`Extras::share`: one copy per node of the files its local ranks
-/// read buffered) and the warm-up (`Extras::warm_up`: the page cache warmed
-/// by the local ranks together); no address and no exchange.
+/// The node copy (`Extras::share`) and the page-cache warm-up
+/// (`Extras::warm_up`) as a load's extras.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NodeExtras;
 

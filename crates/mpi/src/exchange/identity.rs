@@ -5,9 +5,8 @@ use std::fmt;
 
 use safeload_core::cluster::{ExchangeError, ExchangeErrorKind};
 
-/// The node's number given by the user, before any launcher's: processes with the same number
-/// are one node, so that processes on one machine can stand in for nodes in tests and job
-/// scripts.
+/// The node's number given by the user, before any launcher's (processes of one machine can
+/// stand in for nodes).
 pub(crate) const NODE_ID_ENV: &str = "SAFELOAD_NODE_ID";
 
 /// Slurm's relative node number within the job's allocation (`srun` sets it in every task).
@@ -16,28 +15,25 @@ pub(crate) const SLURM_NODE_ID_ENV: &str = "SLURM_NODEID";
 /// How the processes of a job tell which node each is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NodeIdentity {
-    /// A number from [`NODE_ID_ENV`] or [`SLURM_NODE_ID_ENV`]: the processes with the same
-    /// number are one node, and the nodes are indexed in the order of their numbers.
+    /// A number from a variable: one node per number, indexed in their order.
     Given { id: i32, source: IdSource },
-    /// Neither variable: the processes that MPI finds can share memory are one node
-    /// (`MPI_Comm_split_type` with `MPI_COMM_TYPE_SHARED`), indexed in the order of their
-    /// first world rank.
+    /// Neither variable: the processes that can share memory (`MPI_COMM_TYPE_SHARED`) are one
+    /// node, indexed in the order of their first world rank.
     SharedMemory,
 }
 
-/// Where a [`NodeIdentity::Given`] number came from.
+/// Where a [`NodeIdentity::Given`] number came from ([`NODE_ID_ENV`] or
+/// [`SLURM_NODE_ID_ENV`]), as the tag of its [`encode`](NodeIdentity::encode)d form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum IdSource {
-    /// [`NODE_ID_ENV`].
-    Override,
-    /// [`SLURM_NODE_ID_ENV`].
-    Slurm,
+    Override = 1,
+    Slurm = 2,
 }
 
 impl NodeIdentity {
     /// The identity of this process from `var`, a lookup of the environment: [`NODE_ID_ENV`],
-    /// else [`SLURM_NODE_ID_ENV`], else the shared-memory split. A variable that is set but not
-    /// a number from 0 to `i32::MAX` (MPI's colors and keys are C `int`s) is an error naming it.
+    /// else [`SLURM_NODE_ID_ENV`], else the shared-memory split. A value that is not a number
+    /// from 0 to `i32::MAX` (MPI's colors are C `int`s) is an error naming the variable.
     pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, ExchangeError> {
         for (name, source) in [
             (NODE_ID_ENV, IdSource::Override),
@@ -61,23 +57,15 @@ impl NodeIdentity {
     }
 
     /// The identity as two numbers for the processes to compare (`setup.rs`): how they are
-    /// identified, and the number.
+    /// identified (0 by shared memory), and the number.
     pub(crate) fn encode(self) -> [i32; 2] {
         match self {
             NodeIdentity::SharedMemory => [0, 0],
-            NodeIdentity::Given {
-                id,
-                source: IdSource::Override,
-            } => [1, id],
-            NodeIdentity::Given {
-                id,
-                source: IdSource::Slurm,
-            } => [2, id],
+            NodeIdentity::Given { id, source } => [source as i32, id],
         }
     }
 
-    /// How a process whose [`encode`](Self::encode)d identity starts with `tag` is identified,
-    /// in words.
+    /// How a process whose encoded identity starts with `tag` is identified, in words.
     pub(crate) fn describe_tag(tag: i32) -> &'static str {
         match tag {
             0 => "MPI's shared-memory split",
@@ -92,8 +80,8 @@ impl fmt::Display for NodeIdentity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             NodeIdentity::SharedMemory => f.write_str(Self::describe_tag(0)),
-            NodeIdentity::Given { id, .. } => {
-                write!(f, "{}={id}", Self::describe_tag(self.encode()[0]))
+            NodeIdentity::Given { id, source } => {
+                write!(f, "{}={id}", Self::describe_tag(*source as i32))
             }
         }
     }

@@ -1,14 +1,10 @@
 //! MPI's life in the process: initialized once, by the first exchange unless the engine did it
 //! before, and finalized at the process's exit where this crate initialized it.
 //!
-//! Open MPI's `mpirun` counts a process that initialized MPI and exits without `MPI_Finalize`
-//! as an abnormal termination: it prints "exiting improperly", kills the job's other processes
-//! and exits with status 1 (measured with Open MPI 4.1.4, a rank returning 0 from `main` without
-//! finalizing). A program that uses MPI only through safeload (the CLI under `mpirun`) never
-//! finalizes of its own, so this file does it from an `atexit` handler. The handler stays away
-//! where a collective timed out ([`mark_stalled`]): its request is still pending on the
-//! exchange's thread, and `MPI_Finalize` would wait for the stalled node; the process then
-//! exits without finalizing, which makes `mpirun` end the job, the stalled process included.
+//! `mpirun` takes a process that exits without `MPI_Finalize` for a failure and kills the job
+//! (Open MPI 4.1.4), and the CLI never finalizes of its own: an `atexit` handler does it. Not
+//! after a timeout ([`mark_stalled`]): `MPI_Finalize` would wait for the stalled node; exiting
+//! unfinalized makes `mpirun` end the job, the stalled process included.
 
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,30 +27,21 @@ static STALLED: AtomicBool = AtomicBool::new(false);
 static CALLS: Mutex<()> = Mutex::new(());
 
 // SAFETY: `atexit` is ISO C's, with this signature in every C library; it only stores the
-// function pointer, whatever its argument, so calling it is safe.
-// NOTE: declared here rather than taken from `libc`, which this crate does not otherwise need:
-// `atexit` is in every C library, wherever rsmpi builds.
+// function pointer, so calling it is safe. Declared here: the crate needs nothing else of `libc`.
 unsafe extern "C" {
     safe fn atexit(callback: extern "C" fn()) -> c_int;
 }
 
-/// MPI initialized (by this call, or earlier by the engine) with the thread support the
-/// exchange needs, or why not. Only the first call does anything; the others return its
-/// outcome.
-///
-/// The exchange calls MPI from threads of its own, one call at a time per exchange and with
-/// several exchanges possibly at once: this crate asks for `MPI_THREAD_MULTIPLE`. Where the
-/// engine initialized MPI first, its level must be at least `MPI_THREAD_SERIALIZED`, and then
-/// the engine must not call MPI while an exchange does (the standard's rule for that level);
-/// the exchanges' own calls are serialized by [`call`].
+/// MPI initialized (by the first call, or earlier by the engine) with the thread support the
+/// exchange needs, or why not. This crate asks for `MPI_THREAD_MULTIPLE`; an engine's own
+/// initialization must give at least `MPI_THREAD_SERIALIZED` (then the engine must not call
+/// MPI while an exchange does; the exchanges' calls are serialized by [`call`]).
 pub(super) fn ensure() -> Result<(), ExchangeError> {
     INIT.get_or_init(initialize).clone()
 }
 
-/// Runs `f`, one MPI call (a split, starting a collective, testing one), as the only MPI call
-/// of the exchanges' threads in this process at the time: with `MPI_THREAD_SERIALIZED` (an
-/// engine's choice) that is the standard's rule; with `MPI_THREAD_MULTIPLE` it costs an
-/// uncontended lock per call.
+/// Runs `f`, one MPI call, as the only one of the exchanges' threads at the time (the rule of
+/// `MPI_THREAD_SERIALIZED`; an uncontended lock under `MPI_THREAD_MULTIPLE`).
 pub(super) fn call<R>(f: impl FnOnce() -> R) -> R {
     let _only = CALLS.lock().unwrap_or_else(|p| p.into_inner());
     f()

@@ -1,50 +1,23 @@
 //! The exchange on MPI: rsmpi over the system's MPI, one participant per node, as the core's
 //! `Exchange`.
 //!
-//! # Joining
+//! [`MpiExchange::join`] is a collective over `MPI_COMM_WORLD`, called by every process once
+//! per exchange, in the same order: it initializes MPI unless the engine did (`init.rs`), tells
+//! the nodes apart (`identity.rs`) and makes each node's local rank 0 its participant
+//! (`setup.rs`); the other processes take the bytes from the node copy. Every collective runs
+//! on the exchange's own thread (`worker.rs`); the caller waits at most the timeout
+//! (`SAFELOAD_EXCHANGE_TIMEOUT_SECS`), then gets [`ExchangeErrorKind::TimedOut`], and every
+//! later call [`ExchangeErrorKind::Broken`]. A broadcast goes in parts of [`CHUNK`] bytes,
+//! each with the whole timeout: the bound is on a stall, not on a range's size.
 //!
-//! [`MpiExchange::join`] is a collective over `MPI_COMM_WORLD`: every process of the job calls
-//! it, once per exchange and in the same order. It initializes MPI unless the engine did
-//! (`init.rs`), splits the world into one communicator per node and makes the first process of
-//! each node (its local rank 0) the node's participant (`setup.rs`). Nodes are told apart by
-//! `SAFELOAD_NODE_ID=<n>` (so that processes of one machine can stand in for nodes), else
-//! Slurm's `SLURM_NODEID`, else MPI's shared-memory split (`identity.rs`). The other processes
-//! of a node get its index and no exchange: they take the bytes from the node copy.
-//!
-//! # Bounded waits
-//!
-//! Every collective runs non-blocking on the exchange's own thread (`worker.rs`), which owns
-//! the buffers MPI works on; the caller waits for it at most the timeout
-//! (`SAFELOAD_EXCHANGE_TIMEOUT_SECS`, default 60 s), then returns
-//! [`ExchangeErrorKind::TimedOut`] naming the collective and the time waited, and refuses every
-//! later call ([`ExchangeErrorKind::Broken`]). A broadcast is cut into parts of [`CHUNK`]
-//! bytes, each with the whole timeout: the bound is on a stall, not on a range's size.
-//!
-//! # When a process dies
-//!
-//! What Open MPI 4.1.4 does, measured on loopback with the tests of `tests.rs` (BENCHMARKS.md,
-//! "crates/mpi/src/exchange/mod.rs: when a process dies"):
-//!
-//! - A process that dies (a signal, `abort`, a non-zero exit) ends the job: `mpirun` notices,
-//!   prints which rank died and how ("exited on signal 9 (Killed)"), and kills the other
-//!   processes, waiting in a collective or not; `mpirun` exits non-zero. The survivors get no
-//!   error to handle: `mpirun` had ended 1.0-1.2 s after the death (SIGKILL or `abort`).
-//! - A process that exits with status 0 without `MPI_Finalize` is taken the same way ("exiting
-//!   improperly"): this is why `init.rs` finalizes at exit.
-//! - A process that stalls (alive, never calling) ends nothing by itself: the others' collectives
-//!   wait. Here they end with [`ExchangeErrorKind::TimedOut`] after the timeout; when the first
-//!   of them exits (non-zero, or zero without finalizing, which `init.rs` skips after a timeout),
-//!   `mpirun` kills the rest, the stalled process included (with a timeout of 2 s, `mpirun` had
-//!   ended 2.5 s after it started).
-//!
-//! Launchers other than `mpirun` (Slurm's `srun`, Hydra) have their own rules (`srun
-//! --kill-on-bad-exit`); the timeout bounds the wait under any of them.
-//!
-//! # Test seam
+//! When a process dies, Open MPI's `mpirun` ends the job about a second later (the survivors
+//! get no error to handle); one that exits 0 without `MPI_Finalize` counts the same, hence
+//! `init.rs`. A stalled process ends nothing: the others time out here, and the first to exit
+//! makes `mpirun` end the rest (BENCHMARKS.md, "crates/mpi/src/exchange/mod.rs: when a process
+//! dies"; other launchers have their own rules, the timeout bounds the wait under any).
 //!
 //! In test builds, `SAFELOAD_TEST_CORRUPT_EXCHANGE=<node index>` makes that node flip the first
-//! byte of every non-empty range it receives by broadcast, after the transfer, as a faulty wire
-//! would: the core's checked broadcast (`safeload_core::cluster::broadcast_checked`) must catch it.
+//! byte of every range it receives by broadcast, which the core's checked broadcast must catch.
 
 mod identity;
 mod init;
@@ -69,16 +42,11 @@ pub(crate) use identity::{NODE_ID_ENV, SLURM_NODE_ID_ENV};
 use safeload_core::cluster::{Exchange, ExchangeError, ExchangeErrorKind, timeout_from};
 use worker::Job;
 
-/// The largest part of a range that one collective moves.
+/// The largest part of a range that one collective moves (MPI counts are C `int`s).
 ///
-/// MPI counts are C `int`s (2 GiB - 1 bytes at most), and the range passes through a buffer of
-/// the exchange's thread (`worker.rs`), reused from part to part: 16 MiB keeps that buffer
-/// small and a part's transfer long against the per-collective latency.
-///
-/// NOTE: the copy into and out of that buffer costs a memory copy per byte on each side; it is
-/// what keeps a timed-out collective from writing into the caller's memory without `unsafe`
-/// (MPI cannot cancel a collective). Overlapping a part's copy with the next one's transfer
-/// (two buffers) is left for when a fabric shows the copy in a profile.
+/// NOTE: 16 MiB keeps the thread's buffer small and a part long against the per-collective
+/// latency. The copy through that buffer keeps a timed-out collective from writing into the
+/// caller's memory (MPI cannot cancel one) without `unsafe`.
 pub(crate) const CHUNK: usize = 16 << 20;
 
 /// The test seam's variable: see the module's docs.
@@ -98,17 +66,13 @@ pub(crate) struct MpiSettings {
 }
 
 impl MpiSettings {
-    /// The settings from the process's environment ([`MpiSettings::from_vars`]).
-    pub(crate) fn from_env() -> Result<Self, ExchangeError> {
-        Self::from_vars(|name| std::env::var(name).ok())
-    }
-
-    /// The settings from `var`, a lookup of the environment: the node's identity
+    /// The settings from the process's environment: the node's identity
     /// ([`NodeIdentity::from_vars`]) and the timeout ([`timeout_from`]).
-    pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, ExchangeError> {
+    pub(crate) fn from_env() -> Result<Self, ExchangeError> {
+        let var = |name: &str| std::env::var(name).ok();
         Ok(Self {
-            identity: NodeIdentity::from_vars(&var)?,
-            timeout: timeout_from(&var)?,
+            identity: NodeIdentity::from_vars(var)?,
+            timeout: timeout_from(var)?,
             #[cfg(test)]
             corrupt_node: var(CORRUPT_ENV).and_then(|v| v.trim().parse().ok()),
         })
@@ -117,9 +81,7 @@ impl MpiSettings {
 
 /// Where a process stands in an MPI job, and its exchange if it is its node's participant.
 pub(crate) struct MpiMembership {
-    /// The node's index, 0..nodes (the order of `SAFELOAD_NODE_ID` or `SLURM_NODEID` numbers,
-    /// else of the nodes' first world ranks). The load takes it from the exchange, on the
-    /// participant; the tests read it on every process.
+    /// The node's index, 0..nodes (read by the tests; the load takes it from the exchange).
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) node: usize,
     /// The number of nodes.
@@ -133,17 +95,13 @@ pub(crate) struct MpiMembership {
     pub(crate) exchange: Option<MpiExchange>,
 }
 
-/// [`Exchange`] on MPI, for the participant of a node (see the module's docs).
-///
-/// Unlike the loopback, it does not check that the nodes' calls agree (owner, length): MPI
-/// does not either, and a mismatch is an MPI error (Open MPI's default handler aborts the job)
-/// or a wait that ends in the timeout.
+/// [`Exchange`] on MPI, for the participant of a node. It does not check that the nodes'
+/// calls agree: a mismatch is an MPI error or a wait that ends in the timeout.
 pub(crate) struct MpiExchange {
     node: usize,
     nodes: usize,
     timeout: Duration,
-    /// The way to the exchange's thread; the lock makes each collective whole (no two callers'
-    /// parts interleaved).
+    /// The way to the exchange's thread; the lock keeps two callers' parts apart.
     calls: Mutex<Calls>,
     /// Set by a timeout or a lost thread: every later call is refused.
     broken: AtomicBool,
@@ -159,9 +117,8 @@ struct Calls {
 }
 
 impl MpiExchange {
-    /// Joins the job's exchange (a collective over the world: see the module's docs): where
-    /// this process stands, with the exchange on its node's participant. The wait for the
-    /// other processes is bounded by `settings.timeout`, as every collective's.
+    /// Joins the job's exchange (a collective over the world, bounded by `settings.timeout`):
+    /// where this process stands, with the exchange on its node's participant.
     pub(crate) fn join(settings: &MpiSettings) -> Result<MpiMembership, ExchangeError> {
         let (ready_tx, ready) = mpsc::channel();
         let (jobs, jobs_rx) = mpsc::channel();

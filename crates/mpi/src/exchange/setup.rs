@@ -22,13 +22,11 @@ pub(super) struct Placement {
     pub local_ranks: usize,
 }
 
-/// Splits `MPI_COMM_WORLD` by node: where this process stands, and the participants'
-/// communicator where this process is its node's participant. A collective over the world:
-/// every process of the job calls it.
+/// Splits `MPI_COMM_WORLD` by node (a collective over the world): where this process stands,
+/// and the participants' communicator on its node's participant.
 ///
-/// The splits are blocking collectives (MPI has no non-blocking split), so an all-gather of
-/// every process's identity, non-blocking, goes first: once it has completed every process has
-/// arrived, and the splits that follow do not wait on an absent one.
+/// MPI has no non-blocking split, so a non-blocking all-gather of the identities goes first:
+/// once it completes every process has arrived, and the splits do not wait on an absent one.
 pub(super) fn split_by_node(
     identity: NodeIdentity,
 ) -> Result<(Placement, Option<SimpleCommunicator>), ExchangeError> {
@@ -60,7 +58,6 @@ pub(super) fn split_by_node(
         NodeIdentity::SharedMemory => (init::call(|| world.split_shared(rank)), rank),
         NodeIdentity::Given { id, .. } => {
             let local = init::call(|| world.split_by_color_with_key(Color::with_value(id), rank));
-            // A defined color always gives a communicator; `None` would be an MPI fault.
             let local = local.ok_or_else(|| {
                 ExchangeError::new(
                     ExchangeErrorKind::Setup,

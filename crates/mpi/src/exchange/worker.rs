@@ -1,12 +1,9 @@
 //! The exchange's MPI thread: it owns the communicators and the buffers that MPI reads and
 //! writes, runs the collectives the exchange hands it, and answers each when it completes.
 //!
-//! Why a thread: a collective whose peer stalls cannot be cancelled (MPI has no cancellation
-//! of collectives), and its buffer must stay valid until it completes. The caller waits for the
-//! answer with a deadline and returns an error when it passes; the buffer belongs to this
-//! thread, which goes on testing the pending request (slowly) for as long as the process lives.
-//! So a timeout never leaves MPI writing into memory the caller got back, and no `unsafe` is
-//! needed for it.
+//! MPI cannot cancel a collective, and its buffer must live until it completes: the caller
+//! waits with a deadline, while this thread keeps the buffer and tests the request for as long
+//! as the process lives. So a timeout never leaves MPI writing into the caller's memory.
 
 use std::sync::mpsc::{Receiver, Sender};
 use std::thread;
@@ -46,17 +43,12 @@ pub(super) fn run(
     ready: Sender<Result<Placement, ExchangeError>>,
     jobs: Receiver<Job>,
 ) {
-    let participants = match init::ensure().and_then(|()| split_by_node(identity)) {
-        Ok((placement, participants)) => {
-            // The caller may have given up waiting: nothing to tell then.
-            let _ = ready.send(Ok(placement));
-            participants
-        }
-        Err(err) => {
-            let _ = ready.send(Err(err));
-            return;
-        }
+    let (placement, participants) = match init::ensure().and_then(|()| split_by_node(identity)) {
+        Ok((placement, participants)) => (Ok(placement), participants),
+        Err(err) => (Err(err), None),
     };
+    // The caller may have given up waiting: nothing to tell then.
+    let _ = ready.send(placement);
     let Some(comm) = participants else {
         return;
     };
@@ -90,9 +82,8 @@ fn broadcast(comm: &SimpleCommunicator, root: Rank, buf: &mut Vec<u8>) {
     });
 }
 
-/// Two collectives: every node's length, then the bytes (`MPI_Iallgatherv`). A total over
-/// MPI's count (`i32::MAX` bytes) is refused on every node alike, since every node sees the
-/// same lengths.
+/// Two collectives: every node's length, then the bytes (`MPI_Iallgatherv`); a total over
+/// MPI's count is refused on every node alike.
 fn all_gather(comm: &SimpleCommunicator, mine: &[u8]) -> Result<Vec<Vec<u8>>, ExchangeError> {
     let nodes = index(init::call(|| comm.size()));
     let len = u64::try_from(mine.len()).unwrap_or(u64::MAX);
@@ -130,22 +121,16 @@ fn all_gather(comm: &SimpleCommunicator, mine: &[u8]) -> Result<Vec<Vec<u8>>, Ex
             }))
         });
     }
-    let mut rest = all.as_slice();
-    let mut each = Vec::with_capacity(nodes);
-    for &len in &lens {
-        let (head, tail) = usize::try_from(len)
-            .ok()
-            .and_then(|len| rest.split_at_checked(len))
-            .ok_or_else(too_large)?;
-        each.push(head.to_vec());
-        rest = tail;
-    }
-    Ok(each)
+    let each = displs.iter().zip(&counts).map(|(&at, &n)| {
+        let (at, n) = (index(at), index(n));
+        all.get(at..at + n)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(too_large)
+    });
+    each.collect()
 }
 
-/// Tests `request` until it completes, pausing between tests ([`pause`]). No deadline here:
-/// the caller's wait has it, and a request that never completes keeps this thread (and the
-/// buffer) for the rest of the process.
+/// Tests `request` until it completes, pausing between tests; the deadline is the caller's.
 pub(super) fn complete<'a, D: ?Sized, S: Scope<'a>>(mut request: Request<'a, D, S>) {
     let start = Instant::now();
     loop {
@@ -159,14 +144,9 @@ pub(super) fn complete<'a, D: ?Sized, S: Scope<'a>>(mut request: Request<'a, D, 
 
 /// The pause before testing a pending collective again, after `waited`.
 ///
-/// MPI moves the bytes of a non-blocking collective only inside MPI calls (Open MPI's `ob1`
-/// over shared memory and TCP has no progress thread), so the thread spins (yielding the core)
-/// for the first milliseconds, when the collective is most likely moving bytes, then tests
-/// every 100 µs: a node that arrives late (still reading its share) costs little CPU. After a
-/// second it is most likely a late or stalled node, tested every 10 ms.
-///
-/// NOTE: Open MPI's blocking collectives spin without pause; these steps are chosen, not
-/// measured on a fabric: the loopback tests move 3 MiB ranges through them.
+/// NOTE: MPI moves a non-blocking collective's bytes only inside MPI calls (Open MPI's `ob1`
+/// has no progress thread): spin for the first milliseconds, then 100 µs so a late node costs
+/// little CPU, then 10 ms past a second. Chosen, not measured on a fabric.
 fn pause(waited: Duration) {
     if waited < Duration::from_millis(5) {
         thread::yield_now();

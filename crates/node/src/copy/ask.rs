@@ -1,13 +1,9 @@
 //! Asking the other ranks for a copy: each live holder's socket of this user, in turn, every wait bounded; another user's names skipped unopened and said once.
 //!
-//! The asking happens under a lock other ranks wait on (the key's, or the
-//! fill's queue file's), so nothing here waits on a process without a
-//! bound: only this user's sockets are connected to (`registry::entries`
-//! looks at each name by `lstat(2)` first), and each connection, its
-//! connect included, is given [`PATIENCE`](super::handoff::PATIENCE)
-//! (`handoff::take`); a holder that runs (not stopped) and does not answer
-//! is asked again, [`TRIES`] times in all. Another user can make names
-//! there, never make a rank wait on them.
+//! It runs under a lock other ranks wait on, so every wait is bounded: only
+//! this user's sockets are connected to, each connection given
+//! [`PATIENCE`](super::handoff::PATIENCE), a running holder that does not
+//! answer asked [`TRIES`] times.
 
 use std::fs::File;
 use std::path::Path;
@@ -23,9 +19,8 @@ use crate::report::CopyRemark;
 /// A copy another rank handed out: its offer and memory files, and its pid.
 pub(super) type Found = ((Offer, Vec<File>), u32);
 
-/// What a rank met while it looked for a copy: said in each file's report,
-/// each thing once, another user's names at most [`NAMED`] of them (a
-/// directory can hold many).
+/// What a rank met while it looked for a copy, each thing once, at most
+/// [`NAMED`] of another user's names.
 #[derive(Debug, Default)]
 pub(super) struct Remarks {
     said: Vec<CopyRemark>,
@@ -73,11 +68,6 @@ impl Remarks {
             .any(|r| matches!(r, CopyRemark::HolderFailed { .. }))
     }
 
-    /// The last remark, if any.
-    fn last(&self) -> Option<&CopyRemark> {
-        self.said.last()
-    }
-
     /// Every remark, another user's names after the rest.
     pub(super) fn notes(&self) -> Vec<CopyRemark> {
         let me = os::effective_uid();
@@ -113,10 +103,8 @@ pub(super) enum Wanted {
     Any,
 }
 
-/// A copy of `asking.key` a live rank of this user other than `asking.me`
-/// hands out (as `wanted`), and its pid; whether a live rank offers one
-/// still being filled. Each holder costs at most
-/// [`PATIENCE`](handoff::PATIENCE); another user's names cost nothing.
+/// A copy of `asking.key` another live rank of this user hands out (as
+/// `wanted`), and its pid; and whether one offers a copy still being filled.
 pub(super) fn find(
     asking: &Asking,
     wanted: Wanted,
@@ -157,14 +145,11 @@ pub(super) fn find(
     (None, filling)
 }
 
-/// How many times a holder that runs is asked before this rank gives up on
-/// it (and makes a copy of its own, read alone).
+/// How many times a running holder is asked before this rank gives up on it.
 ///
-/// NOTE: a holder's serving thread answers in well under a millisecond; one
-/// that runs but has not answered within the patience (2 s) is starved on a
-/// busy machine, and a second copy would cost the node the whole read again.
-/// Three tries bound the wait at 6 s under the key's lock; a stopped or dead
-/// holder is given up on after one, as before.
+/// NOTE: a serving thread answers in well under 1 ms; one silent for the 2 s
+/// patience is starved, and a second copy costs the node the whole read
+/// again. Three tries bound the wait at 6 s; a stopped holder gets one.
 const TRIES: usize = 3;
 
 /// The offer of the holder `owner` at `path`, asked again while it runs
@@ -194,9 +179,8 @@ pub(super) fn member_patience(env: &Environment) -> Duration {
 /// How often a member asks for the complete copy.
 const MEMBER_POLL: Duration = Duration::from_millis(20);
 
-/// A member's wait (see [`Role::Member`](super::Role::Member)): the
-/// complete copy, under the key's lock, once a live rank offers it; `Err`
-/// with the reason once no live rank has offered a copy for `patience`.
+/// A member's wait: the complete copy, under the key's lock; `Err` once no
+/// live rank has offered a copy for `patience`.
 pub(super) fn wait_for_complete(
     asking: &Asking,
     lock_path: &Path,
@@ -217,7 +201,11 @@ pub(super) fn wait_for_complete(
         if filling {
             last_seen = Instant::now();
         } else if last_seen.elapsed() > patience {
-            let why = said.last().map(|s| format!(" ({s})")).unwrap_or_default();
+            let why = said
+                .said
+                .last()
+                .map(|s| format!(" ({s})"))
+                .unwrap_or_default();
             return Err(format!(
                 "the node's participant offered no copy within {patience:?}{why}"
             ));

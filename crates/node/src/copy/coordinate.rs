@@ -20,9 +20,8 @@ use crate::policy;
 use crate::prefetch;
 use crate::report::{CopyRemark, NodeCopy};
 
-/// Finds, or makes, the copy of `files`, fills it with the other ranks and
-/// maps it: per file, the copy or why not; `Err` where nothing could be
-/// done at all.
+/// The copy of `files`, found or made, filled and mapped: per file, the copy
+/// or why not; `Err` where nothing could be done at all.
 pub(super) fn coordinate(
     files: &[ShareFile<'_>],
     ids: &[Vec<u8>],
@@ -34,11 +33,9 @@ pub(super) fn coordinate(
     // member waits for its participant's, complete).
     let mut remarks = Remarks::default();
     let (lock, found) = node.find(&mut remarks)?;
-    // A holder of this user that did not hand its copy over (stopped, or
-    // starved past every try): a copy made now is a second one, whose
-    // chunks the key's queue (the first copy's) must never count; it is
-    // this rank's own, handed to nobody, filled alone.
-    let private = node.role == Role::Queue && found.is_none() && remarks.holder_failed();
+    // A holder did not hand its copy over: a copy made now is a second one,
+    // this rank's own, which the key's queue (the first copy's) must not fill.
+    let private = ask.role == Role::Queue && found.is_none() && remarks.holder_failed();
     let mut results: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
     let Some(obtained) = node.take_or_make(found, &mut results)? else {
         // Nothing fits: no copy to hand out; a rank that comes next
@@ -57,16 +54,8 @@ pub(super) fn coordinate(
     };
     drop(lock);
 
-    // 2. The fill, unless the copy came complete (or the load fills it),
-    // its pages of the size the caller or the environment asks for.
-    let huge_pages = policy::huge_pages(ask.huge_pages, ask.env).0;
-    let filled = node.fill(
-        &obtained,
-        server.as_ref(),
-        huge_pages,
-        private,
-        &mut remarks,
-    )?;
+    // 2. The fill, unless the copy came complete (or the load fills it).
+    let filled = node.fill(&obtained, server.as_ref(), private, &mut remarks)?;
 
     // 3. Each file's copy, mapped read-only; the server stops with the last.
     let guard = Arc::new(Hold {
@@ -90,13 +79,10 @@ pub(super) fn coordinate(
     Ok((results, pending))
 }
 
-/// One load's coordination of its node copy, as the steps share it: the
-/// files and options, this rank, and the names of the copy (directory, key
-/// and lock file).
+/// One load's coordination of its node copy, as the steps share it.
 struct Coordination<'a> {
     files: &'a [ShareFile<'a>],
     ask: &'a ShareAsk<'a>,
-    role: Role,
     chunk_size: u64,
     dir: PathBuf,
     key: u64,
@@ -148,7 +134,6 @@ impl<'a> Coordination<'a> {
         Ok(Coordination {
             files,
             ask,
-            role: ask.role,
             chunk_size,
             dir,
             key,
@@ -170,7 +155,7 @@ impl<'a> Coordination<'a> {
     /// The key's lock, and the copy a live rank of this user hands out, if
     /// any (a member waits for its participant's, complete).
     fn find(&self, remarks: &mut Remarks) -> Result<(Lock, Option<Found>), String> {
-        if self.role == Role::Member {
+        if self.ask.role == Role::Member {
             let patience = ask::member_patience(self.ask.env);
             let (lock, found) =
                 ask::wait_for_complete(&self.asking(), &self.lock_path, patience, remarks)?;
@@ -182,16 +167,15 @@ impl<'a> Coordination<'a> {
     }
 
     /// The copy `found`, checked to be of these files, else a new one of the
-    /// files that fit (those that do not are marked in `results`); `None`
-    /// where none fits.
+    /// files that fit (the others marked in `results`); `None` where none fits.
     fn take_or_make(
         &self,
         found: Option<Found>,
         results: &mut [PerFile],
     ) -> Result<Option<Obtained>, String> {
-        match found {
-            Some(((offer, memfds), pid)) => {
-                let valid = offer.files.iter().all(|&(i, len)| {
+        let ((offer, memfds), received_from) = match found {
+            Some((copy, pid)) => {
+                let valid = copy.0.files.iter().all(|&(i, len)| {
                     usize::try_from(i)
                         .ok()
                         .and_then(|i| self.files.get(i))
@@ -200,28 +184,25 @@ impl<'a> Coordination<'a> {
                 if !valid {
                     return Err(format!("pid {pid} offered a copy of other files"));
                 }
-                Ok(Some(Obtained {
-                    offer,
-                    memfds,
-                    received_from: Some(pid),
-                }))
+                (copy, Some(pid))
             }
             None => {
                 let maker = Maker {
                     pid: self.me.pid,
                     rank: u32::try_from(self.ask.rank.rank).unwrap_or(u32::MAX),
                 };
-                let (offer, memfds) = make(self.files, self.key, maker, self.ask, results)?;
-                if offer.files.is_empty() {
+                let made = make(self.files, self.key, maker, self.ask, results)?;
+                if made.0.files.is_empty() {
                     return Ok(None);
                 }
-                Ok(Some(Obtained {
-                    offer,
-                    memfds,
-                    received_from: None,
-                }))
+                (made, None)
             }
-        }
+        };
+        Ok(Some(Obtained {
+            offer,
+            memfds,
+            received_from,
+        }))
     }
 
     /// The copy handed out from this rank's socket; `None` where the server
@@ -257,15 +238,16 @@ impl<'a> Coordination<'a> {
         &self,
         obtained: &Obtained,
         server: Option<&Server>,
-        huge_pages: HugePages,
         private: bool,
         remarks: &mut Remarks,
     ) -> Result<Filled, String> {
         let offer = &obtained.offer;
+        // Its pages of the size the caller or the environment asks for.
+        let huge_pages = policy::huge_pages(self.ask.huge_pages, self.ask.env).0;
         let mut filled = Filled {
             read_here: vec![ReadHere::default(); offer.files.len()],
             chunk_size: self.chunk_size,
-            deferred: !offer.complete && self.role == Role::Participant,
+            deferred: !offer.complete && self.ask.role == Role::Participant,
             huge_pages,
         };
         if offer.complete || filled.deferred {
@@ -286,16 +268,12 @@ impl<'a> Coordination<'a> {
             chunk_size: self.chunk_size,
             private,
         };
-        let outcome = fill::fill(&copy, self.ask, &complete);
-        match outcome {
-            Ok((read_here, outcome)) => {
-                filled.read_here = read_here;
-                filled.chunk_size = outcome.chunk_size;
-                note_fill(remarks, outcome, self.swept);
-                Ok(filled)
-            }
-            Err(e) => Err(format!("filling the copy: {e}")),
-        }
+        let (read_here, outcome) =
+            fill::fill(&copy, self.ask, &complete).map_err(|e| format!("filling the copy: {e}"))?;
+        filled.read_here = read_here;
+        filled.chunk_size = outcome.chunk_size;
+        note_fill(remarks, outcome, self.swept);
+        Ok(filled)
     }
 
     /// Each file's copy, mapped read-only and held by `guard`, with its
@@ -358,9 +336,7 @@ impl<'a> Coordination<'a> {
     }
 }
 
-/// What the fill met, in `remarks`: a queue not shared, chunks finished
-/// after a stall, chunks taken over from live ranks, dead jobs' queue files
-/// removed (`swept` before it).
+/// What the fill met (and the `swept` names before it), in `remarks`.
 fn note_fill(remarks: &mut Remarks, outcome: prefetch::FillOutcome, swept: usize) {
     // A queue not shared is this rank's alone: it read every
     // chunk, and nothing stalled.
@@ -396,8 +372,7 @@ fn note_fill(remarks: &mut Remarks, outcome: prefetch::FillOutcome, swept: usize
 }
 
 /// A rank's hold on a copy, dropped with its last tensor of it: it stops
-/// handing the copy out, and the last live rank to do so removes the lock
-/// file, so that a finished job leaves nothing in the directory.
+/// handing the copy out; the last rank to do so removes the lock file.
 pub(super) struct Hold {
     server: Option<Server>,
     lock_path: PathBuf,
@@ -418,11 +393,10 @@ impl Drop for Hold {
     fn drop(&mut self) {
         let lock = Lock::take(Place::Private(&self.lock_path), Duration::ZERO);
         drop(self.server.take());
-        // Ranks that drop their copies together each hold the lock while
-        // they look for a live holder: one that finds it taken waits a moment,
-        // so that the last of them sees the others' sockets gone and removes
-        // the lock file; no longer (a rank stopped under the lock must not
-        // hold up dropping tensors: the file is left for a later sweep).
+        // Ranks dropping together each take the lock to look for a live
+        // holder: one that finds it taken waits a moment, so the last sees the
+        // others' sockets gone; no longer (a rank stopped under the lock must
+        // not hold up dropping tensors; a later sweep removes the file).
         let lock = lock.or_else(|_| Lock::take(Place::Private(&self.lock_path), DROP_WAIT));
         if let Some(lock) = lock.ok().filter(|_| !registry::held(&self.dir, self.key)) {
             lock.remove();

@@ -14,9 +14,7 @@ use crate::os;
 use crate::prefetch;
 use crate::source::read_error;
 
-/// A copy to fill with the other ranks: the load's files, the offer and
-/// memory files of the copy (in the offer's order) with the size of their
-/// pages, and the key, directory and chunk size of its queue.
+/// A copy to fill with the other ranks, and its queue's key and directory.
 pub(super) struct ToFill<'a> {
     pub files: &'a [ShareFile<'a>],
     pub offer: &'a Offer,
@@ -25,17 +23,13 @@ pub(super) struct ToFill<'a> {
     pub key: u64,
     pub dir: &'a std::path::Path,
     pub chunk_size: u64,
-    /// A copy of this rank's own, handed to nobody (a holder of the key did
-    /// not hand its copy over): filled by this rank alone, through a queue
-    /// in its memory, never the key's queue file, whose chunks are another
-    /// copy's.
+    /// A copy of this rank's own (a holder did not hand the key's over):
+    /// filled alone, never through the key's queue file.
     pub private: bool,
 }
 
 /// Fills the copy through the chunk queue, calling `complete` once every
-/// chunk is in place: per file of the offer, the chunks this rank read and
-/// the bytes of tensor data in them (the report's `bytes_read`: a chunk
-/// that holds the header counts its tensor data only).
+/// chunk is in place: per file of the offer, what this rank read of it.
 pub(super) fn fill(
     copy: &ToFill,
     ask: &ShareAsk<'_>,
@@ -54,12 +48,11 @@ pub(super) fn fill(
     let parts = parts_of_offer(files, offer, memfds, huge_pages)?;
     let lens: Vec<u64> = parts.iter().map(|part| part.file.size()).collect();
     // Direct reads where the policy would read the file so (FUSE, cold): the
-    // daemon then answers in requests of up to its `max_read`, not in the
-    // page cache's 128 KiB, and no second, page-cache copy is left behind.
-    // NOTE: the slowest of 3 ranks on the 2 ms test mount kept closer to one
-    // rank alone with direct reads (BENCHMARKS.md, "node/fill.rs: fill").
-    // The chunks are whole pages at page offsets of a page-aligned map; a
-    // file's last, partial block goes through the OS layer's bounce buffer.
+    // daemon answers in requests of its `max_read`, not 128 KiB, and no page
+    // cache copy is left behind. NOTE: the slowest of 3 ranks on the 2 ms test
+    // mount kept closer to one rank alone so (BENCHMARKS.md, "node/fill.rs:
+    // fill"). Chunks are whole pages of a page-aligned map; a last, partial
+    // block goes through the OS layer's bounce buffer.
     let _direct = direct_reads(parts.iter().filter_map(|p| p.file.local()), ask.direct_io);
     let read = |k: usize, offset: u64, len: u64, beat: &dyn Fn()| -> crate::error::Result<()> {
         parts
@@ -69,11 +62,9 @@ pub(super) fn fill(
     let material = queue_material(key);
     let streams = ask.streams.map_or(super::STREAMS, |s| s.max(1));
     // A rank that took the copy unfinished just before the last filler
-    // offered it complete finds it complete here, and fills nothing. Asked
-    // under the queue file's lock: only this user's holders are asked, each
-    // for at most the handoff's patience (`ask.rs`). Only this copy counts
-    // (its maker's): another copy of the same files, complete, holds none
-    // of this one's bytes.
+    // offered it complete finds it complete here (asked under the queue's
+    // lock, each holder bounded, `ask.rs`). Only this copy (its maker's)
+    // counts: another complete copy holds none of this one's bytes.
     let done_elsewhere = || {
         let asking = Asking {
             dir,
@@ -98,14 +89,11 @@ pub(super) fn fill(
     Ok((parts.into_iter().map(Part::counts).collect(), outcome))
 }
 
-/// The most bytes one read of a chunk asks for: the rank beats its
-/// heartbeat after each piece, so that a chunk read slowly but surely is
-/// never taken over by another rank and read twice (`prefetch/takeover.rs`).
+/// The most bytes one read of a chunk asks for: the rank beats its heartbeat
+/// after each piece, so a chunk read slowly but surely is never taken over.
 ///
-/// NOTE: a FUSE daemon gets a direct read of more than 1 MiB as one request
-/// of 1 MiB after another anyway (`testfs`, as hf-mount), so pieces of 2 MiB
-/// cost it nothing; a local disk gets requests of its own limit (often
-/// 128 KiB-1 MiB) from any read larger than that.
+/// NOTE: FUSE splits a direct read into 1 MiB requests anyway (`testfs`, as
+/// hf-mount) and a disk into its own limit, so 2 MiB pieces cost nothing.
 const PIECE: u64 = 2 << 20;
 
 /// What this rank read of one file of the copy.
@@ -117,14 +105,12 @@ pub(super) struct ReadHere {
     pub bytes: u64,
 }
 
-/// One file of the offer as the fill sees it: the file its chunks are read
-/// from, the writer of its copy, and what this rank read of it.
+/// One file of the offer as the fill sees it: the file, the writer of its
+/// copy, and what this rank read of it (as [`ReadHere`]).
 struct Part<'a> {
     file: ShareFile<'a>,
     writer: CopyFill,
-    /// Chunks this rank read.
     chunks: AtomicUsize,
-    /// Bytes of tensor data in them.
     bytes: AtomicU64,
 }
 
@@ -186,10 +172,9 @@ fn parts_of_offer<'a>(
     Ok(parts)
 }
 
-/// The fill queue's key material: the copy's key, and the user.
+/// The fill queue's key material: the copy's key, and the user (another
+/// user's queue of the same copy is not this one's to join).
 fn queue_material(key: u64) -> Vec<u8> {
-    // The queue's key: the copy's, and the user (another user's queue file
-    // of the same copy is not this one's to join).
     let uid = os::effective_uid().unwrap_or(u32::MAX);
     [
         &key.to_le_bytes()[..],
@@ -199,10 +184,9 @@ fn queue_material(key: u64) -> Vec<u8> {
     .concat()
 }
 
-/// Checks that each local file is still of the length it was opened at.
+/// Checks that each local file is still of the length it was opened at (a
+/// remote object's every request required the version opened).
 fn check_lengths(parts: &[Part<'_>]) -> crate::error::Result<()> {
-    // A local file may have changed length meanwhile (a remote object's
-    // every request required the version opened).
     for part in parts {
         let (f, expected) = (part.file, part.file.size());
         let Some(local) = f.local() else {

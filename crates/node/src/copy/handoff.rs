@@ -1,13 +1,9 @@
 //! A node copy handed from rank to rank: the offer (which files, their lengths, whether the copy is complete) sent with the memory files attached over a Unix socket (`SCM_RIGHTS`), both ends checked to be this user's processes (`SO_PEERCRED`).
 //!
-//! Every rank that holds a copy hands it out, for as long as it holds it
-//! (a [`Server`] thread, asleep in `poll(2)` until a peer connects, stopped
-//! when its last tensor of the copy is dropped), so that a rank that joins
-//! late finds it even when the rank that created it is gone.
-//!
-//! Every wait on a peer is bounded by [`PATIENCE`]: the connect (a
-//! listener that never accepts, or whose backlog is full, would hold a
-//! blocking `connect(2)` for as long as it lives), the receive, the send.
+//! Every holder hands its copy out from a [`Server`] thread (asleep in
+//! `poll(2)`) until its last tensor goes, so a late rank finds it after its
+//! maker is gone. Every wait on a peer (connect, receive, send) is bounded by
+//! [`PATIENCE`].
 
 use std::fs::File;
 use std::io;
@@ -31,9 +27,8 @@ const MAGIC: u64 = u64::from_le_bytes(*b"SLNODE02");
 /// hold up the others for long (it is then taken as not answering).
 pub(crate) const PATIENCE: Duration = Duration::from_secs(2);
 
-/// How long a serving thread rests after an error of `accept(2)` or
-/// `poll(2)` other than a peer gone (out of descriptors, say), so that an
-/// error that lasts does not spin it.
+/// A serving thread's rest after an error that may last (out of
+/// descriptors, say), so that it does not spin.
 const BACK_OFF: Duration = Duration::from_millis(100);
 
 /// What a copy holds: per file of the copy, its index among the load's
@@ -113,9 +108,8 @@ pub(crate) enum Refused {
     Failed(String),
 }
 
-/// Takes the offer of the socket at `path`: the peer must be this user's
-/// process `pid`; the files must be sealed memory files of the lengths
-/// offered. Connecting and receiving take at most [`PATIENCE`] together.
+/// Takes the offer at `path` from this user's process `pid`, its files sealed
+/// memfds of the lengths offered, within [`PATIENCE`] in all.
 pub(crate) fn take(path: &Path, pid: u32, key: u64) -> Result<(Offer, Vec<File>), Refused> {
     let failed = |what: &str, e: io::Error| Refused::Failed(format!("{what}: {e}"));
     let deadline = Instant::now() + PATIENCE;
@@ -155,9 +149,7 @@ pub(crate) fn take(path: &Path, pid: u32, key: u64) -> Result<(Offer, Vec<File>)
     Ok((offer, files))
 }
 
-/// A rank's copy handed out to the other ranks from a thread of its own,
-/// until dropped; dropping it removes the socket and wakes the thread to
-/// end.
+/// A rank's copy handed out from a thread of its own until dropped.
 pub(crate) struct Server {
     path: PathBuf,
     complete: Arc<AtomicBool>,

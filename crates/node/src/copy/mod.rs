@@ -1,90 +1,45 @@
 //! One copy per node: the local ranks of a job that read the same files buffered fill one copy of each in shared memory through the prefetch chunk queue, and each maps it read-only.
 //!
-//! # How it goes
-//!
-//! With more than one local rank (the launchers' variables,
-//! `prefetch/launcher.rs`), a file the policy reads buffered, whole, without
-//! conversion, whose tensors sit aligned in it, gets a node copy:
-//!
-//! 1. Under the key's lock (`registry.rs`) a rank asks each live socket of
-//!    the key for its copy (`ask.rs`, `handoff.rs`): the socket must be this
-//!    user's (by `lstat(2)`, before any connect), the peer this user's
-//!    process, the memory files sealed and of the files' lengths. Another
-//!    user's names and offers are refused, with the reason in the report.
-//!    Where no rank has a copy, this rank makes one (`coordinate.rs`), a
-//!    sealed `memfd` per file, within the memory guard (counted once for
-//!    the node: the ranks that join add nothing). Then it hands the copy
-//!    out itself, from a socket of its own.
-//! 2. Unless the copy came complete, the ranks fill it through one chunk
-//!    queue (`fill.rs`, `prefetch/fill.rs`): each chunk read once, straight
-//!    into its place, with the queue's rules for ranks that die or stop. A
-//!    reader beats its rank's heartbeat after every 2 MiB that lands, so a
-//!    chunk read slowly but surely (a busy machine, a starved daemon) is
-//!    never taken over and read twice; one taken over from a live rank that
-//!    showed no progress is said in the report (`CopyRemark::TakenOver`).
-//! 3. Each rank maps its copies read-only: its tensors are views of them, as
-//!    of a buffered file's buffer. When its last tensor of the copy is
-//!    dropped, it stops handing the copy out; the memory goes back to the
-//!    system with the last rank's.
-//!
-//! Files that get no copy are read as before, by each rank (buffered, or
-//! mapped where the plan's memory guard says so), with the reason in the
-//! report (`eligible.rs`). One rank alone reads as before, with nothing
-//! said.
+//! With more than one local rank, a file the policy reads buffered, whole,
+//! unconverted and aligned gets a node copy: under the key's lock
+//! (`registry.rs`) a rank asks the key's live sockets for the copy (`ask.rs`,
+//! `handoff.rs`), else makes one, a sealed `memfd` per file within the memory
+//! guard (`coordinate.rs`), and hands it out from a socket of its own. Unless
+//! it came complete, the ranks fill it through one chunk queue (`fill.rs`),
+//! each chunk read once; each rank maps it read-only, and stops handing it
+//! out when its last tensor of it goes.
 //!
 //! # Other users
 //!
-//! The names live in a directory every local user can write (`/dev/shm`).
-//! Another user who learns a copy's key (it is in the lock file's name) can
-//! at most turn the copy off for those files, by taking the lock file's
-//! name or the fill's queue file's (each rank then reads alone, or fills
-//! every chunk itself, saying why); names of theirs at a holder's name are
-//! skipped unopened. No rank connects to, follows, removes or counts as a
-//! live holder anything that is not this user's, and no wait on another
-//! user's process, under a lock other ranks need, outlasts
-//! `handoff::PATIENCE` (tested by `tests/it/node_copy/attacks.rs`, as
-//! root and as an ordinary user); a holder of this user that runs but does
-//! not answer is asked three times (`ask.rs`).
+//! The names live in `/dev/shm`, which every local user can write. Another
+//! user can at most turn the copy off (by taking the lock's or the queue's
+//! name: each rank then reads alone, saying why); no rank connects to,
+//! follows, removes or counts as a holder anything not this user's, and no
+//! wait on another user's process under a lock outlasts `handoff::PATIENCE`
+//! (`tests/it/node_copy/attacks.rs`).
 //!
 //! # Under a load split between nodes
 //!
-//! Where the nodes of a job read each byte once between them
-//! (`execute/exchange.rs`), the copy is the node's share of that split: the
-//! node's participant (`Role::Participant`) makes the copy and fills it
-//! itself, its node's pieces from storage and the other nodes' from the
-//! exchange, then offers it as complete; the node's other ranks
-//! (`Role::Member`) never make or fill a copy, they wait for the complete
-//! one (for as long as a live rank offers a copy being filled, and at most
-//! the exchange's timeout for one to be offered at all), and read alone,
-//! saying why, if none comes.
+//! The node's participant (`Role::Participant`) makes the copy and the load
+//! fills it (its node's pieces from storage, the others' from the exchange);
+//! the other ranks (`Role::Member`) wait for the complete copy, at most the
+//! exchange's timeout for one to be offered, and else read alone.
 //!
-//! # What it leaves to later
+//! # Limits
 //!
-//! - A rank of this user stopped while it holds a key's lock (the
-//!   milliseconds in which it asks for a copy or makes one) holds up the
-//!   ranks that start meanwhile for a minute at most, then they read alone;
-//!   a rank stopped while it hands the copy out costs the asker
-//!   `handoff::PATIENCE` (2 s), then it asks another or makes its own.
-//!   Only this user's processes can take the lock or answer as a holder.
-//!   A holder that runs (not stopped) but has not answered within the
-//!   patience is asked again, three times in all (`ask.rs`): on a busy
-//!   machine a starved serving thread would otherwise cost the node a
-//!   second copy, read alone. A rank that makes a copy of its own all the
-//!   same keeps it to itself (handed to nobody) and fills it alone, through a
-//!   queue in its memory: the key's queue file is the first copy's, and a
-//!   chunk done there is not in the second. Its report names the holder that
-//!   did not answer, why, and that the copy is its own.
-//! - A rank that received an unfinished copy in the instant before the last
-//!   filling rank left the queue makes the queue anew; it asks the other
-//!   ranks then, and finds the copy complete (tested by
-//!   `tests/it/remote.rs`, which met the race under CI's load: 2.09x the
-//!   bytes before the question was asked).
+//! A rank of this user stopped under a key's lock holds up the ranks that
+//! start meanwhile for a minute at most; one stopped while it hands the copy
+//! out costs the asker 2 s. A running holder that does not answer is asked
+//! three times (`ask.rs`), then the asker makes a copy of its own, filled
+//! alone through a queue in its memory (the key's queue file is the first
+//! copy's) and said in its report. A rank that received an unfinished copy
+//! just as the last filler left the queue asks again and finds it complete
+//! (`tests/it/remote.rs` met that race under CI's load).
 //!
 //! NOTE: each rank fills with 4 readers (prefetch's default streams), not the
-//! read engine's adaptive count: the queue's readers claim chunks one by
-//! one, and the engine's controller runs a list of reads fixed in advance.
-//! With 3 ranks that is 12 reads in flight on the node, what the engine
-//! settles at on the FUSE test mount (`policy::default_io_concurrency`).
+//! read engine's adaptive count: the queue's readers claim chunks one by one,
+//! the engine runs a list fixed in advance. With 3 ranks that is 12 reads in
+//! flight, what the engine settles at on the FUSE test mount.
 
 mod ask;
 mod coordinate;

@@ -1,34 +1,18 @@
 //! Where a node copy is found: its key (the files' versions and the job), the names of its lock and of the sockets that hand it out, and the removal of what dead jobs left.
 //!
-//! In the queue directory (`/dev/shm`, else the temporary directory):
+//! In the queue directory: `safeload-node-<key>-u<uid>.lock`, this user's
+//! lock (`coord/lock.rs`) held while a rank looks for, makes, or starts or
+//! stops handing out a copy; and `safeload-node-<key>-<owner>.sock`, one per
+//! holder, named by its owner word so a dead holder is known by its name. The
+//! key covers the files' versions, the chunk size and the job; not the uid:
+//! another user's copy is found and refused by its credentials (`handoff.rs`).
 //!
-//! - `safeload-node-<key>-u<uid>.lock`: a private lock file (`coord/lock.rs`)
-//!   held while a rank looks for a copy, creates one or starts or stops
-//!   handing one out, so that two ranks never both create the copy;
-//! - `safeload-node-<key>-<owner>.sock`: one socket per rank that holds the
-//!   copy, named by its owner word (pid and start time, `coord/owner.rs`),
-//!   so that a socket whose process is gone is known dead by its name.
-//!
-//! The key covers each file's device, inode, size and modification time
-//! (with its canonical path), the chunk size and the job: a file replaced
-//! between two jobs, or another job, never finds this copy. The uid is not
-//! in the key: another user's copy of the same files is found, and refused
-//! by its credentials, with a reason (`handoff.rs`).
-//!
-//! A job killed at any point leaves sockets and a lock file; the next node
-//! copy on the node, of any job, removes them by the dead-owner rule
-//! (`coord/mod.rs`, [`sweep`]): the sockets of dead owners, then the lock
-//! files free and with no live owner's socket, never anything of a live rank.
-//!
-//! The directory is shared (`/dev/shm` is every user's): any local user can
-//! make a name that parses as a holder's socket or a lock. Each name is
-//! looked at by `lstat(2)` before anything else ([`entries`]): a name that
-//! is not this user's, or a holder's name that is not a socket, is never
-//! connected to, followed, removed or counted as a live holder; it is
-//! reported once ([`Foreign`]). Removing this user's own names after that
-//! look is safe from a swap: in a sticky directory (`/dev/shm`, `/tmp`)
-//! another user cannot unlink them to put something else there (unlink(2),
-//! `EPERM`).
+//! `/dev/shm` is every user's: each name is looked at by `lstat(2)` first
+//! ([`entries`]), and one not this user's, or a holder's name that is no
+//! socket, is never connected to, followed, removed or counted; it is said
+//! once ([`Foreign`]). Removing this user's names after that look is safe: in
+//! a sticky directory another user cannot swap them (unlink(2), `EPERM`).
+//! What killed jobs left goes by the dead-owner rule ([`sweep`]).
 
 use std::path::{Path, PathBuf};
 
@@ -38,10 +22,9 @@ use crate::source::{Source, Version, VersionTag};
 
 const PREFIX: &str = "safeload-node-";
 
-/// The bytes that name one version of one file: a local file's device,
-/// inode, length, modification time and canonical path; a remote object's
-/// address, length and ETag. `None` for a file whose version cannot be told
-/// (no inode numbers, no ETag), which gets no copy.
+/// The bytes that name one version of one file (device, inode, length,
+/// mtime and path; or address, length and ETag); `None` where it cannot be
+/// told, and the file gets no copy.
 pub(crate) fn identity(source: &dyn Source) -> Option<Vec<u8>> {
     let Version { len, tag } = source.version();
     let mut bytes = Vec::with_capacity(64);
@@ -162,9 +145,7 @@ pub(crate) fn entries(dir: &Path) -> Vec<Name> {
         .collect()
 }
 
-/// The key's lock at `path`, waited for at most [`coord::PATIENCE`]; the
-/// error says what is at `path` where it is not this user's lock file, and
-/// how long this rank waited where another process held it.
+/// The key's lock at `path`, waited for at most [`coord::PATIENCE`].
 pub(crate) fn take_lock(path: &Path) -> Result<Lock, String> {
     Lock::take(Place::Private(path), coord::PATIENCE)
         .map_err(|e| lock_failed(path, coord::PATIENCE, &e))
@@ -172,18 +153,16 @@ pub(crate) fn take_lock(path: &Path) -> Result<Lock, String> {
 
 /// Why the key's lock at `path` was not had, after a wait of `waited`.
 fn lock_failed(path: &Path, waited: std::time::Duration, e: &std::io::Error) -> String {
-    if e.kind() == std::io::ErrorKind::WouldBlock {
-        // Each hold is a few bounded steps (asking the holders, making the
-        // memory files): a holder this long is stopped or starved.
-        format!(
-            "waited {} s for the node copy's lock file {}, which another process of this \
-             user held all along (a rank stopped while it looked for or made the copy)",
-            waited.as_secs(),
-            path.display()
-        )
-    } else {
-        format!("the lock file {}: {e}", path.display())
+    if e.kind() != std::io::ErrorKind::WouldBlock {
+        return format!("the lock file {}: {e}", path.display());
     }
+    // Each hold is a few bounded steps: a holder this long is stopped.
+    format!(
+        "waited {} s for the node copy's lock file {}, which another process of this \
+         user held all along (a rank stopped while it looked for or made the copy)",
+        waited.as_secs(),
+        path.display()
+    )
 }
 
 /// Whether a live owner's socket of `key` is in `dir` (else the last rank of
@@ -192,11 +171,8 @@ pub(crate) fn held(dir: &Path, key: u64) -> bool {
     entries(dir).iter().any(|n| n.live_holder_of(key))
 }
 
-/// Removes what dead jobs of this user left in `dir`, by the dead-owner
-/// rule: sockets whose owner is gone, then lock files free and with no live
-/// owner's socket (a rank that holds one is looking for a copy, and its
-/// socket comes before it lets go). Another user's names are left alone.
-/// Returns how many files were removed.
+/// Removes what dead jobs of this user left in `dir` (dead owners' sockets,
+/// then free lock files with no live socket): how many files.
 pub(crate) fn sweep(dir: &Path) -> usize {
     let uid = os::effective_uid().unwrap_or(u32::MAX);
     let found = entries(dir);

@@ -9,20 +9,14 @@ use super::worker::{Held, Work, swap};
 use crate::error::{Error, Operation, Result};
 use crate::jobs::JobSource;
 
-/// One reader's place in the queue: where it looks for a free chunk next,
-/// and what it saw of the holders it waits for (kept across waits: a holder
-/// quiet since this reader first looked stays quiet while the reader handles
-/// the chunk it took over).
+/// One reader's place: its next free chunk's search start, and what it saw
+/// of the holders it waits for (kept across waits).
 pub(super) struct Reader {
     pub cursor: usize,
     pub watch: Watch,
 }
 
-/// The chunk queue as a source of the read loop: a reader's next chunk is a
-/// free one (from its cursor on), else one it takes over from a holder
-/// that died or stopped, else, where the queue is shared, one it waits for;
-/// each warmed (or read into the sink) and marked done, the rank's
-/// heartbeat beating as it goes.
+/// The chunk queue as a source of the read loop.
 pub(super) struct Claims<'w, 'a> {
     pub work: &'w Work<'a>,
     pub readers: Vec<Mutex<Reader>>,

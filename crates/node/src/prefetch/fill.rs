@@ -1,22 +1,16 @@
 //! The chunk queue filling a destination instead of the page cache: the local ranks of a job read each chunk of a node copy once, straight into its place, with the queue's take-over rules.
 //!
-//! The queue is the prefetch queue (`queue_file.rs`), under a key of its
-//! own (the caller's key material: the node copy's files and job), with
-//! every chunk free at the start: a node copy starts empty, whatever the
-//! page cache holds. The readers are the prefetch readers (`worker.rs`),
-//! given a [`Sink`] that reads each chunk they claim into its place. What
-//! they leave undone (a holder that keeps beating but never finishes, for
-//! the 60 s stall guard) this rank reads itself at the end, so that a fill
-//! that returns `Ok` is complete.
+//! The queue is the prefetch queue under the caller's key, every chunk free
+//! at the start (a node copy starts empty); the readers are prefetch's, with
+//! a [`Sink`]. What they leave undone (past the stall guard) this rank reads
+//! at the end, so a fill that returns `Ok` is complete.
 
 use std::path::{Path, PathBuf};
 
-use super::plan::{Chunk, ChunkPlan, Init, reader_plan};
-use super::queue::{
-    DONE, FREE, Layout, chunk_words, heartbeat_words, init_from_header, slot_words,
-};
+use super::plan::{Chunk, ChunkPlan, guard, reader_plan};
+use super::queue::{DONE, Layout, chunk_words, init_from_header};
 use super::queue_file::{Queue, sweep_stale};
-use super::worker::{Outcome, Sink, Tally, Work};
+use super::worker::{Sink, Work};
 use crate::cancel::Cancel;
 use crate::coord::Owner;
 use crate::error::Result;
@@ -39,9 +33,7 @@ pub(crate) struct FillOutcome {
     pub chunk_size: u64,
     /// Chunks this rank read at the end because nobody finished them.
     pub finished_here: usize,
-    /// Whether the chunks were shared with the other ranks through a queue
-    /// file; else this rank read every chunk itself, and why (the queue
-    /// file's path and the error).
+    /// Where this rank read every chunk itself: the queue file's path, and why.
     pub unshared: Option<(PathBuf, String)>,
     /// Queue files of dead jobs removed first.
     pub swept: usize,
@@ -60,12 +52,10 @@ pub(crate) struct SharedQueue<'a> {
     /// Readers in this process.
     pub streams: usize,
     /// Called once every chunk is in place, before this rank leaves the
-    /// queue: a rank that joins after the last has left must learn from it
-    /// that the fill is over, not start one anew.
+    /// queue, so a rank joining later does not start the fill anew.
     pub complete: &'a dyn Fn(),
-    /// Asked by the rank that makes the queue file: where it says the fill
-    /// is over (a rank that took the copy unfinished in the instant before
-    /// the last filler called `complete`), every chunk starts done.
+    /// Asked by the rank that makes the queue file: where the fill is over
+    /// already, every chunk starts done.
     pub done_elsewhere: &'a dyn Fn() -> bool,
     /// Filled by this rank alone, through a queue in its memory (a copy no
     /// other rank fills: the queue file of its key is another copy's).
@@ -73,9 +63,8 @@ pub(crate) struct SharedQueue<'a> {
 }
 
 /// Fills files of `lens` bytes (in order) through `shared`, with the other
-/// ranks of `rank`: `read` reads one chunk (a file index, an offset, a
-/// length) into its place, calling the beat it is given as pieces of it
-/// land (the rank's heartbeat: a rank whose reads progress keeps its
+/// ranks of `rank`: `read` reads one chunk into its place, calling the beat
+/// it is given as pieces of it land (a rank whose reads progress keeps its
 /// chunks, `takeover.rs`).
 pub(crate) fn fill_shared(
     lens: &[u64],
@@ -96,20 +85,50 @@ pub(crate) fn fill_shared(
     } = *shared;
     let swept = sweep_stale(dir);
     let plan = ChunkPlan::new(lens, chunk_size, os::page_size());
-    let me = Owner::current();
-    let queue = open_queue(&plan, key_material, dir, me, done_elsewhere, private);
+    // A node copy starts empty: every chunk free, nothing resident; unless
+    // its fill ended before this rank made the queue file.
+    let mut make = || {
+        let mut init = guard(&plan.chunks, &[], None, false);
+        if done_elsewhere() {
+            init.states.fill(DONE);
+        }
+        init
+    };
+    let layout = Layout::of(&plan);
+    let queue = if private {
+        Queue::local(layout, &mut make, None)
+    } else {
+        Queue::shared(dir, key_material, layout, Owner::current(), &mut make)
+    };
     let shared = queue.is_shared();
     let unshared = (!shared).then(|| queue.refused.clone().unwrap_or_default());
     let needed = init_from_header(queue.words()).needed;
     let meter = Meter::new(progress, Phase::Read, needed, lens.len());
-    let fill = Fill {
-        queue: &queue,
-        chunks: &plan.chunks,
-        sink: ReadInto(read),
-        cancel,
+    // A queue of this rank's own: no other rank fills any of it, so its
+    // readers claim every chunk.
+    let alone = LocalRank {
+        rank: 0,
+        size: 1,
+        source: rank.source.clone(),
     };
-    let outcome = fill.read_shares(rank, streams, me, &meter)?;
-    let finished_here = fill.finish_stalled()?;
+    let ranks = if shared { rank } else { &alone };
+    let (claimable, starts) = reader_plan(&plan.chunks, ranks, streams, shared);
+    let sink = ReadInto(read);
+    let work = Work {
+        sink: Some(&sink),
+        ..Work::over(&queue, &plan.chunks, claimable, &meter, cancel)
+    };
+    let outcome = work.run(&starts)?;
+    // What is still not done was given up on by the stall guard: read here,
+    // with no reader of this rank left to beat for.
+    let mut finished_here = 0;
+    let states = chunk_words(queue.words(), queue.layout());
+    for (state, &chunk) in states.iter().zip(&plan.chunks) {
+        if state.load(std::sync::atomic::Ordering::Acquire) != DONE {
+            sink.fill(chunk, &|| {})?;
+            finished_here += 1;
+        }
+    }
     complete();
     meter.finish();
     drop(queue);
@@ -122,116 +141,6 @@ pub(crate) fn fill_shared(
         swept,
         taken_over: outcome.taken_over,
     })
-}
-
-/// The fill's queue: the file of `key_material` in `dir`, shared with the
-/// other ranks, or this rank's own where the file cannot be had.
-fn open_queue(
-    plan: &ChunkPlan,
-    key_material: &[u8],
-    dir: &Path,
-    me: Owner,
-    done_elsewhere: &dyn Fn() -> bool,
-    private: bool,
-) -> Queue {
-    let layout = Layout {
-        key: 0,
-        chunk_size: plan.chunk_size,
-        chunks: plan.chunks.len(),
-        total: plan.total,
-        slots: 0,
-    };
-    // A node copy starts empty: every chunk free, nothing resident; unless
-    // its fill ended before this rank made the queue file.
-    let mut make = || Init {
-        states: vec![if done_elsewhere() { DONE } else { FREE }; plan.chunks.len()],
-        resident: 0,
-        needed: plan.total,
-        available: None,
-        budget: None,
-        skipped: 0,
-        known: false,
-    };
-    if private {
-        return Queue::local(layout, &mut make, None);
-    }
-    Queue::shared(dir, key_material, layout, me, &mut make)
-}
-
-/// A fill under way, as its steps share it: the queue, its chunks, and the
-/// caller's read that puts each chunk in its place.
-struct Fill<'a> {
-    queue: &'a Queue,
-    chunks: &'a [Chunk],
-    sink: ReadInto<'a>,
-    cancel: &'a Cancel,
-}
-
-impl Fill<'_> {
-    /// This rank's readers over the queue: `streams` of them, with the other
-    /// ranks of `rank` where the queue is shared.
-    fn read_shares(
-        &self,
-        rank: &LocalRank,
-        streams: usize,
-        me: Owner,
-        meter: &Meter,
-    ) -> Result<Outcome> {
-        let shared = self.queue.is_shared();
-        let words = self.queue.words();
-        // A queue of this rank's own: no other rank fills any of it, so this
-        // rank's readers claim every chunk (not a share, finished at the end by
-        // one reader).
-        let alone = LocalRank {
-            rank: 0,
-            size: 1,
-            source: rank.source.clone(),
-        };
-        let (claimable, starts) = reader_plan(
-            self.chunks,
-            if shared { rank } else { &alone },
-            streams,
-            shared,
-        );
-        let work = Work {
-            targets: &[],
-            methods: &[],
-            chunks: self.chunks,
-            states: chunk_words(words, self.queue.layout()),
-            me,
-            shared,
-            claimable,
-            on_chunk: None,
-            meter,
-            slots: slot_words(words, self.queue.layout()),
-            heartbeats: heartbeat_words(words, self.queue.layout()),
-            heartbeat: self.queue.heartbeat(),
-            tally: Tally::default(),
-            sink: Some(&self.sink),
-            cancel: self.cancel,
-        };
-        work.run(&starts)
-    }
-
-    /// Reads here every chunk the readers left undone: how many there were.
-    fn finish_stalled(&self) -> Result<usize> {
-        // What is still not done was given up on by the stall guard: read it
-        // here.
-        let mut finished_here = 0;
-        for (i, state) in chunk_words(self.queue.words(), self.queue.layout())
-            .iter()
-            .enumerate()
-        {
-            if state.load(std::sync::atomic::Ordering::Acquire) != DONE {
-                if let Some(&chunk) = self.chunks.get(i) {
-                    // No reader of this rank is left to beat for.
-                    self.sink.fill(chunk, &|| {})?;
-                    finished_here += 1;
-                }
-            }
-        }
-        Ok(finished_here)
-    }
 }
 
 /// The caller's read as a [`Sink`].

@@ -103,10 +103,8 @@ pub(crate) fn warm(
     run(Plan::new(targets, options, job), options, job, reason)
 }
 
-/// The auto policy (`policy::auto_prefetch_streams`, then
-/// `policy::auto_prefetch_runs`): files on a kernel network filesystem that
-/// will be mapped are prefetched when they are not already resident and the
-/// memory guard allows all of them.
+/// The auto policy: mapped files on a kernel network filesystem, prefetched
+/// when not resident and the memory guard allows all of them.
 fn auto(files: &[LoadFile<'_>], job: &Job<'_>) -> Result<Option<PrefetchReport>> {
     let mut streams = 0;
     let mut targets = Vec::new();

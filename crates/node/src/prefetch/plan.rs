@@ -82,9 +82,7 @@ impl ChunkPlan {
 }
 
 /// Splits `chunks` into `parts` runs of about equal bytes: part `p` holds
-/// the chunks that start in bytes `[p T / parts, (p + 1) T / parts)` of the
-/// concatenated files (of total `T`). Every chunk is in exactly one part;
-/// parts may be empty.
+/// the chunks that start in bytes `[p T / parts, (p + 1) T / parts)`.
 pub(crate) fn split_by_bytes(chunks: &[Chunk], parts: usize) -> Vec<Range<usize>> {
     let parts = parts.max(1);
     let total: u64 = chunks.iter().map(|c| c.len).sum();
@@ -183,10 +181,9 @@ impl Init {
     }
 }
 
-/// Applies the memory guard: chunks are warmed in order while the bytes not
-/// yet resident fit in 90 % of `available`; fully resident chunks are done
-/// from the start; the rest is skipped. `resident[i]` is the resident bytes
-/// of chunk `i` (0 where unknown).
+/// Applies the memory guard: chunks are warmed in order while the missing
+/// bytes fit in 90 % of `available`; resident chunks are done; the rest is
+/// skipped. `resident[i]`: chunk `i`'s resident bytes (0 where unknown).
 pub(crate) fn guard(
     chunks: &[Chunk],
     resident: &[u64],

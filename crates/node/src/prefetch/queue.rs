@@ -29,7 +29,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::plan::Init;
+use super::plan::{ChunkPlan, Init};
 use crate::coord::Owner;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SLPFQUE1");
@@ -133,6 +133,18 @@ pub(super) struct Layout {
 }
 
 impl Layout {
+    /// The layout of a queue of `plan`'s chunks in this process's memory
+    /// (`Queue::shared` sets the key and slots of a file's).
+    pub(super) fn of(plan: &ChunkPlan) -> Layout {
+        Layout {
+            key: 0,
+            chunk_size: plan.chunk_size,
+            chunks: plan.chunks.len(),
+            total: plan.total,
+            slots: 0,
+        }
+    }
+
     pub(super) fn words(&self) -> usize {
         HEADER_WORDS + 2 * self.slots + self.chunks
     }

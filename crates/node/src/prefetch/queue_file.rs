@@ -1,18 +1,12 @@
 //! The shared queue file: created, validated, attached to or replaced under its lock, left (and removed by the last live rank) on drop; else a queue in this process's memory.
 //!
-//! The file is `safeload-prefetch-<hash>.queue`, where the hash covers the
-//! files' canonical paths, devices, inodes, sizes and modification times,
-//! the chunk size, the job (the launcher's job id, else the parent pid) and
-//! the format version.
-//! It is created `0600`, in `/dev/shm` unless the caller says otherwise.
-//!
-//! Creating, attaching and leaving happen under the file's lock (`coord/`). The
-//! first rank creates it, checks residency and applies the memory guard
-//! while holding the lock, then stores the magic; the others wait on the
-//! lock, validate what they find (size, magic, version, key, layout, every
-//! word) and replace a file that fails, or that no live rank is attached to.
-//! More than 256 ranks on a node share the chunks, but only the first 256
-//! count for removing the file.
+//! The file is `safeload-prefetch-<hash>.queue` (`0600`, in `/dev/shm` unless
+//! the caller says otherwise); the hash covers the files' identities, the
+//! chunk size, the job and the format version. The first rank creates it and
+//! fills it under the lock (`coord/lock.rs`), storing the magic last; the
+//! others validate every word and replace a file that fails or that no live
+//! rank is attached to. More than 256 ranks share the chunks, but only the
+//! first 256 count for removing the file.
 
 use std::fs::File;
 use std::io;
@@ -142,12 +136,8 @@ impl Drop for SharedQueue {
     }
 }
 
-/// Removes the queue files in `dir` that no live rank is attached to (the
-/// dead-owner rule): what a killed job left (the last rank to leave removes
-/// a queue otherwise, and a job only replaces a stale file of its own key).
-/// Only this user's files are looked at, each under its lock, so that a
-/// rank creating or joining one is never disturbed. Returns how many were
-/// removed.
+/// Removes the queue files in `dir` that killed jobs left (no live rank
+/// attached), each under its lock: how many.
 pub(crate) fn sweep_stale(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
@@ -164,10 +154,8 @@ pub(crate) fn sweep_stale(dir: &Path) -> usize {
     ours.count()
 }
 
-/// Whether a queue file, locked by the caller, is left by ranks that are
-/// all gone: empty or never initialized (its creator died under the lock),
-/// or valid with no live rank attached. A file of another format version
-/// is left alone.
+/// Whether a queue file, locked by the caller, is left by ranks all gone:
+/// empty, never initialized, or valid with no live rank attached.
 fn is_stale(file: &File) -> bool {
     let Ok(len) = file.metadata().map(|m| m.len()) else {
         return false;
@@ -233,10 +221,9 @@ impl Queue {
         }
     }
 
-    /// The queue file in `dir` for this key material (the files'
-    /// identities, the chunk size and the job), created, joined or
-    /// replaced; this process's own queue where the file cannot be had.
-    /// `make` runs only if this rank creates the queue.
+    /// The queue file in `dir` for this key material, created, joined or
+    /// replaced; a local queue where it cannot be had. `make` runs only if
+    /// this rank creates the queue.
     pub(super) fn shared(
         dir: &Path,
         key_material: &[u8],

@@ -19,10 +19,8 @@ use crate::storage;
 
 /// Pages sampled per chunk before a chunk is taken as resident.
 ///
-/// NOTE: counting a chunk's cached pages costs a page-cache lookup per page
-/// in the kernel (`cachestat(2)` and `mincore(2)` alike), a large share of a
-/// warm load; one sample per 512 KiB of an 8 MiB chunk, counted exactly only
-/// where a sample is missing, makes it a small one (BENCHMARKS.md,
+/// NOTE: counting costs the kernel a lookup per page, a large share of a warm
+/// load; a sample per 512 KiB of an 8 MiB chunk makes it small (BENCHMARKS.md,
 /// "prefetch/residency.rs: SAMPLES").
 const SAMPLES: u64 = 16;
 
@@ -35,13 +33,6 @@ pub(super) struct Probe {
     /// A read-only shared map of the file, for `mincore(2)`: counts the
     /// pages that hold their data (up to date), one byte per page.
     map: Option<Mmap>,
-}
-
-impl Probe {
-    const HIDDEN: Probe = Probe {
-        cachestat: false,
-        map: None,
-    };
 }
 
 /// One file to warm.
@@ -57,10 +48,8 @@ pub(super) struct Target {
 }
 
 impl Target {
-    /// Bytes of `[offset, offset + len)` in the page cache, counting pages
-    /// still being read (they will not be read again); `None` where
-    /// residency cannot be seen. `cachestat` where the kernel has it: a warm
-    /// checkpoint is checked with one call per chunk, not a lookup per page.
+    /// Bytes of `[offset, offset + len)` in the page cache, pages still
+    /// being read included; `None` where residency cannot be seen.
     fn resident(&self, offset: u64, len: u64, scratch: &mut Vec<u8>) -> Option<u64> {
         if self.probe.cachestat {
             let cached = os::cached_pages(&self.file, offset, len).ok()?;
@@ -69,12 +58,9 @@ impl Target {
         self.landed(offset, len, scratch)
     }
 
-    /// [`resident`](Self::resident), sampled first: `len` when
-    /// [`SAMPLES`] pages spread over the range are all present, else the
-    /// exact count. A warm checkpoint then costs a few calls per chunk
-    /// instead of a page-cache lookup per page (see the `NOTE:` on
-    /// [`SAMPLES`]); a page missed between samples is read by the load's
-    /// own page fault, as without prefetch.
+    /// [`resident`](Self::resident), sampled first: `len` when [`SAMPLES`]
+    /// pages are all present, else the exact count (a page missed between
+    /// samples is read by the load's own page fault).
     pub(super) fn resident_quick(
         &self,
         offset: u64,
@@ -199,14 +185,10 @@ pub(super) enum ResidencyView {
     Hidden,
 }
 
-/// The decision behind [`ResidencyView`]. Each call is used where it answers truly:
-/// `cachestat(2)` where it succeeds, `mincore(2)` where the kernel shows
-/// this process the file's pages ([`visible_to_mincore`]). `EPERM` from
-/// `cachestat(2)` is no different from any other failure: it comes from its
-/// own permission check (`can_do_cachestat` in mm/filemap.c, the rule of
-/// `mincore(2)`, since Linux 6.14), where the rule below says no too, or
-/// from a seccomp filter or security module that does not know the call,
-/// which leaves `mincore(2)` working.
+/// The decision behind [`ResidencyView`]: `cachestat(2)` where it succeeds,
+/// `mincore(2)` where it shows this process the pages. `EPERM` from
+/// `cachestat(2)` is any failure: its permission check (Linux 6.14+) is
+/// `mincore`'s rule, or a seccomp filter refused it and `mincore` works.
 pub(super) fn residency_view(
     cachestat: Result<(), io::ErrorKind>,
     visible_to_mincore: bool,
@@ -219,10 +201,13 @@ pub(super) fn residency_view(
     }
 }
 
-/// How this process sees the page cache of `file` (see [`sight`]).
+/// How this process sees the page cache of `file` ([`residency_view`]).
 fn probe_for(file: &File, path: &Path, meta: &std::fs::Metadata) -> Probe {
     if meta.len() == 0 {
-        return Probe::HIDDEN;
+        return Probe {
+            cachestat: false,
+            map: None,
+        };
     }
     let cachestat = os::cached_pages(file, 0, 1).map(drop).map_err(|e| e.kind());
     let sight = residency_view(cachestat, visible_to_mincore(path, meta));
@@ -235,21 +220,16 @@ fn probe_for(file: &File, path: &Path, meta: &std::fs::Metadata) -> Probe {
     }
 }
 
-/// Whether `mincore(2)` shows this process the page cache of a file: the
-/// caller is root, owns the file or may write it, the rule of
-/// `can_do_mincore` in mm/mincore.c. For any other file Linux 5.0+ reports
-/// every page of the range present, cached or not (measured on 6.18: a
-/// cold 4 MiB file of root's, mode 0644, read 1024 of 1024 pages present by
-/// `nobody`, and 0 by root), so its answer there must not be used.
+/// Whether `mincore(2)` shows this process a file's page cache: root, the
+/// owner, or a writer (`can_do_mincore`, mm/mincore.c). For others Linux 5.0+
+/// reports every page present, cached or not (measured on 6.18).
 fn visible_to_mincore(path: &Path, meta: &std::fs::Metadata) -> bool {
     let euid = os::effective_uid();
     euid.is_some() && (euid == Some(0) || euid == os::file_owner(meta) || os::may_write(path))
 }
 
-/// The largest `WILLNEED` the kernel honours in one call for this file: the
-/// larger of its device's read-ahead window and largest request
-/// (`force_page_cache_ra` in mm/readahead.c), from sysfs; 128 KiB, the
-/// kernel's default window, where unknown.
+/// The largest `WILLNEED` the kernel honours in one call for this file
+/// (`force_page_cache_ra`, mm/readahead.c): from sysfs, else 128 KiB.
 fn advice_piece(meta: &std::fs::Metadata) -> u64 {
     const DEFAULT: u64 = 128 << 10;
     os::device_number(meta)

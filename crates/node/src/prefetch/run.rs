@@ -4,31 +4,24 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::plan::{ChunkPlan, Init, reader_plan};
-use super::queue::{Layout, chunk_words, heartbeat_words, init_from_header, slot_words};
+use super::queue::{Layout, init_from_header};
 use super::queue_file::Queue;
 use super::residency::{Target, initial_states, resolve_method};
-use super::worker::{Outcome, Tally, Work};
+use super::worker::{Outcome, Work};
 use crate::coord::Owner;
 use crate::error::Result;
-use crate::extras::DEFAULT_CHUNK;
-use crate::extras::Job;
-use crate::extras::PrefetchOptions;
-use crate::extras::{LocalRank, job_key};
+use crate::extras::{DEFAULT_CHUNK, Job, LocalRank, PrefetchOptions, job_key};
 use crate::os;
 use crate::policy::PrefetchMethod;
 use crate::progress::{Meter, Phase};
 use crate::report::{PrefetchReason, PrefetchReport, QueueNote};
 
-/// A prefetch planned: the files, their chunks, this process's rank, and
-/// the first residency check where one was made. Planned once, whether the
-/// auto policy looks at it first or not.
+/// A prefetch planned once, whether the auto policy looks at it first or not.
 pub(super) struct Plan {
     pub targets: Vec<Target>,
     pub chunks: ChunkPlan,
     pub rank: LocalRank,
-    /// Residency of every chunk and the memory guard's decision, once
-    /// checked: by the auto policy before it decides, else by the rank that
-    /// creates the queue.
+    /// Residency and the guard's decision, where the auto policy checked.
     checked: Option<Init>,
 }
 
@@ -103,7 +96,6 @@ pub(super) fn run(
         rank,
         mut checked,
     } = plan;
-    let me = Owner::current();
     let mut make = || {
         checked
             .take()
@@ -116,7 +108,6 @@ pub(super) fn run(
         rank: &rank,
         options,
         job,
-        me,
     };
     let queue = run.open_queue(&mut make);
     let init = note_queue(&mut report, &queue, chunks.total);
@@ -143,21 +134,13 @@ struct Run<'a> {
     rank: &'a LocalRank,
     options: &'a PrefetchOptions,
     job: &'a Job<'a>,
-    me: Owner,
 }
 
 impl Run<'_> {
     /// The queue, its chunk states from `make` where this rank creates it.
     fn open_queue(&self, make: &mut dyn FnMut() -> Init) -> Queue {
-        // The queue: shared where there are other ranks, else this process's.
         // Its name and key cover the files, the chunk size and the job.
-        let layout = Layout {
-            key: 0,
-            chunk_size: self.chunks.chunk_size,
-            chunks: self.chunks.chunks.len(),
-            total: self.chunks.total,
-            slots: 0,
-        };
+        let layout = Layout::of(self.chunks);
         if self.rank.size > 1 && !self.options.shares_queue() {
             Queue::local(layout, make, Some(QueueNote::FixedShares))
         } else if self.rank.size > 1 {
@@ -172,7 +155,7 @@ impl Run<'_> {
                 .options
                 .queue_directory()
                 .map_or_else(crate::coord::shared_dir, Path::to_path_buf);
-            Queue::shared(&dir, &key_material, layout, self.me, make)
+            Queue::shared(&dir, &key_material, layout, Owner::current(), make)
         } else {
             Queue::local(layout, make, None)
         }
@@ -181,11 +164,13 @@ impl Run<'_> {
     /// This rank's readers over the queue, counted on the caller's meter:
     /// `needed` bytes were not resident when the queue was made.
     fn read(&self, queue: &Queue, needed: u64) -> Result<Outcome> {
-        let shared = queue.is_shared();
-        let words = queue.words();
         let chunks = &self.chunks.chunks;
-        let (claimable, starts) =
-            reader_plan(chunks, self.rank, self.options.stream_count(), shared);
+        let (claimable, starts) = reader_plan(
+            chunks,
+            self.rank,
+            self.options.stream_count(),
+            queue.is_shared(),
+        );
         // This rank's share is not known in advance (ranks take chunks from
         // each other): the total is every byte not yet resident.
         let meter = Meter::new(
@@ -197,19 +182,8 @@ impl Run<'_> {
         let work = Work {
             targets: self.targets,
             methods: self.methods,
-            chunks,
-            states: chunk_words(words, queue.layout()),
-            me: self.me,
-            shared,
-            claimable,
             on_chunk: self.options.chunk_callback(),
-            meter: &meter,
-            slots: slot_words(words, queue.layout()),
-            heartbeats: heartbeat_words(words, queue.layout()),
-            heartbeat: queue.heartbeat(),
-            tally: Tally::default(),
-            sink: None,
-            cancel: self.job.cancel,
+            ..Work::over(queue, chunks, claimable, &meter, self.job.cancel)
         };
         let outcome = work.run(&starts)?;
         for _ in self.targets {

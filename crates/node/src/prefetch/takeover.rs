@@ -1,45 +1,28 @@
 //! When a rank with nothing left to claim may take over a chunk another rank holds: the holder died, or made no progress for a few times a chunk's expected read time (at most 2 s).
 //!
-//! # The rule
+//! Each rank bumps its slot's heartbeat whenever one of its readers makes
+//! progress (a claim, `WILLNEED` pages landing, each 2 MiB of a node copy's
+//! chunk, a chunk done, every 2 ms poll of a waiting reader). A reader with
+//! nothing free takes a chunk over, by one compare-and-swap, when its holder
+//! is dead (`coord/owner.rs`), or when the holder's heartbeat has not moved
+//! for `patience` and the claim was not itself taken over. That mark (bit
+//! 62 of the word) means a chunk is taken over for lack of progress at most
+//! once: a stopped rank's bytes are read at worst twice, and two slow ranks
+//! cannot pass a chunk back and forth. A resumed holder's compare-and-swap to
+//! done fails, which it ignores: the chunk is warm either way.
 //!
-//! Each rank bumps its slot's heartbeat in the queue whenever one of its
-//! readers makes progress: a claim, pages of a `WILLNEED` landing, each
-//! piece of a node copy's chunk landing (2 MiB, `node/fill.rs`), a chunk
-//! warm, a chunk done, and every poll (2 ms) of a reader that is waiting
-//! for other ranks. A reader that finds no free chunk looks at each chunk
-//! another process holds and takes it over with one compare-and-swap of the
-//! chunk's word when
+//! Left to the 60 s stall guard (`worker.rs`): a holder without a slot (past
+//! 256), a taker that stops too, and a live rank whose readers beat while one
+//! waits on a read that never returns (taking that chunk would hang the
+//! taker on the same storage).
 //!
-//! - the holder is dead (gone, a zombie, or its pid reused: `coord/owner.rs`), or
-//! - the holder's heartbeat has not moved, as this reader watches it, for
-//!   `clamp(8 × t, 500 ms, 2 s)`, where `t` is the mean time this rank took
-//!   to read a chunk that was not resident (2 s before it has read one),
-//!   and the claim was not itself taken over.
-//!
-//! A claim taken for lack of progress carries a mark (bit 62 of the chunk
-//! word), so that a chunk is taken over for that reason at most once: the
-//! bytes of a stopped rank's chunks are read at worst twice, never three
-//! times, and two slow ranks cannot pass a chunk back and forth. Of two
-//! readers that race to take the same chunk, the compare-and-swap lets one
-//! win. A holder that resumes finds the chunk's word changed: its
-//! compare-and-swap to done fails, which it ignores, the chunk being warm
-//! either way.
-//!
-//! What the rule leaves alone: a holder without a slot (past the queue's
-//! 256), a chunk already taken over whose taker stops too, and a live rank
-//! whose readers still beat while one of them waits on a read that never
-//! returns (taking that chunk over would hang the taker on the same
-//! storage). For those the 60 s stall guard in `worker.rs` remains: the
-//! waiting reader gives up and reports the chunks as not warmed.
-//!
-//! NOTE: the numbers. A healthy holder must keep its chunks (its heartbeat
-//! goes quiet for at most one chunk read), and a stopped rank must cost
-//! seconds, not a minute: the 500 ms floor is a few times the longest gap
-//! measured between two chunks, 8 times the mean chunk lets the wait grow on
-//! slow storage, and the 2 s cap bounds what a stopped rank costs
-//! (BENCHMARKS.md, "prefetch/takeover.rs: the numbers"). A live rank whose
-//! only busy reader needs more than 2 s for one chunk (8 MiB at under
-//! 4 MiB/s), with no waiting reader to beat for it, may see it read twice.
+//! NOTE: a healthy holder must keep its chunks (its heartbeat is quiet for at
+//! most one chunk read) and a stopped rank must cost seconds: the 500 ms floor
+//! is a few times the longest gap measured between two chunks, 8 mean chunk
+//! reads let the wait grow on slow storage, the 2 s cap bounds a stopped
+//! rank's cost (BENCHMARKS.md, "prefetch/takeover.rs: the numbers"). A lone
+//! busy reader needing over 2 s per chunk (under 4 MiB/s) may see it read
+//! twice.
 
 use std::time::{Duration, Instant};
 

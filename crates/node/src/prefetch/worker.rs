@@ -7,7 +7,11 @@ use std::time::{Duration, Instant};
 
 use super::claims::{Claims, Reader};
 use super::plan::Chunk;
-use super::queue::{ChunkState, DONE, FREE, SKIPPED, SlotState, chunk_state, slot_state};
+use super::queue::{
+    ChunkState, DONE, FREE, SKIPPED, SlotState, chunk_state, chunk_words, heartbeat_words,
+    slot_state, slot_words,
+};
+use super::queue_file::Queue;
 use super::residency::Target;
 use super::takeover::{self, Verdict, Watch};
 use super::warm::{advise_and_wait, read_chunk};
@@ -24,10 +28,9 @@ use crate::report::SkipReason;
 /// How often a reader with nothing to claim looks at the queue again.
 const POLL: Duration = Duration::from_millis(2);
 
-/// A reader stops waiting for chunks claimed by live ranks when no chunk of
-/// the queue has finished for this long, and reports them as not warmed.
-/// The last resort, for what the take-over rule leaves alone (see
-/// `takeover.rs`): a stopped rank's chunks are taken over within 2 s.
+/// A reader gives up on live ranks' chunks (reported as not warmed) when no
+/// chunk has finished for this long: the last resort, for what the take-over
+/// rule (`takeover.rs`) leaves alone.
 const STALL: Duration = Duration::from_secs(60);
 
 /// What the readers of one rank work from.
@@ -41,28 +44,21 @@ pub(super) struct Work<'a> {
     pub shared: bool,
     pub claimable: Range<usize>,
     pub on_chunk: Option<&'a ChunkCallback>,
-    /// The caller's progress: bytes of the chunks this rank handled.
     pub meter: &'a Meter,
-    /// The queue's rank slots and their heartbeats (empty for a queue of
-    /// this process's own).
+    /// The queue's rank slots and their heartbeats (empty for a local queue).
     pub slots: &'a [AtomicU64],
     pub heartbeats: &'a [AtomicU64],
     /// This rank's heartbeat, where it holds a slot.
     pub heartbeat: Option<&'a AtomicU64>,
-    /// What the readers did so far ([`Tally::default`] to start).
     pub tally: Tally,
-    /// Where a chunk's bytes go instead of the page cache (a node copy,
-    /// `fill.rs`); `None` to warm the page cache.
+    /// Where a chunk's bytes go instead of the page cache (a node copy).
     pub sink: Option<&'a dyn Sink>,
-    /// The flags of the load the readers work for: no chunk is taken once
-    /// they are set.
     pub cancel: &'a Cancel,
 }
 
 /// A destination the chunks are read into, each straight into its place.
 pub(super) trait Sink: Sync {
-    /// Reads `chunk` into its place, calling `beat` as its bytes land (in
-    /// pieces), so that the other ranks see a long read make progress.
+    /// Reads `chunk` into its place, calling `beat` as pieces of it land.
     fn fill(&self, chunk: Chunk, beat: &dyn Fn()) -> Result<()>;
 }
 
@@ -74,20 +70,17 @@ pub(super) struct Tally {
     stalled: Mutex<Option<(u64, SkipReason)>>,
     pub(super) failed: AtomicBool,
     error: Mutex<Option<Error>>,
-    /// Bumped whenever a chunk of this rank finishes (for stall detection
-    /// along with the queue's own states).
+    /// Chunks of this rank finished (the stall guard watches it).
     progress: AtomicUsize,
-    /// Chunks this rank had to read, and the nanoseconds they took: the
-    /// expected read time of the take-over rule.
+    /// Chunks this rank read, and their nanoseconds: the take-over rule's
+    /// expected read time.
     reads: AtomicU64,
     read_nanos: AtomicU64,
-    /// Chunks taken over from live holders that showed no progress: per
-    /// take-over, the holder's pid and the patience that ran out.
     taken_over: Mutex<Vec<(u32, Duration)>>,
 }
 
-/// A chunk this rank holds: its index, and the claim word this rank wrote
-/// on it (a chunk is marked done only from that word).
+/// A chunk this rank holds, and the claim word it wrote (marked done only
+/// from that word).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Held {
     pub index: usize,
@@ -105,20 +98,48 @@ impl Tally {
 
 /// What a rank's readers did, once they are done.
 pub(super) struct Outcome {
-    /// Chunks this rank claimed and handled.
     pub handled: usize,
     /// Bytes this rank found missing and warmed.
     pub warmed: u64,
     /// Bytes read again because they had not landed.
     pub reread: u64,
-    /// Bytes given up on after waiting [`STALL`], and why.
+    /// Bytes given up on after [`STALL`], and why.
     pub stalled: Option<(u64, SkipReason)>,
-    /// Chunks taken over from live holders that showed no progress: per
-    /// take-over, the holder's pid and the patience that ran out.
+    /// Per chunk taken over from a live holder: its pid, the patience spent.
     pub taken_over: Vec<(u32, Duration)>,
 }
 
-impl Work<'_> {
+impl<'a> Work<'a> {
+    /// The readers of this rank over `queue`'s words, claiming in
+    /// `claimable`: no page-cache targets, chunk callback or sink (set them
+    /// after).
+    pub(super) fn over(
+        queue: &'a Queue,
+        chunks: &'a [Chunk],
+        claimable: Range<usize>,
+        meter: &'a Meter,
+        cancel: &'a Cancel,
+    ) -> Work<'a> {
+        let (words, layout) = (queue.words(), queue.layout());
+        Work {
+            targets: &[],
+            methods: &[],
+            chunks,
+            states: chunk_words(words, layout),
+            me: Owner::current(),
+            shared: queue.is_shared(),
+            claimable,
+            on_chunk: None,
+            meter,
+            slots: slot_words(words, layout),
+            heartbeats: heartbeat_words(words, layout),
+            heartbeat: queue.heartbeat(),
+            tally: Tally::default(),
+            sink: None,
+            cancel,
+        }
+    }
+
     /// Runs one reader per start, then checks that what they warmed landed.
     pub(super) fn run(&self, starts: &[usize]) -> Result<Outcome> {
         self.run_readers(starts);
@@ -204,9 +225,7 @@ impl Work<'_> {
         }
     }
 
-    /// The heartbeat of `owner`: the sum over the slots it is attached to
-    /// (one, unless a process runs two prefetches of the same checkpoint);
-    /// `None` when it holds no slot.
+    /// The heartbeat of `owner`, summed over its slots; `None` without one.
     fn beat_of(&self, owner: Owner) -> Option<u64> {
         let mut found: Option<u64> = None;
         for (slot, beat) in self.slots.iter().zip(self.heartbeats) {
@@ -218,11 +237,8 @@ impl Work<'_> {
         found
     }
 
-    /// With nothing free: takes over a chunk whose holder died or made no
-    /// progress for a while (the rule of `takeover.rs`), or waits for the
-    /// holders; the chunk and the claim written, or `None` when every chunk
-    /// is finished, or when nothing has finished for [`STALL`] (recorded in
-    /// `stalled`).
+    /// With nothing free: a chunk taken over (`takeover.rs`) once one may
+    /// be; `None` when every chunk is finished or after [`STALL`].
     pub(super) fn wait_or_take_over(&self, watch: &mut Watch) -> Option<Held> {
         let mut last_seen = (usize::MAX, 0usize);
         let mut last_change = Instant::now();
@@ -269,8 +285,9 @@ impl Work<'_> {
                 };
                 match takeover::verdict(claim, self.me, alive, quiet, patience) {
                     Verdict::TakeOver(mine) if swap(word, seen, mine.word()) => {
-                        if alive {
-                            self.note_taken_over(owner.pid, patience);
+                        // Said in the report: its bytes are read twice.
+                        if let (true, Ok(mut taken)) = (alive, self.tally.taken_over.lock()) {
+                            taken.push((owner.pid, patience));
                         }
                         return Some(Held {
                             index: i,
@@ -297,14 +314,6 @@ impl Work<'_> {
         }
     }
 
-    /// A chunk taken over from the live `pid`, quiet for `patience`: said in
-    /// the report (its bytes are read twice).
-    fn note_taken_over(&self, pid: u32, patience: Duration) {
-        if let Ok(mut taken) = self.tally.taken_over.lock() {
-            taken.push((pid, patience));
-        }
-    }
-
     fn record_stall(&self, waiting: &[(usize, Owner)]) {
         let bytes: u64 = waiting
             .iter()
@@ -324,7 +333,8 @@ impl Work<'_> {
         }
     }
 
-    /// Warms the chunk this rank holds, and marks it done.
+    /// Warms the chunk this rank holds (or reads it into the sink), and
+    /// marks it done.
     pub(super) fn handle(
         &self,
         held: Held,
@@ -336,79 +346,61 @@ impl Work<'_> {
             return Ok(());
         };
         if let Some(sink) = self.sink {
-            return self.fill(sink, held, chunk, word);
-        }
-        let (Some(target), Some(&method)) =
-            (self.targets.get(chunk.file), self.methods.get(chunk.file))
-        else {
-            return Ok(());
-        };
-        if let Ok(mut handled) = self.tally.handled.lock() {
-            handled.push(i);
-        }
-        let resident = target.resident_quick(chunk.offset, chunk.len, pages);
-        if resident != Some(chunk.len) {
-            let started = Instant::now();
-            self.tally
-                .warmed
-                .fetch_add(chunk.len - resident.unwrap_or(0), Ordering::Relaxed);
-            // Before a chunk the memory guard skipped, `WILLNEED` of exactly
-            // this chunk, where a read's read-ahead would warm part of the
-            // skipped one. (A second descriptor with read-ahead off would do
-            // it too, but a second open of a file during a load is what a
-            // FUSE daemon may resolve to another version of it.)
-            let bounded = self.skipped_ahead(i, target);
-            match (method, resident) {
-                (PrefetchMethod::WillNeed, Some(_)) => {
-                    advise_and_wait(target, chunk, scratch, pages, &|| self.beat())?
-                }
-                (_, Some(_)) if bounded => {
-                    advise_and_wait(target, chunk, scratch, pages, &|| self.beat())?
-                }
-                _ => read_chunk(target, &target.file, chunk, scratch)?,
+            self.note_handled(i);
+            self.timed(chunk.len, || sink.fill(chunk, &|| self.beat()))?;
+        } else {
+            let (Some(target), Some(&method)) =
+                (self.targets.get(chunk.file), self.methods.get(chunk.file))
+            else {
+                return Ok(());
+            };
+            self.note_handled(i);
+            let resident = target.resident_quick(chunk.offset, chunk.len, pages);
+            if resident != Some(chunk.len) {
+                // Before a chunk the guard skipped, `WILLNEED` of exactly this
+                // chunk: a read's read-ahead would warm part of the skipped one
+                // (a second open with read-ahead off may meet another version).
+                let bounded = self.skipped_ahead(i, target);
+                let missing = chunk.len - resident.unwrap_or(0);
+                let advise = resident.is_some() && (method == PrefetchMethod::WillNeed || bounded);
+                self.timed(missing, || match advise {
+                    true => advise_and_wait(target, chunk, scratch, pages, &|| self.beat()),
+                    false => read_chunk(target, &target.file, chunk, scratch),
+                })?;
+                self.beat();
             }
-            let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            self.tally.read_nanos.fetch_add(nanos, Ordering::Relaxed);
-            self.tally.reads.fetch_add(1, Ordering::Relaxed);
-            self.beat();
-        }
-        if let Some(f) = self.on_chunk {
-            f(&target.path, chunk.offset..chunk.offset + chunk.len);
+            if let Some(f) = self.on_chunk {
+                f(&target.path, chunk.offset..chunk.offset + chunk.len);
+            }
         }
         self.meter.add(chunk.len);
         // Fails only if another rank took the chunk over, taking this
-        // process for dead or stopped; it is warm either way.
+        // process for dead or stopped: the bytes are in place either way.
         swap(word, claim, DONE);
         self.tally.progress.fetch_add(1, Ordering::Relaxed);
         self.beat();
         Ok(())
     }
 
-    /// Reads the chunk this rank holds (`chunk`, its state `word`) into the
-    /// sink, and marks it done.
-    fn fill(&self, sink: &dyn Sink, held: Held, chunk: Chunk, word: &AtomicU64) -> Result<()> {
-        let Held { index: i, claim } = held;
+    fn note_handled(&self, i: usize) {
         if let Ok(mut handled) = self.tally.handled.lock() {
             handled.push(i);
         }
+    }
+
+    /// Runs `read` of `bytes` not yet in place, timed for the take-over rule.
+    fn timed(&self, bytes: u64, read: impl FnOnce() -> Result<()>) -> Result<()> {
         let started = Instant::now();
-        sink.fill(chunk, &|| self.beat())?;
+        self.tally.warmed.fetch_add(bytes, Ordering::Relaxed);
+        read()?;
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.tally.read_nanos.fetch_add(nanos, Ordering::Relaxed);
         self.tally.reads.fetch_add(1, Ordering::Relaxed);
-        self.tally.warmed.fetch_add(chunk.len, Ordering::Relaxed);
-        self.meter.add(chunk.len);
-        // Fails only if another rank took the chunk over: it read the same
-        // bytes of the same file into the same place.
-        swap(word, claim, DONE);
-        self.tally.progress.fetch_add(1, Ordering::Relaxed);
-        self.beat();
         Ok(())
     }
 
-    /// Whether the memory guard skipped a chunk of the same file that the
-    /// kernel's read-ahead for chunk `i` could reach (two read-ahead windows
-    /// on, the most it keeps ahead of a sequential reader).
+    /// Whether the guard skipped a chunk of the same file within two
+    /// read-ahead windows after chunk `i` (what read-ahead could reach).
     fn skipped_ahead(&self, i: usize, target: &Target) -> bool {
         let Some(chunk) = self.chunks.get(i) else {
             return false;
@@ -439,9 +431,8 @@ impl Work<'_> {
             let Some(target) = self.targets.get(chunk.file) else {
                 continue;
             };
-            // Landed, not merely present: a page can be in the page cache
-            // without its data (a large folio only partly read), and a read
-            // completes it.
+            // Landed, not merely present: a large folio only partly read is
+            // in the page cache without all its data.
             if let Some(r) = target.landed(chunk.offset, chunk.len, &mut pages) {
                 if r < chunk.len {
                     read_chunk(target, &target.file, chunk, &mut scratch)?;
@@ -453,9 +444,8 @@ impl Work<'_> {
     }
 }
 
-/// Moves a chunk word from `from` to `to` if it still holds `from`: every
-/// change of a chunk's state is one compare-and-swap, so of two ranks that
-/// race for a chunk exactly one wins.
+/// Moves a chunk word from `from` to `to` if it still holds `from`: of two
+/// ranks racing for a chunk exactly one wins.
 pub(super) fn swap(word: &AtomicU64, from: u64, to: u64) -> bool {
     word.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
         .is_ok()

@@ -109,10 +109,10 @@ pub enum Operation {
     Device,
 }
 
-impl Operation {
-    /// The operation in words, as `Display` says it after "while".
-    fn words(self) -> &'static str {
-        match self {
+/// The operation in words, as an error says it after "while".
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
             Operation::Open => "opening",
             Operation::List => "listing",
             Operation::Stat => "reading the metadata",
@@ -129,13 +129,7 @@ impl Operation {
             Operation::Exchange => "exchanging between nodes",
             Operation::Remove => "removing from the hub cache",
             Operation::Device => "copying to the device",
-        }
-    }
-}
-
-impl fmt::Display for Operation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.words())
+        })
     }
 }
 
@@ -442,12 +436,12 @@ impl Error {
         self.0.source.as_ref()
     }
 
+    fn make(kind: ErrorKind, path: Option<PathBuf>, source: Option<io::Error>) -> Error {
+        Error(Box::new(Inner { kind, path, source }))
+    }
+
     pub fn new(kind: ErrorKind, path: impl Into<PathBuf>) -> Error {
-        Error(Box::new(Inner {
-            kind,
-            path: Some(path.into()),
-            source: None,
-        }))
+        Error::make(kind, Some(path.into()), None)
     }
 
     /// The same error, naming `path` where it names no file yet.
@@ -459,11 +453,7 @@ impl Error {
     }
 
     pub(crate) fn without_path(kind: ErrorKind) -> Error {
-        Error(Box::new(Inner {
-            kind,
-            path: None,
-            source: None,
-        }))
+        Error::make(kind, None, None)
     }
 
     pub fn io(
@@ -472,11 +462,8 @@ impl Error {
         offset: Option<u64>,
         source: io::Error,
     ) -> Error {
-        Error(Box::new(Inner {
-            kind: ErrorKind::Io { operation, offset },
-            path: Some(path.into()),
-            source: Some(source),
-        }))
+        let kind = ErrorKind::Io { operation, offset };
+        Error::make(kind, Some(path.into()), Some(source))
     }
 }
 

@@ -4,7 +4,7 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-use super::{Error, ErrorKind, Inner, Operation};
+use super::{Error, ErrorKind, Operation};
 
 /// Why a remote checkpoint's request failed ([`ErrorKind::Remote`]), as data an engine branches
 /// on (ask for a token, retry later, go offline). New kinds may be added; `Display` gives the
@@ -189,16 +189,13 @@ impl Error {
         reason: String,
     ) -> Error {
         let source = io::Error::new(failure.io_kind(), reason.clone());
-        Error(Box::new(Inner {
-            kind: ErrorKind::Remote {
-                operation,
-                range,
-                failure,
-                reason,
-            },
-            path: Some(url),
-            source: Some(source),
-        }))
+        let kind = ErrorKind::Remote {
+            operation,
+            range,
+            failure,
+            reason,
+        };
+        Error::make(kind, Some(url), Some(source))
     }
 
     /// An address the crate does not read; `shown` is the address without credentials.

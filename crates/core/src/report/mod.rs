@@ -83,8 +83,11 @@
 #![doc = include_str!("example_cache.json")]
 //! ```
 //!
-//! The codes of [`CacheUse`], [`CacheStore`] and [`NotCached`] are their variants' names in
-//! snake case.
+//! A [`CacheUse`] is `hit`, `written` (with the bytes `resumed` and `refetched`), `checking`
+//! (its digest still being checked) or `not_cached`, with its `store` ([`CacheStore`]: `hub` or
+//! `directory`); a `not_cached`'s `why` ([`NotCached`]) is `partial`, `no_space`, `unwritable`,
+//! `locked`, `published_elsewhere`, `mismatch`, `no_digest`, `other_rank`, `exchange` or
+//! `cancelled`.
 
 use std::collections::BTreeMap;
 use std::fmt;

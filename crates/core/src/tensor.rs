@@ -253,18 +253,12 @@ impl Tensor {
             .map_err(|e| Error::io(Operation::Allocate, self.storage.path(), None, e))?;
         let dst = buffer.bytes_mut();
         crate::convert::convert(self.dtype, dtype, self.as_bytes(), dst).map_err(|e| {
-            // The pair is supported and the lengths are the tensor's own:
-            // only a tensor whose bytes disagree with its shape lands here.
-            self.error(match e.kind() {
-                ErrorKind::LengthMismatch {
-                    expected, actual, ..
-                } => ErrorKind::LengthMismatch {
-                    tensor: Some(self.name.to_string()),
-                    expected: *expected,
-                    actual: *actual,
-                },
-                other => other.clone(),
-            })
+            // Only a tensor whose bytes disagree with its shape lands here: name it.
+            let mut kind = e.kind().clone();
+            if let ErrorKind::LengthMismatch { tensor, .. } = &mut kind {
+                *tensor = Some(self.name.to_string());
+            }
+            self.error(kind)
         })?;
         let path = self.storage.path();
         let storage = buffer

@@ -93,20 +93,17 @@ impl Target {
         })
     }
 
-    pub(super) fn size(self) -> usize {
+    /// The same dtype as a source: its size, largest finite value and infinities.
+    fn source(self) -> Source {
         match self {
-            Target::F32 => 4,
-            Target::F16 | Target::BF16 => 2,
+            Target::F32 => Source::F32,
+            Target::F16 => Source::F16,
+            Target::BF16 => Source::BF16,
         }
     }
 
-    /// The largest finite value.
-    fn max_finite(self) -> f64 {
-        match self {
-            Target::F32 => f64::from(f32::MAX),
-            Target::F16 => f64::from(f16::MAX),
-            Target::BF16 => f64::from(bf16::MAX),
-        }
+    pub(super) fn size(self) -> usize {
+        self.source().size()
     }
 
     /// Whether a block holds an infinity or a NaN: cheaper than the count, which most skip.
@@ -119,17 +116,6 @@ impl Target {
             Target::BF16 => any(dst, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7FFF >= BF16_INF),
         }
     }
-
-    /// How many elements of a block are infinite.
-    fn count_infinities(self, dst: &[u8]) -> u64 {
-        match self {
-            Target::F32 => count(dst, |b: [u8; 4]| {
-                u32::from_le_bytes(b) & 0x7FFF_FFFF == 0x7F80_0000
-            }),
-            Target::F16 => count(dst, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7FFF == F16_INF),
-            Target::BF16 => count(dst, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7FFF == BF16_INF),
-        }
-    }
 }
 
 /// The bits of F16 +inf.
@@ -139,7 +125,7 @@ const BF16_INF: u16 = 0x7F80;
 
 /// Converts `src` into `dst` (as many elements) and returns how many finite values overflowed.
 pub(super) fn run(source: Source, target: Target, src: &[u8], dst: &mut [u8]) -> u64 {
-    let can_overflow = source.max_finite() > target.max_finite();
+    let can_overflow = source.max_finite() > target.source().max_finite();
     let mut scratch = Scratch {
         values: [0.0; BLOCK],
         halves: [0; BLOCK],
@@ -192,7 +178,7 @@ fn overflow_in_block(source: Source, target: Target, src: &[u8], dst: &[u8]) -> 
     if !target.any_non_finite(dst) {
         return 0;
     }
-    match target.count_infinities(dst) {
+    match target.source().count_infinities(dst) {
         0 => 0,
         out => out.saturating_sub(source.count_infinities(src)),
     }

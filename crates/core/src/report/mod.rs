@@ -280,20 +280,6 @@ impl FileReport {
     }
 }
 
-/// The repository's other files brought, a line each.
-fn extra_files(
-    f: &mut fmt::Formatter<'_>,
-    files: &BTreeMap<String, Option<PathBuf>>,
-) -> fmt::Result {
-    for (name, path) in files {
-        match path {
-            Some(path) => writeln!(f, "  with {name}: {}", path.display())?,
-            None => writeln!(f, "  with {name}: not in the repository at this commit")?,
-        }
-    }
-    Ok(())
-}
-
 /// A file's lines of the report's table; its commit where it is not the load's.
 fn file_lines(
     f: &mut fmt::Formatter<'_>,
@@ -385,7 +371,12 @@ impl fmt::Display for LoadReport {
         if let Some(commit) = commit {
             writeln!(f, "  at commit {commit}")?;
         }
-        extra_files(f, &self.extra_files)?;
+        for (name, path) in &self.extra_files {
+            match path {
+                Some(path) => writeln!(f, "  with {name}: {}", path.display())?,
+                None => writeln!(f, "  with {name}: not in the repository at this commit")?,
+            }
+        }
         for file in &self.files {
             file_lines(f, file, commit)?;
         }

@@ -11,7 +11,6 @@
 #[cfg(test)]
 mod tests;
 
-use std::fmt;
 use std::ops::Range;
 
 use safetensors::Dtype;
@@ -73,7 +72,7 @@ impl SlicePlan {
         shape: &[usize],
         ranges: &[Range<usize>],
     ) -> Result<SlicePlan, Error> {
-        plan(dtype, shape, ranges).map_err(|invalid| invalid.into_error(tensor))
+        plan(dtype, shape, ranges).map_err(|reason| refused(tensor, reason))
     }
 
     /// The plan of `rank`'s part along `dim` when split `world` ways (torch.tensor_split).
@@ -87,7 +86,7 @@ impl SlicePlan {
     ) -> Result<SlicePlan, Error> {
         shard_ranges(shape, dim, rank, world)
             .and_then(|ranges| plan(dtype, shape, &ranges))
-            .map_err(|invalid| invalid.into_error(tensor))
+            .map_err(|reason| refused(tensor, reason))
     }
 
     /// The result's range of the tensor where it is one contiguous run (a zero-copy view).
@@ -144,15 +143,16 @@ fn shard_ranges(
     world: usize,
 ) -> Result<Vec<Range<usize>>, Invalid> {
     let Some(&len) = shape.get(dim) else {
-        return Err(Invalid::DimOutOfRange {
-            dim,
-            dims: shape.len(),
-        });
+        let dims = shape.len();
+        return Err(format!(
+            "dimension {dim} is out of range for its {dims} dimensions"
+        ));
     };
     if world == 0 {
-        return Err(Invalid::NoRanks);
+        return Err("a world size of 0 has no ranks".into());
     }
-    let part = split_range(len, rank, world).ok_or(Invalid::RankOutOfRange { rank, world })?;
+    let part = split_range(len, rank, world)
+        .ok_or_else(|| format!("rank {rank} is not below the world size {world}"))?;
     Ok(shape
         .iter()
         .take(dim)
@@ -174,7 +174,7 @@ fn plan(dtype: Dtype, shape: &[usize], ranges: &[Range<usize>]) -> Result<SliceP
         });
     }
     // From here no dimension is empty, so `elements` is the product of the shape.
-    let strides = strides(shape).ok_or(Invalid::ElementsOverflow)?;
+    let strides = strides(shape).ok_or_else(elements_overflow)?;
     let Some(cut) = innermost_cut(shape, ranges, &strides) else {
         // Every range whole: the tensor itself.
         let len = byte_offset(elements, dtype)?;
@@ -199,24 +199,20 @@ fn plan(dtype: Dtype, shape: &[usize], ranges: &[Range<usize>]) -> Result<SliceP
 /// Refuses more ranges than dimensions, and a range backwards or past its dimension.
 fn check_ranges(shape: &[usize], ranges: &[Range<usize>]) -> Result<(), Invalid> {
     if ranges.len() > shape.len() {
-        return Err(Invalid::TooManyRanges {
-            ranges: ranges.len(),
-            dims: shape.len(),
-        });
+        let (ranges, dims) = (ranges.len(), shape.len());
+        return Err(format!("{ranges} ranges given for its {dims} dimensions"));
     }
     for (dim, (range, &len)) in ranges.iter().zip(shape).enumerate() {
-        if range.start > range.end {
-            return Err(Invalid::Reversed {
-                dim,
-                range: range.clone(),
-            });
+        let Range { start, end } = range;
+        if start > end {
+            return Err(format!(
+                "range {start}..{end} of dimension {dim} ends before it starts"
+            ));
         }
-        if range.end > len {
-            return Err(Invalid::PastEnd {
-                dim,
-                range: range.clone(),
-                len,
-            });
+        if *end > len {
+            return Err(format!(
+                "range {start}..{end} of dimension {dim} runs past its length {len}"
+            ));
         }
     }
     Ok(())
@@ -226,11 +222,11 @@ fn check_ranges(shape: &[usize], ranges: &[Range<usize>]) -> Result<(), Invalid>
 fn checked_size(dtype: Dtype, shape: &[usize]) -> Result<usize, Invalid> {
     let bits = dtype.bitsize();
     // The tensor's own size must fit: then no offset inside it can overflow.
-    let elements = element_count(shape).ok_or(Invalid::ElementsOverflow)?;
-    let (whole_bytes, rest_bits) = bits_to_bytes(elements, bits).ok_or(Invalid::BytesOverflow)?;
+    let elements = element_count(shape).ok_or_else(elements_overflow)?;
+    let (whole_bytes, rest_bits) = bits_to_bytes(elements, bits).ok_or_else(bytes_overflow)?;
     let _tensor_len = whole_bytes
         .checked_add(usize::from(rest_bits != 0))
-        .ok_or(Invalid::BytesOverflow)?;
+        .ok_or_else(bytes_overflow)?;
     Ok(elements)
 }
 
@@ -284,19 +280,19 @@ fn strided_runs(
         .range
         .len()
         .checked_mul(cut.stride)
-        .ok_or(Invalid::ElementsOverflow)?;
+        .ok_or_else(elements_overflow)?;
     let inner_start = cut
         .range
         .start
         .checked_mul(cut.stride)
-        .ok_or(Invalid::ElementsOverflow)?;
+        .ok_or_else(elements_overflow)?;
     let run_count = outer
         .clone()
         .try_fold(1usize, |count, range| count.checked_mul(range.len()))
-        .ok_or(Invalid::ElementsOverflow)?;
+        .ok_or_else(elements_overflow)?;
     let mut runs = Vec::new();
     runs.try_reserve_exact(run_count)
-        .map_err(|_| Invalid::TooManyRuns { runs: run_count })?;
+        .map_err(|_| format!("its plan needs {run_count} runs, more than can be allocated"))?;
 
     // An odometer over the indices of the outer dimensions, in row-major order.
     let mut index: Vec<usize> = outer.clone().map(|range| range.start).collect();
@@ -308,13 +304,13 @@ fn strided_runs(
             .try_fold(inner_start, |offset, (&i, &stride)| {
                 offset.checked_add(i.checked_mul(stride)?)
             })
-            .ok_or(Invalid::ElementsOverflow)?;
-        let end = start.checked_add(block).ok_or(Invalid::ElementsOverflow)?;
+            .ok_or_else(elements_overflow)?;
+        let end = start.checked_add(block).ok_or_else(elements_overflow)?;
         let src = at_byte(start)?;
         let len = at_byte(end)?.saturating_sub(src);
         runs.push(Run { src, dst, len });
         // The result is no larger than the tensor, whose size fits.
-        dst = dst.checked_add(len).ok_or(Invalid::BytesOverflow)?;
+        dst = dst.checked_add(len).ok_or_else(bytes_overflow)?;
         advance(&mut index, outer.clone());
     }
     Ok((runs, dst))
@@ -368,96 +364,30 @@ fn bits_to_bytes(elements: usize, bits: usize) -> Option<(usize, usize)> {
 /// The byte offset of element `element`, which must start on a byte.
 fn byte_offset(element: usize, dtype: Dtype) -> Result<usize, Invalid> {
     match bits_to_bytes(element, dtype.bitsize()) {
-        None => Err(Invalid::BytesOverflow),
+        None => Err(bytes_overflow()),
         Some((bytes, 0)) => Ok(bytes),
-        Some(_) => Err(Invalid::MidByte { dtype, element }),
+        Some(_) => Err(format!(
+            "{dtype} elements are {} bits and the slice would cut a byte at element {element}; \
+             packed dtypes slice only at byte boundaries",
+            dtype.bitsize()
+        )),
     }
 }
 
-/// Why a slice or shard was refused ([`ErrorKind::InvalidSlice`]'s `reason`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Invalid {
-    TooManyRanges {
-        ranges: usize,
-        dims: usize,
-    },
-    Reversed {
-        dim: usize,
-        range: Range<usize>,
-    },
-    PastEnd {
-        dim: usize,
-        range: Range<usize>,
-        len: usize,
-    },
-    ElementsOverflow,
-    BytesOverflow,
-    /// A run would start or end at element `element` of the tensor, inside a byte.
-    MidByte {
-        dtype: Dtype,
-        element: usize,
-    },
-    DimOutOfRange {
-        dim: usize,
-        dims: usize,
-    },
-    NoRanks,
-    RankOutOfRange {
-        rank: usize,
-        world: usize,
-    },
-    /// `Vec::try_reserve` refused the runs (on a huge strided slice).
-    TooManyRuns {
-        runs: usize,
-    },
+/// Why a slice or shard was refused: [`ErrorKind::InvalidSlice`]'s `reason`.
+type Invalid = String;
+
+fn refused(tensor: &str, reason: Invalid) -> Error {
+    Error::without_path(ErrorKind::InvalidSlice {
+        tensor: tensor.to_owned(),
+        reason,
+    })
 }
 
-impl Invalid {
-    fn into_error(self, tensor: &str) -> Error {
-        Error::without_path(ErrorKind::InvalidSlice {
-            tensor: tensor.to_owned(),
-            reason: self.to_string(),
-        })
-    }
+fn elements_overflow() -> Invalid {
+    "its element count overflows usize".into()
 }
 
-impl fmt::Display for Invalid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Invalid::TooManyRanges { ranges, dims } => {
-                write!(f, "{ranges} ranges given for its {dims} dimensions")
-            }
-            Invalid::Reversed { dim, range } => write!(
-                f,
-                "range {}..{} of dimension {dim} ends before it starts",
-                range.start, range.end
-            ),
-            Invalid::PastEnd { dim, range, len } => write!(
-                f,
-                "range {}..{} of dimension {dim} runs past its length {len}",
-                range.start, range.end
-            ),
-            Invalid::ElementsOverflow => f.write_str("its element count overflows usize"),
-            Invalid::BytesOverflow => f.write_str("its size in bytes overflows usize"),
-            Invalid::MidByte { dtype, element } => write!(
-                f,
-                "{dtype} elements are {} bits and the slice would cut a byte at element {element}; \
-                 packed dtypes slice only at byte boundaries",
-                dtype.bitsize()
-            ),
-            Invalid::DimOutOfRange { dim, dims } => {
-                write!(
-                    f,
-                    "dimension {dim} is out of range for its {dims} dimensions"
-                )
-            }
-            Invalid::NoRanks => f.write_str("a world size of 0 has no ranks"),
-            Invalid::RankOutOfRange { rank, world } => {
-                write!(f, "rank {rank} is not below the world size {world}")
-            }
-            Invalid::TooManyRuns { runs } => {
-                write!(f, "its plan needs {runs} runs, more than can be allocated")
-            }
-        }
-    }
+fn bytes_overflow() -> Invalid {
+    "its size in bytes overflows usize".into()
 }

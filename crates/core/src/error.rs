@@ -300,7 +300,10 @@ pub enum ErrorKind {
         available: u64,
     },
     /// A dtype conversion between these two types is not supported.
-    #[error("cannot convert {}{from} to {to}", some(tensor.as_deref(), |t| format!("tensor {t:?} from ")))]
+    #[error(
+        "cannot convert {}{from} to {to}",
+        some(tensor.as_deref(), |t| format!("tensor {t:?} from "))
+    )]
     UnsupportedConversion {
         /// The tensor's name, where one is involved.
         tensor: Option<String>,
@@ -357,7 +360,10 @@ pub enum ErrorKind {
     /// A remote store or server (feature `remote`) refused a request, failed after its
     /// retries, or answered for another version of the object. The error's path is the
     /// object's address, without credentials; `failure` says why, as data.
-    #[error("remote error while {operation}{}: {reason}", some(range.as_ref(), |r| format!(" (bytes {}..{})", r.start, r.end)))]
+    #[error(
+        "remote error while {operation}{}: {reason}",
+        some(range.as_ref(), |r| format!(" (bytes {}..{})", r.start, r.end))
+    )]
     Remote {
         /// What was being done.
         operation: Operation,

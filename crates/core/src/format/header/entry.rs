@@ -194,7 +194,8 @@ impl<'de> Visitor<'de> for Skip {
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
-    skip_scalars!(visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_f64: f64, visit_str: &str);
+    skip_scalars!(visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_f64: f64);
+    skip_scalars!(visit_str: &str);
     fn visit_unit<E: de::Error>(self) -> Result<Skip, E> {
         Ok(Skip)
     }

@@ -1,19 +1,10 @@
 //! How many reads a load keeps in flight, found by measurement while it runs: start at the filesystem's default, double while throughput still rises, settle where it stops.
 //!
-//! A FUSE daemon or a network filesystem serves as many requests at once as
-//! it has threads or connections, each after its latency; a local disk has
-//! a queue of its own. The right number of readers is the mount's, and it
-//! is not written anywhere: so the read engine measures. Readers that are
-//! not allowed to read yet wait; each window of completed reads gives a
-//! throughput (but the first, which holds the readers' start); a doubling
-//! that does not raise it by `GAIN` is undone and the count settles.
-//! Nothing is remembered across loads.
-//!
-//! Only the number of readers changes; a read's size is fixed before the
-//! run (`policy/reads.rs`). NOTE: a direct read on FUSE reaches the daemon
-//! as requests of at most 1 MiB (`fs.fuse.max_pages_limit`), sent one after
-//! another for one `pread`, so a larger `pread` adds no request in flight:
-//! more requests in flight come only from more readers.
+//! The right number of readers is the mount's (a daemon's threads, a server's connections) and
+//! written nowhere, so the read engine measures: each window of completed reads gives a
+//! throughput (but the first, the readers' start); a doubling that does not raise it by `GAIN`
+//! is undone. Only the count changes: on FUSE a larger `pread` reaches the daemon as more 1 MiB
+//! requests one after another, not more in flight.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
@@ -21,17 +12,11 @@ use std::time::{Duration, Instant};
 
 /// The most reads in flight a load grows to.
 ///
-/// NOTE: readers read straight into the load's buffers, so a reader costs a
-/// thread and no memory of its own (but for a conversion's scratch buffer,
-/// see [`Concurrency::converting`]). 64 covers the mounts measured (an
-/// 8 ms, 32-thread FUSE daemon wants 32) and leaves room for network
-/// filesystems that want more (a VAST NFS mount was reported to want 140
-/// requests of 4 MiB, InstantTensor #4: 64 reads of 8 MiB are 512 MiB in
-/// flight).
+/// NOTE: a reader costs a thread, no memory of its own. 64 covers the mounts measured (an 8 ms,
+/// 32-thread FUSE daemon wants 32) with room for network filesystems that want more.
 pub(crate) const MAX_READERS: usize = 64;
 
-/// Readers when the load converts from files: each holds a scratch buffer
-/// of one read's size, so that their memory stays within the guard's margin.
+/// Readers when the load converts: each holds a scratch buffer, within the guard's margin.
 pub(crate) const MAX_CONVERTING_READERS: usize = 16;
 
 /// The throughput a doubling must add to be kept.
@@ -40,8 +25,7 @@ pub(crate) const MAX_CONVERTING_READERS: usize = 16;
 /// doubling that pays gains (BENCHMARKS.md, "adapt.rs: GAIN").
 pub(crate) const GAIN: f64 = 1.15;
 
-/// The shortest window a throughput is measured over. Every allowed reader
-/// must also have finished a read in it.
+/// The shortest window a throughput is measured over (every allowed reader must finish a read).
 const WINDOW: Duration = Duration::from_millis(100);
 
 /// Where a load's reads in flight start and how far they may grow.
@@ -110,9 +94,7 @@ pub(crate) struct Control {
 }
 
 struct State {
-    /// Whether the first window, which holds the readers' start (threads
-    /// spawned, first requests' latency, first faults), has passed: it is
-    /// not measured.
+    /// Whether the first window, the readers' start, has passed: it is not measured.
     warmed: bool,
     start: Instant,
     bytes: u64,
@@ -120,6 +102,13 @@ struct State {
     best: Option<(usize, f64)>,
     steps: Vec<(usize, f64)>,
     why: Option<SettleReason>,
+}
+
+impl State {
+    /// A new window.
+    fn restart(&mut self) {
+        (self.start, self.bytes, self.reads) = (Instant::now(), 0, 0);
+    }
 }
 
 impl Control {
@@ -169,19 +158,15 @@ impl Control {
         }
     }
 
-    /// The run is over (no job left, or a failure): every waiting reader
-    /// leaves.
+    /// The run is over (no job left, or a failure): every waiting reader leaves.
     pub(crate) fn finish(&self) {
         self.finished.store(true, Ordering::Release);
         let _state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         self.wake.notify_all();
     }
 
-    /// A read of `bytes` finished: counts it, and at the end of a window
-    /// decides whether to double the readers, keep them, or go back. A
-    /// window is judged on the bytes it moved whatever its readers did
-    /// meanwhile (the page-size choice keeps its own clock, and no other
-    /// loop tells this one what to discount).
+    /// A read of `bytes` finished: counts it, and at the end of a window decides whether to
+    /// double the readers, keep them, or go back.
     pub(crate) fn completed(&self, bytes: u64) {
         if self.pinned {
             return;
@@ -199,10 +184,7 @@ impl Control {
         }
         if !state.warmed {
             state.warmed = true;
-            state.start = Instant::now();
-            state.bytes = 0;
-            state.reads = 0;
-            return;
+            return state.restart();
         }
         let rate = state.bytes as f64 / (1u64 << 30) as f64 / elapsed.as_secs_f64();
         state.steps.push((allowed, rate));
@@ -220,15 +202,12 @@ impl Control {
                 self.wake.notify_all();
             }
         } else {
-            // Back to the count that did as well: the extra readers finish
-            // their read and wait.
+            // Back to the count that did as well: the extra readers finish their read and wait.
             let (readers, _) = state.best.unwrap_or((allowed, rate));
             self.allowed.store(readers, Ordering::Release);
             state.why = Some(SettleReason::NoGain);
         }
-        state.start = Instant::now();
-        state.bytes = 0;
-        state.reads = 0;
+        state.restart();
     }
 
     /// What the count settled on.

@@ -21,25 +21,14 @@ pub use remote::RemoteFailure;
 /// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// An error from loading a checkpoint or reading a tensor.
+/// An error from loading a checkpoint or reading a tensor: what went wrong ([`Error::kind`]),
+/// the file ([`Error::path`]) and, for I/O, the OS's error ([`Error::io_error`]).
 ///
-/// It carries what went wrong ([`Error::kind`]), the file it went wrong on
-/// ([`Error::path`]) and, for I/O, the OS's error ([`Error::io_error`]).
-/// `Display` prints the path, this layer's message and, for I/O, the OS's
-/// reason, once: `/m/model.safetensors: I/O error while opening: No such
-/// file or directory`. Since the reason is in the message,
-/// [`source`](std::error::Error::source) gives what lies below the OS error
-/// (usually nothing), so that reporters such as `anyhow` do not print it
-/// twice.
-///
-/// Programs branch on [`is_not_found`](Error::is_not_found) ("the
-/// checkpoint, a file of it or a tensor is missing"),
-/// [`is_corrupt`](Error::is_corrupt) ("the bytes are not a valid
-/// checkpoint") and [`ErrorKind::Io`] (the storage failed), or match the
-/// [`ErrorKind`] for the details; a remote checkpoint's failure says why
-/// as data ([`remote_failure`](Error::remote_failure): repository,
-/// revision or file not found, access denied, offline, unreachable, ...),
-/// and an address the crate cannot read is [`ErrorKind::BadAddress`].
+/// `Display` prints the path, the message and the OS's reason once; so that reporters such as
+/// `anyhow` do not print that twice, [`source`](std::error::Error::source) gives what lies
+/// below the OS error. Programs branch on [`is_not_found`](Error::is_not_found),
+/// [`is_corrupt`](Error::is_corrupt), [`ErrorKind::Io`] or
+/// [`remote_failure`](Error::remote_failure), or match the [`ErrorKind`].
 ///
 /// ```
 /// use safeload::error::Operation;
@@ -112,21 +101,18 @@ pub enum Operation {
     Evict,
     /// Writing a file (the demo checkpoint).
     Write,
-    /// Moving a file's bytes between the nodes of a job, or agreeing on
-    /// them (`SAFELOAD_EXCHANGE`).
+    /// Moving a file's bytes between the nodes of a job (`SAFELOAD_EXCHANGE`).
     Exchange,
-    /// Removing names from the Hugging Face cache (`hub_cache_remove`,
-    /// `hub_cache_prune`, feature `remote`).
+    /// Removing names from the hub cache (`hub_cache_remove`, `hub_cache_prune`).
     Remove,
-    /// Copying bytes to a device's memory, or getting the memory and the
-    /// staging buffers to do so (`Loader::load_to_device`).
+    /// Copying bytes to a device's memory, or getting that memory (`Loader::load_to_device`).
     Device,
 }
 
-impl Operation {
-    /// The operation in words, as `Display` says it after "while".
-    fn words(self) -> &'static str {
-        match self {
+/// The operation in words, as an error says it after "while".
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
             Operation::Open => "opening",
             Operation::List => "listing",
             Operation::Stat => "reading the metadata",
@@ -143,13 +129,7 @@ impl Operation {
             Operation::Exchange => "exchanging between nodes",
             Operation::Remove => "removing from the hub cache",
             Operation::Device => "copying to the device",
-        }
-    }
-}
-
-impl fmt::Display for Operation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.words())
+        })
     }
 }
 
@@ -163,12 +143,12 @@ struct Inner {
 
 impl fmt::Display for Inner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{}", Prefix(self.path.as_deref()), self.kind)?;
-        // The OS's reason is part of the message ("... while opening:
-        // No such file or directory"), so that a plain `{}` says what
-        // happened; `source()` then skips the `io::Error` (see `Error`).
-        // A remote error's reason is its kind's (the `io::Error` is for its
-        // kind only).
+        if let Some(path) = &self.path {
+            write!(f, "{}: ", path.display())?;
+        }
+        write!(f, "{}", self.kind)?;
+        // The OS's reason is in the message, so `source()` skips the `io::Error`; a remote
+        // error's reason is already its kind's.
         if let (Some(cause), ErrorKind::Io { .. }) = (&self.source, &self.kind) {
             write!(f, ": {cause}")?;
         }
@@ -182,22 +162,8 @@ impl std::error::Error for Inner {
     }
 }
 
-/// `"<path>: "` where there is a path, nothing otherwise.
-struct Prefix<'a>(Option<&'a Path>);
-
-impl fmt::Display for Prefix<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(path) => write!(f, "{}: ", path.display()),
-            None => Ok(()),
-        }
-    }
-}
-
-/// What went wrong. Match on it; new kinds may be added.
-///
-/// `Display` gives this layer's message, lowercase and without the path or
-/// the cause (those are [`Error`]'s).
+/// What went wrong. Match on it; new kinds may be added. `Display` gives this layer's message,
+/// without the path or the cause (those are [`Error`]'s).
 ///
 /// ```
 /// # let dir = tempfile::tempdir()?;
@@ -215,19 +181,17 @@ impl fmt::Display for Prefix<'_> {
 #[non_exhaustive]
 pub enum ErrorKind {
     /// An I/O call failed; [`Error::io_error`] gives the OS's error.
-    #[error("I/O error while {operation}{}", at_offset(*offset))]
+    #[error("I/O error while {operation}{}", some(*offset, |o| format!(" at offset {o}")))]
     Io {
         /// What was being done.
         operation: Operation,
         /// The byte offset in the file, for reads.
         offset: Option<u64>,
     },
-    /// The path is a directory that holds no checkpoint this crate can pick
-    /// without guessing.
+    /// The path is a directory that holds no checkpoint to pick without guessing.
     #[error("{}", no_checkpoint(found))]
     NoCheckpoint {
-        /// What the directory holds that looked relevant (safetensors files
-        /// and index files), sorted; empty when it holds none.
+        /// The safetensors and index files the directory holds, sorted.
         found: Vec<String>,
     },
     /// The file is shorter than the 8 bytes that give the header length.
@@ -252,15 +216,13 @@ pub enum ErrorKind {
         /// The file's length in bytes.
         file_len: u64,
     },
-    /// The header is not a valid safetensors header (not UTF-8, not JSON, bad
-    /// tensor entries, inconsistent offsets, duplicate names, ...).
+    /// The header is not a valid safetensors header (not JSON, bad entries or offsets, ...).
     #[error("invalid safetensors header: {reason}")]
     InvalidHeader {
         /// What is wrong with it.
         reason: String,
     },
-    /// The file's length is not what its header describes: it was truncated,
-    /// has bytes after the tensor data, or changed while it was being read.
+    /// The file's length is not what its header describes (truncated, trailing bytes, changed).
     #[error("{}", size_mismatch(*expected, *actual))]
     SizeMismatch {
         /// The length the header implies.
@@ -274,9 +236,7 @@ pub enum ErrorKind {
         /// What is wrong with it.
         reason: String,
     },
-    /// The index names a shard that escapes the checkpoint directory (an
-    /// absolute name, `..`, a path separator, an empty name, a NUL). It is
-    /// never opened.
+    /// The index names a shard that escapes the checkpoint directory; it is never opened.
     #[error(
         "index names shard {name:?}, which is not a plain file name in the checkpoint directory"
     )]
@@ -284,14 +244,10 @@ pub enum ErrorKind {
         /// The name as written in the index.
         name: String,
     },
-    /// A remote address, or a repository id or revision given to the hub
-    /// cache's housekeeping, that is not one the crate reads: no known
-    /// scheme, a name the hub does not take (`hf://acme/bad--name`: letters,
-    /// digits, `-`, `_`, `.`, no `--` or `..`), a `.` or `..` part
-    /// (`hf://a/b/../c`), a bad `?with=` name. Refused before any request
-    /// or any name of the cache is looked at. The error's path is the
-    /// address (without credentials), also where it was given as a
-    /// repository id and a revision (`hf://org/name@revision`).
+    /// A remote address (or a repository id or revision given to the hub cache's housekeeping)
+    /// the crate does not read: no known scheme, a name the hub does not take
+    /// (`hf://acme/bad--name`), a `..` part, a bad `?with=` name. Refused before any request;
+    /// the error's path is the address without credentials.
     #[error("bad remote address: {reason}")]
     BadAddress {
         /// What is wrong with it.
@@ -313,8 +269,7 @@ pub enum ErrorKind {
         /// The file it was first found in.
         first: PathBuf,
     },
-    /// A typed view or conversion asked for a type that does not match the
-    /// tensor's dtype.
+    /// A typed view or conversion asked for a type that does not match the tensor's dtype.
     #[error("tensor {tensor:?} has dtype {actual}, which cannot be viewed as {requested}")]
     DtypeMismatch {
         /// The tensor's name.
@@ -324,9 +279,8 @@ pub enum ErrorKind {
         /// The dtypes the requested type can view.
         requested: &'static str,
     },
-    /// A zero-copy view was asked of a tensor whose bytes are not aligned for
-    /// its type (only possible for memory-mapped files written without
-    /// alignment; the converting accessors copy instead).
+    /// A zero-copy view of a tensor not aligned for its type (in a mapped file; the converting
+    /// accessors copy instead).
     #[error(
         "tensor {tensor:?} is not aligned to {align} bytes in the mapped file; \
          load buffered or use a converting accessor"
@@ -337,8 +291,7 @@ pub enum ErrorKind {
         /// The alignment the type needs, in bytes.
         align: usize,
     },
-    /// A buffered read would need more memory than the machine (or the
-    /// cgroup) has available.
+    /// A buffered read would need more memory than the machine (or the cgroup) has available.
     #[error("a buffered read needs {needed} bytes but only {available} are available")]
     InsufficientMemory {
         /// Bytes the read would allocate.
@@ -347,7 +300,10 @@ pub enum ErrorKind {
         available: u64,
     },
     /// A dtype conversion between these two types is not supported.
-    #[error("cannot convert {}{from} to {to}", of_tensor(tensor.as_deref()))]
+    #[error(
+        "cannot convert {}{from} to {to}",
+        some(tensor.as_deref(), |t| format!("tensor {t:?} from "))
+    )]
     UnsupportedConversion {
         /// The tensor's name, where one is involved.
         tensor: Option<String>,
@@ -356,9 +312,8 @@ pub enum ErrorKind {
         /// The requested dtype.
         to: Dtype,
     },
-    /// A file's SHA-256 is not the one it must have (the name of its
-    /// Hugging Face cache blob, or `Loader::expect_sha256`):
-    /// corrupt, truncated and regrown, or another file.
+    /// A file's SHA-256 is not the one it must have (its hub cache blob's name, or
+    /// `Loader::expect_sha256`).
     #[error("SHA-256 mismatch: expected {expected}, the file has {actual}")]
     IntegrityMismatch {
         /// The digest it must have, in hex.
@@ -366,8 +321,7 @@ pub enum ErrorKind {
         /// The digest of its bytes, in hex.
         actual: String,
     },
-    /// A digest given to `Loader::expect_sha256`
-    /// is not 64 hex digits.
+    /// A digest given to `Loader::expect_sha256` is not 64 hex digits.
     #[error("expected SHA-256 {digest:?} of {file:?} is not 64 hex digits")]
     InvalidDigest {
         /// The file name it was given for.
@@ -381,10 +335,8 @@ pub enum ErrorKind {
         /// The name asked for.
         tensor: String,
     },
-    /// A slice or a tensor-parallel part that the tensor does not have: a
-    /// dimension out of range, `rank >= world`, `world == 0`, more ranges than
-    /// dimensions, a range backwards or past its dimension, or a packed type
-    /// (F4, F6) cut off a byte boundary.
+    /// A slice or a tensor-parallel part that the tensor does not have (a range out of bounds,
+    /// `rank >= world`, a packed type cut off a byte boundary, ...).
     #[error("cannot slice tensor {tensor:?}: {reason}")]
     InvalidSlice {
         /// The tensor's name.
@@ -395,7 +347,7 @@ pub enum ErrorKind {
     /// A destination buffer does not have the length the data needs.
     #[error(
         "buffer of {actual} bytes given {}where {expected} are needed",
-        for_tensor(tensor.as_deref())
+        some(tensor.as_deref(), |t| format!("for tensor {t:?} "))
     )]
     LengthMismatch {
         /// The tensor's name, where one is involved.
@@ -405,16 +357,13 @@ pub enum ErrorKind {
         /// The bytes given.
         actual: u64,
     },
-    /// A remote checkpoint's store or server (`s3://`, `hf://`, `https://`
-    /// and the others of the feature `remote`) refused a request, failed
-    /// after its retries, or answered for another version of the object
-    /// than the one opened. The error's path is the object's address,
-    /// without credentials; `failure` says why, as data
-    /// ([`Error::remote_failure`]); [`Error::is_not_found`] is true where the
-    /// repository, revision or file does not exist (or offline, the cache
-    /// lacks it), and [`Error::io_error`]'s kind is `PermissionDenied` where
-    /// access was denied.
-    #[error("remote error while {operation}{}: {reason}", bytes(range.as_ref()))]
+    /// A remote store or server (feature `remote`) refused a request, failed after its
+    /// retries, or answered for another version of the object. The error's path is the
+    /// object's address, without credentials; `failure` says why, as data.
+    #[error(
+        "remote error while {operation}{}: {reason}",
+        some(range.as_ref(), |r| format!(" (bytes {}..{})", r.start, r.end))
+    )]
     Remote {
         /// What was being done.
         operation: Operation,
@@ -422,14 +371,10 @@ pub enum ErrorKind {
         range: Option<std::ops::Range<u64>>,
         /// Why it failed.
         failure: RemoteFailure,
-        /// What happened, in words (the failure's, then the detail),
-        /// credentials removed.
+        /// What happened, in words, credentials removed.
         reason: String,
     },
-    /// The load was cancelled: its flag
-    /// (`Loader::cancel_on`) was set, or its
-    /// future (`Loader::load_async`) dropped.
-    /// The path is the checkpoint's.
+    /// The load was cancelled (`Loader::cancel_on`, or its future dropped).
     #[error("the load was cancelled")]
     Cancelled,
 }
@@ -460,11 +405,8 @@ impl Error {
         }
     }
 
-    /// Whether something asked for does not exist: the checkpoint or one
-    /// of its files (an open that failed with `ENOENT`), a directory with
-    /// no checkpoint in it, a tensor of that name, or a remote repository,
-    /// revision, file or object, also one the hub cache lacks offline
-    /// ([`RemoteFailure`]).
+    /// Whether something asked for does not exist: a file (`ENOENT`), a checkpoint in a
+    /// directory, a tensor, or a remote repository, revision or file ([`RemoteFailure`]).
     pub fn is_not_found(&self) -> bool {
         match &self.0.kind {
             ErrorKind::Io { .. } => self
@@ -476,10 +418,8 @@ impl Error {
         }
     }
 
-    /// Whether the bytes are not a valid checkpoint: a header, an index or
-    /// a length that breaks the format's rules, a shard name that escapes
-    /// the directory, a tensor twice or in the wrong shard, or a file whose
-    /// SHA-256 is not the one expected. Reading it again will not help.
+    /// Whether the bytes are not a valid checkpoint (its header, index, lengths, names or
+    /// SHA-256): reading it again will not help.
     pub fn is_corrupt(&self) -> bool {
         matches!(
             self.0.kind,
@@ -496,20 +436,18 @@ impl Error {
         )
     }
 
-    /// The underlying I/O error, for [`ErrorKind::Io`]; for
-    /// [`ErrorKind::Remote`], one of the kind its failure matches
-    /// (`NotFound`, `PermissionDenied`, `TimedOut`, `Other`, ...) carrying
-    /// the same reason.
+    /// The underlying I/O error, for [`ErrorKind::Io`]; for [`ErrorKind::Remote`], one of its
+    /// failure's [`io_kind`](RemoteFailure::io_kind) with the same reason.
     pub fn io_error(&self) -> Option<&io::Error> {
         self.0.source.as_ref()
     }
 
+    fn make(kind: ErrorKind, path: Option<PathBuf>, source: Option<io::Error>) -> Error {
+        Error(Box::new(Inner { kind, path, source }))
+    }
+
     pub fn new(kind: ErrorKind, path: impl Into<PathBuf>) -> Error {
-        Error(Box::new(Inner {
-            kind,
-            path: Some(path.into()),
-            source: None,
-        }))
+        Error::make(kind, Some(path.into()), None)
     }
 
     /// The same error, naming `path` where it names no file yet.
@@ -521,11 +459,7 @@ impl Error {
     }
 
     pub(crate) fn without_path(kind: ErrorKind) -> Error {
-        Error(Box::new(Inner {
-            kind,
-            path: None,
-            source: None,
-        }))
+        Error::make(kind, None, None)
     }
 
     pub fn io(
@@ -534,24 +468,14 @@ impl Error {
         offset: Option<u64>,
         source: io::Error,
     ) -> Error {
-        Error(Box::new(Inner {
-            kind: ErrorKind::Io { operation, offset },
-            path: Some(path.into()),
-            source: Some(source),
-        }))
+        let kind = ErrorKind::Io { operation, offset };
+        Error::make(kind, Some(path.into()), Some(source))
     }
 }
 
-fn bytes(range: Option<&std::ops::Range<u64>>) -> String {
-    range
-        .map(|r| format!(" (bytes {}..{})", r.start, r.end))
-        .unwrap_or_default()
-}
-
-fn at_offset(offset: Option<u64>) -> String {
-    offset
-        .map(|o| format!(" at offset {o}"))
-        .unwrap_or_default()
+/// A message's optional part: `f` of the value, or nothing.
+fn some<T>(value: Option<T>, f: impl FnOnce(T) -> String) -> String {
+    value.map(f).unwrap_or_default()
 }
 
 fn no_checkpoint(found: &[String]) -> String {
@@ -573,18 +497,6 @@ fn size_mismatch(expected: u64, actual: u64) -> String {
     } else {
         format!("file size mismatch: the header describes {expected} bytes, the file has {actual}")
     }
-}
-
-fn of_tensor(tensor: Option<&str>) -> String {
-    tensor
-        .map(|t| format!("tensor {t:?} from "))
-        .unwrap_or_default()
-}
-
-fn for_tensor(tensor: Option<&str>) -> String {
-    tensor
-        .map(|t| format!("for tensor {t:?} "))
-        .unwrap_or_default()
 }
 
 impl fmt::Debug for Error {

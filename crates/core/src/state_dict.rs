@@ -9,12 +9,9 @@ use crate::report::LoadReport;
 use crate::source::Source;
 use crate::tensor::Tensor;
 
-/// The tensors of a checkpoint, in file order: shard by shard (sorted by
-/// name), then by offset within each file.
-///
-/// Tensors share their file's storage, so a `StateDict` costs one copy of the
-/// selected bytes at most (buffered), or none (mapped). It is `Send + Sync`,
-/// and tensors taken out of it (cloned) stay valid after it is dropped.
+/// The tensors of a checkpoint, in file order: shard by shard (sorted by name), then by offset.
+/// Tensors share their file's storage: one copy of the selected bytes at most (buffered), or
+/// none (mapped).
 ///
 /// ```
 /// # let dir = tempfile::tempdir()?;
@@ -96,40 +93,28 @@ impl StateDict {
         self.tensors.iter().map(Tensor::nbytes).sum()
     }
 
-    /// The files' `__metadata__` entries merged (the first file that sets a
-    /// key wins; shards normally agree, e.g. `{"format": "pt"}`). Each file's
-    /// own is in [`FileReport::metadata`](crate::report::FileReport::metadata).
+    /// The files' `__metadata__` entries merged (the first file that sets a key wins); each
+    /// file's own is in [`FileReport::metadata`](crate::report::FileReport::metadata).
     pub fn metadata(&self) -> &BTreeMap<String, String> {
         &self.metadata
     }
 
-    /// The `metadata` object of the sharded index (e.g. `total_size`), for a
-    /// sharded checkpoint that has one: string values as they are, others
-    /// (numbers) as their JSON text.
+    /// The `metadata` object of the sharded index (e.g. `total_size`): strings as they are,
+    /// other values as their JSON text.
     pub fn index_metadata(&self) -> Option<&BTreeMap<String, String>> {
         self.index_metadata.as_ref()
     }
 
-    /// How each file was read, why, and how fast. `Display` prints it as a
-    /// table; [`LoadReport::files`] gives it as data.
+    /// How each file was read, why, and how fast.
     pub fn report(&self) -> &LoadReport {
         &self.report
     }
 
-    /// Waits for the digest checks still under way of the files this load
-    /// fetched and wrote to a cache (those the report says
-    /// [`CacheUse::Checking`](crate::report::CacheUse::Checking) of: checked on a thread of their own after the
-    /// load returned, and published once they match), and returns the
-    /// first that did not match as
-    /// [`ErrorKind::IntegrityMismatch`](crate::ErrorKind::IntegrityMismatch), naming
-    /// the file: its tensors hold the bytes the store sent, which are not
-    /// the ones the store's digest names, and nothing was published. `Ok`
-    /// where every check matched, or where the cache failed otherwise (a
-    /// full disk costs the cache, never the load). A load with no cache
-    /// returns `Ok` at once.
-    ///
-    /// Engines that load from `hf://` call it once they are up (dropping the
-    /// tensors waits for the checks too, but can say nothing).
+    /// Waits for the digest checks still under way of the files this load wrote to a cache
+    /// ([`CacheUse::Checking`](crate::report::CacheUse::Checking)), and returns the first that
+    /// did not match as [`ErrorKind::IntegrityMismatch`](crate::ErrorKind::IntegrityMismatch)
+    /// (nothing was published). A cache that failed otherwise costs the cache, not the load.
+    /// Engines that load from `hf://` call it once they are up.
     ///
     /// ```
     /// # let dir = tempfile::tempdir()?;
@@ -142,10 +127,9 @@ impl StateDict {
     /// ```
     pub fn settle_cache(&self) -> Result<()> {
         for (path, source) in &self.cache_writes.0 {
-            let Some(write) = source.cache_write() else {
-                continue;
-            };
-            write.settled().checked(path)?;
+            if let Some(write) = source.cache_write() {
+                write.settled().checked(path)?;
+            }
         }
         Ok(())
     }

@@ -9,32 +9,22 @@ use memmap2::{Mmap, MmapMut, MmapOptions};
 use crate::format::header::{Header, dtype_align};
 use crate::os::DIRECT_ALIGN;
 
-/// The bytes of one file, shared by its tensors through an `Arc`.
-///
-/// Both strategies end in a read-only [`Mmap`]: the file's own map, or an
-/// anonymous one (page-aligned, so aligned for every dtype) that the read
-/// engine filled and then made read-only (`Buffer::seal`). An owned
-/// buffer's map may be longer than its bytes (it is rounded up to whole huge
-/// pages); that padding never leaves this module: [`bytes`](Self::bytes) is
-/// exactly the data.
+/// The bytes of one file, shared by its tensors through an `Arc`: a read-only [`Mmap`], the
+/// file's own or an anonymous one filled and sealed (`Buffer::seal`), whose padding to whole
+/// huge pages never leaves this module.
 pub struct Storage {
     map: Mmap,
-    /// The bytes of the map that are data: all of a file's map, the first
-    /// `len` of a buffer's.
+    /// The bytes of the map that are data.
     len: usize,
     path: PathBuf,
-    /// Whether the map is a file's (all of it data, its pages the page
-    /// cache's), not an owned buffer's.
+    /// Whether the map is a file's, not an owned buffer's.
     of_file: bool,
-    /// Dropped with the storage, after the map (fields drop in order): how
-    /// a stream learns that the bytes it lent are unmapped, so that its
-    /// budget can lend them again.
+    /// Dropped after the map (fields drop in order): tells a stream its lent bytes are unmapped.
     _on_drop: Option<Box<dyn Send + Sync>>,
 }
 
 impl Storage {
-    /// A whole file's map (or a node copy's, an image of its file), every
-    /// byte of it data; `guard`, where given, is dropped with the map.
+    /// A whole file's map (or a node copy's); `guard`, where given, is dropped with the map.
     pub(crate) fn of_file(
         map: Mmap,
         path: PathBuf,
@@ -54,8 +44,7 @@ impl Storage {
         self.of_file.then_some(&self.map)
     }
 
-    /// The data: exactly the bytes the storage holds, never a buffer's
-    /// padding.
+    /// The data: exactly the bytes the storage holds, never a buffer's padding.
     pub fn bytes(&self) -> &[u8] {
         self.map.get(..self.len).unwrap_or_default()
     }
@@ -65,31 +54,19 @@ impl Storage {
     }
 }
 
-/// Maps a whole file read-only.
-///
-/// The safety contract of a file map: the bytes may change, or the process may
-/// receive SIGBUS on access, if another process truncates or rewrites the file
-/// while it is mapped. The loader checks the file's length against its header
-/// before any tensor is handed out; what it cannot prevent is a later
-/// truncation, which the crate docs state ("Safety and limits").
+/// Maps a whole file read-only, under the mapped contract
+/// ([`Strategy::Mmap`](crate::report::Strategy::Mmap)).
 pub fn map_file(file: &File) -> io::Result<Mmap> {
-    // SAFETY: the map is read-only and private to the `Storage` that owns it;
-    // the remaining hazard (the file truncated by someone else later) is the
-    // documented contract of mapped loading, see above.
+    // SAFETY: the map is read-only and private to the `Storage` that owns it; a later
+    // truncation by someone else is the documented contract of mapped loading.
     unsafe { MmapOptions::new().map(file) }
 }
 
-/// An owned buffer being filled: an anonymous, zero-filled, page-aligned
-/// allocation of which exactly `len` bytes are handed out, then sealed into
-/// a [`Storage`] of exactly those bytes.
+/// An owned buffer being filled: an anonymous, zero-filled, page-aligned allocation of which
+/// exactly `len` bytes are handed out, then sealed into a [`Storage`].
 ///
-/// The kernel backs it lazily, so a never-written page costs nothing. One of
-/// 2 MiB or more is mapped in whole huge pages, which Linux places on a huge
-/// page boundary (since 6.7, for lengths that are multiples of one since
-/// 6.12), so that each huge page of it can be one: whether it is is the
-/// load's choice, as it faults the buffer in (`dest/pages.rs`); no advice is
-/// given here. The rounding is this type's secret: nothing outside it sees a
-/// byte past `len`.
+/// One of 2 MiB or more is mapped in whole huge pages, which Linux places on a huge page
+/// boundary (6.7; multiples of one since 6.12), so each can be one (`dest/pages.rs` decides).
 pub(crate) struct Buffer {
     map: MmapMut,
     len: usize,
@@ -116,8 +93,7 @@ impl Buffer {
         self.map.get_mut(..self.len).unwrap_or_default()
     }
 
-    /// The bytes made read-only, for tensors to view; `guard`, where given,
-    /// is dropped with them.
+    /// The bytes made read-only, for tensors to view; `guard`, if any, is dropped with them.
     pub(crate) fn seal(
         self,
         path: PathBuf,
@@ -134,27 +110,21 @@ impl Buffer {
     }
 }
 
-/// Where each selected tensor lands in a buffer, and which runs of the file
-/// fill it.
+/// Where each selected tensor lands in a buffer, and which runs of the file fill it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BufferLayout {
-    /// For each tensor of the header (in order): its offset in the buffer, or
-    /// `None` when the filter left it out.
+    /// For each tensor of the header: its offset in the buffer, or `None` where left out.
     pub placements: Vec<Option<u64>>,
-    /// Contiguous copies from the file into the buffer, in increasing order
-    /// of both offsets.
+    /// Contiguous copies from the file into the buffer, in increasing order of both offsets.
     pub segments: Vec<Segment>,
     /// The buffer's length.
     pub len: u64,
-    /// Whether the buffer is an image of the file from a 4 KiB boundary on,
-    /// with every offset and length a multiple of 4 KiB: what direct I/O
-    /// needs.
+    /// Whether the buffer is an image of the file in whole 4 KiB blocks, as direct I/O needs.
     pub image: bool,
 }
 
-/// One contiguous run: `len` bytes at file offset `src` go to `dst` in the
-/// buffer; the first `required` of them must exist (the rest round a direct
-/// read up to a whole block past the end of the file).
+/// One contiguous run: `len` bytes at file offset `src` go to `dst` in the buffer; the first
+/// `required` must exist (the rest round a direct read up to a whole block).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
     pub src: u64,
@@ -164,10 +134,8 @@ pub struct Segment {
 }
 
 impl BufferLayout {
-    /// The layout for a file: an image of the file when every tensor is
-    /// selected and aligned at its file offset (as the `safetensors`
-    /// serializer writes them), so it reads as one run in whole blocks;
-    /// otherwise the selected tensors packed with alignment padding.
+    /// The layout for a file: an image of the file when every tensor is selected and aligned in
+    /// it; otherwise the selected tensors packed with alignment padding.
     pub fn for_file(header: &Header, selected: &[bool]) -> BufferLayout {
         let all = selected.iter().all(|&s| s);
         let aligned = header
@@ -181,9 +149,7 @@ impl BufferLayout {
         }
     }
 
-    /// The file from the 4 KiB boundary at or before its data section to its
-    /// end, rounded up to a whole block; tensors keep their file offsets'
-    /// alignment.
+    /// The file from the 4 KiB boundary at or before its data section, in whole blocks.
     pub(crate) fn image(header: &Header) -> BufferLayout {
         let base = header.data_start - header.data_start % DIRECT_ALIGN;
         let required = header.file_len() - base;
@@ -205,10 +171,8 @@ impl BufferLayout {
         }
     }
 
-    /// Lays out the selected tensors back to back, each at an offset aligned
-    /// for its dtype; runs of tensors adjacent in the file and in the buffer
-    /// read as one segment. A packed file (MLX writes tensors back to back)
-    /// gets padding where its offsets are misaligned.
+    /// Lays out the selected tensors back to back, each aligned for its dtype; runs adjacent in
+    /// the file and the buffer read as one segment.
     pub(crate) fn packed(header: &Header, selected: impl Fn(usize) -> bool) -> BufferLayout {
         let mut layout = BufferLayout::default();
         let mut cursor = 0u64;

@@ -11,12 +11,8 @@ use crate::error::Operation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::storage::Storage;
 
-/// One tensor of a loaded checkpoint.
-///
-/// A `Tensor` is a view: it holds an [`Arc`] of its file's storage (a memory
-/// map or an aligned buffer) and a byte range in it, so cloning one is cheap
-/// and the bytes live as long as any tensor of that file does — also after the
-/// [`StateDict`](crate::StateDict) and the loader are gone.
+/// One tensor of a loaded checkpoint: an [`Arc`] of its file's storage (a map or a buffer) and
+/// a byte range, so cloning is cheap and the bytes outlive the [`StateDict`](crate::StateDict).
 ///
 /// ```
 /// # let dir = tempfile::tempdir()?;
@@ -42,10 +38,8 @@ pub struct Tensor {
     range: Range<usize>,
 }
 
-/// Element types that [`Tensor::as_slice`] can view without a copy.
-///
-/// Implemented for the fixed-width integers, `f32`, `f64`, [`half::f16`] and
-/// [`half::bf16`]. Sealed: the dtype check depends on the exact mapping.
+/// Element types that [`Tensor::as_slice`] can view without a copy. Sealed: the dtype check
+/// depends on the exact mapping.
 ///
 /// ```
 /// # let dir = tempfile::tempdir()?;
@@ -83,13 +77,8 @@ element! {
 }
 
 impl Tensor {
-    /// The tensor `name` of `dtype` and `shape` at `range` of `storage`.
-    ///
-    /// The one way a tensor is made, and where its length is checked: the
-    /// range must be exactly what `dtype` and `shape` need, within the
-    /// storage's data. A caller that took a length from anywhere else (a
-    /// buffer, a map) gets [`ErrorKind::LengthMismatch`] naming the tensor,
-    /// never a tensor with bytes past its end.
+    /// The tensor `name` of `dtype` and `shape` at `range` of `storage`: the one way a tensor is
+    /// made, where its range is checked against what `dtype` and `shape` need.
     pub(crate) fn new(
         name: Arc<str>,
         dtype: Dtype,
@@ -147,33 +136,25 @@ impl Tensor {
         self.storage.bytes().get(self.range.clone()).unwrap_or(&[])
     }
 
-    /// The number of bytes of the tensor's data, a `u64` as every byte count
-    /// of the crate ([`TensorInfo::nbytes`](crate::TensorInfo::nbytes) in the
-    /// file; [`as_bytes`](Self::as_bytes)`().len()` in memory).
+    /// The number of bytes of the tensor's data, a `u64` as every byte count of the crate.
     pub fn nbytes(&self) -> u64 {
         self.range.len() as u64
     }
 
-    /// Whether its dtype is a floating-point type (see
-    /// [`TensorInfo::is_float`](crate::TensorInfo::is_float)).
+    /// Whether its dtype is a floating-point type.
     pub fn is_float(&self) -> bool {
         crate::format::is_float(self.dtype)
     }
 
-    /// Whether the tensor's bytes sit at an address aligned for its dtype, so
-    /// that [`as_slice`](Self::as_slice) can view them. Always true for
-    /// buffered loads; for mapped files, true unless the file was written
-    /// without alignment.
+    /// Whether the tensor's bytes are aligned for its dtype, so that [`as_slice`](Self::as_slice)
+    /// can view them (always for buffered loads).
     pub fn is_aligned(&self) -> bool {
         let align = crate::format::header::dtype_align(self.dtype) as usize;
         self.as_bytes().as_ptr() as usize % align == 0
     }
 
-    /// A zero-copy typed view of the tensor.
-    ///
-    /// Checks that `T` matches the dtype ([`ErrorKind::DtypeMismatch`]) and
-    /// that the bytes are aligned for `T` ([`ErrorKind::Misaligned`], possible
-    /// only for a memory-mapped file written without alignment).
+    /// A zero-copy typed view of the tensor: [`ErrorKind::DtypeMismatch`] or
+    /// [`ErrorKind::Misaligned`] where it cannot be had.
     ///
     /// ```
     /// # let dir = tempfile::tempdir()?;
@@ -207,11 +188,8 @@ impl Tensor {
         })
     }
 
-    /// The elements converted to `f32`, for the float dtypes `F16`, `BF16`,
-    /// `F32` and `F64` (the last rounded to nearest).
-    ///
-    /// Works on unaligned bytes too (it copies); the aligned half-precision
-    /// case uses `half`'s vectorized slice conversion.
+    /// The elements converted to `f32`, for `F16`, `BF16`, `F32` and `F64` (rounded to nearest);
+    /// unaligned bytes too.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         let bytes = self.as_bytes();
         match self.dtype {
@@ -220,8 +198,12 @@ impl Tensor {
                 Err(_) => decode(bytes, f32::from_le_bytes),
             }),
             Dtype::F64 => Ok(decode(bytes, |b| f64::from_le_bytes(b) as f32)),
-            Dtype::F16 => Ok(convert_half::<f16>(bytes)),
-            Dtype::BF16 => Ok(convert_half::<bf16>(bytes)),
+            Dtype::F16 => Ok(convert_half::<f16>(bytes, |b| {
+                f16::from_le_bytes(b).to_f32()
+            })),
+            Dtype::BF16 => Ok(convert_half::<bf16>(bytes, |b| {
+                bf16::from_le_bytes(b).to_f32()
+            })),
             actual => Err(self.error(ErrorKind::DtypeMismatch {
                 tensor: self.name.to_string(),
                 actual,
@@ -230,10 +212,8 @@ impl Tensor {
         }
     }
 
-    /// The tensor converted to `dtype`, into an allocation of its own, with
-    /// the rules of `Loader::dtype` (round to nearest
-    /// even, overflow to infinity, NaN kept, F64 through F32). The same dtype
-    /// is a clone (no copy).
+    /// The tensor converted to `dtype`, into an allocation of its own, with the rules of
+    /// `Loader::dtype`. The same dtype is a clone (no copy).
     ///
     /// ```
     /// # let dir = tempfile::tempdir()?;
@@ -273,18 +253,12 @@ impl Tensor {
             .map_err(|e| Error::io(Operation::Allocate, self.storage.path(), None, e))?;
         let dst = buffer.bytes_mut();
         crate::convert::convert(self.dtype, dtype, self.as_bytes(), dst).map_err(|e| {
-            // The pair is supported and the lengths are the tensor's own:
-            // only a tensor whose bytes disagree with its shape lands here.
-            self.error(match e.kind() {
-                ErrorKind::LengthMismatch {
-                    expected, actual, ..
-                } => ErrorKind::LengthMismatch {
-                    tensor: Some(self.name.to_string()),
-                    expected: *expected,
-                    actual: *actual,
-                },
-                other => other.clone(),
-            })
+            // Only a tensor whose bytes disagree with its shape lands here: name it.
+            let mut kind = e.kind().clone();
+            if let ErrorKind::LengthMismatch { tensor, .. } = &mut kind {
+                *tensor = Some(self.name.to_string());
+            }
+            self.error(kind)
         })?;
         let path = self.storage.path();
         let storage = buffer
@@ -304,11 +278,10 @@ impl Tensor {
     }
 }
 
-/// Converts little-endian half floats to `f32`: in one vectorized pass when
-/// aligned, element by element otherwise.
-fn convert_half<H>(bytes: &[u8]) -> Vec<f32>
+/// Converts little-endian half floats to `f32`: in one vectorized pass when aligned, by `one`
+/// element at a time otherwise.
+fn convert_half<H: bytemuck::Pod>(bytes: &[u8], one: impl Fn([u8; 2]) -> f32) -> Vec<f32>
 where
-    H: bytemuck::Pod + HalfToF32,
     [H]: HalfFloatSliceExt,
 {
     match bytemuck::try_cast_slice::<u8, H>(bytes) {
@@ -317,33 +290,7 @@ where
             halves.convert_to_f32_slice(&mut out);
             out
         }
-        Err(_) => decode(bytes, |b: [u8; 2]| {
-            H::from_bits(u16::from_le_bytes(b)).to_f32()
-        }),
-    }
-}
-
-/// The per-element conversion of a half type, for unaligned bytes.
-trait HalfToF32: Sized {
-    fn from_bits(bits: u16) -> Self;
-    fn to_f32(self) -> f32;
-}
-
-impl HalfToF32 for f16 {
-    fn from_bits(bits: u16) -> Self {
-        f16::from_bits(bits)
-    }
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-}
-
-impl HalfToF32 for bf16 {
-    fn from_bits(bits: u16) -> Self {
-        bf16::from_bits(bits)
-    }
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
+        Err(_) => decode(bytes, one),
     }
 }
 

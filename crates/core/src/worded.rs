@@ -1,17 +1,11 @@
 //! Report types declared once: `worded!` (an enum with data: its codes, and its JSON as `{code, text, fields}`) and `reported!` (a struct whose JSON adds what it computes), with the field serializers they name.
 //!
-//! NOTE: serde's derive cannot add a key that is no field (an enum's `text`,
-//! a report's `gib_per_s`), and `#[serde(remote = "Self")]` would give each
-//! type a public `serialize` function. So each macro derives `Serialize` on
-//! a private twin it writes from the one declaration: the twin borrows the
-//! fields and carries the extra keys.
+//! NOTE: serde's derive cannot add a key that is no field (an enum's `text`, a report's
+//! `gib_per_s`), so each macro derives `Serialize` on a private twin that borrows the fields.
 
-/// Declares a report enum with data: the enum as written, `as_str` from
-/// each variant's `= "code"`, and (feature `serde`) its JSON, an object of
-/// its `code`, its `text` (`Display`) and its fields by name. A field's
-/// `=> key = "fn"` is a serde attribute of its JSON only (`serialize_with`).
-/// Exported for the workspace's plug-in crates (whose reports are the
-/// same kind of data); not part of the API.
+/// Declares a report enum with data: the enum, `as_str` from each variant's `= "code"`, and
+/// (feature `serde`) its JSON: `code`, `text` (`Display`) and its fields. A field's
+/// `=> key = "fn"` is a serde attribute of its JSON only. Exported for the plug-in crates.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! worded {
@@ -83,10 +77,8 @@ macro_rules! worded {
     };
 }
 
-/// Declares a report struct: the struct as written and (feature `serde`)
-/// its JSON, its fields by name and then each value it computes, under its
-/// method's name (`computed { gib_per_s: Option<f64> }`). A field's
-/// `=> key = "fn"` is a serde attribute of its JSON only.
+/// Declares a report struct and (feature `serde`) its JSON: its fields, then each value it
+/// computes under its method's name (`computed { gib_per_s: Option<f64> }`).
 macro_rules! reported {
     (
         $(#[$attr:meta])*
@@ -124,8 +116,7 @@ macro_rules! reported {
     };
 }
 
-/// A path in JSON: its text, lossy where it is not UTF-8 (serde's own
-/// serializer refuses such a path, and with it the whole report).
+/// A path in JSON: its text, lossy where not UTF-8 (serde's own refuses the whole report).
 #[cfg(feature = "serde")]
 pub fn path_text<S: serde::Serializer>(
     path: &std::path::Path,
@@ -146,8 +137,7 @@ pub fn maybe_path_text<S: serde::Serializer>(
     }
 }
 
-/// Paths by name in JSON: an object of each path's text (as [`path_text`]
-/// writes it), or `null`.
+/// Paths by name in JSON: an object of each path's text, or `null`.
 #[cfg(feature = "serde")]
 pub(crate) fn path_map<S: serde::Serializer>(
     map: &std::collections::BTreeMap<String, Option<std::path::PathBuf>>,

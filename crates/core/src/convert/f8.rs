@@ -1,9 +1,7 @@
 //! Exact conversion of the 8-bit floats by table: 256 entries per target,
 //! built at compile time.
 //!
-//! Every F8_E4M3 and F8_E5M2 value is exactly representable in F32, F16 and
-//! BF16 (3 or 2 mantissa bits; exponents from 2^-16 to 2^15), so a table
-//! lookup is the whole conversion: no rounding, no overflow.
+//! Every F8_E4M3 and F8_E5M2 value is exact in F32, F16 and BF16: no rounding, no overflow.
 
 use super::kernel::{self, Target};
 
@@ -12,9 +10,7 @@ use super::kernel::{self, Target};
 struct Layout {
     exponent_bits: u32,
     mantissa_bits: u32,
-    /// The "FN" variant (finite, NaN): no infinities, and only S.1111.111 is
-    /// NaN, so the top exponent holds ordinary values. Otherwise the top
-    /// exponent is infinity (mantissa 0) or NaN, as in IEEE 754.
+    /// The "FN" variant: no infinities, only S.1111.111 is NaN. Otherwise as IEEE 754.
     finite_only: bool,
 }
 
@@ -43,8 +39,7 @@ pub(super) static E4M3: Tables = Tables::build(E4M3_LAYOUT);
 pub(super) static E5M2: Tables = Tables::build(E5M2_LAYOUT);
 
 impl Tables {
-    // Only evaluated for the statics above, at compile time: an index out of
-    // bounds would fail the build, it cannot panic at run time.
+    // Only evaluated at compile time: an index out of bounds would fail the build.
     #[allow(clippy::indexing_slicing)]
     const fn build(layout: Layout) -> Tables {
         let mut tables = Tables {
@@ -56,8 +51,7 @@ impl Tables {
         while byte < 256 {
             let bits = to_f32_bits(byte as u8, layout);
             tables.f32[byte] = bits;
-            // Exact values: any correct conversion gives the same bits, and
-            // `half`'s const ones keep a NaN a NaN.
+            // Exact values: `half`'s const conversions give the bits and keep a NaN a NaN.
             let value = f32::from_bits(bits);
             tables.f16[byte] = half::f16::from_f32_const(value).to_bits();
             tables.bf16[byte] = half::bf16::from_f32_const(value).to_bits();
@@ -66,20 +60,14 @@ impl Tables {
         tables
     }
 
-    fn f16(&self, byte: u8) -> u16 {
-        self.f16.get(usize::from(byte)).copied().unwrap_or_default()
-    }
-
-    fn bf16(&self, byte: u8) -> u16 {
-        self.bf16
-            .get(usize::from(byte))
-            .copied()
-            .unwrap_or_default()
-    }
-
     fn f32(&self, byte: u8) -> u32 {
         self.f32.get(usize::from(byte)).copied().unwrap_or_default()
     }
+}
+
+/// `table`'s entry for `byte`.
+fn at(table: &[u16; 256], byte: u8) -> u16 {
+    table.get(usize::from(byte)).copied().unwrap_or_default()
 }
 
 /// The F32 bits of one 8-bit float.
@@ -106,8 +94,7 @@ const fn to_f32_bits(byte: u8, layout: Layout) -> u32 {
         if mantissa == 0 {
             return sign;
         }
-        // A subnormal, mantissa * 2^(1 - bias - m_bits), is normal in F32:
-        // move its leading one (bit `lead`) to the implicit position.
+        // A subnormal is normal in F32: its leading one (bit `lead`) becomes the implicit one.
         let lead = 31 - mantissa.leading_zeros();
         let f32_exponent = 127 + 1 - bias - m_bits + lead;
         let fraction = (mantissa << (23 - lead)) & 0x007F_FFFF;
@@ -119,18 +106,17 @@ const fn to_f32_bits(byte: u8, layout: Layout) -> u32 {
 /// Converts a block of 8-bit floats into `target` elements in `dst`.
 pub(super) fn convert(tables: &Tables, target: Target, src: &[u8], dst: &mut [u8]) {
     match target {
-        Target::F32 => match kernel::cast_mut::<u32>(dst) {
-            Some(out) => fill(out, src, |b| tables.f32(b)),
-            None => kernel::write_le(src.iter().map(|b| tables.f32(*b)), dst),
-        },
-        Target::F16 => match kernel::cast_mut::<u16>(dst) {
-            Some(out) => fill(out, src, |b| tables.f16(b)),
-            None => kernel::write_le(src.iter().map(|b| tables.f16(*b)), dst),
-        },
-        Target::BF16 => match kernel::cast_mut::<u16>(dst) {
-            Some(out) => fill(out, src, |b| tables.bf16(b)),
-            None => kernel::write_le(src.iter().map(|b| tables.bf16(*b)), dst),
-        },
+        Target::F32 => put(dst, src, |b| tables.f32(b)),
+        Target::F16 => put(dst, src, |b| at(&tables.f16, b)),
+        Target::BF16 => put(dst, src, |b| at(&tables.bf16, b)),
+    }
+}
+
+/// Writes `f` of each byte into `dst`: in place where aligned, else byte by byte.
+fn put<T: kernel::LeBytes + bytemuck::Pod>(dst: &mut [u8], src: &[u8], f: impl Fn(u8) -> T) {
+    match kernel::cast_mut::<T>(dst) {
+        Some(out) => fill(out, src, f),
+        None => kernel::write_le(src.iter().map(|b| f(*b)), dst),
     }
 }
 

@@ -1,11 +1,9 @@
 //! The block loop behind [`convert`](super::convert): decode a block of source
 //! elements, encode it into the target, count what overflowed.
 //!
-//! Every conversion but the 8-bit ones goes through `f32`, which holds every
-//! F16 and BF16 value exactly and is what `half`'s vectorised conversions
-//! take and give. A block is small enough to stay in the L1 cache between
-//! its passes (decode, encode, overflow scan), and the scratch buffers live
-//! on the stack, so a conversion allocates nothing.
+//! Every conversion but the 8-bit ones goes through `f32` (exact for F16 and BF16, what
+//! `half`'s vectorised conversions take); a block stays in L1 between its passes, and the
+//! scratch lives on the stack.
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -15,9 +13,8 @@ use super::f8;
 
 /// Elements per block.
 ///
-/// NOTE: no size from 256 to 4096 stood out; 2048 keeps the scratch at
-/// 12 KiB of stack, and the per-block dispatch costs nanoseconds against
-/// microseconds of work (BENCHMARKS.md, "convert/kernel.rs: BLOCK").
+/// NOTE: no size from 256 to 4096 stood out; 2048 keeps the scratch at 12 KiB of stack
+/// (BENCHMARKS.md, "convert/kernel.rs: BLOCK").
 pub(super) const BLOCK: usize = 2048;
 
 /// A source dtype [`convert`](super::convert) reads.
@@ -96,24 +93,20 @@ impl Target {
         })
     }
 
+    /// The same dtype as a source: its size, largest finite value and infinities.
+    fn source(self) -> Source {
+        match self {
+            Target::F32 => Source::F32,
+            Target::F16 => Source::F16,
+            Target::BF16 => Source::BF16,
+        }
+    }
+
     pub(super) fn size(self) -> usize {
-        match self {
-            Target::F32 => 4,
-            Target::F16 | Target::BF16 => 2,
-        }
+        self.source().size()
     }
 
-    /// The largest finite value.
-    fn max_finite(self) -> f64 {
-        match self {
-            Target::F32 => f64::from(f32::MAX),
-            Target::F16 => f64::from(f16::MAX),
-            Target::BF16 => f64::from(bf16::MAX),
-        }
-    }
-
-    /// Whether a block holds an infinity or a NaN: a cheaper scan than the
-    /// count (no widening accumulator), which the common block then skips.
+    /// Whether a block holds an infinity or a NaN: cheaper than the count, which most skip.
     fn any_non_finite(self, dst: &[u8]) -> bool {
         match self {
             Target::F32 => any(dst, |b: [u8; 4]| {
@@ -123,17 +116,6 @@ impl Target {
             Target::BF16 => any(dst, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7FFF >= BF16_INF),
         }
     }
-
-    /// How many elements of a block are infinite.
-    fn count_infinities(self, dst: &[u8]) -> u64 {
-        match self {
-            Target::F32 => count(dst, |b: [u8; 4]| {
-                u32::from_le_bytes(b) & 0x7FFF_FFFF == 0x7F80_0000
-            }),
-            Target::F16 => count(dst, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7FFF == F16_INF),
-            Target::BF16 => count(dst, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7FFF == BF16_INF),
-        }
-    }
 }
 
 /// The bits of F16 +inf.
@@ -141,12 +123,9 @@ const F16_INF: u16 = 0x7C00;
 /// The bits of BF16 +inf.
 const BF16_INF: u16 = 0x7F80;
 
-/// Converts `src` (whole `source` elements) into `dst` (exactly as many
-/// `target` elements) and returns how many finite values overflowed.
+/// Converts `src` into `dst` (as many elements) and returns how many finite values overflowed.
 pub(super) fn run(source: Source, target: Target, src: &[u8], dst: &mut [u8]) -> u64 {
-    // Only a source with finite values beyond the target's range can
-    // overflow; for the others the scan is skipped altogether.
-    let can_overflow = source.max_finite() > target.max_finite();
+    let can_overflow = source.max_finite() > target.source().max_finite();
     let mut scratch = Scratch {
         values: [0.0; BLOCK],
         halves: [0; BLOCK],
@@ -175,8 +154,7 @@ fn convert_block(source: Source, target: Target, src: &[u8], dst: &mut [u8], s: 
     match (source, target) {
         (Source::F8E4M3, target) => f8::convert(&f8::E4M3, target, src, dst),
         (Source::F8E5M2, target) => f8::convert(&f8::E5M2, target, src, dst),
-        // Widening to F32: decode straight into the destination when it is
-        // aligned, sparing a copy of the block.
+        // Widening to F32: decode straight into an aligned destination.
         (source, Target::F32) => match cast_mut::<f32>(dst) {
             Some(out) => decode_f32(source, src, out, &mut s.halves),
             None => {
@@ -191,30 +169,22 @@ fn convert_block(source: Source, target: Target, src: &[u8], dst: &mut [u8], s: 
     }
 }
 
-/// Counts the values of a block that were finite in `src` and are infinite
-/// in `dst`.
+/// Counts the values of a block that were finite in `src` and are infinite in `dst`: infinities
+/// map to infinities, so the difference of the two counts is the overflows.
 ///
-/// A conversion maps infinities to infinities, NaNs to NaNs and finite
-/// values to finite values or infinities, so the difference of the two
-/// counts is exactly the overflows. The destination block is still in the
-/// cache and seldom holds an infinity or a NaN, so it is mostly checked, not
-/// counted, and the source is rarely scanned.
-///
-/// NOTE: checking for a non-finite value costs a fraction of counting
-/// infinities, which costs more than the conversion itself (BENCHMARKS.md,
-/// "convert/kernel.rs: overflow_in_block").
+/// NOTE: checking for a non-finite value costs a fraction of counting infinities, which costs
+/// more than the conversion (BENCHMARKS.md, "convert/kernel.rs: overflow_in_block").
 fn overflow_in_block(source: Source, target: Target, src: &[u8], dst: &[u8]) -> u64 {
     if !target.any_non_finite(dst) {
         return 0;
     }
-    match target.count_infinities(dst) {
+    match target.source().count_infinities(dst) {
         0 => 0,
         out => out.saturating_sub(source.count_infinities(src)),
     }
 }
 
-/// Decodes a block into `values` (borrowed straight from `src` for aligned
-/// F32) and returns the decoded part.
+/// Decodes a block into `values` (or borrows aligned F32) and returns the decoded part.
 fn decode_f32_block<'a>(
     source: Source,
     src: &'a [u8],
@@ -232,8 +202,7 @@ fn decode_f32_block<'a>(
     values
 }
 
-/// Decodes `src` into `out`, one `f32` per element (`out` has one slot per
-/// element; `stage` at least as many).
+/// Decodes `src` into `out`, one `f32` per element (`stage` at least as long).
 fn decode_f32(source: Source, src: &[u8], out: &mut [f32], stage: &mut [u16]) {
     match source {
         // `as` rounds to nearest even and overflows to infinity.
@@ -245,8 +214,7 @@ fn decode_f32(source: Source, src: &[u8], out: &mut [f32], stage: &mut [u16]) {
                 halves.convert_to_f32_slice(out);
             }
         }
-        // BF16 is the upper half of an F32: widening is a shift, exact for
-        // every pattern (NaN payloads included).
+        // BF16 is the upper half of an F32: widening is a shift, exact for every pattern.
         Source::BF16 => {
             let halves: &[u16] = read_halves(src, stage);
             for (o, h) in out.iter_mut().zip(halves) {
@@ -274,17 +242,11 @@ fn encode_f32(target: Target, values: &[f32], dst: &mut [u8], stage: &mut [u16; 
     }
 }
 
-/// Encodes `values` as 16-bit floats `H` with `half`'s slice conversion:
-/// straight into `dst` when it is aligned, otherwise into `stage` and then
-/// copied, so that the conversion stays vectorised.
+/// Encodes `values` as 16-bit floats `H` with `half`'s slice conversion (round to nearest
+/// even, overflow to infinity): into `dst` when aligned, else staged, to stay vectorised.
 ///
-/// Both of `half`'s conversions round to nearest even and overflow to
-/// infinity (the tests check it). F32 to F16 uses F16C or NEON where the CPU
-/// has it; F32 to BF16 is a plain loop.
-///
-/// NOTE: branch-free conversions of our own were measured and rejected: no
-/// faster than `half`'s loop for BF16, far slower than its F16C path for F16
-/// (BENCHMARKS.md, "convert/kernel.rs: encode_halves").
+/// NOTE: branch-free conversions of our own were no faster (BENCHMARKS.md,
+/// "convert/kernel.rs: encode_halves").
 fn encode_halves<H>(values: &[f32], dst: &mut [u8], stage: &mut [u16; BLOCK])
 where
     H: bytemuck::Pod,
@@ -303,8 +265,7 @@ where
     }
 }
 
-/// `half`'s slice conversion over the common length of `values` and `out`,
-/// so that its length assertion cannot fire.
+/// `half`'s slice conversion over the common length, so that its assertion cannot fire.
 fn convert_from_f32<H>(values: &[f32], out: &mut [H])
 where
     [H]: HalfFloatSliceExt,
@@ -315,8 +276,7 @@ where
     }
 }
 
-/// The 16-bit elements of `src` as `H`: borrowed when aligned, otherwise
-/// copied into `stage` so that the vectorised conversion still applies.
+/// The 16-bit elements of `src` as `H`: borrowed when aligned, else copied into `stage`.
 fn read_halves<'a, H: bytemuck::Pod>(src: &'a [u8], stage: &'a mut [u16]) -> &'a [H] {
     if let Some(halves) = cast::<H>(src) {
         return halves;
@@ -328,8 +288,7 @@ fn read_halves<'a, H: bytemuck::Pod>(src: &'a [u8], stage: &'a mut [u16]) -> &'a
     bytemuck::try_cast_slice(staged).unwrap_or_default()
 }
 
-/// `bytes` as a slice of `T`, when they are aligned for it (and the machine
-/// is little-endian, so that the bytes are `T`'s own representation).
+/// `bytes` as a slice of `T`, when aligned for it on a little-endian machine.
 fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> Option<&[T]> {
     if cfg!(target_endian = "little") {
         bytemuck::try_cast_slice(bytes).ok()
@@ -369,16 +328,14 @@ fn count<const N: usize>(bytes: &[u8], f: impl Fn([u8; N]) -> bool) -> u64 {
         .sum()
 }
 
-/// Whether `f` holds for any `N`-byte element of `bytes`. A fold rather than
-/// `Iterator::any`, whose early exit would keep the loop scalar.
+/// Whether `f` holds for any `N`-byte element: a fold, as `any`'s early exit stays scalar.
 fn any<const N: usize>(bytes: &[u8], f: impl Fn([u8; N]) -> bool) -> bool {
     bytes
         .chunks_exact(N)
         .fold(false, |found, chunk| found | f(le(chunk)))
 }
 
-/// A chunk of `chunks_exact(N)` as an array (always exactly `N` bytes; the
-/// fallback only keeps the conversion free of a panic path).
+/// A chunk of `chunks_exact(N)` as an array (the fallback only keeps a panic path out).
 fn le<const N: usize>(chunk: &[u8]) -> [u8; N] {
     <[u8; N]>::try_from(chunk).unwrap_or([0; N])
 }
@@ -389,16 +346,15 @@ pub(super) trait LeBytes: Copy {
     fn write_le(self, chunk: &mut [u8]);
 }
 
-impl LeBytes for u16 {
-    const SIZE: usize = 2;
-    fn write_le(self, chunk: &mut [u8]) {
-        chunk.copy_from_slice(&self.to_le_bytes());
-    }
+macro_rules! le_bytes {
+    ($($ty:ty),*) => {$(
+        impl LeBytes for $ty {
+            const SIZE: usize = size_of::<$ty>();
+            fn write_le(self, chunk: &mut [u8]) {
+                chunk.copy_from_slice(&self.to_le_bytes());
+            }
+        }
+    )*};
 }
 
-impl LeBytes for u32 {
-    const SIZE: usize = 4;
-    fn write_le(self, chunk: &mut [u8]) {
-        chunk.copy_from_slice(&self.to_le_bytes());
-    }
-}
+le_bytes!(u16, u32);

@@ -4,15 +4,11 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-use super::{Error, ErrorKind, Inner, Operation};
+use super::{Error, ErrorKind, Operation};
 
-/// Why a remote checkpoint's request failed ([`ErrorKind::Remote`]), as data:
-/// what an engine branches on (ask for a token, fall back to another
-/// revision, retry later, go offline) without reading the message. New
-/// kinds may be added.
-///
-/// [`Error::remote_failure`] gives it; `Display` gives its words, which
-/// the error's message opens with.
+/// Why a remote checkpoint's request failed ([`ErrorKind::Remote`]), as data an engine branches
+/// on (ask for a token, retry later, go offline). New kinds may be added; `Display` gives the
+/// words the error's message opens with.
 ///
 /// ```
 /// use safeload::RemoteFailure;
@@ -39,63 +35,45 @@ use super::{Error, ErrorKind, Inner, Operation};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RemoteFailure {
-    /// The hub has no such repository (`X-Error-Code: RepoNotFound`; the
-    /// hub answers so, with 401, for a private repository the token cannot
-    /// see).
+    /// The hub has no such repository (also a private one the token cannot see).
     RepositoryNotFound,
-    /// The repository has no such revision: branch, tag or commit
-    /// (`X-Error-Code: RevisionNotFound`).
+    /// The repository has no such revision: branch, tag or commit.
     RevisionNotFound,
-    /// No such file: a file of the repository at the commit (a shard the
-    /// index names, `X-Error-Code: EntryNotFound`), or an object of a store
-    /// or server (404).
+    /// No such file of the repository at the commit, or object of a store or server (404).
     FileNotFound,
-    /// The credentials do not allow it (401 or 403): none given, or one the
-    /// hub or store refuses (`HF_TOKEN`, `AWS_*`).
+    /// The credentials (`HF_TOKEN`, `AWS_*`) do not allow it, or none were given (401, 403).
     Unauthorized,
-    /// The repository is gated (`X-Error-Code: GatedRepo`, 401 or 403): its
-    /// terms are to be accepted, or access asked, on the hub, with the
-    /// account of the token.
+    /// The repository is gated: its terms are to be accepted on the hub by the token's account.
     Gated,
-    /// `HF_HUB_OFFLINE=1` forbids asking the hub, and the hub cache lacks
-    /// what the load needs (the revision's ref, a file, a digest to verify
-    /// against).
+    /// `HF_HUB_OFFLINE=1` forbids asking the hub, and the hub cache lacks what the load needs.
     OfflineNotCached,
-    /// The hub cannot be reached: the connection refused, its name not
-    /// resolved, no answer before the deadline
-    /// (`SAFELOAD_REMOTE_STALL_SECS`, the request's timeout). A cache that
-    /// has the revision's ref is used instead, where there is one.
+    /// The hub cannot be reached: refused, not resolved, or no answer in time (a cache with the
+    /// revision's ref is used instead, where there is one).
     Unreachable,
-    /// An answer that began stopped moving (less than 64 KiB in
-    /// `SAFELOAD_REMOTE_STALL_SECS`), and so did its retry.
+    /// An answer stopped moving (`SAFELOAD_REMOTE_STALL_SECS`), and so did its retry.
     Stalled,
     /// Every retry failed (5xx, resets, short bodies, timeouts of a store).
     Failed,
-    /// The object is not the version opened: `If-Match` refused (412),
-    /// another length, or an answer for another commit than the one asked.
+    /// The object is not the version opened (`If-Match` refused, another length or commit).
     Changed,
-    /// The server answered other than it must (no commit named, a body
-    /// other than asked for, more bytes than a file may have).
+    /// The server answered other than it must (no commit named, another body, too many bytes).
     Protocol,
     /// The load was cancelled while the request was in flight.
     Cancelled,
     /// The client of the store could not be set up from the environment.
     Config,
-    /// Not something this build or this call does: a remote address
-    /// without the cargo feature `remote`, `?with=` with the hub cache off,
-    /// a remote checkpoint given to `warm`.
+    /// Not something this build or call does (a remote address without the feature `remote`,
+    /// `?with=` with the hub cache off, a remote checkpoint given to `warm`).
     Unsupported,
 }
 
 impl RemoteFailure {
-    /// A stable code to log or branch on: the variant's name in
-    /// `snake_case` (`repository_not_found`, `offline_not_cached`, ...).
+    /// A stable code to log or branch on: the variant's name in `snake_case`.
     pub fn as_str(self) -> &'static str {
         self.table().0
     }
 
-    /// The code, the words, and the I/O kind [`Error::io_error`] carries:
-    /// one row per kind.
+    /// The code, the words, and the I/O kind [`Error::io_error`] carries.
     fn table(self) -> (&'static str, &'static str, io::ErrorKind) {
         use io::ErrorKind as Io;
         match self {
@@ -153,8 +131,7 @@ impl RemoteFailure {
         self.table().2
     }
 
-    /// Whether something asked for does not exist (see
-    /// [`Error::is_not_found`]).
+    /// Whether something asked for does not exist ([`Error::is_not_found`]).
     pub(super) fn is_not_found(self) -> bool {
         self.io_kind() == io::ErrorKind::NotFound
     }
@@ -167,10 +144,8 @@ impl fmt::Display for RemoteFailure {
 }
 
 impl Error {
-    /// Why a remote request failed, for [`ErrorKind::Remote`]; `None` for
-    /// every other kind (a local file's error, a checkpoint that breaks the
-    /// format, an address refused before any request:
-    /// [`ErrorKind::BadAddress`]).
+    /// Why a remote request failed, for [`ErrorKind::Remote`]; `None` for every other kind
+    /// ([`ErrorKind::BadAddress`] included).
     pub fn remote_failure(&self) -> Option<RemoteFailure> {
         match &self.0.kind {
             ErrorKind::Remote { failure, .. } => Some(*failure),
@@ -178,8 +153,7 @@ impl Error {
         }
     }
 
-    /// A remote failure (see [`ErrorKind::Remote`]) on `url`: its reason the
-    /// failure's words, then `detail` where there is one.
+    /// A remote failure on `url`: its reason the failure's words, then `detail`, if any.
     pub fn remote_failed(
         operation: Operation,
         url: impl Into<PathBuf>,
@@ -195,9 +169,7 @@ impl Error {
         Error::remote_with(operation, url.into(), range, failure, reason)
     }
 
-    /// A remote failure known by its I/O kind, `reason` its whole message:
-    /// the failure is the kind's (`NotFound` a missing file,
-    /// `PermissionDenied` a refusal, `InvalidData` an unexpected answer).
+    /// A remote failure known by its I/O kind, `reason` its whole message.
     pub fn remote(
         operation: Operation,
         url: impl Into<PathBuf>,
@@ -217,20 +189,16 @@ impl Error {
         reason: String,
     ) -> Error {
         let source = io::Error::new(failure.io_kind(), reason.clone());
-        Error(Box::new(Inner {
-            kind: ErrorKind::Remote {
-                operation,
-                range,
-                failure,
-                reason,
-            },
-            path: Some(url),
-            source: Some(source),
-        }))
+        let kind = ErrorKind::Remote {
+            operation,
+            range,
+            failure,
+            reason,
+        };
+        Error::make(kind, Some(url), Some(source))
     }
 
-    /// An address that is not one the crate reads ([`ErrorKind::BadAddress`]):
-    /// `shown` is the address as it may be shown (no credentials).
+    /// An address the crate does not read; `shown` is the address without credentials.
     pub fn bad_address(shown: impl Into<PathBuf>, reason: impl Into<String>) -> Error {
         let reason = reason.into();
         Error::new(ErrorKind::BadAddress { reason }, shown)

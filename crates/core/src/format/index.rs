@@ -9,18 +9,14 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 /// A parsed `*.safetensors.index.json`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Index {
-    /// The `metadata` object, if any: strings as they are, other values
-    /// (numbers such as `total_size`) as their JSON text.
+    /// The `metadata` object: strings as they are, other values as their JSON text.
     pub metadata: Option<BTreeMap<String, String>>,
     /// `weight_map`: tensor name -> shard name, in the order written.
     pub weight_map: Vec<(String, String)>,
 }
 
-/// A shard name from an index is accepted only if it names a file directly
-/// inside the checkpoint directory: not empty, not `.` or `..`, no path
-/// separator (either kind), no NUL, not absolute. Symlinks *at* that name are
-/// followed (Hugging Face cache snapshots link every file into `blobs/`); only
-/// the name itself is confined.
+/// Whether a shard name names a file directly inside the checkpoint directory. Symlinks *at*
+/// that name are followed (hub cache snapshots link every file into `blobs/`).
 pub(crate) fn is_plain_file_name(name: &str) -> bool {
     !name.is_empty()
         && name != "."
@@ -29,14 +25,10 @@ pub(crate) fn is_plain_file_name(name: &str) -> bool {
         && !Path::new(name).is_absolute()
 }
 
-/// Parses the bytes of an index file. Pure: no I/O.
-///
-/// Errors (as a message) on anything that is not
-/// `{"metadata": {...}?, "weight_map": {"tensor": "shard", ...}}`. A tensor
-/// written twice in `weight_map` is kept twice, for the caller to refuse.
+/// Parses the bytes of an index file: `{"metadata": {..}?, "weight_map": {"tensor": "shard"}}`.
+/// A tensor written twice is kept twice, for the caller to refuse.
 pub(crate) fn parse_index(bytes: &[u8]) -> std::result::Result<Index, String> {
-    // JSON text is UTF-8 (RFC 8259 §8.1); the parser checks only what it
-    // keeps, so check all of it.
+    // JSON text is UTF-8 (RFC 8259 §8.1); the parser checks only what it keeps.
     std::str::from_utf8(bytes)
         .map_err(|e| format!("not UTF-8, as JSON text must be (unicode, RFC 8259): {e}"))?;
     // A derived struct would also accept a JSON array of its fields.
@@ -70,9 +62,7 @@ struct RawIndex {
     weight_map: Option<OrderedPairs>,
 }
 
-/// A JSON object of string values kept in written order, duplicates
-/// included (a plain map would silently keep the last of two entries; the
-/// caller refuses them by name).
+/// A JSON object of strings in written order, duplicates kept (the caller refuses them).
 struct OrderedPairs(Vec<(String, String)>);
 
 impl<'de> serde::Deserialize<'de> for OrderedPairs {
@@ -87,7 +77,7 @@ impl<'de> serde::Deserialize<'de> for OrderedPairs {
                 self,
                 mut map: A,
             ) -> std::result::Result<Self::Value, A::Error> {
-                let mut pairs: Vec<(String, String)> = Vec::new();
+                let mut pairs = Vec::new();
                 while let Some(pair) = map.next_entry::<String, String>()? {
                     pairs.push(pair);
                 }

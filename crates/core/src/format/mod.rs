@@ -1,25 +1,17 @@
 //! The checkpoint formats, parsed from bytes and never from files: the safetensors header, the sharded index, and the names a checkpoint gives them.
-//!
-//! Pure, so that every check is exercised by unit tests, property tests and
-//! the fuzz targets alike; `resolve`, `remote` and `file` do the I/O around
-//! it, local or remote, with the same names and limits.
 
 pub mod header;
 pub(crate) mod index;
 
-/// The file name of a single-file checkpoint in a directory (or under a
-/// remote prefix).
+/// The file name of a single-file checkpoint in a directory (or under a remote prefix).
 pub const SINGLE_FILE: &str = "model.safetensors";
-/// The file name of a sharded checkpoint's index in a directory (or under a
-/// remote prefix).
+/// The file name of a sharded checkpoint's index in a directory (or under a remote prefix).
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
-/// Indexes of real checkpoints are a few MiB; a larger one is refused before
-/// it is read, so that a hostile file cannot make us allocate without bound.
+/// The largest index read: real ones are a few MiB; a hostile one must not allocate unbounded.
 pub const MAX_INDEX_BYTES: u64 = 100_000_000;
 
-/// The bytes a tensor of `dtype` and `shape` takes: `None` where the count
-/// overflows or does not end on a byte boundary (a packed dtype cut inside a
-/// byte), which no valid header has.
+/// The bytes a tensor of `dtype` and `shape` takes: `None` where the count overflows or does
+/// not end on a byte boundary, which no valid header has.
 pub(crate) fn byte_len(dtype: safetensors::Dtype, shape: &[usize]) -> Option<u64> {
     let bits = shape
         .iter()
@@ -28,8 +20,7 @@ pub(crate) fn byte_len(dtype: safetensors::Dtype, shape: &[usize]) -> Option<u64
     (bits % 8 == 0).then_some(bits / 8)
 }
 
-/// Whether `dtype` is a floating-point type: the IEEE and bfloat types, the
-/// F8, F6 and F4 variants, and the complex C64.
+/// Whether `dtype` is a floating-point type (the F8, F6, F4 variants and C64 included).
 pub(crate) fn is_float(dtype: safetensors::Dtype) -> bool {
     use safetensors::Dtype::*;
     matches!(

@@ -7,9 +7,7 @@ use super::reason::{DirectIo, Fallback, Reason, auto_rule};
 use super::{Origin, ReadMode, Strategy};
 use crate::mount::{Mount, MountKind};
 
-/// How one file is read, and why: the rule that chose, what changed the
-/// choice afterwards, and whether direct I/O was used. Rendered to words
-/// once, by its `Display` in `report.rs`.
+/// How one file is read, and why: the rule, what changed the choice, direct I/O.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FileDecision {
     pub strategy: Strategy,
@@ -23,8 +21,7 @@ pub(crate) struct FileDecision {
 }
 
 impl FileDecision {
-    /// Whether the memory guard may map this file instead of reading it:
-    /// only where the auto policy chose to read it.
+    /// Whether the memory guard may map this file: only where the auto policy chose to read it.
     pub(crate) fn switchable(&self) -> bool {
         self.mode == ReadMode::Auto
             && self.strategy == Strategy::Buffered
@@ -71,10 +68,8 @@ impl FileDecision {
     }
 }
 
-/// What the auto policy does with a file on a mount: how it reads it and
-/// why, whether buffered reads bypass the page cache (for a file not
-/// already in it), and whether it prefetches before mapping (for a cold
-/// file, when prefetch is left unset).
+/// What the auto policy does with a file on a mount: how it reads it and why, whether with
+/// direct I/O, and whether it prefetches before mapping.
 ///
 /// ```
 /// use safeload::mount::{MountTable, lookup_in};
@@ -96,17 +91,14 @@ pub struct AutoPolicy {
     pub strategy: Strategy,
     /// Why, in words (what a load's report says).
     pub reason: String,
-    /// Whether buffered reads use `O_DIRECT` for a file not mostly in the
-    /// page cache.
+    /// Whether buffered reads use `O_DIRECT` for a file not mostly in the page cache.
     pub direct_io: bool,
     /// Prefetch streams before mapping a cold file; `None`: no prefetch.
     pub prefetch_streams: Option<usize>,
 }
 
 impl Mount {
-    /// What the auto policy does with a file on this mount (see
-    /// [`AutoPolicy`]): the same decision a load makes with every option
-    /// unset and no `SAFELOAD_*` variable.
+    /// What the auto policy does with a file on this mount, with every option unset.
     #[doc(hidden)]
     pub fn auto_policy(&self) -> AutoPolicy {
         let decision = choose(ReadMode::Auto, Origin::Default, Some(self));
@@ -140,8 +132,7 @@ pub(crate) fn choose(mode: ReadMode, origin: Origin, mount: Option<&Mount>) -> F
     }
 }
 
-/// Decides how to read a remote object: buffered, by ranged requests,
-/// whatever the mode (there is no file to map).
+/// Decides how to read a remote object: buffered whatever the mode (no file to map).
 pub(crate) fn choose_remote(mode: ReadMode, origin: Origin) -> FileDecision {
     FileDecision {
         strategy: Strategy::Buffered,
@@ -150,17 +141,12 @@ pub(crate) fn choose_remote(mode: ReadMode, origin: Origin) -> FileDecision {
     }
 }
 
-/// Whether a buffered file's reads bypass the page cache: the caller's
-/// choice, else the filesystem's default for a file that is not already
-/// mostly in the page cache (`mostly_cached` is asked only then). Direct
-/// reads need a buffer laid out in whole blocks (`image`).
+/// Whether a buffered file's reads bypass the page cache: the caller's choice, else the
+/// filesystem's default for a file not mostly cached. Direct reads need a block-laid `image`.
 ///
-/// NOTE: on FUSE, page-cache reads reach the daemon as requests of at most
-/// 128 KiB (the kernel caps FUSE read-ahead), direct reads as 1 MiB ones; a
-/// cold local disk was faster direct too (BENCHMARKS.md, "policy/file.rs:
-/// wants_direct_io"). Warm files are read through the page cache (the
-/// residency check); kernel network filesystems, not measured, keep plain
-/// reads.
+/// NOTE: on FUSE, cached reads reach the daemon as requests of at most 128 KiB, direct ones
+/// as 1 MiB; a cold local disk was faster direct too (BENCHMARKS.md, "policy/file.rs:
+/// wants_direct_io"). Kernel network filesystems, not measured, keep plain reads.
 pub(crate) fn wants_direct_io(
     caller: Option<bool>,
     kind: Option<MountKind>,
@@ -176,12 +162,9 @@ pub(crate) fn wants_direct_io(
     image && caller.unwrap_or_else(by_default)
 }
 
-/// Whether a converting load (`Loader::dtype(to)`) converts a tensor of
-/// `from`, and if so the size of one converted element: floating tensors of
-/// the sources `convert` handles (F64, F32, F16, BF16, F8_E4M3, F8_E5M2)
-/// become `to` (F32, F16, BF16); integers, bools, other floating types (the
-/// FNUZ F8s, F8_E8M0, F4, F6, C64) and tensors already of `to` stay as they
-/// are, so that a converting load never fails on them.
+/// Whether a converting load (`Loader::dtype(to)`) converts a tensor of `from`, and if so the
+/// size of one converted element: only the floating types `convert` handles; the others stay
+/// as they are, so that a converting load never fails on them.
 pub fn converts_to(from: Dtype, to: Dtype) -> Option<usize> {
     let floating = matches!(
         from,

@@ -1,17 +1,10 @@
 //! The memory guard: which buffered files of a load fit in the memory available with a margin, the others mapped instead, and whether what stays buffered fits.
 
-/// Memory a load keeps free beyond the bytes its buffers take, for
-/// `files` buffered files of `bytes` in all: what the process itself needs
-/// meanwhile (headers, reader threads, page tables of the buffers, what other
-/// threads allocate), so that the guard's answer is a fallback or
-/// [`InsufficientMemory`](crate::ErrorKind::InsufficientMemory), never the
-/// OOM killer.
+/// Memory a load keeps free beyond its buffers' bytes (headers, threads, page tables), so that
+/// the guard's answer is a fallback or an error, never the OOM killer.
 ///
-/// NOTE: beyond what a load was measured to need under a cgroup limit
-/// (BENCHMARKS.md, "policy/guard.rs: memory_margin"), a transparent huge
-/// page can round each buffer up by 2 MiB, page tables take 1/512 of the
-/// bytes (8 bytes per 4 KiB page), and the caller's process has threads of
-/// its own: hence 32 MiB, plus 2 MiB per file, plus 1/512 of the bytes.
+/// NOTE: measured under a cgroup limit (BENCHMARKS.md, "policy/guard.rs: memory_margin"): a
+/// huge page rounds each buffer up by 2 MiB, page tables take 1/512 of the bytes.
 fn memory_margin(files: usize, bytes: u64) -> u64 {
     const FIXED: u64 = 32 << 20;
     const PER_FILE: u64 = 2 << 20;
@@ -33,11 +26,9 @@ pub(crate) struct MemoryVerdict {
     pub files: usize,
 }
 
-/// The memory guard, first half. Files the caller asked to read
-/// (`switchable` false) stay buffered; the others (the auto policy chose to
-/// read them) stay buffered in load order while they fit in `available`
-/// with the margin ([`memory_margin`]), and the rest are mapped instead.
-/// Files of `needed` 0 are not buffered and do not count.
+/// The memory guard, first half: files the caller asked to read stay buffered; the
+/// `switchable` ones stay buffered in load order while they fit, the rest are mapped instead.
+/// Files of 0 bytes do not count.
 pub(crate) fn memory_guard(files: &[(u64, bool)], available: Option<u64>) -> MemoryVerdict {
     let buffered = files.iter().filter(|&&(n, _)| n > 0);
     let total: u64 = buffered.clone().map(|&(n, _)| n).sum();
@@ -81,10 +72,8 @@ pub(crate) fn memory_guard(files: &[(u64, bool)], available: Option<u64>) -> Mem
     }
 }
 
-/// The memory guard, second half: the `files` buffered files of `bytes`
-/// still to be read after the switch must fit with the margin, else the
-/// load fails with the numbers (`Err((needed, available))`, margin
-/// included) rather than meet the OOM killer.
+/// The memory guard, second half: the buffered files still to be read must fit with the
+/// margin, else `Err((needed, available))`.
 pub fn memory_fits(files: usize, bytes: u64, available: Option<u64>) -> Result<(), (u64, u64)> {
     if files == 0 {
         return Ok(());

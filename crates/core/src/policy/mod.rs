@@ -1,11 +1,7 @@
 //! Every automatic decision of a load, made from facts passed in: how each file is read, whether with direct I/O, prefetch and its method, whether files are hashed; each with a typed reason (rendered to words once, in `report.rs`).
 //!
-//! `mod.rs` holds the modes a caller sets and the environment read once per
-//! load; `file.rs` the decisions about one file (strategy, direct I/O,
-//! conversion); `reads.rs` the reads in flight and their size; `guard.rs`
-//! the memory guard; `prefetch.rs` whether and how the page cache is
-//! warmed. Nothing here does I/O: the facts (mount, residency, memory) are
-//! passed in, so every rule is tested by tables.
+//! Nothing here does I/O: the facts (mount, residency, memory) are passed in, so every rule
+//! is tested by tables.
 
 use std::fmt;
 
@@ -44,29 +40,20 @@ pub use reason::{DirectIo, Fallback, Reason};
     serde(rename_all = "lowercase")
 )]
 pub enum Strategy {
-    /// A read-only shared memory map of the file: pages come from the page
-    /// cache on first touch, and are shared with every other process mapping
-    /// the file.
+    /// A read-only shared memory map of the file: pages come from the page cache on first
+    /// touch, shared with every other process mapping the file.
     ///
     /// # The mapped contract
     ///
-    /// A mapped tensor's bytes are the file's own pages: a safe
-    /// [`Tensor::as_bytes`](crate::Tensor::as_bytes) hands out a `&[u8]` of a
-    /// shared map. If another process rewrites the file *in place* while a
-    /// tensor maps it, those bytes change under the reference; if it
-    /// truncates the file, touching a page past the new end raises `SIGBUS`.
-    /// That is the hazard `memmap2` marks `unsafe`. The crate keeps loading
-    /// safe to call because checkpoints are published by writing a new file
-    /// and renaming it over the old (which leaves a mapped file intact),
-    /// checks every file's length against its header before handing out a
-    /// tensor, and with `Loader::populate` faults
-    /// maps in at load time, where a failed page is an error instead of a
-    /// signal. Where files may be rewritten or truncated in place, use
-    /// [`Buffered`](Self::Buffered) (`disable_mmap(true)`): its tensors are
-    /// memory the crate owns, sound whatever happens to the file.
+    /// A mapped tensor's bytes are the file's own pages
+    /// ([`Tensor::as_bytes`](crate::Tensor::as_bytes)): a file rewritten *in place* changes
+    /// them under the reference, and one truncated raises `SIGBUS` on a page past its end, the
+    /// hazard `memmap2` marks `unsafe`. Loading stays safe to call because checkpoints are
+    /// published by rename (which leaves a mapped file intact), every file's length is checked
+    /// against its header, and `Loader::populate` faults maps in at load time, where a failed
+    /// page is an error. Where files may change in place, use [`Buffered`](Self::Buffered).
     Mmap,
-    /// The tensors' bytes read into one private, page-aligned allocation with
-    /// large positional reads; no page faults on the file afterwards.
+    /// The tensors' bytes read into one private, page-aligned allocation.
     Buffered,
 }
 
@@ -80,16 +67,11 @@ impl fmt::Display for Strategy {
     }
 }
 
-/// How the caller wants files read.
-///
-/// `load_state_dict(path, disable_mmap)` maps onto it: `None` is `Auto`,
-/// `Some(true)` is `Buffered`, `Some(false)` is `Mmap`. `Auto` is exactly the
-/// same as leaving the mode unset: `SAFELOAD_DISABLE_MMAP` is honoured, then
-/// each file's filesystem decides.
+/// How the caller wants files read: `disable_mmap` `None` is `Auto`, `Some(true)` `Buffered`,
+/// `Some(false)` `Mmap`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ReadMode {
-    /// `SAFELOAD_DISABLE_MMAP` if set, else decide per file from its
-    /// filesystem (see the crate docs' policy table).
+    /// `SAFELOAD_DISABLE_MMAP` if set, else decide per file from its filesystem.
     #[default]
     Auto,
     /// Map every file ([`Strategy::Mmap`], whose contract applies).
@@ -109,26 +91,20 @@ impl ReadMode {
     }
 }
 
-/// The environment variable that overrides the auto choice: `1` reads
-/// buffered, `0` maps. An explicit builder call overrides it.
+/// The environment variable that overrides the auto choice: `1` reads buffered, `0` maps.
 pub const DISABLE_MMAP_ENV: &str = "SAFELOAD_DISABLE_MMAP";
 
-/// The job's identity, set by hand: what keys the local ranks' shared queue
-/// and their node copy (with the files and the chunk size), before any
-/// launcher's job id. Ranks of one job on a node must see the same value;
-/// two jobs, different ones.
+/// The job's identity, set by hand (before any launcher's job id): it keys the local ranks'
+/// shared queue and node copy, so ranks of one job must see the same value.
 pub(crate) const JOB_ID_ENV: &str = "SAFELOAD_JOB_ID";
 
-/// The environment, read once at the top of a load (or a prefetch) so that
-/// every decision of it sees the same values.
+/// The environment, read once per load so that every decision sees the same values.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Environment {
     vars: Vec<(&'static str, String)>,
 }
 
-/// Every variable a decision reads: the read mode, prefetch, the launchers'
-/// local ranks and job ids (public for the benchmarks, which clear them in
-/// the processes they start).
+/// Every variable a decision reads (public for the benchmarks, which clear them).
 pub const VARIABLES: &[&str] = &[
     DISABLE_MMAP_ENV,
     PREFETCH_ENV,
@@ -201,23 +177,18 @@ pub(crate) enum Origin {
     Default,
 }
 
-/// The environment variable that turns integrity checks on (`1`) or off
-/// (`0`) where the caller leaves `Loader::verify`
-/// unset.
+/// The environment variable that turns integrity checks on (`1`) or off (`0`) where the caller
+/// leaves `Loader::verify` unset.
 pub const VERIFY_ENV: &str = "SAFELOAD_VERIFY";
 
-/// Whether a load hashes its files: the caller's choice, else
-/// `SAFELOAD_VERIFY`, else only where a digest is expected
-/// ([`Loader::expect_sha256`](crate::Loader::expect_sha256)). Off by
-/// default: hashing reads every byte of a mapped file at load time.
+/// Whether a load hashes its files: the caller's choice, else `SAFELOAD_VERIFY`, else only where
+/// a digest is expected (hashing reads every byte of a mapped file).
 pub(crate) fn verify(caller: Option<bool>, env: &Environment, expected: bool) -> bool {
     caller.unwrap_or_else(|| env.get(VERIFY_ENV).and_then(switch).unwrap_or(expected))
 }
 
-/// The value of an on/off variable: `1`, `true`, `yes`, `on` is on; `0`,
-/// `false`, `no`, `off` is off (any case, spaces around ignored); anything
-/// else is `None`. The one reading of every switch the crate takes from the
-/// environment.
+/// The value of an on/off variable (`1`, `true`, `yes`, `on`; `0`, `false`, `no`, `off`, any
+/// case); anything else is `None`.
 pub fn switch(value: &str) -> Option<bool> {
     match value.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Some(true),
@@ -226,30 +197,21 @@ pub fn switch(value: &str) -> Option<bool> {
     }
 }
 
-/// A test seam, for the node copy's benchmark and tests only: `0` (or
-/// `false`, `no`, `off`) turns the node copy off, so that the local ranks of
-/// a job each read their files alone, as before it (issue 25's "today" arm
-/// of `benches/node_copy.rs`). Anything else, or unset, leaves it on. Not
-/// part of the documented API: a user has no reason to want one copy per rank.
+/// A test seam for the node copy's benchmark and tests: `0` turns the node copy off, so each
+/// local rank reads its files alone. Not part of the documented API.
 pub const NODE_COPY_ENV: &str = "SAFELOAD_NODE_COPY";
 
-/// Whether the local ranks of a job may share a node copy (the node crate): on
-/// unless `SAFELOAD_NODE_COPY` turns it off. Read from the load's
-/// [`Environment`], taken once at the top of the load.
+/// Whether the local ranks of a job may share a node copy: on unless `SAFELOAD_NODE_COPY` is off.
 pub fn node_copy(env: &Environment) -> bool {
     env.get(NODE_COPY_ENV).and_then(switch) != Some(false)
 }
 
-/// The environment variable that asks for transparent huge pages (`1`,
-/// `on`) or base pages (`0`, `off`) for the memory buffered loads read into,
-/// or lets the load measure (`auto`), where the caller leaves
-/// `Loader::huge_pages` at
-/// [`HugePages::Auto`].
+/// The environment variable that asks for transparent huge pages (`1`) or base pages (`0`) for
+/// buffered loads' memory where the caller leaves `Loader::huge_pages` at [`HugePages::Auto`].
 pub const HUGE_PAGES_ENV: &str = "SAFELOAD_HUGE_PAGES";
 
-/// The page size of a load's fresh memory, and who chose it: the caller's
-/// `On` or `Off`, else `SAFELOAD_HUGE_PAGES`'s, else measured (`Auto`,
-/// [`PageReason::Measured`]).
+/// The page size of a load's fresh memory, and who chose it: the caller, else
+/// `SAFELOAD_HUGE_PAGES`, else measured.
 pub fn huge_pages(caller: HugePages, env: &Environment) -> (HugePages, PageReason) {
     if caller != HugePages::Auto {
         return (caller, PageReason::Caller);
@@ -261,8 +223,7 @@ pub fn huge_pages(caller: HugePages, env: &Environment) -> (HugePages, PageReaso
     }
 }
 
-/// The caller's mode if it is `Mmap` or `Buffered`, else the environment's,
-/// else auto.
+/// The caller's mode if it is `Mmap` or `Buffered`, else the environment's, else auto.
 pub(crate) fn effective_mode(caller: ReadMode, env: &Environment) -> (ReadMode, Origin) {
     if caller != ReadMode::Auto {
         return (caller, Origin::Caller);

@@ -5,21 +5,11 @@ use std::fmt;
 use super::Environment;
 use crate::mount::MountKind;
 
-/// The environment variable that turns prefetch on with this many streams
-/// per rank (`0` turns it off, also where the auto policy would turn it on).
-/// `Loader::prefetch` overrides it.
+/// The environment variable that turns prefetch on with this many streams per rank (`0`: off).
 pub const PREFETCH_ENV: &str = "SAFELOAD_PREFETCH";
 
-/// Read as [`PREFETCH_ENV`] when that is unset, for jobs that already set it
-/// for `transformers`.
+/// Read as [`PREFETCH_ENV`] when that is unset (jobs set it for `transformers`).
 pub const HF_SHARD_PREFETCH_ENV: &str = "HF_SHARD_PREFETCH";
-
-// NOTE: which method warms fastest (`prefetch_method`): on FUSE `WILLNEED`
-// wins by several times (the kernel sends its read-ahead asynchronously,
-// where a `pread` waits on one window at a time), on a local disk the two are
-// within noise, and `WILLNEED` copies nothing into user space; so it is the
-// default wherever `mincore` can show the pages land (BENCHMARKS.md,
-// "policy/prefetch.rs: PrefetchMethod").
 
 /// How a chunk is brought into the page cache.
 ///
@@ -34,17 +24,13 @@ pub const HF_SHARD_PREFETCH_ENV: &str = "HF_SHARD_PREFETCH";
     serde(rename_all = "lowercase")
 )]
 pub enum PrefetchMethod {
-    /// `WillNeed` where the pages can be seen landing (`mincore`), else
-    /// `Pread`: the same on every filesystem kind measured (the `NOTE:` in
-    /// `src/policy/prefetch.rs`).
+    /// `WillNeed` where the pages can be seen landing (`mincore`), else `Pread`.
     #[default]
     Auto,
     /// Large positional reads into a reused per-reader buffer.
     Pread,
-    /// `posix_fadvise(POSIX_FADV_WILLNEED)` over the chunk in read-ahead
-    /// sized pieces, then waiting until the pages are resident, and reading
-    /// what did not arrive. Needs residency to be visible (see
-    /// [`PrefetchReport::residency_known`](crate::report::PrefetchReport::residency_known)); where it is not, reads instead.
+    /// `posix_fadvise(POSIX_FADV_WILLNEED)` over the chunk, then waiting until the pages are
+    /// resident and reading what did not arrive; where residency is not visible, reads instead.
     WillNeed,
 }
 
@@ -70,30 +56,23 @@ impl fmt::Display for PrefetchMethod {
 pub enum PrefetchAsk {
     /// `Loader::prefetch(n)` / `prefetch_with`.
     Caller(usize),
-    /// `SAFELOAD_PREFETCH=n` (else `HF_SHARD_PREFETCH=n`): the streams and
-    /// the variable that set them.
+    /// `SAFELOAD_PREFETCH=n` (else `HF_SHARD_PREFETCH=n`): the streams and the variable.
     Environment(usize, &'static str),
     /// Neither: the auto policy decides.
     Unset,
 }
 
-/// Whether a requested prefetch warms a file the load reads buffered: only
-/// where several local ranks share the reads (each then copies from the page
-/// cache what the others warmed). A rank alone reads such a file with its own
-/// streaming reads, in flight as many as measured throughput says, and takes
-/// what is already in the page cache from there.
+/// Whether a requested prefetch warms a file the load reads buffered: only where several
+/// local ranks share the reads; a rank alone reads it with its own streaming reads.
 ///
-/// NOTE: on FUSE a rank alone that warmed its files and then loaded from the
-/// page cache was far slower than its load alone with direct reads: FUSE
-/// page-cache reads reach the daemon as 128 KiB requests, direct ones as
-/// 1 MiB (BENCHMARKS.md, "policy/prefetch.rs: prefetch_warms_buffered").
+/// NOTE: on FUSE a rank alone that warmed its files first was far slower than its direct reads
+/// (BENCHMARKS.md, "policy/prefetch.rs: prefetch_warms_buffered").
 pub fn prefetch_warms_buffered(local_size: usize) -> bool {
     local_size > 1
 }
 
-/// The caller's prefetch streams if set, else the environment's
-/// (`SAFELOAD_PREFETCH`, then `HF_SHARD_PREFETCH`; a value that is not a
-/// number is ignored), else unset.
+/// The caller's prefetch streams if set, else the environment's (a value not a number is
+/// ignored), else unset.
 pub fn prefetch_ask(caller: Option<usize>, env: &Environment) -> PrefetchAsk {
     if let Some(streams) = caller {
         return PrefetchAsk::Caller(streams);
@@ -107,15 +86,11 @@ pub fn prefetch_ask(caller: Option<usize>, env: &Environment) -> PrefetchAsk {
         .unwrap_or(PrefetchAsk::Unset)
 }
 
-/// Prefetch streams the auto policy uses for a file that will be mapped
-/// (the caller checks that), from its filesystem, when the caller and the environment leave prefetch
-/// unset; `None` leaves it off. On a kernel network filesystem, faulting a
-/// cold map in tensor by tensor reads far below what a few large sequential
-/// readers get (reference/004: 0.26 GiB/s against 8.5 GiB/s on Lustre, a
-/// cold 57 GB load 369 s -> 144 s with 4 streams per rank), and the files
-/// are then mapped, one page-cache copy per node. Prefetch itself still
-/// skips resident files and checkpoints that do not fit the memory guard
-/// ([`auto_prefetch_runs`]).
+/// Prefetch streams the auto policy uses for a file that will be mapped, by its filesystem,
+/// where prefetch is left unset; `None` leaves it off.
+///
+/// NOTE: on a kernel network filesystem, faulting a cold map in reads far below a few large
+/// sequential readers (reference/004: a cold 57 GB load on Lustre 369 s -> 144 s with 4).
 pub fn auto_prefetch_streams(kind: MountKind) -> Option<usize> {
     match kind {
         MountKind::Network => Some(4),
@@ -132,9 +107,8 @@ pub enum AutoPrefetchSkip {
     DoesNotFit,
 }
 
-/// The auto policy's last word: prefetch runs unless everything is known to
-/// be resident, or the guard would leave some of it cold (a partial warm of
-/// a checkpoint that will be mapped whole only evicts itself).
+/// The auto policy's last word: prefetch runs unless all is resident, or the guard would leave
+/// some cold (a partial warm of a checkpoint mapped whole only evicts itself).
 pub fn auto_prefetch_runs(
     residency_known: bool,
     needed: u64,
@@ -149,20 +123,20 @@ pub fn auto_prefetch_runs(
     }
 }
 
-/// The prefetch method for a file: the caller's, else the measured winner
-/// for its filesystem (the `NOTE:` on [`PrefetchMethod`]: `WillNeed`
-/// everywhere measured). `WillNeed` needs to see pages land (`mincore`,
-/// `pages_visible`); where it cannot, chunks are read.
+/// The prefetch method for a file: the caller's, else `WillNeed`; `Pread` where pages cannot be
+/// seen landing.
+///
+/// NOTE: `WILLNEED` won by several times on FUSE (the kernel's read-ahead runs asynchronously)
+/// and tied on a local disk, copying nothing (BENCHMARKS.md, "policy/prefetch.rs:
+/// PrefetchMethod").
 pub fn prefetch_method(
     requested: PrefetchMethod,
-    kind: MountKind,
+    _kind: MountKind,
     pages_visible: bool,
 ) -> PrefetchMethod {
     let method = match requested {
-        PrefetchMethod::Auto => {
-            let _ = kind; // the same winner on every kind measured
-            PrefetchMethod::WillNeed
-        }
+        // The same winner on every kind measured.
+        PrefetchMethod::Auto => PrefetchMethod::WillNeed,
         other => other,
     };
     match method {

@@ -6,20 +6,14 @@ use crate::source::Source;
 
 /// The default size of one read of a buffered file.
 ///
-/// NOTE: set by the `load` benchmark (BENCHMARKS.md): large enough that
-/// per-request overhead vanishes and a FUSE mount sees requests in flight,
-/// small enough that readers stay balanced at the tail.
+/// NOTE: set by the `load` benchmark (BENCHMARKS.md): per-request overhead vanishes, readers
+/// stay balanced at the tail.
 const DEFAULT_READ_SIZE: usize = 8 << 20;
 
-/// Reads in flight a load of remote objects starts with (the adaptive
-/// controller doubles it while throughput rises), and the size of one ranged
-/// request.
+/// Reads in flight a load of remote objects starts with, and the size of one ranged request.
 ///
-/// NOTE: the stores' guidance is 8-16 MiB per ranged GET (S3's performance
-/// guidelines; GCS's sliced downloads), hence 16 MiB and 16 requests to
-/// start; 64 requests of 16 MiB (the most readers) are 1 GiB in flight. A
-/// larger size was measured slower (BENCHMARKS.md, "policy/reads.rs:
-/// REMOTE_READ_SIZE").
+/// NOTE: the stores' guidance is 8-16 MiB per ranged GET (S3, GCS); a larger size was measured
+/// slower (BENCHMARKS.md, "policy/reads.rs: REMOTE_READ_SIZE").
 const REMOTE_READERS: usize = 16;
 /// See [`REMOTE_READERS`].
 const REMOTE_READ_SIZE: usize = 16 << 20;
@@ -33,13 +27,8 @@ pub(crate) struct CallerReads {
     pub read_size: Option<usize>,
 }
 
-/// How a load of `sources` reads where the caller set neither the reads in
-/// flight nor their size (`caller`: `Loader::io_concurrency`,
-/// `Loader::read_size`): the concurrency, and the size jobs are cut to
-/// before the run. Remote objects: [`REMOTE_READERS`] of
-/// [`REMOTE_READ_SIZE`];
-/// elsewhere the filesystems' count ([`default_io_concurrency`]) and
-/// [`DEFAULT_READ_SIZE`]. A size or count the caller set is kept.
+/// How a load of `sources` reads: the concurrency, and the size jobs are cut to; the remote or
+/// the filesystems' defaults where the caller set neither.
 pub(crate) fn io_defaults<'a>(
     sources: impl Iterator<Item = &'a dyn Source>,
     caller: CallerReads,
@@ -52,37 +41,21 @@ pub(crate) fn io_defaults<'a>(
         })
         .collect();
     let readers = default_io_concurrency(kinds.into_iter());
-    match (caller.io_concurrency, caller.read_size) {
-        (Some(n), size) => (
-            Concurrency::pinned(n),
-            size.unwrap_or(if remote {
-                REMOTE_READ_SIZE
-            } else {
-                DEFAULT_READ_SIZE
-            }),
-        ),
-        (None, Some(size)) => (
-            Concurrency::adaptive(if remote {
-                readers.max(REMOTE_READERS)
-            } else {
-                readers
-            }),
-            size,
-        ),
-        (None, None) if remote => (
-            Concurrency::adaptive(readers.max(REMOTE_READERS)),
-            REMOTE_READ_SIZE,
-        ),
-        (None, None) => (Concurrency::adaptive(readers), DEFAULT_READ_SIZE),
-    }
+    let (readers, size) = match remote {
+        true => (readers.max(REMOTE_READERS), REMOTE_READ_SIZE),
+        false => (readers, DEFAULT_READ_SIZE),
+    };
+    let concurrency = match caller.io_concurrency {
+        Some(n) => Concurrency::pinned(n),
+        None => Concurrency::adaptive(readers),
+    };
+    (concurrency, caller.read_size.unwrap_or(size))
 }
 
-/// Reads in flight by default, for the filesystems a load touches: FUSE
-/// needs many requests in flight to hide each one's latency (within the
-/// kernel's default of 12 background requests per mount); elsewhere 8.
+/// Reads in flight by default: FUSE needs many to hide each one's latency (within the
+/// kernel's 12 background requests per mount).
 ///
-/// NOTE: 8 beat 4 on a local disk, cold and warm (BENCHMARKS.md,
-/// "policy/reads.rs: default_io_concurrency").
+/// NOTE: 8 beat 4 on a local disk (BENCHMARKS.md, "policy/reads.rs: default_io_concurrency").
 fn default_io_concurrency(kinds: impl Iterator<Item = MountKind>) -> usize {
     kinds
         .map(|kind| match kind {

@@ -4,9 +4,7 @@ use super::Strategy;
 use crate::mount::MountKind;
 
 worded! {
-/// Why a file was first mapped or read: the rule that chose its
-/// [`Strategy`]. [`Fallback`] says what overrode it, if anything; `Display`
-/// gives the rule in words.
+/// Why a file was first mapped or read: the rule that chose its [`Strategy`].
 ///
 /// ```
 /// use safeload::mount::MountKind;
@@ -19,14 +17,12 @@ worded! {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Reason {
-    /// The auto policy's rule for a file on this kind of filesystem
-    /// ([`MountKind::Unknown`] where it could not be found).
+    /// The auto policy's rule for a file on this kind of filesystem.
     Auto {
         /// The filesystem's kind.
         kind: MountKind,
     } = "auto",
-    /// The caller asked: `disable_mmap(..)`, or `load_state_dict`'s
-    /// `Some(..)`.
+    /// The caller asked: `disable_mmap(..)`, or `load_state_dict`'s `Some(..)`.
     Requested {
         /// `true`: read buffered; `false`: mapped.
         disable_mmap: bool,
@@ -36,15 +32,12 @@ pub enum Reason {
         /// `true` (`=1`): read buffered; `false` (`=0`): mapped.
         disable_mmap: bool,
     } = "environment",
-    /// A remote object (feature `remote`): read by ranged requests into
-    /// memory, whatever was asked, since there is no file to map.
+    /// A remote object: read into memory whatever was asked (no file to map).
     Remote = "remote",
 }
 }
 
-/// The auto policy, one row per kind of filesystem: how a file there is
-/// held and why. The one place the rule is written: [`choose`] takes the
-/// strategy, `Display for Reason` the words.
+/// The auto policy, one row per kind of filesystem: how a file there is held and why.
 pub(crate) fn auto_rule(kind: MountKind) -> (Strategy, &'static str) {
     match kind {
         MountKind::HfMount => (
@@ -66,20 +59,16 @@ worded! {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Fallback {
-    /// The filesystem refused the map (the OS error, in words); the file is
-    /// read instead.
+    /// The filesystem refused the map; the file is read instead.
     MmapRefused {
         /// The OS error, in words.
         error: String,
     } = "mmap_refused",
-    /// Buffered reads of all the load's files would not fit in memory
-    /// (`needed`, margin included, against `available`); `kept` of its
-    /// `files` buffered files are read, this one is mapped instead.
+    /// Buffered reads of all the load's files would not fit in memory: this one is mapped.
     MemoryGuard {
         /// Bytes the buffered reads would need, margin included.
         needed: u64,
-        /// Bytes of memory available (the smaller of `MemAvailable` and the
-        /// cgroup's room).
+        /// Bytes of memory available (`MemAvailable` and the cgroup's room).
         available: u64,
         /// Files of the load still read buffered.
         kept: usize,
@@ -94,19 +83,16 @@ worded! {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DirectIo {
-    /// Not used: not asked for, or not applicable (mapped, or not laid out
-    /// in blocks).
+    /// Not used: not asked for, or not applicable.
     Off = "off",
     /// Every read of the file bypassed the page cache.
     On = "on",
-    /// Asked for, refused by the file or its filesystem (the OS error, in
-    /// words).
+    /// Asked for, refused by the file or its filesystem.
     Refused {
         /// The OS error, in words.
         error: String,
     } = "refused",
-    /// Used, then given up during the reads, for this reason (the rest of
-    /// the file read through the page cache).
+    /// Used, then given up during the reads (the rest read through the page cache).
     Dropped {
         /// Why.
         why: String,

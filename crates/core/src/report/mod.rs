@@ -1,46 +1,30 @@
 //! What a load did, as data and as text: per file the filesystem, strategy, reason, bytes and time, the typed reasons in words, byte and rate formatting (a prefetch's report in `prefetch.rs`, the node copy's in `node_copy.rs`, the notes in `note.rs`).
 //!
-//! A [`LoadReport`] holds one [`FileReport`] per file and, where one ran or
-//! was considered, a [`PrefetchReport`]. Every decision in them is data: a
-//! file's [`Reason`], [`Fallback`], [`DirectIo`] and [`NodeCopy`], a
-//! prefetch's [`RankSource`] and [`SkipReason`]s, and every other thing a
-//! report says, one enum per field: [`LoadNote`] (what went otherwise than
-//! planned), [`ConcurrencyReason`] (how the reads in flight were found),
-//! [`PrefetchReason`], [`QueueNote`] and a node copy's [`CopyRemark`]s. Each
-//! has `Display` for its words; each with data `as_str()` for a stable code
-//! to branch on.
+//! A [`LoadReport`] holds one [`FileReport`] per file and, where one ran or was considered, a
+//! [`PrefetchReport`]. Every decision in them is data, one enum per field, with `Display` for
+//! its words and, where it has data, `as_str()` for a stable code.
 //!
 //! # JSON
 //!
-//! With the `serde` feature every report type is `serde::Serialize`, and
-//! `safeload load --json` prints the same document. One schema, the Rust
-//! names:
+//! With the `serde` feature every report type is `serde::Serialize` (`safeload load --json`
+//! prints the same document), under the Rust names:
 //!
-//! - each field under its own name, every key always present (`null` for
-//!   `None`); a duration (`elapsed`) in seconds, as a float; a path as a
-//!   string (lossy where not UTF-8);
-//! - beside the fields, what the type computes, under its method's name: a
-//!   report's `bytes_read`, `tensor_bytes`, `overflowed`, `gib_per_s` and
-//!   `commit` (the load's one hub commit, or `null`); a
-//!   file's `explain`, `gib_per_s` and `lazy`; a prefetch's `gib_per_s`;
-//! - an enum without data (`Strategy`, `MountKind`, `Detection`,
-//!   `PrefetchMethod`, `HugePages`, `PageReason`, `CacheStore`) is its code
-//!   (the first four's `Display` words), e.g. `"buffered"`; an enum with
-//!   data is an object of its `code` (`as_str()`), its `text` (`Display`)
-//!   and its fields by name;
-//! - a [`ConcurrencyReason`]'s `tried` lists `[readers, GiB/s]` for each
-//!   count tried.
+//! - each field under its own name, every key present (`null` for `None`); a duration in
+//!   seconds, as a float; a path as a string (lossy where not UTF-8);
+//! - beside the fields, what the type computes, under its method's name (`bytes_read`,
+//!   `gib_per_s`, `explain`, `commit`, ...);
+//! - an enum without data is its code (`Display` words), e.g. `"buffered"`; an enum with data
+//!   is an object of its `code` (`as_str()`), its `text` (`Display`) and its fields by name;
+//! - a [`ConcurrencyReason`]'s `tried` lists `[readers, GiB/s]` for each count tried.
 //!
-//! A complete document: local rank 1 of 3 that took the node copy of one
-//! file from rank 0 and read the other alone, the prefetch asked for by
-//! `HF_SHARD_PREFETCH`:
+//! A complete document: local rank 1 of 3 that took the node copy of one file from rank 0 and
+//! read the other alone, the prefetch asked for by `HF_SHARD_PREFETCH`:
 //!
 //! ```json
 #![doc = include_str!("example.json")]
 //! ```
 //!
-//! Parsed back, it branches on codes and fields; a load's own report has the
-//! same keys wherever both have a value:
+//! Parsed back, it branches on codes and fields; a load's own report has the same keys:
 //!
 //! ```
 //! # #[cfg(feature = "serde")] {
@@ -91,27 +75,19 @@
 //!
 //! ## A remote file's
 //!
-//! A file of a remote checkpoint (feature `remote`) has its `cache` (what a
-//! cache did for it, [`CacheUse`]), its hub `commit` (`hf://`) and its
-//! `etag` (the version every read of it required); the load's report, the
-//! `commit` every file shares ([`LoadReport::commit`]). A shard of `hf://` fetched
-//! and written to the hub cache (16 MiB of it kept by an interrupted load and
-//! resumed), one read from the cache, and one fetched but not written (the
-//! load read only part of it):
+//! A file of a remote checkpoint (feature `remote`) has its `cache` ([`CacheUse`]), its hub
+//! `commit` and its `etag`. A shard of `hf://` fetched and written to the hub cache (16 MiB
+//! of it resumed), one read from the cache, and one fetched but not written:
 //!
 //! ```json
 #![doc = include_str!("example_cache.json")]
 //! ```
 //!
-//! The codes: a [`CacheUse`] is `hit`, `written` (with the bytes `resumed` and those
-//! `refetched`),
-//! `checking` (the same, its digest still being checked when the load
-//! returned) or `not_cached`, with its `store` ([`CacheStore`], a plain code: `hub` or
-//! `directory`); a
-//! `not_cached`'s `why` ([`NotCached`]) is `partial` (with `read` and `len`),
-//! `no_space`, `unwritable` (with the system's `error`), `locked`,
-//! `published_elsewhere`, `mismatch` (with the `expected` and `actual`
-//! SHA-256), `no_digest`, `other_rank`, `exchange` or `cancelled`.
+//! A [`CacheUse`] is `hit`, `written` (with the bytes `resumed` and `refetched`), `checking`
+//! (its digest still being checked) or `not_cached`, with its `store` ([`CacheStore`]: `hub` or
+//! `directory`); a `not_cached`'s `why` ([`NotCached`]) is `partial`, `no_space`, `unwritable`,
+//! `locked`, `published_elsewhere`, `mismatch`, `no_digest`, `other_rank`, `exchange` or
+//! `cancelled`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -137,8 +113,7 @@ mod prefetch;
 use crate::policy::{DISABLE_MMAP_ENV, FileDecision, auto_rule};
 
 reported! {
-/// How a load went: one [`FileReport`] per file, and the totals. `Display`
-/// prints it for people, a line or three per file.
+/// How a load went: one [`FileReport`] per file, and the totals. `Display` prints it for people.
 ///
 /// ```
 /// # let dir = tempfile::tempdir()?;
@@ -174,39 +149,21 @@ pub struct LoadReport {
     pub elapsed: Duration => serialize_with = "crate::worded::seconds",
     /// Files opened and parsed at once.
     pub threads: usize,
-    /// Reads in flight at once for buffered files: the count the caller set
-    /// (`Loader::io_concurrency`), or the
-    /// one the load settled on by measuring throughput.
+    /// Reads in flight at once for buffered files: set (`Loader::io_concurrency`) or measured.
     pub io_concurrency: usize,
-    /// How [`io_concurrency`](Self::io_concurrency) was found: set by the
-    /// caller ([`ConcurrencyReason::Set`]), or measured, each count tried with its
-    /// throughput ([`ConcurrencyReason::Settled`], [`ConcurrencyReason::AtMost`],
-    /// [`ConcurrencyReason::UntilEnd`], [`ConcurrencyReason::Unmeasured`]); `None` where
-    /// nothing was read.
+    /// How [`io_concurrency`](Self::io_concurrency) was found; `None` where nothing was read.
     pub io_concurrency_reason: Option<ConcurrencyReason>,
-    /// What the page-cache prefetch before the load did and why: `Some`
-    /// where it was asked for (`Loader::prefetch`,
-    /// `SAFELOAD_PREFETCH`) or considered by the auto policy (files on a
-    /// network filesystem), also when it decided not to run.
+    /// What the page-cache prefetch before the load did and why, where it was asked for or
+    /// considered (files on a network filesystem), also when it did not run.
     pub prefetch: Option<PrefetchReport>,
-    /// How the memory buffered reads landed in was faulted in: in which
-    /// page sizes, why, and what each cost where measured
-    /// (`Loader::huge_pages`); `None` where
-    /// nothing was read into memory of the load's own.
+    /// How the memory buffered reads landed in was faulted in (`Loader::huge_pages`); `None`
+    /// where nothing was read into memory of the load's own.
     pub fresh_memory: Option<FreshMemory>,
-    /// What the load could not do as planned and did otherwise: fewer
-    /// threads than asked because the OS refused more
-    /// ([`LoadNote::ThreadsRefused`]), a server that ignores `Range`
-    /// ([`LoadNote::RangesIgnored`]), the reads split between nodes or not
-    /// ([`LoadNote::ReadOncePerCluster`], [`LoadNote::NodesReadAlone`]). Empty when
-    /// all went to plan.
+    /// What the load could not do as planned and did otherwise; empty when all went to plan.
     pub notes: Vec<LoadNote>,
-    /// The repository's other files brought into the hub cache beside the
-    /// weights (`hf://org/repo?with=engine`, feature `remote`): by name, its
-    /// path in the snapshot of the weights' commit, or `None` where the
-    /// repository has no such file there (or where the cache could not take
-    /// it: read-only, full, or offline without it). Empty where none was
-    /// asked for.
+    /// The repository's other files brought into the hub cache beside the weights
+    /// (`hf://org/repo?with=engine`): by name, its path in the weights' snapshot, or `None`
+    /// where the repository (or the cache) has none.
     pub extra_files: BTreeMap<String, Option<PathBuf>> => serialize_with = "crate::worded::path_map",
 }
 computed { bytes_read: u64, tensor_bytes: u64, overflowed: u64, gib_per_s: Option<f64>,
@@ -214,8 +171,7 @@ computed { bytes_read: u64, tensor_bytes: u64, overflowed: u64, gib_per_s: Optio
 }
 
 impl LoadReport {
-    /// Values that became infinite when converted, over all files
-    /// ([`FileReport::overflowed`]).
+    /// Values that became infinite when converted, over all files.
     pub fn overflowed(&self) -> u64 {
         self.files.iter().map(|f| f.overflowed).sum()
     }
@@ -230,18 +186,14 @@ impl LoadReport {
         self.files.iter().map(|f| f.tensor_bytes).sum()
     }
 
-    /// Bytes read per second of wall time, in GiB/s: `None` where the load
-    /// read nothing (every file mapped lazily: its pages are read when first
-    /// touched, after the load, and no figure of the load measures that).
+    /// Bytes read per second of wall time, in GiB/s: `None` where the load read nothing (every
+    /// file mapped lazily).
     pub fn gib_per_s(&self) -> Option<f64> {
         gib_per_s(self.bytes_read(), self.elapsed)
     }
 
-    /// The hub commit of the load (`hf://`, feature `remote`): the
-    /// [`commit`](FileReport::commit) every file is at, what an engine pins
-    /// its next start to (`hf://org/repo@<commit>`). `None` where a file
-    /// has none (not from the hub) or files disagree, and for a load of no
-    /// file. `Display` says it once, above the files.
+    /// The hub [`commit`](FileReport::commit) every file is at; `None` where a file has none,
+    /// files disagree, or there is no file.
     pub fn commit(&self) -> Option<&str> {
         let (first, rest) = self.files.split_first()?;
         let commit = first.commit.as_deref()?;
@@ -269,10 +221,8 @@ pub struct FileReport {
     pub tensors: usize,
     /// Bytes of tensor data loaded from it (after the filter).
     pub tensor_bytes: u64,
-    /// Bytes read at load time: the tensor data of a buffered file (and of
-    /// its converted tensors), the whole file where a map was populated,
-    /// the tensor data of the chunks this rank filled of a node copy; zero
-    /// for a file mapped lazily.
+    /// Bytes read at load time (the whole file where a map was populated; of a node copy, the
+    /// chunks this rank filled); zero for a file mapped lazily.
     pub bytes_read: u64,
     /// Whether it was mapped or read.
     pub strategy: Strategy,
@@ -284,46 +234,32 @@ pub struct FileReport {
     pub direct_io: DirectIo,
     /// The filesystem it lives on, where it could be found.
     pub mount: Option<Mount>,
-    /// From opening the file to its last byte read (buffered) or its map
-    /// made (mapped).
+    /// From opening the file to its last byte read or its map made.
     pub elapsed: Duration => serialize_with = "crate::worded::seconds",
-    /// Tensors converted to another dtype while loading
-    /// (`Loader::dtype`).
+    /// Tensors converted to another dtype while loading (`Loader::dtype`).
     pub converted: usize,
-    /// Values that were finite in the file and became infinite when
-    /// converted (they rounded beyond the target's largest value).
+    /// Values that were finite in the file and became infinite when converted.
     pub overflowed: u64,
-    /// The file's SHA-256 in lowercase hex, where the load computed it
-    /// (`Loader::verify`); a file whose digest was
-    /// expected (its cache blob name, or `expect_sha256`) has been checked
-    /// against it.
+    /// The file's SHA-256 in lowercase hex, where the load computed it (`Loader::verify`),
+    /// checked against the one expected, if any.
     pub sha256: Option<String>,
     /// The file's own `__metadata__`.
     pub metadata: Option<BTreeMap<String, String>>,
-    /// What the node copy did for it, where several local ranks loaded it
-    /// read buffered: which rank made the copy, from which process this one
-    /// took it, how many chunks it filled, or why there was none; `None`
-    /// for one rank alone, or a mapped file.
+    /// What the node copy did for it, where several local ranks loaded it read buffered.
     pub node_copy: Option<NodeCopy>,
-    /// What the cache did for it, where it came through one (feature
-    /// `remote`): read from the hub cache or the cache directory, written to
-    /// it as it was fetched, or why not.
+    /// What the cache did for it, where it came through one (feature `remote`).
     pub cache: Option<CacheUse>,
-    /// The hub commit the file is at, for an `hf://` checkpoint's file
-    /// (fetched or read from the hub cache): what an engine pins its next
-    /// start to (`hf://org/repo@<commit>`).
+    /// The hub commit the file is at (`hf://`): what an engine pins its next start to.
     pub commit: Option<String>,
-    /// The entity tag of a remote object (fetched, or read from a cache
-    /// directory that keyed it by it): the version every read required.
+    /// The entity tag of a remote object: the version every read required.
     pub etag: Option<String>,
 }
 computed { explain: String, gib_per_s: Option<f64>, lazy: bool }
 }
 
 impl FileReport {
-    /// Why the file was read as it was, in words: the fallback, the rule
-    /// and its filesystem, and what became of direct I/O, e.g. `on hf-mount
-    /// (fuse) at /mnt/hub — mmap page faults stall on FUSE`.
+    /// Why the file was read as it was, in words, e.g. `on hf-mount (fuse) at /mnt/hub — mmap
+    /// page faults stall on FUSE`.
     pub fn explain(&self) -> String {
         explain(
             &self.reason,
@@ -333,35 +269,18 @@ impl FileReport {
         )
     }
 
-    /// Bytes read per second over [`elapsed`](Self::elapsed), in GiB/s:
-    /// `None` for a file mapped lazily, which the load does not read.
+    /// Bytes read per second over [`elapsed`](Self::elapsed), in GiB/s; `None` for none.
     pub fn gib_per_s(&self) -> Option<f64> {
         gib_per_s(self.bytes_read, self.elapsed)
     }
 
-    /// Whether the file was mapped and not read at load time: its pages
-    /// are read when first touched.
+    /// Whether the file was mapped and not read at load time.
     pub fn lazy(&self) -> bool {
         self.strategy == Strategy::Mmap && self.bytes_read == 0
     }
 }
 
-/// The repository's other files brought, a line each.
-fn extra_files(
-    f: &mut fmt::Formatter<'_>,
-    files: &BTreeMap<String, Option<PathBuf>>,
-) -> fmt::Result {
-    for (name, path) in files {
-        match path {
-            Some(path) => writeln!(f, "  with {name}: {}", path.display())?,
-            None => writeln!(f, "  with {name}: not in the repository at this commit")?,
-        }
-    }
-    Ok(())
-}
-
-/// A file's lines of the report's table; its commit where it is not the
-/// load's (`load_commit`, said above them).
+/// A file's lines of the report's table; its commit where it is not the load's.
 fn file_lines(
     f: &mut fmt::Formatter<'_>,
     file: &FileReport,
@@ -448,12 +367,16 @@ impl fmt::Display for LoadReport {
         for note in &self.notes {
             writeln!(f, "  note: {note}")?;
         }
-        // One commit for the load, said once (each file's said where they differ).
         let commit = self.commit();
         if let Some(commit) = commit {
             writeln!(f, "  at commit {commit}")?;
         }
-        extra_files(f, &self.extra_files)?;
+        for (name, path) in &self.extra_files {
+            match path {
+                Some(path) => writeln!(f, "  with {name}: {}", path.display())?,
+                None => writeln!(f, "  with {name}: not in the repository at this commit")?,
+            }
+        }
         for file in &self.files {
             file_lines(f, file, commit)?;
         }
@@ -477,9 +400,6 @@ pub fn human_bytes(bytes: u64) -> String {
         format!("{value:.2} {name}")
     }
 }
-
-// ---------------------------------------------------------------------------
-// The policy's reasons in words: rendered here, once.
 
 impl fmt::Display for FileDecision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -538,8 +458,7 @@ impl fmt::Display for DirectIo {
     }
 }
 
-/// A file's reason in one line: what overrode the rule, the rule and where
-/// it applied, what became of direct I/O.
+/// A file's reason in one line: the fallback, the rule and where, what became of direct I/O.
 fn explain(
     reason: &Reason,
     fallback: Option<&Fallback>,

@@ -5,12 +5,9 @@ use std::fmt;
 use super::{CopyRemark, human_bytes};
 
 worded! {
-/// What the node copy did for one file
-/// ([`FileReport::node_copy`](super::FileReport::node_copy)), where several
-/// local ranks of a job loaded it: its tensors are views of the node's one
-/// copy ([`Shared`](Self::Shared)), or why it got none (every other
-/// variant: the rank then read the file alone). `Display` gives the words,
-/// [`as_str`](Self::as_str) a stable code (the JSON's `code`).
+/// What the node copy did for one file ([`FileReport::node_copy`](super::FileReport::node_copy)):
+/// its tensors are views of the node's one copy ([`Shared`](Self::Shared)), or why it got none
+/// (the rank then read the file alone).
 ///
 /// ```
 /// use safeload::report::{FileReport, NodeCopy};
@@ -31,9 +28,8 @@ worded! {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum NodeCopy {
-    /// The file's tensors are views of the node's copy: a sealed memory
-    /// file every local rank of the job maps read-only, filled once for the
-    /// node.
+    /// The file's tensors are views of the node's copy: a sealed memory file every local rank
+    /// maps read-only, filled once for the node.
     Shared {
         /// The process that made the copy (this one's own pid where it made it).
         made_by_pid: u32,
@@ -41,29 +37,24 @@ pub enum NodeCopy {
         made_by_rank: usize,
         /// The process this rank took the copy from; `None` where it made it.
         received_from: Option<u32>,
-        /// Chunks of the copy this rank filled (0 where it came complete, or
-        /// where the node's part of a load split between nodes filled it).
+        /// Chunks of the copy this rank filled.
         filled_here: usize,
         /// Chunks of the copy.
         chunks: usize,
-        /// Whether the node's part of a load split between nodes filled it
-        /// (`Loader::exchange`, `SAFELOAD_EXCHANGE`).
+        /// Whether the node's part of a load split between nodes filled it (`Loader::exchange`).
         by_exchange: bool,
         /// The copy's bytes: the file's.
         bytes: u64,
         /// The job's local ranks.
         ranks: usize,
-        /// What this rank met on the way: another user's names ignored, an
-        /// offer refused, a queue not shared, ... ([`CopyRemark`]).
+        /// What this rank met on the way.
         remarks: Vec<CopyRemark>,
     } = "shared",
-    /// A filter selects tensors: the copy is of whole files, and the
-    /// ranks' filters may differ.
+    /// A filter selects tensors: the copy is of whole files, and the ranks' filters may differ.
     Filtered = "filtered",
     /// The load converts dtypes: it reads its converted tensors itself.
     Converting = "converting",
-    /// A tensor is not aligned for its dtype in the file: a copy of the
-    /// file could not hand out typed views of it.
+    /// A tensor is not aligned for its dtype in the file: no typed view of a copy.
     Unaligned = "unaligned",
     /// The file's version cannot be told (no device and inode, no ETag).
     NoIdentity = "no_identity",
@@ -72,8 +63,7 @@ pub enum NodeCopy {
         /// The most files one copy holds.
         most: usize,
     } = "too_many_files",
-    /// The copy does not fit the memory guard (a memory file is charged to
-    /// the cgroup like any memory).
+    /// The copy does not fit the memory guard (a memory file is charged to the cgroup).
     DoesNotFit {
         /// Bytes the copy needs, its margin included.
         needed: u64,
@@ -82,8 +72,7 @@ pub enum NodeCopy {
     } = "does_not_fit",
     /// The rank that made the copy left this file out (its memory guard).
     LeftOut = "left_out",
-    /// Finding, making or filling the copy failed: each rank loads the
-    /// file alone.
+    /// Finding, making or filling the copy failed: each rank loads the file alone.
     Failed {
         /// What failed.
         why: String,

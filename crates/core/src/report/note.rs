@@ -9,8 +9,7 @@ use crate::workers::Started;
 
 worded! {
 /// What a load could not do as planned and did otherwise
-/// ([`LoadReport::notes`](super::LoadReport::notes)). `Display` gives the
-/// words, [`as_str`](Self::as_str) a stable code (the JSON's `code`).
+/// ([`LoadReport::notes`](super::LoadReport::notes)).
 ///
 /// ```
 /// use safeload::report::LoadNote;
@@ -22,30 +21,25 @@ worded! {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum LoadNote {
-    /// The OS refused threads (`RLIMIT_NPROC`, a cgroup's `pids.max`):
-    /// `started` of `requested` ran, the calling one included, for `work`
-    /// (`"opening files"` or `"reading"`).
+    /// The OS refused threads (`RLIMIT_NPROC`, a cgroup's `pids.max`).
     ThreadsRefused {
-        /// What the threads were for.
+        /// What the threads were for (`"opening files"` or `"reading"`).
         work: &'static str,
-        /// Threads that ran.
+        /// Threads that ran, the calling one included.
         started: usize,
         /// Threads asked for.
         requested: usize,
         /// The OS's answer to the first one refused.
         error: String,
     } = "threads_refused",
-    /// A remote server answered a ranged request with the whole object:
-    /// each of these `files` was fetched whole, once (by its first request
-    /// where it was no longer than the bytes the open asks for; else the
-    /// open kept those and a second request fetched it whole).
+    /// A remote server answered a ranged request with the whole object: each file fetched
+    /// whole, once.
     RangesIgnored {
         /// Files fetched whole.
         files: usize,
     } = "ranges_ignored",
-    /// The nodes of a job read each byte once between them: this `node` of
-    /// `nodes` read `read` of the `total` bytes exchanged from storage and
-    /// received the rest, each range's SHA-256 checked.
+    /// The nodes of a job read each byte once between them and exchanged the rest, each
+    /// range's SHA-256 checked.
     ReadOncePerCluster {
         /// This node's index.
         node: usize,
@@ -113,8 +107,7 @@ impl fmt::Display for LoadNote {
 worded! {
 /// How a load's reads in flight were found
 /// ([`LoadReport::io_concurrency_reason`](super::LoadReport::io_concurrency_reason)):
-/// set, or measured with each count tried. Its code is `reads_` and the
-/// variant's name in snake case (`"reads_set"`, `"reads_settled"`, ...).
+/// set, or measured with each count tried.
 ///
 /// ```
 /// use safeload::report::ConcurrencyReason;
@@ -137,8 +130,7 @@ pub enum ConcurrencyReason {
         /// Reads in flight.
         readers: usize,
     } = "reads_set",
-    /// The load ended before a throughput could be measured: the start
-    /// count stood.
+    /// The load ended before a throughput could be measured: the start count stood.
     Unmeasured {
         /// Reads in flight.
         readers: usize,
@@ -210,10 +202,8 @@ impl fmt::Display for ConcurrencyReason {
 }
 
 worded! {
-/// What a rank met on the way to a node copy
-/// ([`NodeCopy::Shared`](super::NodeCopy::Shared)'s `remarks`): its
-/// holders, its chunk queue, and the names in its queue directory left
-/// alone. Its code is the variant's name in snake case.
+/// What a rank met on the way to a node copy ([`NodeCopy::Shared`](super::NodeCopy::Shared)'s
+/// `remarks`): its holders, its chunk queue, the names in its queue directory left alone.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum CopyRemark {
@@ -236,8 +226,7 @@ pub enum CopyRemark {
         /// The OS's error.
         why: String,
     } = "not_handed_out",
-    /// The copy's chunk queue file could not be had: this rank read every
-    /// chunk.
+    /// The copy's chunk queue file could not be had: this rank read every chunk.
     QueueNotShared {
         /// The queue file.
         path: PathBuf => serialize_with = "crate::worded::path_text",
@@ -254,8 +243,7 @@ pub enum CopyRemark {
         /// How many.
         files: usize,
     } = "dead_jobs_removed",
-    /// A name in the queue directory that is not this user's, or not what
-    /// its name says: never opened, followed or removed.
+    /// A name in the queue directory not this user's, or not what it says: never opened.
     ForeignName {
         /// The name.
         name: String,
@@ -271,9 +259,8 @@ pub enum CopyRemark {
         /// How many.
         count: usize,
     } = "more_foreign_names",
-    /// Chunks another live rank held with no sign of progress for the
-    /// queue's patience, read here again (so the storage served them
-    /// twice).
+    /// Chunks another live rank held with no progress for the queue's patience, read here
+    /// again.
     TakenOver {
         /// How many.
         chunks: usize,
@@ -331,11 +318,11 @@ impl fmt::Display for CopyRemark {
                 quiet_ms,
             } => {
                 let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+                let pids = pids.join(", ");
                 write!(
                     f,
-                    "{chunks} chunk(s) read here again: pid {} held them with no progress \
-                     for {quiet_ms} ms",
-                    pids.join(", ")
+                    "{chunks} chunk(s) read here again: pid {pids} held them with no progress \
+                     for {quiet_ms} ms"
                 )
             }
         }

@@ -9,20 +9,14 @@ use crate::mount::Mount;
 use crate::policy::PrefetchMethod;
 
 reported! {
-/// What a prefetch did, for this process: the rank split, what was already
-/// in the page cache, what this process warmed, what the memory guard left
-/// cold and why. `Display` prints it as one line.
+/// What a prefetch did, for this process: the rank split, what was already cached, what it
+/// warmed, what was left cold and why. `Display` prints it as one line.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct PrefetchReport {
-    /// Whether anything was warmed or checked; `false` when prefetch was
-    /// considered and not done (see [`reason`](Self::reason)).
+    /// Whether anything was warmed or checked (else see [`reason`](Self::reason)).
     pub ran: bool,
-    /// Why prefetch ran, or why not: asked for ([`PrefetchReason::Requested`],
-    /// [`PrefetchReason::FromEnvironment`], [`PrefetchReason::Off`]), or the auto
-    /// policy's word on files of a network filesystem
-    /// ([`PrefetchReason::Auto`], [`PrefetchReason::AutoResident`],
-    /// [`PrefetchReason::AutoDoesNotFit`]).
+    /// Why prefetch ran, or why not.
     pub reason: PrefetchReason,
     /// This process's rank among the job's processes on this node.
     pub rank: usize,
@@ -36,9 +30,7 @@ pub struct PrefetchReport {
     pub method: PrefetchMethod,
     /// Whether the ranks shared one queue (else each warmed a fixed share).
     pub shared_queue: bool,
-    /// Why the queue was not shared ([`QueueNote::FixedShares`],
-    /// [`QueueNote::NotShared`]), or what was replaced to share it
-    /// ([`QueueNote::Replaced`]).
+    /// Why the queue was not shared, or what was replaced to share it.
     pub queue_note: Option<QueueNote>,
     /// Files prefetched.
     pub files: usize,
@@ -50,25 +42,20 @@ pub struct PrefetchReport {
     pub chunks: usize,
     /// Chunks this process claimed and handled (resident or not).
     pub chunks_handled: usize,
-    /// Bytes already in the page cache before warming began (when the queue
-    /// was made, for a shared queue).
+    /// Bytes already in the page cache before warming began (or the shared queue was made).
     pub resident_before: u64,
     /// Bytes this process brought into the page cache.
     pub warmed: u64,
     /// Bytes this process found missing after warming and read again.
     pub reread: u64,
-    /// Bytes left cold on this node: by the memory guard, or because a rank
-    /// holding them stopped making progress.
+    /// Bytes left cold on this node (see [`skip_reasons`](Self::skip_reasons)).
     pub skipped: u64,
     /// Why bytes were skipped.
     pub skip_reasons: Vec<SkipReason>,
-    /// Bytes in the page cache when this process finished, where residency
-    /// can be checked.
+    /// Bytes in the page cache when this process finished, where residency can be checked.
     pub resident_after: Option<u64>,
-    /// Whether page-cache residency could be checked. The kernel hides it
-    /// for files the caller neither owns nor may write (`cachestat(2)`,
-    /// `mincore(2)`); every chunk is then read, which costs a copy where
-    /// the pages are already cached.
+    /// Whether page-cache residency could be checked: the kernel hides it for files the caller
+    /// neither owns nor may write (`cachestat(2)`), and every chunk is then read.
     pub residency_known: bool,
     /// Wall time of this process's prefetch.
     pub elapsed: Duration => serialize_with = "crate::worded::seconds",
@@ -111,8 +98,7 @@ impl Default for PrefetchReport {
 }
 
 impl PrefetchReport {
-    /// Bytes this process read (warmed and re-read) per second of
-    /// [`elapsed`](Self::elapsed), in GiB/s; `None` where it read nothing.
+    /// Bytes this process read (warmed and re-read) per second, in GiB/s; `None` for none.
     pub fn gib_per_s(&self) -> Option<f64> {
         super::gib_per_s(self.warmed + self.reread, self.elapsed)
     }
@@ -163,27 +149,25 @@ impl fmt::Display for PrefetchReport {
 
 /// Reasons in words, one after another.
 fn joined(reasons: &[SkipReason]) -> String {
-    let words: Vec<String> = reasons.iter().map(ToString::to_string).collect();
-    words.join("; ")
+    reasons
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 worded! {
 /// Where a process's local rank and the number of local ranks came from
-/// ([`PrefetchReport::rank_source`]).
-/// `Display` says it in words, e.g. `LOCAL_RANK=1 LOCAL_WORLD_SIZE=8
-/// (torchrun)`.
+/// ([`PrefetchReport::rank_source`]), e.g. `LOCAL_RANK=1 LOCAL_WORLD_SIZE=8 (torchrun)`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum RankSource {
-    /// `Loader::local_rank`; `valid` is false
-    /// where the rank was not below the size (then taken as one process).
+    /// `Loader::local_rank`.
     Caller {
-        /// Whether the values were usable.
+        /// Whether the rank was below the size (else taken as one process).
         valid: bool,
     } = "caller",
-    /// A launcher's variables, as they were set; `valid` is false where
-    /// they were not numbers or the rank not below the size (then taken as
-    /// one process).
+    /// A launcher's variables, as they were set.
     Launcher {
         /// `torchrun`, `Slurm`, `Open MPI` or `MPICH/Intel MPI`.
         launcher: &'static str,
@@ -195,7 +179,7 @@ pub enum RankSource {
         size_var: &'static str,
         /// Its value.
         size: String,
-        /// Whether the values were usable.
+        /// Whether the values were numbers, the rank below the size (else one process).
         valid: bool,
     } = "launcher",
     /// No launcher variable was set: one process.
@@ -206,13 +190,10 @@ pub enum RankSource {
 
 impl fmt::Display for RankSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
+        let valid = match self {
             RankSource::Caller { valid } => {
                 f.write_str("local_rank() was set")?;
-                if !valid {
-                    f.write_str(": invalid, taken as one process")?;
-                }
-                Ok(())
+                valid
             }
             RankSource::Launcher {
                 launcher,
@@ -223,33 +204,29 @@ impl fmt::Display for RankSource {
                 valid,
             } => {
                 write!(f, "{rank_var}={rank} {size_var}={size} ({launcher})")?;
-                if !valid {
-                    f.write_str(": invalid, taken as one process")?;
-                }
-                Ok(())
+                valid
             }
-            RankSource::Alone => f.write_str("no launcher variables"),
+            RankSource::Alone => return f.write_str("no launcher variables"),
+        };
+        if !valid {
+            f.write_str(": invalid, taken as one process")?;
         }
+        Ok(())
     }
 }
 
 worded! {
-/// Why a prefetch left bytes cold
-/// ([`PrefetchReport::skip_reasons`]).
-/// `Display` says it in words.
+/// Why a prefetch left bytes cold ([`PrefetchReport::skip_reasons`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SkipReason {
-    /// Warming `needed` more bytes would pass the budget, 90 % of the
-    /// memory `available` (the smaller of `MemAvailable` and the cgroup's
-    /// room); `resident` of the `total` were in the page cache already, and
-    /// `skipped` bytes were left cold.
+    /// Warming `needed` more bytes would pass the budget, 90 % of the memory `available`.
     MemoryGuard {
         /// Bytes not in the page cache.
         needed: u64,
         /// The most that may be warmed.
         budget: u64,
-        /// The memory available.
+        /// The memory available (`MemAvailable` and the cgroup's room).
         available: u64,
         /// Bytes already in the page cache.
         resident: u64,
@@ -258,16 +235,15 @@ pub enum SkipReason {
         /// Bytes left cold.
         skipped: u64,
     } = "memory_guard",
-    /// Files this rank alone reads buffered: its own streaming reads take
-    /// them, and a prefetch through the page cache would read them twice.
+    /// Files this rank alone reads buffered: a prefetch through the page cache would read
+    /// them twice.
     ReadByThisRank {
         /// Their bytes.
         bytes: u64,
         /// How many files.
         files: usize,
     } = "read_by_this_rank",
-    /// Ranks holding chunks made no progress for `seconds`: their chunks
-    /// were left, not waited for.
+    /// Ranks holding chunks made no progress for `seconds`: their chunks were left.
     Stalled {
         /// How long this rank waited.
         seconds: u64,
@@ -327,22 +303,17 @@ impl fmt::Display for SkipReason {
     }
 }
 worded! {
-/// Why a prefetch ran, or why not
-/// ([`PrefetchReport::reason`](super::PrefetchReport::reason)): asked for,
-/// or the auto policy's word on files of a network filesystem. Its code is
-/// `prefetch_` and the variant's name in snake case
-/// (`"prefetch_requested"`, `"prefetch_auto"`, ...).
+/// Why a prefetch ran, or why not ([`PrefetchReport::reason`]): asked for, or the auto
+/// policy's word on files of a network filesystem.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum PrefetchReason {
-    /// `Loader::prefetch` asked for it (or
-    /// `Loader::warm` ran it).
+    /// `Loader::prefetch` asked for it (or `Loader::warm` ran it).
     Requested {
         /// Readers per process.
         streams: usize,
     } = "prefetch_requested",
-    /// An environment variable asked for it (`SAFELOAD_PREFETCH`, else
-    /// `HF_SHARD_PREFETCH`).
+    /// An environment variable asked for it (`SAFELOAD_PREFETCH`, `HF_SHARD_PREFETCH`).
     FromEnvironment {
         /// The variable.
         variable: &'static str,
@@ -351,8 +322,7 @@ pub enum PrefetchReason {
     } = "prefetch_from_environment",
     /// Asked with no readers: nothing was warmed.
     Off = "prefetch_off",
-    /// The auto policy warmed files on a network filesystem before mapping
-    /// them: `needed` of their `total` bytes were not in the page cache.
+    /// The auto policy warmed files on a network filesystem before mapping them.
     Auto {
         /// The filesystem of the first file.
         mount: Mount,
@@ -361,14 +331,12 @@ pub enum PrefetchReason {
         /// Bytes of the files.
         total: u64,
     } = "prefetch_auto",
-    /// The auto policy left files on a network filesystem alone: every byte
-    /// was already in the page cache.
+    /// The auto policy left files on a network filesystem alone: all in the page cache.
     AutoResident {
         /// The filesystem of the first file.
         mount: Mount,
     } = "prefetch_auto_resident",
-    /// The auto policy left files on a network filesystem alone: the memory
-    /// guard would have left part of them cold (see the skip reasons).
+    /// The auto policy left files on a network filesystem alone: they do not fit the memory guard.
     AutoDoesNotFit {
         /// The filesystem of the first file.
         mount: Mount,
@@ -419,24 +387,20 @@ impl fmt::Display for PrefetchReason {
 
 worded! {
 /// Why a prefetch's queue was not shared, or what was replaced to share it
-/// ([`PrefetchReport::queue_note`](super::PrefetchReport::queue_note)).
-/// Codes: `"fixed_shares"`, `"queue_not_shared"`, `"queue_replaced"`.
+/// ([`PrefetchReport::queue_note`]).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum QueueNote {
-    /// The caller asked for no shared queue: each local rank warmed a fixed
-    /// share of the bytes.
+    /// The caller asked for no shared queue: each local rank warmed a fixed share.
     FixedShares = "fixed_shares",
-    /// The shared queue file could not be had: each rank warmed a fixed
-    /// share.
+    /// The shared queue file could not be had: each rank warmed a fixed share.
     NotShared {
         /// The queue file.
         path: PathBuf => serialize_with = "crate::worded::path_text",
         /// Why, e.g. `a FIFO of uid 1000, not this user's`, or the OS's error.
         why: String,
     } = "queue_not_shared",
-    /// A queue file left by an earlier run, or not a valid queue, was
-    /// replaced by a new one.
+    /// A queue file left by an earlier run, or not a valid queue, was replaced.
     Replaced {
         /// What was wrong with it.
         why: &'static str,

@@ -13,20 +13,16 @@ pub(super) struct Entries {
     pub(super) tensors: Vec<(String, Entry)>,
 }
 
-/// One tensor's entry: the fields of the crate's `TensorInfo`, read so that
-/// a wrong dtype or offset pair says what it is (serde_json's direct enum
-/// and tuple errors say only "expected value" or "trailing characters").
+/// One tensor's entry, the crate's `TensorInfo`, read so that a wrong dtype or offset pair
+/// says what it is (serde_json's enum and tuple errors say only "expected value").
 pub(super) struct Entry {
     pub(super) dtype: Dtype,
     pub(super) shape: Vec<usize>,
     pub(super) data_offsets: (usize, usize),
 }
 
-/// Written out rather than derived, for one difference: a derived
-/// `Deserialize` skips unknown fields with [`de::IgnoredAny`], this one with
-/// [`Skip`]. Otherwise as derived: an object of the three fields in any
-/// order, each at most once, unknown ones allowed; or an array of the three
-/// in order, which the reference's derived `TensorInfo` accepts too.
+/// As derived (an object of the fields, or an array of them in order), but unknown fields are
+/// skipped with [`Skip`], not [`de::IgnoredAny`].
 impl<'de> Deserialize<'de> for Entry {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_struct("Entry", &["dtype", "shape", "data_offsets"], EntryVisitor)
@@ -169,22 +165,23 @@ impl<'de> Deserialize<'de> for Offsets {
     }
 }
 
-/// A value the parser has no use for, read as the reference reads it. The
-/// reference's `#[serde(flatten)]` buffers each tensor entry whole through
-/// `deserialize_any` before it looks at a field; so does this, without the
-/// buffer, and serde_json checks a skipped value as it checks the rest:
-/// arrays and objects nested within its recursion limit
-/// ([`MAX_NESTING`](super::MAX_NESTING)), escapes that decode (no lone
-/// surrogate such as `"\ud800"`), numbers in range (no `1e400`). The
-/// recursion is bounded by that limit: a nest a million deep is refused at
-/// its 128th level, not by a stack overflow.
+/// A value the parser has no use for, read through `deserialize_any` as the reference's
+/// `#[serde(flatten)]` reads it, so serde_json checks it as the reference does: nesting within
+/// [`MAX_NESTING`](super::MAX_NESTING) (a deep nest is refused, not a stack overflow), escapes
+/// that decode (no `"\ud800"`), numbers in range (no `1e400`).
 ///
-/// NOTE: [`de::IgnoredAny`], used here before (a derived `Deserialize`
-/// skips unknown fields with it), checks none of the three: serde_json skips
-/// it with a stack of its own, so a 100,000-deep nest, `"\ud800"` and `1e400`
-/// in an unknown field were accepted (CHANGELOG.md). A depth counter of our
-/// own was rejected: serde_json's count is the reference's by construction.
+/// NOTE: [`de::IgnoredAny`] checks none of the three (serde_json skips it with a stack of its
+/// own); a depth counter of our own would not be the reference's count by construction.
 pub(super) struct Skip;
+
+/// `Skip`'s visitors of scalars, which have nothing to check.
+macro_rules! skip_scalars {
+    ($($visit:ident: $ty:ty),*) => {
+        $(fn $visit<E: de::Error>(self, _: $ty) -> Result<Skip, E> {
+            Ok(Skip)
+        })*
+    };
+}
 
 impl<'de> Deserialize<'de> for Skip {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -197,21 +194,8 @@ impl<'de> Visitor<'de> for Skip {
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Skip, E> {
-        Ok(Skip)
-    }
+    skip_scalars!(visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_f64: f64);
+    skip_scalars!(visit_str: &str);
     fn visit_unit<E: de::Error>(self) -> Result<Skip, E> {
         Ok(Skip)
     }

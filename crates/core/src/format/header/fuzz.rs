@@ -1,11 +1,7 @@
 //! The fuzz crate's way in to the header parser: a whole file's bytes in, the verdict and the tensors out as plain types; hidden, not part of the API.
 //!
-//! Re-exported as `safeload::__fuzz` under `#[doc(hidden)]`, so that the
-//! `header_parse` fuzz target (`fuzz/fuzz_targets/header_parse.rs`) can hold
-//! the parser to the reference's verdict at the parser's own speed, with no
-//! file, thread or `/proc` read per input. It calls the functions a load
-//! calls (`header_len`, then `parse`) and only copies the
-//! result out, so what it accepts is what a load accepts.
+//! `safeload::__fuzz`, for the `header_parse` fuzz target: the functions a load calls,
+//! with no file, thread or `/proc` read per input.
 
 use std::collections::HashMap;
 
@@ -38,9 +34,7 @@ pub struct ParsedTensor {
     pub data_offsets: (u64, u64),
 }
 
-/// Parses the bytes of a whole `.safetensors` file (length prefix, header
-/// JSON, data) as a load parses them, checking the header against the
-/// length of `file`. Pure: opens no file and starts no thread.
+/// Parses the bytes of a whole `.safetensors` file as a load parses them.
 ///
 /// # Errors
 ///

@@ -1,12 +1,7 @@
 //! The safetensors header: its length prefix, and its JSON parsed into checked tensor entries by the `safetensors` crate's rules.
 //!
-//! Pure: everything here takes bytes and never opens a file, so every check is
-//! exercised by unit tests, property tests and the fuzz targets alike.
-//!
-//! This file holds the types, the length prefix, the checks and `parse`;
-//! `entry` the serde visitors that read the JSON in one pass; `fuzz` the
-//! hidden entry the fuzz crate calls; `tests` and `reference_verdicts` the
-//! unit tests and the verdicts held to the reference's.
+//! Pure: it takes bytes and never opens a file (`entry` reads the JSON in one pass, `fuzz`
+//! is the fuzz crate's way in).
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -19,8 +14,6 @@ use entry::{Entries, Entry};
 mod entry;
 pub mod fuzz;
 #[cfg(test)]
-mod reference_verdicts;
-#[cfg(test)]
 mod tests;
 
 /// The largest header accepted, in bytes; the same limit as the `safetensors`
@@ -28,11 +21,8 @@ mod tests;
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
 /// Bytes of the little-endian header-length prefix.
 pub const PREFIX_LEN: u64 = 8;
-/// The deepest nesting of JSON arrays and objects a header may have, its
-/// outer object counting as the first level: the reference parses headers
-/// with serde_json, whose recursion limit of 128 refuses the 128th level.
-/// serde_json applies it here too (see [`Skip`](entry::Skip)); this
-/// constant names it for the message and the tests.
+/// The deepest nesting of JSON arrays and objects a header may have (the outer object is the
+/// first level): serde_json's recursion limit, which the reference and [`entry::Skip`] apply.
 pub(crate) const MAX_NESTING: usize = 127;
 
 /// One tensor as the header describes it.
@@ -91,22 +81,13 @@ pub(crate) fn header_len(prefix: &[u8], file_len: u64) -> Result<u64, ErrorKind>
     Ok(len)
 }
 
-/// Parses the header's JSON (the bytes after the 8-byte prefix) and checks
-/// it describes a file of exactly `file_len` bytes: every entry by the rules
-/// of the `safetensors` crate (a known dtype, offsets contiguous from 0 in
-/// order, each tensor's byte length its shape's, all with checked
-/// arithmetic), no name twice, nothing after the last tensor.
+/// Parses the header's JSON (the bytes after the prefix) and checks it describes a file of
+/// exactly `file_len` bytes, by the `safetensors` crate's rules (see `check`), no name twice.
 ///
-/// NOTE: the entries are read with the crate's own `Dtype` deserializer,
-/// but not through its `Metadata`, whose serde `flatten` buffers the whole
-/// header into a generic tree: on a big header that cost more than the rest
-/// of the load (BENCHMARKS.md, "Big headers"). One pass into a vector, one
-/// sort by offset and a set of names does the same checks; the property
-/// tests, the fuzz target and `seed_corpus_verdicts_are_the_references` hold
-/// the two parsers to the same verdict on damaged files.
-///
-/// JSON nested deeper than [`MAX_NESTING`] levels is refused, as the
-/// reference refuses it.
+/// NOTE: not through the crate's `Metadata`, whose serde `flatten` buffers the whole header
+/// into a tree: on a big header that cost more than the rest of the load (BENCHMARKS.md, "Big
+/// headers"). The property tests, the fuzz target and the reference-verdict tests hold the two
+/// parsers to the same verdict.
 pub(crate) fn parse(json: &[u8], file_len: u64) -> Result<Header, ErrorKind> {
     let invalid = |reason: String| ErrorKind::InvalidHeader { reason };
     let text = std::str::from_utf8(json).map_err(|e| invalid(format!("not UTF-8: {e}")))?;
@@ -114,9 +95,7 @@ pub(crate) fn parse(json: &[u8], file_len: u64) -> Result<Header, ErrorKind> {
         metadata,
         mut tensors,
     } = serde_json::from_str(text).map_err(|e| invalid(json_reason(&e)))?;
-    // File order: by offsets; empty tensors share offsets with their
-    // neighbours, so ties go by name and the order (and the first fault
-    // named) is the same on every run.
+    // Empty tensors share offsets: ties go by name, so the first fault named is stable.
     tensors.sort_unstable_by(|(a, x), (b, y)| (x.data_offsets, a).cmp(&(y.data_offsets, b)));
     let mut names = HashSet::with_capacity(tensors.len());
     for (name, _) in &tensors {
@@ -126,7 +105,6 @@ pub(crate) fn parse(json: &[u8], file_len: u64) -> Result<Header, ErrorKind> {
     }
     drop(names);
     check(&tensors).map_err(invalid)?;
-
     let data_start = PREFIX_LEN + json.len() as u64;
     let tensors: Vec<TensorEntry> = tensors
         .into_iter()
@@ -153,14 +131,11 @@ pub(crate) fn parse(json: &[u8], file_len: u64) -> Result<Header, ErrorKind> {
     Ok(header)
 }
 
-/// The reason a header that does not parse as the expected JSON is refused:
-/// serde_json's message, or, past the nesting limit, one that says so.
+/// Why JSON that does not parse is refused: serde_json's message, or the nesting limit's.
 fn json_reason(e: &serde_json::Error) -> String {
     let message = e.to_string();
-    // serde_json exposes no error code (`Category::Syntax` covers every
-    // syntax error), so its message is matched, at its start, where no text
-    // from the header can appear. Should a release reword it, its own
-    // message stands, and `nesting_limit_is_the_references` fails.
+    // serde_json has no error code for it: its message's start (no header text can appear
+    // there) is matched; a reworded release fails `nesting_limit_is_the_references`.
     if e.is_syntax() && message.starts_with("recursion limit exceeded") {
         return format!(
             "nesting limit exceeded: more than {MAX_NESTING} levels of arrays and objects, at \
@@ -173,8 +148,8 @@ fn json_reason(e: &serde_json::Error) -> String {
     message
 }
 
-/// The `safetensors` crate's rules for entries in offset order, checked in
-/// that order so that the first entry that breaks one is named.
+/// The `safetensors` crate's rules (offsets contiguous from 0, each tensor's length its
+/// shape's, checked arithmetic) in offset order, so the first entry that breaks one is named.
 fn check(tensors: &[(String, Entry)]) -> Result<(), String> {
     let mut end = 0usize;
     for (name, info) in tensors {
@@ -218,8 +193,7 @@ fn check(tensors: &[(String, Entry)]) -> Result<(), String> {
     Ok(())
 }
 
-/// Parses a whole safetensors file held in memory. Pure; used by the tests
-/// and, through [`fuzz::parse_file`], by the fuzz crate.
+/// Parses a whole safetensors file held in memory (the tests, [`fuzz::parse_file`]).
 pub(crate) fn parse_file(bytes: &[u8]) -> Result<Header, ErrorKind> {
     let file_len = bytes.len() as u64;
     let len = header_len(bytes, file_len)?;
@@ -230,8 +204,7 @@ pub(crate) fn parse_file(bytes: &[u8]) -> Result<Header, ErrorKind> {
     parse(json, file_len)
 }
 
-/// The alignment a dtype's elements need for a typed view: their size in
-/// bytes, at most 8; sub-byte types need none.
+/// The alignment a typed view of `dtype` needs: its size, at most 8; 1 for sub-byte types.
 pub(crate) fn dtype_align(dtype: Dtype) -> u64 {
     ((dtype.bitsize() / 8).clamp(1, 8)) as u64
 }

@@ -2,8 +2,10 @@
 
 use super::*;
 
+mod reference_verdicts;
+
 /// A file: the 8-byte length of `header`, `header`, `data` zero bytes.
-pub(super) fn file(header: &str, data: usize) -> Vec<u8> {
+fn file(header: &str, data: usize) -> Vec<u8> {
     let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
     bytes.extend_from_slice(header.as_bytes());
     bytes.resize(bytes.len() + data, 0);

@@ -4,7 +4,6 @@
 
 use std::path::Path;
 
-use super::tests::file;
 use super::*;
 
 /// `parse_file`'s verdict, after asserting that the reference accepts

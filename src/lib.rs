@@ -461,7 +461,7 @@ pub use safeload_core::{
     Dtype, Element, Error, ErrorKind, HugePages, LoadReport, RemoteFailure, Result, StateDict,
     Tensor, TensorInfo,
 };
-pub use safeload_core::{cluster, device, mount, report};
+pub use safeload_core::{cluster, mount, report};
 
 /// Loads a checkpoint: the builder of every option (see the methods), with
 /// the extras this build reads beyond local paths ([`extras::Builtin`]:
@@ -511,6 +511,9 @@ pub fn load_state_dict(
 }
 
 pub mod extras;
+
+#[doc(inline)]
+pub use safeload_device as device;
 
 #[cfg(feature = "candle")]
 pub mod candle;

@@ -1,7 +1,6 @@
 //! A load once its files are open, shared by `Loader::load` and `Checkpoint::load_filtered`: prefetch, plan, fill (the read engine), seal, verify, assemble.
 
 mod cached;
-pub(crate) mod device;
 pub(crate) mod exchange;
 pub(crate) mod queue;
 

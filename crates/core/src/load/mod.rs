@@ -1,6 +1,5 @@
 //! `Loader`: the options of a load, set as one expression (its entry points in `run.rs`, their async forms in `future.rs`).
 
-mod device;
 mod future;
 mod run;
 
@@ -448,6 +447,17 @@ impl<X> Loader<X> {
     /// ```
     pub fn cancel_on(mut self, flag: Arc<AtomicBool>) -> Self {
         self.opts.cancel = std::mem::take(&mut self.opts.cancel).with_caller(flag);
+        self
+    }
+
+    /// The staging ring of a load to a device (`safeload::device`):
+    /// `buffers` buffers of `bytes` each, the host memory such a load takes
+    /// whatever the checkpoint's size (pinned memory on a GPU), and the most
+    /// one copy moves. Default 4 of 32 MiB; at least one buffer of 4 KiB.
+    /// Two buffers already overlap reads with copies; more keep readers busy
+    /// while copies queue.
+    pub fn staging(mut self, buffers: usize, bytes: usize) -> Self {
+        self.opts.staging = Some((buffers, bytes));
         self
     }
 }

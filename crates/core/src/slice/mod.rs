@@ -57,7 +57,7 @@ use crate::error::{Error, ErrorKind};
 /// where a fixed gap's worst case against the best choice is smallest
 /// (BENCHMARKS.md, "slice/mod.rs: MERGE_GAP"). A merged read holds at most this many dropped
 /// bytes per gap, and never more than the rows it covers.
-pub(crate) const MERGE_GAP: usize = 512 << 10;
+pub const MERGE_GAP: usize = 512 << 10;
 
 /// The bytes of a tensor (relative to its first byte) that hold a slice, and where each lands in the result.
 #[derive(Debug, Clone, PartialEq, Eq)]

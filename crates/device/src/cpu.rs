@@ -8,8 +8,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::Device;
-use crate::storage::Buffer;
+use memmap2::MmapMut;
+
+use crate::Device;
 
 /// A device in host memory: the crate's stand-in for a GPU, which its tests
 /// and benchmarks load to, and a way to run the device path on a machine
@@ -30,7 +31,7 @@ use crate::storage::Buffer;
 /// # let data: Vec<u8> = (0..24u8).collect();
 /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4, 6], &data)?;
 /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-/// use safeload::device::StandIn;
+/// use safeload::device::{LoadToDevice, StandIn};
 ///
 /// let device = StandIn::new().bandwidth(2e9); // 2 GB/s, like a slow PCIe link
 /// let on_device = safeload::Loader::new().load_to_device(&path, &device)?;
@@ -177,7 +178,7 @@ impl StandInSlab {
 /// A staging buffer of the stand-in: a page-aligned buffer, faulted in when
 /// made (it is filled again and again), counted while alive.
 pub struct StandInStaging {
-    buffer: Buffer,
+    buffer: MmapMut,
     counters: Arc<Counters>,
 }
 
@@ -332,7 +333,7 @@ fn copy_thread(queue: &Queue, counters: &Counters) {
 /// One copy: its bytes into the slab, unless it is the one to fail (its
 /// buffer then dropped, as a failed device drops it).
 fn run(
-    mut staging: StandInStaging,
+    staging: StandInStaging,
     len: usize,
     slab: &SlabMemory,
     offset: usize,
@@ -346,7 +347,6 @@ fn run(
     }
     let src = staging
         .buffer
-        .bytes_mut()
         .get(..len)
         .ok_or_else(|| io::Error::other("a copy longer than its staging buffer"))?;
     if let Some(bytes) = &slab.bytes {
@@ -403,9 +403,9 @@ impl Device for StandIn {
     }
 
     fn staging(&self, len: usize) -> io::Result<StandInStaging> {
-        let mut buffer = Buffer::new(len)?;
+        let mut buffer = MmapMut::map_anon(len)?;
         // Filled again and again: faulted in once, now.
-        crate::os::populate_write(buffer.bytes_mut());
+        buffer.fill(0);
         let counters = &self.engine.counters;
         counters.staging.fetch_add(1, Ordering::Relaxed);
         counters.staging_made.fetch_add(1, Ordering::Relaxed);
@@ -416,7 +416,7 @@ impl Device for StandIn {
     }
 
     fn staging_bytes<'s>(&self, staging: &'s mut StandInStaging) -> &'s mut [u8] {
-        staging.buffer.bytes_mut()
+        &mut staging.buffer
     }
 
     fn submit(

@@ -6,15 +6,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::cancel::{self, Cancel};
-use crate::dest::device::Device;
-use crate::dest::device::ring::{InFlight, Ring, Staged};
-use crate::error::Operation;
-use crate::jobs::JobSource;
-use crate::os;
-use crate::plan::device::{Chunk, Piece};
-use crate::source::Source;
-use crate::storage::Storage;
+use safeload_core::cancel::{self, Cancel};
+use safeload_core::dest::device::let_go;
+use safeload_core::error::Operation;
+use safeload_core::jobs::JobSource;
+use safeload_core::source::Source;
+use safeload_core::storage::Storage;
+
+use crate::Device;
+use crate::plan::{Chunk, Piece};
+use crate::ring::{InFlight, Ring, Staged};
 
 /// One file as the readers see it.
 pub(super) struct FileIo<'a, S> {
@@ -469,9 +470,7 @@ fn fill<S>(
                 (Operation::Read, piece.read.start, e)
             })?;
         let overflowed = place(piece, bytes, dst)?;
-        if let Some(m) = map.file_map() {
-            os::let_go(m, start, len);
-        }
+        let_go(map, start, len);
         return Ok((read_len, overflowed));
     }
     if piece.straight() {
@@ -516,7 +515,7 @@ fn place(piece: &Piece, read: &[u8], dst: &mut [u8]) -> Result<u64, (Operation, 
         if s.raw() {
             out.copy_from_slice(src);
         } else {
-            let converted = crate::convert::convert(s.from, s.to, src, out)
+            let converted = safeload_core::convert::convert(s.from, s.to, src, out)
                 .map_err(|e| (Operation::Convert, s.src, io::Error::other(e.to_string())))?;
             overflowed += converted.overflowed();
         }

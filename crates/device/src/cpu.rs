@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
 
-use crate::Device;
+use crate::device::Device;
 
 /// A device in host memory: the crate's stand-in for a GPU, which its tests
 /// and benchmarks load to, and a way to run the device path on a machine

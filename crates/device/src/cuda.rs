@@ -8,7 +8,7 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DriverError, PinnedHostSlice,
 };
 
-use crate::Device;
+use crate::device::Device;
 
 /// An NVIDIA GPU, reached through the CUDA driver on a stream of the
 /// engine's context (feature `cuda`).

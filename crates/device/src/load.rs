@@ -12,13 +12,12 @@ use safeload_core::error::{Error, Operation, Result};
 use safeload_core::jobs;
 use safeload_core::source::read_error;
 
+use crate::device::{Device, STAGING_BUFFERS, STAGING_BYTES};
 use crate::pipeline::{Failure, FileCost, FileIo, Pipeline};
 use crate::plan::{self, Chunk, Sizes};
+use crate::report::{DeviceFileReport, DeviceReport, Route};
 use crate::ring::Ring;
-use crate::{
-    Device, DeviceFileReport, DeviceReport, DeviceTensor, DeviceTensors, Route, STAGING_BUFFERS,
-    STAGING_BYTES,
-};
+use crate::tensors::{DeviceTensor, DeviceTensors};
 
 /// The smallest staging buffer a caller may ask for (`Loader::staging`).
 const MIN_STAGING_BYTES: usize = 4 << 10;

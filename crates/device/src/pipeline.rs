@@ -13,7 +13,7 @@ use safeload_core::jobs::JobSource;
 use safeload_core::source::Source;
 use safeload_core::storage::Storage;
 
-use crate::Device;
+use crate::device::Device;
 use crate::plan::{Chunk, Piece};
 use crate::ring::{InFlight, Ring, Staged};
 

@@ -10,7 +10,7 @@ use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use crate::Device;
+use crate::device::Device;
 
 /// A copy in flight, and the file it moves bytes of: for the report.
 pub(crate) struct InFlight<C> {

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use safetensors::Dtype;
 
-use crate::{Device, DeviceReport, StandIn};
+use crate::cpu::StandIn;
+use crate::device::Device;
+use crate::report::DeviceReport;
 
 /// A tensor in device memory: where it is, what it holds, and the slab
 /// (one per file) that owns its bytes, which it keeps alive.

@@ -298,24 +298,15 @@ fn copy_thread(queue: &Queue, counters: &Counters) {
                     .unwrap_or_else(PoisonError::into_inner);
             }
         };
-        let Job {
-            staging,
-            len,
-            slab,
-            offset,
-            config,
-            number,
-            at,
-            done,
-        } = job;
-        let mut end = free_at.max(at) + config.latency;
+        let (len, config) = (job.len, job.config);
+        let mut end = free_at.max(job.at) + config.latency;
         if let Some(rate) = config.bytes_per_second {
             end += Duration::from_secs_f64(len as f64 / rate);
         }
-        let outcome = run(staging, len, &slab, offset, &config, number);
+        let outcome = run(job.staging, len, &job.slab, job.offset, &config, job.number);
         // The slab's memory goes with its last holder: not this thread, once
         // the copy is seen complete.
-        drop(slab);
+        drop(job.slab);
         // A copy that kept the bytes took its own time at least.
         free_at = end.max(Instant::now());
         if let Some(left) = free_at.checked_duration_since(Instant::now()) {
@@ -325,8 +316,8 @@ fn copy_thread(queue: &Queue, counters: &Counters) {
             counters.copies.fetch_add(1, Ordering::Relaxed);
             counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
         }
-        *lock(&done.outcome) = Some(outcome);
-        done.ready.notify_all();
+        *lock(&job.done.outcome) = Some(outcome);
+        job.done.ready.notify_all();
     }
 }
 

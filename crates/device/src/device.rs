@@ -19,7 +19,7 @@ pub const STAGING_BYTES: usize = 32 << 20;
 /// A device whose memory the crate's readers fill: device memory for each
 /// file's tensors, staging buffers in host memory the device copies from,
 /// and asynchronous copies out of them. The crate implements it for a CPU
-/// stand-in ([`StandIn`], what the tests use) and, with the feature `cuda`,
+/// stand-in ([`StandIn`](crate::StandIn), what the tests use) and, with the feature `cuda`,
 /// for an NVIDIA GPU (`Cuda`); an engine may implement it for its own.
 ///
 /// # Contract

@@ -1,11 +1,4 @@
 //! Weights straight into device memory: the `Device` seam (a slab of device memory per file, staging buffers, asynchronous copies and their completion) and its contract, the staging ring the core's readers fill, the tensors and report a load to a device hands out, and the devices (a CPU stand-in; CUDA with the feature `cuda`). `safeload::device` re-exports it.
-//!
-//! A load to a device never holds the checkpoint in host memory: the
-//! readers fill a few staging buffers (the ring) in file order, each with up
-//! to one chunk of a file's tensors as they will lie in device memory, and
-//! hand each filled buffer to the device's asynchronous copy; a buffer is
-//! filled again once its copy completes. [`ToDevice`] and [`LoadToDevice`]
-//! add the loads to the core's `Checkpoint` and `Loader`.
 
 mod cpu;
 #[cfg(feature = "cuda")]

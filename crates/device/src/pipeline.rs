@@ -69,24 +69,21 @@ pub(super) struct Failure {
 }
 
 impl Failure {
-    fn device(file: usize, offset: Option<u64>, error: io::Error) -> Failure {
+    fn device(file: Option<usize>, offset: Option<u64>, error: io::Error) -> Failure {
+        let operation = Operation::Device;
+        let device = true;
         Failure {
-            file: Some(file),
-            operation: Operation::Device,
+            file,
+            operation,
             offset,
             error,
-            device: true,
+            device,
         }
     }
 
     fn internal(what: &str) -> Failure {
-        Failure {
-            file: None,
-            operation: Operation::Device,
-            offset: None,
-            error: io::Error::other(format!("a load to a device went wrong: {what}")),
-            device: true,
-        }
+        let e = io::Error::other(format!("a load to a device went wrong: {what}"));
+        Failure::device(None, None, e)
     }
 }
 
@@ -199,9 +196,7 @@ impl<'a, D: Device> Pipeline<'a, D> {
         for InFlight { copy, file, .. } in left {
             match self.device.complete(copy) {
                 Ok(_buffer) => self.copied(file),
-                Err(e) => {
-                    failed.get_or_insert(Failure::device(file, None, e));
-                }
+                Err(e) => _ = failed.get_or_insert(Failure::device(Some(file), None, e)),
             }
         }
         if let Some(failure) = failed {
@@ -229,29 +224,24 @@ impl<'a, D: Device> Pipeline<'a, D> {
             if let Some(work) = self.hand_out(&mut state, reader) {
                 return Some(work);
             }
+            let fail = |state: &mut State<D>, failure| {
+                state.stopped = true;
+                self.changed.notify_all();
+                Some((usize::MAX, Work::Failed(failure)))
+            };
             if state.next_chunk < self.chunks.len() {
-                match state.ring.take(self.device) {
-                    Some(Ok(buffer)) => {
-                        if let Err(failure) = self.open(&mut state, buffer) {
-                            state.stopped = true;
-                            self.changed.notify_all();
-                            return Some((usize::MAX, Work::Failed(failure)));
-                        }
-                        continue;
+                if let Some(taken) = state.ring.take(self.device) {
+                    let allocate = |e| Failure {
+                        operation: Operation::Allocate,
+                        ..Failure::device(None, None, e)
+                    };
+                    let opened = taken
+                        .map_err(allocate)
+                        .and_then(|buffer| self.open(&mut state, buffer));
+                    match opened {
+                        Ok(()) => continue,
+                        Err(failure) => return fail(&mut state, failure),
                     }
-                    Some(Err(e)) => {
-                        state.stopped = true;
-                        self.changed.notify_all();
-                        let failure = Failure {
-                            file: None,
-                            operation: Operation::Allocate,
-                            offset: None,
-                            error: e,
-                            device: true,
-                        };
-                        return Some((usize::MAX, Work::Failed(failure)));
-                    }
-                    None => {}
                 }
             } else if state.open.is_empty() {
                 return None;
@@ -268,10 +258,7 @@ impl<'a, D: Device> Pipeline<'a, D> {
                     }
                     Err(e) => {
                         state.ring.reaped(None);
-                        state.stopped = true;
-                        self.changed.notify_all();
-                        let failure = Failure::device(oldest.file, None, e);
-                        return Some((usize::MAX, Work::Failed(failure)));
+                        return fail(&mut state, Failure::device(Some(oldest.file), None, e));
                     }
                 }
                 continue;
@@ -390,7 +377,7 @@ impl<'a, D: Device> Pipeline<'a, D> {
         let copy = self
             .device
             .submit(buffer, len, slab, c.slab.start)
-            .map_err(|e| Failure::device(c.file, Some(c.slab.start as u64), e))?;
+            .map_err(|e| Failure::device(Some(c.file), Some(c.slab.start as u64), e))?;
         let mut state = self.state();
         state.ring.submitted(InFlight { copy, file: c.file });
         state.submitted += 1;

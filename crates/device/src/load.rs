@@ -13,7 +13,7 @@ use safeload_core::jobs;
 use safeload_core::source::read_error;
 
 use crate::device::{Device, STAGING_BUFFERS, STAGING_BYTES};
-use crate::pipeline::{Failure, FileCost, FileIo, Pipeline};
+use crate::pipeline::{Failure, FileCost, Pipeline, Placing};
 use crate::plan::{self, Chunk, Sizes};
 use crate::report::{DeviceFileReport, DeviceReport, Route};
 use crate::ring::Ring;
@@ -24,14 +24,6 @@ const MIN_STAGING_BYTES: usize = 4 << 10;
 
 /// The most one piece reads through a reader's scratch buffer.
 const SCRATCH: usize = 2 << 20;
-
-/// A file as the load goes: what the core planned, its slab's layout and
-/// the slab.
-struct Placing<'a, D: Device> {
-    file: DeviceFile<'a>,
-    layout: plan::Slab,
-    slab: Arc<D::Slab>,
-}
 
 /// Places the tensors of `load`'s files on `device` through a staging ring
 /// of the options' size, under the load's cancel flags.
@@ -62,24 +54,15 @@ pub(crate) fn to_device<D: Device>(device: &D, load: DeviceLoad<'_>) -> Result<D
     let per_chunk = buffer_len.div_ceil(sizes.piece).max(1);
     concurrency.max = concurrency.max.min(buffers * per_chunk).max(1);
     concurrency.start = concurrency.start.min(concurrency.max);
-    let io: Vec<FileIo<'_, D::Slab>> = placing
-        .iter()
-        .map(|p| FileIo {
-            source: p.file.source,
-            map: p.file.map,
-            slab: Some(&*p.slab),
-        })
-        .collect();
     let ring = Ring::new(buffers, buffer_len);
     let (readers, cancel) = (concurrency.max, load.cancel);
-    let mut pipeline = Pipeline::new(device, &io, &chunks, ring, readers, clock, cancel);
+    let mut pipeline = Pipeline::new(device, &placing, &chunks, ring, readers, clock, cancel);
     let (read, started, _) = jobs::drain(&pipeline, concurrency, pieces, DEVICE_READER, cancel);
     // Every copy waited for, whatever the reads did: no slab is freed
     // under one.
     let copied = pipeline.finish();
     let costs = std::mem::take(&mut pipeline.costs);
     drop(pipeline);
-    drop(io);
     if let Err(failure) = read.and(copied) {
         return Err(error_of(failure, &placing, load.path));
     }

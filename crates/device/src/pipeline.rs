@@ -7,23 +7,20 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use safeload_core::cancel::{self, Cancel};
-use safeload_core::dest::device::let_go;
+use safeload_core::dest::device::{DeviceFile, let_go};
 use safeload_core::error::Operation;
 use safeload_core::jobs::JobSource;
-use safeload_core::source::Source;
-use safeload_core::storage::Storage;
 
 use crate::device::Device;
-use crate::plan::{Chunk, Piece};
+use crate::plan::{self, Chunk, Piece};
 use crate::ring::{InFlight, Ring, Staged};
 
-/// One file as the readers see it.
-pub(super) struct FileIo<'a, S> {
-    pub source: &'a dyn Source,
-    /// Its map, where the pieces are copied from it.
-    pub map: Option<&'a Storage>,
-    /// Its slab, where it has bytes to place.
-    pub slab: Option<&'a S>,
+/// A file as the load goes: what the core planned, its slab's layout and
+/// the slab.
+pub(super) struct Placing<'a, D: Device> {
+    pub file: DeviceFile<'a>,
+    pub layout: plan::Slab,
+    pub slab: Arc<D::Slab>,
 }
 
 /// What a file's pieces and copies cost so far.
@@ -121,7 +118,7 @@ struct State<D: Device> {
 /// A load's pieces, chunks and copies.
 pub(super) struct Pipeline<'a, D: Device> {
     device: &'a D,
-    files: &'a [FileIo<'a, D::Slab>],
+    files: &'a [Placing<'a, D>],
     chunks: &'a [Chunk],
     state: Mutex<State<D>>,
     changed: Condvar,
@@ -136,7 +133,7 @@ pub(super) struct Pipeline<'a, D: Device> {
 impl<'a, D: Device> Pipeline<'a, D> {
     pub(super) fn new(
         device: &'a D,
-        files: &'a [FileIo<'a, D::Slab>],
+        files: &'a [Placing<'a, D>],
         chunks: &'a [Chunk],
         ring: Ring<D>,
         readers: usize,
@@ -345,15 +342,15 @@ impl<'a, D: Device> Pipeline<'a, D> {
             .get(reader % self.scratch.len().max(1))
             .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner));
         let filled = staged.fill(piece, |dst| {
-            fill(file, p, dst, scratch.as_deref_mut()).map_err(|(operation, offset, error)| {
-                Failure {
+            fill(&file.file, p, dst, scratch.as_deref_mut()).map_err(
+                |(operation, offset, error)| Failure {
                     file: Some(c.file),
                     operation,
                     offset: Some(offset),
                     error,
                     device: false,
-                }
-            })
+                },
+            )
         });
         drop(scratch);
         let ((read, overflowed), buffer) =
@@ -371,8 +368,8 @@ impl<'a, D: Device> Pipeline<'a, D> {
         let slab = self
             .files
             .get(c.file)
-            .and_then(|f| f.slab)
-            .ok_or_else(|| Failure::internal("a chunk of a file without a slab"))?;
+            .map(|f| &*f.slab)
+            .ok_or_else(|| Failure::internal("a chunk of no file"))?;
         let len = c.slab.len();
         let copy = self
             .device
@@ -436,8 +433,8 @@ fn stopped() -> Failure {
 /// file, or read into `scratch` and placed from there. The bytes read (or
 /// copied), and the values conversions overflowed; else what failed, at
 /// which offset of the file.
-fn fill<S>(
-    file: &FileIo<'_, S>,
+fn fill(
+    file: &DeviceFile<'_>,
     piece: &Piece,
     dst: &mut [u8],
     scratch: Option<&mut Vec<u8>>,

@@ -169,11 +169,8 @@ impl<X> Loader<X> {
     /// huge pages. [`HugePages::Auto`] (the default) honours
     /// `SAFELOAD_HUGE_PAGES` (`1`/`on`, `0`/`off`, `auto`), else measures
     /// while the load faults its memory in, and uses the page size that
-    /// costs less per byte there (huge pages cost a quarter of base pages
-    /// where free ones are at hand, and many times more where the kernel
-    /// must compact memory for them or a virtual machine's host must back
-    /// them again). `On` always asks for them, `Off` never. The report says
-    /// which were used and why
+    /// costs less per byte there. `On` always asks for them, `Off` never.
+    /// The report says which were used and why
     /// ([`LoadReport::fresh_memory`](crate::LoadReport::fresh_memory)).
     pub fn huge_pages(mut self, huge_pages: HugePages) -> Self {
         self.opts.huge_pages = huge_pages;
@@ -231,10 +228,9 @@ impl<X> Loader<X> {
     }
 
     /// Converts every floating tensor to `dtype` (F32, F16 or BF16) as it is
-    /// loaded, in the same pass that reads or maps its bytes: the read
-    /// engine's readers convert each run straight into the tensor's final
-    /// place, from the map or from a read into a scratch buffer of their
-    /// own, in parallel; the file is never loaded first and converted after.
+    /// loaded, each run straight into the tensor's final place by the
+    /// readers that read or map it: the file is never loaded first and
+    /// converted after.
     ///
     /// Sources are F64, F32, F16, BF16, F8_E4M3 and F8_E5M2; integer and
     /// bool tensors, other floating types (the FNUZ F8 types, F8_E8M0, F4,

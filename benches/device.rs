@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use safeload::device::{Device, StandIn};
+use safeload::device::{Device, LoadToDevice, StandIn};
 
 mod common;
 

@@ -17,7 +17,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use safeload::device::{Cuda, DeviceTensors, Part};
+use safeload::device::{Cuda, DeviceTensors, Part, ToDevice};
 use safeload::{Checkpoint, Loader};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;

@@ -32,7 +32,7 @@
 //! | into memory the engine owns | [`Checkpoint::read_into`] |
 //! | a subset of the tensors, as a state dict | [`Checkpoint::load_filtered`] |
 //! | everything, under a memory cap | [`Checkpoint::for_each`] |
-//! | into a GPU's memory through a small ring of pinned buffers, no host copy (a rank's part, converted) | [`Loader::load_to_device`], [`Checkpoint::to_device`], [`Checkpoint::to_device_parts`] ([`device`]; the GPU: feature `cuda`) |
+//! | into a GPU's memory through a small ring of pinned buffers, no host copy (a rank's part, converted) | [`device::LoadToDevice::load_to_device`], [`device::ToDevice::to_device`], [`device::ToDevice::to_device_parts`] (the crate `safeload-device`; the GPU: feature `cuda`) |
 //! | convert floating tensors on the way | [`Loader::dtype`] (one tensor: [`Tensor::to_dtype`]) |
 //! | warm the page cache first, split across local ranks | [`Loader::prefetch`] |
 //! | warm it alone, for a job script | [`Loader::warm`] |
@@ -461,7 +461,7 @@ pub use safeload_core::{
     Dtype, Element, Error, ErrorKind, HugePages, LoadReport, RemoteFailure, Result, StateDict,
     Tensor, TensorInfo,
 };
-pub use safeload_core::{cluster, device, mount, report};
+pub use safeload_core::{cluster, mount, report};
 
 /// Loads a checkpoint: the builder of every option (see the methods), with
 /// the extras this build reads beyond local paths ([`extras::Builtin`]:
@@ -511,6 +511,17 @@ pub fn load_state_dict(
 }
 
 pub mod extras;
+
+/// Weights straight into device memory (the crate `safeload-device`): the
+/// [`Device`](device::Device) seam and its contract, a CPU stand-in
+/// ([`StandIn`](device::StandIn)), an NVIDIA GPU with the feature `cuda`, and
+/// the loads, [`ToDevice`](device::ToDevice) on `Checkpoint` and
+/// [`LoadToDevice`](device::LoadToDevice) on `Loader`: a few staging buffers
+/// the readers fill in file order and the device copies from, never the
+/// checkpoint in host memory.
+pub mod device {
+    pub use safeload_device::*;
+}
 
 #[cfg(feature = "candle")]
 pub mod candle;

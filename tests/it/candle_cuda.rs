@@ -9,7 +9,7 @@ use candle_core::cuda::cudarc::driver::DevicePtr;
 use candle_core::{DType, Device, Storage, Tensor};
 use safeload::Dtype;
 use safeload::candle::IntoCandle;
-use safeload::device::Cuda;
+use safeload::device::{Cuda, LoadToDevice};
 
 use crate::common::{Spec, spec, write_sharded, write_single};
 

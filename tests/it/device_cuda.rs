@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use safeload::Dtype;
-use safeload::device::{Cuda, DeviceTensor, Part};
+use safeload::device::{Cuda, DeviceTensor, LoadToDevice, Part, ToDevice};
 
 use crate::common::{read_modes, spec, write_sharded};
 

@@ -3,6 +3,7 @@
 //! ```no_run
 //! # fn main() -> candle_core::Result<()> {
 //! use candle_core::{DType, Device};
+//! use safeload::device::LoadToDevice;
 //!
 //! let device = Device::new_cuda(0)?;
 //! // The load's copies run on candle's own stream, through the staging ring.
@@ -50,8 +51,8 @@ use candle_core::op::BackpropOp;
 use candle_core::{DType, Device, Storage, Tensor};
 use safeload_core::Dtype;
 use safeload_core::Loader;
-use safeload_core::device::{Cuda, CudaSlab, DeviceTensor, DeviceTensors};
 use safeload_core::extras::Extras;
+use safeload_device::{Cuda, CudaSlab, DeviceTensor, DeviceTensors, LoadToDevice};
 
 use crate::tensor::IntoCandle;
 

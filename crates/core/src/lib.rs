@@ -68,7 +68,6 @@ pub mod workers;
 use std::path::Path;
 
 pub use checkpoint::{Checkpoint, TensorInfo};
-pub use dest::device;
 pub use dest::pages::HugePages;
 pub use error::{Error, ErrorKind, Operation, RemoteFailure, Result};
 pub use load::Loader;
@@ -90,6 +89,8 @@ pub use policy::{
     AutoPolicy, DISABLE_MMAP_ENV, HF_SHARD_PREFETCH_ENV, HUGE_PAGES_ENV, NODE_COPY_ENV,
     PREFETCH_ENV, ReadMode, VARIABLES as ENV_VARIABLES, VERIFY_ENV,
 };
+#[doc(hidden)]
+pub use slice::MERGE_GAP;
 
 /// Loads a checkpoint: a `.safetensors` file, a `*.safetensors.index.json`,
 /// or a directory holding one of them.

@@ -149,7 +149,7 @@ pub(crate) fn path_map<S: serde::Serializer>(
 
 /// A duration in JSON: seconds, as a float.
 #[cfg(feature = "serde")]
-pub(crate) fn seconds<S: serde::Serializer>(
+pub fn seconds<S: serde::Serializer>(
     duration: &std::time::Duration,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {

@@ -458,7 +458,7 @@ mod to_device {
     //! case's tensors span chunks and chunks hold several tensors: whole, in parts, and
     //! converted; every staging buffer given back.
 
-    use safeload::device::{DeviceTensors, Part, StandIn};
+    use safeload::device::{DeviceTensors, LoadToDevice, Part, StandIn, ToDevice};
 
     use super::*;
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use safeload::Loader;
-use safeload::device::StandIn;
+use safeload::device::{StandIn, ToDevice};
 
 use crate::common::child::{PATH, child_command, run_role};
 

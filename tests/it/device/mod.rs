@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use safeload::device::{Part, Route, StandIn};
+use safeload::device::{LoadToDevice, Part, Route, StandIn, ToDevice};
 use safeload::{Dtype, ErrorKind, Loader};
 
 use crate::common::{self, Spec, read_modes, spec, write_sharded};

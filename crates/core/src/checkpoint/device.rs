@@ -1,147 +1,102 @@
-//! An opened checkpoint's tensors (or a part of each) placed in a device's memory through the staging ring: what each file sends, planned from the headers, a rank's part or a slice cut as `shard` and `read_slice` cut them, converted where the options convert.
+//! An opened checkpoint as a load to a device reads it (`dest::device`, the seam of safeload-device): the tensors the filter keeps, each the part asked for, cut as `shard` and `read_slice` cut them and grouped by file; each file's route; the load under its cancel flags.
 
 use std::sync::Arc;
 
 use super::{Checkpoint, TensorInfo};
 use crate::cancel;
-use crate::dest::device::{Device, DeviceTensors, Part};
+use crate::dest::device::{DeviceFile, DeviceLoad, Part, Placed};
 use crate::error::Result;
-use crate::execute::device::{self, FileRequest, Placed};
-use crate::plan::device::{SourceRun, Wanted};
+use crate::file::OpenedFile;
+use crate::options::Options;
+use crate::policy;
 use crate::slice::SlicePlan;
+use crate::source::DirectGuard;
 
 impl<X> Checkpoint<X> {
-    /// Places every tensor in `device`'s memory: one slab per file, each
-    /// tensor a view of it (at a multiple of the device's alignment), with
-    /// no copy of the checkpoint in host memory.
-    ///
-    /// The crate's readers fill a small ring of staging buffers
-    /// (`Loader::staging`: by default 4 of 32 MiB,
-    /// pinned memory on a GPU) in file order, each with up to one buffer of
-    /// a file's tensors as they lie on the device, and hand each filled
-    /// buffer to the device's asynchronous copy; reads and copies overlap,
-    /// and host memory is the ring, whatever the checkpoint's size. A file
-    /// read with positional reads (FUSE, a network mount, direct I/O, a
-    /// remote object, a cache) is read straight into the ring; a mapped one
-    /// is copied from its map by the readers, its pages let go of as they
-    /// are copied. With `Loader::dtype`, floating
-    /// tensors are converted in the staging buffers; the options' filter
-    /// leaves tensors out. The report says, per file, how its bytes went,
-    /// in how many copies, how fast ([`DeviceTensors::report`]).
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir()?;
-    /// # let path = dir.path().join("model.safetensors");
-    /// # let data: Vec<u8> = (0..48u8).collect();
-    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![4, 6], &data)?;
-    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// use safeload::device::StandIn; // with the feature `cuda`: device::Cuda::new(stream)
-    ///
-    /// let device = StandIn::new();
-    /// let ck = safeload::Checkpoint::open(&path)?;
-    /// let on_device = ck.to_device(&device)?;
-    /// let w = on_device.get("w").unwrap();
-    /// assert_eq!((w.dtype(), w.shape(), w.nbytes()), (safeload::Dtype::BF16, &[4, 6][..], 48));
-    /// let _pointer: u64 = w.device_ptr(); // what an engine's kernels take
-    /// assert_eq!(w.to_host().unwrap(), data);
-    /// eprintln!("{}", on_device.report());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// A read's error, naming the file and offset; the device's, where it
-    /// cannot allocate or a copy fails, naming the file; [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled)
-    /// where the loader's `cancel_on` flag is set
-    /// during the load. Whatever the error, every copy in flight has
-    /// completed or failed before it returns, and every slab and staging
-    /// buffer is dropped.
-    pub fn to_device<D: Device>(&self, device: &D) -> Result<DeviceTensors<D>> {
-        self.to_device_parts(device, |_| Part::Whole)
-    }
-
-    /// [`to_device`](Self::to_device), with the part of each tensor that
-    /// `part` names: whole, a tensor-parallel rank's part or a slice (cut as
-    /// [`shard`](Self::shard) and [`read_slice`](Self::read_slice) cut them;
-    /// only those bytes are read and copied), or none.
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir()?;
-    /// # let path = dir.path().join("model.safetensors");
-    /// # let data: Vec<u8> = (0..35u8).collect();
-    /// # let views = [("w", safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![5, 7], &data)?),
-    /// #              ("norm", safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![7], &data[..7])?)];
-    /// # safetensors::serialize_to_file(views, None, &path)?;
-    /// use safeload::device::{Part, StandIn};
-    ///
-    /// let (rank, world) = (1, 2);
-    /// let device = StandIn::new();
-    /// let ck = safeload::Checkpoint::open(&path)?;
-    /// let mine = ck.to_device_parts(&device, |info| match info.shape() {
-    ///     [_, _] => Part::Shard { dim: 1, rank, world }, // column-parallel
-    ///     _ => Part::Whole,                              // replicated
-    /// })?;
-    /// let w = mine.get("w").unwrap();
-    /// assert_eq!(w.shape(), [5, 3]); // columns 4..7 of each row
-    /// assert_eq!(w.to_host().unwrap()[..3], [4, 5, 6]);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`to_device`](Self::to_device), and as [`shard`](Self::shard) and
-    /// [`read_slice`](Self::read_slice) for a part they refuse.
-    pub fn to_device_parts<D: Device>(
+    /// Runs `load` on this checkpoint's tensors as `part` cuts them, under
+    /// the loader's cancel flags (a load they stop fails with
+    /// `ErrorKind::Cancelled`), `O_DIRECT` on for the files read so until
+    /// it returns.
+    #[doc(hidden)] // for the plug-in crates
+    pub fn device_load<T>(
         &self,
-        device: &D,
-        part: impl Fn(&TensorInfo) -> Part,
-    ) -> Result<DeviceTensors<D>> {
+        part: &dyn Fn(&TensorInfo) -> Part,
+        load: impl FnOnce(DeviceLoad<'_>) -> Result<T>,
+    ) -> Result<T> {
         let inner = self.inner();
-        cancel::scope(&inner.opts.cancel, &inner.path, || {
-            let files = self.device_requests(&part)?;
-            device::to_device(device, files, &inner.opts, &inner.path)
+        let opts = &inner.opts;
+        cancel::scope(&opts.cancel, &inner.path, || {
+            let mut direct = DirectGuard::default();
+            let mut files: Vec<DeviceFile<'_>> = Vec::new();
+            let mut last: Option<&OpenedFile> = None;
+            for info in &inner.tensors {
+                if opts.filter.as_ref().is_some_and(|keep| !keep(info.name())) {
+                    continue;
+                }
+                let Some(placed) =
+                    placed(info, part(info), opts).map_err(|e| e.or_path(info.file()))?
+                else {
+                    continue;
+                };
+                let file = self.file_of(info)?;
+                match files.last_mut() {
+                    Some(f) if last.is_some_and(|l| std::ptr::eq(l, file)) => {
+                        f.tensors.push(placed)
+                    }
+                    _ => {
+                        files.push(device_file(file, opts, &mut direct, placed));
+                        last = Some(file);
+                    }
+                }
+            }
+            let (concurrency, read_size) =
+                policy::io_defaults(files.iter().map(|f| f.source), opts.caller_reads());
+            let result = load(DeviceLoad {
+                path: &inner.path,
+                cancel: &opts.cancel,
+                staging: opts.staging,
+                concurrency,
+                read_size,
+                files,
+            });
+            drop(direct);
+            result
         })
-    }
-
-    /// What each file places on the device: the tensors the filter keeps,
-    /// each the part `part` names, in file order; files with none left out.
-    fn device_requests(&self, part: &dyn Fn(&TensorInfo) -> Part) -> Result<Vec<FileRequest<'_>>> {
-        let inner = self.inner();
-        let mut files: Vec<FileRequest<'_>> = Vec::new();
-        for info in &inner.tensors {
-            if inner
-                .opts
-                .filter
-                .as_ref()
-                .is_some_and(|keep| !keep(info.name()))
-            {
-                continue;
-            }
-            let Some(placed) =
-                placed(info, part(info), inner.opts.dtype).map_err(|e| e.or_path(info.file()))?
-            else {
-                continue;
-            };
-            let file = self.file_of(info)?;
-            match files.last_mut() {
-                Some(last) if std::ptr::eq(last.file, file) => last.tensors.push(placed),
-                _ => files.push(FileRequest {
-                    file,
-                    tensors: vec![placed],
-                }),
-            }
-        }
-        Ok(files)
     }
 }
 
-/// `info`'s `part` as it is placed: its runs of the file, its shape and
-/// dtype on the device; `None` where it is skipped.
-fn placed(
-    info: &TensorInfo,
-    part: Part,
-    dtype: Option<safetensors::Dtype>,
-) -> Result<Option<Placed>> {
+/// `file` as a load to a device reads it: copied from its map where it is
+/// mapped, else read, with `O_DIRECT` where the policy reads it so (on in
+/// `direct`). The staging buffers are laid out as the device wants, not in
+/// whole blocks: a read the file system refuses unaligned goes through the
+/// OS layer's aligned bounce buffer.
+fn device_file<'f>(
+    file: &'f OpenedFile,
+    opts: &Options,
+    direct: &mut DirectGuard<'f>,
+    first: Placed,
+) -> DeviceFile<'f> {
+    let map = file.map().map(|m| &**m);
+    let wanted = |local: &crate::source::LocalFile| {
+        let kind = file.source().mount().map(|m| m.kind);
+        policy::wants_direct_io(opts.direct_io, kind, true, || local.mostly_cached())
+    };
+    let on = match (map, file.local()) {
+        (None, Some(local)) => wanted(local) && direct.add(local).is_ok(),
+        _ => false,
+    };
+    DeviceFile {
+        source: file.source(),
+        path: file.path(),
+        size: file.size(),
+        map,
+        direct: on,
+        tensors: vec![first],
+    }
+}
+
+/// `info`'s `part` as it is placed; `None` where it is skipped.
+fn placed(info: &TensorInfo, part: Part, opts: &Options) -> Result<Option<Placed>> {
     let (name, from, shape) = (info.name(), info.dtype(), info.shape());
     let plan = match part {
         Part::Skip => return Ok(None),
@@ -149,21 +104,19 @@ fn placed(
         Part::Slice(ranges) => SlicePlan::new(name, from, shape, &ranges)?,
         Part::Shard { dim, rank, world } => SlicePlan::shard(name, from, shape, dim, rank, world)?,
     };
-    let runs = plan
-        .runs
-        .iter()
-        .map(|r| SourceRun {
-            at: info.offset + r.src as u64,
-            len: r.len,
-        })
-        .collect();
+    let to = match opts.dtype {
+        Some(to) if policy::converts_to(from, to).is_some() => to,
+        _ => from,
+    };
     Ok(Some(Placed {
         name: Arc::from(name),
         shape: plan.shape,
-        wanted: Wanted {
-            from,
-            to: device::device_dtype(from, dtype),
-            runs,
-        },
+        from,
+        to,
+        runs: plan
+            .runs
+            .iter()
+            .map(|r| (info.offset + r.src as u64, r.len))
+            .collect(),
     }))
 }

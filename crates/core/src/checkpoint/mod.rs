@@ -324,14 +324,12 @@ impl<X> Checkpoint<X> {
 
     /// The info of `name`, or [`ErrorKind::TensorNotFound`].
     pub(crate) fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.get(name).ok_or_else(|| {
-            Error::new(
-                ErrorKind::TensorNotFound {
-                    tensor: name.to_string(),
-                },
-                &self.inner.path,
-            )
-        })
+        self.get(name).ok_or_else(|| self.not_found(name))
+    }
+
+    fn not_found(&self, name: &str) -> Error {
+        let tensor = name.to_string();
+        Error::new(ErrorKind::TensorNotFound { tensor }, &self.inner.path)
     }
 
     /// The info of `name` ([`ErrorKind::TensorNotFound`] naming the
@@ -347,24 +345,18 @@ impl<X> Checkpoint<X> {
 
     /// The open file holding `info`.
     pub(crate) fn file_of(&self, info: &TensorInfo) -> Result<&OpenedFile> {
-        self.inner.files.get(info.file).ok_or_else(|| {
-            Error::new(
-                ErrorKind::TensorNotFound {
-                    tensor: info.name.to_string(),
-                },
-                &self.inner.path,
-            )
-        })
+        let file = self.inner.files.get(info.file);
+        file.ok_or_else(|| self.not_found(&info.name))
     }
 }
 
 /// The tensors of opened files, in load order, found by name, and their
 /// merged metadata.
-struct Catalogue {
-    pub tensors: Vec<TensorInfo>,
-    pub by_name: HashMap<Arc<str>, usize>,
-    pub metadata: BTreeMap<String, String>,
-}
+type Catalogue = (
+    Vec<TensorInfo>,
+    HashMap<Arc<str>, usize>,
+    BTreeMap<String, String>,
+);
 
 /// The catalogue of opened files.
 fn catalogue(files: &[OpenedFile]) -> Catalogue {
@@ -396,11 +388,7 @@ fn catalogue(files: &[OpenedFile]) -> Catalogue {
             }
         }
     }
-    Catalogue {
-        tensors,
-        by_name,
-        metadata,
-    }
+    (tensors, by_name, metadata)
 }
 
 /// Opens the checkpoint at `path` from its headers alone, with `opts`: the
@@ -421,11 +409,7 @@ pub(crate) fn open_with<X>(opts: Options, path: &Path) -> Result<Checkpoint<X>> 
     let shards: Vec<&ShardFile> = resolved.shards.iter().collect();
     let (files, mut notes) = file::open_all(&opts, &resolved, &shards, &env, clock)?;
     notes.extend(file::fetched_whole(&files));
-    let Catalogue {
-        tensors,
-        by_name,
-        metadata,
-    } = catalogue(&files);
+    let (tensors, by_name, metadata) = catalogue(&files);
     let mut report = opening_report(&files, notes, clock.elapsed());
     report.extra_files = resolved.extra_files();
     Ok(Checkpoint {

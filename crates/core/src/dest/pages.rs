@@ -1,28 +1,21 @@
 //! Fresh memory for a load's destinations: faulted in before the reads land, in the page size the host serves best (transparent huge pages or base pages), as the caller, the environment or the host's settings say, else as measured while the load faults its memory in.
 //!
-//! Every byte a buffered load reads lands in memory the process never
-//! touched, and the kernel must back each page before the read can fill it:
-//! allocate it, zero it, and on a virtual machine often have the host back
-//! it too. What that costs depends on the page size and on the host, and
-//! changes from one minute to the next. Huge pages (2 MiB) cost a quarter
-//! of base pages where free ones are at hand, and many times more where the
-//! kernel must compact memory for them (`defrag`), or where the host must
-//! back each one again (a guest whose free memory is handed back to its
-//! host). So a load measures: it faults its destinations in a piece at a
-//! time (`PageSizes::fault_in`), times each piece on the faulting
-//! thread's CPU clock (a wait for a CPU is not counted, so the machine's
-//! other work moves it little), and keeps using the size that costs less
-//! per byte, trying the other one now and then on a probe of two huge
-//! pages. A copy out of the page cache faults its destination in itself,
-//! and is what is timed there (`PageSizes::prepare`): its pages' size is
-//! the one in use, or on a probe the other one for a whole destination.
+//! Backing a fresh page (allocate, zero, on a VM often the host too) costs
+//! what the page size and the host make it, from one minute to the next:
+//! huge pages cost a quarter of base pages where free ones are at hand, many
+//! times more where the kernel compacts memory for them or the host backs
+//! each again. So a load faults its destinations in a piece at a time
+//! (`PageSizes::fault_in`), times each on the faulting thread's CPU clock,
+//! and keeps the size that costs less per byte, probing the other now and
+//! then; a copy out of the page cache faults its own destination and is what
+//! is timed there (`PageSizes::prepare`).
 //!
 //! NOTE: the cost of one size says nothing of the other's, and the cheaper
 //! one changes within a load while the settings look the same: hence a
 //! measurement that goes on, not a decision from the settings at the start
 //! (BENCHMARKS.md, "dest/pages.rs: the module").
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::os::{self, ProcFile};
@@ -281,22 +274,12 @@ impl PageSizes {
     /// The size for the next destination of `len` bytes at `addr`, and a
     /// probe of the other size where one is due.
     fn cut(&self, addr: usize, len: usize, disk: bool) -> PieceSize {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let size = match self.mode {
-            HugePages::On => {
-                return PieceSize {
-                    size: Size::Huge,
-                    probe: None,
-                };
-            }
-            HugePages::Off => {
-                return PieceSize {
-                    size: Size::Base,
-                    probe: None,
-                };
-            }
-            HugePages::Auto => state.in_use(disk),
-        };
+        if self.mode != HugePages::Auto {
+            let size = self.size_in_use();
+            return PieceSize { size, probe: None };
+        }
+        let mut state = self.state();
+        let size = state.in_use(disk);
         let never_measured = state.of(size.other()).cost().is_none();
         state.since_probe += 1;
         if state.probing || (!never_measured && state.since_probe < state.gap) {
@@ -318,9 +301,12 @@ impl PageSizes {
         PieceSize { size, probe }
     }
 
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn record(&self, size: Size, bytes: usize, cpu: Option<Duration>) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.record(size, bytes, cpu);
+        self.state().record(size, bytes, cpu);
     }
 
     /// Faults `dst` in, writable, in the size in use (and a probe of the
@@ -334,8 +320,7 @@ impl PageSizes {
     /// make the disk's requests smaller.
     pub(super) fn fault_in(&self, dst: &mut [u8], disk: bool) {
         if disk && self.mode == HugePages::Auto {
-            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            state.disk_bytes += dst.len() as u64;
+            self.state().disk_bytes += dst.len() as u64;
         }
         let PieceSize { size, probe } = self.cut(dst.as_ptr() as usize, dst.len(), disk);
         let part = |piece: &mut [u8], size: Size| {
@@ -380,8 +365,7 @@ impl PageSizes {
             })
             .collect();
         if self.advise {
-            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            state.record_probe(size, &measures);
+            self.state().record_probe(size, &measures);
         }
     }
 
@@ -416,11 +400,7 @@ impl PageSizes {
         match self.mode {
             HugePages::On => Size::Huge,
             HugePages::Off => Size::Base,
-            HugePages::Auto => self
-                .state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .in_use(false),
+            HugePages::Auto => self.state().in_use(false),
         }
     }
 
@@ -460,7 +440,7 @@ impl PageSizes {
         if !self.advise {
             return None;
         }
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = self.state();
         let (base_bytes, huge_bytes) = (state.base.bytes, state.huge.bytes);
         if base_bytes + huge_bytes == 0 {
             return None;

@@ -1,7 +1,6 @@
 //! A load once its files are open, shared by `Loader::load` and `Checkpoint::load_filtered`: prefetch, plan, fill (the read engine), seal, verify, assemble.
 
 mod cached;
-pub(crate) mod device;
 pub(crate) mod exchange;
 pub(crate) mod queue;
 
@@ -379,13 +378,8 @@ impl Run<'_> {
     ) -> Meter {
         let (bytes, files) = engine.bytes();
         let copy_bytes: u64 = copy_reads.iter().map(|&(_, _, len)| len).sum();
-        let mut read = vec![false; copies];
-        for &(k, _, _) in copy_reads {
-            if let Some(r) = read.get_mut(k) {
-                *r = true;
-            }
-        }
-        let copy_files = read.iter().filter(|r| **r).count();
+        let read: std::collections::BTreeSet<usize> = copy_reads.iter().map(|r| r.0).collect();
+        let copy_files = read.range(..copies).count();
         let progress = self.opts.progress.as_ref();
         Meter::new(
             progress,

@@ -1,6 +1,5 @@
 //! `Loader`: the options of a load, set as one expression (its entry points in `run.rs`, their async forms in `future.rs`).
 
-mod device;
 mod future;
 mod run;
 
@@ -170,11 +169,8 @@ impl<X> Loader<X> {
     /// huge pages. [`HugePages::Auto`] (the default) honours
     /// `SAFELOAD_HUGE_PAGES` (`1`/`on`, `0`/`off`, `auto`), else measures
     /// while the load faults its memory in, and uses the page size that
-    /// costs less per byte there (huge pages cost a quarter of base pages
-    /// where free ones are at hand, and many times more where the kernel
-    /// must compact memory for them or a virtual machine's host must back
-    /// them again). `On` always asks for them, `Off` never. The report says
-    /// which were used and why
+    /// costs less per byte there. `On` always asks for them, `Off` never.
+    /// The report says which were used and why
     /// ([`LoadReport::fresh_memory`](crate::LoadReport::fresh_memory)).
     pub fn huge_pages(mut self, huge_pages: HugePages) -> Self {
         self.opts.huge_pages = huge_pages;
@@ -232,10 +228,9 @@ impl<X> Loader<X> {
     }
 
     /// Converts every floating tensor to `dtype` (F32, F16 or BF16) as it is
-    /// loaded, in the same pass that reads or maps its bytes: the read
-    /// engine's readers convert each run straight into the tensor's final
-    /// place, from the map or from a read into a scratch buffer of their
-    /// own, in parallel; the file is never loaded first and converted after.
+    /// loaded, each run straight into the tensor's final place by the
+    /// readers that read or map it: the file is never loaded first and
+    /// converted after.
     ///
     /// Sources are F64, F32, F16, BF16, F8_E4M3 and F8_E5M2; integer and
     /// bool tensors, other floating types (the FNUZ F8 types, F8_E8M0, F4,
@@ -448,6 +443,17 @@ impl<X> Loader<X> {
     /// ```
     pub fn cancel_on(mut self, flag: Arc<AtomicBool>) -> Self {
         self.opts.cancel = std::mem::take(&mut self.opts.cancel).with_caller(flag);
+        self
+    }
+
+    /// The staging ring of a load to a device (`safeload::device`):
+    /// `buffers` buffers of `bytes` each, the host memory such a load takes
+    /// whatever the checkpoint's size (pinned memory on a GPU), and the most
+    /// one copy moves. Default 4 of 32 MiB; at least one buffer of 4 KiB.
+    /// Two buffers already overlap reads with copies; more keep readers busy
+    /// while copies queue.
+    pub fn staging(mut self, buffers: usize, bytes: usize) -> Self {
+        self.opts.staging = Some((buffers, bytes));
         self
     }
 }

@@ -5,7 +5,6 @@
 //! rule needs them, so that every rule is tested by tables.
 
 pub(crate) mod cluster;
-pub(crate) mod device;
 #[cfg(test)]
 mod tests;
 

@@ -22,7 +22,7 @@ use crate::error::{Error, ErrorKind};
 /// NOTE: gaps under a request's latency times the bandwidth are cheaper read; 512 KiB lies near
 /// the geometric mean of the break-even gaps measured on FUSE (BENCHMARKS.md, "slice/mod.rs:
 /// MERGE_GAP").
-pub(crate) const MERGE_GAP: usize = 512 << 10;
+pub const MERGE_GAP: usize = 512 << 10;
 
 /// The bytes of a tensor (relative to its first byte) that hold a slice, and where each lands in the result.
 #[derive(Debug, Clone, PartialEq, Eq)]

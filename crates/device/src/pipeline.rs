@@ -6,23 +6,21 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::cancel::{self, Cancel};
-use crate::dest::device::Device;
-use crate::dest::device::ring::{InFlight, Ring, Staged};
-use crate::error::Operation;
-use crate::jobs::JobSource;
-use crate::os;
-use crate::plan::device::{Chunk, Piece};
-use crate::source::Source;
-use crate::storage::Storage;
+use safeload_core::cancel::{self, Cancel};
+use safeload_core::dest::device::{DeviceFile, let_go};
+use safeload_core::error::Operation;
+use safeload_core::jobs::JobSource;
 
-/// One file as the readers see it.
-pub(super) struct FileIo<'a, S> {
-    pub source: &'a dyn Source,
-    /// Its map, where the pieces are copied from it.
-    pub map: Option<&'a Storage>,
-    /// Its slab, where it has bytes to place.
-    pub slab: Option<&'a S>,
+use crate::device::Device;
+use crate::plan::{self, Chunk, Piece};
+use crate::ring::{InFlight, Ring, Staged};
+
+/// A file as the load goes: what the core planned, its slab's layout and
+/// the slab.
+pub(super) struct Placing<'a, D: Device> {
+    pub file: DeviceFile<'a>,
+    pub layout: plan::Slab,
+    pub slab: Arc<D::Slab>,
 }
 
 /// What a file's pieces and copies cost so far.
@@ -68,24 +66,21 @@ pub(super) struct Failure {
 }
 
 impl Failure {
-    fn device(file: usize, offset: Option<u64>, error: io::Error) -> Failure {
+    fn device(file: Option<usize>, offset: Option<u64>, error: io::Error) -> Failure {
+        let operation = Operation::Device;
+        let device = true;
         Failure {
-            file: Some(file),
-            operation: Operation::Device,
+            file,
+            operation,
             offset,
             error,
-            device: true,
+            device,
         }
     }
 
     fn internal(what: &str) -> Failure {
-        Failure {
-            file: None,
-            operation: Operation::Device,
-            offset: None,
-            error: io::Error::other(format!("a load to a device went wrong: {what}")),
-            device: true,
-        }
+        let e = io::Error::other(format!("a load to a device went wrong: {what}"));
+        Failure::device(None, None, e)
     }
 }
 
@@ -123,7 +118,7 @@ struct State<D: Device> {
 /// A load's pieces, chunks and copies.
 pub(super) struct Pipeline<'a, D: Device> {
     device: &'a D,
-    files: &'a [FileIo<'a, D::Slab>],
+    files: &'a [Placing<'a, D>],
     chunks: &'a [Chunk],
     state: Mutex<State<D>>,
     changed: Condvar,
@@ -138,7 +133,7 @@ pub(super) struct Pipeline<'a, D: Device> {
 impl<'a, D: Device> Pipeline<'a, D> {
     pub(super) fn new(
         device: &'a D,
-        files: &'a [FileIo<'a, D::Slab>],
+        files: &'a [Placing<'a, D>],
         chunks: &'a [Chunk],
         ring: Ring<D>,
         readers: usize,
@@ -198,9 +193,7 @@ impl<'a, D: Device> Pipeline<'a, D> {
         for InFlight { copy, file, .. } in left {
             match self.device.complete(copy) {
                 Ok(_buffer) => self.copied(file),
-                Err(e) => {
-                    failed.get_or_insert(Failure::device(file, None, e));
-                }
+                Err(e) => _ = failed.get_or_insert(Failure::device(Some(file), None, e)),
             }
         }
         if let Some(failure) = failed {
@@ -228,29 +221,24 @@ impl<'a, D: Device> Pipeline<'a, D> {
             if let Some(work) = self.hand_out(&mut state, reader) {
                 return Some(work);
             }
+            let fail = |state: &mut State<D>, failure| {
+                state.stopped = true;
+                self.changed.notify_all();
+                Some((usize::MAX, Work::Failed(failure)))
+            };
             if state.next_chunk < self.chunks.len() {
-                match state.ring.take(self.device) {
-                    Some(Ok(buffer)) => {
-                        if let Err(failure) = self.open(&mut state, buffer) {
-                            state.stopped = true;
-                            self.changed.notify_all();
-                            return Some((usize::MAX, Work::Failed(failure)));
-                        }
-                        continue;
+                if let Some(taken) = state.ring.take(self.device) {
+                    let allocate = |e| Failure {
+                        operation: Operation::Allocate,
+                        ..Failure::device(None, None, e)
+                    };
+                    let opened = taken
+                        .map_err(allocate)
+                        .and_then(|buffer| self.open(&mut state, buffer));
+                    match opened {
+                        Ok(()) => continue,
+                        Err(failure) => return fail(&mut state, failure),
                     }
-                    Some(Err(e)) => {
-                        state.stopped = true;
-                        self.changed.notify_all();
-                        let failure = Failure {
-                            file: None,
-                            operation: Operation::Allocate,
-                            offset: None,
-                            error: e,
-                            device: true,
-                        };
-                        return Some((usize::MAX, Work::Failed(failure)));
-                    }
-                    None => {}
                 }
             } else if state.open.is_empty() {
                 return None;
@@ -267,10 +255,7 @@ impl<'a, D: Device> Pipeline<'a, D> {
                     }
                     Err(e) => {
                         state.ring.reaped(None);
-                        state.stopped = true;
-                        self.changed.notify_all();
-                        let failure = Failure::device(oldest.file, None, e);
-                        return Some((usize::MAX, Work::Failed(failure)));
+                        return fail(&mut state, Failure::device(Some(oldest.file), None, e));
                     }
                 }
                 continue;
@@ -357,15 +342,15 @@ impl<'a, D: Device> Pipeline<'a, D> {
             .get(reader % self.scratch.len().max(1))
             .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner));
         let filled = staged.fill(piece, |dst| {
-            fill(file, p, dst, scratch.as_deref_mut()).map_err(|(operation, offset, error)| {
-                Failure {
+            fill(&file.file, p, dst, scratch.as_deref_mut()).map_err(
+                |(operation, offset, error)| Failure {
                     file: Some(c.file),
                     operation,
                     offset: Some(offset),
                     error,
                     device: false,
-                }
-            })
+                },
+            )
         });
         drop(scratch);
         let ((read, overflowed), buffer) =
@@ -383,13 +368,13 @@ impl<'a, D: Device> Pipeline<'a, D> {
         let slab = self
             .files
             .get(c.file)
-            .and_then(|f| f.slab)
-            .ok_or_else(|| Failure::internal("a chunk of a file without a slab"))?;
+            .map(|f| &*f.slab)
+            .ok_or_else(|| Failure::internal("a chunk of no file"))?;
         let len = c.slab.len();
         let copy = self
             .device
             .submit(buffer, len, slab, c.slab.start)
-            .map_err(|e| Failure::device(c.file, Some(c.slab.start as u64), e))?;
+            .map_err(|e| Failure::device(Some(c.file), Some(c.slab.start as u64), e))?;
         let mut state = self.state();
         state.ring.submitted(InFlight { copy, file: c.file });
         state.submitted += 1;
@@ -448,8 +433,8 @@ fn stopped() -> Failure {
 /// file, or read into `scratch` and placed from there. The bytes read (or
 /// copied), and the values conversions overflowed; else what failed, at
 /// which offset of the file.
-fn fill<S>(
-    file: &FileIo<'_, S>,
+fn fill(
+    file: &DeviceFile<'_>,
     piece: &Piece,
     dst: &mut [u8],
     scratch: Option<&mut Vec<u8>>,
@@ -469,9 +454,7 @@ fn fill<S>(
                 (Operation::Read, piece.read.start, e)
             })?;
         let overflowed = place(piece, bytes, dst)?;
-        if let Some(m) = map.file_map() {
-            os::let_go(m, start, len);
-        }
+        let_go(map, start, len);
         return Ok((read_len, overflowed));
     }
     if piece.straight() {
@@ -516,7 +499,7 @@ fn place(piece: &Piece, read: &[u8], dst: &mut [u8]) -> Result<u64, (Operation, 
         if s.raw() {
             out.copy_from_slice(src);
         } else {
-            let converted = crate::convert::convert(s.from, s.to, src, out)
+            let converted = safeload_core::convert::convert(s.from, s.to, src, out)
                 .map_err(|e| (Operation::Convert, s.src, io::Error::other(e.to_string())))?;
             overflowed += converted.overflowed();
         }

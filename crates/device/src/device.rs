@@ -1,27 +1,6 @@
-//! Device memory as a destination: the `Device` seam (a slab of device memory per file, staging buffers, asynchronous copies and their completion) and its contract, the staging ring the read engine fills, the tensors and report a load to a device hands out, and the devices (a CPU stand-in; CUDA with the feature `cuda`).
-//!
-//! A load to a device never holds the checkpoint in host memory: the
-//! crate's readers fill a few staging buffers (the ring, `ring.rs`) in file
-//! order, each with up to one chunk of a file's tensors as they will lie in
-//! device memory, and hand each filled buffer to the device's asynchronous
-//! copy; a buffer is filled again once its copy completes. The load itself
-//! is `execute/device/`; the pure layout of slabs, chunks and pieces is
-//! `plan/device.rs`.
-
-mod cpu;
-#[cfg(feature = "cuda")]
-mod cuda;
-mod report;
-pub(crate) mod ring;
-mod tensors;
+//! The `Device` seam, a slab of device memory per file, staging buffers, asynchronous copies and their completion, with its contract; the staging ring's defaults.
 
 use std::io;
-
-pub use cpu::{StandIn, StandInCopy, StandInSlab, StandInStaging};
-#[cfg(feature = "cuda")]
-pub use cuda::{Cuda, CudaCopy, CudaSlab, CudaStaging};
-pub use report::{DeviceFileReport, DeviceReport, Route};
-pub use tensors::{DeviceTensor, DeviceTensors, Part};
 
 /// The staging buffers of a load to a device, by default.
 ///
@@ -40,7 +19,7 @@ pub const STAGING_BYTES: usize = 32 << 20;
 /// A device whose memory the crate's readers fill: device memory for each
 /// file's tensors, staging buffers in host memory the device copies from,
 /// and asynchronous copies out of them. The crate implements it for a CPU
-/// stand-in ([`StandIn`], what the tests use) and, with the feature `cuda`,
+/// stand-in ([`StandIn`](crate::StandIn), what the tests use) and, with the feature `cuda`,
 /// for an NVIDIA GPU (`Cuda`); an engine may implement it for its own.
 ///
 /// # Contract

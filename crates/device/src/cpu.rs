@@ -8,8 +8,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::Device;
-use crate::storage::Buffer;
+use memmap2::MmapMut;
+
+use crate::device::Device;
 
 /// A device in host memory: the crate's stand-in for a GPU, which its tests
 /// and benchmarks load to, and a way to run the device path on a machine
@@ -30,7 +31,7 @@ use crate::storage::Buffer;
 /// # let data: Vec<u8> = (0..24u8).collect();
 /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4, 6], &data)?;
 /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-/// use safeload::device::StandIn;
+/// use safeload::device::{LoadToDevice, StandIn};
 ///
 /// let device = StandIn::new().bandwidth(2e9); // 2 GB/s, like a slow PCIe link
 /// let on_device = safeload::Loader::new().load_to_device(&path, &device)?;
@@ -177,7 +178,7 @@ impl StandInSlab {
 /// A staging buffer of the stand-in: a page-aligned buffer, faulted in when
 /// made (it is filled again and again), counted while alive.
 pub struct StandInStaging {
-    buffer: Buffer,
+    buffer: MmapMut,
     counters: Arc<Counters>,
 }
 
@@ -297,24 +298,15 @@ fn copy_thread(queue: &Queue, counters: &Counters) {
                     .unwrap_or_else(PoisonError::into_inner);
             }
         };
-        let Job {
-            staging,
-            len,
-            slab,
-            offset,
-            config,
-            number,
-            at,
-            done,
-        } = job;
-        let mut end = free_at.max(at) + config.latency;
+        let (len, config) = (job.len, job.config);
+        let mut end = free_at.max(job.at) + config.latency;
         if let Some(rate) = config.bytes_per_second {
             end += Duration::from_secs_f64(len as f64 / rate);
         }
-        let outcome = run(staging, len, &slab, offset, &config, number);
+        let outcome = run(job.staging, len, &job.slab, job.offset, &config, job.number);
         // The slab's memory goes with its last holder: not this thread, once
         // the copy is seen complete.
-        drop(slab);
+        drop(job.slab);
         // A copy that kept the bytes took its own time at least.
         free_at = end.max(Instant::now());
         if let Some(left) = free_at.checked_duration_since(Instant::now()) {
@@ -324,15 +316,15 @@ fn copy_thread(queue: &Queue, counters: &Counters) {
             counters.copies.fetch_add(1, Ordering::Relaxed);
             counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
         }
-        *lock(&done.outcome) = Some(outcome);
-        done.ready.notify_all();
+        *lock(&job.done.outcome) = Some(outcome);
+        job.done.ready.notify_all();
     }
 }
 
 /// One copy: its bytes into the slab, unless it is the one to fail (its
 /// buffer then dropped, as a failed device drops it).
 fn run(
-    mut staging: StandInStaging,
+    staging: StandInStaging,
     len: usize,
     slab: &SlabMemory,
     offset: usize,
@@ -346,7 +338,6 @@ fn run(
     }
     let src = staging
         .buffer
-        .bytes_mut()
         .get(..len)
         .ok_or_else(|| io::Error::other("a copy longer than its staging buffer"))?;
     if let Some(bytes) = &slab.bytes {
@@ -403,9 +394,9 @@ impl Device for StandIn {
     }
 
     fn staging(&self, len: usize) -> io::Result<StandInStaging> {
-        let mut buffer = Buffer::new(len)?;
+        let mut buffer = MmapMut::map_anon(len)?;
         // Filled again and again: faulted in once, now.
-        crate::os::populate_write(buffer.bytes_mut());
+        buffer.fill(0);
         let counters = &self.engine.counters;
         counters.staging.fetch_add(1, Ordering::Relaxed);
         counters.staging_made.fetch_add(1, Ordering::Relaxed);
@@ -416,7 +407,7 @@ impl Device for StandIn {
     }
 
     fn staging_bytes<'s>(&self, staging: &'s mut StandInStaging) -> &'s mut [u8] {
-        staging.buffer.bytes_mut()
+        &mut staging.buffer
     }
 
     fn submit(

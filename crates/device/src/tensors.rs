@@ -1,36 +1,13 @@
-//! What a load to a device hands out: tensors in device memory (an address, a dtype, a shape, and the slab that owns them), found by name, with the load's report; and `Part`, which part of each tensor an engine asks for.
+//! What a load to a device hands out: tensors in device memory (an address, a dtype, a shape, and the slab that owns them), found by name, with the load's report.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::Arc;
 
 use safetensors::Dtype;
 
-use super::report::DeviceReport;
-use super::{Device, StandIn};
-
-/// Which part of a tensor a load to a device places there
-/// (`Checkpoint::to_device_parts`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Part {
-    /// The whole tensor.
-    Whole,
-    /// Rank `rank`'s part along dimension `dim` of the tensor split `world`
-    /// ways, as `Checkpoint::shard` cuts it.
-    Shard {
-        /// The dimension split.
-        dim: usize,
-        /// This rank.
-        rank: usize,
-        /// The ranks.
-        world: usize,
-    },
-    /// A slice: one range per leading dimension, as
-    /// `Checkpoint::read_slice` takes it.
-    Slice(Vec<Range<usize>>),
-    /// None of it: the tensor is left out.
-    Skip,
-}
+use crate::cpu::StandIn;
+use crate::device::Device;
+use crate::report::DeviceReport;
 
 /// A tensor in device memory: where it is, what it holds, and the slab
 /// (one per file) that owns its bytes, which it keeps alive.

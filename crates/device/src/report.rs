@@ -36,7 +36,10 @@ impl fmt::Display for Route {
 #[non_exhaustive]
 pub struct DeviceFileReport {
     /// The file, as opened.
-    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::worded::path_text"))]
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "safeload_core::worded::path_text")
+    )]
     pub path: PathBuf,
     /// How its bytes reached the staging buffers.
     pub route: Route,
@@ -45,7 +48,7 @@ pub struct DeviceFileReport {
     /// Those converted to the load's dtype in the staging buffers.
     pub converted: usize,
     /// Values the conversions took beyond the target's range (infinite on
-    /// the device), as [`FileReport::overflowed`](crate::report::FileReport::overflowed).
+    /// the device), as [`FileReport::overflowed`](safeload_core::report::FileReport::overflowed).
     pub overflowed: u64,
     /// Bytes placed on the device.
     pub bytes: u64,
@@ -55,7 +58,10 @@ pub struct DeviceFileReport {
     /// Copies to the device (one per chunk of up to a staging buffer).
     pub chunks: usize,
     /// From the start of its first read to the end of its last copy.
-    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::worded::seconds"))]
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "safeload_core::worded::seconds")
+    )]
     pub elapsed: Duration,
 }
 
@@ -83,7 +89,10 @@ pub struct DeviceReport {
     /// Files with something placed on the device, in load order.
     pub files: Vec<DeviceFileReport>,
     /// The whole load, slabs allocated to the last copy completed.
-    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::worded::seconds"))]
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "safeload_core::worded::seconds")
+    )]
     pub elapsed: Duration,
 }
 

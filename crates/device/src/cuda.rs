@@ -8,7 +8,7 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DriverError, PinnedHostSlice,
 };
 
-use super::Device;
+use crate::device::Device;
 
 /// An NVIDIA GPU, reached through the CUDA driver on a stream of the
 /// engine's context (feature `cuda`).
@@ -24,7 +24,7 @@ use super::Device;
 /// where there is no GPU.
 ///
 /// ```no_run
-/// use safeload::device::Cuda;
+/// use safeload::device::{Cuda, LoadToDevice};
 ///
 /// let gpu = Cuda::on_device(0)?;                 // or Cuda::new(engine_stream)
 /// let weights = safeload::Loader::new().load_to_device("model/", &gpu)?;
@@ -92,7 +92,7 @@ impl CudaSlab {
 
     /// The slab's device memory, owned: for an engine that takes the slab
     /// once no tensor of it is left (`Arc::try_unwrap` of
-    /// [`DeviceTensor::slab`](super::DeviceTensor::slab)).
+    /// [`DeviceTensor::slab`](crate::DeviceTensor::slab)).
     pub fn into_memory(self) -> CudaSlice<u8> {
         self.memory
             .into_inner()

@@ -2,32 +2,13 @@
 
 use std::ops::Range;
 
+use safeload_core::dest::device::Placed as Wanted;
 use safetensors::Dtype;
 
-/// One tensor (or part of one) to place on the device: the runs of its
-/// file that hold it, in the order they lie on the device, and its dtype
-/// there (`to == from`: its bytes as they are).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Wanted {
-    pub from: Dtype,
-    pub to: Dtype,
-    pub runs: Vec<SourceRun>,
-}
-
-/// `len` bytes of the file at `at`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct SourceRun {
-    pub at: u64,
-    pub len: usize,
-}
-
-impl Wanted {
-    /// Its bytes on the device.
-    pub(crate) fn out_len(&self) -> usize {
-        let (src, out) = grain(self.from, self.to);
-        let read: usize = self.runs.iter().map(|r| r.len).sum();
-        read / src * out
-    }
+/// A tensor's bytes on the device.
+pub(crate) fn out_len(w: &Wanted) -> usize {
+    let (src, out) = grain(w.from, w.to);
+    w.runs.iter().map(|r| r.1).sum::<usize>() / src * out
 }
 
 /// The bytes of one element of `from` read and of `to` written, where a
@@ -55,7 +36,7 @@ pub(crate) fn slab(wanted: &[Wanted], align: usize) -> Option<Slab> {
     for w in wanted {
         let at = end.checked_next_multiple_of(align.max(1))?;
         offsets.push(at);
-        end = at.checked_add(w.out_len())?;
+        end = at.checked_add(out_len(w))?;
     }
     Some(Slab { len: end, offsets })
 }
@@ -147,8 +128,7 @@ pub(crate) fn chunks(file: usize, wanted: &[Wanted], slab: &Slab, sizes: Sizes) 
     for (w, &offset) in wanted.iter().zip(&slab.offsets) {
         let (src_grain, out_grain) = grain(w.from, w.to);
         let mut dst = offset;
-        for run in &w.runs {
-            let (mut src, mut left) = (run.at, run.len);
+        for &(mut src, mut left) in &w.runs {
             while left >= src_grain {
                 let (start, segments) = open.get_or_insert_with(|| (dst, Vec::new()));
                 let room = (*start + chunk).saturating_sub(dst);
@@ -267,12 +247,11 @@ mod tests {
 
     fn typed(from: Dtype, to: Dtype, runs: &[(u64, usize)]) -> Wanted {
         Wanted {
+            name: "t".into(),
+            shape: vec![],
             from,
             to,
-            runs: runs
-                .iter()
-                .map(|&(at, len)| SourceRun { at, len })
-                .collect(),
+            runs: runs.to_vec(),
         }
     }
 
@@ -284,10 +263,10 @@ mod tests {
             let src: Vec<u8> = w
                 .runs
                 .iter()
-                .flat_map(|r| file[r.at as usize..r.at as usize + r.len].to_vec())
+                .flat_map(|&(at, len)| file[at as usize..at as usize + len].to_vec())
                 .collect();
-            let dst = &mut out[offset..offset + w.out_len()];
-            crate::convert::convert(w.from, w.to, &src, dst).unwrap();
+            let dst = &mut out[offset..offset + out_len(w)];
+            safeload_core::convert::convert(w.from, w.to, &src, dst).unwrap();
         }
         out
     }
@@ -317,7 +296,9 @@ mod tests {
                     // Copies are cut anywhere, conversions in whole elements.
                     match s.raw() {
                         true => dst.copy_from_slice(src),
-                        false => _ = crate::convert::convert(s.from, s.to, src, dst).unwrap(),
+                        false => {
+                            _ = safeload_core::convert::convert(s.from, s.to, src, dst).unwrap()
+                        }
                     }
                 }
             }

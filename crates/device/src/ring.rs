@@ -1,6 +1,6 @@
 //! The staging ring of a load to a device: a few buffers made on demand up to the ring's size, each filled in disjoint pieces by several readers at once (`Staged`), handed whole to the device's copy once every piece is in, and taken back when the copy completes.
 //!
-//! The ring is bookkeeping only: the load (`execute/device/`) keeps it
+//! The ring is bookkeeping only: the load (`pipeline.rs`) keeps it
 //! under its one lock with the chunks it schedules, and waits on the
 //! device outside that lock.
 
@@ -10,7 +10,7 @@ use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use super::Device;
+use crate::device::Device;
 
 /// A copy in flight, and the file it moves bytes of: for the report.
 pub(crate) struct InFlight<C> {

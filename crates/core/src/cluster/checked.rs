@@ -72,7 +72,7 @@ mod tests {
     use super::*;
     // The function as the rest of the crate sees it.
     use crate::cluster::broadcast_checked;
-    use crate::cluster::loopback::{Loopback, on_threads};
+    use crate::cluster::tests::loopback::{Loopback, on_threads};
 
     /// `len` bytes that differ with `seed`, and from one position to the next.
     fn pattern(len: usize, seed: u8) -> Vec<u8> {

@@ -33,8 +33,6 @@
 mod checked;
 mod communicator;
 mod error;
-#[cfg(test)]
-pub(crate) mod loopback;
 
 use std::fmt;
 use std::sync::Arc;
@@ -186,6 +184,8 @@ pub fn timeout_from(var: impl Fn(&str) -> Option<String>) -> Result<Duration, Ex
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    pub(crate) mod loopback;
 
     /// A lookup of the environment that sees only `pairs`.
     pub(crate) fn vars<'a>(

@@ -9,13 +9,11 @@ use super::{ConvertSource, Job, Tagged};
 use crate::format::header::Header;
 use crate::source::Source;
 
-/// Where a read's bytes come from, and how they are read.
+/// Where a read's bytes come from, and how they are read (`Job::Read`).
 #[derive(Clone, Copy)]
 pub(crate) struct ReadFrom<'a> {
     pub source: &'a dyn Source,
-    /// Whether the source's descriptor has `O_DIRECT` set.
     pub direct: bool,
-    /// Whether the bytes are handed on once read (a file hashed as it loads).
     pub hashed: bool,
 }
 
@@ -28,9 +26,8 @@ pub(crate) struct Conversion<'p> {
     pub to: Dtype,
 }
 
-/// Splits the read of a run of `dst`, filled from `from` at `offset`, into
-/// jobs of at most `chunk` bytes. `required` bytes of `dst` must be read; the
-/// rest may lie past the end of the file.
+/// Splits the read of `dst` from `from` at `offset` into jobs of at most
+/// `chunk` bytes, of which `required` must be read.
 pub(crate) fn split_read<'a>(
     out: &mut Vec<Tagged<'a>>,
     file_index: usize,
@@ -64,8 +61,8 @@ pub(crate) enum ConvertFrom<'a> {
     File(&'a dyn Source),
 }
 
-/// Splits the conversion of a file's converted tensors (into `dst`) into
-/// jobs of about `chunk` source bytes, whole elements each.
+/// Splits the conversion of a file's tensors into `dst` into jobs of about
+/// `chunk` source bytes, whole elements each.
 pub(crate) fn split_convert<'a>(
     out: &mut Vec<Tagged<'a>>,
     file_index: usize,
@@ -132,7 +129,7 @@ pub(crate) fn split_convert<'a>(
     }
 }
 
-/// A file's map and the file (read to learn why a range failed to populate).
+/// A file's map and the file (`Job::Populate`).
 #[derive(Clone, Copy)]
 pub(crate) struct MappedFile<'a> {
     pub map: &'a Mmap,

@@ -23,9 +23,7 @@ fn invalid(mut source: RankSource) -> RankSource {
 }
 
 impl LocalRank {
-    /// The caller's local rank and size where set
-    /// (`Loader::local_rank`), else the
-    /// launcher's, from the environment of the load.
+    /// The caller's local rank and size where set, else the launcher's.
     pub fn from_setting(setting: Option<(usize, usize)>, env: &Environment) -> LocalRank {
         match setting {
             Some((rank, size)) => {
@@ -51,9 +49,8 @@ impl LocalRank {
     }
 }
 
-/// The launchers' variables: the local rank, then the local size (the first
-/// that is set), and the launcher's name. torchrun comes first: under Slurm
-/// or MPI, torchrun's own variables describe its worker processes.
+/// The launchers' rank variable, size variables (the first set) and name;
+/// torchrun first, as under Slurm or MPI its variables describe its workers.
 const LAUNCHERS: [(&str, &[&str], &str); 4] = [
     ("LOCAL_RANK", &["LOCAL_WORLD_SIZE"], "torchrun"),
     (
@@ -69,9 +66,8 @@ const LAUNCHERS: [(&str, &[&str], &str); 4] = [
     ("MPI_LOCALRANKID", &["MPI_LOCALNRANKS"], "MPICH/Intel MPI"),
 ];
 
-/// The local rank and size from the launcher's environment variables, read
-/// through `env`. The first launcher whose rank and size are both set
-/// decides; values that are not numbers, or a rank not below the size, make
+/// The local rank and size from the first launcher whose variables are set
+/// in `env`; values that are not numbers, or a rank not below the size, make
 /// this process a single rank.
 pub fn detect_local_rank(env: impl Fn(&str) -> Option<String>) -> LocalRank {
     for (rank_var, size_vars, launcher) in LAUNCHERS {
@@ -113,9 +109,8 @@ fn leading_number(text: &str) -> Option<usize> {
 }
 
 /// What identifies the job, so that its ranks share a queue and other jobs
-/// do not: `SAFELOAD_JOB_ID` where the caller set it, else the launcher's job
-/// id (torchrun's run id, Slurm's job and step, Open MPI's job id), else the
-/// parent process (the ranks of one launcher on a node are its children).
+/// do not: `SAFELOAD_JOB_ID`, else the launcher's job id, else the parent
+/// process (the ranks of one launcher on a node are its children).
 pub fn job_key(env: impl Fn(&str) -> Option<String>, parent_pid: u32) -> String {
     let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
     if let Some(id) = set(crate::policy::JOB_ID_ENV) {

@@ -95,36 +95,28 @@ impl<X> Checkpoint<X> {
         file: &OpenedFile,
         plan: SlicePlan,
     ) -> Result<Tensor> {
-        let name: Arc<str> = Arc::from(info.name());
+        let shape = plan.shape.clone();
         if let Some(storage) = file.map() {
             let whole = range_in(info, storage)?;
             if let Some(run) = plan.contiguous() {
                 let range = whole.start + run.start..whole.start + run.end;
-                return Tensor::new(name, info.dtype(), plan.shape, Arc::clone(storage), range);
+                let storage = Arc::clone(storage);
+                return Tensor::new(info.name().into(), info.dtype(), shape, storage, range);
             }
             let src = storage.bytes().get(whole).unwrap_or_default();
-            return owned(
-                file,
-                name,
-                info.dtype(),
-                plan.shape,
-                plan.len,
-                None,
-                |dst| {
-                    copy_runs(&plan.runs, src, 0, dst);
-                    Ok(())
-                },
-            );
+            let fill = |dst: &mut [u8]| {
+                copy_runs(&plan.runs, src, 0, dst);
+                Ok(())
+            };
+            return owned(file, info, shape, plan.len, None, fill);
         }
         let opts = &self.inner().opts;
         let (concurrency, most) =
             crate::policy::io_defaults(std::iter::once(file.source()), opts.caller_reads());
         // Pieces small enough to keep every reader busy, never under 1 MiB.
         let piece = (plan.len / concurrency.start).clamp(1 << 20, most.max(1 << 20));
-        let (shape, len) = (plan.shape.clone(), plan.len);
-        owned(file, name, info.dtype(), shape, len, None, |dst| {
-            read_runs(file, info.offset, &plan, dst, concurrency, piece)
-        })
+        let fill = |dst: &mut [u8]| read_runs(file, info.offset, &plan, dst, concurrency, piece);
+        owned(file, info, shape, plan.len, None, fill)
     }
 
     /// The tensor called `name`: a zero-copy view of the map where the file
@@ -185,12 +177,11 @@ impl<X> Checkpoint<X> {
     }
 }
 
-/// A tensor of `len` bytes of its own (page-aligned, read-only), filled by
-/// `fill`; `guard`, where given, is dropped with them.
+/// `info`'s `len` bytes of `shape` in an allocation of their own
+/// (page-aligned, read-only) filled by `fill`; `guard` is dropped with them.
 fn owned(
     file: &OpenedFile,
-    name: Arc<str>,
-    dtype: safetensors::Dtype,
+    info: &TensorInfo,
     shape: Vec<usize>,
     len: usize,
     guard: Option<Box<dyn Send + Sync>>,
@@ -202,7 +193,13 @@ fn owned(
     let storage = buffer
         .seal(file.path().to_path_buf(), guard)
         .map_err(|e| Error::io(Operation::Seal, file.path(), None, e))?;
-    Tensor::new(name, dtype, shape, Arc::new(storage), 0..len)
+    Tensor::new(
+        info.name().into(),
+        info.dtype(),
+        shape,
+        Arc::new(storage),
+        0..len,
+    )
 }
 
 /// Copies `runs` into `dst` from `src`, which starts at offset `base` of the
@@ -320,16 +317,8 @@ pub(super) fn read_whole(
         };
         Error::new(kind, file.path())
     })?;
-    let shape = info.shape().to_vec();
-    owned(
-        file,
-        info.name().into(),
-        info.dtype(),
-        shape,
-        len,
-        guard,
-        |dst| read_exact(file, dst, info.offset),
-    )
+    let fill = |dst: &mut [u8]| read_exact(file, dst, info.offset);
+    owned(file, info, info.shape().to_vec(), len, guard, fill)
 }
 
 /// Where `info`'s bytes are in its file's map (the header was checked

@@ -83,14 +83,8 @@ pub(crate) fn agree(
     let all = exchange
         .all_gather(&offer(refusal.as_deref(), &described))
         .map_err(|e| exchange_error(path, None, &e))?;
-    if let Some(why) = refused(&all) {
+    if let Some(why) = refused(&all).or_else(|| cluster::agree(&all).err()) {
         notes.push(LoadNote::NodesReadAlone { why });
-        return Ok(None);
-    }
-    if let Err(why) = cluster::agree(&all) {
-        notes.push(LoadNote::NodesReadAlone {
-            why: why.to_string(),
-        });
         return Ok(None);
     }
     let refs: Vec<Option<&BufferLayout>> = files.iter().map(|f| f.layout.as_ref()).collect();
@@ -124,20 +118,14 @@ fn compared<'a>(filling: &'a mut [Filling<'_>], copies: &[Copy<'a>]) -> Vec<Comp
     files
         .into_iter()
         .zip(layouts)
-        .map(|(file, layout)| Compared {
-            file,
-            name: file_name(file),
-            layout,
+        .map(|(file, layout)| {
+            // Its file name, else its path.
+            let path = file.path();
+            let name = path.file_name().map_or(path.as_os_str(), |n| n);
+            let name = name.to_string_lossy().into_owned();
+            Compared { file, name, layout }
         })
         .collect()
-}
-
-/// The name a file goes by among the nodes: its file name, else its path.
-fn file_name(f: &OpenedFile) -> String {
-    let path = f.path();
-    path.file_name()
-        .map_or_else(|| path.to_string_lossy(), |n| n.to_string_lossy())
-        .into_owned()
 }
 
 /// Why this load cannot be split between the nodes whatever its files.
@@ -155,8 +143,7 @@ fn refusal(facts: &Facts) -> Option<String> {
 /// Describes each file for the comparison; a file whose version cannot be
 /// told is the `refusal` where there is none yet.
 fn describe<'f>(files: &'f [Compared<'_>], refusal: &mut Option<String>) -> Vec<FileFacts<'f>> {
-    let mut described = Vec::with_capacity(files.len());
-    for compared in files {
+    let describe = |compared: &'f Compared<'_>| {
         let (f, name) = (compared.file, compared.name.as_str());
         let version = match &f.source().version().tag {
             VersionTag::Inode { mtime_ns, .. } => format!("mtime {mtime_ns}"),
@@ -166,14 +153,15 @@ fn describe<'f>(files: &'f [Compared<'_>], refusal: &mut Option<String>) -> Vec<
                 String::new()
             }
         };
-        described.push(FileFacts {
+        let layout = compared.layout.as_ref();
+        FileFacts {
             name,
             len: f.size(),
             version,
-            layout: compared.layout.as_ref(),
-        });
-    }
-    described
+            layout,
+        }
+    };
+    files.iter().map(describe).collect()
 }
 
 /// What this node gives the all-gather: `yes`, or `no` and why, then its
@@ -191,10 +179,8 @@ fn offer(refusal: Option<&str>, described: &[FileFacts<'_>]) -> Vec<u8> {
 fn refused(all: &[Vec<u8>]) -> Option<String> {
     all.iter().enumerate().find_map(|(node, d)| {
         let text = String::from_utf8_lossy(d);
-        let first = text.lines().next().unwrap_or_default().to_owned();
-        first
-            .strip_prefix("no\t")
-            .map(|why| format!("node {node}: {why}"))
+        let why = text.lines().next()?.strip_prefix("no\t")?;
+        Some(format!("node {node}: {why}"))
     })
 }
 
@@ -210,13 +196,12 @@ pub(crate) fn receive(
     clock: Instant,
 ) -> Result<LoadNote> {
     let me = exchange.node();
-    let (mut read, mut received) = (0u64, 0u64);
+    let (mut read, mut total) = (0u64, 0u64);
     let buffers = filling.len();
     for piece in pieces {
+        total += piece.len;
         if piece.owner == me {
             read += piece.len;
-        } else {
-            received += piece.len;
         }
         if let Some((file, writer)) = piece.file.checked_sub(buffers).and_then(|k| copies.get(k)) {
             let path = file.path();
@@ -253,7 +238,6 @@ pub(crate) fn receive(
             parts.finished_at.fetch_max(since(clock), Ordering::Relaxed);
         }
     }
-    let total = read + received;
     Ok(LoadNote::ReadOncePerCluster {
         node: me,
         nodes: exchange.nodes(),

@@ -125,13 +125,9 @@ impl<X> Checkpoint<X> {
     /// one per tensor.
     fn stream_readers(&self) -> usize {
         let inner = self.inner();
-        let concurrency = policy::io_defaults(
-            inner.files.iter().map(|f| f.source()),
-            inner.opts.caller_reads(),
-        )
-        .0
-        .start;
-        concurrency.min(inner.tensors.len())
+        let sources = inner.files.iter().map(|f| f.source());
+        let (concurrency, _) = policy::io_defaults(sources, inner.opts.caller_reads());
+        concurrency.start.min(inner.tensors.len())
     }
 }
 
@@ -143,16 +139,11 @@ fn stream<X, E: From<Error>>(
     readers: usize,
     mut f: impl FnMut(Tensor) -> Result<(), E>,
 ) -> Result<(), E> {
-    let tensors = &ck.inner().tensors;
+    let (inner, tensors) = (ck.inner(), &ck.inner().tensors);
     let budget = Arc::new(Budget::new(cap, tensors.len()));
     let total: u64 = tensors.iter().map(|t| t.nbytes).sum();
-    let files = ck.inner().files.len();
-    let meter = Meter::new(
-        ck.inner().opts.progress.as_ref(),
-        Phase::Stream,
-        total,
-        files,
-    );
+    let progress = inner.opts.progress.as_ref();
+    let meter = Meter::new(progress, Phase::Stream, total, inner.files.len());
     // Borrowed by the readers: what is left in it when the stream stops
     // early is dropped on return, giving its bytes back.
     let arrivals = Arrivals::default();

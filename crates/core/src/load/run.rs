@@ -6,7 +6,8 @@ use std::time::Instant;
 use super::Loader;
 use crate::cancel;
 use crate::checkpoint::{self, Checkpoint};
-use crate::error::Result;
+use crate::cluster::{Engine, Exchange};
+use crate::error::{Error, Operation, Result};
 use crate::execute::Run;
 use crate::extras::{WarmFile, Warming};
 use crate::file;
@@ -37,21 +38,18 @@ impl<X> Loader<X> {
         }
         let files: Vec<_> = files.iter().map(|f| (f, f.opened_at())).collect();
         // The job's exchange: the engine's, else `SAFELOAD_EXCHANGE`'s.
-        let engine = self.opts.exchange.clone().map(crate::cluster::Engine);
+        let engine = self.opts.exchange.clone().map(Engine);
         let joined = match engine {
             Some(_) => None,
             None => join_exchange(&*self.opts.extras, path)?,
         };
         let mut opts = std::borrow::Cow::Borrowed(&self.opts);
-        if let Some(joined) = &joined {
-            if opts.local_rank.is_none() {
-                opts.to_mut().local_rank = Some(joined.local_rank);
-            }
+        if let Some(joined) = joined.as_ref().filter(|_| opts.local_rank.is_none()) {
+            opts.to_mut().local_rank = Some(joined.local_rank);
         }
         // One participant per node (local rank 0); the node's other ranks
         // wait for its node copies.
         let engine_member = engine.as_ref().is_some_and(|e| {
-            use crate::cluster::Exchange;
             let rank = crate::extras::LocalRank::from_setting(opts.local_rank, &env);
             e.nodes() > 1 && rank.size > 1 && rank.rank > 0
         });
@@ -72,7 +70,7 @@ impl<X> Loader<X> {
             path,
             exchange: match &engine {
                 Some(_) if engine_member => None,
-                Some(engine) => Some(engine as &dyn crate::cluster::Exchange),
+                Some(engine) => Some(engine as &dyn Exchange),
                 None => joined.as_ref().and_then(|j| j.exchange.as_deref()),
             },
             member: engine_member || joined_member,
@@ -142,8 +140,8 @@ impl<X> Loader<X> {
         let env = Environment::from_process();
         let resolved = resolve::resolve(path.as_ref(), caching(&self.opts), &*self.opts.extras)?;
         if resolved.is_remote() {
-            return Err(crate::error::Error::remote_failed(
-                crate::error::Operation::Prefetch,
+            return Err(Error::remote_failed(
+                Operation::Prefetch,
                 path.as_ref(),
                 None,
                 crate::error::RemoteFailure::Unsupported,
@@ -177,7 +175,7 @@ impl<X> Loader<X> {
                 std::io::ErrorKind::Unsupported,
                 "this build's extras have no page-cache warm-up",
             );
-            crate::error::Error::io(crate::error::Operation::Prefetch, path.as_ref(), None, why)
+            Error::io(Operation::Prefetch, path.as_ref(), None, why)
         })
     }
 }
@@ -195,17 +193,11 @@ pub(crate) fn caching(opts: &crate::options::Options) -> resolve::Caching<'_> {
 
 /// The job's exchange `SAFELOAD_EXCHANGE` asks for (a collective), joined
 /// through `extras`; a failure is an I/O error of
-/// [`Operation::Exchange`](crate::error::Operation::Exchange) on `path`.
+/// [`Operation::Exchange`](Operation::Exchange) on `path`.
 fn join_exchange(
     extras: &dyn crate::extras::Extras,
     path: &Path,
 ) -> Result<Option<crate::cluster::Joined>> {
-    crate::cluster::from_env(|name| extras.join_exchange(name)).map_err(|why| {
-        crate::error::Error::io(
-            crate::error::Operation::Exchange,
-            path,
-            None,
-            std::io::Error::other(why),
-        )
-    })
+    crate::cluster::from_env(|name| extras.join_exchange(name))
+        .map_err(|why| Error::io(Operation::Exchange, path, None, std::io::Error::other(why)))
 }

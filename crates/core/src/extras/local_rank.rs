@@ -27,7 +27,7 @@ impl LocalRank {
     pub fn from_setting(setting: Option<(usize, usize)>, env: &Environment) -> LocalRank {
         match setting {
             Some((rank, size)) => {
-                LocalRank::checked(rank, size, RankSource::Caller { valid: true })
+                LocalRank::checked(Some(rank), Some(size), RankSource::Caller { valid: true })
             }
             None => detect_local_rank(env.lookup()),
         }
@@ -41,11 +41,12 @@ impl LocalRank {
         }
     }
 
-    fn checked(rank: usize, size: usize, source: RankSource) -> LocalRank {
-        if size == 0 || rank >= size {
-            return LocalRank::single(invalid(source));
+    /// A rank below its size; else one process, its source found invalid.
+    fn checked(rank: Option<usize>, size: Option<usize>, source: RankSource) -> LocalRank {
+        match (rank, size) {
+            (Some(rank), Some(size)) if rank < size => LocalRank { rank, size, source },
+            _ => LocalRank::single(invalid(source)),
         }
-        LocalRank { rank, size, source }
     }
 }
 
@@ -89,11 +90,7 @@ pub fn detect_local_rank(env: impl Fn(&str) -> Option<String>) -> LocalRank {
             valid: true,
         };
         let rank = rank_text.trim().parse::<usize>().ok();
-        let size = leading_number(&size_text);
-        return match (rank, size) {
-            (Some(rank), Some(size)) => LocalRank::checked(rank, size, source),
-            _ => LocalRank::single(invalid(source)),
-        };
+        return LocalRank::checked(rank, leading_number(&size_text), source);
     }
     LocalRank::single(RankSource::Alone)
 }

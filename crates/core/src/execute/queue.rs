@@ -65,13 +65,10 @@ impl<'a> ReadEngine<'a> {
         prefixes: &'a [Option<Vec<u8>>],
         options: &ReadOptions<'_>,
     ) -> ReadEngine<'a> {
-        let lens: Vec<u64> = opened
-            .iter()
-            .map(|s| s.file().header().file_len())
-            .collect();
-        let mut sources = Vec::with_capacity(opened.len());
+        let (mut lens, mut sources) = (Vec::new(), Vec::new());
         let mut queued = Queued::default();
         for (file_index, shard) in opened.iter_mut().enumerate() {
+            lens.push(shard.file().header().file_len());
             let hashed = matches!(prefixes.get(file_index), Some(Some(_)));
             let parts = shard.parts();
             sources.push(parts.source);
@@ -92,15 +89,9 @@ impl<'a> ReadEngine<'a> {
     /// The bytes its jobs read (for the progress meter), and the files they
     /// read some of.
     pub(crate) fn bytes(&self) -> (u64, usize) {
-        let mut files = std::collections::BTreeSet::new();
-        let mut total = 0;
-        for job in &self.queued.jobs {
-            if job.job.bytes() > 0 {
-                files.insert(job.file_index);
-            }
-            total += job.job.bytes();
-        }
-        (total, files.len())
+        let jobs = self.queued.jobs.iter().filter(|j| j.job.bytes() > 0);
+        let files: std::collections::BTreeSet<usize> = jobs.clone().map(|j| j.file_index).collect();
+        (jobs.map(|j| j.job.bytes()).sum(), files.len())
     }
 
     /// Runs the jobs, counting their bytes into `meter`.

@@ -88,18 +88,16 @@ pub(crate) fn split_convert<'a>(
         let Some((_, tail)) = rest.split_at_mut_checked(skip) else {
             return;
         };
-        let Some((mut target, tail)) = tail.split_at_mut_checked(elements * to_size) else {
+        let Some((target, tail)) = tail.split_at_mut_checked(elements * to_size) else {
             return;
         };
         rest = tail;
         at = place + (elements * to_size) as u64;
         let per_job = (chunk / size).max(1);
         let mut src = header.data_start + tensor.start;
-        while !target.is_empty() {
-            let take = per_job.min(target.len() / to_size);
-            let (piece, tail) = target.split_at_mut(take * to_size);
-            target = tail;
-            let len = take * size;
+        // No piece where `to` is packed (`to_size` 0): `target` is empty.
+        for piece in target.chunks_mut((per_job * to_size).max(1)) {
+            let len = piece.len() / to_size * size;
             let source = match &from {
                 ConvertFrom::Map(bytes) => {
                     let start = usize::try_from(src).unwrap_or(usize::MAX);
@@ -144,8 +142,7 @@ pub(crate) fn split_populate<'a>(
     chunk: usize,
 ) {
     let chunk = chunk.max(1);
-    let mut offset = 0;
-    while offset < map.len() {
+    for offset in (0..map.len()).step_by(chunk) {
         let len = chunk.min(map.len() - offset);
         out.push(Tagged {
             file_index,
@@ -156,6 +153,5 @@ pub(crate) fn split_populate<'a>(
                 len,
             },
         });
-        offset += len;
     }
 }

@@ -100,8 +100,7 @@ impl<X> Checkpoint<X> {
             let whole = range_in(info, storage)?;
             if let Some(run) = plan.contiguous() {
                 let range = whole.start + run.start..whole.start + run.end;
-                let storage = Arc::clone(storage);
-                return Tensor::new(info.name().into(), info.dtype(), shape, storage, range);
+                return tensor(info, shape, Arc::clone(storage), range);
             }
             let src = storage.bytes().get(whole).unwrap_or_default();
             let fill = |dst: &mut [u8]| {
@@ -134,14 +133,7 @@ impl<X> Checkpoint<X> {
         match file.map() {
             Some(storage) => {
                 let range = range_in(info, storage)?;
-                let shape = info.shape().to_vec();
-                Tensor::new(
-                    info.name().into(),
-                    info.dtype(),
-                    shape,
-                    Arc::clone(storage),
-                    range,
-                )
+                tensor(info, info.shape().to_vec(), Arc::clone(storage), range)
             }
             None => read_whole(file, info, None),
         }
@@ -193,13 +185,17 @@ fn owned(
     let storage = buffer
         .seal(file.path().to_path_buf(), guard)
         .map_err(|e| Error::io(Operation::Seal, file.path(), None, e))?;
-    Tensor::new(
-        info.name().into(),
-        info.dtype(),
-        shape,
-        Arc::new(storage),
-        0..len,
-    )
+    tensor(info, shape, Arc::new(storage), 0..len)
+}
+
+/// `info`'s tensor of `shape` at `range` of `storage`.
+fn tensor(
+    info: &TensorInfo,
+    shape: Vec<usize>,
+    storage: Arc<Storage>,
+    range: Range<usize>,
+) -> Result<Tensor> {
+    Tensor::new(info.name().into(), info.dtype(), shape, storage, range)
 }
 
 /// Copies `runs` into `dst` from `src`, which starts at offset `base` of the

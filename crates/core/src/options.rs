@@ -14,8 +14,7 @@ use crate::policy::{Environment, ReadMode};
 /// A filter on tensor names.
 pub(crate) type Filter = dyn Fn(&str) -> bool + Send + Sync;
 
-/// Every knob of a load, each once (see the setters of `Loader` for what
-/// each means).
+/// Every knob of a load, each once (see `Loader`'s setters).
 #[derive(Clone, Default)]
 pub(crate) struct Options {
     pub mode: ReadMode,
@@ -34,19 +33,14 @@ pub(crate) struct Options {
     pub expected_sha256: Vec<(String, String)>,
     pub dtype: Option<Dtype>,
     pub progress: Option<crate::progress::Callback>,
-    /// The engine's communicator, for a load split between nodes.
     pub exchange: Option<Arc<dyn crate::cluster::Communicator>>,
     /// What stops the load early (`Loader::cancel_on`, a dropped async load).
     pub cancel: Cancel,
-    /// Whether `hf://` goes through the hub cache (`Loader::hub_cache`).
     pub hub_cache: Option<bool>,
-    /// The cache directory of other stores (`Loader::cache_dir`).
     pub cache_dir: Option<std::path::PathBuf>,
-    /// What resolves an address that is not a local path (the loader's type
-    /// of extras).
+    /// The loader's type of extras.
     pub extras: crate::extras::Installed,
-    /// The staging ring of a load to a device: its buffers and their size
-    /// (`Loader::staging`).
+    /// The staging ring of a load to a device: its buffers and their size.
     pub staging: Option<(usize, usize)>,
 }
 
@@ -90,9 +84,8 @@ impl Options {
         }
     }
 
-    /// What the warm-up needs of the job of a load with these options: the
-    /// local rank (the caller's, else `local_rank`, an exchange's), the
-    /// memory, the environment, the progress callback and `cancel`.
+    /// What the warm-up needs of the job; `local_rank` (an exchange's)
+    /// where the caller set none.
     pub(crate) fn warm_job<'s>(
         &'s self,
         env: &'s Environment,
@@ -108,8 +101,7 @@ impl Options {
         }
     }
 
-    /// What the share step is asked of a load with these options, by the
-    /// local `rank` with `role`: each part it needs, no more.
+    /// What the share step is asked by the local `rank` with `role`.
     pub(crate) fn share_ask<'s>(
         &'s self,
         rank: &'s LocalRank,

@@ -1,13 +1,12 @@
 //! Resolving a path to a checkpoint's files: a `.safetensors` file, an index, or a directory, opened once, to its shard files; and the shards' headers checked against the index.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::error::Operation;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Operation, Result};
 pub(crate) use crate::extras::Caching;
 use crate::extras::{Extras, Found, RemoteCheckpoint, Resolution};
 use crate::format::header::Header;
@@ -20,9 +19,8 @@ use crate::os;
 pub(crate) struct ShardFile {
     /// The name as the index writes it, or the file name of a single file.
     pub name: String,
-    /// The path to open: the checkpoint directory joined with `name`, or the
-    /// path the caller gave for a single file. Not canonicalized, so that a
-    /// symlinked file (a Hugging Face cache snapshot) keeps its name in errors.
+    /// The path to open, not canonicalized: a symlinked file (a Hugging
+    /// Face cache snapshot) keeps its name in errors.
     pub path: PathBuf,
 }
 
@@ -37,17 +35,14 @@ pub(crate) struct Resolved {
     pub index_path: Option<PathBuf>,
     /// The checkpoint directory, opened once: the index and every shard are
     /// opened through it, so that one load sees one revision even while a
-    /// symlink on the way to it (`current -> snapshots/<rev>`) is flipped.
-    /// `None` for a single file named by its own path.
+    /// symlink on the way (`current -> snapshots/<rev>`) is flipped.
     dir: Option<Arc<os::Dir>>,
-    /// A remote checkpoint's place (the load's extras resolved it): its
-    /// files are opened through it.
+    /// A remote checkpoint's place, its files opened through it.
     remote: Option<Arc<dyn RemoteCheckpoint>>,
 }
 
-/// Whether `path` is a remote address (`s3://`, `gs://`, `az://`,
-/// `http(s)://`, `hf://`) rather than a local path: the schemes the feature
-/// `remote` reads.
+/// Whether `path` is a remote address (a scheme the feature `remote` reads)
+/// rather than a local path.
 pub(crate) fn is_remote(path: &Path) -> bool {
     let Some(text) = path.to_str() else {
         return false;
@@ -60,9 +55,8 @@ pub(crate) fn is_remote(path: &Path) -> bool {
     })
 }
 
-/// Resolves `path` (a `.safetensors` file, an index, or a directory holding one
-/// of them, or a remote address that `extras` read, through `caching`) into
-/// the shard files to load.
+/// Resolves `path` (a `.safetensors` file, an index, a directory holding one,
+/// or a remote address `extras` read through `caching`) into its shards.
 pub(crate) fn resolve(path: &Path, caching: Caching<'_>, extras: &dyn Extras) -> Result<Resolved> {
     if is_remote(path) {
         return resolve_remote(path, caching, extras);
@@ -80,20 +74,8 @@ pub(crate) fn resolve(path: &Path, caching: Caching<'_>, extras: &dyn Extras) ->
         let dir = os::Dir::open(parent).map_err(|e| Error::io(Operation::Open, parent, None, e))?;
         return resolve_index(parent, Arc::new(dir), index_name);
     }
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    Ok(Resolved {
-        shards: vec![ShardFile {
-            name,
-            path: path.to_path_buf(),
-        }],
-        index: None,
-        index_path: None,
-        dir: None,
-        remote: None,
-    })
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    Ok(single(name.into_owned(), path.to_path_buf(), None))
 }
 
 /// The file name of an index (`*.safetensors.index.json`), if `path` names one.
@@ -107,7 +89,11 @@ fn resolve_dir(path: &Path, dir: Arc<os::Dir>) -> Result<Resolved> {
     // The same order of preference as the Hugging Face loaders: the single
     // file first, then the index.
     if dir.is_file(SINGLE_FILE) {
-        return Ok(single_in(path, dir, SINGLE_FILE));
+        return Ok(single(
+            SINGLE_FILE.into(),
+            path.join(SINGLE_FILE),
+            Some(dir),
+        ));
     }
     if dir.is_file(INDEX_FILE) {
         return resolve_index(path, dir, INDEX_FILE);
@@ -125,8 +111,9 @@ fn resolve_dir(path: &Path, dir: Arc<os::Dir>) -> Result<Resolved> {
         }
     }
     if indexes.is_empty() && safetensors.len() == 1 {
-        if let Some(name) = safetensors.first() {
-            return Ok(single_in(path, dir, name));
+        if let Some(name) = safetensors.pop_first() {
+            let file = path.join(&name);
+            return Ok(single(name, file, Some(dir)));
         }
     }
     if indexes.len() == 1 && safetensors.len() > 1 {
@@ -138,16 +125,13 @@ fn resolve_dir(path: &Path, dir: Arc<os::Dir>) -> Result<Resolved> {
     Err(Error::new(ErrorKind::NoCheckpoint { found }, path))
 }
 
-/// The single file `name` of the directory at `path`.
-fn single_in(path: &Path, dir: Arc<os::Dir>, name: &str) -> Resolved {
+/// A checkpoint of one local file, `name` at `path`, opened through `dir`.
+fn single(name: String, path: PathBuf, dir: Option<Arc<os::Dir>>) -> Resolved {
     Resolved {
-        shards: vec![ShardFile {
-            name: name.to_string(),
-            path: path.join(name),
-        }],
+        shards: vec![ShardFile { name, path }],
         index: None,
         index_path: None,
-        dir: Some(dir),
+        dir,
         remote: None,
     }
 }
@@ -169,8 +153,8 @@ fn resolve_index(dir_path: &Path, dir: Arc<os::Dir>, name: &str) -> Result<Resol
 }
 
 /// Parses the index at `index_path` and lists its shards (sorted by name,
-/// each at `path_of(name)`), refusing a tensor named twice and a shard name
-/// that is not a plain file name.
+/// at `path_of(name)`), refusing a tensor named twice and a shard name that
+/// is not a plain file name.
 fn index_shards(
     bytes: &[u8],
     index_path: &Path,
@@ -178,10 +162,10 @@ fn index_shards(
 ) -> Result<(Index, Vec<ShardFile>)> {
     let index = parse_index(bytes)
         .map_err(|reason| Error::new(ErrorKind::InvalidIndex { reason }, index_path))?;
-    let mut seen_tensors: HashMap<&str, ()> = HashMap::with_capacity(index.weight_map.len());
+    let mut seen_tensors = HashSet::with_capacity(index.weight_map.len());
     let mut names = BTreeSet::new();
     for (tensor, shard) in &index.weight_map {
-        if seen_tensors.insert(tensor, ()).is_some() {
+        if !seen_tensors.insert(tensor.as_str()) {
             return Err(Error::new(
                 ErrorKind::DuplicateTensor {
                     tensor: tensor.clone(),
@@ -210,9 +194,8 @@ fn index_shards(
     Ok((index, shards))
 }
 
-/// A remote address resolved by the load's `extras`: the file it names,
-/// else `model.safetensors`, else `model.safetensors.index.json` under it; an
-/// error where they read no such address.
+/// A remote address resolved by the load's `extras`; an error where they
+/// read no such address.
 fn resolve_remote(path: &Path, caching: Caching<'_>, extras: &dyn Extras) -> Result<Resolved> {
     let text = path.to_str().unwrap_or_default();
     let Some(resolution) = extras.resolve(text, caching) else {
@@ -246,15 +229,13 @@ fn resolve_remote(path: &Path, caching: Caching<'_>, extras: &dyn Extras) -> Res
 }
 
 impl Resolved {
-    /// The remote checkpoint its files are opened through, for a remote
-    /// address.
+    /// The remote checkpoint its files are opened through.
     pub(crate) fn remote(&self) -> Option<&dyn RemoteCheckpoint> {
         self.remote.as_deref()
     }
 
-    /// The repository's other files brought beside the weights
-    /// (`hf://...?with=`): each name's path in the hub cache's snapshot, or
-    /// `None` where the repository has none.
+    /// The other files brought beside the weights
+    /// ([`RemoteCheckpoint::extra_files`]).
     pub(crate) fn extra_files(&self) -> std::collections::BTreeMap<String, Option<PathBuf>> {
         self.remote
             .as_ref()
@@ -267,8 +248,7 @@ impl Resolved {
         self.remote.is_some()
     }
 
-    /// Opens a shard for reading: through the checkpoint directory opened at
-    /// resolution, or by its own path for a single file.
+    /// Opens a shard: through the checkpoint directory, else by its path.
     pub(crate) fn open(&self, shard: &ShardFile) -> io::Result<File> {
         match &self.dir {
             Some(dir) => dir.open_regular(&shard.name),
@@ -276,8 +256,7 @@ impl Resolved {
         }
     }
 
-    /// Opens the index file (when there is one) through the same directory,
-    /// for callers that need its descriptor (eviction).
+    /// Opens the index file, where there is one, as [`open`](Self::open).
     pub(crate) fn open_index(&self) -> Option<io::Result<File>> {
         let name = self.index_path.as_deref()?.file_name()?.to_str()?;
         Some(match &self.dir {
@@ -286,14 +265,13 @@ impl Resolved {
         })
     }
 
-    /// Refuses a checkpoint whose opened shards (path, parsed header) disagree
-    /// with each other or with the index: a tensor in two shards, or an index
-    /// entry whose shard lacks it. Shards not opened (a filter needs nothing
-    /// from them) are not checked.
+    /// Refuses a checkpoint whose opened shards (path, header) disagree with
+    /// each other or with the index: a tensor in two shards, or an index
+    /// entry whose shard lacks it. Shards not opened are not checked.
     pub(crate) fn check_headers(&self, opened: &[(&Path, &Header)]) -> Result<()> {
         let checkpoint = self;
-        // Each header names a tensor once (the parser refuses twice), so one
-        // file without an index needs no map of owners.
+        // One file without an index needs no map of owners (a header names
+        // a tensor once).
         let count = if opened.len() > 1 || checkpoint.index.is_some() {
             opened.iter().map(|(_, h)| h.tensors.len()).sum()
         } else {
@@ -352,8 +330,7 @@ impl Resolved {
 }
 
 /// Reads a whole small file, refusing one larger than `limit` before
-/// allocating for it; a file that ends before the length `fstat` gave (it
-/// shrank while read) is a truncated file, not bad JSON.
+/// allocating; one that shrank while read is a size mismatch, not bad JSON.
 fn read_capped(file: &File, path: &Path, limit: u64) -> Result<Vec<u8>> {
     let len = file
         .metadata()

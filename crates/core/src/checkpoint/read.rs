@@ -1,18 +1,16 @@
 //! Reads from an opened checkpoint: one tensor, its bytes into memory the caller owns, a slice of it, one rank's part; a view of the map where the file is mapped and the bytes are contiguous, positional reads of exactly the bytes needed where it is not.
 
-use std::sync::Arc;
-
 use std::ops::Range;
+use std::sync::Arc;
 
 use super::{Checkpoint, TensorInfo};
 use crate::adapt::Concurrency;
 use crate::cancel::Cancel;
 use crate::dest::pages::PageSizes;
-use crate::error::Operation;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::file::{OpenedFile, read_error};
 use crate::jobs;
-use crate::slice::{MERGE_GAP, SlicePlan};
+use crate::slice::{MERGE_GAP, Run, SlicePlan};
 use crate::storage::{Buffer, Storage};
 use crate::tensor::Tensor;
 
@@ -22,14 +20,11 @@ impl<X> Checkpoint<X> {
     /// the ranges' lengths (then the whole dimensions), its bytes contiguous,
     /// row-major.
     ///
-    /// Only the bytes holding it are read. A slice along dimension 0 (or any
-    /// slice whose bytes are one run) is one contiguous read, and where the
-    /// file is mapped a zero-copy view of the map. Other slices are strided
-    /// runs; runs less than 512 KiB apart are read as one (the gap is read
-    /// and dropped: one more request costs about as much as reading that
-    /// much, on the mounts measured), and each read is cut in pieces that
-    /// the read engine issues in parallel. Where the file is mapped, the
-    /// runs are copied from the map.
+    /// Only the bytes holding it are read: one read (a zero-copy view where
+    /// mapped) for a slice whose bytes are one run, else strided runs, those
+    /// less than 512 KiB apart read as one (one more request costs about as
+    /// much as reading the gap), in pieces the read engine issues in
+    /// parallel; where mapped, the runs are copied from the map.
     ///
     /// ```
     /// # let dir = tempfile::tempdir()?;
@@ -60,11 +55,9 @@ impl<X> Checkpoint<X> {
 
     /// Rank `rank`'s part of `name` along dimension `dim` when the tensor is
     /// split `world` ways, as `torch.tensor_split` splits it: the first
-    /// `len % world` parts one element longer; a `world` larger than the
-    /// dimension gives empty parts to the last ranks. Read as
-    /// [`read_slice`](Self::read_slice) reads: a part along dimension 0 is
-    /// one read (a view where mapped); along another dimension, exactly the
-    /// rows it covers.
+    /// `len % world` parts one element longer, empty parts for the last
+    /// ranks where `world` passes the dimension. Read as
+    /// [`read_slice`](Self::read_slice) reads.
     ///
     /// ```
     /// # let dir = tempfile::tempdir()?;
@@ -94,55 +87,40 @@ impl<X> Checkpoint<X> {
         self.read_planned(info, file, plan)
     }
 
-    /// Reads what `plan` says of `info`: a view of the map for one run of a
-    /// mapped file, else an allocation of the result's length filled from
-    /// the map or by the read engine.
+    /// Reads what `plan` says of `info`: a view for one run of a mapped
+    /// file, else an allocation filled from the map or by the read engine.
     fn read_planned(
         &self,
         info: &TensorInfo,
         file: &OpenedFile,
         plan: SlicePlan,
     ) -> Result<Tensor> {
-        let name: Arc<str> = Arc::from(info.name());
+        let shape = plan.shape.clone();
         if let Some(storage) = file.map() {
             let whole = range_in(info, storage)?;
             if let Some(run) = plan.contiguous() {
                 let range = whole.start + run.start..whole.start + run.end;
-                return Tensor::new(name, info.dtype(), plan.shape, Arc::clone(storage), range);
+                return tensor(info, shape, Arc::clone(storage), range);
             }
             let src = storage.bytes().get(whole).unwrap_or_default();
-            return owned(file, name, info.dtype(), plan.shape, plan.len, |dst| {
-                for run in &plan.runs {
-                    let (Some(from), Some(to)) = (
-                        src.get(run.src..run.src + run.len),
-                        dst.get_mut(run.dst..run.dst + run.len),
-                    ) else {
-                        continue;
-                    };
-                    to.copy_from_slice(from);
-                }
+            let fill = |dst: &mut [u8]| {
+                copy_runs(&plan.runs, src, 0, dst);
                 Ok(())
-            });
+            };
+            return owned(file, info, shape, plan.len, None, fill);
         }
         let opts = &self.inner().opts;
         let (concurrency, most) =
             crate::policy::io_defaults(std::iter::once(file.source()), opts.caller_reads());
-        // One tensor's pieces: small enough that it keeps every reader busy
-        // (a mount serves each request after its latency), never under 1 MiB.
+        // Pieces small enough to keep every reader busy, never under 1 MiB.
         let piece = (plan.len / concurrency.start).clamp(1 << 20, most.max(1 << 20));
-        owned(
-            file,
-            name,
-            info.dtype(),
-            plan.shape.clone(),
-            plan.len,
-            |dst| read_runs(file, info.offset, &plan, dst, concurrency, piece),
-        )
+        let fill = |dst: &mut [u8]| read_runs(file, info.offset, &plan, dst, concurrency, piece);
+        owned(file, info, shape, plan.len, None, fill)
     }
 
-    /// The tensor called `name`: a zero-copy view of the file's map where
-    /// the file is mapped, else its bytes read with positional reads into an
-    /// allocation of its own (aligned for its dtype), exactly its bytes.
+    /// The tensor called `name`: a zero-copy view of the map where the file
+    /// is mapped, else exactly its bytes read into an allocation of its own
+    /// (aligned for its dtype).
     ///
     /// # Errors
     ///
@@ -152,15 +130,17 @@ impl<X> Checkpoint<X> {
     pub fn read(&self, name: &str) -> Result<Tensor> {
         let info = self.info(name)?;
         let file = self.file_of(info)?;
-        if let Some(storage) = file.map() {
-            return view(info, storage);
+        match file.map() {
+            Some(storage) => {
+                let range = range_in(info, storage)?;
+                tensor(info, info.shape().to_vec(), Arc::clone(storage), range)
+            }
+            None => read_whole(file, info, None),
         }
-        read_whole(file, info, None)
     }
 
     /// Reads the bytes of `name` into `dst`, memory the caller owns (an
-    /// engine's tensor storage, a pinned staging buffer): one copy from the
-    /// map, or positional reads straight into `dst`.
+    /// engine's tensor storage, a pinned staging buffer).
     ///
     /// # Errors
     ///
@@ -189,29 +169,54 @@ impl<X> Checkpoint<X> {
     }
 }
 
-/// A tensor of `len` bytes of its own, filled by `fill`.
+/// `info`'s `len` bytes of `shape` in an allocation of their own
+/// (page-aligned, read-only) filled by `fill`; `guard` is dropped with them.
 fn owned(
     file: &OpenedFile,
-    name: Arc<str>,
-    dtype: safetensors::Dtype,
+    info: &TensorInfo,
     shape: Vec<usize>,
     len: usize,
+    guard: Option<Box<dyn Send + Sync>>,
     fill: impl FnOnce(&mut [u8]) -> Result<()>,
 ) -> Result<Tensor> {
     let mut buffer =
         Buffer::new(len).map_err(|e| Error::io(Operation::Allocate, file.path(), None, e))?;
     fill(buffer.bytes_mut())?;
     let storage = buffer
-        .seal(file.path().to_path_buf(), None)
+        .seal(file.path().to_path_buf(), guard)
         .map_err(|e| Error::io(Operation::Seal, file.path(), None, e))?;
-    Tensor::new(name, dtype, shape, Arc::new(storage), 0..len)
+    tensor(info, shape, Arc::new(storage), 0..len)
 }
 
-/// Reads the runs of `plan` (of the tensor at `base` in `file`) into `dst`:
-/// the plan's reads (runs less than [`MERGE_GAP`] apart merged), each cut
-/// in pieces of `piece` bytes, through the read engine's queue. A read of
-/// exactly one run lands in `dst`; a merged one in a buffer of its own, its
-/// runs then copied out.
+/// `info`'s tensor of `shape` at `range` of `storage`.
+fn tensor(
+    info: &TensorInfo,
+    shape: Vec<usize>,
+    storage: Arc<Storage>,
+    range: Range<usize>,
+) -> Result<Tensor> {
+    Tensor::new(info.name().into(), info.dtype(), shape, storage, range)
+}
+
+/// Copies `runs` into `dst` from `src`, which starts at offset `base` of the
+/// tensor's bytes.
+fn copy_runs(runs: &[Run], src: &[u8], base: usize, dst: &mut [u8]) {
+    for run in runs {
+        let from = run.src - base;
+        let (Some(from), Some(to)) = (
+            src.get(from..from + run.len),
+            dst.get_mut(run.dst..run.dst + run.len),
+        ) else {
+            continue;
+        };
+        to.copy_from_slice(from);
+    }
+}
+
+/// Reads the runs of `plan` (of the tensor at `base` in `file`) into `dst`
+/// through the read engine, in pieces of `piece` bytes: a read of one run
+/// straight into `dst`, a merged one ([`MERGE_GAP`]) into a scratch buffer,
+/// its runs then copied out.
 fn read_runs(
     file: &OpenedFile,
     base: u64,
@@ -221,17 +226,14 @@ fn read_runs(
     piece: usize,
 ) -> Result<()> {
     let reads = plan.reads(MERGE_GAP);
-    // Runs are in increasing order of `dst`, so `dst` splits into one slice
-    // per direct read; merged reads get scratch buffers.
     let mut scratch: Vec<Vec<u8>> = reads
         .iter()
         .filter(|r| r.runs.len() > 1)
         .map(|r| vec![0u8; r.src.len()])
         .collect();
     let jobs = queue_reads(file, base, plan, &reads, dst, &mut scratch, piece);
-    // Scratch vectors and a caller's tensor: no page size is advised.
+    // A lazy read is the caller's own: no page size advised, no cancel flag.
     let pages = PageSizes::unadvised();
-    // A lazy read is the caller's own, not a load's: no cancel flag stops it.
     let (result, _, _) = jobs::run(jobs, concurrency, &pages, &|_, _| {}, &Cancel::NONE);
     if let Err(failure) = result {
         return Err(read_error(
@@ -242,28 +244,16 @@ fn read_runs(
             failure.error,
         ));
     }
-    let mut scratch_iter = scratch.iter();
-    for read in reads.iter().filter(|r| r.runs.len() > 1) {
-        let Some(buffer) = scratch_iter.next() else {
-            break;
-        };
-        for run in plan.runs.get(read.runs.clone()).unwrap_or_default() {
-            let from = run.src - read.src.start;
-            let (Some(src), Some(to)) = (
-                buffer.get(from..from + run.len),
-                dst.get_mut(run.dst..run.dst + run.len),
-            ) else {
-                continue;
-            };
-            to.copy_from_slice(src);
-        }
+    let merged = reads.iter().filter(|r| r.runs.len() > 1);
+    for (read, buffer) in merged.zip(&scratch) {
+        let runs = plan.runs.get(read.runs.clone()).unwrap_or_default();
+        copy_runs(runs, buffer, read.src.start, dst);
     }
     Ok(())
 }
 
-/// The jobs of `reads`: a read of one run straight into its place in
-/// `dst`, a merged one into its scratch buffer, each cut in pieces of
-/// `piece` bytes.
+/// The jobs of `reads` ([`read_runs`]); runs are in increasing order of
+/// `dst`, so `dst` splits into one slice per read of one run.
 fn queue_reads<'a>(
     file: &'a OpenedFile,
     base: u64,
@@ -309,47 +299,27 @@ fn queue_reads<'a>(
     jobs
 }
 
-/// `info` read with positional reads into an allocation of its own
-/// (page-aligned, so aligned for every dtype), made read-only: exactly the
-/// tensor's bytes, whether or not the file is mapped; `guard`, where given,
-/// is dropped with them.
+/// `info`'s exact bytes read into an allocation of their own ([`owned`]),
+/// whether or not the file is mapped.
 pub(super) fn read_whole(
     file: &OpenedFile,
     info: &TensorInfo,
     guard: Option<Box<dyn Send + Sync>>,
 ) -> Result<Tensor> {
-    let len = usize_of(info.nbytes, file)?;
-    let mut buffer =
-        Buffer::new(len).map_err(|e| Error::io(Operation::Allocate, file.path(), None, e))?;
-    read_exact(file, buffer.bytes_mut(), info.offset)?;
-    let storage = buffer
-        .seal(file.path().to_path_buf(), guard)
-        .map_err(|e| Error::io(Operation::Seal, file.path(), None, e))?;
-    tensor_of(info, Arc::new(storage), 0..len)
+    let len = usize::try_from(info.nbytes).map_err(|_| {
+        let kind = ErrorKind::InsufficientMemory {
+            needed: info.nbytes,
+            available: usize::MAX as u64,
+        };
+        Error::new(kind, file.path())
+    })?;
+    let fill = |dst: &mut [u8]| read_exact(file, dst, info.offset);
+    owned(file, info, info.shape().to_vec(), len, guard, fill)
 }
 
-/// `info` at `range` of `storage`: its name, dtype and shape, the length
-/// checked against them.
-fn tensor_of(info: &TensorInfo, storage: Arc<Storage>, range: Range<usize>) -> Result<Tensor> {
-    Tensor::new(
-        Arc::from(info.name()),
-        info.dtype(),
-        info.shape().to_vec(),
-        storage,
-        range,
-    )
-}
-
-/// A view of a mapped file's bytes of `info`.
-fn view(info: &TensorInfo, storage: &Arc<Storage>) -> Result<Tensor> {
-    let range = range_in(info, storage)?;
-    tensor_of(info, Arc::clone(storage), range)
-}
-
-/// Where `info`'s bytes are in its file's map; the header was checked
-/// against the file's length when it was opened, so this fails only for a
-/// map of another length.
-fn range_in(info: &TensorInfo, storage: &Storage) -> Result<std::ops::Range<usize>> {
+/// Where `info`'s bytes are in its file's map (the header was checked
+/// against the file's length: this fails only for a map of another length).
+fn range_in(info: &TensorInfo, storage: &Storage) -> Result<Range<usize>> {
     let start = usize::try_from(info.offset).ok();
     let len = usize::try_from(info.nbytes).ok();
     start
@@ -365,19 +335,6 @@ fn range_in(info: &TensorInfo, storage: &Storage) -> Result<std::ops::Range<usiz
                 storage.path(),
             )
         })
-}
-
-/// `bytes` as a length in memory, or the file's error that it cannot be.
-fn usize_of(bytes: u64, file: &OpenedFile) -> Result<usize> {
-    usize::try_from(bytes).map_err(|_| {
-        Error::new(
-            ErrorKind::InsufficientMemory {
-                needed: bytes,
-                available: usize::MAX as u64,
-            },
-            file.path(),
-        )
-    })
 }
 
 /// Fills `dst` from the file at `offset`, retrying short reads; a file that

@@ -11,20 +11,16 @@ use crate::progress::{Meter, Phase};
 use crate::tensor::Tensor;
 use crate::workers;
 
-/// The name of the stream's reader threads, as `/proc/<pid>/task/*/comm`
-/// shows it.
+/// The stream's reader threads' name.
 const READER_NAME: &str = "safeload-stream";
 
 impl<X> Checkpoint<X> {
     /// Hands every tensor to `f`, in the order of [`tensors`](Self::tensors),
     /// while reader threads read ahead, holding at most
     /// `max_bytes_in_flight` bytes at once: a checkpoint larger than memory
-    /// can be converted or uploaded to a device piece by piece.
-    ///
-    /// `f` runs on the calling thread, one tensor at a time, so it may use
-    /// state that is not `Send` (a device context, an engine handle). The
-    /// tensors it gets own their bytes; dropping one (and every clone of it)
-    /// gives its bytes back, and the readers go on.
+    /// can be converted or uploaded piece by piece. `f` runs on the calling
+    /// thread, one tensor at a time, so it may use state that is not `Send`;
+    /// dropping a tensor (and its clones) gives its bytes back.
     ///
     /// ```
     /// # let dir = tempfile::tempdir()?;
@@ -50,50 +46,28 @@ impl<X> Checkpoint<X> {
     ///
     /// # Memory
     ///
-    /// The bytes in flight are those read (or being read) and not yet given
-    /// back: tensors read ahead and waiting for `f`, the one `f` holds, and
-    /// any `f` kept. Readers start a tensor only where it fits in
-    /// `max_bytes_in_flight` beside them, so the stream holds at most that
-    /// many bytes, with two exceptions:
-    ///
-    /// - A tensor larger than the cap is read when nothing else is in
-    ///   flight, and so alone: the stream then holds that one tensor.
-    /// - Tensors that `f` keeps alive keep their bytes counted (keeping them
-    ///   is the caller's choice). Once they fill the budget the readers stop
-    ///   working ahead, and each next tensor is read on the calling thread
-    ///   when `f` is ready for it: memory is then what `f` keeps plus one
-    ///   tensor, and the stream never blocks on bytes only `f` can give
-    ///   back.
-    ///
-    /// So with a callback that drops each tensor, the stream's memory stays
-    /// under the larger of the cap and the largest tensor, plus its
-    /// bookkeeping and the readers' stacks. A cap smaller than every tensor
-    /// (0, say) reads one tensor at a time, with no reader working ahead.
-    ///
-    /// Every tensor is read with positional reads into an allocation of its
-    /// own, also from a file that the checkpoint maps: the pages of a map
-    /// that have been touched count in the process's resident memory until
-    /// the whole file is unmapped, so views of a map would not bound it.
-    /// What the reads leave in the page cache is the kernel's, reclaimed
-    /// under pressure and not resident in the process. (For zero-copy views
-    /// of a mapped file, with no bound, use [`read`](Self::read).)
+    /// The bytes in flight are the tensors read ahead, the one `f` holds and
+    /// any `f` kept. Readers start a tensor only where it fits beside them,
+    /// except that a tensor larger than the cap is read alone; once tensors
+    /// `f` keeps fill the budget, each next one is read on the calling
+    /// thread when `f` asks for it, so the stream never blocks on bytes only
+    /// `f` can give back. With an `f` that drops each tensor, memory stays
+    /// under the larger of the cap and the largest tensor. Tensors are read
+    /// into allocations of their own, also from a mapped file: touched
+    /// pages of a map stay resident until the whole file is unmapped (for
+    /// zero-copy views with no bound, use [`read`](Self::read)).
     ///
     /// # Threads
     ///
-    /// `Loader::io_concurrency` readers
-    /// (default 8, 12 when a file is on FUSE; never more than the tensors),
-    /// threads of the crate's own named `safeload-stream`, never the
-    /// caller's rayon pool. Where the OS refuses them, the calling thread
-    /// reads each tensor itself when `f` is ready for it. All readers have
-    /// finished when `for_each` returns, whatever it returns; a panic in `f`
-    /// stops them too before it goes on unwinding.
+    /// `Loader::io_concurrency` readers (default 8, 12 on FUSE; at most one
+    /// per tensor) named `safeload-stream`, never the caller's rayon pool;
+    /// where the OS refuses them, the calling thread reads. Every reader has
+    /// finished when `for_each` returns or `f` panics.
     ///
     /// # Errors
     ///
-    /// The first error `f` returns, unchanged: the readers stop (those
-    /// waiting for room are woken) and the tensors read ahead are dropped.
-    /// An engine returns its own error type, which need only convert from
-    /// [`Error`](crate::Error):
+    /// The first error `f` returns, unchanged, once the readers stopped. An
+    /// engine's error type need only convert from [`Error`](crate::Error):
     ///
     /// ```
     /// # let dir = tempfile::tempdir()?;
@@ -138,8 +112,7 @@ impl<X> Checkpoint<X> {
     ///
     /// A read error (a file that shrank is
     /// [`ErrorKind::SizeMismatch`](crate::ErrorKind::SizeMismatch)) is
-    /// returned as `E::from(error)` once the tensors before it have gone to
-    /// `f` and the readers have stopped.
+    /// `E::from(error)`, after the tensors before it went to `f`.
     pub fn for_each<E: From<Error>>(
         &self,
         max_bytes_in_flight: u64,
@@ -148,18 +121,13 @@ impl<X> Checkpoint<X> {
         stream(self, max_bytes_in_flight, self.stream_readers(), f)
     }
 
-    /// The reader threads of a stream: the load's reads in flight (the
-    /// caller's, or the default for the files' filesystems, as a load
-    /// takes it), no more than there are tensors.
+    /// The reader threads of a stream: a load's reads in flight, at most
+    /// one per tensor.
     fn stream_readers(&self) -> usize {
         let inner = self.inner();
-        let concurrency = policy::io_defaults(
-            inner.files.iter().map(|f| f.source()),
-            inner.opts.caller_reads(),
-        )
-        .0
-        .start;
-        concurrency.min(inner.tensors.len())
+        let sources = inner.files.iter().map(|f| f.source());
+        let (concurrency, _) = policy::io_defaults(sources, inner.opts.caller_reads());
+        concurrency.start.min(inner.tensors.len())
     }
 }
 
@@ -171,40 +139,30 @@ fn stream<X, E: From<Error>>(
     readers: usize,
     mut f: impl FnMut(Tensor) -> Result<(), E>,
 ) -> Result<(), E> {
-    let tensors = &ck.inner().tensors;
+    let (inner, tensors) = (ck.inner(), &ck.inner().tensors);
     let budget = Arc::new(Budget::new(cap, tensors.len()));
-    // Progress: bytes and files handed to `f`.
     let total: u64 = tensors.iter().map(|t| t.nbytes).sum();
-    let files = ck.inner().files.len();
-    let meter = Meter::new(
-        ck.inner().opts.progress.as_ref(),
-        Phase::Stream,
-        total,
-        files,
-    );
-    // Local to this call (the readers borrow it), not shared with the
-    // tensors: what is left in it when the stream stops early is dropped on
-    // return, giving its bytes back.
+    let progress = inner.opts.progress.as_ref();
+    let meter = Meter::new(progress, Phase::Stream, total, inner.files.len());
+    // Borrowed by the readers: what is left in it when the stream stops
+    // early is dropped on return, giving its bytes back.
     let arrivals = Arrivals::default();
     let reader = |_| {
         while let Some((index, info, lease)) = budget.claim(tensors) {
             let result = read_owned(ck, info, lease);
             if result.is_err() {
-                // Nothing after a failed tensor is read: the stream ends
-                // there.
                 budget.end_after(index);
             }
             arrivals.put(index, result);
         }
     };
     let consume = || -> Result<(), E> {
-        // Stops the readers however this returns (an error from `f`, a read
-        // error, a panic in `f`), so that none is left waiting for room.
+        // Stops the readers however this returns (a panic in `f` too).
         let _stop = StopOnDrop(&budget);
         for (index, info) in tensors.iter().enumerate() {
-            // Read ahead by a reader; else, not yet claimed by any (there may
-            // be none: the OS refused them, or they wait for bytes only `f`
-            // can give back), read here; else being read, so it will come.
+            // Read ahead; else, claimed by no reader (there may be none, or
+            // they wait for bytes only `f` can give back), read here; else
+            // being read.
             let next = match arrivals.take(index) {
                 Some(result) => result,
                 None => match budget.claim_now(index, info.nbytes) {
@@ -229,35 +187,27 @@ fn stream<X, E: From<Error>>(
 /// `info`'s bytes read into an allocation of their own, `lease` dropped
 /// with it.
 ///
-/// NOTE: a tensor is one positional read by one reader, not pieces shared
-/// by several: the readers work on different tensors instead, and a piece in
-/// flight would need its own share of the budget (BENCHMARKS.md,
-/// "checkpoint/stream.rs: read_owned").
-///
-/// NOTE: views of a mapped file were rejected: the pages of a map that are
-/// touched stay resident in the process (`RssFile`, proc(5)) until the whole
-/// file is unmapped, and the file's one map is shared by all its tensors,
-/// so dropping a view would give nothing back.
+/// NOTE: one positional read by one reader per tensor: the readers work on
+/// different tensors instead (BENCHMARKS.md, "checkpoint/stream.rs:
+/// read_owned"). Not a view of a map: touched pages of a map stay resident
+/// (`RssFile`, proc(5)) until the whole file is unmapped.
 fn read_owned<X>(ck: &Checkpoint<X>, info: &TensorInfo, lease: Lease) -> Result<Tensor> {
     read_whole(ck.file_of(info)?, info, Some(Box::new(lease)))
 }
 
-/// The bytes lent out and the next tensor to lend: what readers claim
-/// under, and what a dropped tensor gives back to. Shared with every tensor
-/// the stream hands out, which may outlive it.
+/// The bytes lent out and the next tensor to lend, shared with every
+/// tensor handed out (which may outlive the stream).
 struct Budget {
     cap: u64,
     ledger: Mutex<Ledger>,
-    /// Signalled when bytes come back or the stream stops, for the readers
-    /// waiting for room.
+    /// Signalled when bytes come back or the stream stops.
     freed: Condvar,
 }
 
 struct Ledger {
     /// Bytes of the tensors claimed and not yet given back.
     in_flight: u64,
-    /// The next tensor to claim: claims go in file order, so every tensor
-    /// before it is read, being read, or handed out.
+    /// The next tensor to claim, in file order.
     next: usize,
     /// One past the last tensor to claim.
     end: usize,
@@ -266,9 +216,8 @@ struct Ledger {
 }
 
 impl Ledger {
-    /// Whether a reader may claim a tensor of `bytes` now: where it fits
-    /// beside what is in flight, or where nothing is (a tensor larger than
-    /// the cap is read alone).
+    /// Whether a tensor of `bytes` fits beside what is in flight, or nothing
+    /// is in flight.
     fn admits(&self, bytes: u64, cap: u64) -> bool {
         self.in_flight == 0 || self.in_flight.saturating_add(bytes) <= cap
     }
@@ -296,8 +245,7 @@ impl Budget {
     }
 
     fn ledger(&self) -> MutexGuard<'_, Ledger> {
-        // Nothing panics while holding it; were it poisoned, the counts are
-        // still whole (every update is one statement).
+        // Were it poisoned, the counts are whole (each update is one statement).
         self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -325,9 +273,8 @@ impl Budget {
     }
 
     /// For the consumer, which needs tensor `index` (of `bytes`) now: its
-    /// lease, whatever is in flight, if no reader has claimed it. Everything in flight then
-    /// is in the caller's hands (every tensor before `index` was handed
-    /// out), so waiting for room could wait forever.
+    /// lease past the cap, if no reader has claimed it (what is in flight is
+    /// then all `f`'s, so waiting for room could wait forever).
     fn claim_now(self: &Arc<Self>, index: usize, bytes: u64) -> Option<Lease> {
         let mut ledger = self.ledger();
         if ledger.next != index || index >= ledger.end {
@@ -357,10 +304,8 @@ impl Budget {
     }
 }
 
-/// The bytes of one claimed tensor, given back to the budget when dropped:
-/// held by the tensor's storage, so dropped when the last view of the
-/// tensor is, after its buffer is unmapped; or dropped at once when the
-/// read fails.
+/// The bytes of one claimed tensor, given back when the tensor's storage
+/// (or a failed read) drops it.
 struct Lease {
     budget: Arc<Budget>,
     bytes: u64,

@@ -1,31 +1,19 @@
 //! Ranges moved with their digest: the owner's SHA-256 of a range travels with it, and every
-//! receiver recomputes it, so that no corrupted range is used as the file's bytes.
-//!
-//! Distributed loaders have handed out silently corrupted weights before (vLLM #41749); a
-//! receiver here returns an error instead.
+//! receiver recomputes it, so that no corrupted range is used (as in vLLM #41749).
 
 use sha2::{Digest, Sha256};
 
 use super::{Exchange, ExchangeError, ExchangeErrorKind};
 use crate::verify::{Digest256, hex};
 
-/// [`Exchange::broadcast`] of `buf` from `owner`, then of the SHA-256 of `buf` that `owner`
-/// computed before sending; every other node recomputes the digest of what it received and
-/// returns [`ExchangeErrorKind::Corrupt`], naming the owner and the range's length, where the
-/// two differ. Every node calls it with the same `owner` and `buf.len()`, as `broadcast`.
+/// [`Exchange::broadcast`] of `buf` from `owner`, then of the SHA-256 the owner computed; a
+/// receiver whose bytes hash otherwise returns [`ExchangeErrorKind::Corrupt`]. Both broadcasts
+/// happen on every node whatever the outcome, so the exchange stays usable after a `Corrupt`.
 ///
-/// A corrupted range is reported, never repaired: the caller decides (read the range locally,
-/// or fail the load). Both broadcasts happen on every node whatever the outcome, so the nodes'
-/// order of collectives is kept and the exchange remains usable after a `Corrupt`.
-///
-/// The digest costs a SHA-256 pass over the range on the owner and on every receiver (SHA-NI
-/// where the CPU has it, as `verify.rs`).
-///
-/// NOTE: the digest is a second collective of 32 bytes rather than 32 bytes appended to the
-/// range, which would need a copy of the range into a larger buffer on every node; with ranges
-/// of megabytes the second collective's latency is the smaller cost.
-// Hidden on the item itself: the facade inlines `cluster`, and the attribute of a `use`
-// does not reach the pages it makes there.
+/// NOTE: the digest is a second collective of 32 bytes: appending it to the range would copy
+/// the range on every node, which costs more than a collective's latency.
+// Hidden on the item itself: the facade inlines `cluster`, where a `use`'s attribute does not
+// reach.
 #[doc(hidden)] // for the plug-in crates
 pub fn broadcast_checked<E: Exchange + ?Sized>(
     ex: &E,
@@ -72,7 +60,7 @@ mod tests {
     use super::*;
     // The function as the rest of the crate sees it.
     use crate::cluster::broadcast_checked;
-    use crate::cluster::loopback::{Loopback, on_threads};
+    use crate::cluster::tests::loopback::{Loopback, on_threads};
 
     /// `len` bytes that differ with `seed`, and from one position to the next.
     fn pattern(len: usize, seed: u8) -> Vec<u8> {

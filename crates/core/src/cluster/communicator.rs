@@ -9,13 +9,10 @@ use super::{Exchange, ExchangeError, ExchangeErrorKind};
 /// The nodes of a job, as an engine's own communicator joins them, for a load whose nodes
 /// read each byte once between them (`Loader::exchange`).
 ///
-/// Give it to every process of the job: the node's local rank 0 (the launcher's
-/// `LOCAL_RANK`, or `Loader::local_rank`) is the node's
-/// participant and the only one that calls it; each node then reads its share of the
-/// checkpoint's buffered files from storage, and receives the rest through
-/// [`broadcast`](Self::broadcast), each range checked against the SHA-256 its reader
-/// computed (sent by a second broadcast of 32 bytes). The node's other local ranks call only
-/// [`nodes`](Self::nodes), and map the participant's node copy once it is complete.
+/// Give it to every process of the job: the node's local rank 0 is its participant and the
+/// only one that calls it (the others call only [`nodes`](Self::nodes)); each node reads its
+/// share of the buffered files and receives the rest through [`broadcast`](Self::broadcast),
+/// each range checked against its reader's SHA-256 (a second broadcast of 32 bytes).
 ///
 /// # Contract
 ///
@@ -62,20 +59,17 @@ pub trait Communicator: Send + Sync {
     /// The number of nodes in the job (one participant each).
     fn nodes(&self) -> usize;
 
-    /// Every node gives `mine` (a few hundred bytes: the description of the files it is
-    /// about to load); each gets every node's, in node order.
+    /// Every node gives `mine` (a few hundred bytes); each gets every node's, in node order.
     fn all_gather(&self, mine: &[u8]) -> io::Result<Vec<Vec<u8>>>;
 
-    /// The bytes of `buf` on node `owner` are copied into `buf` on every other node (every
-    /// node passes a buffer of the same length).
+    /// `buf` on node `owner` is copied into `buf` (of the same length) on every other node.
     fn broadcast(&self, owner: usize, buf: &mut [u8]) -> io::Result<()>;
 }
 
 /// An engine's [`Communicator`] as the crate's `Exchange`.
 pub(crate) struct Engine(pub Arc<dyn Communicator>);
 
-/// The exchange's error of an engine's I/O error: a timeout stays one, anything else breaks
-/// the exchange (the nodes' order of calls cannot be trusted after it).
+/// An engine's I/O error: a timeout stays one, anything else breaks the exchange.
 fn from_io(what: &str, e: &io::Error) -> ExchangeError {
     let kind = match e.kind() {
         io::ErrorKind::TimedOut => ExchangeErrorKind::TimedOut,

@@ -1,32 +1,20 @@
 //! The exchange's error: what kind of failure, and a message that names the collective, the
-//! node and the sizes involved.
-//!
-//! It is public only for the plug-in crates that implement the exchange (hidden from the docs):
-//! the load maps it onto the crate's one `Error` (or onto a fallback to local reads with its
-//! reason), as the remote layer's error is.
+//! node and the sizes involved (public for the plug-in crates; the load maps it onto `Error`).
 
 /// What went wrong in an exchange.
-// Hidden on the item itself: the facade inlines `cluster`, and the attribute of a `use`
-// does not reach the pages it makes there.
-#[doc(hidden)] // for the plug-in crates
+#[doc(hidden)] // for the plug-in crates (on the item: the facade inlines `cluster`)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-// Setup, TimedOut and Broken come from the plug-in crates' exchanges and the tests' loopback.
 pub enum ExchangeErrorKind {
-    /// The exchange could not be set up: the system's library (MPI) missing or initialized
-    /// without the thread support it needs, a node identity that does not parse, nodes that
-    /// disagree on how they are identified, a bad timeout.
+    /// The exchange could not be set up (MPI missing, a bad node identity or timeout).
     Setup,
     /// A collective did not complete within the deadline: a node stalled or died.
     TimedOut,
-    /// An earlier collective timed out (or the exchange's thread ended): the nodes' order of
-    /// collectives is lost, so every later call is refused.
+    /// An earlier collective timed out: the nodes' order is lost, every later call refused.
     Broken,
-    /// A received range is not what its owner sent: the digest the owner computed differs from
-    /// the one of the bytes received.
+    /// A received range is not what its owner sent (by its digest).
     Corrupt,
-    /// The call breaks the contract: an owner out of range, nodes that called different
-    /// collectives or lengths at the same place in their order, a size the transport cannot
-    /// carry.
+    /// The call breaks the contract: an owner out of range, nodes whose calls differ, a size
+    /// the transport cannot carry.
     Usage,
 }
 

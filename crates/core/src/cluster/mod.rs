@@ -3,38 +3,18 @@
 //! facade's feature `mpi`) or the engine's own communicator ([`Communicator`], given to
 //! `Loader::exchange`).
 //!
-//! Every node needs the whole checkpoint, so N nodes pull N times its bytes through the one
-//! filesystem or store they share. With an exchange, the nodes first compare the files they
-//! are about to load (names, lengths, versions, the plan of each buffer); each then reads its
-//! share of the buffered files' 64 MiB pieces from storage, and every piece is broadcast from
-//! the node that read it, with the SHA-256 it computed, checked by every receiver. Where the
-//! nodes do not load the same files, or one cannot take part, each reads alone and the load's
-//! notes say why. One process per node takes part (its local rank 0), and fills the node
-//! copy (the node crate's) its node's other local ranks wait for and map: each byte is read once per
-//! cluster, however many processes each node runs.
-//!
-//! Under `SAFELOAD_EXCHANGE=mpi` the node is `SAFELOAD_NODE_ID`, else Slurm's `SLURM_NODEID`,
-//! else the job's shared-memory split; every collective is bounded by
-//! `SAFELOAD_EXCHANGE_TIMEOUT_SECS` (60 s by default), so that a node that stalls is an error
-//! on the others, never a hang; a node that dies ends the job (its launcher kills the other
-//! processes).
-
-// Inside: `Exchange`, the crate's trait for the collectives (an engine's `Communicator` is
-// adapted onto it, `communicator.rs`; the plug-in crates implement it, and hand the load a
-// `Joined` through `Extras::join_exchange`), the checked broadcast built on it (`checked.rs`),
-// and, for tests, `loopback.rs`, which runs N nodes as threads of one process and can corrupt
-// what a node receives.
-//
-// The contract of every implementation: the nodes make the same calls in the same order with
-// the same owner and length (a collective is matched by its place in that order, as in MPI);
-// a node that stalls or dies turns into an `ExchangeError` of kind `TimedOut` on the others
-// after the deadline, never a hang, and the exchange then refuses every call.
+//! The nodes first compare the files they are about to load (names, lengths, versions, the
+//! plan of each buffer); each then reads its share of the buffered files' 64 MiB pieces, and
+//! every piece is broadcast from the node that read it with its SHA-256, checked by every
+//! receiver. Where the nodes disagree or one cannot take part, each reads alone and the load's
+//! notes say why. One process per node (its local rank 0) takes part and fills the node copy
+//! its node's other ranks map: each byte is read once per cluster. Every collective is bounded
+//! by `SAFELOAD_EXCHANGE_TIMEOUT_SECS` (60 s by default): a node that stalls is an error on the
+//! others, never a hang.
 
 mod checked;
 mod communicator;
 mod error;
-#[cfg(test)]
-pub(crate) mod loopback;
 
 use std::fmt;
 use std::sync::Arc;
@@ -49,8 +29,12 @@ pub use error::{ExchangeError, ExchangeErrorKind};
 
 /// Collectives among the nodes of a job, one participant per node.
 ///
-/// Implementations serialize concurrent calls (one collective at a time); the order of the
-/// calls must be the same on every node, which only the caller can ensure.
+/// # Contract
+///
+/// - Calls are serialized; the nodes make the same calls in the same order with the same owner
+///   and length (a collective is matched by its place in that order, as in MPI).
+/// - A node that stalls or dies is an [`ExchangeErrorKind::TimedOut`] on the others after the
+///   deadline, never a hang, and every later call is refused.
 #[doc(hidden)] // for the plug-in crates
 pub trait Exchange: Send + Sync {
     /// This node's index, 0..nodes().
@@ -59,29 +43,20 @@ pub trait Exchange: Send + Sync {
     /// The number of nodes (participants) in the job.
     fn nodes(&self) -> usize;
 
-    /// Every node gives `mine`; each gets every node's, in node order. Used first, to agree on
-    /// the files (name, size, version) before moving a byte.
+    /// Every node gives `mine`; each gets every node's, in node order.
     fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, ExchangeError>;
 
-    /// Every node calls with the same `owner` and `buf.len()`, in the same order: the owner's
-    /// `buf` is sent, every other node's `buf` is overwritten with it.
-    ///
-    /// The bytes are not checked: [`broadcast_checked`] is the call for ranges of a file.
+    /// The owner's `buf` is copied into every other node's (unchecked: [`broadcast_checked`] is
+    /// the call for ranges of a file).
     fn broadcast(&self, owner: usize, buf: &mut [u8]) -> Result<(), ExchangeError>;
 }
 
-/// The environment variable that turns the exchange on for a load (`mpi`), for job scripts
-/// and tests: the nodes of the job read each byte once between them.
+/// The environment variable that names the exchange a load joins (`mpi`).
 pub(crate) const EXCHANGE_ENV: &str = "SAFELOAD_EXCHANGE";
 
-/// This process's exchange, as the environment asks ([`EXCHANGE_ENV`]): `None` where it is
-/// unset (or `0`/`none`/`off`), else the exchange `join` (the load's extras,
-/// `Extras::join_exchange`) joins for the value, trimmed.
-///
-/// # Errors
-///
-/// An exchange that cannot be joined (the timeout, a node identity that does not parse, the
-/// system's library missing), or a value no extra of this build knows, in words.
+/// This process's exchange, as [`EXCHANGE_ENV`] asks: `None` where it is unset (or
+/// `0`/`none`/`off`), else what `join` (`Extras::join_exchange`) joins for the value, trimmed;
+/// an error in words where that fails or no extra knows the value.
 pub(crate) fn from_env(
     join: impl FnOnce(&str) -> Option<std::io::Result<Joined>>,
 ) -> Result<Option<Joined>, String> {
@@ -107,19 +82,11 @@ fn from_value(
     }
 }
 
-/// A process's part in its job's exchange between nodes, as the load's extras joined it for
-/// `SAFELOAD_EXCHANGE` ([`Extras::join_exchange`](crate::extras::Extras::join_exchange)): the
-/// node's exchange, on the process that takes part for its node, and the process's place
-/// among its node's processes.
-///
-/// The plug-in crates make it (the facade's feature `mpi`); an engine with a communicator of
-/// its own gives that to `Loader::exchange` instead.
+/// A process's part in its job's exchange between nodes, as the load's extras joined it
+/// ([`Extras::join_exchange`](crate::extras::Extras::join_exchange)).
 pub struct Joined {
-    /// The node's exchange, on its participant.
     pub(crate) exchange: Option<Arc<dyn Exchange>>,
-    /// This process's rank and the number of processes on its node.
     pub(crate) local_rank: (usize, usize),
-    /// The number of nodes in the job.
     pub(crate) nodes: usize,
 }
 
@@ -150,21 +117,16 @@ impl fmt::Debug for Joined {
     }
 }
 
-/// The environment variable bounding every collective: seconds (a decimal number) a node
-/// waits for the others before it gives up with [`ExchangeErrorKind::TimedOut`].
+/// The environment variable bounding every collective, in seconds.
 #[doc(hidden)] // for the plug-in crates
 pub const TIMEOUT_ENV: &str = "SAFELOAD_EXCHANGE_TIMEOUT_SECS";
 
-/// The bound on a collective where [`TIMEOUT_ENV`] is unset.
-///
-/// A collective waits for the slowest node to arrive, and a node arrives at a range's broadcast
-/// only after reading its share up to it: the bound covers a read of a share's chunk from slow
-/// storage, not only the transfer. A minute is far above that, and far below a job's patience.
+/// The bound on a collective where [`TIMEOUT_ENV`] is unset: it covers a node's read of its
+/// share's chunk from slow storage, not only the transfer, and is far below a job's patience.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The deadline of every collective: [`TIMEOUT_ENV`] from `var` (a lookup of the environment),
-/// else [`DEFAULT_TIMEOUT`]. A value that is not a positive number of seconds is an error
-/// naming the variable.
+/// The deadline of every collective: [`TIMEOUT_ENV`] from `var`, else [`DEFAULT_TIMEOUT`]; a
+/// value that is not a positive number of seconds is an error naming the variable.
 #[doc(hidden)] // for the plug-in crates
 pub fn timeout_from(var: impl Fn(&str) -> Option<String>) -> Result<Duration, ExchangeError> {
     let Some(text) = var(TIMEOUT_ENV) else {
@@ -186,6 +148,8 @@ pub fn timeout_from(var: impl Fn(&str) -> Option<String>) -> Result<Duration, Ex
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    pub(crate) mod loopback;
 
     /// A lookup of the environment that sees only `pairs`.
     pub(crate) fn vars<'a>(

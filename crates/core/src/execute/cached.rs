@@ -1,14 +1,10 @@
 //! A load's files written to a cache as they are fetched (feature `remote`, `src/cache/`): where the file being written is the load's destination (a shared map of it), and what becomes of the writes when local ranks share node copies.
 //!
 //! NOTE: a file read whole is fetched straight into a shared map of the
-//! cache's temporary file (its space reserved with `fallocate` first, so
-//! that a full disk is an error at the start, never a `SIGBUS`), and its
-//! tensors are views of that map, which stays valid when the file is
-//! renamed into the cache: the bytes land once, in the page cache, and the
-//! kernel writes them back. Writing the loaded buffer's bytes to the file as
-//! they land (`pwrite`, as `cache::write` still does for files read in part
-//! or converted) was measured and rejected: it touches twice the fresh memory
-//! and holds twice the memory until the writeback (BENCHMARKS.md,
+//! cache's temporary file (its space reserved first: a full disk is an
+//! error, never a `SIGBUS`); its tensors are views of that map, which stays
+//! valid when the file is renamed into the cache. `pwrite`-ing a loaded
+//! buffer instead touches and holds twice the memory (BENCHMARKS.md,
 //! "execute/cached.rs: the module").
 
 use std::sync::Arc;
@@ -21,10 +17,9 @@ use crate::policy::Strategy;
 use crate::source::NotCached;
 use crate::storage::BufferLayout;
 
-/// For each file fetched whole through a cache, read by this process alone
-/// (no node copy): the file being written, mapped shared as its
-/// destination (its `copies` slot becomes that map, which the plan views as
-/// the file's map), and the writer the load fills it through; by index.
+/// For each file fetched whole through a cache with no node copy, the file
+/// being written mapped shared as its destination (its `copies` slot), and
+/// the writer the load fills it through; by index.
 pub(crate) fn map_destinations(
     files: &[&OpenedFile],
     copies: &mut [PerFile],
@@ -42,8 +37,7 @@ pub(crate) fn map_destinations(
         {
             continue;
         }
-        // What a node copy needs is what this needs: every tensor, as it is
-        // in the file, aligned for typed views of the map.
+        // What a node copy needs, this needs.
         let header = file.header();
         let facts = Facts {
             all_tensors: keep.is_none_or(|keep| header.tensors.iter().all(|t| keep(&t.name))),
@@ -57,11 +51,9 @@ pub(crate) fn map_destinations(
         let Some(temp) = write.map_destination() else {
             continue;
         };
-        // The map holds the file open, and its check waited for when the
-        // map goes.
+        // The map holds the file open, its check waited for when it goes.
         let held = temp.try_clone().map(|file| (file, write.settle_on_drop()));
-        // The file's pages are the page cache's, not fresh anonymous memory:
-        // no page size is asked for them (`HugePages::Auto` gives no advice).
+        // Page cache pages: no page size is asked for them.
         let mapped = CopyFill::of_file(&temp).and_then(|fill| {
             let held: Box<dyn Send + Sync> = Box::new(held?);
             Ok((fill, copy::seal(&temp, file.path(), held)?))
@@ -84,11 +76,9 @@ pub(crate) fn map_destinations(
     maps
 }
 
-/// What becomes of the cache writes of files fetched through a cache when
-/// several local ranks load them (their reads were paused): a file with a
-/// node copy is written whole from the copy by the rank that made it (and
-/// by no other), once, after the copy is complete; a file without one is
-/// written as this rank reads it.
+/// What becomes of the paused cache writes when several local ranks load:
+/// a file with a node copy is written whole from it by the rank that made
+/// it, once complete; a file without one as this rank reads it.
 pub(crate) fn after_node_copies(files: &[&OpenedFile], copies: &[PerFile], role: Role) {
     for (file, copy) in files.iter().zip(copies) {
         let Some(write) = file.source().cache_write() else {

@@ -1,14 +1,10 @@
 //! A load split between the nodes of a job (issue 27): the nodes agree on the files and their plan, each reads its share of the buffered files' pieces from storage, then every piece is broadcast from the node that read it, checked by its digest, into the same place of every other node's buffer.
 //!
-//! Every node runs the same steps in the same order, so that the
-//! collectives match: one all-gather of the files' descriptions (also where
-//! a node cannot take part: it says why, and every node reads alone), then
-//! one checked broadcast per piece, in the split's order (`plan/cluster.rs`).
-//!
-//! A node of several local ranks takes part through its participant, whose
-//! node copies (the node crate's) are filled here like its buffers: each an image of
-//! its file, split into pieces after the buffers', read or received into
-//! the copy the node's other ranks then map.
+//! Every node makes the same collectives in the same order: one all-gather
+//! of the files' descriptions (also where a node cannot take part), then one
+//! checked broadcast per piece in the split's order (`plan/cluster.rs`). A
+//! participant's node copies are filled like its buffers, each an image of
+//! its file placed after the buffers.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -27,16 +23,14 @@ use crate::report::LoadNote;
 use crate::source::VersionTag;
 use crate::storage::{BufferLayout, Segment};
 
-/// A node copy the load fills (the participant's, `extras::Pending`): the
-/// file and the writer of its copy.
+/// A node copy the load fills (`extras::Pending`): the file and its writer.
 pub(crate) type Copy<'a> = (&'a OpenedFile, &'a CopyFill);
 
-/// Where the copies are among a load's pieces, and whose pieces to read.
+/// Where the copies are among a load's pieces (after the `buffers`), and
+/// whose pieces are read here (`me`'s).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Place {
-    /// The places of the buffers, before the copies'.
     pub buffers: usize,
-    /// This node's index: its pieces are the ones read here.
     pub me: usize,
 }
 
@@ -55,8 +49,8 @@ fn image(len: u64) -> BufferLayout {
     }
 }
 
-/// The pieces of a load in which every node reads alone: the copies', all
-/// this node's (node 0 of 1), after the `buffers` places of the buffers.
+/// The pieces of a load whose nodes read alone: the copies', all this
+/// node's (node 0 of 1), after the `buffers` places of the buffers.
 pub(crate) fn alone(buffers: usize, copies: &[Copy<'_>]) -> Vec<Piece> {
     let images: Vec<BufferLayout> = copies.iter().map(|(f, _)| image(f.size())).collect();
     let mut refs: Vec<Option<&BufferLayout>> = vec![None; buffers];
@@ -64,22 +58,17 @@ pub(crate) fn alone(buffers: usize, copies: &[Copy<'_>]) -> Vec<Piece> {
     cluster::split(&refs, PIECE, 1)
 }
 
-/// What a load that may be split between nodes needs to know of itself.
+/// What makes a load refuse a split between nodes: it converts dtypes (its
+/// conversions read the files), or hashes each file whole (`verify`).
 pub(crate) struct Facts {
-    /// The load converts dtypes (its conversions read the files themselves).
     pub converting: bool,
-    /// The load hashes each file whole as it reads it (`verify`).
     pub verifying: bool,
 }
 
 /// Agrees with the other nodes on the files of `filling` and their plan:
 /// the pieces to split where every node can take part and sees the same
-/// files, versions and plan; `None` (every node reads alone) with the
-/// reason in `notes` otherwise.
-///
-/// # Errors
-///
-/// The all-gather failed (a node died or stalled), naming the checkpoint.
+/// files, versions and plan; else `None` (every node reads alone), the
+/// reason in `notes`. Fails where the all-gather did, naming the checkpoint.
 pub(crate) fn agree(
     exchange: &dyn Exchange,
     filling: &mut [Filling<'_>],
@@ -94,14 +83,8 @@ pub(crate) fn agree(
     let all = exchange
         .all_gather(&offer(refusal.as_deref(), &described))
         .map_err(|e| exchange_error(path, None, &e))?;
-    if let Some(why) = refused(&all) {
+    if let Some(why) = refused(&all).or_else(|| cluster::agree(&all).err()) {
         notes.push(LoadNote::NodesReadAlone { why });
-        return Ok(None);
-    }
-    if let Err(why) = cluster::agree(&all) {
-        notes.push(LoadNote::NodesReadAlone {
-            why: why.to_string(),
-        });
         return Ok(None);
     }
     let refs: Vec<Option<&BufferLayout>> = files.iter().map(|f| f.layout.as_ref()).collect();
@@ -109,16 +92,15 @@ pub(crate) fn agree(
     Ok((!pieces.is_empty()).then_some(pieces))
 }
 
-/// One file the nodes compare: its name, and its layout where it is read
-/// into memory (`None`: mapped).
+/// One file the nodes compare, its layout `None` where mapped.
 struct Compared<'a> {
     file: &'a OpenedFile,
     name: String,
     layout: Option<BufferLayout>,
 }
 
-/// Lists the files the nodes compare, in the split's places: those of
-/// `filling`, then the node copies (each an image of its file).
+/// The files the nodes compare, in the split's places: `filling`'s, then
+/// the node copies'.
 fn compared<'a>(filling: &'a mut [Filling<'_>], copies: &[Copy<'a>]) -> Vec<Compared<'a>> {
     let mut layouts: Vec<Option<BufferLayout>> = filling
         .iter_mut()
@@ -136,39 +118,32 @@ fn compared<'a>(filling: &'a mut [Filling<'_>], copies: &[Copy<'a>]) -> Vec<Comp
     files
         .into_iter()
         .zip(layouts)
-        .map(|(file, layout)| Compared {
-            file,
-            name: file_name(file),
-            layout,
+        .map(|(file, layout)| {
+            // Its file name, else its path.
+            let path = file.path();
+            let name = path.file_name().map_or(path.as_os_str(), |n| n);
+            let name = name.to_string_lossy().into_owned();
+            Compared { file, name, layout }
         })
         .collect()
 }
 
-/// The name a file goes by among the nodes: its file name, else its path.
-fn file_name(f: &OpenedFile) -> String {
-    let path = f.path();
-    path.file_name()
-        .map_or_else(|| path.to_string_lossy(), |n| n.to_string_lossy())
-        .into_owned()
-}
-
-/// Why this load cannot be split between the nodes whatever its files, if
-/// it cannot.
+/// Why this load cannot be split between the nodes whatever its files.
 fn refusal(facts: &Facts) -> Option<String> {
-    let mut refusal = None;
-    if facts.converting {
-        refusal = Some("the load converts dtypes".to_owned());
+    let why = if facts.converting {
+        "the load converts dtypes"
     } else if facts.verifying {
-        refusal = Some("verify hashes each file whole as it reads it".to_owned());
-    }
-    refusal
+        "verify hashes each file whole as it reads it"
+    } else {
+        return None;
+    };
+    Some(why.to_owned())
 }
 
 /// Describes each file for the comparison; a file whose version cannot be
-/// told becomes the `refusal`, where there is none yet.
+/// told is the `refusal` where there is none yet.
 fn describe<'f>(files: &'f [Compared<'_>], refusal: &mut Option<String>) -> Vec<FileFacts<'f>> {
-    let mut described = Vec::with_capacity(files.len());
-    for compared in files {
+    let describe = |compared: &'f Compared<'_>| {
         let (f, name) = (compared.file, compared.name.as_str());
         let version = match &f.source().version().tag {
             VersionTag::Inode { mtime_ns, .. } => format!("mtime {mtime_ns}"),
@@ -178,18 +153,19 @@ fn describe<'f>(files: &'f [Compared<'_>], refusal: &mut Option<String>) -> Vec<
                 String::new()
             }
         };
-        described.push(FileFacts {
+        let layout = compared.layout.as_ref();
+        FileFacts {
             name,
             len: f.size(),
             version,
-            layout: compared.layout.as_ref(),
-        });
-    }
-    described
+            layout,
+        }
+    };
+    files.iter().map(describe).collect()
 }
 
-/// What this node gives the all-gather: whether it takes part (`yes`, or
-/// `no` and why), then its files' descriptions.
+/// What this node gives the all-gather: `yes`, or `no` and why, then its
+/// files' descriptions.
 fn offer(refusal: Option<&str>, described: &[FileFacts<'_>]) -> Vec<u8> {
     let mut mine = match refusal {
         Some(why) => format!("no\t{why}\n").into_bytes(),
@@ -203,21 +179,15 @@ fn offer(refusal: Option<&str>, described: &[FileFacts<'_>]) -> Vec<u8> {
 fn refused(all: &[Vec<u8>]) -> Option<String> {
     all.iter().enumerate().find_map(|(node, d)| {
         let text = String::from_utf8_lossy(d);
-        let first = text.lines().next().unwrap_or_default().to_owned();
-        first
-            .strip_prefix("no\t")
-            .map(|why| format!("node {node}: {why}"))
+        let why = text.lines().next()?.strip_prefix("no\t")?;
+        Some(format!("node {node}: {why}"))
     })
 }
 
 /// Broadcasts every piece from its owner into the same place of every other
-/// node's buffer, checked by the owner's digest, in the split's order; what
-/// this node did, for the load's notes.
-///
-/// # Errors
-///
-/// A broadcast failed (a node died or stalled) or a piece arrived corrupted:
-/// the file and its offset, and why.
+/// node's buffer (or copy), checked by the owner's digest, in the split's
+/// order: the load's note of what this node did. Fails where a broadcast
+/// did or a piece arrived corrupted, naming the file and offset.
 pub(crate) fn receive(
     exchange: &dyn Exchange,
     filling: &mut [Filling<'_>],
@@ -226,13 +196,12 @@ pub(crate) fn receive(
     clock: Instant,
 ) -> Result<LoadNote> {
     let me = exchange.node();
-    let (mut read, mut received) = (0u64, 0u64);
+    let (mut read, mut total) = (0u64, 0u64);
     let buffers = filling.len();
     for piece in pieces {
+        total += piece.len;
         if piece.owner == me {
             read += piece.len;
-        } else {
-            received += piece.len;
         }
         if let Some((file, writer)) = piece.file.checked_sub(buffers).and_then(|k| copies.get(k)) {
             let path = file.path();
@@ -269,7 +238,6 @@ pub(crate) fn receive(
             parts.finished_at.fetch_max(since(clock), Ordering::Relaxed);
         }
     }
-    let total = read + received;
     Ok(LoadNote::ReadOncePerCluster {
         node: me,
         nodes: exchange.nodes(),
@@ -278,10 +246,8 @@ pub(crate) fn receive(
     })
 }
 
-/// Makes each buffered file's `bytes_read` what this node read of it from
-/// storage: its tensor bytes in proportion to the bytes of its pieces this
-/// node (`me`) read, the rest having been received. The node copies' pieces
-/// (after the files' places) are counted where the copies are.
+/// Makes each buffered file's `bytes_read` what this node (`me`) read of it
+/// from storage: its tensor bytes in proportion to its pieces read here.
 pub(crate) fn count_reads(files: &mut [crate::report::FileReport], pieces: &[Piece], me: usize) {
     for (i, file) in files.iter_mut().enumerate() {
         let (mut own, mut all) = (0u128, 0u128);
@@ -297,18 +263,16 @@ pub(crate) fn count_reads(files: &mut [crate::report::FileReport], pieces: &[Pie
     }
 }
 
-/// This node's pieces of the node copies (`me`'s, those after the `buffers`
-/// places of the buffers), cut in reads of `read_size`: (the copy, the
-/// offset, the length), in order.
+/// This node's pieces of the node copies, cut in reads of `read_size`:
+/// (the copy, the offset, the length), in order.
 pub(crate) fn copy_reads(
     copies: &[Copy<'_>],
     pieces: &[Piece],
     Place { buffers, me }: Place,
     read_size: usize,
 ) -> Vec<(usize, u64, u64)> {
+    // Pieces start at page offsets (an image split at 64 MiB): so do reads.
     let size = (read_size.max(1) as u64).next_multiple_of(crate::os::page_size());
-    // Each own piece in reads of `size` (pieces start at page offsets: a
-    // copy is an image of its file, split at 64 MiB).
     let mut reads: Vec<(usize, u64, u64)> = Vec::new();
     for piece in pieces.iter().filter(|p| p.owner == me) {
         let Some(k) = piece
@@ -329,13 +293,9 @@ pub(crate) fn copy_reads(
 }
 
 /// Runs `reads` ([`copy_reads`]) of the copies from their files, `readers`
-/// at once, direct where the policy reads the file so, each read's bytes
-/// counted into `meter` as it lands: the bytes of tensor data read, per
-/// copy.
-///
-/// # Errors
-///
-/// A read failed: the file, the offset, and why.
+/// at once, direct where the policy reads the file so, counted into `meter`:
+/// the bytes of tensor data read, per copy. Fails with the first read's
+/// error.
 pub(crate) fn read_copies(
     copies: &[Copy<'_>],
     reads: &[(usize, u64, u64)],
@@ -378,13 +338,12 @@ pub(crate) fn read_copies(
     Ok(read)
 }
 
-/// This node's reads of the copies (the copy, the offset, the length), as
-/// a source of the read loop, taken in order.
+/// This node's reads of the copies as a source of the read loop, taken in
+/// order; `left`: the bytes left to read of each copy, for `meter`.
 struct CopyPieces<'c, 'a> {
     copies: &'c [Copy<'a>],
     reads: &'c [(usize, u64, u64)],
     cursor: AtomicUsize,
-    /// The load's progress, and the bytes left to read of each copy.
     meter: &'c Meter,
     left: &'c [AtomicU64],
 }
@@ -430,9 +389,8 @@ impl JobSource for CopyPieces<'_, '_> {
     }
 }
 
-/// The crate's error for a failed exchange: an I/O error of
-/// [`Operation::Exchange`] on `path` (at `offset` in the file, for a piece),
-/// of the kind that says what happened.
+/// A failed exchange as an I/O error of [`Operation::Exchange`] on `path`
+/// (at `offset`, for a piece), of the kind that says what happened.
 fn exchange_error(path: &std::path::Path, offset: Option<u64>, e: &ExchangeError) -> Error {
     let kind = match e.kind() {
         ExchangeErrorKind::TimedOut => io::ErrorKind::TimedOut,

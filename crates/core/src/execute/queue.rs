@@ -6,8 +6,7 @@ use std::time::Instant;
 use crate::adapt::{Concurrency, Settled};
 use crate::cancel::Cancel;
 use crate::dest::pages::PageSizes;
-use crate::error::Operation;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::file::life::{Destination, Filling, Parts};
 use crate::file::{read_error, since};
 use crate::jobs::{
@@ -23,43 +22,26 @@ use crate::storage::{Segment, Storage};
 use crate::verify::{Digest256, StreamHasher};
 use crate::workers;
 
-/// How the read engine runs a load's jobs.
+/// How the read engine runs a load's jobs: reads in flight, the size jobs
+/// are cut to, whether mapped files are populated, the load's start (for
+/// each file's finishing time), the pieces of a load split between nodes
+/// and this node's index, the page sizes destinations are faulted in with,
+/// the cancel flags checked before every job.
 #[derive(Clone, Copy)]
 pub(crate) struct ReadOptions<'a> {
-    /// Reads in flight, where they start and how far they may grow.
     pub concurrency: Concurrency,
-    /// The size jobs are cut to.
     pub read_size: usize,
-    /// Populate mapped files (`Loader::populate`).
     pub populate: bool,
-    /// The load's start, for each file's finishing time.
     pub clock: Instant,
-    /// A load split between the nodes of a job: the pieces, and this node's
-    /// index (its pieces are the ones read here).
     pub share: Option<(&'a [Piece], usize)>,
-    /// The page sizes every destination is faulted in with.
     pub pages: &'a PageSizes,
-    /// The load's cancel flags, checked before every job.
     pub cancel: &'a Cancel,
 }
 
 /// Every buffered file's reads, and populates of mapped ones when asked,
-/// queued: the read engine of one load, before it runs.
-///
-/// [`queue`](ReadEngine::queue) builds the jobs (the bytes of each file
-/// before its buffer's image, `prefixes`, are what [`read_prefixes`] read
-/// for the hash of a file read whole), [`bytes`](ReadEngine::bytes) says how
-/// many they read (for the load's one progress meter), and
-/// [`run`](ReadEngine::run) runs them, returns each hashed file's digest,
-/// and for the report how many reads the load kept in flight and why, and
-/// where the OS refused some reader threads, how many ran. Sealing is the
-/// caller's next step ([`Filling::seal`]). Every destination is faulted in
-/// through the options' page sizes, which measure what each page size costs
-/// where they may choose.
-///
-/// With `share` (a load split between the nodes of a job, `exchange.rs`),
-/// a buffered file's reads are only the pieces this node owns; the rest
-/// arrive from the other nodes afterwards.
+/// queued: the read engine of one load, before it runs. With `share` (a
+/// load split between nodes), a buffered file's reads are only this node's
+/// pieces; the rest arrive afterwards (`exchange.rs`).
 pub(crate) struct ReadEngine<'a> {
     queued: Queued<'a>,
     hashers: Vec<Option<StreamHasher<'a>>>,
@@ -67,8 +49,8 @@ pub(crate) struct ReadEngine<'a> {
     sources: Vec<&'a dyn Source>,
 }
 
-/// What a run of the read engine gives: each file's digest where it was
-/// hashed as it was read, and the engine's figures for the report.
+/// What a run gives: each file's digest where hashed as read, and the
+/// engine's figures for the report.
 pub(crate) struct Ran {
     pub digests: Vec<Option<Digest256>>,
     pub io: Option<Settled>,
@@ -76,19 +58,17 @@ pub(crate) struct Ran {
 }
 
 impl<'a> ReadEngine<'a> {
-    /// The jobs of every file of `opened`.
+    /// The jobs of every file of `opened`; `prefixes` ([`read_prefixes`])
+    /// start the hash of each file read whole.
     pub(crate) fn queue(
         opened: &'a mut [Filling<'_>],
         prefixes: &'a [Option<Vec<u8>>],
         options: &ReadOptions<'_>,
     ) -> ReadEngine<'a> {
-        let lens: Vec<u64> = opened
-            .iter()
-            .map(|s| s.file().header().file_len())
-            .collect();
-        let mut sources = Vec::with_capacity(opened.len());
+        let (mut lens, mut sources) = (Vec::new(), Vec::new());
         let mut queued = Queued::default();
         for (file_index, shard) in opened.iter_mut().enumerate() {
+            lens.push(shard.file().header().file_len());
             let hashed = matches!(prefixes.get(file_index), Some(Some(_)));
             let parts = shard.parts();
             sources.push(parts.source);
@@ -106,17 +86,12 @@ impl<'a> ReadEngine<'a> {
         }
     }
 
-    /// The bytes its jobs read, and the files they read some of.
+    /// The bytes its jobs read (for the progress meter), and the files they
+    /// read some of.
     pub(crate) fn bytes(&self) -> (u64, usize) {
-        let mut files = std::collections::BTreeSet::new();
-        let mut total = 0;
-        for job in &self.queued.jobs {
-            if job.job.bytes() > 0 {
-                files.insert(job.file_index);
-            }
-            total += job.job.bytes();
-        }
-        (total, files.len())
+        let jobs = self.queued.jobs.iter().filter(|j| j.job.bytes() > 0);
+        let files: std::collections::BTreeSet<usize> = jobs.clone().map(|j| j.file_index).collect();
+        (jobs.map(|j| j.job.bytes()).sum(), files.len())
     }
 
     /// Runs the jobs, counting their bytes into `meter`.
@@ -163,9 +138,8 @@ impl<'a> ReadEngine<'a> {
     }
 }
 
-/// For each file, with `verify`, the bytes before its buffer's image (the
-/// header), read to be hashed first where the buffer holds the rest of the
-/// file; `None` for the others.
+/// With `verify`, for each file whose buffer is its image, the bytes before
+/// it (the header), to be hashed first; `None` for the others.
 pub(crate) fn read_prefixes(
     opened: &mut [Filling<'_>],
     verify: bool,
@@ -206,8 +180,7 @@ struct Queued<'a> {
 
 impl<'a> Queued<'a> {
     /// Queues the jobs of file `file_index`: its conversions, its populates
-    /// where it is mapped, its reads where it is buffered (`hashed`: handed
-    /// to its hasher as they land).
+    /// where mapped, its reads where buffered (`hashed`: to its hasher).
     fn file(
         &mut self,
         file_index: usize,
@@ -229,9 +202,8 @@ impl<'a> Queued<'a> {
         self.finished.push(finished_at);
         self.overflowed.push(overflowed);
         let chunk = options.read_size;
-        // The converted tensors: from the map where the file is mapped,
-        // else read by the readers (plain reads: the runs are not blocks).
-        // Every buffer asked for the page size in use, once (`PageSizes::register`).
+        // Conversions read plain (their runs are not blocks). Every buffer
+        // is registered with the page sizes once.
         let conversion = convert.map(|(part, dst)| {
             options.pages.register(dst);
             let conversion = Conversion {
@@ -273,8 +245,7 @@ impl<'a> Queued<'a> {
         self.reads(file_index, from, &segments, buffer.bytes_mut(), chunk);
     }
 
-    /// Queues the reads of `segments` into `buffer`, each cut in jobs of at
-    /// most `chunk` bytes.
+    /// Queues the reads of `segments` into `buffer`, in jobs of `chunk`.
     fn reads(
         &mut self,
         file_index: usize,
@@ -302,8 +273,8 @@ impl<'a> Queued<'a> {
         }
     }
 
-    /// Queues the populates of a mapped file where the load populates (and
-    /// the map is a file's): whether it did.
+    /// Queues the populates of a file's map where the load populates:
+    /// whether it did.
     fn populate(
         &mut self,
         file_index: usize,
@@ -319,8 +290,8 @@ impl<'a> Queued<'a> {
         true
     }
 
-    /// Runs the jobs, with progress, each file's finishing time, its
-    /// hasher fed and its overflows counted as they complete.
+    /// Runs the jobs: as each completes, progress, the file's finishing
+    /// time, its hasher and its overflows.
     fn run(
         self,
         hashers: &[Option<StreamHasher<'a>>],
@@ -332,8 +303,7 @@ impl<'a> Queued<'a> {
             finished,
             overflowed,
         } = self;
-        // Progress: the bytes of every job, and a file done with its last
-        // byte (counted in bytes).
+        // A file is done with its last byte.
         let mut left: Vec<AtomicU64> = (0..finished.len()).map(|_| AtomicU64::new(0)).collect();
         for job in &jobs {
             if let Some(n) = left.get_mut(job.file_index) {
@@ -356,8 +326,8 @@ impl<'a> Queued<'a> {
             options.concurrency
         };
         let clock = options.clock;
-        // The closure is written at the call so that its argument has the
-        // jobs' own lifetime: the hashers keep the bytes it hands them.
+        // Written at the call so that its argument has the jobs' lifetime
+        // (the hashers keep the bytes).
         run(
             jobs,
             concurrency,
@@ -390,9 +360,8 @@ impl<'a> Queued<'a> {
     }
 }
 
-/// The segments of a file's buffer this node reads: where the load is
-/// split between nodes, this node's pieces of file `file_index`; else the
-/// layout's.
+/// The segments of file `file_index` this node reads: its pieces of a load
+/// split between nodes, else the layout's.
 fn segments_of<'s>(
     layout: &'s [Segment],
     share: Option<(&[Piece], usize)>,
@@ -413,6 +382,5 @@ fn segments_of<'s>(
     }
 }
 
-// NOTE: a separate pass prefaulting fresh buffers before the reads only adds
-// a serial phase; the faulting overlaps the reads instead (the helper of
-// `jobs/mod.rs`; BENCHMARKS.md, "execute/queue.rs: prefaulting").
+// NOTE: no prefaulting pass before the reads (a serial phase): faulting
+// overlaps them (BENCHMARKS.md, "execute/queue.rs: prefaulting").

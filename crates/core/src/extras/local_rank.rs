@@ -23,13 +23,11 @@ fn invalid(mut source: RankSource) -> RankSource {
 }
 
 impl LocalRank {
-    /// The caller's local rank and size where set
-    /// (`Loader::local_rank`), else the
-    /// launcher's, from the environment of the load.
+    /// The caller's local rank and size where set, else the launcher's.
     pub fn from_setting(setting: Option<(usize, usize)>, env: &Environment) -> LocalRank {
         match setting {
             Some((rank, size)) => {
-                LocalRank::checked(rank, size, RankSource::Caller { valid: true })
+                LocalRank::checked(Some(rank), Some(size), RankSource::Caller { valid: true })
             }
             None => detect_local_rank(env.lookup()),
         }
@@ -43,17 +41,17 @@ impl LocalRank {
         }
     }
 
-    fn checked(rank: usize, size: usize, source: RankSource) -> LocalRank {
-        if size == 0 || rank >= size {
-            return LocalRank::single(invalid(source));
+    /// A rank below its size; else one process, its source found invalid.
+    fn checked(rank: Option<usize>, size: Option<usize>, source: RankSource) -> LocalRank {
+        match (rank, size) {
+            (Some(rank), Some(size)) if rank < size => LocalRank { rank, size, source },
+            _ => LocalRank::single(invalid(source)),
         }
-        LocalRank { rank, size, source }
     }
 }
 
-/// The launchers' variables: the local rank, then the local size (the first
-/// that is set), and the launcher's name. torchrun comes first: under Slurm
-/// or MPI, torchrun's own variables describe its worker processes.
+/// The launchers' rank variable, size variables (the first set) and name;
+/// torchrun first, as under Slurm or MPI its variables describe its workers.
 const LAUNCHERS: [(&str, &[&str], &str); 4] = [
     ("LOCAL_RANK", &["LOCAL_WORLD_SIZE"], "torchrun"),
     (
@@ -69,9 +67,8 @@ const LAUNCHERS: [(&str, &[&str], &str); 4] = [
     ("MPI_LOCALRANKID", &["MPI_LOCALNRANKS"], "MPICH/Intel MPI"),
 ];
 
-/// The local rank and size from the launcher's environment variables, read
-/// through `env`. The first launcher whose rank and size are both set
-/// decides; values that are not numbers, or a rank not below the size, make
+/// The local rank and size from the first launcher whose variables are set
+/// in `env`; values that are not numbers, or a rank not below the size, make
 /// this process a single rank.
 pub fn detect_local_rank(env: impl Fn(&str) -> Option<String>) -> LocalRank {
     for (rank_var, size_vars, launcher) in LAUNCHERS {
@@ -93,11 +90,7 @@ pub fn detect_local_rank(env: impl Fn(&str) -> Option<String>) -> LocalRank {
             valid: true,
         };
         let rank = rank_text.trim().parse::<usize>().ok();
-        let size = leading_number(&size_text);
-        return match (rank, size) {
-            (Some(rank), Some(size)) => LocalRank::checked(rank, size, source),
-            _ => LocalRank::single(invalid(source)),
-        };
+        return LocalRank::checked(rank, leading_number(&size_text), source);
     }
     LocalRank::single(RankSource::Alone)
 }
@@ -113,9 +106,8 @@ fn leading_number(text: &str) -> Option<usize> {
 }
 
 /// What identifies the job, so that its ranks share a queue and other jobs
-/// do not: `SAFELOAD_JOB_ID` where the caller set it, else the launcher's job
-/// id (torchrun's run id, Slurm's job and step, Open MPI's job id), else the
-/// parent process (the ranks of one launcher on a node are its children).
+/// do not: `SAFELOAD_JOB_ID`, else the launcher's job id, else the parent
+/// process (the ranks of one launcher on a node are its children).
 pub fn job_key(env: impl Fn(&str) -> Option<String>, parent_pid: u32) -> String {
     let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
     if let Some(id) = set(crate::policy::JOB_ID_ENV) {

@@ -1,11 +1,8 @@
 //! The seams the core's extras plug into: a checkpoint at an address the core cannot read itself (an object store's, the hub's) resolved to its files, each a source; the exchange between nodes joined by name; a share step before reads (the node copy); a warm-up (prefetch); and the core alone, `NoExtras`.
 //!
-//! A `Loader` or `Checkpoint` is made
-//! with a type of extras (`Loader<E>`), whose default value it asks for each
-//! address that is not a local path: the facade's type (the `safeload` crate,
-//! its cargo features) names the extras it was built with, the core's own
-//! (`NoExtras`) none. Past the resolution, a load knows its files only as
-//! [`Source`]s.
+//! A `Loader<E>` asks its type of extras' default value for each address
+//! that is not a local path; past the resolution, a load knows its files
+//! only as [`Source`]s.
 
 mod local_rank;
 mod prefetch_options;
@@ -35,22 +32,19 @@ pub use share::{
 pub use warm_up::{Job, WarmFile, Warming};
 
 /// What a load asks of the caches a remote address goes through: the
-/// caller's choices (`Loader::hub_cache`, `Loader::cache_dir`), over the
-/// environment's.
+/// caller's choices, over the environment's.
 #[derive(Debug, Clone, Copy)]
 pub struct Caching<'a> {
     /// Whether `hf://` goes through the hub cache.
     pub hub: Option<bool>,
     /// The cache directory of other stores.
     pub dir: Option<&'a Path>,
-    /// Whether the load checks SHA-256 digests (a file to be verified may
-    /// need its store's).
+    /// Whether the load checks SHA-256 digests.
     pub verify: bool,
-    /// The load's cancel flags (`Loader::cancel_on`, a dropped async load):
-    /// the checkpoint resolved keeps them, and each of its requests in
-    /// flight, from resolving to the last read, stops once they are set
-    /// (within its watch's tick), a cache write then publishing nothing.
-    /// [`Cancel::NONE`] for an open, whose later reads are the caller's.
+    /// The load's cancel flags, kept by the checkpoint resolved: each of its
+    /// requests stops once they are set, a cache write then publishing
+    /// nothing. [`Cancel::NONE`] for an open, whose later reads are the
+    /// caller's.
     pub cancel: &'a Cancel,
 }
 
@@ -121,24 +115,20 @@ pub trait Extras: Send + Sync + fmt::Debug {
 
     /// This process's part in the job's exchange between nodes that
     /// `SAFELOAD_EXCHANGE=<name>` names (`mpi` with the facade's feature
-    /// `mpi`); `None` where these extras know no exchange of that name (the
-    /// load then refuses the value, naming it).
+    /// `mpi`); `None` where these extras know no exchange of that name.
     ///
     /// # Contract
     ///
     /// - `name` is the variable's value, trimmed; never empty, `0`, `none`
-    ///   or `off` (no exchange: the load does not ask).
-    /// - A collective of the whole job: every process calls it, at the same
-    ///   place in its order of loads, and it returns within the exchange's
-    ///   bound on a collective (`SAFELOAD_EXCHANGE_TIMEOUT_SECS`), an error
-    ///   where a process never joins, never a hang.
-    /// - `Some(Err(_))` says in words why the exchange cannot be joined (the
-    ///   system's library missing, a node identity that does not parse, the
-    ///   bound passed); the load returns it as an I/O error of
-    ///   `Operation::Exchange` naming the checkpoint.
-    /// - The [`Joined`](crate::cluster::Joined) holds the node's exchange
-    ///   on one process per node only (its participant), whose collectives
-    ///   keep the contract of [`Communicator`](crate::cluster::Communicator).
+    ///   or `off`.
+    /// - A collective of the whole job, called by every process at the same
+    ///   place in its order of loads; it returns within
+    ///   `SAFELOAD_EXCHANGE_TIMEOUT_SECS`, never hangs.
+    /// - `Some(Err(_))` says in words why the exchange cannot be joined; the
+    ///   load returns it as an I/O error of `Operation::Exchange`.
+    /// - The [`Joined`](crate::cluster::Joined) holds the node's exchange on
+    ///   its participant only, whose collectives keep the contract of
+    ///   [`Communicator`](crate::cluster::Communicator).
     fn join_exchange(&self, name: &str) -> Option<std::io::Result<crate::cluster::Joined>> {
         let _ = name;
         None
@@ -150,23 +140,18 @@ pub trait Extras: Send + Sync + fmt::Debug {
     ///
     /// # Contract
     ///
-    /// - The answer has one `PerFile` per file of `files`, in their order.
-    ///   A file with `PerFile::Copy` is read no further by the load: its
-    ///   tensors are views of the copy's storage, which holds the whole
-    ///   file's bytes at their offsets (an image of it), read-only, and is
-    ///   complete when `share` returns, unless the copy is among
-    ///   `Shared::pending`.
-    /// - Only a file with `buffered` set, every tensor kept by `ask.keep`,
-    ///   not converted and aligned (`eligible`) gets a copy; one rank
-    ///   alone (`ask.rank.size < 2`) gets none, and nothing is said.
-    /// - Under `Role::Participant`, the copies are handed back in
-    ///   `Shared::pending` (their index among `files`, the writer of each)
-    ///   for the load to fill; it calls `Pending::complete` once every byte
-    ///   is in place, and the node's other ranks (`Role::Member`) map them
-    ///   only then.
+    /// - One `PerFile` per file of `files`, in their order. A file with
+    ///   `PerFile::Copy` is read no further: its tensors are views of the
+    ///   copy, a read-only image of the whole file, complete when `share`
+    ///   returns unless it is among `Shared::pending`.
+    /// - Only a buffered file, every tensor kept, not converted and aligned
+    ///   (`eligible`) gets a copy; one rank alone gets none, silently.
+    /// - Under `Role::Participant`, the copies come back in
+    ///   `Shared::pending` for the load to fill; it calls
+    ///   `Pending::complete` once every byte is in place, and the other
+    ///   ranks (`Role::Member`) map them only then.
     /// - It never fails the load: a copy that cannot be had is
-    ///   `PerFile::NotUsed` with the reason the report gives, and the file
-    ///   is read by this rank. Its waits on other processes are bounded.
+    ///   `PerFile::NotUsed` with its reason. Its waits are bounded.
     #[doc(hidden)] // for the plug-in crates: its types are the core's plumbing
     fn share(&self, files: &[ShareFile<'_>], ask: &ShareAsk<'_>) -> Shared {
         let _ = ask;
@@ -179,18 +164,15 @@ pub trait Extras: Send + Sync + fmt::Debug {
     ///
     /// # Contract
     ///
-    /// - `Warming::BeforeLoad`: runs where the caller's options, else the
-    ///   environment (`SAFELOAD_PREFETCH`), else the auto rule say so;
-    ///   `Ok(None)` where it was not considered or was turned off (`0`
-    ///   streams). `Warming::Only`: runs with the options given, for the
-    ///   reason given; `Ok(None)` only where these extras have no warm-up.
-    /// - The bytes are warmed in the page cache only: nothing the load
-    ///   reads depends on it, and the load's result is the same without it.
-    /// - The job's local ranks (`job.local_rank`, else the launcher's) may
-    ///   split the bytes between them; a rank that stops or dies costs the
-    ///   others a bounded wait, never a hang.
-    /// - `Err` only where a file cannot be read (naming it and the offset);
-    ///   the load then fails with it.
+    /// - `Warming::BeforeLoad`: runs where the caller's options, else
+    ///   `SAFELOAD_PREFETCH`, else the auto rule say so; `Ok(None)` where it
+    ///   did not run. `Warming::Only`: runs with the options given;
+    ///   `Ok(None)` only where these extras have no warm-up.
+    /// - Only the page cache is warmed: the load's result is the same
+    ///   without it.
+    /// - The local ranks may split the bytes; a rank that stops or dies
+    ///   costs the others a bounded wait, never a hang.
+    /// - `Err` only where a file cannot be read (naming it and the offset).
     #[doc(hidden)] // for the plug-in crates: its types are the core's plumbing
     fn warm_up(
         &self,
@@ -203,8 +185,7 @@ pub trait Extras: Send + Sync + fmt::Debug {
     }
 }
 
-/// The extras a load resolves through (the default: none), as its options
-/// keep them.
+/// The extras a load's options keep (the default: none).
 #[derive(Debug, Clone)]
 pub(crate) struct Installed(pub Arc<dyn Extras>);
 

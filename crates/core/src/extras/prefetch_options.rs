@@ -11,9 +11,8 @@ use crate::policy::PrefetchMethod;
 #[doc(hidden)] // for the plug-in crates
 pub const DEFAULT_STREAMS: usize = 4;
 
-/// The unit of work readers and ranks share, by default: the read engine's
-/// request size, large enough that a FUSE mount sees requests in flight,
-/// small enough that ranks stay balanced at the tail (BENCHMARKS.md).
+/// The unit of work readers and ranks share, by default: large enough for
+/// requests in flight on FUSE, small enough to balance ranks (BENCHMARKS.md).
 #[doc(hidden)] // for the plug-in crates
 pub const DEFAULT_CHUNK: u64 = 8 << 20;
 
@@ -136,18 +135,15 @@ impl PrefetchOptions {
         self
     }
 
-    /// The unit of work shared between readers and ranks (default 8 MiB),
-    /// rounded up to a multiple of the page size and to at least 64 KiB; a
-    /// checkpoint of more than 4 Mi chunks gets larger ones. Every rank of a
-    /// job must use the same value to share one queue.
+    /// The unit of work shared between readers and ranks (default 8 MiB;
+    /// whole pages, at least 64 KiB). Every rank of a job must use the same.
     pub fn chunk_size(mut self, bytes: usize) -> PrefetchOptions {
         self.chunk_size = Some(bytes);
         self
     }
 
-    /// Whether the local ranks share one queue file (default `true`). With
-    /// `false`, or where the file cannot be made, each rank warms a fixed
-    /// share of the bytes.
+    /// Whether the local ranks share one queue file (default `true`); else
+    /// each rank warms a fixed share.
     pub fn shared_queue(mut self, shared: bool) -> PrefetchOptions {
         self.shared_queue = shared;
         self
@@ -161,8 +157,7 @@ impl PrefetchOptions {
     }
 
     /// Calls `f(path, byte range)` from a reader thread as each chunk this
-    /// process handled is warm, before the chunk is marked done for the
-    /// other ranks (progress reporting; a slow `f` delays them).
+    /// process handled is warm (a slow `f` delays the other ranks).
     pub fn on_chunk(mut self, f: impl Fn(&Path, Range<u64>) + Send + Sync + 'static) -> Self {
         self.on_chunk = Some(Arc::new(f));
         self

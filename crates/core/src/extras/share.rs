@@ -14,16 +14,14 @@ use crate::storage::Storage;
 
 use super::local_rank::LocalRank;
 
-/// One file of a load as the share step sees it: opened, its header read,
-/// the policy's first decision taken.
+/// One file of a load as the share step sees it.
 #[derive(Clone, Copy)]
 pub struct ShareFile<'a> {
     /// Where its bytes come from (the load's one open of it).
     pub source: &'a dyn Source,
     /// Its header.
     pub header: &'a Header,
-    /// Whether the load reads it buffered (not mapped): only such a file
-    /// may get a copy.
+    /// Whether the load reads it buffered (only such a file may get a copy).
     pub buffered: bool,
 }
 
@@ -59,17 +57,14 @@ impl<'a> ShareFile<'a> {
 pub enum Role {
     /// The ranks fill the copy together (the share step's own fill).
     Queue,
-    /// The node's participant in a load split between nodes: the share step
-    /// makes the copy, and the load fills it ([`Pending`]) with the other
-    /// nodes.
+    /// The node's participant in a load split between nodes: the load
+    /// fills the copy ([`Pending`]).
     Participant,
-    /// Another rank of such a node: it waits for the participant's copy,
-    /// complete.
+    /// Another rank of such a node: it waits for the participant's copy.
     Member,
 }
 
-/// What the share step needs of the load besides its files: each knob the
-/// caller or the environment set, once.
+/// What the share step needs of the load besides its files.
 #[derive(Clone, Copy)]
 pub struct ShareAsk<'a> {
     /// This process among the job's processes of this node.
@@ -92,13 +87,11 @@ pub struct ShareAsk<'a> {
     pub chunk_size: Option<usize>,
     /// Readers per rank, where the caller set them (prefetch's streams).
     pub streams: Option<usize>,
-    /// Where the names that coordinate the ranks live, where the caller set
-    /// it (prefetch's queue directory).
+    /// Where the ranks' coordinating names live (prefetch's queue directory).
     pub dir: Option<&'a Path>,
     /// The caller's progress callback.
     pub progress: Option<&'a Callback>,
-    /// The load's cancel flags: the fill's readers take no chunk once they
-    /// are set.
+    /// The load's cancel flags.
     pub cancel: &'a crate::cancel::Cancel,
 }
 
@@ -106,18 +99,15 @@ pub struct ShareAsk<'a> {
 pub enum PerFile {
     /// Not considered (one rank alone, or a mapped file): nothing to say.
     Absent,
-    /// Its tensors are views of a shared copy; `report` says how it came,
-    /// `bytes_read` what this rank read of its tensor data.
+    /// Its tensors are views of a shared copy.
     Copy {
-        /// The copy, read-only, complete once the share step returns
-        /// (unless the load fills it, [`Pending`]).
+        /// The copy, read-only.
         storage: Arc<Storage>,
         /// What the report says of it.
         report: NodeCopy,
         /// Bytes of tensor data this rank read into it.
         bytes_read: u64,
-        /// Whether this rank made the copy (the one that writes it to a
-        /// cache).
+        /// Whether this rank made the copy (and writes it to a cache).
         made_here: bool,
     },
     /// Read by this rank alone, for this reason.
@@ -134,26 +124,22 @@ impl PerFile {
     }
 }
 
-/// Copies the share step made or took, mapped, still to be filled by the
-/// load (the participant's, [`Role::Participant`]): per file, its index
-/// among the load's files and the writer of its copy.
+/// Copies the load is to fill ([`Role::Participant`]).
 pub struct Pending {
     /// Per file, its index among the load's files and its copy's writer.
     pub files: Vec<(usize, CopyFill)>,
-    /// Offers the copies as complete (to the node's other ranks); called by
-    /// the load once every byte of them is in place.
+    /// Offers the copies as complete to the node's other ranks.
     pub complete: Box<dyn Fn() + Send + Sync>,
 }
 
 impl Pending {
-    /// Every byte of every copy is in place: offered as complete from now on.
+    /// Every byte of every copy is in place: offers them as complete.
     pub fn complete(&self) {
         (self.complete)();
     }
 }
 
-/// The share step's answer: per file of the load, in its order, what it
-/// did; and the copies the load is to fill, where it fills any.
+/// The share step's answer.
 pub struct Shared {
     /// Per file, in the load's order.
     pub files: Vec<PerFile>,
@@ -162,8 +148,7 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Nothing shared: every file of `files` read by this rank, with
-    /// nothing said.
+    /// Nothing shared, nothing said.
     pub fn none(files: usize) -> Shared {
         Shared {
             files: (0..files).map(|_| PerFile::Absent).collect(),
@@ -173,9 +158,7 @@ impl Shared {
 }
 
 /// `O_DIRECT` on the descriptors of `files` where the policy would read the
-/// file so (FUSE, cold), for as long as the guard lives: reads straight
-/// into a shared copy, whoever makes them (the share step's readers, the
-/// participant of a load split between nodes).
+/// file so (FUSE, cold), for as long as the guard lives: reads into a copy.
 pub fn direct_reads<'a>(
     files: impl IntoIterator<Item = &'a LocalFile>,
     direct_io: Option<bool>,
@@ -184,16 +167,15 @@ pub fn direct_reads<'a>(
     for local in files {
         let kind = local.mount().map(|m| m.kind);
         if policy::wants_direct_io(direct_io, kind, true, || local.mostly_cached()) {
-            // Refused: the file is read through the page cache.
+            // Refused: read through the page cache.
             let _ = guard.add(local);
         }
     }
     guard
 }
 
-/// The bytes of `offset..offset + len` of a file at or after `data_start`,
-/// where its tensor data begins (what a report's `bytes_read` counts of a
-/// copy's chunk).
+/// The bytes of `offset..offset + len` of a file that are tensor data (at
+/// or after `data_start`).
 pub fn tensor_part(data_start: u64, offset: u64, len: u64) -> u64 {
     (offset + len).saturating_sub(offset.max(data_start))
 }

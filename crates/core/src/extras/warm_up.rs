@@ -12,16 +12,15 @@ use crate::progress::Callback;
 use crate::report::PrefetchReason;
 use crate::source::{LocalFile, Source};
 
-/// A local file the loader has opened (and parsed), handed over so that the
-/// warm-up neither opens nor looks it up again.
+/// A local file the loader has opened, handed over so that the warm-up
+/// neither opens nor looks it up again.
 #[derive(Clone, Copy)]
 pub struct WarmFile<'a> {
     /// The path it was opened by.
     pub path: &'a Path,
     /// `path` with symlinks resolved, as the loader found it.
     pub canonical: &'a Path,
-    /// The loader's descriptor: the same file the header was read from,
-    /// whatever happened to the path since.
+    /// The loader's descriptor (the file the header was read from).
     pub file: &'a File,
     /// Its mount, where it was found.
     pub mount: Option<&'a Mount>,
@@ -48,20 +47,16 @@ impl<'a> WarmFile<'a> {
 /// What a warm-up is asked to do.
 #[derive(Clone, Copy)]
 pub enum Warming<'a> {
-    /// Before a load: as the caller's options say (`Loader::prefetch`,
-    /// `None` where unset), else the environment, else the auto rule.
+    /// Before a load, with the caller's options where set.
     BeforeLoad(Option<&'a PrefetchOptions>),
     /// Only a warm-up (`Loader::warm`): with these options, for this reason.
     Only(&'a PrefetchOptions, &'a PrefetchReason),
 }
 
-/// The settings of a warm-up that belong to the job, not to prefetch: the
-/// loader's (`Loader::local_rank`, `Loader::memory_available`) and the
-/// environment read once at the top of the load.
+/// The settings of a warm-up that belong to the job, not to prefetch.
 #[derive(Clone, Copy)]
 pub struct Job<'a> {
-    /// The caller's local rank and size (`Loader::local_rank`), else the
-    /// exchange's, where set.
+    /// The caller's local rank and size, else the exchange's, where set.
     pub local_rank: Option<(usize, usize)>,
     /// The memory the guard may fill, where the caller set it.
     pub memory_available: Option<u64>,
@@ -69,15 +64,12 @@ pub struct Job<'a> {
     pub env: &'a Environment,
     /// The caller's progress callback.
     pub progress: Option<&'a Callback>,
-    /// The load's cancel flags: the warm-up's readers take no chunk once
-    /// they are set ([`Cancel::NONE`] for `Loader::warm`, which the flags do
-    /// not stop).
+    /// The load's cancel flags ([`Cancel::NONE`] for `Loader::warm`).
     pub cancel: &'a Cancel,
 }
 
 impl Job<'_> {
-    /// The memory the guard may fill: the caller's figure, else the
-    /// kernel's and the cgroup's.
+    /// The memory the guard may fill: the caller's, else the system's.
     pub fn available(&self) -> Option<u64> {
         self.memory_available.or_else(memory::available)
     }

@@ -6,11 +6,9 @@ use std::io;
 use super::{ConvertSource, Job, Outcome};
 use crate::os;
 
-/// The real cause of a failed populate. `MADV_POPULATE_READ` answers
-/// `EFAULT` for a page it could not bring in, whatever the reason (EIO, a
-/// truncated file, a dead FUSE daemon); reading the range with `pread`
-/// gives the error, and its offset, that the filesystem gave. Where the
-/// read succeeds (the failure was transient), the populate's own error.
+/// The real cause of a failed populate: `MADV_POPULATE_READ` answers
+/// `EFAULT` whatever the reason (EIO, a truncated file, a dead FUSE daemon),
+/// so the range is read with `pread` for the filesystem's error and offset.
 fn why_populate_failed(file: &File, offset: u64, len: usize, error: io::Error) -> (u64, io::Error) {
     const EFAULT: i32 = 14;
     if error.raw_os_error() != Some(EFAULT) {
@@ -26,15 +24,14 @@ fn why_populate_failed(file: &File, offset: u64, len: usize, error: io::Error) -
 }
 
 thread_local! {
-    /// A reader's buffer for the source bytes of conversions it reads: one
-    /// per reader thread, reused, so a converting load faults in no memory
-    /// but its destinations.
+    /// A reader's buffer for the source bytes of conversions, reused, so a
+    /// converting load faults in no memory but its destinations.
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs one job; a read of a hashed file gives back its bytes for the
-/// hasher, a conversion what overflowed.
+/// Runs one job.
 pub(super) fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)> {
+    let bytes = job.bytes();
     match job {
         Job::Read {
             file,
@@ -50,7 +47,7 @@ pub(super) fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)>
             Ok(Outcome {
                 landed: hashed.then(|| (offset, filled.get(..required).unwrap_or(filled))),
                 overflowed: 0,
-                bytes: required as u64,
+                bytes,
             })
         }
         Job::Convert {
@@ -59,10 +56,6 @@ pub(super) fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)>
             to,
             dst,
         } => {
-            let bytes = match &source {
-                ConvertSource::Mapped(src) => src.len(),
-                ConvertSource::File { len, .. } => *len,
-            } as u64;
             let converted = match source {
                 ConvertSource::Mapped(src) => crate::convert::convert(from, to, src, dst),
                 ConvertSource::File { file, offset, len } => SCRATCH.with(|scratch| {
@@ -87,7 +80,7 @@ pub(super) fn execute<'a>(job: Job<'a>) -> Result<Outcome<'a>, (u64, io::Error)>
             len,
         } => os::populate_read(map, offset, len)
             .map(|()| Outcome {
-                bytes: len as u64,
+                bytes,
                 ..Outcome::default()
             })
             .map_err(|e| why_populate_failed(file, offset as u64, len, e)),

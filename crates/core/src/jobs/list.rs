@@ -9,12 +9,12 @@ use crate::cancel;
 use crate::dest::pages::{Fill, PageSizes};
 use crate::error::Operation;
 
-/// A load's jobs in one queue, and what the readers share of them.
+/// A load's jobs in one queue, and what the readers share of them; `ahead`:
+/// a helper faults destinations in ahead of the readers.
 pub(super) struct List<'a, 'r> {
     pub queue: Vec<Slot<'a>>,
     pub cursor: AtomicUsize,
     pub pages: &'r PageSizes,
-    /// Whether a helper faults destinations in ahead of the readers.
     pub ahead: bool,
     pub done: &'r (dyn Fn(usize, Outcome<'a>) + Sync),
 }
@@ -27,40 +27,20 @@ impl<'a> JobSource for List<'a, '_> {
         take(&self.queue, &self.cursor).map(|taken| (taken.index, taken))
     }
 
+    /// Runs one job, its destination faulted in where no helper did.
     fn run(&self, taken: Taken<'a>) -> Result<u64, JobError> {
-        self.run_one(taken)
-    }
-
-    fn cancelled(&self, taken: Taken<'a>) -> JobError {
-        not_taken(&taken.tagged)
-    }
-
-    fn helps(&self) -> bool {
-        self.ahead
-    }
-
-    fn help(&self, stop: &AtomicBool) {
-        fill_ahead(&self.queue, &self.cursor, stop, self.pages);
-    }
-}
-
-impl<'a> List<'a, '_> {
-    /// Runs one job: its destination faulted in where no helper did, its
-    /// outcome counted and handed on, or its failure recorded.
-    fn run_one(&self, taken: Taken<'a>) -> Result<u64, JobError> {
         let Taken {
-            index: _,
             mut tagged,
             faulted,
+            ..
         } = taken;
         let operation = match tagged.job {
             Job::Read { .. } => Operation::Read,
             Job::Convert { .. } => Operation::Convert,
             Job::Populate { .. } => Operation::Populate,
         };
-        // The destination's pages, where no helper gave them: faulted in
-        // now where a helper runs (the reads wait on storage), else left to
-        // the copy out of the page cache (`dest::pages::Fill`).
+        // Where a helper runs (the reads wait on storage), faulted in now;
+        // else left to the copy out of the page cache (`dest::pages::Fill`).
         let mut filling = None;
         let how = match self.ahead {
             true => Fill::Now {
@@ -91,21 +71,30 @@ impl<'a> List<'a, '_> {
             }),
         }
     }
+
+    fn cancelled(&self, taken: Taken<'a>) -> JobError {
+        not_taken(&taken.tagged)
+    }
+
+    fn helps(&self) -> bool {
+        self.ahead
+    }
+
+    fn help(&self, stop: &AtomicBool) {
+        fill_ahead(&self.queue, &self.cursor, stop, self.pages);
+    }
 }
 
-/// A job waiting in the queue, and whether its destination was faulted in
-/// already (by the helper that walks ahead of the readers).
+/// A job waiting in the queue, and whether the helper faulted it in.
 pub(super) struct Waiting<'a> {
     tagged: Tagged<'a>,
     faulted: bool,
 }
 
-/// One place of the queue: its job until a reader takes it (or, cut, the
-/// rest of it).
+/// One place of the queue: its job until a reader takes it.
 pub(super) type Slot<'a> = Mutex<Option<Waiting<'a>>>;
 
-/// A job a reader took: where it was in the queue, and whether its
-/// destination is faulted in already.
+/// A job a reader took, its place in the queue, and whether it is faulted in.
 pub(super) struct Taken<'a> {
     pub index: usize,
     pub tagged: Tagged<'a>,
@@ -125,14 +114,8 @@ pub(super) fn queue_of(jobs: Vec<Tagged<'_>>) -> Vec<Slot<'_>> {
 }
 
 /// The next job of the queue and its place in it; `None` once every job is
-/// taken.
-///
-/// The first job from the cursor on that no one holds: a slot locked is
-/// the helper's, faulting its job in, and is passed over (the cursor stays
-/// on it, and the next reader takes it once the helper is done), so that
-/// no reader waits on the helper while other jobs are there to take; only
-/// where every job left is held does a reader wait. The cursor moves past
-/// the slots found empty, in order.
+/// taken. A locked slot is the helper's and is passed over (the cursor stays
+/// on it), so that no reader waits on the helper while other jobs are left.
 ///
 /// NOTE: readers that waited on the helper's slot made a slow helper the
 /// load's one faulting thread (BENCHMARKS.md, "jobs/mod.rs: take").
@@ -152,8 +135,7 @@ pub(super) fn take<'a>(queue: &[Slot<'a>], cursor: &AtomicUsize) -> Option<Taken
             };
             let Some(Waiting { tagged, faulted }) = held.take() else {
                 drop(held);
-                // Taken whole by another reader: whichever comes first moves
-                // the cursor past it, where it is the cursor's.
+                // Taken by another reader: move the cursor past it.
                 let _ = cursor.compare_exchange(i, i + 1, Ordering::AcqRel, Ordering::Acquire);
                 i += 1;
                 continue;
@@ -191,14 +173,12 @@ pub(super) fn not_taken(job: &Tagged<'_>) -> JobError {
     }
 }
 
-/// Whether any job is a direct read or a read of a remote object, the cases where a helper faulting
-/// in destinations ahead of the readers pays: the readers wait on the storage or the network.
+/// Whether any job is a direct read or a remote object's, where a helper
+/// faulting destinations in ahead of the readers pays.
 ///
-/// NOTE: there the readers wait on the storage or the network and a core is
-/// idle, and the helper moves the zeroing of fresh pages there; where reads
-/// copy from the page cache both cores are busy copying and it only takes
-/// CPU from them, so it does not run (BENCHMARKS.md, "jobs/mod.rs:
-/// reads_bypass_the_page_cache").
+/// NOTE: there the readers wait and a core is idle for the zeroing of fresh
+/// pages; where reads copy from the page cache it only takes CPU from them
+/// (BENCHMARKS.md, "jobs/mod.rs: reads_bypass_the_page_cache").
 pub(super) fn reads_bypass_the_page_cache(jobs: &[Tagged<'_>]) -> bool {
     jobs.iter().any(|t| match &t.job {
         Job::Read { direct, file, .. } => *direct || file.local().is_none(),
@@ -206,12 +186,9 @@ pub(super) fn reads_bypass_the_page_cache(jobs: &[Tagged<'_>]) -> bool {
     })
 }
 
-/// Walks the queue ahead of the readers and faults in the destination of
-/// every job not yet taken (`Fill::Now`), so that the readers'
-/// copies land in present pages. A job it holds is passed over by the
-/// readers (`take`): where it is slower than they are, they fault the jobs
-/// they take in themselves, and it goes on from the first job after the
-/// cursor.
+/// Walks the queue ahead of the readers, faulting in the destination of
+/// every job not yet taken (`Fill::Now`); where it falls behind, it goes on
+/// from the first job after the cursor.
 pub(super) fn fill_ahead(
     queue: &[Slot<'_>],
     cursor: &AtomicUsize,
@@ -224,7 +201,7 @@ pub(super) fn fill_ahead(
         let Some(slot) = queue.get(i) else {
             break;
         };
-        // A job a reader holds, or has taken, is the reader's to fault.
+        // A job a reader holds or took is the reader's to fault.
         if let Ok(mut job) = slot.try_lock() {
             if let Some(waiting) = job.as_mut().filter(|w| !w.faulted) {
                 let disk = waiting.tagged.job.reads_a_disk_directly();

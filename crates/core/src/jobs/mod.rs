@@ -28,35 +28,30 @@ pub(crate) use split::{
 
 /// One unit of I/O.
 pub(crate) enum Job<'a> {
-    /// A positional read into its final destination. `required` bytes must
-    /// arrive; the rest of `dst` (the tail of a direct-I/O block past the end
-    /// of the file) may stay unread.
+    /// A positional read into its final destination: `required` bytes must
+    /// arrive, the rest of `dst` (a direct-I/O block's tail past the file's
+    /// end) may stay unread. `direct`: `file` has `O_DIRECT` set; `hashed`:
+    /// the bytes are handed to `done` for the file's digest.
     Read {
         file: &'a dyn Source,
-        /// Whether `file` has `O_DIRECT` set: the read bypasses the page
-        /// cache (a refused one goes through an aligned bounce buffer, in
-        /// `os::read_at_least`).
         direct: bool,
         offset: u64,
         dst: &'a mut [u8],
         required: usize,
-        /// Whether the bytes are handed to `done` once read, for a file
-        /// whose digest is computed as it loads.
         hashed: bool,
     },
     /// A run of whole elements converted to another dtype into its final
-    /// destination (`Loader::dtype`): taken from the file's map, or read
-    /// with a positional read into the reader's scratch buffer first.
+    /// destination (`Loader::dtype`).
     Convert {
         source: ConvertSource<'a>,
         from: Dtype,
         to: Dtype,
         dst: &'a mut [u8],
     },
-    /// Faulting a range of a file map in, so that later accesses do not wait.
+    /// Faulting a range of a file map in; `file` is read to learn why a
+    /// range failed to.
     Populate {
         map: &'a Mmap,
-        /// The mapped file, read to learn why a range failed to populate.
         file: &'a File,
         offset: usize,
         len: usize,
@@ -72,9 +67,8 @@ impl Job<'_> {
         }
     }
 
-    /// Whether the job reads a file on a local disk with `O_DIRECT`: its
-    /// destination's pages set the size of the disk's requests
-    /// (`PageSizes::fault_in`).
+    /// Whether the job reads a local disk with `O_DIRECT` (its pages set
+    /// the size of the disk's requests, `PageSizes::fault_in`).
     fn reads_a_disk_directly(&self) -> bool {
         match self {
             Job::Read {
@@ -101,11 +95,10 @@ impl Job<'_> {
     }
 }
 
-/// Where a conversion's source bytes are.
+/// Where a conversion's source bytes are: in the file's map, or `len`
+/// bytes at `offset` of the file, read into the reader's scratch buffer.
 pub(crate) enum ConvertSource<'a> {
-    /// In the file's map.
     Mapped(&'a [u8]),
-    /// `len` bytes at `offset` of the file.
     File {
         file: &'a dyn Source,
         offset: u64,
@@ -114,12 +107,12 @@ pub(crate) enum ConvertSource<'a> {
 }
 
 /// What a finished job hands to `done`: the bytes a read of a hashed file
-/// brought in (at their file offset), and values a conversion overflowed.
+/// brought in (at their file offset), the values a conversion overflowed,
+/// the bytes it read (for progress).
 #[derive(Default)]
 pub(crate) struct Outcome<'a> {
     pub landed: Option<(u64, &'a [u8])>,
     pub overflowed: u64,
-    /// Bytes the job read (or populated), for progress.
     pub bytes: u64,
 }
 
@@ -129,31 +122,27 @@ pub(crate) struct Tagged<'a> {
     pub job: Job<'a>,
 }
 
-/// A failed job: which file, at which offset, and why.
+/// A failed job: which file, doing what, at which offset, and why.
 #[derive(Debug)]
 pub(crate) struct JobError {
     pub file_index: usize,
-    /// What was being done, for the error: "reading", or populating a map.
     pub operation: Operation,
     pub offset: u64,
     pub error: io::Error,
 }
 
-/// Where a run's readers take their work from: the fixed list of a load
-/// (`run`), the chunk queue the local ranks of a job share (the prefetch
-/// and the node copy's fill), the pieces a node reads of the copies it
-/// fills (the exchange). The read loop ([`drain`]) is the crate's one; a
-/// source says only what the work is, where the next piece is, and how one
-/// is done.
+/// Where a run's readers take their work from (a load's list, the chunk
+/// queue local ranks share, the pieces of node copies): what the work is,
+/// where the next piece is, how one is done. [`drain`] is the one read loop.
 pub trait JobSource: Sync {
     /// One piece of work.
     type Job: Send;
     /// A piece's failure.
     type Error: Send;
 
-    /// The next piece for reader `reader`, and its place in the source's
-    /// order (of two failures, the run keeps the earlier), waiting where the
-    /// source must; `None` once none is left for this reader.
+    /// The next piece for reader `reader` and its place in the source's
+    /// order (of two failures, the run keeps the earlier); `None` once none
+    /// is left for it.
     fn next(&self, reader: usize) -> Option<(usize, Self::Job)>;
 
     /// Does `job` on the reader's thread: the bytes it moved.
@@ -171,18 +160,15 @@ pub trait JobSource: Sync {
     fn help(&self, _stop: &AtomicBool) {}
 }
 
-/// The read loop: runs `source`'s work on reader threads of the crate's own
-/// named `name`, as many at once as `concurrency` and the measured
-/// throughput allow (`adapt.rs`), a helper beside them where the source has
-/// one. Stops at the first failure and returns it (the earliest in the
-/// source's order among those seen), and at a cancel of the load (`cancel`,
-/// the load's flags): no piece is started once they are set,
-/// each reader finishing the one it holds, the failure being the piece not
-/// done. Also returns how many threads ran and what the count settled on.
+/// The read loop: runs `source`'s work on reader threads named `name`, as
+/// many as `concurrency` and the measured throughput allow (`adapt.rs`), a
+/// helper beside them where the source has one. Stops at the first failure
+/// (the earliest in the source's order among those seen) or once `cancel`
+/// is set (the failure: the piece not done). Also returns how many threads
+/// ran and what the count settled on.
 ///
 /// Readers are threads of their own, not the caller's rayon pool: they
-/// block on storage, and a slow network mount must not starve CPU work
-/// elsewhere.
+/// block on storage, which must not starve CPU work elsewhere.
 pub fn drain<S: JobSource>(
     source: &S,
     concurrency: Concurrency,
@@ -234,17 +220,11 @@ pub fn drain<S: JobSource>(
     (result, started, settled)
 }
 
-/// Runs every job, pulling from one queue so that uneven files keep every
-/// reader busy (the list as a [`JobSource`] of [`drain`], `list.rs`).
-/// `done(file_index, outcome)` is called as each job completes. Stops at the
-/// first error and returns it (the earliest in queue order among those
-/// seen); also returns how many readers ran and what the count settled on.
-///
-/// Every destination is fresh memory, faulted in by `pages` before its
-/// bytes land: by a helper walking ahead of the readers where the reads
-/// bypass the page cache, else (or where the helper is behind) by the
-/// reader that takes the job, just before its read (`PageSizes::fill`). A
-/// run whose `cancel` flags are set before it starts starts none.
+/// Runs every job from one queue, so that uneven files keep every reader
+/// busy (`list.rs`), calling `done(file_index, outcome)` as each completes;
+/// returns as [`drain`] does. Destinations are faulted in by `pages` before
+/// their bytes land (`list.rs`). A run cancelled before it starts starts no
+/// reader.
 pub(crate) fn run<'a>(
     jobs: Vec<Tagged<'a>>,
     concurrency: Concurrency,
@@ -253,7 +233,6 @@ pub(crate) fn run<'a>(
     cancel: &Cancel,
 ) -> (Result<(), JobError>, workers::Started, Settled) {
     if let Some(first) = jobs.first().filter(|_| cancel.is_set()) {
-        // Cancelled before the read phase: no reader is started.
         let control = Control::new(concurrency, jobs.len());
         let started = workers::Started {
             requested: 1,
@@ -263,8 +242,6 @@ pub(crate) fn run<'a>(
         return (Err(not_taken(first)), started, control.settled());
     }
     let pieces = jobs.len();
-    // One more thread faults in the destinations of the jobs ahead of the
-    // readers when the reads bypass the page cache (see `fill_ahead`).
     let ahead = reads_bypass_the_page_cache(&jobs);
     let list = List {
         queue: queue_of(jobs),

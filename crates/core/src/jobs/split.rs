@@ -9,13 +9,11 @@ use super::{ConvertSource, Job, Tagged};
 use crate::format::header::Header;
 use crate::source::Source;
 
-/// Where a read's bytes come from, and how they are read.
+/// Where a read's bytes come from, and how they are read (`Job::Read`).
 #[derive(Clone, Copy)]
 pub(crate) struct ReadFrom<'a> {
     pub source: &'a dyn Source,
-    /// Whether the source's descriptor has `O_DIRECT` set.
     pub direct: bool,
-    /// Whether the bytes are handed on once read (a file hashed as it loads).
     pub hashed: bool,
 }
 
@@ -28,9 +26,8 @@ pub(crate) struct Conversion<'p> {
     pub to: Dtype,
 }
 
-/// Splits the read of a run of `dst`, filled from `from` at `offset`, into
-/// jobs of at most `chunk` bytes. `required` bytes of `dst` must be read; the
-/// rest may lie past the end of the file.
+/// Splits the read of `dst` from `from` at `offset` into jobs of at most
+/// `chunk` bytes, of which `required` must be read.
 pub(crate) fn split_read<'a>(
     out: &mut Vec<Tagged<'a>>,
     file_index: usize,
@@ -64,8 +61,8 @@ pub(crate) enum ConvertFrom<'a> {
     File(&'a dyn Source),
 }
 
-/// Splits the conversion of a file's converted tensors (into `dst`) into
-/// jobs of about `chunk` source bytes, whole elements each.
+/// Splits the conversion of a file's tensors into `dst` into jobs of about
+/// `chunk` source bytes, whole elements each.
 pub(crate) fn split_convert<'a>(
     out: &mut Vec<Tagged<'a>>,
     file_index: usize,
@@ -91,18 +88,16 @@ pub(crate) fn split_convert<'a>(
         let Some((_, tail)) = rest.split_at_mut_checked(skip) else {
             return;
         };
-        let Some((mut target, tail)) = tail.split_at_mut_checked(elements * to_size) else {
+        let Some((target, tail)) = tail.split_at_mut_checked(elements * to_size) else {
             return;
         };
         rest = tail;
         at = place + (elements * to_size) as u64;
         let per_job = (chunk / size).max(1);
         let mut src = header.data_start + tensor.start;
-        while !target.is_empty() {
-            let take = per_job.min(target.len() / to_size);
-            let (piece, tail) = target.split_at_mut(take * to_size);
-            target = tail;
-            let len = take * size;
+        // No piece where `to` is packed (`to_size` 0): `target` is empty.
+        for piece in target.chunks_mut((per_job * to_size).max(1)) {
+            let len = piece.len() / to_size * size;
             let source = match &from {
                 ConvertFrom::Map(bytes) => {
                     let start = usize::try_from(src).unwrap_or(usize::MAX);
@@ -132,7 +127,7 @@ pub(crate) fn split_convert<'a>(
     }
 }
 
-/// A file's map and the file (read to learn why a range failed to populate).
+/// A file's map and the file (`Job::Populate`).
 #[derive(Clone, Copy)]
 pub(crate) struct MappedFile<'a> {
     pub map: &'a Mmap,
@@ -147,8 +142,7 @@ pub(crate) fn split_populate<'a>(
     chunk: usize,
 ) {
     let chunk = chunk.max(1);
-    let mut offset = 0;
-    while offset < map.len() {
+    for offset in (0..map.len()).step_by(chunk) {
         let len = chunk.min(map.len() - offset);
         out.push(Tagged {
             file_index,
@@ -159,6 +153,5 @@ pub(crate) fn split_populate<'a>(
                 len,
             },
         });
-        offset += len;
     }
 }

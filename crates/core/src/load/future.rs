@@ -17,25 +17,18 @@ use crate::state_dict::StateDict;
 
 use super::Loader;
 
-// The async forms of `Loader`'s entry points.
 impl<X: 'static> Loader<X> {
     /// [`load`](Self::load) as a future that never blocks the executor
-    /// polling it: the load runs on threads of the crate's own (one named
-    /// `safeload-async`, started at the first poll, and the readers a
-    /// blocking load starts), and its result completes the future. It needs
-    /// no particular runtime (tokio, async-std, smol, a hand-written
-    /// `block_on`) and no `spawn_blocking`; the default build has no async
-    /// dependency but a oneshot channel.
+    /// polling it: the load runs on a thread of the crate's own
+    /// (`safeload-async`, started at the first poll), with no particular
+    /// runtime and no `spawn_blocking` needed.
     ///
-    /// [`on_progress`](Self::on_progress) reports as for `load`, from the
-    /// crate's threads. Dropping the future before it completes cancels the
-    /// load as [`cancel_on`](Self::cancel_on) does: it stops before its next
-    /// read, what it read is freed and its threads end, without the drop
-    /// waiting for them. A load cancelled by the loader's flag resolves to
-    /// [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled). Where the OS
-    /// refuses the thread, the future resolves to an
-    /// [`ErrorKind::Io`](crate::ErrorKind::Io) error (operation
-    /// [`Open`](crate::Operation::Open)) with the OS's reason.
+    /// Dropping the future before it completes cancels the load as
+    /// [`cancel_on`](Self::cancel_on) does, without waiting for its threads.
+    /// A load cancelled by the loader's flag resolves to
+    /// [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled); where the OS
+    /// refuses the thread, to an [`ErrorKind::Io`](crate::ErrorKind::Io)
+    /// error (operation [`Open`](crate::Operation::Open)).
     ///
     /// ```
     /// # let dir = tempfile::tempdir()?;
@@ -59,12 +52,13 @@ impl<X: 'static> Loader<X> {
     /// #         std::thread::park();
     /// #     }
     /// # }
-    /// // Any executor polls it (tokio's `Runtime::block_on` alike): here a
+    /// // Any executor polls them (tokio's `Runtime::block_on` alike): here a
     /// // minimal `block_on` that parks the thread until the load wakes it.
-    /// let sd = block_on(async {
-    ///     safeload::Loader::new().disable_mmap(true).load_async(&path).await
-    /// })?;
+    /// let loader = safeload::Loader::new().disable_mmap(true);
+    /// let sd = block_on(async { loader.load_async(&path).await })?;
     /// assert_eq!(sd.get("w").unwrap().as_bytes(), [1, 2, 3, 4]);
+    /// let ck = block_on(loader.open_async(&path))?;
+    /// assert_eq!(ck.get("w").unwrap().shape(), [4]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn load_async(
@@ -77,39 +71,10 @@ impl<X: 'static> Loader<X> {
     }
 
     /// [`open`](Self::open) as a future that never blocks the executor
-    /// polling it, on a thread of the crate's own, as
-    /// [`load_async`](Self::load_async). Opening reads headers alone, which
-    /// is quick on a local disk but a request per file on a network mount;
-    /// it checks the loader's flag only when it starts, and an open whose
+    /// polling it, as [`load_async`](Self::load_async) (whose example opens
+    /// too). It checks the loader's flag only when it starts: an open whose
     /// future was dropped runs to its end on its thread, which then drops
-    /// the checkpoint and ends.
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir()?;
-    /// # let path = dir.path().join("model.safetensors");
-    /// # let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])?;
-    /// # safetensors::serialize_to_file([("w", view)], None, &path)?;
-    /// # fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    /// #     struct Unpark(std::thread::Thread);
-    /// #     impl std::task::Wake for Unpark {
-    /// #         fn wake(self: std::sync::Arc<Self>) {
-    /// #             self.0.unpark();
-    /// #         }
-    /// #     }
-    /// #     let waker = std::sync::Arc::new(Unpark(std::thread::current())).into();
-    /// #     let mut cx = std::task::Context::from_waker(&waker);
-    /// #     let mut future = std::pin::pin!(future);
-    /// #     loop {
-    /// #         if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-    /// #             return out;
-    /// #         }
-    /// #         std::thread::park();
-    /// #     }
-    /// # }
-    /// let ck = block_on(safeload::Loader::new().open_async(&path))?;
-    /// assert_eq!(ck.get("w").unwrap().shape(), [4]);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
+    /// the checkpoint.
     pub fn open_async(
         &self,
         path: impl AsRef<Path>,
@@ -119,8 +84,8 @@ impl<X: 'static> Loader<X> {
         InBackground::new(path.clone(), stop, move || loader.open(&path))
     }
 
-    /// This loader, also cancelled by a flag of its own, and that flag (for
-    /// the future of an async load to set when it is dropped).
+    /// This loader, also cancelled by a flag of its own (for the future to
+    /// set when dropped), and that flag.
     fn stopped_by_drop(&self) -> (Loader<X>, Arc<AtomicBool>) {
         let stop = Arc::new(AtomicBool::new(false));
         let mut loader = self.clone();
@@ -139,23 +104,14 @@ type Work<T> = Box<dyn FnOnce() -> Result<T> + Send>;
 type Answer<T> = thread::Result<Result<T>>;
 
 /// A blocking call (`work`) run on a thread of its own from the first poll;
-/// polling never blocks. The thread runs `work` to its end and sends its
-/// result; where the future was dropped by then, the result is dropped on
-/// that thread, which then ends.
+/// where the future was dropped by the time it ends, its result is dropped
+/// on that thread. Dropping the future unfinished sets `stop`, the flag the
+/// work checks ([`Cancel`](crate::cancel::Cancel)). Polled again after it
+/// completed, it stays pending (as `futures::future::Fuse` does).
 ///
-/// Dropping the future before its answer arrives sets `stop`, the flag the
-/// work was given to check ([`Cancel`](crate::cancel::Cancel)), so that it
-/// stops early and its thread does not outlive the caller's interest by more
-/// than the step in progress.
-///
-/// Polled again after it completed, it stays pending (as
-/// `futures::future::Fuse` does).
-///
-/// NOTE: one thread per async load, started by the first poll, rather than a
-/// pool kept by the crate: a load is rare and long, and starting a thread is
-/// cheap beside it (BENCHMARKS.md, "load/future.rs: InBackground"); a pool
-/// would keep threads alive between loads, which a server that loads once
-/// would carry for nothing.
+/// NOTE: one thread per async load rather than a pool: a load is rare and
+/// long beside a thread's start, and a pool would keep threads between
+/// loads (BENCHMARKS.md, "load/future.rs: InBackground").
 pub(crate) struct InBackground<T> {
     /// The checkpoint's path, for the error where no thread could start.
     path: PathBuf,
@@ -167,8 +123,7 @@ pub(crate) struct InBackground<T> {
 }
 
 impl<T: Send + 'static> InBackground<T> {
-    /// A future of `work`, the load of the checkpoint at `path`, which
-    /// checks `stop`.
+    /// A future of `work` (the load of `path`), which checks `stop`.
     pub(crate) fn new(
         path: PathBuf,
         stop: Arc<AtomicBool>,
@@ -188,15 +143,12 @@ impl<T: Send + 'static> InBackground<T> {
         thread::Builder::new()
             .name(THREAD_NAME.into())
             .spawn(move || {
-                // A panic of the load is resumed in the task that awaits it,
-                // as the blocking call would have panicked in its caller.
+                // A panic is resumed in the task that awaits it.
                 let result = panic::catch_unwind(AssertUnwindSafe(work));
-                // Refused where the future is gone: the result is then
-                // dropped here, its buffers freed, before the thread ends.
+                // Refused where the future is gone: the result is dropped here.
                 drop(tell.send(result));
             })
             .map_err(|e| Error::io(Operation::Open, &self.path, None, e))?;
-        // Detached: the thread ends on its own once it has answered.
         self.answer = Some(answer);
         Ok(())
     }
@@ -224,8 +176,7 @@ impl<T: Send + 'static> Future for InBackground<T> {
         match answer {
             Ok(Ok(result)) => Poll::Ready(result),
             Ok(Err(panicked)) => panic::resume_unwind(panicked),
-            // The thread always sends (the panic caught): it cannot end
-            // without answering, so this is not reached.
+            // Not reached: the thread always answers (a panic caught).
             Err(oneshot::Canceled) => Poll::Pending,
         }
     }

@@ -6,7 +6,8 @@ use std::time::Instant;
 use super::Loader;
 use crate::cancel;
 use crate::checkpoint::{self, Checkpoint};
-use crate::error::Result;
+use crate::cluster::{Engine, Exchange};
+use crate::error::{Error, Operation, Result};
 use crate::execute::Run;
 use crate::extras::{WarmFile, Warming};
 use crate::file;
@@ -36,24 +37,19 @@ impl<X> Loader<X> {
             return Err(cancel::cancelled(path));
         }
         let files: Vec<_> = files.iter().map(|f| (f, f.opened_at())).collect();
-        // The job's exchange between nodes, where `SAFELOAD_EXCHANGE` asks:
-        // joined by every process, its local rank then the node's.
-        let engine = self.opts.exchange.clone().map(crate::cluster::Engine);
+        // The job's exchange: the engine's, else `SAFELOAD_EXCHANGE`'s.
+        let engine = self.opts.exchange.clone().map(Engine);
         let joined = match engine {
             Some(_) => None,
             None => join_exchange(&*self.opts.extras, path)?,
         };
         let mut opts = std::borrow::Cow::Borrowed(&self.opts);
-        if let Some(joined) = &joined {
-            if opts.local_rank.is_none() {
-                opts.to_mut().local_rank = Some(joined.local_rank);
-            }
+        if let Some(joined) = joined.as_ref().filter(|_| opts.local_rank.is_none()) {
+            opts.to_mut().local_rank = Some(joined.local_rank);
         }
-        // One participant per node: the engine's communicator is used by
-        // local rank 0; the node's other ranks wait for its node copies, as
-        // the other processes of a node in a joined exchange do.
+        // One participant per node (local rank 0); the node's other ranks
+        // wait for its node copies.
         let engine_member = engine.as_ref().is_some_and(|e| {
-            use crate::cluster::Exchange;
             let rank = crate::extras::LocalRank::from_setting(opts.local_rank, &env);
             e.nodes() > 1 && rank.size > 1 && rank.rank > 0
         });
@@ -74,7 +70,7 @@ impl<X> Loader<X> {
             path,
             exchange: match &engine {
                 Some(_) if engine_member => None,
-                Some(engine) => Some(engine as &dyn crate::cluster::Exchange),
+                Some(engine) => Some(engine as &dyn Exchange),
                 None => joined.as_ref().and_then(|j| j.exchange.as_deref()),
             },
             member: engine_member || joined_member,
@@ -82,16 +78,13 @@ impl<X> Loader<X> {
         .finish(&files)
     }
 
-    /// Opens the checkpoint at `path` from its headers alone, with this
-    /// loader's options, for reads of the tensors an engine wants
-    /// ([`Checkpoint`]): the same resolution and checks as
-    /// [`load`](Self::load), every file opened once and kept open, mapped
-    /// files mapped (which reads nothing).
+    /// Opens the checkpoint at `path` from its headers alone, for reads of
+    /// the tensors an engine wants ([`Checkpoint`]): resolved and checked as
+    /// [`load`](Self::load) does, every file kept open, mapped files mapped.
     ///
     /// # Errors
     ///
-    /// As [`load`](Self::load) for resolving the files and reading their
-    /// headers.
+    /// As [`load`](Self::load) for resolving the files and reading headers.
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Checkpoint<X>> {
         let path = path.as_ref();
         cancel::scope(&self.opts.cancel, path, || {
@@ -99,8 +92,8 @@ impl<X> Loader<X> {
         })
     }
 
-    /// The shards a load opens: all of them, or with a filter and an index,
-    /// those the index says hold a tensor the filter keeps.
+    /// The shards a load opens: with a filter and an index, those holding a
+    /// tensor the filter keeps; else all.
     fn shards_to_open<'a>(&self, resolved: &'a Resolved) -> Vec<&'a ShardFile> {
         match (&self.opts.filter, &resolved.index) {
             (Some(keep), Some(index)) => {
@@ -121,11 +114,10 @@ impl<X> Loader<X> {
     }
 
     /// Warms the page cache with the checkpoint at `path` without loading
-    /// it, for a job script that warms, waits at a barrier, then loads: with
-    /// this loader's [`prefetch`](Self::prefetch) streams (4 when unset),
-    /// local rank and memory settings. Run it in every local rank: they
-    /// split the bytes between them through a shared queue, and each returns
-    /// once every chunk is warm or skipped.
+    /// it, with this loader's [`prefetch`](Self::prefetch) streams (4 when
+    /// unset), local rank and memory settings. Run in every local rank, the
+    /// ranks split the bytes through a shared queue; each returns once every
+    /// chunk is warm or skipped.
     ///
     /// ```
     /// # let dir = tempfile::tempdir()?;
@@ -148,10 +140,8 @@ impl<X> Loader<X> {
         let env = Environment::from_process();
         let resolved = resolve::resolve(path.as_ref(), caching(&self.opts), &*self.opts.extras)?;
         if resolved.is_remote() {
-            // Local ranks loading one remote checkpoint share a node copy
-            // instead (`local_rank`).
-            return Err(crate::error::Error::remote_failed(
-                crate::error::Operation::Prefetch,
+            return Err(Error::remote_failed(
+                Operation::Prefetch,
                 path.as_ref(),
                 None,
                 crate::error::RemoteFailure::Unsupported,
@@ -162,9 +152,8 @@ impl<X> Loader<X> {
         let sources = file::open_sources(&self.opts, &resolved, &shards)?;
         let handed: Vec<WarmFile<'_>> = sources.iter().map(|s| WarmFile::of(s, true)).collect();
         let options = self.opts.prefetch.clone().unwrap_or_default();
-        // Under `SAFELOAD_EXCHANGE`, the node's local ranks are the
-        // exchange's: each node warms its own page cache (the exchange moves
-        // bytes between the nodes' memories, which no page cache receives).
+        // Under `SAFELOAD_EXCHANGE`, the local ranks are the exchange's; each
+        // node warms its own page cache.
         let joined = match &self.opts.exchange {
             Some(_) => None,
             None => join_exchange(&*self.opts.extras, path.as_ref())?,
@@ -181,13 +170,12 @@ impl<X> Loader<X> {
             .opts
             .extras
             .warm_up(&handed, Warming::Only(&options, &reason), &job)?;
-        // The core alone has no warm-up: said, not pretended.
         warmed.ok_or_else(|| {
             let why = std::io::Error::new(
                 std::io::ErrorKind::Unsupported,
                 "this build's extras have no page-cache warm-up",
             );
-            crate::error::Error::io(crate::error::Operation::Prefetch, path.as_ref(), None, why)
+            Error::io(Operation::Prefetch, path.as_ref(), None, why)
         })
     }
 }
@@ -203,24 +191,13 @@ pub(crate) fn caching(opts: &crate::options::Options) -> resolve::Caching<'_> {
     }
 }
 
-/// The job's exchange, where `SAFELOAD_EXCHANGE` asks for one: joined by
-/// every process of the job (a collective) through the load's `extras`,
-/// `None` where it is unset.
-///
-/// # Errors
-///
-/// The exchange cannot be joined, or no extra knows it: an I/O error of
-/// [`Operation::Exchange`](crate::error::Operation::Exchange) on `path`.
+/// The job's exchange `SAFELOAD_EXCHANGE` asks for (a collective), joined
+/// through `extras`; a failure is an I/O error of
+/// [`Operation::Exchange`](Operation::Exchange) on `path`.
 fn join_exchange(
     extras: &dyn crate::extras::Extras,
     path: &Path,
 ) -> Result<Option<crate::cluster::Joined>> {
-    crate::cluster::from_env(|name| extras.join_exchange(name)).map_err(|why| {
-        crate::error::Error::io(
-            crate::error::Operation::Exchange,
-            path,
-            None,
-            std::io::Error::other(why),
-        )
-    })
+    crate::cluster::from_env(|name| extras.join_exchange(name))
+        .map_err(|why| Error::io(Operation::Exchange, path, None, std::io::Error::other(why)))
 }

@@ -33,22 +33,16 @@ pub enum CacheUse {
     Written {
         /// The cache.
         store: CacheStore,
-        /// Bytes of it an earlier, interrupted load had left in the cache
-        /// (checked piece by piece), read from there instead of fetched,
-        /// and proven the store's by the file's digest before the load
-        /// returned.
+        /// Bytes an earlier, interrupted load had left in the cache, read
+        /// from there and proven by the file's digest.
         resumed: u64,
-        /// Bytes an earlier load had left in the cache that this load did
-        /// not use but fetched again: they failed the file's digest, or
-        /// could not be proven before the load handed them out (a file read
-        /// in part or converted, a store that gives no digest).
+        /// Bytes an earlier load had left that were fetched again (they
+        /// failed the digest, or could not be proven in time).
         refetched: u64,
     } = "written",
-    /// Fetched, and every byte written to the cache as it was read; its
-    /// digest was still being checked when the load returned, on a thread
-    /// of its own, which publishes it once it matches (the tensors' bytes
-    /// are the fetched ones either way). Dropping the last tensor of the
-    /// file waits for the check.
+    /// Fetched and written to the cache, its digest still being checked on
+    /// a thread of its own when the load returned (dropping the file's last
+    /// tensor waits for the check).
     Checking {
         /// The cache.
         store: CacheStore,
@@ -70,8 +64,8 @@ pub enum CacheUse {
 }
 
 worded! {
-/// Why a file fetched through a cache was not written to it. The load is
-/// never the worse for it: what failed is the cache's copy.
+/// Why a file fetched through a cache was not written to it (the load is
+/// never the worse for it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NotCached {
@@ -84,17 +78,14 @@ pub enum NotCached {
     } = "partial",
     /// The cache's filesystem has no room for it.
     NoSpace = "no_space",
-    /// The cache cannot be written (read-only, or not this user's), with the
-    /// system's words.
+    /// The cache cannot be written.
     Unwritable {
         /// The system's words.
         error: String,
     } = "unwritable",
-    /// Another process holds the file's lock in the cache: it is writing the
-    /// same file.
+    /// Another process holds the file's lock in the cache.
     Locked = "locked",
-    /// Another process published the same file first (where this load
-    /// waited for that process to finish it, it read it from there).
+    /// Another process published the same file first.
     PublishedElsewhere = "published_elsewhere",
     /// The bytes do not hash to the digest the store gives for them.
     Mismatch {
@@ -103,17 +94,13 @@ pub enum NotCached {
         /// The bytes', in hex.
         actual: String,
     } = "mismatch",
-    /// The store gives no digest to check the file by before it is
-    /// published.
+    /// The store gives no digest to check the file by.
     NoDigest = "no_digest",
-    /// Another local rank of the job writes it, from the node copy they
-    /// share.
+    /// Another local rank writes it, from the node copy they share.
     OtherRank = "other_rank",
-    /// The load's bytes of it come from other nodes (a load split between
-    /// nodes): the node copy is not written to the cache.
+    /// The load's bytes of it come from other nodes.
     Exchange = "exchange",
-    /// The load was cancelled before the file was complete: nothing is
-    /// published after a cancel.
+    /// The load was cancelled before the file was complete.
     Cancelled = "cancelled",
 }
 }
@@ -166,9 +153,9 @@ impl CacheStore {
 }
 
 impl CacheUse {
-    /// Itself, or where the bytes did not hash to the store's digest, the
-    /// error saying so of the file at `path`
-    /// ([`ErrorKind::IntegrityMismatch`](crate::ErrorKind::IntegrityMismatch)).
+    /// Itself, or where the bytes did not hash to the store's digest,
+    /// [`ErrorKind::IntegrityMismatch`](crate::ErrorKind::IntegrityMismatch)
+    /// on `path`.
     pub fn checked(self, path: &std::path::Path) -> crate::Result<CacheUse> {
         match self {
             CacheUse::NotCached {
@@ -195,9 +182,7 @@ impl CacheUse {
 
 impl fmt::Display for CacheUse {
     /// `from the hub cache`, `from the hub, written to the cache`, `from the
-    /// hub, not cached: <why>`; for a cache directory, `from the cache
-    /// directory`, `from the store, written to the cache directory`, `from
-    /// the store, not cached: <why>`.
+    /// store, not cached: <why>`, ...
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (hit, from, cache) = match self.store() {
             CacheStore::Hub => ("from the hub cache", "from the hub", "the cache"),
@@ -211,32 +196,25 @@ impl fmt::Display for CacheUse {
             CacheUse::Hit { .. } => f.write_str(hit),
             CacheUse::Written {
                 resumed, refetched, ..
-            } => {
-                write!(f, "{from}, written to {cache}")?;
-                earlier(f, *resumed, *refetched)
             }
-            CacheUse::Checking {
+            | CacheUse::Checking {
                 resumed, refetched, ..
             } => {
                 write!(f, "{from}, written to {cache}")?;
-                earlier(f, *resumed, *refetched)?;
-                f.write_str(", its digest being checked")
+                if *resumed > 0 {
+                    write!(f, ", resuming {resumed} bytes")?;
+                }
+                if *refetched > 0 {
+                    write!(f, ", fetching again {refetched} bytes an earlier load left")?;
+                }
+                match self {
+                    CacheUse::Checking { .. } => f.write_str(", its digest being checked"),
+                    _ => Ok(()),
+                }
             }
             CacheUse::NotCached { why, .. } => write!(f, "{from}, not cached: {why}"),
         }
     }
-}
-
-/// What became of the bytes an earlier load left: `, resuming N bytes`,
-/// `, fetching again N bytes an earlier load left`.
-fn earlier(f: &mut fmt::Formatter<'_>, resumed: u64, refetched: u64) -> fmt::Result {
-    if resumed > 0 {
-        write!(f, ", resuming {resumed} bytes")?;
-    }
-    if refetched > 0 {
-        write!(f, ", fetching again {refetched} bytes an earlier load left")?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

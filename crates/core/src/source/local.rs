@@ -12,12 +12,9 @@ use crate::mount::{self, Mount, MountTable};
 use crate::os::{self, DirectDropped};
 use crate::storage;
 
-/// A local file, opened once: its descriptor, the path it was opened by and
-/// the path with symlinks resolved then, its mount and its version.
-///
-/// Every read of a load goes through [`file`](Self::file): a second open of
-/// the path could reach another version of the file (on FUSE even a reopen of
-/// `/proc/self/fd/N`, which the daemon resolves by path again).
+/// A local file, opened once: every read of a load goes through its one
+/// descriptor, as a second open of the path could reach another version (on
+/// FUSE even a reopen of `/proc/self/fd/N`).
 #[derive(Debug)]
 #[doc(hidden)]
 pub struct LocalFile {
@@ -26,14 +23,12 @@ pub struct LocalFile {
     file: File,
     mount: Option<Mount>,
     version: Version,
-    /// Why a read took `O_DIRECT` off the descriptor during the load under
-    /// way, until the file's seal takes it for the report.
+    /// Why a read took `O_DIRECT` off the descriptor, for the report.
     direct_dropped: Mutex<Option<DirectDropped>>,
 }
 
 impl LocalFile {
-    /// Takes an opened file: looks up its mount in `table` (none where there
-    /// is no table) and records its version.
+    /// Takes an opened file, its mount looked up in `table`.
     pub fn new(path: PathBuf, file: File, table: Option<&MountTable>) -> io::Result<Self> {
         let meta = file.metadata()?;
         // The file as opened, symlinks resolved then (a Hugging Face cache
@@ -88,8 +83,7 @@ impl LocalFile {
         os::set_direct(&self.file, on)
     }
 
-    /// Why a read took `O_DIRECT` off the descriptor since it was last
-    /// turned on, if one did (`os::read_at_least_noting`).
+    /// Why a read took `O_DIRECT` off since it was last turned on.
     pub(crate) fn take_direct_dropped(&self) -> Option<DirectDropped> {
         self.direct_dropped
             .lock()
@@ -97,8 +91,7 @@ impl LocalFile {
             .take()
     }
 
-    /// Whether at least half of the file's pages are in the page cache (by
-    /// `cachestat(2)`, else `mincore(2)`); false where that cannot be told.
+    /// Whether at least half of the file's pages are in the page cache.
     pub(crate) fn mostly_cached(&self) -> bool {
         let pages = self.len().div_ceil(os::page_size());
         os::cached_pages(&self.file, 0, 0).is_ok_and(|cached| cached.saturating_mul(2) >= pages)
@@ -143,15 +136,13 @@ impl Source for LocalFile {
         Some(self)
     }
 }
-/// `O_DIRECT` on local files' descriptors for as long as this lives, off
-/// again when it is dropped: the one guard of every read that bypasses the
-/// page cache (a buffered file's, a node copy's fill).
+/// `O_DIRECT` on local files' descriptors for as long as this lives: the
+/// one guard of every read that bypasses the page cache.
 #[derive(Default)]
 pub struct DirectGuard<'a>(Vec<&'a LocalFile>);
 
 impl<'a> DirectGuard<'a> {
-    /// Turns `O_DIRECT` on for `file` until the guard is dropped; the
-    /// system's refusal otherwise.
+    /// Turns `O_DIRECT` on for `file` until the guard is dropped.
     pub fn add(&mut self, file: &'a LocalFile) -> io::Result<()> {
         file.set_direct(true)?;
         self.0.push(file);
@@ -163,8 +154,7 @@ impl<'a> DirectGuard<'a> {
         !self.0.is_empty()
     }
 
-    /// Why a read took `O_DIRECT` off a descriptor since the guard turned it
-    /// on, if one did.
+    /// Why a read took `O_DIRECT` off a descriptor, if one did.
     pub(crate) fn dropped(&self) -> Option<DirectDropped> {
         self.0.iter().find_map(|file| file.take_direct_dropped())
     }

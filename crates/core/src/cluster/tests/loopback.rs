@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Exchange, ExchangeError, ExchangeErrorKind};
+use crate::cluster::{Exchange, ExchangeError, ExchangeErrorKind};
 
 /// How long a loopback collective waits for the other threads unless told otherwise: long
 /// enough for a loaded test machine, short enough that a test's mistake fails rather than hangs.

@@ -555,7 +555,7 @@ pub(crate) use node_copy::{SharedBytes, name_kind};
 // shared directory without following what another user may have put there.
 #[path = "linux_cache.rs"]
 mod cache_dir;
-pub use cache_dir::{EntryKind, link_count, reserve, write_all_at};
+pub use cache_dir::{link_count, reserve, write_all_at};
 
 /// Puts the calling thread in the idle scheduling class (`SCHED_IDLE`): it
 /// runs only on CPU time no other thread wants. A hint: where it is refused

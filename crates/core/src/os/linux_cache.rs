@@ -14,24 +14,7 @@ use std::time::SystemTime;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
 
 use super::Dir;
-
-/// What a name in a directory is, not following it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EntryKind {
-    /// No such name.
-    Missing,
-    /// A regular file of `len` bytes, last modified then.
-    File {
-        len: u64,
-        modified: Option<SystemTime>,
-    },
-    /// A directory.
-    Dir,
-    /// A symbolic link (not followed).
-    Link,
-    /// Anything else: a FIFO, a socket, a device.
-    Other,
-}
+use crate::os::EntryKind;
 
 /// Directories the cache makes: every permission the process's umask
 /// allows, as `mkdir -p` and the hub's own client make them.

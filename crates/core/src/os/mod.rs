@@ -1,37 +1,21 @@
 //! Every call into the operating system, with the platform's implementation chosen in this one place.
 //!
-//! Linux gets the real calls (`linux.rs`): page-cache advice and residency,
-//! direct I/O, `statfs`, locks, process liveness, shared maps, and the
-//! `/proc` files the crate parses. Elsewhere (`stub.rs`) reads work through
-//! the standard library and every hint is a no-op or answers
-//! [`io::ErrorKind::Unsupported`], so that callers degrade (mmap stays the
-//! default, prefetch reads instead of advising, mount detection says
-//! "unknown") rather than fail. Safe wrappers come from `rustix` where it has
-//! one; the few calls it lacks (`cachestat(2)`, `mincore(2)`), the shared
-//! queue map and the writes into a node copy are the only `unsafe` here.
+//! Linux gets the real calls (`linux.rs`); elsewhere (`stub.rs`) reads go
+//! through the standard library and every hint is a no-op or answers
+//! [`io::ErrorKind::Unsupported`], so that callers degrade (prefetch reads
+//! instead of advising, mount detection says "unknown") rather than fail.
 //!
-//! # Selecting the stub on Linux
+//! `RUSTFLAGS="--cfg safeload_os_stub"` selects the stub on Linux too and
+//! drops `rustix` and `libc` (Cargo.toml's `[target]` table), so that CI's
+//! stub build (`.ci/run`, the library and its unit tests) fails on any use of
+//! them outside `linux.rs`. A cfg, not a feature: features unify, so one
+//! dependent naming it would take the Linux layer from every user. Unit tests
+//! of Linux behaviour gate on the expression below, with a twin for the
+//! stub's answer, or branch on `MOUNT_DETECTION`.
 //!
-//! `RUSTFLAGS="--cfg safeload_os_stub"` compiles the crate against `stub.rs`
-//! on Linux too, and drops `rustix` and `libc` (Cargo.toml's `[target]` table
-//! tests the same expression), so that a use of them outside `linux.rs` fails
-//! here as it would on macOS or Windows. CI builds the library and runs its
-//! unit tests that way (`cargo test --lib`, `.ci/run`); the integration tests
-//! and benches test Linux behaviour (FUSE mounts, the page cache) and call
-//! `libc` and `rustix` themselves, so they are built only without it. A cfg rather than a cargo feature: a feature that takes code
-//! away would be switched on for every user of the crate by any one dependent
-//! that named it (features unify), and by `--all-features`; a cfg is set only
-//! by whoever runs the build. Unit tests of Linux behaviour gate on
-//! `all(target_os = "linux", not(safeload_os_stub))`, the expression below,
-//! with a twin for the stub's answer, or branch on `MOUNT_DETECTION`.
-//!
-//! # The interface
-//!
-//! Closed: what the rest of the crate may call is the list re-exported below
-//! by name, and both implementations define every item of it, so an item
-//! missing from the stub (or a signature that drifts) is a compile error with
-//! the stub selected, on Linux as anywhere. An item one implementation has
-//! beyond the list is dead code, which both CI builds refuse (`-D warnings`).
+//! The interface is closed: the rest of the crate calls only what is
+//! re-exported below, and both implementations define all of it, so a
+//! missing or drifting stub is a compile error in the stub build.
 
 use std::fs::File;
 use std::io;
@@ -128,12 +112,27 @@ impl std::fmt::Display for NameKind {
 // The `/proc` files the crate parses.
 pub(crate) use imp::read_proc;
 
-// The write-through cache: a directory's names seen without following them
-// (`Dir::entry`, `sub`, `read_link`, `open_nofollow`, `create_new`,
-// `open_lock`, `rename_noreplace`, `replace`, `symlink`, `remove`,
-// `remove_dir`, `owner`), a file's link count, space reserved and positional
-// writes (feature `remote`).
-pub use imp::{EntryKind, link_count, reserve, write_all_at};
+// The write-through cache (feature `remote`): `Dir`'s calls that never
+// follow a name, a file's link count, space reserved, positional writes.
+pub use imp::{link_count, reserve, write_all_at};
+
+/// What a name in a directory is, not following it (`Dir::entry`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryKind {
+    /// No such name.
+    Missing,
+    /// A regular file of `len` bytes, last modified then.
+    File {
+        len: u64,
+        modified: Option<std::time::SystemTime>,
+    },
+    /// A directory.
+    Dir,
+    /// A symbolic link (not followed).
+    Link,
+    /// Anything else: a FIFO, a socket, a device.
+    Other,
+}
 
 /// A file of `/proc` (proc(5)), or of `/sys` for the kernel's settings, the
 /// crate reads. The OS layer only reads it; the text is parsed where it is

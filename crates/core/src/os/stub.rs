@@ -1,6 +1,5 @@
 //! The OS layer where there is no Linux: reads through the standard library, every hint a no-op, every Linux-only question answered "unsupported".
 // Each item's doc is linux.rs's; here only the answer where it differs.
-#![allow(missing_docs)]
 
 use std::fs::{File, Metadata};
 use std::io;

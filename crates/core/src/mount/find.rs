@@ -83,13 +83,10 @@ impl MountTable {
             .map(|(_, entry)| entry)
             .collect();
         // Later lines are usually mounted later, on top; the parent ids say so for certain
-        // when the table has them (a mount stacked at a mount point has the mount it covers
-        // as its parent).
-        //
-        // NOTE: walking the mount tree from `/` by parent ids would also see through a mount
-        // hidden by a later mount over one of its parent directories. Rejected: it needs a
-        // complete table (a chroot's table and hand-written ones lack parents), and the device
-        // rule already settles that case whenever the caller knows `st_dev`.
+        // when the table has them (a stacked mount's parent is the mount it covers).
+        // NOTE: not a walk of the mount tree from `/` by parent ids: that needs a complete
+        // table (a chroot's and hand-written ones lack parents), and the device rule settles
+        // hidden mounts whenever the caller knows `st_dev`.
         stacked
             .iter()
             .rev()
@@ -108,8 +105,7 @@ fn is_mounted_on(upper: &MountEntry, lower: &MountEntry) -> bool {
 
 /// Splits a Linux `st_dev` into `(major, minor)`, as glibc's `major(3)` and `minor(3)` do.
 ///
-/// The encoding has 12+20 bits of major and 8+24 bits of minor. Pure, so that device numbers
-/// from another machine can be split anywhere.
+/// The encoding has 12+20 bits of major and 8+24 bits of minor.
 ///
 /// ```
 /// use safeload::mount::split_device_number;

@@ -3,6 +3,7 @@
 use std::io;
 
 use super::{MountEntry, parse};
+use crate::os::ProcFile;
 
 /// A mount table: the mounts of one mount namespace, in the order the kernel lists them
 /// (a mount stacked on another comes after it).
@@ -96,7 +97,23 @@ impl MountTable {
     ///
     /// The error of reading `/proc/self/mountinfo`, when neither file can be read.
     pub fn current() -> io::Result<MountTable> {
-        super::os::read_mount_table()
+        if !crate::os::MOUNT_DETECTION {
+            return Ok(MountTable::default());
+        }
+        // NOTE: read as bytes and parsed here, not with the full `procfs` crate's
+        // `Process::mountinfo()`, which reads the file as UTF-8 lines and fails it whole on
+        // one line it cannot parse; see `parse.rs` for the fixes on top of its line parser.
+        let mountinfo = crate::os::read_proc(ProcFile::SelfMountinfo);
+        if let Ok(bytes) = &mountinfo {
+            let table = MountTable::parse_bytes(bytes);
+            if !table.entries().is_empty() {
+                return Ok(table);
+            }
+        }
+        match (crate::os::read_proc(ProcFile::Mounts), mountinfo) {
+            (Ok(bytes), _) => Ok(MountTable::parse_bytes(&bytes)),
+            (Err(e), Ok(_)) | (_, Err(e)) => Err(e),
+        }
     }
 
     /// The entries, in table order.

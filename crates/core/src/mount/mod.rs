@@ -54,6 +54,7 @@ mod find;
 mod parse;
 mod table;
 #[cfg(test)]
+#[path = "tests/util.rs"]
 mod test_util;
 
 pub use classify::MountKind;

@@ -101,12 +101,8 @@ impl fmt::Display for Detection {
     }
 }
 
-/// What a path lives on: the answer of a lookup.
-///
-/// Found in the mount table ([`Detection::Device`], [`Detection::PathPrefix`]), every field is
-/// the entry's. Found by `statfs(2)` ([`Detection::Statfs`]), `fs_type` names the magic number
-/// and `source` and `mount_point` are empty. Off Linux ([`Detection::Unsupported`]), all three
-/// are empty and the kind is [`MountKind::Unknown`].
+/// What a path lives on: the answer of a lookup. Found by `statfs(2)`, `source` and
+/// `mount_point` are empty; off Linux, `fs_type` too, and the kind is [`MountKind::Unknown`].
 ///
 /// ```
 /// use safeload::mount::{lookup, Detection, MountKind};
@@ -236,13 +232,11 @@ pub fn lookup_in(table: &MountTable, path: &Path) -> io::Result<Mount> {
 
 /// What `path` lives on, found in this process's mount table.
 ///
-/// The path is canonicalized (symlinks resolved: a Hugging Face cache snapshot links its files
-/// into `../../blobs/`, which may be on another mount) and stat'ed for its device number; the
-/// mount table entry of that device whose mount point holds the path answers
-/// ([`Detection::Device`]), else the longest mount point holding it
-/// ([`Detection::PathPrefix`]). When no entry matches, or the table cannot be read, the
-/// `statfs(2)` magic number of the file decides ([`Detection::Statfs`]). Off Linux, answers
-/// [`MountKind::Unknown`] without touching the path.
+/// The path is canonicalized (a Hugging Face cache snapshot links its files into
+/// `../../blobs/`, which may be on another mount) and found by its device number
+/// ([`Detection::Device`]), else by the longest mount point holding it
+/// ([`Detection::PathPrefix`]), else by the `statfs(2)` magic number ([`Detection::Statfs`]).
+/// Off Linux, answers [`MountKind::Unknown`] without touching the path.
 ///
 /// # Errors
 ///

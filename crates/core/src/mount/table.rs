@@ -45,12 +45,8 @@ impl MountTable {
         MountTable::parse_lines(text.as_bytes(), parse::mounts_line)
     }
 
-    /// Parses mount table text in either format, detected from the text.
-    ///
-    /// The text is parsed both ways and the reading that recognises more lines is kept
-    /// (`mountinfo` on a tie). The formats cannot be confused: a `mountinfo` line read as
-    /// `/proc/mounts` has a number where the mount point should be, and a `/proc/mounts` line
-    /// does not start with two numbers and a `major:minor`.
+    /// Parses mount table text in either format: the reading that recognises more lines is
+    /// kept (`mountinfo` on a tie); neither format's lines read as the other's.
     ///
     /// ```
     /// use safeload::mount::MountTable;
@@ -88,10 +84,8 @@ impl MountTable {
     }
 
     /// The mount table of this process: `/proc/self/mountinfo`, or `/proc/mounts` when that
-    /// cannot be read or holds no entry. Empty (not an error) off Linux.
-    ///
-    /// The kernel builds the file while it is read, so a table read while mounts change may
-    /// miss or repeat a line; read it once per load, not once per file.
+    /// cannot be read or holds no entry. Empty (not an error) off Linux. Read it once per load:
+    /// the kernel builds the file as it is read.
     ///
     /// # Errors
     ///

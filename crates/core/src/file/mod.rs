@@ -140,10 +140,7 @@ pub(crate) fn open_all(
     clock: Instant,
 ) -> Result<(Vec<OpenedFile>, Vec<LoadNote>)> {
     let (mode, origin) = policy::effective_mode(opts.mode, env);
-    let table = match &opts.mount_table {
-        Some(table) => Some(table.clone()),
-        None => MountTable::current().ok(),
-    };
+    let table = mount_table(opts);
     let ctx = Context {
         resolved,
         mode,
@@ -185,10 +182,7 @@ pub(crate) fn open_sources(
     resolved: &Resolved,
     shards: &[&ShardFile],
 ) -> Result<Vec<LocalFile>> {
-    let table = match &opts.mount_table {
-        Some(table) => Some(table.clone()),
-        None => MountTable::current().ok(),
-    };
+    let table = mount_table(opts);
     shards
         .iter()
         .map(|shard| open_source(shard, resolved, table.as_ref()))
@@ -221,6 +215,13 @@ fn open_source(
         .open(shard)
         .map_err(|e| Error::io(Operation::Open, path, None, e))?;
     LocalFile::new(path.clone(), file, table).map_err(|e| Error::io(Operation::Stat, path, None, e))
+}
+
+/// The caller's mount table, else this process's.
+fn mount_table(opts: &Options) -> Option<MountTable> {
+    opts.mount_table
+        .clone()
+        .or_else(|| MountTable::current().ok())
 }
 
 /// Nanoseconds since `clock`, saturating.

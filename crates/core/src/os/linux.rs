@@ -26,13 +26,7 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
         .read(true)
         .custom_flags(OFlags::NONBLOCK.bits() as i32)
         .open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    Ok(file)
+    super::regular(file)
 }
 
 /// Faults `len` bytes of a file map in at `offset` with
@@ -436,14 +430,7 @@ impl Dir {
             OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )?;
-        let file = File::from(fd);
-        if !file.metadata()?.is_file() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "not a regular file",
-            ));
-        }
-        Ok(file)
+        super::regular(File::from(fd))
     }
 
     /// Whether `name` in this directory is a regular file (after symlinks).

@@ -15,6 +15,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
 
 use super::Dir;
 use crate::os::EntryKind;
+use crate::os::regular;
 
 /// Directories the cache makes: every permission the process's umask
 /// allows, as `mkdir -p` and the hub's own client make them.
@@ -156,16 +157,6 @@ impl Dir {
         let stat = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)?;
         Ok(Some(stat.st_uid))
     }
-}
-
-fn regular(file: File) -> io::Result<File> {
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    Ok(file)
 }
 
 /// How many names a file has, from its metadata.

@@ -128,6 +128,17 @@ pub(crate) enum ProcFile {
     HugePagesEnabled,
 }
 
+/// `file`, where it is a regular file.
+fn regular(file: File) -> io::Result<File> {
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
+}
+
 /// The alignment direct I/O needs of offsets, lengths and buffers: 4 KiB
 /// covers the logical block size of every common device.
 pub(crate) const DIRECT_ALIGN: u64 = 4096;

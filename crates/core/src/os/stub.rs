@@ -104,11 +104,7 @@ pub fn write_all_at(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
 }
 
 pub fn open_regular(path: &Path) -> io::Result<File> {
-    let file = File::open(path)?;
-    if !file.metadata()?.is_file() {
-        return refused("not a regular file");
-    }
-    Ok(file)
+    super::regular(File::open(path)?)
 }
 
 pub(crate) fn set_direct(_file: &File, on: bool) -> io::Result<()> {

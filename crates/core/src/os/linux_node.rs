@@ -101,15 +101,11 @@ impl SharedBytes {
             }
             busy.push(range.clone());
         }
-        // Another process may write the same bytes meanwhile (a chunk taken
-        // over from a rank that resumes), with the same content, read from
-        // the same version of the same file; like the queue words
-        // (`SharedWords`), shared memory is outside this process's aliasing.
-        // No code of this process reads the bytes through this map, and
-        // `busy` keeps every other write of this process out of the range
-        // until it is removed below.
         // SAFETY: `[at, at + len)` lies within the live map (checked above),
-        // and no other slice of this process covers it while the call runs.
+        // and no other slice of this process covers it while the call runs
+        // (`busy`; nothing reads through this map). Another process may
+        // write the same bytes meanwhile, with the same content: shared
+        // memory is outside this process's aliasing, as `SharedWords`.
         let dst = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at), len) };
         let result = write(dst);
         if let Ok(mut busy) = self.busy.lock() {

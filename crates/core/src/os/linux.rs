@@ -69,23 +69,21 @@ pub(crate) fn let_go(map: &Mmap, offset: usize, len: usize) {
 /// contents are unchanged (a missing page arrives zero-filled, as a fault
 /// would bring it). A hint: errors are ignored.
 pub(crate) fn populate_write(dst: &mut [u8]) {
-    let page = rustix::param::page_size();
-    let start = dst.as_mut_ptr() as usize;
-    let first = start.next_multiple_of(page);
-    let end = (start + dst.len()) / page * page;
-    if end <= first {
+    let Some((first, len)) = whole_pages(dst.as_mut_ptr() as usize, dst.len()) else {
         return;
-    }
-    // SAFETY: `[first, end)` lies within `dst`, this process's writable memory
+    };
+    // SAFETY: the range lies within `dst`, this process's writable memory
     // borrowed mutably for the call (no one else touches it meanwhile); the
     // advice changes no byte of it (see above) and unmaps nothing.
-    let _ = unsafe {
-        rustix::mm::madvise(
-            first as *mut std::ffi::c_void,
-            end - first,
-            rustix::mm::Advice::LinuxPopulateWrite,
-        )
-    };
+    let _ = unsafe { rustix::mm::madvise(first, len, rustix::mm::Advice::LinuxPopulateWrite) };
+}
+
+/// The whole pages within `len` bytes at `addr`: their start and length.
+fn whole_pages(addr: usize, len: usize) -> Option<(*mut std::ffi::c_void, usize)> {
+    let page = rustix::param::page_size();
+    let first = addr.next_multiple_of(page);
+    let end = addr.saturating_add(len) / page * page;
+    (end > first).then(|| (first as *mut std::ffi::c_void, end - first))
 }
 
 /// Asks the kernel to back the whole pages of `dst`, faulted in after the
@@ -98,21 +96,18 @@ pub(crate) fn advise_page_size(dst: &mut [u8], huge: bool) {
 /// [`advise_page_size`] for `len` bytes at `addr`, memory other threads may
 /// be writing: the advice changes no byte, so no borrow is needed.
 pub(crate) fn advise_page_size_of_range(addr: usize, len: usize, huge: bool) {
-    let page = rustix::param::page_size();
-    let first = addr.next_multiple_of(page);
-    let end = addr.saturating_add(len) / page * page;
-    if end <= first {
+    let Some((first, len)) = whole_pages(addr, len) else {
         return;
-    }
+    };
     let advice = if huge {
         rustix::mm::Advice::LinuxHugepage
     } else {
         rustix::mm::Advice::LinuxNoHugepage
     };
-    // SAFETY: both advices only set a flag of the mappings in `[first, end)`
-    // (an address of no mapping is refused): no byte is read, written, freed
-    // or unmapped, so memory other threads hold is unchanged.
-    let _ = unsafe { rustix::mm::madvise(first as *mut std::ffi::c_void, end - first, advice) };
+    // SAFETY: both advices only set a flag of the mappings in the range (an
+    // address of no mapping is refused): no byte is read, written, freed or
+    // unmapped, so memory other threads hold is unchanged.
+    let _ = unsafe { rustix::mm::madvise(first, len, advice) };
 }
 
 /// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`,

@@ -127,11 +127,9 @@ pub(crate) fn fetched_whole<'a>(
     (files > 0).then_some(LoadNote::RangesIgnored { files })
 }
 
-/// Opens `shards` of `resolved` in parallel, each with its header read and
-/// checked, its mount found and its way of being read decided (and mapped,
-/// where it is mapped); then checks the headers against each other and the
-/// index. Also returns what went otherwise than planned (threads refused).
-/// The one open path of loads, checkpoints and prefetch.
+/// Opens `shards` of `resolved` in parallel ([`open`] each), then checks the
+/// headers against each other and the index; also returns what went
+/// otherwise than planned (threads refused).
 pub(crate) fn open_all(
     opts: &Options,
     resolved: &Resolved,

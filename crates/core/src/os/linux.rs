@@ -63,11 +63,9 @@ pub(crate) fn let_go(map: &Mmap, offset: usize, len: usize) {
     };
 }
 
-/// Faults in the whole pages of `dst`, a range of a private anonymous
-/// buffer or of a shared map being filled, writable (`MADV_POPULATE_WRITE`,
-/// Linux 5.14+), so that a read into it later takes no page faults. The
-/// contents are unchanged (a missing page arrives zero-filled, as a fault
-/// would bring it). A hint: errors are ignored.
+/// Faults in the whole pages of `dst` writable (`MADV_POPULATE_WRITE`, Linux
+/// 5.14+), so that a read into it later takes no page faults; the contents
+/// are unchanged (a missing page arrives zero-filled). A hint.
 pub(crate) fn populate_write(dst: &mut [u8]) {
     let Some((first, len)) = whole_pages(dst.as_mut_ptr() as usize, dst.len()) else {
         return;
@@ -127,10 +125,9 @@ pub fn evict(file: &File) -> io::Result<()> {
 }
 
 /// Asks the kernel to read `[offset, offset + len)` of `file` into the page
-/// cache in the background (`posix_fadvise(POSIX_FADV_WILLNEED)`). Each call
-/// is clamped by the kernel to the larger of the device's read-ahead window
-/// and its largest I/O (`force_page_cache_ra` in mm/readahead.c), so callers
-/// issue it in pieces of that size.
+/// cache in the background (`POSIX_FADV_WILLNEED`), each call clamped to the
+/// larger of the device's read-ahead window and its largest I/O
+/// (`force_page_cache_ra` in mm/readahead.c): callers issue pieces that size.
 pub fn advise_willneed(file: &File, offset: u64, len: u64) -> io::Result<()> {
     let Some(len) = NonZeroU64::new(len) else {
         return Ok(());

@@ -169,9 +169,8 @@ impl std::fmt::Display for DirectDropped {
 
 /// Reads into `buf` at `offset` until at least `required` bytes have
 /// arrived (all of `buf` if the file is long enough), retrying short reads
-/// and `EINTR`. On failure returns the offset that failed along with the
-/// error; end-of-file before `required` bytes is `UnexpectedEof` (the file
-/// shrank).
+/// and `EINTR`; on failure, the offset that failed and the error
+/// (`UnexpectedEof` where the file ends before `required` bytes).
 pub fn read_at_least(
     file: &File,
     buf: &mut [u8],

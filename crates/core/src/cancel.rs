@@ -1,15 +1,10 @@
 //! Stopping a load early: the flags that cancel it, handed as a value to what checks them, and the one error a cancelled load ends with.
 //!
 //! A load is cancelled by the caller's flag (`Loader::cancel_on`) or, for an async load, by
-//! its future being dropped (`load/future.rs`). The flags live in the load's options
-//! (`Options::cancel`) and travel from there as an argument, so a reader finds where they
-//! come from by following it: the read loop (`jobs::drain`, and `jobs::run` over it) takes
-//! them and checks them before every piece, whatever its source (the load's reads, a
-//! prefetch's or a node copy's chunks, the exchange's pieces, a device's chunks); a remote
-//! checkpoint takes them when it is resolved (`extras::Caching::cancel`), and each of its
-//! requests in flight checks them every 20 ms and is dropped once they are set; a cache
-//! write publishes nothing once they are set. They are also checked when a load starts and
-//! between opening its files and reading them. Hashing for `verify` runs to its end first.
+//! its future being dropped. The flags travel from `Options::cancel` as an argument: the read
+//! loop (`jobs::drain`) checks them before every piece, a remote request in flight every
+//! 20 ms, a cache write before it publishes, and a load when it starts and before its reads.
+//! Hashing for `verify` runs to its end first.
 
 use std::fmt;
 use std::io;
@@ -53,9 +48,7 @@ impl Cancel {
             .flatten()
             .any(|flag| flag.load(Ordering::Relaxed))
     }
-}
 
-impl Cancel {
     /// No flags: nothing stops the work it is given to (a checkpoint's lazy
     /// reads, a prefetch launched on its own, the tests).
     pub const NONE: Cancel = Cancel {
@@ -64,9 +57,7 @@ impl Cancel {
     };
 }
 
-/// Runs `load`, the load of the checkpoint at `path` under the flags
-/// `cancel`, which the load hands on as a value to what checks them (the
-/// read loop `jobs::drain`, a remote request's watch, a cache write). A load
+/// Runs `load`, the load of the checkpoint at `path` under `cancel`: one
 /// whose flags are set when it starts, or that stops because they were set,
 /// fails with [`ErrorKind::Cancelled`] naming `path`.
 pub(crate) fn scope<T>(

@@ -10,12 +10,9 @@ use crate::error::Operation;
 use crate::error::{Error, Result};
 
 /// Writes the demo checkpoint into `dir` (which must exist): three shards of
-/// about 10 MiB (`model-0000N-of-00003.safetensors`) and
-/// `model.safetensors.index.json`, holding per layer a BF16 attention
-/// weight, an F16 MLP weight, an F32 norm, I64 positions, U8 bytes and a
-/// BOOL mask, plus an F32 scalar and an empty tensor. Float values are
-/// finite (`sin` of the index, scaled), so a model built from them computes
-/// finite results. Returns the index's path.
+/// about 10 MiB (`model-0000N-of-00003.safetensors`) and its index, whose
+/// path it returns. Float values are finite, so a model built from them
+/// computes finite results.
 ///
 /// ```
 /// let dir = tempfile::tempdir()?;

@@ -21,24 +21,24 @@ pub fn available() -> Option<u64> {
         .and_then(parse_meminfo_available);
     let cgroup_room = proc_text(ProcFile::SelfCgroup)
         .and_then(|text| cgroup_room(&text, Path::new("/sys/fs/cgroup")));
-    match (mem_available, cgroup_room) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    smaller(mem_available, cgroup_room)
 }
 
 /// Memory one allocation may still take, in bytes: `available`, and no
 /// more than the address space the process's `RLIMIT_AS` leaves (its limit
-/// minus `VmSize`, what is mapped now), where it has one. The bound of
-/// every body kept in memory (`remote/object.rs`): past it an allocation
-/// would fail, and Rust's allocation failure aborts the process. `None`
-/// where nothing is known.
+/// minus `VmSize`), where it has one: past it an allocation would fail, and
+/// Rust's allocation failure aborts the process. `None` where nothing is
+/// known.
 pub fn headroom() -> Option<u64> {
     let mapped = os::read_proc(ProcFile::SelfStatus)
         .ok()
         .and_then(|bytes| parse_status_vm_size(&String::from_utf8_lossy(&bytes)));
-    let address_room = address_room(os::address_space_limit(), mapped);
-    match (available(), address_room) {
+    smaller(available(), address_room(os::address_space_limit(), mapped))
+}
+
+/// The smaller of two figures, or the one known.
+fn smaller(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
@@ -68,11 +68,7 @@ pub(crate) fn parse_status_vm_size(text: &str) -> Option<u64> {
 /// `MemAvailable` from `/proc/meminfo`, in bytes (see proc(5)).
 ///
 /// NOTE: by hand, because `procfs_core::Meminfo` fails the whole file unless all of seventeen
-/// fields are there, and gVisor's sandbox kernel writes neither `Slab`, `Committed_AS` nor
-/// the three `Vmalloc*` lines, and spells `SwapCached` as `SwapCache`
-/// (`tests/data/meminfo-gvisor.txt`): through procfs, a load there would not know the memory
-/// it may use. It also fails the file on one line it cannot read. One field is wanted; its
-/// line is found here, wherever it is and whatever the rest says.
+/// fields are there, and gVisor's kernel leaves some out (`tests/data/meminfo-gvisor.txt`).
 pub(crate) fn parse_meminfo_available(text: &str) -> Option<u64> {
     text.lines().find_map(|line| {
         let rest = line.strip_prefix("MemAvailable:")?;
@@ -87,13 +83,11 @@ pub(crate) fn parse_meminfo_available(text: &str) -> Option<u64> {
 }
 
 /// The cgroup paths of this process: the v2 path (`0::/path`) and the v1
-/// memory controller's path (`N:memory:/path`), from the text of
-/// `/proc/self/cgroup`, parsed line by line with `procfs-core`.
+/// memory controller's path (`N:memory:/path`), from `/proc/self/cgroup`.
 pub(crate) fn parse_proc_cgroup(text: &str) -> (Option<String>, Option<String>) {
     let mut v2 = None;
     let mut v1_memory = None;
-    // NOTE: one line at a time, because procfs fails the whole file on one line it cannot
-    // read (`ProcessCGroups: FromBufRead`), where that line alone is skipped here.
+    // NOTE: one line at a time: procfs fails the whole file on one line it cannot read.
     let groups = text
         .lines()
         .filter_map(|line| ProcessCGroups::from_buf_read(line.as_bytes()).ok())

@@ -6,12 +6,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// What a load has done so far, as `Loader::on_progress`
-/// hands it to the caller.
-///
-/// `bytes_*` count the bytes this phase reads (buffered files, converted
-/// tensors, populated or prefetched maps; a lazily mapped file is not read
-/// at load time and counts nothing); `files_*` the files it handles.
+/// What a load has done so far, as `Loader::on_progress` hands it to the
+/// caller: the bytes this phase reads (a lazily mapped file counts nothing)
+/// and the files it handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Progress {
@@ -68,9 +65,8 @@ pub type Callback = Arc<dyn Fn(&Progress) + Send + Sync>;
 
 /// The least time between two calls of the callback, but for the last.
 ///
-/// NOTE: 20 calls a second are smooth for a progress bar and cost nothing
-/// next to reads of megabytes; a call per read would be thousands a second
-/// on a fast disk.
+/// NOTE: 20 calls a second are smooth for a progress bar; a call per read
+/// would be thousands a second on a fast disk.
 const INTERVAL: Duration = Duration::from_millis(50);
 
 /// Counts one phase's progress and calls the callback at most every

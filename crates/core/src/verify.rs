@@ -1,11 +1,8 @@
 //! Integrity: the one in-order hasher (any digest over a file's bytes in file order, [`InOrder`], also the caches'), the SHA-256 of each file a load reads, streamed as its reads land, and the digest it must have (a Hugging Face cache blob's name, or the caller's).
 //!
 //! A buffered file read whole is hashed by the reader threads as its chunks
-//! arrive: chunks land out of order, so each is kept (borrowed, not copied)
-//! until the bytes before it are hashed, and whichever reader fills the gap
-//! hashes what follows. Other files (mapped, or read only in part) are
-//! hashed in a pass of their own over the whole file: the map, or positional
-//! reads.
+//! land, out of order: each is kept (borrowed) until the bytes before it are
+//! hashed. Other files are hashed in a pass of their own over the whole file.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -40,10 +37,8 @@ pub fn hex_into(text: &str, out: &mut [u8]) -> bool {
             .all(|(b, pair)| byte(pair).map(|v| *b = v).is_some())
 }
 
-/// The digest a file must have where its name says so: a blob of a Hugging
-/// Face cache (`.../blobs/<sha256>`, which the hub client names by the
-/// SHA-256 of its content), found from the path the file was opened at
-/// (symlinks resolved: snapshots link every file into `blobs/`).
+/// The digest a file must have where its canonical path says so: a Hugging
+/// Face cache blob (`.../blobs/<sha256>`, named by its content's SHA-256).
 pub(crate) fn expected_from_cache(canonical: &Path) -> Option<Digest256> {
     let parent = canonical.parent()?.file_name()?;
     if parent != "blobs" {

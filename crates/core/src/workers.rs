@@ -1,12 +1,9 @@
 //! The one bounded worker pool: threads of the crate's own for work that blocks on storage (opening files, reads, prefetch streams), each a drain of a shared queue.
 //!
-//! Blocking reads wait on a disk or a network, so they do not run in the
-//! caller's rayon pool, where a slow mount would starve the CPU work of the
-//! whole process. Every caller here hands `run` a closure that pulls work
-//! from a queue it shares with the other workers until the queue is empty;
-//! so when the OS refuses a thread (`EAGAIN` under `RLIMIT_NPROC` or a
-//! cgroup's `pids.max`), the threads that did start, at least the calling
-//! one, do all of the work, and the caller learns how many ran.
+//! Blocking reads do not run in the caller's rayon pool, where a slow mount
+//! would starve the process's CPU work. Each worker drains a shared queue,
+//! so when the OS refuses a thread (`RLIMIT_NPROC`, a cgroup's `pids.max`)
+//! the threads that did start, at least the calling one, do all the work.
 
 use std::io;
 use std::sync::Mutex;
@@ -26,22 +23,16 @@ pub struct Started {
 }
 
 /// Runs `work(i)` on `workers` threads, `i` in `0..workers`, the calling
-/// thread being worker 0, and returns when all are done.
-///
-/// A thread the OS refuses is not retried and no later one is asked for: the
-/// workers that run must together finish the job (every caller's `work`
-/// drains a shared queue, and worker 0 always runs).
+/// thread being worker 0, and returns when all are done. A thread the OS
+/// refuses is not retried and no later one is asked for.
 pub(crate) fn run(workers: usize, name: &str, work: impl Fn(usize) + Sync) -> Started {
     beside(workers.max(1) - 1, name, &work, || work(0)).1
 }
 
-/// Runs `main` on the calling thread while `helpers` threads run `work(i)`,
-/// `i` in `1..=helpers`, and returns `main`'s result when all are done.
-///
-/// For a caller whose own part differs from the helpers' and must stay on
-/// its thread (a consumer that runs the caller's non-`Send` callback):
-/// `main` needs neither `Send` nor `Sync`. It must not wait on work that
-/// only a helper would do: the OS may have refused every one of them.
+/// Runs `main` on the calling thread (it needs neither `Send` nor `Sync`)
+/// while `helpers` threads run `work(i)`, `i` in `1..=helpers`, and returns
+/// `main`'s result when all are done. `main` must not wait on work only a
+/// helper would do: the OS may have refused every one of them.
 pub(crate) fn beside<R>(
     helpers: usize,
     name: &str,
@@ -115,14 +106,12 @@ pub fn map<T: Sync, R: Send>(
     Ok((out, started))
 }
 
-/// The number of workers to use by default for `width` units of work: the
-/// machine's parallelism (the current rayon pool's size when called from
-/// inside one, so that `pool.install(..)` bounds it), never more than
-/// `width`.
+/// The number of workers to use by default: the machine's parallelism, or
+/// the current rayon pool's size when called from inside one (so that
+/// `pool.install(..)` bounds it).
 ///
 /// NOTE: `rayon::current_num_threads` outside a pool would create rayon's
-/// global pool, which panics when the OS refuses its threads; this asks the
-/// standard library instead.
+/// global pool, which panics when the OS refuses its threads.
 pub fn default_width() -> usize {
     if rayon::current_thread_index().is_some() {
         rayon::current_num_threads()

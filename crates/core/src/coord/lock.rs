@@ -27,12 +27,11 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(4);
 #[derive(Debug, Clone, Copy)]
 pub enum Place<'a> {
     /// A path in a directory every local user may write (`/dev/shm`): this
-    /// user's regular file, `0600`, made where missing (anything else is
-    /// refused, saying what it is and whose); its holder may remove it, so
-    /// its name is checked again once held.
+    /// user's regular `0600` file, made where missing; its holder may remove
+    /// it, so its name is checked again once held.
     Private(&'a Path),
-    /// A name in a cache's folder, which the hub's client locks too: a
-    /// regular file, made where missing, never through a link, never removed.
+    /// A name in a cache's folder, which the hub's client locks too: made
+    /// where missing, never through a link, never removed.
     Shared(&'a os::Dir, &'a str),
 }
 

@@ -1,17 +1,14 @@
 //! How the processes of a node coordinate through a shared directory, one mechanism each: the lock file (`lock.rs`), the owner a name is tagged with (`owner.rs`), and the dead-owner rule by which every protocol removes what a dead process left ([`sweep`]).
 //!
-//! The node copy (its key's lock file, its holders' sockets), the prefetch
-//! queue (a locked file holding the ranks attached) and the caches (a file
-//! written under its final name's lock) leave names that outlive a process
-//! that dies. One rule removes them: **a name is tagged by its writer; its
-//! lock held, or its tag naming a writer that runs, it is live.** A lock dies
-//! with its holder (`flock(2)`); a tag is an owner word (pid and start time)
-//! in the name or the file, or the time the file last changed, which a live
-//! writer keeps fresh. A name that is not live is removed by whoever comes
-//! next, under its lock (tried, never waited for), so that a process taking
-//! it up meanwhile is never disturbed; a name without a lock (a holder's
-//! socket) goes by its tag alone. A name that is not this user's, or not what
-//! it says it is, is looked at by `lstat(2)` only (`Foreign`).
+//! The node copy, the prefetch queue and the caches leave names that outlive
+//! a process that dies. One rule removes them: **a name is tagged by its
+//! writer; its lock held, or its tag naming a writer that runs, it is live.**
+//! A lock dies with its holder (`flock(2)`); a tag is an owner word (pid and
+//! start time) in the name or the file, or the time the file last changed,
+//! which a live writer keeps fresh. A name that is not live is removed by
+//! whoever comes next, under its lock (tried, never waited for); a name
+//! without a lock (a holder's socket) goes by its tag alone. A name that is
+//! not this user's, or not what it says it is, is only `lstat`ed (`Foreign`).
 
 mod lock;
 mod owner;

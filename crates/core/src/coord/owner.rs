@@ -2,13 +2,8 @@
 //!
 //! An owner is `tag << 32 | pid`, the tag being the low 30 bits of the
 //! process's start time, so that a reused pid is not taken for the rank that
-//! died (the two bits above are the prefetch queue's: the node crate's `prefetch/queue.rs`).
-//! A process is dead when `kill(pid, 0)` says `ESRCH`, when it is a zombie,
-//! or when its start time differs.
-//!
-//! Liveness needs the ranks to share a pid namespace, as the processes one
-//! launcher starts on a node do; where they do not, a live rank may be taken
-//! for dead and its chunks read twice (never left cold).
+//! died. Liveness needs the ranks to share a pid namespace; where they do
+//! not, a live rank may be taken for dead and its chunks read twice.
 
 use procfs_core::FromRead;
 use procfs_core::process::Stat;
@@ -99,14 +94,12 @@ fn start_tag(start: u64) -> u32 {
     (start as u32) & TAG_MASK
 }
 
-/// The state and start time (field 22, clock ticks since boot) from the
-/// text of `/proc/<pid>/stat` (see proc_pid_stat(5)), parsed by `procfs-core`.
+/// The state and start time (field 22, clock ticks since boot) from
+/// `/proc/<pid>/stat` (proc_pid_stat(5)).
 ///
-/// NOTE: `procfs_core`'s parser slices the text around the command name
-/// without checking bounds, so a line that ends right after the `)` or
-/// starts with the `(` panics instead of failing (a pid's own line never
-/// does; this guards against a truncated read). Such text is refused here
-/// first; the test `proc_stat_fields` holds both shapes.
+/// NOTE: `procfs_core`'s parser panics on a line that ends right after the
+/// `)` or starts with the `(` (a truncated read), so such text is refused
+/// here first (the test `proc_stat_fields`).
 fn parse_stat(text: &[u8]) -> Option<(char, u64)> {
     let open = text.iter().position(|&b| b == b'(')?;
     let close = text.iter().rposition(|&b| b == b')')?;

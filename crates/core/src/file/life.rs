@@ -117,13 +117,11 @@ impl<'a> Planned<'a> {
                 mapped_at: None,
             },
         };
-        let convert = match plan.convert.take() {
-            Some(part) => {
-                let buffer = alloc(part.len, file)?;
-                Some((part, buffer))
-            }
-            None => None,
-        };
+        let convert = plan
+            .convert
+            .take()
+            .map(|part| alloc(part.len, file).map(|buffer| (part, buffer)))
+            .transpose()?;
         let direct = direct_io(file, &mut plan);
         Ok(Filling {
             file,
@@ -307,10 +305,9 @@ impl<'a> Filling<'a> {
             Destination::Map(storage) => (storage, None),
             Destination::Buffer { buffer, layout } => (seal(buffer)?, Some(layout)),
         };
-        let converted = match convert {
-            Some((part, buffer)) => Some((part, seal(buffer)?)),
-            None => None,
-        };
+        let converted = convert
+            .map(|(part, buffer)| Ok((part, seal(buffer)?)))
+            .transpose()?;
         Ok(Sealed {
             file,
             plan,
@@ -360,7 +357,6 @@ impl<'a> Sealed<'a> {
                 holder,
                 range,
                 converted,
-                read,
             } = self.locate(i, entry);
             if converted {
                 handed.converted += 1;
@@ -370,7 +366,7 @@ impl<'a> Sealed<'a> {
             };
             handed.tensors += 1;
             handed.tensor_bytes += range.len() as u64;
-            if read {
+            if self.layout.is_some() {
                 handed.bytes_read += entry.end - entry.start;
             }
             tensors.push(Tensor::new(
@@ -387,9 +383,8 @@ impl<'a> Sealed<'a> {
     /// Finds where tensor `i` (`entry`) lies: its dtype, the storage holding
     /// it and its range there (`None`: past the storage's end).
     fn locate(&self, i: usize, entry: &TensorEntry) -> Located<'_> {
-        let buffered = self.layout.is_some();
         // Where the tensor's bytes are: a converted part of its own, or
-        // the file's storage; and whether they were read from the file.
+        // the file's storage.
         let place = self
             .converted
             .as_ref()
@@ -406,7 +401,6 @@ impl<'a> Sealed<'a> {
                     holder: into,
                     range,
                     converted: true,
-                    read: buffered,
                 }
             }
             None => {
@@ -424,7 +418,6 @@ impl<'a> Sealed<'a> {
                     holder: &self.storage,
                     range,
                     converted: false,
-                    read: buffered,
                 }
             }
         }
@@ -472,8 +465,6 @@ struct Located<'s> {
     range: Option<Range<usize>>,
     /// Whether it is a converted part's.
     converted: bool,
-    /// Whether its bytes were read from the file (not views of its map).
-    read: bool,
 }
 
 /// What a sealed file handed out, counted for its report.

@@ -127,11 +127,9 @@ pub(crate) fn fetched_whole<'a>(
     (files > 0).then_some(LoadNote::RangesIgnored { files })
 }
 
-/// Opens `shards` of `resolved` in parallel, each with its header read and
-/// checked, its mount found and its way of being read decided (and mapped,
-/// where it is mapped); then checks the headers against each other and the
-/// index. Also returns what went otherwise than planned (threads refused).
-/// The one open path of loads, checkpoints and prefetch.
+/// Opens `shards` of `resolved` in parallel ([`open`] each), then checks the
+/// headers against each other and the index; also returns what went
+/// otherwise than planned (threads refused).
 pub(crate) fn open_all(
     opts: &Options,
     resolved: &Resolved,
@@ -140,10 +138,7 @@ pub(crate) fn open_all(
     clock: Instant,
 ) -> Result<(Vec<OpenedFile>, Vec<LoadNote>)> {
     let (mode, origin) = policy::effective_mode(opts.mode, env);
-    let table = match &opts.mount_table {
-        Some(table) => Some(table.clone()),
-        None => MountTable::current().ok(),
-    };
+    let table = mount_table(opts);
     let ctx = Context {
         resolved,
         mode,
@@ -185,10 +180,7 @@ pub(crate) fn open_sources(
     resolved: &Resolved,
     shards: &[&ShardFile],
 ) -> Result<Vec<LocalFile>> {
-    let table = match &opts.mount_table {
-        Some(table) => Some(table.clone()),
-        None => MountTable::current().ok(),
-    };
+    let table = mount_table(opts);
     shards
         .iter()
         .map(|shard| open_source(shard, resolved, table.as_ref()))
@@ -221,6 +213,13 @@ fn open_source(
         .open(shard)
         .map_err(|e| Error::io(Operation::Open, path, None, e))?;
     LocalFile::new(path.clone(), file, table).map_err(|e| Error::io(Operation::Stat, path, None, e))
+}
+
+/// The caller's mount table, else this process's.
+fn mount_table(opts: &Options) -> Option<MountTable> {
+    opts.mount_table
+        .clone()
+        .or_else(|| MountTable::current().ok())
 }
 
 /// Nanoseconds since `clock`, saturating.

@@ -5,12 +5,9 @@ use std::net::IpAddr;
 
 use super::escape;
 
-/// What kind of filesystem a mount is, as far as reading a checkpoint from it is concerned.
-///
-/// The split follows how the kinds fail under memory maps: page faults on a FUSE mount are
-/// served one request at a time by a userspace process (and can stall or deadlock the loader),
-/// page faults on a network filesystem each wait for a round trip, and page faults on a local
-/// filesystem are cheap.
+/// What kind of filesystem a mount is, split by how page faults of a memory map fare on it:
+/// served one at a time by a userspace process (FUSE, which can stall), each a network round
+/// trip, or cheap (local).
 ///
 /// ```
 /// use safeload::mount::{self, MountKind};
@@ -86,18 +83,8 @@ impl fmt::Display for MountKind {
 ///
 /// `options` is a comma-separated option list as the kernel writes it; pass the per-mount
 /// and superblock options joined with `,` when you have both (the NFS server address, `addr=`,
-/// is a superblock option in `mountinfo`). Pure: it looks at its arguments only.
-///
-/// The rules, in order:
-///
-/// 1. a FUSE type (`fuse`, `fuseblk`, `fuse.*`, `fuseblk.*`) whose source is `hf-mount` or
-///    whose subtype is `hf-mount` is [`MountKind::HfMount`];
-/// 2. `nfs` or `nfs4` whose source host (`127.0.0.1:/`, `localhost:/`, `[::1]:/`, `::1:/`) or
-///    `addr=` option is a loopback address is [`MountKind::HfMount`] (hf-mount's NFS mode);
-/// 3. any other FUSE type, or `virtiofs`, is [`MountKind::Fuse`];
-/// 4. known kernel network and cluster filesystems are [`MountKind::Network`];
-/// 5. known disk, memory and kernel pseudo filesystems are [`MountKind::Local`];
-/// 6. everything else is [`MountKind::Unknown`].
+/// is a superblock option in `mountinfo`). The kinds' docs say which types each takes; an
+/// `nfs`/`nfs4` mount whose source host or `addr=` is a loopback address is hf-mount's NFS mode.
 ///
 /// ```
 /// use safeload::mount::{classify, MountKind};
@@ -115,8 +102,7 @@ pub fn classify(fs_type: &str, source: &str, options: &str) -> MountKind {
     classify_parts(fs_type, source, &[options])
 }
 
-/// [`classify`] with the option lists given separately, so that parsed entries need not join
-/// their per-mount and superblock options into a new string.
+/// [`classify`] with the option lists given separately (no joined string per entry).
 pub(super) fn classify_parts(fs_type: &str, source: &str, option_lists: &[&str]) -> MountKind {
     let fs_type = fs_type.trim().to_ascii_lowercase();
     let fs_type = fs_type.as_str();
@@ -171,8 +157,7 @@ fn fuse_subtype(fs_type: &str) -> Option<&str> {
 }
 
 /// Whether an NFS mount's server is this machine: its source host, or its `addr=` option
-/// (the server address the kernel connected to, see nfs(5)), is a loopback address.
-/// `clientaddr=` and `mountaddr=` are other options and do not count.
+/// (the server address, nfs(5); not `clientaddr=` nor `mountaddr=`), is a loopback address.
 fn nfs_served_from_loopback(source: &str, option_lists: &[&str]) -> bool {
     if nfs_source_host(source).is_some_and(is_loopback_host) {
         return true;
@@ -217,9 +202,8 @@ fn is_loopback_host(host: &str) -> bool {
     }
 }
 
-/// The filesystem name and kind for a `statfs(2)` `f_type` magic number (`linux/magic.h`),
-/// used when the mount table has no answer. The magic cannot tell hf-mount from other FUSE
-/// filesystems, nor a loopback NFS server from a remote one.
+/// The filesystem name and kind for a `statfs(2)` `f_type` magic number (`linux/magic.h`);
+/// it cannot tell hf-mount from other FUSE filesystems, nor a loopback NFS server.
 pub(super) fn filesystem_by_magic(magic: u64) -> Option<(&'static str, MountKind)> {
     use MountKind::{Fuse, Local, Network};
     let found = match magic {

@@ -4,10 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::{MountKind, escape};
 
-/// One line of a mount table.
-///
-/// Entries parsed from `/proc/mounts` lack the ids and the device number, have root `/`, and
-/// carry all their options in [`options`](MountEntry::options).
+/// One line of a mount table (from `/proc/mounts`: no ids nor device number, root `/`).
 ///
 /// ```
 /// use std::path::Path;
@@ -52,15 +49,14 @@ impl MountEntry {
         self.parent_id
     }
 
-    /// The filesystem's device number as `(major, minor)`, which `stat(2)` reports as
-    /// `st_dev` for the files on it (`mountinfo` field 3); `None` for `/proc/mounts` lines.
+    /// The filesystem's device number as `(major, minor)`, the files' `st_dev` (`mountinfo`
+    /// field 3); `None` for `/proc/mounts` lines.
     pub fn device(&self) -> Option<(u32, u32)> {
         self.device
     }
 
-    /// The directory of the filesystem that is mounted here (`mountinfo` field 4): `/` for a
-    /// whole filesystem, a subdirectory for a bind mount of it. Always `/` for `/proc/mounts`
-    /// lines.
+    /// The directory of the filesystem mounted here (`mountinfo` field 4): `/` for a whole
+    /// filesystem, a subdirectory for a bind mount.
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -76,7 +72,7 @@ impl MountEntry {
     }
 
     /// The mount source: a device, `server:/export`, or a name chosen by the mounter
-    /// (`hf-mount`, `overlay`). May be empty: `mount(2)` accepts an empty source string.
+    /// (`hf-mount`, `overlay`); may be empty.
     pub fn source(&self) -> &str {
         &self.source
     }
@@ -93,8 +89,8 @@ impl MountEntry {
         &self.super_options
     }
 
-    /// The value of the option `name`, escapes decoded: `Some("")` for a flag such as
-    /// `ro`, `None` when absent. Per-mount options are searched before superblock options.
+    /// The value of the option `name`, escapes decoded (`Some("")` for a flag), per-mount
+    /// options first.
     ///
     /// ```
     /// use safeload::mount::MountTable;

@@ -56,13 +56,10 @@ pub(super) fn decoded_path(field: &[u8]) -> PathBuf {
     crate::os::path_from_bytes(decode(field).into_owned())
 }
 
-/// `line` as text for a parser that takes `&str` (procfs): valid UTF-8 is kept, and each byte
-/// that is not is written as the kernel would escape it (`\377`).
-///
-/// [`decode`] of a field of the result gives the bytes [`decode`] of the same field of `line`
-/// gives, so nothing is lost: an inserted escape starts with a backslash, so it cannot finish
-/// an escape begun before it (that needs three octal digits), and it has exactly three digits,
-/// so nothing after it joins it. No space is added or removed, so fields stay where they were.
+/// `line` as text for a parser that takes `&str` (procfs): each byte that is not UTF-8 is
+/// written as the kernel would escape it (`\377`). Nothing is lost to [`decode`]: an inserted
+/// escape can neither finish one begun before it nor be joined by what follows (exactly three
+/// digits), and no space moves.
 pub(super) fn to_text(line: &[u8]) -> Cow<'_, str> {
     if let Ok(text) = std::str::from_utf8(line) {
         return Cow::Borrowed(text);

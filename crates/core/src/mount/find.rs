@@ -8,25 +8,12 @@ impl MountTable {
     /// The mount that `canonical_path` lives on, given the file's device number (`st_dev`
     /// split with [`split_device_number`]) when known. Pure: it does not touch the path.
     ///
-    /// `canonical_path` must be absolute with symlinks resolved ([`std::fs::canonicalize`]);
-    /// a relative path matches nothing. A mount point matches when it is a prefix of the path
-    /// on component boundaries (`/mnt/a` does not contain `/mnt/ab/x`; `/` contains
-    /// everything). Then:
-    ///
-    /// 1. **By device.** Among matching entries whose device equals `device`, the longest
-    ///    mount point wins. The device says which filesystem holds the file, so it beats a
-    ///    longer mount point on another device (a mount stacked after the file was opened, a
-    ///    table read before a mount changed).
-    /// 2. **By path.** When no entry has the device (btrfs subvolumes and some overlay files
-    ///    report a device the table does not list; `/proc/mounts` has no devices), the
-    ///    longest matching mount point wins.
-    ///
-    /// Among entries at the same mount point (stacked mounts, or `rootfs` under `/`), the
-    /// top-most wins: the last in table order that no other of them is mounted on (by parent
-    /// id, when the table has ids).
-    ///
-    /// A mount hidden by a later mount over one of its parent directories is still listed in
-    /// the table, and the path rule can still pick it; the device rule does not.
+    /// `canonical_path` must be absolute with symlinks resolved; a mount point matches when it
+    /// is a prefix of it on component boundaries. The longest matching mount point wins, first
+    /// among the entries with the file's `device` (which filesystem holds the file beats a
+    /// longer mount point stacked since), else among all (btrfs subvolumes and some overlay
+    /// files report a device the table does not list; `/proc/mounts` has none). Among entries
+    /// at the same mount point, the top-most wins: the last that no other of them is mounted on.
     ///
     /// ```
     /// use std::path::Path;
@@ -83,13 +70,10 @@ impl MountTable {
             .map(|(_, entry)| entry)
             .collect();
         // Later lines are usually mounted later, on top; the parent ids say so for certain
-        // when the table has them (a mount stacked at a mount point has the mount it covers
-        // as its parent).
-        //
-        // NOTE: walking the mount tree from `/` by parent ids would also see through a mount
-        // hidden by a later mount over one of its parent directories. Rejected: it needs a
-        // complete table (a chroot's table and hand-written ones lack parents), and the device
-        // rule already settles that case whenever the caller knows `st_dev`.
+        // when the table has them (a stacked mount's parent is the mount it covers).
+        // NOTE: not a walk of the mount tree from `/` by parent ids: that needs a complete
+        // table (a chroot's and hand-written ones lack parents), and the device rule settles
+        // hidden mounts whenever the caller knows `st_dev`.
         stacked
             .iter()
             .rev()
@@ -108,8 +92,7 @@ fn is_mounted_on(upper: &MountEntry, lower: &MountEntry) -> bool {
 
 /// Splits a Linux `st_dev` into `(major, minor)`, as glibc's `major(3)` and `minor(3)` do.
 ///
-/// The encoding has 12+20 bits of major and 8+24 bits of minor. Pure, so that device numbers
-/// from another machine can be split anywhere.
+/// The encoding has 12+20 bits of major and 8+24 bits of minor.
 ///
 /// ```
 /// use safeload::mount::split_device_number;

@@ -1,14 +1,9 @@
 //! The mount table: reading it, finding the mount a path lives on, and classifying its filesystem.
 //!
-//! The loader picks mmap or buffered reads per file from the filesystem under it
-//! (see the crate docs). This module answers "what is this file on?": [`lookup`] finds the
-//! mount a path lives on in this process's mount table (`/proc/self/mountinfo`), falling back
-//! to the filesystem magic of `statfs(2)` when the table has no answer, and says how it found
-//! it ([`Detection`]); [`MountKind`] is what the policy decides from, and
-//! whether it is [`MountKind::HfMount`] the question most callers have.
-//!
-//! Off Linux there is no mount table to read: every lookup answers [`MountKind::Unknown`]
-//! with [`Detection::Unsupported`], never an error.
+//! [`lookup`] finds the mount a path lives on in this process's mount table, falling back to
+//! the filesystem magic of `statfs(2)`, and says how it found it ([`Detection`]); the loader's
+//! policy decides mmap or buffered reads from its [`MountKind`]. Off Linux every lookup
+//! answers [`MountKind::Unknown`] with [`Detection::Unsupported`], never an error.
 //!
 //! # Examples
 //!
@@ -42,23 +37,16 @@
 //! mount id, parent id, `major:minor`, root of the mount in its filesystem, mount point,
 //! per-mount options, optional fields ended by `-`, filesystem type, source, superblock
 //! options. `/proc/mounts` (fstab(5) layout) has source, mount point, type, options (per-mount
-//! and superblock merged), and two zeros. The kernel writes space, tab, newline and backslash
-//! inside a field as `\040`, `\011`, `\012` and `\134` (`fs/proc_namespace.c`); this module
-//! decodes every `\ooo` escape in the root, mount point, type and source. Options are kept as
-//! the kernel writes them, so that splitting them on `,` stays unambiguous (a comma inside an
-//! option value is `\054`), and decoded one value at a time.
+//! and superblock merged), and two zeros. Escapes (`\040`) are decoded in the root, mount
+//! point, type and source; options are kept as written, so that splitting them on `,` stays
+//! unambiguous (a comma inside a value is `\054`), and decoded one value at a time.
 
 use std::fmt;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-// One job a file: `classify` (kinds, magic numbers), `escape` (the kernel's octal escapes),
-// `parse` (a line of text to an entry: `mountinfo` through procfs-core with the fixes it
-// needs, `/proc/mounts` and fstab by hand), `entry` (one mount's fields and options), `table`
-// (a table from text), `find` (the mount of a path, by device then by path). This file holds
-// the lookups, the only code that touches the filesystem; the OS layer reads the `/proc` files
-// (`crate::os::read_proc`) and says whether there is a mount table.
+// This file holds the lookups, the only code here that touches the filesystem.
 mod classify;
 mod entry;
 mod escape;
@@ -66,6 +54,7 @@ mod find;
 mod parse;
 mod table;
 #[cfg(test)]
+#[path = "tests/util.rs"]
 mod test_util;
 
 pub use classify::MountKind;
@@ -100,31 +89,20 @@ pub enum Detection {
     Unsupported,
 }
 
-impl Detection {
-    /// A short lowercase name, as `Display` and JSON say it: `"device"`, `"path prefix"`,
-    /// `"statfs"` or `"unsupported"`.
-    pub(crate) fn as_str(&self) -> &'static str {
-        match self {
+impl fmt::Display for Detection {
+    /// As JSON says it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
             Detection::Device => "device",
             Detection::PathPrefix => "path prefix",
             Detection::Statfs => "statfs",
             Detection::Unsupported => "unsupported",
-        }
+        })
     }
 }
 
-impl fmt::Display for Detection {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What a path lives on: the answer of a lookup.
-///
-/// Found in the mount table ([`Detection::Device`], [`Detection::PathPrefix`]), every field is
-/// the entry's. Found by `statfs(2)` ([`Detection::Statfs`]), `fs_type` names the magic number
-/// and `source` and `mount_point` are empty. Off Linux ([`Detection::Unsupported`]), all three
-/// are empty and the kind is [`MountKind::Unknown`].
+/// What a path lives on: the answer of a lookup. Found by `statfs(2)`, `source` and
+/// `mount_point` are empty; off Linux, `fs_type` too, and the kind is [`MountKind::Unknown`].
 ///
 /// ```
 /// use safeload::mount::{lookup, Detection, MountKind};
@@ -222,19 +200,12 @@ impl fmt::Display for Mount {
 }
 
 #[doc(hidden)]
-/// What `path` lives on, found in `table`.
-///
-/// The path is canonicalized (symlinks resolved: a Hugging Face cache snapshot links its files
-/// into `../../blobs/`, which may be on another mount) and stat'ed for its device number, then
-/// looked up with [`MountTable::find`]. When no entry matches, the `statfs(2)` magic number of
-/// the file decides ([`Detection::Statfs`]). Off Linux, answers [`MountKind::Unknown`] without
-/// touching the path.
-///
-/// Read the table once ([`MountTable::current`]) and look up every file of a load against it.
+/// What `path` lives on, found in `table`: [`lookup`] with a table read once
+/// ([`MountTable::current`]) for every file of a load.
 ///
 /// # Errors
 ///
-/// The error of canonicalizing, `stat`ing or `statfs`ing the path; the caller names the path.
+/// As [`lookup`].
 ///
 /// ```
 /// use safeload::mount::{lookup_in, MountKind, MountTable};
@@ -248,26 +219,24 @@ impl fmt::Display for Mount {
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub fn lookup_in(table: &MountTable, path: &Path) -> io::Result<Mount> {
-    if !os::SUPPORTED {
+    if !crate::os::MOUNT_DETECTION {
         return Ok(Mount::unsupported());
     }
     let canonical = std::fs::canonicalize(path)?;
     let metadata = std::fs::metadata(&canonical)?;
-    match table.locate(&canonical, os::device_of(&metadata)) {
+    match table.locate(&canonical, device_of(&metadata)) {
         Some((entry, detected_by)) => Ok(Mount::from_entry(entry, detected_by)),
-        None => os::filesystem_magic(&canonical).map(Mount::from_magic),
+        None => crate::os::filesystem_magic(&canonical).map(Mount::from_magic),
     }
 }
 
 /// What `path` lives on, found in this process's mount table.
 ///
-/// The path is canonicalized (symlinks resolved: a Hugging Face cache snapshot links its files
-/// into `../../blobs/`, which may be on another mount) and stat'ed for its device number; the
-/// mount table entry of that device whose mount point holds the path answers
-/// ([`Detection::Device`]), else the longest mount point holding it
-/// ([`Detection::PathPrefix`]). When no entry matches, or the table cannot be read, the
-/// `statfs(2)` magic number of the file decides ([`Detection::Statfs`]). Off Linux, answers
-/// [`MountKind::Unknown`] without touching the path.
+/// The path is canonicalized (a Hugging Face cache snapshot links its files into
+/// `../../blobs/`, which may be on another mount) and found by its device number
+/// ([`Detection::Device`]), else by the longest mount point holding it
+/// ([`Detection::PathPrefix`]), else by the `statfs(2)` magic number ([`Detection::Statfs`]).
+/// Off Linux, answers [`MountKind::Unknown`] without touching the path.
 ///
 /// # Errors
 ///
@@ -283,11 +252,9 @@ pub fn lookup(path: impl AsRef<Path>) -> io::Result<Mount> {
 }
 
 #[doc(hidden)]
-/// What an open file lives on, found in `table`: [`lookup_in`] without resolving the path again.
-///
-/// The device number comes from `fstat` on `file`, the `statfs` fallback from `fstatfs`;
-/// `canonical_path` (the path `file` was opened from, canonicalized) is only used to match
-/// mount points.
+/// What an open file lives on, found in `table`: [`lookup_in`] with `fstat` and `fstatfs` on
+/// `file`; `canonical_path` (the path it was opened from, canonicalized) only matches mount
+/// points.
 ///
 /// # Errors
 ///
@@ -305,13 +272,13 @@ pub fn lookup(path: impl AsRef<Path>) -> io::Result<Mount> {
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub fn lookup_file_in(table: &MountTable, file: &File, canonical_path: &Path) -> io::Result<Mount> {
-    if !os::SUPPORTED {
+    if !crate::os::MOUNT_DETECTION {
         return Ok(Mount::unsupported());
     }
     let metadata = file.metadata()?;
-    match table.locate(canonical_path, os::device_of(&metadata)) {
+    match table.locate(canonical_path, device_of(&metadata)) {
         Some((entry, detected_by)) => Ok(Mount::from_entry(entry, detected_by)),
-        None => os::filesystem_magic_of(file).map(Mount::from_magic),
+        None => crate::os::filesystem_magic_of(file).map(Mount::from_magic),
     }
 }
 
@@ -329,6 +296,10 @@ fn current_or_empty() -> MountTable {
     MountTable::current().unwrap_or_default()
 }
 
+fn device_of(metadata: &std::fs::Metadata) -> Option<(u32, u32)> {
+    crate::os::device_number(metadata).map(split_device_number)
+}
+
 // Lookups are shared across the loader's threads.
 const _: fn() = || {
     fn assert_send_sync<T: Send + Sync>() {}
@@ -338,56 +309,6 @@ const _: fn() = || {
     assert_send_sync::<Detection>();
     assert_send_sync::<Mount>();
 };
-
-/// The filesystem parts of the OS layer this module uses.
-mod os {
-    use std::fs::{File, Metadata};
-    use std::io;
-    use std::path::Path;
-
-    use super::{MountTable, split_device_number};
-    use crate::os::ProcFile;
-
-    pub(super) const SUPPORTED: bool = crate::os::MOUNT_DETECTION;
-
-    pub(super) fn read_mount_table() -> io::Result<MountTable> {
-        if !SUPPORTED {
-            return Ok(MountTable::default());
-        }
-        // mountinfo has device numbers and ids; /proc/mounts is the fallback for kernels
-        // before 2.6.26 and for sandboxes that hide mountinfo.
-        //
-        // NOTE: read as bytes and parsed here, not with the full `procfs` crate's
-        // `Process::mountinfo()`, which reads the file as UTF-8 lines and fails it whole on
-        // one line it cannot parse; see `parse.rs` for the fixes on top of its line parser.
-        let mountinfo = crate::os::read_proc(ProcFile::SelfMountinfo);
-        if let Ok(bytes) = &mountinfo {
-            let table = MountTable::parse_bytes(bytes);
-            if !table.entries().is_empty() {
-                return Ok(table);
-            }
-        }
-        match crate::os::read_proc(ProcFile::Mounts) {
-            Ok(bytes) => Ok(MountTable::parse_bytes(&bytes)),
-            Err(mounts_error) => match mountinfo {
-                Ok(_) => Err(mounts_error),
-                Err(mountinfo_error) => Err(mountinfo_error),
-            },
-        }
-    }
-
-    pub(super) fn device_of(metadata: &Metadata) -> Option<(u32, u32)> {
-        crate::os::device_number(metadata).map(split_device_number)
-    }
-
-    pub(super) fn filesystem_magic(path: &Path) -> io::Result<u64> {
-        crate::os::filesystem_magic(path)
-    }
-
-    pub(super) fn filesystem_magic_of(file: &File) -> io::Result<u64> {
-        crate::os::filesystem_magic_of(file)
-    }
-}
 
 #[cfg(test)]
 mod tests {

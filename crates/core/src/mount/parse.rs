@@ -1,9 +1,8 @@
 //! Turning one line of mount table text into a [`MountEntry`]: `mountinfo` lines through procfs with the fixes this crate needs on top, `/proc/mounts` and fstab lines by hand.
 //!
 //! Each parser takes the bytes of one line and gives `None` for a line it cannot read, so
-//! that one bad line costs that line only. Where procfs reads a field differently from what
-//! [`MountEntry`] promises, a `NOTE:` says so at the fix, and a test in this file shows the
-//! gap on real text.
+//! that one bad line costs that line only. Each fix on top of procfs has a `NOTE:` and a test
+//! showing the gap on real text.
 
 use procfs_core::process::MountInfo;
 
@@ -29,9 +28,8 @@ pub(super) fn mountinfo_line(line: &[u8]) -> Option<MountEntry> {
     let mount_point = info.mount_point.as_os_str().as_encoded_bytes();
     // NOTE: procfs splits on single spaces, so a run of two spaces before the `-` reads as an
     // empty field and shifts every field after it (`27 1 254:0  / / rw - ext4 /dev/vda rw` gives
-    // root "" and options "/"). The kernel never writes an empty field there, so such a line is
-    // skipped rather than read shifted; this parser's own tokenizer tolerated such runs before,
-    // and keeping that is not worth a second tokenizer for text no kernel writes.
+    // root "" and options "/"). The kernel never writes an empty field there: such a line is
+    // skipped rather than read shifted.
     if info.root.is_empty() || options.is_empty() || info.fs_type.is_empty() {
         return None;
     }
@@ -54,14 +52,11 @@ pub(super) fn mountinfo_line(line: &[u8]) -> Option<MountEntry> {
 /// The per-mount options, the source and the superblock options of a `mountinfo` line that
 /// procfs has read, as the kernel wrote them.
 ///
-/// NOTE: procfs parses both option lists into a `HashMap`, which loses their order and leaves
-/// nothing for [`MountEntry::options`] and [`MountEntry::super_options`] to return as written,
-/// and it reads a source of `none` (`fusectl none rw` in this machine's table, see
-/// `tests/data/mountinfo-this-machine.txt`) or an empty one as no source at all. The three
-/// fields are taken from the line at the places procfs read them: it splits on single spaces,
-/// so the options are the sixth field, and the type, source and superblock options follow the
-/// first `-` after them. Decoding the text does not move a space, so the places are the same
-/// in the bytes.
+/// NOTE: procfs parses both option lists into a `HashMap`, losing their order, and reads a
+/// source of `none` (`fusectl none rw`, `tests/data/mountinfo-this-machine.txt`) or an empty
+/// one as no source. The three are taken from the line where procfs read them: it splits on
+/// single spaces, so the options are the sixth field, and the type, source and superblock
+/// options follow the first `-` after them (decoding moves no space).
 fn fields_as_written(line: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
     let mut fields = line.split(|&b| b == b' ');
     let options = fields.nth(5)?;
@@ -72,16 +67,13 @@ fn fields_as_written(line: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
 
 /// `/dev/sda1 / ext4 rw,relatime 0 0`
 ///
-/// NOTE: by hand, because procfs's reader of `/proc/mounts` (`Vec<procfs_core::MountEntry>:
-/// FromBufRead`) gives no field this crate could use as it is: it decodes `\011`, `\012`,
-/// `\134` and `\043` but not `\040` (a space, the escape mount points need most) nor any
-/// other, and decodes `\134043` twice (to `#`); it turns the options into a `HashMap`; it
-/// needs both number columns, so fstab lines that leave them out fail; it reads `&str`; and
-/// it has no entry point for one line. `procfs_gaps_in_proc_mounts` below shows each on real
-/// text. The kernel's layout is six fields one space apart, which is a split.
+/// NOTE: by hand, because procfs's reader of `/proc/mounts` gives no field this crate could
+/// use as it is: it does not decode `\040` (a space) and decodes `\134043` twice, turns the
+/// options into a `HashMap`, fails fstab lines without the number columns, reads `&str`, and
+/// has no entry point for one line (`procfs_gaps_in_proc_mounts` below).
 pub(super) fn mounts_line(line: &[u8]) -> Option<MountEntry> {
     let line = line.trim_ascii_end();
-    // The kernel's own layout: six fields one space apart, of which the source may be empty.
+    // The kernel's layout: six fields one space apart, of which the source may be empty.
     let exact: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
     let fields = match exact.as_slice() {
         [source, mount_point, fs_type, options, _, _]

@@ -3,6 +3,7 @@
 use std::io;
 
 use super::{MountEntry, parse};
+use crate::os::ProcFile;
 
 /// A mount table: the mounts of one mount namespace, in the order the kernel lists them
 /// (a mount stacked on another comes after it).
@@ -44,12 +45,8 @@ impl MountTable {
         MountTable::parse_lines(text.as_bytes(), parse::mounts_line)
     }
 
-    /// Parses mount table text in either format, detected from the text.
-    ///
-    /// The text is parsed both ways and the reading that recognises more lines is kept
-    /// (`mountinfo` on a tie). The formats cannot be confused: a `mountinfo` line read as
-    /// `/proc/mounts` has a number where the mount point should be, and a `/proc/mounts` line
-    /// does not start with two numbers and a `major:minor`.
+    /// Parses mount table text in either format: the reading that recognises more lines is
+    /// kept (`mountinfo` on a tie); neither format's lines read as the other's.
     ///
     /// ```
     /// use safeload::mount::MountTable;
@@ -87,16 +84,30 @@ impl MountTable {
     }
 
     /// The mount table of this process: `/proc/self/mountinfo`, or `/proc/mounts` when that
-    /// cannot be read or holds no entry. Empty (not an error) off Linux.
-    ///
-    /// The kernel builds the file while it is read, so a table read while mounts change may
-    /// miss or repeat a line; read it once per load, not once per file.
+    /// cannot be read or holds no entry. Empty (not an error) off Linux. Read it once per load:
+    /// the kernel builds the file as it is read.
     ///
     /// # Errors
     ///
     /// The error of reading `/proc/self/mountinfo`, when neither file can be read.
     pub fn current() -> io::Result<MountTable> {
-        super::os::read_mount_table()
+        if !crate::os::MOUNT_DETECTION {
+            return Ok(MountTable::default());
+        }
+        // NOTE: read as bytes and parsed here, not with the full `procfs` crate's
+        // `Process::mountinfo()`, which reads the file as UTF-8 lines and fails it whole on
+        // one line it cannot parse; see `parse.rs` for the fixes on top of its line parser.
+        let mountinfo = crate::os::read_proc(ProcFile::SelfMountinfo);
+        if let Ok(bytes) = &mountinfo {
+            let table = MountTable::parse_bytes(bytes);
+            if !table.entries().is_empty() {
+                return Ok(table);
+            }
+        }
+        match (crate::os::read_proc(ProcFile::Mounts), mountinfo) {
+            (Ok(bytes), _) => Ok(MountTable::parse_bytes(&bytes)),
+            (Err(e), Ok(_)) | (_, Err(e)) => Err(e),
+        }
     }
 
     /// The entries, in table order.

@@ -20,27 +20,19 @@ pub(crate) fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usiz
 
 /// Opens `path` for reading, refusing anything but a regular file (after
 /// symlinks): a FIFO or a device named by a hostile checkpoint must not block
-/// the open or read as endless data. The open itself does not block
-/// (`O_NONBLOCK`, which regular files ignore).
+/// the open (`O_NONBLOCK`, which regular files ignore) or read as endless data.
 pub fn open_regular(path: &Path) -> io::Result<File> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(OFlags::NONBLOCK.bits() as i32)
         .open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    Ok(file)
+    super::regular(file)
 }
 
 /// Faults `len` bytes of a file map in at `offset` with
-/// `MADV_POPULATE_READ` (Linux 5.14+, see madvise(2)), which reports an I/O
+/// `MADV_POPULATE_READ` (Linux 5.14+, madvise(2)), which reports an I/O
 /// error or a truncated file as an error instead of raising `SIGBUS`. Where
-/// the kernel lacks it (`EINVAL`), nothing is done: the map stays lazy.
-/// Interrupted by a signal (`EINTR`), the call is made again.
+/// the kernel lacks it (`EINVAL`), the map stays lazy.
 pub(crate) fn populate_read(map: &Mmap, offset: usize, len: usize) -> io::Result<()> {
     loop {
         match map.advise_range(memmap2::Advice::PopulateRead, offset, len) {
@@ -52,9 +44,8 @@ pub(crate) fn populate_read(map: &Mmap, offset: usize, len: usize) -> io::Result
 }
 
 /// Lets go of the pages of `len` bytes at `offset` of a read-only file map
-/// (`MADV_DONTNEED`, madvise(2)): they leave this process's resident set
-/// (`RssFile`) and stay in the page cache, from which a later access
-/// faults them in again, unchanged. A hint: errors are ignored.
+/// (`MADV_DONTNEED`, madvise(2)): they leave this process's resident set and
+/// stay in the page cache. A hint: errors are ignored.
 pub(crate) fn let_go(map: &Mmap, offset: usize, len: usize) {
     let page = rustix::param::page_size();
     let first = offset / page * page;
@@ -72,70 +63,53 @@ pub(crate) fn let_go(map: &Mmap, offset: usize, len: usize) {
     };
 }
 
-/// Faults in the whole pages of `dst`, a range of a private anonymous
-/// buffer or of a shared map being filled, writable (`MADV_POPULATE_WRITE`,
-/// Linux 5.14+), so that a read
-/// into it later takes no page faults. The contents are unchanged: a page
-/// already present is left as it is, a missing one arrives zero-filled, as
-/// a fault would bring it. A hint: errors (an old kernel's `EINVAL`, memory
-/// short) are ignored, and the read faults the pages itself.
+/// Faults in the whole pages of `dst` writable (`MADV_POPULATE_WRITE`, Linux
+/// 5.14+), so that a read into it later takes no page faults; the contents
+/// are unchanged (a missing page arrives zero-filled). A hint.
 pub(crate) fn populate_write(dst: &mut [u8]) {
-    let page = rustix::param::page_size();
-    let start = dst.as_mut_ptr() as usize;
-    let first = start.next_multiple_of(page);
-    let end = (start + dst.len()) / page * page;
-    if end <= first {
+    let Some((first, len)) = whole_pages(dst.as_mut_ptr() as usize, dst.len()) else {
         return;
-    }
-    // SAFETY: `[first, end)` lies within `dst`, this process's writable memory
+    };
+    // SAFETY: the range lies within `dst`, this process's writable memory
     // borrowed mutably for the call (no one else touches it meanwhile); the
     // advice changes no byte of it (see above) and unmaps nothing.
-    let _ = unsafe {
-        rustix::mm::madvise(
-            first as *mut std::ffi::c_void,
-            end - first,
-            rustix::mm::Advice::LinuxPopulateWrite,
-        )
-    };
+    let _ = unsafe { rustix::mm::madvise(first, len, rustix::mm::Advice::LinuxPopulateWrite) };
 }
 
-/// Asks the kernel to back the whole pages of `dst`, a range of a private
-/// anonymous buffer or of a shared memory file's map, with transparent huge
-/// pages (`MADV_HUGEPAGE`) or with base pages only (`MADV_NOHUGEPAGE`), see
-/// madvise(2); the advice applies to the pages faulted in after it. A hint:
-/// without THP the kernel answers `EINVAL`, and nothing changes.
+/// The whole pages within `len` bytes at `addr`: their start and length.
+fn whole_pages(addr: usize, len: usize) -> Option<(*mut std::ffi::c_void, usize)> {
+    let page = rustix::param::page_size();
+    let first = addr.next_multiple_of(page);
+    let end = addr.saturating_add(len) / page * page;
+    (end > first).then(|| (first as *mut std::ffi::c_void, end - first))
+}
+
+/// Asks the kernel to back the whole pages of `dst`, faulted in after the
+/// call, with transparent huge pages (`MADV_HUGEPAGE`) or base pages only
+/// (`MADV_NOHUGEPAGE`), madvise(2). A hint: errors are ignored.
 pub(crate) fn advise_page_size(dst: &mut [u8], huge: bool) {
     advise_page_size_of_range(dst.as_mut_ptr() as usize, dst.len(), huge);
 }
 
-/// [`advise_page_size`] for `len` bytes at `addr`, a range of this
-/// process's private anonymous memory that other threads may be writing:
-/// both advices only say which page size later faults use, and change no
-/// byte, so no borrow of the range is needed. A range that is not one
-/// mapping of this process's memory gets `ENOMEM` or `EINVAL`, ignored.
+/// [`advise_page_size`] for `len` bytes at `addr`, memory other threads may
+/// be writing: the advice changes no byte, so no borrow is needed.
 pub(crate) fn advise_page_size_of_range(addr: usize, len: usize, huge: bool) {
-    let page = rustix::param::page_size();
-    let first = addr.next_multiple_of(page);
-    let end = addr.saturating_add(len) / page * page;
-    if end <= first {
+    let Some((first, len)) = whole_pages(addr, len) else {
         return;
-    }
+    };
     let advice = if huge {
         rustix::mm::Advice::LinuxHugepage
     } else {
         rustix::mm::Advice::LinuxNoHugepage
     };
-    // Both advices only set a flag of the mappings in `[first, end)`
-    // (madvise(2)); an address of no mapping is refused with an error.
-    // SAFETY: no byte is read, written, freed or unmapped, so memory other
-    // threads hold is unchanged and no borrow of the range is needed.
-    let _ = unsafe { rustix::mm::madvise(first as *mut std::ffi::c_void, end - first, advice) };
+    // SAFETY: both advices only set a flag of the mappings in the range (an
+    // address of no mapping is refused): no byte is read, written, freed or
+    // unmapped, so memory other threads hold is unchanged.
+    let _ = unsafe { rustix::mm::madvise(first, len, advice) };
 }
 
 /// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`,
-/// clock_gettime(2)), in the kernel and in user space, to the nanosecond:
-/// what faulting memory in costs the thread, whatever else runs on the
-/// machine meanwhile (a wait for a CPU is not counted).
+/// clock_gettime(2)): what faulting memory in costs it, waits not counted.
 pub(crate) fn thread_cpu_time() -> Option<std::time::Duration> {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     let secs = u64::try_from(t.tv_sec).ok()?;
@@ -143,19 +117,17 @@ pub(crate) fn thread_cpu_time() -> Option<std::time::Duration> {
     Some(std::time::Duration::new(secs, nanos))
 }
 
-/// Drops a file's clean pages from the page cache
-/// (`posix_fadvise(POSIX_FADV_DONTNEED)`, see posix_fadvise(2)). Pages mapped
-/// or dirty elsewhere stay.
+/// Drops a file's clean, unmapped pages from the page cache
+/// (`POSIX_FADV_DONTNEED`, posix_fadvise(2)).
 pub fn evict(file: &File) -> io::Result<()> {
     rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed)?;
     Ok(())
 }
 
 /// Asks the kernel to read `[offset, offset + len)` of `file` into the page
-/// cache in the background (`posix_fadvise(POSIX_FADV_WILLNEED)`). Each call
-/// is clamped by the kernel to the larger of the device's read-ahead window
-/// and its largest I/O (`force_page_cache_ra` in mm/readahead.c), so callers
-/// issue it in pieces of that size.
+/// cache in the background (`POSIX_FADV_WILLNEED`), each call clamped to the
+/// larger of the device's read-ahead window and its largest I/O
+/// (`force_page_cache_ra` in mm/readahead.c): callers issue pieces that size.
 pub fn advise_willneed(file: &File, offset: u64, len: u64) -> io::Result<()> {
     let Some(len) = NonZeroU64::new(len) else {
         return Ok(());
@@ -170,14 +142,12 @@ pub fn page_size() -> u64 {
 }
 
 /// How many pages of `file` in `[offset, offset + len)` are in the page
-/// cache, from `cachestat(2)` (Linux 6.5+). The kernel answers `EPERM` for a
-/// file the caller could not open for writing and does not own (the same
-/// rule that makes `mincore(2)` silently report such pages as absent), and
-/// `ENOSYS` before 6.5. `len` 0 means to the end of the file.
+/// cache, from `cachestat(2)` (Linux 6.5+; `len` 0: to the end). The kernel
+/// answers `EPERM` for a file the caller may not write and does not own,
+/// and `ENOSYS` before 6.5.
 ///
 /// NOTE: hand-written because neither `rustix` nor `libc` wraps
-/// `cachestat(2)` yet; the struct layouts follow
-/// include/uapi/linux/mman.h.
+/// `cachestat(2)` yet; the layouts follow include/uapi/linux/mman.h.
 pub fn cached_pages(file: &File, offset: u64, len: u64) -> io::Result<u64> {
     use std::os::fd::AsRawFd;
     #[repr(C)]
@@ -218,11 +188,9 @@ pub fn cached_pages(file: &File, offset: u64, len: u64) -> io::Result<u64> {
 }
 
 /// How many pages of `map` in `[offset, offset + len)` are in the page cache,
-/// from `mincore(2)`. `offset` must be a multiple of the page size; `vec` is
-/// scratch space, grown as needed. For a file the caller neither owns nor
-/// may write, Linux 5.0+ reports only the pages this process has mapped in,
-/// so a count of zero may be an understatement (see `can_do_mincore` in
-/// mm/mincore.c).
+/// from `mincore(2)`; `offset` page-aligned, `vec` scratch space. For a file
+/// the caller neither owns nor may write, Linux 5.0+ counts only the pages
+/// this process has mapped in (`can_do_mincore` in mm/mincore.c).
 ///
 /// NOTE: hand-written because `rustix` does not wrap `mincore(2)`.
 pub fn mincore_pages(map: &Mmap, offset: usize, len: usize, vec: &mut Vec<u8>) -> io::Result<u64> {
@@ -272,8 +240,8 @@ pub(crate) fn flock(file: &File, take: bool) -> io::Result<bool> {
 }
 
 /// Whether the process `pid` may still exist: `kill(pid, 0)` fails with
-/// `ESRCH` only for a pid with no process (see kill(2)); a zombie, or a
-/// process of another user (`EPERM`), still answers that it exists.
+/// `ESRCH` only for a pid with no process (kill(2)); a zombie, or another
+/// user's process, exists.
 pub(crate) fn pid_exists(pid: u32) -> bool {
     let Some(pid) = i32::try_from(pid)
         .ok()
@@ -318,18 +286,14 @@ pub fn device_number(meta: &Metadata) -> Option<u64> {
     Some(meta.dev())
 }
 
-/// Whether this process may write `path` (`access(2)` with the effective
-/// ids, `faccessat(AT_EACCESS)`), the test the kernel applies before it
-/// reveals a file's page-cache residency to a non-owner.
+/// Whether this process may write `path` (`faccessat(AT_EACCESS)`), the
+/// test the kernel applies before it shows a non-owner page-cache residency.
 pub fn may_write(path: &Path) -> bool {
     rustix::fs::accessat(rustix::fs::CWD, path, Access::WRITE_OK, AtFlags::EACCESS).is_ok()
 }
 
-/// The `statfs(2)` magic number (`f_type`) of the filesystem holding `path`.
-///
-/// `f_type` is a signed word on most targets; magic numbers are 32-bit, so a
-/// sign-extended one (`0xFF534D42` in an `i32`) is brought back to its 32
-/// bits.
+/// The `statfs(2)` magic number (`f_type`) of the filesystem holding `path`,
+/// a sign-extended one (`0xFF534D42` in an `i32`) brought back to 32 bits.
 #[allow(clippy::unnecessary_cast)] // The type of `f_type` differs between targets.
 pub(crate) fn filesystem_magic(path: &Path) -> io::Result<u64> {
     Ok((rustix::fs::statfs(path)?.f_type as u64) & 0xFFFF_FFFF)
@@ -343,9 +307,7 @@ pub(crate) fn filesystem_magic_of(file: &File) -> io::Result<u64> {
 }
 
 /// The largest `WILLNEED` the kernel honours in one call for files on the
-/// device `dev`: the larger of its read-ahead window and largest request
-/// (`force_page_cache_ra` in mm/readahead.c), from sysfs; `None` where sysfs
-/// does not say.
+/// device `dev` (see [`advise_willneed`]), from sysfs; `None` where unknown.
 pub fn readahead_limit(dev: u64) -> Option<u64> {
     let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
     let read_kb = |path: String| -> Option<u64> {
@@ -391,15 +353,12 @@ pub fn open_private_rw(path: &Path) -> io::Result<File> {
 }
 
 /// A file mapped shared and read-write, seen as 64-bit words that several
-/// processes update with atomic operations: the prefetch queue.
+/// processes update with atomic operations (lock-free instructions on the
+/// word, atomic between processes too): the prefetch queue.
 ///
-/// Every process that maps the file sees the same memory, and `AtomicU64`
-/// operations on it are atomic between processes as between threads (they
-/// are lock-free instructions on the word itself, whatever its address).
-/// The hazard is the file map's usual one: a process that truncates the file
-/// while it is mapped makes the others receive `SIGBUS`. The queue file is
-/// created `0600` and checked to be the caller's own before it is mapped
-/// ([`open_private_rw`]), so only the caller's own processes can do that.
+/// The hazard is a process truncating the file while it is mapped (`SIGBUS`
+/// in the others); the file is the caller's own `0600` one
+/// ([`open_private_rw`]), so only the caller's own processes can.
 pub struct SharedWords {
     map: MmapMut,
 }
@@ -463,14 +422,7 @@ impl Dir {
             OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )?;
-        let file = File::from(fd);
-        if !file.metadata()?.is_file() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "not a regular file",
-            ));
-        }
-        Ok(file)
+        super::regular(File::from(fd))
     }
 
     /// Whether `name` in this directory is a regular file (after symlinks).
@@ -495,11 +447,10 @@ impl Dir {
 }
 
 /// Turns `O_DIRECT` on or off for every read through this open file
-/// (`fcntl(F_SETFL)`, fs/fcntl.c `setfl`): the descriptor the header was read
-/// from, never a second open of the file. On FUSE a second open, even of
-/// `/proc/self/fd/N`, is an `OPEN` request that a passthrough daemon resolves
-/// by path again, so it may read another version of the file behind the same
-/// inode number. Fails with `EINVAL` where the filesystem has no direct I/O.
+/// (`fcntl(F_SETFL)`), never a second open: on FUSE a second open, even of
+/// `/proc/self/fd/N`, is an `OPEN` a passthrough daemon resolves by path
+/// again, maybe to another version of the file. `EINVAL` where the
+/// filesystem has no direct I/O.
 pub(crate) fn set_direct(file: &File, on: bool) -> io::Result<()> {
     let flags = rustix::fs::fcntl_getfl(file)?;
     let wanted = if on {
@@ -555,14 +506,12 @@ pub(crate) use node_copy::{SharedBytes, name_kind};
 // shared directory without following what another user may have put there.
 #[path = "linux_cache.rs"]
 mod cache_dir;
-pub use cache_dir::{EntryKind, link_count, reserve, write_all_at};
+pub use cache_dir::{link_count, reserve, write_all_at};
 
 /// Puts the calling thread in the idle scheduling class (`SCHED_IDLE`): it
-/// runs only on CPU time no other thread wants. A hint: where it is refused
-/// the thread keeps its class.
+/// runs only on CPU time no other thread wants. A hint.
 ///
-/// NOTE: through `libc`, as `rustix` has no call that sets a scheduling
-/// policy.
+/// NOTE: through `libc`, as `rustix` cannot set a scheduling policy.
 pub fn idle_priority() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: `sched_setscheduler` reads `param`, a live value on this stack,

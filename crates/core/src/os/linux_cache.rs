@@ -1,9 +1,8 @@
 //! The Linux calls of the write-through cache (`src/cache/`): names looked at and directories walked or made without following a symlink, files created only where no name was, published by a rename that never replaces, space reserved with `fallocate(2)`.
 //!
-//! A cache directory is a shared place: any name in it may have been made by
-//! another user, so nothing here follows a symlink it was not asked to read
-//! (`O_NOFOLLOW`, `AT_SYMLINK_NOFOLLOW`), opens block on a FIFO
-//! (`O_NONBLOCK`), or creates a file where a name already is (`O_EXCL`).
+//! Any name in a cache directory may have been made by another user, so
+//! nothing here follows a symlink it was not asked to read, blocks on a FIFO,
+//! or creates a file where a name already is.
 
 use std::fs::File;
 use std::io;
@@ -14,34 +13,13 @@ use std::time::SystemTime;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
 
 use super::Dir;
-
-/// What a name in a directory is, not following it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EntryKind {
-    /// No such name.
-    Missing,
-    /// A regular file of `len` bytes, last modified then.
-    File {
-        len: u64,
-        modified: Option<SystemTime>,
-    },
-    /// A directory.
-    Dir,
-    /// A symbolic link (not followed).
-    Link,
-    /// Anything else: a FIFO, a socket, a device.
-    Other,
-}
+use crate::os::{EntryKind, regular};
 
 /// Directories the cache makes: every permission the process's umask
 /// allows, as `mkdir -p` and the hub's own client make them.
-const DIR_MODE: u32 = 0o777;
+const DIR_MODE: Mode = Mode::from_raw_mode(0o777);
 /// Files the cache makes, before the umask: `0644` under the usual `022`.
-const FILE_MODE: u32 = 0o666;
-
-fn mode(bits: u32) -> Mode {
-    Mode::from_raw_mode(bits)
-}
+const FILE_MODE: Mode = Mode::from_raw_mode(0o666);
 
 impl Dir {
     /// What `name` is here, without following it.
@@ -69,7 +47,7 @@ impl Dir {
     /// an error, not a way elsewhere).
     pub fn sub(&self, name: &str, create: bool) -> io::Result<Dir> {
         if create {
-            match rustix::fs::mkdirat(&self.fd, name, mode(DIR_MODE)) {
+            match rustix::fs::mkdirat(&self.fd, name, DIR_MODE) {
                 Ok(()) | Err(rustix::io::Errno::EXIST) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -108,7 +86,7 @@ impl Dir {
             &self.fd,
             name,
             OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            mode(FILE_MODE),
+            FILE_MODE,
         )?;
         Ok(File::from(fd))
     }
@@ -120,7 +98,7 @@ impl Dir {
             &self.fd,
             name,
             OFlags::RDWR | OFlags::CREATE | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            mode(FILE_MODE),
+            FILE_MODE,
         )?;
         regular(File::from(fd))
     }
@@ -173,16 +151,6 @@ impl Dir {
         let stat = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)?;
         Ok(Some(stat.st_uid))
     }
-}
-
-fn regular(file: File) -> io::Result<File> {
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    Ok(file)
 }
 
 /// How many names a file has, from its metadata.

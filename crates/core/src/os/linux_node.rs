@@ -5,11 +5,9 @@ use std::io;
 use std::path::Path;
 
 /// A new node copy of `len` bytes: a memory file (`memfd_create(2)`), which
-/// no filesystem's size limit applies to (a container's 64 MiB `/dev/shm`)
-/// and whose pages are charged to the memory cgroup of whoever touches them
-/// first, sealed against shrinking and growing (`F_SEAL_SHRINK`,
-/// `F_SEAL_GROW`, then `F_SEAL_SEAL`, see memfd_create(2)): no process that
-/// holds it can truncate it under another's map.
+/// no filesystem's size limit applies to (a container's 64 MiB `/dev/shm`),
+/// sealed against shrinking and growing (`F_SEAL_SHRINK`, `F_SEAL_GROW`,
+/// `F_SEAL_SEAL`): no holder can truncate it under another's map.
 pub fn memfd_copy(name: &str, len: u64) -> io::Result<File> {
     use rustix::fs::{MemfdFlags, SealFlags};
     let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
@@ -19,9 +17,8 @@ pub fn memfd_copy(name: &str, len: u64) -> io::Result<File> {
     Ok(file)
 }
 
-/// Whether `file` is a node copy as [`memfd_copy`] makes them, of `len`
-/// bytes: a file received from another process is mapped only then (an
-/// unsealed one could be truncated under the map).
+/// Whether `file` is a sealed node copy of `len` bytes, as [`memfd_copy`]
+/// makes them: a file received from another process is mapped only then.
 pub fn is_sealed_copy(file: &File, len: u64) -> bool {
     use rustix::fs::SealFlags;
     let sealed = rustix::fs::fcntl_get_seals(file)
@@ -29,24 +26,18 @@ pub fn is_sealed_copy(file: &File, len: u64) -> bool {
     sealed && file.metadata().is_ok_and(|m| m.is_file() && m.len() == len)
 }
 
-/// A file mapped shared and writable, written by positional reads of
-/// another file straight into it: a node copy being filled. Nothing of this
-/// process reads its bytes through this map; they are read through a
-/// read-only map made once the fill is over.
+/// A node copy being filled: mapped shared and writable, written by
+/// positional reads straight into it, never read through this map.
 pub(crate) struct SharedBytes {
     map: memmap2::MmapRaw,
-    /// The ranges reads are writing now: two reads of this process never
-    /// write the same bytes at once.
+    /// The ranges being written now, kept apart.
     busy: std::sync::Mutex<Vec<std::ops::Range<usize>>>,
 }
 
 impl SharedBytes {
-    /// Maps all of `file` shared and writable; with `huge`, asks for
-    /// transparent huge pages for the memory file's pages this map faults
-    /// in (`Some(true)`, `MADV_HUGEPAGE`: granted where the host's
-    /// `shmem_enabled` is `advise`, `always` or `within_size`), or for base
-    /// pages only (`Some(false)`, `MADV_NOHUGEPAGE`). A hint: refused, the
-    /// map is kept as it is.
+    /// Maps all of `file` shared and writable; with `huge`, advises huge
+    /// pages (`MADV_HUGEPAGE`, granted where the host's `shmem_enabled`
+    /// allows) or base pages only, a hint.
     pub(crate) fn map(file: &File, huge: Option<bool>) -> io::Result<SharedBytes> {
         if file.metadata()?.len() == 0 {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
@@ -66,17 +57,14 @@ impl SharedBytes {
         })
     }
 
-    /// The addresses the map spans in this process: a read whose
-    /// destination lies in them lands in the file itself.
+    /// The addresses the map spans in this process.
     pub(crate) fn addresses(&self) -> std::ops::Range<usize> {
         let start = self.map.as_ptr() as usize;
         start..start + self.map.len()
     }
 
-    /// Fills `len` bytes of the map at `at` with `read` (which reads them
-    /// from offset `offset` of a file); fails without writing where the
-    /// range is outside the map or overlaps a read of this process in
-    /// progress.
+    /// [`write_with`](SharedBytes::write_with) for a read from offset
+    /// `offset` of a file.
     pub(crate) fn read_from(
         &self,
         at: usize,
@@ -113,15 +101,11 @@ impl SharedBytes {
             }
             busy.push(range.clone());
         }
-        // Another process may write the same bytes meanwhile (a chunk taken
-        // over from a rank that resumes), with the same content, read from
-        // the same version of the same file; like the queue words
-        // (`SharedWords`), shared memory is outside this process's aliasing.
-        // No code of this process reads the bytes through this map, and
-        // `busy` keeps every other write of this process out of the range
-        // until it is removed below.
         // SAFETY: `[at, at + len)` lies within the live map (checked above),
-        // and no other slice of this process covers it while the call runs.
+        // and no other slice of this process covers it while the call runs
+        // (`busy`; nothing reads through this map). Another process may
+        // write the same bytes meanwhile, with the same content: shared
+        // memory is outside this process's aliasing, as `SharedWords`.
         let dst = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at), len) };
         let result = write(dst);
         if let Ok(mut busy) = self.busy.lock() {
@@ -131,9 +115,8 @@ impl SharedBytes {
     }
 }
 
-/// What a name in a directory is, by `lstat(2)` (a symlink is not
-/// followed): what the node copy's registry tells a holder's socket from
-/// whatever else another user may have put at its name.
+/// What a name in a directory is, by `lstat(2)`: how the node copy's
+/// registry tells a holder's socket from what another user put there.
 pub(crate) fn name_kind(meta: &std::fs::Metadata) -> crate::os::NameKind {
     use std::os::unix::fs::FileTypeExt;
     let t = meta.file_type();
@@ -153,9 +136,8 @@ pub(crate) fn name_kind(meta: &std::fs::Metadata) -> crate::os::NameKind {
 }
 
 /// A Unix socket listening for the other local ranks of a job, to hand them
-/// a node copy. Its thread sleeps in `poll(2)` until a peer connects or
-/// [`StopListening::stop`] is called: no periodic wake-ups, however long the
-/// rank holds the copy.
+/// a node copy; its thread sleeps in `poll(2)` until a peer connects or
+/// [`StopListening::stop`] is called, with no periodic wake-ups.
 pub struct FdListener {
     listener: std::os::unix::net::UnixListener,
     /// An `eventfd(2)` made readable by [`StopListening::stop`].
@@ -196,8 +178,7 @@ impl FdListener {
         StopListening(std::sync::Arc::clone(&self.stop))
     }
 
-    /// The next connection, once one arrives; `None` once stopped. Sleeps
-    /// in `poll(2)` on the socket and the stop meanwhile.
+    /// The next connection, once one arrives; `None` once stopped.
     pub fn next(&self) -> io::Result<Option<FdStream>> {
         use rustix::event::{PollFd, PollFlags};
         loop {
@@ -241,14 +222,11 @@ pub struct FdStream(std::os::unix::net::UnixStream);
 impl FdStream {
     /// Connects to the socket at `path`, waiting at most `timeout` for room
     /// in its backlog; every later send and receive fails after `timeout`
-    /// too (a stopped peer, or a listener that never accepts, must not hang
-    /// this process).
+    /// too, so a stopped peer cannot hang this process.
     ///
-    /// The timeout is set before `connect(2)`: on a Unix stream socket a
-    /// connect to a listener whose backlog is full sleeps until a slot
-    /// frees, for at most the socket's send timeout (`SO_SNDTIMEO`; Linux's
-    /// `unix_stream_connect` waits `sock_sndtimeo`), then fails with
-    /// `EAGAIN`. A non-blocking connect is no help there: a Unix socket
+    /// The timeout is set before `connect(2)`: a Unix stream connect to a
+    /// full backlog sleeps for at most the send timeout (`SO_SNDTIMEO`,
+    /// `unix_stream_connect`), then fails with `EAGAIN`; a non-blocking one
     /// answers `EAGAIN` at once, with nothing to poll for.
     pub fn connect(path: &Path, timeout: std::time::Duration) -> io::Result<FdStream> {
         use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};

@@ -1,37 +1,21 @@
 //! Every call into the operating system, with the platform's implementation chosen in this one place.
 //!
-//! Linux gets the real calls (`linux.rs`): page-cache advice and residency,
-//! direct I/O, `statfs`, locks, process liveness, shared maps, and the
-//! `/proc` files the crate parses. Elsewhere (`stub.rs`) reads work through
-//! the standard library and every hint is a no-op or answers
-//! [`io::ErrorKind::Unsupported`], so that callers degrade (mmap stays the
-//! default, prefetch reads instead of advising, mount detection says
-//! "unknown") rather than fail. Safe wrappers come from `rustix` where it has
-//! one; the few calls it lacks (`cachestat(2)`, `mincore(2)`), the shared
-//! queue map and the writes into a node copy are the only `unsafe` here.
+//! Linux gets the real calls (`linux.rs`); elsewhere (`stub.rs`) reads go
+//! through the standard library and every hint is a no-op or answers
+//! [`io::ErrorKind::Unsupported`], so that callers degrade (prefetch reads
+//! instead of advising, mount detection says "unknown") rather than fail.
 //!
-//! # Selecting the stub on Linux
+//! `RUSTFLAGS="--cfg safeload_os_stub"` selects the stub on Linux too and
+//! drops `rustix` and `libc` (Cargo.toml's `[target]` table), so that CI's
+//! stub build (`.ci/run`, the library and its unit tests) fails on any use of
+//! them outside `linux.rs`. A cfg, not a feature: features unify, so one
+//! dependent naming it would take the Linux layer from every user. Unit tests
+//! of Linux behaviour gate on the expression below, with a twin for the
+//! stub's answer, or branch on `MOUNT_DETECTION`.
 //!
-//! `RUSTFLAGS="--cfg safeload_os_stub"` compiles the crate against `stub.rs`
-//! on Linux too, and drops `rustix` and `libc` (Cargo.toml's `[target]` table
-//! tests the same expression), so that a use of them outside `linux.rs` fails
-//! here as it would on macOS or Windows. CI builds the library and runs its
-//! unit tests that way (`cargo test --lib`, `.ci/run`); the integration tests
-//! and benches test Linux behaviour (FUSE mounts, the page cache) and call
-//! `libc` and `rustix` themselves, so they are built only without it. A cfg rather than a cargo feature: a feature that takes code
-//! away would be switched on for every user of the crate by any one dependent
-//! that named it (features unify), and by `--all-features`; a cfg is set only
-//! by whoever runs the build. Unit tests of Linux behaviour gate on
-//! `all(target_os = "linux", not(safeload_os_stub))`, the expression below,
-//! with a twin for the stub's answer, or branch on `MOUNT_DETECTION`.
-//!
-//! # The interface
-//!
-//! Closed: what the rest of the crate may call is the list re-exported below
-//! by name, and both implementations define every item of it, so an item
-//! missing from the stub (or a signature that drifts) is a compile error with
-//! the stub selected, on Linux as anywhere. An item one implementation has
-//! beyond the list is dead code, which both CI builds refuse (`-D warnings`).
+//! The interface is closed: the rest of the crate calls only what is
+//! re-exported below, and both implementations define all of it, so a
+//! missing or drifting stub is a compile error in the stub build.
 
 use std::fs::File;
 use std::io;
@@ -44,57 +28,31 @@ mod steps;
 // Portable, on top of the list below: a range read through a scratch buffer.
 pub use steps::read_in_steps;
 
-// What this platform can answer: whether it has a mount table and
-// filesystem magic numbers (`false` makes every mount lookup "unknown").
+// Whether this platform has a mount table and filesystem magic numbers
+// (`false` makes every mount lookup "unknown").
 pub(crate) use imp::MOUNT_DETECTION;
 
-// Opening and reading files, and telling files apart.
-pub use imp::device_number;
-pub use imp::file_id;
-pub use imp::may_write;
-pub use imp::open_private_rw;
-pub use imp::open_regular;
-pub use imp::{Dir, file_owner};
-pub(crate) use imp::{path_from_bytes, path_of, pread};
-
-// Direct I/O on an open file.
-pub(crate) use imp::{is_direct, set_direct};
+// Opening and reading files, and telling files apart; direct I/O.
+pub use imp::{Dir, device_number, file_id, file_owner, may_write, open_private_rw, open_regular};
+pub(crate) use imp::{is_direct, path_from_bytes, path_of, pread, set_direct};
 
 // Page-cache and memory hints, and what the page cache holds.
-pub use imp::advise_willneed;
-pub use imp::cached_pages;
-pub use imp::evict;
-pub use imp::mincore_pages;
-pub use imp::page_size;
-pub use imp::readahead_limit;
 pub(crate) use imp::{
     advise_page_size, advise_page_size_of_range, let_go, populate_read, populate_write,
     thread_cpu_time,
 };
+pub use imp::{advise_willneed, cached_pages, evict, mincore_pages, page_size, readahead_limit};
 
-// Filesystems: the `statfs(2)` magic number.
-pub(crate) use imp::{filesystem_magic, filesystem_magic_of};
-
-// Processes, locks (for `coord/lock.rs` alone) and memory shared between them.
-pub use imp::SharedWords;
-pub use imp::effective_uid;
-pub use imp::parent_pid;
-pub(crate) use imp::{flock, pid_exists};
-
-// Limits: the address space this process may map (the bound of a remote
-// body held in memory).
-pub(crate) use imp::address_space_limit;
-
-// Scheduling: a thread's class.
-pub use imp::idle_priority;
+// Filesystems (`statfs(2)`), the `/proc` files the crate parses, processes,
+// locks (`coord/lock.rs`), shared memory, limits and scheduling.
+pub use imp::{SharedWords, effective_uid, idle_priority, parent_pid};
+pub(crate) use imp::{
+    address_space_limit, filesystem_magic, filesystem_magic_of, flock, pid_exists, read_proc,
+};
 
 // The node copy: a sealed memory file, filled through a shared map, handed
 // to the job's other local ranks over a Unix socket; what a name is.
-pub use imp::FdListener;
-pub use imp::FdStream;
-pub use imp::StopListening;
-pub use imp::is_sealed_copy;
-pub use imp::memfd_copy;
+pub use imp::{FdListener, FdStream, StopListening, is_sealed_copy, memfd_copy};
 pub(crate) use imp::{SharedBytes, name_kind};
 
 /// What a name in a directory is, not following a symlink
@@ -125,27 +83,35 @@ impl std::fmt::Display for NameKind {
     }
 }
 
-// The `/proc` files the crate parses.
-pub(crate) use imp::read_proc;
+// The write-through cache (feature `remote`): `Dir`'s calls that never
+// follow a name, a file's link count, space reserved, positional writes.
+pub use imp::{link_count, reserve, write_all_at};
 
-// The write-through cache: a directory's names seen without following them
-// (`Dir::entry`, `sub`, `read_link`, `open_nofollow`, `create_new`,
-// `open_lock`, `rename_noreplace`, `replace`, `symlink`, `remove`,
-// `remove_dir`, `owner`), a file's link count, space reserved and positional
-// writes (feature `remote`).
-pub use imp::{EntryKind, link_count, reserve, write_all_at};
+/// What a name in a directory is, not following it (`Dir::entry`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryKind {
+    /// No such name.
+    Missing,
+    /// A regular file of `len` bytes, last modified then.
+    File {
+        len: u64,
+        modified: Option<std::time::SystemTime>,
+    },
+    /// A directory.
+    Dir,
+    /// A symbolic link (not followed).
+    Link,
+    /// Anything else: a FIFO, a socket, a device.
+    Other,
+}
 
-/// A file of `/proc` (proc(5)), or of `/sys` for the kernel's settings, the
-/// crate reads. The OS layer only reads it; the text is parsed where it is
-/// used (`mount/`, `memory.rs`, `prefetch/owner.rs`, `dest/pages.rs`), by
-/// pure functions tested on every platform.
+/// A file of `/proc` (proc(5)) or `/sys` the crate reads; the text is parsed
+/// where it is used, by pure functions tested on every platform.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ProcFile {
-    /// `/proc/self/mountinfo`: this process's mount table, with device
-    /// numbers and mount ids.
+    /// `/proc/self/mountinfo`: this process's mount table.
     SelfMountinfo,
-    /// `/proc/mounts`: the mount table without them, for kernels before
-    /// 2.6.26 and sandboxes that hide `mountinfo`.
+    /// `/proc/mounts`: the mount table without device numbers and ids.
     Mounts,
     /// `/proc/meminfo`: `MemAvailable`.
     Meminfo,
@@ -153,18 +119,27 @@ pub(crate) enum ProcFile {
     SelfCgroup,
     /// `/proc/self/stat`: this process's start time.
     SelfStat,
-    /// `/proc/self/status`: the address space this process has mapped
-    /// (`VmSize`).
+    /// `/proc/self/status`: the address space mapped (`VmSize`).
     SelfStatus,
     /// `/proc/<pid>/stat`: another process's state and start time.
     Stat(u32),
-    /// `/sys/kernel/mm/transparent_hugepage/enabled`: whether anonymous
-    /// memory may get transparent huge pages (`always`, `madvise`, `never`;
-    /// the kernel's `admin-guide/mm/transhuge`).
+    /// `/sys/kernel/mm/transparent_hugepage/enabled` (`always`, `madvise`,
+    /// `never`; the kernel's `admin-guide/mm/transhuge`).
     HugePagesEnabled,
 }
 
-/// The alignment direct I/O needs of offsets, lengths and buffers. 4 KiB
+/// `file`, where it is a regular file.
+fn regular(file: File) -> io::Result<File> {
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
+}
+
+/// The alignment direct I/O needs of offsets, lengths and buffers: 4 KiB
 /// covers the logical block size of every common device.
 pub(crate) const DIRECT_ALIGN: u64 = 4096;
 
@@ -174,12 +149,10 @@ pub(crate) const EINVAL: i32 = 22;
 /// Why a read took `O_DIRECT` off its descriptor for the rest of the load.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum DirectDropped {
-    /// A read of whole, aligned blocks into an aligned buffer was refused
-    /// (the OS error's text): the filesystem has no usable direct path.
+    /// A read of whole, aligned blocks was refused (the OS error's text).
     Refused(String),
     /// Reads of whole blocks kept coming back in pieces that are not whole
-    /// blocks (as some network clients answer), so no aligned read made
-    /// progress.
+    /// blocks (as some network clients answer).
     Pieces,
 }
 
@@ -196,9 +169,8 @@ impl std::fmt::Display for DirectDropped {
 
 /// Reads into `buf` at `offset` until at least `required` bytes have
 /// arrived (all of `buf` if the file is long enough), retrying short reads
-/// and `EINTR`. On failure returns the offset that failed along with the
-/// error; end-of-file before `required` bytes is `UnexpectedEof` (the file
-/// shrank).
+/// and `EINTR`; on failure, the offset that failed and the error
+/// (`UnexpectedEof` where the file ends before `required` bytes).
 pub fn read_at_least(
     file: &File,
     buf: &mut [u8],
@@ -211,16 +183,12 @@ pub fn read_at_least(
 /// `read_at_least`, saying whether this read took `O_DIRECT` off the
 /// descriptor, and why.
 ///
-/// With `O_DIRECT` set, every read must be whole blocks at a block offset
-/// into an aligned buffer. A short read (a network client, a signal) leaves
-/// the next one at an offset that is not: the bytes from the last whole
-/// block on are then read again through an aligned bounce buffer
-/// ([`bounce`]), and direct reads go on from the next block boundary. Where
-/// the filesystem keeps refusing whole-block reads (`EINVAL`) or answering
-/// them in pieces that are not whole blocks, `O_DIRECT` is cleared from the
-/// same descriptor (`fcntl(F_SETFL)`, never a second open: a second open may
-/// reach another version of the file) and the rest is read through the
-/// page cache.
+/// With `O_DIRECT` set, a read that is not whole blocks at a block offset
+/// into an aligned buffer (after a short read, or a caller's range) goes
+/// through [`bounce`]. Where the filesystem keeps refusing whole-block reads
+/// or answering them in pieces, `O_DIRECT` is cleared from the same
+/// descriptor (never a second open: see [`bounce`]) and the rest is read
+/// through the page cache.
 pub(crate) fn read_at_least_noting(
     file: &File,
     buf: &mut [u8],
@@ -241,10 +209,7 @@ pub(crate) fn read_at_least_noting(
         let n = match pread(file, rest, at) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            // A read the descriptor's `O_DIRECT` refuses: an unaligned
-            // buffer, offset or length (after a short read, or a caller's
-            // range). The same bytes through an aligned bounce buffer, from
-            // the same open file.
+            // An unaligned read the descriptor's `O_DIRECT` refuses.
             Err(e) if e.raw_os_error() == Some(EINVAL) && is_direct(file) => {
                 match bounce(file, rest, at) {
                     Ok(n) => n,
@@ -285,8 +250,7 @@ pub fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> Result<(), (u6
     read_at_least(file, buf, len, offset)
 }
 
-/// The largest piece a bounced read moves at once (the buffer each thread
-/// keeps for it).
+/// The largest piece a bounced read moves at once (each thread's buffer).
 const BOUNCE_PIECE: usize = 8 << 20;
 
 /// How many reads of whole blocks in a row may come back in pieces that
@@ -299,28 +263,21 @@ thread_local! {
     static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Why a bounced read did not complete.
+/// Why a bounced read did not complete: direct reads cannot go on (the
+/// caller clears `O_DIRECT`), or the read failed.
 enum Bounce {
-    /// Direct reads cannot go on; the caller clears `O_DIRECT`.
     Drop(DirectDropped),
-    /// The read failed.
     Failed(io::Error),
 }
 
 /// One bounced read for a descriptor with `O_DIRECT` set: the whole blocks
-/// covering the start of `dst` (up to [`BOUNCE_PIECE`]) are read into an
-/// aligned buffer, and the bytes asked for copied out. Returns how many
-/// bytes of `dst` were filled, 0 at the end of the file; short of `dst` at
-/// the end of the file or where the piece ends.
-///
-/// A short answer that ends inside a block is read again from the start of
-/// that block (the overlap read twice), so every request stays whole blocks.
-// NOTE: a descriptor keeps `O_DIRECT` for the few reads of a load that are
-// not whole blocks (the header prefix a verified load hashes, converted
-// tensors read from the file, a partial read racing a load of the same
-// checkpoint, the rest of a block after a short read) rather than opening
-// the file a second time without it: on FUSE a second open can reach another
-// version of the file (issue 16).
+/// covering the start of `dst` (up to [`BOUNCE_PIECE`]) read into an aligned
+/// buffer, the bytes asked for copied out; how many, 0 at the end of the
+/// file. A short answer ending inside a block is read again from that
+/// block's start, so every request stays whole blocks.
+// NOTE: the descriptor keeps `O_DIRECT` for a load's few reads that are not
+// whole blocks, rather than the file being opened again without it: on FUSE
+// a second open can reach another version of the file (issue 16).
 fn bounce(file: &File, dst: &mut [u8], at: u64) -> Result<usize, Bounce> {
     let align = DIRECT_ALIGN as usize;
     BOUNCE.with(|bounce| {
@@ -332,10 +289,9 @@ fn bounce(file: &File, dst: &mut [u8], at: u64) -> Result<usize, Bounce> {
             bounce.resize(span + align, 0);
         }
         let start = bounce.as_ptr().align_offset(align);
+        let out_of_range = || Bounce::Failed(io::Error::other("bounce buffer out of range"));
         let Some(block) = bounce.get_mut(start..start + span) else {
-            return Err(Bounce::Failed(io::Error::other(
-                "bounce buffer out of range",
-            )));
+            return Err(out_of_range());
         };
         let base = at - skip as u64;
         // Bytes of `block` read so far; every request starts at a whole
@@ -382,9 +338,7 @@ fn bounce(file: &File, dst: &mut [u8], at: u64) -> Result<usize, Bounce> {
         }
         let n = got.saturating_sub(skip).min(want);
         let (Some(from), Some(to)) = (block.get(skip..skip + n), dst.get_mut(..n)) else {
-            return Err(Bounce::Failed(io::Error::other(
-                "bounce buffer out of range",
-            )));
+            return Err(out_of_range());
         };
         to.copy_from_slice(from);
         Ok(n)

@@ -1,17 +1,13 @@
 //! Reading a range of a file through a scratch buffer in steps: the one loop of the readers that read bytes to look at, not to keep (hashing, warming the page cache, finding why a populate failed).
 //!
-//! Portable: the read itself is the caller's (a `Source`, a positional read
-//! of a file), so that one loop serves every kind of file.
+//! Portable: the read itself is the caller's, so one loop serves every kind of file.
 
 use std::ops::Range;
 
-/// Reads `range` in steps of at most `max_step` bytes through `scratch`, in
-/// order: `step(buf, offset)` fills `buf` (a prefix of `scratch`) with the
-/// bytes at `offset` and does what the caller reads them for. Stops at the
-/// first error and returns it.
-///
-/// `scratch` is grown to the first step's size where it is shorter, and kept
-/// for the caller's next range; a longer one is used up to `max_step`.
+/// Reads `range` in order, in steps of at most `max_step` bytes through
+/// `scratch` (grown where shorter, kept for the caller's next range):
+/// `step(buf, offset)` fills `buf` with the bytes at `offset` and uses them.
+/// Stops at the first error and returns it.
 pub fn read_in_steps<E>(
     range: Range<u64>,
     scratch: &mut Vec<u8>,

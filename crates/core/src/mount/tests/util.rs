@@ -10,51 +10,51 @@ use super::{MountEntry, MountTable};
 pub(super) const MOUNT_TABLES: &[(&str, &str)] = &[
     (
         "fstab-by-hand.txt",
-        include_str!("../../tests/data/fstab-by-hand.txt"),
+        include_str!("../../../tests/data/fstab-by-hand.txt"),
     ),
     (
         "mountinfo-bind-mount.txt",
-        include_str!("../../tests/data/mountinfo-bind-mount.txt"),
+        include_str!("../../../tests/data/mountinfo-bind-mount.txt"),
     ),
     (
         "mountinfo-btrfs-subvolumes.txt",
-        include_str!("../../tests/data/mountinfo-btrfs-subvolumes.txt"),
+        include_str!("../../../tests/data/mountinfo-btrfs-subvolumes.txt"),
     ),
     (
         "mountinfo-docker-overlay.txt",
-        include_str!("../../tests/data/mountinfo-docker-overlay.txt"),
+        include_str!("../../../tests/data/mountinfo-docker-overlay.txt"),
     ),
     (
         "mountinfo-fuse-clients.txt",
-        include_str!("../../tests/data/mountinfo-fuse-clients.txt"),
+        include_str!("../../../tests/data/mountinfo-fuse-clients.txt"),
     ),
     (
         "mountinfo-hf-mount-fuse.txt",
-        include_str!("../../tests/data/mountinfo-hf-mount-fuse.txt"),
+        include_str!("../../../tests/data/mountinfo-hf-mount-fuse.txt"),
     ),
     (
         "mountinfo-hf-mount-nfs4.txt",
-        include_str!("../../tests/data/mountinfo-hf-mount-nfs4.txt"),
+        include_str!("../../../tests/data/mountinfo-hf-mount-nfs4.txt"),
     ),
     (
         "mountinfo-network-clients.txt",
-        include_str!("../../tests/data/mountinfo-network-clients.txt"),
+        include_str!("../../../tests/data/mountinfo-network-clients.txt"),
     ),
     (
         "mountinfo-nfs-inside-xfs.txt",
-        include_str!("../../tests/data/mountinfo-nfs-inside-xfs.txt"),
+        include_str!("../../../tests/data/mountinfo-nfs-inside-xfs.txt"),
     ),
     (
         "mountinfo-this-machine.txt",
-        include_str!("../../tests/data/mountinfo-this-machine.txt"),
+        include_str!("../../../tests/data/mountinfo-this-machine.txt"),
     ),
     (
         "mounts-nvme-nfs-hf-mount.txt",
-        include_str!("../../tests/data/mounts-nvme-nfs-hf-mount.txt"),
+        include_str!("../../../tests/data/mounts-nvme-nfs-hf-mount.txt"),
     ),
     (
         "mounts-this-machine.txt",
-        include_str!("../../tests/data/mounts-this-machine.txt"),
+        include_str!("../../../tests/data/mounts-this-machine.txt"),
     ),
 ];
 

@@ -1,15 +1,8 @@
 //! Housekeeping of the hub cache (`safeload cache rm|prune`): a revision or a whole repository removed, temporary files dead writers left and blobs no snapshot links to pruned, each also as a dry run; never through a link, never what another user owns or a live writer locks.
 //!
-//! The cache is shared with the hub's own clients and, on a shared machine,
-//! with other users. So every name is looked at with `lstat` and removed
-//! from a directory opened without following a symlink (`os::Dir`): a link
-//! is removed as a link, whatever it points at. A name another user owns is
-//! kept, and the result says so. A blob or a temporary file goes only
-//! while this process holds its lock in `.locks/<repo folder>/` (tried
-//! once, never waited for): one a writer holds is kept. The lock files
-//! themselves stay: another process may be about to take one. A dry run
-//! walks the same steps and removes nothing, so it lists the same names
-//! and bytes as the removal after it would.
+//! Every name is looked at with `lstat` and removed from a directory opened
+//! without following links (`os::Dir`); a blob or temporary file goes only
+//! under its lock, tried once; a dry run walks the same steps.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -29,14 +22,9 @@ use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode, Remove
 /// Removes a revision of the hub cache's repository `repo` (`org/name`),
 /// or, with `revision` `None`, the whole repository (feature `remote`).
 ///
-/// A revision is a commit (40 hex digits) or a branch or tag the cache has
-/// a ref of (`main`, `refs/pr/1`). Its snapshot folder goes (its links as
-/// links), the refs that name its commit, its `.no_exist/<commit>`, and the
-/// blobs it links to that no other snapshot of the repository links to.
-/// With [`RemoveMode::DryRun`](crate::report::RemoveMode::DryRun), nothing
-/// is removed and the result lists what would go. Names another user owns,
-/// and blobs whose lock a live writer holds, are kept and listed with why
-/// ([`KeepReason`](crate::report::KeepReason)).
+/// A revision is a commit or a branch or tag the cache has a ref of. Its
+/// snapshot, refs, `.no_exist/<commit>` and the blobs no other snapshot links
+/// to go; a dry run removes nothing. What is kept is listed with why.
 ///
 /// ```no_run
 /// use safeload::hub::RemoveMode;
@@ -57,11 +45,9 @@ use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode, Remove
 ///
 /// A repository id or revision that is no name of the hub
 /// ([`ErrorKind::BadAddress`](safeload_core::ErrorKind::BadAddress) on
-/// `hf://repo@revision`, as a load of that address: a `..`, a `/` too many,
-/// a `--`), before anything is looked at; no cache, no such repository or revision in it
-/// ([`Error::is_not_found`]); a snapshot that cannot be read (nothing is
-/// removed then: which blobs another snapshot links to is not known). Each
-/// names its path.
+/// `hf://repo@revision`), before anything is looked at; no cache, no such
+/// repository or revision in it ([`Error::is_not_found`]); a snapshot that
+/// cannot be read (nothing is removed then). Each names its path.
 pub fn hub_cache_remove(
     repo: &str,
     revision: Option<&str>,
@@ -85,14 +71,9 @@ pub fn hub_cache_remove(
 }
 
 /// Prunes the hub cache (feature `remote`), in `repo` (`org/name`) or in
-/// every model repository: the temporary files of downloads not written to
-/// for an hour whose lock no one holds (what a writer that died left), and
-/// the blobs no snapshot of their repository links to. With
-/// [`RemoveMode::DryRun`](crate::report::RemoveMode::DryRun), nothing is
-/// removed. A repository whose snapshots cannot all be read keeps its
-/// blobs, and the result says why; so does a name another user owns, a
-/// file a live writer locks, or a temporary file written to within the
-/// hour. A cache that does not exist yet has nothing to prune.
+/// every model repository: temporary files of dead writers and blobs no
+/// snapshot links to. With [`RemoveMode::DryRun`](crate::report::RemoveMode::DryRun),
+/// nothing is removed; what is kept is listed with why.
 ///
 /// ```no_run
 /// use safeload::hub::RemoveMode;
@@ -108,8 +89,7 @@ pub fn hub_cache_remove(
 /// A repository id that is no name of the hub
 /// ([`ErrorKind::BadAddress`](safeload_core::ErrorKind::BadAddress) on
 /// `hf://repo`); no `HF_HUB_CACHE`, `HF_HOME` or `HOME` to find the cache
-/// by; a cache or repository folder that cannot be
-/// listed.
+/// by; a cache or repository folder that cannot be listed.
 pub fn hub_cache_prune(repo: Option<&str>, mode: RemoveMode) -> Result<CacheRemoval> {
     if let Some(repo) = repo {
         check_repo(repo)?;
@@ -153,9 +133,7 @@ pub fn hub_cache_prune(repo: Option<&str>, mode: RemoveMode) -> Result<CacheRemo
     Ok(clean.done)
 }
 
-/// `org/name` of names the hub takes (the rules of `hf://` addresses):
-/// nothing outside the cache's root can be named by it. Refused as the
-/// address `hf://{repo}` is.
+/// `org/name` as `hf://{repo}` takes it: nothing outside the root can be named.
 fn check_repo(repo: &str) -> Result<()> {
     let ok = repo
         .split_once('/')
@@ -166,8 +144,7 @@ fn check_repo(repo: &str) -> Result<()> {
     Err(Error::bad_address(format!("hf://{repo}"), HUB_NAME_RULE))
 }
 
-/// A revision as `hf://` takes one ([`hub_revision_ok`]), refused as the
-/// address `hf://{repo}@{revision}` is.
+/// A revision as `hf://` takes one ([`hub_revision_ok`]).
 fn check_revision(repo: &str, revision: &str) -> Result<()> {
     if hub_revision_ok(revision) {
         return Ok(());
@@ -177,10 +154,8 @@ fn check_revision(repo: &str, revision: &str) -> Result<()> {
 }
 
 impl Cleaner {
-    /// Removes the repository's folder `folder` of the cache: its refs
-    /// first (so that no ref names a snapshot that is gone), its
-    /// snapshots, its markers, its blobs, then the folder. A link in its
-    /// place is removed as a link.
+    /// Removes the repository's folder: refs first (no ref names a snapshot
+    /// that is gone), then the rest; a link in its place as a link.
     fn remove_repo(&mut self, root: &Dir, folder: &str) -> Result<()> {
         let path = self.done.root.join(folder);
         match root.entry(folder) {
@@ -397,8 +372,7 @@ fn ref_commit(repo: &Dir, names: &[&str]) -> Option<String> {
     layout::commit_of_ref(&read_small(&dir, last)?)
 }
 
-/// The refs under `refs` (as `main`, `refs/pr/1`) that name `commit`: the
-/// listing's walk, each regular file read as a ref.
+/// The refs under `refs` (as `main`, `refs/pr/1`) that name `commit`.
 fn refs_naming(refs: &Dir, commit: &str) -> Vec<String> {
     let mut found = Vec::new();
     super::list::walk(refs, "", 0, &mut |f| {
@@ -410,11 +384,9 @@ fn refs_naming(refs: &Dir, commit: &str) -> Vec<String> {
     found
 }
 
-/// The blobs the links under `dir` lead to (`depth` folders below a
-/// snapshot), added to `into`; a link that names a blob in a form the
-/// layout does not make counts too (keeping a blob is the safe mistake).
-/// A folder that cannot be read is an error: the caller must not take the
-/// set as whole.
+/// The blobs the links under `dir` lead to, added to `into`; a link of an
+/// unknown form counts too (keeping a blob is the safe mistake). An
+/// unreadable folder is an error: the set would not be whole.
 fn linked_blobs(
     dir: &Dir,
     depth: usize,

@@ -1,35 +1,9 @@
 //! Remote checkpoints through a cache (feature `remote`): `hf://` through the Hugging Face cache in its own layout, other stores through a cache directory of this crate's; each file read from the cache where it holds it, else fetched and written to it as the load reads it, every file of a load at one commit.
 //!
-//! - `layout.rs`: the names (pure): where the caches are, the switches, the
-//!   hub cache's folders and links, temporary names;
-//! - `hub.rs`: the hub cache on disk, read and written;
-//! - `store.rs`: the cache directory of other stores;
-//! - `write.rs`: a file written as it is fetched, checked (`check.rs`),
-//!   published; `temp.rs`: the file it fills; `partial.rs`: that file kept
-//!   for the next load to resume, its finished pieces recorded (`streams.rs`);
-//! - `hits.rs`: the cache's own files as sources (a hit), and the digest a
-//!   snapshot file to be verified needs;
-//! - `source.rs`: the two sources a cache adds (a file of the cache, a
-//!   fetched file also written to it);
-//! - `list.rs`: what the hub cache holds (`safeload cache`);
-//! - `clean.rs`: a revision or a repository removed, the cache pruned
-//!   (`safeload cache rm|prune`); `remover.rs`: each name removed, owner,
-//!   lock and dry run checked.
-//!
-//! # `hf://org/repo@rev/sub`
-//!
-//! 1. The commit: `rev` itself where it is one (no request); with
-//!    `HF_HUB_OFFLINE=1`, `refs/<rev>` of the cache (no request); else one
-//!    HEAD of `model.safetensors` at `rev`, whose answer names the commit
-//!    (`X-Repo-Commit`) and whether the file exists there. A hub that cannot
-//!    be reached is taken as offline where the cache has `refs/<rev>`.
-//! 2. The checkpoint at that commit: `model.safetensors` where the snapshot
-//!    or the hub has it, else the index, from the snapshot or fetched (and
-//!    written to the cache).
-//! 3. Each file: from the snapshot where it is there (a local file), else
-//!    fetched at the commit and written through (`write.rs`), resuming what
-//!    an interrupted load left of it (`partial.rs`); offline, a file the
-//!    cache lacks is an error naming it.
+//! `hf://org/repo@rev`: the commit is `rev` where it is one, else the cache's
+//! `refs/<rev>` offline (or where the hub cannot be reached), else what one
+//! HEAD of `model.safetensors` names; each file then comes from the snapshot,
+//! else is fetched at that commit and written through (`write.rs`).
 
 mod check;
 mod clean;
@@ -108,12 +82,10 @@ impl CacheEnv {
 pub(crate) struct Remote {
     checkpoint: RemoteCheckpoint,
     mode: Mode,
-    /// Files found in the cache, opened, by name, until the open path takes
-    /// them.
+    /// Files found in the cache, opened, until the open path takes them.
     hits: Mutex<HashMap<String, Cached>>,
-    /// The repository's other files brought beside the weights
-    /// (`hf://...?with=`): each name's path in the snapshot, `None` where
-    /// the repository has no such file at the commit.
+    /// The files brought by `?with=`: each one's snapshot path, `None`
+    /// where the repository has none at the commit.
     extra: BTreeMap<String, Option<PathBuf>>,
 }
 
@@ -143,10 +115,8 @@ enum SingleFile {
     Missing,
 }
 
-/// Resolves the remote address `text` through its cache: `hub` and `dir`
-/// are the caller's choices (`Loader::hub_cache`, `Loader::cache_dir`),
-/// over the environment's; `verify`, whether the load checks digests;
-/// `cancel`, the load's flags, which stop the checkpoint's requests.
+/// Resolves `text` through its cache: `hub` and `dir` are the caller's
+/// choices over the environment's.
 pub(crate) fn resolve(
     text: &str,
     hub: Option<bool>,
@@ -281,10 +251,8 @@ fn resolve_hub(
     Ok((remote, found))
 }
 
-/// The commit of a hub address: the revision itself where it is one; with
-/// `offline`, the cache's ref; else one HEAD of `model.safetensors` (and of
-/// the index where its 404 names no commit), the cache's ref where the hub
-/// cannot be reached.
+/// The commit of a hub address: the revision where it is one; offline, the
+/// cache's ref; else the hub's answer (the ref where it cannot be reached).
 fn resolve_commit(
     address: &HubAddress<'_>,
     view: Option<&RepoView>,
@@ -337,10 +305,8 @@ fn resolve_commit(
     }
 }
 
-/// What the hub says of `model.safetensors` at the checkpoint's revision,
-/// and its commit; where its 404 names no commit (a mirror's or a proxy's),
-/// the index's answer names it, as the load without the cache goes on to
-/// the index.
+/// What the hub says of `model.safetensors`, and the commit; where its 404
+/// names no commit (a mirror's), the index's answer names it.
 fn lookup_single(checkpoint: &RemoteCheckpoint) -> Result<HubLookup> {
     let location = checkpoint.location();
     let looked = location.hub_lookup(SINGLE_FILE);
@@ -389,8 +355,8 @@ impl Remote {
         self.hits.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether the hub cache holds the file `name` at the commit (opened
-    /// and kept for the open path, the first time it is asked).
+    /// Whether the hub cache holds `name` at the commit (opened and kept
+    /// the first time it is asked).
     fn in_cache(&self, name: &str) -> bool {
         let Mode::Hub(hub) = &self.mode else {
             return false;
@@ -410,8 +376,7 @@ impl Remote {
         }
     }
 
-    /// The checkpoint at the pinned commit: `model.safetensors` where the
-    /// cache or the hub has it, else the index.
+    /// The checkpoint at the pinned commit: `model.safetensors`, else the index.
     fn find_hub(&self, single: SingleFile) -> Result<Found> {
         let Mode::Hub(hub) = &self.mode else {
             return self.checkpoint.find();
@@ -483,16 +448,15 @@ impl Remote {
         if let Some(write) = self.write_of(&object, INDEX_FILE) {
             use crate::source::CacheWrite;
             write.write_image(&bytes);
-            // Small: published before the load goes on, and never used
-            // where it does not hash to the hub's git blob id.
+            // Small: published before the load goes on, never used where it
+            // does not hash to the hub's git blob id.
             write.settle();
             write.outcome().checked(object.path())?;
         }
         Ok(Found::Index(INDEX_FILE.to_owned(), bytes))
     }
 
-    /// The write of the file `name` (its object fetched) to the hub cache;
-    /// `None` without a hub cache.
+    /// The write of `name` to the hub cache; `None` without one.
     fn write_of(&self, object: &RemoteObject, name: &str) -> Option<Arc<write::Write>> {
         let (target, check) = self.hub_target(object, name)?;
         let len = object.len();
@@ -502,8 +466,7 @@ impl Remote {
         })
     }
 
-    /// Where the file `name` goes in the hub cache, and how it is checked
-    /// (or why it cannot be).
+    /// Where `name` goes in the hub cache, and how it is checked.
     fn hub_target(
         &self,
         object: &RemoteObject,
@@ -525,8 +488,7 @@ impl Remote {
         Some((Box::new(target), check))
     }
 
-    /// The path or address the file `name` is shown by: its snapshot path
-    /// where the cache holds it, else its address (at the pinned commit).
+    /// What `name` is shown by: its snapshot path, else its address.
     pub(crate) fn shown(&self, name: &str) -> PathBuf {
         if self.in_cache(name) {
             if let Some(cached) = self.hits().get(name) {
@@ -536,8 +498,7 @@ impl Remote {
         PathBuf::from(self.checkpoint.shown(name))
     }
 
-    /// The file `name` as a source: from the cache where it holds it, else
-    /// fetched (written to the cache where there is one).
+    /// `name` as a source: from the cache, else fetched (written through).
     pub(crate) fn take(&self, name: &str, table: Option<&MountTable>) -> Result<Arc<dyn Source>> {
         let hit = self.hits().remove(name);
         if let (Some(cached), Mode::Hub(hub)) = (hit, &self.mode) {

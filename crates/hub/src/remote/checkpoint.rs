@@ -1,6 +1,4 @@
-//! A remote checkpoint resolved: its location, the index or single file found there (by the
-//! same names a local directory is searched for), and the objects opened while finding them,
-//! handed to the open path so that no file is opened twice.
+//! A remote checkpoint resolved: its location, the index or single file found there, and the objects opened while finding them, handed to the open path so that no file is opened twice.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -24,18 +22,16 @@ pub(crate) struct RemoteCheckpoint {
 pub(crate) use crate::extras::Found;
 
 impl RemoteCheckpoint {
-    /// Parses `text`, configures its client from the process's environment, and finds the
-    /// checkpoint there: the file the address names, else `model.safetensors`, else
-    /// `model.safetensors.index.json` under the prefix (one ranged GET each; a missing one
-    /// answers 404 at once).
+    /// Parses `text`, configures its client from the environment, and finds the
+    /// checkpoint there ([`Self::find`]).
     pub(crate) fn resolve(text: &str, cancel: &Cancel) -> Result<(RemoteCheckpoint, Found)> {
         let checkpoint = RemoteCheckpoint::new(text, cancel)?;
         let found = checkpoint.find()?;
         Ok((checkpoint, found))
     }
 
-    /// Parses `text` and configures its client from the process's environment, sending
-    /// nothing yet; each of its requests stops once `cancel`'s flags are set.
+    /// Parses `text` and configures its client, sending nothing yet; `cancel` stops its
+    /// requests.
     pub(crate) fn new(text: &str, cancel: &Cancel) -> Result<RemoteCheckpoint> {
         let runtime = IoRuntime::new(cancel.clone()).map_err(|e| {
             let detail = format!("cannot start the I/O runtime: {e}");
@@ -55,8 +51,7 @@ impl RemoteCheckpoint {
     }
 
     /// Finds the checkpoint: the file the address names, else `model.safetensors`, else the
-    /// index (one request or two each). A repository or revision the hub lacks is that
-    /// error, not a checkpoint missing.
+    /// index. A repository or revision the hub lacks is that error.
     pub(crate) fn find(&self) -> Result<Found> {
         let missing = |e: &Error| e.remote_failure() == Some(RemoteFailure::FileNotFound);
         if let Some(name) = self.location.file().map(str::to_owned) {
@@ -82,8 +77,7 @@ impl RemoteCheckpoint {
         }
     }
 
-    /// The index `name`, read whole (refused past [`MAX_INDEX_BYTES`] before it is read),
-    /// and its object.
+    /// The index `name`, read whole (refused past [`MAX_INDEX_BYTES`]), and its object.
     pub(crate) fn read_index(&self, name: &str) -> Result<(Vec<u8>, Arc<RemoteObject>)> {
         let object = self.open(name)?;
         let len = object.len();
@@ -103,8 +97,7 @@ impl RemoteCheckpoint {
         Ok((bytes, object))
     }
 
-    /// Keeps `object`, opened otherwise (`RemoteLocation::open_known`), as the file `name`
-    /// for the open path to take.
+    /// Keeps `object` as the file `name` for the open path to take.
     pub(crate) fn keep(&self, name: &str, object: Arc<RemoteObject>) {
         self.lock().insert(name.to_owned(), object);
     }
@@ -123,8 +116,7 @@ impl RemoteCheckpoint {
         Ok(object)
     }
 
-    /// Takes the object `name` opened while resolving, if any: the open path's first
-    /// step, which then owns it.
+    /// Takes the object `name` opened while resolving, if any.
     pub(crate) fn take(&self, name: &str) -> Result<Arc<RemoteObject>> {
         let taken = self.lock().remove(name);
         match taken {
@@ -145,15 +137,12 @@ impl RemoteCheckpoint {
         self.opened.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The address a file of the checkpoint is named by in reports and errors (at the
-    /// pinned commit, for `hf://`): the same a [`RemoteObject`] of it shows.
+    /// The address a file of the checkpoint is shown by (the same a [`RemoteObject`] shows).
     pub(crate) fn shown(&self, name: &str) -> String {
         self.location.shown_file(name)
     }
 }
-/// The bytes of a small object, read whole: no more than `limit` of them (the caller's
-/// own cap, checked by the caller first for its own words), nor more than the memory the
-/// process may still take (`RemoteObject::read_small`).
+/// The bytes of a small object, read whole: no more than `limit` nor the memory headroom.
 pub(crate) fn read_whole(object: &RemoteObject, limit: u64) -> Result<Vec<u8>> {
     object
         .read_small(limit)

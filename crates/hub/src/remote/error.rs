@@ -1,9 +1,4 @@
-//! The remote layer's error: what failed (a kind), on which address and byte range, with the
-//! cause's text scrubbed of every credential the layer knows.
-//!
-//! It stays `pub(crate)`: the open path maps it onto the crate's one `Error` (a kind
-//! `Remote { url, range, failure }`, or `BadAddress` for an address refused), as
-//! `Source::read_at` already does through `io::Error`.
+//! The remote layer's error: what failed (a kind), on which address and byte range, with the cause's text scrubbed of every credential the layer knows; mapped onto the crate's `Error` by the open path.
 
 use std::fmt;
 use std::io;
@@ -34,8 +29,7 @@ pub(crate) enum RemoteErrorKind {
     Protocol,
     /// Every retry failed (5xx, resets, short bodies, timeouts).
     Failed,
-    /// The server could not be reached: connections refused, its name not resolved, no
-    /// answer before the deadline.
+    /// The server could not be reached (refused, unresolved, no answer in time).
     Unreachable,
     /// The request moved less than the pace asks (`watch.rs`), and so did its retry.
     Stalled,
@@ -62,8 +56,7 @@ impl RemoteErrorKind {
         }
     }
 
-    /// The crate's kind of this failure: `None` for an address refused (not a failure of a
-    /// request, `ErrorKind::BadAddress`).
+    /// The crate's kind of this failure: `None` for an address refused (`BadAddress`).
     fn failure(self) -> Option<RemoteFailure> {
         Some(match self {
             RemoteErrorKind::BadUrl => return None,
@@ -82,8 +75,7 @@ impl RemoteErrorKind {
         })
     }
 
-    /// Whether the server gave no usable answer: it could not be reached, or failed every
-    /// retry (where a cache's ref of the revision stands in for the hub's).
+    /// Whether the server gave no usable answer (a cache's ref may stand in for the hub's).
     pub(crate) fn unreached(self) -> bool {
         matches!(self, RemoteErrorKind::Unreachable | RemoteErrorKind::Failed)
     }
@@ -95,8 +87,7 @@ impl RemoteErrorKind {
     }
 }
 
-/// A remote operation that failed, on `url` (as shown: no credentials), maybe on a byte
-/// range of it.
+/// A remote operation that failed, on `url` (as shown), maybe on a byte range of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RemoteError {
     pub kind: RemoteErrorKind,
@@ -121,8 +112,7 @@ impl RemoteError {
         self
     }
 
-    /// The crate's error: [`ErrorKind::Remote`](crate::ErrorKind::Remote) on the address,
-    /// with the range, the failure, and the reason (the failure's words, then the detail);
+    /// The crate's error: [`ErrorKind::Remote`](crate::ErrorKind::Remote), or
     /// [`ErrorKind::BadAddress`](crate::ErrorKind::BadAddress) for an address refused.
     pub(crate) fn into_error(self, operation: crate::error::Operation) -> crate::error::Error {
         match self.kind.failure() {
@@ -158,12 +148,11 @@ impl fmt::Display for RemoteError {
 
 impl std::error::Error for RemoteError {}
 
-/// Removes known secrets from text that may quote a request (an error of the HTTP client
-/// names the URL, and a presigned URL's query or a URL's user information is a credential).
+/// Removes known secrets from text that may quote a request (a presigned URL's query, a
+/// URL's user information).
 ///
-/// NOTE: the causes are kept as scrubbed text rather than as `source()` errors: object_store
-/// and reqwest errors print the URL they failed on, query included, and an error chain
-/// printed by the caller would show it.
+/// NOTE: causes are kept as scrubbed text, not `source()` errors: object_store and reqwest
+/// errors print the URL, query included.
 #[derive(Clone, Default)]
 pub(crate) struct Redactor {
     secrets: Vec<String>,
@@ -176,8 +165,7 @@ impl fmt::Debug for Redactor {
 }
 
 impl Redactor {
-    /// Adds a secret; short ones (under 4 bytes) are ignored, as they would scrub ordinary
-    /// words.
+    /// Adds a secret; short ones (under 4 bytes) would scrub ordinary words: ignored.
     pub(crate) fn add(&mut self, secret: &str) {
         if secret.len() >= 4 && !self.secrets.iter().any(|s| s == secret) {
             self.secrets.push(secret.to_owned());

@@ -1,6 +1,4 @@
-//! Where a remote checkpoint's files are: the client of its bucket, HTTP base or hub
-//! repository, the prefix they are under, and each file opened as a [`RemoteObject`]; for
-//! `hf://`, every file at the one commit the first file's answer named.
+//! Where a remote checkpoint's files are: the client, the prefix, each file opened as a [`RemoteObject`]; for `hf://`, every file at one commit.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -32,8 +30,8 @@ impl RemoteSettings {
     }
 }
 
-/// The hub's side of a location: the repository, the revision asked for, and the commit
-/// it resolved to with the client of that commit's files, once a file was opened.
+/// The hub's side of a location: the repository, the revision, and the commit's client
+/// once a file's answer named it.
 #[derive(Debug)]
 struct HubRepo {
     repo: String,
@@ -43,22 +41,19 @@ struct HubRepo {
     pinned: Mutex<Option<(String, Arc<Backend>)>>,
 }
 
-/// What the hub says of a file of an `hf://` location ([`RemoteLocation::hub_lookup`]):
-/// the commit, and the file's metadata or `None` where it does not exist there; `None`
-/// for a location of another store.
+/// What the hub says of a file ([`RemoteLocation::hub_lookup`]): the commit, and the
+/// metadata or `None` where the file does not exist; `None` for another store.
 pub(crate) type HubLookup = Option<Result<(String, Option<HubFileMeta>), RemoteError>>;
 
 /// The hub's answer to a HEAD of a file.
 enum Head {
     /// The file, with its metadata.
     Found(HubFileMeta),
-    /// No such file at the commit the revision names (`None` where the answer does not
-    /// name it, as some mirrors and proxies answer).
+    /// No such file (the commit `None` where the answer does not name it).
     Missing { commit: Option<String> },
 }
 
-/// A remote checkpoint's place, parsed and configured; no request is sent until a file is
-/// opened.
+/// A remote checkpoint's place; no request is sent until a file is opened.
 #[derive(Debug)]
 pub(crate) struct RemoteLocation {
     runtime: Arc<IoRuntime>,
@@ -84,8 +79,7 @@ fn bad_url(text: &str, detail: impl Into<String>) -> RemoteError {
     RemoteError::new(RemoteErrorKind::BadUrl, text, detail.into())
 }
 
-/// Splits `key` into the prefix of its directory (empty or ending in `/`) and, where the
-/// key names a file, that file's name.
+/// Splits `key` into its directory's prefix (empty or ending in `/`) and its file's name.
 fn split_key(key: &str, names_file: bool) -> (String, Option<String>) {
     if !names_file {
         let prefix = if key.is_empty() {
@@ -101,8 +95,7 @@ fn split_key(key: &str, names_file: bool) -> (String, Option<String>) {
     }
 }
 
-/// What a location's client is built from: the address as shown, whether
-/// it names a file, the settings, the runtime and the redactor.
+/// What a location's client is built from.
 struct Setup<'a> {
     shown: String,
     names_file: bool,
@@ -143,8 +136,7 @@ impl Setup<'_> {
         Ok((prefix, file, Place::Store(self.backend(s, shown_base))))
     }
 
-    /// `http(s)://`: the client of the base (the directory the address names, or the
-    /// named file's).
+    /// `http(s)://`: the client of the base.
     fn http(&self, base: &str, name: &str, query: bool) -> Result<Parts, RemoteError> {
         if query {
             // NOTE: object_store's HTTP store builds each request's URL from its base
@@ -170,8 +162,7 @@ impl Setup<'_> {
         ))
     }
 
-    /// `hf://`: the hub's client (redirects not followed); the commit's client is made
-    /// once a file's answer names it.
+    /// `hf://`: the hub's client; the commit's is made once an answer names it.
     fn hub(
         &self,
         repo: &str,
@@ -240,14 +231,12 @@ impl RemoteLocation {
         })
     }
 
-    /// The file the address named (`model.safetensors` of `s3://b/m/model.safetensors`),
-    /// `None` for a prefix or a repository.
+    /// The file the address named, `None` for a prefix or a repository.
     pub(crate) fn file(&self) -> Option<&str> {
         self.file.as_deref()
     }
 
-    /// The address the file `name` of the location is shown by: what a [`RemoteObject`] of
-    /// it names itself (at the pinned commit for `hf://`, once one is pinned).
+    /// The address the file `name` is shown by (at the pinned commit for `hf://`).
     pub(crate) fn shown_file(&self, name: &str) -> String {
         format!("{}{name}", self.shown_prefix_slash())
     }
@@ -297,11 +286,10 @@ impl RemoteLocation {
         }
     }
 
-    /// What the hub says of the file `name` of an `hf://` location, by one HEAD at the
-    /// revision (the pinned commit once there is one): the commit, pinned from now on, and
-    /// the file's metadata, or `None` where the hub answered that the file does not exist at
-    /// that commit (the commit then empty where neither the answer nor an earlier one named
-    /// it). `None` for a location of another store.
+    /// What the hub says of `name` by one HEAD at the revision (the pinned commit once
+    /// there is one): the commit, pinned from now on, and the metadata, or `None` where
+    /// the file does not exist (the commit empty where no answer named one). `None` for
+    /// another store.
     pub(crate) fn hub_lookup(&self, name: &str) -> HubLookup {
         let Place::Hub(hub) = &self.place else {
             return None;
@@ -314,10 +302,7 @@ impl RemoteLocation {
         }))
     }
 
-    /// Opens the file `name` of an `hf://` location whose metadata a [`hub_lookup`] gave
-    /// (no second HEAD): one ranged GET.
-    ///
-    /// [`hub_lookup`]: Self::hub_lookup
+    /// Opens `name` of an `hf://` location whose metadata a [`Self::hub_lookup`] gave.
     pub(crate) fn open_known(
         &self,
         name: &str,
@@ -349,9 +334,8 @@ impl RemoteLocation {
         )
     }
 
-    /// The hub's metadata of `key` (`None` where the hub answered that it does not exist),
-    /// and the client of the pinned commit (pinned here, by the first answer that names a
-    /// commit; `None` while none did).
+    /// The hub's metadata of `key` (`None`: it does not exist), and the pinned commit's
+    /// client (pinned by the first answer that names a commit).
     fn hub_file(
         &self,
         hub: &HubRepo,
@@ -431,19 +415,15 @@ impl RemoteLocation {
     }
 
     /// A HEAD of a resolve URL, not following the redirect, retried after a 5xx, a 429 or a
-    /// transport error with the layer's backoff; one left unanswered for the pace's window
-    /// is dropped and sent once more, and a hub that refuses the connection is asked twice
-    /// (the cache's ref is then used at once where it has one). A 404 `EntryNotFound` (the
-    /// hub's answer for a file a revision does not have) is [`Head::Missing`]; a refusal is
-    /// typed ([`head_answer`]); a hub that never answers (refused, unresolved, no answer in
-    /// time) is [`RemoteErrorKind::Unreachable`].
+    /// transport error; one unanswered for the pace's window is sent once more. A 404
+    /// `EntryNotFound` is [`Head::Missing`]; a refusal is typed ([`head_answer`]); a hub
+    /// that never answers is [`RemoteErrorKind::Unreachable`].
     fn hub_head(&self, hub: &HubRepo, url: &str, shown: &str) -> Result<Head, RemoteError> {
         let tuning = &self.settings.tuning;
         let token = self.settings.hub.token.as_ref();
         let mut backoff = tuning.init_backoff;
         let mut last = String::new();
-        // Whether the last try failed to reach the hub at all (no connection, no answer in
-        // time), rather than with an answer it could not take.
+        // Whether the last try failed to reach the hub at all.
         let mut unreached = false;
         let (mut stalls, mut refused) = (0, 0);
         for attempt in 0..=tuning.max_retries {
@@ -512,9 +492,8 @@ impl RemoteLocation {
     }
 }
 
-/// What the hub's answer to a HEAD says: the file, its absence at the commit, or a refusal
-/// typed by the hub's `X-Error-Code` ([`refusal`]), its detail scrubbed by `redactor`; `None`
-/// for an answer to try again (a 5xx, a 429).
+/// What the hub's answer to a HEAD says: the file, its absence, or a typed refusal
+/// ([`refusal`]); `None` for an answer to try again (a 5xx, a 429).
 fn head_answer(
     response: &reqwest::Response,
     shown: &str,
@@ -543,9 +522,8 @@ fn head_answer(
     }
 }
 
-/// What the hub's refusal of a HEAD (`status`, its `X-Error-Code`, maybe empty) means: the
-/// code first (the hub answers 401 `RepoNotFound` for a private repository, 401 or 403
-/// `GatedRepo` for a gated one), then the status (a mirror or proxy names no code).
+/// What the hub's refusal (`status`, `X-Error-Code`) means: the code first (401
+/// `RepoNotFound` for a private repository, `GatedRepo` for a gated one), then the status.
 fn refusal(status: u16, code: &str) -> RemoteErrorKind {
     match (code, status) {
         ("RepoNotFound", _) => RemoteErrorKind::RepoNotFound,

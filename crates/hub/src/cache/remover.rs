@@ -12,8 +12,7 @@ use crate::report::{
     CacheEntryKind, CacheRemoval, KeepReason, KeptEntry, RemoveMode, RemovedEntry,
 };
 
-// Folders below a snapshot, `refs/` or `.no_exist/<commit>` walked into at
-// most: the listing's bound.
+// Folders below a snapshot, `refs/` or `.no_exist/<commit>` walked into at most.
 pub(super) use super::list::MAX_DEPTH;
 
 /// The hub cache's directory, as the process's environment names it.
@@ -32,8 +31,7 @@ pub(super) fn not_found(path: PathBuf, what: &str) -> Error {
     Error::io(Operation::Remove, path, None, e)
 }
 
-/// A repository's folder, opened without following a link, with its
-/// `.locks/` folder where there is one.
+/// A repository's folder, opened without following a link, with its `.locks/` folder.
 pub(super) struct RepoDir {
     pub(super) dir: Dir,
     /// `<cache>/models--org--repo`: the paths shown, and absolute links.
@@ -65,9 +63,8 @@ impl RepoDir {
     }
 }
 
-/// What a folder being emptied holds: plain names (files of this kind,
-/// links, folders), or the blobs and temporary files of `blobs/`, each
-/// removed under its lock.
+/// What a folder being emptied holds: plain names, or the blobs and temporary files of
+/// `blobs/`, each removed under its lock.
 #[derive(Clone, Copy)]
 pub(super) enum Holds<'a> {
     /// Files of this kind, links, folders.
@@ -76,8 +73,7 @@ pub(super) enum Holds<'a> {
     Blobs(&'a RepoDir),
 }
 
-/// The state of one housekeeping call: who this process is, when it
-/// began, and what it removed and kept so far.
+/// The state of one housekeeping call: who this process is, when it began, what it did.
 pub(super) struct Cleaner {
     uid: Option<u32>,
     pub(super) now: SystemTime,
@@ -118,8 +114,7 @@ impl Cleaner {
         self.keep(path, KeepReason::Failed { error });
     }
 
-    /// Whether `name` of `dir` is this user's (by `lstat`); else it is
-    /// kept, saying whose it is.
+    /// Whether `name` of `dir` is this user's (by `lstat`); else kept, saying whose.
     pub(super) fn owned(&mut self, dir: &Dir, name: &str, path: &Path) -> bool {
         match dir.owner(name) {
             Ok(Some(owner)) if self.uid.is_some_and(|uid| uid != owner) => {
@@ -134,8 +129,7 @@ impl Cleaner {
         }
     }
 
-    /// Removes the file or link `name` of `dir`, once it is known to be
-    /// this user's (a dry run only notes it).
+    /// Removes the file or link `name` of `dir`, known to be this user's (dry run: noted).
     fn unlink_owned(
         &mut self,
         dir: &Dir,
@@ -179,8 +173,8 @@ impl Cleaner {
         self.unlink_owned(dir, name, path, kind, bytes)
     }
 
-    /// Removes the blob or temporary file `name` of `blobs/` where it is
-    /// this user's and its lock is free: the lock held while it goes.
+    /// Removes the blob or temporary file `name` of `blobs/` where it is this user's and
+    /// its lock is free, held while it goes.
     pub(super) fn unlink_blob(&mut self, repo: &RepoDir, blobs: &Dir, name: &str) -> bool {
         let path = repo.sub_path(&["blobs", name]);
         if !self.owned(blobs, name, &path) {
@@ -210,10 +204,8 @@ impl Cleaner {
         self.unlink_owned(blobs, name, path, kind, bytes)
     }
 
-    /// Removes the folder `name` of `dir` and all it holds, each name as
-    /// [`Cleaner::unlink`] (or, in `blobs/`, [`Cleaner::unlink_blob`])
-    /// removes it; the folder last, where everything in it went. A link at
-    /// `name` is removed as a link.
+    /// Removes the folder `name` of `dir` and all it holds, the folder last where
+    /// everything went; a link at `name` as a link.
     pub(super) fn remove_tree(
         &mut self,
         dir: &Dir,
@@ -288,15 +280,13 @@ impl Cleaner {
     }
 }
 
-/// A temporary name of the hub client before it added a nonce:
-/// `<blob>.incomplete`.
+/// A temporary name of the hub client before it added a nonce: `<blob>.incomplete`.
 pub(super) fn is_old_temp_name(name: &str) -> bool {
     name.strip_suffix(".incomplete")
         .is_some_and(|blob| layout::named_digest(blob).is_some())
 }
 
-/// The blob's lock, tried once: `Ok(None)` where there is no lock file
-/// (no one can hold it; none is made), `Ok(Some)` held by this process
+/// The blob's lock, tried once: `Ok(None)` where there is no lock file, `Ok(Some)` held
 /// until dropped.
 fn lock(repo: &RepoDir, blob: &str) -> std::result::Result<Option<Lock>, KeepReason> {
     let name = layout::lock_name(blob);

@@ -11,14 +11,11 @@ use crate::os;
 use crate::remote::object::RemoteObject;
 use crate::source::{CacheStore, CacheUse, CacheWrite, LocalFile, Source, Version};
 
-/// A file of the cache: the ordinary local file (mapped on a local disk,
-/// as the policy says), reported as read from the cache.
+/// A file of the cache: the ordinary local file, reported as read from the cache.
 pub(crate) struct Hit {
     pub local: LocalFile,
     pub store: CacheStore,
-    /// The SHA-256 its blob's name vouches for (the repository's name of
-    /// it, also where the blob links into the hub's shared store, whose
-    /// names are not SHA-256s): what `verify` checks it against.
+    /// The SHA-256 its blob's name vouches for: what `verify` checks it against.
     pub sha256: Option<[u8; 32]>,
     /// The hub commit of the snapshot it is read from (the hub cache).
     pub commit: Option<String>,
@@ -79,8 +76,8 @@ impl Fetched {
     /// The object, written to `target` as it is read, checked by `check`.
     pub(crate) fn new(object: Arc<RemoteObject>, target: Box<dyn Target>, check: Check) -> Fetched {
         let len = object.len();
-        // Where the header ends, by the length prefix the open kept (no
-        // request): reads before it are the open's, and start no write.
+        // Where the header ends, by the length prefix the open kept: reads before it start
+        // no write.
         let mut prefix = [0u8; 8];
         let start_at = match object.read_at(&mut prefix, 8, 0) {
             Ok(()) if object.kept_prefix() >= 8 => 8u64.saturating_add(u64::from_le_bytes(prefix)),
@@ -106,11 +103,9 @@ impl Fetched {
 }
 
 impl Fetched {
-    /// Fetches `dst` from `offset` (at least `required` bytes) and writes
-    /// it to the cache.
+    /// Fetches `dst` from `offset` (at least `required` bytes), written to the cache.
     fn fetch(&self, dst: &mut [u8], required: usize, offset: u64) -> Result<(), (u64, io::Error)> {
-        // Written to the cache as the body arrives: a load killed half way
-        // leaves what it fetched for the next one.
+        // Written as the body arrives: a load killed half way leaves what it fetched.
         let land = |at: u64, bytes: &[u8]| self.write.land(at, bytes);
         self.object
             .read(dst, required, offset, Some(&land))
@@ -120,8 +115,7 @@ impl Fetched {
             })
     }
 
-    /// Fetches all of `range` of the file into `dst`, which holds the file
-    /// from `base`.
+    /// Fetches all of `range` into `dst`, which holds the file from `base`.
     fn fetch_part(
         &self,
         dst: &mut [u8],
@@ -148,8 +142,7 @@ fn part_of<'d>(
     })
 }
 
-/// Reads `range` of the cache's file into `dst`, which holds the file from
-/// `base` (nothing to do where `dst` is that file's map, in place).
+/// Reads `range` of the cache's file into `dst` (the file from `base`; nothing where in place).
 fn read_local(
     local: &Local,
     dst: &mut [u8],
@@ -164,8 +157,7 @@ fn read_local(
 }
 
 impl Fetched {
-    /// Reads `dst` from `offset`: the parts the cache's file holds from
-    /// there, the rest fetched (and written to the cache).
+    /// Reads `dst` from `offset`: what the cache's file holds, the rest fetched.
     fn read_through(
         &self,
         dst: &mut [u8],
@@ -191,8 +183,7 @@ impl Fetched {
         if at < end {
             self.fetch_part(dst, offset, at..end)?;
         }
-        // Bytes read from the file are never landed: the hash goes on over
-        // them here.
+        // Bytes read from the file are never landed: hashed here.
         self.write.advance_now();
         Ok(())
     }
@@ -214,9 +205,8 @@ impl Source for Fetched {
         offset: u64,
     ) -> Result<(), (u64, io::Error)> {
         self.read_through(dst, required, offset)?;
-        // The read that completed a file holding bytes an earlier load left
-        // proves them before the load hands them out (fetching them again
-        // where the file's digest says they are not the store's).
+        // The read that completed a file holding bytes an earlier load left proves them
+        // before the load hands them out.
         let refetch = |at: u64, bytes: &mut [u8]| {
             let n = bytes.len();
             self.object

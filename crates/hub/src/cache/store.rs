@@ -1,14 +1,12 @@
-//! The cache directory of other stores (`s3://`, `gs://`, `az://`, `http(s)://`): an object's bytes kept in its address's folder under its length and ETag, so that a replaced object is another name (a miss, never stale bytes); only this user's own files are read back.
+//! The cache directory of other stores (`s3://`, `gs://`, `az://`, `http(s)://`): an object's bytes kept under its length and ETag, so that a replaced object is a miss, never stale bytes.
 //!
 //! ```text
 //! <dir>/safeload-objects/<h(address)>/address                 the address, for listings
 //!                                    /<len>-<h(etag)>/<name>  the object's bytes, by its name
 //! ```
 //!
-//! Nothing here can check bytes against a digest (an object store's ETag is
-//! not one): a file is published once every byte of it was read under
-//! `If-Match` on the ETag it is named by, and read back only where this user
-//! (or root) owns it, so another user of a shared directory cannot plant one.
+//! An ETag is no digest: a file is published once every byte was read under `If-Match`,
+//! and read back only where this user (or root) owns it.
 
 use std::fs::File;
 use std::io;
@@ -33,9 +31,8 @@ impl StoreCache {
         StoreCache { root }
     }
 
-    /// The cached bytes of the object at `address` of `len` bytes and ETag
-    /// `etag`, opened, and their path; `None` where the cache has none this
-    /// user can trust.
+    /// The cached bytes of the object at `address` (`len`, `etag`), opened, and their path;
+    /// `None` where the cache has none this user can trust.
     pub(crate) fn lookup(&self, address: &str, len: u64, etag: &str) -> Option<(PathBuf, File)> {
         let folder = layout::object_folder(address);
         let version = layout::object_version(len, etag);
@@ -78,8 +75,7 @@ fn trusted(file: File, len: u64) -> Option<File> {
     (trusted && meta.len() == len).then_some(file)
 }
 
-/// The name an object's bytes are kept by: the last part of its address
-/// (`model-00001-of-00003.safetensors`), where that is a plain name.
+/// The name an object's bytes are kept by: its address's last part, where plain.
 fn object_name(address: &str) -> String {
     let last = address.rsplit('/').next().unwrap_or_default();
     if layout::is_plain(last) && !layout::is_temp_name(last) && last != ADDRESS_FILE {

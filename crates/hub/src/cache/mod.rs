@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::cancel::Cancel;
-use crate::error::{Error, ErrorKind, Operation, RemoteFailure, Result};
+use crate::error::{Error, Operation, RemoteFailure, Result};
 use crate::format::{INDEX_FILE, SINGLE_FILE};
 use crate::mount::MountTable;
 use crate::remote::checkpoint::{Found, RemoteCheckpoint};
@@ -318,11 +318,7 @@ fn lookup_single(checkpoint: &RemoteCheckpoint) -> Result<HubLookup> {
     }
     match location.hub_lookup(INDEX_FILE) {
         Some(Ok((commit, Some(_)))) => Ok(Some(Ok((commit, None)))),
-        Some(Ok((_, None))) => {
-            let prefix = location.shown_prefix();
-            let found = Vec::new();
-            Err(Error::new(ErrorKind::NoCheckpoint { found }, prefix))
-        }
+        Some(Ok((_, None))) => Err(checkpoint.no_checkpoint()),
         other => Ok(other),
     }
 }
@@ -420,29 +416,17 @@ impl Remote {
 
     /// The index: from the cache, else fetched and written to it.
     fn index(&self) -> Result<Found> {
-        let found = match self.in_cache(INDEX_FILE) {
-            true => self.hits().remove(INDEX_FILE),
-            false => None,
-        };
-        if let Some(cached) = found {
+        let found = self
+            .in_cache(INDEX_FILE)
+            .then(|| self.hits().remove(INDEX_FILE));
+        if let Some(cached) = found.flatten() {
             let bytes = read_index(&cached.path, &cached.file)?;
             return Ok(Found::Index(INDEX_FILE.to_owned(), bytes));
         }
-        if let Mode::Hub(hub) = &self.mode {
-            if hub.offline {
-                let what = format!("{INDEX_FILE} at {}", hub.commit);
-                return Err(not_in_cache(self.checkpoint.shown(INDEX_FILE), &what));
-            }
-        }
+        self.online(INDEX_FILE)?;
         let (bytes, object) = match self.checkpoint.read_index(INDEX_FILE) {
             Ok(read) => read,
-            Err(e) if e.is_not_found() => {
-                let prefix = self.checkpoint.location().shown_prefix();
-                return Err(Error::new(
-                    ErrorKind::NoCheckpoint { found: Vec::new() },
-                    prefix,
-                ));
-            }
+            Err(e) if e.is_not_found() => return Err(self.checkpoint.no_checkpoint()),
             Err(e) => return Err(e),
         };
         if let Some(write) = self.write_of(&object, INDEX_FILE) {
@@ -454,6 +438,17 @@ impl Remote {
             write.outcome().checked(object.path())?;
         }
         Ok(Found::Index(INDEX_FILE.to_owned(), bytes))
+    }
+
+    /// An error for `name` where the hub cache is offline: it lacks the file.
+    fn online(&self, name: &str) -> Result<()> {
+        match &self.mode {
+            Mode::Hub(hub) if hub.offline => {
+                let what = format!("{name} at {}", hub.commit);
+                Err(not_in_cache(self.checkpoint.shown(name), &what))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The write of `name` to the hub cache; `None` without one.
@@ -505,12 +500,7 @@ impl Remote {
             let cached = self.with_digest(name, cached)?;
             return hit_of(cached, table, HitOf::Hub(&hub.commit));
         }
-        if let Mode::Hub(hub) = &self.mode {
-            if hub.offline {
-                let what = format!("{name} at {}", hub.commit);
-                return Err(not_in_cache(self.checkpoint.shown(name), &what));
-            }
-        }
+        self.online(name)?;
         let object = self.checkpoint.take(name)?;
         match &self.mode {
             Mode::Off => Ok(object),
@@ -519,33 +509,28 @@ impl Remote {
                     return hit_of(cached, table, HitOf::Hub(&hub.commit));
                 }
                 match self.hub_target(&object, name) {
-                    Some((target, Ok(check))) => Ok(Arc::new(Fetched::new(object, target, check))),
-                    Some((target, Err(why))) => Ok(Arc::new(Fetched::refused(object, target, why))),
+                    Some((target, check)) => Ok(Arc::new(Fetched::new(object, target, check))),
                     None => Ok(object),
                 }
             }
             Mode::Directory(store) => {
                 let address = object.path().to_string_lossy().into_owned();
                 let len = object.len();
-                let Some(etag) = object.etag().map(str::to_owned) else {
-                    let target = Box::new(store.target(&address, len, ""));
-                    return Ok(Arc::new(Fetched::refused(
-                        object,
-                        target,
-                        NotCached::NoDigest,
-                    )));
-                };
-                if let Some((path, file)) = store.lookup(&address, len, &etag) {
+                let etag = object.etag().map(str::to_owned);
+                if let Some((path, file)) =
+                    etag.as_ref().and_then(|e| store.lookup(&address, len, e))
+                {
                     let cached = Cached {
                         path,
                         file,
                         sha256: None,
                         plain: false,
                     };
-                    return hit_of(cached, table, HitOf::Directory(etag));
+                    return hit_of(cached, table, HitOf::Directory(etag.unwrap_or_default()));
                 }
-                let target = Box::new(store.target(&address, len, &etag));
-                Ok(Arc::new(Fetched::new(object, target, Check::Whole)))
+                let target = Box::new(store.target(&address, len, etag.as_deref().unwrap_or("")));
+                let check = etag.map(|_| Check::Whole).ok_or(NotCached::NoDigest);
+                Ok(Arc::new(Fetched::new(object, target, check)))
             }
         }
     }

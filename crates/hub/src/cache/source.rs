@@ -9,7 +9,7 @@ use super::write::{Local, Target, Write, in_place};
 use crate::mount::Mount;
 use crate::os;
 use crate::remote::object::RemoteObject;
-use crate::source::{CacheStore, CacheUse, CacheWrite, LocalFile, Source, Version};
+use crate::source::{CacheStore, CacheUse, CacheWrite, LocalFile, NotCached, Source, Version};
 
 /// A file of the cache: the ordinary local file, reported as read from the cache.
 pub(crate) struct Hit {
@@ -73,9 +73,21 @@ pub(crate) struct Fetched {
 }
 
 impl Fetched {
-    /// The object, written to `target` as it is read, checked by `check`.
-    pub(crate) fn new(object: Arc<RemoteObject>, target: Box<dyn Target>, check: Check) -> Fetched {
+    /// The object, written to `target` as it is read, checked by `check` (else not
+    /// written, for that reason).
+    pub(crate) fn new(
+        object: Arc<RemoteObject>,
+        target: Box<dyn Target>,
+        check: Result<Check, NotCached>,
+    ) -> Fetched {
         let len = object.len();
+        let check = match check {
+            Ok(check) => check,
+            Err(why) => {
+                let write = Write::refused(target, len, why);
+                return Fetched { object, write };
+            }
+        };
         // Where the header ends, by the length prefix the open kept: reads before it start
         // no write.
         let mut prefix = [0u8; 8];
@@ -83,26 +95,10 @@ impl Fetched {
             Ok(()) if object.kept_prefix() >= 8 => 8u64.saturating_add(u64::from_le_bytes(prefix)),
             _ => 0,
         };
-        Fetched {
-            write: Write::new(target, len, check, start_at, object.cancel().clone()),
-            object,
-        }
+        let write = Write::new(target, len, check, start_at, object.cancel().clone());
+        Fetched { object, write }
     }
 
-    /// The object, not written, for this reason (reported as such).
-    pub(crate) fn refused(
-        object: Arc<RemoteObject>,
-        target: Box<dyn Target>,
-        why: crate::source::NotCached,
-    ) -> Fetched {
-        Fetched {
-            write: Write::refused(target, object.len(), why),
-            object,
-        }
-    }
-}
-
-impl Fetched {
     /// Fetches `dst` from `offset` (at least `required` bytes), written to the cache.
     fn fetch(&self, dst: &mut [u8], required: usize, offset: u64) -> Result<(), (u64, io::Error)> {
         // Written as the body arrives: a load killed half way leaves what it fetched.
@@ -126,37 +122,7 @@ impl Fetched {
         let len = part.len();
         self.fetch(part, len, range.start)
     }
-}
 
-/// The part of `dst` (the file from `base`) that holds `range`.
-fn part_of<'d>(
-    dst: &'d mut [u8],
-    base: u64,
-    range: &std::ops::Range<u64>,
-) -> Result<&'d mut [u8], (u64, io::Error)> {
-    let from = usize::try_from(range.start - base).unwrap_or(usize::MAX);
-    let to = usize::try_from(range.end - base).unwrap_or(usize::MAX);
-    dst.get_mut(from..to).ok_or_else(|| {
-        let e = io::Error::new(io::ErrorKind::InvalidInput, "a range past the buffer");
-        (range.start, e)
-    })
-}
-
-/// Reads `range` of the cache's file into `dst` (the file from `base`; nothing where in place).
-fn read_local(
-    local: &Local,
-    dst: &mut [u8],
-    base: u64,
-    range: std::ops::Range<u64>,
-) -> Result<(), (u64, io::Error)> {
-    let part = part_of(dst, base, &range)?;
-    if in_place(local.mapped.as_ref(), part, range.start) {
-        return Ok(());
-    }
-    os::read_exact_at(&local.file, part, range.start)
-}
-
-impl Fetched {
     /// Reads `dst` from `offset`: what the cache's file holds, the rest fetched.
     fn read_through(
         &self,
@@ -187,6 +153,34 @@ impl Fetched {
         self.write.advance_now();
         Ok(())
     }
+}
+
+/// The part of `dst` (the file from `base`) that holds `range`.
+fn part_of<'d>(
+    dst: &'d mut [u8],
+    base: u64,
+    range: &std::ops::Range<u64>,
+) -> Result<&'d mut [u8], (u64, io::Error)> {
+    let from = usize::try_from(range.start - base).unwrap_or(usize::MAX);
+    let to = usize::try_from(range.end - base).unwrap_or(usize::MAX);
+    dst.get_mut(from..to).ok_or_else(|| {
+        let e = io::Error::new(io::ErrorKind::InvalidInput, "a range past the buffer");
+        (range.start, e)
+    })
+}
+
+/// Reads `range` of the cache's file into `dst` (the file from `base`; nothing where in place).
+fn read_local(
+    local: &Local,
+    dst: &mut [u8],
+    base: u64,
+    range: std::ops::Range<u64>,
+) -> Result<(), (u64, io::Error)> {
+    let part = part_of(dst, base, &range)?;
+    if in_place(local.mapped.as_ref(), part, range.start) {
+        return Ok(());
+    }
+    os::read_exact_at(&local.file, part, range.start)
 }
 
 impl Source for Fetched {

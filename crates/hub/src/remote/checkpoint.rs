@@ -45,6 +45,15 @@ impl RemoteCheckpoint {
         })
     }
 
+    /// The error of a place that holds no checkpoint.
+    pub(crate) fn no_checkpoint(&self) -> Error {
+        let found = Vec::new();
+        Error::new(
+            ErrorKind::NoCheckpoint { found },
+            self.location.shown_prefix(),
+        )
+    }
+
     /// Where its files are.
     pub(crate) fn location(&self) -> &RemoteLocation {
         &self.location
@@ -69,10 +78,7 @@ impl RemoteCheckpoint {
         }
         match self.read_index(INDEX_FILE) {
             Ok((bytes, _)) => Ok(Found::Index(INDEX_FILE.to_owned(), bytes)),
-            Err(e) if missing(&e) => Err(Error::new(
-                ErrorKind::NoCheckpoint { found: Vec::new() },
-                self.location.shown_prefix(),
-            )),
+            Err(e) if missing(&e) => Err(self.no_checkpoint()),
             Err(e) => Err(e),
         }
     }
@@ -93,7 +99,7 @@ impl RemoteCheckpoint {
         }
         let bytes = read_whole(&object, MAX_INDEX_BYTES)?;
         // The index is read once; its object is not a shard.
-        self.forget(name);
+        self.lock().remove(name);
         Ok((bytes, object))
     }
 
@@ -127,10 +133,6 @@ impl RemoteCheckpoint {
                 .map(Arc::new)
                 .map_err(|e| e.into_error(Operation::Open)),
         }
-    }
-
-    fn forget(&self, name: &str) {
-        self.lock().remove(name);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<RemoteObject>>> {

@@ -7,7 +7,7 @@ use super::{Mode, Remote};
 use crate::error::{Error, Operation, Result};
 use crate::remote::checkpoint::read_whole;
 use crate::remote::object::RemoteObject;
-use crate::source::{CacheUse, CacheWrite, Source};
+use crate::source::Source;
 use crate::workers;
 
 /// The largest such file fetched: a tokenizer is tens of MiB, never this.
@@ -62,16 +62,7 @@ impl Remote {
             Err(e) => return Err(e),
         };
         let bytes = read_capped(&object)?;
-        let Some(write) = self.write_of(&object, name) else {
-            return Ok(None);
-        };
-        write.write_image(&bytes);
-        // Published before its path is handed out; a digest mismatch is an error.
-        write.settle();
-        let written = matches!(
-            write.outcome().checked(object.path())?,
-            CacheUse::Written { .. }
-        );
+        let written = self.write_small(&object, name, &bytes)?;
         Ok(hub
             .writer
             .as_ref()

@@ -47,13 +47,11 @@ impl Remote {
             Some(Err(e)) => return Err(e.into_error(Operation::Hash)),
             _ => None,
         };
-        match digest {
-            Some(digest) => {
-                cached.sha256 = Some(digest);
-                Ok(cached)
-            }
-            None => refuse(RemoteFailure::Protocol, "the hub gives no SHA-256 of it"),
+        if digest.is_none() {
+            return refuse(RemoteFailure::Protocol, "the hub gives no SHA-256 of it");
         }
+        cached.sha256 = digest;
+        Ok(cached)
     }
 
     /// The blob of a file the snapshot lacks but the cache has: linked from the snapshot

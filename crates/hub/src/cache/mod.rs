@@ -429,14 +429,7 @@ impl Remote {
             Err(e) if e.is_not_found() => return Err(self.checkpoint.no_checkpoint()),
             Err(e) => return Err(e),
         };
-        if let Some(write) = self.write_of(&object, INDEX_FILE) {
-            use crate::source::CacheWrite;
-            write.write_image(&bytes);
-            // Small: published before the load goes on, never used where it
-            // does not hash to the hub's git blob id.
-            write.settle();
-            write.outcome().checked(object.path())?;
-        }
+        self.write_small(&object, INDEX_FILE, &bytes)?;
         Ok(Found::Index(INDEX_FILE.to_owned(), bytes))
     }
 
@@ -451,14 +444,22 @@ impl Remote {
         }
     }
 
-    /// The write of `name` to the hub cache; `None` without one.
-    fn write_of(&self, object: &RemoteObject, name: &str) -> Option<Arc<write::Write>> {
-        let (target, check) = self.hub_target(object, name)?;
+    /// Writes the small file `name` (`bytes`) to the hub cache and checks it before the
+    /// load goes on (a mismatch is an error): whether it was written.
+    fn write_small(&self, object: &RemoteObject, name: &str, bytes: &[u8]) -> Result<bool> {
+        use crate::source::CacheWrite;
+        let Some((target, check)) = self.hub_target(object, name) else {
+            return Ok(false);
+        };
         let len = object.len();
-        Some(match check {
+        let write = match check {
             Ok(check) => write::Write::new(target, len, check, 0, object.cancel().clone()),
             Err(why) => write::Write::refused(target, len, why),
-        })
+        };
+        write.write_image(bytes);
+        write.settle();
+        let outcome = write.outcome().checked(object.path())?;
+        Ok(matches!(outcome, crate::source::CacheUse::Written { .. }))
     }
 
     /// Where `name` goes in the hub cache, and how it is checked.

@@ -1,6 +1,6 @@
 //! Where a remote checkpoint's files are: the client, the prefix, each file opened as a [`RemoteObject`]; for `hf://`, every file at one commit.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use object_store::HeaderMap;
 
@@ -39,6 +39,19 @@ struct HubRepo {
     /// Redirects are not followed: the hub's metadata is on its 302 to the CDN.
     client: reqwest::Client,
     pinned: Mutex<Option<(String, Arc<Backend>)>>,
+}
+
+impl HubRepo {
+    fn pinned(&self) -> MutexGuard<'_, Option<(String, Arc<Backend>)>> {
+        self.pinned.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The address of `key`, at the pinned commit, else at the revision asked.
+    fn shown(&self, key: &str) -> String {
+        let pinned = self.pinned();
+        let revision = pinned.as_ref().map_or(self.revision.as_str(), |(c, _)| c);
+        format!("hf://{}@{}/{key}", self.repo, revision.replace('/', "%2F"))
+    }
 }
 
 /// What the hub says of a file ([`RemoteLocation::hub_lookup`]): the commit, and the
@@ -253,13 +266,7 @@ impl RemoteLocation {
     fn shown_prefix_slash(&self) -> String {
         let base = match &self.place {
             Place::Store(backend) => backend.shown_base.clone(),
-            Place::Hub(hub) => {
-                let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
-                match &*pinned {
-                    Some((_, backend)) => backend.shown_base.clone(),
-                    None => format!("hf://{}@{}/", hub.repo, hub.revision.replace('/', "%2F")),
-                }
-            }
+            Place::Hub(hub) => hub.shown(""),
         };
         format!("{base}{}", self.prefix)
     }
@@ -270,8 +277,7 @@ impl RemoteLocation {
         let Place::Hub(hub) = &self.place else {
             return None;
         };
-        let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
-        pinned.as_ref().map(|(commit, _)| commit.clone())
+        hub.pinned().as_ref().map(|(commit, _)| commit.clone())
     }
 
     /// Opens the file `name` of the location (a shard's name, relative to its prefix).
@@ -296,8 +302,8 @@ impl RemoteLocation {
         };
         let key = format!("{}{name}", self.prefix);
         Some(self.hub_file(hub, &key).map(|(meta, _)| {
-            let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
-            let commit = pinned.as_ref().map(|(c, _)| c.clone()).unwrap_or_default();
+            let commit = hub.pinned().as_ref().map(|(c, _)| c.clone());
+            let commit = commit.unwrap_or_default();
             (commit, meta)
         }))
     }
@@ -310,10 +316,7 @@ impl RemoteLocation {
     ) -> Result<RemoteObject, RemoteError> {
         let key = format!("{}{name}", self.prefix);
         let backend = match &self.place {
-            Place::Hub(hub) => {
-                let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
-                pinned.as_ref().map(|(_, b)| Arc::clone(b))
-            }
+            Place::Hub(hub) => hub.pinned().as_ref().map(|(_, b)| Arc::clone(b)),
             Place::Store(backend) => Some(Arc::clone(backend)),
         };
         match backend {
@@ -324,14 +327,8 @@ impl RemoteLocation {
 
     /// The not-found error of a hub file the hub says does not exist.
     fn hub_missing(&self, hub: &HubRepo, key: &str) -> RemoteError {
-        let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
-        let revision = pinned.as_ref().map_or(hub.revision.as_str(), |(c, _)| c);
-        let shown = format!("hf://{}@{}/{key}", hub.repo, revision.replace('/', "%2F"));
-        RemoteError::new(
-            RemoteErrorKind::NotFound,
-            shown,
-            "HTTP 404 EntryNotFound".into(),
-        )
+        let detail = "HTTP 404 EntryNotFound".into();
+        RemoteError::new(RemoteErrorKind::NotFound, hub.shown(key), detail)
     }
 
     /// The hub's metadata of `key` (`None`: it does not exist), and the pinned commit's
@@ -341,11 +338,7 @@ impl RemoteLocation {
         hub: &HubRepo,
         key: &str,
     ) -> Result<(Option<HubFileMeta>, Option<Arc<Backend>>), RemoteError> {
-        let pinned = hub
-            .pinned
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let pinned = hub.pinned().clone();
         let revision = pinned.as_ref().map_or(hub.revision.as_str(), |(c, _)| c);
         let config = &self.settings.hub;
         let url = config.resolve_url(&hub.repo, revision, key);
@@ -398,7 +391,7 @@ impl RemoteLocation {
             shown_base,
             redactor: self.redactor.clone(),
         });
-        let mut slot = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = hub.pinned();
         // Two files opened at once may both pin: the first one's pin stands, and the
         // other's file is checked against it.
         match &*slot {

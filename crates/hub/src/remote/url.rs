@@ -129,10 +129,9 @@ fn check_key(key: &str) -> Result<(), UrlError> {
 fn parse_http(scheme: &str, rest: &str) -> Result<RemoteUrl, UrlError> {
     // A fragment is never sent.
     let rest = rest.split('#').next().unwrap_or_default();
-    let (rest, query) = match rest.split_once('?') {
-        Some((rest, query)) => (rest, Some(query.to_owned())),
-        None => (rest, None),
-    };
+    let (rest, query) = rest
+        .split_once('?')
+        .map_or((rest, None), |(rest, query)| (rest, Some(query.to_owned())));
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
     if authority.is_empty() {
         return refuse("no host");
@@ -244,33 +243,25 @@ fn parse_with(query: Option<&str>) -> Result<Vec<String>, UrlError> {
 
 /// `org/repo[@revision][/subfolder][?with=...]`; a revision's slashes written `%2F`.
 fn parse_hub(rest: &str) -> Result<RemoteUrl, UrlError> {
-    let (rest, query) = match rest.split_once('?') {
-        Some((rest, query)) => (rest, Some(query)),
-        None => (rest, None),
-    };
+    let (rest, query) = rest
+        .split_once('?')
+        .map_or((rest, None), |(r, q)| (r, Some(q)));
     let with = parse_with(query)?;
     let mut parts = rest.trim_end_matches('/').splitn(3, '/');
     let (Some(org), Some(repo_rev)) = (parts.next(), parts.next()) else {
         return refuse("hf:// needs org/repo");
     };
     let subfolder = parts.next().unwrap_or_default();
-    let (repo, revision) = match repo_rev.split_once('@') {
-        Some((repo, rev)) => (repo, Some(rev)),
-        None => (repo_rev, None),
-    };
+    let (repo, revision) = repo_rev
+        .split_once('@')
+        .map_or((repo_rev, None), |(repo, rev)| (repo, Some(rev)));
     if !hub_name_ok(org) || !hub_name_ok(repo) {
         return refuse(HUB_NAME_RULE);
     }
-    let revision = match revision {
-        None => None,
-        Some(rev) => {
-            let decoded = rev.replace("%2F", "/").replace("%2f", "/");
-            if !hub_revision_ok(&decoded) {
-                return refuse(HUB_REVISION_RULE);
-            }
-            Some(decoded)
-        }
-    };
+    let revision = revision.map(|rev| rev.replace("%2F", "/").replace("%2f", "/"));
+    if revision.as_deref().is_some_and(|rev| !hub_revision_ok(rev)) {
+        return refuse(HUB_REVISION_RULE);
+    }
     check_key(subfolder)?;
     Ok(RemoteUrl::Hub {
         repo: format!("{org}/{repo}"),

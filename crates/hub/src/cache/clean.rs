@@ -8,16 +8,15 @@ use std::collections::BTreeSet;
 use std::io;
 use std::path::Path;
 
-use super::hub::read_small;
+use super::hub::ref_commit;
 use super::layout;
-use super::remover::{
-    Cleaner, Holds, MAX_DEPTH, RepoDir, is_old_temp_name, not_found, root_of_process,
-};
+use super::list::{MAX_DEPTH, refs_of};
+use super::remover::{Cleaner, Holds, RepoDir, is_old_temp_name, not_found, root_of_process};
 use super::temp::stale;
 use crate::error::{Error, Operation, Result};
 use crate::os::{Dir, EntryKind};
 use crate::remote::url::{HUB_NAME_RULE, HUB_REVISION_RULE, hub_name_ok, hub_revision_ok};
-use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode, RemovedEntry};
+use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode};
 
 /// Removes a revision of the hub cache's repository `repo` (`org/name`),
 /// or, with `revision` `None`, the whole repository (feature `remote`).
@@ -199,28 +198,10 @@ impl Cleaner {
                     self.remove_tree(&repo.dir, name, child, 0, files)
                 }
                 (Ok(_), _) => self.unlink(&repo.dir, name, child, CacheEntryKind::File),
-                (Err(e), _) => {
-                    self.failed(child, &e);
-                    false
-                }
+                (Err(e), _) => self.fail(child, &e),
             };
         }
-        if !all {
-            self.keep(path, KeepReason::HoldsKept);
-            return Ok(());
-        }
-        if self.removing() {
-            if let Err(e) = root.remove_dir(folder) {
-                self.failed(path, &e);
-                return Ok(());
-            }
-        }
-        let kind = CacheEntryKind::Folder;
-        self.done.removed.push(RemovedEntry {
-            path,
-            kind,
-            bytes: 0,
-        });
+        self.remove_folder(root, folder, path, all);
         Ok(())
     }
 
@@ -233,7 +214,7 @@ impl Cleaner {
                 let mut shown = vec!["refs"];
                 shown.extend(&names);
                 let path = repo.sub_path(&shown);
-                ref_commit(&repo.dir, &names)
+                ref_commit(&repo.dir, revision)
                     .ok_or_else(|| not_found(path, "no such ref in the hub cache"))?
             }
         };
@@ -241,10 +222,10 @@ impl Cleaner {
         let snapshots = open_optional(&repo.dir, "snapshots", &snapshots_path)?;
         let refs = open_optional(&repo.dir, "refs", &repo.sub_path(&["refs"]))?;
         let no_exist = open_optional(&repo.dir, ".no_exist", &repo.sub_path(&[".no_exist"]))?;
-        let naming = match &refs {
-            Some(refs) => refs_naming(refs, &commit),
-            None => Vec::new(),
-        };
+        let naming: Vec<String> = refs.as_ref().map_or_else(Vec::new, |refs| {
+            let all = refs_of(refs).into_iter();
+            all.filter(|(c, _)| *c == commit).map(|(_, r)| r).collect()
+        });
         let is_there = |dir: &Option<Dir>| {
             dir.as_ref()
                 .is_some_and(|d| !matches!(d.entry(&commit), Ok(EntryKind::Missing) | Err(_)))
@@ -360,28 +341,6 @@ fn open_optional(dir: &Dir, name: &str, path: &Path) -> Result<Option<Dir>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Error::io(Operation::Remove, path, None, e)),
     }
-}
-
-/// The commit `refs/<names>` holds.
-fn ref_commit(repo: &Dir, names: &[&str]) -> Option<String> {
-    let (last, folders) = names.split_last()?;
-    let mut dir = repo.sub("refs", false).ok()?;
-    for folder in folders {
-        dir = dir.sub(folder, false).ok()?;
-    }
-    layout::commit_of_ref(&read_small(&dir, last)?)
-}
-
-/// The refs under `refs` (as `main`, `refs/pr/1`) that name `commit`.
-fn refs_naming(refs: &Dir, commit: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    super::list::walk(refs, "", 0, &mut |f| {
-        let named = read_small(f.dir, f.name).and_then(|t| layout::commit_of_ref(&t));
-        if named.as_deref() == Some(commit) {
-            found.push(f.path.to_owned());
-        }
-    });
-    found
 }
 
 /// The blobs the links under `dir` lead to, added to `into`; a link of an

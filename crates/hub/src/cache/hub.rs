@@ -62,6 +62,14 @@ fn walk(mut dir: Dir, names: &[&str], create: bool) -> io::Result<Dir> {
     Ok(dir)
 }
 
+/// The commit `refs/<revision>` of the repository's folder `repo` holds.
+pub(crate) fn ref_commit(repo: &Dir, revision: &str) -> Option<String> {
+    let names = layout::names(revision)?;
+    let (last, folders) = names.split_last()?;
+    let refs = walk(repo.sub("refs", false).ok()?, folders, false).ok()?;
+    layout::commit_of_ref(&read_small(&refs, last)?)
+}
+
 impl RepoView {
     /// The folder of `repo` in the cache at `root`, where it is one.
     pub(crate) fn open(root: &Path, repo: &str) -> Option<RepoView> {
@@ -77,10 +85,7 @@ impl RepoView {
 
     /// The commit `refs/<revision>` holds.
     pub(crate) fn commit_of(&self, revision: &str) -> Option<String> {
-        let names = layout::names(revision)?;
-        let (last, folders) = names.split_last()?;
-        let refs = walk(self.dir.sub("refs", false).ok()?, folders, false).ok()?;
-        layout::commit_of_ref(&read_small(&refs, last)?)
+        ref_commit(&self.dir, revision)
     }
 
     /// Whether `.no_exist/<commit>/<path>` marks `path` missing at `commit`.

@@ -73,15 +73,9 @@ fn list_repo(repo: String, root: &Dir, dir: &Dir, dir_path: &Path) -> CachedRepo
             }
         }
     }
-    let mut refs = Vec::new();
-    if let Ok(refs_dir) = dir.sub("refs", false) {
-        walk(&refs_dir, "", 0, &mut |found| {
-            let commit = read_small(found.dir, found.name).and_then(|t| layout::commit_of_ref(&t));
-            if let Some(commit) = commit {
-                refs.push((commit, found.path.to_owned()));
-            }
-        });
-    }
+    let refs = dir
+        .sub("refs", false)
+        .map_or_else(|_| Vec::new(), |d| refs_of(&d));
     let blobs = dir.sub("blobs", false).ok();
     if let Ok(snapshots) = dir.sub("snapshots", false) {
         let mut commits = snapshots.names().unwrap_or_default();
@@ -109,6 +103,16 @@ fn list_repo(repo: String, root: &Dir, dir: &Dir, dir_path: &Path) -> CachedRepo
         }
     }
     listed
+}
+
+/// Each ref under `refs` (`main`, `refs/pr/1`) with the commit it names: `(commit, ref)`.
+pub(super) fn refs_of(refs: &Dir) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    walk(refs, "", 0, &mut |f| {
+        let commit = read_small(f.dir, f.name).and_then(|t| layout::commit_of_ref(&t));
+        found.extend(commit.map(|commit| (commit, f.path.to_owned())));
+    });
+    found
 }
 
 /// An entry [`walk`] found: its folder, its path from the walk's start, and its name.

@@ -12,8 +12,7 @@ use crate::report::{
     CacheEntryKind, CacheRemoval, KeepReason, KeptEntry, RemoveMode, RemovedEntry,
 };
 
-// Folders below a snapshot, `refs/` or `.no_exist/<commit>` walked into at most.
-pub(super) use super::list::MAX_DEPTH;
+use super::list::MAX_DEPTH;
 
 /// The hub cache's directory, as the process's environment names it.
 pub(super) fn root_of_process() -> Result<PathBuf> {
@@ -114,6 +113,12 @@ impl Cleaner {
         self.keep(path, KeepReason::Failed { error });
     }
 
+    /// [`Cleaner::failed`], then `false`: nothing went.
+    pub(super) fn fail(&mut self, path: PathBuf, e: &io::Error) -> bool {
+        self.failed(path, e);
+        false
+    }
+
     /// Whether `name` of `dir` is this user's (by `lstat`); else kept, saying whose.
     pub(super) fn owned(&mut self, dir: &Dir, name: &str, path: &Path) -> bool {
         match dir.owner(name) {
@@ -122,10 +127,7 @@ impl Cleaner {
                 false
             }
             Ok(_) => true,
-            Err(e) => {
-                self.failed(path.to_path_buf(), &e);
-                false
-            }
+            Err(e) => self.fail(path.to_path_buf(), &e),
         }
     }
 
@@ -140,8 +142,7 @@ impl Cleaner {
     ) -> bool {
         if self.removing() {
             if let Err(e) = dir.remove(name) {
-                self.failed(path, &e);
-                return false;
+                return self.fail(path, &e);
             }
         }
         self.done.bytes += bytes;
@@ -165,10 +166,7 @@ impl Cleaner {
             Ok(EntryKind::Missing) => return true,
             Ok(EntryKind::Link) => (CacheEntryKind::Link, 0),
             Ok(_) => (CacheEntryKind::File, 0),
-            Err(e) => {
-                self.failed(path, &e);
-                return false;
-            }
+            Err(e) => return self.fail(path, &e),
         };
         self.unlink_owned(dir, name, path, kind, bytes)
     }
@@ -188,10 +186,7 @@ impl Cleaner {
             Ok(EntryKind::File { len, .. }) => len,
             Ok(EntryKind::Missing) => return true,
             Ok(_) => 0,
-            Err(e) => {
-                self.failed(path, &e);
-                return false;
-            }
+            Err(e) => return self.fail(path, &e),
         };
         let blob = name.split('.').next().unwrap_or(name);
         let _lock = match lock(repo, blob) {
@@ -219,10 +214,7 @@ impl Cleaner {
             // A link (or a file) where a folder should be: removed itself.
             (Ok(_), Holds::Files(kind)) => return self.unlink(dir, name, path, kind),
             (Ok(_), Holds::Blobs(_)) => return self.unlink(dir, name, path, CacheEntryKind::File),
-            (Err(e), _) => {
-                self.failed(path, &e);
-                return false;
-            }
+            (Err(e), _) => return self.fail(path, &e),
         }
         if !self.owned(dir, name, &path) {
             return false;
@@ -234,10 +226,7 @@ impl Cleaner {
         });
         let (sub, names) = match listed {
             Ok(listed) => listed,
-            Err(e) => {
-                self.failed(path, &e);
-                return false;
-            }
+            Err(e) => return self.fail(path, &e),
         };
         let mut all = true;
         for child in &names {
@@ -245,8 +234,7 @@ impl Cleaner {
             all &= match (sub.entry(child), holds) {
                 (Ok(EntryKind::Dir), _) if depth + 1 >= MAX_DEPTH => {
                     let e = io::Error::other("folders nested too deep");
-                    self.failed(child_path, &e);
-                    false
+                    self.fail(child_path, &e)
                 }
                 (Ok(EntryKind::Dir), _) => {
                     let files = Holds::Files(CacheEntryKind::File);
@@ -254,20 +242,27 @@ impl Cleaner {
                 }
                 (Ok(_), Holds::Blobs(repo)) => self.unlink_blob(repo, &sub, child),
                 (Ok(_), Holds::Files(kind)) => self.unlink(&sub, child, child_path, kind),
-                (Err(e), _) => {
-                    self.failed(child_path, &e);
-                    false
-                }
+                (Err(e), _) => self.fail(child_path, &e),
             };
         }
+        self.remove_folder(dir, name, path, all)
+    }
+
+    /// The folder `name` of `dir` removed once `all` it held went, else kept.
+    pub(super) fn remove_folder(
+        &mut self,
+        dir: &Dir,
+        name: &str,
+        path: PathBuf,
+        all: bool,
+    ) -> bool {
         if !all {
             self.keep(path, KeepReason::HoldsKept);
             return false;
         }
         if self.removing() {
             if let Err(e) = dir.remove_dir(name) {
-                self.failed(path, &e);
-                return false;
+                return self.fail(path, &e);
             }
         }
         let kind = CacheEntryKind::Folder;

@@ -145,64 +145,41 @@ pub(crate) fn bucket_store(
     let fail = |e: object_store::Error| config_error(shown, redactor, &e);
     // Our timeouts first, so that the environment can override them by their names.
     let client = tuning.client_config();
+    // The three builders share these methods, not a trait.
+    macro_rules! build {
+        ($builder:ident, $key:ident, $prefix:literal, $named:ident) => {{
+            let mut b = match env {
+                StoreEnv::Process => $builder::from_env(),
+                StoreEnv::Vars(_) => $builder::new(),
+            };
+            for (key, value) in client {
+                b = b.with_config($key::Client(key), value);
+            }
+            if let StoreEnv::Vars(_) = env {
+                for (key, value) in env.vars($prefix) {
+                    if let Ok(key) = key.to_ascii_lowercase().parse() {
+                        b = b.with_config(key, value);
+                    }
+                }
+            }
+            let b = b.$named(bucket).with_retry(tuning.retry());
+            Arc::new(b.with_http_connector(KeepWhole).build().map_err(fail)?)
+        }};
+    }
     let store: Arc<dyn ObjectStore> = match kind {
-        StoreKind::S3 => {
-            let mut b = match env {
-                StoreEnv::Process => AmazonS3Builder::from_env(),
-                StoreEnv::Vars(_) => AmazonS3Builder::new(),
-            };
-            for (key, value) in client {
-                b = b.with_config(AmazonS3ConfigKey::Client(key), value);
-            }
-            if let StoreEnv::Vars(_) = env {
-                for (key, value) in env.vars("AWS_") {
-                    if let Ok(key) = key.to_ascii_lowercase().parse() {
-                        b = b.with_config(key, value);
-                    }
-                }
-            }
-            let b = b.with_bucket_name(bucket).with_retry(tuning.retry());
-            let b = b.with_http_connector(KeepWhole);
-            Arc::new(b.build().map_err(fail)?)
-        }
-        StoreKind::Gcs => {
-            let mut b = match env {
-                StoreEnv::Process => GoogleCloudStorageBuilder::from_env(),
-                StoreEnv::Vars(_) => GoogleCloudStorageBuilder::new(),
-            };
-            for (key, value) in client {
-                b = b.with_config(GoogleConfigKey::Client(key), value);
-            }
-            if let StoreEnv::Vars(_) = env {
-                for (key, value) in env.vars("GOOGLE_") {
-                    if let Ok(key) = key.to_ascii_lowercase().parse() {
-                        b = b.with_config(key, value);
-                    }
-                }
-            }
-            let b = b.with_bucket_name(bucket).with_retry(tuning.retry());
-            let b = b.with_http_connector(KeepWhole);
-            Arc::new(b.build().map_err(fail)?)
-        }
-        StoreKind::Azure => {
-            let mut b = match env {
-                StoreEnv::Process => MicrosoftAzureBuilder::from_env(),
-                StoreEnv::Vars(_) => MicrosoftAzureBuilder::new(),
-            };
-            for (key, value) in client {
-                b = b.with_config(AzureConfigKey::Client(key), value);
-            }
-            if let StoreEnv::Vars(_) = env {
-                for (key, value) in env.vars("AZURE_") {
-                    if let Ok(key) = key.to_ascii_lowercase().parse() {
-                        b = b.with_config(key, value);
-                    }
-                }
-            }
-            let b = b.with_container_name(bucket).with_retry(tuning.retry());
-            let b = b.with_http_connector(KeepWhole);
-            Arc::new(b.build().map_err(fail)?)
-        }
+        StoreKind::S3 => build!(AmazonS3Builder, AmazonS3ConfigKey, "AWS_", with_bucket_name),
+        StoreKind::Gcs => build!(
+            GoogleCloudStorageBuilder,
+            GoogleConfigKey,
+            "GOOGLE_",
+            with_bucket_name
+        ),
+        StoreKind::Azure => build!(
+            MicrosoftAzureBuilder,
+            AzureConfigKey,
+            "AZURE_",
+            with_container_name
+        ),
     };
     Ok(store)
 }

@@ -130,11 +130,8 @@ impl Watch {
         }
         let rate = (activity.pieces() - first) as f64 * PIECE as f64 / span.as_secs_f64();
         let left = self.len.saturating_sub(activity.pieces() * PIECE) as f64;
-        let ends = if rate > 0.0 {
-            Duration::try_from_secs_f64(left / rate).unwrap_or(Duration::MAX)
-        } else {
-            Duration::MAX
-        };
+        // A rate of 0 makes infinity (or NaN): no end in sight.
+        let ends = Duration::try_from_secs_f64(left / rate).unwrap_or(Duration::MAX);
         match now.checked_add(ends) {
             Some(end) if end <= self.deadline => Verdict::Wait,
             _ => Verdict::GiveUp,

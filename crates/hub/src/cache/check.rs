@@ -21,7 +21,6 @@ pub(crate) enum Check {
     Whole,
 }
 
-/// A digest in progress.
 pub(crate) enum Hasher {
     Sha256(Sha256),
     GitBlob(Sha1),

@@ -205,7 +205,6 @@ impl Cleaner {
         Ok(())
     }
 
-    /// Removes one revision of `repo` (see [`hub_cache_remove`]).
     fn remove_revision(&mut self, repo: &RepoDir, revision: &str) -> Result<()> {
         let commit = match layout::commit_name(revision) {
             Some(commit) => commit,
@@ -294,7 +293,6 @@ impl Cleaner {
         );
     }
 
-    /// Prunes one repository (see [`hub_cache_prune`]).
     fn prune_repo(&mut self, repo: &RepoDir) {
         let blobs = match repo.dir.sub("blobs", false) {
             Ok(blobs) => blobs,
@@ -401,7 +399,6 @@ fn snapshot_blobs(
     Ok((own, others))
 }
 
-/// The blobs any snapshot of `repo` links to.
 fn all_snapshot_blobs(repo: &RepoDir) -> io::Result<BTreeSet<String>> {
     match repo.dir.sub("snapshots", false) {
         Ok(snapshots) => snapshot_blobs(&snapshots, "", &repo.path).map(|(_, all)| all),

@@ -83,7 +83,6 @@ impl RepoView {
         })
     }
 
-    /// The commit `refs/<revision>` holds.
     pub(crate) fn commit_of(&self, revision: &str) -> Option<String> {
         ref_commit(&self.dir, revision)
     }
@@ -135,7 +134,6 @@ impl RepoView {
         })
     }
 
-    /// Where the snapshot of `commit` shows the file at `path`.
     pub(crate) fn snapshot_path(&self, commit: &str, path: &str) -> PathBuf {
         self.dir_path.join("snapshots").join(commit).join(path)
     }
@@ -226,13 +224,11 @@ impl RepoWriter {
         ))
     }
 
-    /// Where `path` of the repository is in the snapshot of the commit.
     pub(crate) fn snapshot_path(&self, path: &str) -> PathBuf {
         let snapshot = self.root.join(&self.folder).join("snapshots");
         snapshot.join(&self.commit).join(path)
     }
 
-    /// The repository's `blobs/`, made where `create` says so.
     fn blobs(&self, create: bool) -> io::Result<Dir> {
         self.repo()?.sub("blobs", create)
     }

@@ -197,7 +197,6 @@ pub(crate) fn shared_blob_of_link(target: &Path) -> Option<(String, String)> {
     ok.then(|| (prefix.to_owned(), hash.to_owned()))
 }
 
-/// The suffix of a temporary file being written.
 const TEMP_SUFFIX: &str = ".incomplete";
 
 /// A process-unique temporary name for `final_name`: `<final_name>.<nonce>.incomplete`.

@@ -55,7 +55,6 @@ struct CacheEnv {
     hub_on: bool,
     store_dir: Option<PathBuf>,
     verify: bool,
-    /// The load's cancel flags, which each checkpoint resolved keeps.
     cancel: Cancel,
 }
 
@@ -90,7 +89,6 @@ pub(crate) struct Remote {
 }
 
 enum Mode {
-    /// No cache: every file fetched.
     Off,
     Hub(HubMode),
     Directory(StoreCache),
@@ -176,18 +174,15 @@ fn not_in_cache(shown: impl Into<PathBuf>, what: &str) -> Error {
     )
 }
 
-/// The address of a hub repository, split.
 struct HubAddress<'a> {
     text: &'a str,
     repo: &'a str,
     rev: &'a str,
     subfolder: &'a str,
-    /// The load's cancel flags, which its checkpoints keep.
     cancel: &'a Cancel,
 }
 
 impl HubAddress<'_> {
-    /// The checkpoint at `commit`.
     fn at(&self, commit: &str) -> Result<RemoteCheckpoint> {
         RemoteCheckpoint::new(&at_commit(self.repo, commit, self.subfolder), self.cancel)
     }

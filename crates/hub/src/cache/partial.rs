@@ -34,12 +34,10 @@ const ENTRY: usize = 24;
 pub(crate) const PARTIAL_SUFFIX: &str = ".safeload-partial";
 pub(crate) const PIECES_SUFFIX: &str = ".safeload-pieces";
 
-/// The partial file of `final_name`.
 pub(crate) fn partial_name(final_name: &str) -> String {
     format!("{final_name}{PARTIAL_SUFFIX}")
 }
 
-/// The record of `final_name`'s partial file.
 pub(crate) fn pieces_name(final_name: &str) -> String {
     format!("{final_name}{PIECES_SUFFIX}")
 }
@@ -55,7 +53,6 @@ pub(crate) struct Opened {
     pub file: File,
     /// The pieces kept from an earlier load, checked.
     pub kept: Vec<Range<u64>>,
-    /// Their indexes.
     pub recorded: BTreeSet<u64>,
     pub log: PieceLog,
 }
@@ -131,7 +128,6 @@ fn entry(index: u64, hash: u128) -> [u8; ENTRY] {
     bytes
 }
 
-/// The pieces of a file of `len` bytes.
 fn pieces(len: u64) -> u64 {
     len.div_ceil(PIECE)
 }
@@ -252,7 +248,6 @@ impl Activity {
         }
     }
 
-    /// The pieces its record lists.
     pub(crate) fn pieces(&self) -> u64 {
         self.record.saturating_sub(HEADER as u64) / ENTRY as u64
     }

@@ -34,7 +34,6 @@ enum Stream {
     Taken,
     /// Its bytes landed out of order: hashed from the file once finished.
     Broken,
-    /// Every byte hashed.
     Done(u128),
 }
 

@@ -21,7 +21,6 @@ pub(crate) const STALE: Duration = Duration::from_secs(3600);
 /// A temporary file being written: removed when dropped unless published, or kept for a
 /// later load to resume (a partial file with a finished piece).
 pub(crate) struct TempFile {
-    /// The folder of the temporary and final names.
     pub dir: Dir,
     pub temp: String,
     /// Shared with what reads back from it (`write::Local`).
@@ -44,7 +43,6 @@ pub(crate) struct TempFile {
 /// The pieces of a partial file an earlier load finished (checked), and its record.
 pub(crate) struct Resume {
     pub kept: Vec<Range<u64>>,
-    /// The kept pieces' indexes.
     pub recorded: BTreeSet<u64>,
     pub log: PieceLog,
 }

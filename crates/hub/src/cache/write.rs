@@ -18,7 +18,6 @@ pub(crate) use super::temp::TempFile;
 use crate::os;
 use crate::source::{CacheStore, CacheUse, NotCached};
 
-/// Where a write is.
 enum Phase {
     /// Nothing written yet: the reads so far are within the header, kept.
     Waiting { kept: Vec<(u64, Vec<u8>)> },

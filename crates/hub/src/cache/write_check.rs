@@ -72,7 +72,6 @@ pub(super) struct Checking {
     /// Taken to publish it (its drop tidies the record before the check ends).
     pub(super) begun: Mutex<Option<Arc<TempFile>>>,
     pub(super) file: Arc<File>,
-    /// A map of the file, hashed from where it holds the bytes.
     pub(super) view: Option<Arc<View>>,
     /// The hash, in file order, taken a step at a time by the check's thread
     /// or a waiter ([`Write::settle`]); `None` once every byte is hashed.

@@ -54,7 +54,6 @@ impl RemoteCheckpoint {
         )
     }
 
-    /// Where its files are.
     pub(crate) fn location(&self) -> &RemoteLocation {
         &self.location
     }

@@ -81,7 +81,6 @@ impl HubConfig {
         )
     }
 
-    /// The URL of a file of a repository at a revision.
     pub(crate) fn resolve_url(&self, repo: &str, revision: &str, file: &str) -> String {
         let path: Vec<String> = file.split('/').map(encode_segment).collect();
         format!("{}{}", self.resolve_base(repo, revision), path.join("/"))

@@ -29,12 +29,10 @@ impl<'a> Filling<'a> {
         }
     }
 
-    /// The buffer's length.
     pub(crate) fn len(&self) -> usize {
         self.dst.len()
     }
 
-    /// Whether every byte is in.
     pub(crate) fn is_full(&self) -> bool {
         self.got == self.dst.len()
     }

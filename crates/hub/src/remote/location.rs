@@ -325,7 +325,6 @@ impl RemoteLocation {
         }
     }
 
-    /// The not-found error of a hub file the hub says does not exist.
     fn hub_missing(&self, hub: &HubRepo, key: &str) -> RemoteError {
         let detail = "HTTP 404 EntryNotFound".into();
         RemoteError::new(RemoteErrorKind::NotFound, hub.shown(key), detail)

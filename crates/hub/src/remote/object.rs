@@ -293,7 +293,6 @@ impl RemoteObject {
         Ok(self)
     }
 
-    /// The ETag seen at open.
     pub(crate) fn etag(&self) -> Option<&str> {
         self.etag.as_deref()
     }
@@ -314,7 +313,6 @@ impl RemoteObject {
         self.requests.load(Ordering::Relaxed)
     }
 
-    /// Whether the server was found to ignore `Range`.
     pub(crate) fn ranges_ignored(&self) -> bool {
         self.ranges_ignored.load(Ordering::Relaxed)
     }

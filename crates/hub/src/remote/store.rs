@@ -218,7 +218,6 @@ pub(crate) struct IoRuntime {
 }
 
 impl IoRuntime {
-    /// The flags that stop its requests.
     pub(crate) fn cancel(&self) -> &Cancel {
         &self.cancel
     }

@@ -14,7 +14,6 @@ use super::{Failure, RemoteObject, classify};
 /// The first allocation of a body read whole, where it is longer.
 const FIRST_GROWTH: usize = 1 << 20;
 
-/// What a whole GET's body came to.
 enum Body {
     /// Every byte, no more than the object's length.
     Whole(Vec<u8>),
@@ -131,7 +130,6 @@ impl RemoteObject {
         self.error(RemoteErrorKind::Protocol, detail)
     }
 
-    /// The error of an allocation of `bytes` refused.
     fn no_memory(&self, bytes: usize, e: &TryReserveError) -> RemoteError {
         let detail = format!("cannot take {bytes} bytes in memory to read it whole: {e}");
         self.error(RemoteErrorKind::Failed, detail)

@@ -374,21 +374,15 @@ impl Write {
                 ranges: vec![range],
                 mapped: None,
             }),
-            Phase::Checking(checking) => {
+            Phase::Checking(_) | Phase::Done(Ok(())) => {
                 let (file, mapped) = state.complete.as_ref()?;
                 // Bytes an earlier load left are read as data only in place,
                 // until proven.
-                if mapped.is_none() && lock(&checking.proof).is_some() {
+                let unproven =
+                    matches!(&state.phase, Phase::Checking(c) if lock(&c.proof).is_some());
+                if mapped.is_none() && unproven {
                     return None;
                 }
-                Some(Local {
-                    file: Arc::clone(file),
-                    ranges: vec![range],
-                    mapped: mapped.clone(),
-                })
-            }
-            Phase::Done(Ok(())) => {
-                let (file, mapped) = state.complete.as_ref()?;
                 Some(Local {
                     file: Arc::clone(file),
                     ranges: vec![range],

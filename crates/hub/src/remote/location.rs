@@ -452,11 +452,8 @@ impl RemoteLocation {
                         tuning.pace.window.as_secs_f64(),
                         super::watch::STALL_VAR
                     );
-                    return Err(RemoteError::new(
-                        RemoteErrorKind::Unreachable,
-                        shown,
-                        detail,
-                    ));
+                    let kind = RemoteErrorKind::Unreachable;
+                    return Err(RemoteError::new(kind, shown, detail));
                 }
                 Err(Interrupt::Cancelled) => {
                     let detail = "the load was cancelled".to_owned();
@@ -469,16 +466,11 @@ impl RemoteLocation {
             last = format!("HTTP {}", response.status().as_u16());
             unreached = false;
         }
-        let tries = if refused > 1 {
-            refused
-        } else {
-            tuning.max_retries + 1
-        };
-        let detail = format!("{last} ({tries} tries)");
-        let kind = if unreached {
-            RemoteErrorKind::Unreachable
-        } else {
-            RemoteErrorKind::Failed
+        let tries = Some(refused).filter(|r| *r > 1);
+        let detail = format!("{last} ({} tries)", tries.unwrap_or(tuning.max_retries + 1));
+        let kind = match unreached {
+            true => RemoteErrorKind::Unreachable,
+            false => RemoteErrorKind::Failed,
         };
         Err(RemoteError::new(kind, shown, detail))
     }

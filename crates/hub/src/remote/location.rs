@@ -69,9 +69,7 @@ enum Head {
 /// A remote checkpoint's place; no request is sent until a file is opened.
 #[derive(Debug)]
 pub(crate) struct RemoteLocation {
-    runtime: Arc<IoRuntime>,
-    settings: RemoteSettings,
-    redactor: Redactor,
+    setup: Setup,
     /// The key prefix of the files under the base: empty or ending in `/`.
     prefix: String,
     /// The file the address named, where it named one.
@@ -108,19 +106,20 @@ fn split_key(key: &str, names_file: bool) -> (String, Option<String>) {
     }
 }
 
-/// What a location's client is built from.
-struct Setup<'a> {
+/// What a location's clients are built from.
+#[derive(Debug)]
+struct Setup {
     shown: String,
     names_file: bool,
-    settings: &'a RemoteSettings,
-    runtime: &'a Arc<IoRuntime>,
-    redactor: &'a Redactor,
+    settings: RemoteSettings,
+    runtime: Arc<IoRuntime>,
+    redactor: Redactor,
 }
 
 /// A location's key prefix, the file it names, and its client.
 type Parts = (String, Option<String>, Place);
 
-impl Setup<'_> {
+impl Setup {
     fn backend(
         &self,
         store: Arc<dyn object_store::ObjectStore>,
@@ -128,7 +127,7 @@ impl Setup<'_> {
     ) -> Arc<Backend> {
         Arc::new(Backend {
             store,
-            runtime: Arc::clone(self.runtime),
+            runtime: Arc::clone(&self.runtime),
             tuning: self.settings.tuning.clone(),
             shown_base,
             redactor: self.redactor.clone(),
@@ -144,7 +143,7 @@ impl Setup<'_> {
         };
         let shown_base = format!("{base}/");
         let (env, tuning) = (&self.settings.env, &self.settings.tuning);
-        let s = store::bucket_store(kind, bucket, env, tuning, self.redactor, &self.shown)?;
+        let s = store::bucket_store(kind, bucket, env, tuning, &self.redactor, &self.shown)?;
         let (prefix, file) = split_key(key, self.names_file);
         Ok((prefix, file, Place::Store(self.backend(s, shown_base))))
     }
@@ -167,7 +166,7 @@ impl Setup<'_> {
         };
         let shown_base = super::url::without_userinfo(&base);
         let tuning = &self.settings.tuning;
-        let s = store::http_store(&base, HeaderMap::new(), tuning, self.redactor, &self.shown)?;
+        let s = store::http_store(&base, HeaderMap::new(), tuning, &self.redactor, &self.shown)?;
         Ok((
             String::new(),
             file,
@@ -220,9 +219,9 @@ impl RemoteLocation {
         let setup = Setup {
             shown: url.to_string(),
             names_file: url.names_file(),
-            settings: &settings,
-            runtime: &runtime,
-            redactor: &redactor,
+            settings,
+            runtime,
+            redactor,
         };
         let (prefix, file, place) = match &url {
             RemoteUrl::Store { kind, bucket, key } => setup.store(*kind, bucket, key)?,
@@ -235,9 +234,7 @@ impl RemoteLocation {
             } => setup.hub(repo, revision.as_deref(), subfolder)?,
         };
         Ok(RemoteLocation {
-            runtime,
-            settings,
-            redactor,
+            setup,
             prefix,
             file,
             place,
@@ -339,7 +336,7 @@ impl RemoteLocation {
     ) -> Result<(Option<HubFileMeta>, Option<Arc<Backend>>), RemoteError> {
         let pinned = hub.pinned().clone();
         let revision = pinned.as_ref().map_or(hub.revision.as_str(), |(c, _)| c);
-        let config = &self.settings.hub;
+        let config = &self.setup.settings.hub;
         let url = config.resolve_url(&hub.repo, revision, key);
         let shown = format!("hf://{}@{}/{key}", hub.repo, revision.replace('/', "%2F"));
         let (meta, answered) = match self.hub_head(hub, &url, &shown)? {
@@ -381,15 +378,9 @@ impl RemoteLocation {
         }
         let base = config.resolve_base(&hub.repo, &commit);
         let shown_base = format!("hf://{}@{commit}/", hub.repo);
-        let tuning = &self.settings.tuning;
-        let store = store::http_store(&base, headers, tuning, &self.redactor, &shown_base)?;
-        let backend = Arc::new(Backend {
-            store,
-            runtime: Arc::clone(&self.runtime),
-            tuning: tuning.clone(),
-            shown_base,
-            redactor: self.redactor.clone(),
-        });
+        let (tuning, redactor) = (&self.setup.settings.tuning, &self.setup.redactor);
+        let store = store::http_store(&base, headers, tuning, redactor, &shown_base)?;
+        let backend = self.setup.backend(store, shown_base);
         let mut slot = hub.pinned();
         // Two files opened at once may both pin: the first one's pin stands, and the
         // other's file is checked against it.
@@ -411,8 +402,8 @@ impl RemoteLocation {
     /// `EntryNotFound` is [`Head::Missing`]; a refusal is typed ([`head_answer`]); a hub
     /// that never answers is [`RemoteErrorKind::Unreachable`].
     fn hub_head(&self, hub: &HubRepo, url: &str, shown: &str) -> Result<Head, RemoteError> {
-        let tuning = &self.settings.tuning;
-        let token = self.settings.hub.token.as_ref();
+        let tuning = &self.setup.settings.tuning;
+        let token = self.setup.settings.hub.token.as_ref();
         let mut backoff = tuning.init_backoff;
         let mut last = String::new();
         // Whether the last try failed to reach the hub at all.
@@ -429,12 +420,13 @@ impl RemoteLocation {
             }
             // `send` arms its timeout when called: inside the runtime.
             let answer = self
+                .setup
                 .runtime
                 .request(tuning.pace, |_| async move { request.send().await });
             let response = match answer {
                 Ok(Ok(response)) => response,
                 Ok(Err(e)) => {
-                    last = self.redactor.error_text(&e);
+                    last = self.setup.redactor.error_text(&e);
                     unreached = e.is_connect() || e.is_timeout();
                     refused += usize::from(e.is_connect());
                     if refused > 1 {
@@ -460,7 +452,7 @@ impl RemoteLocation {
                     return Err(RemoteError::new(RemoteErrorKind::Cancelled, shown, detail));
                 }
             };
-            if let Some(done) = head_answer(&response, shown, &self.redactor) {
+            if let Some(done) = head_answer(&response, shown, &self.setup.redactor) {
                 return done;
             }
             last = format!("HTTP {}", response.status().as_u16());

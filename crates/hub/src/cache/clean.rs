@@ -32,11 +32,6 @@ use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode};
 /// println!("{plan}");
 /// let done = safeload::hub::hub_cache_remove("org/model", Some("v1.0"), RemoveMode::Remove)?;
 /// assert_eq!(plan.bytes, done.bytes);
-/// for kept in &done.kept {
-///     eprintln!("kept {}: {}", kept.path.display(), kept.why);
-/// }
-/// // The whole repository.
-/// safeload::hub::hub_cache_remove("org/model", None, RemoveMode::Remove)?;
 /// # Ok::<(), safeload::Error>(())
 /// ```
 ///

@@ -227,11 +227,8 @@ pub(crate) fn lock_name(blob: &str) -> String {
 
 /// Hex of the first 16 bytes of the SHA-256 of `text`: a name that stays in its folder.
 fn short_hash(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let digest = Sha256::digest(text.as_bytes());
+    crate::verify::hex(digest.get(..16).unwrap_or_default())
 }
 
 /// The folder of an object's versions in a cache directory.

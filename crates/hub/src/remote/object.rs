@@ -120,7 +120,7 @@ impl RemoteObject {
                 backend.redactor.error_text(&e),
             )
         })?;
-        let mut object = RemoteObject {
+        let object = RemoteObject {
             backend: Arc::clone(backend),
             location,
             shown: PathBuf::from(&shown),
@@ -148,10 +148,7 @@ impl RemoteObject {
                     let e = object.error(RemoteErrorKind::Protocol, detail.into());
                     return Err(e.with_range(0..body.want));
                 }
-                object.version.len = body.len;
-                object.etag = body.etag;
-                object.prefix = body.prefix;
-                object.finish_open()
+                object.finish_open(body.len, body.etag, body.prefix)
             }
             Err(e) => object.open_after(&e, answer, first),
         }
@@ -200,7 +197,7 @@ impl RemoteObject {
     /// The open after its first GET failed with `e`: a typed error, the whole answer's
     /// first bytes, or a HEAD (ranges ignored, an empty object's 416).
     fn open_after(
-        mut self,
+        self,
         e: &object_store::Error,
         answer: Option<WholeAnswer>,
         first: Range<u64>,
@@ -220,11 +217,9 @@ impl RemoteObject {
         // Ranges ignored, or an answer such as 416 for an empty object: the HEAD says.
         let head = self.retrying_stalls(0..0, |_| self.head())?;
         match head {
-            Ok(meta) if failure == Failure::RangeIgnored || meta.size == 0 => {
-                self.version.len = meta.size;
-                self.etag = meta.e_tag;
-                self.finish_open()?.fits_whole()
-            }
+            Ok(meta) if failure == Failure::RangeIgnored || meta.size == 0 => self
+                .finish_open(meta.size, meta.e_tag, Vec::new())?
+                .fits_whole(),
             _ => {
                 let e = self.error(RemoteErrorKind::Failed, text);
                 Err(e.with_range(first))
@@ -234,14 +229,12 @@ impl RemoteObject {
 
     /// The open of an object whose server answered the range with all of it: the whole
     /// object where it was no longer than the range, else its first bytes and length.
-    fn open_whole(mut self, answer: WholeAnswer) -> Result<RemoteObject, RemoteError> {
+    fn open_whole(self, answer: WholeAnswer) -> Result<RemoteObject, RemoteError> {
         self.ranges_ignored.store(true, Ordering::Relaxed);
         if answer.complete {
             // Every byte any read asks for.
-            self.version.len = answer.bytes.len() as u64;
-            self.etag = answer.etag;
-            self.prefix = answer.bytes;
-            return self.finish_open();
+            let len = answer.bytes.len() as u64;
+            return self.finish_open(len, answer.etag, answer.bytes);
         }
         let (len, etag) = match answer.stated {
             Some(len) => (len, answer.etag),
@@ -259,10 +252,7 @@ impl RemoteObject {
                 .error(RemoteErrorKind::Protocol, detail)
                 .with_range(0..len));
         }
-        self.version.len = len;
-        self.etag = etag;
-        self.prefix = answer.bytes;
-        self.finish_open()?.fits_whole()
+        self.finish_open(len, etag, answer.bytes)?.fits_whole()
     }
 
     /// Itself where its whole object may be held in memory (`bounded::open_cap`), as a
@@ -276,11 +266,16 @@ impl RemoteObject {
         Ok(self)
     }
 
-    /// The version from the ETag seen, checked against what the hub said.
-    fn finish_open(mut self) -> Result<RemoteObject, RemoteError> {
-        if let Some(etag) = &self.etag {
-            self.version.tag = VersionTag::ETag(etag.clone());
-        }
+    /// Opened at `len` bytes, `etag` and the first bytes `prefix`: the version from the
+    /// ETag, checked against what the hub said.
+    fn finish_open(
+        mut self,
+        len: u64,
+        etag: Option<String>,
+        prefix: Vec<u8>,
+    ) -> Result<RemoteObject, RemoteError> {
+        let tag = etag.clone().map_or(VersionTag::Unknown, VersionTag::ETag);
+        (self.version, self.etag, self.prefix) = (Version { len, tag }, etag, prefix);
         if let Some(size) = self.hub.as_ref().and_then(|h| h.size) {
             if size != self.version.len {
                 let detail = format!(

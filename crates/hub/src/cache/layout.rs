@@ -144,13 +144,7 @@ pub(crate) fn named_digest(name: &str) -> Option<Named> {
     hex_into(name, &mut git).then_some(Named::GitBlob(git))
 }
 
-/// An ETag as the hub's client names a blob by it: without `W/` and quotes.
-pub(crate) fn blob_name_of_etag(etag: &str) -> String {
-    etag.trim()
-        .trim_start_matches("W/")
-        .trim_matches('"')
-        .to_owned()
-}
+pub(crate) use crate::remote::hub::unquote as blob_name_of_etag;
 
 /// The link a snapshot file `depth` folders deep makes to `blob`.
 pub(crate) fn snapshot_link(depth: usize, blob: &str) -> String {

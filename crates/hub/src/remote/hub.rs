@@ -116,15 +116,9 @@ pub(crate) struct HubFileMeta {
 impl HubFileMeta {
     /// Reads the headers of an answer of `status` (`header` looks one up, lowercase).
     pub(crate) fn from_headers(status: u16, header: impl Fn(&str) -> Option<String>) -> Self {
-        let unquote = |v: String| {
-            v.trim()
-                .trim_start_matches("W/")
-                .trim_matches('"')
-                .to_owned()
-        };
         let commit = header("x-repo-commit").filter(|c| is_commit(c));
         let linked_etag = header("x-linked-etag")
-            .map(unquote)
+            .map(|e| unquote(&e))
             .filter(|e| !e.is_empty());
         let redirect = (300..400).contains(&status);
         let size = header("x-linked-size")
@@ -150,6 +144,14 @@ impl HubFileMeta {
             .as_deref()
             .filter(|e| e.len() == 64 && e.bytes().all(|b| b.is_ascii_hexdigit()))
     }
+}
+
+/// An ETag without a weak `W/` and quotes, as the hub's client names a blob by it.
+pub(crate) fn unquote(etag: &str) -> String {
+    etag.trim()
+        .trim_start_matches("W/")
+        .trim_matches('"')
+        .to_owned()
 }
 
 /// A full commit id: 40 hex digits.

@@ -75,13 +75,8 @@ impl fmt::Display for CacheListing {
             None => writeln!(f, "hub cache: none (no HF_HUB_CACHE, HF_HOME or HOME)")?,
         }
         for repo in &self.repos {
-            write!(
-                f,
-                "{}  {} blob(s), {}",
-                repo.repo,
-                repo.blobs,
-                human_bytes(repo.blob_bytes)
-            )?;
+            let size = human_bytes(repo.blob_bytes);
+            write!(f, "{}  {} blob(s), {size}", repo.repo, repo.blobs)?;
             if repo.incomplete > 0 {
                 write!(f, ", {} incomplete", repo.incomplete)?;
             }
@@ -266,12 +261,8 @@ impl fmt::Display for CacheRemoval {
             RemoveMode::Remove => "removed",
         };
         for entry in &self.removed {
-            write!(
-                f,
-                "  {verb} {} {}",
-                entry.kind.as_str(),
-                entry.path.display()
-            )?;
+            let (kind, path) = (entry.kind.as_str(), entry.path.display());
+            write!(f, "  {verb} {kind} {path}")?;
             if entry.bytes > 0 {
                 write!(f, "  {}", human_bytes(entry.bytes))?;
             }

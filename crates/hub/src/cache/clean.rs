@@ -203,14 +203,11 @@ impl Cleaner {
     fn remove_revision(&mut self, repo: &RepoDir, revision: &str) -> Result<()> {
         let commit = match layout::commit_name(revision) {
             Some(commit) => commit,
-            None => {
-                let names = layout::names(revision).unwrap_or_default();
-                let mut shown = vec!["refs"];
-                shown.extend(&names);
-                let path = repo.sub_path(&shown);
-                ref_commit(&repo.dir, revision)
-                    .ok_or_else(|| not_found(path, "no such ref in the hub cache"))?
-            }
+            // `check_revision` made it plain names: its path is `refs/<revision>`.
+            None => ref_commit(&repo.dir, revision).ok_or_else(|| {
+                let path = repo.sub_path(&["refs", revision]);
+                not_found(path, "no such ref in the hub cache")
+            })?,
         };
         let snapshots_path = repo.sub_path(&["snapshots"]);
         let snapshots = open_optional(&repo.dir, "snapshots", &snapshots_path)?;
@@ -226,10 +223,8 @@ impl Cleaner {
         };
         let snapshot_path = snapshots_path.join(&commit);
         if naming.is_empty() && !is_there(&snapshots) && !is_there(&no_exist) {
-            return Err(not_found(
-                snapshot_path,
-                "no such revision in the hub cache",
-            ));
+            let what = "no such revision in the hub cache";
+            return Err(not_found(snapshot_path, what));
         }
         let (own, others) = match &snapshots {
             Some(dir) => snapshot_blobs(dir, &commit, &repo.path)
@@ -270,9 +265,7 @@ impl Cleaner {
         let Some((last, folders)) = names.split_last() else {
             return;
         };
-        let mut shown = vec!["refs"];
-        shown.extend(&names);
-        let path = repo.sub_path(&shown);
+        let path = repo.sub_path(&["refs", name]);
         let mut below: Option<Dir> = None;
         for folder in folders {
             match below.as_ref().unwrap_or(refs).sub(folder, false) {
@@ -280,12 +273,8 @@ impl Cleaner {
                 Err(e) => return self.failed(path, &e),
             }
         }
-        self.unlink(
-            below.as_ref().unwrap_or(refs),
-            last,
-            path,
-            CacheEntryKind::Ref,
-        );
+        let dir = below.as_ref().unwrap_or(refs);
+        self.unlink(dir, last, path, CacheEntryKind::Ref);
     }
 
     fn prune_repo(&mut self, repo: &RepoDir) {

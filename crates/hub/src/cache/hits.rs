@@ -31,13 +31,8 @@ impl Remote {
                  SHA-256: {why}"
             );
             let path = cached.path.clone();
-            Err(Error::remote_failed(
-                Operation::Hash,
-                path,
-                None,
-                failure,
-                &detail,
-            ))
+            let e = Error::remote_failed(Operation::Hash, path, None, failure, &detail);
+            Err(e)
         };
         if hub.offline {
             return refuse(RemoteFailure::OfflineNotCached, "the hub's digest of it");

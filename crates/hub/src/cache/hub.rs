@@ -217,11 +217,8 @@ impl RepoWriter {
         let names = layout::names(path).ok_or_else(|| invalid("a path of the snapshot"))?;
         let (last, folders) = names.split_last().ok_or_else(|| invalid("an empty path"))?;
         let commit = self.repo()?.sub(top, true)?.sub(&self.commit, true)?;
-        Ok((
-            walk(commit, folders, true)?,
-            (*last).to_owned(),
-            folders.len(),
-        ))
+        let dir = walk(commit, folders, true)?;
+        Ok((dir, (*last).to_owned(), folders.len()))
     }
 
     pub(crate) fn snapshot_path(&self, path: &str) -> PathBuf {
@@ -289,10 +286,8 @@ impl RepoWriter {
 }
 
 fn invalid(what: &str) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!("not {what} of the cache"),
-    )
+    let text = format!("not {what} of the cache");
+    io::Error::new(io::ErrorKind::InvalidInput, text)
 }
 
 /// One file of a repository written to the hub cache: its blob and snapshot path.

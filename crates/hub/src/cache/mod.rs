@@ -165,13 +165,8 @@ fn at_commit(repo: &str, commit: &str, subfolder: &str) -> String {
 }
 
 fn not_in_cache(shown: impl Into<PathBuf>, what: &str) -> Error {
-    Error::remote_failed(
-        Operation::Open,
-        shown,
-        None,
-        RemoteFailure::OfflineNotCached,
-        what,
-    )
+    let failure = RemoteFailure::OfflineNotCached;
+    Error::remote_failed(Operation::Open, shown, None, failure, what)
 }
 
 struct HubAddress<'a> {
@@ -231,17 +226,15 @@ fn resolve_hub(
         .hub_root
         .as_deref()
         .map(|root| Arc::new(RepoWriter::new(root, repo, &commit, address.rev, no_exist)));
-    let remote = Remote::new(
-        resolved.checkpoint,
-        Mode::Hub(HubMode {
-            view,
-            writer,
-            commit,
-            prefix,
-            offline: resolved.offline,
-            verify: env.verify,
-        }),
-    );
+    let mode = Mode::Hub(HubMode {
+        view,
+        writer,
+        commit,
+        prefix,
+        offline: resolved.offline,
+        verify: env.verify,
+    });
+    let remote = Remote::new(resolved.checkpoint, mode);
     let found = remote.find_hub(resolved.single)?;
     Ok((remote, found))
 }

@@ -17,10 +17,8 @@ use super::list::MAX_DEPTH;
 /// The hub cache's directory, as the process's environment names it.
 pub(super) fn root_of_process() -> Result<PathBuf> {
     layout::hub_root(|name| std::env::var(name).ok()).ok_or_else(|| {
-        let e = io::Error::new(
-            io::ErrorKind::NotFound,
-            "no hub cache: neither HF_HUB_CACHE, HF_HOME nor HOME is set",
-        );
+        let what = "no hub cache: neither HF_HUB_CACHE, HF_HOME nor HOME is set";
+        let e = io::Error::new(io::ErrorKind::NotFound, what);
         Error::io(Operation::Remove, "HF_HUB_CACHE", None, e)
     })
 }

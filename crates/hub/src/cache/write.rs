@@ -309,11 +309,8 @@ impl Write {
                     resume.kept.clear();
                     resume.recorded.clear();
                 }
-                (
-                    resume.kept,
-                    resume.recorded,
-                    Some(Arc::new(Mutex::new(resume.log))),
-                )
+                let log = Some(Arc::new(Mutex::new(resume.log)));
+                (resume.kept, resume.recorded, log)
             }
             None => (Vec::new(), BTreeSet::new(), None),
         };

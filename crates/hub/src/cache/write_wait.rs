@@ -36,13 +36,8 @@ impl Write {
     pub(super) fn open_target(&self) -> Result<TempFile, Result<File, NotCached>> {
         let window = Pace::from_var(std::env::var(STALL_VAR).ok().as_deref()).window;
         let rate = best_rate().unwrap_or(ASSUMED_RATE);
-        let mut watch = Watch::new(
-            self.target.activity(),
-            Instant::now(),
-            self.len,
-            window,
-            rate,
-        );
+        let seen = self.target.activity();
+        let mut watch = Watch::new(seen, Instant::now(), self.len, window, rate);
         loop {
             match self.target.begin(self.len) {
                 Err(NotCached::Locked) => {}

@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::error::RemoteError;
 use super::location::{RemoteLocation, RemoteSettings};
 use super::object::RemoteObject;
 use super::store::IoRuntime;
@@ -112,11 +111,8 @@ impl RemoteCheckpoint {
         if let Some(object) = self.lock().get(name) {
             return Ok(Arc::clone(object));
         }
-        let object = Arc::new(
-            self.location
-                .open_file(name)
-                .map_err(|e: RemoteError| e.into_error(Operation::Open))?,
-        );
+        let object = self.location.open_file(name);
+        let object = Arc::new(object.map_err(|e| e.into_error(Operation::Open))?);
         self.lock().insert(name.to_owned(), Arc::clone(&object));
         Ok(object)
     }

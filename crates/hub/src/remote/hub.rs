@@ -74,11 +74,8 @@ impl HubConfig {
 
     /// `{endpoint}/{repo}/resolve/{revision}/`: a repository's base URL at a revision.
     pub(crate) fn resolve_base(&self, repo: &str, revision: &str) -> String {
-        format!(
-            "{}/{repo}/resolve/{}/",
-            self.endpoint,
-            encode_segment(revision)
-        )
+        let revision = encode_segment(revision);
+        format!("{}/{repo}/resolve/{revision}/", self.endpoint)
     }
 
     pub(crate) fn resolve_url(&self, repo: &str, revision: &str, file: &str) -> String {

@@ -154,10 +154,8 @@ impl Setup {
             // NOTE: object_store's HTTP store builds each request's URL from its base
             // and the object's path, so a query (a presigned URL's signature) cannot
             // be carried; presigned URLs need the read on reqwest directly.
-            return Err(bad_url(
-                &self.shown,
-                "URLs with a query are not supported yet",
-            ));
+            let what = "URLs with a query are not supported yet";
+            return Err(bad_url(&self.shown, what));
         }
         let (base, file) = if self.names_file || name.is_empty() {
             (base.to_owned(), self.names_file.then(|| name.to_owned()))
@@ -439,11 +437,8 @@ impl RemoteLocation {
                     continue;
                 }
                 Err(Interrupt::Stalled { .. }) => {
-                    let detail = format!(
-                        "no answer to a HEAD in {:.0} s, twice ({})",
-                        tuning.pace.window.as_secs_f64(),
-                        super::watch::STALL_VAR
-                    );
+                    let (secs, var) = (tuning.pace.window.as_secs_f64(), super::watch::STALL_VAR);
+                    let detail = format!("no answer to a HEAD in {secs:.0} s, twice ({var})");
                     let kind = RemoteErrorKind::Unreachable;
                     return Err(RemoteError::new(kind, shown, detail));
                 }

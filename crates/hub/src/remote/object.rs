@@ -114,11 +114,8 @@ impl RemoteObject {
     ) -> Result<RemoteObject, RemoteError> {
         let shown = format!("{}{key}", backend.shown_base);
         let location = ObjectPath::parse(key).map_err(|e| {
-            RemoteError::new(
-                RemoteErrorKind::BadUrl,
-                &shown,
-                backend.redactor.error_text(&e),
-            )
+            let text = backend.redactor.error_text(&e);
+            RemoteError::new(RemoteErrorKind::BadUrl, &shown, text)
         })?;
         let object = RemoteObject {
             backend: Arc::clone(backend),

@@ -58,11 +58,8 @@ impl Pace {
 
     /// The words of a stall, for an error: what was not met.
     pub(crate) fn stall_words(&self, at: u64) -> String {
-        format!(
-            "stalled at byte {at}: less than {} KiB in {:.0} s ({STALL_VAR})",
-            self.floor >> 10,
-            self.window.as_secs_f64()
-        )
+        let (kib, secs) = (self.floor >> 10, self.window.as_secs_f64());
+        format!("stalled at byte {at}: less than {kib} KiB in {secs:.0} s ({STALL_VAR})")
     }
 }
 

@@ -127,12 +127,9 @@ impl RemoteObject {
                 Err(e) => return self.failed_get(&e, range, filling.got),
             }
         }
-        let detail = format!(
-            "short bodies: {} of {} bytes after {} requests",
-            filling.got,
-            filling.len(),
-            self.backend.tuning.max_retries + 1
-        );
+        let (got, len) = (filling.got, filling.len());
+        let tries = self.backend.tuning.max_retries + 1;
+        let detail = format!("short bodies: {got} of {len} bytes after {tries} requests");
         Some(Err(self
             .error(RemoteErrorKind::Failed, detail)
             .with_range(range)))

@@ -95,12 +95,8 @@ impl RepoView {
         let Some((last, folders)) = names.split_last() else {
             return false;
         };
-        let found = self
-            .dir
-            .sub(".no_exist", false)
-            .and_then(|d| d.sub(commit, false))
-            .and_then(|d| walk(d, folders, false))
-            .and_then(|d| d.entry(last));
+        let marks = self.dir.sub(".no_exist", false);
+        let found = marks.and_then(|d| walk(d.sub(commit, false)?, folders, false)?.entry(last));
         matches!(found, Ok(EntryKind::File { .. }))
     }
 
@@ -109,13 +105,8 @@ impl RepoView {
     pub(crate) fn file(&self, commit: &str, path: &str) -> Option<Cached> {
         let names = layout::names(path)?;
         let (last, folders) = names.split_last()?;
-        let snapshot = self
-            .dir
-            .sub("snapshots", false)
-            .ok()?
-            .sub(commit, false)
-            .ok()?;
-        let dir = walk(snapshot, folders, false).ok()?;
+        let snapshots = self.dir.sub("snapshots", false).ok()?;
+        let dir = walk(snapshots.sub(commit, false).ok()?, folders, false).ok()?;
         let (file, sha256, plain) = match dir.entry(last).ok()? {
             EntryKind::Link => {
                 let target = dir.read_link(last).ok()?;
@@ -317,12 +308,8 @@ impl Target for HubTarget {
     }
 
     fn published(&self, len: u64) -> Option<File> {
-        let file = self
-            .writer
-            .blobs(false)
-            .ok()?
-            .open_nofollow(&self.blob)
-            .ok()?;
+        let blobs = self.writer.blobs(false).ok()?;
+        let file = blobs.open_nofollow(&self.blob).ok()?;
         if file.metadata().ok()?.len() != len {
             return None;
         }

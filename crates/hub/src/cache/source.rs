@@ -130,10 +130,8 @@ impl Fetched {
         required: usize,
         offset: u64,
     ) -> Result<(), (u64, io::Error)> {
-        let end = self
-            .object
-            .len()
-            .min(offset.saturating_add(dst.len() as u64));
+        let want = offset.saturating_add(dst.len() as u64);
+        let end = self.object.len().min(want);
         let local = (offset < end).then(|| self.write.local(offset..end));
         let Some(Some(local)) = local else {
             return self.fetch(dst, required, offset);

@@ -417,11 +417,8 @@ impl Write {
         let Phase::Writing(progress) = &mut state.phase else {
             return;
         };
-        let complete = match progress.covered.first() {
-            Some(first) => *first == (0..self.len),
-            None => self.len == 0,
-        };
-        if !complete {
+        let first = progress.covered.first();
+        if !first.map_or(self.len == 0, |first| *first == (0..self.len)) {
             return;
         }
         let unproven = std::mem::take(&mut progress.unproven);
@@ -440,26 +437,26 @@ impl Write {
             // Proven before the load returns, by `prove`.
             return;
         }
-        if !self.deferred.load(Ordering::Relaxed) {
-            self.check(&checking);
-            return;
-        }
-        let spawned = self.me.upgrade().and_then(|write| {
-            let theirs = Arc::clone(&checking);
-            std::thread::Builder::new()
-                .name("safeload-check".into())
-                .stack_size(256 << 10)
-                .spawn(move || {
-                    // After the process's fills, at idle priority (`settle`
-                    // finishes it at the waiter's).
-                    os::idle_priority();
-                    checking::after_fills();
-                    write.check(&theirs);
-                })
-                .ok()
-        });
+        let deferred = self.deferred.load(Ordering::Relaxed);
+        let spawned = deferred
+            .then(|| self.me.upgrade())
+            .flatten()
+            .and_then(|write| {
+                let theirs = Arc::clone(&checking);
+                std::thread::Builder::new()
+                    .name("safeload-check".into())
+                    .stack_size(256 << 10)
+                    .spawn(move || {
+                        // After the process's fills, at idle priority (`settle`
+                        // finishes it at the waiter's).
+                        os::idle_priority();
+                        checking::after_fills();
+                        write.check(&theirs);
+                    })
+                    .ok()
+            });
         if spawned.is_none() {
-            // No thread to be had: checked here, as the load goes.
+            // Nothing waits after the load, or no thread to be had: checked here.
             self.check(&checking);
         }
     }

@@ -88,19 +88,13 @@ pub fn hub_cache_prune(repo: Option<&str>, mode: RemoveMode) -> Result<CacheRemo
     if let Some(repo) = repo {
         check_repo(repo)?;
     }
-    let root_path = root_of_process()?;
-    let root = match Dir::open(&root_path) {
+    let mut clean = Cleaner::new(root_of_process()?, mode);
+    let root = match Dir::open(&clean.done.root) {
         Ok(root) => root,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Ok(CacheRemoval {
-                root: root_path,
-                mode,
-                ..CacheRemoval::default()
-            });
-        }
-        Err(e) => return Err(Error::io(Operation::Remove, root_path, None, e)),
+        // Nothing to prune yet.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(clean.done),
+        Err(e) => return Err(Error::io(Operation::Remove, &clean.done.root, None, e)),
     };
-    let mut clean = Cleaner::new(root_path, mode);
     let folders = match repo {
         Some(repo) => vec![layout::repo_folder(repo)],
         None => {

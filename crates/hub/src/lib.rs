@@ -1,7 +1,4 @@
-//! safeload's remote sources, as a load's extras: checkpoints in object stores (`s3://`, `gs://`, `az://`), on HTTP servers (`http(s)://`) and on the Hugging Face hub (`hf://`), read by ranged requests on a runtime of the crate's own; `hf://` through the Hugging Face cache, the others through a cache directory where one is named; and the hub cache's housekeeping.
-//!
-//! The facade (`safeload`, feature `remote`) reads these addresses with
-//! [`RemoteExtras`], through the core's seam (`safeload_core::extras`).
+//! safeload's remote sources, as a load's extras ([`RemoteExtras`]): checkpoints in object stores (`s3://`, `gs://`, `az://`), on HTTP servers and on the Hugging Face hub (`hf://`), through their caches; and the hub cache's housekeeping.
 #![cfg_attr(
     not(test),
     deny(
@@ -17,8 +14,7 @@ mod remote;
 pub mod report;
 mod trace;
 
-// The core's modules this crate's code builds on, named from its root as
-// they were when it was a module of the core.
+// The core's modules, named from this root as they were in the core.
 use safeload_core::{
     cancel, coord, error, extras, format, memory, mount, os, policy, source, storage, verify,
     workers,

@@ -11,8 +11,7 @@ use safeload_core::worded;
 #[non_exhaustive]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CacheListing {
-    /// Its directory (`HF_HUB_CACHE`, else `$HF_HOME/hub`, else
-    /// `~/.cache/huggingface/hub`); `None` where nothing names one.
+    /// Its directory; `None` where nothing names one.
     #[cfg_attr(
         feature = "serde",
         serde(serialize_with = "safeload_core::worded::maybe_path_text")
@@ -33,13 +32,11 @@ pub struct CachedRepo {
     pub repo: String,
     /// Its snapshots, one per commit.
     pub revisions: Vec<CachedRevision>,
-    /// Blobs in `blobs/`: files named by a digest (a SHA-256, or a git
-    /// blob id), not the lock files another client keeps there.
+    /// Blobs in `blobs/`: files named by a digest (not lock files).
     pub blobs: usize,
     /// Their bytes.
     pub blob_bytes: u64,
-    /// Temporary files in `blobs/` (a download under way, or one a
-    /// process that died left).
+    /// Temporary files in `blobs/` (a download under way, or a dead one's).
     pub incomplete: usize,
 }
 
@@ -63,16 +60,14 @@ pub struct CachedRevision {
 pub struct CachedFile {
     /// Its path in the repository.
     pub path: String,
-    /// The blob it links to (its SHA-256 for an LFS file), `None` for a
-    /// link that leads nowhere the layout allows or to no blob.
+    /// The blob it links to, `None` for a link that leads to no blob.
     pub blob: Option<String>,
     /// The blob's length, where there is one.
     pub size: Option<u64>,
 }
 
 impl fmt::Display for CacheListing {
-    /// `hub cache: <dir>`, then each repository with its revisions and
-    /// files.
+    /// `hub cache: <dir>`, then each repository with its revisions and files.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.root {
             Some(root) if self.exists => writeln!(f, "hub cache: {}", root.display())?,
@@ -80,13 +75,8 @@ impl fmt::Display for CacheListing {
             None => writeln!(f, "hub cache: none (no HF_HUB_CACHE, HF_HOME or HOME)")?,
         }
         for repo in &self.repos {
-            write!(
-                f,
-                "{}  {} blob(s), {}",
-                repo.repo,
-                repo.blobs,
-                human_bytes(repo.blob_bytes)
-            )?;
+            let size = human_bytes(repo.blob_bytes);
+            write!(f, "{}  {} blob(s), {size}", repo.repo, repo.blobs)?;
             if repo.incomplete > 0 {
                 write!(f, ", {} incomplete", repo.incomplete)?;
             }
@@ -116,8 +106,7 @@ impl fmt::Display for CacheListing {
 }
 
 /// Whether a housekeeping call of the hub cache removes what it finds, or
-/// only says what it would remove (`hub_cache_remove`, `hub_cache_prune`,
-/// feature `remote`).
+/// only says what it would remove (feature `remote`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(
     feature = "serde",
@@ -133,9 +122,8 @@ pub enum RemoveMode {
     Remove,
 }
 
-/// What a housekeeping call of the hub cache removed (or, in a dry run,
-/// would remove), and what it kept that it would otherwise have removed,
-/// with why; the words `safeload cache rm|prune` print.
+/// What a housekeeping call of the hub cache removed (or would remove), and
+/// what it kept, with why.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -150,8 +138,7 @@ pub struct CacheRemoval {
     pub mode: RemoveMode,
     /// What went (or would go), children before their folder.
     pub removed: Vec<RemovedEntry>,
-    /// The bytes of [`removed`](Self::removed), added up: the same in a dry
-    /// run as in the removal that follows it.
+    /// The bytes of [`removed`](Self::removed): the same in a dry run as in the removal.
     pub bytes: u64,
     /// What was kept, and why.
     pub kept: Vec<KeptEntry>,
@@ -191,16 +178,14 @@ pub enum CacheEntryKind {
     Ref,
     /// A snapshot's link to a blob (or any other link; never followed).
     Link,
-    /// Any other file (a snapshot file written without links, a
-    /// `.no_exist` marker).
+    /// Any other file (a snapshot file written without links, a marker).
     File,
     /// A folder, emptied first.
     Folder,
 }
 
 impl CacheEntryKind {
-    /// A short word for it: `blob`, `incomplete`, `ref`, `link`, `file`,
-    /// `folder`.
+    /// A short word for it: `blob`, `incomplete`, `ref`, `link`, `file`, `folder`.
     pub fn as_str(self) -> &'static str {
         match self {
             CacheEntryKind::Blob => "blob",
@@ -233,17 +218,14 @@ worded! {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeepReason {
-    /// Another user owns it (its owner from `lstat`, not this process's
-    /// effective uid): never removed for them.
+    /// Another user owns it (`lstat`): never removed for them.
     OtherOwner {
         /// Its owner's uid.
         owner: u32,
     } = "other_owner",
-    /// Its blob's lock in `.locks/` is held: a live writer (this crate's or
-    /// the hub client's) is at work on it. Tried once, never waited for.
+    /// Its blob's lock is held: a live writer is at work on it.
     Locked = "locked",
-    /// A temporary file written to within the sweep age (an hour): a
-    /// download may still be under way.
+    /// A temporary file written to within the hour: a download may be under way.
     Recent = "recent",
     /// A folder that holds something kept.
     HoldsKept = "holds_kept",
@@ -270,8 +252,8 @@ impl fmt::Display for KeepReason {
 }
 
 impl fmt::Display for CacheRemoval {
-    /// `hub cache: <dir>`, a line per name removed (`would remove` in a dry
-    /// run) with its kind and bytes, the total, then each name kept and why.
+    /// `hub cache: <dir>`, each name removed with its kind and bytes, the total, then
+    /// each name kept and why.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "hub cache: {}", self.root.display())?;
         let verb = match self.mode {
@@ -279,12 +261,8 @@ impl fmt::Display for CacheRemoval {
             RemoveMode::Remove => "removed",
         };
         for entry in &self.removed {
-            write!(
-                f,
-                "  {verb} {} {}",
-                entry.kind.as_str(),
-                entry.path.display()
-            )?;
+            let (kind, path) = (entry.kind.as_str(), entry.path.display());
+            write!(f, "  {verb} {kind} {path}")?;
             if entry.bytes > 0 {
                 write!(f, "  {}", human_bytes(entry.bytes))?;
             }

@@ -17,12 +17,10 @@ use crate::verify::InOrder;
 pub(crate) enum Check {
     /// They hash to the digest the name gives.
     Digest(Named),
-    /// Every byte is in: the store gives no digest, and each read required
-    /// the version opened.
+    /// Every byte is in: the store gives no digest, each read required the version.
     Whole,
 }
 
-/// A digest in progress.
 pub(crate) enum Hasher {
     Sha256(Sha256),
     GitBlob(Sha1),
@@ -43,8 +41,7 @@ impl Update for Hasher {
 }
 
 impl Hasher {
-    /// The hash `check` takes of a file of `len` bytes, from its start (at
-    /// its end already where it needs no bytes).
+    /// The hash `check` takes of a file of `len` bytes (at its end where it needs none).
     pub(crate) fn start(check: Check, len: u64) -> InOrder<'static, Hasher> {
         match check {
             Check::Digest(Named::Sha256(_)) => InOrder::new(Hasher::Sha256(Sha256::new()), 0),
@@ -85,9 +82,8 @@ pub(crate) fn hash_step(
     with_bytes((file, view), at..end, scratch, |bytes| hash.take(at, bytes)).map(drop)
 }
 
-/// Runs `f` on the bytes of `range` of a file just written: from `view`, a
-/// map of the file, where it holds them, else read back into `scratch`
-/// (from the page cache).
+/// Runs `f` on the bytes of `range` of a file just written: from `view` where it holds
+/// them, else read back into `scratch`.
 pub(crate) fn with_bytes<R>(
     (file, view): (&File, Option<&View>),
     range: Range<u64>,
@@ -104,11 +100,9 @@ pub(crate) fn with_bytes<R>(
     Ok(f(scratch))
 }
 
-/// A read-only map of a file being written (its length fixed: its space
-/// reserved), which its finished pieces and its check hash from, so that
-/// no byte is copied back out of the page cache. Each range hashed is let
-/// go of at once: the page cache keeps it, and the map does not add the
-/// file's size a second time to the process's resident memory.
+/// A read-only map of a file being written (its space reserved), to hash from without
+/// copying out of the page cache; each range hashed is let go of at once, so the map does
+/// not add the file's size to the resident memory.
 pub(crate) struct View(memmap2::Mmap);
 
 impl View {
@@ -118,14 +112,12 @@ impl View {
         (map.len() as u64 == len).then_some(View(map))
     }
 
-    /// Runs `f` on the bytes of `range` (`None` where the map does not
-    /// hold them), then lets go of their pages.
+    /// Runs `f` on the bytes of `range`, where held, then lets go of their pages.
     pub(crate) fn hash<R>(&self, range: Range<u64>, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         let from = usize::try_from(range.start).ok()?;
         let to = usize::try_from(range.end).ok()?;
         let out = f(self.0.get(from..to)?);
-        // A hint: a failure costs resident memory only. No reference into
-        // the range outlives `f`.
+        // A hint: a failure costs resident memory only.
         // SAFETY: `DontNeed` on a shared read-only file map only drops this
         // process's page table entries; the bytes stay the file's, faulted in unchanged.
         let _ = unsafe {

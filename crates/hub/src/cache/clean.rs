@@ -1,42 +1,29 @@
 //! Housekeeping of the hub cache (`safeload cache rm|prune`): a revision or a whole repository removed, temporary files dead writers left and blobs no snapshot links to pruned, each also as a dry run; never through a link, never what another user owns or a live writer locks.
 //!
-//! The cache is shared with the hub's own clients and, on a shared machine,
-//! with other users. So every name is looked at with `lstat` and removed
-//! from a directory opened without following a symlink (`os::Dir`): a link
-//! is removed as a link, whatever it points at. A name another user owns is
-//! kept, and the result says so. A blob or a temporary file goes only
-//! while this process holds its lock in `.locks/<repo folder>/` (tried
-//! once, never waited for): one a writer holds is kept. The lock files
-//! themselves stay: another process may be about to take one. A dry run
-//! walks the same steps and removes nothing, so it lists the same names
-//! and bytes as the removal after it would.
+//! Every name is looked at with `lstat` and removed from a directory opened
+//! without following links (`os::Dir`); a blob or temporary file goes only
+//! under its lock, tried once; a dry run walks the same steps.
 
 use std::collections::BTreeSet;
 use std::io;
 use std::path::Path;
 
-use super::hub::read_small;
+use super::hub::ref_commit;
 use super::layout;
-use super::remover::{
-    Cleaner, Holds, MAX_DEPTH, RepoDir, is_old_temp_name, not_found, root_of_process,
-};
+use super::list::{MAX_DEPTH, refs_of};
+use super::remover::{Cleaner, Holds, RepoDir, is_old_temp_name, not_found, root_of_process};
 use super::temp::stale;
 use crate::error::{Error, Operation, Result};
 use crate::os::{Dir, EntryKind};
 use crate::remote::url::{HUB_NAME_RULE, HUB_REVISION_RULE, hub_name_ok, hub_revision_ok};
-use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode, RemovedEntry};
+use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode};
 
 /// Removes a revision of the hub cache's repository `repo` (`org/name`),
 /// or, with `revision` `None`, the whole repository (feature `remote`).
 ///
-/// A revision is a commit (40 hex digits) or a branch or tag the cache has
-/// a ref of (`main`, `refs/pr/1`). Its snapshot folder goes (its links as
-/// links), the refs that name its commit, its `.no_exist/<commit>`, and the
-/// blobs it links to that no other snapshot of the repository links to.
-/// With [`RemoveMode::DryRun`](crate::report::RemoveMode::DryRun), nothing
-/// is removed and the result lists what would go. Names another user owns,
-/// and blobs whose lock a live writer holds, are kept and listed with why
-/// ([`KeepReason`](crate::report::KeepReason)).
+/// A revision is a commit or a branch or tag the cache has a ref of. Its
+/// snapshot, refs, `.no_exist/<commit>` and the blobs no other snapshot links
+/// to go; a dry run removes nothing. What is kept is listed with why.
 ///
 /// ```no_run
 /// use safeload::hub::RemoveMode;
@@ -45,11 +32,6 @@ use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode, Remove
 /// println!("{plan}");
 /// let done = safeload::hub::hub_cache_remove("org/model", Some("v1.0"), RemoveMode::Remove)?;
 /// assert_eq!(plan.bytes, done.bytes);
-/// for kept in &done.kept {
-///     eprintln!("kept {}: {}", kept.path.display(), kept.why);
-/// }
-/// // The whole repository.
-/// safeload::hub::hub_cache_remove("org/model", None, RemoveMode::Remove)?;
 /// # Ok::<(), safeload::Error>(())
 /// ```
 ///
@@ -57,11 +39,9 @@ use crate::report::{CacheEntryKind, CacheRemoval, KeepReason, RemoveMode, Remove
 ///
 /// A repository id or revision that is no name of the hub
 /// ([`ErrorKind::BadAddress`](safeload_core::ErrorKind::BadAddress) on
-/// `hf://repo@revision`, as a load of that address: a `..`, a `/` too many,
-/// a `--`), before anything is looked at; no cache, no such repository or revision in it
-/// ([`Error::is_not_found`]); a snapshot that cannot be read (nothing is
-/// removed then: which blobs another snapshot links to is not known). Each
-/// names its path.
+/// `hf://repo@revision`), before anything is looked at; no cache, no such
+/// repository or revision in it ([`Error::is_not_found`]); a snapshot that
+/// cannot be read (nothing is removed then). Each names its path.
 pub fn hub_cache_remove(
     repo: &str,
     revision: Option<&str>,
@@ -85,14 +65,9 @@ pub fn hub_cache_remove(
 }
 
 /// Prunes the hub cache (feature `remote`), in `repo` (`org/name`) or in
-/// every model repository: the temporary files of downloads not written to
-/// for an hour whose lock no one holds (what a writer that died left), and
-/// the blobs no snapshot of their repository links to. With
-/// [`RemoveMode::DryRun`](crate::report::RemoveMode::DryRun), nothing is
-/// removed. A repository whose snapshots cannot all be read keeps its
-/// blobs, and the result says why; so does a name another user owns, a
-/// file a live writer locks, or a temporary file written to within the
-/// hour. A cache that does not exist yet has nothing to prune.
+/// every model repository: temporary files of dead writers and blobs no
+/// snapshot links to. With [`RemoveMode::DryRun`](crate::report::RemoveMode::DryRun),
+/// nothing is removed; what is kept is listed with why.
 ///
 /// ```no_run
 /// use safeload::hub::RemoveMode;
@@ -108,25 +83,18 @@ pub fn hub_cache_remove(
 /// A repository id that is no name of the hub
 /// ([`ErrorKind::BadAddress`](safeload_core::ErrorKind::BadAddress) on
 /// `hf://repo`); no `HF_HUB_CACHE`, `HF_HOME` or `HOME` to find the cache
-/// by; a cache or repository folder that cannot be
-/// listed.
+/// by; a cache or repository folder that cannot be listed.
 pub fn hub_cache_prune(repo: Option<&str>, mode: RemoveMode) -> Result<CacheRemoval> {
     if let Some(repo) = repo {
         check_repo(repo)?;
     }
-    let root_path = root_of_process()?;
-    let root = match Dir::open(&root_path) {
+    let mut clean = Cleaner::new(root_of_process()?, mode);
+    let root = match Dir::open(&clean.done.root) {
         Ok(root) => root,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Ok(CacheRemoval {
-                root: root_path,
-                mode,
-                ..CacheRemoval::default()
-            });
-        }
-        Err(e) => return Err(Error::io(Operation::Remove, root_path, None, e)),
+        // Nothing to prune yet.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(clean.done),
+        Err(e) => return Err(Error::io(Operation::Remove, &clean.done.root, None, e)),
     };
-    let mut clean = Cleaner::new(root_path, mode);
     let folders = match repo {
         Some(repo) => vec![layout::repo_folder(repo)],
         None => {
@@ -153,9 +121,7 @@ pub fn hub_cache_prune(repo: Option<&str>, mode: RemoveMode) -> Result<CacheRemo
     Ok(clean.done)
 }
 
-/// `org/name` of names the hub takes (the rules of `hf://` addresses):
-/// nothing outside the cache's root can be named by it. Refused as the
-/// address `hf://{repo}` is.
+/// `org/name` as `hf://{repo}` takes it: nothing outside the root can be named.
 fn check_repo(repo: &str) -> Result<()> {
     let ok = repo
         .split_once('/')
@@ -166,8 +132,7 @@ fn check_repo(repo: &str) -> Result<()> {
     Err(Error::bad_address(format!("hf://{repo}"), HUB_NAME_RULE))
 }
 
-/// A revision as `hf://` takes one ([`hub_revision_ok`]), refused as the
-/// address `hf://{repo}@{revision}` is.
+/// A revision as `hf://` takes one ([`hub_revision_ok`]).
 fn check_revision(repo: &str, revision: &str) -> Result<()> {
     if hub_revision_ok(revision) {
         return Ok(());
@@ -177,10 +142,8 @@ fn check_revision(repo: &str, revision: &str) -> Result<()> {
 }
 
 impl Cleaner {
-    /// Removes the repository's folder `folder` of the cache: its refs
-    /// first (so that no ref names a snapshot that is gone), its
-    /// snapshots, its markers, its blobs, then the folder. A link in its
-    /// place is removed as a link.
+    /// Removes the repository's folder: refs first (no ref names a snapshot
+    /// that is gone), then the rest; a link in its place as a link.
     fn remove_repo(&mut self, root: &Dir, folder: &str) -> Result<()> {
         let path = self.done.root.join(folder);
         match root.entry(folder) {
@@ -224,62 +187,38 @@ impl Cleaner {
                     self.remove_tree(&repo.dir, name, child, 0, files)
                 }
                 (Ok(_), _) => self.unlink(&repo.dir, name, child, CacheEntryKind::File),
-                (Err(e), _) => {
-                    self.failed(child, &e);
-                    false
-                }
+                (Err(e), _) => self.fail(child, &e),
             };
         }
-        if !all {
-            self.keep(path, KeepReason::HoldsKept);
-            return Ok(());
-        }
-        if self.removing() {
-            if let Err(e) = root.remove_dir(folder) {
-                self.failed(path, &e);
-                return Ok(());
-            }
-        }
-        let kind = CacheEntryKind::Folder;
-        self.done.removed.push(RemovedEntry {
-            path,
-            kind,
-            bytes: 0,
-        });
+        self.remove_folder(root, folder, path, all);
         Ok(())
     }
 
-    /// Removes one revision of `repo` (see [`hub_cache_remove`]).
     fn remove_revision(&mut self, repo: &RepoDir, revision: &str) -> Result<()> {
         let commit = match layout::commit_name(revision) {
             Some(commit) => commit,
-            None => {
-                let names = layout::names(revision).unwrap_or_default();
-                let mut shown = vec!["refs"];
-                shown.extend(&names);
-                let path = repo.sub_path(&shown);
-                ref_commit(&repo.dir, &names)
-                    .ok_or_else(|| not_found(path, "no such ref in the hub cache"))?
-            }
+            // `check_revision` made it plain names: its path is `refs/<revision>`.
+            None => ref_commit(&repo.dir, revision).ok_or_else(|| {
+                let path = repo.sub_path(&["refs", revision]);
+                not_found(path, "no such ref in the hub cache")
+            })?,
         };
         let snapshots_path = repo.sub_path(&["snapshots"]);
         let snapshots = open_optional(&repo.dir, "snapshots", &snapshots_path)?;
         let refs = open_optional(&repo.dir, "refs", &repo.sub_path(&["refs"]))?;
         let no_exist = open_optional(&repo.dir, ".no_exist", &repo.sub_path(&[".no_exist"]))?;
-        let naming = match &refs {
-            Some(refs) => refs_naming(refs, &commit),
-            None => Vec::new(),
-        };
+        let naming: Vec<String> = refs.as_ref().map_or_else(Vec::new, |refs| {
+            let all = refs_of(refs).into_iter();
+            all.filter(|(c, _)| *c == commit).map(|(_, r)| r).collect()
+        });
         let is_there = |dir: &Option<Dir>| {
             dir.as_ref()
                 .is_some_and(|d| !matches!(d.entry(&commit), Ok(EntryKind::Missing) | Err(_)))
         };
         let snapshot_path = snapshots_path.join(&commit);
         if naming.is_empty() && !is_there(&snapshots) && !is_there(&no_exist) {
-            return Err(not_found(
-                snapshot_path,
-                "no such revision in the hub cache",
-            ));
+            let what = "no such revision in the hub cache";
+            return Err(not_found(snapshot_path, what));
         }
         let (own, others) = match &snapshots {
             Some(dir) => snapshot_blobs(dir, &commit, &repo.path)
@@ -320,9 +259,7 @@ impl Cleaner {
         let Some((last, folders)) = names.split_last() else {
             return;
         };
-        let mut shown = vec!["refs"];
-        shown.extend(&names);
-        let path = repo.sub_path(&shown);
+        let path = repo.sub_path(&["refs", name]);
         let mut below: Option<Dir> = None;
         for folder in folders {
             match below.as_ref().unwrap_or(refs).sub(folder, false) {
@@ -330,15 +267,10 @@ impl Cleaner {
                 Err(e) => return self.failed(path, &e),
             }
         }
-        self.unlink(
-            below.as_ref().unwrap_or(refs),
-            last,
-            path,
-            CacheEntryKind::Ref,
-        );
+        let dir = below.as_ref().unwrap_or(refs);
+        self.unlink(dir, last, path, CacheEntryKind::Ref);
     }
 
-    /// Prunes one repository (see [`hub_cache_prune`]).
     fn prune_repo(&mut self, repo: &RepoDir) {
         let blobs = match repo.dir.sub("blobs", false) {
             Ok(blobs) => blobs,
@@ -387,34 +319,9 @@ fn open_optional(dir: &Dir, name: &str, path: &Path) -> Result<Option<Dir>> {
     }
 }
 
-/// The commit `refs/<names>` holds.
-fn ref_commit(repo: &Dir, names: &[&str]) -> Option<String> {
-    let (last, folders) = names.split_last()?;
-    let mut dir = repo.sub("refs", false).ok()?;
-    for folder in folders {
-        dir = dir.sub(folder, false).ok()?;
-    }
-    layout::commit_of_ref(&read_small(&dir, last)?)
-}
-
-/// The refs under `refs` (as `main`, `refs/pr/1`) that name `commit`: the
-/// listing's walk, each regular file read as a ref.
-fn refs_naming(refs: &Dir, commit: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    super::list::walk(refs, "", 0, &mut |f| {
-        let named = read_small(f.dir, f.name).and_then(|t| layout::commit_of_ref(&t));
-        if named.as_deref() == Some(commit) {
-            found.push(f.path.to_owned());
-        }
-    });
-    found
-}
-
-/// The blobs the links under `dir` lead to (`depth` folders below a
-/// snapshot), added to `into`; a link that names a blob in a form the
-/// layout does not make counts too (keeping a blob is the safe mistake).
-/// A folder that cannot be read is an error: the caller must not take the
-/// set as whole.
+/// The blobs the links under `dir` lead to, added to `into`; a link of an
+/// unknown form counts too (keeping a blob is the safe mistake). An
+/// unreadable folder is an error: the set would not be whole.
 fn linked_blobs(
     dir: &Dir,
     depth: usize,
@@ -470,7 +377,6 @@ fn snapshot_blobs(
     Ok((own, others))
 }
 
-/// The blobs any snapshot of `repo` links to.
 fn all_snapshot_blobs(repo: &RepoDir) -> io::Result<BTreeSet<String>> {
     match repo.dir.sub("snapshots", false) {
         Ok(snapshots) => snapshot_blobs(&snapshots, "", &repo.path).map(|(_, all)| all),

@@ -7,7 +7,7 @@ use super::{Mode, Remote};
 use crate::error::{Error, Operation, Result};
 use crate::remote::checkpoint::read_whole;
 use crate::remote::object::RemoteObject;
-use crate::source::{CacheUse, CacheWrite, Source};
+use crate::source::Source;
 use crate::workers;
 
 /// The largest such file fetched: a tokenizer is tens of MiB, never this.
@@ -15,25 +15,19 @@ const MAX_EXTRA_BYTES: u64 = 256 << 20;
 
 /// Names asked of the hub at once.
 ///
-/// NOTE: each name is one round trip, most often a 404 for a file the
-/// repository lacks, so the wait shrinks by about the width
-/// (`hub_cache::requests` asserts under half the time in series); 8 stay far
-/// below a hub's per-client limits, and hold at most 8 files in memory at
-/// once, each within `MAX_EXTRA_BYTES` and the memory headroom.
+/// NOTE: each name is one round trip, most often a 404, so the wait shrinks by about the
+/// width; 8 stay far below a hub's per-client limits and bound the files held in memory.
 const BRING_WIDTH: usize = 8;
 
 impl Remote {
-    /// Brings each of `names` (paths under the checkpoint's folder) into the
-    /// hub cache at the weights' commit, where it is not there yet: its
-    /// snapshot path, or `None` where the repository has no such file at
-    /// the commit (then marked in `.no_exist`, or found marked) or the hub
-    /// may not be asked (`HF_HUB_OFFLINE=1`). Nothing without the hub cache.
+    /// Brings each of `names` (under the checkpoint's folder) into the hub cache at the
+    /// weights' commit: its snapshot path, or `None` where the repository lacks it (marked
+    /// in `.no_exist`) or the hub may not be asked. Nothing without the hub cache.
     pub(super) fn bring(&self, names: &[String]) -> Result<BTreeMap<String, Option<PathBuf>>> {
         let Mode::Hub(hub) = &self.mode else {
             return Ok(BTreeMap::new());
         };
-        // Each name is a HEAD at least, and a missing one nothing more: asked several at
-        // a time; the first failing name in the caller's order is the error.
+        // The first failing name in the caller's order is the error.
         let (paths, _) = workers::map(names, BRING_WIDTH, "safeload-extra", |name| {
             let full = format!("{}{name}", hub.prefix);
             let cached = hub.view.as_ref().and_then(|v| {
@@ -50,9 +44,8 @@ impl Remote {
         Ok(names.iter().cloned().zip(paths).collect())
     }
 
-    /// Fetches `name` whole and writes it to the snapshot (`full`, its path
-    /// in the repository); `None`, marked in `.no_exist`, where the hub has
-    /// no such file, or where the cache could not take it.
+    /// Fetches `name` whole into the snapshot (`full`, its repository path); `None`,
+    /// marked in `.no_exist`, where the hub lacks it or the cache could not take it.
     fn fetch(&self, name: &str, full: &str) -> Result<Option<PathBuf>> {
         let Mode::Hub(hub) = &self.mode else {
             return Ok(None);
@@ -69,17 +62,7 @@ impl Remote {
             Err(e) => return Err(e),
         };
         let bytes = read_capped(&object)?;
-        let Some(write) = self.write_of(&object, name) else {
-            return Ok(None);
-        };
-        write.write_image(&bytes);
-        // Small: published before its path is handed out; one that does not
-        // hash to the hub's digest is an error, never taken for missing.
-        write.settle();
-        let written = matches!(
-            write.outcome().checked(object.path())?,
-            CacheUse::Written { .. }
-        );
+        let written = self.write_small(&object, name, &bytes)?;
         Ok(hub
             .writer
             .as_ref()

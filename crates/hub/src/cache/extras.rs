@@ -17,13 +17,13 @@ pub struct RemoteExtras;
 
 impl Extras for RemoteExtras {
     fn resolve(&self, address: &str, caching: Caching<'_>) -> Option<Result<Resolution>> {
-        let resolved = resolve(
-            address,
-            caching.hub,
-            caching.dir,
-            caching.verify,
-            caching.cancel,
-        );
+        let Caching {
+            hub,
+            dir,
+            verify,
+            cancel,
+        } = caching;
+        let resolved = resolve(address, hub, dir, verify, cancel);
         Some(resolved.map(|(remote, found)| Resolution {
             checkpoint: Arc::new(remote),
             found,

@@ -1,9 +1,4 @@
-//! The partial files this process writes under their lock, marked as changed every second while it holds them: another process that needs the same file sees a live writer from its first step, also before its first piece lands.
-//!
-//! A lock says its holder lives; the heartbeat says more: that the holder
-//! still runs (a process stopped with `SIGSTOP` holds its locks and beats no
-//! more). A waiter gives up on a writer whose file has not changed for the
-//! remote stall window (`write_wait.rs`).
+//! The partial files this process writes under their lock, marked as changed every second: a waiter sees a live, running writer from its first step (a stopped process holds its locks but beats no more).
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
@@ -16,10 +11,8 @@ const BEAT: Duration = Duration::from_secs(1);
 /// The files held, and whether the thread that marks them runs.
 static HELD: Mutex<(Vec<Weak<TempFile>>, bool)> = Mutex::new((Vec::new(), false));
 
-/// Marks `file`'s file as changed every [`BEAT`] for as long as it is
-/// alive (until it is published or given up), on one thread of the
-/// process's, started where none runs. A thread that cannot be had costs
-/// the waiters their patience only.
+/// Marks `file`'s file as changed every [`BEAT`] while it is alive, on one thread of the
+/// process's; a thread that cannot be had costs the waiters their patience only.
 pub(crate) fn hold(file: &Arc<TempFile>) {
     let mut held = HELD.lock().unwrap_or_else(PoisonError::into_inner);
     held.0.push(Arc::downgrade(file));

@@ -16,10 +16,8 @@ use crate::source::{CacheStore, LocalFile, Source};
 use super::source::Hit;
 
 impl Remote {
-    /// A snapshot file to be verified that is no link to a blob its name vouches for (a
-    /// regular file, as a cache without symlinks holds them, or one planted there), with the
-    /// hub's SHA-256 of it, by one HEAD: the load's `verify` then checks the bytes against
-    /// it. Offline, or where the hub gives no SHA-256, it cannot be checked, and is refused.
+    /// A snapshot file to be verified that is no link to a named blob, with the hub's
+    /// SHA-256 of it (one HEAD); refused where there is none (offline, no LFS).
     pub(super) fn with_digest(&self, name: &str, mut cached: Cached) -> Result<Cached> {
         let Mode::Hub(hub) = &self.mode else {
             return Ok(cached);
@@ -33,13 +31,8 @@ impl Remote {
                  SHA-256: {why}"
             );
             let path = cached.path.clone();
-            Err(Error::remote_failed(
-                Operation::Hash,
-                path,
-                None,
-                failure,
-                &detail,
-            ))
+            let e = Error::remote_failed(Operation::Hash, path, None, failure, &detail);
+            Err(e)
         };
         if hub.offline {
             return refuse(RemoteFailure::OfflineNotCached, "the hub's digest of it");
@@ -49,19 +42,15 @@ impl Remote {
             Some(Err(e)) => return Err(e.into_error(Operation::Hash)),
             _ => None,
         };
-        match digest {
-            Some(digest) => {
-                cached.sha256 = Some(digest);
-                Ok(cached)
-            }
-            None => refuse(RemoteFailure::Protocol, "the hub gives no SHA-256 of it"),
+        if digest.is_none() {
+            return refuse(RemoteFailure::Protocol, "the hub gives no SHA-256 of it");
         }
+        cached.sha256 = digest;
+        Ok(cached)
     }
 
-    /// The blob of a file the snapshot lacks but the cache has (another
-    /// commit's, or a snapshot link lost): linked from the snapshot and
-    /// opened, as the hub's client does, where it is a regular file of the
-    /// object's length; the path shown is the snapshot's.
+    /// The blob of a file the snapshot lacks but the cache has: linked from the snapshot
+    /// and opened, as the hub's client does, where it is a regular file of the right length.
     pub(super) fn blob_of(
         &self,
         hub: &HubMode,
@@ -88,8 +77,7 @@ impl Remote {
     }
 }
 
-/// The name the hub's client gives a fetched file's blob: its linked ETag (an
-/// LFS file's SHA-256), else its ETag (a small file's git blob id).
+/// The blob name the hub's client gives a file: its linked ETag, else its ETag.
 pub(super) fn blob_name(object: &RemoteObject) -> String {
     object
         .hub()
@@ -130,8 +118,7 @@ pub(super) fn hit_of(
         etag,
     }))
 }
-/// A cached index, read whole (refused past the index cap before it is
-/// read).
+/// A cached index, read whole (refused past the index cap).
 pub(super) fn read_index(path: &Path, file: &File) -> Result<Vec<u8>> {
     let mut bytes = Vec::new();
     file.take(MAX_INDEX_BYTES + 1)

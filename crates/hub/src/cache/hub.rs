@@ -1,13 +1,9 @@
 //! The Hugging Face cache on disk: a repository's folder read (a revision's ref, a snapshot's files through their links to blobs, `.no_exist` markers) and written (a blob published, its snapshot link, the revision's ref), never following a name where the layout has none.
 //!
-//! The cache is a shared place: another user may have made any name in it.
-//! Reading, a snapshot file is taken only as a link of the layout's form to
-//! a blob of its own repository (or a regular file), a blob only as a
-//! regular file or a link into the hub's marked shared store; every
-//! directory on the way is opened without following a symlink. Writing, a
-//! file is created only where no name was, under a name of this process,
-//! and published by a rename that never replaces; the blob's lock is tried
-//! once, never waited for.
+//! Another user may have made any name here: a snapshot file is taken only as
+//! a link of the layout's form to a blob of its repository (or a regular
+//! file), directories are opened without following links, and a file is
+//! published by a rename that never replaces.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -25,14 +21,12 @@ use crate::source::{CacheStore, NotCached};
 /// Refs, marker and lock files are a few bytes; more is not the layout.
 const SMALL_FILE: u64 = 4096;
 
-/// A file found in a cache, opened: the path it is shown by, and the SHA-256
-/// its blob's name vouches for, where the name is one.
+/// A file found in a cache, opened: its shown path, and the SHA-256 its blob's name vouches for.
 pub(crate) struct Cached {
     pub path: PathBuf,
     pub file: File,
     pub sha256: Option<[u8; 32]>,
-    /// A regular file in the snapshot (a cache written where symlinks are not
-    /// supported), not a link to a blob its name vouches for.
+    /// A regular file in the snapshot (a cache without symlinks), not a named blob.
     pub plain: bool,
 }
 
@@ -60,8 +54,7 @@ pub(crate) fn read_small(dir: &Dir, name: &str) -> Option<String> {
     Some(text)
 }
 
-/// Walks `names` down from `dir` (not following a symlink), making the
-/// folders where `create` says so.
+/// Walks `names` down from `dir` without following links, making folders where `create`.
 fn walk(mut dir: Dir, names: &[&str], create: bool) -> io::Result<Dir> {
     for name in names {
         dir = dir.sub(name, create)?;
@@ -69,9 +62,16 @@ fn walk(mut dir: Dir, names: &[&str], create: bool) -> io::Result<Dir> {
     Ok(dir)
 }
 
+/// The commit `refs/<revision>` of the repository's folder `repo` holds.
+pub(crate) fn ref_commit(repo: &Dir, revision: &str) -> Option<String> {
+    let names = layout::names(revision)?;
+    let (last, folders) = names.split_last()?;
+    let refs = walk(repo.sub("refs", false).ok()?, folders, false).ok()?;
+    layout::commit_of_ref(&read_small(&refs, last)?)
+}
+
 impl RepoView {
-    /// The folder of `repo` in the cache at `root`; `None` where there is
-    /// none (or it is not a folder).
+    /// The folder of `repo` in the cache at `root`, where it is one.
     pub(crate) fn open(root: &Path, repo: &str) -> Option<RepoView> {
         let folder = layout::repo_folder(repo);
         let root_dir = Dir::open(root).ok()?;
@@ -83,16 +83,11 @@ impl RepoView {
         })
     }
 
-    /// The commit `refs/<revision>` holds.
     pub(crate) fn commit_of(&self, revision: &str) -> Option<String> {
-        let names = layout::names(revision)?;
-        let (last, folders) = names.split_last()?;
-        let refs = walk(self.dir.sub("refs", false).ok()?, folders, false).ok()?;
-        layout::commit_of_ref(&read_small(&refs, last)?)
+        ref_commit(&self.dir, revision)
     }
 
-    /// Whether `.no_exist/<commit>/<path>` says `path` does not exist at
-    /// `commit`.
+    /// Whether `.no_exist/<commit>/<path>` marks `path` missing at `commit`.
     pub(crate) fn no_exist(&self, commit: &str, path: &str) -> bool {
         let Some(names) = layout::names(path) else {
             return false;
@@ -100,29 +95,18 @@ impl RepoView {
         let Some((last, folders)) = names.split_last() else {
             return false;
         };
-        let found = self
-            .dir
-            .sub(".no_exist", false)
-            .and_then(|d| d.sub(commit, false))
-            .and_then(|d| walk(d, folders, false))
-            .and_then(|d| d.entry(last));
+        let marks = self.dir.sub(".no_exist", false);
+        let found = marks.and_then(|d| walk(d.sub(commit, false)?, folders, false)?.entry(last));
         matches!(found, Ok(EntryKind::File { .. }))
     }
 
-    /// The file at `path` of the snapshot of `commit`, opened, and the path
-    /// it is shown by (`<repo folder>/snapshots/<commit>/<path>`); `None`
-    /// where the snapshot lacks it, its link is broken, or leads anywhere
-    /// but a blob of this repository.
+    /// The file at `path` of the snapshot of `commit`, opened, and its shown path;
+    /// `None` where it is missing or does not lead to a blob of this repository.
     pub(crate) fn file(&self, commit: &str, path: &str) -> Option<Cached> {
         let names = layout::names(path)?;
         let (last, folders) = names.split_last()?;
-        let snapshot = self
-            .dir
-            .sub("snapshots", false)
-            .ok()?
-            .sub(commit, false)
-            .ok()?;
-        let dir = walk(snapshot, folders, false).ok()?;
+        let snapshots = self.dir.sub("snapshots", false).ok()?;
+        let dir = walk(snapshots.sub(commit, false).ok()?, folders, false).ok()?;
         let (file, sha256, plain) = match dir.entry(last).ok()? {
             EntryKind::Link => {
                 let target = dir.read_link(last).ok()?;
@@ -141,7 +125,6 @@ impl RepoView {
         })
     }
 
-    /// Where the snapshot of `commit` shows the file at `path`.
     pub(crate) fn snapshot_path(&self, commit: &str, path: &str) -> PathBuf {
         self.dir_path.join("snapshots").join(commit).join(path)
     }
@@ -166,8 +149,7 @@ impl RepoView {
     }
 }
 
-/// Where a load writes into the hub cache: a repository at one commit, the
-/// revision to record, and the files the hub said do not exist there.
+/// Where a load writes into the hub cache: a repository at one commit.
 pub(crate) struct RepoWriter {
     root: PathBuf,
     folder: String,
@@ -181,8 +163,7 @@ pub(crate) struct RepoWriter {
 }
 
 impl RepoWriter {
-    /// The writer of `repo` at `commit` in the cache at `root`; `revision`
-    /// is recorded in `refs/` where it is not the commit itself.
+    /// The writer of `repo` at `commit`; `revision` is recorded in `refs/` unless a commit.
     pub(crate) fn new(
         root: &Path,
         repo: &str,
@@ -203,8 +184,7 @@ impl RepoWriter {
         }
     }
 
-    /// The cache's root, made where missing (the path is the user's own
-    /// choice: followed).
+    /// The cache's root, made where missing (the user's own choice: followed).
     fn root(&self) -> io::Result<Dir> {
         std::fs::create_dir_all(&self.root)?;
         Dir::open(&self.root)
@@ -214,8 +194,7 @@ impl RepoWriter {
         self.root()?.sub(&self.folder, true)
     }
 
-    /// Marks `path` of the repository as missing at the commit
-    /// (`.no_exist/<commit>/<path>`, an empty file), as the hub's clients do.
+    /// Marks `path` missing at the commit (`.no_exist/<commit>/<path>`).
     pub(crate) fn mark_missing(&self, path: &str) -> io::Result<()> {
         let (dir, last, _) = self.folder_of(".no_exist", path)?;
         match dir.create_new(&last) {
@@ -224,26 +203,20 @@ impl RepoWriter {
         }
     }
 
-    /// The folder of `path` under `<top>/<commit>/` (made where missing),
-    /// the last name of `path`, and how many folders deep it is.
+    /// The folder of `path` under `<top>/<commit>/` (made), its last name, and its depth.
     fn folder_of(&self, top: &str, path: &str) -> io::Result<(Dir, String, usize)> {
         let names = layout::names(path).ok_or_else(|| invalid("a path of the snapshot"))?;
         let (last, folders) = names.split_last().ok_or_else(|| invalid("an empty path"))?;
         let commit = self.repo()?.sub(top, true)?.sub(&self.commit, true)?;
-        Ok((
-            walk(commit, folders, true)?,
-            (*last).to_owned(),
-            folders.len(),
-        ))
+        let dir = walk(commit, folders, true)?;
+        Ok((dir, (*last).to_owned(), folders.len()))
     }
 
-    /// Where `path` of the repository is in the snapshot of the commit.
     pub(crate) fn snapshot_path(&self, path: &str) -> PathBuf {
         let snapshot = self.root.join(&self.folder).join("snapshots");
         snapshot.join(&self.commit).join(path)
     }
 
-    /// The repository's `blobs/`, made where `create` says so.
     fn blobs(&self, create: bool) -> io::Result<Dir> {
         self.repo()?.sub("blobs", create)
     }
@@ -253,8 +226,7 @@ impl RepoWriter {
         self.root()?.sub(".locks", true)?.sub(&self.folder, true)
     }
 
-    /// Links `snapshots/<commit>/<path>` to the blob, replacing any other
-    /// entry there (atomically, by a rename of a new link over it).
+    /// Links `snapshots/<commit>/<path>` to the blob, replacing any entry by a rename.
     pub(crate) fn link(&self, path: &str, blob: &str) -> io::Result<()> {
         let (dir, last, depth) = self.folder_of("snapshots", path)?;
         let last = last.as_str();
@@ -271,9 +243,8 @@ impl RepoWriter {
         })
     }
 
-    /// Records `refs/<revision>` = the commit (where it says otherwise), and
-    /// the `.no_exist` markers: after a snapshot link, so that every ref
-    /// names a snapshot there is.
+    /// Records `refs/<revision>` and the `.no_exist` markers, after a snapshot
+    /// link: every ref names a snapshot there is.
     pub(crate) fn record(&self) -> io::Result<()> {
         let repo = self.repo()?;
         for path in &self.no_exist {
@@ -292,8 +263,7 @@ impl RepoWriter {
         {
             return Ok(());
         }
-        // Written whole under a name of its own, then renamed: a reader sees
-        // the old ref or the new one.
+        // Renamed into place: a reader sees the old ref or the new one.
         let temp = layout::temp_name(last, nonce());
         let file = refs.create_new(&temp)?;
         let written = os::write_all_at(&file, self.commit.as_bytes(), 0);
@@ -307,14 +277,11 @@ impl RepoWriter {
 }
 
 fn invalid(what: &str) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!("not {what} of the cache"),
-    )
+    let text = format!("not {what} of the cache");
+    io::Error::new(io::ErrorKind::InvalidInput, text)
 }
 
-/// One file of a repository written to the hub cache: its blob's name and
-/// its path in the snapshot.
+/// One file of a repository written to the hub cache: its blob and snapshot path.
 pub(crate) struct HubTarget {
     pub writer: Arc<RepoWriter>,
     pub blob: String,
@@ -341,12 +308,8 @@ impl Target for HubTarget {
     }
 
     fn published(&self, len: u64) -> Option<File> {
-        let file = self
-            .writer
-            .blobs(false)
-            .ok()?
-            .open_nofollow(&self.blob)
-            .ok()?;
+        let blobs = self.writer.blobs(false).ok()?;
+        let file = blobs.open_nofollow(&self.blob).ok()?;
         if file.metadata().ok()?.len() != len {
             return None;
         }
@@ -366,9 +329,8 @@ impl Target for HubTarget {
         let published = begun.dir.rename_noreplace(&begun.temp, &self.blob)?;
         begun.moved.store(published, Ordering::Relaxed);
         if !published {
-            // Another process's blob of that name: linked only where it is a
-            // regular file of this length (its name says its digest; a
-            // verifying load checks it).
+            // Another process's blob: linked only where it is a regular file
+            // of this length (its name is its digest).
             let len = begun.file.metadata()?.len();
             match begun.dir.entry(&self.blob)? {
                 EntryKind::File { len: theirs, .. } if theirs == len => {}

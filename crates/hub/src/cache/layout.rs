@@ -1,7 +1,6 @@
 //! The caches' layouts as names, without I/O: where the Hugging Face cache is and what its names are (repository folder, blobs, snapshot links, refs, `.no_exist` markers, locks, process-unique temporary names), the switches, and the names of the cache directory of other stores.
 //!
-//! The hub cache's layout is the one its own client writes and documents
-//! ("Manage the cache" in the `huggingface_hub` docs; `file_download.py`):
+//! The hub cache's layout is its own client's (`file_download.py`):
 //!
 //! ```text
 //! <cache>/models--org--repo/blobs/<etag>                  the bytes (an LFS file's SHA-256, else its git blob id)
@@ -18,11 +17,9 @@ use sha2::{Digest, Sha256};
 
 use crate::verify::hex_into;
 
-/// `0` (or `false`, `no`, `off`) turns the hub cache off for a load that
-/// does not choose itself (`Loader::hub_cache`).
+/// `0` (or `false`, `no`, `off`) turns the hub cache off (`Loader::hub_cache` overrides).
 pub(crate) const HUB_CACHE_ENV: &str = "SAFELOAD_HUB_CACHE";
-/// The cache directory of `s3://`, `gs://`, `az://` and `http(s)://`
-/// checkpoints, where the load names none (`Loader::cache_dir`).
+/// The cache directory of other stores, where the load names none (`Loader::cache_dir`).
 pub(crate) const CACHE_DIR_ENV: &str = "SAFELOAD_CACHE_DIR";
 /// The folder of the cache directory that holds this crate's entries.
 pub(crate) const OBJECTS_FOLDER: &str = "safeload-objects";
@@ -49,11 +46,9 @@ fn expand_home(value: String, var: &impl Fn(&str) -> Option<String>) -> PathBuf 
     }
 }
 
-/// Where the hub cache is, as the hub's own client finds it: `HF_HUB_CACHE`,
-/// else the older `HUGGINGFACE_HUB_CACHE`, else `$HF_HOME/hub`, where
-/// `HF_HOME` defaults to `$XDG_CACHE_HOME/huggingface` and that to
-/// `~/.cache/huggingface`; a leading `~` is `$HOME`. `None` where nothing
-/// says (no `HOME`).
+/// Where the hub cache is, as the hub's client finds it: `HF_HUB_CACHE`, else
+/// `HUGGINGFACE_HUB_CACHE`, else `$HF_HOME/hub` (`HF_HOME` defaulting to
+/// `$XDG_CACHE_HOME/huggingface`, then `~/.cache/huggingface`). `None` without `HOME`.
 pub(crate) fn hub_root(var: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
     if let Some(dir) = set(&var, "HF_HUB_CACHE").or_else(|| set(&var, "HUGGINGFACE_HUB_CACHE")) {
         return Some(expand_home(dir, &var));
@@ -71,8 +66,7 @@ pub(crate) fn hub_root(var: impl Fn(&str) -> Option<String>) -> Option<PathBuf> 
     Some(home.join("hub"))
 }
 
-/// `HF_HUB_OFFLINE` (else `TRANSFORMERS_OFFLINE`) set to `1`, `on`, `yes`
-/// or `true` in any case, as the hub's client reads it.
+/// `HF_HUB_OFFLINE` (else `TRANSFORMERS_OFFLINE`) set, as the hub's client reads it.
 pub(crate) fn offline(var: impl Fn(&str) -> Option<String>) -> bool {
     let value = var("HF_HUB_OFFLINE")
         .filter(|v| !v.is_empty())
@@ -81,7 +75,7 @@ pub(crate) fn offline(var: impl Fn(&str) -> Option<String>) -> bool {
 }
 
 /// Whether `hf://` goes through the hub cache: the caller's choice, else
-/// `SAFELOAD_HUB_CACHE` (`0`, `false`, `no`, `off` turn it off), else on.
+/// `SAFELOAD_HUB_CACHE`, else on.
 pub(crate) fn hub_cache_on(caller: Option<bool>, var: impl Fn(&str) -> Option<String>) -> bool {
     caller.unwrap_or_else(|| {
         var(HUB_CACHE_ENV)
@@ -91,8 +85,7 @@ pub(crate) fn hub_cache_on(caller: Option<bool>, var: impl Fn(&str) -> Option<St
     })
 }
 
-/// The cache directory of other stores: the caller's, else
-/// `SAFELOAD_CACHE_DIR`; none (no cache) by default.
+/// The cache directory of other stores: the caller's, else `SAFELOAD_CACHE_DIR`.
 pub(crate) fn store_cache_dir(
     caller: Option<&Path>,
     var: impl Fn(&str) -> Option<String>,
@@ -107,21 +100,18 @@ pub(crate) fn repo_folder(repo: &str) -> String {
     format!("models--{}", repo.replace('/', "--"))
 }
 
-/// Whether `name` can be one name of a cache path: not empty, `.` or `..`,
-/// no `/`, `\` or NUL.
+/// Whether `name` can be one name of a cache path (not `.`, `..`, no separator or NUL).
 pub(crate) fn is_plain(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
 }
 
-/// The names of a `/`-separated path of the cache (a file's path in a
-/// snapshot, a revision with slashes); `None` where one is not plain.
+/// The names of a `/`-separated cache path; `None` where one is not plain.
 pub(crate) fn names(path: &str) -> Option<Vec<&str>> {
     let names: Vec<&str> = path.split('/').collect();
     names.iter().all(|n| is_plain(n)).then_some(names)
 }
 
-/// A full commit id as a snapshot folder is named: 40 hex digits,
-/// lowercase.
+/// A full commit id as a snapshot folder is named: 40 lowercase hex digits.
 pub(crate) fn commit_name(text: &str) -> Option<String> {
     (text.len() == 40 && text.bytes().all(|b| b.is_ascii_hexdigit()))
         .then(|| text.to_ascii_lowercase())
@@ -137,13 +127,11 @@ pub(crate) fn commit_of_ref(text: &str) -> Option<String> {
 pub(crate) enum Named {
     /// 64 hex digits: an LFS file's SHA-256.
     Sha256([u8; 32]),
-    /// 40 hex digits: a small file's git blob id, the SHA-1 of
-    /// `blob <len>\0` and its bytes.
+    /// 40 hex digits: a small file's git blob id.
     GitBlob([u8; 20]),
 }
 
-/// What the blob name `name` (an ETag, normalized) vouches for, where it is
-/// a digest; `None` for any other name (such a file is not written).
+/// What the blob name `name` vouches for, where it is a digest.
 pub(crate) fn named_digest(name: &str) -> Option<Named> {
     if name.bytes().any(|b| b.is_ascii_uppercase()) {
         return None;
@@ -156,25 +144,15 @@ pub(crate) fn named_digest(name: &str) -> Option<Named> {
     hex_into(name, &mut git).then_some(Named::GitBlob(git))
 }
 
-/// An ETag as the hub's client names a blob by it: without a weak `W/` and
-/// quotes.
-pub(crate) fn blob_name_of_etag(etag: &str) -> String {
-    etag.trim()
-        .trim_start_matches("W/")
-        .trim_matches('"')
-        .to_owned()
-}
+pub(crate) use crate::remote::hub::unquote as blob_name_of_etag;
 
-/// The link a snapshot file `depth` folders below its snapshot makes to the
-/// blob `blob`: `../../blobs/<blob>`, one `../` more per folder.
+/// The link a snapshot file `depth` folders deep makes to `blob`.
 pub(crate) fn snapshot_link(depth: usize, blob: &str) -> String {
     format!("{}blobs/{blob}", "../".repeat(2 + depth))
 }
 
-/// The blob a snapshot link (of a file `depth` folders below its snapshot)
-/// names: the link as the hub's client writes it, relative
-/// ([`snapshot_link`]), or the blob's absolute path under `repo_dir`. `None`
-/// for a link anywhere else.
+/// The blob a snapshot link names: relative as the hub's client writes it
+/// ([`snapshot_link`]), or absolute under `repo_dir`; `None` for another link.
 pub(crate) fn blob_of_link(target: &Path, depth: usize, repo_dir: &Path) -> Option<String> {
     let rest = if target.is_absolute() {
         target.strip_prefix(repo_dir.join("blobs")).ok()?
@@ -199,9 +177,8 @@ pub(crate) fn blob_of_link(target: &Path, depth: usize, repo_dir: &Path) -> Opti
     }
 }
 
-/// The entry of the hub's shared blob store a repository's blob links to:
-/// the link `../../blobs/<h[0..2]>/<h>` (relative to the repository's
-/// `blobs/`), `h` 64 lowercase hex digits; `(prefix, h)`.
+/// The shared blob store's entry a repository's blob links to
+/// (`../../blobs/<h[0..2]>/<h>`): `(prefix, h)`.
 pub(crate) fn shared_blob_of_link(target: &Path) -> Option<(String, String)> {
     let text = target.to_str()?;
     let rest = text.strip_prefix("../../blobs/")?;
@@ -214,20 +191,15 @@ pub(crate) fn shared_blob_of_link(target: &Path) -> Option<(String, String)> {
     ok.then(|| (prefix.to_owned(), hash.to_owned()))
 }
 
-/// The suffix of a temporary file being written.
 const TEMP_SUFFIX: &str = ".incomplete";
 
-/// A process-unique temporary name for `final_name`, next to it:
-/// `<final_name>.<nonce>.incomplete`, as the hub's client names its own.
+/// A process-unique temporary name for `final_name`: `<final_name>.<nonce>.incomplete`.
 pub(crate) fn temp_name(final_name: &str, nonce: u64) -> String {
     format!("{final_name}.{nonce:016x}{TEMP_SUFFIX}")
 }
 
-/// Whether `name` is a temporary name of [`temp_name`]'s form (the hub
-/// client's, `<etag>.<8 hex>.incomplete`, too), or a partial file kept for
-/// a later load or its record (`<name>.safeload-partial`,
-/// `<name>.safeload-pieces`): what a sweep may remove once its writer is
-/// gone.
+/// Whether `name` is a temporary name a sweep may remove once its writer is gone
+/// ([`temp_name`]'s, the hub client's, a kept partial file or its record).
 pub(crate) fn is_temp_name(name: &str) -> bool {
     final_of_temp(name).is_some()
 }
@@ -242,30 +214,23 @@ pub(crate) fn final_of_temp(name: &str) -> Option<&str> {
     (is_plain(base) && nonce_ok).then_some(base)
 }
 
-/// The lock file of a final name: a blob's in `.locks/<repo folder>/`, an
-/// object's beside it.
+/// The lock file of a final name: a blob's in `.locks/<repo folder>/`, an object's beside it.
 pub(crate) fn lock_name(blob: &str) -> String {
     format!("{blob}.lock")
 }
 
-/// Hex of the first 16 bytes of the SHA-256 of `text`: a name that any
-/// text may be turned into without reaching outside its folder.
+/// Hex of the first 16 bytes of the SHA-256 of `text`: a name that stays in its folder.
 fn short_hash(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let digest = Sha256::digest(text.as_bytes());
+    crate::verify::hex(digest.get(..16).unwrap_or_default())
 }
 
-/// The folder of an object's versions in a cache directory, named by its
-/// address.
+/// The folder of an object's versions in a cache directory.
 pub(crate) fn object_folder(address: &str) -> String {
     short_hash(address)
 }
 
-/// An object version's file name in its folder: its length and ETag (a
-/// replaced object has another, so it is never mistaken for the old one).
+/// An object version's file name: its length and ETag (a replaced object gets another).
 pub(crate) fn object_version(len: u64, etag: &str) -> String {
     format!("{len}-{}", short_hash(etag))
 }

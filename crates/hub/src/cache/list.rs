@@ -7,18 +7,12 @@ use super::layout::{self, SHARED_STORE_MARKER};
 use crate::os::{Dir, EntryKind};
 use crate::report::{CacheListing, CachedFile, CachedRepo, CachedRevision};
 
-/// Folders below a snapshot or `refs/` looked into at most (a repository's
-/// paths are a few deep).
+/// Folders below a snapshot or `refs/` looked into at most.
 pub(super) const MAX_DEPTH: usize = 16;
 
-/// What the Hugging Face cache holds (feature `remote`): where it is
-/// (`HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`),
-/// and for `repo` (`org/name`; every model repository where `None`) its
-/// snapshots, their files and the blobs they link to, the refs naming them
-/// and any temporary file of a download. What `safeload cache` prints. A
-/// cache that cannot be read lists as empty. To remove what it holds:
-/// [`hub_cache_remove`](crate::hub_cache_remove) and
-/// [`hub_cache_prune`](crate::hub_cache_prune).
+/// What the Hugging Face cache holds (feature `remote`): where it is, and for `repo`
+/// (`org/name`; every model repository where `None`) its snapshots, their files and blobs,
+/// refs and temporary files. A cache that cannot be read lists as empty.
 ///
 /// ```
 /// let listing = safeload::hub::hub_cache(Some("org/model"));
@@ -79,15 +73,9 @@ fn list_repo(repo: String, root: &Dir, dir: &Dir, dir_path: &Path) -> CachedRepo
             }
         }
     }
-    let mut refs = Vec::new();
-    if let Ok(refs_dir) = dir.sub("refs", false) {
-        walk(&refs_dir, "", 0, &mut |found| {
-            let commit = read_small(found.dir, found.name).and_then(|t| layout::commit_of_ref(&t));
-            if let Some(commit) = commit {
-                refs.push((commit, found.path.to_owned()));
-            }
-        });
-    }
+    let refs = dir
+        .sub("refs", false)
+        .map_or_else(|_| Vec::new(), |d| refs_of(&d));
     let blobs = dir.sub("blobs", false).ok();
     if let Ok(snapshots) = dir.sub("snapshots", false) {
         let mut commits = snapshots.names().unwrap_or_default();
@@ -117,8 +105,17 @@ fn list_repo(repo: String, root: &Dir, dir: &Dir, dir_path: &Path) -> CachedRepo
     listed
 }
 
-/// An entry [`walk`] found: the folder it is in, its path from where the
-/// walk began, and its name.
+/// Each ref under `refs` (`main`, `refs/pr/1`) with the commit it names: `(commit, ref)`.
+pub(super) fn refs_of(refs: &Dir) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    walk(refs, "", 0, &mut |f| {
+        let commit = read_small(f.dir, f.name).and_then(|t| layout::commit_of_ref(&t));
+        found.extend(commit.map(|commit| (commit, f.path.to_owned())));
+    });
+    found
+}
+
+/// An entry [`walk`] found: its folder, its path from the walk's start, and its name.
 #[derive(Clone, Copy)]
 pub(super) struct Found<'a> {
     pub dir: &'a Dir,
@@ -126,8 +123,7 @@ pub(super) struct Found<'a> {
     pub name: &'a str,
 }
 
-/// Calls `each` for every entry of `dir` and its folders (not followed
-/// through links) that is not a folder.
+/// Calls `each` for every non-folder entry under `dir`, not following links.
 pub(super) fn walk(dir: &Dir, prefix: &str, depth: usize, each: &mut dyn FnMut(Found)) {
     let mut names = dir.names().unwrap_or_default();
     names.sort();
@@ -175,8 +171,7 @@ fn snapshot_file(root: &Dir, blobs: Option<&Dir>, repo_path: &Path, found: Found
     file
 }
 
-/// The size of the blob `name`: a regular file's, or the shared store
-/// entry's it links to.
+/// The size of the blob `name` (a regular file, or the shared store entry it links to).
 fn blob_size(root: &Dir, blobs: &Dir, name: &str) -> Option<u64> {
     match blobs.entry(name).ok()? {
         EntryKind::File { len, .. } => Some(len),

@@ -1,35 +1,9 @@
 //! Remote checkpoints through a cache (feature `remote`): `hf://` through the Hugging Face cache in its own layout, other stores through a cache directory of this crate's; each file read from the cache where it holds it, else fetched and written to it as the load reads it, every file of a load at one commit.
 //!
-//! - `layout.rs`: the names (pure): where the caches are, the switches, the
-//!   hub cache's folders and links, temporary names;
-//! - `hub.rs`: the hub cache on disk, read and written;
-//! - `store.rs`: the cache directory of other stores;
-//! - `write.rs`: a file written as it is fetched, checked (`check.rs`),
-//!   published; `temp.rs`: the file it fills; `partial.rs`: that file kept
-//!   for the next load to resume, its finished pieces recorded (`streams.rs`);
-//! - `hits.rs`: the cache's own files as sources (a hit), and the digest a
-//!   snapshot file to be verified needs;
-//! - `source.rs`: the two sources a cache adds (a file of the cache, a
-//!   fetched file also written to it);
-//! - `list.rs`: what the hub cache holds (`safeload cache`);
-//! - `clean.rs`: a revision or a repository removed, the cache pruned
-//!   (`safeload cache rm|prune`); `remover.rs`: each name removed, owner,
-//!   lock and dry run checked.
-//!
-//! # `hf://org/repo@rev/sub`
-//!
-//! 1. The commit: `rev` itself where it is one (no request); with
-//!    `HF_HUB_OFFLINE=1`, `refs/<rev>` of the cache (no request); else one
-//!    HEAD of `model.safetensors` at `rev`, whose answer names the commit
-//!    (`X-Repo-Commit`) and whether the file exists there. A hub that cannot
-//!    be reached is taken as offline where the cache has `refs/<rev>`.
-//! 2. The checkpoint at that commit: `model.safetensors` where the snapshot
-//!    or the hub has it, else the index, from the snapshot or fetched (and
-//!    written to the cache).
-//! 3. Each file: from the snapshot where it is there (a local file), else
-//!    fetched at the commit and written through (`write.rs`), resuming what
-//!    an interrupted load left of it (`partial.rs`); offline, a file the
-//!    cache lacks is an error naming it.
+//! `hf://org/repo@rev`: the commit is `rev` where it is one, else the cache's
+//! `refs/<rev>` offline (or where the hub cannot be reached), else what one
+//! HEAD of `model.safetensors` names; each file then comes from the snapshot,
+//! else is fetched at that commit and written through (`write.rs`).
 
 mod check;
 mod clean;
@@ -53,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::cancel::Cancel;
-use crate::error::{Error, ErrorKind, Operation, RemoteFailure, Result};
+use crate::error::{Error, Operation, RemoteFailure, Result};
 use crate::format::{INDEX_FILE, SINGLE_FILE};
 use crate::mount::MountTable;
 use crate::remote::checkpoint::{Found, RemoteCheckpoint};
@@ -81,7 +55,6 @@ struct CacheEnv {
     hub_on: bool,
     store_dir: Option<PathBuf>,
     verify: bool,
-    /// The load's cancel flags, which each checkpoint resolved keeps.
     cancel: Cancel,
 }
 
@@ -108,17 +81,14 @@ impl CacheEnv {
 pub(crate) struct Remote {
     checkpoint: RemoteCheckpoint,
     mode: Mode,
-    /// Files found in the cache, opened, by name, until the open path takes
-    /// them.
+    /// Files found in the cache, opened, until the open path takes them.
     hits: Mutex<HashMap<String, Cached>>,
-    /// The repository's other files brought beside the weights
-    /// (`hf://...?with=`): each name's path in the snapshot, `None` where
-    /// the repository has no such file at the commit.
+    /// The files brought by `?with=`: each one's snapshot path, `None`
+    /// where the repository has none at the commit.
     extra: BTreeMap<String, Option<PathBuf>>,
 }
 
 enum Mode {
-    /// No cache: every file fetched.
     Off,
     Hub(HubMode),
     Directory(StoreCache),
@@ -143,10 +113,8 @@ enum SingleFile {
     Missing,
 }
 
-/// Resolves the remote address `text` through its cache: `hub` and `dir`
-/// are the caller's choices (`Loader::hub_cache`, `Loader::cache_dir`),
-/// over the environment's; `verify`, whether the load checks digests;
-/// `cancel`, the load's flags, which stop the checkpoint's requests.
+/// Resolves `text` through its cache: `hub` and `dir` are the caller's
+/// choices over the environment's.
 pub(crate) fn resolve(
     text: &str,
     hub: Option<bool>,
@@ -197,27 +165,19 @@ fn at_commit(repo: &str, commit: &str, subfolder: &str) -> String {
 }
 
 fn not_in_cache(shown: impl Into<PathBuf>, what: &str) -> Error {
-    Error::remote_failed(
-        Operation::Open,
-        shown,
-        None,
-        RemoteFailure::OfflineNotCached,
-        what,
-    )
+    let failure = RemoteFailure::OfflineNotCached;
+    Error::remote_failed(Operation::Open, shown, None, failure, what)
 }
 
-/// The address of a hub repository, split.
 struct HubAddress<'a> {
     text: &'a str,
     repo: &'a str,
     rev: &'a str,
     subfolder: &'a str,
-    /// The load's cancel flags, which its checkpoints keep.
     cancel: &'a Cancel,
 }
 
 impl HubAddress<'_> {
-    /// The checkpoint at `commit`.
     fn at(&self, commit: &str) -> Result<RemoteCheckpoint> {
         RemoteCheckpoint::new(&at_commit(self.repo, commit, self.subfolder), self.cancel)
     }
@@ -266,25 +226,21 @@ fn resolve_hub(
         .hub_root
         .as_deref()
         .map(|root| Arc::new(RepoWriter::new(root, repo, &commit, address.rev, no_exist)));
-    let remote = Remote::new(
-        resolved.checkpoint,
-        Mode::Hub(HubMode {
-            view,
-            writer,
-            commit,
-            prefix,
-            offline: resolved.offline,
-            verify: env.verify,
-        }),
-    );
+    let mode = Mode::Hub(HubMode {
+        view,
+        writer,
+        commit,
+        prefix,
+        offline: resolved.offline,
+        verify: env.verify,
+    });
+    let remote = Remote::new(resolved.checkpoint, mode);
     let found = remote.find_hub(resolved.single)?;
     Ok((remote, found))
 }
 
-/// The commit of a hub address: the revision itself where it is one; with
-/// `offline`, the cache's ref; else one HEAD of `model.safetensors` (and of
-/// the index where its 404 names no commit), the cache's ref where the hub
-/// cannot be reached.
+/// The commit of a hub address: the revision where it is one; offline, the
+/// cache's ref; else the hub's answer (the ref where it cannot be reached).
 fn resolve_commit(
     address: &HubAddress<'_>,
     view: Option<&RepoView>,
@@ -337,10 +293,8 @@ fn resolve_commit(
     }
 }
 
-/// What the hub says of `model.safetensors` at the checkpoint's revision,
-/// and its commit; where its 404 names no commit (a mirror's or a proxy's),
-/// the index's answer names it, as the load without the cache goes on to
-/// the index.
+/// What the hub says of `model.safetensors`, and the commit; where its 404
+/// names no commit (a mirror's), the index's answer names it.
 fn lookup_single(checkpoint: &RemoteCheckpoint) -> Result<HubLookup> {
     let location = checkpoint.location();
     let looked = location.hub_lookup(SINGLE_FILE);
@@ -352,11 +306,7 @@ fn lookup_single(checkpoint: &RemoteCheckpoint) -> Result<HubLookup> {
     }
     match location.hub_lookup(INDEX_FILE) {
         Some(Ok((commit, Some(_)))) => Ok(Some(Ok((commit, None)))),
-        Some(Ok((_, None))) => {
-            let prefix = location.shown_prefix();
-            let found = Vec::new();
-            Err(Error::new(ErrorKind::NoCheckpoint { found }, prefix))
-        }
+        Some(Ok((_, None))) => Err(checkpoint.no_checkpoint()),
         other => Ok(other),
     }
 }
@@ -389,8 +339,8 @@ impl Remote {
         self.hits.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether the hub cache holds the file `name` at the commit (opened
-    /// and kept for the open path, the first time it is asked).
+    /// Whether the hub cache holds `name` at the commit (opened and kept
+    /// the first time it is asked).
     fn in_cache(&self, name: &str) -> bool {
         let Mode::Hub(hub) = &self.mode else {
             return false;
@@ -410,8 +360,7 @@ impl Remote {
         }
     }
 
-    /// The checkpoint at the pinned commit: `model.safetensors` where the
-    /// cache or the hub has it, else the index.
+    /// The checkpoint at the pinned commit: `model.safetensors`, else the index.
     fn find_hub(&self, single: SingleFile) -> Result<Found> {
         let Mode::Hub(hub) = &self.mode else {
             return self.checkpoint.find();
@@ -455,55 +404,53 @@ impl Remote {
 
     /// The index: from the cache, else fetched and written to it.
     fn index(&self) -> Result<Found> {
-        let found = match self.in_cache(INDEX_FILE) {
-            true => self.hits().remove(INDEX_FILE),
-            false => None,
-        };
-        if let Some(cached) = found {
+        let found = self
+            .in_cache(INDEX_FILE)
+            .then(|| self.hits().remove(INDEX_FILE));
+        if let Some(cached) = found.flatten() {
             let bytes = read_index(&cached.path, &cached.file)?;
             return Ok(Found::Index(INDEX_FILE.to_owned(), bytes));
         }
-        if let Mode::Hub(hub) = &self.mode {
-            if hub.offline {
-                let what = format!("{INDEX_FILE} at {}", hub.commit);
-                return Err(not_in_cache(self.checkpoint.shown(INDEX_FILE), &what));
-            }
-        }
+        self.online(INDEX_FILE)?;
         let (bytes, object) = match self.checkpoint.read_index(INDEX_FILE) {
             Ok(read) => read,
-            Err(e) if e.is_not_found() => {
-                let prefix = self.checkpoint.location().shown_prefix();
-                return Err(Error::new(
-                    ErrorKind::NoCheckpoint { found: Vec::new() },
-                    prefix,
-                ));
-            }
+            Err(e) if e.is_not_found() => return Err(self.checkpoint.no_checkpoint()),
             Err(e) => return Err(e),
         };
-        if let Some(write) = self.write_of(&object, INDEX_FILE) {
-            use crate::source::CacheWrite;
-            write.write_image(&bytes);
-            // Small: published before the load goes on, and never used
-            // where it does not hash to the hub's git blob id.
-            write.settle();
-            write.outcome().checked(object.path())?;
-        }
+        self.write_small(&object, INDEX_FILE, &bytes)?;
         Ok(Found::Index(INDEX_FILE.to_owned(), bytes))
     }
 
-    /// The write of the file `name` (its object fetched) to the hub cache;
-    /// `None` without a hub cache.
-    fn write_of(&self, object: &RemoteObject, name: &str) -> Option<Arc<write::Write>> {
-        let (target, check) = self.hub_target(object, name)?;
-        let len = object.len();
-        Some(match check {
-            Ok(check) => write::Write::new(target, len, check, 0, object.cancel().clone()),
-            Err(why) => write::Write::refused(target, len, why),
-        })
+    /// An error for `name` where the hub cache is offline: it lacks the file.
+    fn online(&self, name: &str) -> Result<()> {
+        match &self.mode {
+            Mode::Hub(hub) if hub.offline => {
+                let what = format!("{name} at {}", hub.commit);
+                Err(not_in_cache(self.checkpoint.shown(name), &what))
+            }
+            _ => Ok(()),
+        }
     }
 
-    /// Where the file `name` goes in the hub cache, and how it is checked
-    /// (or why it cannot be).
+    /// Writes the small file `name` (`bytes`) to the hub cache and checks it before the
+    /// load goes on (a mismatch is an error): whether it was written.
+    fn write_small(&self, object: &RemoteObject, name: &str, bytes: &[u8]) -> Result<bool> {
+        use crate::source::CacheWrite;
+        let Some((target, check)) = self.hub_target(object, name) else {
+            return Ok(false);
+        };
+        let len = object.len();
+        let write = match check {
+            Ok(check) => write::Write::new(target, len, check, 0, object.cancel().clone()),
+            Err(why) => write::Write::refused(target, len, why),
+        };
+        write.write_image(bytes);
+        write.settle();
+        let outcome = write.outcome().checked(object.path())?;
+        Ok(matches!(outcome, crate::source::CacheUse::Written { .. }))
+    }
+
+    /// Where `name` goes in the hub cache, and how it is checked.
     fn hub_target(
         &self,
         object: &RemoteObject,
@@ -525,8 +472,7 @@ impl Remote {
         Some((Box::new(target), check))
     }
 
-    /// The path or address the file `name` is shown by: its snapshot path
-    /// where the cache holds it, else its address (at the pinned commit).
+    /// What `name` is shown by: its snapshot path, else its address.
     pub(crate) fn shown(&self, name: &str) -> PathBuf {
         if self.in_cache(name) {
             if let Some(cached) = self.hits().get(name) {
@@ -536,20 +482,14 @@ impl Remote {
         PathBuf::from(self.checkpoint.shown(name))
     }
 
-    /// The file `name` as a source: from the cache where it holds it, else
-    /// fetched (written to the cache where there is one).
+    /// `name` as a source: from the cache, else fetched (written through).
     pub(crate) fn take(&self, name: &str, table: Option<&MountTable>) -> Result<Arc<dyn Source>> {
         let hit = self.hits().remove(name);
         if let (Some(cached), Mode::Hub(hub)) = (hit, &self.mode) {
             let cached = self.with_digest(name, cached)?;
             return hit_of(cached, table, HitOf::Hub(&hub.commit));
         }
-        if let Mode::Hub(hub) = &self.mode {
-            if hub.offline {
-                let what = format!("{name} at {}", hub.commit);
-                return Err(not_in_cache(self.checkpoint.shown(name), &what));
-            }
-        }
+        self.online(name)?;
         let object = self.checkpoint.take(name)?;
         match &self.mode {
             Mode::Off => Ok(object),
@@ -558,33 +498,28 @@ impl Remote {
                     return hit_of(cached, table, HitOf::Hub(&hub.commit));
                 }
                 match self.hub_target(&object, name) {
-                    Some((target, Ok(check))) => Ok(Arc::new(Fetched::new(object, target, check))),
-                    Some((target, Err(why))) => Ok(Arc::new(Fetched::refused(object, target, why))),
+                    Some((target, check)) => Ok(Arc::new(Fetched::new(object, target, check))),
                     None => Ok(object),
                 }
             }
             Mode::Directory(store) => {
                 let address = object.path().to_string_lossy().into_owned();
                 let len = object.len();
-                let Some(etag) = object.etag().map(str::to_owned) else {
-                    let target = Box::new(store.target(&address, len, ""));
-                    return Ok(Arc::new(Fetched::refused(
-                        object,
-                        target,
-                        NotCached::NoDigest,
-                    )));
-                };
-                if let Some((path, file)) = store.lookup(&address, len, &etag) {
+                let etag = object.etag().map(str::to_owned);
+                if let Some((path, file)) =
+                    etag.as_ref().and_then(|e| store.lookup(&address, len, e))
+                {
                     let cached = Cached {
                         path,
                         file,
                         sha256: None,
                         plain: false,
                     };
-                    return hit_of(cached, table, HitOf::Directory(etag));
+                    return hit_of(cached, table, HitOf::Directory(etag.unwrap_or_default()));
                 }
-                let target = Box::new(store.target(&address, len, &etag));
-                Ok(Arc::new(Fetched::new(object, target, Check::Whole)))
+                let target = Box::new(store.target(&address, len, etag.as_deref().unwrap_or("")));
+                let check = etag.map(|_| Check::Whole).ok_or(NotCached::NoDigest);
+                Ok(Arc::new(Fetched::new(object, target, check)))
             }
         }
     }

@@ -1,19 +1,10 @@
 //! A download kept for the next load to resume: the file being written under a name of its final name's (`<name>.safeload-partial`, the same in every process), and a record of its finished pieces (`<name>.safeload-pieces`), both written only under the file's lock.
 //!
-//! A load that is killed or cancelled leaves both. The next load of the same
-//! file (its final name is its digest or its version: the same bytes), in
-//! any process, takes the lock once the writer is gone (the lock dies with
-//! its holder), checks every recorded piece against its hash, reads those
-//! from the partial file and fetches only the rest.
-//!
-//! Durability: a piece is recorded after its bytes are written (into the
-//! page cache, which outlives the process); a power loss may lose written
-//! pages while their record survives. Such a piece fails its check on
-//! adoption and is fetched again, and the whole file is checked against
-//! its digest before it is published, so the damage costs a refetch, never
-//! a wrong byte in the cache. Another user's partial file is never adopted,
-//! and where the name cannot be taken the file is written under a name of
-//! this process, as before (no resume).
+//! Both are kept by a killed load; the next load of the file takes the lock
+//! once the writer is gone, reads the recorded pieces that check and fetches
+//! the rest. A piece is recorded after its bytes are written, so a power loss
+//! may keep the record of lost pages: that piece fails its check and is
+//! fetched again, and the whole file is checked before it is published.
 //!
 //! ```text
 //! record = magic "SLPARTv1" | length u64 | piece u64 | entries
@@ -30,8 +21,7 @@ use xxhash_rust::xxh3::xxh3_128;
 
 use crate::os::{self, Dir, EntryKind};
 
-/// The bytes of a piece: the unit a partial file is recorded and resumed
-/// by.
+/// The bytes of a piece: the unit a partial file is recorded and resumed by.
 ///
 /// NOTE: each reader leaves an unfinished piece at its frontier when the
 /// load dies: 4 MiB pieces lost a quarter of what a load killed half way
@@ -44,12 +34,10 @@ const ENTRY: usize = 24;
 pub(crate) const PARTIAL_SUFFIX: &str = ".safeload-partial";
 pub(crate) const PIECES_SUFFIX: &str = ".safeload-pieces";
 
-/// The partial file of `final_name`.
 pub(crate) fn partial_name(final_name: &str) -> String {
     format!("{final_name}{PARTIAL_SUFFIX}")
 }
 
-/// The record of `final_name`'s partial file.
 pub(crate) fn pieces_name(final_name: &str) -> String {
     format!("{final_name}{PIECES_SUFFIX}")
 }
@@ -65,23 +53,20 @@ pub(crate) struct Opened {
     pub file: File,
     /// The pieces kept from an earlier load, checked.
     pub kept: Vec<Range<u64>>,
-    /// Their indexes.
     pub recorded: BTreeSet<u64>,
     pub log: PieceLog,
 }
 
-/// Opens the partial file of `final_name` in `dir` for a file of `len`
-/// bytes (made where missing), adopting the recorded pieces that check.
-/// The caller holds the file's lock. `None` where the names are not this
-/// user's regular files: the caller writes under a name of its own.
+/// Opens the partial file of `final_name` for `len` bytes under the caller's
+/// lock, adopting the recorded pieces that check; `None` where the names are
+/// not this user's regular files.
 pub(crate) fn open(dir: &Dir, final_name: &str, len: u64) -> Option<Opened> {
     let (partial, pieces) = (partial_name(final_name), pieces_name(final_name));
     let file = own_file(dir, &partial)?;
     let record = own_file(dir, &pieces)?;
     let mut have = file.metadata().ok()?.len();
     if have > len {
-        // Longer than the file (not this layout's): what is past it would be
-        // published with it.
+        // Longer than the file: what is past it would be published with it.
         file.set_len(len).ok()?;
         have = len;
     }
@@ -119,9 +104,8 @@ pub(crate) fn open(dir: &Dir, final_name: &str, len: u64) -> Option<Opened> {
     })
 }
 
-/// The file `name` here, made where missing: `None` unless it is a regular
-/// file this user owns, of this one name (a hard link another user made to
-/// a file of this user's is never written through).
+/// The file `name`, made where missing: `None` unless it is a regular file
+/// of this user's, of one link (never written through another user's link).
 fn own_file(dir: &Dir, name: &str) -> Option<File> {
     let file = dir.open_lock(name).ok()?;
     let meta = file.metadata().ok()?;
@@ -144,7 +128,6 @@ fn entry(index: u64, hash: u128) -> [u8; ENTRY] {
     bytes
 }
 
-/// The pieces of a file of `len` bytes.
 fn pieces(len: u64) -> u64 {
     len.div_ceil(PIECE)
 }
@@ -156,8 +139,7 @@ pub(super) fn piece(index: u64, len: u64) -> Range<u64> {
 }
 
 /// The record's entries, where it is one of a file of `len` bytes (a torn
-/// last entry, an index past the file, a record of more entries than twice
-/// its pieces: left out, or the whole record where its header differs).
+/// last entry or a bad index left out; a bad header, all).
 fn read_record(record: &File, len: u64) -> Vec<(u64, u128)> {
     let Ok(size) = record.metadata().map(|m| m.len()) else {
         return Vec::new();
@@ -185,8 +167,7 @@ fn read_record(record: &File, len: u64) -> Vec<(u64, u128)> {
         .collect()
 }
 
-/// The record of a partial file being written: a piece's hash appended
-/// once all its bytes are written.
+/// The record of a partial file being written.
 pub(crate) struct PieceLog {
     record: File,
     /// Where the next entry goes.
@@ -195,9 +176,8 @@ pub(crate) struct PieceLog {
 }
 
 impl PieceLog {
-    /// The pieces of `range` that `covered` (sorted, merged: the bytes
-    /// written) now holds whole, other than those in `recorded` (which they
-    /// join): the pieces to hash and record.
+    /// The pieces of `range` that `covered` (the bytes written) now holds
+    /// whole, not yet in `recorded` (which they join).
     pub(crate) fn finished(
         &self,
         covered: &[Range<u64>],
@@ -216,16 +196,14 @@ impl PieceLog {
             .collect()
     }
 
-    /// Forgets every piece recorded: what an earlier load left is not
-    /// adopted (it is fetched again), and is written over.
+    /// Forgets every piece recorded: what an earlier load left is written over.
     pub(crate) fn forget_all(&mut self) {
         if self.record.set_len(HEADER as u64).is_ok() {
             self.end = HEADER as u64;
         }
     }
 
-    /// Records piece `index` of hash `hash`. A record that cannot be
-    /// written costs a later load this piece, nothing else.
+    /// Records piece `index`; a failure costs a later load this piece only.
     pub(crate) fn append(&mut self, index: u64, hash: u128) {
         if os::write_all_at(&self.record, &entry(index, hash), self.end).is_ok() {
             self.end += ENTRY as u64;
@@ -233,9 +211,7 @@ impl PieceLog {
     }
 }
 
-/// The hash of piece `index` of `file` (written), of `len` bytes: from
-/// `view` (a map of the file) where it holds the piece, else read back from
-/// the page cache.
+/// The hash of piece `index` of `file`: from `view` where it holds it, else read back.
 pub(crate) fn hash_piece(
     file: &File,
     view: Option<&super::check::View>,
@@ -249,14 +225,13 @@ pub(crate) fn hash_piece(
 }
 
 thread_local! {
-    /// The bytes of a piece read back to be hashed, kept for the thread's
-    /// next piece: a fresh megabyte a piece would cost its pages' first
-    /// touch each time.
+    /// A piece read back, kept per thread: a fresh buffer costs its pages'
+    /// first touch each time.
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// What tells a live writer from a dead one, seen from outside: its
-/// record's length and its partial file's modification time.
+/// What tells a live writer from a dead one: its record's length and its
+/// file's modification time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Activity {
     record: u64,
@@ -264,8 +239,7 @@ pub(crate) struct Activity {
 }
 
 impl Activity {
-    /// The activity of a record of `record` bytes and a file changed at
-    /// `modified`.
+    /// The activity of a record of `record` bytes and a file changed at `modified`.
     #[cfg(test)]
     pub(crate) fn of(record: u64, modified: SystemTime) -> Activity {
         Activity {
@@ -274,7 +248,6 @@ impl Activity {
         }
     }
 
-    /// The pieces its record lists.
     pub(crate) fn pieces(&self) -> u64 {
         self.record.saturating_sub(HEADER as u64) / ENTRY as u64
     }

@@ -12,17 +12,13 @@ use crate::report::{
     CacheEntryKind, CacheRemoval, KeepReason, KeptEntry, RemoveMode, RemovedEntry,
 };
 
-// Folders below a snapshot, `refs/` or `.no_exist/<commit>` walked into at
-// most: the listing's bound.
-pub(super) use super::list::MAX_DEPTH;
+use super::list::MAX_DEPTH;
 
 /// The hub cache's directory, as the process's environment names it.
 pub(super) fn root_of_process() -> Result<PathBuf> {
     layout::hub_root(|name| std::env::var(name).ok()).ok_or_else(|| {
-        let e = io::Error::new(
-            io::ErrorKind::NotFound,
-            "no hub cache: neither HF_HUB_CACHE, HF_HOME nor HOME is set",
-        );
+        let what = "no hub cache: neither HF_HUB_CACHE, HF_HOME nor HOME is set";
+        let e = io::Error::new(io::ErrorKind::NotFound, what);
         Error::io(Operation::Remove, "HF_HUB_CACHE", None, e)
     })
 }
@@ -32,8 +28,7 @@ pub(super) fn not_found(path: PathBuf, what: &str) -> Error {
     Error::io(Operation::Remove, path, None, e)
 }
 
-/// A repository's folder, opened without following a link, with its
-/// `.locks/` folder where there is one.
+/// A repository's folder, opened without following a link, with its `.locks/` folder.
 pub(super) struct RepoDir {
     pub(super) dir: Dir,
     /// `<cache>/models--org--repo`: the paths shown, and absolute links.
@@ -65,9 +60,8 @@ impl RepoDir {
     }
 }
 
-/// What a folder being emptied holds: plain names (files of this kind,
-/// links, folders), or the blobs and temporary files of `blobs/`, each
-/// removed under its lock.
+/// What a folder being emptied holds: plain names, or the blobs and temporary files of
+/// `blobs/`, each removed under its lock.
 #[derive(Clone, Copy)]
 pub(super) enum Holds<'a> {
     /// Files of this kind, links, folders.
@@ -76,8 +70,7 @@ pub(super) enum Holds<'a> {
     Blobs(&'a RepoDir),
 }
 
-/// The state of one housekeeping call: who this process is, when it
-/// began, and what it removed and kept so far.
+/// The state of one housekeeping call: who this process is, when it began, what it did.
 pub(super) struct Cleaner {
     uid: Option<u32>,
     pub(super) now: SystemTime,
@@ -118,8 +111,13 @@ impl Cleaner {
         self.keep(path, KeepReason::Failed { error });
     }
 
-    /// Whether `name` of `dir` is this user's (by `lstat`); else it is
-    /// kept, saying whose it is.
+    /// [`Cleaner::failed`], then `false`: nothing went.
+    pub(super) fn fail(&mut self, path: PathBuf, e: &io::Error) -> bool {
+        self.failed(path, e);
+        false
+    }
+
+    /// Whether `name` of `dir` is this user's (by `lstat`); else kept, saying whose.
     pub(super) fn owned(&mut self, dir: &Dir, name: &str, path: &Path) -> bool {
         match dir.owner(name) {
             Ok(Some(owner)) if self.uid.is_some_and(|uid| uid != owner) => {
@@ -127,15 +125,11 @@ impl Cleaner {
                 false
             }
             Ok(_) => true,
-            Err(e) => {
-                self.failed(path.to_path_buf(), &e);
-                false
-            }
+            Err(e) => self.fail(path.to_path_buf(), &e),
         }
     }
 
-    /// Removes the file or link `name` of `dir`, once it is known to be
-    /// this user's (a dry run only notes it).
+    /// Removes the file or link `name` of `dir`, known to be this user's (dry run: noted).
     fn unlink_owned(
         &mut self,
         dir: &Dir,
@@ -146,8 +140,7 @@ impl Cleaner {
     ) -> bool {
         if self.removing() {
             if let Err(e) = dir.remove(name) {
-                self.failed(path, &e);
-                return false;
+                return self.fail(path, &e);
             }
         }
         self.done.bytes += bytes;
@@ -171,16 +164,13 @@ impl Cleaner {
             Ok(EntryKind::Missing) => return true,
             Ok(EntryKind::Link) => (CacheEntryKind::Link, 0),
             Ok(_) => (CacheEntryKind::File, 0),
-            Err(e) => {
-                self.failed(path, &e);
-                return false;
-            }
+            Err(e) => return self.fail(path, &e),
         };
         self.unlink_owned(dir, name, path, kind, bytes)
     }
 
-    /// Removes the blob or temporary file `name` of `blobs/` where it is
-    /// this user's and its lock is free: the lock held while it goes.
+    /// Removes the blob or temporary file `name` of `blobs/` where it is this user's and
+    /// its lock is free, held while it goes.
     pub(super) fn unlink_blob(&mut self, repo: &RepoDir, blobs: &Dir, name: &str) -> bool {
         let path = repo.sub_path(&["blobs", name]);
         if !self.owned(blobs, name, &path) {
@@ -194,10 +184,7 @@ impl Cleaner {
             Ok(EntryKind::File { len, .. }) => len,
             Ok(EntryKind::Missing) => return true,
             Ok(_) => 0,
-            Err(e) => {
-                self.failed(path, &e);
-                return false;
-            }
+            Err(e) => return self.fail(path, &e),
         };
         let blob = name.split('.').next().unwrap_or(name);
         let _lock = match lock(repo, blob) {
@@ -210,10 +197,8 @@ impl Cleaner {
         self.unlink_owned(blobs, name, path, kind, bytes)
     }
 
-    /// Removes the folder `name` of `dir` and all it holds, each name as
-    /// [`Cleaner::unlink`] (or, in `blobs/`, [`Cleaner::unlink_blob`])
-    /// removes it; the folder last, where everything in it went. A link at
-    /// `name` is removed as a link.
+    /// Removes the folder `name` of `dir` and all it holds, the folder last where
+    /// everything went; a link at `name` as a link.
     pub(super) fn remove_tree(
         &mut self,
         dir: &Dir,
@@ -227,10 +212,7 @@ impl Cleaner {
             // A link (or a file) where a folder should be: removed itself.
             (Ok(_), Holds::Files(kind)) => return self.unlink(dir, name, path, kind),
             (Ok(_), Holds::Blobs(_)) => return self.unlink(dir, name, path, CacheEntryKind::File),
-            (Err(e), _) => {
-                self.failed(path, &e);
-                return false;
-            }
+            (Err(e), _) => return self.fail(path, &e),
         }
         if !self.owned(dir, name, &path) {
             return false;
@@ -242,10 +224,7 @@ impl Cleaner {
         });
         let (sub, names) = match listed {
             Ok(listed) => listed,
-            Err(e) => {
-                self.failed(path, &e);
-                return false;
-            }
+            Err(e) => return self.fail(path, &e),
         };
         let mut all = true;
         for child in &names {
@@ -253,8 +232,7 @@ impl Cleaner {
             all &= match (sub.entry(child), holds) {
                 (Ok(EntryKind::Dir), _) if depth + 1 >= MAX_DEPTH => {
                     let e = io::Error::other("folders nested too deep");
-                    self.failed(child_path, &e);
-                    false
+                    self.fail(child_path, &e)
                 }
                 (Ok(EntryKind::Dir), _) => {
                     let files = Holds::Files(CacheEntryKind::File);
@@ -262,20 +240,27 @@ impl Cleaner {
                 }
                 (Ok(_), Holds::Blobs(repo)) => self.unlink_blob(repo, &sub, child),
                 (Ok(_), Holds::Files(kind)) => self.unlink(&sub, child, child_path, kind),
-                (Err(e), _) => {
-                    self.failed(child_path, &e);
-                    false
-                }
+                (Err(e), _) => self.fail(child_path, &e),
             };
         }
+        self.remove_folder(dir, name, path, all)
+    }
+
+    /// The folder `name` of `dir` removed once `all` it held went, else kept.
+    pub(super) fn remove_folder(
+        &mut self,
+        dir: &Dir,
+        name: &str,
+        path: PathBuf,
+        all: bool,
+    ) -> bool {
         if !all {
             self.keep(path, KeepReason::HoldsKept);
             return false;
         }
         if self.removing() {
             if let Err(e) = dir.remove_dir(name) {
-                self.failed(path, &e);
-                return false;
+                return self.fail(path, &e);
             }
         }
         let kind = CacheEntryKind::Folder;
@@ -288,15 +273,13 @@ impl Cleaner {
     }
 }
 
-/// A temporary name of the hub client before it added a nonce:
-/// `<blob>.incomplete`.
+/// A temporary name of the hub client before it added a nonce: `<blob>.incomplete`.
 pub(super) fn is_old_temp_name(name: &str) -> bool {
     name.strip_suffix(".incomplete")
         .is_some_and(|blob| layout::named_digest(blob).is_some())
 }
 
-/// The blob's lock, tried once: `Ok(None)` where there is no lock file
-/// (no one can hold it; none is made), `Ok(Some)` held by this process
+/// The blob's lock, tried once: `Ok(None)` where there is no lock file, `Ok(Some)` held
 /// until dropped.
 fn lock(repo: &RepoDir, blob: &str) -> std::result::Result<Option<Lock>, KeepReason> {
     let name = layout::lock_name(blob);

@@ -9,16 +9,13 @@ use super::write::{Local, Target, Write, in_place};
 use crate::mount::Mount;
 use crate::os;
 use crate::remote::object::RemoteObject;
-use crate::source::{CacheStore, CacheUse, CacheWrite, LocalFile, Source, Version};
+use crate::source::{CacheStore, CacheUse, CacheWrite, LocalFile, NotCached, Source, Version};
 
-/// A file of the cache: the ordinary local file (mapped on a local disk,
-/// as the policy says), reported as read from the cache.
+/// A file of the cache: the ordinary local file, reported as read from the cache.
 pub(crate) struct Hit {
     pub local: LocalFile,
     pub store: CacheStore,
-    /// The SHA-256 its blob's name vouches for (the repository's name of
-    /// it, also where the blob links into the hub's shared store, whose
-    /// names are not SHA-256s): what `verify` checks it against.
+    /// The SHA-256 its blob's name vouches for: what `verify` checks it against.
     pub sha256: Option<[u8; 32]>,
     /// The hub commit of the snapshot it is read from (the hub cache).
     pub commit: Option<String>,
@@ -76,41 +73,35 @@ pub(crate) struct Fetched {
 }
 
 impl Fetched {
-    /// The object, written to `target` as it is read, checked by `check`.
-    pub(crate) fn new(object: Arc<RemoteObject>, target: Box<dyn Target>, check: Check) -> Fetched {
+    /// The object, written to `target` as it is read, checked by `check` (else not
+    /// written, for that reason).
+    pub(crate) fn new(
+        object: Arc<RemoteObject>,
+        target: Box<dyn Target>,
+        check: Result<Check, NotCached>,
+    ) -> Fetched {
         let len = object.len();
-        // Where the header ends, by the length prefix the open kept (no
-        // request): reads before it are the open's, and start no write.
+        let check = match check {
+            Ok(check) => check,
+            Err(why) => {
+                let write = Write::refused(target, len, why);
+                return Fetched { object, write };
+            }
+        };
+        // Where the header ends, by the length prefix the open kept: reads before it start
+        // no write.
         let mut prefix = [0u8; 8];
         let start_at = match object.read_at(&mut prefix, 8, 0) {
             Ok(()) if object.kept_prefix() >= 8 => 8u64.saturating_add(u64::from_le_bytes(prefix)),
             _ => 0,
         };
-        Fetched {
-            write: Write::new(target, len, check, start_at, object.cancel().clone()),
-            object,
-        }
+        let write = Write::new(target, len, check, start_at, object.cancel().clone());
+        Fetched { object, write }
     }
 
-    /// The object, not written, for this reason (reported as such).
-    pub(crate) fn refused(
-        object: Arc<RemoteObject>,
-        target: Box<dyn Target>,
-        why: crate::source::NotCached,
-    ) -> Fetched {
-        Fetched {
-            write: Write::refused(target, object.len(), why),
-            object,
-        }
-    }
-}
-
-impl Fetched {
-    /// Fetches `dst` from `offset` (at least `required` bytes) and writes
-    /// it to the cache.
+    /// Fetches `dst` from `offset` (at least `required` bytes), written to the cache.
     fn fetch(&self, dst: &mut [u8], required: usize, offset: u64) -> Result<(), (u64, io::Error)> {
-        // Written to the cache as the body arrives: a load killed half way
-        // leaves what it fetched for the next one.
+        // Written as the body arrives: a load killed half way leaves what it fetched.
         let land = |at: u64, bytes: &[u8]| self.write.land(at, bytes);
         self.object
             .read(dst, required, offset, Some(&land))
@@ -120,8 +111,7 @@ impl Fetched {
             })
     }
 
-    /// Fetches all of `range` of the file into `dst`, which holds the file
-    /// from `base`.
+    /// Fetches all of `range` into `dst`, which holds the file from `base`.
     fn fetch_part(
         &self,
         dst: &mut [u8],
@@ -131,6 +121,35 @@ impl Fetched {
         let part = part_of(dst, base, &range)?;
         let len = part.len();
         self.fetch(part, len, range.start)
+    }
+
+    /// Reads `dst` from `offset`: what the cache's file holds, the rest fetched.
+    fn read_through(
+        &self,
+        dst: &mut [u8],
+        required: usize,
+        offset: u64,
+    ) -> Result<(), (u64, io::Error)> {
+        let want = offset.saturating_add(dst.len() as u64);
+        let end = self.object.len().min(want);
+        let local = (offset < end).then(|| self.write.local(offset..end));
+        let Some(Some(local)) = local else {
+            return self.fetch(dst, required, offset);
+        };
+        let mut at = offset;
+        for range in &local.ranges {
+            if range.start > at {
+                self.fetch_part(dst, offset, at..range.start)?;
+            }
+            read_local(&local, dst, offset, range.clone())?;
+            at = range.end;
+        }
+        if at < end {
+            self.fetch_part(dst, offset, at..end)?;
+        }
+        // Bytes read from the file are never landed: hashed here.
+        self.write.advance_now();
+        Ok(())
     }
 }
 
@@ -148,8 +167,7 @@ fn part_of<'d>(
     })
 }
 
-/// Reads `range` of the cache's file into `dst`, which holds the file from
-/// `base` (nothing to do where `dst` is that file's map, in place).
+/// Reads `range` of the cache's file into `dst` (the file from `base`; nothing where in place).
 fn read_local(
     local: &Local,
     dst: &mut [u8],
@@ -161,41 +179,6 @@ fn read_local(
         return Ok(());
     }
     os::read_exact_at(&local.file, part, range.start)
-}
-
-impl Fetched {
-    /// Reads `dst` from `offset`: the parts the cache's file holds from
-    /// there, the rest fetched (and written to the cache).
-    fn read_through(
-        &self,
-        dst: &mut [u8],
-        required: usize,
-        offset: u64,
-    ) -> Result<(), (u64, io::Error)> {
-        let end = self
-            .object
-            .len()
-            .min(offset.saturating_add(dst.len() as u64));
-        let local = (offset < end).then(|| self.write.local(offset..end));
-        let Some(Some(local)) = local else {
-            return self.fetch(dst, required, offset);
-        };
-        let mut at = offset;
-        for range in &local.ranges {
-            if range.start > at {
-                self.fetch_part(dst, offset, at..range.start)?;
-            }
-            read_local(&local, dst, offset, range.clone())?;
-            at = range.end;
-        }
-        if at < end {
-            self.fetch_part(dst, offset, at..end)?;
-        }
-        // Bytes read from the file are never landed: the hash goes on over
-        // them here.
-        self.write.advance_now();
-        Ok(())
-    }
 }
 
 impl Source for Fetched {
@@ -214,9 +197,8 @@ impl Source for Fetched {
         offset: u64,
     ) -> Result<(), (u64, io::Error)> {
         self.read_through(dst, required, offset)?;
-        // The read that completed a file holding bytes an earlier load left
-        // proves them before the load hands them out (fetching them again
-        // where the file's digest says they are not the store's).
+        // The read that completed a file holding bytes an earlier load left proves them
+        // before the load hands them out.
         let refetch = |at: u64, bytes: &mut [u8]| {
             let n = bytes.len();
             self.object

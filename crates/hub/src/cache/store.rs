@@ -1,14 +1,12 @@
-//! The cache directory of other stores (`s3://`, `gs://`, `az://`, `http(s)://`): an object's bytes kept in its address's folder under its length and ETag, so that a replaced object is another name (a miss, never stale bytes); only this user's own files are read back.
+//! The cache directory of other stores (`s3://`, `gs://`, `az://`, `http(s)://`): an object's bytes kept under its length and ETag, so that a replaced object is a miss, never stale bytes.
 //!
 //! ```text
 //! <dir>/safeload-objects/<h(address)>/address                 the address, for listings
 //!                                    /<len>-<h(etag)>/<name>  the object's bytes, by its name
 //! ```
 //!
-//! Nothing here can check bytes against a digest (an object store's ETag is
-//! not one): a file is published once every byte of it was read under
-//! `If-Match` on the ETag it is named by, and read back only where this user
-//! (or root) owns it, so another user of a shared directory cannot plant one.
+//! An ETag is no digest: a file is published once every byte was read under `If-Match`,
+//! and read back only where this user (or root) owns it.
 
 use std::fs::File;
 use std::io;
@@ -33,29 +31,13 @@ impl StoreCache {
         StoreCache { root }
     }
 
-    /// The cached bytes of the object at `address` of `len` bytes and ETag
-    /// `etag`, opened, and their path; `None` where the cache has none this
-    /// user can trust.
+    /// The cached bytes of the object at `address` (`len`, `etag`), opened, and their path;
+    /// `None` where the cache has none this user can trust.
     pub(crate) fn lookup(&self, address: &str, len: u64, etag: &str) -> Option<(PathBuf, File)> {
-        let folder = layout::object_folder(address);
-        let version = layout::object_version(len, etag);
-        let name = object_name(address);
-        let dir = Dir::open(&self.root)
-            .ok()?
-            .sub(OBJECTS_FOLDER, false)
-            .ok()?
-            .sub(&folder, false)
-            .ok()?
-            .sub(&version, false)
-            .ok()?;
-        let file = trusted(dir.open_nofollow(&name).ok()?, len)?;
-        let path = self
-            .root
-            .join(OBJECTS_FOLDER)
-            .join(folder)
-            .join(version)
-            .join(name);
-        Some((path, file))
+        let target = self.target(address, len, etag);
+        let (_, dir) = target.folders(false).ok()?;
+        let file = trusted(dir.open_nofollow(&target.name).ok()?, len)?;
+        Some((target.shown(), file))
     }
 
     /// Where the object's bytes are written as they are fetched.
@@ -78,8 +60,7 @@ fn trusted(file: File, len: u64) -> Option<File> {
     (trusted && meta.len() == len).then_some(file)
 }
 
-/// The name an object's bytes are kept by: the last part of its address
-/// (`model-00001-of-00003.safetensors`), where that is a plain name.
+/// The name an object's bytes are kept by: its address's last part, where plain.
 fn object_name(address: &str) -> String {
     let last = address.rsplit('/').next().unwrap_or_default();
     if layout::is_plain(last) && !layout::is_temp_name(last) && last != ADDRESS_FILE {
@@ -99,13 +80,15 @@ pub(crate) struct StoreTarget {
 }
 
 impl StoreTarget {
-    /// The object's folder, and its version's, made where missing.
-    fn folders(&self) -> io::Result<(Dir, Dir)> {
-        std::fs::create_dir_all(&self.root)?;
+    /// The object's folder, and its version's (made where missing, where `create`).
+    fn folders(&self, create: bool) -> io::Result<(Dir, Dir)> {
+        if create {
+            std::fs::create_dir_all(&self.root)?;
+        }
         let object = Dir::open(&self.root)?
-            .sub(OBJECTS_FOLDER, true)?
-            .sub(&self.folder, true)?;
-        let version = object.sub(&self.version, true)?;
+            .sub(OBJECTS_FOLDER, create)?
+            .sub(&self.folder, create)?;
+        let version = object.sub(&self.version, create)?;
         Ok((object, version))
     }
 }
@@ -125,7 +108,7 @@ impl Target for StoreTarget {
 
     fn begin(&self, len: u64) -> Result<TempFile, NotCached> {
         let unwritable = |e: io::Error| NotCached::of_io(&e);
-        let (object, dir) = self.folders().map_err(unwritable)?;
+        let (object, dir) = self.folders(true).map_err(unwritable)?;
         temp::sweep(&dir, &dir);
         // The address first, for listings (a few bytes; kept if there).
         if matches!(object.entry(ADDRESS_FILE), Ok(EntryKind::Missing)) {
@@ -145,12 +128,12 @@ impl Target for StoreTarget {
     }
 
     fn published(&self, len: u64) -> Option<File> {
-        let (_, dir) = self.folders().ok()?;
+        let (_, dir) = self.folders(true).ok()?;
         trusted(dir.open_nofollow(&self.name).ok()?, len)
     }
 
     fn activity(&self) -> partial::Activity {
-        match self.folders() {
+        match self.folders(true) {
             Ok((_, dir)) => partial::activity(&dir, &self.name),
             Err(_) => partial::Activity::default(),
         }

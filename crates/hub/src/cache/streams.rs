@@ -1,11 +1,8 @@
 //! The pieces of a partial file hashed as their bytes land, in order, while they are still in the CPU's cache: the hash its record needs once the piece is finished, without reading the piece again.
 //!
-//! NOTE: hashed once finished, each piece was read again from a map of the
-//! file, by then out of the CPU's caches (other readers had written
-//! megabytes since): its XXH3 took a fifth of the copy fill's CPU time
-//! (BENCHMARKS.md, "cache/streams.rs: the module"). A piece whose bytes do not land in
-//! order from its start (two reads meet within it, or a read lands twice)
-//! is still hashed once finished, from the file.
+//! NOTE: hashed once finished, each piece was read again out of the CPU's caches: its XXH3
+//! took a fifth of the copy fill's CPU time (BENCHMARKS.md, "cache/streams.rs: the
+//! module"). A piece whose bytes do not land in order is still hashed from the file.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -37,7 +34,6 @@ enum Stream {
     Taken,
     /// Its bytes landed out of order: hashed from the file once finished.
     Broken,
-    /// Every byte hashed.
     Done(u128),
 }
 
@@ -49,10 +45,8 @@ pub(crate) struct Taken {
 }
 
 impl Streams {
-    /// Takes out the hashes that `range` (about to land) goes on from, for
-    /// a file of `len` bytes: each piece it holds from the piece's start
-    /// or from where the piece's hash stands. Any other piece it touches
-    /// is hashed from the file instead.
+    /// Takes out the hashes `range` (about to land) goes on from, for a file of `len`
+    /// bytes; any other piece it touches is hashed from the file instead.
     pub(crate) fn take(&mut self, range: Range<u64>, len: u64) -> Vec<Taken> {
         let mut taken = Vec::new();
         let last = range.end.min(len).div_ceil(PIECE);
@@ -81,8 +75,7 @@ impl Streams {
         taken
     }
 
-    /// Puts back what [`hash`] went on with: a piece hashed to its end is
-    /// done. One another read broke meanwhile stays broken.
+    /// Puts back what [`hash`] went on with; one another read broke meanwhile stays broken.
     pub(crate) fn put(&mut self, taken: Vec<Taken>, len: u64) {
         for Taken { index, end, hash } in taken {
             if !matches!(self.pieces.get(&index), Some(Stream::Taken)) {
@@ -100,9 +93,7 @@ impl Streams {
         }
     }
 
-    /// The hash of finished piece `index`, where its bytes were streamed
-    /// whole; else `None` (hash it from the file). It is forgotten either
-    /// way.
+    /// The hash of finished piece `index`, where streamed whole (forgotten either way).
     pub(crate) fn finished(&mut self, index: u64) -> Option<u128> {
         match self.pieces.remove(&index) {
             Some(Stream::Done(hash)) => Some(hash),
@@ -111,8 +102,7 @@ impl Streams {
     }
 }
 
-/// Goes on with each taken hash over its part of `bytes`, the bytes at
-/// `offset` of the file (outside the write's lock).
+/// Goes on with each taken hash over its part of `bytes` (at `offset`), outside the lock.
 pub(crate) fn hash(taken: &mut [Taken], bytes: &[u8], offset: u64) {
     for t in taken {
         let at = t.hash.next();

@@ -14,16 +14,13 @@ use crate::coord::{self, Lock, Place};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::NotCached;
 
-/// A temporary file not written to for this long (a live writer's changes
-/// every second, `heartbeat.rs`), its lock free, was left by a dead writer.
+/// A temporary file not written to for this long (a live writer's changes every second),
+/// its lock free, was left by a dead writer.
 pub(crate) const STALE: Duration = Duration::from_secs(3600);
 
-/// A temporary file being written: removed when dropped unless published,
-/// or kept for a later load to resume (a partial file with a finished
-/// piece: what a cancelled or failed load fetched, or a load that read part
-/// of the file, which a later load of all of it takes up).
+/// A temporary file being written: removed when dropped unless published, or kept for a
+/// later load to resume (a partial file with a finished piece).
 pub(crate) struct TempFile {
-    /// The folder of the temporary and final names.
     pub dir: Dir,
     pub temp: String,
     /// Shared with what reads back from it (`write::Local`).
@@ -32,23 +29,20 @@ pub(crate) struct TempFile {
     pub _lock: Option<Lock>,
     /// Set once the temporary name is gone (renamed to the final one).
     pub moved: AtomicBool,
-    /// Whether its space is reserved (`fallocate`): a write within it cannot
-    /// find the disk full, so that a shared map of it cannot fault on a full
-    /// disk (`SIGBUS`).
+    /// Whether its space is reserved (`fallocate`): a shared map of it cannot fault
+    /// (`SIGBUS`) on a full disk.
     pub reserved: bool,
-    /// The final name, where this is its partial file: kept when dropped
-    /// unpublished (with its record) unless `discard` is set.
+    /// The final name, where this is its partial file: kept when dropped unpublished
+    /// unless `discard` is set.
     pub partial_of: Option<String>,
     pub discard: AtomicBool,
     /// What an earlier load left of it, taken by the write.
     pub resume: Option<Resume>,
 }
 
-/// The pieces of a partial file an earlier load finished (checked), and the
-/// record that goes on.
+/// The pieces of a partial file an earlier load finished (checked), and its record.
 pub(crate) struct Resume {
     pub kept: Vec<Range<u64>>,
-    /// The kept pieces' indexes.
     pub recorded: BTreeSet<u64>,
     pub log: PieceLog,
 }
@@ -77,12 +71,10 @@ impl Drop for TempFile {
 }
 
 impl TempFile {
-    /// The file to write `final_name` of `len` bytes in `dir` through: under
-    /// its lock (`<final_name>.lock` in `locks`, tried: `Locked` where held),
-    /// its partial file, resumed; without one (none asked, or none to be
-    /// made: a read-only folder, another user's name), or where the partial
-    /// file is not this user's, a process-unique name. Its space reserved
-    /// where it can be. Refused where `final_name` exists (published).
+    /// The file to write `final_name` of `len` bytes in `dir` through: under its lock
+    /// (`Locked` where held), its partial file, resumed; without a lock, or where the
+    /// partial file is not this user's, a process-unique name. Refused where `final_name`
+    /// exists.
     pub(crate) fn make(
         dir: Dir,
         final_name: &str,
@@ -128,8 +120,7 @@ impl TempFile {
             discard: AtomicBool::new(false),
             resume,
         };
-        // Reserved first: a full disk is found now, not half way (and
-        // nothing is kept of a file that did not fit).
+        // Reserved first: a full disk is found now, not half way.
         match os::reserve(&begun.file, len) {
             Ok(reserved) => begun.reserved = reserved,
             Err(e) => {
@@ -141,16 +132,13 @@ impl TempFile {
     }
 }
 
-/// Whether a file last changed at `modified` is older than [`STALE`] at
-/// `now` (a file of no known age is not).
+/// Whether a file last changed at `modified` is older than [`STALE`] at `now`.
 pub(crate) fn stale(modified: Option<SystemTime>, now: SystemTime) -> bool {
     modified.is_some_and(|at| now.duration_since(at).is_ok_and(|age| age > STALE))
 }
 
-/// Removes the temporary files of `dir` that dead writers left, by the
-/// dead-owner rule: not written to for [`STALE`], the lock of their final
-/// name in `locks` free. A live writer, ours or the hub client's, holds the
-/// lock and writes on; where locks do nothing, the age alone keeps it.
+/// Removes the temporary files of `dir` that dead writers left, by the dead-owner rule:
+/// not written to for [`STALE`], the lock of their final name in `locks` free.
 pub(crate) fn sweep(dir: &Dir, locks: &Dir) {
     let now = SystemTime::now();
     let stale = |name: &str| match dir.entry(name) {
@@ -181,8 +169,7 @@ fn unique(dir: &Dir, final_name: &str) -> Result<(String, File), NotCached> {
     })
 }
 
-/// A name unique in this process (a counter), and unlikely to be met in
-/// another (the process id and the time).
+/// A name unique in this process (a counter) and unlikely in another (pid and time).
 pub(crate) fn nonce() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -190,8 +177,7 @@ pub(crate) fn nonce() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     let mixed = (u64::from(std::process::id()) << 40) ^ (count << 24) ^ nanos;
-    // One round of a 64-bit mixer (splitmix64's finalizer): nearby inputs
-    // give unrelated names.
+    // splitmix64's finalizer: nearby inputs give unrelated names.
     let mut z = mixed.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -1,15 +1,8 @@
 //! A file written to a cache as a load fetches it: its partial file (`temp.rs`), each read written to it as its body arrives, and published once every byte is in and the digest is the store's (`write_check.rs`); never failing the load.
 //!
-//! Under the file's lock the partial file is the same name in every process:
-//! what an interrupted load left of it is resumed (its recorded pieces that
-//! check are read from it, the rest fetched, `partial.rs`), and a load that
-//! finds the lock held waits for the live writer and reads what it
-//! publishes. Without the lock (a cache where it cannot be made) the file is
-//! a process-unique temporary one, removed on failure. Publishing (the
-//! target's rename, which never replaces) is the only step another process
-//! relies on, so writers that meet where locks do nothing (advisory locks
-//! silently succeed on some network filesystems) cost each other nothing but
-//! the lost race: the bytes are the same, and each is checked.
+//! Publishing (a rename that never replaces) is the only step another process
+//! relies on: writers that meet where advisory locks do nothing lose a race,
+//! nothing more (the bytes are the same, and each is checked).
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -25,30 +18,24 @@ pub(crate) use super::temp::TempFile;
 use crate::os;
 use crate::source::{CacheStore, CacheUse, NotCached};
 
-/// Where a write is.
 enum Phase {
-    /// Nothing written yet: the reads so far are within the file's header
-    /// (a header-only open reads no more), kept here for when the load
-    /// reads on.
+    /// Nothing written yet: the reads so far are within the header, kept.
     Waiting { kept: Vec<(u64, Vec<u8>)> },
     /// The temporary file exists and reads are written to it.
     Writing(Box<Progress>),
-    /// Every byte is in: its digest is being checked on a thread of its
-    /// own, off the load's path, which publishes it where it matches.
+    /// Every byte is in: its digest is being checked.
     Checking(Arc<Checking>),
     /// Published, or given up.
     Done(Result<(), NotCached>),
     /// Another process published the file while this one waited for its
-    /// lock: read from there, not written (reported as published
-    /// elsewhere).
+    /// lock: read from there.
     Elsewhere(Arc<File>),
 }
 
 struct Progress {
     begun: Arc<TempFile>,
-    /// Where the file is mapped shared as the load's destination, in this
-    /// process's addresses: a read that lands there is in the file already
-    /// (it is recorded and hashed, not written); any other is written.
+    /// Where the file is mapped as the load's destination: a read that lands
+    /// there is in the file already (recorded and hashed, not written).
     mapped: Option<Range<usize>>,
     /// The file was handed out to be mapped, its map not yet registered.
     handed: bool,
@@ -56,19 +43,16 @@ struct Progress {
     filling: Option<Filling>,
     /// The byte ranges written, sorted, merged.
     covered: Vec<Range<u64>>,
-    /// The record of the partial file's finished pieces, where it is kept
-    /// for a later load, and the pieces recorded (or being recorded).
+    /// The record of finished pieces (where the file is kept for a later
+    /// load), and the pieces recorded.
     log: Option<Arc<Mutex<partial::PieceLog>>>,
     recorded: BTreeSet<u64>,
-    /// The pieces' hashes taken as their bytes land (where there is a
-    /// record).
+    /// The pieces' hashes taken as their bytes land.
     streams: Streams,
-    /// A read-only map of the file, where its space is reserved: finished
-    /// pieces and the check hash its bytes from there, not read back.
+    /// A map of the file, where its space is reserved, to hash from.
     view: Option<Arc<View>>,
-    /// The ranges an earlier load left that this one adopted (the file is
-    /// the load's destination): not the store's until the file's digest
-    /// proves them, before the load returns ([`Write::prove`]).
+    /// The ranges an earlier load left, adopted: proven by the digest
+    /// before the load returns ([`Write::prove`]).
     unproven: Vec<Range<u64>>,
 }
 
@@ -76,9 +60,7 @@ struct State {
     phase: Phase,
     /// Landed reads are not written (the node copy brings the bytes).
     paused: bool,
-    /// The file once every byte is in it, and where it is mapped as the
-    /// load's destination: the load's later reads of it are read from it
-    /// while it is checked and once it is published.
+    /// The file once every byte is in it, and where it is mapped.
     complete: Option<(Arc<File>, Option<Range<usize>>)>,
 }
 
@@ -92,8 +74,7 @@ pub(crate) struct Write {
     target: Box<dyn Target>,
     len: u64,
     check: Check,
-    /// Reads entirely before this offset (the header) do not start the
-    /// write: they are kept until one reads past it.
+    /// Reads entirely before this offset (the header) are kept, not written.
     start_at: u64,
     state: Mutex<State>,
     /// Told when a check ends (the phase leaves `Checking`).
@@ -104,23 +85,19 @@ pub(crate) struct Write {
     resumed: AtomicU64,
     /// Bytes an earlier load left that were fetched again instead.
     refetched: AtomicU64,
-    /// The load that fetches it returned: its cancel flag no longer stops
-    /// the file being published.
+    /// The load returned: its cancel flag no longer stops the publish.
     returned: std::sync::atomic::AtomicBool,
-    /// Something waits for the check where it outlives the load (the
-    /// tensors' storage holds a [`Settle`]): it goes on on a thread of its
-    /// own. Else it is taken by the read that completes the file.
+    /// Something outlives the load waiting for the check ([`Settle`]): it
+    /// runs on a thread of its own, else on the read that completes the file.
     deferred: std::sync::atomic::AtomicBool,
 }
 
-/// What of a range of the file is read from the cache's file instead of
-/// fetched.
+/// What of a range is read from the cache's file instead of fetched.
 pub(crate) struct Local {
     pub file: Arc<File>,
     /// The parts of the range the file holds, in order.
     pub ranges: Vec<Range<u64>>,
-    /// Where the file is mapped as the load's destination: bytes there at
-    /// their own offset are in place already.
+    /// Where the file is mapped as the load's destination.
     pub mapped: Option<Range<usize>>,
 }
 
@@ -129,33 +106,28 @@ pub(crate) trait Target: Send + Sync {
     /// The cache it is in (for the report).
     fn store(&self) -> CacheStore;
 
-    /// Where the file is once published (for the report and warnings):
-    /// its snapshot path, or its path in the cache directory.
+    /// Where the file is once published: its snapshot path, or its path in
+    /// the cache directory.
     fn shown(&self) -> std::path::PathBuf;
 
-    /// Makes the temporary file for `len` bytes, its space reserved where
-    /// the filesystem can (and locked where the cache locks), or says why
-    /// not.
+    /// Makes the temporary file for `len` bytes, or says why not.
     fn begin(&self, len: u64) -> Result<TempFile, NotCached>;
 
-    /// The final file, where another process published it (`len` bytes),
-    /// opened and made found for this load (its snapshot link), to be read.
+    /// The final file, where another process published it, made found for
+    /// this load.
     fn published(&self, len: u64) -> Option<File>;
 
-    /// What tells a live writer of the file in another process from a
-    /// dead one.
+    /// What tells a live writer in another process from a dead one.
     fn activity(&self) -> partial::Activity;
 
-    /// Publishes the complete, checked temporary file of `begun` under its
-    /// final name (and whatever makes it found there): `Ok(false)` where
-    /// another process published that name first.
+    /// Publishes the checked temporary file: `Ok(false)` where another
+    /// process published that name first.
     fn publish(&self, begun: &TempFile) -> io::Result<bool>;
 }
 
 impl Write {
-    /// A write of a file of `len` bytes to `target`, checked by `check`,
-    /// started by the first read at or past `start_at`, for a load whose
-    /// flags are `cancel` (set, the write publishes nothing).
+    /// A write of `len` bytes to `target`, started by the first read past
+    /// `start_at`; `cancel` set, nothing is published.
     pub(crate) fn new(
         target: Box<dyn Target>,
         len: u64,
@@ -229,10 +201,8 @@ impl Write {
         CacheUse::NotCached { store, why }
     }
 
-    /// The bytes at `offset` of the file have been read: written to the
-    /// temporary file (made now if this is the first read past the
-    /// header), hashed where they extend what is hashed from the start, and
-    /// the file published once complete.
+    /// The bytes at `offset` have been read: written, hashed, and the file
+    /// checked once complete.
     pub(crate) fn land(&self, offset: u64, bytes: &[u8]) {
         self.land_with(offset, bytes, false);
     }
@@ -290,8 +260,7 @@ impl Write {
                 (Arc::clone(log), pieces, progress.view.clone())
             });
             self.advance(state);
-            // Recorded once written, outside the write's lock (a piece not
-            // hashed as it landed is hashed from the file).
+            // Recorded outside the write's lock.
             if let Some((log, pieces, view)) = finished {
                 for (index, streamed) in pieces {
                     let view = view.as_deref();
@@ -306,14 +275,10 @@ impl Write {
     }
 
     /// Makes the temporary file and writes what was kept; `None` where that
-    /// failed (the write is then over, saying why) or another process
-    /// published the file (then read from there).
-    ///
-    /// What an earlier load left of it is adopted only where `adopt` (the
-    /// file is the load's destination, so that the file's digest proves
-    /// those bytes before the load hands them out, [`Write::prove`]) and the
-    /// store gives a digest; else they are fetched again as the load reads
-    /// them, never read as data.
+    /// failed or another process published the file. What an earlier load
+    /// left is adopted only where `adopt` (the file is the destination, so
+    /// the digest proves it before the load hands it out) and there is a
+    /// digest; else it is fetched again.
     fn begin(&self, state: &mut MutexGuard<'_, State>, adopt: bool) -> Option<Arc<TempFile>> {
         let kept = match std::mem::replace(&mut state.phase, Phase::Done(Ok(()))) {
             Phase::Waiting { kept } => kept,
@@ -344,16 +309,12 @@ impl Write {
                     resume.kept.clear();
                     resume.recorded.clear();
                 }
-                (
-                    resume.kept,
-                    resume.recorded,
-                    Some(Arc::new(Mutex::new(resume.log))),
-                )
+                let log = Some(Arc::new(Mutex::new(resume.log)));
+                (resume.kept, resume.recorded, log)
             }
             None => (Vec::new(), BTreeSet::new(), None),
         };
-        // Merged: adjacent kept pieces are one range (a file kept whole is
-        // complete as it begins).
+        // A file kept whole is complete as it begins.
         let mut covered = Vec::new();
         for piece in kept_pieces {
             cover(&mut covered, piece);
@@ -373,8 +334,7 @@ impl Write {
             }
             cover(&mut covered, *offset..*offset + bytes.len() as u64);
         }
-        // Its length is fixed where its space is reserved: a map of it
-        // holds every byte (one it does not is not used).
+        // A map that does not hold every byte is not used.
         let view = begun
             .reserved
             .then(|| View::of(&begun.file, self.len))
@@ -395,10 +355,8 @@ impl Write {
         Some(begun)
     }
 
-    /// The parts of `range` read from the cache's file rather than fetched
-    /// (what an earlier load left, what this one wrote, or the file another
-    /// process published), beginning the write where `range` passes the
-    /// header; `None` where all of it is fetched.
+    /// The parts of `range` read from the cache's file rather than fetched;
+    /// begins the write where `range` passes the header.
     pub(crate) fn local(&self, range: Range<u64>) -> Option<Local> {
         let mut state = self.lock();
         if range.end > self.start_at
@@ -413,22 +371,15 @@ impl Write {
                 ranges: vec![range],
                 mapped: None,
             }),
-            Phase::Checking(checking) => {
+            Phase::Checking(_) | Phase::Done(Ok(())) => {
                 let (file, mapped) = state.complete.as_ref()?;
-                // Bytes an earlier load left are read as data only in place
-                // (the file is the destination, proven before the load
-                // returns); elsewhere fetched, until proven.
-                if mapped.is_none() && lock(&checking.proof).is_some() {
+                // Bytes an earlier load left are read as data only in place,
+                // until proven.
+                let unproven =
+                    matches!(&state.phase, Phase::Checking(c) if lock(&c.proof).is_some());
+                if mapped.is_none() && unproven {
                     return None;
                 }
-                Some(Local {
-                    file: Arc::clone(file),
-                    ranges: vec![range],
-                    mapped: mapped.clone(),
-                })
-            }
-            Phase::Done(Ok(())) => {
-                let (file, mapped) = state.complete.as_ref()?;
                 Some(Local {
                     file: Arc::clone(file),
                     ranges: vec![range],
@@ -455,25 +406,19 @@ impl Write {
         }
     }
 
-    /// Looks whether the file is complete (bytes an earlier load left are
-    /// never landed), and checks it if so.
+    /// Checks the file where it is complete.
     pub(crate) fn advance_now(&self) {
         self.advance(self.lock());
     }
 
-    /// Once every byte is in, checks the file and publishes it where the
-    /// digest matches: here, or, where something waits for the check after
-    /// the load ([`CacheWrite::settle_on_drop`]), on a thread of its own, so
-    /// that the load goes on (and returns) meanwhile.
+    /// Once every byte is in, checks and publishes the file: here, or, where
+    /// something waits for the check after the load, on a thread of its own.
     fn advance(&self, mut state: MutexGuard<'_, State>) {
         let Phase::Writing(progress) = &mut state.phase else {
             return;
         };
-        let complete = match progress.covered.first() {
-            Some(first) => *first == (0..self.len),
-            None => self.len == 0,
-        };
-        if !complete {
+        let first = progress.covered.first();
+        if !first.map_or(self.len == 0, |first| *first == (0..self.len)) {
             return;
         }
         let unproven = std::mem::take(&mut progress.unproven);
@@ -484,37 +429,34 @@ impl Write {
             job: Mutex::new(Some(Hasher::start(self.check, self.len))),
             proof: Mutex::new((!unproven.is_empty()).then_some(unproven)),
         });
-        // The record goes with `Progress`: every piece is written, and the
-        // check reads the file.
+        // The record goes with `Progress`: the check reads the file.
         state.complete = Some((Arc::clone(&progress.begun.file), progress.mapped.clone()));
         state.phase = Phase::Checking(Arc::clone(&checking));
         drop(state);
         if lock(&checking.proof).is_some() {
-            // Bytes an earlier load left are in it: proven before the load
-            // returns, by the read that completed it (`prove`).
+            // Proven before the load returns, by `prove`.
             return;
         }
-        if !self.deferred.load(Ordering::Relaxed) {
-            self.check(&checking);
-            return;
-        }
-        let spawned = self.me.upgrade().and_then(|write| {
-            let theirs = Arc::clone(&checking);
-            std::thread::Builder::new()
-                .name("safeload-check".into())
-                .stack_size(256 << 10)
-                .spawn(move || {
-                    // The load's threads come first: the check waits for
-                    // the process's fills to end, then takes the CPU time
-                    // left (`settle` finishes it at the waiter's priority).
-                    os::idle_priority();
-                    checking::after_fills();
-                    write.check(&theirs);
-                })
-                .ok()
-        });
+        let deferred = self.deferred.load(Ordering::Relaxed);
+        let spawned = deferred
+            .then(|| self.me.upgrade())
+            .flatten()
+            .and_then(|write| {
+                let theirs = Arc::clone(&checking);
+                std::thread::Builder::new()
+                    .name("safeload-check".into())
+                    .stack_size(256 << 10)
+                    .spawn(move || {
+                        // After the process's fills, at idle priority (`settle`
+                        // finishes it at the waiter's).
+                        os::idle_priority();
+                        checking::after_fills();
+                        write.check(&theirs);
+                    })
+                    .ok()
+            });
         if spawned.is_none() {
-            // No thread to be had: checked here, as the load goes.
+            // Nothing waits after the load, or no thread to be had: checked here.
             self.check(&checking);
         }
     }
@@ -531,8 +473,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Whether `bytes` are in the map of the file at `map`, at their own
-/// `offset`: in the file already.
+/// Whether `bytes` lie in the map `map` at their own `offset`.
 pub(crate) fn in_place(map: Option<&Range<usize>>, bytes: &[u8], offset: u64) -> bool {
     let at = bytes.as_ptr() as usize;
     map.is_some_and(|map| {
@@ -540,8 +481,7 @@ pub(crate) fn in_place(map: Option<&Range<usize>>, bytes: &[u8], offset: u64) ->
     })
 }
 
-/// The parts of the sorted ranges `ranges` outside the sorted, merged
-/// ranges `holes`.
+/// The parts of sorted `ranges` outside sorted, merged `holes`.
 fn without(ranges: &[Range<u64>], holes: &[Range<u64>]) -> Vec<Range<u64>> {
     let mut out = Vec::new();
     for range in ranges {

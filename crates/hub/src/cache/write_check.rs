@@ -13,29 +13,24 @@ use crate::os;
 use crate::source::NotCached;
 use crate::verify::InOrder;
 
-/// Reads bytes of the file from its store, at an offset, into a buffer
-/// (all of it): how a proof fetches again what an earlier load left.
+/// Fetches bytes of the file again from its store (a proof's mend).
 pub(crate) type Refetch<'a> = &'a (dyn Fn(u64, &mut [u8]) -> io::Result<()> + Sync);
 
-/// Bytes fetched again at a time by a proof that found the file's digest
-/// wrong.
+/// Bytes fetched again at a time by a proof that found the digest wrong.
 const REFETCH_STEP: usize = 8 << 20;
 
-/// How many cache files this process is filling as a load's destination
-/// (a map of the file), and what is told when none is left.
+/// How many cache files this process is filling as a load's destination.
 static FILLING: Mutex<usize> = Mutex::new(0);
 static FILLS_OVER: Condvar = Condvar::new();
 
 /// The longest a check's thread waits for the fills to end.
 const FILLS_WAIT: Duration = Duration::from_secs(60);
 
-/// A cache file being filled as a load's destination: the checks' threads
-/// of the process wait until none is.
+/// A cache file being filled as a load's destination: the checks wait until none is.
 ///
-/// NOTE: in the idle class the check still took a tenth of the CPU time of
-/// a two-CPU load (the moments the readers wait on the network), and its
-/// memory traffic slowed them; a check is work the load does not wait for
-/// (BENCHMARKS.md, "cache/write_check.rs: Filling").
+/// NOTE: in the idle class the check still took a tenth of a two-CPU load's
+/// CPU time and slowed it with memory traffic (BENCHMARKS.md,
+/// "cache/write_check.rs: Filling").
 pub(super) struct Filling(());
 
 impl Filling {
@@ -55,10 +50,8 @@ impl Drop for Filling {
     }
 }
 
-/// Waits until this process fills no cache file as a load's destination,
-/// at most [`FILLS_WAIT`]. A process waiting for this writer sees it alive
-/// meanwhile, and through the check: the partial file's heartbeat goes on
-/// while the write holds it (`heartbeat.rs`).
+/// Waits, at most [`FILLS_WAIT`], until this process fills no cache file as a
+/// load's destination (the partial file's heartbeat goes on meanwhile).
 pub(super) fn after_fills() {
     let deadline = Instant::now() + FILLS_WAIT;
     let mut filling = lock(&FILLING);
@@ -76,20 +69,14 @@ pub(super) fn after_fills() {
 
 /// A complete file whose digest is being checked.
 pub(super) struct Checking {
-    /// Taken to publish it (its drop then tidies the record, before the
-    /// check is said to be over).
+    /// Taken to publish it (its drop tidies the record before the check ends).
     pub(super) begun: Mutex<Option<Arc<TempFile>>>,
     pub(super) file: Arc<File>,
-    /// A map of the file, hashed from where it holds the bytes.
     pub(super) view: Option<Arc<View>>,
-    /// The hash, in file order: taken a step at a time by the check's
-    /// thread, or by whoever waits for it ([`Write::settle`]); `None` once
-    /// every byte is hashed.
+    /// The hash, in file order, taken a step at a time by the check's thread
+    /// or a waiter ([`Write::settle`]); `None` once every byte is hashed.
     pub(super) job: Mutex<Option<InOrder<'static, Hasher>>>,
-    /// The ranges an earlier load left in it, unproven: the file is checked
-    /// by the read that completed it, before the load returns
-    /// ([`Write::prove`]), and these are fetched again where it does not
-    /// match. Taken by that read.
+    /// The ranges an earlier load left, unproven until [`Write::prove`].
     pub(super) proof: Mutex<Option<Vec<Range<u64>>>>,
 }
 
@@ -100,20 +87,16 @@ struct Repair<'a> {
 }
 
 impl Write {
-    /// Hashes the complete file a step at a time until it is all hashed,
-    /// then checks and publishes it (whoever takes the last step does).
+    /// Hashes the complete file a step at a time; whoever takes the last
+    /// step checks and publishes it.
     pub(super) fn check(&self, checking: &Checking) {
         let _ = self.check_repairing(checking, None);
     }
 
-    /// Where the complete file holds bytes an earlier load left (adopted as
-    /// the load's destination), checks its digest now, before the load
-    /// hands its tensors out; where it does not match, fetches those bytes
-    /// again through `refetch` into the file (which the destination maps),
-    /// checks again and publishes where it matches. Nothing to do for any
-    /// other write, or once proven. An error where the bytes could not be
-    /// fetched again: the file's bytes are then not the store's, and the
-    /// load must fail.
+    /// Where the complete file holds bytes an earlier load left, checks its
+    /// digest before the load hands its tensors out; where it does not
+    /// match, fetches those bytes again through `refetch`, checks again and
+    /// publishes. An error where they could not be fetched: the load fails.
     pub(crate) fn prove(&self, refetch: Refetch<'_>) -> io::Result<()> {
         let checking = match &self.lock().phase {
             Phase::Checking(checking) => Arc::clone(checking),
@@ -178,8 +161,7 @@ impl Write {
         }
     }
 
-    /// Fetches the ranges an earlier load left again, into the file, and
-    /// hashes the whole file anew: `None` where it now matches.
+    /// Fetches the unproven ranges again and hashes the file anew: `None` where it matches.
     fn repair(
         &self,
         checking: &Checking,
@@ -214,9 +196,7 @@ impl Write {
         Ok(hash.into_inner().mismatch(self.check))
     }
 
-    /// Waits for the file's check where one is under way, taking its steps
-    /// here (at this thread's priority) rather than waiting for the check's
-    /// thread to get the CPU.
+    /// Waits for the file's check, taking its steps here (at this thread's priority).
     pub(crate) fn settle(&self) {
         let checking = match &self.lock().phase {
             Phase::Checking(checking) => Arc::clone(checking),
@@ -232,8 +212,7 @@ impl Write {
         }
     }
 
-    /// Publishes the complete, hashed file, where its digest matched (no
-    /// `mismatch`) and the load was not cancelled before it returned.
+    /// Publishes the hashed file where it matched and the load was not cancelled.
     fn publish(
         &self,
         begun: &TempFile,
@@ -258,8 +237,7 @@ impl Write {
     /// The check is over, and so is the write.
     fn conclude(&self, outcome: Result<(), NotCached>) {
         if let Err(NotCached::Mismatch { expected, actual }) = &outcome {
-            // The caller should act: the bytes the store sent are not the
-            // ones its digest names.
+            // The store's bytes are not the ones its digest names.
             crate::trace::traced! {
                 tracing::warn!(
                     target: "safeload",

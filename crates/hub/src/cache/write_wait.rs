@@ -1,10 +1,7 @@
 //! A write that finds another process writing the same file (its lock held): waiting for that writer, taking what it publishes, or giving up and fetching the file itself once waiting would take longer.
 //!
-//! The writer's lock says it lives, and its file changing every second (its
-//! heartbeat until it is published, `heartbeat.rs`) says it runs: a waiter
-//! waits for it from its first step, before its first piece lands. Waiting
-//! is bounded by what fetching would take: a writer that crawls, or that
-//! stopped changing for the remote stall window, is given up on.
+//! The writer's lock says it lives, its file changing every second (its
+//! heartbeat) that it runs; waiting is bounded by what fetching would take.
 
 use std::fs::File;
 use std::time::{Duration, Instant};
@@ -17,8 +14,7 @@ use crate::source::NotCached;
 /// How often a write waiting for another process's lock looks again.
 const LOCK_POLL: Duration = Duration::from_millis(50);
 
-/// The rate a waiter takes its own fetch to run at before this process
-/// measured one (`remote::watch::best_rate`), in bytes a second.
+/// The rate a waiter takes its own fetch to run at before one was measured, in bytes a second.
 ///
 /// NOTE: an assumption, not a measurement: a hub or store link slower than
 /// this makes a waiter wait longer than fetching would take, never shorter.
@@ -26,30 +22,22 @@ const ASSUMED_RATE: u64 = 50 << 20;
 
 /// How many times its own fetch a waiter waits for a writer.
 ///
-/// NOTE: two processes fetching one file at once share one link: a waiter
-/// that gives up fetches at half the rate it measured alone, and slows the
-/// writer; four times leaves room for that and for the writer's check.
+/// NOTE: two processes fetching one file share one link: a waiter that gives up fetches
+/// at half the rate it measured alone; four times leaves room for that and the check.
 const PATIENCE: u32 = 4;
 
 /// The least time a writer's pieces are watched before its pace is judged.
 const MIN_SPAN: Duration = Duration::from_secs(1);
 
 impl Write {
-    /// The target's file to write, once no other process writes it: while
-    /// another holds the file's lock and runs (its file changing within the
-    /// remote stall window) at a pace that ends before fetching it here
-    /// would ([`Watch`]), waits; takes what it published (`Err(Ok(file))`);
-    /// gives up where it stalls or crawls, or at a cancel.
+    /// The target's file to write, once no other process writes it: waits while another
+    /// holds the lock at a pace that ends before fetching here would ([`Watch`]); takes
+    /// what it published (`Err(Ok(file))`); gives up where it stalls, crawls, or at a cancel.
     pub(super) fn open_target(&self) -> Result<TempFile, Result<File, NotCached>> {
         let window = Pace::from_var(std::env::var(STALL_VAR).ok().as_deref()).window;
         let rate = best_rate().unwrap_or(ASSUMED_RATE);
-        let mut watch = Watch::new(
-            self.target.activity(),
-            Instant::now(),
-            self.len,
-            window,
-            rate,
-        );
+        let seen = self.target.activity();
+        let mut watch = Watch::new(seen, Instant::now(), self.len, window, rate);
         loop {
             match self.target.begin(self.len) {
                 Err(NotCached::Locked) => {}
@@ -80,20 +68,17 @@ pub(super) enum Verdict {
     GiveUp,
 }
 
-/// A writer in another process, as a waiter sees it: a pure judge of its
-/// activity over time.
+/// A writer in another process, as a waiter sees it: a pure judge of its activity.
 #[derive(Debug)]
 pub(super) struct Watch {
     len: u64,
     window: Duration,
-    /// The wait ends here whatever the writer does: the waiter's own fetch
-    /// (its length at the rate measured) [`PATIENCE`] times, and a window.
+    /// The wait ends here whatever the writer does: [`PATIENCE`] times the own fetch, and a window.
     deadline: Instant,
     seen: Activity,
     /// When the writer was last seen to change.
     changed: Instant,
-    /// When its record was first seen to grow, and the pieces it listed
-    /// then.
+    /// When its record was first seen to grow, and the pieces it listed then.
     growing: Option<(Instant, u64)>,
 }
 
@@ -140,11 +125,8 @@ impl Watch {
         }
         let rate = (activity.pieces() - first) as f64 * PIECE as f64 / span.as_secs_f64();
         let left = self.len.saturating_sub(activity.pieces() * PIECE) as f64;
-        let ends = if rate > 0.0 {
-            Duration::try_from_secs_f64(left / rate).unwrap_or(Duration::MAX)
-        } else {
-            Duration::MAX
-        };
+        // A rate of 0 makes infinity (or NaN): no end in sight.
+        let ends = Duration::try_from_secs_f64(left / rate).unwrap_or(Duration::MAX);
         match now.checked_add(ends) {
             Some(end) if end <= self.deadline => Verdict::Wait,
             _ => Verdict::GiveUp,

@@ -1,11 +1,8 @@
-//! A remote checkpoint resolved: its location, the index or single file found there (by the
-//! same names a local directory is searched for), and the objects opened while finding them,
-//! handed to the open path so that no file is opened twice.
+//! A remote checkpoint resolved: its location, the index or single file found there, and the objects opened while finding them, handed to the open path so that no file is opened twice.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::error::RemoteError;
 use super::location::{RemoteLocation, RemoteSettings};
 use super::object::RemoteObject;
 use super::store::IoRuntime;
@@ -24,18 +21,16 @@ pub(crate) struct RemoteCheckpoint {
 pub(crate) use crate::extras::Found;
 
 impl RemoteCheckpoint {
-    /// Parses `text`, configures its client from the process's environment, and finds the
-    /// checkpoint there: the file the address names, else `model.safetensors`, else
-    /// `model.safetensors.index.json` under the prefix (one ranged GET each; a missing one
-    /// answers 404 at once).
+    /// Parses `text`, configures its client from the environment, and finds the
+    /// checkpoint there ([`Self::find`]).
     pub(crate) fn resolve(text: &str, cancel: &Cancel) -> Result<(RemoteCheckpoint, Found)> {
         let checkpoint = RemoteCheckpoint::new(text, cancel)?;
         let found = checkpoint.find()?;
         Ok((checkpoint, found))
     }
 
-    /// Parses `text` and configures its client from the process's environment, sending
-    /// nothing yet; each of its requests stops once `cancel`'s flags are set.
+    /// Parses `text` and configures its client, sending nothing yet; `cancel` stops its
+    /// requests.
     pub(crate) fn new(text: &str, cancel: &Cancel) -> Result<RemoteCheckpoint> {
         let runtime = IoRuntime::new(cancel.clone()).map_err(|e| {
             let detail = format!("cannot start the I/O runtime: {e}");
@@ -49,14 +44,21 @@ impl RemoteCheckpoint {
         })
     }
 
-    /// Where its files are.
+    /// The error of a place that holds no checkpoint.
+    pub(crate) fn no_checkpoint(&self) -> Error {
+        let found = Vec::new();
+        Error::new(
+            ErrorKind::NoCheckpoint { found },
+            self.location.shown_prefix(),
+        )
+    }
+
     pub(crate) fn location(&self) -> &RemoteLocation {
         &self.location
     }
 
     /// Finds the checkpoint: the file the address names, else `model.safetensors`, else the
-    /// index (one request or two each). A repository or revision the hub lacks is that
-    /// error, not a checkpoint missing.
+    /// index. A repository or revision the hub lacks is that error.
     pub(crate) fn find(&self) -> Result<Found> {
         let missing = |e: &Error| e.remote_failure() == Some(RemoteFailure::FileNotFound);
         if let Some(name) = self.location.file().map(str::to_owned) {
@@ -74,16 +76,12 @@ impl RemoteCheckpoint {
         }
         match self.read_index(INDEX_FILE) {
             Ok((bytes, _)) => Ok(Found::Index(INDEX_FILE.to_owned(), bytes)),
-            Err(e) if missing(&e) => Err(Error::new(
-                ErrorKind::NoCheckpoint { found: Vec::new() },
-                self.location.shown_prefix(),
-            )),
+            Err(e) if missing(&e) => Err(self.no_checkpoint()),
             Err(e) => Err(e),
         }
     }
 
-    /// The index `name`, read whole (refused past [`MAX_INDEX_BYTES`] before it is read),
-    /// and its object.
+    /// The index `name`, read whole (refused past [`MAX_INDEX_BYTES`]), and its object.
     pub(crate) fn read_index(&self, name: &str) -> Result<(Vec<u8>, Arc<RemoteObject>)> {
         let object = self.open(name)?;
         let len = object.len();
@@ -99,12 +97,11 @@ impl RemoteCheckpoint {
         }
         let bytes = read_whole(&object, MAX_INDEX_BYTES)?;
         // The index is read once; its object is not a shard.
-        self.forget(name);
+        self.lock().remove(name);
         Ok((bytes, object))
     }
 
-    /// Keeps `object`, opened otherwise (`RemoteLocation::open_known`), as the file `name`
-    /// for the open path to take.
+    /// Keeps `object` as the file `name` for the open path to take.
     pub(crate) fn keep(&self, name: &str, object: Arc<RemoteObject>) {
         self.lock().insert(name.to_owned(), object);
     }
@@ -114,17 +111,13 @@ impl RemoteCheckpoint {
         if let Some(object) = self.lock().get(name) {
             return Ok(Arc::clone(object));
         }
-        let object = Arc::new(
-            self.location
-                .open_file(name)
-                .map_err(|e: RemoteError| e.into_error(Operation::Open))?,
-        );
+        let object = self.location.open_file(name);
+        let object = Arc::new(object.map_err(|e| e.into_error(Operation::Open))?);
         self.lock().insert(name.to_owned(), Arc::clone(&object));
         Ok(object)
     }
 
-    /// Takes the object `name` opened while resolving, if any: the open path's first
-    /// step, which then owns it.
+    /// Takes the object `name` opened while resolving, if any.
     pub(crate) fn take(&self, name: &str) -> Result<Arc<RemoteObject>> {
         let taken = self.lock().remove(name);
         match taken {
@@ -137,23 +130,16 @@ impl RemoteCheckpoint {
         }
     }
 
-    fn forget(&self, name: &str) {
-        self.lock().remove(name);
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<RemoteObject>>> {
         self.opened.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The address a file of the checkpoint is named by in reports and errors (at the
-    /// pinned commit, for `hf://`): the same a [`RemoteObject`] of it shows.
+    /// The address a file of the checkpoint is shown by (the same a [`RemoteObject`] shows).
     pub(crate) fn shown(&self, name: &str) -> String {
         self.location.shown_file(name)
     }
 }
-/// The bytes of a small object, read whole: no more than `limit` of them (the caller's
-/// own cap, checked by the caller first for its own words), nor more than the memory the
-/// process may still take (`RemoteObject::read_small`).
+/// The bytes of a small object, read whole: no more than `limit` nor the memory headroom.
 pub(crate) fn read_whole(object: &RemoteObject, limit: u64) -> Result<Vec<u8>> {
     object
         .read_small(limit)

@@ -1,9 +1,4 @@
-//! The remote layer's error: what failed (a kind), on which address and byte range, with the
-//! cause's text scrubbed of every credential the layer knows.
-//!
-//! It stays `pub(crate)`: the open path maps it onto the crate's one `Error` (a kind
-//! `Remote { url, range, failure }`, or `BadAddress` for an address refused), as
-//! `Source::read_at` already does through `io::Error`.
+//! The remote layer's error: what failed (a kind), on which address and byte range, with the cause's text scrubbed of every credential the layer knows; mapped onto the crate's `Error` by the open path.
 
 use std::fmt;
 use std::io;
@@ -11,79 +6,51 @@ use std::ops::Range;
 
 use crate::error::RemoteFailure;
 
-/// What went wrong.
+/// What went wrong: one of the crate's [`RemoteFailure`]s, or an address refused (`BadUrl`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RemoteErrorKind {
-    /// The address is not one this layer reads.
     BadUrl,
-    /// The store could not be configured from the environment.
     Config,
-    /// 404: no such object or file (never retried).
     NotFound,
-    /// The hub has no such repository (never retried).
     RepoNotFound,
-    /// The repository has no such revision (never retried).
     RevisionNotFound,
-    /// 401/403: the credentials do not allow it (never retried).
     Denied,
-    /// 401/403 of a gated repository (never retried).
     Gated,
-    /// The object is not the version opened (412 on `If-Match`, or another length).
     Changed,
-    /// The server sent less or other than asked, and retries did not mend it.
     Protocol,
-    /// Every retry failed (5xx, resets, short bodies, timeouts).
     Failed,
-    /// The server could not be reached: connections refused, its name not resolved, no
-    /// answer before the deadline.
     Unreachable,
-    /// The request moved less than the pace asks (`watch.rs`), and so did its retry.
     Stalled,
-    /// The load was cancelled while the request was in flight: it was dropped.
     Cancelled,
 }
 
 impl RemoteErrorKind {
-    fn words(self) -> &'static str {
+    /// The words its error opens with, and the crate's kind of it.
+    fn table(self) -> (&'static str, Option<RemoteFailure>) {
+        use RemoteErrorKind as K;
+        use RemoteFailure as F;
         match self {
-            RemoteErrorKind::BadUrl => "bad remote address",
-            RemoteErrorKind::Config => "cannot configure the store for",
-            RemoteErrorKind::NotFound => "not found:",
-            RemoteErrorKind::RepoNotFound => "no such repository:",
-            RemoteErrorKind::RevisionNotFound => "no such revision:",
-            RemoteErrorKind::Denied => "access denied to",
-            RemoteErrorKind::Gated => "access denied to a gated repository:",
-            RemoteErrorKind::Changed => "changed since it was opened:",
-            RemoteErrorKind::Protocol => "unexpected answer from",
-            RemoteErrorKind::Failed => "failed to read",
-            RemoteErrorKind::Unreachable => "cannot reach",
-            RemoteErrorKind::Stalled => "no progress from",
-            RemoteErrorKind::Cancelled => "cancelled while reading",
+            K::BadUrl => ("bad remote address", None),
+            K::Config => ("cannot configure the store for", Some(F::Config)),
+            K::NotFound => ("not found:", Some(F::FileNotFound)),
+            K::RepoNotFound => ("no such repository:", Some(F::RepositoryNotFound)),
+            K::RevisionNotFound => ("no such revision:", Some(F::RevisionNotFound)),
+            K::Denied => ("access denied to", Some(F::Unauthorized)),
+            K::Gated => ("access denied to a gated repository:", Some(F::Gated)),
+            K::Changed => ("changed since it was opened:", Some(F::Changed)),
+            K::Protocol => ("unexpected answer from", Some(F::Protocol)),
+            K::Failed => ("failed to read", Some(F::Failed)),
+            K::Unreachable => ("cannot reach", Some(F::Unreachable)),
+            K::Stalled => ("no progress from", Some(F::Stalled)),
+            K::Cancelled => ("cancelled while reading", Some(F::Cancelled)),
         }
     }
 
-    /// The crate's kind of this failure: `None` for an address refused (not a failure of a
-    /// request, `ErrorKind::BadAddress`).
     fn failure(self) -> Option<RemoteFailure> {
-        Some(match self {
-            RemoteErrorKind::BadUrl => return None,
-            RemoteErrorKind::Config => RemoteFailure::Config,
-            RemoteErrorKind::NotFound => RemoteFailure::FileNotFound,
-            RemoteErrorKind::RepoNotFound => RemoteFailure::RepositoryNotFound,
-            RemoteErrorKind::RevisionNotFound => RemoteFailure::RevisionNotFound,
-            RemoteErrorKind::Denied => RemoteFailure::Unauthorized,
-            RemoteErrorKind::Gated => RemoteFailure::Gated,
-            RemoteErrorKind::Changed => RemoteFailure::Changed,
-            RemoteErrorKind::Protocol => RemoteFailure::Protocol,
-            RemoteErrorKind::Failed => RemoteFailure::Failed,
-            RemoteErrorKind::Unreachable => RemoteFailure::Unreachable,
-            RemoteErrorKind::Stalled => RemoteFailure::Stalled,
-            RemoteErrorKind::Cancelled => RemoteFailure::Cancelled,
-        })
+        self.table().1
     }
 
-    /// Whether the server gave no usable answer: it could not be reached, or failed every
-    /// retry (where a cache's ref of the revision stands in for the hub's).
+    /// Whether the server gave no usable answer (a cache's ref may stand in for the hub's).
     pub(crate) fn unreached(self) -> bool {
         matches!(self, RemoteErrorKind::Unreachable | RemoteErrorKind::Failed)
     }
@@ -95,8 +62,7 @@ impl RemoteErrorKind {
     }
 }
 
-/// A remote operation that failed, on `url` (as shown: no credentials), maybe on a byte
-/// range of it.
+/// A remote operation that failed, on `url` (as shown), maybe on a byte range of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RemoteError {
     pub kind: RemoteErrorKind,
@@ -121,8 +87,7 @@ impl RemoteError {
         self
     }
 
-    /// The crate's error: [`ErrorKind::Remote`](crate::ErrorKind::Remote) on the address,
-    /// with the range, the failure, and the reason (the failure's words, then the detail);
+    /// The crate's error: [`ErrorKind::Remote`](crate::ErrorKind::Remote), or
     /// [`ErrorKind::BadAddress`](crate::ErrorKind::BadAddress) for an address refused.
     pub(crate) fn into_error(self, operation: crate::error::Operation) -> crate::error::Error {
         match self.kind.failure() {
@@ -145,7 +110,7 @@ impl RemoteError {
 
 impl fmt::Display for RemoteError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}", self.kind.words(), self.url)?;
+        write!(f, "{} {}", self.kind.table().0, self.url)?;
         if let Some(range) = &self.range {
             write!(f, " (bytes {}..{})", range.start, range.end)?;
         }
@@ -158,12 +123,11 @@ impl fmt::Display for RemoteError {
 
 impl std::error::Error for RemoteError {}
 
-/// Removes known secrets from text that may quote a request (an error of the HTTP client
-/// names the URL, and a presigned URL's query or a URL's user information is a credential).
+/// Removes known secrets from text that may quote a request (a presigned URL's query, a
+/// URL's user information).
 ///
-/// NOTE: the causes are kept as scrubbed text rather than as `source()` errors: object_store
-/// and reqwest errors print the URL they failed on, query included, and an error chain
-/// printed by the caller would show it.
+/// NOTE: causes are kept as scrubbed text, not `source()` errors: object_store and reqwest
+/// errors print the URL, query included.
 #[derive(Clone, Default)]
 pub(crate) struct Redactor {
     secrets: Vec<String>,
@@ -176,8 +140,7 @@ impl fmt::Debug for Redactor {
 }
 
 impl Redactor {
-    /// Adds a secret; short ones (under 4 bytes) are ignored, as they would scrub ordinary
-    /// words.
+    /// Adds a secret; short ones (under 4 bytes) would scrub ordinary words: ignored.
     pub(crate) fn add(&mut self, secret: &str) {
         if secret.len() >= 4 && !self.secrets.iter().any(|s| s == secret) {
             self.secrets.push(secret.to_owned());

@@ -1,6 +1,4 @@
-//! The Hugging Face hub's side of `hf://`: the endpoint and token from the environment, the
-//! `/{repo}/resolve/{revision}/{file}` URLs, and a file's metadata from a HEAD that does not
-//! follow the hub's redirect.
+//! The Hugging Face hub's side of `hf://`: the endpoint and token from the environment, the resolve URLs, and a file's metadata from a HEAD that does not follow the redirect.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -41,10 +39,9 @@ impl HubConfig {
         )
     }
 
-    /// From `var` (an environment lookup) and `read` (a file read), as the hub's own client
-    /// does: `HF_ENDPOINT`, else the public hub; `HF_TOKEN`, else the file `HF_TOKEN_PATH`,
-    /// else `$HF_HOME/token`, where `HF_HOME` defaults to `$XDG_CACHE_HOME/huggingface`, and
-    /// that to `~/.cache/huggingface`. Empty values count as unset.
+    /// From `var` and `read`, as the hub's own client does: `HF_ENDPOINT`, else the public
+    /// hub; `HF_TOKEN`, else the file `HF_TOKEN_PATH`, else `$HF_HOME/token` (see
+    /// `layout::hub_root` for `HF_HOME`). Empty values count as unset.
     pub(crate) fn from_vars(
         var: impl Fn(&str) -> Option<String>,
         read: impl Fn(&Path) -> Option<String>,
@@ -75,25 +72,19 @@ impl HubConfig {
         HubConfig { endpoint, token }
     }
 
-    /// The base URL of a repository at a revision, up to and including the `/` before a
-    /// file's path: `{endpoint}/{repo}/resolve/{revision}/`.
+    /// `{endpoint}/{repo}/resolve/{revision}/`: a repository's base URL at a revision.
     pub(crate) fn resolve_base(&self, repo: &str, revision: &str) -> String {
-        format!(
-            "{}/{repo}/resolve/{}/",
-            self.endpoint,
-            encode_segment(revision)
-        )
+        let revision = encode_segment(revision);
+        format!("{}/{repo}/resolve/{revision}/", self.endpoint)
     }
 
-    /// The URL of a file of a repository at a revision.
     pub(crate) fn resolve_url(&self, repo: &str, revision: &str, file: &str) -> String {
         let path: Vec<String> = file.split('/').map(encode_segment).collect();
         format!("{}{}", self.resolve_base(repo, revision), path.join("/"))
     }
 }
 
-/// Percent-encodes one path segment: everything but RFC 3986's unreserved characters, so
-/// that a revision `refs/pr/1` stays one segment (`refs%2Fpr%2F1`).
+/// Percent-encodes one path segment (RFC 3986's unreserved characters kept): `refs%2Fpr%2F1`.
 pub(crate) fn encode_segment(segment: &str) -> String {
     let mut out = String::with_capacity(segment.len());
     for b in segment.bytes() {
@@ -120,18 +111,11 @@ pub(crate) struct HubFileMeta {
 }
 
 impl HubFileMeta {
-    /// Reads the headers of an answer of status `status` (`header` looks one up by its
-    /// lowercase name).
+    /// Reads the headers of an answer of `status` (`header` looks one up, lowercase).
     pub(crate) fn from_headers(status: u16, header: impl Fn(&str) -> Option<String>) -> Self {
-        let unquote = |v: String| {
-            v.trim()
-                .trim_start_matches("W/")
-                .trim_matches('"')
-                .to_owned()
-        };
         let commit = header("x-repo-commit").filter(|c| is_commit(c));
         let linked_etag = header("x-linked-etag")
-            .map(unquote)
+            .map(|e| unquote(&e))
             .filter(|e| !e.is_empty());
         let redirect = (300..400).contains(&status);
         let size = header("x-linked-size")
@@ -151,13 +135,20 @@ impl HubFileMeta {
         }
     }
 
-    /// The SHA-256 the hub vouches for, where the linked ETag is one (64 hex digits; a
-    /// non-LFS file's is a git blob id, 40).
+    /// The SHA-256 the hub vouches for, where the linked ETag is one (an LFS file's).
     pub(crate) fn sha256(&self) -> Option<&str> {
         self.linked_etag
             .as_deref()
             .filter(|e| e.len() == 64 && e.bytes().all(|b| b.is_ascii_hexdigit()))
     }
+}
+
+/// An ETag without a weak `W/` and quotes, as the hub's client names a blob by it.
+pub(crate) fn unquote(etag: &str) -> String {
+    etag.trim()
+        .trim_start_matches("W/")
+        .trim_matches('"')
+        .to_owned()
 }
 
 /// A full commit id: 40 hex digits.

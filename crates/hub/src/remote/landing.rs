@@ -1,14 +1,11 @@
-//! A ranged body filling the caller's buffer: its chunks copied in order, and handed on as they arrive to whoever writes them elsewhere too (a cache), so that a read killed half way has left what it fetched.
+//! A ranged body filling the caller's buffer, handed on as it arrives to whoever writes it elsewhere too (a cache), so that a read killed half way has left what it fetched.
 
-/// Where a read hands the bytes it fetched, in order, as they arrive: the offset of the
-/// first and the bytes.
+/// Where a read hands the bytes it fetched, in order: the offset of the first and the bytes.
 pub(crate) type Landing<'a> = dyn Fn(u64, &[u8]) + Sync + 'a;
 
 /// Bytes of a long body that arrive between two handings to a read's [`Landing`].
 ///
-/// NOTE: a quarter of a resumed file's piece, so that a read killed mid-body
-/// has handed on all but the end of it (BENCHMARKS.md, "cache/partial.rs:
-/// PIECE").
+/// NOTE: a quarter of a resumed file's piece (BENCHMARKS.md, "cache/partial.rs: PIECE").
 pub(crate) const LAND_STEP: usize = 256 << 10;
 
 /// A buffer being filled from `start` of an object, over one or more requests.
@@ -32,12 +29,10 @@ impl<'a> Filling<'a> {
         }
     }
 
-    /// The buffer's length.
     pub(crate) fn len(&self) -> usize {
         self.dst.len()
     }
 
-    /// Whether every byte is in.
     pub(crate) fn is_full(&self) -> bool {
         self.got == self.dst.len()
     }

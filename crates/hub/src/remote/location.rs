@@ -1,8 +1,6 @@
-//! Where a remote checkpoint's files are: the client of its bucket, HTTP base or hub
-//! repository, the prefix they are under, and each file opened as a [`RemoteObject`]; for
-//! `hf://`, every file at the one commit the first file's answer named.
+//! Where a remote checkpoint's files are: the client, the prefix, each file opened as a [`RemoteObject`]; for `hf://`, every file at one commit.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use object_store::HeaderMap;
 
@@ -32,8 +30,8 @@ impl RemoteSettings {
     }
 }
 
-/// The hub's side of a location: the repository, the revision asked for, and the commit
-/// it resolved to with the client of that commit's files, once a file was opened.
+/// The hub's side of a location: the repository, the revision, and the commit's client
+/// once a file's answer named it.
 #[derive(Debug)]
 struct HubRepo {
     repo: String,
@@ -43,27 +41,35 @@ struct HubRepo {
     pinned: Mutex<Option<(String, Arc<Backend>)>>,
 }
 
-/// What the hub says of a file of an `hf://` location ([`RemoteLocation::hub_lookup`]):
-/// the commit, and the file's metadata or `None` where it does not exist there; `None`
-/// for a location of another store.
+impl HubRepo {
+    fn pinned(&self) -> MutexGuard<'_, Option<(String, Arc<Backend>)>> {
+        self.pinned.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The address of `key`, at the pinned commit, else at the revision asked.
+    fn shown(&self, key: &str) -> String {
+        let pinned = self.pinned();
+        let revision = pinned.as_ref().map_or(self.revision.as_str(), |(c, _)| c);
+        format!("hf://{}@{}/{key}", self.repo, revision.replace('/', "%2F"))
+    }
+}
+
+/// What the hub says of a file ([`RemoteLocation::hub_lookup`]): the commit, and the
+/// metadata or `None` where the file does not exist; `None` for another store.
 pub(crate) type HubLookup = Option<Result<(String, Option<HubFileMeta>), RemoteError>>;
 
 /// The hub's answer to a HEAD of a file.
 enum Head {
     /// The file, with its metadata.
     Found(HubFileMeta),
-    /// No such file at the commit the revision names (`None` where the answer does not
-    /// name it, as some mirrors and proxies answer).
+    /// No such file (the commit `None` where the answer does not name it).
     Missing { commit: Option<String> },
 }
 
-/// A remote checkpoint's place, parsed and configured; no request is sent until a file is
-/// opened.
+/// A remote checkpoint's place; no request is sent until a file is opened.
 #[derive(Debug)]
 pub(crate) struct RemoteLocation {
-    runtime: Arc<IoRuntime>,
-    settings: RemoteSettings,
-    redactor: Redactor,
+    setup: Setup,
     /// The key prefix of the files under the base: empty or ending in `/`.
     prefix: String,
     /// The file the address named, where it named one.
@@ -84,8 +90,7 @@ fn bad_url(text: &str, detail: impl Into<String>) -> RemoteError {
     RemoteError::new(RemoteErrorKind::BadUrl, text, detail.into())
 }
 
-/// Splits `key` into the prefix of its directory (empty or ending in `/`) and, where the
-/// key names a file, that file's name.
+/// Splits `key` into its directory's prefix (empty or ending in `/`) and its file's name.
 fn split_key(key: &str, names_file: bool) -> (String, Option<String>) {
     if !names_file {
         let prefix = if key.is_empty() {
@@ -101,20 +106,20 @@ fn split_key(key: &str, names_file: bool) -> (String, Option<String>) {
     }
 }
 
-/// What a location's client is built from: the address as shown, whether
-/// it names a file, the settings, the runtime and the redactor.
-struct Setup<'a> {
+/// What a location's clients are built from.
+#[derive(Debug)]
+struct Setup {
     shown: String,
     names_file: bool,
-    settings: &'a RemoteSettings,
-    runtime: &'a Arc<IoRuntime>,
-    redactor: &'a Redactor,
+    settings: RemoteSettings,
+    runtime: Arc<IoRuntime>,
+    redactor: Redactor,
 }
 
 /// A location's key prefix, the file it names, and its client.
 type Parts = (String, Option<String>, Place);
 
-impl Setup<'_> {
+impl Setup {
     fn backend(
         &self,
         store: Arc<dyn object_store::ObjectStore>,
@@ -122,7 +127,7 @@ impl Setup<'_> {
     ) -> Arc<Backend> {
         Arc::new(Backend {
             store,
-            runtime: Arc::clone(self.runtime),
+            runtime: Arc::clone(&self.runtime),
             tuning: self.settings.tuning.clone(),
             shown_base,
             redactor: self.redactor.clone(),
@@ -138,22 +143,19 @@ impl Setup<'_> {
         };
         let shown_base = format!("{base}/");
         let (env, tuning) = (&self.settings.env, &self.settings.tuning);
-        let s = store::bucket_store(kind, bucket, env, tuning, self.redactor, &self.shown)?;
+        let s = store::bucket_store(kind, bucket, env, tuning, &self.redactor, &self.shown)?;
         let (prefix, file) = split_key(key, self.names_file);
         Ok((prefix, file, Place::Store(self.backend(s, shown_base))))
     }
 
-    /// `http(s)://`: the client of the base (the directory the address names, or the
-    /// named file's).
+    /// `http(s)://`: the client of the base.
     fn http(&self, base: &str, name: &str, query: bool) -> Result<Parts, RemoteError> {
         if query {
             // NOTE: object_store's HTTP store builds each request's URL from its base
             // and the object's path, so a query (a presigned URL's signature) cannot
             // be carried; presigned URLs need the read on reqwest directly.
-            return Err(bad_url(
-                &self.shown,
-                "URLs with a query are not supported yet",
-            ));
+            let what = "URLs with a query are not supported yet";
+            return Err(bad_url(&self.shown, what));
         }
         let (base, file) = if self.names_file || name.is_empty() {
             (base.to_owned(), self.names_file.then(|| name.to_owned()))
@@ -162,7 +164,7 @@ impl Setup<'_> {
         };
         let shown_base = super::url::without_userinfo(&base);
         let tuning = &self.settings.tuning;
-        let s = store::http_store(&base, HeaderMap::new(), tuning, self.redactor, &self.shown)?;
+        let s = store::http_store(&base, HeaderMap::new(), tuning, &self.redactor, &self.shown)?;
         Ok((
             String::new(),
             file,
@@ -170,8 +172,7 @@ impl Setup<'_> {
         ))
     }
 
-    /// `hf://`: the hub's client (redirects not followed); the commit's client is made
-    /// once a file's answer names it.
+    /// `hf://`: the hub's client; the commit's is made once an answer names it.
     fn hub(
         &self,
         repo: &str,
@@ -216,9 +217,9 @@ impl RemoteLocation {
         let setup = Setup {
             shown: url.to_string(),
             names_file: url.names_file(),
-            settings: &settings,
-            runtime: &runtime,
-            redactor: &redactor,
+            settings,
+            runtime,
+            redactor,
         };
         let (prefix, file, place) = match &url {
             RemoteUrl::Store { kind, bucket, key } => setup.store(*kind, bucket, key)?,
@@ -231,23 +232,19 @@ impl RemoteLocation {
             } => setup.hub(repo, revision.as_deref(), subfolder)?,
         };
         Ok(RemoteLocation {
-            runtime,
-            settings,
-            redactor,
+            setup,
             prefix,
             file,
             place,
         })
     }
 
-    /// The file the address named (`model.safetensors` of `s3://b/m/model.safetensors`),
-    /// `None` for a prefix or a repository.
+    /// The file the address named, `None` for a prefix or a repository.
     pub(crate) fn file(&self) -> Option<&str> {
         self.file.as_deref()
     }
 
-    /// The address the file `name` of the location is shown by: what a [`RemoteObject`] of
-    /// it names itself (at the pinned commit for `hf://`, once one is pinned).
+    /// The address the file `name` is shown by (at the pinned commit for `hf://`).
     pub(crate) fn shown_file(&self, name: &str) -> String {
         format!("{}{name}", self.shown_prefix_slash())
     }
@@ -264,13 +261,7 @@ impl RemoteLocation {
     fn shown_prefix_slash(&self) -> String {
         let base = match &self.place {
             Place::Store(backend) => backend.shown_base.clone(),
-            Place::Hub(hub) => {
-                let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
-                match &*pinned {
-                    Some((_, backend)) => backend.shown_base.clone(),
-                    None => format!("hf://{}@{}/", hub.repo, hub.revision.replace('/', "%2F")),
-                }
-            }
+            Place::Hub(hub) => hub.shown(""),
         };
         format!("{base}{}", self.prefix)
     }
@@ -281,8 +272,7 @@ impl RemoteLocation {
         let Place::Hub(hub) = &self.place else {
             return None;
         };
-        let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
-        pinned.as_ref().map(|(commit, _)| commit.clone())
+        hub.pinned().as_ref().map(|(commit, _)| commit.clone())
     }
 
     /// Opens the file `name` of the location (a shard's name, relative to its prefix).
@@ -297,27 +287,23 @@ impl RemoteLocation {
         }
     }
 
-    /// What the hub says of the file `name` of an `hf://` location, by one HEAD at the
-    /// revision (the pinned commit once there is one): the commit, pinned from now on, and
-    /// the file's metadata, or `None` where the hub answered that the file does not exist at
-    /// that commit (the commit then empty where neither the answer nor an earlier one named
-    /// it). `None` for a location of another store.
+    /// What the hub says of `name` by one HEAD at the revision (the pinned commit once
+    /// there is one): the commit, pinned from now on, and the metadata, or `None` where
+    /// the file does not exist (the commit empty where no answer named one). `None` for
+    /// another store.
     pub(crate) fn hub_lookup(&self, name: &str) -> HubLookup {
         let Place::Hub(hub) = &self.place else {
             return None;
         };
         let key = format!("{}{name}", self.prefix);
         Some(self.hub_file(hub, &key).map(|(meta, _)| {
-            let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
-            let commit = pinned.as_ref().map(|(c, _)| c.clone()).unwrap_or_default();
+            let commit = hub.pinned().as_ref().map(|(c, _)| c.clone());
+            let commit = commit.unwrap_or_default();
             (commit, meta)
         }))
     }
 
-    /// Opens the file `name` of an `hf://` location whose metadata a [`hub_lookup`] gave
-    /// (no second HEAD): one ranged GET.
-    ///
-    /// [`hub_lookup`]: Self::hub_lookup
+    /// Opens `name` of an `hf://` location whose metadata a [`Self::hub_lookup`] gave.
     pub(crate) fn open_known(
         &self,
         name: &str,
@@ -325,10 +311,7 @@ impl RemoteLocation {
     ) -> Result<RemoteObject, RemoteError> {
         let key = format!("{}{name}", self.prefix);
         let backend = match &self.place {
-            Place::Hub(hub) => {
-                let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
-                pinned.as_ref().map(|(_, b)| Arc::clone(b))
-            }
+            Place::Hub(hub) => hub.pinned().as_ref().map(|(_, b)| Arc::clone(b)),
             Place::Store(backend) => Some(Arc::clone(backend)),
         };
         match backend {
@@ -337,33 +320,21 @@ impl RemoteLocation {
         }
     }
 
-    /// The not-found error of a hub file the hub says does not exist.
     fn hub_missing(&self, hub: &HubRepo, key: &str) -> RemoteError {
-        let pinned = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
-        let revision = pinned.as_ref().map_or(hub.revision.as_str(), |(c, _)| c);
-        let shown = format!("hf://{}@{}/{key}", hub.repo, revision.replace('/', "%2F"));
-        RemoteError::new(
-            RemoteErrorKind::NotFound,
-            shown,
-            "HTTP 404 EntryNotFound".into(),
-        )
+        let detail = "HTTP 404 EntryNotFound".into();
+        RemoteError::new(RemoteErrorKind::NotFound, hub.shown(key), detail)
     }
 
-    /// The hub's metadata of `key` (`None` where the hub answered that it does not exist),
-    /// and the client of the pinned commit (pinned here, by the first answer that names a
-    /// commit; `None` while none did).
+    /// The hub's metadata of `key` (`None`: it does not exist), and the pinned commit's
+    /// client (pinned by the first answer that names a commit).
     fn hub_file(
         &self,
         hub: &HubRepo,
         key: &str,
     ) -> Result<(Option<HubFileMeta>, Option<Arc<Backend>>), RemoteError> {
-        let pinned = hub
-            .pinned
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let pinned = hub.pinned().clone();
         let revision = pinned.as_ref().map_or(hub.revision.as_str(), |(c, _)| c);
-        let config = &self.settings.hub;
+        let config = &self.setup.settings.hub;
         let url = config.resolve_url(&hub.repo, revision, key);
         let shown = format!("hf://{}@{}/{key}", hub.repo, revision.replace('/', "%2F"));
         let (meta, answered) = match self.hub_head(hub, &url, &shown)? {
@@ -405,16 +376,10 @@ impl RemoteLocation {
         }
         let base = config.resolve_base(&hub.repo, &commit);
         let shown_base = format!("hf://{}@{commit}/", hub.repo);
-        let tuning = &self.settings.tuning;
-        let store = store::http_store(&base, headers, tuning, &self.redactor, &shown_base)?;
-        let backend = Arc::new(Backend {
-            store,
-            runtime: Arc::clone(&self.runtime),
-            tuning: tuning.clone(),
-            shown_base,
-            redactor: self.redactor.clone(),
-        });
-        let mut slot = hub.pinned.lock().unwrap_or_else(PoisonError::into_inner);
+        let (tuning, redactor) = (&self.setup.settings.tuning, &self.setup.redactor);
+        let store = store::http_store(&base, headers, tuning, redactor, &shown_base)?;
+        let backend = self.setup.backend(store, shown_base);
+        let mut slot = hub.pinned();
         // Two files opened at once may both pin: the first one's pin stands, and the
         // other's file is checked against it.
         match &*slot {
@@ -431,19 +396,15 @@ impl RemoteLocation {
     }
 
     /// A HEAD of a resolve URL, not following the redirect, retried after a 5xx, a 429 or a
-    /// transport error with the layer's backoff; one left unanswered for the pace's window
-    /// is dropped and sent once more, and a hub that refuses the connection is asked twice
-    /// (the cache's ref is then used at once where it has one). A 404 `EntryNotFound` (the
-    /// hub's answer for a file a revision does not have) is [`Head::Missing`]; a refusal is
-    /// typed ([`head_answer`]); a hub that never answers (refused, unresolved, no answer in
-    /// time) is [`RemoteErrorKind::Unreachable`].
+    /// transport error; one unanswered for the pace's window is sent once more. A 404
+    /// `EntryNotFound` is [`Head::Missing`]; a refusal is typed ([`head_answer`]); a hub
+    /// that never answers is [`RemoteErrorKind::Unreachable`].
     fn hub_head(&self, hub: &HubRepo, url: &str, shown: &str) -> Result<Head, RemoteError> {
-        let tuning = &self.settings.tuning;
-        let token = self.settings.hub.token.as_ref();
+        let tuning = &self.setup.settings.tuning;
+        let token = self.setup.settings.hub.token.as_ref();
         let mut backoff = tuning.init_backoff;
         let mut last = String::new();
-        // Whether the last try failed to reach the hub at all (no connection, no answer in
-        // time), rather than with an answer it could not take.
+        // Whether the last try failed to reach the hub at all.
         let mut unreached = false;
         let (mut stalls, mut refused) = (0, 0);
         for attempt in 0..=tuning.max_retries {
@@ -457,12 +418,13 @@ impl RemoteLocation {
             }
             // `send` arms its timeout when called: inside the runtime.
             let answer = self
+                .setup
                 .runtime
                 .request(tuning.pace, |_| async move { request.send().await });
             let response = match answer {
                 Ok(Ok(response)) => response,
                 Ok(Err(e)) => {
-                    last = self.redactor.error_text(&e);
+                    last = self.setup.redactor.error_text(&e);
                     unreached = e.is_connect() || e.is_timeout();
                     refused += usize::from(e.is_connect());
                     if refused > 1 {
@@ -475,46 +437,34 @@ impl RemoteLocation {
                     continue;
                 }
                 Err(Interrupt::Stalled { .. }) => {
-                    let detail = format!(
-                        "no answer to a HEAD in {:.0} s, twice ({})",
-                        tuning.pace.window.as_secs_f64(),
-                        super::watch::STALL_VAR
-                    );
-                    return Err(RemoteError::new(
-                        RemoteErrorKind::Unreachable,
-                        shown,
-                        detail,
-                    ));
+                    let (secs, var) = (tuning.pace.window.as_secs_f64(), super::watch::STALL_VAR);
+                    let detail = format!("no answer to a HEAD in {secs:.0} s, twice ({var})");
+                    let kind = RemoteErrorKind::Unreachable;
+                    return Err(RemoteError::new(kind, shown, detail));
                 }
                 Err(Interrupt::Cancelled) => {
                     let detail = "the load was cancelled".to_owned();
                     return Err(RemoteError::new(RemoteErrorKind::Cancelled, shown, detail));
                 }
             };
-            if let Some(done) = head_answer(&response, shown, &self.redactor) {
+            if let Some(done) = head_answer(&response, shown, &self.setup.redactor) {
                 return done;
             }
             last = format!("HTTP {}", response.status().as_u16());
             unreached = false;
         }
-        let tries = if refused > 1 {
-            refused
-        } else {
-            tuning.max_retries + 1
-        };
-        let detail = format!("{last} ({tries} tries)");
-        let kind = if unreached {
-            RemoteErrorKind::Unreachable
-        } else {
-            RemoteErrorKind::Failed
+        let tries = Some(refused).filter(|r| *r > 1);
+        let detail = format!("{last} ({} tries)", tries.unwrap_or(tuning.max_retries + 1));
+        let kind = match unreached {
+            true => RemoteErrorKind::Unreachable,
+            false => RemoteErrorKind::Failed,
         };
         Err(RemoteError::new(kind, shown, detail))
     }
 }
 
-/// What the hub's answer to a HEAD says: the file, its absence at the commit, or a refusal
-/// typed by the hub's `X-Error-Code` ([`refusal`]), its detail scrubbed by `redactor`; `None`
-/// for an answer to try again (a 5xx, a 429).
+/// What the hub's answer to a HEAD says: the file, its absence, or a typed refusal
+/// ([`refusal`]); `None` for an answer to try again (a 5xx, a 429).
 fn head_answer(
     response: &reqwest::Response,
     shown: &str,
@@ -543,9 +493,8 @@ fn head_answer(
     }
 }
 
-/// What the hub's refusal of a HEAD (`status`, its `X-Error-Code`, maybe empty) means: the
-/// code first (the hub answers 401 `RepoNotFound` for a private repository, 401 or 403
-/// `GatedRepo` for a gated one), then the status (a mirror or proxy names no code).
+/// What the hub's refusal (`status`, `X-Error-Code`) means: the code first (401
+/// `RepoNotFound` for a private repository, `GatedRepo` for a gated one), then the status.
 fn refusal(status: u16, code: &str) -> RemoteErrorKind {
     match (code, status) {
         ("RepoNotFound", _) => RemoteErrorKind::RepoNotFound,

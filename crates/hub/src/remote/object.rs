@@ -1,5 +1,4 @@
-//! One remote object opened for a load: its length and ETag from a first ranged GET, then
-//! positional reads by ranged GETs that require that ETag, resumed where a body broke off.
+//! One remote object opened for a load: its length and ETag from a first ranged GET, then positional reads by ranged GETs that require that ETag.
 
 mod bounded;
 mod read;
@@ -28,21 +27,19 @@ pub(crate) struct Backend {
     pub store: Arc<dyn ObjectStore>,
     pub runtime: Arc<IoRuntime>,
     pub tuning: Tuning,
-    /// The address of the base as shown, ending in `/` (`s3://bucket/`, `hf://org/repo@<commit>/`).
+    /// The base as shown, ending in `/` (`s3://bucket/`, `hf://org/repo@<commit>/`).
     pub shown_base: String,
     pub redactor: Redactor,
 }
 
 /// What the open's first GET gives where the range was honoured.
 struct FirstBody {
-    /// The object's length and ETag.
     len: u64,
     etag: Option<String>,
-    /// The bytes received (no more than asked), and whether the body went on past them
-    /// (left unread).
+    /// The bytes received (no more than `want`, those asked), and whether the
+    /// body went on past them.
     prefix: Vec<u8>,
     overran: bool,
-    /// The bytes asked for.
     want: u64,
 }
 
@@ -65,8 +62,7 @@ fn classify(e: &object_store::Error) -> Failure {
         E::NotFound { .. } => Failure::NotFound,
         E::PermissionDenied { .. } | E::Unauthenticated { .. } => Failure::Denied,
         E::Precondition { .. } => Failure::Changed,
-        // The HTTP store's answer to a 200 for a ranged GET (`RangeNotSupported`); its ranged
-        // GETs are the only reads here that can be "not supported".
+        // The HTTP store's answer to a 200 for a ranged GET (`RangeNotSupported`).
         E::NotSupported { .. } => Failure::RangeIgnored,
         // The cloud stores' `NotPartial`, a private type: known by its text only.
         E::Generic { source, .. } if source.to_string().contains("non-partial response") => {
@@ -78,27 +74,24 @@ fn classify(e: &object_store::Error) -> Failure {
 
 /// A remote object, opened once: every read requires the version seen then.
 ///
-/// NOTE: retries are `object_store`'s (`RetryConfig`, from [`Tuning`]): it retries a request
-/// after a 5xx, a 429, a connection error or a timeout, and a body that breaks off (a reset,
-/// a body shorter than its `Content-Length`) from the byte where it stopped, with the same
-/// ETag required; a 4xx is never retried. A second retry loop here would multiply the
-/// bounds; this type only adds what the client does not do: a body that ends cleanly but
-/// short, a server that ignores `Range`, and the error naming the range.
+/// NOTE: retries are `object_store`'s (`RetryConfig`, from [`Tuning`]): a 5xx, a 429, a
+/// connection error, a timeout, a body that breaks off (resumed under the same ETag); a
+/// second loop here would multiply the bounds. This type adds only what it does not do:
+/// a body that ends cleanly but short, a server that ignores `Range`, errors naming ranges.
 #[derive(Debug)]
 pub(crate) struct RemoteObject {
     backend: Arc<Backend>,
     location: ObjectPath,
     shown: PathBuf,
     version: Version,
-    /// The ETag seen at open, required by `If-Match` on every later request; `None` where
-    /// the server gives none (then only the length is checked).
+    /// The ETag seen at open, required by `If-Match` on every later request.
     etag: Option<String>,
     hub: Option<HubFileMeta>,
     /// The first bytes, read by the open.
     prefix: Vec<u8>,
     /// Set once the server answered a range with the whole object.
     ranges_ignored: AtomicBool,
-    /// The whole object, fetched once where ranges are ignored (`object/bounded.rs`).
+    /// The whole object, fetched once where ranges are ignored.
     whole: Mutex<Option<Arc<Vec<u8>>>>,
     requests: AtomicU64,
 }
@@ -109,14 +102,11 @@ impl RemoteObject {
         self.backend.runtime.cancel()
     }
 
-    /// Opens `key` (relative to the backend's base) with one ranged GET of its first
-    /// [`Tuning::open_prefix`] bytes, which gives its length and ETag. A server that ignores
-    /// the range answers with the whole object: its first bytes, those the range asked for,
-    /// are kept and the rest left unread (`whole.rs`), so that an object no longer than the
-    /// range costs that one request, and a longer one is fetched whole once a read needs
-    /// more (`object/bounded.rs`); one whose length passes half the memory the process may
-    /// still take is refused at once. An empty object (416), or a whole answer that said no
-    /// length, costs a HEAD more.
+    /// Opens `key` (relative to the base) with one ranged GET of its first
+    /// [`Tuning::open_prefix`] bytes, which gives its length and ETag. Where the server
+    /// ignores the range, the bytes asked are kept and the rest left unread (`whole.rs`);
+    /// an object past half the memory headroom is refused at once. An empty object (416),
+    /// or a whole answer without a length, costs a HEAD more.
     pub(crate) fn open(
         backend: &Arc<Backend>,
         key: &str,
@@ -124,13 +114,10 @@ impl RemoteObject {
     ) -> Result<RemoteObject, RemoteError> {
         let shown = format!("{}{key}", backend.shown_base);
         let location = ObjectPath::parse(key).map_err(|e| {
-            RemoteError::new(
-                RemoteErrorKind::BadUrl,
-                &shown,
-                backend.redactor.error_text(&e),
-            )
+            let text = backend.redactor.error_text(&e);
+            RemoteError::new(RemoteErrorKind::BadUrl, &shown, text)
         })?;
-        let mut object = RemoteObject {
+        let object = RemoteObject {
             backend: Arc::clone(backend),
             location,
             shown: PathBuf::from(&shown),
@@ -158,17 +145,14 @@ impl RemoteObject {
                     let e = object.error(RemoteErrorKind::Protocol, detail.into());
                     return Err(e.with_range(0..body.want));
                 }
-                object.version.len = body.len;
-                object.etag = body.etag;
-                object.prefix = body.prefix;
-                object.finish_open()
+                object.finish_open(body.len, body.etag, body.prefix)
             }
             Err(e) => object.open_after(&e, answer, first),
         }
     }
 
-    /// The open's ranged GET of `first`: what the body of an honoured range gives; and
-    /// the first bytes of the whole object where the server answered with it.
+    /// The open's ranged GET of `first`, and the whole answer's first bytes where the
+    /// server ignored the range.
     fn first_get(
         &self,
         first: Range<u64>,
@@ -186,38 +170,31 @@ impl RemoteObject {
                 let want = (result.range.end - result.range.start).min(keep as u64);
                 let mut prefix = Vec::with_capacity(want as usize);
                 let mut stream = result.into_stream();
+                let mut overran = false;
                 while let Some(chunk) = stream.next().await {
                     let chunk = chunk?;
                     moved.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                    if prefix.len() + chunk.len() > want as usize {
-                        let body = FirstBody {
-                            len,
-                            etag,
-                            prefix,
-                            overran: true,
-                            want,
-                        };
-                        return Ok(body);
+                    overran = prefix.len() + chunk.len() > want as usize;
+                    if overran {
+                        break;
                     }
                     prefix.extend_from_slice(&chunk);
                 }
-                let body = FirstBody {
+                Ok::<_, object_store::Error>(FirstBody {
                     len,
                     etag,
                     prefix,
-                    overran: false,
+                    overran,
                     want,
-                };
-                Ok::<_, object_store::Error>(body)
+                })
             })
         })
     }
 
-    /// The open after its first GET failed with `e`: a typed error for a missing, denied
-    /// or changed object; the object's first bytes where the server answered the range
-    /// with the whole object; else, for ranges ignored or an empty object (416), a HEAD.
+    /// The open after its first GET failed with `e`: a typed error, the whole answer's
+    /// first bytes, or a HEAD (ranges ignored, an empty object's 416).
     fn open_after(
-        mut self,
+        self,
         e: &object_store::Error,
         answer: Option<WholeAnswer>,
         first: Range<u64>,
@@ -237,11 +214,9 @@ impl RemoteObject {
         // Ranges ignored, or an answer such as 416 for an empty object: the HEAD says.
         let head = self.retrying_stalls(0..0, |_| self.head())?;
         match head {
-            Ok(meta) if failure == Failure::RangeIgnored || meta.size == 0 => {
-                self.version.len = meta.size;
-                self.etag = meta.e_tag;
-                self.finish_open()?.fits_whole()
-            }
+            Ok(meta) if failure == Failure::RangeIgnored || meta.size == 0 => self
+                .finish_open(meta.size, meta.e_tag, Vec::new())?
+                .fits_whole(),
             _ => {
                 let e = self.error(RemoteErrorKind::Failed, text);
                 Err(e.with_range(first))
@@ -249,18 +224,14 @@ impl RemoteObject {
         }
     }
 
-    /// The open of an object whose server answered the range with all of it (`200`): the
-    /// whole object where its body was no longer than the range, else its first bytes and
-    /// its stated length (or the HEAD's, where it stated none), refused where holding it
-    /// whole would pass the memory bound.
-    fn open_whole(mut self, answer: WholeAnswer) -> Result<RemoteObject, RemoteError> {
+    /// The open of an object whose server answered the range with all of it: the whole
+    /// object where it was no longer than the range, else its first bytes and length.
+    fn open_whole(self, answer: WholeAnswer) -> Result<RemoteObject, RemoteError> {
         self.ranges_ignored.store(true, Ordering::Relaxed);
         if answer.complete {
             // Every byte any read asks for.
-            self.version.len = answer.bytes.len() as u64;
-            self.etag = answer.etag;
-            self.prefix = answer.bytes;
-            return self.finish_open();
+            let len = answer.bytes.len() as u64;
+            return self.finish_open(len, answer.etag, answer.bytes);
         }
         let (len, etag) = match answer.stated {
             Some(len) => (len, answer.etag),
@@ -278,14 +249,11 @@ impl RemoteObject {
                 .error(RemoteErrorKind::Protocol, detail)
                 .with_range(0..len));
         }
-        self.version.len = len;
-        self.etag = etag;
-        self.prefix = answer.bytes;
-        self.finish_open()?.fits_whole()
+        self.finish_open(len, etag, answer.bytes)?.fits_whole()
     }
 
-    /// Itself where its whole object may be held in memory (`bounded::open_cap`), as every
-    /// read past its kept bytes needs of a server that ignores `Range`; else the error.
+    /// Itself where its whole object may be held in memory (`bounded::open_cap`), as a
+    /// server that ignores `Range` needs; else the error.
     fn fits_whole(self) -> Result<RemoteObject, RemoteError> {
         let cap = bounded::open_cap(self.hub.as_ref());
         let len = self.version.len;
@@ -295,11 +263,16 @@ impl RemoteObject {
         Ok(self)
     }
 
-    /// The version from the ETag seen, checked against what the hub said.
-    fn finish_open(mut self) -> Result<RemoteObject, RemoteError> {
-        if let Some(etag) = &self.etag {
-            self.version.tag = VersionTag::ETag(etag.clone());
-        }
+    /// Opened at `len` bytes, `etag` and the first bytes `prefix`: the version from the
+    /// ETag, checked against what the hub said.
+    fn finish_open(
+        mut self,
+        len: u64,
+        etag: Option<String>,
+        prefix: Vec<u8>,
+    ) -> Result<RemoteObject, RemoteError> {
+        let tag = etag.clone().map_or(VersionTag::Unknown, VersionTag::ETag);
+        (self.version, self.etag, self.prefix) = (Version { len, tag }, etag, prefix);
         if let Some(size) = self.hub.as_ref().and_then(|h| h.size) {
             if size != self.version.len {
                 let detail = format!(
@@ -312,7 +285,6 @@ impl RemoteObject {
         Ok(self)
     }
 
-    /// The ETag seen at open.
     pub(crate) fn etag(&self) -> Option<&str> {
         self.etag.as_deref()
     }
@@ -322,8 +294,7 @@ impl RemoteObject {
         self.hub.as_ref()
     }
 
-    /// How many of its first bytes the open read and keeps: reads within them send
-    /// nothing.
+    /// How many of its first bytes the open keeps: reads within them send nothing.
     pub(crate) fn kept_prefix(&self) -> u64 {
         self.prefix.len() as u64
     }
@@ -334,7 +305,6 @@ impl RemoteObject {
         self.requests.load(Ordering::Relaxed)
     }
 
-    /// Whether the server was found to ignore `Range`.
     pub(crate) fn ranges_ignored(&self) -> bool {
         self.ranges_ignored.load(Ordering::Relaxed)
     }
@@ -355,8 +325,8 @@ impl RemoteObject {
         self.error(kind, detail).with_range(range)
     }
 
-    /// Runs the request `make` gives (of `range`, for the error) on the backend's runtime,
-    /// watched; a stalled one again, from the start, up to the pace's retries.
+    /// Runs the request `make` gives on the backend's runtime, watched; a stalled one
+    /// again, up to the pace's retries.
     fn retrying_stalls<F: std::future::Future + Send>(
         &self,
         range: Range<u64>,
@@ -388,9 +358,8 @@ impl RemoteObject {
     }
 }
 
-/// The version is the ETag seen at open (`VersionTag::ETag`), required by `If-Match` on
-/// every later request; a server that gives none leaves it `Unknown` (then only the length
-/// is checked, and no node copy is shared, since two versions could not be told apart).
+/// The version is the ETag seen at open; a server that gives none leaves it `Unknown`
+/// (only the length is checked, and no node copy is shared).
 impl Source for RemoteObject {
     fn path(&self) -> &Path {
         &self.shown

@@ -1,6 +1,4 @@
-//! Store clients: an `object_store` client for a bucket, a container or an HTTP base,
-//! configured from the environment the way each ecosystem does, with the layer's timeouts
-//! and retries; and the runtime of the crate's own that their futures run on.
+//! Store clients: `object_store` clients configured from the environment, with the layer's timeouts and retries; and the crate's own runtime their futures run on.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,27 +22,24 @@ pub(crate) struct Tuning {
     /// One request, from sending it to its body's last byte.
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
-    /// Retries of one request after a 5xx, a reset, a short body or a timeout; each
-    /// resumes from the byte where the previous one stopped.
+    /// Retries of one request after a 5xx, a reset, a short body or a timeout.
     pub max_retries: usize,
     /// No retry starts later than this after the first attempt.
     pub retry_timeout: Duration,
     /// The first backoff, doubled per retry up to `max_backoff`.
     pub init_backoff: Duration,
     pub max_backoff: Duration,
-    /// The bytes read by the open's ranged GET, kept: a safetensors header's 8-byte length
-    /// and, for most checkpoints, the whole header.
+    /// The bytes the open's ranged GET reads and keeps: for most checkpoints, the header.
     pub open_prefix: u64,
     /// The pace every request must keep (`watch.rs`).
     pub pace: Pace,
 }
 
 impl Default for Tuning {
-    /// NOTE: the defaults follow the stores' guidance rather than a measurement here (none
-    /// was possible without a real store): S3's and GCS's clients time a request out after
-    /// tens of seconds and retry 3-10 times with exponential backoff from ~100 ms; 60 s
-    /// covers a 16 MiB ranged GET at ~280 KiB/s. A server that stops sending is caught
-    /// sooner by the pace (`watch.rs`); no retry starts 30 s after a request's first try.
+    /// NOTE: the defaults follow the stores' guidance, not a measurement here: their
+    /// clients time out after tens of seconds and retry 3-10 times from ~100 ms; 60 s
+    /// covers a 16 MiB ranged GET at ~280 KiB/s, and the pace catches a stalled server
+    /// sooner.
     fn default() -> Self {
         Self {
             request_timeout: Duration::from_secs(60),
@@ -60,8 +55,7 @@ impl Default for Tuning {
 }
 
 impl Tuning {
-    /// The defaults, with the pace's window from the environment
-    /// (`SAFELOAD_REMOTE_STALL_SECS`).
+    /// The defaults, the pace's window from `SAFELOAD_REMOTE_STALL_SECS`.
     pub(crate) fn from_env() -> Self {
         let var = std::env::var(super::watch::STALL_VAR).ok();
         Self {
@@ -100,10 +94,9 @@ impl Tuning {
 /// Where a store's configuration comes from.
 #[derive(Debug, Clone)]
 pub(crate) enum StoreEnv {
-    /// The process's environment, read by each builder's `from_env` (`AWS_*`, `GOOGLE_*`,
-    /// `AZURE_*`, with their aliases and extras, such as Azure's managed identity endpoint).
+    /// The process's environment, read by each builder's `from_env`.
     Process,
-    /// These variables instead, read by the same names (tests; a caller's own settings).
+    /// These variables instead, read by the same names.
     #[cfg_attr(not(test), allow(dead_code))]
     Vars(Vec<(String, String)>),
 }
@@ -152,70 +145,46 @@ pub(crate) fn bucket_store(
     let fail = |e: object_store::Error| config_error(shown, redactor, &e);
     // Our timeouts first, so that the environment can override them by their names.
     let client = tuning.client_config();
+    // The three builders share these methods, not a trait.
+    macro_rules! build {
+        ($builder:ident, $key:ident, $prefix:literal, $named:ident) => {{
+            let mut b = match env {
+                StoreEnv::Process => $builder::from_env(),
+                StoreEnv::Vars(_) => $builder::new(),
+            };
+            for (key, value) in client {
+                b = b.with_config($key::Client(key), value);
+            }
+            if let StoreEnv::Vars(_) = env {
+                for (key, value) in env.vars($prefix) {
+                    if let Ok(key) = key.to_ascii_lowercase().parse() {
+                        b = b.with_config(key, value);
+                    }
+                }
+            }
+            let b = b.$named(bucket).with_retry(tuning.retry());
+            Arc::new(b.with_http_connector(KeepWhole).build().map_err(fail)?)
+        }};
+    }
     let store: Arc<dyn ObjectStore> = match kind {
-        StoreKind::S3 => {
-            let mut b = match env {
-                StoreEnv::Process => AmazonS3Builder::from_env(),
-                StoreEnv::Vars(_) => AmazonS3Builder::new(),
-            };
-            for (key, value) in client {
-                b = b.with_config(AmazonS3ConfigKey::Client(key), value);
-            }
-            if let StoreEnv::Vars(_) = env {
-                for (key, value) in env.vars("AWS_") {
-                    if let Ok(key) = key.to_ascii_lowercase().parse() {
-                        b = b.with_config(key, value);
-                    }
-                }
-            }
-            let b = b.with_bucket_name(bucket).with_retry(tuning.retry());
-            let b = b.with_http_connector(KeepWhole);
-            Arc::new(b.build().map_err(fail)?)
-        }
-        StoreKind::Gcs => {
-            let mut b = match env {
-                StoreEnv::Process => GoogleCloudStorageBuilder::from_env(),
-                StoreEnv::Vars(_) => GoogleCloudStorageBuilder::new(),
-            };
-            for (key, value) in client {
-                b = b.with_config(GoogleConfigKey::Client(key), value);
-            }
-            if let StoreEnv::Vars(_) = env {
-                for (key, value) in env.vars("GOOGLE_") {
-                    if let Ok(key) = key.to_ascii_lowercase().parse() {
-                        b = b.with_config(key, value);
-                    }
-                }
-            }
-            let b = b.with_bucket_name(bucket).with_retry(tuning.retry());
-            let b = b.with_http_connector(KeepWhole);
-            Arc::new(b.build().map_err(fail)?)
-        }
-        StoreKind::Azure => {
-            let mut b = match env {
-                StoreEnv::Process => MicrosoftAzureBuilder::from_env(),
-                StoreEnv::Vars(_) => MicrosoftAzureBuilder::new(),
-            };
-            for (key, value) in client {
-                b = b.with_config(AzureConfigKey::Client(key), value);
-            }
-            if let StoreEnv::Vars(_) = env {
-                for (key, value) in env.vars("AZURE_") {
-                    if let Ok(key) = key.to_ascii_lowercase().parse() {
-                        b = b.with_config(key, value);
-                    }
-                }
-            }
-            let b = b.with_container_name(bucket).with_retry(tuning.retry());
-            let b = b.with_http_connector(KeepWhole);
-            Arc::new(b.build().map_err(fail)?)
-        }
+        StoreKind::S3 => build!(AmazonS3Builder, AmazonS3ConfigKey, "AWS_", with_bucket_name),
+        StoreKind::Gcs => build!(
+            GoogleCloudStorageBuilder,
+            GoogleConfigKey,
+            "GOOGLE_",
+            with_bucket_name
+        ),
+        StoreKind::Azure => build!(
+            MicrosoftAzureBuilder,
+            AzureConfigKey,
+            "AZURE_",
+            with_container_name
+        ),
     };
     Ok(store)
 }
 
-/// A client of the HTTP(S) base URL `base` (ending in `/`), sending `headers` with every
-/// request (the hub's `Authorization`).
+/// A client of the HTTP(S) base URL `base` (ending in `/`), sending `headers`.
 pub(crate) fn http_store(
     base: &str,
     headers: object_store::HeaderMap,
@@ -229,8 +198,7 @@ pub(crate) fn http_store(
     for (key, value) in tuning.client_config() {
         options = options.with_config(key, value);
     }
-    // The store appends an object's path segments to its base's: a trailing `/` would make
-    // an empty segment (`base//key`).
+    // A trailing `/` would make an empty segment (`base//key`).
     let store = HttpBuilder::new()
         .with_url(base.trim_end_matches('/'))
         .with_client_options(options)
@@ -241,18 +209,15 @@ pub(crate) fn http_store(
     Ok(Arc::new(store))
 }
 
-/// The tokio runtime of the crate's own that runs the stores' futures: two worker threads
-/// named `safeload-remote`, never the caller's runtime. One per remote checkpoint, with the
-/// cancel flags of the load that resolved it.
+/// The crate's own tokio runtime for the stores' futures (two `safeload-remote` threads),
+/// one per remote checkpoint, with the cancel flags of the load that resolved it.
 #[derive(Debug)]
 pub(crate) struct IoRuntime {
     runtime: Option<tokio::runtime::Runtime>,
-    /// The flags that stop every request run here (`request`).
     cancel: Cancel,
 }
 
 impl IoRuntime {
-    /// The flags that stop its requests.
     pub(crate) fn cancel(&self) -> &Cancel {
         &self.cancel
     }
@@ -271,10 +236,9 @@ impl IoRuntime {
         })
     }
 
-    /// Runs the request `make` gives on this runtime, blocking the calling thread (one of
-    /// the crate's), watched (`watch.rs`): dropped once it moves less than `pace` asks, or
-    /// as soon as the runtime's cancel flags are set. `make` is handed
-    /// the counter its body's bytes go to.
+    /// Runs the request `make` gives, blocking the calling thread, watched (`watch.rs`):
+    /// dropped once it moves less than `pace` asks or the cancel flags are set. `make` is
+    /// handed the counter its body's bytes go to.
     pub(crate) fn request<F>(
         &self,
         pace: Pace,
@@ -290,10 +254,9 @@ impl IoRuntime {
         self.block_on(async move { watched(request, &moved, pace, cancel).await })
     }
 
-    /// Runs `future` to completion on this runtime, blocking the calling thread (one of the
-    /// crate's): from a thread inside some other tokio runtime, where blocking on another
-    /// runtime would panic, on a scoped thread of its own. Unwatched: the layer's requests
-    /// go through [`request`](Self::request).
+    /// Runs `future` to completion here, blocking the calling thread (from inside another
+    /// tokio runtime, on a scoped thread). Unwatched: requests go through
+    /// [`request`](Self::request).
     pub(super) fn block_on<F>(&self, future: F) -> F::Output
     where
         F: Future + Send,

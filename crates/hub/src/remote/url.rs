@@ -1,5 +1,4 @@
-//! Remote checkpoint addresses (`s3://`, `gs://`, `az://`, `http(s)://`, `hf://`), parsed from
-//! text into what names one object or a directory-like prefix, and shown without credentials.
+//! Remote checkpoint addresses (`s3://`, `gs://`, `az://`, `http(s)://`, `hf://`), parsed, and shown without credentials.
 
 use std::fmt;
 
@@ -27,24 +26,22 @@ impl StoreKind {
 /// A parsed remote address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RemoteUrl {
-    /// `s3://bucket/key`, `gs://bucket/key`, `az://container/key`: `key` may be empty (the
-    /// bucket's root), a prefix, or one object.
+    /// `s3://bucket/key`, `gs://bucket/key`, `az://container/key`: `key` may be empty, a
+    /// prefix, or one object.
     Store {
         kind: StoreKind,
         bucket: String,
         key: String,
     },
-    /// `http://` or `https://`: `base` is scheme, authority and path up to the last `/`, `name`
-    /// what follows it (empty for a URL ending in `/`). The query, kept for presigned URLs, is
-    /// part of the request but never of what is shown.
+    /// `http://` or `https://`: `base` is up to the last `/`, `name` what follows. The
+    /// query (presigned URLs) is sent but never shown.
     Http {
         base: String,
         name: String,
         query: Option<String>,
     },
-    /// `hf://org/repo[@revision][/subfolder][?with=name,...]`: a model repository of the
-    /// hub, and the repository's other files to bring into the hub cache beside the weights
-    /// (`with`, paths under the subfolder; `engine` stands for [`ENGINE_FILES`]).
+    /// `hf://org/repo[@revision][/subfolder][?with=name,...]`: a hub model repository, and
+    /// other files to bring beside the weights (`engine` stands for [`ENGINE_FILES`]).
     Hub {
         repo: String,
         revision: Option<String>,
@@ -103,8 +100,7 @@ impl RemoteUrl {
         })
     }
 
-    /// Whether the address names one `.safetensors` file or an index, rather than a
-    /// directory-like prefix or a repository.
+    /// Whether the address names one `.safetensors` file or an index.
     pub(crate) fn names_file(&self) -> bool {
         let last = match self {
             RemoteUrl::Store { key, .. } => key.rsplit('/').next().unwrap_or_default(),
@@ -115,8 +111,7 @@ impl RemoteUrl {
     }
 }
 
-/// Keys are object names: no empty, `.` or `..` segment in the middle (object_store refuses
-/// them, and they would read as a path that leaves the prefix).
+/// Keys are object names: no empty, `.` or `..` segment in the middle (it would leave the prefix).
 fn check_key(key: &str) -> Result<(), UrlError> {
     let key = key.trim_end_matches('/');
     if key.is_empty() {
@@ -134,10 +129,9 @@ fn check_key(key: &str) -> Result<(), UrlError> {
 fn parse_http(scheme: &str, rest: &str) -> Result<RemoteUrl, UrlError> {
     // A fragment is never sent.
     let rest = rest.split('#').next().unwrap_or_default();
-    let (rest, query) = match rest.split_once('?') {
-        Some((rest, query)) => (rest, Some(query.to_owned())),
-        None => (rest, None),
-    };
+    let (rest, query) = rest
+        .split_once('?')
+        .map_or((rest, None), |(rest, query)| (rest, Some(query.to_owned())));
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
     if authority.is_empty() {
         return refuse("no host");
@@ -155,10 +149,9 @@ fn parse_http(scheme: &str, rest: &str) -> Result<RemoteUrl, UrlError> {
     })
 }
 
-/// Whether `name` is an org or repository name the hub takes (as its client checks a repo
-/// id): 1 to 96 of letters, digits, `-`, `_` and `.`, no `--` or `..`, not starting or ending
-/// with `-` or `.`. The cache folder joins org and name with `--`
-/// (`models--org--name`), so a name with `--` could make two addresses share one folder.
+/// Whether `name` is an org or repository name the hub takes: 1 to 96 of letters, digits,
+/// `-`, `_` and `.`, no `--` or `..` (`models--org--name` must name one address), not
+/// starting or ending with `-` or `.`.
 pub(crate) fn hub_name_ok(name: &str) -> bool {
     let edge = |c: Option<char>| c.is_some_and(|c| c != '-' && c != '.');
     (1..=96).contains(&name.len())
@@ -179,9 +172,8 @@ pub(crate) const HUB_NAME_RULE: &str = "hf:// org and repo names are 1 to 96 let
 pub(crate) const HUB_REVISION_RULE: &str =
     "a bad hf:// revision: plain /-separated names (no empty, . or .. name), none of %?#@";
 
-/// Whether `revision` (`%2F` decoded) is one `hf://` takes: plain `/`-separated names (no
-/// empty, `.` or `..` name, no `\` or NUL), none of `%?#@`; so that no revision names a
-/// path outside `refs/` of the cache, nor another URL path of the hub.
+/// Whether `revision` (`%2F` decoded) is one `hf://` takes: plain `/`-separated names,
+/// none of `%?#@`, so that it names no path outside `refs/` nor another URL of the hub.
 pub(crate) fn hub_revision_ok(revision: &str) -> bool {
     !revision.contains(['%', '?', '#', '@'])
         && revision
@@ -189,10 +181,8 @@ pub(crate) fn hub_revision_ok(revision: &str) -> bool {
             .all(|n| !n.is_empty() && n != "." && n != ".." && !n.contains(['\\', '\0']))
 }
 
-/// An address that was refused, as errors show it: `hf://` as given (its parts are names,
-/// its query file names), any other without query or fragment (a presigned URL's
-/// signature) and without anything up to its last `@` (a password, even one with a `/`
-/// that would hide where the authority ends).
+/// A refused address as errors show it: `hf://` as given, any other without query or
+/// fragment and without anything up to its last `@` (a password, even one with a `/`).
 pub(crate) fn shown_refused(text: &str) -> String {
     if text
         .get(..5)
@@ -210,8 +200,7 @@ pub(crate) fn shown_refused(text: &str) -> String {
     }
 }
 
-/// The files `?with=engine` brings: what an engine reads beside the weights (the model's
-/// configuration, its tokenizer, its generation defaults), those the repository has.
+/// The files `?with=engine` brings: what an engine reads beside the weights.
 pub(crate) const ENGINE_FILES: &[&str] = &[
     "config.json",
     "generation_config.json",
@@ -221,8 +210,7 @@ pub(crate) const ENGINE_FILES: &[&str] = &[
     "tokenizer.model",
 ];
 
-/// The names of `?with=a,b,engine`: each a path of the repository (no empty, `.` or `..`
-/// part, no `\`), `engine` expanded, each once.
+/// The names of `?with=a,b,engine`: each a plain repository path, `engine` expanded, each once.
 fn parse_with(query: Option<&str>) -> Result<Vec<String>, UrlError> {
     let Some(query) = query else {
         return Ok(Vec::new());
@@ -253,36 +241,27 @@ fn parse_with(query: Option<&str>) -> Result<Vec<String>, UrlError> {
     Ok(names)
 }
 
-/// `org/repo[@revision][/subfolder][?with=...]`; a revision with a slash (`refs/pr/1`) is
-/// written escaped, `refs%2Fpr%2F1`, as the hub's own tools do.
+/// `org/repo[@revision][/subfolder][?with=...]`; a revision's slashes written `%2F`.
 fn parse_hub(rest: &str) -> Result<RemoteUrl, UrlError> {
-    let (rest, query) = match rest.split_once('?') {
-        Some((rest, query)) => (rest, Some(query)),
-        None => (rest, None),
-    };
+    let (rest, query) = rest
+        .split_once('?')
+        .map_or((rest, None), |(r, q)| (r, Some(q)));
     let with = parse_with(query)?;
     let mut parts = rest.trim_end_matches('/').splitn(3, '/');
     let (Some(org), Some(repo_rev)) = (parts.next(), parts.next()) else {
         return refuse("hf:// needs org/repo");
     };
     let subfolder = parts.next().unwrap_or_default();
-    let (repo, revision) = match repo_rev.split_once('@') {
-        Some((repo, rev)) => (repo, Some(rev)),
-        None => (repo_rev, None),
-    };
+    let (repo, revision) = repo_rev
+        .split_once('@')
+        .map_or((repo_rev, None), |(repo, rev)| (repo, Some(rev)));
     if !hub_name_ok(org) || !hub_name_ok(repo) {
         return refuse(HUB_NAME_RULE);
     }
-    let revision = match revision {
-        None => None,
-        Some(rev) => {
-            let decoded = rev.replace("%2F", "/").replace("%2f", "/");
-            if !hub_revision_ok(&decoded) {
-                return refuse(HUB_REVISION_RULE);
-            }
-            Some(decoded)
-        }
-    };
+    let revision = revision.map(|rev| rev.replace("%2F", "/").replace("%2f", "/"));
+    if revision.as_deref().is_some_and(|rev| !hub_revision_ok(rev)) {
+        return refuse(HUB_REVISION_RULE);
+    }
     check_key(subfolder)?;
     Ok(RemoteUrl::Hub {
         repo: format!("{org}/{repo}"),
@@ -293,8 +272,7 @@ fn parse_hub(rest: &str) -> Result<RemoteUrl, UrlError> {
 }
 
 impl fmt::Display for RemoteUrl {
-    /// The address as reports and errors show it: no user information, no query (a presigned
-    /// URL's signature is a credential).
+    /// The address as reports and errors show it: no user information, no query.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RemoteUrl::Store { kind, bucket, key } => {

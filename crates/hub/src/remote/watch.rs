@@ -1,10 +1,7 @@
 //! What bounds a remote request: a pace it must keep (a request that moves less than 64 KiB in 10 s has stalled) and the load's cancel flags; either ends it by dropping it (its connection closed), never by waiting for it.
 //!
-//! Every request of the layer runs through [`IoRuntime::request`](super::store::IoRuntime::request),
-//! which polls the request and, every 20 ms, the flags and the bytes its
-//! body has moved (counted by whoever reads the body, into [`Moved`]). A
-//! stalled request is the caller's to retry (from the byte it reached) or
-//! to fail with an error naming the object, the offset and the server.
+//! [`IoRuntime::request`](super::store::IoRuntime::request) polls each request and, every
+//! 20 ms, the flags and the bytes its body moved ([`Moved`]).
 
 use std::future::Future;
 use std::pin::pin;
@@ -26,8 +23,7 @@ pub(crate) const STALL_VAR: &str = "SAFELOAD_REMOTE_STALL_SECS";
 /// The pace every request must keep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Pace {
-    /// A request that moves less than [`floor`](Self::floor) bytes (its
-    /// answer's head counts as moving) within this has stalled.
+    /// A request that moves less than [`floor`](Self::floor) bytes within this has stalled.
     pub window: Duration,
     pub floor: u64,
     /// Stalls of one read retried (from the byte it reached) before it fails.
@@ -35,12 +31,9 @@ pub(crate) struct Pace {
 }
 
 impl Default for Pace {
-    /// NOTE: 64 KiB in 10 s (6.4 KiB/s) is far below any link a checkpoint
-    /// is loaded over, and above a server that drips bytes to hold a
-    /// connection; one retry lets a request stuck behind a dead connection
-    /// go again on a fresh one. A stalled server then ends a load's phase in
-    /// about two windows (20 s), whatever the number of files: they are read
-    /// in parallel.
+    /// NOTE: 64 KiB in 10 s is far below any link a checkpoint is loaded over, and above
+    /// a server that drips bytes to hold a connection; one retry lets a request stuck
+    /// behind a dead connection go again on a fresh one.
     fn default() -> Pace {
         Pace {
             window: Duration::from_secs(10),
@@ -51,8 +44,7 @@ impl Default for Pace {
 }
 
 impl Pace {
-    /// The default, with the window of `SAFELOAD_REMOTE_STALL_SECS` where it
-    /// is a positive number of seconds.
+    /// The default, the window from `SAFELOAD_REMOTE_STALL_SECS` where it is positive.
     pub(crate) fn from_var(value: Option<&str>) -> Pace {
         let window = value
             .and_then(|v| v.trim().parse::<f64>().ok())
@@ -66,11 +58,8 @@ impl Pace {
 
     /// The words of a stall, for an error: what was not met.
     pub(crate) fn stall_words(&self, at: u64) -> String {
-        format!(
-            "stalled at byte {at}: less than {} KiB in {:.0} s ({STALL_VAR})",
-            self.floor >> 10,
-            self.window.as_secs_f64()
-        )
+        let (kib, secs) = (self.floor >> 10, self.window.as_secs_f64());
+        format!("stalled at byte {at}: less than {kib} KiB in {secs:.0} s ({STALL_VAR})")
     }
 }
 
@@ -79,18 +68,15 @@ impl Pace {
 pub(crate) enum Interrupt {
     /// The load's flags were set.
     Cancelled,
-    /// It moved less than the pace asks within a window; `moved` bytes of
-    /// its body had arrived.
+    /// It moved less than the pace asks; `moved` bytes of its body had arrived.
     Stalled { moved: u64 },
 }
 
 /// The bytes a request's body moved so far.
 pub(crate) type Moved = Arc<AtomicU64>;
 
-/// The fastest body this process received, in bytes a second, of the
-/// requests that moved at least [`RATE_SAMPLE`]: what a load that finds
-/// another process fetching a file it needs weighs that writer's pace
-/// against (`cache/write_wait.rs`).
+/// The fastest body this process received, in bytes a second (of those past
+/// [`RATE_SAMPLE`]): what a waiter weighs another writer's pace against.
 static BEST_RATE: AtomicU64 = AtomicU64::new(0);
 
 /// The least body a rate is taken from: shorter ones measure the latency.

@@ -1,22 +1,13 @@
 //! A server that ignores `Range`: the first bytes of the whole object its answer to the open carries are kept, and the rest left unread, so that the open learns the object's length and ETag from that one request and holds no more than it asked for.
 //!
-//! `object_store` answers a ranged GET that came back `200` with an error
-//! and drops the body unread; the open would then need a `HEAD` for the
-//! length. Every store client of the layer is built on [`KeepWhole`], the
-//! `object_store` HTTP client with one step more: inside [`keeping`] (the
-//! open's first request), a ranged request answered `200` has its body read
-//! up to the bytes the range asked for (one poll more where it said no
-//! length, to learn whether it ends there) and those kept, with the answer's
-//! stated length and ETag; the connection is dropped with the rest, however
-//! long the server says it is. `object_store` then gets the answer without
-//! its body (and fails it as before). An object no longer than the range is
-//! so kept whole, at the cost of one request; a longer one is fetched whole
-//! later, within the memory bounds of `object/bounded.rs`. Outside
-//! [`keeping`], and for every other answer, nothing changes.
+//! `object_store` fails a ranged GET answered `200` and drops its body; the
+//! open would then need a `HEAD`. Every store client is built on
+//! [`KeepWhole`], which inside [`keeping`] reads such a body up to the bytes
+//! asked (one poll more where it stated no length) and keeps them with the
+//! stated length and ETag, dropping the connection with the rest.
 //!
 //! NOTE: the hook is `object_store`'s own seam for HTTP clients
-//! (`HttpConnector`, `HttpService`): the request and its retries stay the
-//! client's, and no second HTTP stack is added for one rare answer.
+//! (`HttpConnector`, `HttpService`): no second HTTP stack for one rare answer.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -31,17 +22,14 @@ use object_store::client::{
 
 use super::watch::Moved;
 
-/// What a server sent for the ranged request [`keeping`] ran, where it
-/// answered with the whole object (`200`).
+/// What a server sent for [`keeping`]'s ranged request, where it answered `200`.
 #[derive(Debug)]
 pub(crate) struct WholeAnswer {
-    /// The object's first bytes: every one where `complete`, else those
-    /// the request asked for.
+    /// The object's first bytes: all where `complete`, else those asked.
     pub bytes: Vec<u8>,
     /// Whether `bytes` is the whole object (its body ended there).
     pub complete: bool,
-    /// The answer's `Content-Length`: the server's word for the object's
-    /// length, where it gave one.
+    /// The answer's `Content-Length`, where it gave one.
     pub stated: Option<u64>,
     pub etag: Option<String>,
 }
@@ -58,10 +46,8 @@ tokio::task_local! {
     static KEEP: RefCell<Keep>;
 }
 
-/// Runs `request`, keeping the first `keep` bytes of the whole object a
-/// server answers a ranged request of it with (`200` for a `Range`) instead
-/// of dropping them, and leaving the rest unread; its bytes are counted into
-/// `moved` as they arrive.
+/// Runs `request`, keeping the first `keep` bytes of a `200` answer to a ranged request
+/// (the rest unread), counted into `moved` as they arrive.
 pub(crate) async fn keeping<T>(
     keep: usize,
     moved: Moved,
@@ -80,10 +66,8 @@ pub(crate) async fn keeping<T>(
     .await
 }
 
-/// The first `keep` bytes of `body`, and whether they are all of it: read
-/// until the body passes `keep` bytes (the rest left unread, and dropped
-/// with the connection) or ends. `None` where it ended other than it said
-/// (`stated`).
+/// The first `keep` bytes of `body`, and whether they are all of it; `None` where it
+/// ended other than it said (`stated`).
 async fn first_bytes(
     body: object_store::client::HttpResponseBody,
     keep: usize,
@@ -101,8 +85,7 @@ async fn first_bytes(
         received += chunk.len() as u64;
         let room = keep.saturating_sub(bytes.len());
         bytes.extend_from_slice(chunk.get(..room).unwrap_or(&chunk));
-        // Past what was asked, or at it with more said to follow: the rest is
-        // not read.
+        // Past what was asked, or at it with more to follow: the rest is not read.
         let more_said = stated.is_some_and(|s| s > received);
         if received > keep as u64 || (received == keep as u64 && more_said) {
             return Ok(Some((bytes, false)));

@@ -1,4 +1,4 @@
-//! A remote object read whole into memory (a server that ignores `Range`, an index, a file of the repository), never past what was listed for it, what its caller takes, or the memory the process may still map; grown as its bytes arrive, an allocation refused being an error, not an abort.
+//! A remote object read whole into memory (a server that ignores `Range`, an index, a file of the repository), never past its listing, its caller's limit or the memory headroom; an allocation refused is an error, not an abort.
 
 use std::collections::TryReserveError;
 use std::sync::atomic::Ordering;
@@ -14,7 +14,6 @@ use super::{Failure, RemoteObject, classify};
 /// The first allocation of a body read whole, where it is longer.
 const FIRST_GROWTH: usize = 1 << 20;
 
-/// What a whole GET's body came to.
 enum Body {
     /// Every byte, no more than the object's length.
     Whole(Vec<u8>),
@@ -25,14 +24,10 @@ enum Body {
 }
 
 impl RemoteObject {
-    /// The whole object, fetched once (by the first reader; the others wait for it), for a
-    /// server that ignores `Range`: each read then costs no request.
+    /// The whole object, fetched once, for a server that ignores `Range`.
     ///
-    /// NOTE: this holds the whole object in memory besides the load's destination. A server
-    /// that ignores ranges is rare (a misconfigured proxy, a plain static server); fetching
-    /// the object once per read instead would move it as many times as there are reads.
-    /// The open refused an object past half the memory headroom (`open_cap`), so that the
-    /// two copies fit.
+    /// NOTE: held besides the load's destination (the open refused one past half the
+    /// headroom): such servers are rare, and a fetch per read would move it per read.
     pub(super) fn whole(&self) -> Result<Arc<Vec<u8>>, RemoteError> {
         let mut whole = self.whole.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(bytes) = &*whole {
@@ -44,11 +39,8 @@ impl RemoteObject {
         Ok(bytes)
     }
 
-    /// The object's bytes for a caller that takes no more than `limit` of them (an index,
-    /// a file of the repository): refused before a byte is fetched where its length passes
-    /// that, what the hub listed, or the memory the process may still take; read by ranged
-    /// GETs, or by one whole GET where the server ignores `Range`, cut at the object's
-    /// length.
+    /// The object's bytes for a caller that takes no more than `limit`: refused before a
+    /// byte is fetched past that, the listing or the headroom.
     pub(crate) fn read_small(&self, limit: u64) -> Result<Vec<u8>, RemoteError> {
         let len = self.version.len;
         let cap = whole_cap(self.hub.as_ref(), crate::memory::headroom(), limit);
@@ -61,7 +53,6 @@ impl RemoteObject {
         if self.ranges_ignored() {
             return self.fetch_whole(cap);
         }
-        // No larger than the cap: the caller's, the listing's, the memory's.
         let mut bytes = Vec::new();
         let want = usize::try_from(len).unwrap_or(usize::MAX);
         if let Err(e) = bytes.try_reserve_exact(want) {
@@ -72,8 +63,7 @@ impl RemoteObject {
         Ok(bytes)
     }
 
-    /// The whole object by one GET, refused unread where its length passes `cap`, and read
-    /// no further than that length.
+    /// The whole object by one GET, refused past `cap`, read no further than its length.
     fn fetch_whole(&self, cap: u64) -> Result<Vec<u8>, RemoteError> {
         let len = self.version.len;
         if len > cap {
@@ -82,8 +72,7 @@ impl RemoteObject {
         let most = usize::try_from(len).unwrap_or(usize::MAX);
         let fetched = self.retrying_stalls(0..len, |moved| async move {
             let result = self.get(GetOptions::default()).await?;
-            // The length is the server's word: grown as bytes arrive, never reserved
-            // from it, so that a lying length cannot ask for memory up front.
+            // Grown as bytes arrive, never reserved from the server's length.
             let mut bytes = Vec::new();
             let mut stream = result.into_stream();
             while let Some(chunk) = stream.next().await {
@@ -141,32 +130,28 @@ impl RemoteObject {
         self.error(RemoteErrorKind::Protocol, detail)
     }
 
-    /// The error of an allocation of `bytes` refused.
     fn no_memory(&self, bytes: usize, e: &TryReserveError) -> RemoteError {
         let detail = format!("cannot take {bytes} bytes in memory to read it whole: {e}");
         self.error(RemoteErrorKind::Failed, detail)
     }
 }
 
-/// The most bytes of an object read whole into memory: what the hub or a HEAD listed for
-/// it, where one did (`hub`); what its caller takes (`limit`); and the memory the process
-/// may still take (`headroom`, [`crate::memory::headroom`]), where known. No allocation is
-/// sized from what a server says alone.
+/// The most bytes of an object read whole: the least of what was listed (`hub`), what its
+/// caller takes (`limit`) and the memory headroom. Never sized from a server's word alone.
 pub(super) fn whole_cap(hub: Option<&HubFileMeta>, headroom: Option<u64>, limit: u64) -> u64 {
     let listed = hub.and_then(|h| h.size).unwrap_or(u64::MAX);
     listed.min(headroom.unwrap_or(u64::MAX)).min(limit)
 }
 
-/// The most bytes the open takes an object whose server ignores `Range` of: the whole
-/// object is then held besides the load's destination, so half the memory headroom.
+/// The most bytes the open takes of an object whose server ignores `Range`: half the
+/// headroom (the whole object is held besides the destination).
 pub(super) fn open_cap(hub: Option<&HubFileMeta>) -> u64 {
     let half = crate::memory::headroom().map(|h| h / 2);
     whole_cap(hub, half, u64::MAX)
 }
 
-/// Makes room in `bytes` for `more` bytes: by doubling, as `Vec` grows, but never past
-/// `most` (the most it is to hold), so that a body's last growth does not ask for twice
-/// its length; an allocation refused is an error here, where `Vec`'s own would abort.
+/// Makes room in `bytes` for `more`: doubling, but never past `most`; an allocation
+/// refused is an error here, where `Vec`'s own would abort.
 fn grow(bytes: &mut Vec<u8>, more: usize, most: usize) -> Result<(), TryReserveError> {
     let need = bytes.len().saturating_add(more);
     if need <= bytes.capacity() {

@@ -12,15 +12,9 @@ use super::super::watch::Interrupt;
 use super::{Failure, RemoteObject, classify};
 
 impl RemoteObject {
-    /// Fills `dst` from `offset` (all of it, or up to the object's end), at least
-    /// `required` bytes, from the version opened. `landing`, where given, is handed the
-    /// bytes in order as they arrive (at least every [`LAND_STEP`] of a long body, so that
-    /// a cache writes them before the read ends), each once, all of them by an `Ok`.
-    ///
-    /// The part of the read the open kept (its first bytes) is copied from there and only
-    /// the rest is fetched: the open's bytes never cross the network twice.
-    ///
-    /// [`LAND_STEP`]: super::super::landing::LAND_STEP
+    /// Fills `dst` from `offset` (up to the object's end), at least `required` bytes, from
+    /// the version opened; the open's kept bytes are copied, never fetched again. `landing`
+    /// is handed the bytes in order as they arrive, each once.
     pub(crate) fn read(
         &self,
         dst: &mut [u8],
@@ -69,9 +63,8 @@ impl RemoteObject {
             .with_range(range))
     }
 
-    /// Ranged GETs until `dst` (the bytes of `range`) is full, each [`LAND_STEP`] that
-    /// arrives handed to `landing`; `None` when the server turned out to ignore ranges
-    /// before sending any byte.
+    /// Ranged GETs until `dst` (the bytes of `range`) is full; `None` where the server
+    /// turned out to ignore ranges before sending any byte.
     fn read_ranges(
         &self,
         dst: &mut [u8],
@@ -81,9 +74,8 @@ impl RemoteObject {
         let mut filling = Filling::new(dst, range.start, landing);
         let pace = self.backend.tuning.pace;
         let mut stalls = 0;
-        // Each pass is one request (with object_store's retries inside it); a pass only
-        // repeats after a body that ended cleanly but short, or one that stalled, which are
-        // bounded here.
+        // Each pass is one request (object_store retries inside it); a pass repeats only
+        // after a clean short body or a stall.
         for _ in 0..=self.backend.tuning.max_retries + pace.retries {
             let from = range.start + filling.got as u64;
             let options = GetOptions {
@@ -96,8 +88,7 @@ impl RemoteObject {
                 let mut stream = result.into_stream();
                 while let Some(chunk) = stream.next().await {
                     let chunk = chunk?;
-                    // The future runs on the reading thread (`block_on`): what the
-                    // chunk is handed to costs the runtime nothing.
+                    // The future runs on the reading thread (`block_on`).
                     if !into.put(&chunk) {
                         return Ok(false);
                     }
@@ -136,19 +127,16 @@ impl RemoteObject {
                 Err(e) => return self.failed_get(&e, range, filling.got),
             }
         }
-        let detail = format!(
-            "short bodies: {} of {} bytes after {} requests",
-            filling.got,
-            filling.len(),
-            self.backend.tuning.max_retries + 1
-        );
+        let (got, len) = (filling.got, filling.len());
+        let tries = self.backend.tuning.max_retries + 1;
+        let detail = format!("short bodies: {got} of {len} bytes after {tries} requests");
         Some(Err(self
             .error(RemoteErrorKind::Failed, detail)
             .with_range(range)))
     }
 
-    /// A ranged GET's failure, as an error of `range`; `None` where the server ignores
-    /// ranges and sent nothing yet (`got`).
+    /// A ranged GET's failure as an error of `range`; `None` where ranges are ignored
+    /// and nothing came yet (`got`).
     fn failed_get(
         &self,
         e: &object_store::Error,
@@ -167,8 +155,7 @@ impl RemoteObject {
     }
 }
 
-/// Copies into `dst` what `bytes` (an object's bytes from its start) hold of
-/// the object from `offset` on: as many of `dst`'s first bytes as there are.
+/// Copies into `dst` what `bytes` (an object's first bytes) hold from `offset`: the count.
 fn copy_from(bytes: &[u8], dst: &mut [u8], offset: u64) -> usize {
     let Some(src) = usize::try_from(offset).ok().and_then(|at| bytes.get(at..)) else {
         return 0;

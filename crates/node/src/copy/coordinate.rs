@@ -364,10 +364,8 @@ fn note_fill(remarks: &mut Remarks, outcome: prefetch::FillOutcome, swept: usize
             quiet_ms: quiet.map_or(0, |q| u64::try_from(q.as_millis()).unwrap_or(u64::MAX)),
         });
     }
-    if outcome.swept + swept > 0 {
-        remarks.push(CopyRemark::DeadJobsRemoved {
-            files: outcome.swept + swept,
-        });
+    if swept > 0 {
+        remarks.push(CopyRemark::DeadJobsRemoved { files: swept });
     }
 }
 

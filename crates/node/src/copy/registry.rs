@@ -12,7 +12,8 @@
 //! socket, is never connected to, followed, removed or counted; it is said
 //! once ([`Foreign`]). Removing this user's names after that look is safe: in
 //! a sticky directory another user cannot swap them (unlink(2), `EPERM`).
-//! What killed jobs left goes by the dead-owner rule ([`sweep`]).
+//! What killed jobs left, the prefetch queue files too, goes by the
+//! dead-owner rule ([`sweep`]).
 
 use std::path::{Path, PathBuf};
 
@@ -171,8 +172,9 @@ pub(crate) fn held(dir: &Path, key: u64) -> bool {
     entries(dir).iter().any(|n| n.live_holder_of(key))
 }
 
-/// Removes what dead jobs of this user left in `dir` (dead owners' sockets,
-/// then free lock files with no live socket): how many files.
+/// Removes what dead jobs of this user left in `dir` by the dead-owner rule
+/// ([`coord::sweep`]): dead owners' sockets, free lock files with no live
+/// socket, and prefetch queue files no live rank is attached to: how many.
 pub(crate) fn sweep(dir: &Path) -> usize {
     let uid = os::effective_uid().unwrap_or(u32::MAX);
     let found = entries(dir);
@@ -190,7 +192,18 @@ pub(crate) fn sweep(dir: &Path) -> usize {
         }
         _ => false,
     });
-    removed + locks.count()
+    let removed = removed + locks.count();
+    let queues = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    let queues = queues.filter(|entry| {
+        let name = entry.file_name();
+        let name = name.to_str().unwrap_or_default();
+        name.starts_with("safeload-prefetch-")
+            && name.ends_with(".queue")
+            && coord::sweep(Place::Private(&entry.path()), |lock| {
+                crate::prefetch::is_stale(lock.file()) && lock.remove()
+            })
+    });
+    removed + queues.count()
 }
 
 #[cfg(test)]

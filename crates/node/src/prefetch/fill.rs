@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use super::plan::{Chunk, ChunkPlan, guard, reader_plan};
 use super::queue::{DONE, Layout, chunk_words, init_from_header};
-use super::queue_file::{Queue, sweep_stale};
+use super::queue_file::Queue;
 use super::worker::{Sink, Work};
 use crate::cancel::Cancel;
 use crate::coord::Owner;
@@ -35,8 +35,6 @@ pub(crate) struct FillOutcome {
     pub finished_here: usize,
     /// Where this rank read every chunk itself: the queue file's path, and why.
     pub unshared: Option<(PathBuf, String)>,
-    /// Queue files of dead jobs removed first.
-    pub swept: usize,
     /// Chunks this rank took over from live ranks that showed no progress
     /// (read twice): per chunk, the holder's pid and how long it was quiet.
     pub taken_over: Vec<(u32, std::time::Duration)>,
@@ -83,7 +81,6 @@ pub(crate) fn fill_shared(
         done_elsewhere,
         private,
     } = *shared;
-    let swept = sweep_stale(dir);
     let plan = ChunkPlan::new(lens, chunk_size, os::page_size());
     // A node copy starts empty: every chunk free, nothing resident; unless
     // its fill ended before this rank made the queue file.
@@ -138,7 +135,6 @@ pub(crate) fn fill_shared(
         chunk_size: plan.chunk_size,
         finished_here,
         unshared,
-        swept,
         taken_over: outcome.taken_over,
     })
 }

@@ -31,3 +31,4 @@ mod worker;
 
 pub(crate) use fill::{FillOutcome, SharedQueue, fill_shared};
 pub(crate) use load::{before_load, warm};
+pub(crate) use queue_file::is_stale;

@@ -136,27 +136,9 @@ impl Drop for SharedQueue {
     }
 }
 
-/// Removes the queue files in `dir` that killed jobs left (no live rank
-/// attached), each under its lock: how many.
-pub(crate) fn sweep_stale(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    let ours = entries.flatten().filter(|entry| {
-        let name = entry.file_name();
-        let name = name.to_str().unwrap_or_default();
-        name.starts_with("safeload-prefetch-")
-            && name.ends_with(".queue")
-            && coord::sweep(Place::Private(&entry.path()), |lock| {
-                is_stale(lock.file()) && lock.remove()
-            })
-    });
-    ours.count()
-}
-
 /// Whether a queue file, locked by the caller, is left by ranks all gone:
 /// empty, never initialized, or valid with no live rank attached.
-fn is_stale(file: &File) -> bool {
+pub(crate) fn is_stale(file: &File) -> bool {
     let Ok(len) = file.metadata().map(|m| m.len()) else {
         return false;
     };
@@ -437,7 +419,7 @@ mod tests {
         // Another format version: not this build's to judge.
         words[at::VERSION] = VERSION + 1;
         write_words(&named("other"), &words);
-        assert_eq!(sweep_stale(dir.path()), 2);
+        assert_eq!(crate::copy::registry::sweep(dir.path()), 2);
         assert!(!named("dead").exists() && !named("empty").exists());
         assert!(named("live").exists() && named("other").exists());
         assert!(path.exists(), "not a queue file name: left alone");

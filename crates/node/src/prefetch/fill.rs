@@ -17,6 +17,7 @@ use crate::error::Result;
 use crate::extras::LocalRank;
 use crate::os;
 use crate::progress::{Callback, Meter, Phase};
+use crate::report::QueueNote;
 
 /// A fill's read of one chunk: a file index, an offset, a length, and the
 /// beat to call as pieces of it land.
@@ -98,7 +99,10 @@ pub(crate) fn fill_shared(
         Queue::shared(dir, key_material, layout, Owner::current(), &mut make)
     };
     let shared = queue.is_shared();
-    let unshared = (!shared).then(|| queue.refused.clone().unwrap_or_default());
+    let unshared = (!shared).then(|| match &queue.note {
+        Some(QueueNote::NotShared { path, why }) => (path.clone(), why.clone()),
+        _ => Default::default(),
+    });
     let needed = init_from_header(queue.words()).needed;
     let meter = Meter::new(progress, Phase::Read, needed, lens.len());
     // A queue of this rank's own: no other rank fills any of it, so its

@@ -177,11 +177,9 @@ pub(super) struct Queue {
     layout: Layout,
     /// The shared file, where there is one.
     pub path: Option<PathBuf>,
-    /// Why the queue is not the shared file it could have been, or which
-    /// file it replaced.
+    /// Why the queue is not the shared file it could have been (where it
+    /// could not be had, its path and the error), or which file it replaced.
     pub note: Option<QueueNote>,
-    /// Where the shared file could not be had: its path and the error.
-    pub refused: Option<(PathBuf, String)>,
 }
 
 impl Queue {
@@ -199,7 +197,6 @@ impl Queue {
             layout,
             path: None,
             note,
-            refused: None,
         }
     }
 
@@ -233,17 +230,13 @@ impl Queue {
                 store: Store::Shared(queue),
                 layout: shared_layout,
                 path: Some(path),
-                refused: None,
             },
             Err(e) => {
                 let note = QueueNote::NotShared {
-                    path: path.clone(),
+                    path,
                     why: e.to_string(),
                 };
-                Queue {
-                    refused: Some((path, e.to_string())),
-                    ..Queue::local(layout, make, Some(note))
-                }
+                Queue::local(layout, make, Some(note))
             }
         }
     }

@@ -37,7 +37,7 @@ pub(super) fn coordinate(
     // this rank's own, which the key's queue (the first copy's) must not fill.
     let private = ask.role == Role::Queue && found.is_none() && remarks.holder_failed();
     let mut results: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
-    let Some(obtained) = node.take_or_make(found, &mut results)? else {
+    let Some(mut copy) = node.take_or_make(found, &mut results)? else {
         // Nothing fits: no copy to hand out; a rank that comes next
         // applies the guard to its own room.
         return Ok((results, None));
@@ -50,12 +50,12 @@ pub(super) fn coordinate(
         });
         None
     } else {
-        node.hand_out(&obtained, &mut remarks)?
+        node.hand_out(&copy, &mut remarks)?
     };
     drop(lock);
 
     // 2. The fill, unless the copy came complete (or the load fills it).
-    let filled = node.fill(&obtained, server.as_ref(), private, &mut remarks)?;
+    node.fill(&mut copy, server.as_ref(), private, &mut remarks)?;
 
     // 3. Each file's copy, mapped read-only; the server stops with the last.
     let guard = Arc::new(Hold {
@@ -65,8 +65,8 @@ pub(super) fn coordinate(
         key: node.key,
     });
     let remarks = remarks.notes();
-    let deferred = filled.deferred;
-    let pending = node.map_copies(&obtained, filled, &guard, &remarks, &mut results)?;
+    let deferred = copy.deferred;
+    let pending = node.map_copies(copy, &guard, &remarks, &mut results)?;
     for slot in &mut results {
         if matches!(slot, PerFile::Absent) {
             *slot = PerFile::NotUsed(NodeCopy::LeftOut);
@@ -80,12 +80,12 @@ pub(super) fn coordinate(
 }
 
 /// One load's coordination of its node copy, as the steps share it.
-struct Coordination<'a> {
-    files: &'a [ShareFile<'a>],
-    ask: &'a ShareAsk<'a>,
-    chunk_size: u64,
-    dir: PathBuf,
-    key: u64,
+pub(super) struct Coordination<'a> {
+    pub files: &'a [ShareFile<'a>],
+    pub ask: &'a ShareAsk<'a>,
+    pub chunk_size: u64,
+    pub dir: PathBuf,
+    pub key: u64,
     me: Owner,
     /// Sockets and lock files of dead jobs removed first.
     swept: usize,
@@ -93,15 +93,12 @@ struct Coordination<'a> {
 }
 
 /// The copy this rank found or made: its offer, its memory files (in the
-/// offer's order), and the pid it came from where another rank made it.
-struct Obtained {
-    offer: Offer,
-    memfds: Vec<File>,
+/// offer's order), the pid it came from where another rank made it, and how
+/// it is filled.
+pub(super) struct Obtained {
+    pub offer: Offer,
+    pub memfds: Vec<File>,
     received_from: Option<u32>,
-}
-
-/// How the copy is filled, for its reports and the load.
-struct Filled {
     /// Per file of the offer, what this rank read of it.
     read_here: Vec<ReadHere>,
     /// The chunk size of the fill.
@@ -110,7 +107,7 @@ struct Filled {
     /// first, and the load is handed its writers.
     deferred: bool,
     /// The size of the pages the copy's writers fault in.
-    huge_pages: HugePages,
+    pub huge_pages: HugePages,
 }
 
 impl<'a> Coordination<'a> {
@@ -199,6 +196,11 @@ impl<'a> Coordination<'a> {
             }
         };
         Ok(Some(Obtained {
+            read_here: vec![ReadHere::default(); offer.files.len()],
+            chunk_size: self.chunk_size,
+            deferred: !offer.complete && self.ask.role == Role::Participant,
+            // Its pages of the size the caller or the environment asks for.
+            huge_pages: policy::huge_pages(self.ask.huge_pages, self.ask.env).0,
             offer,
             memfds,
             received_from,
@@ -236,52 +238,32 @@ impl<'a> Coordination<'a> {
     /// came complete or the load fills it; what it met goes to `remarks`.
     fn fill(
         &self,
-        obtained: &Obtained,
+        copy: &mut Obtained,
         server: Option<&Server>,
         private: bool,
         remarks: &mut Remarks,
-    ) -> Result<Filled, String> {
-        let offer = &obtained.offer;
-        // Its pages of the size the caller or the environment asks for.
-        let huge_pages = policy::huge_pages(self.ask.huge_pages, self.ask.env).0;
-        let mut filled = Filled {
-            read_here: vec![ReadHere::default(); offer.files.len()],
-            chunk_size: self.chunk_size,
-            deferred: !offer.complete && self.ask.role == Role::Participant,
-            huge_pages,
-        };
-        if offer.complete || filled.deferred {
-            return Ok(filled);
+    ) -> Result<(), String> {
+        if copy.offer.complete || copy.deferred {
+            return Ok(());
         }
         let complete = || {
             if let Some(server) = server {
                 server.complete();
             }
         };
-        let copy = fill::ToFill {
-            files: self.files,
-            offer,
-            memfds: &obtained.memfds,
-            huge_pages,
-            key: self.key,
-            dir: &self.dir,
-            chunk_size: self.chunk_size,
-            private,
-        };
-        let (read_here, outcome) =
-            fill::fill(&copy, self.ask, &complete).map_err(|e| format!("filling the copy: {e}"))?;
-        filled.read_here = read_here;
-        filled.chunk_size = outcome.chunk_size;
+        let (read_here, outcome) = fill::fill(self, copy, private, &complete)
+            .map_err(|e| format!("filling the copy: {e}"))?;
+        copy.read_here = read_here;
+        copy.chunk_size = outcome.chunk_size;
         note_fill(remarks, outcome, self.swept);
-        Ok(filled)
+        Ok(())
     }
 
     /// Each file's copy, mapped read-only and held by `guard`, with its
     /// report into `results`; where the load fills the copy, its writers.
     fn map_copies(
         &self,
-        obtained: &Obtained,
-        filled: Filled,
+        copy: Obtained,
         guard: &Arc<Hold>,
         remarks: &[CopyRemark],
         results: &mut [PerFile],
@@ -290,11 +272,12 @@ impl<'a> Coordination<'a> {
             offer,
             memfds,
             received_from,
-        } = obtained;
-        let made_here = received_from.is_none();
-        let deferred = filled.deferred;
+            deferred,
+            ..
+        } = &copy;
+        let (deferred, made_here) = (*deferred, received_from.is_none());
         let mut pending = Vec::new();
-        for ((&(i, len), memfd), read) in offer.files.iter().zip(memfds).zip(filled.read_here) {
+        for ((&(i, len), memfd), read) in offer.files.iter().zip(memfds).zip(&copy.read_here) {
             let Some(file) = usize::try_from(i).ok().and_then(|i| self.files.get(i)) else {
                 continue;
             };
@@ -304,13 +287,13 @@ impl<'a> Coordination<'a> {
             let storage = copy::seal(memfd, file.path(), kept)
                 .map_err(|e| format!("mapping the copy: {e}"))?;
             if deferred {
-                let writer = CopyFill::new(memfd, filled.huge_pages).map_err(|e| e.to_string())?;
+                let writer = CopyFill::new(memfd, copy.huge_pages).map_err(|e| e.to_string())?;
                 pending.push((i as usize, writer));
             }
             let chunks = if deferred {
                 0
             } else {
-                usize::try_from(len.div_ceil(filled.chunk_size.max(1))).unwrap_or(usize::MAX)
+                usize::try_from(len.div_ceil(copy.chunk_size.max(1))).unwrap_or(usize::MAX)
             };
             let report = NodeCopy::Shared {
                 made_by_pid: offer.maker.pid,

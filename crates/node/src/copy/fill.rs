@@ -4,48 +4,36 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::ask::{Asking, Remarks, Wanted, find};
+use super::coordinate::{Coordination, Obtained};
 use super::handoff::Offer;
 use crate::dest::node::CopyFill;
 use crate::dest::pages::HugePages;
 use crate::error::Error;
 use crate::error::Operation;
-use crate::extras::{ShareAsk, ShareFile, direct_reads, tensor_part};
+use crate::extras::{ShareFile, direct_reads, tensor_part};
 use crate::os;
 use crate::prefetch;
 use crate::source::read_error;
 
-/// A copy to fill with the other ranks, and its queue's key and directory.
-pub(super) struct ToFill<'a> {
-    pub files: &'a [ShareFile<'a>],
-    pub offer: &'a Offer,
-    pub memfds: &'a [File],
-    pub huge_pages: HugePages,
-    pub key: u64,
-    pub dir: &'a std::path::Path,
-    pub chunk_size: u64,
-    /// A copy of this rank's own (a holder did not hand the key's over):
-    /// filled alone, never through the key's queue file.
-    pub private: bool,
-}
-
-/// Fills the copy through the chunk queue, calling `complete` once every
-/// chunk is in place: per file of the offer, what this rank read of it.
+/// Fills `copy` through the chunk queue with the other ranks (alone where
+/// `private`: a holder did not hand the key's copy over, so never through
+/// the key's queue file), calling `complete` once every chunk is in place:
+/// per file of the offer, what this rank read of it.
 pub(super) fn fill(
-    copy: &ToFill,
-    ask: &ShareAsk<'_>,
+    node: &Coordination<'_>,
+    copy: &Obtained,
+    private: bool,
     complete: &dyn Fn(),
 ) -> crate::error::Result<(Vec<ReadHere>, prefetch::FillOutcome)> {
-    let ToFill {
+    let Coordination {
         files,
-        offer,
-        memfds,
-        huge_pages,
-        key,
-        dir,
+        ask,
         chunk_size,
-        private,
-    } = *copy;
-    let parts = parts_of_offer(files, offer, memfds, huge_pages)?;
+        key,
+        ..
+    } = *node;
+    let (offer, dir) = (&copy.offer, node.dir.as_path());
+    let parts = parts_of_offer(files, offer, &copy.memfds, copy.huge_pages)?;
     let lens: Vec<u64> = parts.iter().map(|part| part.file.size()).collect();
     // Direct reads where the policy would read the file so (FUSE, cold): the
     // daemon answers in requests of its `max_read`, not 128 KiB, and no page

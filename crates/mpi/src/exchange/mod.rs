@@ -81,13 +81,11 @@ impl MpiSettings {
 
 /// Where a process stands in an MPI job, and its exchange if it is its node's participant.
 pub(crate) struct MpiMembership {
-    /// The node's index, 0..nodes (read by the tests; the load takes it from the exchange).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// The node's index, 0..nodes.
     pub(crate) node: usize,
     /// The number of nodes.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) nodes: usize,
-    /// This process's rank among its node's processes.
+    /// This process's rank among its node's processes (0 is the participant).
     pub(crate) local_rank: usize,
     /// The number of processes on this node.
     pub(crate) local_ranks: usize,
@@ -132,16 +130,16 @@ impl MpiExchange {
                     format!("cannot start the exchange's MPI thread: {e}"),
                 )
             })?;
-        let placement = wait(&ready, settings.timeout, || {
+        let mut membership = wait(&ready, settings.timeout, || {
             format!(
                 "joining the MPI exchange (identified by {identity}) did not complete within \
                  {:?}: not every process of the job joined",
                 settings.timeout
             )
         })??;
-        let exchange = (placement.local_rank == 0).then(|| MpiExchange {
-            node: placement.node,
-            nodes: placement.nodes,
+        membership.exchange = (membership.local_rank == 0).then(|| MpiExchange {
+            node: membership.node,
+            nodes: membership.nodes,
             timeout: settings.timeout,
             calls: Mutex::new(Calls {
                 jobs,
@@ -149,15 +147,9 @@ impl MpiExchange {
             }),
             broken: AtomicBool::new(false),
             #[cfg(test)]
-            corrupt: settings.corrupt_node == Some(placement.node),
+            corrupt: settings.corrupt_node == Some(membership.node),
         });
-        Ok(MpiMembership {
-            node: placement.node,
-            nodes: placement.nodes,
-            local_rank: placement.local_rank,
-            local_ranks: placement.local_ranks,
-            exchange,
-        })
+        Ok(membership)
     }
 
     /// The way to the thread, for one collective; refused once the exchange is broken.

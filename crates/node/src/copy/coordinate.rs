@@ -141,7 +141,7 @@ impl<'a> Coordination<'a> {
     }
 
     /// Who asks for which copy: this rank, for the copy of these files.
-    fn asking(&self) -> Asking<'_> {
+    pub(super) fn asking(&self) -> Asking<'_> {
         Asking {
             dir: &self.dir,
             key: self.key,
@@ -184,11 +184,7 @@ impl<'a> Coordination<'a> {
                 (copy, Some(pid))
             }
             None => {
-                let maker = Maker {
-                    pid: self.me.pid,
-                    rank: u32::try_from(self.ask.rank.rank).unwrap_or(u32::MAX),
-                };
-                let made = make(self.files, self.key, maker, self.ask, results)?;
+                let made = self.make(results)?;
                 if made.0.files.is_empty() {
                     return Ok(None);
                 }
@@ -317,6 +313,38 @@ impl<'a> Coordination<'a> {
         }
         Ok(pending)
     }
+
+    /// A new copy of the files that fit the memory guard, in order; those that
+    /// do not are marked in `results`.
+    fn make(&self, results: &mut [PerFile]) -> Result<(Offer, Vec<File>), String> {
+        let available = self.ask.memory_available.or_else(memory::available);
+        let maker = Maker {
+            pid: self.me.pid,
+            rank: u32::try_from(self.ask.rank.rank).unwrap_or(u32::MAX),
+        };
+        let mut offer = Offer {
+            key: self.key,
+            complete: false,
+            maker,
+            files: Vec::new(),
+        };
+        let mut memfds = Vec::new();
+        let mut total = 0u64;
+        for (i, (f, slot)) in self.files.iter().zip(results.iter_mut()).enumerate() {
+            let len = f.size();
+            if let Err((needed, available)) =
+                policy::memory_fits(offer.files.len() + 1, total + len, available)
+            {
+                *slot = PerFile::NotUsed(NodeCopy::DoesNotFit { needed, available });
+                continue;
+            }
+            let memfd = copy::create(len).map_err(|e| format!("making a memfd: {e}"))?;
+            total += len;
+            offer.files.push((i as u64, len));
+            memfds.push(memfd);
+        }
+        Ok((offer, memfds))
+    }
 }
 
 /// What the fill met (and the `swept` names before it), in `remarks`.
@@ -388,37 +416,3 @@ impl Drop for Hold {
 /// How long a rank dropping its copy waits for a lock another rank holds
 /// (a look at the directory takes well under a millisecond).
 const DROP_WAIT: Duration = Duration::from_millis(200);
-
-/// A new copy of the files that fit the memory guard, in order; those that
-/// do not are marked in `results`.
-fn make(
-    files: &[ShareFile<'_>],
-    key: u64,
-    maker: Maker,
-    ask: &ShareAsk<'_>,
-    results: &mut [PerFile],
-) -> Result<(Offer, Vec<File>), String> {
-    let available = ask.memory_available.or_else(memory::available);
-    let mut offer = Offer {
-        key,
-        complete: false,
-        maker,
-        files: Vec::new(),
-    };
-    let mut memfds = Vec::new();
-    let mut total = 0u64;
-    for (i, (f, slot)) in files.iter().zip(results.iter_mut()).enumerate() {
-        let len = f.size();
-        if let Err((needed, available)) =
-            policy::memory_fits(offer.files.len() + 1, total + len, available)
-        {
-            *slot = PerFile::NotUsed(NodeCopy::DoesNotFit { needed, available });
-            continue;
-        }
-        let memfd = copy::create(len).map_err(|e| format!("making a memfd: {e}"))?;
-        total += len;
-        offer.files.push((i as u64, len));
-        memfds.push(memfd);
-    }
-    Ok((offer, memfds))
-}

@@ -3,7 +3,7 @@
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use super::ask::{Asking, Remarks, Wanted, find};
+use super::ask::{Remarks, Wanted, find};
 use super::coordinate::{Coordination, Obtained};
 use super::handoff::Offer;
 use crate::dest::node::CopyFill;
@@ -54,12 +54,7 @@ pub(super) fn fill(
     // lock, each holder bounded, `ask.rs`). Only this copy (its maker's)
     // counts: another complete copy holds none of this one's bytes.
     let done_elsewhere = || {
-        let asking = Asking {
-            dir,
-            key,
-            me: crate::coord::Owner::current(),
-        };
-        find(&asking, Wanted::Complete, &mut Remarks::default())
+        find(&node.asking(), Wanted::Complete, &mut Remarks::default())
             .0
             .is_some_and(|((found, _), _)| found.maker == offer.maker)
     };

@@ -26,10 +26,6 @@ pub(crate) type ReadChunk<'a> = dyn Fn(usize, u64, u64, &dyn Fn()) -> Result<()>
 /// What one rank's part in a fill was.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FillOutcome {
-    /// Chunks this rank read.
-    pub handled: usize,
-    /// Chunks of the whole fill.
-    pub chunks: usize,
     /// The chunk size the fill used.
     pub chunk_size: u64,
     /// Chunks this rank read at the end because nobody finished them.
@@ -134,8 +130,6 @@ pub(crate) fn fill_shared(
     meter.finish();
     drop(queue);
     Ok(FillOutcome {
-        handled: outcome.handled,
-        chunks: plan.chunks.len(),
         chunk_size: plan.chunk_size,
         finished_here,
         unshared,

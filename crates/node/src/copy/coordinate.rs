@@ -17,7 +17,6 @@ use crate::extras::{Pending, PerFile, Role, ShareAsk, ShareFile, job_key};
 use crate::memory;
 use crate::os;
 use crate::policy;
-use crate::prefetch;
 use crate::report::{CopyRemark, NodeCopy};
 
 /// The copy of `files`, found or made, filled and mapped: per file, the copy
@@ -348,7 +347,7 @@ impl<'a> Coordination<'a> {
 }
 
 /// What the fill met (and the `swept` names before it), in `remarks`.
-fn note_fill(remarks: &mut Remarks, outcome: prefetch::FillOutcome, swept: usize) {
+fn note_fill(remarks: &mut Remarks, outcome: fill::FillOutcome, swept: usize) {
     // A queue not shared is this rank's alone: it read every
     // chunk, and nothing stalled.
     match outcome.unshared {

@@ -172,7 +172,7 @@ enum Store {
 }
 
 /// The queue a rank claims from, and what its report says about it.
-pub(super) struct Queue {
+pub(crate) struct Queue {
     store: Store,
     layout: Layout,
     /// The shared file, where there is one.
@@ -185,7 +185,7 @@ pub(super) struct Queue {
 impl Queue {
     /// A queue in this process's memory, with the same layout as a shared
     /// one; `make` decides its chunk states.
-    pub(super) fn local(
+    pub(crate) fn local(
         layout: Layout,
         make: &mut dyn FnMut() -> Init,
         note: Option<QueueNote>,
@@ -203,7 +203,7 @@ impl Queue {
     /// The queue file in `dir` for this key material, created, joined or
     /// replaced; a local queue where it cannot be had. `make` runs only if
     /// this rank creates the queue.
-    pub(super) fn shared(
+    pub(crate) fn shared(
         dir: &Path,
         key_material: &[u8],
         layout: Layout,
@@ -242,18 +242,18 @@ impl Queue {
     }
 
     /// Whether other processes claim from the same words.
-    pub(super) fn is_shared(&self) -> bool {
+    pub(crate) fn is_shared(&self) -> bool {
         matches!(self.store, Store::Shared(_))
     }
 
-    pub(super) fn words(&self) -> &[AtomicU64] {
+    pub(crate) fn words(&self) -> &[AtomicU64] {
         match &self.store {
             Store::Shared(q) => q.words(),
             Store::Local(w) => w,
         }
     }
 
-    pub(super) fn layout(&self) -> &Layout {
+    pub(crate) fn layout(&self) -> &Layout {
         &self.layout
     }
 

@@ -124,12 +124,7 @@ impl MpiExchange {
         thread::Builder::new()
             .name("safeload-mpi".into())
             .spawn(move || worker::run(identity, ready_tx, jobs_rx))
-            .map_err(|e| {
-                ExchangeError::new(
-                    ExchangeErrorKind::Setup,
-                    format!("cannot start the exchange's MPI thread: {e}"),
-                )
-            })?;
+            .map_err(|e| setup_error(format!("cannot start the exchange's MPI thread: {e}")))?;
         let mut membership = wait(&ready, settings.timeout, || {
             format!(
                 "joining the MPI exchange (identified by {identity}) did not complete within \
@@ -273,6 +268,11 @@ fn wait<T>(
         }
         RecvTimeoutError::Disconnected => broken("the exchange's MPI thread has ended"),
     })
+}
+
+/// An error joining the exchange ([`ExchangeErrorKind::Setup`]).
+fn setup_error(message: impl Into<String>) -> ExchangeError {
+    ExchangeError::new(ExchangeErrorKind::Setup, message)
 }
 
 fn broken(why: &str) -> ExchangeError {

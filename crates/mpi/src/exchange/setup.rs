@@ -7,8 +7,9 @@ use mpi::traits::*;
 
 use super::MpiMembership;
 use super::identity::NodeIdentity;
+use super::setup_error;
 use super::{init, worker::complete};
-use safeload_core::cluster::{ExchangeError, ExchangeErrorKind};
+use safeload_core::cluster::ExchangeError;
 
 /// Splits `MPI_COMM_WORLD` by node (a collective over the world): where this process stands
 /// (its exchange not yet made), and the participants' communicator on its node's participant.
@@ -30,16 +31,13 @@ pub(super) fn split_by_node(
     });
     let tags = all.chunks_exact(2).filter_map(|pair| pair.first().copied());
     if let Some((other, tag)) = tags.enumerate().find(|(_, tag)| *tag != mine[0]) {
-        return Err(ExchangeError::new(
-            ExchangeErrorKind::Setup,
-            format!(
-                "the processes are not identified the same way: world rank {rank} by {}, world \
-                 rank {other} by {}; set {} in every process or in none",
-                NodeIdentity::describe_tag(mine[0]),
-                NodeIdentity::describe_tag(tag),
-                super::identity::NODE_ID_ENV,
-            ),
-        ));
+        return Err(setup_error(format!(
+            "the processes are not identified the same way: world rank {rank} by {}, world rank \
+             {other} by {}; set {} in every process or in none",
+            NodeIdentity::describe_tag(mine[0]),
+            NodeIdentity::describe_tag(tag),
+            super::identity::NODE_ID_ENV,
+        )));
     }
 
     let (local, key) = match identity {
@@ -47,10 +45,9 @@ pub(super) fn split_by_node(
         NodeIdentity::Given { id, .. } => {
             let local = init::call(|| world.split_by_color_with_key(Color::with_value(id), rank));
             let local = local.ok_or_else(|| {
-                ExchangeError::new(
-                    ExchangeErrorKind::Setup,
-                    format!("MPI gave no communicator for the processes of node {id}"),
-                )
+                setup_error(format!(
+                    "MPI gave no communicator for the processes of node {id}"
+                ))
             })?;
             // The nodes are indexed in the order of their numbers.
             (local, id)

@@ -10,6 +10,7 @@ use super::ask::{self, Asking, Found, Remarks, Wanted};
 use super::fill::{self, ReadHere};
 use super::handoff::{Maker, Offer, Server};
 use super::registry;
+use crate::cluster::{DEFAULT_TIMEOUT, timeout_from};
 use crate::coord::{self, Lock, Owner, Place};
 use crate::dest::node::{self as copy, CopyFill};
 use crate::dest::pages::HugePages;
@@ -152,7 +153,10 @@ impl<'a> Coordination<'a> {
     /// any (a member waits for its participant's, complete).
     fn find(&self, remarks: &mut Remarks) -> Result<(Lock, Option<Found>), String> {
         if self.ask.role == Role::Member {
-            let patience = ask::member_patience(self.ask.env);
+            // The exchange's timeout, where no live rank offers a copy at
+            // all: the participant may still be opening its files.
+            let env = |name: &str| self.ask.env.get(name).map(str::to_owned);
+            let patience = timeout_from(env).unwrap_or(DEFAULT_TIMEOUT);
             let (lock, found) =
                 ask::wait_for_complete(&self.asking(), &self.lock_path, patience, remarks)?;
             Ok((lock, Some(found)))

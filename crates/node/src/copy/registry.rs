@@ -78,17 +78,6 @@ pub(crate) enum Entry {
     Socket { key: u64, owner: Owner },
 }
 
-impl Entry {
-    /// What this user's name of the entry is: a lock is a file, a holder a
-    /// socket.
-    pub(crate) fn kind(&self) -> NameKind {
-        match self {
-            Entry::Lock { .. } => NameKind::File,
-            Entry::Socket { .. } => NameKind::Socket,
-        }
-    }
-}
-
 /// Parses a file name of the directory; `None` for anything not ours.
 pub(crate) fn parse(name: &str) -> Option<Entry> {
     let rest = name.strip_prefix(PREFIX)?;
@@ -117,14 +106,6 @@ pub(crate) struct Name {
     pub foreign: Option<Foreign>,
 }
 
-impl Name {
-    /// Whether this is a live holder's socket of `key`: this user's socket,
-    /// its owner alive.
-    pub(crate) fn live_holder_of(&self, key: u64) -> bool {
-        matches!(self.entry, Entry::Socket { key: k, owner } if k == key && self.foreign.is_none() && owner.alive())
-    }
-}
-
 /// The names of `dir` that parse as ours, each looked at by `lstat(2)`
 /// (`DirEntry::metadata` does not follow a symlink).
 pub(crate) fn entries(dir: &Path) -> Vec<Name> {
@@ -136,10 +117,14 @@ pub(crate) fn entries(dir: &Path) -> Vec<Name> {
             let file_name = e.file_name();
             let name = file_name.to_str()?;
             let entry = parse(name)?;
-            let meta = e.metadata().ok()?;
+            // This user's name of a lock is a file, of a holder a socket.
+            let kind = match entry {
+                Entry::Lock { .. } => NameKind::File,
+                Entry::Socket { .. } => NameKind::Socket,
+            };
             Some(Name {
                 path: e.path(),
-                foreign: foreign(name, entry.kind(), &meta),
+                foreign: foreign(name, kind, &e.metadata().ok()?),
                 entry,
             })
         })
@@ -166,10 +151,12 @@ fn lock_failed(path: &Path, waited: std::time::Duration, e: &std::io::Error) -> 
     )
 }
 
-/// Whether a live owner's socket of `key` is in `dir` (else the last rank of
-/// a copy removes its lock file, leaving nothing behind).
+/// Whether a live owner's socket of `key`, this user's, is in `dir` (else
+/// the last rank of a copy removes its lock file, leaving nothing behind).
 pub(crate) fn held(dir: &Path, key: u64) -> bool {
-    entries(dir).iter().any(|n| n.live_holder_of(key))
+    entries(dir).iter().any(|n| {
+        matches!(n.entry, Entry::Socket { key: k, owner } if k == key && n.foreign.is_none() && owner.alive())
+    })
 }
 
 /// Removes what dead jobs of this user left in `dir` by the dead-owner rule

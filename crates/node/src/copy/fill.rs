@@ -66,7 +66,10 @@ pub(super) fn fill(
     let queue = if private {
         Queue::local(layout, &mut make, None)
     } else {
-        let material = queue_material(node.key);
+        // The copy's key and the user: another user's queue of the same copy
+        // is not this one's to join.
+        let uid = os::effective_uid().unwrap_or(u32::MAX).to_le_bytes();
+        let material = [&node.key.to_le_bytes()[..], &uid, b"node copy queue"].concat();
         Queue::shared(&node.dir, &material, layout, Owner::current(), &mut make)
     };
     let outcome = read_through(node.ask, &queue, &plan, &parts, complete)?;
@@ -232,18 +235,6 @@ fn parts_of_offer<'a>(
         });
     }
     Ok(parts)
-}
-
-/// The fill queue's key material: the copy's key, and the user (another
-/// user's queue of the same copy is not this one's to join).
-fn queue_material(key: u64) -> Vec<u8> {
-    let uid = os::effective_uid().unwrap_or(u32::MAX);
-    [
-        &key.to_le_bytes()[..],
-        &uid.to_le_bytes(),
-        b"node copy queue",
-    ]
-    .concat()
 }
 
 /// Checks that each local file is still of the length it was opened at (a

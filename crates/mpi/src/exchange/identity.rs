@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use safeload_core::cluster::{ExchangeError, ExchangeErrorKind};
+use safeload_core::cluster::ExchangeError;
 
 /// The node's number given by the user, before any launcher's (processes of one machine can
 /// stand in for nodes).
@@ -46,10 +46,8 @@ impl NodeIdentity {
                 .ok()
                 .filter(|id| *id >= 0)
                 .ok_or_else(|| {
-                    ExchangeError::new(
-                        ExchangeErrorKind::Setup,
-                        format!("{name}={text:?} is not a node number (0 to {})", i32::MAX),
-                    )
+                    let max = i32::MAX;
+                    super::setup_error(format!("{name}={text:?} is not a node number (0 to {max})"))
                 })?;
             return Ok(NodeIdentity::Given { id, source });
         }
@@ -90,6 +88,7 @@ impl fmt::Display for NodeIdentity {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use safeload_core::cluster::ExchangeErrorKind;
 
     fn identity(pairs: &[(&str, &str)]) -> Result<NodeIdentity, ExchangeError> {
         NodeIdentity::from_vars(|name: &str| {

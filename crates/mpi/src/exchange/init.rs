@@ -12,7 +12,8 @@ use std::sync::{Mutex, OnceLock};
 
 use mpi::environment::{Threading, Universe};
 
-use safeload_core::cluster::{ExchangeError, ExchangeErrorKind};
+use super::setup_error;
+use safeload_core::cluster::ExchangeError;
 
 /// The outcome of the one initialization: `Ok` once MPI is usable from the exchange's threads.
 static INIT: OnceLock<Result<(), ExchangeError>> = OnceLock::new();
@@ -78,10 +79,6 @@ fn initialize() -> Result<(), ExchangeError> {
         )));
     }
     Ok(())
-}
-
-fn setup_error(message: impl Into<String>) -> ExchangeError {
-    ExchangeError::new(ExchangeErrorKind::Setup, message)
 }
 
 /// Finalizes MPI at the process's exit, unless a collective is still pending ([`STALLED`]).

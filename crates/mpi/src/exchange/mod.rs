@@ -81,13 +81,11 @@ impl MpiSettings {
 
 /// Where a process stands in an MPI job, and its exchange if it is its node's participant.
 pub(crate) struct MpiMembership {
-    /// The node's index, 0..nodes (read by the tests; the load takes it from the exchange).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// The node's index, 0..nodes.
     pub(crate) node: usize,
     /// The number of nodes.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) nodes: usize,
-    /// This process's rank among its node's processes.
+    /// This process's rank among its node's processes (0 is the participant).
     pub(crate) local_rank: usize,
     /// The number of processes on this node.
     pub(crate) local_ranks: usize,
@@ -126,22 +124,17 @@ impl MpiExchange {
         thread::Builder::new()
             .name("safeload-mpi".into())
             .spawn(move || worker::run(identity, ready_tx, jobs_rx))
-            .map_err(|e| {
-                ExchangeError::new(
-                    ExchangeErrorKind::Setup,
-                    format!("cannot start the exchange's MPI thread: {e}"),
-                )
-            })?;
-        let placement = wait(&ready, settings.timeout, || {
+            .map_err(|e| setup_error(format!("cannot start the exchange's MPI thread: {e}")))?;
+        let mut membership = wait(&ready, settings.timeout, || {
             format!(
                 "joining the MPI exchange (identified by {identity}) did not complete within \
                  {:?}: not every process of the job joined",
                 settings.timeout
             )
         })??;
-        let exchange = (placement.local_rank == 0).then(|| MpiExchange {
-            node: placement.node,
-            nodes: placement.nodes,
+        membership.exchange = (membership.local_rank == 0).then(|| MpiExchange {
+            node: membership.node,
+            nodes: membership.nodes,
             timeout: settings.timeout,
             calls: Mutex::new(Calls {
                 jobs,
@@ -149,15 +142,9 @@ impl MpiExchange {
             }),
             broken: AtomicBool::new(false),
             #[cfg(test)]
-            corrupt: settings.corrupt_node == Some(placement.node),
+            corrupt: settings.corrupt_node == Some(membership.node),
         });
-        Ok(MpiMembership {
-            node: placement.node,
-            nodes: placement.nodes,
-            local_rank: placement.local_rank,
-            local_ranks: placement.local_ranks,
-            exchange,
-        })
+        Ok(membership)
     }
 
     /// The way to the thread, for one collective; refused once the exchange is broken.
@@ -281,6 +268,11 @@ fn wait<T>(
         }
         RecvTimeoutError::Disconnected => broken("the exchange's MPI thread has ended"),
     })
+}
+
+/// An error joining the exchange ([`ExchangeErrorKind::Setup`]).
+fn setup_error(message: impl Into<String>) -> ExchangeError {
+    ExchangeError::new(ExchangeErrorKind::Setup, message)
 }
 
 fn broken(why: &str) -> ExchangeError {

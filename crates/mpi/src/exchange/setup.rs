@@ -5,31 +5,20 @@
 use mpi::topology::{Color, Rank, SimpleCommunicator};
 use mpi::traits::*;
 
+use super::MpiMembership;
 use super::identity::NodeIdentity;
+use super::setup_error;
 use super::{init, worker::complete};
-use safeload_core::cluster::{ExchangeError, ExchangeErrorKind};
+use safeload_core::cluster::ExchangeError;
 
-/// Where this process stands in the job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Placement {
-    /// The node's index, 0..nodes.
-    pub node: usize,
-    /// The number of nodes.
-    pub nodes: usize,
-    /// This process's rank among its node's processes (0 is the participant).
-    pub local_rank: usize,
-    /// The number of processes on this node.
-    pub local_ranks: usize,
-}
-
-/// Splits `MPI_COMM_WORLD` by node (a collective over the world): where this process stands,
-/// and the participants' communicator on its node's participant.
+/// Splits `MPI_COMM_WORLD` by node (a collective over the world): where this process stands
+/// (its exchange not yet made), and the participants' communicator on its node's participant.
 ///
 /// MPI has no non-blocking split, so a non-blocking all-gather of the identities goes first:
 /// once it completes every process has arrived, and the splits do not wait on an absent one.
 pub(super) fn split_by_node(
     identity: NodeIdentity,
-) -> Result<(Placement, Option<SimpleCommunicator>), ExchangeError> {
+) -> Result<(MpiMembership, Option<SimpleCommunicator>), ExchangeError> {
     let world = SimpleCommunicator::world();
     let (rank, size) = init::call(|| (world.rank(), world.size()));
 
@@ -42,16 +31,13 @@ pub(super) fn split_by_node(
     });
     let tags = all.chunks_exact(2).filter_map(|pair| pair.first().copied());
     if let Some((other, tag)) = tags.enumerate().find(|(_, tag)| *tag != mine[0]) {
-        return Err(ExchangeError::new(
-            ExchangeErrorKind::Setup,
-            format!(
-                "the processes are not identified the same way: world rank {rank} by {}, world \
-                 rank {other} by {}; set {} in every process or in none",
-                NodeIdentity::describe_tag(mine[0]),
-                NodeIdentity::describe_tag(tag),
-                super::identity::NODE_ID_ENV,
-            ),
-        ));
+        return Err(setup_error(format!(
+            "the processes are not identified the same way: world rank {rank} by {}, world rank \
+             {other} by {}; set {} in every process or in none",
+            NodeIdentity::describe_tag(mine[0]),
+            NodeIdentity::describe_tag(tag),
+            super::identity::NODE_ID_ENV,
+        )));
     }
 
     let (local, key) = match identity {
@@ -59,10 +45,9 @@ pub(super) fn split_by_node(
         NodeIdentity::Given { id, .. } => {
             let local = init::call(|| world.split_by_color_with_key(Color::with_value(id), rank));
             let local = local.ok_or_else(|| {
-                ExchangeError::new(
-                    ExchangeErrorKind::Setup,
-                    format!("MPI gave no communicator for the processes of node {id}"),
-                )
+                setup_error(format!(
+                    "MPI gave no communicator for the processes of node {id}"
+                ))
             })?;
             // The nodes are indexed in the order of their numbers.
             (local, id)
@@ -91,11 +76,12 @@ pub(super) fn split_by_node(
     init::call(|| drop(local));
     let [node, nodes] = place;
     Ok((
-        Placement {
+        MpiMembership {
             node: index(node),
             nodes: index(nodes),
             local_rank: index(local_rank),
             local_ranks: index(local_ranks),
+            exchange: None,
         },
         participants,
     ))

@@ -15,9 +15,10 @@ use mpi::request::{Request, Scope};
 use mpi::topology::{Rank, SimpleCommunicator};
 use mpi::traits::*;
 
+use super::MpiMembership;
 use super::identity::NodeIdentity;
 use super::init;
-use super::setup::{Placement, index, split_by_node};
+use super::setup::{index, split_by_node};
 use safeload_core::cluster::{ExchangeError, ExchangeErrorKind};
 
 /// A collective for the thread to run.
@@ -40,7 +41,7 @@ pub(super) enum Job {
 /// on `ready`, then, on the participant, run `jobs` until the exchange is dropped.
 pub(super) fn run(
     identity: NodeIdentity,
-    ready: Sender<Result<Placement, ExchangeError>>,
+    ready: Sender<Result<MpiMembership, ExchangeError>>,
     jobs: Receiver<Job>,
 ) {
     let (placement, participants) = match init::ensure().and_then(|()| split_by_node(identity)) {

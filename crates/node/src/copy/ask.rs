@@ -13,7 +13,6 @@ use super::handoff::{self, Offer, Refused};
 use super::registry::{self, Entry};
 use crate::coord::{Foreign, Lock, Owner};
 use crate::os;
-use crate::policy::Environment;
 use crate::report::CopyRemark;
 
 /// A copy another rank handed out: its offer and memory files, and its pid.
@@ -167,13 +166,6 @@ fn take_from_running(path: &Path, owner: Owner, key: u64) -> Result<(Offer, Vec<
             other => return other,
         }
     }
-}
-
-/// How long a node's other ranks wait for a copy from their participant
-/// when no live rank offers one at all (it may still be opening its files).
-pub(super) fn member_patience(env: &Environment) -> Duration {
-    crate::cluster::timeout_from(|name| env.get(name).map(str::to_owned))
-        .unwrap_or(crate::cluster::DEFAULT_TIMEOUT)
 }
 
 /// How often a member asks for the complete copy.

@@ -10,6 +10,7 @@ use super::ask::{self, Asking, Found, Remarks, Wanted};
 use super::fill::{self, ReadHere};
 use super::handoff::{Maker, Offer, Server};
 use super::registry;
+use crate::cluster::{DEFAULT_TIMEOUT, timeout_from};
 use crate::coord::{self, Lock, Owner, Place};
 use crate::dest::node::{self as copy, CopyFill};
 use crate::dest::pages::HugePages;
@@ -17,7 +18,6 @@ use crate::extras::{Pending, PerFile, Role, ShareAsk, ShareFile, job_key};
 use crate::memory;
 use crate::os;
 use crate::policy;
-use crate::prefetch;
 use crate::report::{CopyRemark, NodeCopy};
 
 /// The copy of `files`, found or made, filled and mapped: per file, the copy
@@ -37,7 +37,7 @@ pub(super) fn coordinate(
     // this rank's own, which the key's queue (the first copy's) must not fill.
     let private = ask.role == Role::Queue && found.is_none() && remarks.holder_failed();
     let mut results: Vec<PerFile> = files.iter().map(|_| PerFile::Absent).collect();
-    let Some(obtained) = node.take_or_make(found, &mut results)? else {
+    let Some(mut copy) = node.take_or_make(found, &mut results)? else {
         // Nothing fits: no copy to hand out; a rank that comes next
         // applies the guard to its own room.
         return Ok((results, None));
@@ -50,12 +50,12 @@ pub(super) fn coordinate(
         });
         None
     } else {
-        node.hand_out(&obtained, &mut remarks)?
+        node.hand_out(&copy, &mut remarks)?
     };
     drop(lock);
 
     // 2. The fill, unless the copy came complete (or the load fills it).
-    let filled = node.fill(&obtained, server.as_ref(), private, &mut remarks)?;
+    node.fill(&mut copy, server.as_ref(), private, &mut remarks)?;
 
     // 3. Each file's copy, mapped read-only; the server stops with the last.
     let guard = Arc::new(Hold {
@@ -65,8 +65,8 @@ pub(super) fn coordinate(
         key: node.key,
     });
     let remarks = remarks.notes();
-    let deferred = filled.deferred;
-    let pending = node.map_copies(&obtained, filled, &guard, &remarks, &mut results)?;
+    let deferred = copy.deferred;
+    let pending = node.map_copies(copy, &guard, &remarks, &mut results)?;
     for slot in &mut results {
         if matches!(slot, PerFile::Absent) {
             *slot = PerFile::NotUsed(NodeCopy::LeftOut);
@@ -80,12 +80,12 @@ pub(super) fn coordinate(
 }
 
 /// One load's coordination of its node copy, as the steps share it.
-struct Coordination<'a> {
-    files: &'a [ShareFile<'a>],
-    ask: &'a ShareAsk<'a>,
-    chunk_size: u64,
-    dir: PathBuf,
-    key: u64,
+pub(super) struct Coordination<'a> {
+    pub files: &'a [ShareFile<'a>],
+    pub ask: &'a ShareAsk<'a>,
+    pub chunk_size: u64,
+    pub dir: PathBuf,
+    pub key: u64,
     me: Owner,
     /// Sockets and lock files of dead jobs removed first.
     swept: usize,
@@ -93,15 +93,12 @@ struct Coordination<'a> {
 }
 
 /// The copy this rank found or made: its offer, its memory files (in the
-/// offer's order), and the pid it came from where another rank made it.
-struct Obtained {
-    offer: Offer,
-    memfds: Vec<File>,
+/// offer's order), the pid it came from where another rank made it, and how
+/// it is filled.
+pub(super) struct Obtained {
+    pub offer: Offer,
+    pub memfds: Vec<File>,
     received_from: Option<u32>,
-}
-
-/// How the copy is filled, for its reports and the load.
-struct Filled {
     /// Per file of the offer, what this rank read of it.
     read_here: Vec<ReadHere>,
     /// The chunk size of the fill.
@@ -110,7 +107,7 @@ struct Filled {
     /// first, and the load is handed its writers.
     deferred: bool,
     /// The size of the pages the copy's writers fault in.
-    huge_pages: HugePages,
+    pub huge_pages: HugePages,
 }
 
 impl<'a> Coordination<'a> {
@@ -144,7 +141,7 @@ impl<'a> Coordination<'a> {
     }
 
     /// Who asks for which copy: this rank, for the copy of these files.
-    fn asking(&self) -> Asking<'_> {
+    pub(super) fn asking(&self) -> Asking<'_> {
         Asking {
             dir: &self.dir,
             key: self.key,
@@ -156,7 +153,10 @@ impl<'a> Coordination<'a> {
     /// any (a member waits for its participant's, complete).
     fn find(&self, remarks: &mut Remarks) -> Result<(Lock, Option<Found>), String> {
         if self.ask.role == Role::Member {
-            let patience = ask::member_patience(self.ask.env);
+            // The exchange's timeout, where no live rank offers a copy at
+            // all: the participant may still be opening its files.
+            let env = |name: &str| self.ask.env.get(name).map(str::to_owned);
+            let patience = timeout_from(env).unwrap_or(DEFAULT_TIMEOUT);
             let (lock, found) =
                 ask::wait_for_complete(&self.asking(), &self.lock_path, patience, remarks)?;
             Ok((lock, Some(found)))
@@ -187,11 +187,7 @@ impl<'a> Coordination<'a> {
                 (copy, Some(pid))
             }
             None => {
-                let maker = Maker {
-                    pid: self.me.pid,
-                    rank: u32::try_from(self.ask.rank.rank).unwrap_or(u32::MAX),
-                };
-                let made = make(self.files, self.key, maker, self.ask, results)?;
+                let made = self.make(results)?;
                 if made.0.files.is_empty() {
                     return Ok(None);
                 }
@@ -199,6 +195,11 @@ impl<'a> Coordination<'a> {
             }
         };
         Ok(Some(Obtained {
+            read_here: vec![ReadHere::default(); offer.files.len()],
+            chunk_size: self.chunk_size,
+            deferred: !offer.complete && self.ask.role == Role::Participant,
+            // Its pages of the size the caller or the environment asks for.
+            huge_pages: policy::huge_pages(self.ask.huge_pages, self.ask.env).0,
             offer,
             memfds,
             received_from,
@@ -236,52 +237,32 @@ impl<'a> Coordination<'a> {
     /// came complete or the load fills it; what it met goes to `remarks`.
     fn fill(
         &self,
-        obtained: &Obtained,
+        copy: &mut Obtained,
         server: Option<&Server>,
         private: bool,
         remarks: &mut Remarks,
-    ) -> Result<Filled, String> {
-        let offer = &obtained.offer;
-        // Its pages of the size the caller or the environment asks for.
-        let huge_pages = policy::huge_pages(self.ask.huge_pages, self.ask.env).0;
-        let mut filled = Filled {
-            read_here: vec![ReadHere::default(); offer.files.len()],
-            chunk_size: self.chunk_size,
-            deferred: !offer.complete && self.ask.role == Role::Participant,
-            huge_pages,
-        };
-        if offer.complete || filled.deferred {
-            return Ok(filled);
+    ) -> Result<(), String> {
+        if copy.offer.complete || copy.deferred {
+            return Ok(());
         }
         let complete = || {
             if let Some(server) = server {
                 server.complete();
             }
         };
-        let copy = fill::ToFill {
-            files: self.files,
-            offer,
-            memfds: &obtained.memfds,
-            huge_pages,
-            key: self.key,
-            dir: &self.dir,
-            chunk_size: self.chunk_size,
-            private,
-        };
-        let (read_here, outcome) =
-            fill::fill(&copy, self.ask, &complete).map_err(|e| format!("filling the copy: {e}"))?;
-        filled.read_here = read_here;
-        filled.chunk_size = outcome.chunk_size;
+        let (read_here, outcome) = fill::fill(self, copy, private, &complete)
+            .map_err(|e| format!("filling the copy: {e}"))?;
+        copy.read_here = read_here;
+        copy.chunk_size = outcome.chunk_size;
         note_fill(remarks, outcome, self.swept);
-        Ok(filled)
+        Ok(())
     }
 
     /// Each file's copy, mapped read-only and held by `guard`, with its
     /// report into `results`; where the load fills the copy, its writers.
     fn map_copies(
         &self,
-        obtained: &Obtained,
-        filled: Filled,
+        copy: Obtained,
         guard: &Arc<Hold>,
         remarks: &[CopyRemark],
         results: &mut [PerFile],
@@ -290,11 +271,12 @@ impl<'a> Coordination<'a> {
             offer,
             memfds,
             received_from,
-        } = obtained;
-        let made_here = received_from.is_none();
-        let deferred = filled.deferred;
+            deferred,
+            ..
+        } = &copy;
+        let (deferred, made_here) = (*deferred, received_from.is_none());
         let mut pending = Vec::new();
-        for ((&(i, len), memfd), read) in offer.files.iter().zip(memfds).zip(filled.read_here) {
+        for ((&(i, len), memfd), read) in offer.files.iter().zip(memfds).zip(&copy.read_here) {
             let Some(file) = usize::try_from(i).ok().and_then(|i| self.files.get(i)) else {
                 continue;
             };
@@ -304,13 +286,13 @@ impl<'a> Coordination<'a> {
             let storage = copy::seal(memfd, file.path(), kept)
                 .map_err(|e| format!("mapping the copy: {e}"))?;
             if deferred {
-                let writer = CopyFill::new(memfd, filled.huge_pages).map_err(|e| e.to_string())?;
+                let writer = CopyFill::new(memfd, copy.huge_pages).map_err(|e| e.to_string())?;
                 pending.push((i as usize, writer));
             }
             let chunks = if deferred {
                 0
             } else {
-                usize::try_from(len.div_ceil(filled.chunk_size.max(1))).unwrap_or(usize::MAX)
+                usize::try_from(len.div_ceil(copy.chunk_size.max(1))).unwrap_or(usize::MAX)
             };
             let report = NodeCopy::Shared {
                 made_by_pid: offer.maker.pid,
@@ -334,10 +316,42 @@ impl<'a> Coordination<'a> {
         }
         Ok(pending)
     }
+
+    /// A new copy of the files that fit the memory guard, in order; those that
+    /// do not are marked in `results`.
+    fn make(&self, results: &mut [PerFile]) -> Result<(Offer, Vec<File>), String> {
+        let available = self.ask.memory_available.or_else(memory::available);
+        let maker = Maker {
+            pid: self.me.pid,
+            rank: u32::try_from(self.ask.rank.rank).unwrap_or(u32::MAX),
+        };
+        let mut offer = Offer {
+            key: self.key,
+            complete: false,
+            maker,
+            files: Vec::new(),
+        };
+        let mut memfds = Vec::new();
+        let mut total = 0u64;
+        for (i, (f, slot)) in self.files.iter().zip(results.iter_mut()).enumerate() {
+            let len = f.size();
+            if let Err((needed, available)) =
+                policy::memory_fits(offer.files.len() + 1, total + len, available)
+            {
+                *slot = PerFile::NotUsed(NodeCopy::DoesNotFit { needed, available });
+                continue;
+            }
+            let memfd = copy::create(len).map_err(|e| format!("making a memfd: {e}"))?;
+            total += len;
+            offer.files.push((i as u64, len));
+            memfds.push(memfd);
+        }
+        Ok((offer, memfds))
+    }
 }
 
 /// What the fill met (and the `swept` names before it), in `remarks`.
-fn note_fill(remarks: &mut Remarks, outcome: prefetch::FillOutcome, swept: usize) {
+fn note_fill(remarks: &mut Remarks, outcome: fill::FillOutcome, swept: usize) {
     // A queue not shared is this rank's alone: it read every
     // chunk, and nothing stalled.
     match outcome.unshared {
@@ -364,10 +378,8 @@ fn note_fill(remarks: &mut Remarks, outcome: prefetch::FillOutcome, swept: usize
             quiet_ms: quiet.map_or(0, |q| u64::try_from(q.as_millis()).unwrap_or(u64::MAX)),
         });
     }
-    if outcome.swept + swept > 0 {
-        remarks.push(CopyRemark::DeadJobsRemoved {
-            files: outcome.swept + swept,
-        });
+    if swept > 0 {
+        remarks.push(CopyRemark::DeadJobsRemoved { files: swept });
     }
 }
 
@@ -407,37 +419,3 @@ impl Drop for Hold {
 /// How long a rank dropping its copy waits for a lock another rank holds
 /// (a look at the directory takes well under a millisecond).
 const DROP_WAIT: Duration = Duration::from_millis(200);
-
-/// A new copy of the files that fit the memory guard, in order; those that
-/// do not are marked in `results`.
-fn make(
-    files: &[ShareFile<'_>],
-    key: u64,
-    maker: Maker,
-    ask: &ShareAsk<'_>,
-    results: &mut [PerFile],
-) -> Result<(Offer, Vec<File>), String> {
-    let available = ask.memory_available.or_else(memory::available);
-    let mut offer = Offer {
-        key,
-        complete: false,
-        maker,
-        files: Vec::new(),
-    };
-    let mut memfds = Vec::new();
-    let mut total = 0u64;
-    for (i, (f, slot)) in files.iter().zip(results.iter_mut()).enumerate() {
-        let len = f.size();
-        if let Err((needed, available)) =
-            policy::memory_fits(offer.files.len() + 1, total + len, available)
-        {
-            *slot = PerFile::NotUsed(NodeCopy::DoesNotFit { needed, available });
-            continue;
-        }
-        let memfd = copy::create(len).map_err(|e| format!("making a memfd: {e}"))?;
-        total += len;
-        offer.files.push((i as u64, len));
-        memfds.push(memfd);
-    }
-    Ok((offer, memfds))
-}

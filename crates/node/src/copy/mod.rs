@@ -45,7 +45,7 @@ mod ask;
 mod coordinate;
 mod fill;
 mod handoff;
-mod registry;
+pub(crate) mod registry;
 
 use crate::extras::{Facts, PerFile, ShareAsk, ShareFile, Shared, eligible};
 use crate::report::NodeCopy;

@@ -12,7 +12,8 @@
 //! socket, is never connected to, followed, removed or counted; it is said
 //! once ([`Foreign`]). Removing this user's names after that look is safe: in
 //! a sticky directory another user cannot swap them (unlink(2), `EPERM`).
-//! What killed jobs left goes by the dead-owner rule ([`sweep`]).
+//! What killed jobs left, the prefetch queue files too, goes by the
+//! dead-owner rule ([`sweep`]).
 
 use std::path::{Path, PathBuf};
 
@@ -77,17 +78,6 @@ pub(crate) enum Entry {
     Socket { key: u64, owner: Owner },
 }
 
-impl Entry {
-    /// What this user's name of the entry is: a lock is a file, a holder a
-    /// socket.
-    pub(crate) fn kind(&self) -> NameKind {
-        match self {
-            Entry::Lock { .. } => NameKind::File,
-            Entry::Socket { .. } => NameKind::Socket,
-        }
-    }
-}
-
 /// Parses a file name of the directory; `None` for anything not ours.
 pub(crate) fn parse(name: &str) -> Option<Entry> {
     let rest = name.strip_prefix(PREFIX)?;
@@ -116,14 +106,6 @@ pub(crate) struct Name {
     pub foreign: Option<Foreign>,
 }
 
-impl Name {
-    /// Whether this is a live holder's socket of `key`: this user's socket,
-    /// its owner alive.
-    pub(crate) fn live_holder_of(&self, key: u64) -> bool {
-        matches!(self.entry, Entry::Socket { key: k, owner } if k == key && self.foreign.is_none() && owner.alive())
-    }
-}
-
 /// The names of `dir` that parse as ours, each looked at by `lstat(2)`
 /// (`DirEntry::metadata` does not follow a symlink).
 pub(crate) fn entries(dir: &Path) -> Vec<Name> {
@@ -135,10 +117,14 @@ pub(crate) fn entries(dir: &Path) -> Vec<Name> {
             let file_name = e.file_name();
             let name = file_name.to_str()?;
             let entry = parse(name)?;
-            let meta = e.metadata().ok()?;
+            // This user's name of a lock is a file, of a holder a socket.
+            let kind = match entry {
+                Entry::Lock { .. } => NameKind::File,
+                Entry::Socket { .. } => NameKind::Socket,
+            };
             Some(Name {
                 path: e.path(),
-                foreign: foreign(name, entry.kind(), &meta),
+                foreign: foreign(name, kind, &e.metadata().ok()?),
                 entry,
             })
         })
@@ -165,14 +151,17 @@ fn lock_failed(path: &Path, waited: std::time::Duration, e: &std::io::Error) -> 
     )
 }
 
-/// Whether a live owner's socket of `key` is in `dir` (else the last rank of
-/// a copy removes its lock file, leaving nothing behind).
+/// Whether a live owner's socket of `key`, this user's, is in `dir` (else
+/// the last rank of a copy removes its lock file, leaving nothing behind).
 pub(crate) fn held(dir: &Path, key: u64) -> bool {
-    entries(dir).iter().any(|n| n.live_holder_of(key))
+    entries(dir).iter().any(|n| {
+        matches!(n.entry, Entry::Socket { key: k, owner } if k == key && n.foreign.is_none() && owner.alive())
+    })
 }
 
-/// Removes what dead jobs of this user left in `dir` (dead owners' sockets,
-/// then free lock files with no live socket): how many files.
+/// Removes what dead jobs of this user left in `dir` by the dead-owner rule
+/// ([`coord::sweep`]): dead owners' sockets, free lock files with no live
+/// socket, and prefetch queue files no live rank is attached to: how many.
 pub(crate) fn sweep(dir: &Path) -> usize {
     let uid = os::effective_uid().unwrap_or(u32::MAX);
     let found = entries(dir);
@@ -190,7 +179,18 @@ pub(crate) fn sweep(dir: &Path) -> usize {
         }
         _ => false,
     });
-    removed + locks.count()
+    let removed = removed + locks.count();
+    let queues = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    let queues = queues.filter(|entry| {
+        let name = entry.file_name();
+        let name = name.to_str().unwrap_or_default();
+        name.starts_with("safeload-prefetch-")
+            && name.ends_with(".queue")
+            && coord::sweep(Place::Private(&entry.path()), |lock| {
+                crate::prefetch::is_stale(lock.file()) && lock.remove()
+            })
+    });
+    removed + queues.count()
 }
 
 #[cfg(test)]

@@ -18,7 +18,6 @@
 //! advance: here a chunk is this rank's only once its claim succeeds.
 
 mod claims;
-mod fill;
 mod load;
 mod plan;
 mod queue;
@@ -29,5 +28,10 @@ mod takeover;
 mod warm;
 mod worker;
 
-pub(crate) use fill::{FillOutcome, SharedQueue, fill_shared};
+// The chunk queue and its readers, which the node copy's fill runs too.
 pub(crate) use load::{before_load, warm};
+pub(crate) use plan::{Chunk, ChunkPlan, guard, reader_plan};
+pub(crate) use queue::{DONE, Layout, chunk_words, init_from_header};
+pub(crate) use queue_file::Queue;
+pub(crate) use queue_file::is_stale;
+pub(crate) use worker::{Sink, Work};

@@ -63,7 +63,7 @@ pub(super) const TERMINAL: u64 = 1 << 63;
 /// The bit of a claim that says it was taken over from a holder that made
 /// no progress: such a claim is not taken over again for that reason.
 pub(super) const TAKEN_OVER: u64 = 1 << 62;
-pub(super) const DONE: u64 = TERMINAL | 1;
+pub(crate) const DONE: u64 = TERMINAL | 1;
 pub(super) const SKIPPED: u64 = TERMINAL | 2;
 
 /// A chunk word.
@@ -124,7 +124,7 @@ pub(super) fn slot_state(word: u64) -> Option<SlotState> {
 
 /// What a queue must hold to be this checkpoint's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Layout {
+pub(crate) struct Layout {
     pub key: u64,
     pub chunk_size: u64,
     pub chunks: usize,
@@ -135,7 +135,7 @@ pub(super) struct Layout {
 impl Layout {
     /// The layout of a queue of `plan`'s chunks in this process's memory
     /// (`Queue::shared` sets the key and slots of a file's).
-    pub(super) fn of(plan: &ChunkPlan) -> Layout {
+    pub(crate) fn of(plan: &ChunkPlan) -> Layout {
         Layout {
             key: 0,
             chunk_size: plan.chunk_size,
@@ -194,7 +194,7 @@ fn store(words: &[AtomicU64], i: usize, value: u64) {
     }
 }
 
-pub(super) fn chunk_words<'a>(words: &'a [AtomicU64], layout: &Layout) -> &'a [AtomicU64] {
+pub(crate) fn chunk_words<'a>(words: &'a [AtomicU64], layout: &Layout) -> &'a [AtomicU64] {
     words.get(HEADER_WORDS + 2 * layout.slots..).unwrap_or(&[])
 }
 
@@ -296,7 +296,7 @@ pub(super) fn init_words(words: &[AtomicU64], layout: &Layout, init: &Init, me: 
 }
 
 /// The header's guard numbers, as [`Init`] without the states.
-pub(super) fn init_from_header(words: &[AtomicU64]) -> Init {
+pub(crate) fn init_from_header(words: &[AtomicU64]) -> Init {
     let opt = |v: u64| (v != u64::MAX).then_some(v);
     Init {
         states: Vec::new(),

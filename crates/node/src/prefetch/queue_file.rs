@@ -136,27 +136,9 @@ impl Drop for SharedQueue {
     }
 }
 
-/// Removes the queue files in `dir` that killed jobs left (no live rank
-/// attached), each under its lock: how many.
-pub(crate) fn sweep_stale(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    let ours = entries.flatten().filter(|entry| {
-        let name = entry.file_name();
-        let name = name.to_str().unwrap_or_default();
-        name.starts_with("safeload-prefetch-")
-            && name.ends_with(".queue")
-            && coord::sweep(Place::Private(&entry.path()), |lock| {
-                is_stale(lock.file()) && lock.remove()
-            })
-    });
-    ours.count()
-}
-
 /// Whether a queue file, locked by the caller, is left by ranks all gone:
 /// empty, never initialized, or valid with no live rank attached.
-fn is_stale(file: &File) -> bool {
+pub(crate) fn is_stale(file: &File) -> bool {
     let Ok(len) = file.metadata().map(|m| m.len()) else {
         return false;
     };
@@ -190,22 +172,20 @@ enum Store {
 }
 
 /// The queue a rank claims from, and what its report says about it.
-pub(super) struct Queue {
+pub(crate) struct Queue {
     store: Store,
     layout: Layout,
     /// The shared file, where there is one.
     pub path: Option<PathBuf>,
-    /// Why the queue is not the shared file it could have been, or which
-    /// file it replaced.
+    /// Why the queue is not the shared file it could have been (where it
+    /// could not be had, its path and the error), or which file it replaced.
     pub note: Option<QueueNote>,
-    /// Where the shared file could not be had: its path and the error.
-    pub refused: Option<(PathBuf, String)>,
 }
 
 impl Queue {
     /// A queue in this process's memory, with the same layout as a shared
     /// one; `make` decides its chunk states.
-    pub(super) fn local(
+    pub(crate) fn local(
         layout: Layout,
         make: &mut dyn FnMut() -> Init,
         note: Option<QueueNote>,
@@ -217,14 +197,13 @@ impl Queue {
             layout,
             path: None,
             note,
-            refused: None,
         }
     }
 
     /// The queue file in `dir` for this key material, created, joined or
     /// replaced; a local queue where it cannot be had. `make` runs only if
     /// this rank creates the queue.
-    pub(super) fn shared(
+    pub(crate) fn shared(
         dir: &Path,
         key_material: &[u8],
         layout: Layout,
@@ -251,34 +230,30 @@ impl Queue {
                 store: Store::Shared(queue),
                 layout: shared_layout,
                 path: Some(path),
-                refused: None,
             },
             Err(e) => {
                 let note = QueueNote::NotShared {
-                    path: path.clone(),
+                    path,
                     why: e.to_string(),
                 };
-                Queue {
-                    refused: Some((path, e.to_string())),
-                    ..Queue::local(layout, make, Some(note))
-                }
+                Queue::local(layout, make, Some(note))
             }
         }
     }
 
     /// Whether other processes claim from the same words.
-    pub(super) fn is_shared(&self) -> bool {
+    pub(crate) fn is_shared(&self) -> bool {
         matches!(self.store, Store::Shared(_))
     }
 
-    pub(super) fn words(&self) -> &[AtomicU64] {
+    pub(crate) fn words(&self) -> &[AtomicU64] {
         match &self.store {
             Store::Shared(q) => q.words(),
             Store::Local(w) => w,
         }
     }
 
-    pub(super) fn layout(&self) -> &Layout {
+    pub(crate) fn layout(&self) -> &Layout {
         &self.layout
     }
 
@@ -437,7 +412,7 @@ mod tests {
         // Another format version: not this build's to judge.
         words[at::VERSION] = VERSION + 1;
         write_words(&named("other"), &words);
-        assert_eq!(sweep_stale(dir.path()), 2);
+        assert_eq!(crate::copy::registry::sweep(dir.path()), 2);
         assert!(!named("dead").exists() && !named("empty").exists());
         assert!(named("live").exists() && named("other").exists());
         assert!(path.exists(), "not a queue file name: left alone");

@@ -36,7 +36,7 @@ pub(super) struct Probe {
 }
 
 /// One file to warm.
-pub(super) struct Target {
+pub(crate) struct Target {
     pub(super) path: PathBuf,
     pub(super) file: File,
     pub(super) len: u64,

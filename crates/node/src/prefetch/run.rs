@@ -72,7 +72,7 @@ impl Plan {
 /// Warms the plan's files with `options.streams` readers, sharing the chunks
 /// with the other local ranks where there are any.
 pub(super) fn run(
-    plan: Plan,
+    mut plan: Plan,
     options: &PrefetchOptions,
     job: &Job<'_>,
     reason: PrefetchReason,
@@ -90,22 +90,16 @@ pub(super) fn run(
         return Ok(report);
     }
     report.ran = true;
-    let Plan {
-        targets,
-        chunks,
-        rank,
-        mut checked,
-    } = plan;
+    let mut checked = plan.checked.take();
+    let (targets, chunks) = (&plan.targets, &plan.chunks);
     let mut make = || {
         checked
             .take()
-            .unwrap_or_else(|| initial_states(&targets, &chunks.chunks, job.available()))
+            .unwrap_or_else(|| initial_states(targets, &chunks.chunks, job.available()))
     };
     let run = Run {
-        targets: &targets,
+        plan: &plan,
         methods: &methods,
-        chunks: &chunks,
-        rank: &rank,
         options,
         job,
     };
@@ -126,12 +120,10 @@ pub(super) fn run(
 }
 
 /// A run under way, as its steps share it: the files, how each is read,
-/// their chunks, this rank, and the options and job it runs under.
+/// their chunks and this rank (the plan), and the options and job it runs under.
 struct Run<'a> {
-    targets: &'a [Target],
+    plan: &'a Plan,
     methods: &'a [PrefetchMethod],
-    chunks: &'a ChunkPlan,
-    rank: &'a LocalRank,
     options: &'a PrefetchOptions,
     job: &'a Job<'a>,
 }
@@ -140,15 +132,15 @@ impl Run<'_> {
     /// The queue, its chunk states from `make` where this rank creates it.
     fn open_queue(&self, make: &mut dyn FnMut() -> Init) -> Queue {
         // Its name and key cover the files, the chunk size and the job.
-        let layout = Layout::of(self.chunks);
-        if self.rank.size > 1 && !self.options.shares_queue() {
+        let layout = Layout::of(&self.plan.chunks);
+        if self.plan.rank.size > 1 && !self.options.shares_queue() {
             Queue::local(layout, make, Some(QueueNote::FixedShares))
-        } else if self.rank.size > 1 {
+        } else if self.plan.rank.size > 1 {
             let mut key_material = Vec::new();
-            for t in self.targets {
+            for t in &self.plan.targets {
                 key_material.extend_from_slice(&t.identity);
             }
-            key_material.extend_from_slice(&self.chunks.chunk_size.to_le_bytes());
+            key_material.extend_from_slice(&self.plan.chunks.chunk_size.to_le_bytes());
             let job_key = job_key(self.job.env.lookup(), os::parent_pid());
             key_material.extend_from_slice(job_key.as_bytes());
             let dir = self
@@ -164,10 +156,10 @@ impl Run<'_> {
     /// This rank's readers over the queue, counted on the caller's meter:
     /// `needed` bytes were not resident when the queue was made.
     fn read(&self, queue: &Queue, needed: u64) -> Result<Outcome> {
-        let chunks = &self.chunks.chunks;
+        let chunks = &self.plan.chunks.chunks;
         let (claimable, starts) = reader_plan(
             chunks,
-            self.rank,
+            &self.plan.rank,
             self.options.stream_count(),
             queue.is_shared(),
         );
@@ -177,16 +169,16 @@ impl Run<'_> {
             self.job.progress,
             Phase::Prefetch,
             needed,
-            self.targets.len(),
+            self.plan.targets.len(),
         );
         let work = Work {
-            targets: self.targets,
+            targets: &self.plan.targets,
             methods: self.methods,
             on_chunk: self.options.chunk_callback(),
             ..Work::over(queue, chunks, claimable, &meter, self.job.cancel)
         };
         let outcome = work.run(&starts)?;
-        for _ in self.targets {
+        for _ in &self.plan.targets {
             meter.file_done();
         }
         meter.finish();
@@ -201,9 +193,10 @@ impl Run<'_> {
             Some(init.resident)
         } else {
             let mut scratch = Vec::new();
-            self.targets
+            self.plan
+                .targets
                 .iter()
-                .map(|t| t.resident_total(self.chunks.chunk_size, &mut scratch))
+                .map(|t| t.resident_total(self.plan.chunks.chunk_size, &mut scratch))
                 .sum()
         }
     }

@@ -34,7 +34,7 @@ const POLL: Duration = Duration::from_millis(2);
 const STALL: Duration = Duration::from_secs(60);
 
 /// What the readers of one rank work from.
-pub(super) struct Work<'a> {
+pub(crate) struct Work<'a> {
     pub targets: &'a [Target],
     pub methods: &'a [PrefetchMethod],
     pub chunks: &'a [Chunk],
@@ -57,14 +57,14 @@ pub(super) struct Work<'a> {
 }
 
 /// A destination the chunks are read into, each straight into its place.
-pub(super) trait Sink: Sync {
+pub(crate) trait Sink: Sync {
     /// Reads `chunk` into its place, calling `beat` as pieces of it land.
     fn fill(&self, chunk: Chunk, beat: &dyn Fn()) -> Result<()>;
 }
 
 /// What a rank's readers did so far, updated as they go.
 #[derive(Default)]
-pub(super) struct Tally {
+pub(crate) struct Tally {
     warmed: AtomicU64,
     handled: Mutex<Vec<usize>>,
     stalled: Mutex<Option<(u64, SkipReason)>>,
@@ -97,7 +97,7 @@ impl Tally {
 }
 
 /// What a rank's readers did, once they are done.
-pub(super) struct Outcome {
+pub(crate) struct Outcome {
     pub handled: usize,
     /// Bytes this rank found missing and warmed.
     pub warmed: u64,
@@ -113,7 +113,7 @@ impl<'a> Work<'a> {
     /// The readers of this rank over `queue`'s words, claiming in
     /// `claimable`: no page-cache targets, chunk callback or sink (set them
     /// after).
-    pub(super) fn over(
+    pub(crate) fn over(
         queue: &'a Queue,
         chunks: &'a [Chunk],
         claimable: Range<usize>,
@@ -141,7 +141,7 @@ impl<'a> Work<'a> {
     }
 
     /// Runs one reader per start, then checks that what they warmed landed.
-    pub(super) fn run(&self, starts: &[usize]) -> Result<Outcome> {
+    pub(crate) fn run(&self, starts: &[usize]) -> Result<Outcome> {
         self.run_readers(starts);
         let tally = &self.tally;
         if let Some(error) = tally.error.lock().ok().and_then(|mut e| e.take()) {

@@ -33,9 +33,7 @@ impl<X> Checkpoint<X> {
                 if opts.filter.as_ref().is_some_and(|keep| !keep(info.name())) {
                     continue;
                 }
-                let Some(placed) =
-                    placed(info, part(info), opts).map_err(|e| e.or_path(info.file()))?
-                else {
+                let Some(placed) = placed(info, part(info), opts)? else {
                     continue;
                 };
                 let file = self.file_of(info)?;
@@ -97,19 +95,16 @@ fn device_file<'f>(
 
 /// `info`'s `part` as it is placed; `None` where it is skipped.
 fn placed(info: &TensorInfo, part: Part, opts: &Options) -> Result<Option<Placed>> {
-    let (name, from, shape) = (info.name(), info.dtype(), info.shape());
-    let plan = match part {
-        Part::Skip => return Ok(None),
-        Part::Whole => SlicePlan::new(name, from, shape, &[])?,
-        Part::Slice(ranges) => SlicePlan::new(name, from, shape, &ranges)?,
-        Part::Shard { dim, rank, world } => SlicePlan::shard(name, from, shape, dim, rank, world)?,
-    };
+    if part == Part::Skip {
+        return Ok(None);
+    }
+    let (plan, from) = (cut(info, part)?, info.dtype());
     let to = match opts.dtype {
         Some(to) if policy::converts_to(from, to).is_some() => to,
         _ => from,
     };
     Ok(Some(Placed {
-        name: Arc::from(name),
+        name: Arc::from(info.name()),
         shape: plan.shape,
         from,
         to,
@@ -119,4 +114,16 @@ fn placed(info: &TensorInfo, part: Part, opts: &Options) -> Result<Option<Placed
             .map(|r| (info.offset + r.src as u64, r.len))
             .collect(),
     }))
+}
+
+/// `info`'s `part` as `shard` and `read_slice` cut it (`Skip` as `Whole`);
+/// an error names its file.
+pub(super) fn cut(info: &TensorInfo, part: Part) -> Result<SlicePlan> {
+    let (name, dtype, shape) = (info.name(), info.dtype(), info.shape());
+    match part {
+        Part::Whole | Part::Skip => SlicePlan::new(name, dtype, shape, &[]),
+        Part::Slice(ranges) => SlicePlan::new(name, dtype, shape, &ranges),
+        Part::Shard { dim, rank, world } => SlicePlan::shard(name, dtype, shape, dim, rank, world),
+    }
+    .map_err(|e| e.or_path(info.file()))
 }

@@ -3,9 +3,11 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::device::cut;
 use super::{Checkpoint, TensorInfo};
 use crate::adapt::Concurrency;
 use crate::cancel::Cancel;
+use crate::dest::device::Part;
 use crate::dest::pages::PageSizes;
 use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::file::{OpenedFile, read_error};
@@ -46,11 +48,7 @@ impl<X> Checkpoint<X> {
     /// backwards or past its dimension, or a packed dtype (F4, F6) cut inside
     /// a byte; [`ErrorKind::TensorNotFound`]; a read's error.
     pub fn read_slice(&self, name: &str, ranges: &[Range<usize>]) -> Result<Tensor> {
-        let info = self.info(name)?;
-        let file = self.file_of(info)?;
-        let plan = SlicePlan::new(name, info.dtype(), info.shape(), ranges)
-            .map_err(|e| e.or_path(file.path()))?;
-        self.read_planned(info, file, plan)
+        self.read_part(name, Part::Slice(ranges.to_vec()))
     }
 
     /// Rank `rank`'s part of `name` along dimension `dim` when the tensor is
@@ -80,21 +78,15 @@ impl<X> Checkpoint<X> {
     /// `dim` of a 0-dim tensor), `world == 0` or `rank >= world`, or a packed
     /// dtype cut inside a byte; [`ErrorKind::TensorNotFound`]; a read's error.
     pub fn shard(&self, name: &str, dim: usize, rank: usize, world: usize) -> Result<Tensor> {
-        let info = self.info(name)?;
-        let file = self.file_of(info)?;
-        let plan = SlicePlan::shard(name, info.dtype(), info.shape(), dim, rank, world)
-            .map_err(|e| e.or_path(file.path()))?;
-        self.read_planned(info, file, plan)
+        self.read_part(name, Part::Shard { dim, rank, world })
     }
 
-    /// Reads what `plan` says of `info`: a view for one run of a mapped
-    /// file, else an allocation filled from the map or by the read engine.
-    fn read_planned(
-        &self,
-        info: &TensorInfo,
-        file: &OpenedFile,
-        plan: SlicePlan,
-    ) -> Result<Tensor> {
+    /// `part` of `name`: a view for one run of a mapped file, else an
+    /// allocation filled from the map or by the read engine.
+    fn read_part(&self, name: &str, part: Part) -> Result<Tensor> {
+        let info = self.info(name)?;
+        let file = self.file_of(info)?;
+        let plan = cut(info, part)?;
         let shape = plan.shape.clone();
         if let Some(storage) = file.map() {
             let whole = range_in(info, storage)?;

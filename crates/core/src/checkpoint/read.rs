@@ -13,6 +13,7 @@ use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::file::{OpenedFile, read_error};
 use crate::jobs;
 use crate::slice::{MERGE_GAP, Run, SlicePlan};
+use crate::source::read_exact;
 use crate::storage::{Buffer, Storage};
 use crate::tensor::Tensor;
 
@@ -157,7 +158,7 @@ impl<X> Checkpoint<X> {
             dst.copy_from_slice(src);
             return Ok(());
         }
-        read_exact(file, dst, info.offset)
+        read_exact(file.source(), dst, info.offset)
     }
 }
 
@@ -305,7 +306,7 @@ pub(super) fn read_whole(
         };
         Error::new(kind, file.path())
     })?;
-    let fill = |dst: &mut [u8]| read_exact(file, dst, info.offset);
+    let fill = |dst: &mut [u8]| read_exact(file.source(), dst, info.offset);
     owned(file, info, info.shape().to_vec(), len, guard, fill)
 }
 
@@ -327,13 +328,4 @@ fn range_in(info: &TensorInfo, storage: &Storage) -> Result<Range<usize>> {
                 storage.path(),
             )
         })
-}
-
-/// Fills `dst` from the file at `offset`, retrying short reads; a file that
-/// ends early is [`ErrorKind::SizeMismatch`].
-pub(crate) fn read_exact(file: &OpenedFile, dst: &mut [u8], offset: u64) -> Result<()> {
-    let len = dst.len();
-    file.source()
-        .read_at(dst, len, offset)
-        .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))
 }

@@ -7,7 +7,7 @@
 //! its file placed after the buffers.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use crate::adapt::Concurrency;
@@ -22,6 +22,8 @@ use crate::progress::Meter;
 use crate::report::LoadNote;
 use crate::source::VersionTag;
 use crate::storage::{BufferLayout, Segment};
+
+use super::Left;
 
 /// A node copy the load fills (`extras::Pending`): the file and its writer.
 pub(crate) type Copy<'a> = (&'a OpenedFile, &'a CopyFill);
@@ -306,12 +308,7 @@ pub(crate) fn read_copies(
     let files: Vec<&OpenedFile> = copies.iter().map(|(f, _)| *f).collect();
     let _direct =
         crate::extras::direct_reads(files.iter().filter_map(|f| f.local()), opts.direct_io);
-    let mut left: Vec<AtomicU64> = (0..copies.len()).map(|_| AtomicU64::new(0)).collect();
-    for &(k, _, len) in reads {
-        if let Some(n) = left.get_mut(k) {
-            *n.get_mut() += len;
-        }
-    }
+    let left = Left::new(copies.len(), reads.iter().map(|&(k, _, len)| (k, len)));
     let source = CopyPieces {
         copies,
         reads,
@@ -345,7 +342,7 @@ struct CopyPieces<'c, 'a> {
     reads: &'c [(usize, u64, u64)],
     cursor: AtomicUsize,
     meter: &'c Meter,
-    left: &'c [AtomicU64],
+    left: &'c Left,
 }
 
 impl JobSource for CopyPieces<'_, '_> {
@@ -367,14 +364,7 @@ impl JobSource for CopyPieces<'_, '_> {
         writer
             .read_chunk(file.source(), offset, len)
             .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))?;
-        self.meter.add(len);
-        if self
-            .left
-            .get(k)
-            .is_some_and(|n| n.fetch_sub(len, Ordering::AcqRel) == len)
-        {
-            self.meter.file_done();
-        }
+        self.left.landed(self.meter, k, len);
         Ok(len)
     }
 

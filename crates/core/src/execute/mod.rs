@@ -6,7 +6,7 @@ pub(crate) mod queue;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::adapt::Concurrency;
@@ -422,6 +422,31 @@ impl Run<'_> {
             verify_files(self.opts, &mut sealed, threads)?;
         }
         Ok(sealed)
+    }
+}
+
+/// The bytes left to read of each file, for the progress meter's files done.
+struct Left(Vec<AtomicU64>);
+
+impl Left {
+    /// Of `files` files, from the reads `(file, bytes)` to come.
+    fn new(files: usize, reads: impl Iterator<Item = (usize, u64)>) -> Left {
+        let mut left: Vec<AtomicU64> = (0..files).map(|_| AtomicU64::new(0)).collect();
+        for (k, len) in reads {
+            if let Some(n) = left.get_mut(k) {
+                *n.get_mut() += len;
+            }
+        }
+        Left(left)
+    }
+
+    /// Counts `len` bytes of file `k` into `meter`, and the file with its last.
+    fn landed(&self, meter: &Meter, k: usize, len: u64) {
+        meter.add(len);
+        let last = |n: &AtomicU64| n.fetch_sub(len, Ordering::AcqRel) == len;
+        if len > 0 && self.0.get(k).is_some_and(last) {
+            meter.file_done();
+        }
     }
 }
 

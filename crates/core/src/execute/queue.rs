@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::adapt::{Concurrency, Settled};
 use crate::cancel::Cancel;
 use crate::dest::pages::PageSizes;
-use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::file::life::{Destination, Filling, Parts};
 use crate::file::{read_error, since};
 use crate::jobs::{
@@ -21,6 +21,8 @@ use crate::source::Source;
 use crate::storage::{Segment, Storage};
 use crate::verify::{Digest256, StreamHasher};
 use crate::workers;
+
+use super::Left;
 
 /// How the read engine runs a load's jobs: reads in flight, the size jobs
 /// are cut to, whether mapped files are populated, the load's start (for
@@ -158,13 +160,7 @@ pub(crate) fn read_prefixes(
             continue;
         };
         let mut prefix = vec![0u8; usize::try_from(base).unwrap_or(0)];
-        let want = prefix.len();
-        parts
-            .source
-            .read_at(&mut prefix, want, 0)
-            .map_err(|(at, e)| {
-                read_error(Operation::Read, parts.source, parts.source.len(), at, e)
-            })?;
+        crate::source::read_exact(parts.source, &mut prefix, 0)?;
         prefixes.push(Some(prefix));
     }
     Ok(prefixes)
@@ -303,13 +299,10 @@ impl<'a> Queued<'a> {
             finished,
             overflowed,
         } = self;
-        // A file is done with its last byte.
-        let mut left: Vec<AtomicU64> = (0..finished.len()).map(|_| AtomicU64::new(0)).collect();
-        for job in &jobs {
-            if let Some(n) = left.get_mut(job.file_index) {
-                *n.get_mut() += job.job.bytes();
-            }
-        }
+        let left = Left::new(
+            finished.len(),
+            jobs.iter().map(|j| (j.file_index, j.job.bytes())),
+        );
         // Reads that convert from a file hold a scratch buffer each.
         let converting = jobs.iter().any(|j| {
             matches!(
@@ -333,14 +326,7 @@ impl<'a> Queued<'a> {
             concurrency,
             options.pages,
             &|file_index, outcome| {
-                meter.add(outcome.bytes);
-                if outcome.bytes > 0
-                    && left.get(file_index).is_some_and(|n| {
-                        n.fetch_sub(outcome.bytes, Ordering::AcqRel) == outcome.bytes
-                    })
-                {
-                    meter.file_done();
-                }
+                left.landed(meter, file_index, outcome.bytes);
                 if let (Some((offset, bytes)), Some(Some(hasher))) =
                     (outcome.landed, hashers.get(file_index))
                 {

@@ -47,8 +47,7 @@ impl<X> Checkpoint<X> {
                     }
                 }
             }
-            let (concurrency, read_size) =
-                policy::io_defaults(files.iter().map(|f| f.source), opts.caller_reads());
+            let (concurrency, read_size) = opts.io_defaults(files.iter().map(|f| f.source));
             let result = load(DeviceLoad {
                 path: &inner.path,
                 cancel: &opts.cancel,

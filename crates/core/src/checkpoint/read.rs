@@ -103,8 +103,7 @@ impl<X> Checkpoint<X> {
             return owned(file, info, shape, plan.len, None, fill);
         }
         let opts = &self.inner().opts;
-        let (concurrency, most) =
-            crate::policy::io_defaults(std::iter::once(file.source()), opts.caller_reads());
+        let (concurrency, most) = opts.io_defaults(std::iter::once(file.source()));
         // Pieces small enough to keep every reader busy, never under 1 MiB.
         let piece = (plan.len / concurrency.start).clamp(1 << 20, most.max(1 << 20));
         let fill = |dst: &mut [u8]| read_runs(file, info.offset, &plan, dst, concurrency, piece);

@@ -299,8 +299,7 @@ impl Run<'_> {
     /// hashed.
     fn reads(&self, files: &[(&OpenedFile, u64)]) -> Reads {
         let opts = self.opts;
-        let (concurrency, read_size) =
-            policy::io_defaults(files.iter().map(|(f, _)| f.source()), opts.caller_reads());
+        let (concurrency, read_size) = opts.io_defaults(files.iter().map(|(f, _)| f.source()));
         let verify = policy::verify(opts.verify, self.env, !opts.expected_sha256.is_empty());
         Reads {
             concurrency,

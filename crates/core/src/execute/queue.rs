@@ -24,26 +24,21 @@ use crate::workers;
 
 use super::Left;
 
-/// How the read engine runs a load's jobs: reads in flight, the size jobs
-/// are cut to, whether mapped files are populated, the load's start (for
-/// each file's finishing time), the pieces of a load split between nodes
-/// and this node's index, the page sizes destinations are faulted in with,
-/// the cancel flags checked before every job.
+/// How the read engine runs a load's jobs.
 #[derive(Clone, Copy)]
 pub(crate) struct ReadOptions<'a> {
     pub concurrency: Concurrency,
     pub read_size: usize,
     pub populate: bool,
+    /// The load's start, for each file's finishing time.
     pub clock: Instant,
+    /// The pieces of a load split between nodes, and this node's index.
     pub share: Option<(&'a [Piece], usize)>,
     pub pages: &'a PageSizes,
     pub cancel: &'a Cancel,
 }
 
-/// Every buffered file's reads, and populates of mapped ones when asked,
-/// queued: the read engine of one load, before it runs. With `share` (a
-/// load split between nodes), a buffered file's reads are only this node's
-/// pieces; the rest arrive afterwards (`exchange.rs`).
+/// The read engine of one load, its jobs queued, before it runs.
 pub(crate) struct ReadEngine<'a> {
     queued: Queued<'a>,
     hashers: Vec<Option<StreamHasher<'a>>>,
@@ -51,8 +46,7 @@ pub(crate) struct ReadEngine<'a> {
     sources: Vec<&'a dyn Source>,
 }
 
-/// What a run gives: each file's digest where hashed as read, and the
-/// engine's figures for the report.
+/// What a run gives: each file's digest where hashed, the engine's figures.
 pub(crate) struct Ran {
     pub digests: Vec<Option<Digest256>>,
     pub io: Option<Settled>,
@@ -88,8 +82,7 @@ impl<'a> ReadEngine<'a> {
         }
     }
 
-    /// The bytes its jobs read (for the progress meter), and the files they
-    /// read some of.
+    /// The bytes its jobs read, and the files they read some of.
     pub(crate) fn bytes(&self) -> (u64, usize) {
         let jobs = self.queued.jobs.iter().filter(|j| j.job.bytes() > 0);
         let files: std::collections::BTreeSet<usize> = jobs.clone().map(|j| j.file_index).collect();
@@ -140,8 +133,7 @@ impl<'a> ReadEngine<'a> {
     }
 }
 
-/// With `verify`, for each file whose buffer is its image, the bytes before
-/// it (the header), to be hashed first; `None` for the others.
+/// With `verify`, each file's bytes before its image (the header), hashed first.
 pub(crate) fn read_prefixes(
     opened: &mut [Filling<'_>],
     verify: bool,
@@ -175,8 +167,7 @@ struct Queued<'a> {
 }
 
 impl<'a> Queued<'a> {
-    /// Queues the jobs of file `file_index`: its conversions, its populates
-    /// where mapped, its reads where buffered (`hashed`: to its hasher).
+    /// Queues the jobs of file `file_index`.
     fn file(
         &mut self,
         file_index: usize,
@@ -269,8 +260,7 @@ impl<'a> Queued<'a> {
         }
     }
 
-    /// Queues the populates of a file's map where the load populates:
-    /// whether it did.
+    /// Queues the populates of a file's map where the load populates.
     fn populate(
         &mut self,
         file_index: usize,
@@ -286,8 +276,7 @@ impl<'a> Queued<'a> {
         true
     }
 
-    /// Runs the jobs: as each completes, progress, the file's finishing
-    /// time, its hasher and its overflows.
+    /// Runs the jobs, each counted as it completes.
     fn run(
         self,
         hashers: &[Option<StreamHasher<'a>>],
@@ -346,8 +335,7 @@ impl<'a> Queued<'a> {
     }
 }
 
-/// The segments of file `file_index` this node reads: its pieces of a load
-/// split between nodes, else the layout's.
+/// The segments of file `file_index` this node reads.
 fn segments_of<'s>(
     layout: &'s [Segment],
     share: Option<(&[Piece], usize)>,

@@ -10,7 +10,7 @@ use crate::cancel::Cancel;
 use crate::dest::device::Part;
 use crate::dest::pages::PageSizes;
 use crate::error::{Error, ErrorKind, Operation, Result};
-use crate::file::{OpenedFile, read_error};
+use crate::file::OpenedFile;
 use crate::jobs;
 use crate::slice::{MERGE_GAP, Run, SlicePlan};
 use crate::source::read_exact;
@@ -227,15 +227,7 @@ fn read_runs(
     // A lazy read is the caller's own: no page size advised, no cancel flag.
     let pages = PageSizes::unadvised();
     let (result, _, _) = jobs::run(jobs, concurrency, &pages, &|_, _| {}, &Cancel::NONE);
-    if let Err(failure) = result {
-        return Err(read_error(
-            Operation::Read,
-            file.source(),
-            file.size(),
-            failure.offset,
-            failure.error,
-        ));
-    }
+    result.map_err(|failure| failure.on(Some(file.source())))?;
     let merged = reads.iter().filter(|r| r.runs.len() > 1);
     for (read, buffer) in merged.zip(&scratch) {
         let runs = plan.runs.get(read.runs.clone()).unwrap_or_default();
@@ -256,8 +248,7 @@ fn queue_reads<'a>(
     piece: usize,
 ) -> Vec<jobs::Tagged<'a>> {
     let mut jobs = Vec::new();
-    let mut rest: &mut [u8] = dst;
-    let mut at = 0usize;
+    let (mut rest, mut at) = (dst, 0u64);
     let mut scratch_iter = scratch.iter_mut();
     for read in reads {
         let target: &mut [u8] = if read.runs.len() > 1 {
@@ -269,15 +260,10 @@ fn queue_reads<'a>(
             let Some(run) = plan.runs.get(read.runs.start) else {
                 break;
             };
-            let Some((_, tail)) = rest.split_at_mut_checked(run.dst - at) else {
-                break;
-            };
-            let Some((into, tail)) = tail.split_at_mut_checked(run.len) else {
-                break;
-            };
-            rest = tail;
-            at = run.dst + run.len;
-            into
+            match jobs::carve(&mut rest, &mut at, run.dst as u64, run.len as u64) {
+                Some(into) => into,
+                None => break,
+            }
         };
         let len = target.len();
         let offset = base + read.src.start as u64;

@@ -6,12 +6,12 @@ use std::time::Instant;
 use crate::adapt::{Concurrency, Settled};
 use crate::cancel::Cancel;
 use crate::dest::pages::PageSizes;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::file::life::{Destination, Filling, Parts};
-use crate::file::{read_error, since};
+use crate::file::since;
 use crate::jobs::{
-    Conversion, ConvertFrom, ConvertSource, Job, JobError, MappedFile, ReadFrom, Tagged, run,
-    split_convert, split_populate, split_read,
+    Conversion, ConvertFrom, ConvertSource, Job, JobError, MappedFile, ReadFrom, Tagged, carve,
+    run, split_convert, split_populate, split_read,
 };
 use crate::os::DIRECT_ALIGN;
 use crate::plan::cluster::Piece;
@@ -111,19 +111,8 @@ impl<'a> ReadEngine<'a> {
             .map(|(h, &len)| h.and_then(|h| h.finish(len)))
             .collect();
         if let Err(failure) = result {
-            return Err(match sources.get(failure.file_index) {
-                Some(&source) => read_error(
-                    failure.operation,
-                    source,
-                    source.len(),
-                    failure.offset,
-                    failure.error,
-                ),
-                None => Error::without_path(ErrorKind::Io {
-                    operation: failure.operation,
-                    offset: Some(failure.offset),
-                }),
-            });
+            let source = sources.get(failure.file_index).copied();
+            return Err(failure.on(source));
         }
         Ok(Ran {
             digests,
@@ -241,20 +230,12 @@ impl<'a> Queued<'a> {
         buffer: &'a mut [u8],
         chunk: usize,
     ) {
-        let mut rest = buffer;
-        let mut at = 0u64;
+        let (mut rest, mut at) = (buffer, 0u64);
         for segment in segments {
-            let skip = usize::try_from(segment.dst - at).unwrap_or(usize::MAX);
-            let len = usize::try_from(segment.len).unwrap_or(usize::MAX);
-            let Some((_, tail)) = rest.split_at_mut_checked(skip) else {
+            let Some(dst) = carve(&mut rest, &mut at, segment.dst, segment.len) else {
                 break;
             };
-            let Some((dst, tail)) = tail.split_at_mut_checked(len) else {
-                break;
-            };
-            rest = tail;
-            at = segment.dst + segment.len;
-            let required = usize::try_from(segment.required).unwrap_or(len);
+            let required = usize::try_from(segment.required).unwrap_or(dst.len());
             let jobs = &mut self.jobs;
             split_read(jobs, file_index, from, segment.src, dst, required, chunk);
         }

@@ -6,6 +6,7 @@ use super::{Checkpoint, TensorInfo};
 use crate::cancel;
 use crate::dest::device::{DeviceFile, DeviceLoad, Part, Placed};
 use crate::error::Result;
+use crate::extras::direct_on;
 use crate::file::OpenedFile;
 use crate::options::Options;
 use crate::policy;
@@ -62,11 +63,9 @@ impl<X> Checkpoint<X> {
     }
 }
 
-/// `file` as a load to a device reads it: copied from its map where it is
-/// mapped, else read, with `O_DIRECT` where the policy reads it so (on in
-/// `direct`). The staging buffers are laid out as the device wants, not in
-/// whole blocks: a read the file system refuses unaligned goes through the
-/// OS layer's aligned bounce buffer.
+/// `file` as a load to a device reads it: copied from its map, else read,
+/// with `O_DIRECT` where the policy reads it so (an unaligned read through
+/// the OS layer's bounce buffer).
 fn device_file<'f>(
     file: &'f OpenedFile,
     opts: &Options,
@@ -74,14 +73,9 @@ fn device_file<'f>(
     first: Placed,
 ) -> DeviceFile<'f> {
     let map = file.map().map(|m| &**m);
-    let wanted = |local: &crate::source::LocalFile| {
-        let kind = file.source().mount().map(|m| m.kind);
-        policy::wants_direct_io(opts.direct_io, kind, true, || local.mostly_cached())
-    };
-    let on = match (map, file.local()) {
-        (None, Some(local)) => wanted(local) && direct.add(local).is_ok(),
-        _ => false,
-    };
+    let kind = file.source().mount().map(|m| m.kind);
+    let local = file.local().filter(|_| map.is_none());
+    let on = local.is_some_and(|l| direct_on(direct, l, kind, opts.direct_io));
     DeviceFile {
         source: file.source(),
         path: file.path(),

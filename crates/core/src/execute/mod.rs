@@ -87,10 +87,19 @@ impl Run<'_> {
             .filter_map(|e| Some((e.file, &e.fills.as_ref()?.writer)))
             .collect();
         let share = match exchange {
-            Some(ex) => self.split(ex, &mut filling, &copies, reads.verify)?,
+            Some(ex) => {
+                let facts = exchange::Facts {
+                    converting: self.opts.dtype.is_some(),
+                    verifying: reads.verify,
+                };
+                let (path, notes) = (self.path, &mut self.notes);
+                let pieces = exchange::agree(ex, &mut filling, &copies, &facts, path, notes)?;
+                pieces.map(|pieces| (ex, pieces))
+            }
             None => None,
         };
-        let pages = self.pages();
+        let (huge_pages, origin) = policy::huge_pages(self.opts.huge_pages, self.env);
+        let pages = PageSizes::new(huge_pages, origin, HostHugePages::of_host());
         let (copies_read, ran) =
             self.read(&mut filling, (&entries, &copies), &share, &reads, &pages)?;
         let (io, readers) = (ran.io, ran.note);
@@ -141,31 +150,6 @@ impl Run<'_> {
         Ok(state_dict)
     }
 
-    /// The pieces the nodes read and share, where they agree on them.
-    fn split<'e>(
-        &mut self,
-        ex: &'e dyn crate::cluster::Exchange,
-        filling: &mut [Filling<'_>],
-        copies: &[exchange::Copy<'_>],
-        verifying: bool,
-    ) -> Result<Option<(&'e dyn crate::cluster::Exchange, Vec<Piece>)>> {
-        let facts = exchange::Facts {
-            converting: self.opts.dtype.is_some(),
-            verifying,
-        };
-        let pieces = exchange::agree(ex, filling, copies, &facts, self.path, &mut self.notes)?;
-        Ok(pieces.map(|pieces| (ex, pieces)))
-    }
-
-    /// How this process takes part in its node's copies.
-    fn role(&self, split: bool) -> Role {
-        match (split, self.member) {
-            (true, _) => Role::Participant,
-            (false, true) => Role::Member,
-            (false, false) => Role::Queue,
-        }
-    }
-
     /// The node copies shared between local ranks, or the cache's files
     /// mapped as destinations: each file's entry, and the copies the load
     /// fills for the node's other ranks.
@@ -175,7 +159,11 @@ impl Run<'_> {
         split: bool,
     ) -> (Vec<Entry<'f>>, Option<extras::Pending>) {
         let (opts, env) = (self.opts, self.env);
-        let role = self.role(split);
+        let role = match (split, self.member) {
+            (true, _) => Role::Participant,
+            (false, true) => Role::Member,
+            (false, false) => Role::Queue,
+        };
         let opened: Vec<&OpenedFile> = files.iter().map(|&(f, _)| f).collect();
         let rank = LocalRank::from_setting(opts.local_rank, env);
         let shared_by_ranks = role != Role::Queue || (rank.size > 1 && policy::node_copy(env));
@@ -364,12 +352,6 @@ impl Run<'_> {
             bytes + copy_bytes,
             files + copy_files,
         )
-    }
-
-    /// The page sizes of the load's fresh memory.
-    fn pages(&self) -> PageSizes {
-        let (huge_pages, origin) = policy::huge_pages(self.opts.huge_pages, self.env);
-        PageSizes::new(huge_pages, origin, HostHugePages::of_host())
     }
 
     /// A cache's file is done with its last read (`done`).

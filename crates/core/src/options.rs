@@ -76,11 +76,23 @@ impl fmt::Debug for Options {
 }
 
 impl Options {
-    /// What the caller set of the reads: in flight, and their size.
-    pub(crate) fn caller_reads(&self) -> crate::policy::CallerReads {
-        crate::policy::CallerReads {
-            io_concurrency: self.io_concurrency,
-            read_size: self.read_size,
+    /// How a load of `sources` reads: the concurrency, and the size of a read.
+    pub(crate) fn io_defaults<'a>(
+        &self,
+        sources: impl Iterator<Item = &'a dyn crate::source::Source>,
+    ) -> (crate::adapt::Concurrency, usize) {
+        crate::policy::io_defaults(sources, self.io_concurrency, self.read_size)
+    }
+
+    /// The caches a remote address of the load goes through.
+    pub(crate) fn caching(&self) -> crate::extras::Caching<'_> {
+        let env = Environment::from_process();
+        let verify = crate::policy::verify(self.verify, &env, !self.expected_sha256.is_empty());
+        crate::extras::Caching {
+            hub: self.hub_cache,
+            dir: self.cache_dir.as_deref(),
+            verify,
+            cancel: &self.cancel,
         }
     }
 

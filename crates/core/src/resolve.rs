@@ -250,29 +250,29 @@ impl Resolved {
 
     /// Opens a shard: through the checkpoint directory, else by its path.
     pub(crate) fn open(&self, shard: &ShardFile) -> io::Result<File> {
-        match &self.dir {
-            Some(dir) => dir.open_regular(&shard.name),
-            None => os::open_regular(&shard.path),
-        }
+        self.open_file(&shard.name, &shard.path)
     }
 
     /// Opens the index file, where there is one, as [`open`](Self::open).
     pub(crate) fn open_index(&self) -> Option<io::Result<File>> {
-        let name = self.index_path.as_deref()?.file_name()?.to_str()?;
-        Some(match &self.dir {
+        let path = self.index_path.as_deref()?;
+        Some(self.open_file(path.file_name()?.to_str()?, path))
+    }
+
+    fn open_file(&self, name: &str, path: &Path) -> io::Result<File> {
+        match &self.dir {
             Some(dir) => dir.open_regular(name),
-            None => os::open_regular(self.index_path.as_deref()?),
-        })
+            None => os::open_regular(path),
+        }
     }
 
     /// Refuses a checkpoint whose opened shards (path, header) disagree with
     /// each other or with the index: a tensor in two shards, or an index
     /// entry whose shard lacks it. Shards not opened are not checked.
     pub(crate) fn check_headers(&self, opened: &[(&Path, &Header)]) -> Result<()> {
-        let checkpoint = self;
         // One file without an index needs no map of owners (a header names
         // a tensor once).
-        let count = if opened.len() > 1 || checkpoint.index.is_some() {
+        let count = if opened.len() > 1 || self.index.is_some() {
             opened.iter().map(|(_, h)| h.tensors.len()).sum()
         } else {
             0
@@ -295,7 +295,7 @@ impl Resolved {
                 }
             }
         }
-        let Some(index) = &checkpoint.index else {
+        let Some(index) = &self.index else {
             return Ok(());
         };
         let opened_at: HashMap<&Path, usize> = opened
@@ -303,7 +303,7 @@ impl Resolved {
             .enumerate()
             .map(|(i, (p, _))| (*p, i))
             .collect();
-        let shard_paths: HashMap<&str, &Path> = checkpoint
+        let shard_paths: HashMap<&str, &Path> = self
             .shards
             .iter()
             .map(|s| (s.name.as_str(), s.path.as_path()))

@@ -6,6 +6,7 @@ use super::{Checkpoint, TensorInfo};
 use crate::cancel;
 use crate::dest::device::{DeviceFile, DeviceLoad, Part, Placed};
 use crate::error::Result;
+use crate::extras::direct_on;
 use crate::file::OpenedFile;
 use crate::options::Options;
 use crate::policy;
@@ -33,9 +34,7 @@ impl<X> Checkpoint<X> {
                 if opts.filter.as_ref().is_some_and(|keep| !keep(info.name())) {
                     continue;
                 }
-                let Some(placed) =
-                    placed(info, part(info), opts).map_err(|e| e.or_path(info.file()))?
-                else {
+                let Some(placed) = placed(info, part(info), opts)? else {
                     continue;
                 };
                 let file = self.file_of(info)?;
@@ -49,8 +48,7 @@ impl<X> Checkpoint<X> {
                     }
                 }
             }
-            let (concurrency, read_size) =
-                policy::io_defaults(files.iter().map(|f| f.source), opts.caller_reads());
+            let (concurrency, read_size) = opts.io_defaults(files.iter().map(|f| f.source));
             let result = load(DeviceLoad {
                 path: &inner.path,
                 cancel: &opts.cancel,
@@ -65,11 +63,9 @@ impl<X> Checkpoint<X> {
     }
 }
 
-/// `file` as a load to a device reads it: copied from its map where it is
-/// mapped, else read, with `O_DIRECT` where the policy reads it so (on in
-/// `direct`). The staging buffers are laid out as the device wants, not in
-/// whole blocks: a read the file system refuses unaligned goes through the
-/// OS layer's aligned bounce buffer.
+/// `file` as a load to a device reads it: copied from its map, else read,
+/// with `O_DIRECT` where the policy reads it so (an unaligned read through
+/// the OS layer's bounce buffer).
 fn device_file<'f>(
     file: &'f OpenedFile,
     opts: &Options,
@@ -77,14 +73,9 @@ fn device_file<'f>(
     first: Placed,
 ) -> DeviceFile<'f> {
     let map = file.map().map(|m| &**m);
-    let wanted = |local: &crate::source::LocalFile| {
-        let kind = file.source().mount().map(|m| m.kind);
-        policy::wants_direct_io(opts.direct_io, kind, true, || local.mostly_cached())
-    };
-    let on = match (map, file.local()) {
-        (None, Some(local)) => wanted(local) && direct.add(local).is_ok(),
-        _ => false,
-    };
+    let kind = file.source().mount().map(|m| m.kind);
+    let local = file.local().filter(|_| map.is_none());
+    let on = local.is_some_and(|l| direct_on(direct, l, kind, opts.direct_io));
     DeviceFile {
         source: file.source(),
         path: file.path(),
@@ -97,19 +88,16 @@ fn device_file<'f>(
 
 /// `info`'s `part` as it is placed; `None` where it is skipped.
 fn placed(info: &TensorInfo, part: Part, opts: &Options) -> Result<Option<Placed>> {
-    let (name, from, shape) = (info.name(), info.dtype(), info.shape());
-    let plan = match part {
-        Part::Skip => return Ok(None),
-        Part::Whole => SlicePlan::new(name, from, shape, &[])?,
-        Part::Slice(ranges) => SlicePlan::new(name, from, shape, &ranges)?,
-        Part::Shard { dim, rank, world } => SlicePlan::shard(name, from, shape, dim, rank, world)?,
-    };
+    if part == Part::Skip {
+        return Ok(None);
+    }
+    let (plan, from) = (cut(info, part)?, info.dtype());
     let to = match opts.dtype {
         Some(to) if policy::converts_to(from, to).is_some() => to,
         _ => from,
     };
     Ok(Some(Placed {
-        name: Arc::from(name),
+        name: Arc::from(info.name()),
         shape: plan.shape,
         from,
         to,
@@ -119,4 +107,16 @@ fn placed(info: &TensorInfo, part: Part, opts: &Options) -> Result<Option<Placed
             .map(|r| (info.offset + r.src as u64, r.len))
             .collect(),
     }))
+}
+
+/// `info`'s `part` as `shard` and `read_slice` cut it (`Skip` as `Whole`);
+/// an error names its file.
+pub(super) fn cut(info: &TensorInfo, part: Part) -> Result<SlicePlan> {
+    let (name, dtype, shape) = (info.name(), info.dtype(), info.shape());
+    match part {
+        Part::Whole | Part::Skip => SlicePlan::new(name, dtype, shape, &[]),
+        Part::Slice(ranges) => SlicePlan::new(name, dtype, shape, &ranges),
+        Part::Shard { dim, rank, world } => SlicePlan::shard(name, dtype, shape, dim, rank, world),
+    }
+    .map_err(|e| e.or_path(info.file()))
 }

@@ -400,10 +400,9 @@ pub(crate) fn open_with<X>(opts: Options, path: &Path) -> Result<Checkpoint<X>> 
     // checkpoint it returns are the caller's, which no flag stops
     // (`Loader::cancel_on`).
     let caching = resolve::Caching {
-        hub: opts.hub_cache,
-        dir: opts.cache_dir.as_deref(),
         verify: false,
         cancel: &crate::cancel::Cancel::NONE,
+        ..opts.caching()
     };
     let resolved = resolve::resolve(path, caching, &*opts.extras)?;
     let shards: Vec<&ShardFile> = resolved.shards.iter().collect();

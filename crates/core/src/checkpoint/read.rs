@@ -3,14 +3,17 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::device::cut;
 use super::{Checkpoint, TensorInfo};
 use crate::adapt::Concurrency;
 use crate::cancel::Cancel;
+use crate::dest::device::Part;
 use crate::dest::pages::PageSizes;
 use crate::error::{Error, ErrorKind, Operation, Result};
-use crate::file::{OpenedFile, read_error};
+use crate::file::OpenedFile;
 use crate::jobs;
 use crate::slice::{MERGE_GAP, Run, SlicePlan};
+use crate::source::read_exact;
 use crate::storage::{Buffer, Storage};
 use crate::tensor::Tensor;
 
@@ -46,11 +49,7 @@ impl<X> Checkpoint<X> {
     /// backwards or past its dimension, or a packed dtype (F4, F6) cut inside
     /// a byte; [`ErrorKind::TensorNotFound`]; a read's error.
     pub fn read_slice(&self, name: &str, ranges: &[Range<usize>]) -> Result<Tensor> {
-        let info = self.info(name)?;
-        let file = self.file_of(info)?;
-        let plan = SlicePlan::new(name, info.dtype(), info.shape(), ranges)
-            .map_err(|e| e.or_path(file.path()))?;
-        self.read_planned(info, file, plan)
+        self.read_part(name, Part::Slice(ranges.to_vec()))
     }
 
     /// Rank `rank`'s part of `name` along dimension `dim` when the tensor is
@@ -80,21 +79,15 @@ impl<X> Checkpoint<X> {
     /// `dim` of a 0-dim tensor), `world == 0` or `rank >= world`, or a packed
     /// dtype cut inside a byte; [`ErrorKind::TensorNotFound`]; a read's error.
     pub fn shard(&self, name: &str, dim: usize, rank: usize, world: usize) -> Result<Tensor> {
-        let info = self.info(name)?;
-        let file = self.file_of(info)?;
-        let plan = SlicePlan::shard(name, info.dtype(), info.shape(), dim, rank, world)
-            .map_err(|e| e.or_path(file.path()))?;
-        self.read_planned(info, file, plan)
+        self.read_part(name, Part::Shard { dim, rank, world })
     }
 
-    /// Reads what `plan` says of `info`: a view for one run of a mapped
-    /// file, else an allocation filled from the map or by the read engine.
-    fn read_planned(
-        &self,
-        info: &TensorInfo,
-        file: &OpenedFile,
-        plan: SlicePlan,
-    ) -> Result<Tensor> {
+    /// `part` of `name`: a view for one run of a mapped file, else an
+    /// allocation filled from the map or by the read engine.
+    fn read_part(&self, name: &str, part: Part) -> Result<Tensor> {
+        let info = self.info(name)?;
+        let file = self.file_of(info)?;
+        let plan = cut(info, part)?;
         let shape = plan.shape.clone();
         if let Some(storage) = file.map() {
             let whole = range_in(info, storage)?;
@@ -110,8 +103,7 @@ impl<X> Checkpoint<X> {
             return owned(file, info, shape, plan.len, None, fill);
         }
         let opts = &self.inner().opts;
-        let (concurrency, most) =
-            crate::policy::io_defaults(std::iter::once(file.source()), opts.caller_reads());
+        let (concurrency, most) = opts.io_defaults(std::iter::once(file.source()));
         // Pieces small enough to keep every reader busy, never under 1 MiB.
         let piece = (plan.len / concurrency.start).clamp(1 << 20, most.max(1 << 20));
         let fill = |dst: &mut [u8]| read_runs(file, info.offset, &plan, dst, concurrency, piece);
@@ -165,7 +157,7 @@ impl<X> Checkpoint<X> {
             dst.copy_from_slice(src);
             return Ok(());
         }
-        read_exact(file, dst, info.offset)
+        read_exact(file.source(), dst, info.offset)
     }
 }
 
@@ -235,15 +227,7 @@ fn read_runs(
     // A lazy read is the caller's own: no page size advised, no cancel flag.
     let pages = PageSizes::unadvised();
     let (result, _, _) = jobs::run(jobs, concurrency, &pages, &|_, _| {}, &Cancel::NONE);
-    if let Err(failure) = result {
-        return Err(read_error(
-            Operation::Read,
-            file.source(),
-            file.size(),
-            failure.offset,
-            failure.error,
-        ));
-    }
+    result.map_err(|failure| failure.on(Some(file.source())))?;
     let merged = reads.iter().filter(|r| r.runs.len() > 1);
     for (read, buffer) in merged.zip(&scratch) {
         let runs = plan.runs.get(read.runs.clone()).unwrap_or_default();
@@ -264,8 +248,7 @@ fn queue_reads<'a>(
     piece: usize,
 ) -> Vec<jobs::Tagged<'a>> {
     let mut jobs = Vec::new();
-    let mut rest: &mut [u8] = dst;
-    let mut at = 0usize;
+    let (mut rest, mut at) = (dst, 0u64);
     let mut scratch_iter = scratch.iter_mut();
     for read in reads {
         let target: &mut [u8] = if read.runs.len() > 1 {
@@ -277,15 +260,10 @@ fn queue_reads<'a>(
             let Some(run) = plan.runs.get(read.runs.start) else {
                 break;
             };
-            let Some((_, tail)) = rest.split_at_mut_checked(run.dst - at) else {
-                break;
-            };
-            let Some((into, tail)) = tail.split_at_mut_checked(run.len) else {
-                break;
-            };
-            rest = tail;
-            at = run.dst + run.len;
-            into
+            match jobs::carve(&mut rest, &mut at, run.dst as u64, run.len as u64) {
+                Some(into) => into,
+                None => break,
+            }
         };
         let len = target.len();
         let offset = base + read.src.start as u64;
@@ -313,7 +291,7 @@ pub(super) fn read_whole(
         };
         Error::new(kind, file.path())
     })?;
-    let fill = |dst: &mut [u8]| read_exact(file, dst, info.offset);
+    let fill = |dst: &mut [u8]| read_exact(file.source(), dst, info.offset);
     owned(file, info, info.shape().to_vec(), len, guard, fill)
 }
 
@@ -335,13 +313,4 @@ fn range_in(info: &TensorInfo, storage: &Storage) -> Result<Range<usize>> {
                 storage.path(),
             )
         })
-}
-
-/// Fills `dst` from the file at `offset`, retrying short reads; a file that
-/// ends early is [`ErrorKind::SizeMismatch`].
-pub(crate) fn read_exact(file: &OpenedFile, dst: &mut [u8], offset: u64) -> Result<()> {
-    let len = dst.len();
-    file.source()
-        .read_at(dst, len, offset)
-        .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))
 }

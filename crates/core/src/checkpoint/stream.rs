@@ -6,7 +6,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use super::read::read_whole;
 use super::{Checkpoint, TensorInfo};
 use crate::error::{Error, Result};
-use crate::policy;
 use crate::progress::{Meter, Phase};
 use crate::tensor::Tensor;
 use crate::workers;
@@ -126,7 +125,7 @@ impl<X> Checkpoint<X> {
     fn stream_readers(&self) -> usize {
         let inner = self.inner();
         let sources = inner.files.iter().map(|f| f.source());
-        let (concurrency, _) = policy::io_defaults(sources, inner.opts.caller_reads());
+        let (concurrency, _) = inner.opts.io_defaults(sources);
         concurrency.start.min(inner.tensors.len())
     }
 }

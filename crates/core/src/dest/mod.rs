@@ -1,8 +1,6 @@
 //! Where a file's bytes land: the `Fill` seam (memory the read engine writes, then seals read-only for tensors to view), and its first implementation, an owned aligned buffer (faulted in by `pages.rs`).
 //!
-//! A file's own tensors are views either of its read-only map (nothing to
-//! fill) or of a destination filled by the read engine. The contract is
-//! written out in `docs/ARCHITECTURE.md`, "The two seams".
+//! `docs/ARCHITECTURE.md`, "The two seams", writes the contract out.
 
 pub mod device;
 pub mod node;

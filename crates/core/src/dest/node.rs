@@ -1,12 +1,7 @@
 //! A node copy as the place a file's bytes land: a sealed memory file that the local ranks of a job fill together, chunk by chunk, each straight into its place, then each map read-only.
 //!
-//! It is not a `Fill`: the read engine fills a destination
-//! of one process through `&mut` slices, while a node copy is written by
-//! the chunk queue's readers of several processes (the node crate's `prefetch/fill.rs`), each
-//! chunk by whoever claims it. What it shares with the owned buffer is the
-//! end: a read-only [`Storage`] that tensors view through an `Arc`, whose
-//! bytes no one can change or truncate (the memory file is sealed against
-//! shrinking and growing, and nothing writes it once the fill is over).
+//! Not a `Fill`: several processes write it, each chunk by whoever claims
+//! it; it ends as the same read-only [`Storage`], sealed against resizing.
 
 use std::fs::File;
 use std::io;
@@ -21,18 +16,13 @@ pub fn create(len: u64) -> io::Result<File> {
     os::memfd_copy("safeload-node-copy", len)
 }
 
-/// The page size a node copy's pages are asked for, as each rank's map of
-/// it faults them in: huge pages with [`HugePages::On`] (shared memory's
-/// transparent huge pages, granted where the host's `shmem_enabled` is
-/// `advise`, `always` or `within_size`), base pages with
-/// [`HugePages::Off`], and the host's setting alone with
-/// [`HugePages::Auto`].
+/// The page size a node copy's pages are asked for: huge (`On`), base
+/// (`Off`), or the host's `shmem_enabled` alone (`Auto`).
 ///
-/// NOTE: a node copy is filled through the prefetch's chunk queue, not the
-/// read engine that measures page sizes (`pages.rs`), so `Auto` asks for
-/// nothing: shared huge pages beat base pages or lose to them as the host
-/// backs them, as anonymous ones do, so no default; `MFD_HUGETLB`'s pool is
-/// not the crate's to take (BENCHMARKS.md, "dest/node.rs: huge_page_advice").
+/// NOTE: the chunk queue measures no page size (`pages.rs` does), and shared
+/// huge pages win or lose as the host backs them: `Auto` asks for nothing;
+/// `MFD_HUGETLB`'s pool is not the crate's to take (BENCHMARKS.md,
+/// "dest/node.rs: huge_page_advice").
 pub fn huge_page_advice(huge_pages: HugePages) -> Option<bool> {
     match huge_pages {
         HugePages::On => Some(true),
@@ -81,9 +71,7 @@ impl CopyFill {
             from.read_at(dst, len, offset)
         })
     }
-}
 
-impl CopyFill {
     /// The addresses the writable map of the copy spans in this process.
     pub fn addresses(&self) -> std::ops::Range<usize> {
         self.0.addresses()

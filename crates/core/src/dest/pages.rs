@@ -1,18 +1,10 @@
 //! Fresh memory for a load's destinations: faulted in before the reads land, in the page size the host serves best (transparent huge pages or base pages), as the caller, the environment or the host's settings say, else as measured while the load faults its memory in.
 //!
-//! Backing a fresh page (allocate, zero, on a VM often the host too) costs
-//! what the page size and the host make it, from one minute to the next:
-//! huge pages cost a quarter of base pages where free ones are at hand, many
-//! times more where the kernel compacts memory for them or the host backs
-//! each again. So a load faults its destinations in a piece at a time
-//! (`PageSizes::fault_in`), times each on the faulting thread's CPU clock,
-//! and keeps the size that costs less per byte, probing the other now and
-//! then; a copy out of the page cache faults its own destination and is what
-//! is timed there (`PageSizes::prepare`).
-//!
-//! NOTE: the cost of one size says nothing of the other's, and the cheaper
-//! one changes within a load while the settings look the same: hence a
-//! measurement that goes on, not a decision from the settings at the start
+//! NOTE: huge pages cost a quarter of base pages where free ones are at
+//! hand, many times more where the kernel compacts memory or the host backs
+//! each again, and which is cheaper changes within a load while the settings
+//! look the same: so each piece faulted in is timed on the thread's CPU
+//! clock, and the cheaper size kept, the other probed now and then
 //! (BENCHMARKS.md, "dest/pages.rs: the module").
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -144,8 +136,7 @@ struct State {
 #[derive(Debug, Default, Clone, Copy)]
 struct Measured {
     /// Nanoseconds of CPU per byte of the last [`SAMPLES`] pieces faulted
-    /// in with this size (or of the huge pages of its last probe, which
-    /// drops older ones), the newest first.
+    /// in with this size, the newest first.
     samples: [Option<f64>; SAMPLES],
     bytes: u64,
 }
@@ -162,12 +153,10 @@ const DISK_WEIGHT: f64 = 4.0;
 
 /// The measures of each size its cost is taken from.
 ///
-/// NOTE: one measure alone misleads: a probe far above the others once kept
-/// a load on the costlier size (BENCHMARKS.md, "dest/pages.rs: SAMPLES").
-/// A size's cost is the median of its last three measures, the smallest
-/// while there are fewer (a probe is two measures, one per huge page): a
-/// measure far above the others moves nothing, and a size in use whose cost
-/// changes for good is left within two pieces.
+/// NOTE: one measure alone misleads (a probe far above the others once kept
+/// a load on the costlier size): the median of three moves on no outlier
+/// and leaves a size that got costlier within two pieces (BENCHMARKS.md,
+/// "dest/pages.rs: SAMPLES").
 const SAMPLES: usize = 3;
 
 impl Measured {
@@ -230,8 +219,7 @@ impl State {
     }
 }
 
-/// How one destination is cut for faulting in: the size in use for all of
-/// it, or a probe of the other size on one huge page within it.
+/// How one destination is cut for faulting in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PieceSize {
     size: Size,
@@ -309,15 +297,9 @@ impl PageSizes {
         self.state().record(size, bytes, cpu);
     }
 
-    /// Faults `dst` in, writable, in the size in use (and a probe of the
-    /// other where one is due), timing each part on this thread's CPU
-    /// clock. `dst` is fresh: part of a private anonymous buffer no byte of
-    /// which was written yet (a byte written before is kept, but its page's
-    /// size is then the kernel's choice).
-    ///
-    /// Where `dst` is for a read of a local disk with `O_DIRECT` (`disk`),
-    /// base pages' measured cost is weighed [`DISK_WEIGHT`] times: they
-    /// make the disk's requests smaller.
+    /// Faults fresh `dst` in, writable, in the size in use (and a probe of
+    /// the other where one is due), timing each part; `disk`: for a direct
+    /// read of a local disk ([`DISK_WEIGHT`]).
     pub(super) fn fault_in(&self, dst: &mut [u8], disk: bool) {
         if disk && self.mode == HugePages::Auto {
             self.state().disk_bytes += dst.len() as u64;
@@ -344,16 +326,14 @@ impl PageSizes {
         }
     }
 
-    /// Faults `piece` in with `size` advised (where sizes are), and returns
-    /// the CPU time it took this thread.
+    /// Faults `piece` in with `size` advised: the CPU time it took.
     fn fault(&self, piece: &mut [u8], size: Size) -> Option<Duration> {
         self.advise_part(piece, size);
         timed_populate(piece)
     }
 
     /// Faults in `probed` page by page, each with `size` advised on it
-    /// alone (its buffer's advice for the pages after it stays as it is),
-    /// and records what each cost.
+    /// alone, and records what each cost.
     fn probe(&self, probed: &mut [u8], size: Size) {
         let measures: Vec<(usize, Option<Duration>)> = probed
             .chunks_mut(HUGE)
@@ -369,9 +349,7 @@ impl PageSizes {
         }
     }
 
-    /// A buffer of the load, whose pages are asked for in the size in use
-    /// now, all at once: a part of it faulted in later in the same size
-    /// needs no advice of its own (`advise_part`).
+    /// A buffer of the load, its pages asked for in the size in use now.
     ///
     /// NOTE: once per buffer, because advice given piece by piece changes the
     /// memory map while the other readers' copies fault their pages in, which
@@ -394,8 +372,7 @@ impl PageSizes {
         });
     }
 
-    /// The size the mode says, or in use as measured (no probe, no disk
-    /// read's weight): what a buffer or an untimed copy is given.
+    /// The size the mode says, or in use as measured (no disk weight).
     fn size_in_use(&self) -> Size {
         match self.mode {
             HugePages::On => Size::Huge,
@@ -404,9 +381,7 @@ impl PageSizes {
         }
     }
 
-    /// Asks for `size` for `part` before it is faulted in: nothing where
-    /// its buffer is asked so already from before it, else the rest of
-    /// the buffer from it on (a part of no buffer registered: itself).
+    /// Asks for `size` for `part`, and its buffer's rest, unless asked so.
     fn advise_part(&self, part: &mut [u8], size: Size) {
         if !self.advise || self.reason == PageReason::Unavailable || part.is_empty() {
             return;
@@ -434,8 +409,7 @@ impl PageSizes {
         os::advise_page_size_of_range(at, rest, size == Size::Huge);
     }
 
-    /// What was done, for the report: `None` where nothing was faulted in
-    /// through here.
+    /// What was done, for the report; `None` where nothing was faulted in.
     pub(crate) fn report(&self) -> Option<FreshMemory> {
         if !self.advise {
             return None;
@@ -468,8 +442,7 @@ impl PageSizes {
     }
 }
 
-/// Faults `piece` in, writable, and returns the CPU time it took this
-/// thread (`None` where the clock cannot be read).
+/// Faults `piece` in, writable: the CPU time it took this thread.
 fn timed_populate(piece: &mut [u8]) -> Option<Duration> {
     let before = os::thread_cpu_time();
     os::populate_write(piece);

@@ -17,9 +17,8 @@ use crate::policy::Strategy;
 use crate::source::NotCached;
 use crate::storage::BufferLayout;
 
-/// For each file fetched whole through a cache with no node copy, the file
-/// being written mapped shared as its destination (its `copies` slot), and
-/// the writer the load fills it through; by index.
+/// Each file fetched whole through a cache with no node copy: the file
+/// being written mapped as its destination, and its writer, by index.
 pub(crate) fn map_destinations(
     files: &[&OpenedFile],
     copies: &mut [PerFile],
@@ -76,9 +75,7 @@ pub(crate) fn map_destinations(
     maps
 }
 
-/// What becomes of the paused cache writes when several local ranks load:
-/// a file with a node copy is written whole from it by the rank that made
-/// it, once complete; a file without one as this rank reads it.
+/// What becomes of the paused cache writes when several local ranks load.
 pub(crate) fn after_node_copies(files: &[&OpenedFile], copies: &[PerFile], role: Role) {
     for (file, copy) in files.iter().zip(copies) {
         let Some(write) = file.source().cache_write() else {

@@ -1,13 +1,11 @@
 //! A load split between the nodes of a job (issue 27): the nodes agree on the files and their plan, each reads its share of the buffered files' pieces from storage, then every piece is broadcast from the node that read it, checked by its digest, into the same place of every other node's buffer.
 //!
 //! Every node makes the same collectives in the same order: one all-gather
-//! of the files' descriptions (also where a node cannot take part), then one
-//! checked broadcast per piece in the split's order (`plan/cluster.rs`). A
-//! participant's node copies are filled like its buffers, each an image of
-//! its file placed after the buffers.
+//! (also where a node cannot take part), then one checked broadcast per
+//! piece in the split's order.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use crate::adapt::Concurrency;
@@ -22,6 +20,8 @@ use crate::progress::Meter;
 use crate::report::LoadNote;
 use crate::source::VersionTag;
 use crate::storage::{BufferLayout, Segment};
+
+use super::Left;
 
 /// A node copy the load fills (`extras::Pending`): the file and its writer.
 pub(crate) type Copy<'a> = (&'a OpenedFile, &'a CopyFill);
@@ -49,8 +49,7 @@ fn image(len: u64) -> BufferLayout {
     }
 }
 
-/// The pieces of a load whose nodes read alone: the copies', all this
-/// node's (node 0 of 1), after the `buffers` places of the buffers.
+/// The pieces of a load read alone: the copies', after the `buffers`.
 pub(crate) fn alone(buffers: usize, copies: &[Copy<'_>]) -> Vec<Piece> {
     let images: Vec<BufferLayout> = copies.iter().map(|(f, _)| image(f.size())).collect();
     let mut refs: Vec<Option<&BufferLayout>> = vec![None; buffers];
@@ -58,17 +57,14 @@ pub(crate) fn alone(buffers: usize, copies: &[Copy<'_>]) -> Vec<Piece> {
     cluster::split(&refs, PIECE, 1)
 }
 
-/// What makes a load refuse a split between nodes: it converts dtypes (its
-/// conversions read the files), or hashes each file whole (`verify`).
+/// What makes a load refuse a split between nodes.
 pub(crate) struct Facts {
     pub converting: bool,
     pub verifying: bool,
 }
 
-/// Agrees with the other nodes on the files of `filling` and their plan:
-/// the pieces to split where every node can take part and sees the same
-/// files, versions and plan; else `None` (every node reads alone), the
-/// reason in `notes`. Fails where the all-gather did, naming the checkpoint.
+/// Agrees with the other nodes on the files and their plan: the pieces to
+/// split, else `None` (every node reads alone) and the reason in `notes`.
 pub(crate) fn agree(
     exchange: &dyn Exchange,
     filling: &mut [Filling<'_>],
@@ -99,8 +95,7 @@ struct Compared<'a> {
     layout: Option<BufferLayout>,
 }
 
-/// The files the nodes compare, in the split's places: `filling`'s, then
-/// the node copies'.
+/// The files the nodes compare: `filling`'s, then the node copies'.
 fn compared<'a>(filling: &'a mut [Filling<'_>], copies: &[Copy<'a>]) -> Vec<Compared<'a>> {
     let mut layouts: Vec<Option<BufferLayout>> = filling
         .iter_mut()
@@ -140,8 +135,7 @@ fn refusal(facts: &Facts) -> Option<String> {
     Some(why.to_owned())
 }
 
-/// Describes each file for the comparison; a file whose version cannot be
-/// told is the `refusal` where there is none yet.
+/// Describes each file; one whose version cannot be told is a `refusal`.
 fn describe<'f>(files: &'f [Compared<'_>], refusal: &mut Option<String>) -> Vec<FileFacts<'f>> {
     let describe = |compared: &'f Compared<'_>| {
         let (f, name) = (compared.file, compared.name.as_str());
@@ -164,8 +158,7 @@ fn describe<'f>(files: &'f [Compared<'_>], refusal: &mut Option<String>) -> Vec<
     files.iter().map(describe).collect()
 }
 
-/// What this node gives the all-gather: `yes`, or `no` and why, then its
-/// files' descriptions.
+/// What this node gives the all-gather: `yes` or `no\t<why>`, then its files.
 fn offer(refusal: Option<&str>, described: &[FileFacts<'_>]) -> Vec<u8> {
     let mut mine = match refusal {
         Some(why) => format!("no\t{why}\n").into_bytes(),
@@ -185,9 +178,7 @@ fn refused(all: &[Vec<u8>]) -> Option<String> {
 }
 
 /// Broadcasts every piece from its owner into the same place of every other
-/// node's buffer (or copy), checked by the owner's digest, in the split's
-/// order: the load's note of what this node did. Fails where a broadcast
-/// did or a piece arrived corrupted, naming the file and offset.
+/// node's buffer or copy, checked: the load's note of what this node did.
 pub(crate) fn receive(
     exchange: &dyn Exchange,
     filling: &mut [Filling<'_>],
@@ -246,8 +237,7 @@ pub(crate) fn receive(
     })
 }
 
-/// Makes each buffered file's `bytes_read` what this node (`me`) read of it
-/// from storage: its tensor bytes in proportion to its pieces read here.
+/// Each buffered file's `bytes_read` in proportion to its pieces `me` read.
 pub(crate) fn count_reads(files: &mut [crate::report::FileReport], pieces: &[Piece], me: usize) {
     for (i, file) in files.iter_mut().enumerate() {
         let (mut own, mut all) = (0u128, 0u128);
@@ -263,8 +253,8 @@ pub(crate) fn count_reads(files: &mut [crate::report::FileReport], pieces: &[Pie
     }
 }
 
-/// This node's pieces of the node copies, cut in reads of `read_size`:
-/// (the copy, the offset, the length), in order.
+/// This node's pieces of the node copies in reads of `read_size`: (copy,
+/// offset, length).
 pub(crate) fn copy_reads(
     copies: &[Copy<'_>],
     pieces: &[Piece],
@@ -292,10 +282,8 @@ pub(crate) fn copy_reads(
     reads
 }
 
-/// Runs `reads` ([`copy_reads`]) of the copies from their files, `readers`
-/// at once, direct where the policy reads the file so, counted into `meter`:
-/// the bytes of tensor data read, per copy. Fails with the first read's
-/// error.
+/// Runs `reads` ([`copy_reads`]), `readers` at once: the bytes of tensor
+/// data read, per copy.
 pub(crate) fn read_copies(
     copies: &[Copy<'_>],
     reads: &[(usize, u64, u64)],
@@ -306,12 +294,7 @@ pub(crate) fn read_copies(
     let files: Vec<&OpenedFile> = copies.iter().map(|(f, _)| *f).collect();
     let _direct =
         crate::extras::direct_reads(files.iter().filter_map(|f| f.local()), opts.direct_io);
-    let mut left: Vec<AtomicU64> = (0..copies.len()).map(|_| AtomicU64::new(0)).collect();
-    for &(k, _, len) in reads {
-        if let Some(n) = left.get_mut(k) {
-            *n.get_mut() += len;
-        }
-    }
+    let left = Left::new(copies.len(), reads.iter().map(|&(k, _, len)| (k, len)));
     let source = CopyPieces {
         copies,
         reads,
@@ -338,14 +321,13 @@ pub(crate) fn read_copies(
     Ok(read)
 }
 
-/// This node's reads of the copies as a source of the read loop, taken in
-/// order; `left`: the bytes left to read of each copy, for `meter`.
+/// This node's reads of the copies as a source of the read loop.
 struct CopyPieces<'c, 'a> {
     copies: &'c [Copy<'a>],
     reads: &'c [(usize, u64, u64)],
     cursor: AtomicUsize,
     meter: &'c Meter,
-    left: &'c [AtomicU64],
+    left: &'c Left,
 }
 
 impl JobSource for CopyPieces<'_, '_> {
@@ -367,14 +349,7 @@ impl JobSource for CopyPieces<'_, '_> {
         writer
             .read_chunk(file.source(), offset, len)
             .map_err(|(at, e)| read_error(Operation::Read, file.source(), file.size(), at, e))?;
-        self.meter.add(len);
-        if self
-            .left
-            .get(k)
-            .is_some_and(|n| n.fetch_sub(len, Ordering::AcqRel) == len)
-        {
-            self.meter.file_done();
-        }
+        self.left.landed(self.meter, k, len);
         Ok(len)
     }
 
@@ -389,8 +364,7 @@ impl JobSource for CopyPieces<'_, '_> {
     }
 }
 
-/// A failed exchange as an I/O error of [`Operation::Exchange`] on `path`
-/// (at `offset`, for a piece), of the kind that says what happened.
+/// A failed exchange as an I/O error of [`Operation::Exchange`] on `path`.
 fn exchange_error(path: &std::path::Path, offset: Option<u64>, e: &ExchangeError) -> Error {
     let kind = match e.kind() {
         ExchangeErrorKind::TimedOut => io::ErrorKind::TimedOut,

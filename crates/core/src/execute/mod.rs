@@ -6,7 +6,7 @@ pub(crate) mod queue;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::adapt::Concurrency;
@@ -30,8 +30,7 @@ use crate::trace;
 use crate::verify;
 use crate::workers;
 
-/// One load of files already open: each with the nanoseconds, from the
-/// load's start, at which its part in the load began.
+/// One load of files already open.
 pub(crate) struct Run<'a> {
     pub opts: &'a Options,
     pub resolved: &'a Resolved,
@@ -43,52 +42,40 @@ pub(crate) struct Run<'a> {
     pub notes: Vec<LoadNote>,
     /// The checkpoint's path, for errors about the whole load.
     pub path: &'a Path,
-    /// The job's exchange between nodes, on this node's participant
-    /// (`SAFELOAD_EXCHANGE`): the load's buffered reads split between the
-    /// nodes.
+    /// The job's exchange between nodes, on this node's participant.
     pub exchange: Option<&'a dyn crate::cluster::Exchange>,
-    /// This process is another local rank of a node whose participant
-    /// takes part in such a split: it waits for the participant's node
-    /// copies (`Role::Member`).
+    /// Another local rank of a participant's node: it waits for the
+    /// participant's node copies (`Role::Member`).
     pub member: bool,
 }
 
-/// One file of a load as its stages see it: opened, what the node copy did
-/// for it, and the copy the load fills itself, where it fills one.
+/// One file of a load as its stages see it.
 struct Entry<'a> {
     file: &'a OpenedFile,
     /// Nanoseconds from the load's start at which its part began.
     started_at: u64,
-    /// What the node copy did for it; a copy's storage is taken when the
-    /// file's destinations are made.
+    /// What the node copy did for it (its storage taken by `allocate`).
     copy: PerFile,
-    /// What the report says of its node copy (nothing for a cache's file
-    /// that is its destination).
+    /// What the report says of its node copy.
     copy_report: Option<NodeCopy>,
     /// Bytes of its tensor data this rank read into a copy.
     copy_read: u64,
-    /// The copy the load fills: the participant's node copy, or the cache's
-    /// file being written, mapped as its destination.
+    /// The participant's node copy, or the cache's file being written,
+    /// that the load fills.
     fills: Option<Fills>,
 }
 
 /// A copy the load fills through its writer.
 struct Fills {
     writer: CopyFill,
-    /// The cache's file being written (done when its last read is), not a
-    /// node copy.
+    /// The cache's file being written, not a node copy.
     cache_file: bool,
 }
 
 impl Run<'_> {
-    /// Everything a load does once its files are open: share node copies,
-    /// warm the page cache where asked or where the auto policy says so,
-    /// plan (which tensors, where they land, direct I/O, the memory guard),
-    /// make the destinations, split the reads between nodes where there are
-    /// several, fill the destinations through one job queue, seal them,
-    /// hash and check where asked, hand out tensors with the report.
+    /// Everything a load does once its files (each with the nanoseconds,
+    /// from the load's start, at which its part began) are open.
     pub(crate) fn finish(mut self, files: &[(&OpenedFile, u64)]) -> Result<StateDict> {
-        // Split between the nodes of a job, where there are several.
         let exchange = self.exchange.filter(|e| e.nodes() > 1);
         let (mut entries, pending) = self.share_copies(files, exchange.is_some());
         let prefetched = self.prefetch(&entries)?;
@@ -100,10 +87,19 @@ impl Run<'_> {
             .filter_map(|e| Some((e.file, &e.fills.as_ref()?.writer)))
             .collect();
         let share = match exchange {
-            Some(ex) => self.split(ex, &mut filling, &copies, reads.verify)?,
+            Some(ex) => {
+                let facts = exchange::Facts {
+                    converting: self.opts.dtype.is_some(),
+                    verifying: reads.verify,
+                };
+                let (path, notes) = (self.path, &mut self.notes);
+                let pieces = exchange::agree(ex, &mut filling, &copies, &facts, path, notes)?;
+                pieces.map(|pieces| (ex, pieces))
+            }
             None => None,
         };
-        let pages = self.pages();
+        let (huge_pages, origin) = policy::huge_pages(self.opts.huge_pages, self.env);
+        let pages = PageSizes::new(huge_pages, origin, HostHugePages::of_host());
         let (copies_read, ran) =
             self.read(&mut filling, (&entries, &copies), &share, &reads, &pages)?;
         let (io, readers) = (ran.io, ran.note);
@@ -154,44 +150,20 @@ impl Run<'_> {
         Ok(state_dict)
     }
 
-    /// The pieces the nodes of the job read and share, where they agree on
-    /// them (else `None`, and every node reads alone).
-    fn split<'e>(
-        &mut self,
-        ex: &'e dyn crate::cluster::Exchange,
-        filling: &mut [Filling<'_>],
-        copies: &[exchange::Copy<'_>],
-        verifying: bool,
-    ) -> Result<Option<(&'e dyn crate::cluster::Exchange, Vec<Piece>)>> {
-        let facts = exchange::Facts {
-            converting: self.opts.dtype.is_some(),
-            verifying,
-        };
-        let pieces = exchange::agree(ex, filling, copies, &facts, self.path, &mut self.notes)?;
-        Ok(pieces.map(|pieces| (ex, pieces)))
-    }
-
-    /// How this process takes part in its node's copies.
-    fn role(&self, split: bool) -> Role {
-        match (split, self.member) {
-            (true, _) => Role::Participant,
-            (false, true) => Role::Member,
-            (false, false) => Role::Queue,
-        }
-    }
-
-    /// One copy per node of what several local ranks read buffered (a file
-    /// with a copy is read once already); the files fetched through a
-    /// cache written from the node copy, or (read by this process alone)
-    /// fetched into the file being written. Each file's entry, and the
-    /// copies the load fills for the node's other ranks.
+    /// The node copies shared between local ranks, or the cache's files
+    /// mapped as destinations: each file's entry, and the copies the load
+    /// fills for the node's other ranks.
     fn share_copies<'f>(
         &self,
         files: &[(&'f OpenedFile, u64)],
         split: bool,
     ) -> (Vec<Entry<'f>>, Option<extras::Pending>) {
         let (opts, env) = (self.opts, self.env);
-        let role = self.role(split);
+        let role = match (split, self.member) {
+            (true, _) => Role::Participant,
+            (false, true) => Role::Member,
+            (false, false) => Role::Queue,
+        };
         let opened: Vec<&OpenedFile> = files.iter().map(|&(f, _)| f).collect();
         let rank = LocalRank::from_setting(opts.local_rank, env);
         let shared_by_ranks = role != Role::Queue || (rank.size > 1 && policy::node_copy(env));
@@ -243,8 +215,7 @@ impl Run<'_> {
         (entries, pending)
     }
 
-    /// The page cache warmed for the files without a copy, before any
-    /// tensor byte is touched (the extras' warm-up).
+    /// The page cache warmed for the files without a copy.
     fn prefetch(&self, entries: &[Entry<'_>]) -> Result<Option<PrefetchReport>> {
         let job = self.opts.warm_job(self.env, None, &self.opts.cancel);
         let handed: Vec<extras::WarmFile<'_>> = entries
@@ -295,12 +266,10 @@ impl Run<'_> {
         })
     }
 
-    /// How the load's reads go: in flight, their size, and whether they are
-    /// hashed.
+    /// How the load's reads go.
     fn reads(&self, files: &[(&OpenedFile, u64)]) -> Reads {
         let opts = self.opts;
-        let (concurrency, read_size) =
-            policy::io_defaults(files.iter().map(|(f, _)| f.source()), opts.caller_reads());
+        let (concurrency, read_size) = opts.io_defaults(files.iter().map(|(f, _)| f.source()));
         let verify = policy::verify(opts.verify, self.env, !opts.expected_sha256.is_empty());
         Reads {
             concurrency,
@@ -309,11 +278,9 @@ impl Run<'_> {
         }
     }
 
-    /// The load's reads: this node's of the copies it fills, then the read
-    /// engine's, under one progress meter (the total known from the start,
-    /// every byte counted once as it lands); the tensor bytes read of each
-    /// copy, and the engine's figures. Each file hashed as it was read gets
-    /// its digest.
+    /// The load's reads, this node's of the copies then the read engine's,
+    /// under one progress meter: the tensor bytes read of each copy, and
+    /// the engine's figures.
     fn read(
         &self,
         filling: &mut [Filling<'_>],
@@ -350,9 +317,8 @@ impl Run<'_> {
         Ok((copies_read, ran))
     }
 
-    /// This node's reads of the copies the load fills, before any broadcast
-    /// (every piece where the nodes read alone), after the `buffers` places
-    /// of the files' buffers.
+    /// This node's reads of the copies the load fills (placed after the
+    /// `buffers`).
     fn copy_reads(
         &self,
         copies: &[exchange::Copy<'_>],
@@ -368,8 +334,7 @@ impl Run<'_> {
         exchange::copy_reads(copies, &pieces, place, reads.read_size)
     }
 
-    /// The load's one progress meter: the bytes of the copies' reads and of
-    /// the engine's jobs, and the files they read.
+    /// The load's one progress meter, over the copies' reads and the jobs.
     fn meter(
         &self,
         engine: &queue::ReadEngine<'_>,
@@ -389,13 +354,7 @@ impl Run<'_> {
         )
     }
 
-    /// The page sizes of the load's fresh memory.
-    fn pages(&self) -> PageSizes {
-        let (huge_pages, origin) = policy::huge_pages(self.opts.huge_pages, self.env);
-        PageSizes::new(huge_pages, origin, HostHugePages::of_host())
-    }
-
-    /// A cache's file is done when its last read is (`done`).
+    /// A cache's file is done with its last read (`done`).
     fn mark_cache_files_done(&self, entries: &[Entry<'_>], filling: &mut [Filling<'_>], done: u64) {
         for (entry, filling) in entries.iter().zip(filling.iter_mut()) {
             if entry.fills.as_ref().is_some_and(|f| f.cache_file) {
@@ -422,6 +381,31 @@ impl Run<'_> {
             verify_files(self.opts, &mut sealed, threads)?;
         }
         Ok(sealed)
+    }
+}
+
+/// The bytes left to read of each file, for the progress meter's files done.
+struct Left(Vec<AtomicU64>);
+
+impl Left {
+    /// Of `files` files, from the reads `(file, bytes)` to come.
+    fn new(files: usize, reads: impl Iterator<Item = (usize, u64)>) -> Left {
+        let mut left: Vec<AtomicU64> = (0..files).map(|_| AtomicU64::new(0)).collect();
+        for (k, len) in reads {
+            if let Some(n) = left.get_mut(k) {
+                *n.get_mut() += len;
+            }
+        }
+        Left(left)
+    }
+
+    /// Counts `len` bytes of file `k` into `meter`, and the file with its last.
+    fn landed(&self, meter: &Meter, k: usize, len: u64) {
+        meter.add(len);
+        let last = |n: &AtomicU64| n.fetch_sub(len, Ordering::AcqRel) == len;
+        if len > 0 && self.0.get(k).is_some_and(last) {
+            meter.file_done();
+        }
     }
 }
 
@@ -468,8 +452,7 @@ fn trace_loaded(report: &LoadReport) {
     let _ = report;
 }
 
-/// The `StateDict` of sealed files: every selected tensor a view of its
-/// file's storage, in file order, with the merged metadata and the report.
+/// The `StateDict` of sealed files, tensors in file order.
 fn assemble(
     resolved: &Resolved,
     sealed: Vec<Sealed<'_>>,
@@ -513,9 +496,8 @@ fn assemble(
     })
 }
 
-/// Hashes the files the read engine did not (mapped ones, and files read
-/// only in part), in parallel, and checks every digest against what the
-/// file must have.
+/// Hashes the files the read engine did not, in parallel, and checks every
+/// digest against what the file must have.
 fn verify_files(opts: &Options, files: &mut [Sealed<'_>], threads: usize) -> Result<()> {
     let mut expected = Vec::with_capacity(opts.expected_sha256.len());
     for (file, digest) in &opts.expected_sha256 {

@@ -6,12 +6,12 @@ use std::time::Instant;
 use crate::adapt::{Concurrency, Settled};
 use crate::cancel::Cancel;
 use crate::dest::pages::PageSizes;
-use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::error::Result;
 use crate::file::life::{Destination, Filling, Parts};
-use crate::file::{read_error, since};
+use crate::file::since;
 use crate::jobs::{
-    Conversion, ConvertFrom, ConvertSource, Job, JobError, MappedFile, ReadFrom, Tagged, run,
-    split_convert, split_populate, split_read,
+    Conversion, ConvertFrom, ConvertSource, Job, JobError, MappedFile, ReadFrom, Tagged, carve,
+    run, split_convert, split_populate, split_read,
 };
 use crate::os::DIRECT_ALIGN;
 use crate::plan::cluster::Piece;
@@ -22,26 +22,23 @@ use crate::storage::{Segment, Storage};
 use crate::verify::{Digest256, StreamHasher};
 use crate::workers;
 
-/// How the read engine runs a load's jobs: reads in flight, the size jobs
-/// are cut to, whether mapped files are populated, the load's start (for
-/// each file's finishing time), the pieces of a load split between nodes
-/// and this node's index, the page sizes destinations are faulted in with,
-/// the cancel flags checked before every job.
+use super::Left;
+
+/// How the read engine runs a load's jobs.
 #[derive(Clone, Copy)]
 pub(crate) struct ReadOptions<'a> {
     pub concurrency: Concurrency,
     pub read_size: usize,
     pub populate: bool,
+    /// The load's start, for each file's finishing time.
     pub clock: Instant,
+    /// The pieces of a load split between nodes, and this node's index.
     pub share: Option<(&'a [Piece], usize)>,
     pub pages: &'a PageSizes,
     pub cancel: &'a Cancel,
 }
 
-/// Every buffered file's reads, and populates of mapped ones when asked,
-/// queued: the read engine of one load, before it runs. With `share` (a
-/// load split between nodes), a buffered file's reads are only this node's
-/// pieces; the rest arrive afterwards (`exchange.rs`).
+/// The read engine of one load, its jobs queued, before it runs.
 pub(crate) struct ReadEngine<'a> {
     queued: Queued<'a>,
     hashers: Vec<Option<StreamHasher<'a>>>,
@@ -49,8 +46,7 @@ pub(crate) struct ReadEngine<'a> {
     sources: Vec<&'a dyn Source>,
 }
 
-/// What a run gives: each file's digest where hashed as read, and the
-/// engine's figures for the report.
+/// What a run gives: each file's digest where hashed, the engine's figures.
 pub(crate) struct Ran {
     pub digests: Vec<Option<Digest256>>,
     pub io: Option<Settled>,
@@ -86,8 +82,7 @@ impl<'a> ReadEngine<'a> {
         }
     }
 
-    /// The bytes its jobs read (for the progress meter), and the files they
-    /// read some of.
+    /// The bytes its jobs read, and the files they read some of.
     pub(crate) fn bytes(&self) -> (u64, usize) {
         let jobs = self.queued.jobs.iter().filter(|j| j.job.bytes() > 0);
         let files: std::collections::BTreeSet<usize> = jobs.clone().map(|j| j.file_index).collect();
@@ -116,19 +111,8 @@ impl<'a> ReadEngine<'a> {
             .map(|(h, &len)| h.and_then(|h| h.finish(len)))
             .collect();
         if let Err(failure) = result {
-            return Err(match sources.get(failure.file_index) {
-                Some(&source) => read_error(
-                    failure.operation,
-                    source,
-                    source.len(),
-                    failure.offset,
-                    failure.error,
-                ),
-                None => Error::without_path(ErrorKind::Io {
-                    operation: failure.operation,
-                    offset: Some(failure.offset),
-                }),
-            });
+            let source = sources.get(failure.file_index).copied();
+            return Err(failure.on(source));
         }
         Ok(Ran {
             digests,
@@ -138,8 +122,7 @@ impl<'a> ReadEngine<'a> {
     }
 }
 
-/// With `verify`, for each file whose buffer is its image, the bytes before
-/// it (the header), to be hashed first; `None` for the others.
+/// With `verify`, each file's bytes before its image (the header), hashed first.
 pub(crate) fn read_prefixes(
     opened: &mut [Filling<'_>],
     verify: bool,
@@ -158,13 +141,7 @@ pub(crate) fn read_prefixes(
             continue;
         };
         let mut prefix = vec![0u8; usize::try_from(base).unwrap_or(0)];
-        let want = prefix.len();
-        parts
-            .source
-            .read_at(&mut prefix, want, 0)
-            .map_err(|(at, e)| {
-                read_error(Operation::Read, parts.source, parts.source.len(), at, e)
-            })?;
+        crate::source::read_exact(parts.source, &mut prefix, 0)?;
         prefixes.push(Some(prefix));
     }
     Ok(prefixes)
@@ -179,8 +156,7 @@ struct Queued<'a> {
 }
 
 impl<'a> Queued<'a> {
-    /// Queues the jobs of file `file_index`: its conversions, its populates
-    /// where mapped, its reads where buffered (`hashed`: to its hasher).
+    /// Queues the jobs of file `file_index`.
     fn file(
         &mut self,
         file_index: usize,
@@ -254,27 +230,18 @@ impl<'a> Queued<'a> {
         buffer: &'a mut [u8],
         chunk: usize,
     ) {
-        let mut rest = buffer;
-        let mut at = 0u64;
+        let (mut rest, mut at) = (buffer, 0u64);
         for segment in segments {
-            let skip = usize::try_from(segment.dst - at).unwrap_or(usize::MAX);
-            let len = usize::try_from(segment.len).unwrap_or(usize::MAX);
-            let Some((_, tail)) = rest.split_at_mut_checked(skip) else {
+            let Some(dst) = carve(&mut rest, &mut at, segment.dst, segment.len) else {
                 break;
             };
-            let Some((dst, tail)) = tail.split_at_mut_checked(len) else {
-                break;
-            };
-            rest = tail;
-            at = segment.dst + segment.len;
-            let required = usize::try_from(segment.required).unwrap_or(len);
+            let required = usize::try_from(segment.required).unwrap_or(dst.len());
             let jobs = &mut self.jobs;
             split_read(jobs, file_index, from, segment.src, dst, required, chunk);
         }
     }
 
-    /// Queues the populates of a file's map where the load populates:
-    /// whether it did.
+    /// Queues the populates of a file's map where the load populates.
     fn populate(
         &mut self,
         file_index: usize,
@@ -290,8 +257,7 @@ impl<'a> Queued<'a> {
         true
     }
 
-    /// Runs the jobs: as each completes, progress, the file's finishing
-    /// time, its hasher and its overflows.
+    /// Runs the jobs, each counted as it completes.
     fn run(
         self,
         hashers: &[Option<StreamHasher<'a>>],
@@ -303,13 +269,10 @@ impl<'a> Queued<'a> {
             finished,
             overflowed,
         } = self;
-        // A file is done with its last byte.
-        let mut left: Vec<AtomicU64> = (0..finished.len()).map(|_| AtomicU64::new(0)).collect();
-        for job in &jobs {
-            if let Some(n) = left.get_mut(job.file_index) {
-                *n.get_mut() += job.job.bytes();
-            }
-        }
+        let left = Left::new(
+            finished.len(),
+            jobs.iter().map(|j| (j.file_index, j.job.bytes())),
+        );
         // Reads that convert from a file hold a scratch buffer each.
         let converting = jobs.iter().any(|j| {
             matches!(
@@ -333,14 +296,7 @@ impl<'a> Queued<'a> {
             concurrency,
             options.pages,
             &|file_index, outcome| {
-                meter.add(outcome.bytes);
-                if outcome.bytes > 0
-                    && left.get(file_index).is_some_and(|n| {
-                        n.fetch_sub(outcome.bytes, Ordering::AcqRel) == outcome.bytes
-                    })
-                {
-                    meter.file_done();
-                }
+                left.landed(meter, file_index, outcome.bytes);
                 if let (Some((offset, bytes)), Some(Some(hasher))) =
                     (outcome.landed, hashers.get(file_index))
                 {
@@ -360,8 +316,7 @@ impl<'a> Queued<'a> {
     }
 }
 
-/// The segments of file `file_index` this node reads: its pieces of a load
-/// split between nodes, else the layout's.
+/// The segments of file `file_index` this node reads.
 fn segments_of<'s>(
     layout: &'s [Segment],
     share: Option<(&[Piece], usize)>,

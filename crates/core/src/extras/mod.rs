@@ -24,6 +24,7 @@ pub use local_rank::{LocalRank, detect_local_rank, job_key};
 pub use prefetch_options::PrefetchOptions;
 #[doc(hidden)] // for the plug-in crates
 pub use prefetch_options::{ChunkCallback, DEFAULT_CHUNK, DEFAULT_STREAMS};
+pub(crate) use share::direct_on;
 #[doc(hidden)] // for the plug-in crates
 pub use share::{
     Facts, Pending, PerFile, Role, ShareAsk, ShareFile, Shared, direct_reads, eligible, tensor_part,

@@ -165,13 +165,22 @@ pub fn direct_reads<'a>(
 ) -> DirectGuard<'a> {
     let mut guard = DirectGuard::default();
     for local in files {
-        let kind = local.mount().map(|m| m.kind);
-        if policy::wants_direct_io(direct_io, kind, true, || local.mostly_cached()) {
-            // Refused: read through the page cache.
-            let _ = guard.add(local);
-        }
+        // Refused: read through the page cache.
+        direct_on(&mut guard, local, local.mount().map(|m| m.kind), direct_io);
     }
     guard
+}
+
+/// `O_DIRECT` on `local` (on a `kind` of filesystem) in `guard` where the
+/// policy reads it so: whether it is on.
+pub(crate) fn direct_on<'a>(
+    guard: &mut DirectGuard<'a>,
+    local: &'a LocalFile,
+    kind: Option<crate::mount::MountKind>,
+    direct_io: Option<bool>,
+) -> bool {
+    policy::wants_direct_io(direct_io, kind, true, || local.mostly_cached())
+        && guard.add(local).is_ok()
 }
 
 /// The bytes of `offset..offset + len` of a file that are tensor data (at

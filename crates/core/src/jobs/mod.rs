@@ -23,7 +23,7 @@ use crate::workers;
 use list::take;
 use list::{List, not_taken, queue_of, reads_bypass_the_page_cache};
 pub(crate) use split::{
-    Conversion, ConvertFrom, MappedFile, ReadFrom, split_convert, split_populate, split_read,
+    Conversion, ConvertFrom, MappedFile, ReadFrom, carve, split_convert, split_populate, split_read,
 };
 
 /// One unit of I/O.
@@ -129,6 +129,22 @@ pub(crate) struct JobError {
     pub operation: Operation,
     pub offset: u64,
     pub error: io::Error,
+}
+
+impl JobError {
+    /// The crate's error for it, naming `source` (its file) where known.
+    pub(crate) fn on(self, source: Option<&dyn Source>) -> crate::error::Error {
+        let JobError {
+            operation, offset, ..
+        } = self;
+        match source {
+            Some(s) => crate::source::read_error(operation, s, s.len(), offset, self.error),
+            None => crate::error::Error::without_path(crate::error::ErrorKind::Io {
+                operation,
+                offset: Some(offset),
+            }),
+        }
+    }
 }
 
 /// Where a run's readers take their work from (a load's list, the chunk

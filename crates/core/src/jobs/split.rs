@@ -26,6 +26,21 @@ pub(crate) struct Conversion<'p> {
     pub to: Dtype,
 }
 
+/// The `len` bytes at `dst` of a buffer cut front to back, `rest` its part
+/// from `at` on; `None` past its end.
+pub(crate) fn carve<'a>(
+    rest: &mut &'a mut [u8],
+    at: &mut u64,
+    dst: u64,
+    len: u64,
+) -> Option<&'a mut [u8]> {
+    let skip = usize::try_from(dst.checked_sub(*at)?).ok()?;
+    let (_, tail) = std::mem::take(rest).split_at_mut_checked(skip)?;
+    let (piece, tail) = tail.split_at_mut_checked(usize::try_from(len).ok()?)?;
+    (*rest, *at) = (tail, dst + len);
+    Some(piece)
+}
+
 /// Splits the read of `dst` from `from` at `offset` into jobs of at most
 /// `chunk` bytes, of which `required` must be read.
 pub(crate) fn split_read<'a>(

@@ -29,7 +29,7 @@ impl<X> Loader<X> {
     fn load_now(&self, path: &Path) -> Result<StateDict> {
         let clock = Instant::now();
         let env = Environment::from_process();
-        let resolved = resolve::resolve(path, caching(&self.opts), &*self.opts.extras)?;
+        let resolved = resolve::resolve(path, self.opts.caching(), &*self.opts.extras)?;
         let shards = self.shards_to_open(&resolved);
         let (files, notes) = file::open_all(&self.opts, &resolved, &shards, &env, clock)?;
         // Cancelled while opening: stop before anything is read.
@@ -138,7 +138,7 @@ impl<X> Loader<X> {
     /// are not errors: the ranks then split the bytes statically.
     pub fn warm(&self, path: impl AsRef<Path>) -> Result<crate::report::PrefetchReport> {
         let env = Environment::from_process();
-        let resolved = resolve::resolve(path.as_ref(), caching(&self.opts), &*self.opts.extras)?;
+        let resolved = resolve::resolve(path.as_ref(), self.opts.caching(), &*self.opts.extras)?;
         if resolved.is_remote() {
             return Err(Error::remote_failed(
                 Operation::Prefetch,
@@ -177,17 +177,6 @@ impl<X> Loader<X> {
             );
             Error::io(Operation::Prefetch, path.as_ref(), None, why)
         })
-    }
-}
-
-/// The caches a remote address of a load with `opts` goes through.
-pub(crate) fn caching(opts: &crate::options::Options) -> resolve::Caching<'_> {
-    let env = crate::policy::Environment::from_process();
-    resolve::Caching {
-        hub: opts.hub_cache,
-        dir: opts.cache_dir.as_deref(),
-        verify: crate::policy::verify(opts.verify, &env, !opts.expected_sha256.is_empty()),
-        cancel: &opts.cancel,
     }
 }
 

@@ -28,7 +28,7 @@ pub use prefetch::prefetch_ask;
 pub use prefetch::prefetch_method;
 pub use prefetch::prefetch_warms_buffered;
 pub use prefetch::{HF_SHARD_PREFETCH_ENV, PREFETCH_ENV, PrefetchMethod};
-pub(crate) use reads::{CallerReads, io_defaults};
+pub(crate) use reads::io_defaults;
 pub(crate) use reason::auto_rule;
 pub use reason::{DirectIo, Fallback, Reason};
 

@@ -18,20 +18,13 @@ const REMOTE_READERS: usize = 16;
 /// See [`REMOTE_READERS`].
 const REMOTE_READ_SIZE: usize = 16 << 20;
 
-/// What the caller set of a load's reads.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct CallerReads {
-    /// Reads in flight (`Loader::io_concurrency`).
-    pub io_concurrency: Option<usize>,
-    /// The size of one read (`Loader::read_size`).
-    pub read_size: Option<usize>,
-}
-
 /// How a load of `sources` reads: the concurrency, and the size jobs are cut to; the remote or
-/// the filesystems' defaults where the caller set neither.
+/// the filesystems' defaults where the caller set neither (`Loader::io_concurrency`,
+/// `Loader::read_size`).
 pub(crate) fn io_defaults<'a>(
     sources: impl Iterator<Item = &'a dyn Source>,
-    caller: CallerReads,
+    io_concurrency: Option<usize>,
+    read_size: Option<usize>,
 ) -> (Concurrency, usize) {
     let mut remote = false;
     let kinds: Vec<MountKind> = sources
@@ -45,11 +38,11 @@ pub(crate) fn io_defaults<'a>(
         true => (readers.max(REMOTE_READERS), REMOTE_READ_SIZE),
         false => (readers, DEFAULT_READ_SIZE),
     };
-    let concurrency = match caller.io_concurrency {
+    let concurrency = match io_concurrency {
         Some(n) => Concurrency::pinned(n),
         None => Concurrency::adaptive(readers),
     };
-    (concurrency, caller.read_size.unwrap_or(size))
+    (concurrency, read_size.unwrap_or(size))
 }
 
 /// Reads in flight by default: FUSE needs many to hide each one's latency (within the

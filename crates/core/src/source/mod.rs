@@ -170,6 +170,14 @@ pub trait CacheWrite: Send + Sync {
     fn published_path(&self) -> Option<std::path::PathBuf>;
 }
 
+/// Fills `dst` from `source` at `offset`, retrying short reads; a failure
+/// as [`read_error`] words it.
+pub(crate) fn read_exact(source: &dyn Source, dst: &mut [u8], offset: u64) -> Result<(), Error> {
+    let len = dst.len();
+    let read = source.read_at(dst, len, offset);
+    read.map_err(|(at, e)| read_error(Operation::Read, source, source.len(), at, e))
+}
+
 /// The error of a failed read of `source` at `offset` (`expected`: its
 /// length when opened): the source's own, a file that shrank, else the I/O
 /// error naming the file and offset.

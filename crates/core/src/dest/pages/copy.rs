@@ -38,9 +38,7 @@ pub(crate) struct Prepared {
 
 impl PageSizes {
     /// Begins filling `dst`, a fresh destination about to be read into, as
-    /// `how` says (a copy's page size is asked for only where sizes are
-    /// advised). The one door of the page-size choice for the read loop:
-    /// what a fill cost is measured here and in [`filled`](Self::filled).
+    /// `how` says: the read loop's one door to the page-size choice.
     pub(crate) fn fill(&self, dst: &mut [u8], how: Fill) -> Filling {
         let copy = match how {
             Fill::Now { disk } => {
@@ -56,9 +54,8 @@ impl PageSizes {
         Filling { copy }
     }
 
-    /// Ends a fill begun by [`fill`](Self::fill): where its job copied into
-    /// it and succeeded (`ok`), the copy's time on this thread's CPU clock
-    /// is a measure of the page size it was given.
+    /// Ends a fill begun by [`fill`](Self::fill): a copy that succeeded
+    /// (`ok`) is a measure of its page size.
     pub(crate) fn filled(&self, filling: Filling, ok: bool) {
         if let Some((prepared, before)) = filling.copy {
             let cpu = before
@@ -68,25 +65,17 @@ impl PageSizes {
         }
     }
 
-    /// Asks for a page size for `dst`, a fresh destination that a copy out
-    /// of the page cache is about to fault in, without faulting it in: a
-    /// copy into pages faulted in just before (8 MiB zeroed, then written)
-    /// runs out of the cache, where one that faults each page as it goes
-    /// writes it while it is still there. The size is the one in use, or
-    /// the other one where a probe is due (as for
-    /// [`fault_in`](Self::fault_in), but of the whole destination); the
-    /// copy is then timed, and what it cost per byte is a measure of that
-    /// size ([`copied`](Self::copied)): the copies are what the sizes are
-    /// chosen by on this path.
+    /// Asks for a page size for `dst`, which a copy out of the page cache
+    /// is about to fault in (a copy into pages faulted in just before runs
+    /// out of the cache): the one in use, or the other where a probe is due;
+    /// the copy is then timed ([`copied`](Self::copied)). An untimed copy
+    /// (a conversion) gets the size in use.
     ///
     /// NOTE: the copy's own faults are what a size costs here, not a
     /// populate's: a copy takes a fault per base page (an exception each), a
     /// populate faults them in a loop in the kernel, and sizes chosen by
     /// populates slowed the copies (BENCHMARKS.md, "dest/pages/copy.rs:
     /// PageSizes::prepare").
-    ///
-    /// A destination whose copy will not be timed (`timed` false: a
-    /// conversion writes it) gets the size in use and is never a probe.
     pub(super) fn prepare(&self, dst: &mut [u8], timed: bool) -> Prepared {
         let prepared = if timed {
             self.choose(dst.as_ptr() as usize, dst.len())

@@ -173,22 +173,14 @@ impl Cleaner {
         });
         let mut all = true;
         for name in &names {
-            let child = path.join(name);
-            all &= match (repo.dir.entry(name), name.as_str()) {
-                (Ok(EntryKind::Dir), "blobs") => {
-                    self.remove_tree(&repo.dir, name, child, 0, Holds::Blobs(&repo))
+            let holds = match name.as_str() {
+                "blobs" => Holds::Blobs(&repo),
+                "refs" if repo.dir.entry(name).is_ok_and(|e| e == EntryKind::Dir) => {
+                    Holds::Files(CacheEntryKind::Ref)
                 }
-                (Ok(EntryKind::Dir), "refs") => {
-                    let refs = Holds::Files(CacheEntryKind::Ref);
-                    self.remove_tree(&repo.dir, name, child, 0, refs)
-                }
-                (Ok(EntryKind::Dir), _) => {
-                    let files = Holds::Files(CacheEntryKind::File);
-                    self.remove_tree(&repo.dir, name, child, 0, files)
-                }
-                (Ok(_), _) => self.unlink(&repo.dir, name, child, CacheEntryKind::File),
-                (Err(e), _) => self.fail(child, &e),
+                _ => Holds::Files(CacheEntryKind::File),
             };
+            all &= self.remove_tree(&repo.dir, name, path.join(name), 0, holds);
         }
         self.remove_folder(root, folder, path, all);
         Ok(())
@@ -230,13 +222,12 @@ impl Cleaner {
                 self.unlink_ref(repo, refs, name);
             }
         }
-        if let Some(dir) = snapshots.as_ref().filter(|_| is_there(&snapshots)) {
-            let files = Holds::Files(CacheEntryKind::File);
-            self.remove_tree(dir, &commit, snapshot_path, 0, files);
-        }
-        if let Some(dir) = no_exist.as_ref().filter(|_| is_there(&no_exist)) {
-            let path = repo.sub_path(&[".no_exist", &commit]);
-            self.remove_tree(dir, &commit, path, 0, Holds::Files(CacheEntryKind::File));
+        let no_exist_path = repo.sub_path(&[".no_exist", &commit]);
+        for (dir, path) in [(&snapshots, snapshot_path), (&no_exist, no_exist_path)] {
+            if let Some(dir) = dir.as_ref().filter(|_| is_there(dir)) {
+                let files = Holds::Files(CacheEntryKind::File);
+                self.remove_tree(dir, &commit, path, 0, files);
+            }
         }
         if let Ok(blobs) = repo.dir.sub("blobs", false) {
             for blob in own.difference(&others) {

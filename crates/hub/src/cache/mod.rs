@@ -440,10 +440,7 @@ impl Remote {
             return Ok(false);
         };
         let len = object.len();
-        let write = match check {
-            Ok(check) => write::Write::new(target, len, check, 0, object.cancel().clone()),
-            Err(why) => write::Write::refused(target, len, why),
-        };
+        let write = write::Write::of(target, len, check, 0, object.cancel().clone());
         write.write_image(bytes);
         write.settle();
         let outcome = write.outcome().checked(object.path())?;

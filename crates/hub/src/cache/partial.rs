@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::io;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use xxhash_rust::xxh3::xxh3_128;
@@ -48,9 +49,9 @@ pub(crate) fn final_of(name: &str) -> Option<&str> {
         .or_else(|| name.strip_suffix(PIECES_SUFFIX))
 }
 
-/// A partial file opened to be written on, under its lock.
+/// A partial file opened to be written on, under its lock: what an earlier load left of it.
 pub(crate) struct Opened {
-    pub file: File,
+    pub file: Arc<File>,
     /// The pieces kept from an earlier load, checked.
     pub kept: Vec<Range<u64>>,
     pub recorded: BTreeSet<u64>,
@@ -93,7 +94,7 @@ pub(crate) fn open(dir: &Dir, final_name: &str, len: u64) -> Option<Opened> {
     os::write_all_at(&record, &image, 0).ok()?;
     kept.sort_by_key(|r| r.start);
     Some(Opened {
-        file,
+        file: Arc::new(file),
         kept,
         recorded,
         log: PieceLog {

@@ -80,22 +80,22 @@ impl Fetched {
         target: Box<dyn Target>,
         check: Result<Check, NotCached>,
     ) -> Fetched {
-        let len = object.len();
-        let check = match check {
-            Ok(check) => check,
-            Err(why) => {
-                let write = Write::refused(target, len, why);
-                return Fetched { object, write };
-            }
-        };
         // Where the header ends, by the length prefix the open kept: reads before it start
         // no write.
         let mut prefix = [0u8; 8];
-        let start_at = match object.read_at(&mut prefix, 8, 0) {
-            Ok(()) if object.kept_prefix() >= 8 => 8u64.saturating_add(u64::from_le_bytes(prefix)),
+        let start_at = match check.is_ok().then(|| object.read_at(&mut prefix, 8, 0)) {
+            Some(Ok(())) if object.kept_prefix() >= 8 => {
+                8u64.saturating_add(u64::from_le_bytes(prefix))
+            }
             _ => 0,
         };
-        let write = Write::new(target, len, check, start_at, object.cancel().clone());
+        let write = Write::of(
+            target,
+            object.len(),
+            check,
+            start_at,
+            object.cancel().clone(),
+        );
         Fetched { object, write }
     }
 
@@ -111,16 +111,24 @@ impl Fetched {
             })
     }
 
-    /// Fetches all of `range` into `dst`, which holds the file from `base`.
-    fn fetch_part(
+    /// Fills all of `range` of `dst` (the file from `base`): from the cache's file where
+    /// `local` is given (nothing where in place), else fetched.
+    fn fill(
         &self,
         dst: &mut [u8],
         base: u64,
         range: std::ops::Range<u64>,
+        local: Option<&Local>,
     ) -> Result<(), (u64, io::Error)> {
         let part = part_of(dst, base, &range)?;
-        let len = part.len();
-        self.fetch(part, len, range.start)
+        match local {
+            Some(local) if in_place(local.mapped.as_ref(), part, range.start) => Ok(()),
+            Some(local) => os::read_exact_at(&local.file, part, range.start),
+            None => {
+                let len = part.len();
+                self.fetch(part, len, range.start)
+            }
+        }
     }
 
     /// Reads `dst` from `offset`: what the cache's file holds, the rest fetched.
@@ -139,13 +147,13 @@ impl Fetched {
         let mut at = offset;
         for range in &local.ranges {
             if range.start > at {
-                self.fetch_part(dst, offset, at..range.start)?;
+                self.fill(dst, offset, at..range.start, None)?;
             }
-            read_local(&local, dst, offset, range.clone())?;
+            self.fill(dst, offset, range.clone(), Some(&local))?;
             at = range.end;
         }
         if at < end {
-            self.fetch_part(dst, offset, at..end)?;
+            self.fill(dst, offset, at..end, None)?;
         }
         // Bytes read from the file are never landed: hashed here.
         self.write.advance_now();
@@ -165,20 +173,6 @@ fn part_of<'d>(
         let e = io::Error::new(io::ErrorKind::InvalidInput, "a range past the buffer");
         (range.start, e)
     })
-}
-
-/// Reads `range` of the cache's file into `dst` (the file from `base`; nothing where in place).
-fn read_local(
-    local: &Local,
-    dst: &mut [u8],
-    base: u64,
-    range: std::ops::Range<u64>,
-) -> Result<(), (u64, io::Error)> {
-    let part = part_of(dst, base, &range)?;
-    if in_place(local.mapped.as_ref(), part, range.start) {
-        return Ok(());
-    }
-    os::read_exact_at(&local.file, part, range.start)
 }
 
 impl Source for Fetched {

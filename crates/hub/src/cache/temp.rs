@@ -1,15 +1,13 @@
 //! The file a cache write fills before it is published: the partial file every process names alike (`partial.rs`), where the file's lock is held and the name is this user's, so that a later load resumes it; else a process-unique temporary name, removed when dropped.
 
-use std::collections::BTreeSet;
 use std::fs::File;
 use std::io;
-use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use super::layout;
-use super::partial::{self, PieceLog};
+use super::partial::{self, Opened};
 use crate::coord::{self, Lock, Place};
 use crate::os::{self, Dir, EntryKind};
 use crate::source::NotCached;
@@ -37,14 +35,7 @@ pub(crate) struct TempFile {
     pub partial_of: Option<String>,
     pub discard: AtomicBool,
     /// What an earlier load left of it, taken by the write.
-    pub resume: Option<Resume>,
-}
-
-/// The pieces of a partial file an earlier load finished (checked), and its record.
-pub(crate) struct Resume {
-    pub kept: Vec<Range<u64>>,
-    pub recorded: BTreeSet<u64>,
-    pub log: PieceLog,
+    pub resume: Option<Opened>,
 }
 
 impl Drop for TempFile {
@@ -96,23 +87,19 @@ impl TempFile {
         };
         let (temp, file, partial_of, resume) = match opened {
             Some(opened) => {
-                let resume = Resume {
-                    kept: opened.kept,
-                    recorded: opened.recorded,
-                    log: opened.log,
-                };
                 let name = partial::partial_name(final_name);
-                (name, opened.file, Some(final_name.to_owned()), Some(resume))
+                let file = Arc::clone(&opened.file);
+                (name, file, Some(final_name.to_owned()), Some(opened))
             }
             None => {
                 let (temp, file) = unique(&dir, final_name)?;
-                (temp, file, None, None)
+                (temp, Arc::new(file), None, None)
             }
         };
         let mut begun = TempFile {
             dir,
             temp,
-            file: Arc::new(file),
+            file,
             _lock: lock,
             moved: AtomicBool::new(false),
             reserved: false,

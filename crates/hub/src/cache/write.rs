@@ -16,7 +16,7 @@ use super::partial;
 use super::streams::{self, Streams};
 pub(crate) use super::temp::TempFile;
 use crate::os;
-use crate::source::{CacheStore, CacheUse, NotCached};
+use crate::source::{CacheStore, CacheUse, CacheWrite, NotCached};
 
 enum Phase {
     /// Nothing written yet: the reads so far are within the header, kept.
@@ -155,10 +155,19 @@ impl Write {
         })
     }
 
-    /// A write that is over before it began, for this reason.
-    pub(crate) fn refused(target: Box<dyn Target>, len: u64, why: NotCached) -> Arc<Write> {
-        let write = Write::new(target, len, Check::Whole, 0, crate::cancel::Cancel::NONE);
-        write.lock().phase = Phase::Done(Err(why));
+    /// [`Write::new`], or a write that is over before it began where `check` says why.
+    pub(crate) fn of(
+        target: Box<dyn Target>,
+        len: u64,
+        check: Result<Check, NotCached>,
+        start_at: u64,
+        cancel: crate::cancel::Cancel,
+    ) -> Arc<Write> {
+        let refused = check.as_ref().err().cloned();
+        let write = Write::new(target, len, check.unwrap_or(Check::Whole), start_at, cancel);
+        if let Some(why) = refused {
+            write.lock().phase = Phase::Done(Err(why));
+        }
         write
     }
 
@@ -240,7 +249,7 @@ impl Write {
         drop(state);
         if !mapped {
             if let Err(e) = os::write_all_at(&begun.file, bytes, offset) {
-                self.abandon_with(NotCached::of_io(&e));
+                self.abandon(NotCached::of_io(&e));
                 return;
             }
         }
@@ -458,13 +467,6 @@ impl Write {
         if spawned.is_none() {
             // Nothing waits after the load, or no thread to be had: checked here.
             self.check(&checking);
-        }
-    }
-
-    fn abandon_with(&self, why: NotCached) {
-        let mut state = self.lock();
-        if !matches!(state.phase, Phase::Done(_) | Phase::Checking(_)) {
-            state.phase = Phase::Done(Err(why));
         }
     }
 }

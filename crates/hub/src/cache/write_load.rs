@@ -47,7 +47,7 @@ impl CacheWrite for Write {
 
     fn write_image(&self, image: &[u8]) {
         if image.len() as u64 != self.len {
-            self.abandon_with(NotCached::Partial {
+            self.abandon(NotCached::Partial {
                 read: image.len() as u64,
                 len: self.len,
             });
@@ -71,7 +71,10 @@ impl CacheWrite for Write {
     }
 
     fn abandon(&self, why: NotCached) {
-        self.abandon_with(why);
+        let mut state = self.lock();
+        if !matches!(state.phase, Phase::Done(_) | Phase::Checking(_)) {
+            state.phase = Phase::Done(Err(why));
+        }
     }
 
     fn load_returned(&self) {

@@ -1,8 +1,4 @@
 //! Housekeeping of the hub cache (`safeload cache rm|prune`): a revision or a whole repository removed, temporary files dead writers left and blobs no snapshot links to pruned, each also as a dry run; never through a link, never what another user owns or a live writer locks.
-//!
-//! Every name is looked at with `lstat` and removed from a directory opened
-//! without following links (`os::Dir`); a blob or temporary file goes only
-//! under its lock, tried once; a dry run walks the same steps.
 
 use std::collections::BTreeSet;
 use std::io;

@@ -54,8 +54,9 @@ impl HubRepo {
     }
 }
 
-/// What the hub says of a file ([`RemoteLocation::hub_lookup`]): the commit, and the
-/// metadata or `None` where the file does not exist; `None` for another store.
+/// What the hub says of a file ([`RemoteLocation::hub_lookup`]): the commit (empty where no
+/// answer named one), and the metadata or `None` where the file does not exist; `None` for
+/// another store.
 pub(crate) type HubLookup = Option<Result<(String, Option<HubFileMeta>), RemoteError>>;
 
 /// The hub's answer to a HEAD of a file.
@@ -288,9 +289,7 @@ impl RemoteLocation {
     }
 
     /// What the hub says of `name` by one HEAD at the revision (the pinned commit once
-    /// there is one): the commit, pinned from now on, and the metadata, or `None` where
-    /// the file does not exist (the commit empty where no answer named one). `None` for
-    /// another store.
+    /// there is one), the commit pinned from now on ([`HubLookup`]).
     pub(crate) fn hub_lookup(&self, name: &str) -> HubLookup {
         let Place::Hub(hub) = &self.place else {
             return None;

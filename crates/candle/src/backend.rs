@@ -169,8 +169,17 @@ impl candle_nn::var_builder::Backend for ShardedCheckpoint {
 
 /// A `VarBuilder` over a checkpoint already opened whose hints are the
 /// rank's [`Shard`](https://docs.rs/candle-nn/0.11/candle_nn/var_builder/struct.Shard.html):
-/// each tensor asked for with one is read as `Checkpoint::shard` reads it
-/// (the crate's example shows it).
+/// each tensor asked for with one is read as `Checkpoint::shard` reads it.
+///
+/// ```no_run
+/// # fn main() -> candle_core::Result<()> {
+/// use candle_core::{DType, Device};
+///
+/// let checkpoint =
+///     safeload::Checkpoint::open("path/to/checkpoint").map_err(candle_core::Error::wrap)?;
+/// let vb = safeload::candle::sharded_var_builder_from(checkpoint, DType::BF16, &Device::Cpu);
+/// # Ok(()) }
+/// ```
 pub fn sharded_var_builder_from<X>(
     checkpoint: Checkpoint<X>,
     dtype: DType,

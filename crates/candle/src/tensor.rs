@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor as CandleTensor};
 use safeload_core::{Dtype, StateDict, Tensor};
 
 /// One tensor of safeload's as a candle tensor: implemented for
@@ -30,7 +30,7 @@ pub trait ToCandle {
     /// # Errors
     ///
     /// A dtype candle cannot hold, or candle's own error on `device`.
-    fn to_candle(&self, device: &Device) -> candle_core::Result<candle_core::Tensor>;
+    fn to_candle(&self, device: &Device) -> candle_core::Result<CandleTensor>;
 
     /// This tensor as a candle tensor of `dtype` on `device`: safeload's
     /// conversion where it converts, else [`to_candle`](Self::to_candle) then
@@ -39,11 +39,7 @@ pub trait ToCandle {
     /// # Errors
     ///
     /// As [`to_candle`](Self::to_candle), or candle's own conversion error.
-    fn to_candle_as(
-        &self,
-        dtype: DType,
-        device: &Device,
-    ) -> candle_core::Result<candle_core::Tensor>;
+    fn to_candle_as(&self, dtype: DType, device: &Device) -> candle_core::Result<CandleTensor>;
 }
 
 /// A set of loaded tensors turned, whole, into candle tensors by name:
@@ -89,7 +85,7 @@ fn name_error(tensor: &Tensor, error: impl std::fmt::Display) -> candle_core::Er
 }
 
 impl ToCandle for Tensor {
-    fn to_candle(&self, device: &Device) -> candle_core::Result<candle_core::Tensor> {
+    fn to_candle(&self, device: &Device) -> candle_core::Result<CandleTensor> {
         let Some(dtype) = candle_dtype(self.dtype()) else {
             let error = format!(
                 "candle has no dtype for {} (ask for a float dtype with to_candle_as)",
@@ -130,11 +126,7 @@ impl ToCandle for Tensor {
         }
     }
 
-    fn to_candle_as(
-        &self,
-        dtype: DType,
-        device: &Device,
-    ) -> candle_core::Result<candle_core::Tensor> {
+    fn to_candle_as(&self, dtype: DType, device: &Device) -> candle_core::Result<CandleTensor> {
         // The float dtypes safeload's conversion writes.
         let floats = [Dtype::F32, Dtype::F16, Dtype::BF16];
         if let Some(to) = floats.into_iter().find(|&d| candle_dtype(d) == Some(dtype)) {
